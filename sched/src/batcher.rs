@@ -1,0 +1,429 @@
+//! Encode dispatch: when an encode worker turns its queue into a micro-batch.
+
+use crate::{DispatchPolicy, RequestId};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// Number of recent inter-arrival gaps the online rate estimate averages over.
+///
+/// A window (rather than an EWMA) keeps the estimate exact for a stationary
+/// Poisson stream after 16 arrivals and forgets a rate change within 16 arrivals;
+/// 16 gaps give a relative standard error of 1/√16 = 25 % on λ̂, which moves the
+/// threshold `g` by the same fraction — small next to the spread of `T_enc(k)`.
+pub const RATE_WINDOW: usize = 16;
+
+/// Online arrival-rate estimate from the last [`RATE_WINDOW`] inter-arrival gaps.
+#[derive(Clone, Debug, Default)]
+pub struct RateEstimator {
+    gaps: VecDeque<f64>,
+    sum: f64,
+    last: Option<f64>,
+    hint: Option<f64>,
+}
+
+impl RateEstimator {
+    /// An estimator seeded with an optional rate hint (requests/s), used until
+    /// the first gap is observed.
+    pub fn new(hint: Option<f64>) -> Self {
+        RateEstimator {
+            hint: hint.filter(|r| *r > 0.0 && r.is_finite()),
+            ..Default::default()
+        }
+    }
+
+    /// Record an arrival at `now` (seconds).
+    pub fn observe(&mut self, now: f64) {
+        if let Some(last) = self.last {
+            let gap = (now - last).max(0.0);
+            self.gaps.push_back(gap);
+            self.sum += gap;
+            if self.gaps.len() > RATE_WINDOW {
+                self.sum -= self.gaps.pop_front().unwrap_or(0.0);
+            }
+        }
+        self.last = Some(now);
+    }
+
+    /// Estimated arrival rate λ̂ in requests/s, or `None` before any gap (and
+    /// without a hint). Simultaneous arrivals only (all gaps 0) give `+∞`.
+    pub fn rate(&self) -> Option<f64> {
+        if self.gaps.is_empty() {
+            return self.hint;
+        }
+        let sum = self.sum.max(0.0);
+        Some(if sum > 0.0 {
+            self.gaps.len() as f64 / sum
+        } else {
+            f64::INFINITY
+        })
+    }
+
+    /// Time of the last observed arrival.
+    pub fn last_arrival(&self) -> Option<f64> {
+        self.last
+    }
+}
+
+/// The resolved parameters of a batcher, recorded in the run report.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BatcherParams {
+    /// Policy name.
+    pub policy: String,
+    /// Batch bound `B`.
+    pub max_batch: usize,
+    /// Gap quantile `q` (Poisson-gap only).
+    pub q: Option<f64>,
+    /// Max-age safety valve, seconds (Poisson-gap, queue-length).
+    pub max_age_s: Option<f64>,
+    /// Fixed timeout, seconds (fixed-timeout only).
+    pub timeout_s: Option<f64>,
+    /// Queue-length trigger (queue-length only).
+    pub queue_length: Option<usize>,
+    /// `W(k) = T_enc(k)` for k = 1..=B, seconds: the wait budget of the
+    /// Poisson-gap rule, from the encode cost model.
+    pub wait_budget_s: Vec<f64>,
+}
+
+#[derive(Clone, Debug)]
+enum Rule {
+    Immediate,
+    FixedTimeout(f64),
+    QueueLength { k: usize, max_age: f64 },
+    PoissonGap { q: f64, max_age: f64 },
+}
+
+/// The encode dispatcher of one encode worker (EAServe §3.2).
+///
+/// # Driving it
+/// 1. On each arrival at this worker call [`Batcher::on_arrival`].
+/// 2. Whenever the encoder is free (after an arrival, after a pass completes, at
+///    a wake-up) call [`Batcher::poll_dispatch`]; a returned batch is to be
+///    encoded now, in FCFS order.
+/// 3. If it returned `None` with requests queued, arm a timer for
+///    [`Batcher::poll_timeout`] and call `poll_dispatch` again when it fires.
+///    A spurious or stale wake-up returns `None` and is harmless.
+///
+/// # The Poisson-gap rule
+/// With `k` requests queued and the encoder free:
+/// * `k ≥ B`: dispatch `B` now.
+/// * otherwise estimate λ̂ online ([`RateEstimator`]) and take
+///   `g = −ln(1−q)/λ̂`, the q-quantile of an exponential inter-arrival gap.
+/// * if `g > W(k) = T_enc(k)` (the next request is unlikely to come within one
+///   pass of the batch we hold), dispatch now;
+/// * otherwise wait: dispatch when no request has arrived for `g` since the last
+///   arrival, or the oldest queued request's age reaches `max_age`.
+///
+/// Defaults need no per-workload tuning: `q = 0.9`, `W(k) = T_enc(k)`,
+/// `max_age = T_enc(B)`.
+#[derive(Clone, Debug)]
+pub struct Batcher {
+    rule: Rule,
+    max_batch: usize,
+    /// (id, arrival time at this worker)
+    queue: VecDeque<(RequestId, f64)>,
+    rate: RateEstimator,
+    wait_budget: Vec<f64>,
+    params: BatcherParams,
+}
+
+impl Batcher {
+    /// A batcher for `policy` with batch bound `max_batch` (`B ≥ 1`).
+    /// `encode_latency(k)` is the encode time of a micro-batch of `k` requests
+    /// (seconds), from the cost model; it sets `W(k)` and the default `max_age`.
+    ///
+    /// # Panics
+    /// If `max_batch == 0` (callers validate user input before building).
+    pub fn new(
+        policy: &DispatchPolicy,
+        max_batch: usize,
+        encode_latency: impl Fn(usize) -> f64,
+    ) -> Self {
+        assert!(max_batch >= 1, "batch bound B must be at least 1");
+        let wait_budget: Vec<f64> = (1..=max_batch).map(&encode_latency).collect();
+        let t_b = wait_budget[max_batch - 1];
+        let (rule, hint) = match *policy {
+            DispatchPolicy::Immediate => (Rule::Immediate, None),
+            DispatchPolicy::FixedTimeout { timeout_s } => (Rule::FixedTimeout(timeout_s), None),
+            DispatchPolicy::QueueLength { k, max_age_s } => (
+                Rule::QueueLength {
+                    k: k.clamp(1, max_batch),
+                    max_age: max_age_s.unwrap_or(t_b),
+                },
+                None,
+            ),
+            DispatchPolicy::PoissonGap {
+                q,
+                max_age_s,
+                rate_hint,
+            } => (
+                Rule::PoissonGap {
+                    q,
+                    max_age: max_age_s.unwrap_or(t_b),
+                },
+                rate_hint,
+            ),
+        };
+        let max_batch = if matches!(rule, Rule::Immediate) {
+            1
+        } else {
+            max_batch
+        };
+        let params = BatcherParams {
+            policy: policy.to_string(),
+            max_batch,
+            q: match rule {
+                Rule::PoissonGap { q, .. } => Some(q),
+                _ => None,
+            },
+            max_age_s: match rule {
+                Rule::PoissonGap { max_age, .. } | Rule::QueueLength { max_age, .. } => Some(max_age),
+                _ => None,
+            },
+            timeout_s: match rule {
+                Rule::FixedTimeout(t) => Some(t),
+                _ => None,
+            },
+            queue_length: match rule {
+                Rule::QueueLength { k, .. } => Some(k),
+                _ => None,
+            },
+            wait_budget_s: wait_budget.clone(),
+        };
+        Batcher {
+            rule,
+            max_batch,
+            queue: VecDeque::new(),
+            rate: RateEstimator::new(hint),
+            wait_budget,
+            params,
+        }
+    }
+
+    /// The resolved parameters (for the report).
+    pub fn params(&self) -> &BatcherParams {
+        &self.params
+    }
+
+    /// Requests waiting for a pass.
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether no request is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The current arrival-rate estimate (requests/s) of this worker.
+    pub fn rate_estimate(&self) -> Option<f64> {
+        self.rate.rate()
+    }
+
+    /// The Poisson-gap threshold `g = −ln(1−q)/λ̂` in seconds for the current
+    /// rate estimate (`None` for other policies or before any estimate).
+    pub fn gap_threshold(&self) -> Option<f64> {
+        match self.rule {
+            Rule::PoissonGap { q, .. } => self.rate.rate().map(|r| gap_threshold(q, r)),
+            _ => None,
+        }
+    }
+
+    /// A request arrives at this worker at `now`.
+    pub fn on_arrival(&mut self, now: f64, id: RequestId) {
+        self.queue.push_back((id, now));
+        self.rate.observe(now);
+    }
+
+    /// Whether the batch held now should go, given the encoder is free.
+    fn ready(&self, now: f64) -> bool {
+        let k = self.queue.len();
+        if k == 0 {
+            return false;
+        }
+        if k >= self.max_batch {
+            return true;
+        }
+        let oldest = self.queue[0].1;
+        match self.rule {
+            Rule::Immediate => true,
+            // deadlines are compared as `now >= start + span`, the same sum
+            // `poll_timeout` returns, so a wake-up at that time always fires.
+            Rule::FixedTimeout(t) => now >= oldest + t,
+            Rule::QueueLength { k: trigger, max_age } => k >= trigger || now >= oldest + max_age,
+            Rule::PoissonGap { q, max_age } => {
+                let Some(rate) = self.rate.rate() else {
+                    return true;
+                };
+                let g = gap_threshold(q, rate);
+                if g > self.wait_budget[k - 1] {
+                    return true;
+                }
+                let last = self.rate.last_arrival().unwrap_or(oldest);
+                now >= last + g || now >= oldest + max_age
+            }
+        }
+    }
+
+    /// If the encoder is free and the rule says go, remove and return the next
+    /// micro-batch (at most `B` request ids, FCFS). `None` means hold: either
+    /// nothing is queued, the encoder is busy, or the rule waits (then see
+    /// [`Batcher::poll_timeout`]).
+    pub fn poll_dispatch(&mut self, now: f64, encoder_free: bool) -> Option<Vec<RequestId>> {
+        if !encoder_free || !self.ready(now) {
+            return None;
+        }
+        let n = self.queue.len().min(self.max_batch);
+        Some(self.queue.drain(..n).map(|(id, _)| id).collect())
+    }
+
+    /// When the held batch should be re-examined (absolute seconds), if the rule
+    /// is waiting on a timer. The earliest of the gap deadline and the max-age
+    /// deadline for Poisson-gap; the timeout for fixed-timeout.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<f64> {
+        let oldest = self.queue.front()?.1;
+        match self.rule {
+            Rule::Immediate => None,
+            Rule::FixedTimeout(t) => Some(oldest + t),
+            Rule::QueueLength { max_age, .. } => Some(oldest + max_age),
+            Rule::PoissonGap { q, max_age } => {
+                let rate = self.rate.rate()?;
+                let g = gap_threshold(q, rate);
+                let last = self.rate.last_arrival().unwrap_or(oldest);
+                Some((last + g).min(oldest + max_age))
+            }
+        }
+    }
+}
+
+/// `g = −ln(1−q)/λ`: the q-quantile of an exponential gap with rate `λ` (seconds).
+pub(crate) fn gap_threshold(q: f64, rate: f64) -> f64 {
+    -(1.0 - q).ln() / rate
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t_enc(k: usize) -> f64 {
+        0.5 + 0.05 * k as f64
+    }
+
+    fn pg(hint: Option<f64>) -> DispatchPolicy {
+        DispatchPolicy::PoissonGap {
+            q: 0.9,
+            max_age_s: None,
+            rate_hint: hint,
+        }
+    }
+
+    #[test]
+    fn gap_threshold_falls_as_rate_rises() {
+        let mut prev = f64::INFINITY;
+        for rate in [0.1, 0.5, 1.0, 2.0, 5.0, 20.0] {
+            let mut b = Batcher::new(&pg(None), 8, t_enc);
+            for i in 0..40 {
+                b.on_arrival(i as f64 / rate, i);
+            }
+            let g = b.gap_threshold().unwrap();
+            assert!(g < prev, "g={g} at rate {rate} not below {prev}");
+            assert!((g - (10f64).ln() / rate).abs() < 1e-9 * g.max(1.0));
+            prev = g;
+        }
+    }
+
+    #[test]
+    fn full_batch_dispatches_at_once() {
+        let mut b = Batcher::new(&pg(Some(100.0)), 4, t_enc);
+        for i in 0..4 {
+            b.on_arrival(0.001 * i as f64, i);
+        }
+        assert_eq!(b.poll_dispatch(0.003, true), Some(vec![0, 1, 2, 3]));
+        // busy encoder: nothing goes
+        for i in 4..10 {
+            b.on_arrival(0.003 + 0.001 * i as f64, i);
+        }
+        assert_eq!(b.poll_dispatch(0.02, false), None);
+        assert_eq!(b.poll_dispatch(0.02, true), Some(vec![4, 5, 6, 7]));
+    }
+
+    #[test]
+    fn low_load_dispatches_immediately() {
+        // 0.2 req/s: g = 11.5 s ≫ T_enc(1) = 0.55 s
+        let mut b = Batcher::new(&pg(Some(0.2)), 8, t_enc);
+        b.on_arrival(3.0, 7);
+        assert_eq!(b.poll_dispatch(3.0, true), Some(vec![7]));
+    }
+
+    #[test]
+    fn high_load_waits_then_gap_fires() {
+        // 50 req/s: g = 0.046 s < T_enc(1): hold for the next arrival.
+        let mut b = Batcher::new(&pg(Some(50.0)), 8, t_enc);
+        b.on_arrival(1.0, 0);
+        assert_eq!(b.poll_dispatch(1.0, true), None);
+        let wake = b.poll_timeout().unwrap();
+        assert!((wake - (1.0 + (10f64).ln() / 50.0)).abs() < 1e-12);
+        // a spurious early wake-up is a no-op
+        assert_eq!(b.poll_dispatch(wake - 1e-3, true), None);
+        assert_eq!(b.poll_dispatch(wake, true), Some(vec![0]));
+    }
+
+    #[test]
+    fn max_age_bounds_the_wait() {
+        let mut b = Batcher::new(&pg(Some(1000.0)), 64, t_enc);
+        // arrivals every 2 ms keep resetting the gap timer; max_age = T_enc(64) = 3.7 s
+        let mut t = 0.0;
+        let mut id = 0;
+        loop {
+            b.on_arrival(t, id);
+            id += 1;
+            if let Some(batch) = b.poll_dispatch(t, true) {
+                assert!(t <= 3.7 + 1e-9, "held until {t}");
+                assert!(!batch.is_empty());
+                break;
+            }
+            let wake = b.poll_timeout().unwrap();
+            assert!(wake <= 3.7 + 1e-9);
+            t += 0.002;
+            if t >= wake {
+                assert!(b.poll_dispatch(wake, true).is_some());
+                break;
+            }
+        }
+    }
+
+    #[test]
+    fn immediate_is_one_per_pass() {
+        let mut b = Batcher::new(&DispatchPolicy::Immediate, 8, t_enc);
+        b.on_arrival(0.0, 0);
+        b.on_arrival(0.0, 1);
+        assert_eq!(b.poll_dispatch(0.0, true), Some(vec![0]));
+        assert_eq!(b.poll_dispatch(0.0, true), Some(vec![1]));
+        assert_eq!(b.params().max_batch, 1);
+    }
+
+    #[test]
+    fn fixed_timeout_and_queue_length() {
+        let mut b = Batcher::new(&DispatchPolicy::FixedTimeout { timeout_s: 0.1 }, 8, t_enc);
+        b.on_arrival(0.0, 0);
+        assert_eq!(b.poll_dispatch(0.05, true), None);
+        assert_eq!(b.poll_timeout(), Some(0.1));
+        assert_eq!(b.poll_dispatch(0.1, true), Some(vec![0]));
+
+        let mut b = Batcher::new(
+            &DispatchPolicy::QueueLength {
+                k: 3,
+                max_age_s: None,
+            },
+            8,
+            t_enc,
+        );
+        b.on_arrival(0.0, 0);
+        b.on_arrival(0.1, 1);
+        assert_eq!(b.poll_dispatch(0.1, true), None);
+        b.on_arrival(0.2, 2);
+        assert_eq!(b.poll_dispatch(0.2, true), Some(vec![0, 1, 2]));
+        b.on_arrival(1.0, 3);
+        assert_eq!(b.poll_timeout(), Some(1.0 + t_enc(8)));
+    }
+}

@@ -1,0 +1,51 @@
+//! easerve's scheduler core: every scheduling decision of an Encode → Prefill →
+//! Decode (EPD) serving deployment, shared by the simulator (`easerve-sim`) and
+//! the real executor.
+//!
+//! This crate does **not** do I/O, has **no clock** of its own, starts **no
+//! threads** and runs **no async** code. Callers pass the current time `now`
+//! (seconds since the start of the run, `f64`, the one time unit of easerve) and
+//! get back decisions and, where a policy wants to be woken, the time to wake it
+//! (`poll_timeout`). The simulator turns a wake-up into an event; the executor
+//! into a timer. A spurious wake-up is always a no-op.
+//!
+//! Pieces, in the order a request meets them:
+//!
+//! * [`Request`] — one multimodal request and its [`RequestRecord`] (lifecycle times).
+//! * [`Allocation`] / [`Deployment`] — the paper's `2E(TP1)+1P(TP2)+1D(TP4)` plus
+//!   the runtime knobs `B` (encode batch bound) and `s` (offload ratio).
+//! * [`LeastOutstanding`] — placement across replicas of one stage.
+//! * [`Batcher`] — when an encode worker dispatches a micro-batch
+//!   (`Immediate`, `FixedTimeout`, `QueueLength`, `PoissonGap`).
+//! * [`Router`] — where each request's prefill runs (deficit counter, plus the
+//!   `Random` and `Windowed` ablation baselines).
+//! * [`SmSplit`] — how an encode GPU's SMs are shared with a co-located prefill worker.
+//! * [`PrefillQueue`] — prefill batching under a token budget.
+//! * [`DecodeScheduler`] / [`KvBlocks`] — continuous batching with paged KV-block accounting.
+//! * [`harness`] — a virtual-clock driver for tests of the policies without a simulator.
+//!
+//! Where a policy needs a cost (the batcher needs `T_enc(k)`, the SM split needs
+//! encode latency per SM level) it takes a closure or a table; this crate never
+//! depends on a cost model.
+#![warn(missing_docs, unreachable_pub)]
+
+mod allocation;
+mod batcher;
+mod decode;
+mod deployment;
+pub mod harness;
+mod placement;
+mod prefill;
+mod request;
+mod router;
+mod smsplit;
+
+pub use allocation::{Allocation, AllocationError, StagePool};
+pub use batcher::{Batcher, BatcherParams, RateEstimator};
+pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
+pub use deployment::{DispatchPolicy, Deployment, RouterPolicy, SmPolicy};
+pub use placement::LeastOutstanding;
+pub use prefill::{PrefillItem, PrefillQueue};
+pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
+pub use router::{Route, Router};
+pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS};

@@ -1,0 +1,163 @@
+//! A multimodal request and the record of its lifecycle.
+
+use serde::{Deserialize, Serialize};
+
+/// Identifier of a request, unique within a run (0, 1, 2, … in arrival order).
+pub type RequestId = u64;
+
+/// One multimodal input item of a request, in the shape the user sent it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum MmItem {
+    /// A still image of `height × width` pixels.
+    Image {
+        /// Pixels.
+        height: u32,
+        /// Pixels.
+        width: u32,
+    },
+    /// A video of `frames` sampled frames, each `height × width` pixels.
+    Video {
+        /// Frames after sampling (e.g. at 2 fps for Qwen2.5-VL).
+        frames: u32,
+        /// Pixels.
+        height: u32,
+        /// Pixels.
+        width: u32,
+    },
+    /// An audio clip of `seconds` seconds.
+    Audio {
+        /// Duration in seconds.
+        seconds: f64,
+    },
+}
+
+/// The input modality of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Modality {
+    /// Still images.
+    Image,
+    /// Video.
+    Video,
+    /// Audio.
+    Audio,
+    /// No multimodal items: a plain prefill/decode request.
+    Text,
+}
+
+impl MmItem {
+    /// The modality of this item.
+    pub fn modality(&self) -> Modality {
+        match self {
+            MmItem::Image { .. } => Modality::Image,
+            MmItem::Video { .. } => Modality::Video,
+            MmItem::Audio { .. } => Modality::Audio,
+        }
+    }
+}
+
+/// One request as the scheduler sees it.
+///
+/// Token counts derived from the items (`encoder_tokens`, `mm_tokens`) are filled
+/// in by whoever builds the request from the model architecture (`easerve-workload`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// Unique id.
+    pub id: RequestId,
+    /// Arrival time, seconds since the start of the run.
+    pub arrival: f64,
+    /// Multimodal items, in prompt order (empty for a text-only request).
+    pub items: Vec<MmItem>,
+    /// Text prompt tokens (excluding multimodal tokens).
+    pub prompt_tokens: u32,
+    /// Output tokens to generate (including the first, emitted by prefill).
+    pub output_tokens: u32,
+    /// Tokens the encoder's transformer processes for all items.
+    pub encoder_tokens: u64,
+    /// Multimodal embeddings the items contribute to the LLM prompt.
+    pub mm_tokens: u64,
+}
+
+impl Request {
+    /// Tokens prefill processes: text prompt plus multimodal embeddings.
+    pub fn prefill_tokens(&self) -> u64 {
+        self.prompt_tokens as u64 + self.mm_tokens
+    }
+
+    /// Whether the request needs the encode stage.
+    pub fn needs_encode(&self) -> bool {
+        !self.items.is_empty()
+    }
+}
+
+/// When each lifecycle event of one request happened (seconds since the start of
+/// the run). Filled in by the simulator or the executor; turned into the report
+/// by `easerve-workload`. `None` means the event did not happen (e.g. a text-only
+/// request has no encode times).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Request id.
+    pub id: RequestId,
+    /// Arrival at the serving system.
+    pub arrival: f64,
+    /// Output tokens generated.
+    pub output_tokens: u32,
+    /// Tokens prefill processed (text + multimodal).
+    pub prefill_tokens: u64,
+    /// Encode worker index that served it.
+    pub encode_worker: Option<usize>,
+    /// Micro-batch size of its encode pass.
+    pub encode_batch: Option<usize>,
+    /// Start of its encode pass (end of encode queueing).
+    pub encode_start: Option<f64>,
+    /// End of its encode pass.
+    pub encode_end: Option<f64>,
+    /// Whether its prefill ran on a local prefill worker co-located on the encode GPU.
+    pub prefill_local: bool,
+    /// Embeddings available at the prefill worker (after transfer).
+    pub prefill_ready: Option<f64>,
+    /// Start of its prefill batch.
+    pub prefill_start: Option<f64>,
+    /// First token emitted (end of prefill).
+    pub first_token: Option<f64>,
+    /// KV cache available at the decode worker (after transfer).
+    pub decode_ready: Option<f64>,
+    /// Admitted into the running decode batch.
+    pub decode_start: Option<f64>,
+    /// Last token emitted.
+    pub finish: Option<f64>,
+}
+
+impl RequestRecord {
+    /// A fresh record for `req`.
+    pub fn new(req: &Request) -> Self {
+        RequestRecord {
+            id: req.id,
+            arrival: req.arrival,
+            output_tokens: req.output_tokens,
+            prefill_tokens: req.prefill_tokens(),
+            ..Default::default()
+        }
+    }
+
+    /// Time to first token, seconds.
+    pub fn ttft(&self) -> Option<f64> {
+        self.first_token.map(|t| t - self.arrival)
+    }
+
+    /// End-to-end latency, seconds.
+    pub fn e2e(&self) -> Option<f64> {
+        self.finish.map(|t| t - self.arrival)
+    }
+
+    /// Time per output token after the first, seconds:
+    /// `(E2E − TTFT)/(output − 1)`, 0 when output ≤ 1.
+    pub fn tpot(&self) -> Option<f64> {
+        let (ttft, e2e) = (self.ttft()?, self.e2e()?);
+        if self.output_tokens <= 1 {
+            Some(0.0)
+        } else {
+            Some((e2e - ttft) / (self.output_tokens - 1) as f64)
+        }
+    }
+}
