@@ -1,0 +1,73 @@
+//! Every efficiency / overhead constant of the roofline in one place.
+//!
+//! Until the calibration issue fits them to measured profiles, every value here is an
+//! **assumption** (or, for `encode_pass_s`, an input taken from the EAServe paper);
+//! each field's doc says which.
+
+/// Efficiency factors and fixed overheads that turn [`easerve_model::Work`] into seconds.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Efficiency {
+    /// Fraction of peak dense BF16 FLOPS that large GEMMs reach. Default 0.65:
+    /// assumption (cuBLAS BF16 GEMMs of LLM sizes typically reach 60-75 % of peak).
+    pub gemm_eff: f64,
+    /// Fraction of peak memory bandwidth that streaming kernels reach. Default 0.8:
+    /// assumption (typical STREAM-like / decode-GEMV efficiency).
+    pub mem_eff: f64,
+    /// Seconds of launch overhead per transformer layer. Default 30 µs: assumption
+    /// (a layer is ~10 kernels of a few µs launch each, without CUDA graphs).
+    pub layer_overhead_s: f64,
+    /// Seconds fixed per encode forward pass (framework + launch + scheduling + transfer
+    /// setup). Default 0.6 s: calibrated so that a pass-through (B=1) encoder saturates
+    /// near 1 req/s as the EAServe paper reports for its RTX 6000 Ada testbed (§2.2,
+    /// §4.2, Fig. 11): an input, not a validated prediction.
+    pub encode_pass_s: f64,
+    /// CPU preprocessing seconds per item (image decode/resize, audio load). Default
+    /// 0.02 s: assumption.
+    pub preprocess_item_s: f64,
+    /// CPU preprocessing seconds per encoder token (patchify, normalise, log-mel).
+    /// Default 2 µs: assumption.
+    pub preprocess_per_token_s: f64,
+    /// Seconds fixed per prefill batch (scheduling, sampling). Default 10 ms: assumption.
+    pub prefill_batch_s: f64,
+    /// Seconds fixed per decode step (scheduling, sampling, detokenise). Default 4 ms:
+    /// assumption.
+    pub decode_step_s: f64,
+    /// Tokens needed to fill all SMs of the GPU: below it an encode pass cannot use
+    /// every SM (the knee of the encode latency-vs-SM curve, EAServe paper §3.4 and Fig. 7). Default 4096:
+    /// assumption (a GEMM needs roughly one 128x128 output tile per SM per wave:
+    /// 142 SMs * 128 rows / hidden-width tiling ~ a few thousand rows).
+    pub tokens_to_fill_gpu: f64,
+    /// Extra slowdown when two processes time-slice one GPU without SM partitioning
+    /// (default CUDA scheduling): while both have work, each progresses at
+    /// `0.5 / (1 + time_slice_penalty)` of its exclusive rate. Default 0.1: assumption
+    /// (context-switch and cache-thrash cost; EAServe §4.4 reports uncontrolled
+    /// contention costs 9 % throughput against the dynamic split).
+    pub time_slice_penalty: f64,
+    /// Fraction by which an encode pass's GPU time grows while a co-located prefill
+    /// runs under an SM partition: SM masks do not isolate HBM bandwidth (EAServe
+    /// §2.3). Default 0.05: assumption.
+    pub bandwidth_interference: f64,
+}
+
+impl Default for Efficiency {
+    /// The assumed values listed on each field (none fitted yet).
+    fn default() -> Self {
+        Efficiency {
+            gemm_eff: 0.65,
+            mem_eff: 0.8,
+            layer_overhead_s: 30e-6,
+            encode_pass_s: 0.6,
+            preprocess_item_s: 0.02,
+            preprocess_per_token_s: 2e-6,
+            prefill_batch_s: 0.01,
+            decode_step_s: 0.004,
+            tokens_to_fill_gpu: 4096.0,
+            time_slice_penalty: 0.1,
+            bandwidth_interference: 0.05,
+        }
+    }
+}
+
+/// vLLM's default `gpu_memory_utilization`: the fraction of GPU memory a worker may use
+/// for weights + KV cache + activations.
+pub const DEFAULT_MEM_UTIL: f64 = 0.9;

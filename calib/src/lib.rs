@@ -1,0 +1,29 @@
+//! Hardware specs and stage cost models for easerve.
+//!
+//! This crate turns the work that `easerve-model` counts (FLOPs, bytes) into seconds on
+//! a named GPU: a roofline (`max(compute, memory)`) scaled by fitted efficiencies, plus
+//! the fixed per-pass, per-item and per-step terms DESIGN.md "Cost" requires. It does
+//! not measure anything; measured profiles and fitting come later and will replace the
+//! assumed constants in [`eff`].
+//!
+//! Reading guide: [`gpu`] (GPU and link presets with datasheet numbers), [`eff`] (every
+//! efficiency/overhead constant and where it came from), [`roofline`] (the cost model).
+//!
+//! ```
+//! use easerve_calib::{Efficiency, GpuSpec, Roofline};
+//! use easerve_model::ModelArch;
+//! let m = ModelArch::preset("llava-v1.6-34b").unwrap();
+//! let item = m.image_tokens(672, 672).unwrap();
+//! let r = Roofline::new(m, GpuSpec::preset("rtx-6000-ada").unwrap(), Efficiency::default());
+//! let t = r.encode(&[item], 1.0);
+//! assert!(t.total() > t.t_gpu);
+//! ```
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod eff;
+pub mod gpu;
+pub mod roofline;
+
+pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
+pub use gpu::{GpuSpec, LinkSpec};
+pub use roofline::{EncodeTime, Roofline};

@@ -1,0 +1,325 @@
+//! The roofline cost model: seconds of an encode pass, a prefill batch, a decode step,
+//! a transfer, and the KV-cache memory left per GPU.
+//!
+//! GPU time of a pass is
+//!
+//! ```text
+//! max(flops / (peak * gemm_eff * usable), bytes / (bw * mem_eff)) + layers * layer_overhead_s
+//! ```
+//!
+//! with TP splitting work evenly and adding ring all-reduces over the GPU's link
+//! (DESIGN.md "Cost").
+
+use easerve_model::{ItemTokens, ModelArch, Work};
+
+use crate::eff::Efficiency;
+use crate::gpu::GpuSpec;
+
+/// Smallest SM share the model accepts; lower (or non-finite) shares are clamped to it
+/// so a zero share cannot produce an infinite time.
+pub const MIN_SM_SHARE: f64 = 1e-3;
+
+/// Split of one encode pass into the DESIGN.md terms (seconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct EncodeTime {
+    /// Fixed per forward pass (framework, launch, scheduling, transfer setup):
+    /// [`Efficiency::encode_pass_s`].
+    pub t_pass: f64,
+    /// CPU preprocessing of all items: `Σ (preprocess_item_s + encoder_tokens * preprocess_per_token_s)`.
+    pub t_pre: f64,
+    /// GPU time: roofline of the pass at the granted SM share + per-layer overhead.
+    pub t_gpu: f64,
+}
+
+impl EncodeTime {
+    /// `t_pass + t_pre + t_gpu` (preprocessing is not overlapped with GPU work here).
+    pub fn total(&self) -> f64 {
+        self.t_pass + self.t_pre + self.t_gpu
+    }
+}
+
+/// Roofline profile of one model on one GPU kind with one set of efficiencies.
+#[derive(Clone, Debug)]
+pub struct Roofline {
+    /// The model whose work is timed.
+    pub model: ModelArch,
+    /// The GPU every stage worker runs on (and its link for TP and transfers).
+    pub gpu: GpuSpec,
+    /// Efficiencies and fixed overheads.
+    pub eff: Efficiency,
+}
+
+fn clamp_share(sm_share: f64) -> f64 {
+    if sm_share.is_finite() {
+        sm_share.clamp(MIN_SM_SHARE, 1.0)
+    } else {
+        1.0
+    }
+}
+
+impl Roofline {
+    /// Bundle a model, a GPU and efficiencies.
+    pub fn new(model: ModelArch, gpu: GpuSpec, eff: Efficiency) -> Self {
+        Roofline { model, gpu, eff }
+    }
+
+    /// Seconds of the roofline for `work` on one GPU using a fraction `usable` of its
+    /// compute: `max(flops / (peak * gemm_eff * usable), bytes / (bw * mem_eff))`.
+    pub fn roofline_time(&self, work: Work, usable: f64) -> f64 {
+        let compute = work.flops / (self.gpu.peak_flops() * self.eff.gemm_eff * usable);
+        let memory = work.bytes / (self.gpu.peak_bandwidth() * self.eff.mem_eff);
+        compute.max(memory)
+    }
+
+    /// Seconds of one encode pass over `items` with `sm_share` in (0, 1] of the SMs.
+    ///
+    /// ```text
+    /// t_gpu = max(flops / (peak * gemm_eff * usable), bytes / (bw * mem_eff))
+    ///         + encoder_layers * layer_overhead_s
+    /// ```
+    ///
+    /// with `usable = min(sm_share, fill)` and `fill = min(1, Σ encoder_tokens / tokens_to_fill_gpu)`: below the knee a pass
+    /// cannot use every SM, so extra share does not help; above it latency scales with
+    /// 1/share. `t_pre = Σ (preprocess_item_s + encoder_tokens * preprocess_per_token_s)`.
+    /// An empty batch or a model without encoder costs nothing.
+    pub fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+        let Some(enc) = self.model.encoder.as_ref() else {
+            return EncodeTime::default();
+        };
+        if items.is_empty() {
+            return EncodeTime::default();
+        }
+        let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        let fill = (tokens as f64 / self.eff.tokens_to_fill_gpu).min(1.0);
+        let usable = clamp_share(sm_share).min(fill.max(MIN_SM_SHARE));
+        let work = self.model.encode_work(items);
+        let t_gpu =
+            self.roofline_time(work, usable) + f64::from(enc.layers) * self.eff.layer_overhead_s;
+        let t_pre = items
+            .iter()
+            .map(|i| {
+                self.eff.preprocess_item_s
+                    + i.encoder_tokens as f64 * self.eff.preprocess_per_token_s
+            })
+            .sum();
+        EncodeTime {
+            t_pass: self.eff.encode_pass_s,
+            t_pre,
+            t_gpu,
+        }
+    }
+
+    /// Seconds of one ring all-reduce of `bytes` over `tp` GPUs on the GPU's link:
+    /// `2 * (tp-1)/tp * bytes / bw + latency_s`; zero at `tp <= 1` or zero bytes.
+    pub fn allreduce(&self, bytes: f64, tp: u32) -> f64 {
+        if tp <= 1 || bytes <= 0.0 {
+            return 0.0;
+        }
+        let t = f64::from(tp);
+        let link = &self.gpu.link;
+        2.0 * (t - 1.0) / t * bytes / (link.bandwidth_gbs * 1e9) + link.latency_s
+    }
+
+    /// Seconds of the LLM body at TP `tp`: roofline of `work / tp` at `usable` share +
+    /// `2 * layers` all-reduces of `tokens` tokens + `layers * layer_overhead_s`.
+    fn llm_pass(&self, work: Work, tokens: u64, tp: u32, usable: f64) -> f64 {
+        let tp = tp.max(1);
+        let t = f64::from(tp);
+        let per_gpu = Work {
+            flops: work.flops / t,
+            bytes: work.bytes / t,
+        };
+        let layers = f64::from(self.model.llm.layers);
+        let ar = 2.0 * layers * self.allreduce(self.model.allreduce_bytes_per_layer(tokens), tp);
+        self.roofline_time(per_gpu, usable) + ar + layers * self.eff.layer_overhead_s
+    }
+
+    /// Seconds of one prefill batch of sequences with these prompt lengths at TP `tp`
+    /// with a fraction `sm_share` of each GPU's SMs: roofline of `prefill_work / tp` +
+    /// `2 * layers` ring all-reduces over the GPU link + `layers * layer_overhead_s` +
+    /// `prefill_batch_s`. An empty batch costs nothing.
+    pub fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
+        let tokens: u64 = seq_lens.iter().sum();
+        if tokens == 0 {
+            return 0.0;
+        }
+        let work = self.model.prefill_work(seq_lens);
+        self.llm_pass(work, tokens, tp, clamp_share(sm_share)) + self.eff.prefill_batch_s
+    }
+
+    /// Seconds of one decode iteration for `batch` sequences whose contexts total
+    /// `total_context_tokens`, at TP `tp` on whole GPUs: roofline of
+    /// `decode_step_work / tp` + all-reduces + per-layer overhead + `decode_step_s`.
+    /// `batch == 0` costs nothing.
+    pub fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
+        if batch == 0 {
+            return 0.0;
+        }
+        let work = self.model.decode_step_work(batch, total_context_tokens);
+        self.llm_pass(work, batch, tp, 1.0) + self.eff.decode_step_s
+    }
+
+    /// Bytes of GPU memory left for KV cache per GPU at TP `tp`:
+    /// `memory_bytes * mem_util - llm_weight_bytes / tp - extra_weight_bytes`, where
+    /// `extra_weight_bytes` is anything else resident (e.g. a co-located encoder's
+    /// [`ModelArch::encoder_weight_bytes`]) and `mem_util` is vLLM's
+    /// `gpu_memory_utilization` ([`crate::DEFAULT_MEM_UTIL`] = 0.9). Activation
+    /// workspace and CUDA graphs are not subtracted. `None` when nothing is left.
+    pub fn kv_bytes_free_per_gpu(
+        &self,
+        tp: u32,
+        extra_weight_bytes: f64,
+        mem_util: f64,
+    ) -> Option<f64> {
+        let free = self.gpu.memory_bytes() * mem_util
+            - self.model.llm_weight_bytes() / f64::from(tp.max(1))
+            - extra_weight_bytes;
+        (free > 0.0).then_some(free)
+    }
+
+    /// Tokens of KV cache the whole TP group holds: each GPU stores
+    /// `kv_bytes_per_token / min(tp, kv_heads)` per token (KV heads are split over TP and
+    /// replicated once TP exceeds them). `None` when nothing fits.
+    pub fn kv_token_capacity(
+        &self,
+        tp: u32,
+        extra_weight_bytes: f64,
+        mem_util: f64,
+    ) -> Option<u64> {
+        let free = self.kv_bytes_free_per_gpu(tp, extra_weight_bytes, mem_util)?;
+        let split = f64::from(tp.max(1).min(self.model.llm.kv_heads.max(1)));
+        let per_gpu_per_token = self.model.kv_bytes_per_token() / split;
+        Some((free / per_gpu_per_token).floor() as u64)
+    }
+
+    /// Seconds to move `bytes` once over the GPU's link ([`crate::LinkSpec::transfer_time`]).
+    pub fn transfer(&self, bytes: f64) -> f64 {
+        self.gpu.link.transfer_time(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DEFAULT_MEM_UTIL;
+
+    fn roof(model: &str, gpu: &str) -> Roofline {
+        Roofline::new(
+            ModelArch::preset(model).unwrap(),
+            GpuSpec::preset(gpu).unwrap(),
+            Efficiency::default(),
+        )
+    }
+
+    #[test]
+    fn encode_terms_add_up() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        let item = r.model.image_tokens(672, 672).unwrap();
+        let t = r.encode(&[item], 1.0);
+        assert_eq!(t.t_pass, 0.6);
+        assert!((t.t_pre - (0.02 + 2885.0 * 2e-6)).abs() < 1e-12);
+        assert!(t.t_gpu > 0.0 && t.t_gpu < 0.1, "{}", t.t_gpu);
+        assert!((t.total() - (t.t_pass + t.t_pre + t.t_gpu)).abs() < 1e-15);
+        // pass-through saturates near 1 req/s (encode_pass_s was chosen for that)
+        assert!(t.total() > 0.6 && t.total() < 0.8);
+    }
+
+    #[test]
+    fn knee_big_batch_is_slow_at_small_share() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        let item = r.model.image_tokens(672, 672).unwrap();
+        let batch = [item; 8];
+        let lo = r.encode(&batch, 0.2);
+        let hi = r.encode(&batch, 1.0);
+        assert!(lo.t_gpu > 3.0 * hi.t_gpu, "{} vs {}", lo.t_gpu, hi.t_gpu);
+        assert!(lo.total() > hi.total());
+    }
+
+    #[test]
+    fn knee_small_batch_flattens_above_fill() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        let item = r.model.image_tokens(336, 336).unwrap(); // 1731 tokens < 4096
+        let half = r.encode(&[item], 0.5).total();
+        let full = r.encode(&[item], 1.0).total();
+        assert!((half - full).abs() < 0.05 * full, "{half} vs {full}");
+        // and below the knee share matters again
+        assert!(r.encode(&[item], 0.1).t_gpu > 2.0 * r.encode(&[item], 1.0).t_gpu);
+    }
+
+    #[test]
+    fn micro_batching_amortises_pass_cost() {
+        let r = roof("qwen2.5-vl-32b", "rtx-6000-ada");
+        let v = r.model.video_tokens(16, 448, 448).unwrap();
+        let one = r.encode(&[v], 1.0).total();
+        let eight = r.encode(&[v; 8], 1.0).total();
+        assert!(eight < 8.0 * one / 2.0, "{eight} vs {one}");
+    }
+
+    #[test]
+    fn empty_or_encoderless_encode_costs_nothing() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        assert_eq!(r.encode(&[], 1.0), EncodeTime::default());
+        let t = roof("text-lm-tiny", "rtx-6000-ada");
+        let item = ItemTokens {
+            encoder_tokens: 100,
+            llm_tokens: 10,
+            attn_span: 100,
+        };
+        assert_eq!(t.encode(&[item], 1.0).total(), 0.0);
+    }
+
+    #[test]
+    fn prefill_grows_with_tokens_and_shrinks_with_tp() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        let p1k = r.prefill(&[1000], 2, 1.0);
+        let p3k = r.prefill(&[3000], 2, 1.0);
+        assert!(p3k > p1k);
+        assert!(r.prefill(&[3000], 4, 1.0) < p3k);
+        assert!(r.prefill(&[3000], 2, 0.5) > p3k);
+        assert_eq!(r.prefill(&[], 2, 1.0), 0.0);
+    }
+
+    #[test]
+    fn allreduce_is_zero_at_tp1_and_ring_shaped() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        assert_eq!(r.allreduce(1e6, 1), 0.0);
+        // tp=2: 2*(1/2)*1e6/25e9 + 15e-6 = 55 µs
+        assert!((r.allreduce(1e6, 2) - 55e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn decode_grows_with_context_and_is_memory_bound() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        let short = r.decode_step(32, 32 * 500, 4);
+        let long = r.decode_step(32, 32 * 2000, 4);
+        assert!(long > short);
+        // weights/4 over 768 GB/s effective ~ 22 ms: step is tens of ms
+        assert!(long > 0.02 && long < 0.1, "{long}");
+        assert_eq!(r.decode_step(0, 0, 4), 0.0);
+    }
+
+    #[test]
+    fn yi_34b_needs_tp2_on_48_gb() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        assert!(r.kv_bytes_free_per_gpu(1, 0.0, DEFAULT_MEM_UTIL).is_none());
+        let free = r.kv_bytes_free_per_gpu(2, 0.0, DEFAULT_MEM_UTIL).unwrap();
+        assert!((free - (43.2e9 - 34.39e9)).abs() < 0.05e9, "{free}");
+        let with_enc = r
+            .kv_bytes_free_per_gpu(2, r.model.encoder_weight_bytes(), DEFAULT_MEM_UTIL)
+            .unwrap();
+        assert!(with_enc < free);
+        // KV capacity: 8 KV heads split over 2 GPUs
+        let cap = r.kv_token_capacity(2, 0.0, DEFAULT_MEM_UTIL).unwrap();
+        assert_eq!(cap, (free / (245_760.0 / 2.0)).floor() as u64);
+    }
+
+    #[test]
+    fn transfer_uses_the_gpu_link() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        let bytes = 2928.0 * r.model.embedding_bytes_per_token();
+        let t = r.transfer(bytes);
+        assert!((t - (15e-6 + bytes / 25e9)).abs() < 1e-12);
+        let h = roof("llava-v1.6-34b", "h100-sxm");
+        assert!(h.transfer(bytes) < t);
+    }
+}

@@ -1,0 +1,242 @@
+//! Architecture types: an optional multimodal encoder (+ projector) and a decoder LLM.
+//!
+//! Field names follow the checkpoints' `config.json` terms; each field's doc names the
+//! original key. Parameter counts are derived from the shapes (biases and norms, well
+//! under 0.1 % of the weights, are left out).
+
+/// Which encoder family, with the preprocessing constants that decide its token counts.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub enum EncoderKind {
+    /// CLIP ViT with LLaVA-NeXT "anyres" tiling (image only).
+    ClipAnyres {
+        /// Tile side in pixels (`vision_config.image_size`, 336 for ViT-L/14-336).
+        image_size: u32,
+        /// Patch side in pixels (`vision_config.patch_size`, 14).
+        patch: u32,
+        /// Candidate resolutions `(height, width)` in pixels (`image_grid_pinpoints`;
+        /// HF `select_best_resolution` reads each pair as height, width).
+        grid_pinpoints: Vec<(u32, u32)>,
+    },
+    /// Qwen2.5-VL ViT (image + video): window attention, full attention every
+    /// `fullatt_every` blocks, 2x2 patch merger.
+    QwenVit {
+        /// Patch side in pixels (`vision_config.patch_size`, 14).
+        patch: u32,
+        /// Frames per temporal patch (`vision_config.temporal_patch_size`, 2).
+        temporal_patch: u32,
+        /// Merge factor per side (`vision_config.spatial_merge_size`, 2): 2x2 patches -> 1 LLM token.
+        spatial_merge: u32,
+        /// Attention window side in pixels (`vision_config.window_size`, 112 = 8 patches).
+        window_px: u32,
+        /// Full attention on every `fullatt_every`-th block (`fullatt_block_indexes`
+        /// [7, 15, 23, 31] -> 8).
+        fullatt_every: u32,
+        /// Lower pixel bound of `smart_resize` for images (`preprocessor_config.json`
+        /// `min_pixels`, 3136 = 56*56).
+        min_pixels: u64,
+        /// Upper pixel bound of `smart_resize` for images (`max_pixels`, 12845056 = 14*14*4*16384).
+        max_pixels: u64,
+    },
+    /// Whisper encoder + Ultravox stacking projector (audio only).
+    Whisper {
+        /// Log-mel bins (`num_mel_bins`, 128 for large-v3 / large-v3-turbo).
+        mel_bins: u32,
+        /// Window length in seconds (Whisper pads / cuts input to 30 s).
+        window_s: f64,
+        /// Encoder frames per window (`max_source_positions`, 1500 = 30 s * 50 Hz).
+        frames_per_window: u32,
+        /// Ultravox `stack_factor` (8): frames stacked into one LLM token.
+        stack: u32,
+    },
+}
+
+/// A multimodal encoder (transformer + projector to the LLM's embedding space).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EncoderArch {
+    /// Encoder family and its preprocessing constants.
+    pub kind: EncoderKind,
+    /// Transformer blocks (`num_hidden_layers` / `depth` / `encoder_layers`).
+    pub layers: u32,
+    /// Model width (`hidden_size` / `d_model`).
+    pub hidden: u32,
+    /// Attention heads (`num_attention_heads` / `num_heads` / `encoder_attention_heads`).
+    pub heads: u32,
+    /// MLP width (`intermediate_size` / `encoder_ffn_dim`).
+    pub ffn: u32,
+    /// true for SwiGLU/gated MLP (3 matrices), false for GELU MLP (2).
+    pub gated_mlp: bool,
+    /// Projector parameter count (MLP / merger / stacking projector), for FLOPs and
+    /// weight bytes. Its rows per item are [`ModelArch::projector_rows`].
+    pub projector_params: u64,
+    /// Bytes per weight / activation element (2 = BF16).
+    pub dtype_bytes: u32,
+}
+
+/// A decoder-only LLM with grouped-query attention and a gated (SwiGLU / GeGLU) MLP.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LlmArch {
+    /// Decoder layers (`num_hidden_layers`).
+    pub layers: u32,
+    /// Model width (`hidden_size`).
+    pub hidden: u32,
+    /// Query heads (`num_attention_heads`).
+    pub heads: u32,
+    /// Key/value heads (`num_key_value_heads`).
+    pub kv_heads: u32,
+    /// Per-head width (`head_dim`, or hidden/heads).
+    pub head_dim: u32,
+    /// MLP width (`intermediate_size`); the MLP is gated (3 matrices) in every preset.
+    pub ffn: u32,
+    /// Vocabulary size (`vocab_size`).
+    pub vocab: u32,
+    /// Bytes per weight / KV element (2 = BF16).
+    pub dtype_bytes: u32,
+}
+
+/// A whole (multimodal) model: optional encoder + LLM.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ModelArch {
+    /// Preset name, e.g. `"llava-v1.6-34b"`.
+    pub name: String,
+    /// The multimodal encoder, `None` for a text-only model.
+    pub encoder: Option<EncoderArch>,
+    /// The decoder LLM.
+    pub llm: LlmArch,
+}
+
+/// Models whose LM head shares the input embedding matrix (`tie_word_embeddings: true`
+/// in the text config). Gemma-3 ties (HF `google/gemma-3-27b-it` `Gemma3TextConfig`
+/// default `tie_word_embeddings=True`); Yi-34B and Qwen2.5-32B do not.
+///
+/// [`LlmArch`] has no field for this (the API is fixed), so it is looked up by model
+/// name here, in one table. A custom model not named here is treated as untied.
+pub const TIED_EMBEDDING_MODELS: &[&str] = &["ultravox-v0.6-27b", "tiny-whisper-lm"];
+
+impl LlmArch {
+    /// Query width `heads * head_dim` (elements); differs from `hidden` for Gemma-3 (4096 vs 5376).
+    pub fn q_width(&self) -> f64 {
+        f64::from(self.heads) * f64::from(self.head_dim)
+    }
+
+    /// Key (= value) width `kv_heads * head_dim` (elements).
+    pub fn kv_width(&self) -> f64 {
+        f64::from(self.kv_heads) * f64::from(self.head_dim)
+    }
+
+    /// Parameters of one decoder layer: Q, K, V, O projections + gated MLP (3 matrices).
+    /// Yi-34B: 2*7168*7168 + 2*7168*1024 + 3*7168*20480 = 557.8e6.
+    pub fn layer_params(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        let attn = 2.0 * h * self.q_width() + 2.0 * h * self.kv_width();
+        let mlp = 3.0 * h * f64::from(self.ffn);
+        attn + mlp
+    }
+
+    /// Parameters of all decoder layers (no embedding, no LM head).
+    pub fn body_params(&self) -> f64 {
+        f64::from(self.layers) * self.layer_params()
+    }
+
+    /// Parameters of one `vocab x hidden` matrix (the embedding table or the LM head).
+    pub fn vocab_matrix_params(&self) -> f64 {
+        f64::from(self.vocab) * f64::from(self.hidden)
+    }
+}
+
+impl EncoderArch {
+    /// Parameters of one transformer block: 4 attention projections + MLP (2 or 3 matrices).
+    /// CLIP ViT-L: 4*1024^2 + 2*1024*4096 = 12.6e6.
+    pub fn layer_params(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        let mats = if self.gated_mlp { 3.0 } else { 2.0 };
+        4.0 * h * h + mats * h * f64::from(self.ffn)
+    }
+
+    /// Parameters of the input stem (patch embedding / conv front end), with the
+    /// multiply-accumulates it spends per encoder token (same number for these stems).
+    ///
+    /// * CLIP: Conv2d(3, hidden, patch, stride patch): 3*p*p*hidden.
+    /// * Qwen ViT: Conv3d(3, hidden, (tp, p, p)): 3*tp*p*p*hidden.
+    /// * Whisper: Conv1d(mel, hidden, 3) over 2 input frames per output frame +
+    ///   Conv1d(hidden, hidden, 3, stride 2): params mel*3*h + 3*h*h.
+    pub fn stem_params(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        match &self.kind {
+            EncoderKind::ClipAnyres { patch, .. } => 3.0 * f64::from(*patch).powi(2) * h,
+            EncoderKind::QwenVit {
+                patch,
+                temporal_patch,
+                ..
+            } => 3.0 * f64::from(*temporal_patch) * f64::from(*patch).powi(2) * h,
+            EncoderKind::Whisper { mel_bins, .. } => 3.0 * f64::from(*mel_bins) * h + 3.0 * h * h,
+        }
+    }
+
+    /// Stem multiply-accumulates per encoder token (see [`EncoderArch::stem_params`];
+    /// Whisper's first conv runs at twice the output frame rate).
+    pub fn stem_macs_per_token(&self) -> f64 {
+        let h = f64::from(self.hidden);
+        match &self.kind {
+            EncoderKind::Whisper { mel_bins, .. } => {
+                2.0 * 3.0 * f64::from(*mel_bins) * h + 3.0 * h * h
+            }
+            _ => self.stem_params(),
+        }
+    }
+
+    /// All encoder parameters: stem + blocks + projector (position embeddings left out).
+    pub fn params(&self) -> f64 {
+        self.stem_params()
+            + f64::from(self.layers) * self.layer_params()
+            + self.projector_params as f64
+    }
+}
+
+impl ModelArch {
+    /// Whether the LM head is tied to the embedding table (see [`TIED_EMBEDDING_MODELS`]).
+    pub fn tied_embeddings(&self) -> bool {
+        TIED_EMBEDDING_MODELS.contains(&self.name.as_str())
+    }
+
+    /// LLM parameter count: layers + embedding table + LM head (once if tied).
+    /// Yi-34B: 33.47e9 + 2 * 0.459e9 = 34.39e9.
+    pub fn llm_params(&self) -> f64 {
+        let vocab_mats = if self.tied_embeddings() { 1.0 } else { 2.0 };
+        self.llm.body_params() + vocab_mats * self.llm.vocab_matrix_params()
+    }
+
+    /// Bytes of LLM weights (all of them, unsharded): `llm_params * dtype_bytes`.
+    /// Yi-34B at BF16: 68.8e9.
+    pub fn llm_weight_bytes(&self) -> f64 {
+        self.llm_params() * f64::from(self.llm.dtype_bytes)
+    }
+
+    /// Bytes of encoder weights incl. projector and stem; 0 when there is no encoder.
+    /// CLIP ViT-L/14-336 + LLaVA MLP: (0.30e9 + 0.059e9) * 2 = 0.72e9.
+    pub fn encoder_weight_bytes(&self) -> f64 {
+        self.encoder
+            .as_ref()
+            .map_or(0.0, |e| e.params() * f64::from(e.dtype_bytes))
+    }
+
+    /// K and V for all layers, one token: `2 * layers * kv_heads * head_dim * dtype_bytes`.
+    /// Yi-34B: 2*60*8*128*2 = 245760 bytes.
+    ///
+    /// Gemma-3's sliding-window layers (5 of 6, window 1024) are counted as full
+    /// attention, as a cache manager without sliding-window support allocates them.
+    pub fn kv_bytes_per_token(&self) -> f64 {
+        2.0 * f64::from(self.llm.layers) * self.llm.kv_width() * f64::from(self.llm.dtype_bytes)
+    }
+
+    /// Bytes of one embedding token handed from encoder to LLM: `llm.hidden * dtype_bytes`
+    /// (Yi-34B: 7168 * 2 = 14336).
+    pub fn embedding_bytes_per_token(&self) -> f64 {
+        f64::from(self.llm.hidden) * f64::from(self.llm.dtype_bytes)
+    }
+
+    /// Bytes one TP all-reduce moves per LLM layer for `tokens` tokens:
+    /// `hidden * dtype_bytes * tokens`. The LLM does 2 per layer (after attention, after MLP).
+    pub fn allreduce_bytes_per_layer(&self, tokens: u64) -> f64 {
+        self.embedding_bytes_per_token() * tokens as f64
+    }
+}

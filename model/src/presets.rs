@@ -1,0 +1,354 @@
+//! Model presets: three real-size MLLMs (the EAServe paper's image, video and audio
+//! models) and small test presets with the same token rules, scaled down.
+//!
+//! Every real-size number comes from the named checkpoint's Hugging Face `config.json`
+//! (or `preprocessor_config.json`) unless its line says otherwise.
+
+use crate::arch::{EncoderArch, EncoderKind, LlmArch, ModelArch};
+
+/// Names accepted by [`ModelArch::preset`].
+pub const PRESET_NAMES: &[&str] = &[
+    "llava-v1.6-34b",
+    "qwen2.5-vl-32b",
+    "ultravox-v0.6-27b",
+    "tiny-vit-lm",
+    "tiny-qwenvl-lm",
+    "tiny-whisper-lm",
+    "text-lm-tiny",
+];
+
+/// BF16: 2 bytes per element (`torch_dtype: bfloat16` in all three real checkpoints).
+const BF16: u32 = 2;
+
+/// LLaVA-v1.6-34B (`liuhaotian/llava-v1.6-34b`, HF port `llava-hf/llava-v1.6-34b-hf`).
+///
+/// * Vision: CLIP ViT-L/14-336 (`openai/clip-vit-large-patch14-336`): 24 layers,
+///   hidden 1024, 16 heads, intermediate 4096, quick-GELU MLP, image 336, patch 14
+///   -> 24*24 = 576 patches + CLS = 577 tokens per tile.
+/// * `image_grid_pinpoints` [[336,672],[672,336],[672,672],[1008,336],[336,1008]].
+/// * Projector `mlp2x_gelu`: Linear(1024, 7168) + GELU + Linear(7168, 7168)
+///   = 1024*7168 + 7168*7168 = 58,720,256 weights.
+/// * LLM Yi-34B (`01-ai/Yi-34B`): 60 layers, hidden 7168, 56 heads, 8 KV heads,
+///   head_dim 128, intermediate 20480, vocab 64064 (llava-v1.6-34b config), untied.
+///
+/// LLaVA takes features from the penultimate CLIP layer (`mm_vision_select_layer` -2);
+/// all 24 layers are counted, as HF transformers runs them.
+fn llava_v16_34b() -> ModelArch {
+    ModelArch {
+        name: "llava-v1.6-34b".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::ClipAnyres {
+                image_size: 336,
+                patch: 14,
+                grid_pinpoints: vec![(336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)],
+            },
+            layers: 24,
+            hidden: 1024,
+            heads: 16,
+            ffn: 4096,
+            gated_mlp: false,
+            projector_params: 1024 * 7168 + 7168 * 7168,
+            dtype_bytes: BF16,
+        }),
+        llm: LlmArch {
+            layers: 60,
+            hidden: 7168,
+            heads: 56,
+            kv_heads: 8,
+            head_dim: 128,
+            ffn: 20480,
+            vocab: 64064,
+            dtype_bytes: BF16,
+        },
+    }
+}
+
+/// Qwen2.5-VL-32B-Instruct (`Qwen/Qwen2.5-VL-32B-Instruct`).
+///
+/// * Vision (`vision_config`): depth 32, hidden 1280, 16 heads, intermediate 3456,
+///   SwiGLU (`hidden_act: silu`, gate/up/down), patch 14, temporal_patch_size 2,
+///   spatial_merge_size 2, window_size 112, fullatt_block_indexes [7, 15, 23, 31].
+/// * Merger: RMSNorm + Linear(1280*4, 5120) + GELU + Linear(5120, out_hidden_size 5120)
+///   = 2 * 5120 * 5120 = 52,428,800 weights.
+/// * `preprocessor_config.json`: min_pixels 3136, max_pixels 12845056.
+/// * LLM (Qwen2.5-32B): 64 layers, hidden 5120, 40 heads, 8 KV heads, head_dim 128,
+///   intermediate 27648, vocab 152064, `tie_word_embeddings: false`.
+fn qwen25_vl_32b() -> ModelArch {
+    ModelArch {
+        name: "qwen2.5-vl-32b".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::QwenVit {
+                patch: 14,
+                temporal_patch: 2,
+                spatial_merge: 2,
+                window_px: 112,
+                fullatt_every: 8,
+                min_pixels: 3136,
+                max_pixels: 12_845_056,
+            },
+            layers: 32,
+            hidden: 1280,
+            heads: 16,
+            ffn: 3456,
+            gated_mlp: true,
+            projector_params: 2 * 5120 * 5120,
+            dtype_bytes: BF16,
+        }),
+        llm: LlmArch {
+            layers: 64,
+            hidden: 5120,
+            heads: 40,
+            kv_heads: 8,
+            head_dim: 128,
+            ffn: 27648,
+            vocab: 152_064,
+            dtype_bytes: BF16,
+        },
+    }
+}
+
+/// Ultravox v0.6 on Gemma-3-27B (`fixie-ai/ultravox-v0_6-gemma-3-27b`).
+///
+/// * Audio: Whisper-large-v3-turbo encoder (`openai/whisper-large-v3-turbo`):
+///   encoder_layers 32, d_model 1280, 20 heads, encoder_ffn_dim 5120, GELU,
+///   num_mel_bins 128, max_source_positions 1500 (30 s at 50 Hz after the stride-2 conv).
+/// * Stacking projector (`stack_factor` 8, `projector_act` swiglu; Ultravox
+///   `StackAudioFrames` + `UltravoxProjector`): RMSNorm + Linear(1280*8 = 10240,
+///   hidden_size 4096) + SwiGLU (halves to 2048) + Linear(2048, 5376)
+///   = 10240*4096 + 2048*5376 = 52,953,088 weights. **Estimate**: `hidden_size` 4096
+///   is the value in the v0.4.x / v0.5 Ultravox configs; v0.6's was not checked.
+/// * LLM Gemma-3-27B (`google/gemma-3-27b-it` `text_config`): 62 layers, hidden 5376,
+///   32 heads, 16 KV heads, head_dim 128, intermediate 21504 (GeGLU, 3 matrices),
+///   vocab 262208, tied embeddings (see [`crate::arch::TIED_EMBEDDING_MODELS`]).
+fn ultravox_v06_27b() -> ModelArch {
+    ModelArch {
+        name: "ultravox-v0.6-27b".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::Whisper {
+                mel_bins: 128,
+                window_s: 30.0,
+                frames_per_window: 1500,
+                stack: 8,
+            },
+            layers: 32,
+            hidden: 1280,
+            heads: 20,
+            ffn: 5120,
+            gated_mlp: false,
+            projector_params: 10240 * 4096 + 2048 * 5376,
+            dtype_bytes: BF16,
+        }),
+        llm: LlmArch {
+            layers: 62,
+            hidden: 5376,
+            heads: 32,
+            kv_heads: 16,
+            head_dim: 128,
+            ffn: 21504,
+            vocab: 262_208,
+            dtype_bytes: BF16,
+        },
+    }
+}
+
+/// The tiny LLM shared by the test presets: 4 layers, hidden 256, 4 heads, 2 KV heads,
+/// head_dim 64, FFN 1024, vocab 32000 (made-up small shapes, Llama-style).
+fn tiny_llm() -> LlmArch {
+    LlmArch {
+        layers: 4,
+        hidden: 256,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        ffn: 1024,
+        vocab: 32000,
+        dtype_bytes: BF16,
+    }
+}
+
+/// Test preset mimicking LLaVA-NeXT: CLIP-like ViT with anyres tiling at tile 224,
+/// patch 14 (16*16 = 256 patches + CLS = 257 tokens per tile), pinpoints the 336-px
+/// set scaled by 224/336; 4 layers, hidden 256, 4 heads, FFN 1024, GELU;
+/// projector 256 -> 256 -> 256 (2*256*256 weights). Made-up shapes for tests.
+fn tiny_vit_lm() -> ModelArch {
+    ModelArch {
+        name: "tiny-vit-lm".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::ClipAnyres {
+                image_size: 224,
+                patch: 14,
+                grid_pinpoints: vec![(224, 448), (448, 224), (448, 448), (672, 224), (224, 672)],
+            },
+            layers: 4,
+            hidden: 256,
+            heads: 4,
+            ffn: 1024,
+            gated_mlp: false,
+            projector_params: 2 * 256 * 256,
+            dtype_bytes: BF16,
+        }),
+        llm: tiny_llm(),
+    }
+}
+
+/// Test preset mimicking Qwen2.5-VL: same token rules (patch 14, temporal 2, merge 2,
+/// window 112 px, same pixel bounds), 4 blocks with full attention every 2nd,
+/// hidden 256, 4 heads, SwiGLU FFN 512; merger 1024 -> 256 -> 256. Made-up shapes.
+fn tiny_qwenvl_lm() -> ModelArch {
+    ModelArch {
+        name: "tiny-qwenvl-lm".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::QwenVit {
+                patch: 14,
+                temporal_patch: 2,
+                spatial_merge: 2,
+                window_px: 112,
+                fullatt_every: 2,
+                min_pixels: 3136,
+                max_pixels: 12_845_056,
+            },
+            layers: 4,
+            hidden: 256,
+            heads: 4,
+            ffn: 512,
+            gated_mlp: true,
+            projector_params: 1024 * 256 + 256 * 256,
+            dtype_bytes: BF16,
+        }),
+        llm: tiny_llm(),
+    }
+}
+
+/// Test preset mimicking Ultravox: Whisper token rules (30-s windows of 1500 frames,
+/// stack 8 -> 6.25 LLM tokens/s), 80 mel bins (whisper-tiny's), 4 layers, hidden 256,
+/// 4 heads, FFN 1024, GELU; stacking projector 2048 -> 512 (SwiGLU -> 256) -> 256.
+/// Made-up shapes; LM head tied like Gemma-3.
+fn tiny_whisper_lm() -> ModelArch {
+    ModelArch {
+        name: "tiny-whisper-lm".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::Whisper {
+                mel_bins: 80,
+                window_s: 30.0,
+                frames_per_window: 1500,
+                stack: 8,
+            },
+            layers: 4,
+            hidden: 256,
+            heads: 4,
+            ffn: 1024,
+            gated_mlp: false,
+            projector_params: 2048 * 512 + 256 * 256,
+            dtype_bytes: BF16,
+        }),
+        llm: tiny_llm(),
+    }
+}
+
+/// Text-only test preset: the tiny LLM, no encoder.
+fn text_lm_tiny() -> ModelArch {
+    ModelArch {
+        name: "text-lm-tiny".into(),
+        encoder: None,
+        llm: tiny_llm(),
+    }
+}
+
+impl ModelArch {
+    /// The preset called `name` (see [`ModelArch::preset_names`]), or `None`.
+    pub fn preset(name: &str) -> Option<ModelArch> {
+        Some(match name {
+            "llava-v1.6-34b" => llava_v16_34b(),
+            "qwen2.5-vl-32b" => qwen25_vl_32b(),
+            "ultravox-v0.6-27b" => ultravox_v06_27b(),
+            "tiny-vit-lm" => tiny_vit_lm(),
+            "tiny-qwenvl-lm" => tiny_qwenvl_lm(),
+            "tiny-whisper-lm" => tiny_whisper_lm(),
+            "text-lm-tiny" => text_lm_tiny(),
+            _ => return None,
+        })
+    }
+
+    /// Names of all presets, real-size first.
+    pub fn preset_names() -> &'static [&'static str] {
+        PRESET_NAMES
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_resolves_and_round_trips() {
+        for name in ModelArch::preset_names() {
+            let m = ModelArch::preset(name).expect(name);
+            assert_eq!(m.name, *name);
+        }
+        assert!(ModelArch::preset("gpt-5").is_none());
+    }
+
+    #[test]
+    fn yi_34b_weights_are_68_8_gb_at_bf16() {
+        let m = ModelArch::preset("llava-v1.6-34b").unwrap();
+        let b = m.llm_weight_bytes();
+        assert!((b - 68.78e9).abs() < 0.05e9, "{b}");
+    }
+
+    #[test]
+    fn qwen25_32b_has_about_32_8e9_params() {
+        let m = ModelArch::preset("qwen2.5-vl-32b").unwrap();
+        let p = m.llm_params();
+        assert!((p - 32.76e9).abs() < 0.05e9, "{p}");
+    }
+
+    #[test]
+    fn gemma3_27b_has_about_27e9_params_tied() {
+        let m = ModelArch::preset("ultravox-v0.6-27b").unwrap();
+        assert!(m.tied_embeddings());
+        let p = m.llm_params();
+        assert!((p - 27.01e9).abs() < 0.05e9, "{p}");
+    }
+
+    #[test]
+    fn encoder_sizes_match_known_towers() {
+        // CLIP ViT-L/14-336: ~303M; Qwen2.5-VL ViT incl. merger: ~0.67-0.69B;
+        // Whisper large encoder: ~635M (+53M projector).
+        let clip = ModelArch::preset("llava-v1.6-34b")
+            .unwrap()
+            .encoder
+            .unwrap();
+        let clip_body = clip.params() - clip.projector_params as f64;
+        assert!((clip_body - 303e6).abs() < 2e6, "{clip_body}");
+        let qwen = ModelArch::preset("qwen2.5-vl-32b")
+            .unwrap()
+            .encoder
+            .unwrap();
+        assert!(
+            (qwen.params() - 0.688e9).abs() < 0.02e9,
+            "{}",
+            qwen.params()
+        );
+        let wh = ModelArch::preset("ultravox-v0.6-27b")
+            .unwrap()
+            .encoder
+            .unwrap();
+        let wh_body = wh.params() - wh.projector_params as f64;
+        assert!((wh_body - 635e6).abs() < 5e6, "{wh_body}");
+    }
+
+    #[test]
+    fn kv_bytes_per_token_of_yi_34b() {
+        let m = ModelArch::preset("llava-v1.6-34b").unwrap();
+        assert_eq!(m.kv_bytes_per_token(), 245_760.0);
+        assert_eq!(m.embedding_bytes_per_token(), 14_336.0);
+        assert_eq!(m.allreduce_bytes_per_layer(10), 143_360.0);
+    }
+
+    #[test]
+    fn text_model_has_no_encoder_bytes() {
+        let m = ModelArch::preset("text-lm-tiny").unwrap();
+        assert_eq!(m.encoder_weight_bytes(), 0.0);
+        assert!(m.llm_weight_bytes() > 0.0);
+    }
+}

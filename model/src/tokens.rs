@@ -1,0 +1,416 @@
+//! How a multimodal item becomes tokens, following each model's own preprocessor:
+//!
+//! * LLaVA-NeXT anyres (HF `LlavaNextProcessor`): best pinpoint resolution, one base
+//!   tile + grid tiles through CLIP, unpadded grid features + one newline per row + 576
+//!   base features to the LLM.
+//! * Qwen2.5-VL (HF `Qwen2VLImageProcessor.smart_resize`): resize to multiples of 28
+//!   within pixel bounds; 14-px patches, 2 frames per temporal patch, 2x2 merge.
+//! * Ultravox (Whisper feature extractor + `StackAudioFrames`): 30-s windows of 1500
+//!   encoder frames, 50 frames/s stacked by 8 into LLM tokens.
+
+use crate::arch::{EncoderKind, ModelArch};
+use crate::{ItemTokens, ModelError};
+
+/// Lower per-frame pixel bound for Qwen2.5-VL video frames: 128*28*28 = 100352
+/// (HF `Qwen2VLVideoProcessor` `size.shortest_edge`; `qwen-vl-utils` `VIDEO_MIN_PIXELS`).
+pub const QWEN_VIDEO_MIN_PIXELS: u64 = 128 * 28 * 28;
+/// Upper per-frame pixel bound for Qwen2.5-VL video frames: 768*28*28 = 602112
+/// (HF `Qwen2VLVideoProcessor` `size.longest_edge`; `qwen-vl-utils` `VIDEO_MAX_PIXELS`).
+/// The clip-wide `total_pixels` cap of `qwen-vl-utils` is not modelled.
+pub const QWEN_VIDEO_MAX_PIXELS: u64 = 768 * 28 * 28;
+
+/// Largest aspect ratio `smart_resize` accepts (it raises above 200).
+const QWEN_MAX_ASPECT: f64 = 200.0;
+
+/// `(height, width)` of the best anyres resolution for an image of `height x width`
+/// (HF `select_best_resolution`): maximise the effective (downscaled, capped at
+/// original) resolution, then minimise the wasted area; ties keep the first pinpoint.
+pub fn select_best_resolution(
+    height: u32,
+    width: u32,
+    pinpoints: &[(u32, u32)],
+) -> Option<(u32, u32)> {
+    let (oh, ow) = (f64::from(height), f64::from(width));
+    let mut best: Option<(u32, u32)> = None;
+    let (mut best_eff, mut best_waste) = (0u64, u64::MAX);
+    for &(ph, pw) in pinpoints {
+        let scale = (f64::from(pw) / ow).min(f64::from(ph) / oh);
+        let dw = (ow * scale) as u64;
+        let dh = (oh * scale) as u64;
+        let eff = (dw * dh).min(u64::from(height) * u64::from(width));
+        let waste = u64::from(ph) * u64::from(pw) - eff;
+        if eff > best_eff || (eff == best_eff && waste < best_waste) {
+            best = Some((ph, pw));
+            best_eff = eff;
+            best_waste = waste;
+        }
+    }
+    best
+}
+
+/// `(features, newlines)` of the unpadded anyres grid (HF `_get_unpadded_features`):
+/// the `(grid_h*side) x (grid_w*side)` feature map is cropped back to the original
+/// aspect ratio, then one newline token is added per remaining row.
+fn unpadded_features(height: u32, width: u32, side: u64, grid_h: u64, grid_w: u64) -> (u64, u64) {
+    let (oh, ow) = (f64::from(height), f64::from(width));
+    let mut cur_h = side * grid_h;
+    let mut cur_w = side * grid_w;
+    let orig_aspect = ow / oh;
+    let cur_aspect = cur_w as f64 / cur_h as f64;
+    if orig_aspect > cur_aspect {
+        let new_h = round7(oh * (cur_w as f64 / ow)) as u64;
+        let pad = cur_h.saturating_sub(new_h) / 2;
+        cur_h -= 2 * pad;
+    } else {
+        let new_w = round7(ow * (cur_h as f64 / oh)) as u64;
+        let pad = cur_w.saturating_sub(new_w) / 2;
+        cur_w -= 2 * pad;
+    }
+    (cur_h * cur_w, cur_h)
+}
+
+/// Python's `round(x, 7)` (HF rounds before truncating, to absorb float noise).
+fn round7(x: f64) -> f64 {
+    (x * 1e7).round_ties_even() / 1e7
+}
+
+/// Qwen2-VL `smart_resize`: `(h', w')`, both multiples of `factor`, close to
+/// `(height, width)`, with `min_pixels <= h'*w' <= max_pixels`.
+pub fn smart_resize(
+    height: u32,
+    width: u32,
+    factor: u32,
+    min_pixels: u64,
+    max_pixels: u64,
+) -> Result<(u64, u64), ModelError> {
+    let (h, w, f) = (f64::from(height), f64::from(width), f64::from(factor));
+    if h.max(w) / h.min(w) > QWEN_MAX_ASPECT {
+        return Err(ModelError::InvalidInput(format!(
+            "aspect ratio of {height}x{width} exceeds {QWEN_MAX_ASPECT}"
+        )));
+    }
+    let mut hb = f.max((h / f).round_ties_even() * f);
+    let mut wb = f.max((w / f).round_ties_even() * f);
+    if hb * wb > max_pixels as f64 {
+        let beta = (h * w / max_pixels as f64).sqrt();
+        hb = f.max((h / beta / f).floor() * f);
+        wb = f.max((w / beta / f).floor() * f);
+    } else if hb * wb < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (h * w)).sqrt();
+        hb = (h * beta / f).ceil() * f;
+        wb = (w * beta / f).ceil() * f;
+    }
+    Ok((hb as u64, wb as u64))
+}
+
+fn check_image(height: u32, width: u32) -> Result<(), ModelError> {
+    if height == 0 || width == 0 {
+        return Err(ModelError::InvalidInput(format!(
+            "image size {height}x{width} must be positive"
+        )));
+    }
+    Ok(())
+}
+
+impl ModelArch {
+    fn unsupported(&self, modality: &'static str) -> ModelError {
+        ModelError::UnsupportedModality {
+            model: self.name.clone(),
+            modality,
+        }
+    }
+
+    /// Tokens of one image of `height x width` pixels.
+    ///
+    /// * LLaVA-NeXT (672x672): 5 tiles * 577 = 2885 encoder tokens, span 577,
+    ///   576 + 48*48 + 48 = 2928 LLM tokens.
+    /// * Qwen2.5-VL (448x448): 32*32 = 1024 encoder tokens (one temporal patch of a
+    ///   duplicated frame), 16*16 = 256 LLM tokens, span 1024.
+    ///
+    /// Errors: zero side -> `InvalidInput`; audio-only model or no encoder ->
+    /// `UnsupportedModality`.
+    pub fn image_tokens(&self, height: u32, width: u32) -> Result<ItemTokens, ModelError> {
+        let enc = self
+            .encoder
+            .as_ref()
+            .ok_or_else(|| self.unsupported("image"))?;
+        check_image(height, width)?;
+        match &enc.kind {
+            EncoderKind::ClipAnyres {
+                image_size,
+                patch,
+                grid_pinpoints,
+            } => {
+                let side = u64::from(image_size / patch);
+                let tile_tokens = side * side;
+                let (bh, bw) = select_best_resolution(height, width, grid_pinpoints)
+                    .unwrap_or((*image_size, *image_size));
+                let grid_h = u64::from(bh / image_size).max(1);
+                let grid_w = u64::from(bw / image_size).max(1);
+                let tiles = 1 + grid_h * grid_w;
+                let (feat, newlines) = unpadded_features(height, width, side, grid_h, grid_w);
+                Ok(ItemTokens {
+                    encoder_tokens: tiles * (tile_tokens + 1),
+                    llm_tokens: tile_tokens + feat + newlines,
+                    attn_span: tile_tokens + 1,
+                })
+            }
+            EncoderKind::QwenVit {
+                patch,
+                spatial_merge,
+                min_pixels,
+                max_pixels,
+                ..
+            } => {
+                let factor = patch * spatial_merge;
+                let (h, w) = smart_resize(height, width, factor, *min_pixels, *max_pixels)?;
+                Ok(qwen_tokens(1, h, w, *patch, *spatial_merge))
+            }
+            EncoderKind::Whisper { .. } => Err(self.unsupported("image")),
+        }
+    }
+
+    /// Tokens of one video: `frames` = frames already sampled (at 2 fps for Qwen2.5-VL),
+    /// each `height x width` pixels. Only Qwen2.5-VL takes video: frames are resized with
+    /// the video pixel bounds ([`QWEN_VIDEO_MIN_PIXELS`]..[`QWEN_VIDEO_MAX_PIXELS`]), padded
+    /// to whole temporal patches; LLM tokens = ceil(frames/2) * (h'/28) * (w'/28)
+    /// (16 frames of 448x448 -> 8*16*16 = 2048), encoder tokens 4x that, span = one
+    /// temporal patch's (h'/14)*(w'/14) (full-attention layers attend per temporal patch,
+    /// `cu_seqlens` from `grid_thw`).
+    pub fn video_tokens(
+        &self,
+        frames: u32,
+        height: u32,
+        width: u32,
+    ) -> Result<ItemTokens, ModelError> {
+        let enc = self
+            .encoder
+            .as_ref()
+            .ok_or_else(|| self.unsupported("video"))?;
+        match &enc.kind {
+            EncoderKind::QwenVit {
+                patch,
+                temporal_patch,
+                spatial_merge,
+                ..
+            } => {
+                check_image(height, width)?;
+                if frames == 0 {
+                    return Err(ModelError::InvalidInput(
+                        "video must have at least one frame".into(),
+                    ));
+                }
+                let factor = patch * spatial_merge;
+                let (h, w) = smart_resize(
+                    height,
+                    width,
+                    factor,
+                    QWEN_VIDEO_MIN_PIXELS,
+                    QWEN_VIDEO_MAX_PIXELS,
+                )?;
+                let t = u64::from(frames.div_ceil((*temporal_patch).max(1)));
+                Ok(qwen_tokens(t, h, w, *patch, *spatial_merge))
+            }
+            _ => Err(self.unsupported("video")),
+        }
+    }
+
+    /// Tokens of one audio clip of `seconds`. Whisper pads each 30-s window, so encoder
+    /// tokens = ceil(seconds/30) * 1500 (span 1500); LLM tokens = ceil(seconds * 50 / 8)
+    /// (10 s -> 63). Errors: non-positive or non-finite seconds -> `InvalidInput`.
+    pub fn audio_tokens(&self, seconds: f64) -> Result<ItemTokens, ModelError> {
+        let enc = self
+            .encoder
+            .as_ref()
+            .ok_or_else(|| self.unsupported("audio"))?;
+        match &enc.kind {
+            EncoderKind::Whisper {
+                window_s,
+                frames_per_window,
+                stack,
+                ..
+            } => {
+                if !(seconds.is_finite() && seconds > 0.0) {
+                    return Err(ModelError::InvalidInput(format!(
+                        "audio length {seconds} s must be positive and finite"
+                    )));
+                }
+                let windows = (seconds / window_s).ceil() as u64;
+                let fpw = u64::from(*frames_per_window);
+                let frames_per_s = f64::from(*frames_per_window) / window_s;
+                // Round away float noise before ceil (10 s * 50 / 8 is exactly 62.5).
+                let llm =
+                    (round7(seconds * frames_per_s / f64::from((*stack).max(1)))).ceil() as u64;
+                Ok(ItemTokens {
+                    encoder_tokens: windows * fpw,
+                    llm_tokens: llm,
+                    attn_span: fpw,
+                })
+            }
+            _ => Err(self.unsupported("audio")),
+        }
+    }
+}
+
+/// Qwen ViT tokens for `t` temporal patches of an `h x w` (already resized) frame.
+fn qwen_tokens(t: u64, h: u64, w: u64, patch: u32, merge: u32) -> ItemTokens {
+    let p = u64::from(patch);
+    let per_slice = (h / p) * (w / p);
+    let m2 = u64::from(merge) * u64::from(merge);
+    ItemTokens {
+        encoder_tokens: t * per_slice,
+        llm_tokens: t * per_slice / m2,
+        attn_span: per_slice,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llava() -> ModelArch {
+        ModelArch::preset("llava-v1.6-34b").unwrap()
+    }
+    fn qwen() -> ModelArch {
+        ModelArch::preset("qwen2.5-vl-32b").unwrap()
+    }
+    fn ultravox() -> ModelArch {
+        ModelArch::preset("ultravox-v0.6-27b").unwrap()
+    }
+
+    #[test]
+    fn llava_672_square_gives_2928_llm_tokens() {
+        let t = llava().image_tokens(672, 672).unwrap();
+        assert_eq!(t.llm_tokens, 2928);
+        assert_eq!(t.encoder_tokens, 5 * 577);
+        assert_eq!(t.attn_span, 577);
+    }
+
+    #[test]
+    fn llava_small_square_uses_a_two_tile_grid() {
+        // 336x336: (336,672) and (672,336) both have full effective resolution and the
+        // least waste; the first wins -> grid 1x2, 3 tiles. Unpad crops the 24x48 map to
+        // 24x24: 576 + 576 + 24 newlines.
+        let t = llava().image_tokens(336, 336).unwrap();
+        assert_eq!(t.encoder_tokens, 3 * 577);
+        assert_eq!(t.llm_tokens, 576 + 576 + 24);
+    }
+
+    #[test]
+    fn llava_wide_image_picks_wide_grid_and_unpads() {
+        // 1000x3000 (h x w): (336,1008) keeps 336*1008 effective -> grid 1x3.
+        assert_eq!(
+            select_best_resolution(
+                1000,
+                3000,
+                &[(336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)]
+            ),
+            Some((336, 1008))
+        );
+        let t = llava().image_tokens(1000, 3000).unwrap();
+        assert_eq!(t.encoder_tokens, 4 * 577);
+        // map 24x72, aspect 3 == 3: width branch keeps 72, no crop -> 24*72 + 24 + 576.
+        assert_eq!(t.llm_tokens, 24 * 72 + 24 + 576);
+    }
+
+    #[test]
+    fn llava_rejects_zero_and_other_modalities() {
+        assert!(matches!(
+            llava().image_tokens(0, 10),
+            Err(ModelError::InvalidInput(_))
+        ));
+        assert!(matches!(
+            llava().audio_tokens(3.0),
+            Err(ModelError::UnsupportedModality {
+                modality: "audio",
+                ..
+            })
+        ));
+        assert!(matches!(
+            llava().video_tokens(4, 336, 336),
+            Err(ModelError::UnsupportedModality {
+                modality: "video",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn tiny_vit_tile_is_256_patches_plus_cls() {
+        let m = ModelArch::preset("tiny-vit-lm").unwrap();
+        let t = m.image_tokens(448, 448).unwrap();
+        assert_eq!(t.attn_span, 257);
+        assert_eq!(t.encoder_tokens, 5 * 257);
+        assert_eq!(t.llm_tokens, 256 + 32 * 32 + 32);
+    }
+
+    #[test]
+    fn qwen_video_16_frames_448_gives_2048_llm_tokens() {
+        let t = qwen().video_tokens(16, 448, 448).unwrap();
+        assert_eq!(t.llm_tokens, 8 * 16 * 16);
+        assert_eq!(t.encoder_tokens, 8 * 32 * 32);
+        assert_eq!(t.attn_span, 32 * 32);
+        // odd frame counts pad to a whole temporal patch
+        assert_eq!(qwen().video_tokens(15, 448, 448).unwrap().llm_tokens, 2048);
+    }
+
+    #[test]
+    fn qwen_image_smart_resize() {
+        // 448x448 is already a multiple of 28.
+        let t = qwen().image_tokens(448, 448).unwrap();
+        assert_eq!((t.encoder_tokens, t.llm_tokens), (1024, 256));
+        // 1080x1920 -> round to 1092x1932 (39x69 merged) = 2691 LLM tokens.
+        assert_eq!(
+            smart_resize(1080, 1920, 28, 3136, 12_845_056).unwrap(),
+            (1092, 1932)
+        );
+        assert_eq!(qwen().image_tokens(1080, 1920).unwrap().llm_tokens, 39 * 69);
+        // tiny image is scaled up to min_pixels: 20x20 -> 56x56 -> 4 LLM tokens.
+        assert_eq!(qwen().image_tokens(20, 20).unwrap().llm_tokens, 4);
+        // huge image is capped at max_pixels
+        let big = qwen().image_tokens(8000, 8000).unwrap();
+        assert!(big.encoder_tokens * 14 * 14 <= 12_845_056);
+        assert!(qwen().image_tokens(1, 300).is_err());
+    }
+
+    #[test]
+    fn qwen_video_frames_are_capped_by_video_bounds() {
+        let t = qwen().video_tokens(2, 1080, 1920).unwrap();
+        assert!(t.encoder_tokens * 14 * 14 <= QWEN_VIDEO_MAX_PIXELS);
+        assert!(qwen().video_tokens(0, 448, 448).is_err());
+    }
+
+    #[test]
+    fn ultravox_10_s_gives_63_llm_tokens_one_window() {
+        let t = ultravox().audio_tokens(10.0).unwrap();
+        assert_eq!(t.llm_tokens, 63);
+        assert_eq!(t.encoder_tokens, 1500);
+        assert_eq!(t.attn_span, 1500);
+        let t = ultravox().audio_tokens(31.0).unwrap();
+        assert_eq!(t.encoder_tokens, 3000);
+        assert_eq!(t.llm_tokens, 194); // ceil(31*6.25) = ceil(193.75)
+        assert_eq!(ultravox().audio_tokens(8.0).unwrap().llm_tokens, 50);
+    }
+
+    #[test]
+    fn ultravox_rejects_bad_seconds_and_images() {
+        for s in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                ultravox().audio_tokens(s),
+                Err(ModelError::InvalidInput(_))
+            ));
+        }
+        assert!(matches!(
+            ultravox().image_tokens(10, 10),
+            Err(ModelError::UnsupportedModality { .. })
+        ));
+    }
+
+    #[test]
+    fn text_model_supports_no_modality() {
+        let m = ModelArch::preset("text-lm-tiny").unwrap();
+        assert!(m.image_tokens(10, 10).is_err());
+        assert!(m.video_tokens(2, 10, 10).is_err());
+        assert!(m.audio_tokens(1.0).is_err());
+    }
+}

@@ -1,0 +1,153 @@
+//! Seeded arrivals and request shapes.
+//!
+//! Shapes follow `vllm bench serve`'s random multimodal dataset: text lengths
+//! uniform in `[len·(1−r), len·(1+r)]` (`--random-range-ratio`), image sizes
+//! drawn from a bucket table with probabilities (`--random-mm-bucket-config`),
+//! items per request uniform around a base count (`--random-mm-num-mm-items-range-ratio`).
+//! Audio durations are log-normal with the given mean and σ, capped (one
+//! Whisper window is 30 s). Each draw comes from its own named stream
+//! ([`crate::rng`]): `arrivals`, `lengths`, `shapes`.
+
+use crate::rng::stream;
+use crate::scenario::{Arrival, Scenario, Shapes};
+use easerve_model::{ItemTokens, ModelArch};
+use easerve_sched::{MmItem, Request};
+use rand::distributions::WeightedIndex;
+use rand::Rng;
+use rand_distr::{Distribution, Exp, Gamma, LogNormal};
+
+/// Arrival times (seconds, ascending, first gap drawn from the process).
+pub fn arrival_times(arrival: Arrival, rate: f64, n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = stream(seed, "arrivals");
+    let mut t = 0.0;
+    let mut out = Vec::with_capacity(n);
+    match arrival {
+        Arrival::Poisson => {
+            let exp = Exp::new(rate).expect("rate validated > 0");
+            for _ in 0..n {
+                t += exp.sample(&mut rng);
+                out.push(t);
+            }
+        }
+        Arrival::Gamma { cv } => {
+            // shape k = 1/cv², scale θ = 1/(rate·k): mean gap 1/rate, CV = cv
+            let k = 1.0 / (cv * cv);
+            let g = Gamma::new(k, 1.0 / (rate * k)).expect("cv, rate validated > 0");
+            for _ in 0..n {
+                t += g.sample(&mut rng);
+                out.push(t);
+            }
+        }
+    }
+    out
+}
+
+fn uniform_around<R: Rng>(rng: &mut R, mean: u32, r: f64, min: u32) -> u32 {
+    let lo = ((mean as f64) * (1.0 - r)).floor().max(min as f64) as u32;
+    let hi = ((mean as f64) * (1.0 + r)).ceil().max(lo as f64) as u32;
+    rng.gen_range(lo..=hi)
+}
+
+/// Encoder and LLM tokens of one item under `model`.
+///
+/// # Errors
+/// When the model has no encoder for the item's modality or the shape is invalid.
+pub fn item_tokens(model: &ModelArch, item: &MmItem) -> Result<ItemTokens, easerve_model::ModelError> {
+    match *item {
+        MmItem::Image { height, width } => model.image_tokens(height, width),
+        MmItem::Video { frames, height, width } => model.video_tokens(frames, height, width),
+        MmItem::Audio { seconds } => model.audio_tokens(seconds),
+    }
+}
+
+/// The requests of a validated scenario, reproducible from its seed.
+///
+/// # Panics
+/// Never for a scenario that passed validation (shapes were checked against the model).
+pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
+    let w = &sc.workload;
+    let arrivals = arrival_times(w.arrival, w.rate, w.requests, sc.seed);
+    let mut lengths = stream(sc.seed, "lengths");
+    let mut shapes = stream(sc.seed, "shapes");
+    let weights = |p: Vec<f64>| WeightedIndex::new(p).expect("validated: a positive probability");
+    let image_pick = match &w.shapes {
+        Shapes::Image { buckets, .. } => Some(weights(buckets.iter().map(|b| b.2).collect())),
+        _ => None,
+    };
+    let video_pick = match &w.shapes {
+        Shapes::Video { buckets, .. } => Some(weights(buckets.iter().map(|b| b.3).collect())),
+        _ => None,
+    };
+    let mut out = Vec::with_capacity(w.requests);
+    for (i, &arrival) in arrivals.iter().enumerate() {
+        let prompt_tokens = uniform_around(&mut lengths, w.input_len, w.range_ratio, 0);
+        let output_tokens = uniform_around(&mut lengths, w.output_len, w.range_ratio, 1);
+        let items: Vec<MmItem> = match &w.shapes {
+            Shapes::Image { items, items_range_ratio, buckets } => {
+                let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
+                let pick = image_pick.as_ref().expect("image table");
+                (0..n)
+                    .map(|_| {
+                        let b = buckets[pick.sample(&mut shapes)];
+                        MmItem::Image { height: b.0, width: b.1 }
+                    })
+                    .collect()
+            }
+            Shapes::Video { items, items_range_ratio, buckets } => {
+                let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
+                let pick = video_pick.as_ref().expect("video table");
+                (0..n)
+                    .map(|_| {
+                        let b = buckets[pick.sample(&mut shapes)];
+                        MmItem::Video { frames: b.0, height: b.1, width: b.2 }
+                    })
+                    .collect()
+            }
+            Shapes::Audio { mean_s, sigma, max_s } => {
+                let mu = mean_s.ln() - sigma * sigma / 2.0;
+                let d = LogNormal::new(mu, *sigma).expect("validated σ ≥ 0");
+                let secs: f64 = d.sample(&mut shapes);
+                vec![MmItem::Audio { seconds: secs.clamp(0.1, *max_s) }]
+            }
+            Shapes::Text => Vec::new(),
+        };
+        let (mut encoder_tokens, mut mm_tokens) = (0, 0);
+        for item in &items {
+            let t = item_tokens(&sc.model, item).expect("shapes validated against the model");
+            encoder_tokens += t.encoder_tokens;
+            mm_tokens += t.llm_tokens;
+        }
+        out.push(Request {
+            id: i as u64,
+            arrival,
+            items,
+            prompt_tokens,
+            output_tokens,
+            encoder_tokens,
+            mm_tokens,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn poisson_and_gamma_hit_rate_and_cv() {
+        for (arrival, cv) in [
+            (Arrival::Poisson, 1.0),
+            (Arrival::Gamma { cv: 0.5 }, 0.5),
+            (Arrival::Gamma { cv: 2.0 }, 2.0),
+        ] {
+            let t = arrival_times(arrival, 4.0, 40_000, 9);
+            let gaps: Vec<f64> = t.windows(2).map(|w| w[1] - w[0]).collect();
+            let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+            let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+            assert!((mean - 0.25).abs() < 0.01, "{arrival:?} mean gap {mean}");
+            assert!((var.sqrt() / mean - cv).abs() < 0.08 * cv, "{arrival:?} cv {}", var.sqrt() / mean);
+            assert!(t.windows(2).all(|w| w[1] >= w[0]));
+        }
+    }
+}

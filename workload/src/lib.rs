@@ -1,0 +1,22 @@
+//! What goes into an easerve run and what comes out, one implementation for
+//! both faces (simulator and executor):
+//!
+//! * [`scenario`] — the scenario file: parsed into plain data, validated with
+//!   errors that name the file, the field and what is allowed, then resolved
+//!   against the model and GPU presets ([`Scenario`]).
+//! * [`generate`] — seeded arrivals (Poisson, Gamma) and request shapes
+//!   (image buckets, video, audio durations, text lengths) as
+//!   `vllm bench serve`'s random multimodal workload draws them.
+//! * [`report`] — the [`Report`]: throughput, goodput per SLO tier, TTFT, TPOT,
+//!   E2E, per-stage queueing and service, per-GPU busy fraction, bottleneck.
+//! * [`rng`] — one master seed, named RNG streams.
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod generate;
+pub mod report;
+pub mod rng;
+pub mod scenario;
+
+pub use generate::generate_requests;
+pub use report::{Report, SloTier, Stats};
+pub use scenario::{Scenario, ScenarioError};

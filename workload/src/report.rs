@@ -1,0 +1,459 @@
+//! The run report: one type for the simulator and the executor, so the two can
+//! be diffed field by field.
+//!
+//! Definitions (one everywhere): TTFT = first token − arrival; TPOT =
+//! (E2E − TTFT)/(output − 1), 0 when output ≤ 1; E2E = last token − arrival;
+//! throughput = completed / duration; goodput of an SLO tier = requests meeting
+//! every SLO of the tier / duration (the vLLM/DistServe definition). Duration
+//! runs from the first arrival to the last completion. Percentiles interpolate
+//! linearly between order statistics (numpy's default).
+
+use easerve_sched::{BatcherParams, RequestRecord};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+
+/// An SLO tier: a request is good when it meets both bounds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SloTier {
+    /// Tier name.
+    pub name: String,
+    /// TTFT bound, seconds.
+    pub ttft_s: f64,
+    /// TPOT bound, seconds.
+    pub tpot_s: f64,
+}
+
+/// Summary statistics of a latency, seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// Mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Maximum.
+    pub max: f64,
+}
+
+impl Stats {
+    /// Statistics of `xs` (all zero when empty).
+    pub fn of(mut xs: Vec<f64>) -> Stats {
+        if xs.is_empty() {
+            return Stats::default();
+        }
+        xs.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            let pos = p / 100.0 * (xs.len() - 1) as f64;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)
+        };
+        Stats {
+            mean: xs.iter().sum::<f64>() / xs.len() as f64,
+            p50: pct(50.0),
+            p90: pct(90.0),
+            p99: pct(99.0),
+            max: xs[xs.len() - 1],
+        }
+    }
+}
+
+/// Goodput at one SLO tier.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TierResult {
+    /// Tier name.
+    pub name: String,
+    /// TTFT bound, seconds.
+    pub ttft_s: f64,
+    /// TPOT bound, seconds.
+    pub tpot_s: f64,
+    /// Requests meeting both bounds.
+    pub good: usize,
+    /// Good requests / duration, requests/s.
+    pub goodput: f64,
+    /// Good requests / completed requests.
+    pub attainment: f64,
+}
+
+/// Pipeline stages whose queueing and service are reported.
+pub const STAGES: [&str; 5] = ["encode", "embedding transfer", "prefill", "kv transfer", "decode"];
+
+/// Queueing and service of one stage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StageReport {
+    /// Stage name (one of [`STAGES`]).
+    pub stage: String,
+    /// Requests that passed through it.
+    pub requests: usize,
+    /// Wait before service, seconds.
+    pub queue: Stats,
+    /// Service (pass / transfer / generation), seconds.
+    pub service: Stats,
+    /// Mean busy fraction of the stage's GPUs (compute stages only).
+    pub busy_fraction: Option<f64>,
+}
+
+/// Use of one GPU over the run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GpuReport {
+    /// GPU index in the cluster.
+    pub gpu: u32,
+    /// Stage whose worker owns it: `encode`, `prefill`, `decode`, or `idle`.
+    pub stage: String,
+    /// Worker label, e.g. `E0`, `P1`, `D0` (with `+L0` when a local prefill
+    /// worker is co-located).
+    pub worker: String,
+    /// Fraction of the run during which any work ran on it.
+    pub busy_fraction: f64,
+    /// SM-time utilisation: ∫ (share of SMs doing GPU work) dt / duration.
+    pub sm_utilization: f64,
+}
+
+/// Encode-stage summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EncodeSummary {
+    /// Encode passes run.
+    pub passes: usize,
+    /// Mean micro-batch size.
+    pub mean_batch: f64,
+    /// Resolved dispatch parameters of worker 0 (all workers share them).
+    pub batcher: Option<BatcherParams>,
+    /// Fraction of requests whose prefill ran remote (the realised `s`).
+    pub remote_fraction: f64,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Scenario name.
+    pub scenario: String,
+    /// Deployment, e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=1 …`.
+    pub deployment: String,
+    /// Model preset.
+    pub model: String,
+    /// GPU preset × count.
+    pub cluster: String,
+    /// Master seed.
+    pub seed: u64,
+    /// Offered rate, requests/s.
+    pub offered_rate: f64,
+    /// Requests offered.
+    pub requests: usize,
+    /// Requests completed.
+    pub completed: usize,
+    /// First arrival → last completion, seconds.
+    pub duration_s: f64,
+    /// Completed / duration, requests/s.
+    pub request_throughput: f64,
+    /// Output tokens / duration, tokens/s.
+    pub output_throughput: f64,
+    /// (Prompt + output tokens) / duration, tokens/s.
+    pub total_token_throughput: f64,
+    /// Time to first token.
+    pub ttft: Stats,
+    /// Time per output token (excluding the first).
+    pub tpot: Stats,
+    /// End-to-end latency.
+    pub e2e: Stats,
+    /// Goodput per SLO tier, strict → relaxed.
+    pub goodput: Vec<TierResult>,
+    /// Per-stage queueing and service.
+    pub stages: Vec<StageReport>,
+    /// Per-GPU use.
+    pub gpus: Vec<GpuReport>,
+    /// Encode summary.
+    pub encode: EncodeSummary,
+    /// The stage where work piles up.
+    pub bottleneck: String,
+    /// Why it was named the bottleneck.
+    pub bottleneck_reason: String,
+    /// Notes on where cost figures came from and what was extrapolated.
+    pub notes: Vec<String>,
+}
+
+/// Identification of a run, for the report header.
+#[derive(Clone, Debug, Default)]
+pub struct RunMeta {
+    /// Scenario name.
+    pub scenario: String,
+    /// Deployment text.
+    pub deployment: String,
+    /// Model preset.
+    pub model: String,
+    /// Cluster text.
+    pub cluster: String,
+    /// Seed.
+    pub seed: u64,
+    /// Offered rate.
+    pub offered_rate: f64,
+    /// Requests offered.
+    pub requests: usize,
+}
+
+impl Report {
+    /// Build the report from per-request records.
+    pub fn build(
+        meta: RunMeta,
+        records: &[RequestRecord],
+        slo: &[SloTier],
+        gpus: Vec<GpuReport>,
+        encode: EncodeSummary,
+        notes: Vec<String>,
+    ) -> Report {
+        let done: Vec<&RequestRecord> = records.iter().filter(|r| r.finish.is_some()).collect();
+        let start = records.iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
+        let end = done.iter().filter_map(|r| r.finish).fold(f64::NEG_INFINITY, f64::max);
+        let duration = if done.is_empty() { 0.0 } else { (end - start).max(1e-12) };
+        let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
+        let ttfts: Vec<f64> = done.iter().filter_map(|r| r.ttft()).collect();
+        let tpots: Vec<f64> = done.iter().filter_map(|r| r.tpot()).collect();
+        let e2es: Vec<f64> = done.iter().filter_map(|r| r.e2e()).collect();
+        let out_tokens: u64 = done.iter().map(|r| r.output_tokens as u64).sum();
+        let in_tokens: u64 = done.iter().map(|r| r.prefill_tokens).sum();
+        let goodput = slo
+            .iter()
+            .map(|t| {
+                let good = done
+                    .iter()
+                    .filter(|r| {
+                        r.ttft().is_some_and(|x| x <= t.ttft_s) && r.tpot().is_some_and(|x| x <= t.tpot_s)
+                    })
+                    .count();
+                TierResult {
+                    name: t.name.clone(),
+                    ttft_s: t.ttft_s,
+                    tpot_s: t.tpot_s,
+                    good,
+                    goodput: per_s(good as f64),
+                    attainment: if done.is_empty() { 0.0 } else { good as f64 / done.len() as f64 },
+                }
+            })
+            .collect();
+        let span = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
+        type Pick = fn(&RequestRecord) -> (Option<f64>, Option<f64>, Option<f64>);
+        let picks: [(&str, Pick); 5] = [
+            ("encode", |r| (Some(r.arrival), r.encode_start, r.encode_end)),
+            ("embedding transfer", |r| (r.encode_end, r.encode_end, r.prefill_ready)),
+            ("prefill", |r| (r.prefill_ready, r.prefill_start, r.first_token)),
+            ("kv transfer", |r| (r.first_token, r.first_token, r.decode_ready)),
+            ("decode", |r| (r.decode_ready, r.decode_start, r.finish)),
+        ];
+        let stage_busy = |stage: &str| {
+            let v: Vec<f64> = gpus.iter().filter(|g| g.stage == stage).map(|g| g.busy_fraction).collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        let stages: Vec<StageReport> = picks
+            .iter()
+            .map(|(name, pick)| {
+                let (mut q, mut s) = (Vec::new(), Vec::new());
+                for r in &done {
+                    let (ready, start, end) = pick(r);
+                    if let (Some(wait), Some(serve)) = (span(ready, start), span(start, end)) {
+                        q.push(wait);
+                        s.push(serve);
+                    }
+                }
+                StageReport {
+                    stage: name.to_string(),
+                    requests: q.len(),
+                    queue: Stats::of(q),
+                    service: Stats::of(s),
+                    busy_fraction: stage_busy(name),
+                }
+            })
+            .collect();
+        let e2e = Stats::of(e2es);
+        let (bottleneck, bottleneck_reason) = bottleneck(&stages, e2e.mean);
+        Report {
+            scenario: meta.scenario,
+            deployment: meta.deployment,
+            model: meta.model,
+            cluster: meta.cluster,
+            seed: meta.seed,
+            offered_rate: meta.offered_rate,
+            requests: meta.requests,
+            completed: done.len(),
+            duration_s: duration,
+            request_throughput: per_s(done.len() as f64),
+            output_throughput: per_s(out_tokens as f64),
+            total_token_throughput: per_s((out_tokens + in_tokens) as f64),
+            ttft: Stats::of(ttfts),
+            tpot: Stats::of(tpots),
+            e2e,
+            goodput,
+            stages,
+            gpus,
+            encode,
+            bottleneck,
+            bottleneck_reason,
+            notes,
+        }
+    }
+
+    /// The report as text, laid out like `vllm bench serve`'s summary.
+    pub fn render_text(&self) -> String {
+        let mut s = String::new();
+        let ms = |x: f64| x * 1e3;
+        let line = |s: &mut String, k: &str, v: String| {
+            let _ = writeln!(s, "{k:<42}{v}");
+        };
+        let head = |s: &mut String, title: &str| {
+            let _ = writeln!(s, "{:-^56}", title);
+        };
+        let _ = writeln!(s, "{:=^56}", " Serving Benchmark Result (simulated) ");
+        line(&mut s, "Scenario:", self.scenario.clone());
+        line(&mut s, "Model:", self.model.clone());
+        line(&mut s, "Cluster:", self.cluster.clone());
+        line(&mut s, "Deployment:", self.deployment.clone());
+        line(&mut s, "Seed:", self.seed.to_string());
+        line(&mut s, "Offered rate (req/s):", format!("{:.2}", self.offered_rate));
+        line(&mut s, "Successful requests:", format!("{} / {}", self.completed, self.requests));
+        line(&mut s, "Benchmark duration (s):", format!("{:.2}", self.duration_s));
+        line(&mut s, "Request throughput (req/s):", format!("{:.2}", self.request_throughput));
+        line(&mut s, "Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
+        line(&mut s, "Total token throughput (tok/s):", format!("{:.2}", self.total_token_throughput));
+        for (title, abbr, st) in [
+            (" Time to First Token ", "TTFT", &self.ttft),
+            (" Time per Output Token (excl. 1st token) ", "TPOT", &self.tpot),
+            (" End-to-end Latency ", "E2EL", &self.e2e),
+        ] {
+            head(&mut s, title);
+            line(&mut s, &format!("Mean {abbr} (ms):"), format!("{:.2}", ms(st.mean)));
+            line(&mut s, &format!("Median {abbr} (ms):"), format!("{:.2}", ms(st.p50)));
+            line(&mut s, &format!("P90 {abbr} (ms):"), format!("{:.2}", ms(st.p90)));
+            line(&mut s, &format!("P99 {abbr} (ms):"), format!("{:.2}", ms(st.p99)));
+        }
+        head(&mut s, " Goodput per SLO tier ");
+        let _ = writeln!(s, "{:<12}{:>10}{:>10}{:>8}{:>16}", "tier", "TTFT≤(s)", "TPOT≤(ms)", "good", "goodput(req/s)");
+        for t in &self.goodput {
+            let _ = writeln!(
+                s,
+                "{:<12}{:>10.2}{:>10.1}{:>8}{:>16.3}",
+                t.name,
+                t.ttft_s,
+                t.tpot_s * 1e3,
+                t.good,
+                t.goodput
+            );
+        }
+        head(&mut s, " Stages (ms) ");
+        let _ = writeln!(s, "{:<20}{:>9}{:>9}{:>10}{:>9}{:>7}", "stage", "queue", "q P99", "service", "s P99", "busy");
+        for st in &self.stages {
+            let busy = st.busy_fraction.map(|b| format!("{:.0}%", b * 100.0)).unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                s,
+                "{:<20}{:>9.1}{:>9.1}{:>10.1}{:>9.1}{:>7}",
+                st.stage,
+                ms(st.queue.mean),
+                ms(st.queue.p99),
+                ms(st.service.mean),
+                ms(st.service.p99),
+                busy
+            );
+        }
+        let e = &self.encode;
+        line(&mut s, "Encode passes / mean micro-batch:", format!("{} / {:.2}", e.passes, e.mean_batch));
+        if let Some(b) = &e.batcher {
+            let mut d = b.policy.clone();
+            if let Some(a) = b.max_age_s {
+                let _ = write!(d, ", max_age {:.0} ms", a * 1e3);
+            }
+            line(&mut s, "Encode dispatch:", d);
+        }
+        line(&mut s, "Remote prefill fraction:", format!("{:.3}", e.remote_fraction));
+        head(&mut s, " GPUs ");
+        for g in &self.gpus {
+            let _ = writeln!(
+                s,
+                "GPU {:<3}{:<10}{:<9} busy {:>5.1}%   SM-time {:>5.1}%",
+                g.gpu,
+                g.worker,
+                g.stage,
+                g.busy_fraction * 100.0,
+                g.sm_utilization * 100.0
+            );
+        }
+        head(&mut s, "");
+        line(&mut s, "Bottleneck stage:", self.bottleneck.clone());
+        let _ = writeln!(s, "  {}", self.bottleneck_reason);
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
+        let _ = writeln!(s, "{:=^56}", "");
+        s
+    }
+}
+
+/// The compute stage where work piles up: the one with the longest mean
+/// queueing time; when no stage queues for more than 5 % of the mean E2E, the
+/// one whose GPUs are busiest.
+fn bottleneck(stages: &[StageReport], mean_e2e: f64) -> (String, String) {
+    let compute: Vec<&StageReport> = stages
+        .iter()
+        .filter(|s| matches!(s.stage.as_str(), "encode" | "prefill" | "decode") && s.requests > 0)
+        .collect();
+    let Some(by_queue) = compute.iter().max_by(|a, b| a.queue.mean.total_cmp(&b.queue.mean)) else {
+        return ("none".into(), "no request completed".into());
+    };
+    let busy = |s: &StageReport| s.busy_fraction.unwrap_or(0.0);
+    if by_queue.queue.mean > 0.05 * mean_e2e {
+        (
+            by_queue.stage.clone(),
+            format!(
+                "longest mean queueing: {:.1} ms ({:.0}% of mean E2E), its GPUs {:.0}% busy",
+                by_queue.queue.mean * 1e3,
+                100.0 * by_queue.queue.mean / mean_e2e.max(1e-12),
+                busy(by_queue) * 100.0
+            ),
+        )
+    } else {
+        let by_busy = compute
+            .iter()
+            .max_by(|a, b| busy(a).total_cmp(&busy(b)))
+            .unwrap_or(by_queue);
+        (
+            by_busy.stage.clone(),
+            format!(
+                "no stage queues for more than 5% of mean E2E; busiest GPUs: {:.0}% busy",
+                busy(by_busy) * 100.0
+            ),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_percentiles() {
+        let s = Stats::of((1..=101).map(|x| x as f64).collect());
+        assert_eq!(s.p50, 51.0);
+        assert_eq!(s.p90, 91.0);
+        assert_eq!(s.p99, 100.0);
+        assert_eq!(s.mean, 51.0);
+        assert_eq!(Stats::of(vec![]), Stats::default());
+    }
+
+    #[test]
+    fn goodput_counts_requests_meeting_every_slo() {
+        let rec = |id, ttft: f64, finish: f64, out| RequestRecord {
+            id,
+            arrival: 0.0,
+            output_tokens: out,
+            first_token: Some(ttft),
+            finish: Some(finish),
+            ..Default::default()
+        };
+        // TPOT = (finish - ttft)/(out - 1)
+        let records = vec![rec(0, 1.0, 2.0, 11), rec(1, 3.0, 4.0, 11), rec(2, 1.0, 10.0, 11), rec(3, 0.5, 0.5, 1)];
+        let tier = SloTier { name: "t".into(), ttft_s: 2.0, tpot_s: 0.2 };
+        let r = Report::build(RunMeta::default(), &records, &[tier], vec![], EncodeSummary::default(), vec![]);
+        assert_eq!(r.goodput[0].good, 2); // 0 and 3 (tpot 0 for output 1)
+        assert!((r.duration_s - 10.0).abs() < 1e-12);
+        assert!((r.goodput[0].goodput - 0.2).abs() < 1e-12);
+        assert_eq!(r.completed, 4);
+    }
+}

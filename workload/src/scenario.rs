@@ -1,0 +1,827 @@
+//! Scenario files: parse → validate → resolve.
+//!
+//! A scenario is a TOML file (documented field by field in
+//! `scenarios/README.md`). [`Scenario::load`] parses it into plain data
+//! ([`ScenarioFile`], unknown fields rejected), validates every value, resolves
+//! the model and GPU presets and checks memory feasibility, and only then
+//! returns a [`Scenario`]. Every error names the file, the field and what is
+//! allowed ([`ScenarioError`]).
+
+use crate::report::SloTier;
+use easerve_calib::{Efficiency, GpuSpec, LinkSpec, Roofline};
+use easerve_model::ModelArch;
+use easerve_sched::{Allocation, Deployment, DispatchPolicy, Modality, RouterPolicy, SmPolicy};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A scenario that cannot be used: which file, which field, what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{file}: `{field}`: {message}")]
+pub struct ScenarioError {
+    /// The scenario file (or `<cli>` for a command-line override).
+    pub file: String,
+    /// Dotted path of the offending field, e.g. `deployment.batch`.
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+/// The raw scenario file. All fields are plain data; see `scenarios/README.md`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Scenario name (default: the file stem).
+    pub name: Option<String>,
+    /// Master seed of every RNG stream (default 0).
+    #[serde(default)]
+    pub seed: u64,
+    /// The model.
+    pub model: ModelSection,
+    /// The GPUs.
+    pub cluster: ClusterSection,
+    /// Allocation and knobs.
+    pub deployment: DeploymentSection,
+    /// Arrivals and request shapes.
+    pub workload: WorkloadSection,
+    /// SLO tiers, strict → relaxed.
+    #[serde(default)]
+    pub slo: Vec<SloSection>,
+}
+
+/// `[model]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// A preset name of `easerve-model`.
+    pub preset: String,
+}
+
+/// `[cluster]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// A GPU preset name of `easerve-calib`.
+    pub gpu: String,
+    /// GPUs in the cluster.
+    pub gpus: u32,
+    /// Link preset (default: the GPU's own).
+    pub link: Option<String>,
+}
+
+/// `[deployment]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentSection {
+    /// Allocation in the paper's notation, e.g. `2E(TP1)+1P(TP2)+1D(TP4)`.
+    pub allocation: String,
+    /// Encode micro-batch bound B (≥ 1).
+    pub batch: i64,
+    /// Offload ratio s ∈ [0, 1].
+    pub offload: f64,
+    /// `poisson-gap` (default), `immediate`, `fixed-timeout:SECONDS`, `queue-length:K`.
+    pub dispatch: Option<String>,
+    /// Poisson-gap quantile q ∈ (0, 1) (default 0.9).
+    pub gap_quantile: Option<f64>,
+    /// Max-age safety valve, seconds (default `T_enc(B)`).
+    pub max_age_s: Option<f64>,
+    /// `deficit` (default), `random`, `windowed:W`.
+    pub router: Option<String>,
+    /// `dynamic` (default), `none`, `static:F`.
+    pub sm_policy: Option<String>,
+    /// Prefill token budget per batch (default 8192).
+    pub prefill_token_budget: Option<i64>,
+    /// Prefill sequences per batch (default 64).
+    pub prefill_max_seqs: Option<i64>,
+    /// Decode running-batch cap (default 256).
+    pub decode_max_batch: Option<i64>,
+    /// KV-cache block size in tokens (default 16).
+    pub kv_block_size: Option<i64>,
+    /// Fraction of GPU memory usable for weights + KV cache (default 0.9).
+    pub gpu_memory_utilization: Option<f64>,
+}
+
+/// `[workload]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSection {
+    /// Requests in the run.
+    pub requests: i64,
+    /// Mean arrival rate, requests/s.
+    pub rate: f64,
+    /// `poisson` (default) or `gamma`.
+    pub arrival: Option<String>,
+    /// Coefficient of variation of inter-arrival gaps (gamma only, default 1).
+    pub cv: Option<f64>,
+    /// `image`, `video`, `audio` or `text`.
+    pub modality: String,
+    /// Mean text prompt tokens (vllm `--random-input-len`).
+    pub input_len: i64,
+    /// Mean output tokens (vllm `--random-output-len`).
+    pub output_len: i64,
+    /// Lengths uniform in `[len·(1−r), len·(1+r)]` (vllm `--random-range-ratio`, default 0).
+    pub range_ratio: Option<f64>,
+    /// Image shapes.
+    pub image: Option<ImageSection>,
+    /// Video shapes.
+    pub video: Option<VideoSection>,
+    /// Audio durations.
+    pub audio: Option<AudioSection>,
+}
+
+/// `[workload.image]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageSection {
+    /// Mean items per request (default 1).
+    pub items_per_request: Option<i64>,
+    /// Items uniform in `[n·(1−r), n·(1+r)]`, at least 1 (default 0).
+    pub items_range_ratio: Option<f64>,
+    /// Size buckets with probabilities (like vllm `--random-mm-bucket-config`).
+    pub buckets: Vec<ImageBucket>,
+}
+
+/// One image size bucket.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageBucket {
+    /// Pixels.
+    pub height: i64,
+    /// Pixels.
+    pub width: i64,
+    /// Relative weight (normalised over the table).
+    pub probability: f64,
+}
+
+/// `[workload.video]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VideoSection {
+    /// Mean items per request (default 1).
+    pub items_per_request: Option<i64>,
+    /// Items uniform in `[n·(1−r), n·(1+r)]`, at least 1 (default 0).
+    pub items_range_ratio: Option<f64>,
+    /// Shape buckets with probabilities.
+    pub buckets: Vec<VideoBucket>,
+}
+
+/// One video shape bucket.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VideoBucket {
+    /// Sampled frames.
+    pub frames: i64,
+    /// Pixels.
+    pub height: i64,
+    /// Pixels.
+    pub width: i64,
+    /// Relative weight.
+    pub probability: f64,
+}
+
+/// `[workload.audio]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AudioSection {
+    /// Mean clip duration, seconds (log-normal).
+    pub mean_s: f64,
+    /// Log-normal shape σ (spread; default 0.5).
+    pub sigma: Option<f64>,
+    /// Cap on a clip's duration, seconds (default 30: one Whisper window).
+    pub max_s: Option<f64>,
+}
+
+/// `[[slo]]`
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloSection {
+    /// Tier name.
+    pub name: String,
+    /// TTFT bound, seconds.
+    pub ttft_s: f64,
+    /// TPOT bound, milliseconds.
+    pub tpot_ms: f64,
+}
+
+/// Arrival process.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Arrival {
+    /// Exponential gaps.
+    Poisson,
+    /// Gamma gaps with this coefficient of variation.
+    Gamma {
+        /// CV of gaps.
+        cv: f64,
+    },
+}
+
+/// Request shapes, validated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Shapes {
+    /// Images from a bucket table: `(height, width, probability)`.
+    Image {
+        /// Mean items per request.
+        items: u32,
+        /// Range ratio of items.
+        items_range_ratio: f64,
+        /// `(height, width, probability)`.
+        buckets: Vec<(u32, u32, f64)>,
+    },
+    /// Videos: `(frames, height, width, probability)`.
+    Video {
+        /// Mean items per request.
+        items: u32,
+        /// Range ratio of items.
+        items_range_ratio: f64,
+        /// `(frames, height, width, probability)`.
+        buckets: Vec<(u32, u32, u32, f64)>,
+    },
+    /// Audio clips with log-normal duration.
+    Audio {
+        /// Mean seconds.
+        mean_s: f64,
+        /// Log-normal σ.
+        sigma: f64,
+        /// Cap, seconds.
+        max_s: f64,
+    },
+    /// No multimodal items.
+    Text,
+}
+
+/// The workload, validated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Requests in the run.
+    pub requests: usize,
+    /// Mean rate, requests/s.
+    pub rate: f64,
+    /// Arrival process.
+    pub arrival: Arrival,
+    /// Mean text prompt tokens.
+    pub input_len: u32,
+    /// Mean output tokens.
+    pub output_len: u32,
+    /// Range ratio of lengths.
+    pub range_ratio: f64,
+    /// Modality.
+    pub modality: Modality,
+    /// Item shapes.
+    pub shapes: Shapes,
+}
+
+/// Serving knobs beyond the deployment, validated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServingKnobs {
+    /// Prefill token budget per batch.
+    pub prefill_token_budget: u64,
+    /// Prefill sequences per batch.
+    pub prefill_max_seqs: usize,
+    /// Decode running-batch cap.
+    pub decode_max_batch: usize,
+    /// KV block size, tokens.
+    pub kv_block_size: u64,
+    /// Usable fraction of GPU memory.
+    pub gpu_memory_utilization: f64,
+    /// TP degree of each local prefill worker (spanning that many encode GPUs);
+    /// `None` when `s = 1`.
+    pub local_prefill_tp: Option<u32>,
+}
+
+/// A validated scenario, ready to be simulated or executed.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Name.
+    pub name: String,
+    /// The file it came from.
+    pub file: String,
+    /// Master seed.
+    pub seed: u64,
+    /// The model.
+    pub model: ModelArch,
+    /// GPU spec (with the link in force).
+    pub gpu: GpuSpec,
+    /// GPUs in the cluster.
+    pub gpus: u32,
+    /// Deployment.
+    pub deployment: Deployment,
+    /// Knobs.
+    pub knobs: ServingKnobs,
+    /// Workload.
+    pub workload: Workload,
+    /// SLO tiers, strict → relaxed.
+    pub slo: Vec<SloTier>,
+    /// The raw file (kept so overrides can be re-validated).
+    pub raw: ScenarioFile,
+}
+
+/// Overrides from the command line, applied to the raw file before validation.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    /// `--seed`.
+    pub seed: Option<u64>,
+    /// `--rate`.
+    pub rate: Option<f64>,
+    /// `--requests`.
+    pub requests: Option<i64>,
+    /// Replace the allocation.
+    pub allocation: Option<String>,
+    /// Replace B.
+    pub batch: Option<i64>,
+    /// Replace s.
+    pub offload: Option<f64>,
+}
+
+impl ScenarioFile {
+    /// Parse TOML text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<ScenarioFile, ScenarioError> {
+        let de = toml::Deserializer::new(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let inner = e.into_inner();
+            let msg = inner.message().to_string();
+            let at = inner
+                .span()
+                .map(|s| {
+                    let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                    format!(" (line {line})")
+                })
+                .unwrap_or_default();
+            ScenarioError {
+                file: file.to_string(),
+                field: if field == "." { "<top level>".into() } else { field },
+                message: format!("{msg}{at}"),
+            }
+        })
+    }
+
+    /// Apply command-line overrides.
+    pub fn apply(&mut self, o: &Overrides) {
+        if let Some(s) = o.seed {
+            self.seed = s;
+        }
+        if let Some(r) = o.rate {
+            self.workload.rate = r;
+        }
+        if let Some(n) = o.requests {
+            self.workload.requests = n;
+        }
+        if let Some(a) = &o.allocation {
+            self.deployment.allocation = a.clone();
+        }
+        if let Some(b) = o.batch {
+            self.deployment.batch = b;
+        }
+        if let Some(s) = o.offload {
+            self.deployment.offload = s;
+        }
+    }
+}
+
+struct V<'a> {
+    file: &'a str,
+}
+
+impl V<'_> {
+    fn err(&self, field: &str, message: impl Into<String>) -> ScenarioError {
+        ScenarioError {
+            file: self.file.to_string(),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+
+    fn int(&self, field: &str, v: i64, min: i64, max: i64) -> Result<i64, ScenarioError> {
+        if v < min || v > max {
+            Err(self.err(field, format!("{v} is out of range: allowed {min} ..= {max}")))
+        } else {
+            Ok(v)
+        }
+    }
+
+    fn real(&self, field: &str, v: f64, lo: f64, hi: f64, open_lo: bool) -> Result<f64, ScenarioError> {
+        let ok = v.is_finite() && (if open_lo { v > lo } else { v >= lo }) && v <= hi;
+        if ok {
+            Ok(v)
+        } else {
+            let l = if open_lo { "(" } else { "[" };
+            Err(self.err(field, format!("{v} is out of range: allowed {l}{lo}, {hi}]")))
+        }
+    }
+}
+
+/// Split `name:value`.
+fn split_arg(s: &str) -> (&str, Option<&str>) {
+    match s.split_once(':') {
+        Some((a, b)) => (a.trim(), Some(b.trim())),
+        None => (s.trim(), None),
+    }
+}
+
+impl Scenario {
+    /// Read, parse, validate and resolve a scenario file.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Scenario, ScenarioError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+            file: file.clone(),
+            field: "<file>".into(),
+            message: format!("cannot read: {e}"),
+        })?;
+        let mut raw = ScenarioFile::parse(&text, &file)?;
+        raw.apply(overrides);
+        let default_name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "scenario".into());
+        Scenario::validate(raw, &file, &default_name)
+    }
+
+    /// Validate raw data into a scenario.
+    pub fn validate(raw: ScenarioFile, file: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
+        let v = V { file };
+        let model = ModelArch::preset(&raw.model.preset).ok_or_else(|| {
+            v.err(
+                "model.preset",
+                format!("unknown model `{}`; allowed: {}", raw.model.preset, ModelArch::preset_names().join(", ")),
+            )
+        })?;
+        let mut gpu = GpuSpec::preset(&raw.cluster.gpu).ok_or_else(|| {
+            v.err(
+                "cluster.gpu",
+                format!("unknown GPU `{}`; allowed: {}", raw.cluster.gpu, GpuSpec::preset_names().join(", ")),
+            )
+        })?;
+        if let Some(link) = &raw.cluster.link {
+            gpu.link = LinkSpec::preset(link).ok_or_else(|| {
+                v.err(
+                    "cluster.link",
+                    format!("unknown link `{link}`; allowed: {}", LinkSpec::preset_names().join(", ")),
+                )
+            })?;
+        }
+        let gpus = v.int("cluster.gpus", raw.cluster.gpus as i64, 1, 4096)? as u32;
+
+        // --- workload ---
+        let w = &raw.workload;
+        let requests = v.int("workload.requests", w.requests, 1, 10_000_000)? as usize;
+        let rate = v.real("workload.rate", w.rate, 0.0, 1e6, true)?;
+        let arrival = match w.arrival.as_deref().unwrap_or("poisson") {
+            "poisson" => {
+                if w.cv.is_some() {
+                    return Err(v.err("workload.cv", "only used with arrival = \"gamma\""));
+                }
+                Arrival::Poisson
+            }
+            "gamma" => Arrival::Gamma {
+                cv: v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?,
+            },
+            other => {
+                return Err(v.err("workload.arrival", format!("unknown arrival `{other}`; allowed: poisson, gamma")))
+            }
+        };
+        let input_len = v.int("workload.input_len", w.input_len, 0, 10_000_000)? as u32;
+        let output_len = v.int("workload.output_len", w.output_len, 1, 10_000_000)? as u32;
+        let range_ratio = v.real("workload.range_ratio", w.range_ratio.unwrap_or(0.0), 0.0, 1.0, false)?;
+        let modality = match w.modality.as_str() {
+            "image" => Modality::Image,
+            "video" => Modality::Video,
+            "audio" => Modality::Audio,
+            "text" => Modality::Text,
+            other => {
+                return Err(v.err(
+                    "workload.modality",
+                    format!("unknown modality `{other}`; allowed: image, video, audio, text"),
+                ))
+            }
+        };
+        let unused = |name: &str, present: bool| -> Result<(), ScenarioError> {
+            if present && w.modality != name {
+                Err(v.err(
+                    &format!("workload.{name}"),
+                    format!("given but workload.modality is `{}`", w.modality),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        unused("image", w.image.is_some())?;
+        unused("video", w.video.is_some())?;
+        unused("audio", w.audio.is_some())?;
+        let items = |field: &str, n: Option<i64>, r: Option<f64>| -> Result<(u32, f64), ScenarioError> {
+            Ok((
+                v.int(&format!("{field}.items_per_request"), n.unwrap_or(1), 1, 64)? as u32,
+                v.real(&format!("{field}.items_range_ratio"), r.unwrap_or(0.0), 0.0, 1.0, false)?,
+            ))
+        };
+        let prob = |field: String, p: f64| v.real(&field, p, 0.0, f64::MAX, false);
+        let missing = |name: &str| v.err(&format!("workload.{name}"), format!("required when workload.modality = \"{name}\""));
+        let shapes = match modality {
+            Modality::Image => {
+                let s = w.image.as_ref().ok_or_else(|| missing("image"))?;
+                let (items, items_range_ratio) = items("workload.image", s.items_per_request, s.items_range_ratio)?;
+                if s.buckets.is_empty() {
+                    return Err(v.err("workload.image.buckets", "at least one bucket is required"));
+                }
+                let mut buckets = Vec::new();
+                for (i, b) in s.buckets.iter().enumerate() {
+                    let f = format!("workload.image.buckets[{i}]");
+                    buckets.push((
+                        v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32,
+                        v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32,
+                        prob(format!("{f}.probability"), b.probability)?,
+                    ));
+                }
+                Shapes::Image { items, items_range_ratio, buckets }
+            }
+            Modality::Video => {
+                let s = w.video.as_ref().ok_or_else(|| missing("video"))?;
+                let (items, items_range_ratio) = items("workload.video", s.items_per_request, s.items_range_ratio)?;
+                if s.buckets.is_empty() {
+                    return Err(v.err("workload.video.buckets", "at least one bucket is required"));
+                }
+                let mut buckets = Vec::new();
+                for (i, b) in s.buckets.iter().enumerate() {
+                    let f = format!("workload.video.buckets[{i}]");
+                    buckets.push((
+                        v.int(&format!("{f}.frames"), b.frames, 1, 4096)? as u32,
+                        v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32,
+                        v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32,
+                        prob(format!("{f}.probability"), b.probability)?,
+                    ));
+                }
+                Shapes::Video { items, items_range_ratio, buckets }
+            }
+            Modality::Audio => {
+                let s = w.audio.as_ref().ok_or_else(|| missing("audio"))?;
+                Shapes::Audio {
+                    mean_s: v.real("workload.audio.mean_s", s.mean_s, 0.0, 3600.0, true)?,
+                    sigma: v.real("workload.audio.sigma", s.sigma.unwrap_or(0.5), 0.0, 5.0, false)?,
+                    max_s: v.real("workload.audio.max_s", s.max_s.unwrap_or(30.0), 0.0, 3600.0, true)?,
+                }
+            }
+            Modality::Text => Shapes::Text,
+        };
+        let bucket_total: f64 = match &shapes {
+            Shapes::Image { buckets, .. } => buckets.iter().map(|b| b.2).sum(),
+            Shapes::Video { buckets, .. } => buckets.iter().map(|b| b.3).sum(),
+            _ => 1.0,
+        };
+        if bucket_total <= 0.0 {
+            return Err(v.err(
+                &format!("workload.{}.buckets", w.modality),
+                "probabilities sum to 0; at least one must be positive",
+            ));
+        }
+        // check the model accepts the modality and every bucket shape
+        let token_check = match &shapes {
+            Shapes::Image { buckets, .. } => buckets.iter().try_for_each(|b| model.image_tokens(b.0, b.1).map(|_| ())),
+            Shapes::Video { buckets, .. } => buckets.iter().try_for_each(|b| model.video_tokens(b.0, b.1, b.2).map(|_| ())),
+            Shapes::Audio { mean_s, .. } => model.audio_tokens(*mean_s).map(|_| ()),
+            Shapes::Text => Ok(()),
+        };
+        token_check.map_err(|e| v.err(&format!("workload.{}", w.modality), e.to_string()))?;
+
+        // --- deployment ---
+        let d = &raw.deployment;
+        let allocation: Allocation = d
+            .allocation
+            .parse()
+            .map_err(|e: easerve_sched::AllocationError| v.err("deployment.allocation", e.to_string()))?;
+        let max_batch = v.int("deployment.batch", d.batch, 1, 4096)? as usize;
+        let offload = v.real("deployment.offload", d.offload, 0.0, 1.0, false)?;
+        let q = v.real("deployment.gap_quantile", d.gap_quantile.unwrap_or(0.9), 0.0, 1.0, true)?;
+        if q >= 1.0 {
+            return Err(v.err("deployment.gap_quantile", "1 is out of range: allowed (0, 1)"));
+        }
+        let max_age_s = d
+            .max_age_s
+            .map(|x| v.real("deployment.max_age_s", x, 0.0, 3600.0, false))
+            .transpose()?;
+        let dispatch_text = d.dispatch.as_deref().unwrap_or("poisson-gap");
+        let dispatch = match split_arg(dispatch_text) {
+            ("poisson-gap", None) => DispatchPolicy::PoissonGap { q, max_age_s, rate_hint: None },
+            ("immediate", None) => DispatchPolicy::Immediate,
+            ("fixed-timeout", Some(t)) => DispatchPolicy::FixedTimeout {
+                timeout_s: t
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && *x >= 0.0)
+                    .ok_or_else(|| v.err("deployment.dispatch", format!("`{t}` is not a timeout in seconds ≥ 0")))?,
+            },
+            ("queue-length", Some(k)) => DispatchPolicy::QueueLength {
+                k: k.parse::<usize>()
+                    .ok()
+                    .filter(|k| *k >= 1)
+                    .ok_or_else(|| v.err("deployment.dispatch", format!("`{k}` is not a queue length ≥ 1")))?,
+                max_age_s,
+            },
+            _ => {
+                return Err(v.err(
+                    "deployment.dispatch",
+                    format!("unknown dispatch `{dispatch_text}`; allowed: poisson-gap, immediate, fixed-timeout:SECONDS, queue-length:K"),
+                ))
+            }
+        };
+        let router_text = d.router.as_deref().unwrap_or("deficit");
+        let router = match split_arg(router_text) {
+            ("deficit", None) => RouterPolicy::Deficit,
+            ("random", None) => RouterPolicy::Random {
+                seed: crate::rng::subseed(raw.seed, "router"),
+            },
+            ("windowed", Some(w)) => RouterPolicy::Windowed {
+                window: w
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|w| *w >= 1)
+                    .ok_or_else(|| v.err("deployment.router", format!("`{w}` is not a window ≥ 1")))?,
+            },
+            _ => {
+                return Err(v.err(
+                    "deployment.router",
+                    format!("unknown router `{router_text}`; allowed: deficit, random, windowed:W"),
+                ))
+            }
+        };
+        let sm_text = d.sm_policy.as_deref().unwrap_or("dynamic");
+        let sm_policy = match split_arg(sm_text) {
+            ("dynamic", None) => SmPolicy::Dynamic,
+            ("none", None) => SmPolicy::None,
+            ("static", Some(f)) => SmPolicy::Static(
+                f.parse::<f64>()
+                    .ok()
+                    .filter(|f| *f > 0.0 && *f < 1.0)
+                    .ok_or_else(|| v.err("deployment.sm_policy", format!("`{f}` is not an SM share in (0, 1)")))?,
+            ),
+            _ => {
+                return Err(v.err(
+                    "deployment.sm_policy",
+                    format!("unknown SM policy `{sm_text}`; allowed: dynamic, none, static:F"),
+                ))
+            }
+        };
+        let knobs_budget = v.int("deployment.prefill_token_budget", d.prefill_token_budget.unwrap_or(8192), 1, 1 << 30)? as u64;
+        let prefill_max_seqs = v.int("deployment.prefill_max_seqs", d.prefill_max_seqs.unwrap_or(64), 1, 1 << 20)? as usize;
+        let decode_max_batch = v.int("deployment.decode_max_batch", d.decode_max_batch.unwrap_or(256), 1, 1 << 20)? as usize;
+        let kv_block_size = v.int("deployment.kv_block_size", d.kv_block_size.unwrap_or(16), 1, 1 << 16)? as u64;
+        let mem_util = v.real("deployment.gpu_memory_utilization", d.gpu_memory_utilization.unwrap_or(0.9), 0.0, 1.0, true)?;
+
+        // --- feasibility against the cluster and the model ---
+        let fa = "deployment.allocation";
+        if allocation.gpus() > gpus {
+            return Err(v.err(
+                fa,
+                format!(
+                    "`{allocation}` needs {} GPUs but the cluster has {gpus} (cluster.gpus)",
+                    allocation.gpus()
+                ),
+            ));
+        }
+        let multimodal = modality != Modality::Text;
+        if multimodal && allocation.encode.workers == 0 {
+            return Err(v.err(fa, "a multimodal workload needs at least one encode worker (nE(TPk))"));
+        }
+        if !multimodal && allocation.encode.workers > 0 {
+            return Err(v.err(fa, "a text workload has no encode stage: leave out the E term"));
+        }
+        if allocation.decode.workers == 0 {
+            return Err(v.err(fa, "at least one decode worker (nD(TPk)) is required"));
+        }
+        if offload > 0.0 && allocation.prefill.workers == 0 {
+            return Err(v.err(
+                "deployment.offload",
+                format!("{offload} sends requests to remote prefill but `{allocation}` has no P workers; use offload = 0 or add nP(TPk)"),
+            ));
+        }
+        if offload < 1.0 && !multimodal {
+            return Err(v.err("deployment.offload", "must be 1 for a text workload (no encode GPUs to co-locate prefill on)"));
+        }
+        let roof = Roofline::new(model.clone(), gpu.clone(), Efficiency::default());
+        let max_seq_tokens = max_sequence_tokens(&model, input_len, output_len, range_ratio, &shapes);
+        let kv_per_token = model.kv_bytes_per_token();
+        let fits = |tp: u32, extra: f64| -> Option<f64> {
+            roof.kv_bytes_free_per_gpu(tp, extra, mem_util)
+                .map(|free| free * tp as f64)
+                .filter(|total| *total >= max_seq_tokens as f64 * kv_per_token)
+        };
+        for (field, pool, stage) in [
+            ("P", allocation.prefill, "prefill"),
+            ("D", allocation.decode, "decode"),
+        ] {
+            if pool.workers > 0 && fits(pool.tp, 0.0).is_none() {
+                let need = (model.llm_weight_bytes() / pool.tp as f64 + max_seq_tokens as f64 * kv_per_token / pool.tp as f64) / 1e9;
+                return Err(v.err(
+                    fa,
+                    format!(
+                        "{stage} at TP{}: {}'s weights ({:.1} GB per GPU) plus the KV cache of one longest sequence ({max_seq_tokens} tokens) need {need:.1} GB per GPU, more than {:.0}% of {} GB on {}; use a larger TP for {field}",
+                        pool.tp,
+                        model.name,
+                        model.llm_weight_bytes() / pool.tp as f64 / 1e9,
+                        mem_util * 100.0,
+                        gpu.memory_gb,
+                        gpu.name
+                    ),
+                ));
+            }
+        }
+        if multimodal && model.encoder_weight_bytes() > mem_util * gpu.memory_bytes() {
+            return Err(v.err(fa, format!("the encoder of {} does not fit on one {}", model.name, gpu.name)));
+        }
+        let local_prefill_tp = if offload < 1.0 {
+            let e_gpus = allocation.encode.gpus();
+            let tp = [1u32, 2, 4, 8, 16]
+                .into_iter()
+                .filter(|tp| *tp <= e_gpus)
+                .find(|&tp| fits(tp, model.encoder_weight_bytes()).is_some())
+                .ok_or_else(|| {
+                    v.err(
+                        "deployment.offload",
+                        format!(
+                            "s = {offload} < 1 co-locates local prefill workers on the encode GPUs, but {}'s weights next to its encoder do not fit on the {e_gpus} encode GPU(s) of `{allocation}` at any TP; use offload = 1 or more encode workers",
+                            model.name
+                        ),
+                    )
+                })?;
+            Some(tp)
+        } else {
+            None
+        };
+
+        // --- SLO tiers ---
+        let mut slo = Vec::new();
+        for (i, t) in raw.slo.iter().enumerate() {
+            let f = format!("slo[{i}]");
+            slo.push(SloTier {
+                name: t.name.clone(),
+                ttft_s: v.real(&format!("{f}.ttft_s"), t.ttft_s, 0.0, 1e9, true)?,
+                tpot_s: v.real(&format!("{f}.tpot_ms"), t.tpot_ms, 0.0, 1e9, true)? / 1e3,
+            });
+        }
+
+        let deployment = Deployment {
+            allocation,
+            max_batch,
+            offload,
+            dispatch,
+            router,
+            sm_policy,
+        };
+        Ok(Scenario {
+            name: raw.name.clone().unwrap_or_else(|| default_name.to_string()),
+            file: file.to_string(),
+            seed: raw.seed,
+            model,
+            gpu,
+            gpus,
+            deployment,
+            knobs: ServingKnobs {
+                prefill_token_budget: knobs_budget,
+                prefill_max_seqs,
+                decode_max_batch,
+                kv_block_size,
+                gpu_memory_utilization: mem_util,
+                local_prefill_tp,
+            },
+            workload: Workload {
+                requests,
+                rate,
+                arrival,
+                input_len,
+                output_len,
+                range_ratio,
+                modality,
+                shapes,
+            },
+            slo,
+            raw,
+        })
+    }
+}
+
+/// Upper bound on one sequence's tokens (prompt + multimodal + output) the
+/// workload can draw: the KV cache of a single worker must hold at least this.
+fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shapes: &Shapes) -> u64 {
+    let hi = |len: u32| (len as f64 * (1.0 + r)).ceil() as u64;
+    let items_hi = |n: u32, rr: f64| (n as f64 * (1.0 + rr)).ceil() as u64;
+    let mm = match shapes {
+        Shapes::Image { items, items_range_ratio, buckets } => {
+            let per = buckets
+                .iter()
+                .filter_map(|b| model.image_tokens(b.0, b.1).ok())
+                .map(|t| t.llm_tokens)
+                .max()
+                .unwrap_or(0);
+            per * items_hi(*items, *items_range_ratio)
+        }
+        Shapes::Video { items, items_range_ratio, buckets } => {
+            let per = buckets
+                .iter()
+                .filter_map(|b| model.video_tokens(b.0, b.1, b.2).ok())
+                .map(|t| t.llm_tokens)
+                .max()
+                .unwrap_or(0);
+            per * items_hi(*items, *items_range_ratio)
+        }
+        Shapes::Audio { max_s, .. } => model.audio_tokens(*max_s).map(|t| t.llm_tokens).unwrap_or(0),
+        Shapes::Text => 0,
+    };
+    hi(input) + hi(output) + mm
+}
