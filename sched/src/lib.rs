@@ -41,7 +41,7 @@ mod router;
 mod smsplit;
 
 pub use allocation::{Allocation, AllocationError, StagePool};
-pub use batcher::{Batcher, BatcherParams, RateEstimator};
+pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
 pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{DispatchPolicy, Deployment, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;

@@ -1,0 +1,673 @@
+//! The cluster model: E/P/D workers driven by `easerve-sched`, costs from
+//! `easerve-calib`, one event loop.
+
+use crate::event::{EventQueue, Priority};
+use crate::meter::GpuMeter;
+use easerve_calib::{Efficiency, Roofline};
+use easerve_model::ItemTokens;
+use easerve_sched::{
+    Batcher, DecodeScheduler, DecodeSeq, DispatchPolicy, KvBlocks, LeastOutstanding, PrefillItem,
+    PrefillQueue, Request, RequestId, RequestRecord, Route, Router, SmSplit,
+};
+use easerve_workload::generate::item_tokens;
+use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
+use easerve_workload::{generate_requests, Report, Scenario};
+
+/// Progress below this SM share counts as stalled (no completion scheduled).
+const MIN_PROGRESS_SHARE: f64 = 1e-3;
+
+#[derive(Debug)]
+enum Event {
+    Arrival(usize),
+    BatcherWake { worker: usize, gen: u64 },
+    EncodeDone { worker: usize },
+    EmbeddingsLand { prefill: usize, ids: Vec<RequestId> },
+    PrefillDone { prefill: usize, gen: u64 },
+    KvLands { decode: usize, id: RequestId },
+    DecodeStepDone { decode: usize },
+}
+
+struct Pass {
+    ids: Vec<RequestId>,
+    t_gpu: f64,
+    share: f64,
+}
+
+struct EncodeWorker {
+    gpu: u32,
+    batcher: Batcher,
+    pass: Option<Pass>,
+    wake_gen: u64,
+    /// Local prefill worker co-located on this GPU.
+    local: Option<usize>,
+    /// When this worker's link is free for the next embedding transfer.
+    link_free_at: f64,
+}
+
+/// A prefill batch in flight; its progress is tracked as the fraction done so
+/// a change of SM share mid-flight changes its rate, not its past.
+struct PrefillJob {
+    items: Vec<PrefillItem>,
+    seq_lens: Vec<u64>,
+    done_frac: f64,
+    last_update: f64,
+    share: f64,
+    gen: u64,
+}
+
+struct PrefillWorker {
+    gpus: Vec<u32>,
+    tp: u32,
+    local: bool,
+    /// Encode workers whose GPUs this local worker shares.
+    encode_workers: Vec<usize>,
+    queue: PrefillQueue,
+    job: Option<PrefillJob>,
+    gen: u64,
+    link_free_at: f64,
+}
+
+struct DecodeWorker {
+    gpus: Vec<u32>,
+    tp: u32,
+    sched: DecodeScheduler,
+    stepping: bool,
+}
+
+/// Everything a finished run hands back.
+#[derive(Debug, Clone)]
+pub struct SimOutput {
+    /// The report.
+    pub report: Report,
+    /// Per-request lifecycle records, by request id.
+    pub records: Vec<RequestRecord>,
+}
+
+struct Sim<'a> {
+    sc: &'a Scenario,
+    cost: Roofline,
+    eff: Efficiency,
+    now: f64,
+    events: EventQueue<Event>,
+    requests: Vec<Request>,
+    tokens: Vec<Vec<ItemTokens>>,
+    records: Vec<RequestRecord>,
+    split: SmSplit,
+    router: Router,
+    encode: Vec<EncodeWorker>,
+    encode_place: LeastOutstanding,
+    /// Remote prefill workers first, then local ones.
+    prefill: Vec<PrefillWorker>,
+    remote_count: usize,
+    remote_place: LeastOutstanding,
+    decode: Vec<DecodeWorker>,
+    decode_place: LeastOutstanding,
+    meters: Vec<GpuMeter>,
+    passes: usize,
+    passed_requests: usize,
+    remote_routed: usize,
+    routed: usize,
+}
+
+/// Run the scenario's workload through its deployment and report.
+pub fn simulate(sc: &Scenario) -> SimOutput {
+    let mut sim = Sim::new(sc);
+    sim.run();
+    sim.finish()
+}
+
+impl<'a> Sim<'a> {
+    fn new(sc: &'a Scenario) -> Self {
+        let eff = Efficiency::default();
+        let cost = Roofline::new(sc.model.clone(), sc.gpu.clone(), eff.clone());
+        let requests = generate_requests(sc);
+        let tokens: Vec<Vec<ItemTokens>> = requests
+            .iter()
+            .map(|r| {
+                r.items
+                    .iter()
+                    .map(|i| item_tokens(&sc.model, i).expect("validated shapes"))
+                    .collect()
+            })
+            .collect();
+        let records = requests.iter().map(RequestRecord::new).collect();
+        let dep = &sc.deployment;
+        let alloc = dep.allocation;
+        let b = dep.max_batch;
+
+        // A typical request's items (median encoder tokens) set the batcher's
+        // W(k) = T_enc(k) and the SM table.
+        let typical: Vec<ItemTokens> = {
+            let mut idx: Vec<usize> = (0..requests.len()).filter(|&i| !tokens[i].is_empty()).collect();
+            idx.sort_by_key(|&i| (requests[i].encoder_tokens, i));
+            idx.get(idx.len() / 2).map(|&i| tokens[i].clone()).unwrap_or_default()
+        };
+        let batch_of = |k: usize| -> Vec<ItemTokens> { typical.iter().copied().cycle().take(k * typical.len()).collect() };
+        let t_enc = |k: usize, share: f64| cost.encode(&batch_of(k), share).total();
+        let split = if dep.has_local_prefill() {
+            SmSplit::new(&dep.sm_policy, b, t_enc)
+        } else {
+            SmSplit::Static(1.0)
+        };
+        let dispatch = match dep.dispatch.clone() {
+            DispatchPolicy::PoissonGap { q, max_age_s, rate_hint: None } if alloc.encode.workers > 0 => {
+                DispatchPolicy::PoissonGap {
+                    q,
+                    max_age_s,
+                    rate_hint: Some(sc.workload.rate / alloc.encode.workers as f64),
+                }
+            }
+            d => d,
+        };
+
+        // GPUs: encode workers first, then remote prefill, then decode.
+        let mut next_gpu = 0u32;
+        let mut take = |n: u32| -> Vec<u32> {
+            let g: Vec<u32> = (next_gpu..next_gpu + n).collect();
+            next_gpu += n;
+            g
+        };
+        let mut encode: Vec<EncodeWorker> = (0..alloc.encode.workers)
+            .map(|_| {
+                let gpus = take(alloc.encode.tp);
+                EncodeWorker {
+                    gpu: gpus[0],
+                    batcher: Batcher::new(&dispatch, b, |k| t_enc(k, 1.0)),
+                    pass: None,
+                    wake_gen: 0,
+                    local: None,
+                    link_free_at: 0.0,
+                }
+            })
+            .collect();
+        let knobs = &sc.knobs;
+        let new_queue = || PrefillQueue::new(knobs.prefill_token_budget, knobs.prefill_max_seqs);
+        let mut prefill: Vec<PrefillWorker> = (0..alloc.prefill.workers)
+            .map(|_| PrefillWorker {
+                gpus: take(alloc.prefill.tp),
+                tp: alloc.prefill.tp,
+                local: false,
+                encode_workers: vec![],
+                queue: new_queue(),
+                job: None,
+                gen: 0,
+                link_free_at: 0.0,
+            })
+            .collect();
+        let remote_count = prefill.len();
+        if let Some(tp) = knobs.local_prefill_tp {
+            // one local prefill worker per group of `tp` encode workers
+            let groups = encode.len() / tp as usize;
+            for g in 0..groups {
+                let members: Vec<usize> = (g * tp as usize..(g + 1) * tp as usize).collect();
+                let idx = prefill.len();
+                for &m in &members {
+                    encode[m].local = Some(idx);
+                }
+                prefill.push(PrefillWorker {
+                    gpus: members.iter().map(|&m| encode[m].gpu).collect(),
+                    tp,
+                    local: true,
+                    encode_workers: members,
+                    queue: new_queue(),
+                    job: None,
+                    gen: 0,
+                    link_free_at: 0.0,
+                });
+            }
+            // encode workers left over (nE not a multiple of tp) route to the
+            // nearest group's local worker
+            for m in groups * tp as usize..encode.len() {
+                encode[m].local = Some(remote_count + groups.saturating_sub(1));
+            }
+        }
+        let kv_per_token = sc.model.kv_bytes_per_token();
+        let decode: Vec<DecodeWorker> = (0..alloc.decode.workers)
+            .map(|_| {
+                let tp = alloc.decode.tp;
+                let free = cost
+                    .kv_bytes_free_per_gpu(tp, 0.0, knobs.gpu_memory_utilization)
+                    .unwrap_or(0.0)
+                    * tp as f64;
+                DecodeWorker {
+                    gpus: take(tp),
+                    tp,
+                    sched: DecodeScheduler::new(
+                        KvBlocks::from_memory(free, kv_per_token, knobs.kv_block_size),
+                        knobs.decode_max_batch,
+                    ),
+                    stepping: false,
+                }
+            })
+            .collect();
+        let meters = (0..sc.gpus).map(|_| GpuMeter::default()).collect();
+        let mut events = EventQueue::new();
+        for (i, r) in requests.iter().enumerate() {
+            events.push(r.arrival, Priority::Arrival, Event::Arrival(i));
+        }
+        Sim {
+            sc,
+            eff,
+            now: 0.0,
+            events,
+            tokens,
+            records,
+            router: Router::new(&dep.router, dep.offload),
+            encode_place: LeastOutstanding::new(encode.len()),
+            remote_place: LeastOutstanding::new(remote_count),
+            decode_place: LeastOutstanding::new(decode.len()),
+            split,
+            encode,
+            prefill,
+            remote_count,
+            decode,
+            meters,
+            requests,
+            cost,
+            passes: 0,
+            passed_requests: 0,
+            remote_routed: 0,
+            routed: 0,
+        }
+    }
+
+    fn run(&mut self) {
+        while let Some((t, ev)) = self.events.pop() {
+            debug_assert!(t >= self.now - 1e-9, "time went back: {t} < {}", self.now);
+            self.now = t.max(self.now);
+            match ev {
+                Event::Arrival(i) => self.on_arrival(i),
+                Event::BatcherWake { worker, gen } => {
+                    if gen == self.encode[worker].wake_gen {
+                        self.try_dispatch(worker);
+                    }
+                }
+                Event::EncodeDone { worker } => self.on_encode_done(worker),
+                Event::EmbeddingsLand { prefill, ids } => self.on_embeddings(prefill, ids),
+                Event::PrefillDone { prefill, gen } => {
+                    if gen == self.prefill[prefill].gen {
+                        self.on_prefill_done(prefill);
+                    }
+                }
+                Event::KvLands { decode, id } => self.on_kv(decode, id),
+                Event::DecodeStepDone { decode } => self.on_decode_step(decode),
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- encode
+
+    fn on_arrival(&mut self, i: usize) {
+        let req = &self.requests[i];
+        if !req.needs_encode() || self.encode.is_empty() {
+            let id = req.id;
+            let p = self.remote_place.assign(req.prefill_tokens() as f64);
+            self.records[i].prefill_ready = Some(self.now);
+            self.on_embeddings(p, vec![id]);
+            return;
+        }
+        let w = self.encode_place.assign(req.encoder_tokens as f64);
+        self.records[i].encode_worker = Some(w);
+        self.encode[w].batcher.on_arrival(self.now, req.id);
+        self.try_dispatch(w);
+    }
+
+    fn try_dispatch(&mut self, w: usize) {
+        let now = self.now;
+        let worker = &mut self.encode[w];
+        let free = worker.pass.is_none();
+        match worker.batcher.poll_dispatch(now, free) {
+            Some(ids) => self.start_pass(w, ids),
+            None => {
+                if free {
+                    if let Some(wake) = worker.batcher.poll_timeout() {
+                        worker.wake_gen += 1;
+                        let gen = worker.wake_gen;
+                        self.events.push(wake.max(now), Priority::Timer, Event::BatcherWake { worker: w, gen });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the local prefill worker sharing encode worker `w`'s GPU is running.
+    fn local_busy(&self, w: usize) -> bool {
+        self.encode[w].local.is_some_and(|p| self.prefill[p].job.is_some())
+    }
+
+    fn start_pass(&mut self, w: usize, ids: Vec<RequestId>) {
+        let now = self.now;
+        let items: Vec<ItemTokens> = ids.iter().flat_map(|&id| self.tokens[id as usize].iter().copied()).collect();
+        let colocated = self.encode[w].local.is_some();
+        let shared = self.local_busy(w);
+        let (share, slow) = match self.split.encode_share(ids.len()) {
+            _ if !colocated => (1.0, 1.0),
+            Some(f) => (f, if shared { 1.0 + self.eff.bandwidth_interference } else { 1.0 }),
+            // time-slicing: half the GPU's time, less the switching penalty
+            None => (1.0, if shared { 2.0 * (1.0 + self.eff.time_slice_penalty) } else { 1.0 }),
+        };
+        let mut t = self.cost.encode(&items, share);
+        t.t_gpu *= slow;
+        for &id in &ids {
+            let r = &mut self.records[id as usize];
+            r.encode_start = Some(now);
+            r.encode_batch = Some(ids.len());
+        }
+        self.passes += 1;
+        self.passed_requests += ids.len();
+        let gpu = self.encode[w].gpu;
+        self.meters[gpu as usize].begin(now);
+        self.encode[w].pass = Some(Pass { ids, t_gpu: t.t_gpu, share });
+        self.events.push(now + t.total(), Priority::Completion, Event::EncodeDone { worker: w });
+        self.rerate_local(w);
+    }
+
+    fn on_encode_done(&mut self, w: usize) {
+        let now = self.now;
+        let Some(pass) = self.encode[w].pass.take() else {
+            return;
+        };
+        let gpu = self.encode[w].gpu as usize;
+        self.meters[gpu].end(now);
+        self.meters[gpu].add_sm_time(pass.t_gpu * pass.share);
+        self.rerate_local(w);
+        // route, then one transfer per destination
+        let mut groups: Vec<(usize, Vec<RequestId>)> = Vec::new();
+        for &id in &pass.ids {
+            let i = id as usize;
+            self.records[i].encode_end = Some(now);
+            self.encode_place.complete(w, self.requests[i].encoder_tokens as f64);
+            let route = match self.encode[w].local {
+                Some(_) if self.remote_count == 0 => Route::Local,
+                Some(_) => self.router.route(),
+                None => Route::Remote,
+            };
+            self.routed += 1;
+            let dest = match route {
+                Route::Remote => {
+                    self.remote_routed += 1;
+                    self.remote_place.assign(self.requests[i].prefill_tokens() as f64)
+                }
+                Route::Local => {
+                    self.records[i].prefill_local = true;
+                    self.encode[w].local.expect("local route only with a local worker")
+                }
+            };
+            match groups.iter_mut().find(|g| g.0 == dest) {
+                Some(g) => g.1.push(id),
+                None => groups.push((dest, vec![id])),
+            }
+        }
+        let emb_per_token = self.sc.model.embedding_bytes_per_token();
+        for (dest, ids) in groups {
+            let land = if self.prefill[dest].local {
+                now // embeddings stay in the encode GPU's memory
+            } else {
+                let bytes: f64 = ids.iter().map(|&id| self.requests[id as usize].mm_tokens as f64).sum::<f64>() * emb_per_token;
+                let start = self.encode[w].link_free_at.max(now);
+                let end = start + self.sc.gpu.link.transfer_time(bytes);
+                self.encode[w].link_free_at = end;
+                end
+            };
+            self.events.push(land, Priority::Transfer, Event::EmbeddingsLand { prefill: dest, ids });
+        }
+        self.try_dispatch(w);
+    }
+
+    // --------------------------------------------------------------- prefill
+
+    /// SM share available to local prefill worker `p` now: the least over its GPUs.
+    fn local_share(&self, p: usize) -> f64 {
+        self.prefill[p]
+            .encode_workers
+            .iter()
+            .map(|&w| {
+                let batch = self.encode[w].pass.as_ref().map(|x| x.ids.len());
+                match self.split.prefill_share(batch) {
+                    Some(f) => f,
+                    None if batch.is_some() => 0.5 / (1.0 + self.eff.time_slice_penalty),
+                    None => 1.0,
+                }
+            })
+            .fold(1.0, f64::min)
+    }
+
+    fn prefill_time(&self, p: usize, seq_lens: &[u64], share: f64) -> f64 {
+        self.cost.prefill(seq_lens, self.prefill[p].tp, share)
+    }
+
+    /// Re-rate the local prefill job sharing encode worker `w`'s GPU after its
+    /// SM share changed.
+    fn rerate_local(&mut self, w: usize) {
+        let Some(p) = self.encode[w].local else { return };
+        if self.prefill[p].job.is_none() {
+            return;
+        }
+        let now = self.now;
+        let new_share = self.local_share(p);
+        let job = self.prefill[p].job.as_ref().expect("checked");
+        let old_dur = if job.share >= MIN_PROGRESS_SHARE {
+            self.prefill_time(p, &job.seq_lens, job.share)
+        } else {
+            f64::INFINITY
+        };
+        let progressed = (now - job.last_update) / old_dur;
+        let old_share = job.share;
+        let new_dur = if new_share >= MIN_PROGRESS_SHARE {
+            self.prefill_time(p, &job.seq_lens, new_share)
+        } else {
+            f64::INFINITY
+        };
+        let gpus = self.prefill[p].gpus.clone();
+        let worker = &mut self.prefill[p];
+        let job = worker.job.as_mut().expect("checked");
+        job.done_frac = (job.done_frac + progressed).min(1.0);
+        for &g in &gpus {
+            self.meters[g as usize].add_sm_time((now - job.last_update) * old_share);
+        }
+        job.last_update = now;
+        job.share = new_share;
+        worker.gen += 1;
+        job.gen = worker.gen;
+        if new_dur.is_finite() {
+            let remaining = (1.0 - job.done_frac) * new_dur;
+            self.events.push(now + remaining, Priority::Completion, Event::PrefillDone { prefill: p, gen: worker.gen });
+        }
+    }
+
+    fn on_embeddings(&mut self, p: usize, ids: Vec<RequestId>) {
+        for id in ids {
+            let i = id as usize;
+            self.records[i].prefill_ready = Some(self.now);
+            self.prefill[p].queue.push(PrefillItem { id, tokens: self.requests[i].prefill_tokens() });
+        }
+        self.try_prefill(p);
+    }
+
+    fn try_prefill(&mut self, p: usize) {
+        if self.prefill[p].job.is_some() || self.prefill[p].queue.is_empty() {
+            return;
+        }
+        let now = self.now;
+        let items = self.prefill[p].queue.next_batch();
+        for it in &items {
+            self.records[it.id as usize].prefill_start = Some(now);
+        }
+        let seq_lens: Vec<u64> = items.iter().map(|i| i.tokens).collect();
+        let share = if self.prefill[p].local { self.local_share(p) } else { 1.0 };
+        let dur = if share >= MIN_PROGRESS_SHARE {
+            self.prefill_time(p, &seq_lens, share)
+        } else {
+            f64::INFINITY
+        };
+        for &g in &self.prefill[p].gpus {
+            self.meters[g as usize].begin(now);
+        }
+        let worker = &mut self.prefill[p];
+        worker.gen += 1;
+        worker.job = Some(PrefillJob {
+            items,
+            seq_lens,
+            done_frac: 0.0,
+            last_update: now,
+            share,
+            gen: worker.gen,
+        });
+        if dur.is_finite() {
+            self.events.push(now + dur, Priority::Completion, Event::PrefillDone { prefill: p, gen: worker.gen });
+        }
+    }
+
+    fn on_prefill_done(&mut self, p: usize) {
+        let now = self.now;
+        let Some(job) = self.prefill[p].job.take() else { return };
+        debug_assert_eq!(job.gen, self.prefill[p].gen);
+        for &g in &self.prefill[p].gpus {
+            self.meters[g as usize].end(now);
+            self.meters[g as usize].add_sm_time((now - job.last_update) * job.share);
+        }
+        let kv_per_token = self.sc.model.kv_bytes_per_token();
+        for it in &job.items {
+            let i = it.id as usize;
+            self.records[i].first_token = Some(now);
+            if !self.prefill[p].local {
+                self.remote_place.complete(p, it.tokens as f64);
+            }
+            let out = self.requests[i].output_tokens;
+            if out <= 1 {
+                self.records[i].finish = Some(now);
+                continue;
+            }
+            let d = self.decode_place.assign((it.tokens + out as u64) as f64);
+            let start = self.prefill[p].link_free_at.max(now);
+            let end = start + self.sc.gpu.link.transfer_time(it.tokens as f64 * kv_per_token);
+            self.prefill[p].link_free_at = end;
+            self.events.push(end, Priority::Transfer, Event::KvLands { decode: d, id: it.id });
+        }
+        self.try_prefill(p);
+    }
+
+    // ---------------------------------------------------------------- decode
+
+    fn on_kv(&mut self, d: usize, id: RequestId) {
+        let i = id as usize;
+        self.records[i].decode_ready = Some(self.now);
+        let seq = DecodeSeq {
+            id,
+            prompt_tokens: self.requests[i].prefill_tokens(),
+            remaining: self.requests[i].output_tokens - 1,
+        };
+        if !self.decode[d].sched.can_ever_fit(&seq) {
+            // cannot happen for a validated scenario; the request never completes
+            return;
+        }
+        self.decode[d].sched.enqueue(seq);
+        self.try_decode(d);
+    }
+
+    fn try_decode(&mut self, d: usize) {
+        if self.decode[d].stepping {
+            return;
+        }
+        let now = self.now;
+        for id in self.decode[d].sched.admit() {
+            self.records[id as usize].decode_start = Some(now);
+        }
+        let (batch, ctx) = self.decode[d].sched.step_shape();
+        if batch == 0 {
+            return;
+        }
+        let dur = self.cost.decode_step(batch, ctx, self.decode[d].tp);
+        self.decode[d].stepping = true;
+        for &g in &self.decode[d].gpus {
+            self.meters[g as usize].begin(now);
+            self.meters[g as usize].add_sm_time(dur);
+        }
+        self.events.push(now + dur, Priority::Completion, Event::DecodeStepDone { decode: d });
+    }
+
+    fn on_decode_step(&mut self, d: usize) {
+        let now = self.now;
+        self.decode[d].stepping = false;
+        for &g in &self.decode[d].gpus {
+            self.meters[g as usize].end(now);
+        }
+        for id in self.decode[d].sched.complete_step() {
+            let i = id as usize;
+            self.records[i].finish = Some(now);
+            let work = (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
+            self.decode_place.complete(d, work);
+        }
+        self.try_decode(d);
+    }
+
+    // ---------------------------------------------------------------- report
+
+    fn finish(self) -> SimOutput {
+        let sc = self.sc;
+        let start = self.requests.first().map(|r| r.arrival).unwrap_or(0.0);
+        let end = self.records.iter().filter_map(|r| r.finish).fold(start, f64::max);
+        let duration = (end - start).max(1e-12);
+        let mut gpus = Vec::new();
+        for g in 0..sc.gpus {
+            let (stage, worker) = self.gpu_role(g);
+            let m = &self.meters[g as usize];
+            gpus.push(GpuReport {
+                gpu: g,
+                stage,
+                worker,
+                busy_fraction: (m.busy_time() / duration).min(1.0),
+                sm_utilization: (m.sm_time() / duration).min(1.0),
+            });
+        }
+        let encode = EncodeSummary {
+            passes: self.passes,
+            mean_batch: if self.passes > 0 { self.passed_requests as f64 / self.passes as f64 } else { 0.0 },
+            batcher: self.encode.first().map(|w| w.batcher.params().clone()),
+            remote_fraction: if self.routed > 0 { self.remote_routed as f64 / self.routed as f64 } else { 1.0 },
+        };
+        let mut notes = vec![format!(
+            "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (~1 req/s, §2.2), an input rather than a prediction",
+            sc.model.name, sc.gpu.name, self.eff.encode_pass_s
+        )];
+        if let SmSplit::Dynamic(t) = &self.split {
+            let levels: Vec<String> = t.levels.iter().map(|(f, b)| format!("{:.0}%→B≤{}", f * 100.0, b)).collect();
+            notes.push(format!("dynamic SM table (ε = {}): {}", t.epsilon, levels.join(", ")));
+        }
+        let dep = &sc.deployment;
+        let meta = RunMeta {
+            scenario: sc.name.clone(),
+            deployment: dep.to_string(),
+            model: sc.model.name.clone(),
+            cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+            seed: sc.seed,
+            offered_rate: sc.workload.rate,
+            requests: self.requests.len(),
+        };
+        let report = Report::build(meta, &self.records, &sc.slo, gpus, encode, notes);
+        SimOutput { report, records: self.records }
+    }
+
+    fn gpu_role(&self, g: u32) -> (String, String) {
+        for (i, w) in self.encode.iter().enumerate() {
+            if w.gpu == g {
+                let label = match w.local {
+                    Some(p) => format!("E{i}+L{}", p - self.remote_count),
+                    None => format!("E{i}"),
+                };
+                return ("encode".into(), label);
+            }
+        }
+        for (i, p) in self.prefill.iter().enumerate().filter(|(_, p)| !p.local) {
+            if p.gpus.contains(&g) {
+                return ("prefill".into(), format!("P{i}"));
+            }
+        }
+        for (i, d) in self.decode.iter().enumerate() {
+            if d.gpus.contains(&g) {
+                return ("decode".into(), format!("D{i}"));
+            }
+        }
+        ("idle".into(), "-".into())
+    }
+}

@@ -1,0 +1,112 @@
+//! The `easerve` command line.
+//!
+//! Exit codes (one place): 0 success; 1 internal error; 2 bad input (a
+//! scenario or argument that cannot be used — the message names the file, the
+//! field and what is allowed).
+
+use clap::{Parser, Subcommand};
+use easerve_workload::scenario::{Overrides, Scenario};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const EXIT_CODES: &str = "Exit codes: 0 success; 1 internal error; 2 bad input (scenario or arguments: the message names the file, the field and what is allowed).";
+
+/// easerve: encode-aware disaggregated serving for multimodal LLMs.
+#[derive(Parser, Debug)]
+#[command(name = "easerve", version, about, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Simulate one run of a scenario on the digital twin and print its report.
+    #[command(after_help = EXIT_CODES)]
+    Sim(SimArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct SimArgs {
+    /// Scenario file (TOML; fields documented in scenarios/README.md).
+    scenario: PathBuf,
+    /// Master seed of every RNG stream (overrides the scenario's `seed`).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Arrival rate in requests/s (overrides `workload.rate`).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Number of requests (overrides `workload.requests`).
+    #[arg(long)]
+    requests: Option<i64>,
+    /// Allocation, e.g. `2E(TP1)+1P(TP2)+1D(TP4)` (overrides `deployment.allocation`).
+    #[arg(long)]
+    allocation: Option<String>,
+    /// Encode micro-batch bound B (overrides `deployment.batch`).
+    #[arg(long = "batch", short = 'B')]
+    batch: Option<i64>,
+    /// Offload ratio s in [0, 1] (overrides `deployment.offload`).
+    #[arg(long = "offload", short = 's')]
+    offload: Option<f64>,
+    /// Print the report as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Bad input: exit code 2.
+#[derive(Debug)]
+struct BadInput(String);
+
+impl std::fmt::Display for BadInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for BadInput {}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Sim(a) => {
+            let overrides = Overrides {
+                seed: a.seed,
+                rate: a.rate,
+                requests: a.requests,
+                allocation: a.allocation,
+                batch: a.batch,
+                offload: a.offload,
+            };
+            let sc = Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
+            let out = easerve_sim::simulate(&sc);
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&out.report)?);
+            } else {
+                print!("{}", out.report.render_text());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                _ => ExitCode::from(2),
+            };
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) if e.is::<BadInput>() => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
