@@ -27,6 +27,7 @@ enum Command {
 }
 
 #[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
 struct SimArgs {
     /// Scenario file (TOML; fields documented in scenarios/README.md).
     scenario: PathBuf,
@@ -75,7 +76,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 batch: a.batch,
                 offload: a.offload,
             };
-            let sc = Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
+            let sc =
+                Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
             let out = easerve_sim::simulate(&sc);
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&out.report)?);
@@ -93,7 +95,9 @@ fn main() -> ExitCode {
         Err(e) => {
             let _ = e.print();
             return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => ExitCode::SUCCESS,
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
                 _ => ExitCode::from(2),
             };
         }

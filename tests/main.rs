@@ -1,1 +1,55 @@
+//! End-to-end tests of the `easerve` command line and cross-crate behaviour.
+//! One integration-test binary (modules below).
 
+mod bad_input;
+mod sim_cli;
+
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Run `easerve` with `args` from the repository root.
+pub fn easerve(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_easerve"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run easerve")
+}
+
+/// `easerve sim SCENARIO --json ARGS...` parsed; panics with stderr on failure.
+pub fn sim_json(scenario: &Path, args: &[&str]) -> Value {
+    let s = scenario.to_str().expect("utf-8 path");
+    let mut all = vec!["sim", s, "--json"];
+    all.extend_from_slice(args);
+    let out = easerve(&all);
+    assert!(
+        out.status.success(),
+        "easerve {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+/// A field of the report as f64, by JSON pointer.
+pub fn num(v: &Value, pointer: &str) -> f64 {
+    v.pointer(pointer)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("no number at {pointer}"))
+}
+
+/// Mean queueing time of a stage, seconds.
+pub fn stage_queue(v: &Value, stage: &str) -> f64 {
+    v["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .find(|s| s["stage"] == stage)
+        .map(|s| num(s, "/queue/mean"))
+        .unwrap_or_else(|| panic!("no stage {stage}"))
+}

@@ -176,7 +176,9 @@ impl Batcher {
                 _ => None,
             },
             max_age_s: match rule {
-                Rule::PoissonGap { max_age, .. } | Rule::QueueLength { max_age, .. } => Some(max_age),
+                Rule::PoissonGap { max_age, .. } | Rule::QueueLength { max_age, .. } => {
+                    Some(max_age)
+                }
                 _ => None,
             },
             timeout_s: match rule {
@@ -249,7 +251,10 @@ impl Batcher {
             // deadlines are compared as `now >= start + span`, the same sum
             // `poll_timeout` returns, so a wake-up at that time always fires.
             Rule::FixedTimeout(t) => now >= oldest + t,
-            Rule::QueueLength { k: trigger, max_age } => k >= trigger || now >= oldest + max_age,
+            Rule::QueueLength {
+                k: trigger,
+                max_age,
+            } => k >= trigger || now >= oldest + max_age,
             Rule::PoissonGap { q, max_age } => {
                 let Some(rate) = self.rate.rate() else {
                     return true;

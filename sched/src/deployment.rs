@@ -140,7 +140,12 @@ impl fmt::Display for Deployment {
         write!(
             f,
             "{} B={} s={} dispatch={} router={} sm={}",
-            self.allocation, self.max_batch, self.offload, self.dispatch, self.router, self.sm_policy
+            self.allocation,
+            self.max_batch,
+            self.offload,
+            self.dispatch,
+            self.router,
+            self.sm_policy
         )
     }
 }

@@ -43,7 +43,7 @@ mod smsplit;
 pub use allocation::{Allocation, AllocationError, StagePool};
 pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
 pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
-pub use deployment::{DispatchPolicy, Deployment, RouterPolicy, SmPolicy};
+pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;
 pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};

@@ -38,7 +38,9 @@ impl Router {
         let s = if s.is_nan() { 1.0 } else { s.clamp(0.0, 1.0) };
         let kind = match *policy {
             RouterPolicy::Deficit => Kind::Deficit { d: 0.0 },
-            RouterPolicy::Random { seed } => Kind::Random(Box::new(ChaCha8Rng::seed_from_u64(seed))),
+            RouterPolicy::Random { seed } => {
+                Kind::Random(Box::new(ChaCha8Rng::seed_from_u64(seed)))
+            }
             RouterPolicy::Windowed { window } => Kind::Windowed {
                 window: window.max(1),
                 pos: 0,

@@ -34,7 +34,11 @@ impl SmTable {
         epsilon: f64,
         latency: impl Fn(usize, f64) -> f64,
     ) -> Self {
-        let mut lv: Vec<f64> = levels.iter().copied().filter(|f| *f > 0.0 && *f <= 1.0).collect();
+        let mut lv: Vec<f64> = levels
+            .iter()
+            .copied()
+            .filter(|f| *f > 0.0 && *f <= 1.0)
+            .collect();
         lv.sort_by(f64::total_cmp);
         lv.dedup();
         if lv.last() != Some(&1.0) {

@@ -138,11 +138,22 @@ impl<'a> Sim<'a> {
         // A typical request's items (median encoder tokens) set the batcher's
         // W(k) = T_enc(k) and the SM table.
         let typical: Vec<ItemTokens> = {
-            let mut idx: Vec<usize> = (0..requests.len()).filter(|&i| !tokens[i].is_empty()).collect();
+            let mut idx: Vec<usize> = (0..requests.len())
+                .filter(|&i| !tokens[i].is_empty())
+                .collect();
             idx.sort_by_key(|&i| (requests[i].encoder_tokens, i));
-            idx.get(idx.len() / 2).map(|&i| tokens[i].clone()).unwrap_or_default()
+            idx.get(idx.len() / 2)
+                .map(|&i| tokens[i].clone())
+                .unwrap_or_default()
         };
-        let batch_of = |k: usize| -> Vec<ItemTokens> { typical.iter().copied().cycle().take(k * typical.len()).collect() };
+        let batch_of = |k: usize| -> Vec<ItemTokens> {
+            typical
+                .iter()
+                .copied()
+                .cycle()
+                .take(k * typical.len())
+                .collect()
+        };
         let t_enc = |k: usize, share: f64| cost.encode(&batch_of(k), share).total();
         let split = if dep.has_local_prefill() {
             SmSplit::new(&dep.sm_policy, b, t_enc)
@@ -150,13 +161,15 @@ impl<'a> Sim<'a> {
             SmSplit::Static(1.0)
         };
         let dispatch = match dep.dispatch.clone() {
-            DispatchPolicy::PoissonGap { q, max_age_s, rate_hint: None } if alloc.encode.workers > 0 => {
-                DispatchPolicy::PoissonGap {
-                    q,
-                    max_age_s,
-                    rate_hint: Some(sc.workload.rate / alloc.encode.workers as f64),
-                }
-            }
+            DispatchPolicy::PoissonGap {
+                q,
+                max_age_s,
+                rate_hint: None,
+            } if alloc.encode.workers > 0 => DispatchPolicy::PoissonGap {
+                q,
+                max_age_s,
+                rate_hint: Some(sc.workload.rate / alloc.encode.workers as f64),
+            },
             d => d,
         };
 
@@ -217,8 +230,8 @@ impl<'a> Sim<'a> {
             }
             // encode workers left over (nE not a multiple of tp) route to the
             // nearest group's local worker
-            for m in groups * tp as usize..encode.len() {
-                encode[m].local = Some(remote_count + groups.saturating_sub(1));
+            for w in encode.iter_mut().skip(groups * tp as usize) {
+                w.local = Some(remote_count + groups.saturating_sub(1));
             }
         }
         let kv_per_token = sc.model.kv_bytes_per_token();
@@ -323,7 +336,11 @@ impl<'a> Sim<'a> {
                     if let Some(wake) = worker.batcher.poll_timeout() {
                         worker.wake_gen += 1;
                         let gen = worker.wake_gen;
-                        self.events.push(wake.max(now), Priority::Timer, Event::BatcherWake { worker: w, gen });
+                        self.events.push(
+                            wake.max(now),
+                            Priority::Timer,
+                            Event::BatcherWake { worker: w, gen },
+                        );
                     }
                 }
             }
@@ -332,19 +349,38 @@ impl<'a> Sim<'a> {
 
     /// Whether the local prefill worker sharing encode worker `w`'s GPU is running.
     fn local_busy(&self, w: usize) -> bool {
-        self.encode[w].local.is_some_and(|p| self.prefill[p].job.is_some())
+        self.encode[w]
+            .local
+            .is_some_and(|p| self.prefill[p].job.is_some())
     }
 
     fn start_pass(&mut self, w: usize, ids: Vec<RequestId>) {
         let now = self.now;
-        let items: Vec<ItemTokens> = ids.iter().flat_map(|&id| self.tokens[id as usize].iter().copied()).collect();
+        let items: Vec<ItemTokens> = ids
+            .iter()
+            .flat_map(|&id| self.tokens[id as usize].iter().copied())
+            .collect();
         let colocated = self.encode[w].local.is_some();
         let shared = self.local_busy(w);
         let (share, slow) = match self.split.encode_share(ids.len()) {
             _ if !colocated => (1.0, 1.0),
-            Some(f) => (f, if shared { 1.0 + self.eff.bandwidth_interference } else { 1.0 }),
+            Some(f) => (
+                f,
+                if shared {
+                    1.0 + self.eff.bandwidth_interference
+                } else {
+                    1.0
+                },
+            ),
             // time-slicing: half the GPU's time, less the switching penalty
-            None => (1.0, if shared { 2.0 * (1.0 + self.eff.time_slice_penalty) } else { 1.0 }),
+            None => (
+                1.0,
+                if shared {
+                    2.0 * (1.0 + self.eff.time_slice_penalty)
+                } else {
+                    1.0
+                },
+            ),
         };
         let mut t = self.cost.encode(&items, share);
         t.t_gpu *= slow;
@@ -357,8 +393,16 @@ impl<'a> Sim<'a> {
         self.passed_requests += ids.len();
         let gpu = self.encode[w].gpu;
         self.meters[gpu as usize].begin(now);
-        self.encode[w].pass = Some(Pass { ids, t_gpu: t.t_gpu, share });
-        self.events.push(now + t.total(), Priority::Completion, Event::EncodeDone { worker: w });
+        self.encode[w].pass = Some(Pass {
+            ids,
+            t_gpu: t.t_gpu,
+            share,
+        });
+        self.events.push(
+            now + t.total(),
+            Priority::Completion,
+            Event::EncodeDone { worker: w },
+        );
         self.rerate_local(w);
     }
 
@@ -376,7 +420,8 @@ impl<'a> Sim<'a> {
         for &id in &pass.ids {
             let i = id as usize;
             self.records[i].encode_end = Some(now);
-            self.encode_place.complete(w, self.requests[i].encoder_tokens as f64);
+            self.encode_place
+                .complete(w, self.requests[i].encoder_tokens as f64);
             let route = match self.encode[w].local {
                 Some(_) if self.remote_count == 0 => Route::Local,
                 Some(_) => self.router.route(),
@@ -386,11 +431,14 @@ impl<'a> Sim<'a> {
             let dest = match route {
                 Route::Remote => {
                     self.remote_routed += 1;
-                    self.remote_place.assign(self.requests[i].prefill_tokens() as f64)
+                    self.remote_place
+                        .assign(self.requests[i].prefill_tokens() as f64)
                 }
                 Route::Local => {
                     self.records[i].prefill_local = true;
-                    self.encode[w].local.expect("local route only with a local worker")
+                    self.encode[w]
+                        .local
+                        .expect("local route only with a local worker")
                 }
             };
             match groups.iter_mut().find(|g| g.0 == dest) {
@@ -403,13 +451,21 @@ impl<'a> Sim<'a> {
             let land = if self.prefill[dest].local {
                 now // embeddings stay in the encode GPU's memory
             } else {
-                let bytes: f64 = ids.iter().map(|&id| self.requests[id as usize].mm_tokens as f64).sum::<f64>() * emb_per_token;
+                let bytes: f64 = ids
+                    .iter()
+                    .map(|&id| self.requests[id as usize].mm_tokens as f64)
+                    .sum::<f64>()
+                    * emb_per_token;
                 let start = self.encode[w].link_free_at.max(now);
                 let end = start + self.sc.gpu.link.transfer_time(bytes);
                 self.encode[w].link_free_at = end;
                 end
             };
-            self.events.push(land, Priority::Transfer, Event::EmbeddingsLand { prefill: dest, ids });
+            self.events.push(
+                land,
+                Priority::Transfer,
+                Event::EmbeddingsLand { prefill: dest, ids },
+            );
         }
         self.try_dispatch(w);
     }
@@ -439,7 +495,9 @@ impl<'a> Sim<'a> {
     /// Re-rate the local prefill job sharing encode worker `w`'s GPU after its
     /// SM share changed.
     fn rerate_local(&mut self, w: usize) {
-        let Some(p) = self.encode[w].local else { return };
+        let Some(p) = self.encode[w].local else {
+            return;
+        };
         if self.prefill[p].job.is_none() {
             return;
         }
@@ -471,7 +529,14 @@ impl<'a> Sim<'a> {
         job.gen = worker.gen;
         if new_dur.is_finite() {
             let remaining = (1.0 - job.done_frac) * new_dur;
-            self.events.push(now + remaining, Priority::Completion, Event::PrefillDone { prefill: p, gen: worker.gen });
+            self.events.push(
+                now + remaining,
+                Priority::Completion,
+                Event::PrefillDone {
+                    prefill: p,
+                    gen: worker.gen,
+                },
+            );
         }
     }
 
@@ -479,7 +544,10 @@ impl<'a> Sim<'a> {
         for id in ids {
             let i = id as usize;
             self.records[i].prefill_ready = Some(self.now);
-            self.prefill[p].queue.push(PrefillItem { id, tokens: self.requests[i].prefill_tokens() });
+            self.prefill[p].queue.push(PrefillItem {
+                id,
+                tokens: self.requests[i].prefill_tokens(),
+            });
         }
         self.try_prefill(p);
     }
@@ -494,7 +562,11 @@ impl<'a> Sim<'a> {
             self.records[it.id as usize].prefill_start = Some(now);
         }
         let seq_lens: Vec<u64> = items.iter().map(|i| i.tokens).collect();
-        let share = if self.prefill[p].local { self.local_share(p) } else { 1.0 };
+        let share = if self.prefill[p].local {
+            self.local_share(p)
+        } else {
+            1.0
+        };
         let dur = if share >= MIN_PROGRESS_SHARE {
             self.prefill_time(p, &seq_lens, share)
         } else {
@@ -514,13 +586,22 @@ impl<'a> Sim<'a> {
             gen: worker.gen,
         });
         if dur.is_finite() {
-            self.events.push(now + dur, Priority::Completion, Event::PrefillDone { prefill: p, gen: worker.gen });
+            self.events.push(
+                now + dur,
+                Priority::Completion,
+                Event::PrefillDone {
+                    prefill: p,
+                    gen: worker.gen,
+                },
+            );
         }
     }
 
     fn on_prefill_done(&mut self, p: usize) {
         let now = self.now;
-        let Some(job) = self.prefill[p].job.take() else { return };
+        let Some(job) = self.prefill[p].job.take() else {
+            return;
+        };
         debug_assert_eq!(job.gen, self.prefill[p].gen);
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].end(now);
@@ -540,9 +621,21 @@ impl<'a> Sim<'a> {
             }
             let d = self.decode_place.assign((it.tokens + out as u64) as f64);
             let start = self.prefill[p].link_free_at.max(now);
-            let end = start + self.sc.gpu.link.transfer_time(it.tokens as f64 * kv_per_token);
+            let end = start
+                + self
+                    .sc
+                    .gpu
+                    .link
+                    .transfer_time(it.tokens as f64 * kv_per_token);
             self.prefill[p].link_free_at = end;
-            self.events.push(end, Priority::Transfer, Event::KvLands { decode: d, id: it.id });
+            self.events.push(
+                end,
+                Priority::Transfer,
+                Event::KvLands {
+                    decode: d,
+                    id: it.id,
+                },
+            );
         }
         self.try_prefill(p);
     }
@@ -583,7 +676,11 @@ impl<'a> Sim<'a> {
             self.meters[g as usize].begin(now);
             self.meters[g as usize].add_sm_time(dur);
         }
-        self.events.push(now + dur, Priority::Completion, Event::DecodeStepDone { decode: d });
+        self.events.push(
+            now + dur,
+            Priority::Completion,
+            Event::DecodeStepDone { decode: d },
+        );
     }
 
     fn on_decode_step(&mut self, d: usize) {
@@ -595,7 +692,8 @@ impl<'a> Sim<'a> {
         for id in self.decode[d].sched.complete_step() {
             let i = id as usize;
             self.records[i].finish = Some(now);
-            let work = (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
+            let work =
+                (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
             self.decode_place.complete(d, work);
         }
         self.try_decode(d);
@@ -606,7 +704,11 @@ impl<'a> Sim<'a> {
     fn finish(self) -> SimOutput {
         let sc = self.sc;
         let start = self.requests.first().map(|r| r.arrival).unwrap_or(0.0);
-        let end = self.records.iter().filter_map(|r| r.finish).fold(start, f64::max);
+        let end = self
+            .records
+            .iter()
+            .filter_map(|r| r.finish)
+            .fold(start, f64::max);
         let duration = (end - start).max(1e-12);
         let mut gpus = Vec::new();
         for g in 0..sc.gpus {
@@ -622,17 +724,33 @@ impl<'a> Sim<'a> {
         }
         let encode = EncodeSummary {
             passes: self.passes,
-            mean_batch: if self.passes > 0 { self.passed_requests as f64 / self.passes as f64 } else { 0.0 },
+            mean_batch: if self.passes > 0 {
+                self.passed_requests as f64 / self.passes as f64
+            } else {
+                0.0
+            },
             batcher: self.encode.first().map(|w| w.batcher.params().clone()),
-            remote_fraction: if self.routed > 0 { self.remote_routed as f64 / self.routed as f64 } else { 1.0 },
+            remote_fraction: if self.routed > 0 {
+                self.remote_routed as f64 / self.routed as f64
+            } else {
+                1.0
+            },
         };
         let mut notes = vec![format!(
             "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (~1 req/s, §2.2), an input rather than a prediction",
             sc.model.name, sc.gpu.name, self.eff.encode_pass_s
         )];
         if let SmSplit::Dynamic(t) = &self.split {
-            let levels: Vec<String> = t.levels.iter().map(|(f, b)| format!("{:.0}%→B≤{}", f * 100.0, b)).collect();
-            notes.push(format!("dynamic SM table (ε = {}): {}", t.epsilon, levels.join(", ")));
+            let levels: Vec<String> = t
+                .levels
+                .iter()
+                .map(|(f, b)| format!("{:.0}%→B≤{}", f * 100.0, b))
+                .collect();
+            notes.push(format!(
+                "dynamic SM table (ε = {}): {}",
+                t.epsilon,
+                levels.join(", ")
+            ));
         }
         let dep = &sc.deployment;
         let meta = RunMeta {
@@ -645,7 +763,10 @@ impl<'a> Sim<'a> {
             requests: self.requests.len(),
         };
         let report = Report::build(meta, &self.records, &sc.slo, gpus, encode, notes);
-        SimOutput { report, records: self.records }
+        SimOutput {
+            report,
+            records: self.records,
+        }
     }
 
     fn gpu_role(&self, g: u32) -> (String, String) {

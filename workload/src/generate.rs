@@ -52,10 +52,17 @@ fn uniform_around<R: Rng>(rng: &mut R, mean: u32, r: f64, min: u32) -> u32 {
 ///
 /// # Errors
 /// When the model has no encoder for the item's modality or the shape is invalid.
-pub fn item_tokens(model: &ModelArch, item: &MmItem) -> Result<ItemTokens, easerve_model::ModelError> {
+pub fn item_tokens(
+    model: &ModelArch,
+    item: &MmItem,
+) -> Result<ItemTokens, easerve_model::ModelError> {
     match *item {
         MmItem::Image { height, width } => model.image_tokens(height, width),
-        MmItem::Video { frames, height, width } => model.video_tokens(frames, height, width),
+        MmItem::Video {
+            frames,
+            height,
+            width,
+        } => model.video_tokens(frames, height, width),
         MmItem::Audio { seconds } => model.audio_tokens(seconds),
     }
 }
@@ -83,31 +90,52 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
         let prompt_tokens = uniform_around(&mut lengths, w.input_len, w.range_ratio, 0);
         let output_tokens = uniform_around(&mut lengths, w.output_len, w.range_ratio, 1);
         let items: Vec<MmItem> = match &w.shapes {
-            Shapes::Image { items, items_range_ratio, buckets } => {
+            Shapes::Image {
+                items,
+                items_range_ratio,
+                buckets,
+            } => {
                 let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
                 let pick = image_pick.as_ref().expect("image table");
                 (0..n)
                     .map(|_| {
                         let b = buckets[pick.sample(&mut shapes)];
-                        MmItem::Image { height: b.0, width: b.1 }
+                        MmItem::Image {
+                            height: b.0,
+                            width: b.1,
+                        }
                     })
                     .collect()
             }
-            Shapes::Video { items, items_range_ratio, buckets } => {
+            Shapes::Video {
+                items,
+                items_range_ratio,
+                buckets,
+            } => {
                 let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
                 let pick = video_pick.as_ref().expect("video table");
                 (0..n)
                     .map(|_| {
                         let b = buckets[pick.sample(&mut shapes)];
-                        MmItem::Video { frames: b.0, height: b.1, width: b.2 }
+                        MmItem::Video {
+                            frames: b.0,
+                            height: b.1,
+                            width: b.2,
+                        }
                     })
                     .collect()
             }
-            Shapes::Audio { mean_s, sigma, max_s } => {
+            Shapes::Audio {
+                mean_s,
+                sigma,
+                max_s,
+            } => {
                 let mu = mean_s.ln() - sigma * sigma / 2.0;
                 let d = LogNormal::new(mu, *sigma).expect("validated σ ≥ 0");
                 let secs: f64 = d.sample(&mut shapes);
-                vec![MmItem::Audio { seconds: secs.clamp(0.1, *max_s) }]
+                vec![MmItem::Audio {
+                    seconds: secs.clamp(0.1, *max_s),
+                }]
             }
             Shapes::Text => Vec::new(),
         };
@@ -146,7 +174,11 @@ mod tests {
             let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
             let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
             assert!((mean - 0.25).abs() < 0.01, "{arrival:?} mean gap {mean}");
-            assert!((var.sqrt() / mean - cv).abs() < 0.08 * cv, "{arrival:?} cv {}", var.sqrt() / mean);
+            assert!(
+                (var.sqrt() / mean - cv).abs() < 0.08 * cv,
+                "{arrival:?} cv {}",
+                var.sqrt() / mean
+            );
             assert!(t.windows(2).all(|w| w[1] >= w[0]));
         }
     }

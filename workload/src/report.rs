@@ -78,7 +78,13 @@ pub struct TierResult {
 }
 
 /// Pipeline stages whose queueing and service are reported.
-pub const STAGES: [&str; 5] = ["encode", "embedding transfer", "prefill", "kv transfer", "decode"];
+pub const STAGES: [&str; 5] = [
+    "encode",
+    "embedding transfer",
+    "prefill",
+    "kv transfer",
+    "decode",
+];
 
 /// Queueing and service of one stage.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -203,9 +209,19 @@ impl Report {
         notes: Vec<String>,
     ) -> Report {
         let done: Vec<&RequestRecord> = records.iter().filter(|r| r.finish.is_some()).collect();
-        let start = records.iter().map(|r| r.arrival).fold(f64::INFINITY, f64::min);
-        let end = done.iter().filter_map(|r| r.finish).fold(f64::NEG_INFINITY, f64::max);
-        let duration = if done.is_empty() { 0.0 } else { (end - start).max(1e-12) };
+        let start = records
+            .iter()
+            .map(|r| r.arrival)
+            .fold(f64::INFINITY, f64::min);
+        let end = done
+            .iter()
+            .filter_map(|r| r.finish)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let duration = if done.is_empty() {
+            0.0
+        } else {
+            (end - start).max(1e-12)
+        };
         let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
         let ttfts: Vec<f64> = done.iter().filter_map(|r| r.ttft()).collect();
         let tpots: Vec<f64> = done.iter().filter_map(|r| r.tpot()).collect();
@@ -218,7 +234,8 @@ impl Report {
                 let good = done
                     .iter()
                     .filter(|r| {
-                        r.ttft().is_some_and(|x| x <= t.ttft_s) && r.tpot().is_some_and(|x| x <= t.tpot_s)
+                        r.ttft().is_some_and(|x| x <= t.ttft_s)
+                            && r.tpot().is_some_and(|x| x <= t.tpot_s)
                     })
                     .count();
                 TierResult {
@@ -227,21 +244,37 @@ impl Report {
                     tpot_s: t.tpot_s,
                     good,
                     goodput: per_s(good as f64),
-                    attainment: if done.is_empty() { 0.0 } else { good as f64 / done.len() as f64 },
+                    attainment: if done.is_empty() {
+                        0.0
+                    } else {
+                        good as f64 / done.len() as f64
+                    },
                 }
             })
             .collect();
         let span = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
         type Pick = fn(&RequestRecord) -> (Option<f64>, Option<f64>, Option<f64>);
         let picks: [(&str, Pick); 5] = [
-            ("encode", |r| (Some(r.arrival), r.encode_start, r.encode_end)),
-            ("embedding transfer", |r| (r.encode_end, r.encode_end, r.prefill_ready)),
-            ("prefill", |r| (r.prefill_ready, r.prefill_start, r.first_token)),
-            ("kv transfer", |r| (r.first_token, r.first_token, r.decode_ready)),
+            ("encode", |r| {
+                (Some(r.arrival), r.encode_start, r.encode_end)
+            }),
+            ("embedding transfer", |r| {
+                (r.encode_end, r.encode_end, r.prefill_ready)
+            }),
+            ("prefill", |r| {
+                (r.prefill_ready, r.prefill_start, r.first_token)
+            }),
+            ("kv transfer", |r| {
+                (r.first_token, r.first_token, r.decode_ready)
+            }),
             ("decode", |r| (r.decode_ready, r.decode_start, r.finish)),
         ];
         let stage_busy = |stage: &str| {
-            let v: Vec<f64> = gpus.iter().filter(|g| g.stage == stage).map(|g| g.busy_fraction).collect();
+            let v: Vec<f64> = gpus
+                .iter()
+                .filter(|g| g.stage == stage)
+                .map(|g| g.busy_fraction)
+                .collect();
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
         };
         let stages: Vec<StageReport> = picks
@@ -308,25 +341,73 @@ impl Report {
         line(&mut s, "Cluster:", self.cluster.clone());
         line(&mut s, "Deployment:", self.deployment.clone());
         line(&mut s, "Seed:", self.seed.to_string());
-        line(&mut s, "Offered rate (req/s):", format!("{:.2}", self.offered_rate));
-        line(&mut s, "Successful requests:", format!("{} / {}", self.completed, self.requests));
-        line(&mut s, "Benchmark duration (s):", format!("{:.2}", self.duration_s));
-        line(&mut s, "Request throughput (req/s):", format!("{:.2}", self.request_throughput));
-        line(&mut s, "Output token throughput (tok/s):", format!("{:.2}", self.output_throughput));
-        line(&mut s, "Total token throughput (tok/s):", format!("{:.2}", self.total_token_throughput));
+        line(
+            &mut s,
+            "Offered rate (req/s):",
+            format!("{:.2}", self.offered_rate),
+        );
+        line(
+            &mut s,
+            "Successful requests:",
+            format!("{} / {}", self.completed, self.requests),
+        );
+        line(
+            &mut s,
+            "Benchmark duration (s):",
+            format!("{:.2}", self.duration_s),
+        );
+        line(
+            &mut s,
+            "Request throughput (req/s):",
+            format!("{:.2}", self.request_throughput),
+        );
+        line(
+            &mut s,
+            "Output token throughput (tok/s):",
+            format!("{:.2}", self.output_throughput),
+        );
+        line(
+            &mut s,
+            "Total token throughput (tok/s):",
+            format!("{:.2}", self.total_token_throughput),
+        );
         for (title, abbr, st) in [
             (" Time to First Token ", "TTFT", &self.ttft),
-            (" Time per Output Token (excl. 1st token) ", "TPOT", &self.tpot),
+            (
+                " Time per Output Token (excl. 1st token) ",
+                "TPOT",
+                &self.tpot,
+            ),
             (" End-to-end Latency ", "E2EL", &self.e2e),
         ] {
             head(&mut s, title);
-            line(&mut s, &format!("Mean {abbr} (ms):"), format!("{:.2}", ms(st.mean)));
-            line(&mut s, &format!("Median {abbr} (ms):"), format!("{:.2}", ms(st.p50)));
-            line(&mut s, &format!("P90 {abbr} (ms):"), format!("{:.2}", ms(st.p90)));
-            line(&mut s, &format!("P99 {abbr} (ms):"), format!("{:.2}", ms(st.p99)));
+            line(
+                &mut s,
+                &format!("Mean {abbr} (ms):"),
+                format!("{:.2}", ms(st.mean)),
+            );
+            line(
+                &mut s,
+                &format!("Median {abbr} (ms):"),
+                format!("{:.2}", ms(st.p50)),
+            );
+            line(
+                &mut s,
+                &format!("P90 {abbr} (ms):"),
+                format!("{:.2}", ms(st.p90)),
+            );
+            line(
+                &mut s,
+                &format!("P99 {abbr} (ms):"),
+                format!("{:.2}", ms(st.p99)),
+            );
         }
         head(&mut s, " Goodput per SLO tier ");
-        let _ = writeln!(s, "{:<12}{:>10}{:>10}{:>8}{:>16}", "tier", "TTFT≤(s)", "TPOT≤(ms)", "good", "goodput(req/s)");
+        let _ = writeln!(
+            s,
+            "{:<12}{:>10}{:>10}{:>8}{:>16}",
+            "tier", "TTFT≤(s)", "TPOT≤(ms)", "good", "goodput(req/s)"
+        );
         for t in &self.goodput {
             let _ = writeln!(
                 s,
@@ -339,9 +420,16 @@ impl Report {
             );
         }
         head(&mut s, " Stages (ms) ");
-        let _ = writeln!(s, "{:<20}{:>9}{:>9}{:>10}{:>9}{:>7}", "stage", "queue", "q P99", "service", "s P99", "busy");
+        let _ = writeln!(
+            s,
+            "{:<20}{:>9}{:>9}{:>10}{:>9}{:>7}",
+            "stage", "queue", "q P99", "service", "s P99", "busy"
+        );
         for st in &self.stages {
-            let busy = st.busy_fraction.map(|b| format!("{:.0}%", b * 100.0)).unwrap_or_else(|| "-".into());
+            let busy = st
+                .busy_fraction
+                .map(|b| format!("{:.0}%", b * 100.0))
+                .unwrap_or_else(|| "-".into());
             let _ = writeln!(
                 s,
                 "{:<20}{:>9.1}{:>9.1}{:>10.1}{:>9.1}{:>7}",
@@ -354,7 +442,11 @@ impl Report {
             );
         }
         let e = &self.encode;
-        line(&mut s, "Encode passes / mean micro-batch:", format!("{} / {:.2}", e.passes, e.mean_batch));
+        line(
+            &mut s,
+            "Encode passes / mean micro-batch:",
+            format!("{} / {:.2}", e.passes, e.mean_batch),
+        );
         if let Some(b) = &e.batcher {
             let mut d = b.policy.clone();
             if let Some(a) = b.max_age_s {
@@ -362,7 +454,11 @@ impl Report {
             }
             line(&mut s, "Encode dispatch:", d);
         }
-        line(&mut s, "Remote prefill fraction:", format!("{:.3}", e.remote_fraction));
+        line(
+            &mut s,
+            "Remote prefill fraction:",
+            format!("{:.3}", e.remote_fraction),
+        );
         head(&mut s, " GPUs ");
         for g in &self.gpus {
             let _ = writeln!(
@@ -394,7 +490,10 @@ fn bottleneck(stages: &[StageReport], mean_e2e: f64) -> (String, String) {
         .iter()
         .filter(|s| matches!(s.stage.as_str(), "encode" | "prefill" | "decode") && s.requests > 0)
         .collect();
-    let Some(by_queue) = compute.iter().max_by(|a, b| a.queue.mean.total_cmp(&b.queue.mean)) else {
+    let Some(by_queue) = compute
+        .iter()
+        .max_by(|a, b| a.queue.mean.total_cmp(&b.queue.mean))
+    else {
         return ("none".into(), "no request completed".into());
     };
     let busy = |s: &StageReport| s.busy_fraction.unwrap_or(0.0);
@@ -448,9 +547,25 @@ mod tests {
             ..Default::default()
         };
         // TPOT = (finish - ttft)/(out - 1)
-        let records = vec![rec(0, 1.0, 2.0, 11), rec(1, 3.0, 4.0, 11), rec(2, 1.0, 10.0, 11), rec(3, 0.5, 0.5, 1)];
-        let tier = SloTier { name: "t".into(), ttft_s: 2.0, tpot_s: 0.2 };
-        let r = Report::build(RunMeta::default(), &records, &[tier], vec![], EncodeSummary::default(), vec![]);
+        let records = vec![
+            rec(0, 1.0, 2.0, 11),
+            rec(1, 3.0, 4.0, 11),
+            rec(2, 1.0, 10.0, 11),
+            rec(3, 0.5, 0.5, 1),
+        ];
+        let tier = SloTier {
+            name: "t".into(),
+            ttft_s: 2.0,
+            tpot_s: 0.2,
+        };
+        let r = Report::build(
+            RunMeta::default(),
+            &records,
+            &[tier],
+            vec![],
+            EncodeSummary::default(),
+            vec![],
+        );
         assert_eq!(r.goodput[0].good, 2); // 0 and 3 (tpot 0 for output 1)
         assert!((r.duration_s - 10.0).abs() < 1e-12);
         assert!((r.goodput[0].goodput - 0.2).abs() < 1e-12);

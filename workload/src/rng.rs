@@ -37,9 +37,18 @@ mod tests {
 
     #[test]
     fn streams_are_independent_and_reproducible() {
-        let a: Vec<u32> = (0..4).map(|_| 0).scan(stream(1, "arrivals"), |r, _: u32| Some(r.gen())).collect();
-        let b: Vec<u32> = (0..4).map(|_| 0).scan(stream(1, "arrivals"), |r, _: u32| Some(r.gen())).collect();
-        let c: Vec<u32> = (0..4).map(|_| 0).scan(stream(1, "shapes"), |r, _: u32| Some(r.gen())).collect();
+        let a: Vec<u32> = (0..4)
+            .map(|_| 0)
+            .scan(stream(1, "arrivals"), |r, _: u32| Some(r.gen()))
+            .collect();
+        let b: Vec<u32> = (0..4)
+            .map(|_| 0)
+            .scan(stream(1, "arrivals"), |r, _: u32| Some(r.gen()))
+            .collect();
+        let c: Vec<u32> = (0..4)
+            .map(|_| 0)
+            .scan(stream(1, "shapes"), |r, _: u32| Some(r.gen()))
+            .collect();
         assert_eq!(a, b);
         assert_ne!(a, c);
     }

@@ -338,7 +338,11 @@ impl ScenarioFile {
         serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
             let inner = e.into_inner();
-            let msg = inner.message().to_string();
+            let msg = inner
+                .message()
+                .replace("expected i64", "expected an integer")
+                .replace("expected u64", "expected an integer ≥ 0")
+                .replace("expected f64", "expected a number");
             let at = inner
                 .span()
                 .map(|s| {
@@ -348,7 +352,11 @@ impl ScenarioFile {
                 .unwrap_or_default();
             ScenarioError {
                 file: file.to_string(),
-                field: if field == "." { "<top level>".into() } else { field },
+                field: if field == "." {
+                    "<top level>".into()
+                } else {
+                    field
+                },
                 message: format!("{msg}{at}"),
             }
         })
@@ -392,19 +400,32 @@ impl V<'_> {
 
     fn int(&self, field: &str, v: i64, min: i64, max: i64) -> Result<i64, ScenarioError> {
         if v < min || v > max {
-            Err(self.err(field, format!("{v} is out of range: allowed {min} ..= {max}")))
+            Err(self.err(
+                field,
+                format!("{v} is out of range: allowed {min} ..= {max}"),
+            ))
         } else {
             Ok(v)
         }
     }
 
-    fn real(&self, field: &str, v: f64, lo: f64, hi: f64, open_lo: bool) -> Result<f64, ScenarioError> {
+    fn real(
+        &self,
+        field: &str,
+        v: f64,
+        lo: f64,
+        hi: f64,
+        open_lo: bool,
+    ) -> Result<f64, ScenarioError> {
         let ok = v.is_finite() && (if open_lo { v > lo } else { v >= lo }) && v <= hi;
         if ok {
             Ok(v)
         } else {
             let l = if open_lo { "(" } else { "[" };
-            Err(self.err(field, format!("{v} is out of range: allowed {l}{lo}, {hi}]")))
+            Err(self.err(
+                field,
+                format!("{v} is out of range: allowed {l}{lo}, {hi}]"),
+            ))
         }
     }
 }
@@ -436,25 +457,40 @@ impl Scenario {
     }
 
     /// Validate raw data into a scenario.
-    pub fn validate(raw: ScenarioFile, file: &str, default_name: &str) -> Result<Scenario, ScenarioError> {
+    pub fn validate(
+        raw: ScenarioFile,
+        file: &str,
+        default_name: &str,
+    ) -> Result<Scenario, ScenarioError> {
         let v = V { file };
         let model = ModelArch::preset(&raw.model.preset).ok_or_else(|| {
             v.err(
                 "model.preset",
-                format!("unknown model `{}`; allowed: {}", raw.model.preset, ModelArch::preset_names().join(", ")),
+                format!(
+                    "unknown model `{}`; allowed: {}",
+                    raw.model.preset,
+                    ModelArch::preset_names().join(", ")
+                ),
             )
         })?;
         let mut gpu = GpuSpec::preset(&raw.cluster.gpu).ok_or_else(|| {
             v.err(
                 "cluster.gpu",
-                format!("unknown GPU `{}`; allowed: {}", raw.cluster.gpu, GpuSpec::preset_names().join(", ")),
+                format!(
+                    "unknown GPU `{}`; allowed: {}",
+                    raw.cluster.gpu,
+                    GpuSpec::preset_names().join(", ")
+                ),
             )
         })?;
         if let Some(link) = &raw.cluster.link {
             gpu.link = LinkSpec::preset(link).ok_or_else(|| {
                 v.err(
                     "cluster.link",
-                    format!("unknown link `{link}`; allowed: {}", LinkSpec::preset_names().join(", ")),
+                    format!(
+                        "unknown link `{link}`; allowed: {}",
+                        LinkSpec::preset_names().join(", ")
+                    ),
                 )
             })?;
         }
@@ -475,12 +511,21 @@ impl Scenario {
                 cv: v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?,
             },
             other => {
-                return Err(v.err("workload.arrival", format!("unknown arrival `{other}`; allowed: poisson, gamma")))
+                return Err(v.err(
+                    "workload.arrival",
+                    format!("unknown arrival `{other}`; allowed: poisson, gamma"),
+                ))
             }
         };
         let input_len = v.int("workload.input_len", w.input_len, 0, 10_000_000)? as u32;
         let output_len = v.int("workload.output_len", w.output_len, 1, 10_000_000)? as u32;
-        let range_ratio = v.real("workload.range_ratio", w.range_ratio.unwrap_or(0.0), 0.0, 1.0, false)?;
+        let range_ratio = v.real(
+            "workload.range_ratio",
+            w.range_ratio.unwrap_or(0.0),
+            0.0,
+            1.0,
+            false,
+        )?;
         let modality = match w.modality.as_str() {
             "image" => Modality::Image,
             "video" => Modality::Video,
@@ -506,18 +551,31 @@ impl Scenario {
         unused("image", w.image.is_some())?;
         unused("video", w.video.is_some())?;
         unused("audio", w.audio.is_some())?;
-        let items = |field: &str, n: Option<i64>, r: Option<f64>| -> Result<(u32, f64), ScenarioError> {
-            Ok((
-                v.int(&format!("{field}.items_per_request"), n.unwrap_or(1), 1, 64)? as u32,
-                v.real(&format!("{field}.items_range_ratio"), r.unwrap_or(0.0), 0.0, 1.0, false)?,
-            ))
-        };
+        let items =
+            |field: &str, n: Option<i64>, r: Option<f64>| -> Result<(u32, f64), ScenarioError> {
+                Ok((
+                    v.int(&format!("{field}.items_per_request"), n.unwrap_or(1), 1, 64)? as u32,
+                    v.real(
+                        &format!("{field}.items_range_ratio"),
+                        r.unwrap_or(0.0),
+                        0.0,
+                        1.0,
+                        false,
+                    )?,
+                ))
+            };
         let prob = |field: String, p: f64| v.real(&field, p, 0.0, f64::MAX, false);
-        let missing = |name: &str| v.err(&format!("workload.{name}"), format!("required when workload.modality = \"{name}\""));
+        let missing = |name: &str| {
+            v.err(
+                &format!("workload.{name}"),
+                format!("required when workload.modality = \"{name}\""),
+            )
+        };
         let shapes = match modality {
             Modality::Image => {
                 let s = w.image.as_ref().ok_or_else(|| missing("image"))?;
-                let (items, items_range_ratio) = items("workload.image", s.items_per_request, s.items_range_ratio)?;
+                let (items, items_range_ratio) =
+                    items("workload.image", s.items_per_request, s.items_range_ratio)?;
                 if s.buckets.is_empty() {
                     return Err(v.err("workload.image.buckets", "at least one bucket is required"));
                 }
@@ -530,11 +588,16 @@ impl Scenario {
                         prob(format!("{f}.probability"), b.probability)?,
                     ));
                 }
-                Shapes::Image { items, items_range_ratio, buckets }
+                Shapes::Image {
+                    items,
+                    items_range_ratio,
+                    buckets,
+                }
             }
             Modality::Video => {
                 let s = w.video.as_ref().ok_or_else(|| missing("video"))?;
-                let (items, items_range_ratio) = items("workload.video", s.items_per_request, s.items_range_ratio)?;
+                let (items, items_range_ratio) =
+                    items("workload.video", s.items_per_request, s.items_range_ratio)?;
                 if s.buckets.is_empty() {
                     return Err(v.err("workload.video.buckets", "at least one bucket is required"));
                 }
@@ -548,14 +611,30 @@ impl Scenario {
                         prob(format!("{f}.probability"), b.probability)?,
                     ));
                 }
-                Shapes::Video { items, items_range_ratio, buckets }
+                Shapes::Video {
+                    items,
+                    items_range_ratio,
+                    buckets,
+                }
             }
             Modality::Audio => {
                 let s = w.audio.as_ref().ok_or_else(|| missing("audio"))?;
                 Shapes::Audio {
                     mean_s: v.real("workload.audio.mean_s", s.mean_s, 0.0, 3600.0, true)?,
-                    sigma: v.real("workload.audio.sigma", s.sigma.unwrap_or(0.5), 0.0, 5.0, false)?,
-                    max_s: v.real("workload.audio.max_s", s.max_s.unwrap_or(30.0), 0.0, 3600.0, true)?,
+                    sigma: v.real(
+                        "workload.audio.sigma",
+                        s.sigma.unwrap_or(0.5),
+                        0.0,
+                        5.0,
+                        false,
+                    )?,
+                    max_s: v.real(
+                        "workload.audio.max_s",
+                        s.max_s.unwrap_or(30.0),
+                        0.0,
+                        3600.0,
+                        true,
+                    )?,
                 }
             }
             Modality::Text => Shapes::Text,
@@ -573,8 +652,12 @@ impl Scenario {
         }
         // check the model accepts the modality and every bucket shape
         let token_check = match &shapes {
-            Shapes::Image { buckets, .. } => buckets.iter().try_for_each(|b| model.image_tokens(b.0, b.1).map(|_| ())),
-            Shapes::Video { buckets, .. } => buckets.iter().try_for_each(|b| model.video_tokens(b.0, b.1, b.2).map(|_| ())),
+            Shapes::Image { buckets, .. } => buckets
+                .iter()
+                .try_for_each(|b| model.image_tokens(b.0, b.1).map(|_| ())),
+            Shapes::Video { buckets, .. } => buckets
+                .iter()
+                .try_for_each(|b| model.video_tokens(b.0, b.1, b.2).map(|_| ())),
             Shapes::Audio { mean_s, .. } => model.audio_tokens(*mean_s).map(|_| ()),
             Shapes::Text => Ok(()),
         };
@@ -582,15 +665,26 @@ impl Scenario {
 
         // --- deployment ---
         let d = &raw.deployment;
-        let allocation: Allocation = d
-            .allocation
-            .parse()
-            .map_err(|e: easerve_sched::AllocationError| v.err("deployment.allocation", e.to_string()))?;
+        let allocation: Allocation =
+            d.allocation
+                .parse()
+                .map_err(|e: easerve_sched::AllocationError| {
+                    v.err("deployment.allocation", e.to_string())
+                })?;
         let max_batch = v.int("deployment.batch", d.batch, 1, 4096)? as usize;
         let offload = v.real("deployment.offload", d.offload, 0.0, 1.0, false)?;
-        let q = v.real("deployment.gap_quantile", d.gap_quantile.unwrap_or(0.9), 0.0, 1.0, true)?;
+        let q = v.real(
+            "deployment.gap_quantile",
+            d.gap_quantile.unwrap_or(0.9),
+            0.0,
+            1.0,
+            true,
+        )?;
         if q >= 1.0 {
-            return Err(v.err("deployment.gap_quantile", "1 is out of range: allowed (0, 1)"));
+            return Err(v.err(
+                "deployment.gap_quantile",
+                "1 is out of range: allowed (0, 1)",
+            ));
         }
         let max_age_s = d
             .max_age_s
@@ -628,11 +722,9 @@ impl Scenario {
                 seed: crate::rng::subseed(raw.seed, "router"),
             },
             ("windowed", Some(w)) => RouterPolicy::Windowed {
-                window: w
-                    .parse::<u32>()
-                    .ok()
-                    .filter(|w| *w >= 1)
-                    .ok_or_else(|| v.err("deployment.router", format!("`{w}` is not a window ≥ 1")))?,
+                window: w.parse::<u32>().ok().filter(|w| *w >= 1).ok_or_else(|| {
+                    v.err("deployment.router", format!("`{w}` is not a window ≥ 1"))
+                })?,
             },
             _ => {
                 return Err(v.err(
@@ -649,7 +741,12 @@ impl Scenario {
                 f.parse::<f64>()
                     .ok()
                     .filter(|f| *f > 0.0 && *f < 1.0)
-                    .ok_or_else(|| v.err("deployment.sm_policy", format!("`{f}` is not an SM share in (0, 1)")))?,
+                    .ok_or_else(|| {
+                        v.err(
+                            "deployment.sm_policy",
+                            format!("`{f}` is not an SM share in (0, 1)"),
+                        )
+                    })?,
             ),
             _ => {
                 return Err(v.err(
@@ -658,11 +755,37 @@ impl Scenario {
                 ))
             }
         };
-        let knobs_budget = v.int("deployment.prefill_token_budget", d.prefill_token_budget.unwrap_or(8192), 1, 1 << 30)? as u64;
-        let prefill_max_seqs = v.int("deployment.prefill_max_seqs", d.prefill_max_seqs.unwrap_or(64), 1, 1 << 20)? as usize;
-        let decode_max_batch = v.int("deployment.decode_max_batch", d.decode_max_batch.unwrap_or(256), 1, 1 << 20)? as usize;
-        let kv_block_size = v.int("deployment.kv_block_size", d.kv_block_size.unwrap_or(16), 1, 1 << 16)? as u64;
-        let mem_util = v.real("deployment.gpu_memory_utilization", d.gpu_memory_utilization.unwrap_or(0.9), 0.0, 1.0, true)?;
+        let knobs_budget = v.int(
+            "deployment.prefill_token_budget",
+            d.prefill_token_budget.unwrap_or(8192),
+            1,
+            1 << 30,
+        )? as u64;
+        let prefill_max_seqs = v.int(
+            "deployment.prefill_max_seqs",
+            d.prefill_max_seqs.unwrap_or(64),
+            1,
+            1 << 20,
+        )? as usize;
+        let decode_max_batch = v.int(
+            "deployment.decode_max_batch",
+            d.decode_max_batch.unwrap_or(256),
+            1,
+            1 << 20,
+        )? as usize;
+        let kv_block_size = v.int(
+            "deployment.kv_block_size",
+            d.kv_block_size.unwrap_or(16),
+            1,
+            1 << 16,
+        )? as u64;
+        let mem_util = v.real(
+            "deployment.gpu_memory_utilization",
+            d.gpu_memory_utilization.unwrap_or(0.9),
+            0.0,
+            1.0,
+            true,
+        )?;
 
         // --- feasibility against the cluster and the model ---
         let fa = "deployment.allocation";
@@ -677,10 +800,16 @@ impl Scenario {
         }
         let multimodal = modality != Modality::Text;
         if multimodal && allocation.encode.workers == 0 {
-            return Err(v.err(fa, "a multimodal workload needs at least one encode worker (nE(TPk))"));
+            return Err(v.err(
+                fa,
+                "a multimodal workload needs at least one encode worker (nE(TPk))",
+            ));
         }
         if !multimodal && allocation.encode.workers > 0 {
-            return Err(v.err(fa, "a text workload has no encode stage: leave out the E term"));
+            return Err(v.err(
+                fa,
+                "a text workload has no encode stage: leave out the E term",
+            ));
         }
         if allocation.decode.workers == 0 {
             return Err(v.err(fa, "at least one decode worker (nD(TPk)) is required"));
@@ -692,10 +821,14 @@ impl Scenario {
             ));
         }
         if offload < 1.0 && !multimodal {
-            return Err(v.err("deployment.offload", "must be 1 for a text workload (no encode GPUs to co-locate prefill on)"));
+            return Err(v.err(
+                "deployment.offload",
+                "must be 1 for a text workload (no encode GPUs to co-locate prefill on)",
+            ));
         }
         let roof = Roofline::new(model.clone(), gpu.clone(), Efficiency::default());
-        let max_seq_tokens = max_sequence_tokens(&model, input_len, output_len, range_ratio, &shapes);
+        let max_seq_tokens =
+            max_sequence_tokens(&model, input_len, output_len, range_ratio, &shapes);
         let kv_per_token = model.kv_bytes_per_token();
         let fits = |tp: u32, extra: f64| -> Option<f64> {
             roof.kv_bytes_free_per_gpu(tp, extra, mem_util)
@@ -707,7 +840,9 @@ impl Scenario {
             ("D", allocation.decode, "decode"),
         ] {
             if pool.workers > 0 && fits(pool.tp, 0.0).is_none() {
-                let need = (model.llm_weight_bytes() / pool.tp as f64 + max_seq_tokens as f64 * kv_per_token / pool.tp as f64) / 1e9;
+                let need = (model.llm_weight_bytes() / pool.tp as f64
+                    + max_seq_tokens as f64 * kv_per_token / pool.tp as f64)
+                    / 1e9;
                 return Err(v.err(
                     fa,
                     format!(
@@ -723,7 +858,13 @@ impl Scenario {
             }
         }
         if multimodal && model.encoder_weight_bytes() > mem_util * gpu.memory_bytes() {
-            return Err(v.err(fa, format!("the encoder of {} does not fit on one {}", model.name, gpu.name)));
+            return Err(v.err(
+                fa,
+                format!(
+                    "the encoder of {} does not fit on one {}",
+                    model.name, gpu.name
+                ),
+            ));
         }
         let local_prefill_tp = if offload < 1.0 {
             let e_gpus = allocation.encode.gpus();
@@ -802,7 +943,11 @@ fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shape
     let hi = |len: u32| (len as f64 * (1.0 + r)).ceil() as u64;
     let items_hi = |n: u32, rr: f64| (n as f64 * (1.0 + rr)).ceil() as u64;
     let mm = match shapes {
-        Shapes::Image { items, items_range_ratio, buckets } => {
+        Shapes::Image {
+            items,
+            items_range_ratio,
+            buckets,
+        } => {
             let per = buckets
                 .iter()
                 .filter_map(|b| model.image_tokens(b.0, b.1).ok())
@@ -811,7 +956,11 @@ fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shape
                 .unwrap_or(0);
             per * items_hi(*items, *items_range_ratio)
         }
-        Shapes::Video { items, items_range_ratio, buckets } => {
+        Shapes::Video {
+            items,
+            items_range_ratio,
+            buckets,
+        } => {
             let per = buckets
                 .iter()
                 .filter_map(|b| model.video_tokens(b.0, b.1, b.2).ok())
@@ -820,7 +969,10 @@ fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shape
                 .unwrap_or(0);
             per * items_hi(*items, *items_range_ratio)
         }
-        Shapes::Audio { max_s, .. } => model.audio_tokens(*max_s).map(|t| t.llm_tokens).unwrap_or(0),
+        Shapes::Audio { max_s, .. } => model
+            .audio_tokens(*max_s)
+            .map(|t| t.llm_tokens)
+            .unwrap_or(0),
         Shapes::Text => 0,
     };
     hi(input) + hi(output) + mm

@@ -1,0 +1,125 @@
+//! Bad input is rejected before anything runs: exit code 2 and a message that
+//! names the file, the field and what is allowed; never a panic.
+
+use crate::{easerve, root};
+use std::io::Write;
+
+fn video_with(edit: impl Fn(String) -> String) -> tempfile::NamedTempFile {
+    let base = std::fs::read_to_string(root().join("scenarios/video.toml")).unwrap();
+    let text = edit(base);
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+/// Run `easerve sim FILE ARGS` and check exit 2 and that stderr contains every needle.
+fn rejects(file: &std::path::Path, args: &[&str], needles: &[&str]) {
+    let path = file.to_str().unwrap();
+    let mut all = vec!["sim", path];
+    all.extend_from_slice(args);
+    let out = easerve(&all);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "expected exit 2 for {args:?}; stderr: {err}"
+    );
+    assert!(out.stdout.is_empty(), "printed a report for bad input");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    assert!(err.contains(path), "message does not name the file: {err}");
+    for n in needles {
+        assert!(err.contains(n), "message lacks {n:?}: {err}");
+    }
+}
+
+#[test]
+fn unknown_field() {
+    let f = video_with(|s| s.replace("batch = 8", "batch = 8\nbatch_size = 8"));
+    rejects(f.path(), &[], &["deployment.batch_size", "unknown field"]);
+}
+
+#[test]
+fn wrong_type() {
+    let f = video_with(|s| s.replace("batch = 8", "batch = \"eight\""));
+    rejects(f.path(), &[], &["deployment.batch", "integer"]);
+}
+
+#[test]
+fn zero_batch_bound() {
+    let f = video_with(|s| s.replace("batch = 8", "batch = 0"));
+    rejects(f.path(), &[], &["deployment.batch", "allowed 1"]);
+}
+
+#[test]
+fn offload_outside_unit_interval() {
+    let f = video_with(|s| s.replace("offload = 1.0", "offload = 1.5"));
+    rejects(f.path(), &[], &["deployment.offload", "[0, 1]"]);
+    let f = video_with(|s| s.to_string());
+    rejects(
+        f.path(),
+        &["--offload", "-0.1"],
+        &["deployment.offload", "[0, 1]"],
+    );
+}
+
+#[test]
+fn allocation_needing_more_gpus_than_the_cluster_has() {
+    let f = video_with(|s| s.replace("2E(TP1)+1P(TP2)+1D(TP4)", "4E(TP1)+1P(TP2)+1D(TP4)"));
+    rejects(
+        f.path(),
+        &[],
+        &["deployment.allocation", "needs 10 GPUs", "cluster has 8"],
+    );
+}
+
+#[test]
+fn tp_degree_at_which_the_weights_do_not_fit() {
+    let f = video_with(|s| s.replace("2E(TP1)+1P(TP2)+1D(TP4)", "2E(TP1)+1P(TP1)+1D(TP4)"));
+    rejects(
+        f.path(),
+        &[],
+        &["deployment.allocation", "prefill at TP1", "larger TP"],
+    );
+}
+
+#[test]
+fn malformed_allocation() {
+    let f = video_with(|s| s.replace("2E(TP1)+1P(TP2)+1D(TP4)", "2E(TP1)+1P(2)+1D(TP4)"));
+    rejects(
+        f.path(),
+        &[],
+        &["deployment.allocation", "expected terms like"],
+    );
+}
+
+#[test]
+fn unknown_preset_lists_the_allowed_ones() {
+    let f = video_with(|s| s.replace("qwen2.5-vl-32b", "qwen9"));
+    rejects(f.path(), &[], &["model.preset", "llava-v1.6-34b"]);
+    let f = video_with(|s| s.replace("rtx-6000-ada", "gtx-480"));
+    rejects(f.path(), &[], &["cluster.gpu", "h100-sxm"]);
+}
+
+#[test]
+fn toml_syntax_error_names_the_line() {
+    let f = video_with(|s| s.replace("rate = 2.0", "rate = = 2.0"));
+    rejects(f.path(), &[], &["line"]);
+}
+
+#[test]
+fn bad_command_line_values() {
+    let f = video_with(|s| s.to_string());
+    rejects(f.path(), &["--rate", "-1"], &["workload.rate"]);
+    rejects(f.path(), &["--batch", "0"], &["deployment.batch"]);
+    let out = easerve(&["sim", f.path().to_str().unwrap(), "--rate", "fast"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn missing_file() {
+    rejects(
+        std::path::Path::new("no/such/scenario.toml"),
+        &[],
+        &["cannot read"],
+    );
+}
