@@ -133,20 +133,9 @@ pub struct EncodeSummary {
 /// Everything a run measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
-    /// Scenario name.
-    pub scenario: String,
-    /// Deployment, e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=1 …`.
-    pub deployment: String,
-    /// Model preset.
-    pub model: String,
-    /// GPU preset × count.
-    pub cluster: String,
-    /// Master seed.
-    pub seed: u64,
-    /// Offered rate, requests/s.
-    pub offered_rate: f64,
-    /// Requests offered.
-    pub requests: usize,
+    /// What ran: scenario, deployment, cluster, seed, offered load.
+    #[serde(flatten)]
+    pub meta: RunMeta,
     /// Requests completed.
     pub completed: usize,
     /// First arrival → last completion, seconds.
@@ -180,19 +169,19 @@ pub struct Report {
 }
 
 /// Identification of a run, for the report header.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunMeta {
     /// Scenario name.
     pub scenario: String,
-    /// Deployment text.
+    /// Deployment, e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=1 …`.
     pub deployment: String,
     /// Model preset.
     pub model: String,
-    /// Cluster text.
+    /// GPU count × preset and link.
     pub cluster: String,
     /// Seed.
     pub seed: u64,
-    /// Offered rate.
+    /// Offered rate, requests/s.
     pub offered_rate: f64,
     /// Requests offered.
     pub requests: usize,
@@ -300,13 +289,7 @@ impl Report {
         let e2e = Stats::of(e2es);
         let (bottleneck, bottleneck_reason) = bottleneck(&stages, e2e.mean);
         Report {
-            scenario: meta.scenario,
-            deployment: meta.deployment,
-            model: meta.model,
-            cluster: meta.cluster,
-            seed: meta.seed,
-            offered_rate: meta.offered_rate,
-            requests: meta.requests,
+            meta,
             completed: done.len(),
             duration_s: duration,
             request_throughput: per_s(done.len() as f64),
@@ -336,20 +319,20 @@ impl Report {
             let _ = writeln!(s, "{:-^56}", title);
         };
         let _ = writeln!(s, "{:=^56}", " Serving Benchmark Result (simulated) ");
-        line(&mut s, "Scenario:", self.scenario.clone());
-        line(&mut s, "Model:", self.model.clone());
-        line(&mut s, "Cluster:", self.cluster.clone());
-        line(&mut s, "Deployment:", self.deployment.clone());
-        line(&mut s, "Seed:", self.seed.to_string());
+        line(&mut s, "Scenario:", self.meta.scenario.clone());
+        line(&mut s, "Model:", self.meta.model.clone());
+        line(&mut s, "Cluster:", self.meta.cluster.clone());
+        line(&mut s, "Deployment:", self.meta.deployment.clone());
+        line(&mut s, "Seed:", self.meta.seed.to_string());
         line(
             &mut s,
             "Offered rate (req/s):",
-            format!("{:.2}", self.offered_rate),
+            format!("{:.2}", self.meta.offered_rate),
         );
         line(
             &mut s,
             "Successful requests:",
-            format!("{} / {}", self.completed, self.requests),
+            format!("{} / {}", self.completed, self.meta.requests),
         );
         line(
             &mut s,

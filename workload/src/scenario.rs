@@ -121,23 +121,24 @@ pub struct WorkloadSection {
     /// Lengths uniform in `[len·(1−r), len·(1+r)]` (vllm `--random-range-ratio`, default 0).
     pub range_ratio: Option<f64>,
     /// Image shapes.
-    pub image: Option<ImageSection>,
+    pub image: Option<ItemsSection<ImageBucket>>,
     /// Video shapes.
-    pub video: Option<VideoSection>,
+    pub video: Option<ItemsSection<VideoBucket>>,
     /// Audio durations.
     pub audio: Option<AudioSection>,
 }
 
-/// `[workload.image]`
+/// `[workload.image]` and `[workload.video]`: items per request and a bucket
+/// table of shapes with probabilities (like vllm `--random-mm-bucket-config`).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct ImageSection {
+pub struct ItemsSection<B> {
     /// Mean items per request (default 1).
     pub items_per_request: Option<i64>,
     /// Items uniform in `[n·(1−r), n·(1+r)]`, at least 1 (default 0).
     pub items_range_ratio: Option<f64>,
-    /// Size buckets with probabilities (like vllm `--random-mm-bucket-config`).
-    pub buckets: Vec<ImageBucket>,
+    /// Shape buckets with probabilities.
+    pub buckets: Vec<B>,
 }
 
 /// One image size bucket.
@@ -150,18 +151,6 @@ pub struct ImageBucket {
     pub width: i64,
     /// Relative weight (normalised over the table).
     pub probability: f64,
-}
-
-/// `[workload.video]`
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct VideoSection {
-    /// Mean items per request (default 1).
-    pub items_per_request: Option<i64>,
-    /// Items uniform in `[n·(1−r), n·(1+r)]`, at least 1 (default 0).
-    pub items_range_ratio: Option<f64>,
-    /// Shape buckets with probabilities.
-    pub buckets: Vec<VideoBucket>,
 }
 
 /// One video shape bucket.
@@ -398,6 +387,22 @@ impl V<'_> {
         }
     }
 
+    /// Validate a non-empty table field by field; `each` gets `field[i]` and the row.
+    fn table<B, T>(
+        &self,
+        field: &str,
+        rows: &[B],
+        mut each: impl FnMut(&str, &B) -> Result<T, ScenarioError>,
+    ) -> Result<Vec<T>, ScenarioError> {
+        if rows.is_empty() {
+            return Err(self.err(field, "at least one bucket is required"));
+        }
+        rows.iter()
+            .enumerate()
+            .map(|(i, row)| each(&format!("{field}[{i}]"), row))
+            .collect()
+    }
+
     fn int(&self, field: &str, v: i64, min: i64, max: i64) -> Result<i64, ScenarioError> {
         if v < min || v > max {
             Err(self.err(
@@ -576,18 +581,13 @@ impl Scenario {
                 let s = w.image.as_ref().ok_or_else(|| missing("image"))?;
                 let (items, items_range_ratio) =
                     items("workload.image", s.items_per_request, s.items_range_ratio)?;
-                if s.buckets.is_empty() {
-                    return Err(v.err("workload.image.buckets", "at least one bucket is required"));
-                }
-                let mut buckets = Vec::new();
-                for (i, b) in s.buckets.iter().enumerate() {
-                    let f = format!("workload.image.buckets[{i}]");
-                    buckets.push((
+                let buckets = v.table("workload.image.buckets", &s.buckets, |f, b| {
+                    Ok((
                         v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32,
                         v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32,
                         prob(format!("{f}.probability"), b.probability)?,
-                    ));
-                }
+                    ))
+                })?;
                 Shapes::Image {
                     items,
                     items_range_ratio,
@@ -598,19 +598,14 @@ impl Scenario {
                 let s = w.video.as_ref().ok_or_else(|| missing("video"))?;
                 let (items, items_range_ratio) =
                     items("workload.video", s.items_per_request, s.items_range_ratio)?;
-                if s.buckets.is_empty() {
-                    return Err(v.err("workload.video.buckets", "at least one bucket is required"));
-                }
-                let mut buckets = Vec::new();
-                for (i, b) in s.buckets.iter().enumerate() {
-                    let f = format!("workload.video.buckets[{i}]");
-                    buckets.push((
+                let buckets = v.table("workload.video.buckets", &s.buckets, |f, b| {
+                    Ok((
                         v.int(&format!("{f}.frames"), b.frames, 1, 4096)? as u32,
                         v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32,
                         v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32,
                         prob(format!("{f}.probability"), b.probability)?,
-                    ));
-                }
+                    ))
+                })?;
                 Shapes::Video {
                     items,
                     items_range_ratio,
