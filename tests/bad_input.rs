@@ -107,10 +107,18 @@ fn toml_syntax_error_names_the_line() {
 }
 
 #[test]
-fn bad_command_line_values() {
+fn bad_command_line_values_are_blamed_on_the_flag() {
     let f = video_with(|s| s.to_string());
-    rejects(f.path(), &["--rate", "-1"], &["workload.rate"]);
-    rejects(f.path(), &["--batch", "0"], &["deployment.batch"]);
+    rejects(
+        f.path(),
+        &["--rate", "-1"],
+        &["--rate", "workload.rate", "command line"],
+    );
+    rejects(
+        f.path(),
+        &["--batch", "0"],
+        &["--batch", "deployment.batch", "command line"],
+    );
     let out = easerve(&["sim", f.path().to_str().unwrap(), "--rate", "fast"]);
     assert_eq!(out.status.code(), Some(2));
 }

@@ -138,13 +138,13 @@ pub struct Report {
     pub meta: RunMeta,
     /// Requests completed.
     pub completed: usize,
-    /// First arrival → last completion, seconds.
+    /// Start of the run (t = 0) → last completion, seconds.
     pub duration_s: f64,
     /// Completed / duration, requests/s.
     pub request_throughput: f64,
     /// Output tokens / duration, tokens/s.
     pub output_throughput: f64,
-    /// (Prompt + output tokens) / duration, tokens/s.
+    /// (Prompt incl. multimodal embeddings + output tokens) / duration, tokens/s.
     pub total_token_throughput: f64,
     /// Time to first token.
     pub ttft: Stats,
@@ -351,7 +351,7 @@ impl Report {
         );
         line(
             &mut s,
-            "Total token throughput (tok/s):",
+            "Total token throughput (tok/s, incl. mm):",
             format!("{:.2}", self.total_token_throughput),
         );
         for (title, abbr, st) in [

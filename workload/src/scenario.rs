@@ -63,7 +63,7 @@ pub struct ClusterSection {
     /// A GPU preset name of `easerve-calib`.
     pub gpu: String,
     /// GPUs in the cluster.
-    pub gpus: u32,
+    pub gpus: i64,
     /// Link preset (default: the GPU's own).
     pub link: Option<String>,
 }
@@ -320,6 +320,31 @@ pub struct Overrides {
     pub offload: Option<f64>,
 }
 
+impl Overrides {
+    /// The command-line flag that set `field`, if one did.
+    pub fn flag_for(&self, field: &str) -> Option<&'static str> {
+        let set = |given: bool, flag| given.then_some(flag);
+        match field {
+            "seed" => set(self.seed.is_some(), "--seed"),
+            "workload.rate" => set(self.rate.is_some(), "--rate"),
+            "workload.requests" => set(self.requests.is_some(), "--requests"),
+            "deployment.allocation" => set(self.allocation.is_some(), "--allocation"),
+            "deployment.batch" => set(self.batch.is_some(), "--batch"),
+            "deployment.offload" => set(self.offload.is_some(), "--offload"),
+            _ => None,
+        }
+    }
+
+    /// Blame an error on the command line when the field came from a flag.
+    pub fn attribute(&self, mut e: ScenarioError) -> ScenarioError {
+        if let Some(flag) = self.flag_for(&e.field) {
+            e.file = format!("{} (with {flag} from the command line)", e.file);
+            e.field = format!("{flag} / {}", e.field);
+        }
+        e
+    }
+}
+
 impl ScenarioFile {
     /// Parse TOML text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<ScenarioFile, ScenarioError> {
@@ -331,6 +356,7 @@ impl ScenarioFile {
                 .message()
                 .replace("expected i64", "expected an integer")
                 .replace("expected u64", "expected an integer ≥ 0")
+                .replace("expected u32", "expected an integer ≥ 0")
                 .replace("expected f64", "expected a number");
             let at = inner
                 .span()
@@ -449,8 +475,8 @@ impl Scenario {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
             file: file.clone(),
-            field: "<file>".into(),
-            message: format!("cannot read: {e}"),
+            field: "(file)".into(),
+            message: format!("cannot read the scenario file: {e}"),
         })?;
         let mut raw = ScenarioFile::parse(&text, &file)?;
         raw.apply(overrides);
@@ -458,7 +484,7 @@ impl Scenario {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "scenario".into());
-        Scenario::validate(raw, &file, &default_name)
+        Scenario::validate(raw, &file, &default_name).map_err(|e| overrides.attribute(e))
     }
 
     /// Validate raw data into a scenario.
@@ -499,7 +525,7 @@ impl Scenario {
                 )
             })?;
         }
-        let gpus = v.int("cluster.gpus", raw.cluster.gpus as i64, 1, 4096)? as u32;
+        let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
 
         // --- workload ---
         let w = &raw.workload;
