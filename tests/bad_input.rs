@@ -131,3 +131,48 @@ fn missing_file() {
         &["cannot read"],
     );
 }
+
+#[test]
+fn encode_workers_at_tp_above_one() {
+    let f = video_with(|s| s.replace("2E(TP1)+1P(TP2)+1D(TP4)", "1E(TP2)+1P(TP2)+1D(TP4)"));
+    rejects(
+        f.path(),
+        &["--offload", "0.5"],
+        &["deployment.allocation", "use 2E(TP1)"],
+    );
+}
+
+#[test]
+fn local_prefill_needs_whole_groups_of_encode_gpus() {
+    // the 32B LLM needs TP2 next to its encoder: 3 encode workers cannot all be paired
+    let f = video_with(|s| s.replace("2E(TP1)+1P(TP2)+1D(TP4)", "3E(TP1)+1P(TP1)+1D(TP4)"));
+    rejects(
+        f.path(),
+        &[
+            "--offload",
+            "0.5",
+            "--allocation",
+            "3E(TP1)+1P(TP2)+1D(TP2)",
+        ],
+        &["deployment.offload", "multiple of 2"],
+    );
+}
+
+#[test]
+fn allocation_counts_that_would_overflow() {
+    let f = video_with(|s| s.to_string());
+    rejects(
+        f.path(),
+        &["--allocation", "2147483648E(TP2)+1P(TP2)+1D(TP4)"],
+        &["--allocation", "1 ..= 4096"],
+    );
+}
+
+#[test]
+fn audio_cap_below_the_shortest_clip() {
+    let base = std::fs::read_to_string(root().join("scenarios/audio.toml")).unwrap();
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(base.replace("max_s = 30.0", "max_s = 0.05").as_bytes())
+        .unwrap();
+    rejects(f.path(), &[], &["workload.audio.max_s", "[0.1, 3600]"]);
+}

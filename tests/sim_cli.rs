@@ -138,3 +138,30 @@ fn offload_ratio_is_realised_and_lowering_it_relieves_remote_prefill() {
         stage_queue(&all_remote, "prefill")
     );
 }
+
+/// Golden file: the JSON report of a small run must not change by accident.
+/// After an intended change of the model, rerun with `UPDATE_GOLDEN=1
+/// cargo test --test integration golden` and review the diff.
+#[test]
+fn golden_report_of_a_small_video_run() {
+    let out = easerve(&[
+        "sim",
+        "scenarios/video.toml",
+        "--json",
+        "--requests",
+        "40",
+        "--seed",
+        "3",
+    ]);
+    assert!(out.status.success());
+    let path = root().join("tests/golden/video-40.json");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &out.stdout).unwrap();
+    }
+    let golden = std::fs::read(&path).expect("golden file (create with UPDATE_GOLDEN=1)");
+    assert!(
+        golden == out.stdout,
+        "report differs from {}; if the change is intended, rerun with UPDATE_GOLDEN=1",
+        path.display()
+    );
+}

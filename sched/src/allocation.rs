@@ -4,6 +4,10 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
+/// Largest worker count or TP degree one term may give (so GPU totals cannot
+/// overflow).
+pub const MAX_TERM: u32 = 4096;
+
 /// Workers of one stage, each spanning `tp` GPUs (tensor parallelism).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct StagePool {
@@ -45,7 +49,7 @@ pub struct Allocation {
 
 /// Why an allocation string did not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid allocation `{text}`: {reason}; expected terms like `2E(TP1)+1P(TP2)+1D(TP4)` (count ≥ 1, stage E, P or D in that order, TP degree ≥ 1)")]
+#[error("invalid allocation `{text}`: {reason}; expected terms like `2E(TP1)+1P(TP2)+1D(TP4)` (count and TP degree in 1 ..= 4096, stage E, P or D in that order)")]
 pub struct AllocationError {
     /// The text that failed to parse.
     pub text: String,
@@ -98,8 +102,8 @@ fn parse_uint(s: &str, what: &str, text: &str) -> Result<u32, AllocationError> {
     let v: u32 = s
         .parse()
         .map_err(|_| err(format!("{what} `{s}` is too large")))?;
-    if v == 0 {
-        return Err(err(format!("{what} must be at least 1")));
+    if v == 0 || v > MAX_TERM {
+        return Err(err(format!("{what} must be in 1 ..= {MAX_TERM}")));
     }
     Ok(v)
 }
@@ -191,6 +195,8 @@ mod tests {
             "2E(tp1)",
             "2E TP1",
             "2E(TP1)+1P(TP2)+1D(TP4))",
+            "2147483648E(TP2)+1D(TP4)",
+            "5000E(TP1)+1D(TP1)",
             "-1E(TP1)",
         ] {
             let e = s.parse::<Allocation>().expect_err(s);

@@ -40,7 +40,7 @@ mod request;
 mod router;
 mod smsplit;
 
-pub use allocation::{Allocation, AllocationError, StagePool};
+pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
 pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};

@@ -112,6 +112,8 @@ pub struct RequestRecord {
     pub encode_start: Option<f64>,
     /// End of its encode pass.
     pub encode_end: Option<f64>,
+    /// Its embeddings started moving to the prefill worker (after waiting for the link).
+    pub embedding_sent: Option<f64>,
     /// Whether its prefill ran on a local prefill worker co-located on the encode GPU.
     pub prefill_local: bool,
     /// Embeddings available at the prefill worker (after transfer).
@@ -120,6 +122,8 @@ pub struct RequestRecord {
     pub prefill_start: Option<f64>,
     /// First token emitted (end of prefill).
     pub first_token: Option<f64>,
+    /// Its KV cache started moving to the decode worker (after waiting for the link).
+    pub kv_sent: Option<f64>,
     /// KV cache available at the decode worker (after transfer).
     pub decode_ready: Option<f64>,
     /// Admitted into the running decode batch.

@@ -20,6 +20,7 @@ const MIN_PROGRESS_SHARE: f64 = 1e-3;
 enum Event {
     Arrival(usize),
     BatcherWake { worker: usize, gen: u64 },
+    EncodeGpuPhase { worker: usize },
     EncodeDone { worker: usize },
     EmbeddingsLand { prefill: usize, ids: Vec<RequestId> },
     PrefillDone { prefill: usize, gen: u64 },
@@ -29,7 +30,11 @@ enum Event {
 
 struct Pass {
     ids: Vec<RequestId>,
-    t_gpu: f64,
+    items: Vec<ItemTokens>,
+    /// Whether the pass has reached its GPU phase (it holds SMs only then).
+    gpu_phase: bool,
+    /// GPU seconds of work at `share`, before any slowdown.
+    t_gpu_work: f64,
     share: f64,
 }
 
@@ -228,11 +233,7 @@ impl<'a> Sim<'a> {
                     link_free_at: 0.0,
                 });
             }
-            // encode workers left over (nE not a multiple of tp) route to the
-            // nearest group's local worker
-            for w in encode.iter_mut().skip(groups * tp as usize) {
-                w.local = Some(remote_count + groups.saturating_sub(1));
-            }
+            // validation makes nE a multiple of the local TP: no worker is left over
         }
         let kv_per_token = sc.model.kv_bytes_per_token();
         let decode: Vec<DecodeWorker> = (0..alloc.decode.workers)
@@ -295,6 +296,7 @@ impl<'a> Sim<'a> {
                         self.try_dispatch(worker);
                     }
                 }
+                Event::EncodeGpuPhase { worker } => self.on_encode_gpu_phase(worker),
                 Event::EncodeDone { worker } => self.on_encode_done(worker),
                 Event::EmbeddingsLand { prefill, ids } => self.on_embeddings(prefill, ids),
                 Event::PrefillDone { prefill, gen } => {
@@ -354,36 +356,16 @@ impl<'a> Sim<'a> {
             .is_some_and(|p| self.prefill[p].job.is_some())
     }
 
+    /// Start an encode pass: first its CPU phase (the fixed per-pass overhead
+    /// and preprocessing, `t_pass + Σ t_pre`), during which the GPU is free for
+    /// local prefill; then its GPU phase ([`Event::EncodeGpuPhase`]).
     fn start_pass(&mut self, w: usize, ids: Vec<RequestId>) {
         let now = self.now;
         let items: Vec<ItemTokens> = ids
             .iter()
             .flat_map(|&id| self.tokens[id as usize].iter().copied())
             .collect();
-        let colocated = self.encode[w].local.is_some();
-        let shared = self.local_busy(w);
-        let (share, slow) = match self.split.encode_share(ids.len()) {
-            _ if !colocated => (1.0, 1.0),
-            Some(f) => (
-                f,
-                if shared {
-                    1.0 + self.eff.bandwidth_interference
-                } else {
-                    1.0
-                },
-            ),
-            // time-slicing: half the GPU's time, less the switching penalty
-            None => (
-                1.0,
-                if shared {
-                    2.0 * (1.0 + self.eff.time_slice_penalty)
-                } else {
-                    1.0
-                },
-            ),
-        };
-        let mut t = self.cost.encode(&items, share);
-        t.t_gpu *= slow;
+        let t = self.cost.encode(&items, 1.0);
         for &id in &ids {
             let r = &mut self.records[id as usize];
             r.encode_start = Some(now);
@@ -391,15 +373,48 @@ impl<'a> Sim<'a> {
         }
         self.passes += 1;
         self.passed_requests += ids.len();
-        let gpu = self.encode[w].gpu;
-        self.meters[gpu as usize].begin(now);
         self.encode[w].pass = Some(Pass {
             ids,
-            t_gpu: t.t_gpu,
-            share,
+            items,
+            gpu_phase: false,
+            t_gpu_work: 0.0,
+            share: 1.0,
         });
         self.events.push(
-            now + t.total(),
+            now + t.t_pass + t.t_pre,
+            Priority::Completion,
+            Event::EncodeGpuPhase { worker: w },
+        );
+    }
+
+    /// The GPU phase of a pass starts: take the SM share the split gives this
+    /// batch (the full GPU without a co-located prefill worker), slowed by
+    /// bandwidth interference or time-slicing when local prefill is running.
+    fn on_encode_gpu_phase(&mut self, w: usize) {
+        let now = self.now;
+        let colocated = self.encode[w].local.is_some();
+        let shared = self.local_busy(w);
+        let Some(pass) = self.encode[w].pass.as_ref() else {
+            return;
+        };
+        let (share, slow) = match self.split.encode_share(pass.ids.len()) {
+            _ if !colocated => (1.0, 1.0),
+            Some(f) if shared => (f, 1.0 + self.eff.bandwidth_interference),
+            Some(f) => (f, 1.0),
+            // time-slicing: half the GPU's time, less the switching penalty
+            None if shared => (1.0, 2.0 * (1.0 + self.eff.time_slice_penalty)),
+            None => (1.0, 1.0),
+        };
+        let t_gpu = self.cost.encode(&pass.items, share).t_gpu;
+        let gpu = self.encode[w].gpu as usize;
+        self.meters[gpu].begin(now);
+        if let Some(pass) = self.encode[w].pass.as_mut() {
+            pass.gpu_phase = true;
+            pass.share = share;
+            pass.t_gpu_work = t_gpu;
+        }
+        self.events.push(
+            now + t_gpu * slow,
             Priority::Completion,
             Event::EncodeDone { worker: w },
         );
@@ -413,7 +428,8 @@ impl<'a> Sim<'a> {
         };
         let gpu = self.encode[w].gpu as usize;
         self.meters[gpu].end(now);
-        self.meters[gpu].add_sm_time(pass.t_gpu * pass.share);
+        // SM-time is the work done (unslowed GPU time at its share)
+        self.meters[gpu].add_sm_time(pass.t_gpu_work * pass.share);
         self.rerate_local(w);
         // route, then one transfer per destination
         let mut groups: Vec<(usize, Vec<RequestId>)> = Vec::new();
@@ -448,8 +464,8 @@ impl<'a> Sim<'a> {
         }
         let emb_per_token = self.sc.model.embedding_bytes_per_token();
         for (dest, ids) in groups {
-            let land = if self.prefill[dest].local {
-                now // embeddings stay in the encode GPU's memory
+            let (sent, land) = if self.prefill[dest].local {
+                (now, now) // embeddings stay in the encode GPU's memory
             } else {
                 let bytes: f64 = ids
                     .iter()
@@ -459,8 +475,11 @@ impl<'a> Sim<'a> {
                 let start = self.encode[w].link_free_at.max(now);
                 let end = start + self.sc.gpu.link.transfer_time(bytes);
                 self.encode[w].link_free_at = end;
-                end
+                (start, end)
             };
+            for &id in &ids {
+                self.records[id as usize].embedding_sent = Some(sent);
+            }
             self.events.push(
                 land,
                 Priority::Transfer,
@@ -478,7 +497,11 @@ impl<'a> Sim<'a> {
             .encode_workers
             .iter()
             .map(|&w| {
-                let batch = self.encode[w].pass.as_ref().map(|x| x.ids.len());
+                let batch = self.encode[w]
+                    .pass
+                    .as_ref()
+                    .filter(|x| x.gpu_phase)
+                    .map(|x| x.ids.len());
                 match self.split.prefill_share(batch) {
                     Some(f) => f,
                     None if batch.is_some() => 0.5 / (1.0 + self.eff.time_slice_penalty),
@@ -628,6 +651,7 @@ impl<'a> Sim<'a> {
                     .link
                     .transfer_time(it.tokens as f64 * kv_per_token);
             self.prefill[p].link_free_at = end;
+            self.records[i].kv_sent = Some(start);
             self.events.push(
                 end,
                 Priority::Transfer,
@@ -740,6 +764,12 @@ impl<'a> Sim<'a> {
             "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (~1 req/s, §2.2), an input rather than a prediction",
             sc.model.name, sc.gpu.name, self.eff.encode_pass_s
         )];
+        let unfinished = self.records.iter().filter(|r| r.finish.is_none()).count();
+        if unfinished > 0 {
+            notes.push(format!(
+                "{unfinished} requests did not complete: their KV cache can never fit one decode worker"
+            ));
+        }
         if let SmSplit::Dynamic(t) = &self.split {
             let levels: Vec<String> = t
                 .levels

@@ -11,7 +11,8 @@ pub(crate) enum Priority {
     Completion = 0,
     /// Data (embeddings, KV cache) lands: it can join the batch about to start.
     Transfer = 1,
-    /// A request arrives: it can join a batch the batcher is about to dispatch.
+    /// A request arrives, after same-instant completions and transfers (a pass
+    /// that ends now has already re-polled its batcher without it).
     Arrival = 2,
     /// A batcher timer fires last, so same-instant arrivals are already queued.
     Timer = 3,

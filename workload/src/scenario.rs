@@ -652,9 +652,9 @@ impl Scenario {
                     max_s: v.real(
                         "workload.audio.max_s",
                         s.max_s.unwrap_or(30.0),
-                        0.0,
+                        0.1,
                         3600.0,
-                        true,
+                        false,
                     )?,
                 }
             }
@@ -820,6 +820,17 @@ impl Scenario {
             ));
         }
         let multimodal = modality != Modality::Text;
+        if allocation.encode.workers > 0 && allocation.encode.tp != 1 {
+            return Err(v.err(
+                fa,
+                format!(
+                    "encode workers run at TP1 (each encoder fits on one GPU; more encode GPUs means more workers): use {}E(TP1) instead of {}E(TP{})",
+                    allocation.encode.gpus(),
+                    allocation.encode.workers,
+                    allocation.encode.tp
+                ),
+            ));
+        }
         if multimodal && allocation.encode.workers == 0 {
             return Err(v.err(
                 fa,
@@ -854,7 +865,10 @@ impl Scenario {
         let fits = |tp: u32, extra: f64| -> Option<f64> {
             roof.kv_bytes_free_per_gpu(tp, extra, mem_util)
                 .map(|free| free * tp as f64)
-                .filter(|total| *total >= max_seq_tokens as f64 * kv_per_token)
+                // whole blocks: the engine rounds capacity down and need up
+                .filter(|total| {
+                    *total >= (max_seq_tokens + 2 * kv_block_size) as f64 * kv_per_token
+                })
         };
         for (field, pool, stage) in [
             ("P", allocation.prefill, "prefill"),
@@ -902,6 +916,15 @@ impl Scenario {
                         ),
                     )
                 })?;
+            if !allocation.encode.workers.is_multiple_of(tp) {
+                return Err(v.err(
+                    "deployment.offload",
+                    format!(
+                        "s = {offload} < 1 co-locates local prefill workers spanning {tp} encode GPUs each (the LLM needs TP{tp} next to the encoder), so the encode worker count must be a multiple of {tp}; `{allocation}` has {}",
+                        allocation.encode.workers
+                    ),
+                ));
+            }
             Some(tp)
         } else {
             None
