@@ -17,9 +17,12 @@ pub struct Efficiency {
     /// (a layer is ~10 kernels of a few µs launch each, without CUDA graphs).
     pub layer_overhead_s: f64,
     /// Seconds fixed per encode forward pass (framework + launch + scheduling + transfer
-    /// setup). Default 0.6 s: calibrated so that a pass-through (B=1) encoder saturates
-    /// near 1 req/s as the EAServe paper reports for its RTX 6000 Ada testbed (§2.2,
-    /// §4.2, Fig. 11): an input, not a validated prediction.
+    /// setup). Default 1.5 s: calibrated from the EAServe paper's pass-through
+    /// saturation point on its RTX 6000 Ada testbed — a pass-through (B = 1) encode
+    /// stage saturates near 1 req/s while its GPU stays under 10 % busy (§2.2, §4.2,
+    /// Fig. 11); with two encode workers (the most an 8-GPU `E+1P(TP2)+1D(TP4)`
+    /// allocation has) that is ≈ 2 s per request, of which ~0.05–0.1 s is
+    /// preprocessing and GPU time here. An input, not a validated prediction.
     pub encode_pass_s: f64,
     /// CPU preprocessing seconds per item (image decode/resize, audio load). Default
     /// 0.02 s: assumption.
@@ -56,7 +59,7 @@ impl Default for Efficiency {
             gemm_eff: 0.65,
             mem_eff: 0.8,
             layer_overhead_s: 30e-6,
-            encode_pass_s: 0.6,
+            encode_pass_s: 1.5,
             preprocess_item_s: 0.02,
             preprocess_per_token_s: 2e-6,
             prefill_batch_s: 0.01,

@@ -216,12 +216,13 @@ mod tests {
         let r = roof("llava-v1.6-34b", "rtx-6000-ada");
         let item = r.model.image_tokens(672, 672).unwrap();
         let t = r.encode(&[item], 1.0);
-        assert_eq!(t.t_pass, 0.6);
+        assert_eq!(t.t_pass, r.eff.encode_pass_s);
         assert!((t.t_pre - (0.02 + 2885.0 * 2e-6)).abs() < 1e-12);
         assert!(t.t_gpu > 0.0 && t.t_gpu < 0.1, "{}", t.t_gpu);
         assert!((t.total() - (t.t_pass + t.t_pre + t.t_gpu)).abs() < 1e-15);
-        // pass-through saturates near 1 req/s (encode_pass_s was chosen for that)
-        assert!(t.total() > 0.6 && t.total() < 0.8);
+        // a 2-worker pass-through stage saturates near 1 req/s (encode_pass_s was
+        // chosen for that): 1.3-2 s per single-image pass
+        assert!(t.total() > 1.3 && t.total() < 2.0, "{}", t.total());
     }
 
     #[test]

@@ -761,7 +761,7 @@ impl<'a> Sim<'a> {
             },
         };
         let mut notes = vec![format!(
-            "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (~1 req/s, §2.2), an input rather than a prediction",
+            "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction",
             sc.model.name, sc.gpu.name, self.eff.encode_pass_s
         )];
         let unfinished = self.records.iter().filter(|r| r.finish.is_none()).count();
