@@ -4,8 +4,9 @@
 //! scenario or argument that cannot be used — the message names the file, the
 //! field and what is allowed).
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
-use easerve_workload::scenario::{Overrides, Scenario};
+use easerve_workload::scenario::{Overrides, Scenario, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -49,6 +50,13 @@ struct SimArgs {
     /// Offload ratio s in [0, 1] (overrides `deployment.offload`).
     #[arg(long = "offload", short = 's')]
     offload: Option<f64>,
+    /// Serving system: `easerve` (the scenario's deployment) or `passthrough`
+    /// (the same allocation with encode one request per pass and s = 1).
+    #[arg(long, default_value = "easerve")]
+    system: System,
+    /// Also write one CSV row per request with every lifecycle timestamp (seconds).
+    #[arg(long, value_name = "FILE")]
+    requests_csv: Option<PathBuf>,
     /// Print the report as JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -75,10 +83,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 allocation: a.allocation,
                 batch: a.batch,
                 offload: a.offload,
+                system: Some(a.system),
             };
             let sc =
                 Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
             let out = easerve_sim::simulate(&sc);
+            if let Some(path) = &a.requests_csv {
+                let mut w = csv::Writer::from_path(path)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                for r in &out.records {
+                    w.serialize(r)?;
+                }
+                w.flush()?;
+            }
             if a.json {
                 println!("{}", serde_json::to_string_pretty(&out.report)?);
             } else {

@@ -165,3 +165,51 @@ fn golden_report_of_a_small_video_run() {
         path.display()
     );
 }
+
+/// Mean encode wait (encode start − arrival) of the first and last `n` requests
+/// of a run, read back from `--requests-csv`.
+fn encode_wait_first_last(args: &[&str], n: usize) -> (f64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("requests.csv");
+    let mut all = vec![
+        "sim",
+        "scenarios/image.toml",
+        "--requests-csv",
+        csv.to_str().unwrap(),
+    ];
+    all.extend_from_slice(args);
+    let out = easerve(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let (arrival, start) = (col("arrival"), col("encode_start"));
+    let waits: Vec<f64> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            f[start].parse::<f64>().unwrap() - f[arrival].parse::<f64>().unwrap()
+        })
+        .collect();
+    assert_eq!(waits.len(), 500);
+    let mean = |xs: &[f64]| xs.iter().sum::<f64>() / xs.len() as f64;
+    (mean(&waits[..n]), mean(&waits[waits.len() - n..]))
+}
+
+#[test]
+fn passthrough_saturates_encode_at_2_rps_while_micro_batching_keeps_up() {
+    let (first, last) = encode_wait_first_last(&["--system", "passthrough"], 100);
+    assert!(
+        last > 5.0 * first.max(0.1),
+        "passthrough encode wait {first} → {last}: not growing"
+    );
+    let (first, last) = encode_wait_first_last(&["--system", "easerve"], 100);
+    assert!(
+        last < 2.0 * first + 1.0,
+        "easerve encode wait {first} → {last}: growing"
+    );
+}

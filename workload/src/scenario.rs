@@ -318,6 +318,32 @@ pub struct Overrides {
     pub batch: Option<i64>,
     /// Replace s.
     pub offload: Option<f64>,
+    /// Run the scenario as another system (see [`System`]).
+    pub system: Option<System>,
+}
+
+/// Which serving system runs the scenario's allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum System {
+    /// The scenario's own deployment: adaptive micro-batching with its B, its s,
+    /// its dispatch, router and SM policies.
+    Easerve,
+    /// How a pass-through EPD framework (e.g. Dynamo) runs the same allocation:
+    /// encode one request per pass (B = 1, `immediate`), every prefill remote (s = 1).
+    Passthrough,
+}
+
+impl std::str::FromStr for System {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "easerve" => Ok(System::Easerve),
+            "passthrough" => Ok(System::Passthrough),
+            _ => Err(format!(
+                "unknown system `{s}`; allowed: easerve, passthrough"
+            )),
+        }
+    }
 }
 
 impl Overrides {
@@ -396,6 +422,11 @@ impl ScenarioFile {
         }
         if let Some(s) = o.offload {
             self.deployment.offload = s;
+        }
+        if o.system == Some(System::Passthrough) {
+            self.deployment.batch = 1;
+            self.deployment.dispatch = Some("immediate".into());
+            self.deployment.offload = 1.0;
         }
     }
 }
