@@ -48,3 +48,6 @@ mod event;
 mod meter;
 
 pub use engine::{simulate, SimOutput};
+
+#[cfg(test)]
+mod invariants;
