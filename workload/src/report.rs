@@ -413,6 +413,15 @@ impl Report {
                 .busy_fraction
                 .map(|b| format!("{:.0}%", b * 100.0))
                 .unwrap_or_else(|| "-".into());
+            if st.requests == 0 {
+                // e.g. encode in a text-only run: no request passed through it
+                let _ = writeln!(
+                    s,
+                    "{:<20}{:>9}{:>9}{:>10}{:>9}{:>7}",
+                    st.stage, "-", "-", "-", "-", busy
+                );
+                continue;
+            }
             let _ = writeln!(
                 s,
                 "{:<20}{:>9.1}{:>9.1}{:>10.1}{:>9.1}{:>7}",
