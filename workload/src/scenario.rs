@@ -807,30 +807,24 @@ impl Scenario {
                 ))
             }
         };
-        let knobs_budget = v.int(
-            "deployment.prefill_token_budget",
-            d.prefill_token_budget.unwrap_or(8192),
-            1,
+        // optional positive integer knob: `deployment.NAME`, default, upper bound
+        let knob = |name: &str, value: Option<i64>, default: i64, max: i64| {
+            v.int(
+                &format!("deployment.{name}"),
+                value.unwrap_or(default),
+                1,
+                max,
+            )
+        };
+        let knobs_budget = knob(
+            "prefill_token_budget",
+            d.prefill_token_budget,
+            8192,
             1 << 30,
         )? as u64;
-        let prefill_max_seqs = v.int(
-            "deployment.prefill_max_seqs",
-            d.prefill_max_seqs.unwrap_or(64),
-            1,
-            1 << 20,
-        )? as usize;
-        let decode_max_batch = v.int(
-            "deployment.decode_max_batch",
-            d.decode_max_batch.unwrap_or(256),
-            1,
-            1 << 20,
-        )? as usize;
-        let kv_block_size = v.int(
-            "deployment.kv_block_size",
-            d.kv_block_size.unwrap_or(16),
-            1,
-            1 << 16,
-        )? as u64;
+        let prefill_max_seqs = knob("prefill_max_seqs", d.prefill_max_seqs, 64, 1 << 20)? as usize;
+        let decode_max_batch = knob("decode_max_batch", d.decode_max_batch, 256, 1 << 20)? as usize;
+        let kv_block_size = knob("kv_block_size", d.kv_block_size, 16, 1 << 16)? as u64;
         let mem_util = v.real(
             "deployment.gpu_memory_utilization",
             d.gpu_memory_utilization.unwrap_or(0.9),
