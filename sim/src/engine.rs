@@ -439,7 +439,6 @@ impl<'a> Sim<'a> {
             self.encode_place
                 .complete(w, self.requests[i].encoder_tokens as f64);
             let route = match self.encode[w].local {
-                Some(_) if self.remote_count == 0 => Route::Local,
                 Some(_) => self.router.route(),
                 None => Route::Remote,
             };

@@ -76,13 +76,11 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
     let arrivals = arrival_times(w.arrival, w.rate, w.requests, sc.seed);
     let mut lengths = stream(sc.seed, "lengths");
     let mut shapes = stream(sc.seed, "shapes");
-    let weights = |p: Vec<f64>| WeightedIndex::new(p).expect("validated: a positive probability");
-    let image_pick = match &w.shapes {
-        Shapes::Image { buckets, .. } => Some(weights(buckets.iter().map(|b| b.2).collect())),
-        _ => None,
-    };
-    let video_pick = match &w.shapes {
-        Shapes::Video { buckets, .. } => Some(weights(buckets.iter().map(|b| b.3).collect())),
+    let pick = match &w.shapes {
+        Shapes::Items { buckets, .. } => Some(
+            WeightedIndex::new(buckets.iter().map(|b| b.1))
+                .expect("validated: a positive probability"),
+        ),
         _ => None,
     };
     let mut out = Vec::with_capacity(w.requests);
@@ -90,39 +88,15 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
         let prompt_tokens = uniform_around(&mut lengths, w.input_len, w.range_ratio, 0);
         let output_tokens = uniform_around(&mut lengths, w.output_len, w.range_ratio, 1);
         let items: Vec<MmItem> = match &w.shapes {
-            Shapes::Image {
+            Shapes::Items {
                 items,
                 items_range_ratio,
                 buckets,
             } => {
                 let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
-                let pick = image_pick.as_ref().expect("image table");
+                let pick = pick.as_ref().expect("bucket table");
                 (0..n)
-                    .map(|_| {
-                        let b = buckets[pick.sample(&mut shapes)];
-                        MmItem::Image {
-                            height: b.0,
-                            width: b.1,
-                        }
-                    })
-                    .collect()
-            }
-            Shapes::Video {
-                items,
-                items_range_ratio,
-                buckets,
-            } => {
-                let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
-                let pick = video_pick.as_ref().expect("video table");
-                (0..n)
-                    .map(|_| {
-                        let b = buckets[pick.sample(&mut shapes)];
-                        MmItem::Video {
-                            frames: b.0,
-                            height: b.1,
-                            width: b.2,
-                        }
-                    })
+                    .map(|_| buckets[pick.sample(&mut shapes)].0)
                     .collect()
             }
             Shapes::Audio {

@@ -7,10 +7,13 @@
 //! returns a [`Scenario`]. Every error names the file, the field and what is
 //! allowed ([`ScenarioError`]).
 
+use crate::generate::item_tokens;
 use crate::report::SloTier;
 use easerve_calib::{Efficiency, GpuSpec, LinkSpec, Roofline};
 use easerve_model::ModelArch;
-use easerve_sched::{Allocation, Deployment, DispatchPolicy, Modality, RouterPolicy, SmPolicy};
+use easerve_sched::{
+    Allocation, Deployment, DispatchPolicy, MmItem, Modality, RouterPolicy, SmPolicy,
+};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -206,23 +209,14 @@ pub enum Arrival {
 /// Request shapes, validated.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Shapes {
-    /// Images from a bucket table: `(height, width, probability)`.
-    Image {
+    /// Images or videos from a bucket table of shapes with probabilities.
+    Items {
         /// Mean items per request.
         items: u32,
         /// Range ratio of items.
         items_range_ratio: f64,
-        /// `(height, width, probability)`.
-        buckets: Vec<(u32, u32, f64)>,
-    },
-    /// Videos: `(frames, height, width, probability)`.
-    Video {
-        /// Mean items per request.
-        items: u32,
-        /// Range ratio of items.
-        items_range_ratio: f64,
-        /// `(frames, height, width, probability)`.
-        buckets: Vec<(u32, u32, u32, f64)>,
+        /// `(item shape, probability)`; probabilities are relative weights.
+        buckets: Vec<(MmItem, f64)>,
     },
     /// Audio clips with log-normal duration.
     Audio {
@@ -639,13 +633,12 @@ impl Scenario {
                 let (items, items_range_ratio) =
                     items("workload.image", s.items_per_request, s.items_range_ratio)?;
                 let buckets = v.table("workload.image.buckets", &s.buckets, |f, b| {
-                    Ok((
-                        v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32,
-                        v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32,
-                        prob(format!("{f}.probability"), b.probability)?,
-                    ))
+                    let height = v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32;
+                    let width = v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32;
+                    let p = prob(format!("{f}.probability"), b.probability)?;
+                    Ok((MmItem::Image { height, width }, p))
                 })?;
-                Shapes::Image {
+                Shapes::Items {
                     items,
                     items_range_ratio,
                     buckets,
@@ -656,14 +649,20 @@ impl Scenario {
                 let (items, items_range_ratio) =
                     items("workload.video", s.items_per_request, s.items_range_ratio)?;
                 let buckets = v.table("workload.video.buckets", &s.buckets, |f, b| {
+                    let frames = v.int(&format!("{f}.frames"), b.frames, 1, 4096)? as u32;
+                    let height = v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32;
+                    let width = v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32;
+                    let p = prob(format!("{f}.probability"), b.probability)?;
                     Ok((
-                        v.int(&format!("{f}.frames"), b.frames, 1, 4096)? as u32,
-                        v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32,
-                        v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32,
-                        prob(format!("{f}.probability"), b.probability)?,
+                        MmItem::Video {
+                            frames,
+                            height,
+                            width,
+                        },
+                        p,
                     ))
                 })?;
-                Shapes::Video {
+                Shapes::Items {
                     items,
                     items_range_ratio,
                     buckets,
@@ -692,8 +691,7 @@ impl Scenario {
             Modality::Text => Shapes::Text,
         };
         let bucket_total: f64 = match &shapes {
-            Shapes::Image { buckets, .. } => buckets.iter().map(|b| b.2).sum(),
-            Shapes::Video { buckets, .. } => buckets.iter().map(|b| b.3).sum(),
+            Shapes::Items { buckets, .. } => buckets.iter().map(|b| b.1).sum(),
             _ => 1.0,
         };
         if bucket_total <= 0.0 {
@@ -704,12 +702,9 @@ impl Scenario {
         }
         // check the model accepts the modality and every bucket shape
         let token_check = match &shapes {
-            Shapes::Image { buckets, .. } => buckets
+            Shapes::Items { buckets, .. } => buckets
                 .iter()
-                .try_for_each(|b| model.image_tokens(b.0, b.1).map(|_| ())),
-            Shapes::Video { buckets, .. } => buckets
-                .iter()
-                .try_for_each(|b| model.video_tokens(b.0, b.1, b.2).map(|_| ())),
+                .try_for_each(|b| item_tokens(&model, &b.0).map(|_| ())),
             Shapes::Audio { mean_s, .. } => model.audio_tokens(*mean_s).map(|_| ()),
             Shapes::Text => Ok(()),
         };
@@ -1012,27 +1007,14 @@ fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shape
     let hi = |len: u32| (len as f64 * (1.0 + r)).ceil() as u64;
     let items_hi = |n: u32, rr: f64| (n as f64 * (1.0 + rr)).ceil() as u64;
     let mm = match shapes {
-        Shapes::Image {
+        Shapes::Items {
             items,
             items_range_ratio,
             buckets,
         } => {
             let per = buckets
                 .iter()
-                .filter_map(|b| model.image_tokens(b.0, b.1).ok())
-                .map(|t| t.llm_tokens)
-                .max()
-                .unwrap_or(0);
-            per * items_hi(*items, *items_range_ratio)
-        }
-        Shapes::Video {
-            items,
-            items_range_ratio,
-            buckets,
-        } => {
-            let per = buckets
-                .iter()
-                .filter_map(|b| model.video_tokens(b.0, b.1, b.2).ok())
+                .filter_map(|b| item_tokens(model, &b.0).ok())
                 .map(|t| t.llm_tokens)
                 .max()
                 .unwrap_or(0);
