@@ -20,10 +20,12 @@
 //! ```
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod cost;
 pub mod eff;
 pub mod gpu;
 pub mod roofline;
 
+pub use cost::StageCost;
 pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
 pub use roofline::{EncodeTime, Roofline};

@@ -3,7 +3,7 @@
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
-use easerve_calib::{Efficiency, Roofline};
+use easerve_calib::{Efficiency, Roofline, StageCost};
 use easerve_model::ItemTokens;
 use easerve_sched::{
     Batcher, DecodeScheduler, DecodeSeq, DispatchPolicy, KvBlocks, LeastOutstanding, PrefillItem,
@@ -90,8 +90,7 @@ pub struct SimOutput {
 
 struct Sim<'a> {
     sc: &'a Scenario,
-    cost: Roofline,
-    eff: Efficiency,
+    cost: Box<dyn StageCost>,
     now: f64,
     events: EventQueue<Event>,
     requests: Vec<Request>,
@@ -114,17 +113,22 @@ struct Sim<'a> {
     routed: usize,
 }
 
-/// Run the scenario's workload through its deployment and report.
+/// Run the scenario's workload through its deployment and report, with stage
+/// costs from the roofline of the scenario's model and GPU.
 pub fn simulate(sc: &Scenario) -> SimOutput {
-    let mut sim = Sim::new(sc);
+    let cost = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
+    simulate_with(sc, Box::new(cost))
+}
+
+/// Run the scenario with stage costs from `cost` (a roofline or a profile).
+pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>) -> SimOutput {
+    let mut sim = Sim::new(sc, cost);
     sim.run();
     sim.finish()
 }
 
 impl<'a> Sim<'a> {
-    fn new(sc: &'a Scenario) -> Self {
-        let eff = Efficiency::default();
-        let cost = Roofline::new(sc.model.clone(), sc.gpu.clone(), eff.clone());
+    fn new(sc: &'a Scenario, cost: Box<dyn StageCost>) -> Self {
         let requests = generate_requests(sc);
         let tokens: Vec<Vec<ItemTokens>> = requests
             .iter()
@@ -239,7 +243,8 @@ impl<'a> Sim<'a> {
         let decode: Vec<DecodeWorker> = (0..alloc.decode.workers)
             .map(|_| {
                 let tp = alloc.decode.tp;
-                let free = cost
+                // memory is a property of model × GPU, whatever the cost source
+                let free = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default())
                     .kv_bytes_free_per_gpu(tp, 0.0, knobs.gpu_memory_utilization)
                     .unwrap_or(0.0)
                     * tp as f64;
@@ -261,7 +266,6 @@ impl<'a> Sim<'a> {
         }
         Sim {
             sc,
-            eff,
             now: 0.0,
             events,
             tokens,
@@ -399,10 +403,10 @@ impl<'a> Sim<'a> {
         };
         let (share, slow) = match self.split.encode_share(pass.ids.len()) {
             _ if !colocated => (1.0, 1.0),
-            Some(f) if shared => (f, 1.0 + self.eff.bandwidth_interference),
+            Some(f) if shared => (f, 1.0 + self.cost.bandwidth_interference()),
             Some(f) => (f, 1.0),
             // time-slicing: half the GPU's time, less the switching penalty
-            None if shared => (1.0, 2.0 * (1.0 + self.eff.time_slice_penalty)),
+            None if shared => (1.0, 2.0 * (1.0 + self.cost.time_slice_penalty())),
             None => (1.0, 1.0),
         };
         let t_gpu = self.cost.encode(&pass.items, share).t_gpu;
@@ -472,7 +476,7 @@ impl<'a> Sim<'a> {
                     .sum::<f64>()
                     * emb_per_token;
                 let start = self.encode[w].link_free_at.max(now);
-                let end = start + self.sc.gpu.link.transfer_time(bytes);
+                let end = start + self.cost.transfer(bytes);
                 self.encode[w].link_free_at = end;
                 (start, end)
             };
@@ -503,7 +507,7 @@ impl<'a> Sim<'a> {
                     .map(|x| x.ids.len());
                 match self.split.prefill_share(batch) {
                     Some(f) => f,
-                    None if batch.is_some() => 0.5 / (1.0 + self.eff.time_slice_penalty),
+                    None if batch.is_some() => 0.5 / (1.0 + self.cost.time_slice_penalty()),
                     None => 1.0,
                 }
             })
@@ -643,12 +647,7 @@ impl<'a> Sim<'a> {
             }
             let d = self.decode_place.assign((it.tokens + out as u64) as f64);
             let start = self.prefill[p].link_free_at.max(now);
-            let end = start
-                + self
-                    .sc
-                    .gpu
-                    .link
-                    .transfer_time(it.tokens as f64 * kv_per_token);
+            let end = start + self.cost.transfer(it.tokens as f64 * kv_per_token);
             self.prefill[p].link_free_at = end;
             self.records[i].kv_sent = Some(start);
             self.events.push(
@@ -759,10 +758,7 @@ impl<'a> Sim<'a> {
                 1.0
             },
         };
-        let mut notes = vec![format!(
-            "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction",
-            sc.model.name, sc.gpu.name, self.eff.encode_pass_s
-        )];
+        let mut notes = self.cost.notes();
         let unfinished = self.records.iter().filter(|r| r.finish.is_none()).count();
         if unfinished > 0 {
             notes.push(format!(

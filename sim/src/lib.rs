@@ -47,7 +47,7 @@ mod engine;
 mod event;
 mod meter;
 
-pub use engine::{simulate, SimOutput};
+pub use engine::{simulate, simulate_with, SimOutput};
 
 #[cfg(test)]
 mod invariants;

@@ -1,0 +1,30 @@
+//! The one interface through which the simulator (and later the executor's
+//! planner) asks for stage durations, whatever their source: the roofline, a
+//! measured profile, or an imported one.
+
+use crate::EncodeTime;
+use easerve_model::ItemTokens;
+
+/// Durations of every stage of an EPD pipeline on one model × device.
+///
+/// All durations are seconds. `sm_share ∈ (0, 1]` is the fraction of the GPU's SMs
+/// a pass runs on; `tp` the tensor-parallel degree of the worker.
+pub trait StageCost: Send + Sync {
+    /// One encode pass over a micro-batch of items, split into its terms.
+    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime;
+    /// One prefill batch of sequences with these prompt lengths (tokens).
+    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64;
+    /// One decode iteration of `batch` sequences holding `total_context_tokens`.
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64;
+    /// Moving `bytes` once over the GPU's link (embeddings, KV cache).
+    fn transfer(&self, bytes: f64) -> f64;
+    /// While two processes time-slice one GPU with no SM partition, each
+    /// progresses at `0.5 / (1 + penalty)` of its exclusive rate.
+    fn time_slice_penalty(&self) -> f64;
+    /// Fraction by which an encode pass's GPU time grows while a co-located
+    /// prefill runs under an SM partition (SM masks do not isolate bandwidth).
+    fn bandwidth_interference(&self) -> f64;
+    /// Where the figures came from, and anything a run should report once
+    /// (e.g. lookups that extrapolated beyond a measured table).
+    fn notes(&self) -> Vec<String>;
+}
