@@ -198,6 +198,33 @@ impl Roofline {
     }
 }
 
+impl crate::StageCost for Roofline {
+    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+        Roofline::encode(self, items, sm_share)
+    }
+    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
+        Roofline::prefill(self, seq_lens, tp, sm_share)
+    }
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
+        Roofline::decode_step(self, batch, total_context_tokens, tp)
+    }
+    fn transfer(&self, bytes: f64) -> f64 {
+        Roofline::transfer(self, bytes)
+    }
+    fn time_slice_penalty(&self) -> f64 {
+        self.eff.time_slice_penalty
+    }
+    fn bandwidth_interference(&self) -> f64 {
+        self.eff.bandwidth_interference
+    }
+    fn notes(&self) -> Vec<String> {
+        vec![format!(
+            "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction",
+            self.model.name, self.gpu.name, self.eff.encode_pass_s
+        )]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -322,32 +349,5 @@ mod tests {
         assert!((t - (15e-6 + bytes / 25e9)).abs() < 1e-12);
         let h = roof("llava-v1.6-34b", "h100-sxm");
         assert!(h.transfer(bytes) < t);
-    }
-}
-
-impl crate::StageCost for Roofline {
-    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
-        Roofline::encode(self, items, sm_share)
-    }
-    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
-        Roofline::prefill(self, seq_lens, tp, sm_share)
-    }
-    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
-        Roofline::decode_step(self, batch, total_context_tokens, tp)
-    }
-    fn transfer(&self, bytes: f64) -> f64 {
-        Roofline::transfer(self, bytes)
-    }
-    fn time_slice_penalty(&self) -> f64 {
-        self.eff.time_slice_penalty
-    }
-    fn bandwidth_interference(&self) -> f64 {
-        self.eff.bandwidth_interference
-    }
-    fn notes(&self) -> Vec<String> {
-        vec![format!(
-            "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction",
-            self.model.name, self.gpu.name, self.eff.encode_pass_s
-        )]
     }
 }
