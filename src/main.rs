@@ -62,9 +62,9 @@ struct SimArgs {
     json: bool,
 }
 
-/// Bad input: exit code 2.
+/// Bad input: exit code 2. Subcommands wrap a user-facing message in it.
 #[derive(Debug)]
-struct BadInput(String);
+pub(crate) struct BadInput(pub(crate) String);
 
 impl std::fmt::Display for BadInput {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
