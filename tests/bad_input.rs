@@ -176,3 +176,19 @@ fn audio_cap_below_the_shortest_clip() {
         .unwrap();
     rejects(f.path(), &[], &["workload.audio.max_s", "[0.1, 3600]"]);
 }
+
+#[test]
+fn trace_that_cannot_be_read() {
+    let base = std::fs::read_to_string(root().join("scenarios/azure-conv.toml")).unwrap();
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(
+        base.replace("AzureLLMInferenceTrace_conv.csv", "no-such-trace.csv")
+            .as_bytes(),
+    )
+    .unwrap();
+    rejects(
+        f.path(),
+        &[],
+        &["workload.trace", "no-such-trace.csv", "cannot read"],
+    );
+}

@@ -213,3 +213,25 @@ fn passthrough_saturates_encode_at_2_rps_while_micro_batching_keeps_up() {
         "easerve encode wait {first} → {last}: growing"
     );
 }
+
+#[test]
+fn azure_conversation_trace_replays_text_only_on_a100() {
+    let trace = root().join("../shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv");
+    if !trace.exists() {
+        eprintln!(
+            "skipped: {} is absent (third-party data, see ../shared/data/README.md)",
+            trace.display()
+        );
+        return;
+    }
+    let sc = scenario("azure-conv");
+    let r = sim_json(&sc, &["--requests", "3000"]);
+    assert_eq!(num(&r, "/completed"), 3000.0);
+    assert_eq!(r["encode"]["passes"], 0);
+    let native = num(&r, "/offered_rate");
+    assert!((4.0..8.0).contains(&native), "trace rate {native}");
+    // --rate rescales the trace to that mean rate
+    let fast = sim_json(&sc, &["--requests", "3000", "--rate", "12"]);
+    assert!((num(&fast, "/offered_rate") - 12.0).abs() < 1e-6);
+    assert!(num(&fast, "/ttft/mean") > num(&r, "/ttft/mean"));
+}

@@ -17,11 +17,12 @@ use rand::Rng;
 use rand_distr::{Distribution, Exp, Gamma, LogNormal};
 
 /// Arrival times (seconds, ascending, first gap drawn from the process).
-pub fn arrival_times(arrival: Arrival, rate: f64, n: usize, seed: u64) -> Vec<f64> {
+pub fn arrival_times(arrival: &Arrival, rate: f64, n: usize, seed: u64) -> Vec<f64> {
     let mut rng = stream(seed, "arrivals");
     let mut t = 0.0;
     let mut out = Vec::with_capacity(n);
-    match arrival {
+    match *arrival {
+        Arrival::Trace { ref rows, .. } => return rows.iter().take(n).map(|r| r.t).collect(),
         Arrival::Poisson => {
             let exp = Exp::new(rate).expect("rate validated > 0");
             for _ in 0..n {
@@ -73,7 +74,7 @@ pub fn item_tokens(
 /// Never for a scenario that passed validation (shapes were checked against the model).
 pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
     let w = &sc.workload;
-    let arrivals = arrival_times(w.arrival, w.rate, w.requests, sc.seed);
+    let arrivals = arrival_times(&w.arrival, w.rate, w.requests, sc.seed);
     let mut lengths = stream(sc.seed, "lengths");
     let mut shapes = stream(sc.seed, "shapes");
     let pick = match &w.shapes {
@@ -85,8 +86,13 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
     };
     let mut out = Vec::with_capacity(w.requests);
     for (i, &arrival) in arrivals.iter().enumerate() {
-        let prompt_tokens = uniform_around(&mut lengths, w.input_len, w.range_ratio, 0);
-        let output_tokens = uniform_around(&mut lengths, w.output_len, w.range_ratio, 1);
+        let (prompt_tokens, output_tokens) = match &w.arrival {
+            Arrival::Trace { rows, .. } => (rows[i].prompt_tokens, rows[i].output_tokens),
+            _ => (
+                uniform_around(&mut lengths, w.input_len, w.range_ratio, 0),
+                uniform_around(&mut lengths, w.output_len, w.range_ratio, 1),
+            ),
+        };
         let items: Vec<MmItem> = match &w.shapes {
             Shapes::Items {
                 items,
@@ -143,7 +149,7 @@ mod tests {
             (Arrival::Gamma { cv: 0.5 }, 0.5),
             (Arrival::Gamma { cv: 2.0 }, 2.0),
         ] {
-            let t = arrival_times(arrival, 4.0, 40_000, 9);
+            let t = arrival_times(&arrival, 4.0, 40_000, 9);
             let gaps: Vec<f64> = t.windows(2).map(|w| w[1] - w[0]).collect();
             let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
             let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;

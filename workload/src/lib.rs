@@ -16,6 +16,7 @@ pub mod generate;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod trace;
 
 pub use generate::generate_requests;
 pub use report::{Report, SloTier, Stats};

@@ -109,18 +109,24 @@ pub struct DeploymentSection {
 pub struct WorkloadSection {
     /// Requests in the run.
     pub requests: i64,
-    /// Mean arrival rate, requests/s.
-    pub rate: f64,
-    /// `poisson` (default) or `gamma`.
+    /// Mean arrival rate, requests/s (required unless replaying a trace; with a
+    /// trace, rescales it to this mean rate).
+    pub rate: Option<f64>,
+    /// `poisson` (default), `gamma` or `trace`.
     pub arrival: Option<String>,
+    /// Trace CSV in the Azure LLM inference trace format (`arrival = "trace"`),
+    /// relative to the scenario file's folder.
+    pub trace: Option<String>,
+    /// Speed-up of the trace's arrivals (> 1 = more requests per second; default 1).
+    pub rate_scale: Option<f64>,
     /// Coefficient of variation of inter-arrival gaps (gamma only, default 1).
     pub cv: Option<f64>,
     /// `image`, `video`, `audio` or `text`.
     pub modality: String,
-    /// Mean text prompt tokens (vllm `--random-input-len`).
-    pub input_len: i64,
-    /// Mean output tokens (vllm `--random-output-len`).
-    pub output_len: i64,
+    /// Mean text prompt tokens (vllm `--random-input-len`); from the trace when replaying one.
+    pub input_len: Option<i64>,
+    /// Mean output tokens (vllm `--random-output-len`); from the trace when replaying one.
+    pub output_len: Option<i64>,
     /// Lengths uniform in `[len·(1−r), len·(1+r)]` (vllm `--random-range-ratio`, default 0).
     pub range_ratio: Option<f64>,
     /// Image shapes.
@@ -195,7 +201,7 @@ pub struct SloSection {
 }
 
 /// Arrival process.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Arrival {
     /// Exponential gaps.
     Poisson,
@@ -203,6 +209,13 @@ pub enum Arrival {
     Gamma {
         /// CV of gaps.
         cv: f64,
+    },
+    /// Replay of a trace: arrival times and token counts per request.
+    Trace {
+        /// The trace file.
+        path: String,
+        /// Its first `requests` rows, rescaled.
+        rows: Vec<crate::trace::TraceRow>,
     },
 }
 
@@ -403,7 +416,7 @@ impl ScenarioFile {
             self.seed = s;
         }
         if let Some(r) = o.rate {
-            self.workload.rate = r;
+            self.workload.rate = Some(r);
         }
         if let Some(n) = o.requests {
             self.workload.requests = n;
@@ -555,26 +568,88 @@ impl Scenario {
         // --- workload ---
         let w = &raw.workload;
         let requests = v.int("workload.requests", w.requests, 1, 10_000_000)? as usize;
-        let rate = v.real("workload.rate", w.rate, 0.0, 1e6, true)?;
-        let arrival = match w.arrival.as_deref().unwrap_or("poisson") {
-            "poisson" => {
-                if w.cv.is_some() {
-                    return Err(v.err("workload.cv", "only used with arrival = \"gamma\""));
-                }
-                Arrival::Poisson
+        let given_rate = w
+            .rate
+            .map(|r| v.real("workload.rate", r, 0.0, 1e6, true))
+            .transpose()?;
+        let arrival_kind = w.arrival.as_deref().unwrap_or("poisson");
+        if arrival_kind != "gamma" && w.cv.is_some() {
+            return Err(v.err("workload.cv", "only used with arrival = \"gamma\""));
+        }
+        if arrival_kind != "trace" && (w.trace.is_some() || w.rate_scale.is_some()) {
+            let f = if w.trace.is_some() {
+                "workload.trace"
+            } else {
+                "workload.rate_scale"
+            };
+            return Err(v.err(f, "only used with arrival = \"trace\""));
+        }
+        let need_rate = || {
+            given_rate.ok_or_else(|| {
+                v.err(
+                    "workload.rate",
+                    "required (requests/s > 0) unless arrival = \"trace\"",
+                )
+            })
+        };
+        let (arrival, rate) = match arrival_kind {
+            "poisson" => (Arrival::Poisson, need_rate()?),
+            "gamma" => (
+                Arrival::Gamma {
+                    cv: v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?,
+                },
+                need_rate()?,
+            ),
+            "trace" => {
+                let name = w
+                    .trace
+                    .as_deref()
+                    .ok_or_else(|| v.err("workload.trace", "required when arrival = \"trace\": a CSV in the Azure LLM inference trace format"))?;
+                let path = Path::new(file)
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .join(name);
+                let mut rows = crate::trace::read_azure(&path, requests)
+                    .map_err(|e| v.err("workload.trace", format!("{}: {e}", path.display())))?;
+                let native = crate::trace::mean_rate(&rows);
+                let scale = match (given_rate, w.rate_scale) {
+                    (Some(_), Some(_)) => {
+                        return Err(v.err("workload.rate_scale", "give either workload.rate (a target mean rate) or workload.rate_scale, not both"))
+                    }
+                    (Some(r), None) => r / native,
+                    (None, s) => v.real("workload.rate_scale", s.unwrap_or(1.0), 0.0, 1e6, true)?,
+                };
+                crate::trace::scale(&mut rows, scale);
+                let rate = crate::trace::mean_rate(&rows);
+                (
+                    Arrival::Trace {
+                        path: path.display().to_string(),
+                        rows,
+                    },
+                    rate,
+                )
             }
-            "gamma" => Arrival::Gamma {
-                cv: v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?,
-            },
             other => {
                 return Err(v.err(
                     "workload.arrival",
-                    format!("unknown arrival `{other}`; allowed: poisson, gamma"),
+                    format!("unknown arrival `{other}`; allowed: poisson, gamma, trace"),
                 ))
             }
         };
-        let input_len = v.int("workload.input_len", w.input_len, 0, 10_000_000)? as u32;
-        let output_len = v.int("workload.output_len", w.output_len, 1, 10_000_000)? as u32;
+        let requests = match &arrival {
+            Arrival::Trace { rows, .. } => rows.len(),
+            _ => requests,
+        };
+        let replay = matches!(arrival, Arrival::Trace { .. });
+        let len = |field: &str, x: Option<i64>, min: i64| -> Result<i64, ScenarioError> {
+            match x {
+                Some(x) => v.int(field, x, min, 10_000_000),
+                None if replay => Ok(min.max(1)),
+                None => Err(v.err(field, format!("required: tokens ≥ {min}"))),
+            }
+        };
+        let input_len = len("workload.input_len", w.input_len, 0)? as u32;
+        let output_len = len("workload.output_len", w.output_len, 1)? as u32;
         let range_ratio = v.real(
             "workload.range_ratio",
             w.range_ratio.unwrap_or(0.0),
@@ -879,8 +954,17 @@ impl Scenario {
             ));
         }
         let roof = Roofline::new(model.clone(), gpu.clone(), Efficiency::default());
+        // a trace brings its own lengths; the shapes add multimodal tokens
+        let trace_max = match &arrival {
+            Arrival::Trace { rows, .. } => rows
+                .iter()
+                .map(|r| r.prompt_tokens as u64 + r.output_tokens as u64)
+                .max()
+                .unwrap_or(0),
+            _ => 0,
+        };
         let max_seq_tokens =
-            max_sequence_tokens(&model, input_len, output_len, range_ratio, &shapes);
+            trace_max + max_sequence_tokens(&model, input_len, output_len, range_ratio, &shapes);
         let kv_per_token = model.kv_bytes_per_token();
         let fits = |tp: u32, extra: f64| -> Option<f64> {
             roof.kv_bytes_free_per_gpu(tp, extra, mem_util)
