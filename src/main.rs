@@ -57,6 +57,10 @@ struct SimArgs {
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
     requests_csv: Option<PathBuf>,
+    /// Also write the run's timeline as Chrome trace-event JSON (open it in
+    /// ui.perfetto.dev): one track per worker and link.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Print the report as JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -87,7 +91,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let sc =
                 Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
-            let out = easerve_sim::simulate(&sc);
+            let opts = easerve_sim::SimOptions {
+                timeline: a.trace.is_some(),
+            };
+            let out = easerve_sim::simulate_with(&sc, easerve_sim::scenario_cost(&sc), &opts);
+            if let (Some(path), Some(timeline)) = (&a.trace, &out.timeline) {
+                let file = std::fs::File::create(path)
+                    .with_context(|| format!("cannot write {}", path.display()))?;
+                serde_json::to_writer(std::io::BufWriter::new(file), timeline)?;
+            }
             if let Some(path) = &a.requests_csv {
                 let mut w = csv::Writer::from_path(path)
                     .with_context(|| format!("cannot write {}", path.display()))?;

@@ -235,3 +235,76 @@ fn azure_conversation_trace_replays_text_only_on_a100() {
     assert!((num(&fast, "/offered_rate") - 12.0).abs() < 1e-6);
     assert!(num(&fast, "/ttft/mean") > num(&r, "/ttft/mean"));
 }
+
+/// `--trace` writes Chrome trace-event JSON that Perfetto's importer accepts:
+/// every slice has ts, dur, pid and tid, and slices on one track never overlap.
+#[test]
+fn timeline_is_valid_chrome_trace_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let out = easerve(&[
+        "sim",
+        "scenarios/image.toml",
+        "--requests",
+        "120",
+        "--trace",
+        path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().expect("traceEvents");
+    let mut by_track: std::collections::BTreeMap<u64, Vec<(f64, f64)>> = Default::default();
+    let mut names = Vec::new();
+    for e in events {
+        match e["ph"].as_str().unwrap() {
+            "X" => {
+                let (ts, dur) = (e["ts"].as_f64().unwrap(), e["dur"].as_f64().unwrap());
+                assert!(
+                    e["pid"].is_u64() && e["tid"].is_u64() && e["name"].is_string(),
+                    "{e}"
+                );
+                assert!(ts >= 0.0 && dur >= 0.0, "{e}");
+                by_track
+                    .entry(e["tid"].as_u64().unwrap())
+                    .or_default()
+                    .push((ts, ts + dur));
+            }
+            "C" => assert!(e["ts"].is_number() && e["args"]["value"].is_number(), "{e}"),
+            "M" => {
+                if e["name"] == "thread_name" {
+                    names.push(e["args"]["name"].as_str().unwrap().to_string());
+                }
+            }
+            other => panic!("unexpected phase {other}"),
+        }
+    }
+    for track in [
+        "E0 encode",
+        "E1 encode",
+        "L0 prefill",
+        "P0 prefill",
+        "D0 decode",
+        "E0 link",
+        "P0 link",
+    ] {
+        assert!(
+            names.iter().any(|n| n == track),
+            "no track {track} in {names:?}"
+        );
+    }
+    for (tid, mut slices) in by_track {
+        slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for w in slices.windows(2) {
+            assert!(
+                w[1].0 >= w[0].1 - 1e-3,
+                "track {tid}: {:?} overlaps {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+}

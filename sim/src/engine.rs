@@ -3,6 +3,7 @@
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
+use crate::timeline::Timeline;
 use easerve_calib::{Efficiency, Roofline, StageCost};
 use easerve_model::ItemTokens;
 use easerve_sched::{
@@ -12,6 +13,7 @@ use easerve_sched::{
 use easerve_workload::generate::item_tokens;
 use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
 use easerve_workload::{generate_requests, Report, Scenario};
+use serde_json::json;
 
 /// Progress below this SM share counts as stalled (no completion scheduled).
 const MIN_PROGRESS_SHARE: f64 = 1e-3;
@@ -30,6 +32,8 @@ enum Event {
 
 struct Pass {
     ids: Vec<RequestId>,
+    start: f64,
+    gpu_start: f64,
     items: Vec<ItemTokens>,
     /// Whether the pass has reached its GPU phase (it holds SMs only then).
     gpu_phase: bool,
@@ -53,6 +57,7 @@ struct EncodeWorker {
 /// a change of SM share mid-flight changes its rate, not its past.
 struct PrefillJob {
     items: Vec<PrefillItem>,
+    start: f64,
     seq_lens: Vec<u64>,
     done_frac: f64,
     last_update: f64,
@@ -77,6 +82,7 @@ struct DecodeWorker {
     tp: u32,
     sched: DecodeScheduler,
     stepping: bool,
+    step_start: f64,
 }
 
 /// Everything a finished run hands back.
@@ -86,6 +92,17 @@ pub struct SimOutput {
     pub report: Report,
     /// Per-request lifecycle records, by request id.
     pub records: Vec<RequestRecord>,
+    /// Events the engine processed.
+    pub events: u64,
+    /// The Chrome/Perfetto trace-event JSON, when asked for.
+    pub timeline: Option<serde_json::Value>,
+}
+
+/// What a run records beyond the report.
+#[derive(Clone, Debug, Default)]
+pub struct SimOptions {
+    /// Record a Chrome/Perfetto timeline (one track per worker and link).
+    pub timeline: bool,
 }
 
 struct Sim<'a> {
@@ -111,18 +128,31 @@ struct Sim<'a> {
     passed_requests: usize,
     remote_routed: usize,
     routed: usize,
+    processed: u64,
+    timeline: Option<Timeline>,
 }
 
 /// Run the scenario's workload through its deployment and report, with stage
 /// costs from the roofline of the scenario's model and GPU.
 pub fn simulate(sc: &Scenario) -> SimOutput {
-    let cost = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
-    simulate_with(sc, Box::new(cost))
+    simulate_with(sc, scenario_cost(sc), &SimOptions::default())
+}
+
+/// The cost source a scenario names (today: the roofline of its model and GPU).
+pub fn scenario_cost(sc: &Scenario) -> Box<dyn StageCost> {
+    Box::new(Roofline::new(
+        sc.model.clone(),
+        sc.gpu.clone(),
+        Efficiency::default(),
+    ))
 }
 
 /// Run the scenario with stage costs from `cost` (a roofline or a profile).
-pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>) -> SimOutput {
+pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) -> SimOutput {
     let mut sim = Sim::new(sc, cost);
+    if opts.timeline {
+        sim.timeline = Some(Timeline::default());
+    }
     sim.run();
     sim.finish()
 }
@@ -256,6 +286,7 @@ impl<'a> Sim<'a> {
                         knobs.decode_max_batch,
                     ),
                     stepping: false,
+                    step_start: 0.0,
                 }
             })
             .collect();
@@ -286,11 +317,14 @@ impl<'a> Sim<'a> {
             passed_requests: 0,
             remote_routed: 0,
             routed: 0,
+            processed: 0,
+            timeline: None,
         }
     }
 
     fn run(&mut self) {
         while let Some((t, ev)) = self.events.pop() {
+            self.processed += 1;
             debug_assert!(t >= self.now - 1e-9, "time went back: {t} < {}", self.now);
             self.now = t.max(self.now);
             match ev {
@@ -328,6 +362,7 @@ impl<'a> Sim<'a> {
         let w = self.encode_place.assign(req.encoder_tokens as f64);
         self.records[i].encode_worker = Some(w);
         self.encode[w].batcher.on_arrival(self.now, req.id);
+        self.count_encode_queue(w);
         self.try_dispatch(w);
     }
 
@@ -336,7 +371,10 @@ impl<'a> Sim<'a> {
         let worker = &mut self.encode[w];
         let free = worker.pass.is_none();
         match worker.batcher.poll_dispatch(now, free) {
-            Some(ids) => self.start_pass(w, ids),
+            Some(ids) => {
+                self.start_pass(w, ids);
+                self.count_encode_queue(w);
+            }
             None => {
                 if free {
                     if let Some(wake) = worker.batcher.poll_timeout() {
@@ -379,6 +417,8 @@ impl<'a> Sim<'a> {
         self.passed_requests += ids.len();
         self.encode[w].pass = Some(Pass {
             ids,
+            start: now,
+            gpu_start: now,
             items,
             gpu_phase: false,
             t_gpu_work: 0.0,
@@ -414,6 +454,7 @@ impl<'a> Sim<'a> {
         self.meters[gpu].begin(now);
         if let Some(pass) = self.encode[w].pass.as_mut() {
             pass.gpu_phase = true;
+            pass.gpu_start = now;
             pass.share = share;
             pass.t_gpu_work = t_gpu;
         }
@@ -434,6 +475,16 @@ impl<'a> Sim<'a> {
         self.meters[gpu].end(now);
         // SM-time is the work done (unslowed GPU time at its share)
         self.meters[gpu].add_sm_time(pass.t_gpu_work * pass.share);
+        if let Some(tl) = self.timeline.as_mut() {
+            let args = json!({ "batch": pass.ids.len(), "sm_share": pass.share, "gpu_start_s": pass.gpu_start });
+            tl.slice(
+                &format!("E{w} encode"),
+                "encode pass",
+                pass.start,
+                now,
+                args,
+            );
+        }
         self.rerate_local(w);
         // route, then one transfer per destination
         let mut groups: Vec<(usize, Vec<RequestId>)> = Vec::new();
@@ -478,6 +529,11 @@ impl<'a> Sim<'a> {
                 let start = self.encode[w].link_free_at.max(now);
                 let end = start + self.cost.transfer(bytes);
                 self.encode[w].link_free_at = end;
+                if let Some(tl) = self.timeline.as_mut() {
+                    let args =
+                        json!({ "requests": ids.len(), "bytes": bytes, "to": format!("P{dest}") });
+                    tl.slice(&format!("E{w} link"), "embeddings", start, end, args);
+                }
                 (start, end)
             };
             for &id in &ids {
@@ -576,6 +632,36 @@ impl<'a> Sim<'a> {
             });
         }
         self.try_prefill(p);
+        self.count_prefill_queue(p);
+    }
+
+    /// Worker label of prefill worker `p`: `P{i}` remote, `L{j}` local.
+    fn prefill_label(&self, p: usize) -> String {
+        if self.prefill[p].local {
+            format!("L{}", p - self.remote_count)
+        } else {
+            format!("P{p}")
+        }
+    }
+
+    fn count_encode_queue(&mut self, w: usize) {
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.counter(
+                &format!("E{w} queue"),
+                self.now,
+                self.encode[w].batcher.len() as f64,
+            );
+        }
+    }
+
+    fn count_prefill_queue(&mut self, p: usize) {
+        if self.timeline.is_some() {
+            let name = format!("{} queue", self.prefill_label(p));
+            let len = self.prefill[p].queue.len() as f64;
+            if let Some(tl) = self.timeline.as_mut() {
+                tl.counter(&name, self.now, len);
+            }
+        }
     }
 
     fn try_prefill(&mut self, p: usize) {
@@ -605,6 +691,7 @@ impl<'a> Sim<'a> {
         worker.gen += 1;
         worker.job = Some(PrefillJob {
             items,
+            start: now,
             seq_lens,
             done_frac: 0.0,
             last_update: now,
@@ -633,6 +720,19 @@ impl<'a> Sim<'a> {
             self.meters[g as usize].end(now);
             self.meters[g as usize].add_sm_time((now - job.last_update) * job.share);
         }
+        if self.timeline.is_some() {
+            let label = self.prefill_label(p);
+            let tokens: u64 = job.seq_lens.iter().sum();
+            let args = json!({ "requests": job.items.len(), "tokens": tokens, "sm_share_at_end": job.share });
+            let name = if self.prefill[p].local {
+                "local prefill"
+            } else {
+                "prefill"
+            };
+            if let Some(tl) = self.timeline.as_mut() {
+                tl.slice(&format!("{label} prefill"), name, job.start, now, args);
+            }
+        }
         let kv_per_token = self.sc.model.kv_bytes_per_token();
         for it in &job.items {
             let i = it.id as usize;
@@ -647,8 +747,16 @@ impl<'a> Sim<'a> {
             }
             let d = self.decode_place.assign((it.tokens + out as u64) as f64);
             let start = self.prefill[p].link_free_at.max(now);
-            let end = start + self.cost.transfer(it.tokens as f64 * kv_per_token);
+            let bytes = it.tokens as f64 * kv_per_token;
+            let end = start + self.cost.transfer(bytes);
             self.prefill[p].link_free_at = end;
+            if self.timeline.is_some() {
+                let track = format!("{} link", self.prefill_label(p));
+                let args = json!({ "request": it.id, "bytes": bytes, "to": format!("D{d}") });
+                if let Some(tl) = self.timeline.as_mut() {
+                    tl.slice(&track, "kv cache", start, end, args);
+                }
+            }
             self.records[i].kv_sent = Some(start);
             self.events.push(
                 end,
@@ -694,6 +802,7 @@ impl<'a> Sim<'a> {
         }
         let dur = self.cost.decode_step(batch, ctx, self.decode[d].tp);
         self.decode[d].stepping = true;
+        self.decode[d].step_start = now;
         for &g in &self.decode[d].gpus {
             self.meters[g as usize].begin(now);
             self.meters[g as usize].add_sm_time(dur);
@@ -710,6 +819,22 @@ impl<'a> Sim<'a> {
         self.decode[d].stepping = false;
         for &g in &self.decode[d].gpus {
             self.meters[g as usize].end(now);
+        }
+        if let Some(tl) = self.timeline.as_mut() {
+            let (batch, ctx) = self.decode[d].sched.step_shape();
+            let args = json!({ "batch": batch, "context_tokens": ctx });
+            tl.slice(
+                &format!("D{d} decode"),
+                "decode step",
+                self.decode[d].step_start,
+                now,
+                args,
+            );
+            tl.counter(
+                &format!("D{d} waiting for KV blocks"),
+                now,
+                self.decode[d].sched.waiting() as f64,
+            );
         }
         for id in self.decode[d].sched.complete_step() {
             let i = id as usize;
@@ -787,10 +912,13 @@ impl<'a> Sim<'a> {
             offered_rate: sc.workload.rate,
             requests: self.requests.len(),
         };
-        let report = Report::build(meta, &self.records, &sc.slo, gpus, encode, notes);
+        let mut report = Report::build(meta, &self.records, &sc.slo, gpus, encode, notes);
+        report.events = self.processed;
         SimOutput {
             report,
             records: self.records,
+            events: self.processed,
+            timeline: self.timeline.map(Timeline::into_json),
         }
     }
 

@@ -46,8 +46,9 @@
 mod engine;
 mod event;
 mod meter;
+mod timeline;
 
-pub use engine::{simulate, simulate_with, SimOutput};
+pub use engine::{scenario_cost, simulate, simulate_with, SimOptions, SimOutput};
 
 #[cfg(test)]
 mod invariants;

@@ -166,6 +166,9 @@ pub struct Report {
     pub bottleneck_reason: String,
     /// Notes on where cost figures came from and what was extrapolated.
     pub notes: Vec<String>,
+    /// Events the simulator processed (0 for a measured run).
+    #[serde(default)]
+    pub events: u64,
 }
 
 /// Identification of a run, for the report header.
@@ -305,6 +308,7 @@ impl Report {
             bottleneck,
             bottleneck_reason,
             notes,
+            events: 0,
         }
     }
 
