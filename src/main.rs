@@ -50,10 +50,12 @@ struct SimArgs {
     /// Offload ratio s in [0, 1] (overrides `deployment.offload`).
     #[arg(long = "offload", short = 's')]
     offload: Option<f64>,
-    /// Serving system: `easerve` (the scenario's deployment) or `passthrough`
-    /// (the same allocation with encode one request per pass and s = 1).
-    #[arg(long, default_value = "easerve")]
-    system: System,
+    /// Serving system (overrides `deployment.system`): `easerve` (the scenario's
+    /// deployment), `passthrough` (the same allocation with encode one request per
+    /// pass and s = 1) or `aggregated` (replicas running encode inline before
+    /// prefill, as a single-engine server does).
+    #[arg(long)]
+    system: Option<System>,
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
     requests_csv: Option<PathBuf>,
@@ -87,7 +89,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 allocation: a.allocation,
                 batch: a.batch,
                 offload: a.offload,
-                system: Some(a.system),
+                system: a.system,
             };
             let sc =
                 Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;

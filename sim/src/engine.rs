@@ -3,6 +3,7 @@
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
+use crate::output::{assemble, RunParts};
 use crate::timeline::Timeline;
 use easerve_calib::{Efficiency, Roofline, StageCost};
 use easerve_model::ItemTokens;
@@ -11,7 +12,7 @@ use easerve_sched::{
     PrefillQueue, Request, RequestId, RequestRecord, Route, Router, SmSplit,
 };
 use easerve_workload::generate::item_tokens;
-use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
+use easerve_workload::report::EncodeSummary;
 use easerve_workload::{generate_requests, Report, Scenario};
 use serde_json::json;
 
@@ -849,26 +850,7 @@ impl<'a> Sim<'a> {
     // ---------------------------------------------------------------- report
 
     fn finish(self) -> SimOutput {
-        let sc = self.sc;
-        let start = self.requests.first().map(|r| r.arrival).unwrap_or(0.0);
-        let end = self
-            .records
-            .iter()
-            .filter_map(|r| r.finish)
-            .fold(start, f64::max);
-        let duration = (end - start).max(1e-12);
-        let mut gpus = Vec::new();
-        for g in 0..sc.gpus {
-            let (stage, worker) = self.gpu_role(g);
-            let m = &self.meters[g as usize];
-            gpus.push(GpuReport {
-                gpu: g,
-                stage,
-                worker,
-                busy_fraction: (m.busy_time() / duration).min(1.0),
-                sm_utilization: (m.sm_time() / duration).min(1.0),
-            });
-        }
+        let roles = (0..self.sc.gpus).map(|g| self.gpu_role(g)).collect();
         let encode = EncodeSummary {
             passes: self.passes,
             mean_batch: if self.passes > 0 {
@@ -884,12 +866,6 @@ impl<'a> Sim<'a> {
             },
         };
         let mut notes = self.cost.notes();
-        let unfinished = self.records.iter().filter(|r| r.finish.is_none()).count();
-        if unfinished > 0 {
-            notes.push(format!(
-                "{unfinished} requests did not complete: their KV cache can never fit one decode worker"
-            ));
-        }
         if let SmSplit::Dynamic(t) = &self.split {
             let levels: Vec<String> = t
                 .levels
@@ -902,24 +878,19 @@ impl<'a> Sim<'a> {
                 levels.join(", ")
             ));
         }
-        let dep = &sc.deployment;
-        let meta = RunMeta {
-            scenario: sc.name.clone(),
-            deployment: dep.to_string(),
-            model: sc.model.name.clone(),
-            cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
-            seed: sc.seed,
-            offered_rate: sc.workload.rate,
-            requests: self.requests.len(),
-        };
-        let mut report = Report::build(meta, &self.records, &sc.slo, gpus, encode, notes);
-        report.events = self.processed;
-        SimOutput {
-            report,
-            records: self.records,
-            events: self.processed,
-            timeline: self.timeline.map(Timeline::into_json),
-        }
+        assemble(
+            self.sc,
+            RunParts {
+                deployment: self.sc.deployment.to_string(),
+                records: self.records,
+                meters: self.meters,
+                roles,
+                encode,
+                notes,
+                events: self.processed,
+                timeline: self.timeline,
+            },
+        )
     }
 
     fn gpu_role(&self, g: u32) -> (String, String) {

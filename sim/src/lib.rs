@@ -46,6 +46,7 @@
 mod engine;
 mod event;
 mod meter;
+mod output;
 mod timeline;
 
 pub use engine::{scenario_cost, simulate, simulate_with, SimOptions, SimOutput};

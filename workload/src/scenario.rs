@@ -77,6 +77,8 @@ pub struct ClusterSection {
 pub struct DeploymentSection {
     /// Allocation in the paper's notation, e.g. `2E(TP1)+1P(TP2)+1D(TP4)`.
     pub allocation: String,
+    /// Serving system: `easerve` (default), `passthrough` or `aggregated`.
+    pub system: Option<String>,
     /// Encode micro-batch bound B (≥ 1).
     pub batch: i64,
     /// Offload ratio s ∈ [0, 1].
@@ -281,6 +283,8 @@ pub struct ServingKnobs {
     /// TP degree of each local prefill worker (spanning that many encode GPUs);
     /// `None` when `s = 1`.
     pub local_prefill_tp: Option<u32>,
+    /// TP degree of each replica of the `aggregated` system (`None` otherwise).
+    pub aggregated_tp: Option<u32>,
 }
 
 /// A validated scenario, ready to be simulated or executed.
@@ -302,6 +306,8 @@ pub struct Scenario {
     pub deployment: Deployment,
     /// Knobs.
     pub knobs: ServingKnobs,
+    /// The serving system that runs it.
+    pub system: System,
     /// Workload.
     pub workload: Workload,
     /// SLO tiers, strict → relaxed.
@@ -338,6 +344,22 @@ pub enum System {
     /// How a pass-through EPD framework (e.g. Dynamo) runs the same allocation:
     /// encode one request per pass (B = 1, `immediate`), every prefill remote (s = 1).
     Passthrough,
+    /// How a single-engine server (e.g. vLLM) runs the cluster: replicas of TP
+    /// GPUs (`GPUs / TP` of them, TP the smallest degree at which the LLM, its
+    /// encoder and one longest sequence fit), each running encode inline before
+    /// prefill, with continuous batching. The allocation is ignored.
+    Aggregated,
+}
+
+impl System {
+    /// The name used in scenarios and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Easerve => "easerve",
+            System::Passthrough => "passthrough",
+            System::Aggregated => "aggregated",
+        }
+    }
 }
 
 impl std::str::FromStr for System {
@@ -346,8 +368,9 @@ impl std::str::FromStr for System {
         match s {
             "easerve" => Ok(System::Easerve),
             "passthrough" => Ok(System::Passthrough),
+            "aggregated" => Ok(System::Aggregated),
             _ => Err(format!(
-                "unknown system `{s}`; allowed: easerve, passthrough"
+                "unknown system `{s}`; allowed: easerve, passthrough, aggregated"
             )),
         }
     }
@@ -364,6 +387,7 @@ impl Overrides {
             "deployment.allocation" => set(self.allocation.is_some(), "--allocation"),
             "deployment.batch" => set(self.batch.is_some(), "--batch"),
             "deployment.offload" => set(self.offload.is_some(), "--offload"),
+            "deployment.system" => set(self.system.is_some(), "--system"),
             _ => None,
         }
     }
@@ -430,10 +454,8 @@ impl ScenarioFile {
         if let Some(s) = o.offload {
             self.deployment.offload = s;
         }
-        if o.system == Some(System::Passthrough) {
-            self.deployment.batch = 1;
-            self.deployment.dispatch = Some("immediate".into());
-            self.deployment.offload = 1.0;
+        if let Some(system) = o.system {
+            self.deployment.system = Some(system.name().to_string());
         }
     }
 }
@@ -527,11 +549,24 @@ impl Scenario {
 
     /// Validate raw data into a scenario.
     pub fn validate(
-        raw: ScenarioFile,
+        mut raw: ScenarioFile,
         file: &str,
         default_name: &str,
     ) -> Result<Scenario, ScenarioError> {
         let v = V { file };
+        let system: System = raw
+            .deployment
+            .system
+            .as_deref()
+            .unwrap_or("easerve")
+            .parse()
+            .map_err(|e: String| v.err("deployment.system", e))?;
+        if system == System::Passthrough {
+            // the same allocation, run as a pass-through EPD framework runs it
+            raw.deployment.batch = 1;
+            raw.deployment.dispatch = Some("immediate".into());
+            raw.deployment.offload = 1.0;
+        }
         let model = ModelArch::preset(&raw.model.preset).ok_or_else(|| {
             v.err(
                 "model.preset",
@@ -1005,6 +1040,24 @@ impl Scenario {
                 ),
             ));
         }
+        let aggregated_tp = if system == System::Aggregated {
+            let tp = [1u32, 2, 4, 8, 16, 32]
+                .into_iter()
+                .filter(|tp| *tp <= gpus)
+                .find(|&tp| fits(tp, model.encoder_weight_bytes()).is_some())
+                .ok_or_else(|| {
+                    v.err(
+                        "deployment.system",
+                        format!(
+                            "aggregated: {} with its encoder and one longest sequence fits no TP degree within the cluster's {gpus} GPUs",
+                            model.name
+                        ),
+                    )
+                })?;
+            Some(tp)
+        } else {
+            None
+        };
         let local_prefill_tp = if offload < 1.0 {
             let e_gpus = allocation.encode.gpus();
             let tp = [1u32, 2, 4, 8, 16]
@@ -1061,6 +1114,7 @@ impl Scenario {
             gpu,
             gpus,
             deployment,
+            system,
             knobs: ServingKnobs {
                 prefill_token_budget: knobs_budget,
                 prefill_max_seqs,
@@ -1068,6 +1122,7 @@ impl Scenario {
                 kv_block_size,
                 gpu_memory_utilization: mem_util,
                 local_prefill_tp,
+                aggregated_tp,
             },
             workload: Workload {
                 requests,

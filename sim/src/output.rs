@@ -1,0 +1,75 @@
+//! Turning a finished run's records and meters into a [`SimOutput`] — one
+//! place for every engine.
+
+use crate::meter::GpuMeter;
+use crate::timeline::Timeline;
+use crate::SimOutput;
+use easerve_sched::RequestRecord;
+use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
+use easerve_workload::{Report, Scenario};
+
+/// What an engine hands over at the end of a run.
+pub(crate) struct RunParts {
+    pub(crate) deployment: String,
+    pub(crate) records: Vec<RequestRecord>,
+    pub(crate) meters: Vec<GpuMeter>,
+    /// `(stage, worker label)` of each GPU.
+    pub(crate) roles: Vec<(String, String)>,
+    pub(crate) encode: EncodeSummary,
+    pub(crate) notes: Vec<String>,
+    pub(crate) events: u64,
+    pub(crate) timeline: Option<Timeline>,
+}
+
+pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
+    // the run starts at t = 0, as in the report
+    let end = parts
+        .records
+        .iter()
+        .filter_map(|r| r.finish)
+        .fold(0.0, f64::max);
+    let duration = end.max(1e-12);
+    let gpus = parts
+        .meters
+        .iter()
+        .zip(parts.roles)
+        .enumerate()
+        .map(|(g, (m, (stage, worker)))| GpuReport {
+            gpu: g as u32,
+            stage,
+            worker,
+            busy_fraction: (m.busy_time() / duration).min(1.0),
+            sm_utilization: (m.sm_time() / duration).min(1.0),
+        })
+        .collect();
+    let unfinished = parts.records.iter().filter(|r| r.finish.is_none()).count();
+    if unfinished > 0 {
+        parts.notes.push(format!(
+            "{unfinished} requests did not complete: their KV cache can never fit one decode worker"
+        ));
+    }
+    let meta = RunMeta {
+        scenario: sc.name.clone(),
+        deployment: parts.deployment,
+        model: sc.model.name.clone(),
+        cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+        seed: sc.seed,
+        offered_rate: sc.workload.rate,
+        requests: parts.records.len(),
+    };
+    let mut report = Report::build(
+        meta,
+        &parts.records,
+        &sc.slo,
+        gpus,
+        parts.encode,
+        parts.notes,
+    );
+    report.events = parts.events;
+    SimOutput {
+        report,
+        records: parts.records,
+        events: parts.events,
+        timeline: parts.timeline.map(Timeline::into_json),
+    }
+}
