@@ -308,3 +308,23 @@ fn timeline_is_valid_chrome_trace_json() {
         }
     }
 }
+
+#[test]
+fn the_three_systems_run_on_the_image_scenario() {
+    let sc = scenario("image");
+    let run = |system: &str| sim_json(&sc, &["--system", system]);
+    let (pass, agg, ours) = (run("passthrough"), run("aggregated"), run("easerve"));
+    for r in [&pass, &agg, &ours] {
+        assert_eq!(num(r, "/completed"), 500.0);
+    }
+    // the aggregated engine: 4 replicas of TP2 on 8 GPUs, every GPU in a replica
+    assert!(agg["deployment"].as_str().unwrap().starts_with("aggregated 4×(TP2)"));
+    assert!(agg["gpus"].as_array().unwrap().iter().all(|g| g["stage"] == "aggregated"));
+    // prefill iterations interleave with decode in one engine: TPOT suffers
+    assert!(num(&agg, "/tpot/mean") > 1.5 * num(&ours, "/tpot/mean"));
+    // pass-through cannot keep up with 2 req/s; micro-batching can
+    assert!(num(&pass, "/request_throughput") < 1.5);
+    assert!(num(&ours, "/request_throughput") > 1.9);
+    let moderate = |r: &serde_json::Value| num(&r["goodput"][2], "/goodput");
+    assert!(moderate(&ours) > moderate(&agg) && moderate(&agg) > moderate(&pass));
+}

@@ -13,6 +13,7 @@ use easerve_sched::{
 };
 use easerve_workload::generate::item_tokens;
 use easerve_workload::report::EncodeSummary;
+use easerve_workload::scenario::System;
 use easerve_workload::{generate_requests, Report, Scenario};
 use serde_json::json;
 
@@ -150,6 +151,9 @@ pub fn scenario_cost(sc: &Scenario) -> Box<dyn StageCost> {
 
 /// Run the scenario with stage costs from `cost` (a roofline or a profile).
 pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) -> SimOutput {
+    if sc.system == System::Aggregated {
+        return crate::aggregated::run(sc, cost, opts);
+    }
     let mut sim = Sim::new(sc, cost);
     if opts.timeline {
         sim.timeline = Some(Timeline::default());

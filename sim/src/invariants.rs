@@ -5,6 +5,7 @@ use crate::simulate;
 use easerve_workload::scenario::{Scenario, ScenarioFile};
 use proptest::prelude::*;
 
+#[allow(clippy::too_many_arguments)]
 fn scenario(
     alloc: &str,
     b: u32,
@@ -13,6 +14,7 @@ fn scenario(
     sm: &str,
     dispatch: &str,
     modality: &str,
+    system: &str,
 ) -> Scenario {
     let shapes = match modality {
         "image" => "[workload.image]\nbuckets = [{ height = 224, width = 224, probability = 1.0 }, { height = 448, width = 448, probability = 1.0 }]",
@@ -33,6 +35,7 @@ gpu = "rtx-6000-ada"
 gpus = 8
 [deployment]
 allocation = "{alloc}"
+system = "{system}"
 batch = {b}
 offload = {s}
 sm_policy = "{sm}"
@@ -62,10 +65,13 @@ proptest! {
         sm in prop::sample::select(vec!["dynamic", "none", "static:0.5"]),
         dispatch in prop::sample::select(vec!["poisson-gap", "immediate", "fixed-timeout:0.05", "queue-length:3"]),
         modality in prop::sample::select(vec!["image", "audio"]),
+        system in prop::sample::select(vec!["easerve", "passthrough", "aggregated"]),
     ) {
         // an allocation without P workers needs s = 0
         let s = if alloc.contains("P(") { s } else { 0.0 };
-        let sc = scenario(alloc, b, s, rate, sm, dispatch, modality);
+        // pass-through needs remote prefill workers
+        let system = if system == "passthrough" && !alloc.contains("P(") { "easerve" } else { system };
+        let sc = scenario(alloc, b, s, rate, sm, dispatch, modality, system);
         let out = simulate(&sc);
         prop_assert_eq!(out.report.completed, 60);
         for r in &out.records {
@@ -75,7 +81,9 @@ proptest! {
             ];
             let times: Vec<f64> = chain.iter().flatten().copied().collect();
             prop_assert!(times.windows(2).all(|w| w[0] <= w[1] + 1e-9), "request {} times {:?}", r.id, times);
-            prop_assert!(r.encode_batch.is_some_and(|k| k >= 1 && k <= b as usize));
+            if system != "aggregated" {
+                prop_assert!(r.encode_batch.is_some_and(|k| k >= 1 && k <= b as usize));
+            }
         }
         for g in &out.report.gpus {
             prop_assert!(g.busy_fraction <= 1.0 && g.sm_utilization <= 1.0 + 1e-9);

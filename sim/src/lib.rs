@@ -43,6 +43,7 @@
 //! streams (`easerve_workload::rng`), and FIFO tie-breaking of simultaneous events.
 #![warn(missing_docs, unreachable_pub)]
 
+mod aggregated;
 mod engine;
 mod event;
 mod meter;

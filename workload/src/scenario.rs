@@ -976,6 +976,12 @@ impl Scenario {
         if allocation.decode.workers == 0 {
             return Err(v.err(fa, "at least one decode worker (nD(TPk)) is required"));
         }
+        if system == System::Passthrough && allocation.prefill.workers == 0 {
+            return Err(v.err(
+                "deployment.system",
+                format!("passthrough runs every prefill on remote P workers, but `{allocation}` has none; add nP(TPk)"),
+            ));
+        }
         if offload > 0.0 && allocation.prefill.workers == 0 {
             return Err(v.err(
                 "deployment.offload",

@@ -1,0 +1,242 @@
+//! The `aggregated` baseline: how a single-engine server (vLLM-style) runs the
+//! cluster. `GPUs / TP` replicas, each an engine of TP GPUs that runs every
+//! stage itself: per iteration it admits waiting requests (FCFS, within the
+//! prefill token budget and while KV blocks are free), encodes their items
+//! inline, prefills them, and advances every running sequence by one token.
+//!
+//! Cost of one iteration = the GPU time of encoding the newly admitted items
+//! (split over TP) + their prefill + one decode step over the running batch.
+//! An inline encoder pays no separate per-pass framework overhead
+//! (`t_pass`, the cost of a disaggregated encode service); CPU preprocessing
+//! (`t_pre`) runs in the server's front end before a request is schedulable.
+
+use crate::event::{EventQueue, Priority};
+use crate::meter::GpuMeter;
+use crate::output::{assemble, RunParts};
+use crate::timeline::Timeline;
+use crate::{SimOptions, SimOutput};
+use easerve_calib::{Efficiency, Roofline, StageCost};
+use easerve_model::ItemTokens;
+use easerve_sched::{
+    DecodeScheduler, DecodeSeq, KvBlocks, LeastOutstanding, PrefillItem, PrefillQueue, Request,
+    RequestRecord,
+};
+use easerve_workload::generate::item_tokens;
+use easerve_workload::report::EncodeSummary;
+use easerve_workload::{generate_requests, Scenario};
+use serde_json::json;
+
+enum Event {
+    Arrival(usize),
+    Ready(usize),
+    StepDone(usize),
+}
+
+struct Replica {
+    gpus: Vec<u32>,
+    /// Requests preprocessed and waiting to be scheduled.
+    waiting: PrefillQueue,
+    sched: DecodeScheduler,
+    stepping: bool,
+    step_start: f64,
+    /// Requests whose prefill ran in the current iteration.
+    prefilling: Vec<usize>,
+}
+
+/// Run `sc` as the aggregated baseline.
+pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) -> SimOutput {
+    let tp = sc.knobs.aggregated_tp.expect("validated: aggregated TP");
+    let requests = generate_requests(sc);
+    let tokens: Vec<Vec<ItemTokens>> = requests
+        .iter()
+        .map(|r| {
+            r.items
+                .iter()
+                .map(|i| item_tokens(&sc.model, i).expect("validated shapes"))
+                .collect()
+        })
+        .collect();
+    let mut records: Vec<RequestRecord> = requests.iter().map(RequestRecord::new).collect();
+    let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
+    let kv_bytes = memory
+        .kv_bytes_free_per_gpu(
+            tp,
+            sc.model.encoder_weight_bytes(),
+            sc.knobs.gpu_memory_utilization,
+        )
+        .unwrap_or(0.0)
+        * tp as f64;
+    let n = (sc.gpus / tp).max(1) as usize;
+    let mut replicas: Vec<Replica> = (0..n)
+        .map(|r| Replica {
+            gpus: (r as u32 * tp..(r as u32 + 1) * tp).collect(),
+            waiting: PrefillQueue::new(sc.knobs.prefill_token_budget, sc.knobs.prefill_max_seqs),
+            sched: DecodeScheduler::new(
+                KvBlocks::from_memory(
+                    kv_bytes,
+                    sc.model.kv_bytes_per_token(),
+                    sc.knobs.kv_block_size,
+                ),
+                sc.knobs.decode_max_batch,
+            ),
+            stepping: false,
+            step_start: 0.0,
+            prefilling: Vec::new(),
+        })
+        .collect();
+    let mut place = LeastOutstanding::new(n);
+    let mut meters = vec![GpuMeter::default(); sc.gpus as usize];
+    let mut timeline = opts.timeline.then(Timeline::default);
+    let mut events = EventQueue::new();
+    for (i, r) in requests.iter().enumerate() {
+        events.push(r.arrival, Priority::Arrival, Event::Arrival(i));
+    }
+    let mut processed = 0u64;
+    let (mut passes, mut encoded) = (0usize, 0usize);
+    let work = |r: &Request| (r.prefill_tokens() + r.output_tokens as u64) as f64;
+    while let Some((now, ev)) = events.pop() {
+        processed += 1;
+        let touched = match ev {
+            Event::Arrival(i) => {
+                let t_pre = cost.encode(&tokens[i], 1.0).t_pre;
+                events.push(now + t_pre, Priority::Transfer, Event::Ready(i));
+                continue;
+            }
+            Event::Ready(i) => {
+                let r = place.assign(work(&requests[i]));
+                replicas[r].waiting.push(PrefillItem {
+                    id: requests[i].id,
+                    tokens: requests[i].prefill_tokens(),
+                });
+                r
+            }
+            Event::StepDone(r) => {
+                let rep = &mut replicas[r];
+                rep.stepping = false;
+                for &g in &rep.gpus {
+                    meters[g as usize].end(now);
+                }
+                for i in rep.prefilling.drain(..) {
+                    records[i].first_token = Some(now);
+                    records[i].decode_ready = Some(now);
+                    records[i].decode_start = Some(now);
+                }
+                if let Some(tl) = timeline.as_mut() {
+                    let (batch, ctx) = rep.sched.step_shape();
+                    let args = json!({ "batch": batch, "context_tokens": ctx });
+                    tl.slice(
+                        &format!("R{r} engine"),
+                        "iteration",
+                        rep.step_start,
+                        now,
+                        args,
+                    );
+                }
+                for id in rep.sched.complete_step() {
+                    let i = id as usize;
+                    records[i].finish = Some(now);
+                    place.complete(r, work(&requests[i]));
+                }
+                r
+            }
+        };
+        // start the next iteration of the touched replica if it is idle
+        let rep = &mut replicas[touched];
+        if rep.stepping {
+            continue;
+        }
+        for item in rep.waiting.next_batch() {
+            // the whole output is generated in this engine: the first token by
+            // the prefill iteration, the rest by decode iterations
+            let i = item.id as usize;
+            rep.sched.enqueue(DecodeSeq {
+                id: item.id,
+                prompt_tokens: item.tokens,
+                remaining: requests[i].output_tokens,
+            });
+        }
+        let admitted = rep.sched.admit();
+        let (batch, ctx) = rep.sched.step_shape();
+        if batch == 0 {
+            continue;
+        }
+        let mut items = Vec::new();
+        let mut seq_lens = Vec::new();
+        for &id in &admitted {
+            let i = id as usize;
+            items.extend_from_slice(&tokens[i]);
+            seq_lens.push(requests[i].prefill_tokens());
+            rep.prefilling.push(i);
+        }
+        let t_enc = if items.is_empty() {
+            0.0
+        } else {
+            cost.encode(&items, 1.0).t_gpu / tp as f64
+        };
+        for &id in &admitted {
+            // encode runs first in the iteration; prefill follows on its embeddings
+            let i = id as usize;
+            if !tokens[i].is_empty() {
+                records[i].encode_start = Some(now);
+                records[i].encode_end = Some(now + t_enc);
+                records[i].encode_batch = Some(admitted.len());
+            }
+            records[i].prefill_ready = Some(now + t_enc);
+            records[i].prefill_start = Some(now + t_enc);
+        }
+        if !items.is_empty() {
+            passes += 1;
+            encoded += admitted
+                .iter()
+                .filter(|&&id| !tokens[id as usize].is_empty())
+                .count();
+        }
+        let t_prefill = if seq_lens.is_empty() {
+            0.0
+        } else {
+            cost.prefill(&seq_lens, tp, 1.0)
+        };
+        let dur = t_enc + t_prefill + cost.decode_step(batch, ctx, tp);
+        rep.stepping = true;
+        rep.step_start = now;
+        for &g in &rep.gpus {
+            meters[g as usize].begin(now);
+            meters[g as usize].add_sm_time(dur);
+        }
+        events.push(now + dur, Priority::Completion, Event::StepDone(touched));
+    }
+    let roles = (0..sc.gpus)
+        .map(
+            |g| match replicas.iter().position(|r| r.gpus.contains(&g)) {
+                Some(r) => ("aggregated".to_string(), format!("R{r}")),
+                None => ("idle".to_string(), "-".to_string()),
+            },
+        )
+        .collect();
+    let mut notes = cost.notes();
+    notes.push(format!(
+        "aggregated baseline: {n} replicas at TP{tp}, encode inline before prefill in each iteration (no separate per-pass encode overhead)"
+    ));
+    assemble(
+        sc,
+        RunParts {
+            deployment: format!("aggregated {n}×(TP{tp})"),
+            records,
+            meters,
+            roles,
+            encode: EncodeSummary {
+                passes,
+                mean_batch: if passes > 0 {
+                    encoded as f64 / passes as f64
+                } else {
+                    0.0
+                },
+                batcher: None,
+                remote_fraction: 0.0,
+            },
+            notes,
+            events: processed,
+            timeline,
+        },
+    )
+}
