@@ -318,8 +318,15 @@ fn the_three_systems_run_on_the_image_scenario() {
         assert_eq!(num(r, "/completed"), 500.0);
     }
     // the aggregated engine: 4 replicas of TP2 on 8 GPUs, every GPU in a replica
-    assert!(agg["deployment"].as_str().unwrap().starts_with("aggregated 4×(TP2)"));
-    assert!(agg["gpus"].as_array().unwrap().iter().all(|g| g["stage"] == "aggregated"));
+    assert!(agg["deployment"]
+        .as_str()
+        .unwrap()
+        .starts_with("aggregated 4×(TP2)"));
+    assert!(agg["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g["stage"] == "aggregated"));
     // prefill iterations interleave with decode in one engine: TPOT suffers
     assert!(num(&agg, "/tpot/mean") > 1.5 * num(&ours, "/tpot/mean"));
     // pass-through cannot keep up with 2 req/s; micro-batching can

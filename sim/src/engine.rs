@@ -23,13 +23,34 @@ const MIN_PROGRESS_SHARE: f64 = 1e-3;
 #[derive(Debug)]
 enum Event {
     Arrival(usize),
-    BatcherWake { worker: usize, gen: u64 },
-    EncodeGpuPhase { worker: usize },
-    EncodeDone { worker: usize },
-    EmbeddingsLand { prefill: usize, ids: Vec<RequestId> },
-    PrefillDone { prefill: usize, gen: u64 },
-    KvLands { decode: usize, id: RequestId },
-    DecodeStepDone { decode: usize },
+    BatcherWake {
+        worker: usize,
+        gen: u64,
+    },
+    EncodeGpuPhase {
+        worker: usize,
+    },
+    EncodeDone {
+        worker: usize,
+    },
+    /// Embeddings of a micro-batch land at prefill worker `prefill`; `from` is
+    /// the sending encode worker when they crossed its link.
+    EmbeddingsLand {
+        prefill: usize,
+        ids: Vec<RequestId>,
+        from: Option<usize>,
+    },
+    PrefillDone {
+        prefill: usize,
+        gen: u64,
+    },
+    KvLands {
+        decode: usize,
+        id: RequestId,
+    },
+    DecodeStepDone {
+        decode: usize,
+    },
 }
 
 struct Pass {
@@ -53,6 +74,8 @@ struct EncodeWorker {
     local: Option<usize>,
     /// When this worker's link is free for the next embedding transfer.
     link_free_at: f64,
+    /// Embedding transfers sent and not yet landed.
+    inflight: usize,
 }
 
 /// A prefill batch in flight; its progress is tracked as the fraction done so
@@ -234,6 +257,7 @@ impl<'a> Sim<'a> {
                     wake_gen: 0,
                     local: None,
                     link_free_at: 0.0,
+                    inflight: 0,
                 }
             })
             .collect();
@@ -341,7 +365,15 @@ impl<'a> Sim<'a> {
                 }
                 Event::EncodeGpuPhase { worker } => self.on_encode_gpu_phase(worker),
                 Event::EncodeDone { worker } => self.on_encode_done(worker),
-                Event::EmbeddingsLand { prefill, ids } => self.on_embeddings(prefill, ids),
+                Event::EmbeddingsLand { prefill, ids, from } => {
+                    if let Some(w) = from {
+                        self.encode[w].inflight -= 1;
+                    }
+                    self.on_embeddings(prefill, ids);
+                    if let Some(w) = from {
+                        self.try_dispatch(w);
+                    }
+                }
                 Event::PrefillDone { prefill, gen } => {
                     if gen == self.prefill[prefill].gen {
                         self.on_prefill_done(prefill);
@@ -374,7 +406,8 @@ impl<'a> Sim<'a> {
     fn try_dispatch(&mut self, w: usize) {
         let now = self.now;
         let worker = &mut self.encode[w];
-        let free = worker.pass.is_none();
+        // backpressure: no new pass while the worker's envelopes in flight are at the cap
+        let free = worker.pass.is_none() && worker.inflight < self.sc.knobs.max_inflight_transfers;
         match worker.batcher.poll_dispatch(now, free) {
             Some(ids) => {
                 self.start_pass(w, ids);
@@ -523,7 +556,8 @@ impl<'a> Sim<'a> {
         }
         let emb_per_token = self.sc.model.embedding_bytes_per_token();
         for (dest, ids) in groups {
-            let (sent, land) = if self.prefill[dest].local {
+            let remote = !self.prefill[dest].local;
+            let (sent, land) = if !remote {
                 (now, now) // embeddings stay in the encode GPU's memory
             } else {
                 let bytes: f64 = ids
@@ -547,8 +581,15 @@ impl<'a> Sim<'a> {
             self.events.push(
                 land,
                 Priority::Transfer,
-                Event::EmbeddingsLand { prefill: dest, ids },
+                Event::EmbeddingsLand {
+                    prefill: dest,
+                    ids,
+                    from: remote.then_some(w),
+                },
             );
+            if remote {
+                self.encode[w].inflight += 1;
+            }
         }
         self.try_dispatch(w);
     }

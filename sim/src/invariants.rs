@@ -15,6 +15,7 @@ fn scenario(
     dispatch: &str,
     modality: &str,
     system: &str,
+    cap: u32,
 ) -> Scenario {
     let shapes = match modality {
         "image" => "[workload.image]\nbuckets = [{ height = 224, width = 224, probability = 1.0 }, { height = 448, width = 448, probability = 1.0 }]",
@@ -40,6 +41,7 @@ batch = {b}
 offload = {s}
 sm_policy = "{sm}"
 dispatch = "{dispatch}"
+max_inflight_transfers = {cap}
 [workload]
 requests = 60
 rate = {rate}
@@ -66,12 +68,13 @@ proptest! {
         dispatch in prop::sample::select(vec!["poisson-gap", "immediate", "fixed-timeout:0.05", "queue-length:3"]),
         modality in prop::sample::select(vec!["image", "audio"]),
         system in prop::sample::select(vec!["easerve", "passthrough", "aggregated"]),
+        cap in 1u32..4,
     ) {
         // an allocation without P workers needs s = 0
         let s = if alloc.contains("P(") { s } else { 0.0 };
         // pass-through needs remote prefill workers
         let system = if system == "passthrough" && !alloc.contains("P(") { "easerve" } else { system };
-        let sc = scenario(alloc, b, s, rate, sm, dispatch, modality, system);
+        let sc = scenario(alloc, b, s, rate, sm, dispatch, modality, system, cap);
         let out = simulate(&sc);
         prop_assert_eq!(out.report.completed, 60);
         for r in &out.records {

@@ -99,6 +99,9 @@ pub struct DeploymentSection {
     pub prefill_max_seqs: Option<i64>,
     /// Decode running-batch cap (default 256).
     pub decode_max_batch: Option<i64>,
+    /// Embedding envelopes an encode worker may have in flight before it holds
+    /// its next micro-batch (backpressure; default 4).
+    pub max_inflight_transfers: Option<i64>,
     /// KV-cache block size in tokens (default 16).
     pub kv_block_size: Option<i64>,
     /// Fraction of GPU memory usable for weights + KV cache (default 0.9).
@@ -276,6 +279,8 @@ pub struct ServingKnobs {
     pub prefill_max_seqs: usize,
     /// Decode running-batch cap.
     pub decode_max_batch: usize,
+    /// Embedding envelopes in flight per encode worker before backpressure.
+    pub max_inflight_transfers: usize,
     /// KV block size, tokens.
     pub kv_block_size: u64,
     /// Usable fraction of GPU memory.
@@ -930,6 +935,12 @@ impl Scenario {
         let prefill_max_seqs = knob("prefill_max_seqs", d.prefill_max_seqs, 64, 1 << 20)? as usize;
         let decode_max_batch = knob("decode_max_batch", d.decode_max_batch, 256, 1 << 20)? as usize;
         let kv_block_size = knob("kv_block_size", d.kv_block_size, 16, 1 << 16)? as u64;
+        let max_inflight_transfers = knob(
+            "max_inflight_transfers",
+            d.max_inflight_transfers,
+            4,
+            1 << 16,
+        )? as usize;
         let mem_util = v.real(
             "deployment.gpu_memory_utilization",
             d.gpu_memory_utilization.unwrap_or(0.9),
@@ -1125,6 +1136,7 @@ impl Scenario {
                 prefill_token_budget: knobs_budget,
                 prefill_max_seqs,
                 decode_max_batch,
+                max_inflight_transfers,
                 kv_block_size,
                 gpu_memory_utilization: mem_util,
                 local_prefill_tp,
