@@ -1,7 +1,8 @@
 //! Decode continuous batching with paged KV-cache accounting.
 
 use crate::RequestId;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Paged KV-cache blocks of one decode worker (vLLM's PagedAttention
 /// accounting): `total` blocks of `block_size` tokens each.
@@ -82,21 +83,27 @@ pub struct DecodeSeq {
     pub remaining: u32,
 }
 
-#[derive(Clone, Copy, Debug)]
+/// A running sequence, ordered by the iteration in which it finishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Running {
-    seq: DecodeSeq,
-    generated: u32,
+    /// Iteration count at which its last token is produced.
+    finish_step: u64,
+    /// Admission order (ties finish FCFS).
+    order: u64,
+    id: RequestId,
     blocks: u64,
+    /// Prompt + generated tokens when it finishes.
+    final_context: u64,
 }
 
 /// Continuous batching on one decode worker (Orca/vLLM style).
 ///
 /// # Driving it
 /// [`DecodeScheduler::enqueue`] each sequence whose KV cache arrived; when the
-/// worker is idle call [`DecodeScheduler::admit`] and, if [`Self::batch`] is not
-/// empty, run one iteration of [`Self::step_shape`]; when it completes call
-/// [`DecodeScheduler::complete_step`], which returns the finished requests, then
-/// admit again.
+/// worker is idle call [`DecodeScheduler::admit`] and, if [`Self::step_shape`]
+/// shows a non-empty batch, run one iteration of that shape; when it completes
+/// call [`DecodeScheduler::complete_step`], which returns the finished
+/// requests, then admit again.
 ///
 /// Admission is FCFS and reserves the blocks for a sequence's whole final
 /// context (prompt + all output tokens) at once, so a running sequence never
@@ -105,13 +112,18 @@ struct Running {
 /// This is conservative against vLLM's incremental allocation with recompute
 /// preemption (it can admit fewer sequences under memory pressure) and exact
 /// when memory is not the limit.
+///
+/// Tokens are accounted lazily: an iteration costs `O(finished · log batch)`,
+/// not `O(batch)` — each sequence's finishing iteration is known at admission.
 #[derive(Clone, Debug)]
 pub struct DecodeScheduler {
     kv: KvBlocks,
     max_batch: usize,
     waiting: VecDeque<DecodeSeq>,
-    running: Vec<Running>,
+    running: BinaryHeap<Reverse<Running>>,
     context_tokens: u64,
+    steps: u64,
+    admitted: u64,
 }
 
 impl DecodeScheduler {
@@ -121,8 +133,10 @@ impl DecodeScheduler {
             kv,
             max_batch: max_batch.max(1),
             waiting: VecDeque::new(),
-            running: Vec::new(),
+            running: BinaryHeap::new(),
             context_tokens: 0,
+            steps: 0,
+            admitted: 0,
         }
     }
 
@@ -151,19 +165,24 @@ impl DecodeScheduler {
             }
             self.waiting.pop_front();
             self.context_tokens += seq.prompt_tokens;
-            self.running.push(Running {
-                seq,
-                generated: 0,
+            // a sequence produces at least one token per admission
+            let steps = seq.remaining.max(1) as u64;
+            self.admitted += 1;
+            self.running.push(Reverse(Running {
+                finish_step: self.steps + steps,
+                order: self.admitted,
+                id: seq.id,
                 blocks,
-            });
+                final_context: seq.prompt_tokens + steps,
+            }));
             admitted.push(seq.id);
         }
         admitted
     }
 
-    /// Ids of the running batch.
+    /// Ids of the running batch, in no particular order.
     pub fn batch(&self) -> impl Iterator<Item = RequestId> + '_ {
-        self.running.iter().map(|r| r.seq.id)
+        self.running.iter().map(|r| r.0.id)
     }
 
     /// Shape of the next iteration: (running sequences, total context tokens).
@@ -182,23 +201,21 @@ impl DecodeScheduler {
     }
 
     /// One iteration finished: every running sequence generated one token.
-    /// Returns the ids that generated their last token (their blocks are freed).
+    /// Returns the ids that generated their last token (their blocks are
+    /// freed), in admission order among those finishing together.
     pub fn complete_step(&mut self) -> Vec<RequestId> {
+        self.steps += 1;
+        self.context_tokens += self.running.len() as u64;
         let mut done = Vec::new();
-        let kv = &mut self.kv;
-        let ctx = &mut self.context_tokens;
-        self.running.retain_mut(|r| {
-            r.generated += 1;
-            *ctx += 1;
-            if r.generated >= r.seq.remaining {
-                kv.free(r.blocks);
-                *ctx -= r.seq.prompt_tokens + r.generated as u64;
-                done.push(r.seq.id);
-                false
-            } else {
-                true
+        while let Some(Reverse(top)) = self.running.peek().copied() {
+            if top.finish_step > self.steps {
+                break;
             }
-        });
+            self.running.pop();
+            self.kv.free(top.blocks);
+            self.context_tokens -= top.final_context;
+            done.push(top.id);
+        }
         done
     }
 }
