@@ -16,14 +16,13 @@ use crate::output::{assemble, RunParts};
 use crate::timeline::Timeline;
 use crate::{SimOptions, SimOutput};
 use easerve_calib::{Efficiency, Roofline, StageCost};
-use easerve_model::ItemTokens;
 use easerve_sched::{
     DecodeScheduler, DecodeSeq, KvBlocks, LeastOutstanding, PrefillItem, PrefillQueue, Request,
     RequestRecord,
 };
-use easerve_workload::generate::item_tokens;
+use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::EncodeSummary;
-use easerve_workload::{generate_requests, Scenario};
+use easerve_workload::Scenario;
 use serde_json::json;
 
 enum Event {
@@ -46,16 +45,7 @@ struct Replica {
 /// Run `sc` as the aggregated baseline.
 pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) -> SimOutput {
     let tp = sc.knobs.aggregated_tp.expect("validated: aggregated TP");
-    let requests = generate_requests(sc);
-    let tokens: Vec<Vec<ItemTokens>> = requests
-        .iter()
-        .map(|r| {
-            r.items
-                .iter()
-                .map(|i| item_tokens(&sc.model, i).expect("validated shapes"))
-                .collect()
-        })
-        .collect();
+    let (requests, tokens) = generate_with_tokens(sc);
     let mut records: Vec<RequestRecord> = requests.iter().map(RequestRecord::new).collect();
     let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
     let kv_bytes = memory
@@ -88,8 +78,9 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
     let mut meters = vec![GpuMeter::default(); sc.gpus as usize];
     let mut timeline = opts.timeline.then(Timeline::default);
     let mut events = EventQueue::new();
-    for (i, r) in requests.iter().enumerate() {
-        events.push(r.arrival, Priority::Arrival, Event::Arrival(i));
+    // arrivals are sorted: only the next one waits in the queue
+    if let Some(first) = requests.first() {
+        events.push(first.arrival, Priority::Arrival, Event::Arrival(0));
     }
     let mut processed = 0u64;
     let (mut passes, mut encoded) = (0usize, 0usize);
@@ -98,6 +89,9 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
         processed += 1;
         let touched = match ev {
             Event::Arrival(i) => {
+                if let Some(next) = requests.get(i + 1) {
+                    events.push(next.arrival, Priority::Arrival, Event::Arrival(i + 1));
+                }
                 let t_pre = cost.encode(&tokens[i], 1.0).t_pre;
                 events.push(now + t_pre, Priority::Transfer, Event::Ready(i));
                 continue;

@@ -11,10 +11,10 @@ use easerve_sched::{
     Batcher, DecodeScheduler, DecodeSeq, DispatchPolicy, KvBlocks, LeastOutstanding, PrefillItem,
     PrefillQueue, Request, RequestId, RequestRecord, Route, Router, SmSplit,
 };
-use easerve_workload::generate::item_tokens;
+use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::EncodeSummary;
 use easerve_workload::scenario::System;
-use easerve_workload::{generate_requests, Report, Scenario};
+use easerve_workload::{Report, Scenario};
 use serde_json::json;
 
 /// Progress below this SM share counts as stalled (no completion scheduled).
@@ -154,6 +154,8 @@ struct Sim<'a> {
     remote_routed: usize,
     routed: usize,
     processed: u64,
+    /// Decode iterations run inline (each counts as one event).
+    inline_steps: u64,
     timeline: Option<Timeline>,
 }
 
@@ -187,16 +189,7 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
 
 impl<'a> Sim<'a> {
     fn new(sc: &'a Scenario, cost: Box<dyn StageCost>) -> Self {
-        let requests = generate_requests(sc);
-        let tokens: Vec<Vec<ItemTokens>> = requests
-            .iter()
-            .map(|r| {
-                r.items
-                    .iter()
-                    .map(|i| item_tokens(&sc.model, i).expect("validated shapes"))
-                    .collect()
-            })
-            .collect();
+        let (requests, tokens) = generate_with_tokens(sc);
         let records = requests.iter().map(RequestRecord::new).collect();
         let dep = &sc.deployment;
         let alloc = dep.allocation;
@@ -321,8 +314,10 @@ impl<'a> Sim<'a> {
             .collect();
         let meters = (0..sc.gpus).map(|_| GpuMeter::default()).collect();
         let mut events = EventQueue::new();
-        for (i, r) in requests.iter().enumerate() {
-            events.push(r.arrival, Priority::Arrival, Event::Arrival(i));
+        // arrivals are sorted: only the next one waits in the queue, which keeps
+        // the heap as small as the number of busy workers
+        if let Some(first) = requests.first() {
+            events.push(first.arrival, Priority::Arrival, Event::Arrival(0));
         }
         Sim {
             sc,
@@ -347,6 +342,7 @@ impl<'a> Sim<'a> {
             remote_routed: 0,
             routed: 0,
             processed: 0,
+            inline_steps: 0,
             timeline: None,
         }
     }
@@ -388,6 +384,10 @@ impl<'a> Sim<'a> {
     // ---------------------------------------------------------------- encode
 
     fn on_arrival(&mut self, i: usize) {
+        if let Some(next) = self.requests.get(i + 1) {
+            self.events
+                .push(next.arrival, Priority::Arrival, Event::Arrival(i + 1));
+        }
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
             let id = req.id;
@@ -834,37 +834,57 @@ impl<'a> Sim<'a> {
         self.try_decode(d);
     }
 
+    /// Start decode iterations on worker `d` if it is idle and has work.
+    ///
+    /// Iterations that end strictly before the next queued event of the whole
+    /// simulation cannot be affected by anything (no KV cache can land first),
+    /// so they are run inline without a round trip through the event queue;
+    /// the outcome is the same as stepping one event at a time.
     fn try_decode(&mut self, d: usize) {
         if self.decode[d].stepping {
             return;
         }
-        let now = self.now;
-        for id in self.decode[d].sched.admit() {
-            self.records[id as usize].decode_start = Some(now);
+        let mut t = self.now;
+        loop {
+            for id in self.decode[d].sched.admit() {
+                self.records[id as usize].decode_start = Some(t);
+            }
+            let (batch, ctx) = self.decode[d].sched.step_shape();
+            if batch == 0 {
+                return;
+            }
+            let dur = self.cost.decode_step(batch, ctx, self.decode[d].tp);
+            self.decode[d].step_start = t;
+            for &g in &self.decode[d].gpus {
+                self.meters[g as usize].begin(t);
+                self.meters[g as usize].add_sm_time(dur);
+            }
+            let end = t + dur;
+            if self.events.peek_time().is_some_and(|next| next <= end) {
+                self.decode[d].stepping = true;
+                self.events.push(
+                    end,
+                    Priority::Completion,
+                    Event::DecodeStepDone { decode: d },
+                );
+                return;
+            }
+            self.inline_steps += 1;
+            self.complete_decode_step(d, end);
+            t = end;
         }
-        let (batch, ctx) = self.decode[d].sched.step_shape();
-        if batch == 0 {
-            return;
-        }
-        let dur = self.cost.decode_step(batch, ctx, self.decode[d].tp);
-        self.decode[d].stepping = true;
-        self.decode[d].step_start = now;
-        for &g in &self.decode[d].gpus {
-            self.meters[g as usize].begin(now);
-            self.meters[g as usize].add_sm_time(dur);
-        }
-        self.events.push(
-            now + dur,
-            Priority::Completion,
-            Event::DecodeStepDone { decode: d },
-        );
     }
 
     fn on_decode_step(&mut self, d: usize) {
-        let now = self.now;
         self.decode[d].stepping = false;
+        self.complete_decode_step(d, self.now);
+        self.try_decode(d);
+    }
+
+    /// The iteration of decode worker `d` that started at `step_start` ends at `at`.
+    fn complete_decode_step(&mut self, d: usize, at: f64) {
         for &g in &self.decode[d].gpus {
-            self.meters[g as usize].end(now);
+            self.meters[g as usize].end(at);
         }
         if let Some(tl) = self.timeline.as_mut() {
             let (batch, ctx) = self.decode[d].sched.step_shape();
@@ -873,23 +893,22 @@ impl<'a> Sim<'a> {
                 &format!("D{d} decode"),
                 "decode step",
                 self.decode[d].step_start,
-                now,
+                at,
                 args,
             );
             tl.counter(
                 &format!("D{d} waiting for KV blocks"),
-                now,
+                at,
                 self.decode[d].sched.waiting() as f64,
             );
         }
         for id in self.decode[d].sched.complete_step() {
             let i = id as usize;
-            self.records[i].finish = Some(now);
+            self.records[i].finish = Some(at);
             let work =
                 (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
             self.decode_place.complete(d, work);
         }
-        self.try_decode(d);
     }
 
     // ---------------------------------------------------------------- report
@@ -932,7 +951,7 @@ impl<'a> Sim<'a> {
                 roles,
                 encode,
                 notes,
-                events: self.processed,
+                events: self.processed + self.inline_steps,
                 timeline: self.timeline,
             },
         )

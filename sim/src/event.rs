@@ -71,6 +71,11 @@ impl<E> EventQueue<E> {
         });
     }
 
+    /// Time of the earliest event, if any.
+    pub(crate) fn peek_time(&self) -> Option<f64> {
+        self.heap.peek().map(|e| e.time)
+    }
+
     pub(crate) fn pop(&mut self) -> Option<(f64, E)> {
         self.heap.pop().map(|e| (e.time, e.event))
     }

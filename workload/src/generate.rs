@@ -73,6 +73,15 @@ pub fn item_tokens(
 /// # Panics
 /// Never for a scenario that passed validation (shapes were checked against the model).
 pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
+    generate_with_tokens(sc).0
+}
+
+/// The requests of a validated scenario and, per request, the tokens of each
+/// of its items (what the encoder and the LLM see), computed once.
+///
+/// # Panics
+/// Never for a scenario that passed validation.
+pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>>) {
     let w = &sc.workload;
     let arrivals = arrival_times(&w.arrival, w.rate, w.requests, sc.seed);
     let mut lengths = stream(sc.seed, "lengths");
@@ -85,6 +94,7 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
         _ => None,
     };
     let mut out = Vec::with_capacity(w.requests);
+    let mut tokens = Vec::with_capacity(w.requests);
     for (i, &arrival) in arrivals.iter().enumerate() {
         let (prompt_tokens, output_tokens) = match &w.arrival {
             Arrival::Trace { rows, .. } => (rows[i].prompt_tokens, rows[i].output_tokens),
@@ -119,12 +129,13 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
             }
             Shapes::Text => Vec::new(),
         };
-        let (mut encoder_tokens, mut mm_tokens) = (0, 0);
-        for item in &items {
-            let t = item_tokens(&sc.model, item).expect("shapes validated against the model");
-            encoder_tokens += t.encoder_tokens;
-            mm_tokens += t.llm_tokens;
-        }
+        let item_toks: Vec<ItemTokens> = items
+            .iter()
+            .map(|item| item_tokens(&sc.model, item).expect("shapes validated against the model"))
+            .collect();
+        let encoder_tokens = item_toks.iter().map(|t| t.encoder_tokens).sum();
+        let mm_tokens = item_toks.iter().map(|t| t.llm_tokens).sum();
+        tokens.push(item_toks);
         out.push(Request {
             id: i as u64,
             arrival,
@@ -135,7 +146,7 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
             mm_tokens,
         });
     }
-    out
+    (out, tokens)
 }
 
 #[cfg(test)]

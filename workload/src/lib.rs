@@ -17,6 +17,7 @@ pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod trace;
+pub mod validate;
 
 pub use generate::generate_requests;
 pub use report::{Report, SloTier, Stats};

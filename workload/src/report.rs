@@ -44,7 +44,7 @@ impl Stats {
         if xs.is_empty() {
             return Stats::default();
         }
-        xs.sort_by(f64::total_cmp);
+        xs.sort_unstable_by(f64::total_cmp);
         let pct = |p: f64| {
             let pos = p / 100.0 * (xs.len() - 1) as f64;
             let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);

@@ -1,0 +1,314 @@
+//! Sim-vs-measured validation: compare two [`Report`]s metric by metric.
+//!
+//! The measured run's JSON **is** a [`Report`] (DESIGN.md "Metrics": the same
+//! report type comes out of sim and exec), as `easerve sim --json` writes it;
+//! the executor will write the same. So a simulated report is a valid stand-in
+//! for a measured one in tests.
+//!
+//! Compared, each as measured value, simulated value and relative error
+//! `(simulated − measured) / measured` (0 when both are 0, ±∞ when only the
+//! measured value is 0):
+//!
+//! * throughput: requests/s and output tokens/s;
+//! * TTFT, TPOT, E2E: mean, P50, P90, P99;
+//! * per compute stage (encode, prefill, decode) that either run passed
+//!   through: mean queueing and mean service time.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::report::{Report, StageReport};
+
+/// One compared figure.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    /// What it is, e.g. `TTFT P90 (s)` or `encode service mean (s)`.
+    pub metric: String,
+    /// Value in the measured run.
+    pub measured: f64,
+    /// Value in the simulated run.
+    pub simulated: f64,
+    /// `(simulated − measured) / measured`; 0 when both are 0, ±∞ when only the
+    /// measured value is 0.
+    pub rel_error: f64,
+}
+
+/// All compared figures of two runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Validation {
+    /// One row per figure, in the order of the module doc.
+    pub rows: Vec<Row>,
+}
+
+/// Why a report could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportLoadError {
+    /// The file could not be read.
+    #[error("cannot read report {file}: {source}")]
+    Io {
+        /// The file.
+        file: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The JSON is not a report.
+    #[error("report {file}: field `{path}`: {message} (the file must be the JSON of `easerve sim --json`, or a measured run in the same format)")]
+    Json {
+        /// The file.
+        file: String,
+        /// Path of the offending field (`.` for the document).
+        path: String,
+        /// What serde said.
+        message: String,
+    },
+}
+
+/// Read a report JSON (`easerve sim --json`, or a measured run in that format).
+pub fn load_report(path: impl AsRef<Path>) -> Result<Report, ReportLoadError> {
+    let path = path.as_ref();
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ReportLoadError::Io {
+        file: file.clone(),
+        source,
+    })?;
+    let mut de = serde_json::Deserializer::from_str(&text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| ReportLoadError::Json {
+        file,
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
+    })
+}
+
+/// `(simulated − measured) / measured` with the conventions of [`Row::rel_error`].
+pub fn rel_error(measured: f64, simulated: f64) -> f64 {
+    if measured == 0.0 {
+        if simulated == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY.copysign(simulated)
+        }
+    } else {
+        (simulated - measured) / measured
+    }
+}
+
+impl Validation {
+    /// Compare a simulated report with a measured one.
+    pub fn compare(simulated: &Report, measured: &Report) -> Validation {
+        let mut rows = Vec::new();
+        let mut push = |metric: String, m: f64, s: f64| {
+            rows.push(Row {
+                metric,
+                measured: m,
+                simulated: s,
+                rel_error: rel_error(m, s),
+            })
+        };
+        push(
+            "throughput (req/s)".into(),
+            measured.request_throughput,
+            simulated.request_throughput,
+        );
+        push(
+            "output throughput (tok/s)".into(),
+            measured.output_throughput,
+            simulated.output_throughput,
+        );
+        let stats = [
+            ("TTFT", &measured.ttft, &simulated.ttft),
+            ("TPOT", &measured.tpot, &simulated.tpot),
+            ("E2E", &measured.e2e, &simulated.e2e),
+        ];
+        for (name, m, s) in stats {
+            for (q, a, b) in [
+                ("mean", m.mean, s.mean),
+                ("P50", m.p50, s.p50),
+                ("P90", m.p90, s.p90),
+                ("P99", m.p99, s.p99),
+            ] {
+                push(format!("{name} {q} (s)"), a, b);
+            }
+        }
+        let stage = |r: &Report, name: &str| -> Option<StageReport> {
+            r.stages
+                .iter()
+                .find(|s| s.stage == name && s.requests > 0)
+                .cloned()
+        };
+        for name in ["encode", "prefill", "decode"] {
+            let (m, s) = (stage(measured, name), stage(simulated, name));
+            if m.is_none() && s.is_none() {
+                continue;
+            }
+            let q = |x: &Option<StageReport>| x.as_ref().map_or(0.0, |x| x.queue.mean);
+            let v = |x: &Option<StageReport>| x.as_ref().map_or(0.0, |x| x.service.mean);
+            push(format!("{name} queueing mean (s)"), q(&m), q(&s));
+            push(format!("{name} service mean (s)"), v(&m), v(&s));
+        }
+        Validation { rows }
+    }
+
+    /// The row with the largest |relative error| (`None` when there are no rows).
+    pub fn worst(&self) -> Option<&Row> {
+        self.rows
+            .iter()
+            .max_by(|a, b| a.rel_error.abs().total_cmp(&b.rel_error.abs()))
+    }
+
+    /// Rows whose |relative error| exceeds `max_error` (a fraction, 0.1 = 10 %).
+    pub fn exceeding(&self, max_error: f64) -> Vec<&Row> {
+        self.rows
+            .iter()
+            .filter(|r| r.rel_error.abs() > max_error)
+            .collect()
+    }
+
+    /// A table: metric, measured, simulated, relative error in %.
+    pub fn render_text(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<30}{:>14}{:>14}{:>10}",
+            "metric", "measured", "simulated", "error"
+        );
+        for r in &self.rows {
+            let err = if r.rel_error.is_finite() {
+                format!("{:+.1}%", r.rel_error * 100.0)
+            } else {
+                "inf".to_string()
+            };
+            let _ = writeln!(
+                s,
+                "{:<30}{:>14.6}{:>14.6}{:>10}",
+                r.metric, r.measured, r.simulated, err
+            );
+        }
+        if let Some(w) = self.worst() {
+            let _ = writeln!(
+                s,
+                "largest |error|: {} ({:.1}%)",
+                w.metric,
+                w.rel_error.abs() * 100.0
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{EncodeSummary, RunMeta};
+    use easerve_sched::RequestRecord;
+
+    /// Records of a small run, every timestamp multiplied by `f`.
+    fn records(f: f64) -> Vec<RequestRecord> {
+        (0..20u64)
+            .map(|i| {
+                let a = i as f64 * 0.5;
+                let x = (i % 7) as f64 * 0.01;
+                let t = [
+                    a,
+                    a + 0.1 + x,
+                    a + 1.6 + x,
+                    a + 1.65 + x,
+                    a + 1.7 + 2.0 * x,
+                    a + 2.0 + 2.0 * x,
+                    a + 2.01 + 2.0 * x,
+                    a + 2.02 + 3.0 * x,
+                    a + 4.0 + 3.0 * x,
+                ];
+                RequestRecord {
+                    id: i,
+                    arrival: t[0] * f,
+                    output_tokens: 50 + i as u32,
+                    prefill_tokens: 3000,
+                    encode_worker: Some(0),
+                    encode_batch: Some(1),
+                    encode_start: Some(t[1] * f),
+                    encode_end: Some(t[2] * f),
+                    prefill_ready: Some(t[3] * f),
+                    prefill_start: Some(t[4] * f),
+                    first_token: Some(t[5] * f),
+                    decode_ready: Some(t[6] * f),
+                    decode_start: Some(t[7] * f),
+                    finish: Some(t[8] * f),
+                    ..Default::default()
+                }
+            })
+            .collect()
+    }
+
+    fn report(f: f64) -> Report {
+        Report::build(
+            RunMeta::default(),
+            &records(f),
+            &[],
+            vec![],
+            EncodeSummary::default(),
+            vec![],
+        )
+    }
+
+    #[test]
+    fn a_run_against_itself_has_zero_error() {
+        let r = report(1.0);
+        let v = Validation::compare(&r, &r);
+        assert_eq!(v.rows.len(), 2 + 12 + 6);
+        assert!(v.rows.iter().all(|r| r.rel_error == 0.0), "{v:?}");
+        assert!(v.exceeding(0.0).is_empty());
+    }
+
+    #[test]
+    fn scaled_latencies_give_the_scale_as_error() {
+        // every timestamp × 1.25: latencies +25 %, throughput 1/1.25 − 1 = −20 %
+        let measured = report(1.0);
+        let sim = report(1.25);
+        let v = Validation::compare(&sim, &measured);
+        for r in &v.rows {
+            let want = if r.metric.contains("throughput") {
+                -0.2
+            } else {
+                0.25
+            };
+            assert!(
+                (r.rel_error - want).abs() < 1e-9,
+                "{}: {} vs {want}",
+                r.metric,
+                r.rel_error
+            );
+        }
+        assert_eq!(v.exceeding(0.24).len(), v.rows.len() - 2);
+        assert!(v.exceeding(0.26).is_empty());
+        assert!((v.worst().unwrap().rel_error - 0.25).abs() < 1e-9);
+        assert!(v.render_text().contains("+25.0%"));
+    }
+
+    #[test]
+    fn reports_round_trip_through_json_and_bad_files_name_the_field() {
+        let dir = std::env::temp_dir().join(format!("easerve-validate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("r.json");
+        let r = report(1.0);
+        std::fs::write(&p, serde_json::to_string_pretty(&r).unwrap()).unwrap();
+        // serde_json's default float parsing may differ from the written value in
+        // the last bit, so compare through the validation
+        let back = load_report(&p).unwrap();
+        assert_eq!(back.completed, r.completed);
+        let v = Validation::compare(&back, &r);
+        assert!(v.rows.iter().all(|x| x.rel_error.abs() < 1e-12), "{v:?}");
+        std::fs::write(&p, r#"{"scenario": "x", "completed": "many"}"#).unwrap();
+        let e = load_report(&p).unwrap_err().to_string();
+        assert!(e.contains("r.json") && e.contains("completed"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn zero_measured_is_infinite_error_unless_both_zero() {
+        assert_eq!(rel_error(0.0, 0.0), 0.0);
+        assert_eq!(rel_error(0.0, 1.0), f64::INFINITY);
+        assert_eq!(rel_error(2.0, 1.0), -0.5);
+    }
+}
