@@ -1,0 +1,39 @@
+//! Simulator speed: the image scenario (LLaVA-v1.6-34B on 8× RTX 6000 Ada) with
+//! 10,000 and 1,000,000 requests, timed around `easerve_sim::simulate` (scenario
+//! parsing excluded); throughput is reported in engine events per second.
+//!
+//! Run with `cargo bench --bench sim`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use easerve_workload::scenario::{Overrides, Scenario};
+use std::path::Path;
+use std::time::Duration;
+
+fn image(requests: i64) -> Scenario {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/image.toml");
+    let o = Overrides {
+        requests: Some(requests),
+        ..Default::default()
+    };
+    Scenario::load(&path, &o).expect("scenarios/image.toml is valid")
+}
+
+fn bench(c: &mut Criterion) {
+    let mut group = c.benchmark_group("image");
+    for (requests, samples) in [(10_000i64, 50usize), (1_000_000, 10)] {
+        let sc = image(requests);
+        let events = easerve_sim::simulate(&sc).events;
+        group.throughput(Throughput::Elements(events));
+        group.sample_size(samples);
+        if requests > 100_000 {
+            group.measurement_time(Duration::from_secs(45));
+        }
+        group.bench_with_input(BenchmarkId::new("requests", requests), &sc, |b, sc| {
+            b.iter(|| easerve_sim::simulate(sc))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
