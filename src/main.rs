@@ -1,16 +1,19 @@
 //! The `easerve` command line.
 //!
-//! Exit codes (one place): 0 success; 1 internal error; 2 bad input (a
-//! scenario or argument that cannot be used — the message names the file, the
-//! field and what is allowed).
+//! Exit codes (one place): 0 success; 1 internal error, or `calib validate`
+//! found an error above `--max-error`; 2 bad input (a scenario, profile or
+//! argument that cannot be used — the message names the file, the field and
+//! what is allowed).
 
 use anyhow::Context;
+mod calib_cmd;
+
 use clap::{Parser, Subcommand};
 use easerve_workload::scenario::{Overrides, Scenario, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const EXIT_CODES: &str = "Exit codes: 0 success; 1 internal error; 2 bad input (scenario or arguments: the message names the file, the field and what is allowed).";
+const EXIT_CODES: &str = "Exit codes: 0 success; 1 internal error, or `calib validate` found an error above --max-error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed).";
 
 /// easerve: encode-aware disaggregated serving for multimodal LLMs.
 #[derive(Parser, Debug)]
@@ -25,6 +28,9 @@ enum Command {
     /// Simulate one run of a scenario on the digital twin and print its report.
     #[command(after_help = EXIT_CODES)]
     Sim(SimArgs),
+    /// Calibration: write, show, import, validate and refine stage-cost profiles.
+    #[command(subcommand)]
+    Calib(calib_cmd::CalibCommand),
 }
 
 #[derive(clap::Args, Debug)]
@@ -81,6 +87,7 @@ impl std::error::Error for BadInput {}
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
+        Command::Calib(cmd) => calib_cmd::run(cmd),
         Command::Sim(a) => {
             let overrides = Overrides {
                 seed: a.seed,

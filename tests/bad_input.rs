@@ -192,3 +192,33 @@ fn trace_that_cannot_be_read() {
         &["workload.trace", "no-such-trace.csv", "cannot read"],
     );
 }
+
+#[test]
+fn profile_of_another_model_or_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("llava.toml");
+    let out = easerve(&[
+        "calib",
+        "roofline",
+        "--model",
+        "llava-v1.6-34b",
+        "--gpu",
+        "rtx-6000-ada",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let f = video_with(|s| {
+        s.replace(
+            "seed = 42",
+            &format!("seed = 42\nprofile = {:?}", profile.to_str().unwrap()),
+        )
+    });
+    rejects(
+        f.path(),
+        &[],
+        &["`profile`", "llava-v1.6-34b", "qwen2.5-vl-32b"],
+    );
+    let f = video_with(|s| s.replace("seed = 42", "seed = 42\nprofile = \"no-such-profile.toml\""));
+    rejects(f.path(), &[], &["`profile`", "no-such-profile.toml"]);
+}

@@ -335,3 +335,61 @@ fn the_three_systems_run_on_the_image_scenario() {
     let moderate = |r: &serde_json::Value| num(&r["goodput"][2], "/goodput");
     assert!(moderate(&ours) > moderate(&agg) && moderate(&agg) > moderate(&pass));
 }
+
+/// A profile written from the roofline gives the same simulated run as the
+/// roofline itself, up to the interpolation between its grid points.
+#[test]
+fn scenarios_run_from_a_written_profile_and_agree_with_the_roofline() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, model) in [
+        ("image", "llava-v1.6-34b"),
+        ("video", "qwen2.5-vl-32b"),
+        ("audio", "ultravox-v0.6-27b"),
+    ] {
+        let profile = dir.path().join(format!("{name}.profile.toml"));
+        let out = easerve(&[
+            "calib",
+            "roofline",
+            "--model",
+            model,
+            "--gpu",
+            "rtx-6000-ada",
+            "-o",
+            profile.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = std::fs::read_to_string(scenario(name)).unwrap();
+        let with_profile = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &with_profile,
+            text.replace(
+                "seed = 42",
+                &format!("seed = 42\nprofile = {:?}", profile.to_str().unwrap()),
+            ),
+        )
+        .unwrap();
+        let a = sim_json(&scenario(name), &["--requests", "300"]);
+        let b = sim_json(&with_profile, &["--requests", "300"]);
+        assert!(
+            b["notes"][0].as_str().unwrap().contains("profile"),
+            "{name}: {}",
+            b["notes"][0]
+        );
+        let rel = |p: &str| (num(&b, p) - num(&a, p)).abs() / num(&a, p);
+        assert!(
+            rel("/request_throughput") < 0.01,
+            "{name} throughput {}",
+            rel("/request_throughput")
+        );
+        assert!(
+            rel("/tpot/mean") < 0.03,
+            "{name} TPOT {}",
+            rel("/tpot/mean")
+        );
+        assert!(rel("/ttft/mean") < 0.2, "{name} TTFT {}", rel("/ttft/mean"));
+    }
+}

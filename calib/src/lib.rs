@@ -3,11 +3,14 @@
 //! This crate turns the work that `easerve-model` counts (FLOPs, bytes) into seconds on
 //! a named GPU: a roofline (`max(compute, memory)`) scaled by fitted efficiencies, plus
 //! the fixed per-pass, per-item and per-step terms DESIGN.md "Cost" requires. It does
-//! not measure anything; measured profiles and fitting come later and will replace the
-//! assumed constants in [`eff`].
+//! not measure anything itself: measured (or imported, or roofline-computed)
+//! [`profile`]s carry per-stage latency tables with provenance, and [`vidur`] fits
+//! efficiency curves from third-party measurements into [`fitted`].
 //!
 //! Reading guide: [`gpu`] (GPU and link presets with datasheet numbers), [`eff`] (every
-//! efficiency/overhead constant and where it came from), [`roofline`] (the cost model).
+//! efficiency/overhead constant and where it came from), [`roofline`] (the cost model),
+//! [`cost`] (the [`StageCost`] interface), [`profile`] (the profile format and its
+//! lookups), [`vidur`] + [`fitted`] (fits to measured data), [`refine`].
 //!
 //! ```
 //! use easerve_calib::{Efficiency, GpuSpec, Roofline};
@@ -22,10 +25,16 @@
 
 pub mod cost;
 pub mod eff;
+pub mod fitted;
 pub mod gpu;
+pub mod interp;
+pub mod profile;
+pub mod refine;
 pub mod roofline;
+pub mod vidur;
 
 pub use cost::StageCost;
 pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
+pub use profile::{GridSpec, Profile, ProfileError, Provenance, Source};
 pub use roofline::{EncodeTime, Roofline};

@@ -165,13 +165,17 @@ pub fn simulate(sc: &Scenario) -> SimOutput {
     simulate_with(sc, scenario_cost(sc), &SimOptions::default())
 }
 
-/// The cost source a scenario names (today: the roofline of its model and GPU).
+/// The cost source a scenario names: its `profile`, or the roofline of its
+/// model and GPU.
 pub fn scenario_cost(sc: &Scenario) -> Box<dyn StageCost> {
-    Box::new(Roofline::new(
-        sc.model.clone(),
-        sc.gpu.clone(),
-        Efficiency::default(),
-    ))
+    match &sc.profile {
+        Some(p) => Box::new(p.clone()),
+        None => Box::new(Roofline::new(
+            sc.model.clone(),
+            sc.gpu.clone(),
+            Efficiency::default(),
+        )),
+    }
 }
 
 /// Run the scenario with stage costs from `cost` (a roofline or a profile).

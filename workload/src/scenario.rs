@@ -38,6 +38,10 @@ pub struct ScenarioFile {
     /// Master seed of every RNG stream (default 0).
     #[serde(default)]
     pub seed: u64,
+    /// Where stage costs come from: `"roofline"` (default) or the path of a
+    /// profile file (`easerve calib roofline`, measured or imported), relative
+    /// to the scenario file's folder.
+    pub profile: Option<String>,
     /// The model.
     pub model: ModelSection,
     /// The GPUs.
@@ -313,6 +317,8 @@ pub struct Scenario {
     pub knobs: ServingKnobs,
     /// The serving system that runs it.
     pub system: System,
+    /// The measured (or written) profile its costs come from; `None` = roofline.
+    pub profile: Option<easerve_calib::Profile>,
     /// Workload.
     pub workload: Workload,
     /// SLO tiers, strict → relaxed.
@@ -1104,6 +1110,34 @@ impl Scenario {
             None
         };
 
+        // --- cost source ---
+        let profile = match raw.profile.as_deref() {
+            None | Some("roofline") => None,
+            Some(name) => {
+                let path = Path::new(file)
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .join(name);
+                let p = easerve_calib::Profile::load(&path)
+                    .map_err(|e| v.err("profile", e.to_string()))?;
+                let prov = &p.provenance;
+                if prov.model != model.name || prov.device != gpu.name {
+                    return Err(v.err(
+                        "profile",
+                        format!(
+                            "{} profiles {} on {}, but the scenario runs {} on {}",
+                            path.display(),
+                            prov.model,
+                            prov.device,
+                            model.name,
+                            gpu.name
+                        ),
+                    ));
+                }
+                Some(p)
+            }
+        };
+
         // --- SLO tiers ---
         let mut slo = Vec::new();
         for (i, t) in raw.slo.iter().enumerate() {
@@ -1132,6 +1166,7 @@ impl Scenario {
             gpus,
             deployment,
             system,
+            profile,
             knobs: ServingKnobs {
                 prefill_token_budget: knobs_budget,
                 prefill_max_seqs,

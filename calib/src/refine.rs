@@ -1,0 +1,185 @@
+//! Folding measured encode passes back into a profile (`easerve calib refine`).
+//!
+//! Deliberately simple: a measured run tells, per micro-batch size, how long
+//! whole encode passes took; it does not tell the SM share or each item's
+//! tokens. So refinement rescales the encode table by batch size only:
+//!
+//! 1. for each batch size `b` with samples, `f_b = median(measured pass seconds)
+//!    / table(b, encoder_tokens, sm_level = 1.0)`, with `encoder_tokens` the
+//!    run's typical tokens per item (given by the caller);
+//! 2. every row of the table with batch `B` (all token counts, all SM levels) has
+//!    `median`, `p90`, `t_pass` and `t_pre` multiplied by `f(B)`, where `f` is
+//!    piecewise linear in `ln b` between the measured sizes and held constant
+//!    beyond them.
+//!
+//! The split into `t_pass`, `t_pre` and GPU time keeps its proportions; the
+//! provenance's `method` records what was folded in.
+
+use crate::profile::{Profile, ProfileError};
+
+/// One measured encode pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EncodeSample {
+    /// Items in the pass.
+    pub items: u64,
+    /// Seconds from the pass's start to its end (CPU and GPU phases).
+    pub seconds: f64,
+}
+
+/// What refinement did: per measured batch size, (items, samples, measured
+/// median seconds, table seconds before, factor).
+pub type RefineSummary = Vec<(u64, usize, f64, f64, f64)>;
+
+/// Rescale `profile`'s encode table by the measured passes (module doc).
+/// `what` names the source of the samples in the provenance.
+pub fn refine_encode(
+    profile: &mut Profile,
+    samples: &[EncodeSample],
+    encoder_tokens: f64,
+    what: &str,
+) -> Result<RefineSummary, ProfileError> {
+    let err = |m: String| ProfileError {
+        file: profile.origin.clone(),
+        table: Some("encode".into()),
+        row: None,
+        message: m,
+    };
+    let Some(table) = profile.encode_table() else {
+        return Err(err("the profile has no encode table to refine".into()));
+    };
+    if !(encoder_tokens >= 1.0 && encoder_tokens.is_finite()) {
+        return Err(err(format!(
+            "encoder tokens per item must be ≥ 1, got {encoder_tokens}"
+        )));
+    }
+    let mut sizes: Vec<u64> = samples
+        .iter()
+        .filter(|s| s.items > 0 && s.seconds.is_finite() && s.seconds > 0.0)
+        .map(|s| s.items)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.is_empty() {
+        return Err(err(
+            "no encode pass with items > 0 and a positive duration among the samples".into(),
+        ));
+    }
+    let mut summary = Vec::new();
+    for &b in &sizes {
+        let mut xs: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.items == b && s.seconds > 0.0 && s.seconds.is_finite())
+            .map(|s| s.seconds)
+            .collect();
+        xs.sort_by(f64::total_cmp);
+        let n = xs.len();
+        let med = if n % 2 == 1 {
+            xs[n / 2]
+        } else {
+            0.5 * (xs[n / 2 - 1] + xs[n / 2])
+        };
+        let before: f64 = table.lookup(&[b as f64, encoder_tokens, 1.0]).iter().sum();
+        summary.push((b, n, med, before, med / before));
+    }
+    let factor = |b: f64| -> f64 {
+        let first = &summary[0];
+        let last = &summary[summary.len() - 1];
+        if b <= first.0 as f64 {
+            return first.4;
+        }
+        if b >= last.0 as f64 {
+            return last.4;
+        }
+        let i = summary.iter().position(|s| s.0 as f64 > b).unwrap_or(1);
+        let (lo, hi) = (&summary[i - 1], &summary[i]);
+        let w = (b.ln() - (lo.0 as f64).ln()) / ((hi.0 as f64).ln() - (lo.0 as f64).ln());
+        lo.4 + w * (hi.4 - lo.4)
+    };
+    let na = 3;
+    let rows: Vec<Vec<f64>> = table
+        .rows()
+        .iter()
+        .map(|r| {
+            let f = factor(r[0]);
+            r.iter()
+                .enumerate()
+                .map(|(i, v)| if i < na { *v } else { v * f })
+                .collect()
+        })
+        .collect();
+    profile.set_encode_rows(rows)?;
+    let factors: Vec<String> = summary
+        .iter()
+        .map(|s| format!("B={}: x{:.3} ({} passes)", s.0, s.4, s.1))
+        .collect();
+    let _ = write!(
+        profile.provenance.method,
+        "; encode refined on {} with {} measured passes from {what} at {encoder_tokens} encoder tokens per item ({})",
+        crate::profile::today_utc(),
+        samples.len(),
+        factors.join(", ")
+    );
+    Ok(summary)
+}
+
+use std::fmt::Write as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Efficiency, GpuSpec, GridSpec, Roofline, StageCost};
+    use easerve_model::{ItemTokens, ModelArch};
+
+    #[test]
+    fn refinement_moves_the_table_to_the_measured_passes() {
+        let r = Roofline::new(
+            ModelArch::preset("llava-v1.6-34b").unwrap(),
+            GpuSpec::preset("rtx-6000-ada").unwrap(),
+            Efficiency::default(),
+        );
+        let mut p = Profile::from_roofline(&r, &GridSpec::default(), "2025-01-02");
+        let item = ItemTokens {
+            encoder_tokens: 2048,
+            llm_tokens: 2048,
+            attn_span: 577,
+        };
+        let t1 = StageCost::encode(&p, &[item], 1.0).total();
+        let t4 = StageCost::encode(&p, &[item; 4], 1.0).total();
+        // measured: B=1 passes take 1.2x the table, B=4 passes 1.5x
+        let samples = [
+            EncodeSample {
+                items: 1,
+                seconds: 1.2 * t1,
+            },
+            EncodeSample {
+                items: 1,
+                seconds: 1.2 * t1,
+            },
+            EncodeSample {
+                items: 4,
+                seconds: 1.5 * t4,
+            },
+        ];
+        let s = refine_encode(&mut p, &samples, 2048.0, "test").unwrap();
+        assert_eq!(s.len(), 2);
+        assert!(
+            (s[0].4 - 1.2).abs() < 1e-9 && (s[1].4 - 1.5).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert!((StageCost::encode(&p, &[item], 1.0).total() - 1.2 * t1).abs() < 1e-9 * t1);
+        assert!((StageCost::encode(&p, &[item; 4], 1.0).total() - 1.5 * t4).abs() < 1e-9 * t4);
+        // B=2 sits halfway in ln b: factor 1.35; beyond B=4 held at 1.5
+        let t2 = r
+            .encode(&[crate::profile::synthetic_item(&r.model, 2048); 2], 1.0)
+            .total();
+        assert!((StageCost::encode(&p, &[item; 2], 1.0).total() - 1.35 * t2).abs() < 1e-6 * t2);
+        assert!(p.provenance.method.contains("B=1: x1.200 (2 passes)"));
+        // still a valid profile that round-trips
+        let text = p.to_toml_string();
+        assert_eq!(
+            Profile::from_toml_str(&text, "x").unwrap().to_toml_string(),
+            text
+        );
+        assert!(refine_encode(&mut p, &[], 2048.0, "none").is_err());
+    }
+}

@@ -1,0 +1,474 @@
+//! `easerve calib …`: write, show and refine profiles; import Vidur's A100
+//! timings and fit efficiencies; compare a simulated run with a measured one.
+//!
+//! Exit codes as for every subcommand (0 success, 1 internal error, 2 bad
+//! input), plus: `calib validate` exits 1 when a `--max-error` is exceeded.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use easerve_calib::profile::today_utc;
+use easerve_calib::refine::{refine_encode, EncodeSample};
+use easerve_calib::{vidur, Efficiency, GpuSpec, GridSpec, Profile, Roofline};
+use easerve_model::ModelArch;
+use easerve_workload::validate::{load_report, Validation};
+
+use crate::BadInput;
+
+/// Profiles, fitting and validation.
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum CalibCommand {
+    /// Write a profile computed from the roofline of a model on a GPU (five SM
+    /// levels 0.2..1.0; grid in calib/README.md).
+    Roofline {
+        /// Model preset, e.g. `llava-v1.6-34b`.
+        #[arg(long)]
+        model: String,
+        /// GPU preset, e.g. `rtx-6000-ada`.
+        #[arg(long)]
+        gpu: String,
+        /// Output profile (TOML).
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+        /// Date written into the provenance (default: today, UTC).
+        #[arg(long, value_name = "YYYY-MM-DD")]
+        date: Option<String>,
+    },
+    /// Print a profile's provenance and tables.
+    Show {
+        /// Profile file (TOML).
+        profile: PathBuf,
+        /// Print at most this many rows per table (0: all).
+        #[arg(long, default_value_t = 12)]
+        rows: usize,
+    },
+    /// Read Vidur's A100 per-operator CSVs, fit GEMM efficiency (per TP) and
+    /// all-reduce latency/bandwidth (per TP), and print the constants and the
+    /// error predicting another model's CSV.
+    ImportVidur {
+        /// Directory with a100_codellama34b_mlp.csv, a100_llama2_70b_mlp.csv
+        /// and a100_dgx_all_reduce.csv (e.g. ../shared/data/vidur-a100).
+        dir: PathBuf,
+        /// Also write the fitted constants as Rust source (for calib/src/fitted.rs).
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Compare a simulated run with a measured one (both report JSONs as
+    /// `easerve sim --json` writes them), per metric and per stage.
+    #[command(
+        after_help = "Exit codes: 0 success (and within --max-error); 1 a relative error exceeds --max-error, or internal error; 2 bad input."
+    )]
+    Validate {
+        /// Simulated report JSON.
+        #[arg(long, value_name = "SIM.json")]
+        sim: PathBuf,
+        /// Measured report JSON (same format).
+        #[arg(long, value_name = "RUN.json")]
+        measured: PathBuf,
+        /// Largest allowed |relative error| as a fraction (0.1 = 10 %); exit 1
+        /// when any metric exceeds it.
+        #[arg(long, value_name = "E")]
+        max_error: Option<f64>,
+        /// Print the comparison as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fold measured encode passes (from a per-request CSV as `easerve sim
+    /// --requests-csv` writes it) into a profile's encode table, by batch size
+    /// (method in calib/src/refine.rs).
+    Refine {
+        /// Profile to refine.
+        #[arg(long)]
+        profile: PathBuf,
+        /// Per-request CSV with `encode_worker`, `encode_batch`, `encode_start`
+        /// and `encode_end` columns (seconds).
+        #[arg(long, value_name = "REQUESTS.csv")]
+        measured_csv: PathBuf,
+        /// Typical encoder tokens per item of the measured run.
+        #[arg(long)]
+        encoder_tokens: f64,
+        /// Items per request (a pass of `encode_batch` requests holds
+        /// `encode_batch × items` items).
+        #[arg(long, default_value_t = 1)]
+        items_per_request: u64,
+        /// Output profile.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+    },
+}
+
+/// Run one `calib` subcommand.
+pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        CalibCommand::Roofline {
+            model,
+            gpu,
+            output,
+            date,
+        } => {
+            let m = ModelArch::preset(&model).ok_or_else(|| {
+                BadInput(format!(
+                    "--model: unknown model `{model}` (known: {})",
+                    ModelArch::preset_names().join(", ")
+                ))
+            })?;
+            let g = GpuSpec::preset(&gpu).ok_or_else(|| {
+                BadInput(format!(
+                    "--gpu: unknown GPU `{gpu}` (known: {})",
+                    GpuSpec::preset_names().join(", ")
+                ))
+            })?;
+            let date = date.unwrap_or_else(today_utc);
+            let r = Roofline::new(m, g, Efficiency::default());
+            let p = Profile::from_roofline(&r, &GridSpec::default(), &date);
+            p.save(&output)
+                .with_context(|| format!("cannot write {}", output.display()))?;
+            // what was written must read back
+            Profile::load(&output).map_err(|e| anyhow::anyhow!("written profile invalid: {e}"))?;
+            eprintln!(
+                "wrote {} ({} of {} on {})",
+                output.display(),
+                p.provenance.source.as_str(),
+                model,
+                gpu
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::Show { profile, rows } => {
+            let p = Profile::load(&profile).map_err(|e| BadInput(e.to_string()))?;
+            print!("{}", render_profile(&p, rows));
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::ImportVidur { dir, output } => {
+            let imp = vidur::import_dir(&dir).map_err(|e| BadInput(e.to_string()))?;
+            print!("{}", render_import(&imp, &dir));
+            if let Some(out) = output {
+                std::fs::write(&out, rust_constants(&imp, &dir))
+                    .with_context(|| format!("cannot write {}", out.display()))?;
+                eprintln!("wrote {}", out.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::Validate {
+            sim,
+            measured,
+            max_error,
+            json,
+        } => {
+            if let Some(e) = max_error {
+                if !(e.is_finite() && e >= 0.0) {
+                    return Err(BadInput(format!(
+                        "--max-error: {e} must be a finite fraction ≥ 0 (0.1 = 10 %)"
+                    ))
+                    .into());
+                }
+            }
+            let s = load_report(&sim).map_err(|e| BadInput(e.to_string()))?;
+            let m = load_report(&measured).map_err(|e| BadInput(e.to_string()))?;
+            let v = Validation::compare(&s, &m);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                print!("{}", v.render_text());
+            }
+            if let Some(e) = max_error {
+                let over = v.exceeding(e);
+                if !over.is_empty() {
+                    let names: Vec<&str> = over.iter().map(|r| r.metric.as_str()).collect();
+                    eprintln!(
+                        "{} of {} metrics exceed --max-error {:.1} %: {}",
+                        over.len(),
+                        v.rows.len(),
+                        e * 100.0,
+                        names.join(", ")
+                    );
+                    return Ok(ExitCode::from(1));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::Refine {
+            profile,
+            measured_csv,
+            encoder_tokens,
+            items_per_request,
+            output,
+        } => {
+            let mut p = Profile::load(&profile).map_err(|e| BadInput(e.to_string()))?;
+            if items_per_request == 0 {
+                return Err(BadInput("--items-per-request must be ≥ 1".into()).into());
+            }
+            let samples = read_encode_passes(&measured_csv, items_per_request)?;
+            let what = measured_csv.display().to_string();
+            let summary = refine_encode(&mut p, &samples, encoder_tokens, &what)
+                .map_err(|e| BadInput(e.to_string()))?;
+            for (b, n, med, before, f) in &summary {
+                println!(
+                    "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
+                    med, before, f
+                );
+            }
+            p.save(&output)
+                .with_context(|| format!("cannot write {}", output.display()))?;
+            eprintln!("wrote {}", output.display());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// One sample per encode pass (requests of one pass share worker and start).
+fn read_encode_passes(path: &PathBuf, items_per_request: u64) -> anyhow::Result<Vec<EncodeSample>> {
+    let file = path.display().to_string();
+    let mut r = csv::Reader::from_path(path).map_err(|e| BadInput(format!("{file}: {e}")))?;
+    let header = r
+        .headers()
+        .map_err(|e| BadInput(format!("{file}: {e}")))?
+        .clone();
+    let col = |n: &str| {
+        header.iter().position(|h| h == n).ok_or_else(|| {
+            BadInput(format!(
+                "{file}: missing column `{n}` (expected the CSV of `easerve sim --requests-csv`)"
+            ))
+        })
+    };
+    let (cw, cb, cs, ce) = (
+        col("encode_worker")?,
+        col("encode_batch")?,
+        col("encode_start")?,
+        col("encode_end")?,
+    );
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (i, rec) in r.records().enumerate() {
+        let rec = rec.map_err(|e| BadInput(format!("{file}, row {}: {e}", i + 1)))?;
+        let field = |c: usize| rec.get(c).unwrap_or("").trim();
+        if field(cs).is_empty() || field(ce).is_empty() || field(cb).is_empty() {
+            continue; // a request without encode (text-only) or not finished
+        }
+        let num = |c: usize, n: &str| -> Result<f64, BadInput> {
+            field(c)
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| {
+                    BadInput(format!(
+                        "{file}, row {}: `{n}` = {:?} must be a number ≥ 0",
+                        i + 1,
+                        field(c)
+                    ))
+                })
+        };
+        let (b, s, e) = (
+            num(cb, "encode_batch")?,
+            num(cs, "encode_start")?,
+            num(ce, "encode_end")?,
+        );
+        if e < s {
+            return Err(BadInput(format!(
+                "{file}, row {}: encode_end {e} is before encode_start {s}",
+                i + 1
+            ))
+            .into());
+        }
+        if seen.insert((field(cw).to_string(), s.to_bits())) {
+            out.push(EncodeSample {
+                items: b as u64 * items_per_request,
+                seconds: e - s,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn render_profile(p: &Profile, max_rows: usize) -> String {
+    let mut s = String::new();
+    let v = &p.provenance;
+    let _ = writeln!(s, "profile {}", p.origin);
+    for (k, x) in [
+        ("model", v.model.clone()),
+        ("device", v.device.clone()),
+        ("link", v.link.clone()),
+        ("source", v.source.as_str().to_string()),
+        ("backend", v.backend.clone()),
+        ("driver", v.driver.clone()),
+        ("libraries", v.libraries.join(", ")),
+        ("date", v.date.clone()),
+        ("method", v.method.clone()),
+        ("repetitions", v.repetitions.to_string()),
+        ("time_slice_penalty", p.time_slice_penalty.to_string()),
+        (
+            "bandwidth_interference",
+            p.bandwidth_interference.to_string(),
+        ),
+        ("scalars note", p.scalars_note.clone()),
+    ] {
+        let _ = writeln!(s, "  {k:<24}{x}");
+    }
+    let mut tables: Vec<&easerve_calib::profile::Table> = Vec::new();
+    tables.extend(p.encode_table());
+    tables.push(p.prefill_table());
+    tables.push(p.decode_table());
+    tables.extend(p.transfer_tables());
+    for t in tables {
+        let link = t.link().map(|l| format!(" link {l}")).unwrap_or_default();
+        let axes: Vec<String> = t
+            .columns()
+            .iter()
+            .zip(t.axes())
+            .map(|(c, a)| format!("{c} {}..{} ({} values)", a[0], a[a.len() - 1], a.len()))
+            .collect();
+        let _ = writeln!(
+            s,
+            "\n[{}]{link}: {} rows, latencies in {}; axes {}",
+            t.stage().name(),
+            t.rows().len(),
+            t.unit().as_str(),
+            axes.join(", ")
+        );
+        let _ = writeln!(
+            s,
+            "  {}",
+            t.columns()
+                .iter()
+                .map(|c| format!("{c:>15}"))
+                .collect::<String>()
+        );
+        let n = if max_rows == 0 {
+            t.rows().len()
+        } else {
+            max_rows.min(t.rows().len())
+        };
+        for r in &t.rows()[..n] {
+            let _ = writeln!(
+                s,
+                "  {}",
+                r.iter()
+                    .map(|x| format!("{:>15}", cell(*x)))
+                    .collect::<String>()
+            );
+        }
+        if n < t.rows().len() {
+            let _ = writeln!(
+                s,
+                "  … {} more rows (--rows 0 prints all)",
+                t.rows().len() - n
+            );
+        }
+    }
+    s
+}
+
+fn render_import(imp: &vidur::Import, dir: &std::path::Path) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "Vidur A100 data: {}", dir.display());
+    let _ = writeln!(
+        s,
+        "GEMM efficiency eff(n) = e_max * n / (n + k), fitted on {} (peak {:.0} TFLOPS):",
+        vidur::FIT_FILE,
+        imp.peak_flops / 1e12
+    );
+    let _ = writeln!(
+        s,
+        "{:>4}{:>10}{:>10}{:>22}{:>26}",
+        "TP", "e_max", "k (tok)", "in-sample med |err|", "Llama-2-70B med |err|"
+    );
+    for ((c, ins), cm) in imp.gemm.iter().zip(&imp.in_sample).zip(&imp.cross_model) {
+        let _ = writeln!(
+            s,
+            "{:>4}{:>10.4}{:>10.2}{:>21.2}%{:>25.2}%",
+            c.tp,
+            c.e_max,
+            c.k_tokens,
+            ins.1 * 100.0,
+            cm.1 * 100.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "(errors over the four GEMMs of each row with num_tokens >= {}; cross-model file {})",
+        vidur::CHECK_MIN_TOKENS,
+        vidur::CHECK_FILE
+    );
+    let _ = writeln!(
+        s,
+        "All-reduce on one node, t = latency + bytes / bandwidth ({}):",
+        vidur::ALL_REDUCE_FILE
+    );
+    let _ = writeln!(
+        s,
+        "{:>4}{:>14}{:>18}{:>16}",
+        "TP", "latency (us)", "bandwidth (GB/s)", "med |err|"
+    );
+    for (c, e) in imp.all_reduce.iter().zip(&imp.all_reduce_error) {
+        let _ = writeln!(
+            s,
+            "{:>4}{:>14.2}{:>18.2}{:>15.2}%",
+            c.tp,
+            c.latency_s * 1e6,
+            c.bandwidth_gbs,
+            e.1 * 100.0
+        );
+    }
+    s
+}
+
+fn rust_constants(imp: &vidur::Import, dir: &std::path::Path) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "// Generated by `easerve calib import-vidur {}` on {}.",
+        dir.display(),
+        today_utc()
+    );
+    let _ = writeln!(
+        s,
+        "pub const A100_GEMM_EFF: [GemmEffCurve; {}] = [",
+        imp.gemm.len()
+    );
+    for c in &imp.gemm {
+        let _ = writeln!(
+            s,
+            "    GemmEffCurve {{ tp: {}, e_max: {:.4}, k_tokens: {:.2} }},",
+            c.tp, c.e_max, c.k_tokens
+        );
+    }
+    let _ = writeln!(s, "];");
+    let errs: Vec<String> = imp
+        .cross_model
+        .iter()
+        .map(|(tp, e, _)| format!("({tp}, {e:.4})"))
+        .collect();
+    let _ = writeln!(
+        s,
+        "pub const A100_GEMM_CROSS_MODEL_ERROR: [(u32, f64); {}] = [{}];",
+        errs.len(),
+        errs.join(", ")
+    );
+    let _ = writeln!(
+        s,
+        "pub const A100_NVLINK_ALL_REDUCE: [AllReduceCurve; {}] = [",
+        imp.all_reduce.len()
+    );
+    for c in &imp.all_reduce {
+        let _ = writeln!(
+            s,
+            "    AllReduceCurve {{ tp: {}, latency_s: {:.2}e-6, bandwidth_gbs: {:.2} }},",
+            c.tp,
+            c.latency_s * 1e6,
+            c.bandwidth_gbs
+        );
+    }
+    let _ = writeln!(s, "];");
+    s
+}
+
+/// A table cell: integers as integers, others with 6 significant digits.
+fn cell(x: f64) -> String {
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        format!("{}", x as i64)
+    } else {
+        format!("{x:.6e}")
+    }
+}
