@@ -230,6 +230,7 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
             },
             notes,
             events: processed,
+            max_sm_share_sum: 0.0,
             timeline,
         },
     )

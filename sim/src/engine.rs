@@ -32,6 +32,7 @@ enum Event {
     },
     EncodeDone {
         worker: usize,
+        gen: u64,
     },
     /// Embeddings of a micro-batch land at prefill worker `prefill`; `from` is
     /// the sending encode worker when they crossed its link.
@@ -63,6 +64,14 @@ struct Pass {
     /// GPU seconds of work at `share`, before any slowdown.
     t_gpu_work: f64,
     share: f64,
+    /// Slowdown of the GPU phase (time-slicing or bandwidth interference),
+    /// re-evaluated whenever the co-located prefill starts or stops.
+    slow: f64,
+    /// Fraction of the GPU phase done at `last_update`.
+    done_frac: f64,
+    last_update: f64,
+    /// Generation of its pending completion event (stale ones are ignored).
+    gen: u64,
 }
 
 struct EncodeWorker {
@@ -121,6 +130,9 @@ pub struct SimOutput {
     pub events: u64,
     /// The Chrome/Perfetto trace-event JSON, when asked for.
     pub timeline: Option<serde_json::Value>,
+    /// Largest sum of the SM shares of an encode pass and a co-located local
+    /// prefill on one GPU during the run (0 without local prefill); at most 1.
+    pub max_sm_share_sum: f64,
 }
 
 /// What a run records beyond the report.
@@ -154,6 +166,8 @@ struct Sim<'a> {
     remote_routed: usize,
     routed: usize,
     processed: u64,
+    /// Largest sum of SM shares seen on one encode GPU (see `note_sm_shares`).
+    max_sm_share_sum: f64,
     /// Decode iterations run inline (each counts as one event).
     inline_steps: u64,
     timeline: Option<Timeline>,
@@ -346,6 +360,7 @@ impl<'a> Sim<'a> {
             remote_routed: 0,
             routed: 0,
             processed: 0,
+            max_sm_share_sum: 0.0,
             inline_steps: 0,
             timeline: None,
         }
@@ -364,7 +379,15 @@ impl<'a> Sim<'a> {
                     }
                 }
                 Event::EncodeGpuPhase { worker } => self.on_encode_gpu_phase(worker),
-                Event::EncodeDone { worker } => self.on_encode_done(worker),
+                Event::EncodeDone { worker, gen } => {
+                    if self.encode[worker]
+                        .pass
+                        .as_ref()
+                        .is_some_and(|p| p.gen == gen)
+                    {
+                        self.on_encode_done(worker);
+                    }
+                }
                 Event::EmbeddingsLand { prefill, ids, from } => {
                     if let Some(w) = from {
                         self.encode[w].inflight -= 1;
@@ -465,6 +488,10 @@ impl<'a> Sim<'a> {
             gpu_phase: false,
             t_gpu_work: 0.0,
             share: 1.0,
+            slow: 1.0,
+            done_frac: 0.0,
+            last_update: now,
+            gen: 0,
         });
         self.events.push(
             now + t.t_pass + t.t_pre,
@@ -479,17 +506,13 @@ impl<'a> Sim<'a> {
     fn on_encode_gpu_phase(&mut self, w: usize) {
         let now = self.now;
         let colocated = self.encode[w].local.is_some();
-        let shared = self.local_busy(w);
         let Some(pass) = self.encode[w].pass.as_ref() else {
             return;
         };
-        let (share, slow) = match self.split.encode_share(pass.ids.len()) {
-            _ if !colocated => (1.0, 1.0),
-            Some(f) if shared => (f, 1.0 + self.cost.bandwidth_interference()),
-            Some(f) => (f, 1.0),
-            // time-slicing: half the GPU's time, less the switching penalty
-            None if shared => (1.0, 2.0 * (1.0 + self.cost.time_slice_penalty())),
-            None => (1.0, 1.0),
+        let share = match self.split.encode_share(pass.ids.len()) {
+            Some(f) if colocated => f,
+            // alone on its GPU, or time-slicing: all SMs (slowed while shared)
+            _ => 1.0,
         };
         let t_gpu = self.cost.encode(&pass.items, share).t_gpu;
         let gpu = self.encode[w].gpu as usize;
@@ -499,13 +522,47 @@ impl<'a> Sim<'a> {
             pass.gpu_start = now;
             pass.share = share;
             pass.t_gpu_work = t_gpu;
+            pass.last_update = now;
         }
-        self.events.push(
-            now + t_gpu * slow,
-            Priority::Completion,
-            Event::EncodeDone { worker: w },
-        );
+        self.rerate_encode(w);
         self.rerate_local(w);
+    }
+
+    /// Slowdown of encode worker `w`'s GPU phase given whether its co-located
+    /// prefill is running: bandwidth interference under an SM partition,
+    /// half the GPU's time (less the switching penalty) under time-slicing.
+    fn encode_slowdown(&self, w: usize) -> f64 {
+        if !self.local_busy(w) {
+            return 1.0;
+        }
+        match self.split.encode_share(1) {
+            Some(_) => 1.0 + self.cost.bandwidth_interference(),
+            None => 2.0 * (1.0 + self.cost.time_slice_penalty()),
+        }
+    }
+
+    /// (Re)schedule the end of encode worker `w`'s GPU phase at its current
+    /// slowdown, keeping the work already done.
+    fn rerate_encode(&mut self, w: usize) {
+        let now = self.now;
+        let slow = self.encode_slowdown(w);
+        let Some(pass) = self.encode[w].pass.as_mut().filter(|p| p.gpu_phase) else {
+            return;
+        };
+        if pass.gen > 0 && pass.t_gpu_work > 0.0 {
+            pass.done_frac += (now - pass.last_update) / (pass.t_gpu_work * pass.slow);
+            pass.done_frac = pass.done_frac.min(1.0);
+        }
+        pass.last_update = now;
+        pass.slow = slow;
+        pass.gen += 1;
+        let end = now + (1.0 - pass.done_frac) * pass.t_gpu_work * slow;
+        let gen = pass.gen;
+        self.events.push(
+            end,
+            Priority::Completion,
+            Event::EncodeDone { worker: w, gen },
+        );
     }
 
     fn on_encode_done(&mut self, w: usize) {
@@ -659,7 +716,10 @@ impl<'a> Sim<'a> {
         job.share = new_share;
         worker.gen += 1;
         job.gen = worker.gen;
+        self.note_sm_shares(p);
+        let worker = &mut self.prefill[p];
         if new_dur.is_finite() {
+            let job = worker.job.as_mut().expect("checked");
             let remaining = (1.0 - job.done_frac) * new_dur;
             self.events.push(
                 now + remaining,
@@ -669,6 +729,23 @@ impl<'a> Sim<'a> {
                     gen: worker.gen,
                 },
             );
+        }
+    }
+
+    /// Record the SM shares in force on local prefill worker `p`'s GPUs: the
+    /// encode pass's effective share (its share over its slowdown) plus local
+    /// prefill's. The report carries the largest sum seen; it never exceeds 1.
+    fn note_sm_shares(&mut self, p: usize) {
+        let Some(job) = self.prefill[p].job.as_ref() else {
+            return;
+        };
+        for &w in &self.prefill[p].encode_workers {
+            let encode = self.encode[w]
+                .pass
+                .as_ref()
+                .filter(|x| x.gpu_phase)
+                .map_or(0.0, |x| x.share / x.slow);
+            self.max_sm_share_sum = self.max_sm_share_sum.max(encode + job.share);
         }
     }
 
@@ -758,6 +835,19 @@ impl<'a> Sim<'a> {
                 },
             );
         }
+        self.local_changed(p);
+    }
+
+    /// Local prefill worker `p` started or finished a batch: the encode passes
+    /// sharing its GPUs change speed, and the shares in force are recorded.
+    fn local_changed(&mut self, p: usize) {
+        if !self.prefill[p].local {
+            return;
+        }
+        for w in self.prefill[p].encode_workers.clone() {
+            self.rerate_encode(w);
+        }
+        self.note_sm_shares(p);
     }
 
     fn on_prefill_done(&mut self, p: usize) {
@@ -818,6 +908,9 @@ impl<'a> Sim<'a> {
             );
         }
         self.try_prefill(p);
+        if self.prefill[p].job.is_none() {
+            self.local_changed(p);
+        }
     }
 
     // ---------------------------------------------------------------- decode
@@ -956,6 +1049,7 @@ impl<'a> Sim<'a> {
                 encode,
                 notes,
                 events: self.processed + self.inline_steps,
+                max_sm_share_sum: self.max_sm_share_sum,
                 timeline: self.timeline,
             },
         )

@@ -1,7 +1,11 @@
-//! Property tests of the whole simulator over small random scenarios: every
-//! request completes, and each request's lifecycle timestamps never go back.
+//! Property tests of the whole simulator over 256 small random scenarios (all
+//! three systems, every dispatch and SM policy, offload ratios, transfer caps):
+//! every request completes; each request's lifecycle timestamps never go back;
+//! SM shares on one GPU never sum above 1; a worker or link never runs two
+//! batches at once; busy fractions stay within [0, 1]. KV-block capacity is
+//! property-tested in `easerve-sched` (`decode.rs`).
 
-use crate::simulate;
+use crate::{scenario_cost, simulate_with, SimOptions};
 use easerve_workload::scenario::{Scenario, ScenarioFile};
 use proptest::prelude::*;
 
@@ -59,7 +63,7 @@ range_ratio = 0.9
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
     #[test]
-    fn every_request_completes_and_time_never_goes_back(
+    fn run_invariants_hold(
         alloc in prop::sample::select(vec!["1E(TP1)+1P(TP1)+1D(TP1)", "2E(TP1)+1P(TP2)+1D(TP2)", "3E(TP1)+1D(TP4)"]),
         b in 1u32..12,
         s in prop::sample::select(vec![0.0, 0.3, 0.5, 0.9, 1.0]),
@@ -75,7 +79,7 @@ proptest! {
         // pass-through needs remote prefill workers
         let system = if system == "passthrough" && !alloc.contains("P(") { "easerve" } else { system };
         let sc = scenario(alloc, b, s, rate, sm, dispatch, modality, system, cap);
-        let out = simulate(&sc);
+        let out = simulate_with(&sc, scenario_cost(&sc), &SimOptions { timeline: true });
         prop_assert_eq!(out.report.completed, 60);
         for r in &out.records {
             let chain = [
@@ -86,6 +90,23 @@ proptest! {
             prop_assert!(times.windows(2).all(|w| w[0] <= w[1] + 1e-9), "request {} times {:?}", r.id, times);
             if system != "aggregated" {
                 prop_assert!(r.encode_batch.is_some_and(|k| k >= 1 && k <= b as usize));
+            }
+        }
+        // SM shares on one GPU never sum above 1
+        prop_assert!(out.max_sm_share_sum <= 1.0 + 1e-9, "SM shares sum to {}", out.max_sm_share_sum);
+        // a worker (or link) never runs two batches at once: its slices do not overlap
+        let timeline = out.timeline.as_ref().expect("timeline");
+        let mut tracks: std::collections::BTreeMap<u64, Vec<(f64, f64)>> = Default::default();
+        for e in timeline["traceEvents"].as_array().expect("events") {
+            if e["ph"] == "X" {
+                let ts = e["ts"].as_f64().expect("ts");
+                tracks.entry(e["tid"].as_u64().expect("tid")).or_default().push((ts, ts + e["dur"].as_f64().expect("dur")));
+            }
+        }
+        for slices in tracks.values_mut() {
+            slices.sort_by(|a, b| a.0.total_cmp(&b.0));
+            for w in slices.windows(2) {
+                prop_assert!(w[1].0 >= w[0].1 - 1e-3, "overlap {:?} {:?}", w[0], w[1]);
             }
         }
         for g in &out.report.gpus {

@@ -18,6 +18,7 @@ pub(crate) struct RunParts {
     pub(crate) encode: EncodeSummary,
     pub(crate) notes: Vec<String>,
     pub(crate) events: u64,
+    pub(crate) max_sm_share_sum: f64,
     pub(crate) timeline: Option<Timeline>,
 }
 
@@ -70,6 +71,7 @@ pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
         report,
         records: parts.records,
         events: parts.events,
+        max_sm_share_sum: parts.max_sm_share_sum,
         timeline: parts.timeline.map(Timeline::into_json),
     }
 }
