@@ -130,9 +130,15 @@ pub struct EncodeSummary {
     pub remote_fraction: f64,
 }
 
+/// Version of the report's JSON schema (documented in the README, "JSON
+/// report"). Raised on any change that renames, removes or re-means a field.
+pub const REPORT_SCHEMA_VERSION: u32 = 1;
+
 /// Everything a run measured.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// [`REPORT_SCHEMA_VERSION`] of the writer.
+    pub schema_version: u32,
     /// What ran: scenario, deployment, cluster, seed, offered load.
     #[serde(flatten)]
     pub meta: RunMeta,
@@ -292,6 +298,7 @@ impl Report {
         let e2e = Stats::of(e2es);
         let (bottleneck, bottleneck_reason) = bottleneck(&stages, e2e.mean);
         Report {
+            schema_version: REPORT_SCHEMA_VERSION,
             meta,
             completed: done.len(),
             duration_s: duration,
