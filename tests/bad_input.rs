@@ -222,3 +222,37 @@ fn profile_of_another_model_or_missing() {
     let f = video_with(|s| s.replace("seed = 42", "seed = 42\nprofile = \"no-such-profile.toml\""));
     rejects(f.path(), &[], &["`profile`", "no-such-profile.toml"]);
 }
+
+#[test]
+fn custom_model_or_gpu_with_bad_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let custom =
+        std::fs::read_to_string(root().join("scenarios/custom/qwen2.5-vl-7b.toml")).unwrap();
+    let gpu = std::fs::read_to_string(root().join("scenarios/custom/l40s.toml")).unwrap();
+    let scenario = std::fs::read_to_string(root().join("scenarios/custom-video.toml")).unwrap();
+    std::fs::create_dir(dir.path().join("custom")).unwrap();
+    let sc = dir.path().join("s.toml");
+    std::fs::write(&sc, &scenario).unwrap();
+    let write = |m: &str, g: &str| {
+        std::fs::write(dir.path().join("custom/qwen2.5-vl-7b.toml"), m).unwrap();
+        std::fs::write(dir.path().join("custom/l40s.toml"), g).unwrap();
+    };
+    write(&custom.replace("kv_heads = 4", "kv_heads = 5"), &gpu);
+    rejects(
+        &sc,
+        &[],
+        &["model.file", "qwen2.5-vl-7b.toml", "llm.kv_heads"],
+    );
+    write(&custom.replace("layers = 28", "layers = \"many\""), &gpu);
+    rejects(&sc, &[], &["model.file", "llm.layers", "integer"]);
+    write(
+        &custom,
+        &gpu.replace("memory_gb = 48.0", "memory_gb = -1.0"),
+    );
+    rejects(&sc, &[], &["cluster.gpu_file", "memory_gb"]);
+    write(
+        &custom,
+        &gpu.replace("sms = 142", "sms = 142\ncolor = \"green\""),
+    );
+    rejects(&sc, &[], &["cluster.gpu_file", "color"]);
+}

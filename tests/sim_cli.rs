@@ -393,3 +393,11 @@ fn scenarios_run_from_a_written_profile_and_agree_with_the_roofline() {
         assert!(rel("/ttft/mean") < 0.2, "{name} TTFT {}", rel("/ttft/mean"));
     }
 }
+
+#[test]
+fn a_custom_model_and_gpu_from_toml_files() {
+    let r = sim_json(&scenario("custom-video"), &["--requests", "200"]);
+    assert_eq!(r["model"], "qwen2.5-vl-7b");
+    assert!(r["cluster"].as_str().unwrap().contains("4× l40s"));
+    assert_eq!(num(&r, "/completed"), 200.0);
+}

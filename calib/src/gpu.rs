@@ -5,6 +5,7 @@
 
 /// An interconnect between GPUs of one stage (TP all-reduce) or between stages.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LinkSpec {
     /// Preset name, e.g. `"pcie4-x16"`.
     pub name: String,
@@ -62,6 +63,7 @@ impl LinkSpec {
 
 /// One GPU model.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GpuSpec {
     /// Preset name, e.g. `"rtx-6000-ada"`.
     pub name: String,

@@ -52,6 +52,7 @@ pub enum EncoderKind {
 
 /// A multimodal encoder (transformer + projector to the LLM's embedding space).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EncoderArch {
     /// Encoder family and its preprocessing constants.
     pub kind: EncoderKind,
@@ -74,6 +75,7 @@ pub struct EncoderArch {
 
 /// A decoder-only LLM with grouped-query attention and a gated (SwiGLU / GeGLU) MLP.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct LlmArch {
     /// Decoder layers (`num_hidden_layers`).
     pub layers: u32,
@@ -95,6 +97,7 @@ pub struct LlmArch {
 
 /// A whole (multimodal) model: optional encoder + LLM.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelArch {
     /// Preset name, e.g. `"llava-v1.6-34b"`.
     pub name: String,

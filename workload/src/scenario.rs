@@ -59,16 +59,22 @@ pub struct ScenarioFile {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSection {
-    /// A preset name of `easerve-model`.
-    pub preset: String,
+    /// A preset name of `easerve-model` (give this or `file`).
+    pub preset: Option<String>,
+    /// A TOML file defining a custom model (the fields of `easerve_model::ModelArch`;
+    /// example: `scenarios/custom/qwen2.5-vl-7b.toml`), relative to the scenario's folder.
+    pub file: Option<String>,
 }
 
 /// `[cluster]`
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSection {
-    /// A GPU preset name of `easerve-calib`.
-    pub gpu: String,
+    /// A GPU preset name of `easerve-calib` (give this or `gpu_file`).
+    pub gpu: Option<String>,
+    /// A TOML file defining a custom GPU (the fields of `easerve_calib::GpuSpec`;
+    /// example: `scenarios/custom/l40s.toml`), relative to the scenario's folder.
+    pub gpu_file: Option<String>,
     /// GPUs in the cluster.
     pub gpus: i64,
     /// Link preset (default: the GPU's own).
@@ -420,12 +426,7 @@ impl ScenarioFile {
         serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
             let inner = e.into_inner();
-            let msg = inner
-                .message()
-                .replace("expected i64", "expected an integer")
-                .replace("expected u64", "expected an integer ≥ 0")
-                .replace("expected u32", "expected an integer ≥ 0")
-                .replace("expected f64", "expected a number");
+            let msg = plain_types(inner.message());
             let at = inner
                 .span()
                 .map(|s| {
@@ -578,26 +579,42 @@ impl Scenario {
             raw.deployment.dispatch = Some("immediate".into());
             raw.deployment.offload = 1.0;
         }
-        let model = ModelArch::preset(&raw.model.preset).ok_or_else(|| {
-            v.err(
-                "model.preset",
-                format!(
-                    "unknown model `{}`; allowed: {}",
-                    raw.model.preset,
-                    ModelArch::preset_names().join(", ")
-                ),
-            )
-        })?;
-        let mut gpu = GpuSpec::preset(&raw.cluster.gpu).ok_or_else(|| {
-            v.err(
-                "cluster.gpu",
-                format!(
-                    "unknown GPU `{}`; allowed: {}",
-                    raw.cluster.gpu,
-                    GpuSpec::preset_names().join(", ")
-                ),
-            )
-        })?;
+        let dir = Path::new(file).parent().unwrap_or(Path::new("."));
+        let model = match (&raw.model.preset, &raw.model.file) {
+            (Some(name), None) => ModelArch::preset(name).ok_or_else(|| {
+                v.err(
+                    "model.preset",
+                    format!(
+                        "unknown model `{name}`; allowed: {} (or `model.file` for a custom model)",
+                        ModelArch::preset_names().join(", ")
+                    ),
+                )
+            })?,
+            (None, Some(f)) => {
+                let m: ModelArch = load_custom(&v, "model.file", &dir.join(f))?;
+                check_model(&m)
+                    .map_err(|e| v.err("model.file", format!("{}: {e}", dir.join(f).display())))?;
+                m
+            }
+            _ => return Err(v.err("model", "give exactly one of `preset` and `file`")),
+        };
+        let mut gpu = match (&raw.cluster.gpu, &raw.cluster.gpu_file) {
+            (Some(name), None) => GpuSpec::preset(name).ok_or_else(|| {
+                v.err(
+                    "cluster.gpu",
+                    format!(
+                        "unknown GPU `{name}`; allowed: {} (or `cluster.gpu_file` for a custom GPU)",
+                        GpuSpec::preset_names().join(", ")
+                    ),
+                )
+            })?,
+            (None, Some(f)) => {
+                let g: GpuSpec = load_custom(&v, "cluster.gpu_file", &dir.join(f))?;
+                check_gpu(&g).map_err(|e| v.err("cluster.gpu_file", format!("{}: {e}", dir.join(f).display())))?;
+                g
+            }
+            _ => return Err(v.err("cluster", "give exactly one of `gpu` and `gpu_file`")),
+        };
         if let Some(link) = &raw.cluster.link {
             gpu.link = LinkSpec::preset(link).ok_or_else(|| {
                 v.err(
@@ -1219,4 +1236,108 @@ fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shape
         Shapes::Text => 0,
     };
     hi(input) + hi(output) + mm
+}
+
+/// Read a custom model or GPU definition; errors name the file and the field.
+fn load_custom<T: serde::de::DeserializeOwned>(
+    v: &V,
+    field: &str,
+    path: &Path,
+) -> Result<T, ScenarioError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| v.err(field, format!("cannot read {}: {e}", path.display())))?;
+    serde_path_to_error::deserialize(toml::Deserializer::new(&text)).map_err(|e| {
+        let inner_field = e.path().to_string();
+        v.err(
+            field,
+            format!(
+                "{}: field `{inner_field}`: {}",
+                path.display(),
+                plain_types(e.into_inner().message())
+            ),
+        )
+    })
+}
+
+/// Shapes a custom model must have: every size positive, heads dividing the
+/// width, KV heads dividing the heads, 1-, 2- or 4-byte weights.
+fn check_model(m: &ModelArch) -> Result<(), String> {
+    let l = &m.llm;
+    let positive = [
+        ("llm.layers", l.layers),
+        ("llm.hidden", l.hidden),
+        ("llm.heads", l.heads),
+        ("llm.kv_heads", l.kv_heads),
+        ("llm.head_dim", l.head_dim),
+        ("llm.ffn", l.ffn),
+        ("llm.vocab", l.vocab),
+    ];
+    for (name, x) in positive {
+        if x == 0 {
+            return Err(format!("field `{name}` must be ≥ 1"));
+        }
+    }
+    if l.heads % l.kv_heads != 0 {
+        return Err(format!(
+            "field `llm.kv_heads` ({}) must divide `llm.heads` ({})",
+            l.kv_heads, l.heads
+        ));
+    }
+    if ![1, 2, 4].contains(&l.dtype_bytes) {
+        return Err("field `llm.dtype_bytes` must be 1, 2 or 4".into());
+    }
+    if let Some(e) = &m.encoder {
+        for (name, x) in [
+            ("encoder.layers", e.layers),
+            ("encoder.hidden", e.hidden),
+            ("encoder.heads", e.heads),
+            ("encoder.ffn", e.ffn),
+        ] {
+            if x == 0 {
+                return Err(format!("field `{name}` must be ≥ 1"));
+            }
+        }
+        if e.hidden % e.heads != 0 {
+            return Err(format!(
+                "field `encoder.heads` ({}) must divide `encoder.hidden` ({})",
+                e.heads, e.hidden
+            ));
+        }
+        if ![1, 2, 4].contains(&e.dtype_bytes) {
+            return Err("field `encoder.dtype_bytes` must be 1, 2 or 4".into());
+        }
+    }
+    if m.name.trim().is_empty() {
+        return Err("field `name` must not be empty".into());
+    }
+    Ok(())
+}
+
+/// A custom GPU's figures must be positive and finite.
+fn check_gpu(g: &GpuSpec) -> Result<(), String> {
+    for (name, x) in [
+        ("bf16_tflops", g.bf16_tflops),
+        ("mem_bandwidth_gbs", g.mem_bandwidth_gbs),
+        ("memory_gb", g.memory_gb),
+        ("link.bandwidth_gbs", g.link.bandwidth_gbs),
+    ] {
+        if !(x.is_finite() && x > 0.0) {
+            return Err(format!("field `{name}` = {x} must be a number > 0"));
+        }
+    }
+    if !(g.link.latency_s.is_finite() && g.link.latency_s >= 0.0) {
+        return Err("field `link.latency_s` must be a number ≥ 0".into());
+    }
+    if g.sms == 0 {
+        return Err("field `sms` must be ≥ 1".into());
+    }
+    Ok(())
+}
+
+/// A deserializer message with Rust type names said in words.
+fn plain_types(msg: &str) -> String {
+    msg.replace("expected i64", "expected an integer")
+        .replace("expected u64", "expected an integer ≥ 0")
+        .replace("expected u32", "expected an integer ≥ 0")
+        .replace("expected f64", "expected a number")
 }
