@@ -1277,7 +1277,7 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
             return Err(format!("field `{name}` must be ≥ 1"));
         }
     }
-    if l.heads % l.kv_heads != 0 {
+    if !l.heads.is_multiple_of(l.kv_heads) {
         return Err(format!(
             "field `llm.kv_heads` ({}) must divide `llm.heads` ({})",
             l.kv_heads, l.heads
@@ -1297,7 +1297,7 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
                 return Err(format!("field `{name}` must be ≥ 1"));
             }
         }
-        if e.hidden % e.heads != 0 {
+        if !e.hidden.is_multiple_of(e.heads) {
             return Err(format!(
                 "field `encoder.heads` ({}) must divide `encoder.hidden` ({})",
                 e.heads, e.hidden
