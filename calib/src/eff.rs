@@ -10,6 +10,11 @@ pub struct Efficiency {
     /// Fraction of peak dense BF16 FLOPS that large GEMMs reach. Default 0.65:
     /// assumption (cuBLAS BF16 GEMMs of LLM sizes typically reach 60-75 % of peak).
     pub gemm_eff: f64,
+    /// Use the GEMM compute efficiency fitted on Vidur's measured A100 timings
+    /// (`crate::fitted`: the asymptote `e_max` of `e_max·n/(n+k)` per TP, 0.76–0.78)
+    /// instead of the scalar `gemm_eff`. Default true: fitted, with the assumption
+    /// that the A100's efficiency carries over to the other GPUs.
+    pub gemm_eff_from_fit: bool,
     /// Fraction of peak memory bandwidth that streaming kernels reach. Default 0.8:
     /// assumption (typical STREAM-like / decode-GEMV efficiency).
     pub mem_eff: f64,
@@ -57,6 +62,7 @@ impl Default for Efficiency {
     fn default() -> Self {
         Efficiency {
             gemm_eff: 0.65,
+            gemm_eff_from_fit: true,
             mem_eff: 0.8,
             layer_overhead_s: 30e-6,
             encode_pass_s: 1.5,

@@ -579,8 +579,8 @@ impl Profile {
             libraries: vec![format!("easerve-calib {}", env!("CARGO_PKG_VERSION"))],
             date: date.into(),
             method: format!(
-                "roofline max(flops/(peak*gemm_eff*usable), bytes/(bw*mem_eff)) + per-layer overhead + TP ring all-reduce; gemm_eff {}, mem_eff {}, layer_overhead_s {}, encode_pass_s {}, preprocess_item_s {}, preprocess_per_token_s {}, prefill_batch_s {}, decode_step_s {}, tokens_to_fill_gpu {}",
-                e.gemm_eff, e.mem_eff, e.layer_overhead_s, e.encode_pass_s, e.preprocess_item_s,
+                "roofline max(flops/(peak*gemm_eff*usable), bytes/(bw*mem_eff)) + per-layer overhead + TP ring all-reduce; gemm_eff {} (fitted A100 curve of tokens and TP: {}), mem_eff {}, layer_overhead_s {}, encode_pass_s {}, preprocess_item_s {}, preprocess_per_token_s {}, prefill_batch_s {}, decode_step_s {}, tokens_to_fill_gpu {}",
+                e.gemm_eff, e.gemm_eff_from_fit, e.mem_eff, e.layer_overhead_s, e.encode_pass_s, e.preprocess_item_s,
                 e.preprocess_per_token_s, e.prefill_batch_s, e.decode_step_s, e.tokens_to_fill_gpu
             ),
             repetitions: 0,
@@ -1553,7 +1553,8 @@ mod tests {
     /// Errors between grid points: the median must stay under 1 % and the worst
     /// under `max_allowed`. The worst cases sit where the roofline has a kink
     /// inside a cell (no smooth measured curve has one): `max(compute, memory)`
-    /// switching, e.g. a ~100-token prefill at 28 % of the SMs (9-14 %), and the
+    /// switching, e.g. a ~100-token prefill at 28 % of the SMs (up to ~17 % with
+    /// the fitted GEMM efficiency), and the
     /// encode SM-share knee `min(share, tokens / tokens_to_fill_gpu)`, which
     /// moves `t_gpu` alone by up to ~21 % (the pass total, dominated by `t_pass`,
     /// far less).
@@ -1636,7 +1637,7 @@ mod tests {
                     }
                 }
             }
-            check_between(&format!("{model} prefill"), errs, 0.15);
+            check_between(&format!("{model} prefill"), errs, 0.20);
             let mut errs = Vec::new();
             for bi in 0..g.decode_batch.len() - 1 {
                 for ci in 0..g.decode_context.len() - 1 {

@@ -63,10 +63,30 @@ impl Roofline {
         Roofline { model, gpu, eff }
     }
 
+    /// Compute efficiency of GEMMs at TP `tp`: the asymptote `e_max` of the curve
+    /// fitted on Vidur's measured A100 timings ([`crate::fitted::A100_GEMM_EFF`],
+    /// 0.76–0.78 by TP) when [`Efficiency::gemm_eff_from_fit`] is set, else the scalar
+    /// [`Efficiency::gemm_eff`]. Only the asymptote is used: the curve's roll-off at
+    /// few tokens is the memory-bound regime, which the roofline's bandwidth term
+    /// already models. `_tokens` (the GEMMs' rows) is kept for curves that need it.
+    pub fn gemm_eff(&self, _tokens: f64, tp: u32) -> f64 {
+        if self.eff.gemm_eff_from_fit {
+            let fits = &crate::fitted::A100_GEMM_EFF;
+            fits.iter()
+                .rev()
+                .find(|c| c.tp <= tp.max(1))
+                .unwrap_or(&fits[0])
+                .e_max
+        } else {
+            self.eff.gemm_eff
+        }
+    }
+
     /// Seconds of the roofline for `work` on one GPU using a fraction `usable` of its
-    /// compute: `max(flops / (peak * gemm_eff * usable), bytes / (bw * mem_eff))`.
-    pub fn roofline_time(&self, work: Work, usable: f64) -> f64 {
-        let compute = work.flops / (self.gpu.peak_flops() * self.eff.gemm_eff * usable);
+    /// compute at GEMM efficiency `gemm_eff`:
+    /// `max(flops / (peak * gemm_eff * usable), bytes / (bw * mem_eff))`.
+    pub fn roofline_time(&self, work: Work, usable: f64, gemm_eff: f64) -> f64 {
+        let compute = work.flops / (self.gpu.peak_flops() * gemm_eff * usable);
         let memory = work.bytes / (self.gpu.peak_bandwidth() * self.eff.mem_eff);
         compute.max(memory)
     }
@@ -93,8 +113,8 @@ impl Roofline {
         let fill = (tokens as f64 / self.eff.tokens_to_fill_gpu).min(1.0);
         let usable = clamp_share(sm_share).min(fill.max(MIN_SM_SHARE));
         let work = self.model.encode_work(items);
-        let t_gpu =
-            self.roofline_time(work, usable) + f64::from(enc.layers) * self.eff.layer_overhead_s;
+        let t_gpu = self.roofline_time(work, usable, self.gemm_eff(tokens as f64, 1))
+            + f64::from(enc.layers) * self.eff.layer_overhead_s;
         let t_pre = items
             .iter()
             .map(|i| {
@@ -131,7 +151,9 @@ impl Roofline {
         };
         let layers = f64::from(self.model.llm.layers);
         let ar = 2.0 * layers * self.allreduce(self.model.allreduce_bytes_per_layer(tokens), tp);
-        self.roofline_time(per_gpu, usable) + ar + layers * self.eff.layer_overhead_s
+        self.roofline_time(per_gpu, usable, self.gemm_eff(tokens as f64, tp))
+            + ar
+            + layers * self.eff.layer_overhead_s
     }
 
     /// Seconds of one prefill batch of sequences with these prompt lengths at TP `tp`
