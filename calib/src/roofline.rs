@@ -241,8 +241,15 @@ impl crate::StageCost for Roofline {
     }
     fn notes(&self) -> Vec<String> {
         vec![format!(
-            "costs from the roofline of {} on {} with the assumed efficiencies of easerve-calib; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction",
-            self.model.name, self.gpu.name, self.eff.encode_pass_s
+            "costs from the roofline of {} on {}: GEMM efficiency {} (calib/src/eff.rs), the other efficiencies assumed; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction",
+            self.model.name,
+            self.gpu.name,
+            if self.eff.gemm_eff_from_fit {
+                "fitted on Vidur's A100 timings"
+            } else {
+                "assumed"
+            },
+            self.eff.encode_pass_s
         )]
     }
 }
