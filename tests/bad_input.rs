@@ -256,3 +256,41 @@ fn custom_model_or_gpu_with_bad_fields() {
     );
     rejects(&sc, &[], &["cluster.gpu_file", "color"]);
 }
+
+/// Regression: a custom encoder with a zero patch size divided by zero while
+/// counting tokens (found in review of the custom-model files).
+#[test]
+fn custom_encoder_sizes_that_would_divide_by_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("custom")).unwrap();
+    let custom =
+        std::fs::read_to_string(root().join("scenarios/custom/qwen2.5-vl-7b.toml")).unwrap();
+    let gpu = std::fs::read_to_string(root().join("scenarios/custom/l40s.toml")).unwrap();
+    std::fs::write(dir.path().join("custom/l40s.toml"), gpu).unwrap();
+    let sc = dir.path().join("s.toml");
+    std::fs::write(
+        &sc,
+        std::fs::read_to_string(root().join("scenarios/custom-video.toml")).unwrap(),
+    )
+    .unwrap();
+    for (from, to, field) in [
+        ("patch = 14", "patch = 0", "QwenVit.patch"),
+        (
+            "spatial_merge = 2",
+            "spatial_merge = 0",
+            "QwenVit.spatial_merge",
+        ),
+        (
+            "temporal_patch = 2",
+            "temporal_patch = 0",
+            "QwenVit.temporal_patch",
+        ),
+    ] {
+        std::fs::write(
+            dir.path().join("custom/qwen2.5-vl-7b.toml"),
+            custom.replace(from, to),
+        )
+        .unwrap();
+        rejects(&sc, &[], &["model.file", field, "≥ 1"]);
+    }
+}

@@ -401,3 +401,43 @@ fn a_custom_model_and_gpu_from_toml_files() {
     assert!(r["cluster"].as_str().unwrap().contains("4× l40s"));
     assert_eq!(num(&r, "/completed"), 200.0);
 }
+
+/// Regression: a profile of a custom GPU was rejected as an unknown device
+/// (found in review). A profile file names the custom GPU and loads.
+#[test]
+fn a_custom_gpu_can_have_a_profile() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("p.toml");
+    let out = easerve(&[
+        "calib",
+        "roofline",
+        "--model",
+        "qwen2.5-vl-32b",
+        "--gpu",
+        "rtx-6000-ada",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    // relabel it as a profile of the custom model on the custom GPU
+    let text = std::fs::read_to_string(&profile).unwrap();
+    std::fs::write(
+        &profile,
+        text.replace("model = \"qwen2.5-vl-32b\"", "model = \"qwen2.5-vl-7b\"")
+            .replace("device = \"rtx-6000-ada\"", "device = \"l40s\""),
+    )
+    .unwrap();
+    let sc = dir.path().join("s.toml");
+    let base = std::fs::read_to_string(scenario("custom-video")).unwrap();
+    let custom = root().join("scenarios/custom");
+    let base = base
+        .replace("\"custom/", &format!("\"{}/", custom.display()))
+        .replace(
+            "seed = 42",
+            &format!("seed = 42\nprofile = {:?}", profile.to_str().unwrap()),
+        );
+    std::fs::write(&sc, base).unwrap();
+    let r = sim_json(&sc, &["--requests", "100"]);
+    assert_eq!(num(&r, "/completed"), 100.0);
+    assert!(r["notes"][0].as_str().unwrap().contains("profile"));
+}

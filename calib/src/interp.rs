@@ -164,9 +164,13 @@ fn locate(axis: &[f64], q: f64) -> (usize, f64, Side) {
 /// Blend weighted corner values: geometric when all are > 0, else arithmetic
 /// clamped at 0.
 fn blend(corners: &[(f64, f64)]) -> f64 {
-    // at a grid point, the corner itself (bit-exact)
-    if let Some((v, _)) = corners.iter().find(|(_, w)| *w == 1.0) {
-        return *v;
+    // at a grid point, the corner itself (bit-exact); outside the table weights
+    // can reach 1 with other corners still weighted, so all others must be 0
+    let mut weighted = corners.iter().filter(|(_, w)| *w != 0.0);
+    if let (Some(&(v, w)), None) = (weighted.next(), weighted.next()) {
+        if w == 1.0 {
+            return v;
+        }
     }
     if corners.iter().all(|(v, _)| *v > 0.0) {
         corners.iter().map(|(v, w)| w * v.ln()).sum::<f64>().exp()

@@ -98,6 +98,10 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
             }
             Event::Ready(i) => {
                 let r = place.assign(work(&requests[i]));
+                if tokens[i].is_empty() {
+                    // text-only: ready for prefill once preprocessed
+                    records[i].prefill_ready = Some(now);
+                }
                 replicas[r].waiting.push(PrefillItem {
                     id: requests[i].id,
                     tokens: requests[i].prefill_tokens(),
@@ -139,7 +143,14 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
         if rep.stepping {
             continue;
         }
-        for item in rep.waiting.next_batch() {
+        // take a new budget's worth only once the previous one was admitted, so an
+        // iteration never prefills more than the token budget
+        let batch_in = if rep.sched.waiting() == 0 {
+            rep.waiting.next_batch()
+        } else {
+            Vec::new()
+        };
+        for item in batch_in {
             // the whole output is generated in this engine: the first token by
             // the prefill iteration, the rest by decode iterations
             let i = item.id as usize;
@@ -175,7 +186,10 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
                 records[i].encode_end = Some(now + t_enc);
                 records[i].encode_batch = Some(admitted.len());
             }
-            records[i].prefill_ready = Some(now + t_enc);
+            if !tokens[i].is_empty() {
+                // multimodal: its embeddings are ready when the inline encode ends
+                records[i].prefill_ready = Some(now + t_enc);
+            }
             records[i].prefill_start = Some(now + t_enc);
         }
         if !items.is_empty() {

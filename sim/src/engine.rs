@@ -70,7 +70,8 @@ struct Pass {
     /// Fraction of the GPU phase done at `last_update`.
     done_frac: f64,
     last_update: f64,
-    /// Generation of its pending completion event (stale ones are ignored).
+    /// Generation of its pending completion event (stale ones are ignored);
+    /// 0 until the GPU phase is first scheduled.
     gen: u64,
 }
 
@@ -85,6 +86,9 @@ struct EncodeWorker {
     link_free_at: f64,
     /// Embedding transfers sent and not yet landed.
     inflight: usize,
+    /// Generation counter of encode completion events, never reset, so an
+    /// event left over from an earlier pass can never match a later one.
+    done_gen: u64,
 }
 
 /// A prefill batch in flight; its progress is tracked as the fraction done so
@@ -269,6 +273,7 @@ impl<'a> Sim<'a> {
                     local: None,
                     link_free_at: 0.0,
                     inflight: 0,
+                    done_gen: 0,
                 }
             })
             .collect();
@@ -546,7 +551,8 @@ impl<'a> Sim<'a> {
     fn rerate_encode(&mut self, w: usize) {
         let now = self.now;
         let slow = self.encode_slowdown(w);
-        let Some(pass) = self.encode[w].pass.as_mut().filter(|p| p.gpu_phase) else {
+        let worker = &mut self.encode[w];
+        let Some(pass) = worker.pass.as_mut().filter(|p| p.gpu_phase) else {
             return;
         };
         if pass.gen > 0 && pass.t_gpu_work > 0.0 {
@@ -555,7 +561,8 @@ impl<'a> Sim<'a> {
         }
         pass.last_update = now;
         pass.slow = slow;
-        pass.gen += 1;
+        worker.done_gen += 1;
+        pass.gen = worker.done_gen;
         let end = now + (1.0 - pass.done_frac) * pass.t_gpu_work * slow;
         let gen = pass.gen;
         self.events.push(
@@ -570,6 +577,14 @@ impl<'a> Sim<'a> {
         let Some(pass) = self.encode[w].pass.take() else {
             return;
         };
+        debug_assert!(
+            pass.t_gpu_work <= 0.0
+                || (pass.done_frac + (now - pass.last_update) / (pass.t_gpu_work * pass.slow)
+                    - 1.0)
+                    .abs()
+                    < 1e-6,
+            "encode pass of worker {w} ended before its GPU work was done"
+        );
         let gpu = self.encode[w].gpu as usize;
         self.meters[gpu].end(now);
         // SM-time is the work done (unslowed GPU time at its share)

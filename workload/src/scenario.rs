@@ -1135,19 +1135,31 @@ impl Scenario {
                     .parent()
                     .unwrap_or(Path::new("."))
                     .join(name);
-                let p = easerve_calib::Profile::load(&path)
-                    .map_err(|e| v.err("profile", e.to_string()))?;
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    v.err("profile", format!("cannot read {}: {e}", path.display()))
+                })?;
+                // a custom GPU (cluster.gpu_file) is a known device for its own profiles
+                let p = easerve_calib::Profile::from_toml_str_with_devices(
+                    &text,
+                    &path.display().to_string(),
+                    &[gpu.name.clone()],
+                    &[gpu.link.name.clone()],
+                )
+                .map_err(|e| v.err("profile", e.to_string()))?;
                 let prov = &p.provenance;
-                if prov.model != model.name || prov.device != gpu.name {
+                if prov.model != model.name || prov.device != gpu.name || prov.link != gpu.link.name
+                {
                     return Err(v.err(
                         "profile",
                         format!(
-                            "{} profiles {} on {}, but the scenario runs {} on {}",
+                            "{} profiles {} on {} over {}, but the scenario runs {} on {} over {}",
                             path.display(),
                             prov.model,
                             prov.device,
+                            prov.link,
                             model.name,
-                            gpu.name
+                            gpu.name,
+                            gpu.link.name
                         ),
                     ));
                 }
@@ -1306,6 +1318,7 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
         if ![1, 2, 4].contains(&e.dtype_bytes) {
             return Err("field `encoder.dtype_bytes` must be 1, 2 or 4".into());
         }
+        check_encoder_kind(&e.kind)?;
     }
     if m.name.trim().is_empty() {
         return Err("field `name` must not be empty".into());
@@ -1340,4 +1353,69 @@ fn plain_types(msg: &str) -> String {
         .replace("expected u64", "expected an integer ≥ 0")
         .replace("expected u32", "expected an integer ≥ 0")
         .replace("expected f64", "expected a number")
+}
+
+/// Token-rule sizes of a custom encoder: every size used as a divisor ≥ 1.
+fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
+    use easerve_model::EncoderKind;
+    let sizes: Vec<(&str, u64)> = match kind {
+        EncoderKind::ClipAnyres {
+            image_size,
+            patch,
+            grid_pinpoints,
+        } => {
+            if grid_pinpoints.is_empty() || grid_pinpoints.iter().any(|&(h, w)| h == 0 || w == 0) {
+                return Err("field `encoder.kind.ClipAnyres.grid_pinpoints` must list [height, width] pairs ≥ 1".into());
+            }
+            if image_size < patch {
+                return Err("field `encoder.kind.ClipAnyres.image_size` must be ≥ `patch`".into());
+            }
+            vec![
+                ("ClipAnyres.image_size", u64::from(*image_size)),
+                ("ClipAnyres.patch", u64::from(*patch)),
+            ]
+        }
+        EncoderKind::QwenVit {
+            patch,
+            temporal_patch,
+            spatial_merge,
+            window_px,
+            fullatt_every,
+            min_pixels,
+            max_pixels,
+        } => {
+            if min_pixels > max_pixels {
+                return Err(
+                    "field `encoder.kind.QwenVit.min_pixels` must be ≤ `max_pixels`".into(),
+                );
+            }
+            vec![
+                ("QwenVit.patch", u64::from(*patch)),
+                ("QwenVit.temporal_patch", u64::from(*temporal_patch)),
+                ("QwenVit.spatial_merge", u64::from(*spatial_merge)),
+                ("QwenVit.window_px", u64::from(*window_px)),
+                ("QwenVit.fullatt_every", u64::from(*fullatt_every)),
+                ("QwenVit.max_pixels", *max_pixels),
+            ]
+        }
+        EncoderKind::Whisper {
+            mel_bins,
+            window_s,
+            frames_per_window,
+            stack,
+        } => {
+            if !(window_s.is_finite() && *window_s > 0.0) {
+                return Err("field `encoder.kind.Whisper.window_s` must be a number > 0".into());
+            }
+            vec![
+                ("Whisper.mel_bins", u64::from(*mel_bins)),
+                ("Whisper.frames_per_window", u64::from(*frames_per_window)),
+                ("Whisper.stack", u64::from(*stack)),
+            ]
+        }
+    };
+    match sizes.iter().find(|(_, x)| *x == 0) {
+        Some((name, _)) => Err(format!("field `encoder.kind.{name}` must be ≥ 1")),
+        None => Ok(()),
+    }
 }

@@ -94,12 +94,12 @@ pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError
     Ok(rows)
 }
 
-/// Mean arrival rate of a trace, requests/s (`n / span`; `n` requests when the
-/// span is zero).
+/// Mean arrival rate of a trace, requests/s: `(n − 1)` gaps over the span from
+/// the first to the last arrival (`n` when the span is zero).
 pub fn mean_rate(rows: &[TraceRow]) -> f64 {
     let span = rows.last().map_or(0.0, |r| r.t);
     if span > 0.0 {
-        rows.len() as f64 / span
+        (rows.len() - 1) as f64 / span
     } else {
         rows.len() as f64
     }
@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(rows[0].t, 0.0);
         assert!((rows[1].t - 1.5).abs() < 1e-9);
         assert_eq!(rows[1].output_tokens, 1);
-        assert!((mean_rate(&rows) - 2.0 / 1.5).abs() < 1e-9);
+        assert!((mean_rate(&rows) - 1.0 / 1.5).abs() < 1e-9);
     }
 
     #[test]
