@@ -7,6 +7,7 @@
 
 use anyhow::Context;
 mod calib_cmd;
+mod search_cmd;
 
 use clap::{Parser, Subcommand};
 use easerve_workload::scenario::{Overrides, Scenario, System};
@@ -28,6 +29,9 @@ enum Command {
     /// Simulate one run of a scenario on the digital twin and print its report.
     #[command(after_help = EXIT_CODES)]
     Sim(SimArgs),
+    /// Search (allocation, B, s) for a scenario: Hybrid Auto Selection or a baseline.
+    #[command(after_help = EXIT_CODES)]
+    Search(search_cmd::SearchArgs),
     /// Calibration: write, show, import, validate and refine stage-cost profiles.
     #[command(subcommand)]
     Calib(calib_cmd::CalibCommand),
@@ -50,6 +54,10 @@ struct SimArgs {
     /// Allocation, e.g. `2E(TP1)+1P(TP2)+1D(TP4)` (overrides `deployment.allocation`).
     #[arg(long)]
     allocation: Option<String>,
+    /// A whole deployment as `easerve search` prints it, e.g.
+    /// `'2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55'` (instead of --allocation, --batch, --offload).
+    #[arg(long, conflicts_with_all = ["allocation", "batch", "offload"])]
+    deployment: Option<String>,
     /// Encode micro-batch bound B (overrides `deployment.batch`).
     #[arg(long = "batch", short = 'B')]
     batch: Option<i64>,
@@ -88,8 +96,9 @@ impl std::error::Error for BadInput {}
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Calib(cmd) => calib_cmd::run(cmd),
+        Command::Search(a) => search_cmd::run(a),
         Command::Sim(a) => {
-            let overrides = Overrides {
+            let mut overrides = Overrides {
                 seed: a.seed,
                 rate: a.rate,
                 requests: a.requests,
@@ -98,6 +107,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 offload: a.offload,
                 system: a.system,
             };
+            if let Some(d) = &a.deployment {
+                let c: easerve_has::Candidate = d
+                    .parse()
+                    .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
+                overrides = c.overrides(&overrides);
+            }
             let sc =
                 Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
             let opts = easerve_sim::SimOptions {

@@ -2,6 +2,7 @@
 //! One integration-test binary (modules below).
 
 mod bad_input;
+mod search_cli;
 mod sim_cli;
 
 use serde_json::Value;

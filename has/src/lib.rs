@@ -1,0 +1,23 @@
+//! Hybrid Auto Selection (HAS): the offline search of the deployment
+//! `PC = (allocation, B, s)` (EAServe §3.1, Algorithm 1).
+//!
+//! * [`space`] — every feasible allocation of the cluster's GPUs.
+//! * [`stage1`] — per-stage capacities, load ratios at the target rate Λ, the
+//!   bottleneck-balance score, pruning to the top K, `B_max = ⌈Λ/nE⌉` and
+//!   `s* = C_remote/(C_remote + C_local)` with a ±0.2 window.
+//! * [`search`] — Stage 2, one TPE study (the `tpe` crate) over (survivor, B,
+//!   s) seeded with each survivor's analytical optimum and stopped when the
+//!   best three are within 1 % or five trials bring no gain; plus the
+//!   `random`, `coordinate` and `exhaustive` baselines.
+//! * [`trial`] — the [`Trial`] trait: one end-to-end run of a candidate. The
+//!   simulator implements it ([`SimTrial`]); the real executor will too.
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod search;
+pub mod space;
+pub mod stage1;
+pub mod trial;
+
+pub use search::{search, Method, SearchConfig, Study, TrialRecord};
+pub use space::{feasible_allocations, Candidate, FeasibleAllocation};
+pub use trial::{Outcome, SimTrial, Trial};

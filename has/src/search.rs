@@ -1,0 +1,464 @@
+//! The searches: HAS (Stage 1 + a TPE study), and the `random`, `coordinate`
+//! and `exhaustive` baselines over the same space.
+
+use crate::space::{feasible_allocations, Candidate, FeasibleAllocation};
+use crate::stage1::{stage1, Capacities, Stage1Row};
+use crate::trial::{Outcome, Trial};
+use easerve_calib::StageCost;
+use easerve_workload::Scenario;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Largest encode batch bound the baselines search (`B ∈ 1..=B_CAP`).
+pub const B_CAP: u32 = 16;
+/// The exhaustive grid of B.
+pub const B_GRID: [u32; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
+/// The exhaustive grid of s (steps of 0.1), clipped to each allocation's range.
+pub const S_STEPS: u32 = 10;
+/// HAS stops when the best three throughputs are within this fraction of the best.
+pub const SPREAD_STOP: f64 = 0.01;
+/// HAS stops after this many trials in a row without a better throughput.
+pub const PATIENCE: usize = 5;
+
+/// A search method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    /// Hybrid Auto Selection: Stage 1 pruning, then a TPE study.
+    Has,
+    /// Uniform samples of the space.
+    Random,
+    /// Coordinate descent over allocation, B and s.
+    Coordinate,
+    /// Every allocation × B grid × s grid (simulator only: the ground truth).
+    Exhaustive,
+}
+
+impl FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "has" => Ok(Method::Has),
+            "random" => Ok(Method::Random),
+            "coordinate" => Ok(Method::Coordinate),
+            "exhaustive" => Ok(Method::Exhaustive),
+            _ => Err(format!(
+                "unknown method `{s}`; allowed: has, random, coordinate, exhaustive"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Method::Has => "has",
+            Method::Random => "random",
+            Method::Coordinate => "coordinate",
+            Method::Exhaustive => "exhaustive",
+        })
+    }
+}
+
+/// One trial of a study.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrialRecord {
+    /// 1-based trial number.
+    pub index: usize,
+    /// What ran.
+    pub candidate: Candidate,
+    /// What it measured.
+    pub outcome: Outcome,
+    /// Best throughput of the study so far (this trial included), requests/s.
+    pub best_so_far: f64,
+}
+
+/// A finished search.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Study {
+    /// Method.
+    pub method: Method,
+    /// Target rate Λ, requests/s.
+    pub rate: f64,
+    /// Trial budget (the exhaustive search ignores it).
+    pub budget: usize,
+    /// Seed.
+    pub seed: u64,
+    /// Feasible allocations of the cluster.
+    pub space: Vec<FeasibleAllocation>,
+    /// Stage 1 capacities (HAS only).
+    pub capacities: Option<Capacities>,
+    /// Stage 1 table (HAS only).
+    pub stage1: Vec<Stage1Row>,
+    /// Every trial, in order.
+    pub trials: Vec<TrialRecord>,
+    /// The chosen trial: best by throughput, then mean TTFT, then mean TPOT.
+    pub best: Option<TrialRecord>,
+    /// Why the search stopped.
+    pub stopped: String,
+}
+
+/// What to search.
+#[derive(Clone, Debug)]
+pub struct SearchConfig {
+    /// Method.
+    pub method: Method,
+    /// Trials at most (≥ 1).
+    pub budget: usize,
+    /// Seed of the method's own randomness.
+    pub seed: u64,
+    /// Target rate Λ, requests/s.
+    pub rate: f64,
+}
+
+/// Records trials and keeps the best.
+struct Recorder<'a> {
+    trials: Vec<TrialRecord>,
+    best: Option<TrialRecord>,
+    on_trial: &'a mut dyn FnMut(&TrialRecord),
+}
+
+impl Recorder<'_> {
+    fn record(&mut self, candidate: Candidate, outcome: Outcome) -> &TrialRecord {
+        let better = self
+            .best
+            .as_ref()
+            .is_none_or(|b| outcome.rank(&b.outcome).is_gt());
+        let best_so_far = if better {
+            outcome.throughput
+        } else {
+            self.best.as_ref().map_or(0.0, |b| b.outcome.throughput)
+        };
+        let rec = TrialRecord {
+            index: self.trials.len() + 1,
+            candidate,
+            outcome,
+            best_so_far,
+        };
+        if better {
+            self.best = Some(rec.clone());
+        }
+        (self.on_trial)(&rec);
+        self.trials.push(rec);
+        self.trials.last().expect("just pushed")
+    }
+
+    fn seen(&self, c: &Candidate) -> Option<&Outcome> {
+        self.trials
+            .iter()
+            .find(|t| t.candidate == *c)
+            .map(|t| &t.outcome)
+    }
+}
+
+/// Whether HAS should stop after `trials`: the best three throughputs lie
+/// within [`SPREAD_STOP`] of the best, or [`PATIENCE`] trials in a row did not
+/// raise the best (EAServe §3.1).
+pub fn should_stop(trials: &[TrialRecord]) -> Option<String> {
+    if trials.len() < 3 {
+        return None;
+    }
+    let mut thr: Vec<f64> = trials.iter().map(|t| t.outcome.throughput).collect();
+    thr.sort_by(|a, b| b.total_cmp(a));
+    if thr[0] > 0.0 && (thr[0] - thr[2]) / thr[0] < SPREAD_STOP {
+        return Some(format!(
+            "the best three throughputs are within {:.0} %",
+            SPREAD_STOP * 100.0
+        ));
+    }
+    let last_gain = trials
+        .windows(2)
+        .rposition(|w| w[1].best_so_far > w[0].best_so_far)
+        .map_or(0, |i| i + 1);
+    if trials.len() - 1 - last_gain >= PATIENCE {
+        return Some(format!(
+            "{PATIENCE} trials in a row without a better throughput"
+        ));
+    }
+    None
+}
+
+fn s_at(range: (f64, f64), u: f64) -> f64 {
+    let s = range.0 + u.clamp(0.0, 1.0) * (range.1 - range.0);
+    (s * 1000.0).round() / 1000.0
+}
+
+/// Run a search of `sc` at `cfg.rate` with trials from `trial`; `on_trial` sees
+/// each trial as it completes.
+pub fn search(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    trial: &dyn Trial,
+    cfg: &SearchConfig,
+    on_trial: &mut dyn FnMut(&TrialRecord),
+) -> Study {
+    let space = feasible_allocations(sc);
+    let mut rng = ChaCha8Rng::seed_from_u64(easerve_workload::rng::subseed(
+        cfg.seed,
+        &format!("search-{}", cfg.method),
+    ));
+    let mut rec = Recorder {
+        trials: Vec::new(),
+        best: None,
+        on_trial,
+    };
+    let mut capacities = None;
+    let mut rows = Vec::new();
+    let budget = cfg.budget.max(1);
+    let mut stopped = format!("budget of {budget} trials spent");
+    match cfg.method {
+        Method::Has => {
+            let (caps, table) = stage1(sc, cost, &space, cfg.rate);
+            capacities = Some(caps);
+            rows = table;
+            let survivors: Vec<&Stage1Row> = rows.iter().filter(|r| r.kept).collect();
+            if !survivors.is_empty() {
+                let mut o_alloc = tpe::TpeOptimizer::new(
+                    tpe::histogram_estimator(),
+                    tpe::categorical_range(survivors.len()).expect("≥ 1 survivor"),
+                );
+                let mut o_b = tpe::TpeOptimizer::new(
+                    tpe::parzen_estimator(),
+                    tpe::range(0.0, 1.0).expect("valid range"),
+                );
+                let mut o_s = tpe::TpeOptimizer::new(
+                    tpe::parzen_estimator(),
+                    tpe::range(0.0, 1.0).expect("valid range"),
+                );
+                // value to minimise: the ranking, folded into one number
+                let value = |o: &Outcome| {
+                    -o.throughput + 1e-6 * o.mean_ttft.min(1e6) + 1e-9 * o.mean_tpot.min(1e6)
+                };
+                let candidate = |i: usize, ub: f64, us: f64| {
+                    let r = survivors[i];
+                    Candidate {
+                        allocation: r.allocation,
+                        batch: (1 + (ub.clamp(0.0, 0.999_999) * f64::from(r.b_max)) as u32)
+                            .min(r.b_max),
+                        offload: s_at(r.s_range, us),
+                    }
+                };
+                let mut asked = 0;
+                // a repeated point is told again but costs no trial; bound the asking
+                while rec.trials.len() < budget && asked < survivors.len() + 20 * budget {
+                    // seeds first: each survivor's analytical optimum (B_max, s*)
+                    let (i, ub, us) = if asked < survivors.len() {
+                        let r = survivors[asked];
+                        let us = if r.s_range.1 > r.s_range.0 {
+                            (r.s_star - r.s_range.0) / (r.s_range.1 - r.s_range.0)
+                        } else {
+                            0.5
+                        };
+                        (asked, 0.999_999, us)
+                    } else {
+                        let i = o_alloc.ask(&mut rng).expect("categorical ask") as usize;
+                        (
+                            i.min(survivors.len() - 1),
+                            o_b.ask(&mut rng).expect("ask B"),
+                            o_s.ask(&mut rng).expect("ask s"),
+                        )
+                    };
+                    asked += 1;
+                    let c = candidate(i, ub, us);
+                    if let Some(o) = rec.seen(&c) {
+                        let v = value(o);
+                        let _ = o_alloc.tell(i as f64, v);
+                        let _ = o_b.tell(ub, v);
+                        let _ = o_s.tell(us, v);
+                        continue;
+                    }
+                    let outcome = trial.run(&c);
+                    let v = value(&outcome);
+                    let _ = o_alloc.tell(i as f64, v);
+                    let _ = o_b.tell(ub, v);
+                    let _ = o_s.tell(us, v);
+                    rec.record(c, outcome);
+                    if rec.trials.len() >= survivors.len() {
+                        if let Some(why) = should_stop(&rec.trials) {
+                            stopped = why;
+                            break;
+                        }
+                    }
+                }
+                if rec.trials.len() < budget && stopped.starts_with("budget") {
+                    stopped = "every distinct point of the survivors' space was tried".into();
+                }
+            } else {
+                stopped = "Stage 1 kept no allocation".into();
+            }
+        }
+        Method::Random => {
+            while rec.trials.len() < budget && !space.is_empty() {
+                let fa = &space[rng.gen_range(0..space.len())];
+                let c = Candidate {
+                    allocation: fa.allocation,
+                    batch: rng.gen_range(1..=B_CAP),
+                    offload: s_at(fa.offload_range, rng.gen::<f64>()),
+                };
+                let outcome = trial.run(&c);
+                rec.record(c, outcome);
+            }
+        }
+        Method::Coordinate => {
+            if let Some(first) = space.first() {
+                let mut cur = Candidate {
+                    allocation: first.allocation,
+                    batch: 4,
+                    offload: s_at(first.offload_range, 0.5),
+                };
+                let range_of = |c: &Candidate| {
+                    space
+                        .iter()
+                        .find(|f| f.allocation == c.allocation)
+                        .map_or((1.0, 1.0), |f| f.offload_range)
+                };
+                'outer: loop {
+                    let mut improved = false;
+                    for dim in 0..3 {
+                        let options: Vec<Candidate> = match dim {
+                            0 => space
+                                .iter()
+                                .map(|f| Candidate {
+                                    allocation: f.allocation,
+                                    batch: cur.batch,
+                                    offload: cur
+                                        .offload
+                                        .clamp(f.offload_range.0, f.offload_range.1),
+                                })
+                                .collect(),
+                            1 => [1, 2, 4, 8, 16]
+                                .iter()
+                                .map(|&b| Candidate {
+                                    batch: b,
+                                    ..cur.clone()
+                                })
+                                .collect(),
+                            _ => (0..=4)
+                                .map(|k| Candidate {
+                                    offload: s_at(range_of(&cur), f64::from(k) / 4.0),
+                                    ..cur.clone()
+                                })
+                                .collect(),
+                        };
+                        let mut best = (cur.clone(), rec.seen(&cur).cloned());
+                        for c in options {
+                            let o = match rec.seen(&c) {
+                                Some(o) => o.clone(),
+                                None => {
+                                    if rec.trials.len() >= budget {
+                                        break 'outer;
+                                    }
+                                    let o = trial.run(&c);
+                                    rec.record(c.clone(), o.clone());
+                                    o
+                                }
+                            };
+                            if best.1.as_ref().is_none_or(|b| o.rank(b).is_gt()) {
+                                if best.1.is_some() && best.0 != c {
+                                    improved = true;
+                                }
+                                best = (c, Some(o));
+                            }
+                        }
+                        cur = best.0;
+                    }
+                    if !improved {
+                        stopped = "coordinate descent converged".into();
+                        break;
+                    }
+                }
+            }
+        }
+        Method::Exhaustive => {
+            let grid: Vec<Candidate> = space
+                .iter()
+                .flat_map(|fa| {
+                    let (lo, hi) = fa.offload_range;
+                    let ss: Vec<f64> = (0..=S_STEPS)
+                        .map(|k| f64::from(k) / f64::from(S_STEPS))
+                        .filter(|s| *s >= lo - 1e-12 && *s <= hi + 1e-12)
+                        .collect();
+                    B_GRID.iter().flat_map(move |&b| {
+                        ss.clone().into_iter().map(move |s| Candidate {
+                            allocation: fa.allocation,
+                            batch: b,
+                            offload: s,
+                        })
+                    })
+                })
+                .collect();
+            let outcomes: Vec<Outcome> = grid.par_iter().map(|c| trial.run(c)).collect();
+            for (c, o) in grid.into_iter().zip(outcomes) {
+                rec.record(c, o);
+            }
+            stopped = format!("all {} grid points run", rec.trials.len());
+        }
+    }
+    Study {
+        method: cfg.method,
+        rate: cfg.rate,
+        budget,
+        seed: cfg.seed,
+        space,
+        capacities,
+        stage1: rows,
+        best: rec.best.clone(),
+        trials: rec.trials,
+        stopped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(i: usize, thr: f64, best: f64) -> TrialRecord {
+        TrialRecord {
+            index: i,
+            candidate: Candidate {
+                allocation: "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap(),
+                batch: 1,
+                offload: 1.0,
+            },
+            outcome: Outcome {
+                throughput: thr,
+                mean_ttft: 1.0,
+                mean_tpot: 0.1,
+                feasible: true,
+            },
+            best_so_far: best,
+        }
+    }
+
+    #[test]
+    fn stops_on_a_tight_top_three() {
+        let t = vec![rec(1, 1.0, 1.0), rec(2, 2.0, 2.0), rec(3, 1.995, 2.0)];
+        assert_eq!(should_stop(&t), None);
+        let mut t2 = t.clone();
+        t2.push(rec(4, 1.99, 2.0));
+        assert!(should_stop(&t2).unwrap().contains("best three"));
+    }
+
+    #[test]
+    fn stops_after_five_trials_without_improvement() {
+        let mut t = vec![rec(1, 1.0, 1.0), rec(2, 2.0, 2.0)];
+        for i in 0..4 {
+            t.push(rec(3 + i, 0.5 + 0.1 * i as f64, 2.0));
+        }
+        assert_eq!(should_stop(&t), None, "4 without improvement");
+        t.push(rec(7, 0.3, 2.0));
+        assert!(should_stop(&t).unwrap().contains("in a row"));
+    }
+
+    #[test]
+    fn methods_parse_and_print() {
+        for m in ["has", "random", "coordinate", "exhaustive"] {
+            assert_eq!(m.parse::<Method>().unwrap().to_string(), m);
+        }
+        assert!("grid".parse::<Method>().is_err());
+    }
+}

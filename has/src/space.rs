@@ -1,0 +1,192 @@
+//! The search space: feasible allocations of a cluster and the candidates
+//! `(allocation, B, s)` built on them.
+
+use easerve_sched::{Allocation, MAX_TERM};
+use easerve_workload::scenario::{Overrides, Scenario, ScenarioFile};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// TP degrees tried for prefill and decode workers.
+pub const TP_DEGREES: [u32; 4] = [1, 2, 4, 8];
+
+/// One point of the search space.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// GPUs per stage.
+    pub allocation: Allocation,
+    /// Encode micro-batch bound `B ≥ 1`.
+    pub batch: u32,
+    /// Offload ratio `s ∈ [0, 1]`.
+    pub offload: f64,
+}
+
+impl fmt::Display for Candidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} B={} s={}", self.allocation, self.batch, self.offload)
+    }
+}
+
+impl std::str::FromStr for Candidate {
+    type Err = String;
+
+    /// Parse what [`fmt::Display`] prints: `ALLOCATION B=<int> s=<float>`, e.g.
+    /// `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`.
+    fn from_str(text: &str) -> Result<Self, String> {
+        let shape = "expected `ALLOCATION B=<integer ≥ 1> s=<number in [0, 1]>`, e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`";
+        let mut parts = text.split_whitespace();
+        let allocation: Allocation = parts
+            .next()
+            .ok_or_else(|| format!("empty deployment; {shape}"))?
+            .parse()
+            .map_err(|e: easerve_sched::AllocationError| e.to_string())?;
+        let (mut batch, mut offload) = (None, None);
+        for p in parts {
+            match p.split_once('=') {
+                Some(("B", v)) => {
+                    batch = Some(
+                        v.parse::<u32>()
+                            .ok()
+                            .filter(|b| *b >= 1)
+                            .ok_or_else(|| format!("`{p}`: {shape}"))?,
+                    )
+                }
+                Some(("s", v)) => {
+                    offload = Some(
+                        v.parse::<f64>()
+                            .ok()
+                            .filter(|s| (0.0..=1.0).contains(s))
+                            .ok_or_else(|| format!("`{p}`: {shape}"))?,
+                    )
+                }
+                _ => return Err(format!("unexpected `{p}`; {shape}")),
+            }
+        }
+        match (batch, offload) {
+            (Some(batch), Some(offload)) => Ok(Candidate {
+                allocation,
+                batch,
+                offload,
+            }),
+            _ => Err(format!("`{text}` lacks B= or s=; {shape}")),
+        }
+    }
+}
+
+impl Candidate {
+    /// The command-line overrides that run this candidate.
+    pub fn overrides(&self, base: &Overrides) -> Overrides {
+        Overrides {
+            allocation: Some(self.allocation.to_string()),
+            batch: Some(i64::from(self.batch)),
+            offload: Some(self.offload),
+            ..base.clone()
+        }
+    }
+}
+
+/// A feasible allocation and what it allows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FeasibleAllocation {
+    /// The allocation (all of the cluster's GPUs).
+    pub allocation: Allocation,
+    /// Local prefill workers it can co-locate on its encode GPUs when `s < 1`
+    /// (0 when the LLM does not fit next to the encoder).
+    pub local_workers: u32,
+    /// TP degree of each local prefill worker.
+    pub local_tp: Option<u32>,
+    /// Offload ratios it admits: `[lo, hi]` (`[1, 1]` without local prefill,
+    /// `[0, 0]` without remote prefill workers).
+    pub offload_range: (f64, f64),
+}
+
+/// Validate `raw` with `o` applied, as the CLI would.
+pub(crate) fn validate(raw: &ScenarioFile, file: &str, o: &Overrides) -> Option<Scenario> {
+    let mut raw = raw.clone();
+    raw.apply(o);
+    Scenario::validate(raw, file, "search").ok()
+}
+
+/// Every allocation that uses all `gpus` GPUs of the scenario's cluster and is
+/// feasible for its model and workload: `nE ≥ 1` encode workers at TP1,
+/// `nP ≥ 0` remote prefill workers and `nD ≥ 1` decode workers at TP degrees
+/// from [`TP_DEGREES`] where the LLM's weights plus the KV cache of one longest
+/// sequence fit. An allocation without prefill workers is feasible only when
+/// local prefill fits next to the encoder (then `s = 0`). Order: by encode,
+/// prefill, decode counts and degrees (deterministic).
+pub fn feasible_allocations(sc: &Scenario) -> Vec<FeasibleAllocation> {
+    let g = sc.gpus.min(MAX_TERM);
+    let raw = &sc.raw;
+    let mut out = Vec::new();
+    for n_e in 1..=g {
+        for &tp_p in &TP_DEGREES {
+            for n_p in 0..=g {
+                if n_p > 0 && n_p * tp_p > g {
+                    break;
+                }
+                if n_p == 0 && tp_p != TP_DEGREES[0] {
+                    continue; // one allocation without P workers, not one per degree
+                }
+                for &tp_d in &TP_DEGREES {
+                    let used = n_e + n_p * tp_p;
+                    if used >= g || !(g - used).is_multiple_of(tp_d) {
+                        continue;
+                    }
+                    let n_d = (g - used) / tp_d;
+                    let allocation = Allocation::new((n_e, 1), (n_p, tp_p), (n_d, tp_d));
+                    let at = |s: f64| {
+                        validate(
+                            raw,
+                            &sc.file,
+                            &Overrides {
+                                allocation: Some(allocation.to_string()),
+                                offload: Some(s),
+                                batch: Some(1),
+                                ..Default::default()
+                            },
+                        )
+                    };
+                    let local = if n_p > 0 { at(0.5) } else { at(0.0) };
+                    let local_tp = local.as_ref().and_then(|s| s.knobs.local_prefill_tp);
+                    let local_workers = local_tp.map_or(0, |tp| n_e / tp);
+                    let remote_ok = n_p > 0 && at(1.0).is_some();
+                    let offload_range = match (remote_ok, local_workers > 0) {
+                        (true, true) => (0.0, 1.0),
+                        (true, false) => (1.0, 1.0),
+                        (false, true) if n_p == 0 => (0.0, 0.0),
+                        _ => continue,
+                    };
+                    out.push(FeasibleAllocation {
+                        allocation,
+                        local_workers,
+                        local_tp,
+                        offload_range,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn candidates_round_trip_through_text() {
+        let c: Candidate = "2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55".parse().unwrap();
+        assert_eq!(c.batch, 8);
+        assert_eq!(c.offload, 0.55);
+        assert_eq!(c.to_string().parse::<Candidate>().unwrap(), c);
+        for bad in [
+            "",
+            "2E(TP1)+1D(TP4)",
+            "2E(TP1)+1D(TP4) B=0 s=1",
+            "2E(TP1)+1D(TP4) B=2 s=2",
+            "2E B=1 s=1",
+            "2E(TP1)+1D(TP4) B=2 s=1 x=3",
+        ] {
+            assert!(bad.parse::<Candidate>().is_err(), "{bad}");
+        }
+    }
+}

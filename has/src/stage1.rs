@@ -1,0 +1,448 @@
+//! HAS Stage 1: per-stage capacities, per-allocation load ratios at the target
+//! rate, the bottleneck-balance score, pruning, and the seeds of Stage 2
+//! (EAServe §3.1, Algorithm 1 lines 1–12).
+
+use crate::space::FeasibleAllocation;
+use easerve_calib::{Efficiency, Roofline, StageCost};
+use easerve_model::ItemTokens;
+use easerve_sched::{Allocation, SmSplit};
+use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::Scenario;
+use serde::{Deserialize, Serialize};
+
+/// Allocations whose score exceeds the best score by more than this factor are
+/// pruned (EAServe §3.1: "pruning factor 1.2×").
+pub const PRUNE_FACTOR: f64 = 1.2;
+/// Survivors kept (EAServe §3.1: top-K = 3).
+pub const TOP_K: usize = 3;
+/// Half-width of the offload window around `s*` (EAServe §3.1: ±0.2).
+pub const S_WINDOW: f64 = 0.2;
+/// Largest batch bound Stage 1 considers.
+pub const MAX_B: u32 = 64;
+
+/// Per-worker capacities of the stages, requests/s.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Capacities {
+    /// One encode worker at its best batch (`C_E`), found by doubling B until
+    /// encode throughput saturates (gains < 5 %).
+    pub encode: f64,
+    /// The batch at which `encode` was reached.
+    pub encode_batch: u32,
+    /// Encode time of a micro-batch of `B` typical requests, seconds, for
+    /// `B = 1..=`[`MAX_B`]: `C_E(B) = B / T_enc(B)`.
+    pub encode_time: Vec<f64>,
+    /// One remote prefill worker at TP `t` (`C_P`), as `(t, capacity)`.
+    pub prefill: Vec<(u32, f64)>,
+    /// One decode worker at TP `t` (`C_D`), as `(t, capacity)`.
+    pub decode: Vec<(u32, f64)>,
+}
+
+impl Capacities {
+    fn at(table: &[(u32, f64)], tp: u32) -> f64 {
+        table
+            .iter()
+            .find(|(t, _)| *t == tp)
+            .map_or(0.0, |(_, c)| *c)
+    }
+
+    /// `C_P` at TP `tp` (0 when not profiled).
+    pub fn prefill_at(&self, tp: u32) -> f64 {
+        Self::at(&self.prefill, tp)
+    }
+
+    /// `C_D` at TP `tp` (0 when not profiled).
+    pub fn decode_at(&self, tp: u32) -> f64 {
+        Self::at(&self.decode, tp)
+    }
+}
+
+/// The workload's typical request, from a sample of the scenario's requests.
+#[derive(Clone, Debug)]
+struct Typical {
+    items: Vec<ItemTokens>,
+    prefill_tokens: f64,
+    output_tokens: f64,
+}
+
+fn typical(sc: &Scenario) -> Typical {
+    let (reqs, tokens) = generate_with_tokens(sc);
+    let n = reqs.len().max(1) as f64;
+    let mut idx: Vec<usize> = (0..reqs.len()).collect();
+    idx.sort_by_key(|&i| (reqs[i].encoder_tokens, i));
+    Typical {
+        items: idx
+            .get(idx.len() / 2)
+            .map(|&i| tokens[i].clone())
+            .unwrap_or_default(),
+        prefill_tokens: reqs.iter().map(|r| r.prefill_tokens() as f64).sum::<f64>() / n,
+        output_tokens: reqs.iter().map(|r| r.output_tokens as f64).sum::<f64>() / n,
+    }
+}
+
+fn batch_of(items: &[ItemTokens], k: u32) -> Vec<ItemTokens> {
+    items
+        .iter()
+        .copied()
+        .cycle()
+        .take(items.len() * k as usize)
+        .collect()
+}
+
+/// Requests/s of one prefill worker at TP `tp` and SM share `share`, with
+/// batches filled to the token budget at the workload's mean prompt.
+fn prefill_capacity(cost: &dyn StageCost, sc: &Scenario, t: &Typical, tp: u32, share: f64) -> f64 {
+    let per = t.prefill_tokens.max(1.0);
+    let n = ((sc.knobs.prefill_token_budget as f64 / per).floor() as usize)
+        .clamp(1, sc.knobs.prefill_max_seqs);
+    let dur = cost.prefill(&vec![per.round() as u64; n], tp, share);
+    if dur > 0.0 {
+        n as f64 / dur
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// Per-stage capacities of the scenario's model, GPU and workload.
+pub fn capacities(sc: &Scenario, cost: &dyn StageCost) -> Capacities {
+    let t = typical(sc);
+    // C_E: double B until throughput gains < 5 %
+    let (mut encode, mut encode_batch) = (0.0, 1);
+    if !t.items.is_empty() {
+        let mut b = 1u32;
+        loop {
+            let thr = f64::from(b) / cost.encode(&batch_of(&t.items, b), 1.0).total();
+            if thr < encode * 1.05 || b > 1024 {
+                if thr > encode {
+                    (encode, encode_batch) = (thr, b);
+                }
+                break;
+            }
+            (encode, encode_batch) = (thr, b);
+            b *= 2;
+        }
+    }
+    let encode_time = if t.items.is_empty() {
+        Vec::new()
+    } else {
+        (1..=MAX_B)
+            .map(|b| cost.encode(&batch_of(&t.items, b), 1.0).total())
+            .collect()
+    };
+    let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for &tp in &crate::space::TP_DEGREES {
+        let Some(free) = memory.kv_bytes_free_per_gpu(tp, 0.0, sc.knobs.gpu_memory_utilization)
+        else {
+            continue;
+        };
+        prefill.push((tp, prefill_capacity(cost, sc, &t, tp, 1.0)));
+        let per_seq = t.prefill_tokens + t.output_tokens;
+        let kv_tokens = free * f64::from(tp) / sc.model.kv_bytes_per_token();
+        let b = (kv_tokens / per_seq)
+            .floor()
+            .clamp(1.0, sc.knobs.decode_max_batch as f64);
+        let ctx = b * (t.prefill_tokens + t.output_tokens / 2.0);
+        let step = cost.decode_step(b as u64, ctx as u64, tp);
+        decode.push((tp, b / (t.output_tokens.max(1.0) * step)));
+    }
+    Capacities {
+        encode,
+        encode_batch,
+        encode_time,
+        prefill,
+        decode,
+    }
+}
+
+/// Stage 1's verdict on one allocation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stage1Row {
+    /// The allocation.
+    pub allocation: Allocation,
+    /// Encode load ratio at Λ: `Λ / (nE · C_E)`.
+    pub encode_load: f64,
+    /// Prefill load ratio at Λ with the offload split at `s*`:
+    /// `Λ / (C_remote + C_local)`.
+    pub prefill_load: f64,
+    /// Decode load ratio at Λ: `Λ / (nD · C_D)`.
+    pub decode_load: f64,
+    /// Bottleneck-balance score: the largest load ratio.
+    pub score: f64,
+    /// `C_remote = nP · C_P`, requests/s.
+    pub c_remote: f64,
+    /// `C_local = nL · α · C_P(TP_L)`, requests/s.
+    pub c_local: f64,
+    /// α: the share of a prefill worker's capacity a local prefill worker
+    /// gets from the SMs encode leaves it at Λ.
+    pub alpha: f64,
+    /// `s* = C_remote / (C_remote + C_local)`, clamped to the allocation's range.
+    pub s_star: f64,
+    /// The offload window Stage 2 searches: `s* ± 0.2` within the range.
+    pub s_range: (f64, f64),
+    /// Largest B Stage 2 tries: `⌈2 · λ_w · max(1 s, T_enc(⌈λ_w⌉))⌉` with
+    /// `λ_w = Λ / nE` (see [`b_max`]).
+    pub b_max: u32,
+    /// Kept for Stage 2.
+    pub kept: bool,
+    /// Why kept or pruned.
+    pub reason: String,
+}
+
+/// `s* = C_remote/(C_remote + C_local)` (1 when both are 0).
+pub fn s_star(c_remote: f64, c_local: f64) -> f64 {
+    if c_remote + c_local > 0.0 {
+        c_remote / (c_remote + c_local)
+    } else {
+        1.0
+    }
+}
+
+/// The largest batch bound worth trying for `n_e` encode workers at `rate`.
+///
+/// The EAServe paper caps B at `⌈Λ / nE⌉` ("a worker is unlikely to fill
+/// batches much larger than its arrival rate", §3.1), which counts the
+/// arrivals of one second. A worker's batches fill during one encode pass,
+/// which here can take longer (its per-pass overhead is calibrated at 1.5 s),
+/// and Poisson bursts reach about twice the mean; so the cap used is
+/// `⌈2 · λ_w · max(1 s, T_enc(⌈λ_w⌉))⌉` with `λ_w = Λ / nE`, at most
+/// [`MAX_B`]. It equals twice the paper's value when a pass takes ≤ 1 s.
+pub fn b_max(caps: &Capacities, n_e: u32, rate: f64) -> u32 {
+    let lw = rate / f64::from(n_e.max(1));
+    let b0 = (lw.ceil() as usize).clamp(1, MAX_B as usize);
+    let t = caps
+        .encode_time
+        .get(b0 - 1)
+        .copied()
+        .unwrap_or(1.0)
+        .max(1.0);
+    ((2.0 * lw * t).ceil() as u32).clamp(1, MAX_B)
+}
+
+/// `C_E(B)`: one encode worker's requests/s at micro-batch `B`.
+pub fn encode_capacity(caps: &Capacities, b: u32) -> f64 {
+    match caps.encode_time.get(b.clamp(1, MAX_B) as usize - 1) {
+        Some(&t) if t > 0.0 => f64::from(b) / t,
+        _ => caps.encode,
+    }
+}
+
+/// Load ratios, score and seeds of one allocation at rate `rate`.
+pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64) -> Stage1Row {
+    let a = fa.allocation;
+    let c_p = caps.prefill_at(a.prefill.tp);
+    let c_remote = f64::from(a.prefill.workers) * c_p;
+    let c_local = match fa.local_tp {
+        Some(tp) if fa.local_workers > 0 => {
+            f64::from(fa.local_workers) * alpha * caps.prefill_at(tp)
+        }
+        _ => 0.0,
+    };
+    let (lo, hi) = fa.offload_range;
+    let s = s_star(c_remote, c_local).clamp(lo, hi);
+    let ratio = |load: f64, cap: f64| {
+        if cap > 0.0 {
+            load / cap
+        } else if load > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    };
+    let bm = b_max(caps, a.encode.workers, rate);
+    // a worker runs batches of at most B_max: its capacity there
+    let encode_load = ratio(
+        rate,
+        f64::from(a.encode.workers) * encode_capacity(caps, bm),
+    );
+    // the split sends s·Λ remote and (1−s)·Λ local; the stage is as loaded as its busier side
+    let prefill_load = ratio(s * rate, c_remote).max(ratio((1.0 - s) * rate, c_local));
+    let decode_load = ratio(
+        rate,
+        f64::from(a.decode.workers) * caps.decode_at(a.decode.tp),
+    );
+    let score = encode_load.max(prefill_load).max(decode_load);
+    Stage1Row {
+        allocation: a,
+        encode_load,
+        prefill_load,
+        decode_load,
+        score,
+        c_remote,
+        c_local,
+        alpha,
+        s_star: s,
+        s_range: ((s - S_WINDOW).max(lo), (s + S_WINDOW).min(hi)),
+        b_max: bm,
+        kept: false,
+        reason: String::new(),
+    }
+}
+
+/// Keep allocations within [`PRUNE_FACTOR`] of the best score, at most
+/// [`TOP_K`] of them (best scores first; ties by allocation text), and say why
+/// each was kept or pruned. Rows come back sorted by score.
+pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
+    rows.sort_by(|a, b| {
+        a.score
+            .total_cmp(&b.score)
+            .then_with(|| a.allocation.to_string().cmp(&b.allocation.to_string()))
+    });
+    let best = rows.first().map_or(f64::INFINITY, |r| r.score);
+    let mut kept = 0;
+    for r in &mut rows {
+        let stage = [
+            ("encode", r.encode_load),
+            ("prefill", r.prefill_load),
+            ("decode", r.decode_load),
+        ]
+        .into_iter()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or("", |x| x.0);
+        if r.score > PRUNE_FACTOR * best {
+            r.reason = format!(
+                "pruned: {stage} load {:.2} > {PRUNE_FACTOR}× best score {best:.2}",
+                r.score
+            );
+        } else if kept >= TOP_K {
+            r.reason = format!("pruned: within {PRUNE_FACTOR}× but not in the top {TOP_K}");
+        } else {
+            kept += 1;
+            r.kept = true;
+            r.reason = format!("kept: bottleneck {stage} at {:.2}", r.score);
+        }
+    }
+    rows
+}
+
+/// α for a local prefill worker sharing encode GPUs at rate `rate`: while an
+/// encode pass holds its SMs (a duty `u` of the time) local prefill runs on the
+/// rest (`1 − f` with the split's share `f` for a batch of `b_max`), otherwise
+/// on all of them; α = that mean capacity over the capacity on a whole GPU.
+pub fn alpha(sc: &Scenario, cost: &dyn StageCost, fa: &FeasibleAllocation, rate: f64) -> f64 {
+    let Some(tp) = fa.local_tp else {
+        return 0.0;
+    };
+    let t = typical(sc);
+    if t.items.is_empty() {
+        return 0.0;
+    }
+    let n_e = fa.allocation.encode.workers.max(1);
+    let b = (rate / f64::from(n_e)).ceil().max(1.0) as u32;
+    let items = batch_of(&t.items, b);
+    let split = SmSplit::new(&sc.deployment.sm_policy, b as usize, |k, f| {
+        cost.encode(&batch_of(&t.items, k as u32), f).total()
+    });
+    let f = split.encode_share(b as usize).unwrap_or(0.5);
+    let t_gpu = cost.encode(&items, f).t_gpu;
+    let t_pass = cost.encode(&items, f).total();
+    // passes per second per worker, at most back to back
+    let passes = (rate / f64::from(n_e) / f64::from(b)).min(1.0 / t_pass.max(1e-9));
+    let u = (passes * t_gpu).clamp(0.0, 1.0);
+    let prefill_rest = match split.prefill_share(Some(b as usize)) {
+        Some(x) => x,
+        None => 0.5 / (1.0 + cost.time_slice_penalty()),
+    };
+    let idle = split.prefill_share(None).unwrap_or(1.0);
+    let full = prefill_capacity(cost, sc, &t, tp, 1.0);
+    if full <= 0.0 {
+        return 0.0;
+    }
+    let mean = u * prefill_capacity(cost, sc, &t, tp, prefill_rest.max(1e-3))
+        + (1.0 - u) * prefill_capacity(cost, sc, &t, tp, idle.max(1e-3));
+    (mean / full).clamp(0.0, 1.0)
+}
+
+/// Stage 1 over every feasible allocation at rate `rate`.
+pub fn stage1(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    space: &[FeasibleAllocation],
+    rate: f64,
+) -> (Capacities, Vec<Stage1Row>) {
+    let caps = capacities(sc, cost);
+    let rows = space
+        .iter()
+        .map(|fa| assess(fa, &caps, alpha(sc, cost, fa, rate), rate))
+        .collect();
+    (caps, prune(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fa(alloc: &str, local: u32) -> FeasibleAllocation {
+        FeasibleAllocation {
+            allocation: alloc.parse().unwrap(),
+            local_workers: local,
+            local_tp: (local > 0).then_some(2),
+            offload_range: if local > 0 { (0.0, 1.0) } else { (1.0, 1.0) },
+        }
+    }
+
+    fn caps() -> Capacities {
+        Capacities {
+            encode: 1.0,
+            encode_batch: 8,
+            encode_time: vec![],
+            prefill: vec![(2, 2.0), (4, 3.0)],
+            decode: vec![(2, 2.0), (4, 4.0)],
+        }
+    }
+
+    #[test]
+    fn s_star_is_the_capacity_share_of_remote() {
+        assert_eq!(s_star(3.0, 1.0), 0.75);
+        assert_eq!(s_star(0.0, 2.0), 0.0);
+        assert_eq!(s_star(0.0, 0.0), 1.0);
+        let r = assess(&fa("2E(TP1)+1P(TP2)+1D(TP4)", 1), &caps(), 0.5, 2.0);
+        // C_remote = 1·2, C_local = 1·0.5·2 = 1 → s* = 2/3
+        assert!((r.s_star - 2.0 / 3.0).abs() < 1e-12);
+        assert!((r.s_range.0 - (2.0 / 3.0 - 0.2)).abs() < 1e-12 && r.s_range.1 == 2.0 / 3.0 + 0.2);
+        // prefill split at s*: Λ / (C_remote + C_local) = 2/3
+        assert!((r.prefill_load - 2.0 / 3.0).abs() < 1e-12);
+        // λ_w = 1 req/s, no encode table (T taken as 1 s): B_max = ⌈2·1·1⌉
+        assert_eq!(r.b_max, 2);
+    }
+
+    #[test]
+    fn pruning_keeps_the_balanced_top_three() {
+        let c = caps();
+        let rate = 4.0;
+        let rows: Vec<Stage1Row> = [
+            fa("4E(TP1)+1P(TP2)+1D(TP2)", 2), // E 1.0, P 4/(2+2·0.5·2)=1.0, D 2.0 → 2.0
+            fa("2E(TP1)+1P(TP2)+1D(TP4)", 1), // E 2.0, P 4/3, D 1.0 → 2.0
+            fa("2E(TP1)+1P(TP4)+1D(TP2)", 0), // E 2.0, P 4/3, D 2.0 → 2.0
+            fa("1E(TP1)+1P(TP2)+1D(TP4)", 0), // E 4.0 → pruned (> 1.2 × 2.0)
+            fa("3E(TP1)+1P(TP4)+1D(TP1)", 0), // D cap 0 → ∞ → pruned
+            fa("2E(TP1)+2P(TP2)+1D(TP2)", 0), // E 2, P 1, D 2 → 2.0 (4th within 1.2×)
+        ]
+        .iter()
+        .map(|f| assess(f, &c, 0.5, rate))
+        .collect();
+        let out = prune(rows);
+        let kept: Vec<String> = out
+            .iter()
+            .filter(|r| r.kept)
+            .map(|r| r.allocation.to_string())
+            .collect();
+        assert_eq!(kept.len(), 3);
+        assert!(!kept.contains(&"1E(TP1)+1P(TP2)+1D(TP4)".to_string()));
+        assert!(!kept.contains(&"3E(TP1)+1P(TP4)+1D(TP1)".to_string()));
+        let by = |a: &str| out.iter().find(|r| r.allocation.to_string() == a).unwrap();
+        assert!(by("1E(TP1)+1P(TP2)+1D(TP4)")
+            .reason
+            .starts_with("pruned: encode"));
+        assert!(by("3E(TP1)+1P(TP4)+1D(TP1)")
+            .reason
+            .starts_with("pruned: decode"));
+        assert_eq!(
+            out.iter()
+                .filter(|r| r.reason.contains("not in the top"))
+                .count(),
+            1
+        );
+        assert!(out.windows(2).all(|w| w[0].score <= w[1].score));
+    }
+}

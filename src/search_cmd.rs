@@ -1,0 +1,202 @@
+//! `easerve search`: Hybrid Auto Selection (or a baseline) over
+//! (allocation, B, s) on the simulator.
+
+use crate::BadInput;
+use easerve_has::{search, Method, SearchConfig, SimTrial, Study, TrialRecord};
+use easerve_workload::scenario::{Overrides, Scenario};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `easerve search`.
+#[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
+pub(crate) struct SearchArgs {
+    /// Scenario file (its model, cluster and workload; the search picks the deployment).
+    scenario: PathBuf,
+    /// `has` (Stage 1 pruning + TPE), `random`, `coordinate` or `exhaustive`.
+    #[arg(long, default_value = "has")]
+    method: Method,
+    /// Trials at most (the exhaustive search runs its whole grid).
+    #[arg(long, default_value_t = 30)]
+    budget: i64,
+    /// Target rate Λ in requests/s (default: the scenario's `workload.rate`).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Seed of the workload and of the search.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Requests per trial (default: the scenario's `workload.requests`).
+    #[arg(long)]
+    requests: Option<i64>,
+    /// Write the whole study as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn trial_line(t: &TrialRecord) -> String {
+    let o = &t.outcome;
+    if o.feasible {
+        format!(
+            "trial {:>3}  {:<40} throughput {:>7.3} req/s  TTFT {:>8.2} s  TPOT {:>6.1} ms  best {:.3}",
+            t.index,
+            t.candidate.to_string(),
+            o.throughput,
+            o.mean_ttft,
+            o.mean_tpot * 1e3,
+            t.best_so_far
+        )
+    } else {
+        format!(
+            "trial {:>3}  {:<40} not deployable",
+            t.index,
+            t.candidate.to_string()
+        )
+    }
+}
+
+fn stage1_table(study: &Study) -> String {
+    let mut s = String::new();
+    if let Some(c) = &study.capacities {
+        s += &format!(
+            "Stage 1 capacities per worker (req/s): encode {:.2} at B={} | prefill {} | decode {}\n",
+            c.encode,
+            c.encode_batch,
+            c.prefill.iter().map(|(t, x)| format!("TP{t} {x:.2}")).collect::<Vec<_>>().join(", "),
+            c.decode.iter().map(|(t, x)| format!("TP{t} {x:.2}")).collect::<Vec<_>>().join(", ")
+        );
+        s += &format!(
+            "{:<28}{:>7}{:>9}{:>8}{:>8}{:>6}{:>7}{:>14}  {}\n",
+            "allocation",
+            "E load",
+            "P load",
+            "D load",
+            "score",
+            "B_max",
+            "s*",
+            "s window",
+            "verdict"
+        );
+        for r in &study.stage1 {
+            s += &format!(
+                "{:<28}{:>7.2}{:>9.2}{:>8.2}{:>8.2}{:>6}{:>7.2}   [{:.2}, {:.2}]  {}\n",
+                r.allocation.to_string(),
+                r.encode_load,
+                r.prefill_load,
+                r.decode_load,
+                r.score,
+                r.b_max,
+                r.s_star,
+                r.s_range.0,
+                r.s_range.1,
+                r.reason
+            );
+        }
+    }
+    s
+}
+
+pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
+    if a.budget < 1 {
+        return Err(BadInput(format!(
+            "--budget {}: a search needs at least 1 trial",
+            a.budget
+        ))
+        .into());
+    }
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(BadInput(format!(
+                "--rate {r}: the target rate must be a number > 0 (requests/s)"
+            ))
+            .into());
+        }
+    }
+    let base = Overrides {
+        seed: a.seed,
+        rate: a.rate,
+        requests: a.requests,
+        ..Default::default()
+    };
+    let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
+    let space = easerve_has::feasible_allocations(&sc);
+    if space.is_empty() {
+        return Err(BadInput(format!(
+            "{}: no allocation of the cluster's {} × {} can serve {} (no TP degree fits its weights, or no GPU is left for an encode worker); use more or larger GPUs (cluster.gpus, cluster.gpu)",
+            a.scenario.display(),
+            sc.gpus,
+            sc.gpu.name,
+            sc.model.name
+        ))
+        .into());
+    }
+    let cfg = SearchConfig {
+        method: a.method,
+        budget: a.budget as usize,
+        seed: sc.seed,
+        rate: sc.workload.rate,
+    };
+    let trial = SimTrial::new(sc.raw.clone(), &sc.file, base);
+    let cost = easerve_sim::scenario_cost(&sc);
+    let bar =
+        (!a.json && std::io::stderr().is_terminal() && a.method != Method::Exhaustive).then(|| {
+            let pb = indicatif::ProgressBar::new(cfg.budget as u64);
+            pb.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:30} {pos}/{len} trials  best {msg} req/s",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            pb
+        });
+    let quiet = a.json;
+    let mut on_trial = |t: &TrialRecord| {
+        if let Some(pb) = &bar {
+            pb.set_message(format!("{:.3}", t.best_so_far));
+            pb.println(trial_line(t));
+            pb.inc(1);
+        } else if !quiet && a.method != Method::Exhaustive {
+            println!("{}", trial_line(t));
+        }
+    };
+    let started = std::time::Instant::now();
+    let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut on_trial);
+    if let Some(pb) = &bar {
+        pb.finish_and_clear();
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&study)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    print!("{}", stage1_table(&study));
+    println!(
+        "{} feasible allocations of {}× {}; method {}, Λ = {} req/s; {} trials in {:.2} s ({})",
+        study.space.len(),
+        sc.gpus,
+        sc.gpu.name,
+        study.method,
+        study.rate,
+        study.trials.len(),
+        started.elapsed().as_secs_f64(),
+        study.stopped
+    );
+    match &study.best {
+        Some(b) => {
+            println!(
+                "chosen: {}  (throughput {:.3} req/s, mean TTFT {:.2} s, mean TPOT {:.1} ms)",
+                b.candidate,
+                b.outcome.throughput,
+                b.outcome.mean_ttft,
+                b.outcome.mean_tpot * 1e3
+            );
+            println!(
+                "run it: easerve sim {} --rate {} --deployment '{}'",
+                a.scenario.display(),
+                study.rate,
+                b.candidate
+            );
+        }
+        None => println!("no trial ran"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,167 @@
+//! `easerve search`: HAS and its baselines on the simulator.
+
+use crate::{easerve, root};
+
+fn study(args: &[&str]) -> serde_json::Value {
+    let mut all = vec![
+        "search",
+        "scenarios/image.toml",
+        "--json",
+        "--rate",
+        "5",
+        "--requests",
+        "200",
+    ];
+    all.extend_from_slice(args);
+    let out = easerve(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("study JSON")
+}
+
+#[test]
+fn identical_seeds_give_identical_studies() {
+    for method in ["has", "random", "coordinate"] {
+        let a = easerve(&[
+            "search",
+            "scenarios/image.toml",
+            "--json",
+            "--rate",
+            "5",
+            "--requests",
+            "200",
+            "--method",
+            method,
+            "--seed",
+            "3",
+        ]);
+        let b = easerve(&[
+            "search",
+            "scenarios/image.toml",
+            "--json",
+            "--rate",
+            "5",
+            "--requests",
+            "200",
+            "--method",
+            method,
+            "--seed",
+            "3",
+        ]);
+        assert!(a.status.success());
+        assert_eq!(a.stdout, b.stdout, "{method}: same seed, different study");
+    }
+}
+
+#[test]
+fn has_prunes_then_searches_the_survivors_within_budget() {
+    let s = study(&["--method", "has", "--budget", "30"]);
+    let rows = s["stage1"].as_array().unwrap();
+    assert_eq!(rows.len(), s["space"].as_array().unwrap().len());
+    let kept: Vec<&serde_json::Value> = rows.iter().filter(|r| r["kept"] == true).collect();
+    assert!(!kept.is_empty() && kept.len() <= 3);
+    let trials = s["trials"].as_array().unwrap();
+    assert!(!trials.is_empty() && trials.len() <= 30);
+    // every trial runs a survivor within its B and s window
+    for t in trials {
+        let alloc = &t["candidate"]["allocation"];
+        let row = kept
+            .iter()
+            .find(|r| &r["allocation"] == alloc)
+            .expect("a survivor");
+        let b = t["candidate"]["batch"].as_u64().unwrap();
+        assert!(b >= 1 && b <= row["b_max"].as_u64().unwrap());
+        let s = t["candidate"]["offload"].as_f64().unwrap();
+        assert!(
+            s >= row["s_range"][0].as_f64().unwrap() - 1e-9
+                && s <= row["s_range"][1].as_f64().unwrap() + 1e-9
+        );
+    }
+    assert!(s["best"]["outcome"]["throughput"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn exhaustive_is_the_ground_truth_the_others_do_not_beat() {
+    let exh = study(&["--method", "exhaustive"]);
+    let best = exh["best"]["outcome"]["throughput"].as_f64().unwrap();
+    assert!(exh["trials"].as_array().unwrap().len() > 100);
+    let has = study(&["--method", "has"]);
+    let got = has["best"]["outcome"]["throughput"].as_f64().unwrap();
+    assert!(got >= 0.95 * best, "HAS {got} vs exhaustive {best}");
+}
+
+#[test]
+fn the_chosen_deployment_runs_with_sim_deployment() {
+    let out = easerve(&[
+        "search",
+        "scenarios/audio.toml",
+        "--rate",
+        "5",
+        "--requests",
+        "200",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("run it: "))
+        .expect("run-it line");
+    let dep = line.split('\'').nth(1).expect("quoted deployment");
+    let out = easerve(&[
+        "sim",
+        "scenarios/audio.toml",
+        "--rate",
+        "5",
+        "--requests",
+        "200",
+        "--deployment",
+        dep,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("Stage 1 capacities"));
+}
+
+#[test]
+fn bad_search_input_exits_2() {
+    for args in [
+        vec!["--budget", "0"],
+        vec!["--rate", "0"],
+        vec!["--rate", "-2"],
+        vec!["--method", "grid"],
+    ] {
+        let mut all = vec!["search", "scenarios/image.toml"];
+        all.extend_from_slice(&args);
+        let out = easerve(&all);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // a cluster too small for any feasible allocation
+    let text = std::fs::read_to_string(root().join("scenarios/image.toml")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("small.toml");
+    std::fs::write(
+        &f,
+        text.replace("gpus = 8", "gpus = 2")
+            .replace("2E(TP1)+1P(TP2)+1D(TP4)", "1E(TP1)+1D(TP1)")
+            .replace("offload = 0.7", "offload = 0.0"),
+    )
+    .unwrap();
+    let out = easerve(&["search", f.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("small.toml") && err.contains("deployment.allocation"),
+        "{err}"
+    );
+}
