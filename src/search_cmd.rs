@@ -56,42 +56,59 @@ fn trial_line(t: &TrialRecord) -> String {
 }
 
 fn stage1_table(study: &Study) -> String {
-    let mut s = String::new();
-    if let Some(c) = &study.capacities {
+    let Some(c) = &study.capacities else {
+        return String::new();
+    };
+    let tps = |v: &[(u32, f64)]| {
+        v.iter()
+            .map(|(t, x)| format!("TP{t} {x:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut s = format!(
+        "Stage 1 capacities per worker (req/s): encode {:.2} at B={} (where B/T_enc(B) saturates; \
+         each allocation is scored at its B_max) | prefill {} | decode {}\n\
+         local = local prefill workers co-located on the encode GPUs when s < 1, each holding \
+         the LLM at that TP next to the encoder\n",
+        c.encode,
+        c.encode_batch,
+        tps(&c.prefill),
+        tps(&c.decode)
+    );
+    s += &format!(
+        "{:<28}{:>9}{:>7}{:>9}{:>8}{:>8}{:>6}{:>7}{:>14}  {}\n",
+        "allocation",
+        "local",
+        "E load",
+        "P load",
+        "D load",
+        "score",
+        "B_max",
+        "s*",
+        "s window",
+        "verdict"
+    );
+    for r in &study.stage1 {
+        let local = study
+            .space
+            .iter()
+            .find(|f| f.allocation == r.allocation)
+            .and_then(|f| f.local_tp.map(|tp| format!("{}L(TP{tp})", f.local_workers)))
+            .unwrap_or_else(|| "-".into());
         s += &format!(
-            "Stage 1 capacities per worker (req/s): encode {:.2} at B={} | prefill {} | decode {}\n",
-            c.encode,
-            c.encode_batch,
-            c.prefill.iter().map(|(t, x)| format!("TP{t} {x:.2}")).collect::<Vec<_>>().join(", "),
-            c.decode.iter().map(|(t, x)| format!("TP{t} {x:.2}")).collect::<Vec<_>>().join(", ")
+            "{:<28}{:>9}{:>7.2}{:>9.2}{:>8.2}{:>8.2}{:>6}{:>7.2}   [{:.2}, {:.2}]  {}\n",
+            r.allocation.to_string(),
+            local,
+            r.encode_load,
+            r.prefill_load,
+            r.decode_load,
+            r.score,
+            r.b_max,
+            r.s_star,
+            r.s_range.0,
+            r.s_range.1,
+            r.reason
         );
-        s += &format!(
-            "{:<28}{:>7}{:>9}{:>8}{:>8}{:>6}{:>7}{:>14}  {}\n",
-            "allocation",
-            "E load",
-            "P load",
-            "D load",
-            "score",
-            "B_max",
-            "s*",
-            "s window",
-            "verdict"
-        );
-        for r in &study.stage1 {
-            s += &format!(
-                "{:<28}{:>7.2}{:>9.2}{:>8.2}{:>8.2}{:>6}{:>7.2}   [{:.2}, {:.2}]  {}\n",
-                r.allocation.to_string(),
-                r.encode_load,
-                r.prefill_load,
-                r.decode_load,
-                r.score,
-                r.b_max,
-                r.s_star,
-                r.s_range.0,
-                r.s_range.1,
-                r.reason
-            );
-        }
     }
     s
 }
