@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// TP degrees tried for prefill and decode workers.
-pub const TP_DEGREES: [u32; 4] = [1, 2, 4, 8];
+pub use easerve_sim::capacity::TP_DEGREES;
 
 /// One point of the search space.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -3,10 +3,9 @@
 //! (EAServe §3.1, Algorithm 1 lines 1–12).
 
 use crate::space::FeasibleAllocation;
-use easerve_calib::{Efficiency, Roofline, StageCost};
-use easerve_model::ItemTokens;
-use easerve_sched::{Allocation, SmSplit};
-use easerve_workload::generate::generate_with_tokens;
+use easerve_calib::StageCost;
+use easerve_sched::Allocation;
+pub use easerve_sim::capacity::{alpha, capacities, encode_capacity, Capacities, MAX_B};
 use easerve_workload::Scenario;
 use serde::{Deserialize, Serialize};
 
@@ -17,144 +16,6 @@ pub const PRUNE_FACTOR: f64 = 1.2;
 pub const TOP_K: usize = 3;
 /// Half-width of the offload window around `s*` (EAServe §3.1: ±0.2).
 pub const S_WINDOW: f64 = 0.2;
-/// Largest batch bound Stage 1 considers.
-pub const MAX_B: u32 = 64;
-
-/// Per-worker capacities of the stages, requests/s.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Capacities {
-    /// One encode worker at its best batch (`C_E`), found by doubling B until
-    /// encode throughput saturates (gains < 5 %).
-    pub encode: f64,
-    /// The batch at which `encode` was reached.
-    pub encode_batch: u32,
-    /// Encode time of a micro-batch of `B` typical requests, seconds, for
-    /// `B = 1..=`[`MAX_B`]: `C_E(B) = B / T_enc(B)`.
-    pub encode_time: Vec<f64>,
-    /// One remote prefill worker at TP `t` (`C_P`), as `(t, capacity)`.
-    pub prefill: Vec<(u32, f64)>,
-    /// One decode worker at TP `t` (`C_D`), as `(t, capacity)`.
-    pub decode: Vec<(u32, f64)>,
-}
-
-impl Capacities {
-    fn at(table: &[(u32, f64)], tp: u32) -> f64 {
-        table
-            .iter()
-            .find(|(t, _)| *t == tp)
-            .map_or(0.0, |(_, c)| *c)
-    }
-
-    /// `C_P` at TP `tp` (0 when not profiled).
-    pub fn prefill_at(&self, tp: u32) -> f64 {
-        Self::at(&self.prefill, tp)
-    }
-
-    /// `C_D` at TP `tp` (0 when not profiled).
-    pub fn decode_at(&self, tp: u32) -> f64 {
-        Self::at(&self.decode, tp)
-    }
-}
-
-/// The workload's typical request, from a sample of the scenario's requests.
-#[derive(Clone, Debug)]
-struct Typical {
-    items: Vec<ItemTokens>,
-    prefill_tokens: f64,
-    output_tokens: f64,
-}
-
-fn typical(sc: &Scenario) -> Typical {
-    let (reqs, tokens) = generate_with_tokens(sc);
-    let n = reqs.len().max(1) as f64;
-    let mut idx: Vec<usize> = (0..reqs.len()).collect();
-    idx.sort_by_key(|&i| (reqs[i].encoder_tokens, i));
-    Typical {
-        items: idx
-            .get(idx.len() / 2)
-            .map(|&i| tokens[i].clone())
-            .unwrap_or_default(),
-        prefill_tokens: reqs.iter().map(|r| r.prefill_tokens() as f64).sum::<f64>() / n,
-        output_tokens: reqs.iter().map(|r| r.output_tokens as f64).sum::<f64>() / n,
-    }
-}
-
-fn batch_of(items: &[ItemTokens], k: u32) -> Vec<ItemTokens> {
-    items
-        .iter()
-        .copied()
-        .cycle()
-        .take(items.len() * k as usize)
-        .collect()
-}
-
-/// Requests/s of one prefill worker at TP `tp` and SM share `share`, with
-/// batches filled to the token budget at the workload's mean prompt.
-fn prefill_capacity(cost: &dyn StageCost, sc: &Scenario, t: &Typical, tp: u32, share: f64) -> f64 {
-    let per = t.prefill_tokens.max(1.0);
-    let n = ((sc.knobs.prefill_token_budget as f64 / per).floor() as usize)
-        .clamp(1, sc.knobs.prefill_max_seqs);
-    let dur = cost.prefill(&vec![per.round() as u64; n], tp, share);
-    if dur > 0.0 {
-        n as f64 / dur
-    } else {
-        f64::INFINITY
-    }
-}
-
-/// Per-stage capacities of the scenario's model, GPU and workload.
-pub fn capacities(sc: &Scenario, cost: &dyn StageCost) -> Capacities {
-    let t = typical(sc);
-    // C_E: double B until throughput gains < 5 %
-    let (mut encode, mut encode_batch) = (0.0, 1);
-    if !t.items.is_empty() {
-        let mut b = 1u32;
-        loop {
-            let thr = f64::from(b) / cost.encode(&batch_of(&t.items, b), 1.0).total();
-            if thr < encode * 1.05 || b > 1024 {
-                if thr > encode {
-                    (encode, encode_batch) = (thr, b);
-                }
-                break;
-            }
-            (encode, encode_batch) = (thr, b);
-            b *= 2;
-        }
-    }
-    let encode_time = if t.items.is_empty() {
-        Vec::new()
-    } else {
-        (1..=MAX_B)
-            .map(|b| cost.encode(&batch_of(&t.items, b), 1.0).total())
-            .collect()
-    };
-    let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
-    let mut prefill = Vec::new();
-    let mut decode = Vec::new();
-    for &tp in &crate::space::TP_DEGREES {
-        let Some(free) = memory.kv_bytes_free_per_gpu(tp, 0.0, sc.knobs.gpu_memory_utilization)
-        else {
-            continue;
-        };
-        prefill.push((tp, prefill_capacity(cost, sc, &t, tp, 1.0)));
-        let per_seq = t.prefill_tokens + t.output_tokens;
-        let kv_tokens = free * f64::from(tp) / sc.model.kv_bytes_per_token();
-        let b = (kv_tokens / per_seq)
-            .floor()
-            .clamp(1.0, sc.knobs.decode_max_batch as f64);
-        let ctx = b * (t.prefill_tokens + t.output_tokens / 2.0);
-        let step = cost.decode_step(b as u64, ctx as u64, tp);
-        decode.push((tp, b / (t.output_tokens.max(1.0) * step)));
-    }
-    Capacities {
-        encode,
-        encode_batch,
-        encode_time,
-        prefill,
-        decode,
-    }
-}
-
 /// Stage 1's verdict on one allocation.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Stage1Row {
@@ -217,14 +78,6 @@ pub fn b_max(caps: &Capacities, n_e: u32, rate: f64) -> u32 {
         .unwrap_or(1.0)
         .max(1.0);
     ((2.0 * lw * t).ceil() as u32).clamp(1, MAX_B)
-}
-
-/// `C_E(B)`: one encode worker's requests/s at micro-batch `B`.
-pub fn encode_capacity(caps: &Capacities, b: u32) -> f64 {
-    match caps.encode_time.get(b.clamp(1, MAX_B) as usize - 1) {
-        Some(&t) if t > 0.0 => f64::from(b) / t,
-        _ => caps.encode,
-    }
 }
 
 /// Load ratios, score and seeds of one allocation at rate `rate`.
@@ -315,44 +168,6 @@ pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
     rows
 }
 
-/// α for a local prefill worker sharing encode GPUs at rate `rate`: while an
-/// encode pass holds its SMs (a duty `u` of the time) local prefill runs on the
-/// rest (`1 − f` with the split's share `f` for a batch of `b_max`), otherwise
-/// on all of them; α = that mean capacity over the capacity on a whole GPU.
-pub fn alpha(sc: &Scenario, cost: &dyn StageCost, fa: &FeasibleAllocation, rate: f64) -> f64 {
-    let Some(tp) = fa.local_tp else {
-        return 0.0;
-    };
-    let t = typical(sc);
-    if t.items.is_empty() {
-        return 0.0;
-    }
-    let n_e = fa.allocation.encode.workers.max(1);
-    let b = (rate / f64::from(n_e)).ceil().max(1.0) as u32;
-    let items = batch_of(&t.items, b);
-    let split = SmSplit::new(&sc.deployment.sm_policy, b as usize, |k, f| {
-        cost.encode(&batch_of(&t.items, k as u32), f).total()
-    });
-    let f = split.encode_share(b as usize).unwrap_or(0.5);
-    let t_gpu = cost.encode(&items, f).t_gpu;
-    let t_pass = cost.encode(&items, f).total();
-    // passes per second per worker, at most back to back
-    let passes = (rate / f64::from(n_e) / f64::from(b)).min(1.0 / t_pass.max(1e-9));
-    let u = (passes * t_gpu).clamp(0.0, 1.0);
-    let prefill_rest = match split.prefill_share(Some(b as usize)) {
-        Some(x) => x,
-        None => 0.5 / (1.0 + cost.time_slice_penalty()),
-    };
-    let idle = split.prefill_share(None).unwrap_or(1.0);
-    let full = prefill_capacity(cost, sc, &t, tp, 1.0);
-    if full <= 0.0 {
-        return 0.0;
-    }
-    let mean = u * prefill_capacity(cost, sc, &t, tp, prefill_rest.max(1e-3))
-        + (1.0 - u) * prefill_capacity(cost, sc, &t, tp, idle.max(1e-3));
-    (mean / full).clamp(0.0, 1.0)
-}
-
 /// Stage 1 over every feasible allocation at rate `rate`.
 pub fn stage1(
     sc: &Scenario,
@@ -363,7 +178,14 @@ pub fn stage1(
     let caps = capacities(sc, cost);
     let rows = space
         .iter()
-        .map(|fa| assess(fa, &caps, alpha(sc, cost, fa, rate), rate))
+        .map(|fa| {
+            assess(
+                fa,
+                &caps,
+                alpha(sc, cost, fa.local_tp, fa.allocation.encode.workers, rate),
+                rate,
+            )
+        })
         .collect();
     (caps, prune(rows))
 }

@@ -44,6 +44,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod aggregated;
+pub mod capacity;
 mod engine;
 mod event;
 mod meter;
