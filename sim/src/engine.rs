@@ -1054,7 +1054,9 @@ impl<'a> Sim<'a> {
                 levels.join(", ")
             ));
         }
-        assemble(
+        let explanation_cost = &*self.cost;
+        let sc = self.sc;
+        let mut out = assemble(
             self.sc,
             RunParts {
                 deployment: self.sc.deployment.to_string(),
@@ -1067,7 +1069,21 @@ impl<'a> Sim<'a> {
                 max_sm_share_sum: self.max_sm_share_sum,
                 timeline: self.timeline,
             },
-        )
+        );
+        let x = crate::explain::explain(sc, explanation_cost, &out.report);
+        // one verdict: the bottleneck is the stage with the highest load ratio
+        if let Some(l) = x.loads.iter().find(|l| l.stage == x.most_loaded) {
+            let q = out.report.stages.iter().find(|st| st.stage == l.stage).map_or(0.0, |st| st.queue.mean);
+            out.report.bottleneck = l.stage.clone();
+            out.report.bottleneck_reason = format!(
+                "highest offered load / capacity: {:.2}{}; mean queueing there {:.1} ms",
+                l.load,
+                if x.lead.is_finite() { format!(" ({:.1}× the next stage)", x.lead) } else { String::new() },
+                q * 1e3
+            );
+        }
+        out.report.explanation = x;
+        out
     }
 
     fn gpu_role(&self, g: u32) -> (String, String) {

@@ -47,6 +47,7 @@ mod aggregated;
 pub mod capacity;
 mod engine;
 mod event;
+mod explain;
 mod meter;
 mod output;
 mod timeline;

@@ -13,6 +13,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod generate;
+pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod scenario;

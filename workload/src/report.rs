@@ -130,6 +130,35 @@ pub struct EncodeSummary {
     pub remote_fraction: f64,
 }
 
+/// Offered load against capacity at one stage.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageLoad {
+    /// `encode`, `prefill` or `decode`.
+    pub stage: String,
+    /// Requests offered to the stage, requests/s.
+    pub offered: f64,
+    /// What the stage's workers can serve, requests/s (from the cost model at
+    /// the deployment's B, s and TP).
+    pub capacity: f64,
+    /// `offered / capacity`: above 1 the stage cannot keep up.
+    pub load: f64,
+}
+
+/// Why the run behaved as it did, in numbers and in plain words.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Explanation {
+    /// Load ratio per compute stage.
+    pub loads: Vec<StageLoad>,
+    /// The stage with the highest load ratio.
+    pub most_loaded: String,
+    /// Its load over the next stage's load (how far it leads).
+    pub lead: f64,
+    /// Fraction of the run the encode GPUs had no GPU work (mean over them).
+    pub encode_gpu_idle: Option<f64>,
+    /// One sentence per finding.
+    pub findings: Vec<String>,
+}
+
 /// Version of the report's JSON schema (documented in the README, "JSON
 /// report"). Raised on any change that renames, removes or re-means a field.
 pub const REPORT_SCHEMA_VERSION: u32 = 1;
@@ -166,7 +195,9 @@ pub struct Report {
     pub gpus: Vec<GpuReport>,
     /// Encode summary.
     pub encode: EncodeSummary,
-    /// The stage where work piles up.
+    /// The stage where work piles up: with an explanation, the stage of the
+    /// highest offered load / capacity; otherwise the one with the longest
+    /// mean queueing (or the busiest GPUs when nothing queues).
     pub bottleneck: String,
     /// Why it was named the bottleneck.
     pub bottleneck_reason: String,
@@ -175,6 +206,9 @@ pub struct Report {
     /// Events the simulator processed (0 for a measured run).
     #[serde(default)]
     pub events: u64,
+    /// Stage loads and findings in plain words.
+    #[serde(default)]
+    pub explanation: Explanation,
 }
 
 /// Identification of a run, for the report header.
@@ -316,6 +350,7 @@ impl Report {
             bottleneck_reason,
             notes,
             events: 0,
+            explanation: Explanation::default(),
         }
     }
 
@@ -473,6 +508,27 @@ impl Report {
                 g.busy_fraction * 100.0,
                 g.sm_utilization * 100.0
             );
+        }
+        let x = &self.explanation;
+        if !x.loads.is_empty() || !x.findings.is_empty() {
+            head(&mut s, " Explanation ");
+            if !x.loads.is_empty() {
+                let _ = writeln!(
+                    s,
+                    "{:<12}{:>16}{:>18}{:>10}",
+                    "stage", "offered (req/s)", "capacity (req/s)", "load"
+                );
+                for l in &x.loads {
+                    let _ = writeln!(
+                        s,
+                        "{:<12}{:>16.2}{:>18.2}{:>10.2}",
+                        l.stage, l.offered, l.capacity, l.load
+                    );
+                }
+            }
+            for f in &x.findings {
+                let _ = writeln!(s, "- {f}");
+            }
         }
         head(&mut s, "");
         line(&mut s, "Bottleneck stage:", self.bottleneck.clone());

@@ -1,0 +1,148 @@
+//! The report's explanation: offered load against capacity per stage, the
+//! most loaded stage, the encode GPUs' idle time, and one plain sentence per
+//! finding.
+
+use crate::capacity::{alpha, capacities, encode_capacity};
+use easerve_calib::StageCost;
+use easerve_workload::report::{Explanation, StageLoad};
+use easerve_workload::{Report, Scenario};
+
+fn remedy(stage: &str) -> &'static str {
+    match stage {
+        "encode" => "raising B or adding an encode worker would relieve it",
+        "prefill" => "another prefill worker, a larger prefill TP, or a lower s (more local prefill on the encode GPUs) would relieve it",
+        _ => "more decode workers or a larger decode TP (more KV cache, bigger batches) would relieve it",
+    }
+}
+
+/// Explain an EPD run of `sc` whose report is `r`.
+pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, r: &Report) -> Explanation {
+    let caps = capacities(sc, cost);
+    let d = &sc.deployment;
+    let a = d.allocation;
+    let rate = sc.workload.rate;
+    let mut loads = Vec::new();
+    if a.encode.workers > 0 {
+        let capacity = f64::from(a.encode.workers) * encode_capacity(&caps, d.max_batch as u32);
+        loads.push(StageLoad {
+            stage: "encode".into(),
+            offered: rate,
+            capacity,
+            load: rate / capacity.max(1e-12),
+        });
+    }
+    let c_remote = f64::from(a.prefill.workers) * caps.prefill_at(a.prefill.tp);
+    let c_local = match sc.knobs.local_prefill_tp {
+        Some(tp) => {
+            let n_l = a.encode.workers / tp;
+            f64::from(n_l) * alpha(sc, cost, Some(tp), a.encode.workers, rate) * caps.prefill_at(tp)
+        }
+        None => 0.0,
+    };
+    let s = d.offload;
+    let side = |load: f64, cap: f64| {
+        if cap > 0.0 {
+            load / cap
+        } else if load > 0.0 {
+            f64::INFINITY
+        } else {
+            0.0
+        }
+    };
+    let p_load = side(s * rate, c_remote).max(side((1.0 - s) * rate, c_local));
+    loads.push(StageLoad {
+        stage: "prefill".into(),
+        offered: rate,
+        capacity: rate / p_load.max(1e-12),
+        load: p_load,
+    });
+    let c_d = f64::from(a.decode.workers) * caps.decode_at(a.decode.tp);
+    loads.push(StageLoad {
+        stage: "decode".into(),
+        offered: rate,
+        capacity: c_d,
+        load: side(rate, c_d),
+    });
+
+    let mut sorted: Vec<&StageLoad> = loads.iter().collect();
+    sorted.sort_by(|x, y| y.load.total_cmp(&x.load));
+    let most = sorted[0];
+    let lead = match sorted.get(1) {
+        Some(next) if next.load > 0.0 => most.load / next.load,
+        _ => f64::INFINITY,
+    };
+    let encode_gpus: Vec<f64> = r
+        .gpus
+        .iter()
+        .filter(|g| g.stage == "encode")
+        .map(|g| g.busy_fraction)
+        .collect();
+    let encode_gpu_idle = (!encode_gpus.is_empty())
+        .then(|| 1.0 - encode_gpus.iter().sum::<f64>() / encode_gpus.len() as f64);
+    let queue = |stage: &str| {
+        r.stages
+            .iter()
+            .find(|x| x.stage == stage)
+            .map_or(0.0, |x| x.queue.mean)
+    };
+
+    let mut findings = Vec::new();
+    for l in &loads {
+        if l.load >= 1.0 {
+            findings.push(format!(
+                "{} is saturated: it is offered {:.2} req/s but can serve about {:.2} (load {:.2}); requests wait {:.1} s on average before their {} starts; {}.",
+                l.stage,
+                l.offered,
+                l.capacity,
+                l.load,
+                queue(&l.stage),
+                l.stage,
+                remedy(&l.stage)
+            ));
+        }
+    }
+    if most.load < 1.0 {
+        findings.push(format!(
+            "No stage is saturated: the busiest, {}, runs at {:.0} % of its capacity{}.",
+            most.stage,
+            100.0 * most.load,
+            if lead.is_finite() {
+                format!(", {lead:.1}× the next stage's load")
+            } else {
+                String::new()
+            }
+        ));
+    } else if lead.is_finite() {
+        findings.push(format!(
+            "{} is the bottleneck by a factor of {lead:.1} over the next most loaded stage.",
+            most.stage
+        ));
+    }
+    if let Some(idle) = encode_gpu_idle {
+        let why = if d.max_batch == 1 && loads.first().is_some_and(|l| l.load >= 1.0) {
+            ": the encoder is limited by its fixed per-pass cost, not by the GPU, which micro-batching (B > 1) amortizes"
+        } else if d.offload >= 1.0 {
+            "; with s < 1 a local prefill worker could use that time"
+        } else {
+            ""
+        };
+        findings.push(format!(
+            "The encode GPUs have no GPU work {:.0} % of the time{why}.",
+            100.0 * idle
+        ));
+    }
+    if r.request_throughput < 0.95 * rate {
+        findings.push(format!(
+            "The cluster completes {:.2} of the {:.2} req/s offered, so queues grow through the run.",
+            r.request_throughput, rate
+        ));
+    }
+    let most_loaded = most.stage.clone();
+    Explanation {
+        loads,
+        most_loaded,
+        lead,
+        encode_gpu_idle,
+        findings,
+    }
+}

@@ -1,0 +1,543 @@
+//! SVG line charts (latency CDFs, throughput sweeps, timelines) drawn with
+//! `plotters`' SVG backend.
+//!
+//! Text is laid out with DejaVu Sans, which is compiled into the binary
+//! (`assets/fonts/DejaVuSans.ttf`, licence in `assets/fonts/LICENSE-DejaVu.txt`)
+//! and registered with plotters once per process, so rendering never looks
+//! at system fonts. The SVG names the `sans-serif` family for its `<text>`
+//! elements; viewers substitute their own sans-serif face.
+//!
+//! Rendering is deterministic: the same [`LineChart`] always gives a
+//! byte-identical SVG.
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+/// Width of the rendered chart, in pixels.
+pub const WIDTH_PX: u32 = 800;
+/// Height of the rendered chart, in pixels.
+pub const HEIGHT_PX: u32 = 500;
+
+/// DejaVu Sans (Bitstream Vera licence, see `assets/fonts/LICENSE-DejaVu.txt`).
+static DEJAVU_SANS: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+
+/// Font family every piece of text is drawn in (plotters' default family, so
+/// mesh and legend text pick it up too).
+const FONT_FAMILY: &str = "sans-serif";
+
+/// Floor for log-scale values when no positive value is present.
+const LOG_FLOOR_DEFAULT: f64 = 1e-3;
+
+/// Okabe–Ito colour-blind-safe palette, in the order series are assigned
+/// colours (series `i` gets `PALETTE[i % PALETTE.len()]`). Yellow comes last
+/// because it is the hardest to see on white.
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(0x00, 0x72, 0xB2), // blue
+    RGBColor(0xD5, 0x5E, 0x00), // vermillion
+    RGBColor(0x00, 0x9E, 0x73), // bluish green
+    RGBColor(0xCC, 0x79, 0xA7), // reddish purple
+    RGBColor(0x56, 0xB4, 0xE9), // sky blue
+    RGBColor(0xE6, 0x9F, 0x00), // orange
+    RGBColor(0x00, 0x00, 0x00), // black
+    RGBColor(0xF0, 0xE4, 0x42), // yellow
+];
+
+/// One named series of (x, y) points.
+///
+/// Units are whatever the chart's axis labels say (e.g. x in ms, y as a
+/// fraction). Points are drawn in the order given; non-finite coordinates
+/// (NaN, ±∞) are skipped.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    /// Name shown in the legend.
+    pub name: String,
+    /// The (x, y) points, in the units of the chart's axes.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Axis scale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scale {
+    /// Linear axis.
+    #[default]
+    Linear,
+    /// Base-10 logarithmic axis. Non-positive values are clamped to the
+    /// smallest positive value present in the chart (or 1e-3 if none is).
+    Log,
+}
+
+/// A line chart.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineChart {
+    /// Title drawn above the plot.
+    pub title: String,
+    /// X-axis label, with its unit as the caller wants it shown (e.g. `"TTFT (ms)"`).
+    pub x_label: String,
+    /// Y-axis label, with its unit as the caller wants it shown (e.g. `"fraction of requests"`).
+    pub y_label: String,
+    /// Scale of the y axis (the x axis is always linear).
+    pub y_scale: Scale,
+    /// The series, drawn in order; series `i` gets palette colour `i`.
+    pub series: Vec<Series>,
+    /// Draw each series as a step function (hold y until the next x; for
+    /// CDFs and timelines) without point markers, instead of straight
+    /// segments with a marker on every point.
+    pub step: bool,
+}
+
+/// Why a chart could not be rendered or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// The embedded font could not be registered with plotters.
+    #[error("cannot register the embedded DejaVu Sans font with plotters")]
+    Font,
+    /// Plotters failed while drawing (to `path`, when writing to a file).
+    #[error(
+        "cannot draw chart {title:?}{}: {message}",
+        .path.as_ref().map(|p| format!(" for {}", p.display())).unwrap_or_default()
+    )]
+    Draw {
+        /// Title of the chart.
+        title: String,
+        /// File the chart was going to be written to, if any.
+        path: Option<PathBuf>,
+        /// The plotters error, as text.
+        message: String,
+    },
+    /// The SVG could not be written to `path`.
+    #[error("cannot write chart {title:?} to {}: {source}", .path.display())]
+    Io {
+        /// Title of the chart.
+        title: String,
+        /// File that could not be written.
+        path: PathBuf,
+        /// The underlying I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Registers DejaVu Sans with plotters, once per process.
+fn ensure_font() -> Result<(), PlotError> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, DEJAVU_SANS).is_ok()
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(PlotError::Font)
+    }
+}
+
+/// Formats a tick value compactly and deterministically: plain decimals with
+/// at most 4 fractional digits in [1e-3, 1e5), scientific notation outside.
+fn fmt_tick(v: f64) -> String {
+    fn trim(s: &str) -> &str {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.')
+        } else {
+            s
+        }
+    }
+    if v == 0.0 || !v.is_finite() {
+        return if v.is_finite() {
+            "0".to_owned()
+        } else {
+            format!("{v}")
+        };
+    }
+    let a = v.abs();
+    if (1e-3..1e5).contains(&a) {
+        let s = format!("{v:.4}");
+        let t = trim(&s);
+        if t == "-0" {
+            "0".to_owned()
+        } else {
+            t.to_owned()
+        }
+    } else {
+        let s = format!("{v:.2e}");
+        match s.split_once('e') {
+            Some((mantissa, exp)) => format!("{}e{exp}", trim(mantissa)),
+            None => s,
+        }
+    }
+}
+
+/// Pads a degenerate (single-value) linear range.
+fn pad_degenerate(v: f64) -> Range<f64> {
+    let pad = if v == 0.0 { 1.0 } else { v.abs() * 0.1 };
+    (v - pad)..(v + pad)
+}
+
+/// Linear axis range over `[lo, hi]`, with `margin` (fraction of the span)
+/// added on both sides; `0..1` when there is no data.
+fn linear_range(bounds: Option<(f64, f64)>, margin: f64) -> Range<f64> {
+    match bounds {
+        None => 0.0..1.0,
+        Some((lo, hi)) if lo >= hi => pad_degenerate(lo),
+        Some((lo, hi)) => {
+            let m = (hi - lo) * margin;
+            (lo - m)..(hi + m)
+        }
+    }
+}
+
+/// Log axis range over `[lo, hi]` (both > 0), padded by 5% of the span in
+/// log space (a decade each way when degenerate); `1e-3..1` with no data.
+fn log_range(bounds: Option<(f64, f64)>) -> Range<f64> {
+    match bounds {
+        None => LOG_FLOOR_DEFAULT..1.0,
+        Some((lo, hi)) if lo >= hi => (lo / 10.0)..(hi * 10.0),
+        Some((lo, hi)) => {
+            let f = (hi / lo).powf(0.05);
+            (lo / f)..(hi * f)
+        }
+    }
+}
+
+/// Min and max of `values`, or `None` when empty.
+fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    values.fold(None, |acc, v| match acc {
+        None => Some((v, v)),
+        Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+    })
+}
+
+/// Turns `points` into the vertices of a post-step function: each y holds
+/// until the next point's x.
+fn step_vertices(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut out = Vec::with_capacity(points.len() * 2);
+    for (i, &(x, y)) in points.iter().enumerate() {
+        if i > 0 {
+            out.push((x, points[i - 1].1));
+        }
+        out.push((x, y));
+    }
+    out
+}
+
+impl LineChart {
+    /// The series' finite points, with y clamped to the log floor on a log
+    /// scale, plus that floor.
+    fn prepared_series(&self) -> Vec<Vec<(f64, f64)>> {
+        let finite = |&&(x, y): &&(f64, f64)| x.is_finite() && y.is_finite();
+        let floor = match self.y_scale {
+            Scale::Linear => None,
+            Scale::Log => Some(
+                self.series
+                    .iter()
+                    .flat_map(|s| s.points.iter().filter(finite))
+                    .map(|&(_, y)| y)
+                    .filter(|&y| y > 0.0)
+                    .fold(None, |m: Option<f64>, y| Some(m.map_or(y, |m| m.min(y))))
+                    .unwrap_or(LOG_FLOOR_DEFAULT),
+            ),
+        };
+        self.series
+            .iter()
+            .map(|s| {
+                s.points
+                    .iter()
+                    .filter(finite)
+                    .map(|&(x, y)| match floor {
+                        Some(f) if y <= 0.0 => (x, f),
+                        _ => (x, y),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Render to an SVG string ([`WIDTH_PX`]×[`HEIGHT_PX`] = 800×500 px):
+    /// title, axis labels with units as given, a legend with every series
+    /// name, one colour per series (a fixed colour-blind-safe palette,
+    /// deterministic), markers on points unless [`step`](Self::step).
+    ///
+    /// Empty charts, empty series and single points render (the axis ranges
+    /// are padded). Same input ⇒ byte-identical SVG.
+    pub fn to_svg(&self) -> Result<String, PlotError> {
+        self.render(None)
+    }
+
+    /// Write [`to_svg()`](Self::to_svg) to `path` (created or truncated).
+    pub fn write(&self, path: &Path) -> Result<(), PlotError> {
+        let svg = self.render(Some(path))?;
+        std::fs::write(path, svg).map_err(|source| PlotError::Io {
+            title: self.title.clone(),
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    fn render(&self, path: Option<&Path>) -> Result<String, PlotError> {
+        ensure_font()?;
+        let draw_err = |e: String| PlotError::Draw {
+            title: self.title.clone(),
+            path: path.map(Path::to_path_buf),
+            message: e,
+        };
+
+        let data = self.prepared_series();
+        let all = || data.iter().flatten();
+        let x_range = linear_range(bounds(all().map(|p| p.0)), 0.0);
+        let y_bounds = bounds(all().map(|p| p.1));
+
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (WIDTH_PX, HEIGHT_PX)).into_drawing_area();
+            match self.y_scale {
+                Scale::Linear => {
+                    let y_range = linear_range(y_bounds, 0.05);
+                    self.draw_on(&root, &data, x_range, y_range)
+                }
+                Scale::Log => {
+                    let y_range = log_range(y_bounds);
+                    self.draw_on(&root, &data, x_range, y_range.log_scale())
+                }
+            }
+            .map_err(draw_err)?;
+            root.present().map_err(|e| draw_err(e.to_string()))?;
+        }
+        Ok(svg)
+    }
+
+    /// Draws title, mesh, series and legend on `root` with y coordinates `y`.
+    fn draw_on<Y>(
+        &self,
+        root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+        data: &[Vec<(f64, f64)>],
+        x_range: Range<f64>,
+        y: Y,
+    ) -> Result<(), String>
+    where
+        Y: AsRangedCoord<Value = f64>,
+        Y::CoordDescType: ValueFormatter<f64>,
+    {
+        let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+        root.fill(&WHITE).map_err(e)?;
+        let mut chart = ChartBuilder::on(root)
+            .caption(&self.title, (FONT_FAMILY, 22))
+            .margin(15)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x_range, y)
+            .map_err(e)?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_label.as_str())
+            .y_desc(self.y_label.as_str())
+            .x_label_formatter(&|v| fmt_tick(*v))
+            .y_label_formatter(&|v| fmt_tick(*v))
+            .axis_desc_style((FONT_FAMILY, 16))
+            .label_style((FONT_FAMILY, 13))
+            .light_line_style(RGBColor(0xEE, 0xEE, 0xEE))
+            .draw()
+            .map_err(e)?;
+
+        for (i, (series, points)) in self.series.iter().zip(data).enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let line = color.stroke_width(2);
+            let vertices = if self.step {
+                step_vertices(points)
+            } else {
+                points.clone()
+            };
+            chart
+                .draw_series(LineSeries::new(vertices, line))
+                .map_err(e)?
+                .label(series.name.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], line));
+            if !self.step {
+                chart
+                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(e)?;
+            }
+        }
+
+        if !self.series.is_empty() {
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .label_font((FONT_FAMILY, 13))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .draw()
+                .map_err(e)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chart(series: Vec<Series>, y_scale: Scale, step: bool) -> LineChart {
+        LineChart {
+            title: "TTFT CDF".to_owned(),
+            x_label: "TTFT (ms)".to_owned(),
+            y_label: "fraction of requests".to_owned(),
+            y_scale,
+            series,
+            step,
+        }
+    }
+
+    fn series(name: &str, points: &[(f64, f64)]) -> Series {
+        Series {
+            name: name.to_owned(),
+            points: points.to_vec(),
+        }
+    }
+
+    /// Parses `svg` as XML and returns the (trimmed) text of every `<text>` node.
+    fn texts(svg: &str) -> Vec<String> {
+        let doc = roxmltree::Document::parse(svg).expect("SVG is well-formed XML");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        doc.descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .map(|n| n.text().unwrap_or_default().trim().to_owned())
+            .collect()
+    }
+
+    fn two_series() -> Vec<Series> {
+        vec![
+            series(
+                "EaServe",
+                &[(10.0, 0.1), (20.0, 0.5), (40.0, 0.9), (80.0, 1.0)],
+            ),
+            series(
+                "vLLM <baseline> & co",
+                &[(15.0, 0.2), (30.0, 0.4), (90.0, 1.0)],
+            ),
+        ]
+    }
+
+    #[test]
+    fn plot_svg_has_title_labels_and_legend() {
+        for scale in [Scale::Linear, Scale::Log] {
+            for step in [false, true] {
+                let svg = chart(two_series(), scale, step).to_svg().unwrap();
+                assert!(svg.contains("width=\"800\"") && svg.contains("height=\"500\""));
+                let t = texts(&svg);
+                for want in [
+                    "TTFT CDF",
+                    "TTFT (ms)",
+                    "fraction of requests",
+                    "EaServe",
+                    "vLLM <baseline> & co",
+                ] {
+                    assert!(t.iter().any(|s| s == want), "{want:?} missing from {t:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plot_markers_only_without_step() {
+        let with = chart(two_series(), Scale::Linear, false).to_svg().unwrap();
+        let without = chart(two_series(), Scale::Linear, true).to_svg().unwrap();
+        assert_eq!(with.matches("<circle").count(), 7);
+        assert_eq!(without.matches("<circle").count(), 0);
+        // Distinct palette colours for the two series.
+        assert!(with.contains("#0072B2") && with.contains("#D55E00"));
+    }
+
+    #[test]
+    fn plot_empty_and_single_point_render() {
+        let cases = vec![
+            vec![],
+            vec![series("empty", &[])],
+            vec![series("one", &[(5.0, 2.0)])],
+            vec![series("zero", &[(0.0, 0.0)])],
+            vec![series("one", &[(5.0, 2.0)]), series("empty", &[])],
+            vec![series("nan", &[(f64::NAN, 1.0), (1.0, f64::INFINITY)])],
+            vec![series("flat", &[(1.0, 3.0), (2.0, 3.0)])],
+        ];
+        for s in cases {
+            for scale in [Scale::Linear, Scale::Log] {
+                for step in [false, true] {
+                    let c = chart(s.clone(), scale, step);
+                    let svg = c.to_svg().unwrap_or_else(|e| panic!("{c:?}: {e}"));
+                    let t = texts(&svg);
+                    for name in s.iter().map(|s| &s.name) {
+                        assert!(t.contains(name), "{name} missing");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plot_log_scale_clamps_non_positive() {
+        let c = chart(
+            vec![series(
+                "q",
+                &[(0.0, 0.0), (1.0, -3.0), (2.0, 0.01), (3.0, 100.0)],
+            )],
+            Scale::Log,
+            false,
+        );
+        assert_eq!(c.prepared_series()[0][0], (0.0, 0.01));
+        assert_eq!(c.prepared_series()[0][1], (1.0, 0.01));
+        texts(&c.to_svg().unwrap());
+        let none_positive = chart(
+            vec![series("z", &[(0.0, 0.0), (1.0, -1.0)])],
+            Scale::Log,
+            true,
+        );
+        assert_eq!(
+            none_positive.prepared_series()[0],
+            vec![(0.0, LOG_FLOOR_DEFAULT), (1.0, LOG_FLOOR_DEFAULT)]
+        );
+        texts(&none_positive.to_svg().unwrap());
+    }
+
+    #[test]
+    fn plot_is_deterministic() {
+        for scale in [Scale::Linear, Scale::Log] {
+            let a = chart(two_series(), scale, false).to_svg().unwrap();
+            let b = chart(two_series(), scale, false).to_svg().unwrap();
+            assert_eq!(a, b);
+        }
+    }
+
+    #[test]
+    fn plot_write_creates_file_and_reports_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cdf.svg");
+        let c = chart(two_series(), Scale::Linear, true);
+        c.write(&path).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), c.to_svg().unwrap());
+
+        let bad = dir.path().join("no-such-dir").join("cdf.svg");
+        let err = c.write(&bad).unwrap_err();
+        assert!(matches!(err, PlotError::Io { .. }));
+        assert!(err.to_string().contains("no-such-dir"), "{err}");
+    }
+
+    #[test]
+    fn plot_step_vertices_hold_previous_value() {
+        assert_eq!(
+            step_vertices(&[(1.0, 0.5), (2.0, 1.0)]),
+            vec![(1.0, 0.5), (2.0, 0.5), (2.0, 1.0)]
+        );
+        assert!(step_vertices(&[]).is_empty());
+    }
+
+    #[test]
+    fn plot_tick_format() {
+        assert_eq!(fmt_tick(0.0), "0");
+        assert_eq!(fmt_tick(0.5), "0.5");
+        assert_eq!(fmt_tick(120.0), "120");
+        assert_eq!(fmt_tick(0.0001), "1e-4");
+        assert_eq!(fmt_tick(250000.0), "2.5e5");
+    }
+}
