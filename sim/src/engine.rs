@@ -1073,12 +1073,21 @@ impl<'a> Sim<'a> {
         let x = crate::explain::explain(sc, explanation_cost, &out.report);
         // one verdict: the bottleneck is the stage with the highest load ratio
         if let Some(l) = x.loads.iter().find(|l| l.stage == x.most_loaded) {
-            let q = out.report.stages.iter().find(|st| st.stage == l.stage).map_or(0.0, |st| st.queue.mean);
+            let q = out
+                .report
+                .stages
+                .iter()
+                .find(|st| st.stage == l.stage)
+                .map_or(0.0, |st| st.queue.mean);
             out.report.bottleneck = l.stage.clone();
             out.report.bottleneck_reason = format!(
                 "highest offered load / capacity: {:.2}{}; mean queueing there {:.1} ms",
                 l.load,
-                if x.lead.is_finite() { format!(" ({:.1}× the next stage)", x.lead) } else { String::new() },
+                if x.lead.is_finite() {
+                    format!(" ({:.1}× the next stage)", x.lead)
+                } else {
+                    String::new()
+                },
                 q * 1e3
             );
         }
