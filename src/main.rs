@@ -8,6 +8,7 @@
 use anyhow::Context;
 mod calib_cmd;
 mod search_cmd;
+mod sweep_cmd;
 
 use clap::{Parser, Subcommand};
 use easerve_workload::scenario::{Overrides, Scenario, System};
@@ -32,6 +33,9 @@ enum Command {
     /// Search (allocation, B, s) for a scenario: Hybrid Auto Selection or a baseline.
     #[command(after_help = EXIT_CODES)]
     Search(search_cmd::SearchArgs),
+    /// Rate sweeps and what-ifs over scenario fields and serving systems, with SVG plots.
+    #[command(after_help = EXIT_CODES)]
+    Sweep(sweep_cmd::SweepArgs),
     /// Calibration: write, show, import, validate and refine stage-cost profiles.
     #[command(subcommand)]
     Calib(calib_cmd::CalibCommand),
@@ -97,6 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Calib(cmd) => calib_cmd::run(cmd),
         Command::Search(a) => search_cmd::run(a),
+        Command::Sweep(a) => sweep_cmd::run(a),
         Command::Sim(a) => {
             let mut overrides = Overrides {
                 seed: a.seed,

@@ -4,6 +4,7 @@
 mod bad_input;
 mod search_cli;
 mod sim_cli;
+mod sweep_cli;
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};

@@ -17,6 +17,7 @@ pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod sweep;
 pub mod trace;
 pub mod validate;
 

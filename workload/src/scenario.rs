@@ -544,12 +544,62 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
 impl Scenario {
     /// Read, parse, validate and resolve a scenario file.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Scenario, ScenarioError> {
+        Scenario::load_with(path, &[], overrides)
+    }
+
+    /// Read a scenario file, set fields by dotted path first (`sets`, e.g.
+    /// `("cluster.gpu", "h100-sxm")`; a value that parses as a TOML number or
+    /// boolean is one, anything else a string), then validate as [`Scenario::load`].
+    ///
+    /// # Errors
+    /// As [`Scenario::load`]; a path through a non-table names the `--set` key.
+    pub fn load_with(
+        path: &Path,
+        sets: &[(String, String)],
+        overrides: &Overrides,
+    ) -> Result<Scenario, ScenarioError> {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        let mut text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
             file: file.clone(),
             field: "(file)".into(),
             message: format!("cannot read the scenario file: {e}"),
         })?;
+        if !sets.is_empty() {
+            let set_err = |key: &str, message: String| ScenarioError {
+                file: format!("{file} (with --set {key})"),
+                field: key.to_string(),
+                message,
+            };
+            let mut doc: toml::Value = toml::from_str(&text).map_err(|e| ScenarioError {
+                file: file.clone(),
+                field: "<top level>".into(),
+                message: e.message().to_string(),
+            })?;
+            for (key, value) in sets {
+                let parts: Vec<&str> = key.split('.').collect();
+                let mut node = &mut doc;
+                for part in &parts[..parts.len() - 1] {
+                    let table = node
+                        .as_table_mut()
+                        .ok_or_else(|| set_err(key, format!("`{part}` is not a table")))?;
+                    node = table
+                        .entry(part.to_string())
+                        .or_insert_with(|| toml::Value::Table(Default::default()));
+                }
+                let leaf = parts[parts.len() - 1];
+                let table = node.as_table_mut().ok_or_else(|| {
+                    set_err(key, "the path goes through a value, not a table".into())
+                })?;
+                let parsed = value
+                    .parse::<i64>()
+                    .map(toml::Value::Integer)
+                    .or_else(|_| value.parse::<f64>().map(toml::Value::Float))
+                    .or_else(|_| value.parse::<bool>().map(toml::Value::Boolean))
+                    .unwrap_or_else(|_| toml::Value::String(value.clone()));
+                table.insert(leaf.to_string(), parsed);
+            }
+            text = toml::to_string(&doc).map_err(|e| set_err("(all)", e.to_string()))?;
+        }
         let mut raw = ScenarioFile::parse(&text, &file)?;
         raw.apply(overrides);
         let default_name = path

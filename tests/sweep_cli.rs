@@ -1,0 +1,150 @@
+//! `easerve sweep`: outputs, their series, and sharding.
+
+use crate::easerve;
+use std::path::Path;
+
+fn sweep(out: &Path, extra: &[&str]) {
+    let o = out.to_str().unwrap();
+    let mut args = vec![
+        "sweep",
+        "scenarios/image.toml",
+        "--rates",
+        "1:5:1",
+        "--systems",
+        "passthrough,aggregated,easerve",
+        "--seeds",
+        "2",
+        "--requests",
+        "150",
+        "--out",
+        o,
+    ];
+    args.extend_from_slice(extra);
+    let r = easerve(&args);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+}
+
+#[test]
+fn sweep_writes_csv_and_svgs_with_the_expected_series() {
+    let dir = tempfile::tempdir().unwrap();
+    sweep(dir.path(), &[]);
+    let csv = std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        1 + 3 * 5,
+        "header + 3 systems × 5 rates"
+    );
+    for file in [
+        "goodput-strict.svg",
+        "goodput-relaxed.svg",
+        "p99-ttft.svg",
+        "p99-tpot.svg",
+        "ttft-cdf.svg",
+        "throughput.svg",
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(file)).unwrap();
+        let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+        for series in ["passthrough", "aggregated", "easerve"] {
+            assert!(
+                texts.iter().any(|t| t.trim() == series),
+                "{file} lacks series {series}"
+            );
+        }
+        assert!(
+            texts
+                .iter()
+                .any(|t| t.contains("req/s") || t.contains("(s)")),
+            "{file} lacks units"
+        );
+    }
+    for (file, names) in [
+        (
+            "busy-timeline.svg",
+            vec!["E0 encode", "E1 encode", "P0 prefill", "D0 decode"],
+        ),
+        ("has-progress.svg", vec!["has", "random", "coordinate"]),
+    ] {
+        let text = std::fs::read_to_string(dir.path().join(file)).unwrap();
+        let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let texts: Vec<&str> = doc
+            .descendants()
+            .filter_map(|n| n.text())
+            .map(str::trim)
+            .collect();
+        for n in names {
+            assert!(texts.contains(&n), "{file} lacks series {n}");
+        }
+    }
+}
+
+#[test]
+fn shards_merged_equal_the_unsharded_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = dir.path().join("whole");
+    sweep(&whole, &[]);
+    let (p0, p1) = (dir.path().join("p0.json"), dir.path().join("p1.json"));
+    sweep(&p0, &["--shard", "0/2"]);
+    sweep(&p1, &["--shard", "1/2"]);
+    let merged = dir.path().join("merged");
+    let r = easerve(&[
+        "sweep",
+        "merge",
+        p0.to_str().unwrap(),
+        p1.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    for file in [
+        "sweep.json",
+        "sweep.csv",
+        "goodput-moderate.svg",
+        "p99-ttft.svg",
+        "ttft-cdf.svg",
+        "busy-timeline.svg",
+        "has-progress.svg",
+    ] {
+        assert!(
+            std::fs::read(whole.join(file)).unwrap() == std::fs::read(merged.join(file)).unwrap(),
+            "{file} differs between the sharded and the whole sweep"
+        );
+    }
+    // a missing part is refused
+    let r = easerve(&[
+        "sweep",
+        "merge",
+        p0.to_str().unwrap(),
+        "--out",
+        merged.to_str().unwrap(),
+    ]);
+    assert_eq!(r.status.code(), Some(2));
+}
+
+#[test]
+fn bad_sweep_input_exits_2() {
+    for extra in [
+        vec!["--rates", "5:1:1"],
+        vec!["--rates", "a,b"],
+        vec!["--systems", "vllm"],
+        vec!["--shard", "2/2"],
+        vec!["--set", "cluster.gpu=gtx-480"],
+        vec!["--set", "nonsense"],
+    ] {
+        let mut args = vec![
+            "sweep",
+            "scenarios/image.toml",
+            "--out",
+            "/tmp/never-written",
+        ];
+        args.extend_from_slice(&extra);
+        let r = easerve(&args);
+        assert_eq!(
+            r.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+    }
+}

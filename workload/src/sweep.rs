@@ -1,0 +1,356 @@
+//! Sweep results: one row per simulated point (scenario variant × system ×
+//! rate × seed), medians over seeds, CSV, and merging of shard files.
+
+use crate::Report;
+use serde::{Deserialize, Serialize};
+
+/// Quantile levels (percent) kept of each run's TTFT distribution, for CDFs.
+pub const TTFT_QUANTILES: [f64; 21] = [
+    0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0, 35.0, 40.0, 45.0, 50.0, 55.0, 60.0, 65.0, 70.0, 75.0,
+    80.0, 85.0, 90.0, 95.0, 100.0,
+];
+
+/// One simulated point of a sweep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepRow {
+    /// Position in the full (unsharded) sweep.
+    pub index: usize,
+    /// The `--set` values of this variant, `key=value` joined by `, ` (empty without `--set`).
+    pub variant: String,
+    /// Serving system.
+    pub system: String,
+    /// Offered rate, requests/s.
+    pub rate: f64,
+    /// Seed.
+    pub seed: u64,
+    /// The deployment that ran.
+    pub deployment: String,
+    /// Completed requests/s.
+    pub throughput: f64,
+    /// Goodput per SLO tier, requests/s, in the scenario's tier order.
+    pub goodput: Vec<f64>,
+    /// Mean TTFT, s.
+    pub ttft_mean: f64,
+    /// P99 TTFT, s.
+    pub ttft_p99: f64,
+    /// Mean TPOT, s.
+    pub tpot_mean: f64,
+    /// P99 TPOT, s.
+    pub tpot_p99: f64,
+    /// Mean E2E, s.
+    pub e2e_mean: f64,
+    /// TTFT at each level of [`TTFT_QUANTILES`], s.
+    pub ttft_quantiles: Vec<f64>,
+    /// Bottleneck stage.
+    pub bottleneck: String,
+}
+
+impl SweepRow {
+    /// A row from a run's report and its per-request TTFTs (seconds).
+    pub fn new(
+        index: usize,
+        variant: &str,
+        system: &str,
+        seed: u64,
+        report: &Report,
+        mut ttfts: Vec<f64>,
+    ) -> Self {
+        ttfts.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            if ttfts.is_empty() {
+                0.0
+            } else {
+                let pos = p / 100.0 * (ttfts.len() - 1) as f64;
+                let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+                ttfts[lo] + (ttfts[hi] - ttfts[lo]) * (pos - lo as f64)
+            }
+        };
+        SweepRow {
+            index,
+            variant: variant.to_string(),
+            system: system.to_string(),
+            rate: report.meta.offered_rate,
+            seed,
+            deployment: report.meta.deployment.clone(),
+            throughput: report.request_throughput,
+            goodput: report.goodput.iter().map(|t| t.goodput).collect(),
+            ttft_mean: report.ttft.mean,
+            ttft_p99: report.ttft.p99,
+            tpot_mean: report.tpot.mean,
+            tpot_p99: report.tpot.p99,
+            e2e_mean: report.e2e.mean,
+            ttft_quantiles: TTFT_QUANTILES.iter().map(|&p| q(p)).collect(),
+            bottleneck: report.bottleneck.clone(),
+        }
+    }
+}
+
+/// A shard's (or a whole sweep's) output file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepPart {
+    /// Scenario file.
+    pub scenario: String,
+    /// SLO tier names, in order.
+    pub tiers: Vec<String>,
+    /// Points in the whole sweep.
+    pub total: usize,
+    /// Requests per run (`None` = the scenario's).
+    pub requests: Option<i64>,
+    /// `i/n` of this part (`0/1` for a whole sweep).
+    pub shard: (usize, usize),
+    /// Its rows, by index.
+    pub rows: Vec<SweepRow>,
+}
+
+/// Why parts cannot be merged.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct MergeError(pub String);
+
+/// Merge shard parts into the whole sweep: same scenario, tiers and total, no
+/// index twice, every index present.
+pub fn merge(parts: Vec<SweepPart>) -> Result<SweepPart, MergeError> {
+    let first = parts
+        .first()
+        .ok_or_else(|| MergeError("no parts given".into()))?
+        .clone();
+    let mut rows = Vec::new();
+    for p in parts {
+        if p.scenario != first.scenario
+            || p.tiers != first.tiers
+            || p.total != first.total
+            || p.requests != first.requests
+        {
+            return Err(MergeError(format!(
+                "part {}/{} is of another sweep ({} with {} points, not {} with {})",
+                p.shard.0, p.shard.1, p.scenario, p.total, first.scenario, first.total
+            )));
+        }
+        rows.extend(p.rows);
+    }
+    rows.sort_by_key(|r| r.index);
+    for (i, r) in rows.iter().enumerate() {
+        if r.index != i {
+            return Err(MergeError(format!(
+                "point {i} is {}: parts are missing or overlap (have {} of {} points)",
+                if r.index > i {
+                    "missing"
+                } else {
+                    "given twice"
+                },
+                rows.len(),
+                first.total
+            )));
+        }
+    }
+    if rows.len() != first.total {
+        return Err(MergeError(format!(
+            "have {} of {} points: a part is missing",
+            rows.len(),
+            first.total
+        )));
+    }
+    Ok(SweepPart {
+        scenario: first.scenario,
+        tiers: first.tiers,
+        total: first.total,
+        requests: first.requests,
+        shard: (0, 1),
+        rows,
+    })
+}
+
+/// The median over seeds of one (variant, system, rate).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepPoint {
+    /// Variant.
+    pub variant: String,
+    /// System.
+    pub system: String,
+    /// Rate, requests/s.
+    pub rate: f64,
+    /// Seeds aggregated.
+    pub seeds: usize,
+    /// Median of each field over the seeds (the row of the median-throughput
+    /// seed for `deployment`, `bottleneck` and the TTFT quantiles).
+    pub median: SweepRow,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// Medians over seeds, in the order the points first appear.
+pub fn aggregate(rows: &[SweepRow]) -> Vec<SweepPoint> {
+    let mut keys: Vec<(String, String, f64)> = Vec::new();
+    for r in rows {
+        let k = (r.variant.clone(), r.system.clone(), r.rate);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.into_iter()
+        .map(|(variant, system, rate)| {
+            let group: Vec<&SweepRow> = rows
+                .iter()
+                .filter(|r| r.variant == variant && r.system == system && r.rate == rate)
+                .collect();
+            let m = |f: fn(&SweepRow) -> f64| median(group.iter().map(|r| f(r)).collect());
+            let mut by_thr = group.clone();
+            by_thr.sort_by(|a, b| {
+                a.throughput
+                    .total_cmp(&b.throughput)
+                    .then(a.seed.cmp(&b.seed))
+            });
+            let mid = by_thr[by_thr.len() / 2];
+            let tiers = mid.goodput.len();
+            let median_row = SweepRow {
+                throughput: m(|r| r.throughput),
+                goodput: (0..tiers)
+                    .map(|t| median(group.iter().map(|r| r.goodput[t]).collect()))
+                    .collect(),
+                ttft_mean: m(|r| r.ttft_mean),
+                ttft_p99: m(|r| r.ttft_p99),
+                tpot_mean: m(|r| r.tpot_mean),
+                tpot_p99: m(|r| r.tpot_p99),
+                e2e_mean: m(|r| r.e2e_mean),
+                ..mid.clone()
+            };
+            SweepPoint {
+                variant,
+                system,
+                rate,
+                seeds: group.len(),
+                median: median_row,
+            }
+        })
+        .collect()
+}
+
+/// The medians as CSV (one line per point; times in seconds, rates in req/s).
+pub fn to_csv(points: &[SweepPoint], tiers: &[String]) -> Result<String, csv::Error> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let mut header: Vec<String> = ["variant", "system", "rate", "seeds", "throughput"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    header.extend(tiers.iter().map(|t| format!("goodput_{t}")));
+    header.extend(
+        [
+            "ttft_mean_s",
+            "ttft_p99_s",
+            "tpot_mean_s",
+            "tpot_p99_s",
+            "e2e_mean_s",
+            "bottleneck",
+            "deployment",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    w.write_record(&header)?;
+    for p in points {
+        let r = &p.median;
+        let mut rec = vec![
+            p.variant.clone(),
+            p.system.clone(),
+            p.rate.to_string(),
+            p.seeds.to_string(),
+            r.throughput.to_string(),
+        ];
+        rec.extend(r.goodput.iter().map(|g| g.to_string()));
+        rec.extend([
+            r.ttft_mean.to_string(),
+            r.ttft_p99.to_string(),
+            r.tpot_mean.to_string(),
+            r.tpot_p99.to_string(),
+            r.e2e_mean.to_string(),
+            r.bottleneck.clone(),
+            r.deployment.clone(),
+        ]);
+        w.write_record(&rec)?;
+    }
+    let bytes = w.into_inner().map_err(|e| e.into_error())?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(index: usize, system: &str, rate: f64, seed: u64, thr: f64) -> SweepRow {
+        SweepRow {
+            index,
+            variant: String::new(),
+            system: system.into(),
+            rate,
+            seed,
+            deployment: "d".into(),
+            throughput: thr,
+            goodput: vec![thr / 2.0],
+            ttft_mean: 1.0,
+            ttft_p99: 2.0,
+            tpot_mean: 0.1,
+            tpot_p99: 0.2,
+            e2e_mean: 3.0,
+            ttft_quantiles: vec![0.0; TTFT_QUANTILES.len()],
+            bottleneck: "encode".into(),
+        }
+    }
+
+    fn part(rows: Vec<SweepRow>, shard: (usize, usize)) -> SweepPart {
+        SweepPart {
+            scenario: "s.toml".into(),
+            tiers: vec!["t".into()],
+            total: 4,
+            requests: None,
+            shard,
+            rows,
+        }
+    }
+
+    #[test]
+    fn merge_restores_order_and_refuses_gaps_and_overlaps() {
+        let all: Vec<SweepRow> = (0..4)
+            .map(|i| row(i, "a", 1.0 + i as f64, 1, 1.0))
+            .collect();
+        let merged = merge(vec![
+            part(vec![all[1].clone(), all[3].clone()], (1, 2)),
+            part(vec![all[0].clone(), all[2].clone()], (0, 2)),
+        ])
+        .unwrap();
+        assert_eq!(merged.rows, all);
+        assert!(merge(vec![part(vec![all[0].clone(), all[2].clone()], (0, 2))]).is_err());
+        assert!(merge(vec![
+            part(all.clone(), (0, 1)),
+            part(vec![all[0].clone()], (0, 2))
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn medians_over_seeds() {
+        let rows = vec![
+            row(0, "a", 1.0, 1, 1.0),
+            row(1, "a", 1.0, 2, 3.0),
+            row(2, "a", 1.0, 3, 2.0),
+            row(3, "b", 1.0, 1, 5.0),
+        ];
+        let pts = aggregate(&rows);
+        assert_eq!(pts.len(), 2);
+        assert_eq!(pts[0].seeds, 3);
+        assert_eq!(pts[0].median.throughput, 2.0);
+        assert_eq!(pts[0].median.goodput, vec![1.0]);
+        let csv = to_csv(&pts, &["t".into()]).unwrap();
+        assert!(csv.starts_with("variant,system,rate,seeds,throughput,goodput_t,"));
+        assert_eq!(csv.lines().count(), 3);
+    }
+}
