@@ -7,6 +7,7 @@
 
 use anyhow::Context;
 mod calib_cmd;
+mod reproduce_cmd;
 mod search_cmd;
 mod sweep_cmd;
 
@@ -36,6 +37,9 @@ enum Command {
     /// Rate sweeps and what-ifs over scenario fields and serving systems, with SVG plots.
     #[command(after_help = EXIT_CODES)]
     Sweep(sweep_cmd::SweepArgs),
+    /// Re-run the EAServe paper's findings in simulation and write a Markdown report with plots.
+    #[command(after_help = EXIT_CODES)]
+    Reproduce(reproduce_cmd::ReproduceArgs),
     /// Calibration: write, show, import, validate and refine stage-cost profiles.
     #[command(subcommand)]
     Calib(calib_cmd::CalibCommand),
@@ -102,6 +106,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Calib(cmd) => calib_cmd::run(cmd),
         Command::Search(a) => search_cmd::run(a),
         Command::Sweep(a) => sweep_cmd::run(a),
+        Command::Reproduce(a) => reproduce_cmd::run(a),
         Command::Sim(a) => {
             let mut overrides = Overrides {
                 seed: a.seed,

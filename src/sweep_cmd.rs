@@ -395,8 +395,57 @@ fn chart(
     }
 }
 
+/// A whole sweep of `path` over rates × systems × seeds 1..=`seeds`, without
+/// variants (for `easerve reproduce`).
+pub(crate) fn sweep_whole(
+    path: &Path,
+    rates: &[f64],
+    systems: &[&str],
+    seeds: u64,
+    requests: Option<i64>,
+) -> anyhow::Result<SweepPart> {
+    let base = Scenario::load(
+        path,
+        &Overrides {
+            requests,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    let mut points = Vec::new();
+    for s in systems {
+        for &rate in rates {
+            for seed in 1..=seeds {
+                points.push(Point {
+                    variant: 0,
+                    system: s.to_string(),
+                    rate,
+                    seed,
+                });
+            }
+        }
+    }
+    let rows: Vec<SweepRow> = points
+        .par_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            run_point(path, &[], p, requests)
+                .map(|(report, ttfts)| SweepRow::new(i, "", &p.system, p.seed, &report, ttfts))
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("a sweep point failed: {e}"))?;
+    Ok(SweepPart {
+        scenario: path.display().to_string(),
+        tiers: base.slo.iter().map(|t| t.name.clone()).collect(),
+        total: rows.len(),
+        requests,
+        shard: (0, 1),
+        rows,
+    })
+}
+
 /// Write sweep.json, sweep.csv and the plots of a whole sweep.
-fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()> {
+pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()> {
     let requests = whole.requests;
     std::fs::create_dir_all(dir)?;
     std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(whole)?)?;

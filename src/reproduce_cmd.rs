@@ -1,0 +1,385 @@
+//! `easerve reproduce`: the EAServe paper's findings (§2.2, §4.2–4.5) re-run
+//! in simulation on its testbed scenarios, written as a Markdown report with
+//! plots, saying next to each finding whether the simulation agrees.
+
+use crate::sweep_cmd::{sweep_whole, write_outputs};
+use crate::BadInput;
+use easerve_has::{search, Method, SearchConfig, SimTrial};
+use easerve_workload::scenario::{Overrides, Scenario, System};
+use easerve_workload::sweep::aggregate;
+use easerve_workload::Report;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Arguments of `easerve reproduce`.
+#[derive(clap::Args, Debug)]
+pub(crate) struct ReproduceArgs {
+    /// Output folder: report.md and one folder of plots per modality.
+    #[arg(long)]
+    out: PathBuf,
+    /// Folder holding image.toml, video.toml and audio.toml.
+    #[arg(long, default_value = "scenarios")]
+    scenarios: PathBuf,
+    /// Requests per run (default: the scenarios' 500).
+    #[arg(long)]
+    requests: Option<i64>,
+}
+
+fn sim(path: &Path, sets: &[(&str, &str)], o: &Overrides) -> anyhow::Result<Report> {
+    let sets: Vec<(String, String)> = sets
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let sc = Scenario::load_with(path, &sets, o).map_err(|e| BadInput(e.to_string()))?;
+    Ok(easerve_sim::simulate(&sc).report)
+}
+
+fn verdict(agrees: bool) -> &'static str {
+    if agrees {
+        "**agrees**"
+    } else {
+        "**disagrees**"
+    }
+}
+
+fn pct(new: f64, old: f64) -> f64 {
+    if old != 0.0 {
+        100.0 * (new - old) / old
+    } else {
+        0.0
+    }
+}
+
+fn stage_queue(r: &Report, stage: &str) -> f64 {
+    r.stages
+        .iter()
+        .find(|s| s.stage == stage)
+        .map_or(0.0, |s| s.queue.mean)
+}
+
+pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
+    let started = std::time::Instant::now();
+    let scn = |name: &str| a.scenarios.join(format!("{name}.toml"));
+    for name in ["image", "video", "audio"] {
+        if !scn(name).exists() {
+            return Err(BadInput(format!("{}: not found (--scenarios names the folder holding image.toml, video.toml, audio.toml)", scn(name).display())).into());
+        }
+    }
+    std::fs::create_dir_all(&a.out)?;
+    let req = a.requests;
+    let mut md = String::new();
+    let _ = writeln!(md, "# The EAServe paper's findings, re-run in simulation\n");
+    let _ = writeln!(
+        md,
+        "Testbed: 8× RTX 6000 Ada over PCIe, LLaVA-v1.6-34B (image), Qwen2.5-VL-32B (video), Ultravox-v0.6-27B (audio), the scenarios in `{}`. \
+         Costs come from easerve's calibration (roofline with GEMM efficiency fitted on measured A100 timings), not tuned to the paper; \
+         the one figure taken from the paper is the per-pass encode overhead (1.5 s), set from its pass-through saturation point, so finding 1's \
+         saturation rate is an input rather than a prediction. Each run has {} requests; one seed per point.\n",
+        a.scenarios.display(),
+        req.map_or("the scenario's 500".to_string(), |n| n.to_string())
+    );
+
+    // --- rate sweeps (Figure 9/10 analogues) and finding 1 ---
+    let rates = [1.0, 2.0, 3.0, 4.0, 5.0];
+    let systems = ["passthrough", "aggregated", "easerve-s1", "easerve"];
+    let _ = writeln!(
+        md,
+        "## Goodput by SLO tier and rate sweeps (cf. Figures 9 and 10)\n"
+    );
+    let mut saturation = Vec::new();
+    for name in ["image", "video", "audio"] {
+        let part = sweep_whole(&scn(name), &rates, &systems, 1, req)?;
+        write_outputs(&part, &a.out.join(name))?;
+        let points = aggregate(&part.rows);
+        let _ = writeln!(md, "### {name}\n");
+        let _ = writeln!(md, "Goodput (req/s) per SLO tier at Λ = 2 req/s; plots in `{name}/` (`goodput-*.svg`, `throughput.svg`, `p99-ttft.svg`, `p99-tpot.svg`, `ttft-cdf.svg`).\n");
+        let _ = writeln!(
+            md,
+            "| system | {} | throughput | P99 TTFT (s) | P99 TPOT (ms) | bottleneck |",
+            part.tiers.join(" | ")
+        );
+        let _ = writeln!(
+            md,
+            "|---|{}---|---|---|---|",
+            "---|".repeat(part.tiers.len())
+        );
+        for p in points.iter().filter(|p| p.rate == 2.0) {
+            let g: Vec<String> = p.median.goodput.iter().map(|x| format!("{x:.2}")).collect();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.2} | {:.1} | {:.0} | {} |",
+                p.system,
+                g.join(" | "),
+                p.median.throughput,
+                p.median.ttft_p99,
+                p.median.tpot_p99 * 1e3,
+                p.median.bottleneck
+            );
+        }
+        let _ = writeln!(md, "\nThroughput (req/s) against offered rate:\n");
+        let _ = writeln!(
+            md,
+            "| system | {} |",
+            rates
+                .iter()
+                .map(|r| format!("Λ={r}"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        let _ = writeln!(md, "|---|{}", "---|".repeat(rates.len()));
+        for s in systems {
+            let row: Vec<String> = rates
+                .iter()
+                .map(|r| {
+                    points
+                        .iter()
+                        .find(|p| p.system == s && p.rate == *r)
+                        .map_or("-".into(), |p| format!("{:.2}", p.median.throughput))
+                })
+                .collect();
+            let _ = writeln!(md, "| {s} | {} |", row.join(" | "));
+        }
+        let _ = writeln!(md);
+        if name != "audio" {
+            // the first rate pass-through cannot keep up with, and what limits it there
+            let first = points
+                .iter()
+                .filter(|p| p.system == "passthrough")
+                .find(|p| p.median.throughput < 0.95 * p.rate);
+            saturation.push((
+                name,
+                first.map(|p| (p.rate, p.median.throughput, p.median.bottleneck.clone())),
+            ));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "## Finding 1: pass-through encode saturates first on image and video (§2.2, §4.2)\n"
+    );
+    let mut all = true;
+    for (name, sat) in &saturation {
+        match sat {
+            Some((rate, thr, b)) => {
+                all &= b == "encode";
+                let _ = writeln!(md, "- {name}: pass-through first falls behind at Λ = {rate} req/s (completes {thr:.2}); its bottleneck there is **{b}**.");
+            }
+            None => {
+                all = false;
+                let _ = writeln!(
+                    md,
+                    "- {name}: pass-through keeps up at every rate up to 5 req/s."
+                );
+            }
+        }
+    }
+    let _ = writeln!(md, "\nThe simulation {} (the saturation point itself is calibrated from the paper, the stage that saturates is not).\n", verdict(all));
+
+    // --- finding 2: micro-batching alone pushes load downstream ---
+    let image = scn("image");
+    let o = |system: Option<System>, offload: Option<f64>| Overrides {
+        rate: Some(3.0),
+        requests: req,
+        system,
+        offload,
+        ..Default::default()
+    };
+    let pass = sim(&image, &[], &o(Some(System::Passthrough), None))?;
+    let batch = sim(&image, &[], &o(None, Some(1.0)))?;
+    let thr_up = batch.request_throughput > pass.request_throughput;
+    let down = stage_queue(&batch, "prefill") > stage_queue(&pass, "prefill")
+        || batch.tpot.mean > pass.tpot.mean;
+    let _ = writeln!(md, "## Finding 2: micro-batching alone raises throughput but pushes load downstream (§2.2, Table 1)\n");
+    let _ = writeln!(
+        md,
+        "Image at Λ = 3 req/s, the scenario's allocation with s = 1:\n"
+    );
+    let _ = writeln!(md, "| encode dispatch | throughput | mean TTFT (s) | mean TPOT (ms) | prefill queueing (s) | decode queueing (s) |\n|---|---|---|---|---|---|");
+    for (label, r) in [
+        ("pass-through (B = 1)", &pass),
+        ("micro-batching (B = 8, Poisson-gap)", &batch),
+    ] {
+        let _ = writeln!(
+            md,
+            "| {label} | {:.2} | {:.1} | {:.1} | {:.2} | {:.3} |",
+            r.request_throughput,
+            r.ttft.mean,
+            r.tpot.mean * 1e3,
+            stage_queue(r, "prefill"),
+            stage_queue(r, "decode")
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nThroughput {} by {:.0} % and prefill queueing goes from {:.2} s to {:.2} s: the simulation {}. The paper's TPOT rise is {} here (mean TPOT {:+.0} %): decode has spare capacity on this allocation, so the flood shows up at prefill.\n",
+        if thr_up { "rises" } else { "does not rise" },
+        pct(batch.request_throughput, pass.request_throughput),
+        stage_queue(&pass, "prefill"),
+        stage_queue(&batch, "prefill"),
+        verdict(thr_up && down),
+        if batch.tpot.mean > 1.1 * pass.tpot.mean { "reproduced" } else { "small" },
+        pct(batch.tpot.mean, pass.tpot.mean)
+    );
+
+    // --- finding 3: HAS's choice of s ---
+    let _ = writeln!(
+        md,
+        "## Finding 3: HAS picks s = 1 on video and s < 1 on image and audio (§4.2)\n"
+    );
+    let _ = writeln!(
+        md,
+        "| modality | chosen deployment at Λ = 5 req/s | throughput |\n|---|---|---|"
+    );
+    let mut chosen = Vec::new();
+    for name in ["image", "video", "audio"] {
+        let base = Overrides {
+            rate: Some(5.0),
+            requests: req,
+            ..Default::default()
+        };
+        let sc = Scenario::load(&scn(name), &base).map_err(|e| BadInput(e.to_string()))?;
+        let cost = easerve_sim::scenario_cost(&sc);
+        let trial = SimTrial::new(sc.raw.clone(), &sc.file, base);
+        let st = search(
+            &sc,
+            cost.as_ref(),
+            &trial,
+            &SearchConfig {
+                method: Method::Has,
+                budget: 30,
+                seed: 1,
+                rate: 5.0,
+            },
+            &mut |_| {},
+        );
+        if let Some(b) = st.best {
+            let _ = writeln!(
+                md,
+                "| {name} | `{}` | {:.2} |",
+                b.candidate, b.outcome.throughput
+            );
+            chosen.push((name, b.candidate.offload));
+        }
+    }
+    let s_of = |n: &str| chosen.iter().find(|c| c.0 == n).map_or(f64::NAN, |c| c.1);
+    let f3 = s_of("video") >= 1.0 && s_of("image") < 1.0 && s_of("audio") < 1.0;
+    let _ = writeln!(
+        md,
+        "\nThe simulation {}. {}\n",
+        verdict(f3),
+        if f3 {
+            "Local prefill pays on image and audio, not on video."
+        } else {
+            "Here local prefill pays on every modality, video included: the simulated video encoder leaves its GPU idle most of the time (its cost is dominated by the fixed per-pass overhead), and the model charges a co-located prefill only a 5 % bandwidth interference, whereas the paper measures the multi-frame encoder using over 90 % of the SMs during batched passes (§4.2). Calibrating the video encoder's GPU time and interference on real hardware is what would settle it."
+        }
+    );
+
+    // --- finding 4: SM partitioning ablation ---
+    let audio = scn("audio");
+    let _ = writeln!(md, "## Finding 4: dynamic SM partitioning beats static 50/50, which beats none (§4.4, Table 6)\n");
+    let _ = writeln!(md, "Audio, `2E(TP1)+1P(TP2)+1D(TP4)`, B = 10, s = 0.55, Λ = 10 req/s (the paper's Table 6 setting):\n");
+    let _ = writeln!(
+        md,
+        "| SM policy | throughput | P99 TTFT (s) | P99 TPOT (ms) |\n|---|---|---|---|"
+    );
+    let mut abl = Vec::new();
+    for (label, policy) in [
+        ("none (time-slicing)", "none"),
+        ("static 50/50", "static:0.5"),
+        ("dynamic", "dynamic"),
+    ] {
+        let o = Overrides {
+            rate: Some(10.0),
+            requests: req,
+            allocation: Some("2E(TP1)+1P(TP2)+1D(TP4)".into()),
+            batch: Some(10),
+            offload: Some(0.55),
+            ..Default::default()
+        };
+        let r = sim(&audio, &[("deployment.sm_policy", policy)], &o)?;
+        let _ = writeln!(
+            md,
+            "| {label} | {:.2} | {:.2} | {:.1} |",
+            r.request_throughput,
+            r.ttft.p99,
+            r.tpot.p99 * 1e3
+        );
+        abl.push(r);
+    }
+    let better = |x: &Report, y: &Report| {
+        x.request_throughput >= y.request_throughput * 0.999 && x.ttft.p99 <= y.ttft.p99 * 1.001
+    };
+    let f4 = better(&abl[2], &abl[1]) && better(&abl[1], &abl[0]);
+    let _ = writeln!(
+        md,
+        "\nAgainst dynamic: none changes throughput by {:+.1} %, P99 TTFT by {:+.1} %, P99 TPOT by {:+.1} % (paper: −9 %, +19 %, +42 %); static by {:+.1} %, {:+.1} %, {:+.1} % (paper: −3 %, +11 %, +22 %). The simulation {}{}.\n",
+        pct(abl[0].request_throughput, abl[2].request_throughput),
+        pct(abl[0].ttft.p99, abl[2].ttft.p99),
+        pct(abl[0].tpot.p99, abl[2].tpot.p99),
+        pct(abl[1].request_throughput, abl[2].request_throughput),
+        pct(abl[1].ttft.p99, abl[2].ttft.p99),
+        pct(abl[1].tpot.p99, abl[2].tpot.p99),
+        verdict(f4),
+        if f4 {
+            ""
+        } else {
+            " on the order, and the three differ by a few percent only. Why: a simulated audio encode pass spends almost all its time in its CPU phase (the 1.5 s per-pass overhead, which holds no SMs), so the GPU-phase contention that SM partitioning controls lasts a few milliseconds per pass; the dynamic table then gives encode the SMs its batch needs, which takes them from local prefill more often than time-slicing does. The paper's encoder keeps the GPU busy far longer. The interference figures (10 % time-slicing penalty, 5 % bandwidth interference) are assumptions awaiting measurement; TPOT barely moves because decode runs on its own GPUs"
+        }
+    );
+
+    // --- finding 5: burstiness ---
+    let _ = writeln!(md, "## Finding 5: burstiness raises P99 TTFT much more than it lowers throughput (§4.5, Table 7)\n");
+    let _ = writeln!(md, "Image at Λ = 2 req/s, the scenario's deployment:\n");
+    let _ = writeln!(md, "| arrivals | throughput | mean TTFT (s) | P99 TTFT (s) | P99 TPOT (ms) |\n|---|---|---|---|---|");
+    let mut bur = Vec::new();
+    for (label, sets) in [
+        (
+            "Gamma CV 0.5",
+            vec![("workload.arrival", "gamma"), ("workload.cv", "0.5")],
+        ),
+        ("Poisson (CV 1)", vec![]),
+        (
+            "Gamma CV 2",
+            vec![("workload.arrival", "gamma"), ("workload.cv", "2")],
+        ),
+    ] {
+        let r = sim(
+            &image,
+            &sets,
+            &Overrides {
+                rate: Some(2.0),
+                requests: req,
+                ..Default::default()
+            },
+        )?;
+        let _ = writeln!(
+            md,
+            "| {label} | {:.2} | {:.2} | {:.2} | {:.1} |",
+            r.request_throughput,
+            r.ttft.mean,
+            r.ttft.p99,
+            r.tpot.p99 * 1e3
+        );
+        bur.push(r);
+    }
+    let d_thr = pct(bur[2].request_throughput, bur[1].request_throughput);
+    let d_ttft = pct(bur[2].ttft.p99, bur[1].ttft.p99);
+    let f5 = d_ttft > 0.0 && d_ttft > d_thr.abs() * 3.0;
+    let _ = writeln!(
+        md,
+        "\nFrom Poisson to CV 2 throughput changes by {d_thr:+.1} % and P99 TTFT by {d_ttft:+.1} % (paper: −3 % and +62 %); from Poisson to CV 0.5 P99 TTFT changes by {:+.1} % (paper: −35 %). The simulation {}.\n",
+        pct(bur[0].ttft.p99, bur[1].ttft.p99),
+        verdict(f5)
+    );
+    let _ = writeln!(
+        md,
+        "---\nGenerated by `easerve reproduce` in {:.1} s.",
+        started.elapsed().as_secs_f64()
+    );
+    std::fs::write(a.out.join("report.md"), &md)?;
+    println!(
+        "wrote {} (and plots in image/, video/, audio/)",
+        a.out.join("report.md").display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
