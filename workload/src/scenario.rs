@@ -577,26 +577,13 @@ impl Scenario {
             })?;
             for (key, value) in sets {
                 let parts: Vec<&str> = key.split('.').collect();
-                let mut node = &mut doc;
-                for part in &parts[..parts.len() - 1] {
-                    let table = node
-                        .as_table_mut()
-                        .ok_or_else(|| set_err(key, format!("`{part}` is not a table")))?;
-                    node = table
-                        .entry(part.to_string())
-                        .or_insert_with(|| toml::Value::Table(Default::default()));
-                }
-                let leaf = parts[parts.len() - 1];
-                let table = node.as_table_mut().ok_or_else(|| {
-                    set_err(key, "the path goes through a value, not a table".into())
-                })?;
                 let parsed = value
                     .parse::<i64>()
                     .map(toml::Value::Integer)
                     .or_else(|_| value.parse::<f64>().map(toml::Value::Float))
                     .or_else(|_| value.parse::<bool>().map(toml::Value::Boolean))
                     .unwrap_or_else(|_| toml::Value::String(value.clone()));
-                table.insert(leaf.to_string(), parsed);
+                set_path(&mut doc, &parts, &parsed).map_err(|m| set_err(key, m))?;
             }
             text = toml::to_string(&doc).map_err(|e| set_err("(all)", e.to_string()))?;
         }
@@ -1467,5 +1454,65 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
     match sizes.iter().find(|(_, x)| *x == 0) {
         Some((name, _)) => Err(format!("field `encoder.kind.{name}` must be ≥ 1")),
         None => Ok(()),
+    }
+}
+
+/// Set `path` in `node` to `value`, creating tables on the way; through an
+/// array of tables the rest of the path is set in every element (so
+/// `workload.video.buckets.frames=16` sets every bucket's frames).
+fn set_path(node: &mut toml::Value, path: &[&str], value: &toml::Value) -> Result<(), String> {
+    if let toml::Value::Array(items) = node {
+        for item in items.iter_mut() {
+            set_path(item, path, value)?;
+        }
+        return Ok(());
+    }
+    let table = node
+        .as_table_mut()
+        .ok_or_else(|| format!("`{}` goes through a value, not a table", path.join(".")))?;
+    match path {
+        [leaf] => {
+            table.insert(leaf.to_string(), value.clone());
+            Ok(())
+        }
+        [head, rest @ ..] => set_path(
+            table
+                .entry(head.to_string())
+                .or_insert_with(|| toml::Value::Table(Default::default())),
+            rest,
+            value,
+        ),
+        [] => Err("empty key".into()),
+    }
+}
+
+#[cfg(test)]
+mod set_tests {
+    use super::set_path;
+
+    #[test]
+    fn sets_nested_fields_and_every_element_of_a_table_array() {
+        let mut doc: toml::Value = toml::from_str(
+            "[cluster]\ngpu = \"a\"\n[workload.video]\nbuckets = [{ frames = 8 }, { frames = 16 }]\n",
+        )
+        .unwrap();
+        set_path(
+            &mut doc,
+            &["cluster", "gpu"],
+            &toml::Value::String("b".into()),
+        )
+        .unwrap();
+        set_path(
+            &mut doc,
+            &["workload", "video", "buckets", "frames"],
+            &toml::Value::Integer(32),
+        )
+        .unwrap();
+        set_path(&mut doc, &["deployment", "batch"], &toml::Value::Integer(4)).unwrap();
+        assert_eq!(doc["cluster"]["gpu"].as_str(), Some("b"));
+        let b = doc["workload"]["video"]["buckets"].as_array().unwrap();
+        assert!(b.iter().all(|x| x["frames"].as_integer() == Some(32)));
+        assert_eq!(doc["deployment"]["batch"].as_integer(), Some(4));
+        assert!(set_path(&mut doc, &["cluster", "gpu", "x"], &toml::Value::Integer(1)).is_err());
     }
 }
