@@ -72,7 +72,7 @@ fn parse_rates(text: &str) -> Result<Vec<f64>, String> {
         s.trim()
             .parse::<f64>()
             .ok()
-            .filter(|x| x.is_finite() && *x > 0.0)
+            .filter(|x| x.is_finite() && *x > 0.0 && *x <= 1e6)
     };
     let rates: Vec<f64> = if let Some((a, rest)) = text.split_once(':') {
         let (b, step) = rest.split_once(':').ok_or("expected FROM:TO:STEP")?;
@@ -232,7 +232,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
     let rates = match &a.rates {
         Some(r) => parse_rates(r).map_err(|e| {
             bad(format!(
-                "--rates {r}: {e}; expected FROM:TO:STEP or a list like 1,2,4 (requests/s > 0)"
+                "--rates {r}: {e}; expected FROM:TO:STEP or a list like 1,2,4 (requests/s in (0, 1e6])"
             ))
         })?,
         None => vec![base.workload.rate],
@@ -247,6 +247,48 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         return Err(bad(format!("--seeds {}: allowed 1 ..= 1000", a.seeds)));
     }
     let vars = variants(&a.sets).map_err(bad)?;
+    // fields the sweep itself sets would silently override a --set of them
+    for (_, kv) in vars.iter().take(1) {
+        for (key, _) in kv {
+            let taken: &[(&str, &str)] = &[
+                ("seed", "--seeds"),
+                ("workload.rate", "--rates"),
+                ("workload.requests", "--requests"),
+                ("deployment.system", "--systems"),
+            ];
+            if let Some((_, flag)) = taken.iter().find(|(k, _)| k == key) {
+                return Err(bad(format!(
+                    "--set {key}: the sweep sets it itself (use {flag})"
+                )));
+            }
+            let by_system = [
+                (
+                    "passthrough",
+                    &[
+                        "deployment.batch",
+                        "deployment.offload",
+                        "deployment.dispatch",
+                    ][..],
+                ),
+                ("easerve-s1", &["deployment.offload"][..]),
+                (
+                    "easerve",
+                    &[
+                        "deployment.allocation",
+                        "deployment.batch",
+                        "deployment.offload",
+                    ][..],
+                ),
+            ];
+            for (system, keys) in by_system {
+                if systems.iter().any(|s| s == system) && keys.contains(&key.as_str()) {
+                    return Err(bad(format!(
+                        "--set {key}: system `{system}` chooses it itself, so the values would be ignored; drop `{system}` from --systems or the --set"
+                    )));
+                }
+            }
+        }
+    }
     // every variant × system must be a valid scenario before anything runs
     for (label, kv) in &vars {
         for s in &systems {
@@ -309,7 +351,15 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         .par_iter()
         .map(|&(i, p)| {
             let r = run_point(&path, &vars[p.variant].1, p, a.requests).map(|(report, ttfts)| {
-                SweepRow::new(i, &vars[p.variant].0, &p.system, p.seed, &report, ttfts)
+                SweepRow::new(
+                    i,
+                    &vars[p.variant].0,
+                    &p.system,
+                    p.rate,
+                    p.seed,
+                    &report,
+                    ttfts,
+                )
             });
             if let Some(pb) = &bar {
                 pb.inc(1);
@@ -324,8 +374,16 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         .into_iter()
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("a sweep point failed: {e}"))?;
+    let fingerprint = format!(
+        "rates={:?} sets={:?} systems={:?} seeds={}",
+        rates, a.sets, systems, a.seeds
+    );
     let part = SweepPart {
-        scenario: path.display().to_string(),
+        scenario: std::fs::canonicalize(&path)
+            .unwrap_or(path.clone())
+            .display()
+            .to_string(),
+        fingerprint,
         tiers: base.slo.iter().map(|t| t.name.clone()).collect(),
         total,
         requests: a.requests,
@@ -429,13 +487,18 @@ pub(crate) fn sweep_whole(
         .par_iter()
         .enumerate()
         .map(|(i, p)| {
-            run_point(path, &[], p, requests)
-                .map(|(report, ttfts)| SweepRow::new(i, "", &p.system, p.seed, &report, ttfts))
+            run_point(path, &[], p, requests).map(|(report, ttfts)| {
+                SweepRow::new(i, "", &p.system, p.rate, p.seed, &report, ttfts)
+            })
         })
         .collect::<Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("a sweep point failed: {e}"))?;
     Ok(SweepPart {
-        scenario: path.display().to_string(),
+        scenario: std::fs::canonicalize(path)
+            .unwrap_or(path.to_path_buf())
+            .display()
+            .to_string(),
+        fingerprint: format!("rates={rates:?} systems={systems:?} seeds={seeds}"),
         tiers: base.slo.iter().map(|t| t.name.clone()).collect(),
         total: rows.len(),
         requests,

@@ -285,7 +285,7 @@ pub fn search(
                     }
                 }
                 if rec.trials.len() < budget && stopped.starts_with("budget") {
-                    stopped = "every distinct point of the survivors' space was tried".into();
+                    stopped = "TPE kept proposing points already tried (the survivors' space is nearly exhausted)".into();
                 }
             } else {
                 stopped = "Stage 1 kept no allocation".into();

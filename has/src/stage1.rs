@@ -67,7 +67,7 @@ pub fn s_star(c_remote: f64, c_local: f64) -> f64 {
 /// which here can take longer (its per-pass overhead is calibrated at 1.5 s),
 /// and Poisson bursts reach about twice the mean; so the cap used is
 /// `⌈2 · λ_w · max(1 s, T_enc(⌈λ_w⌉))⌉` with `λ_w = Λ / nE`, at most
-/// [`MAX_B`]. It equals twice the paper's value when a pass takes ≤ 1 s.
+/// [`crate::search::B_CAP`] (the B range every method searches). It equals twice the paper's value when a pass takes ≤ 1 s.
 pub fn b_max(caps: &Capacities, n_e: u32, rate: f64) -> u32 {
     let lw = rate / f64::from(n_e.max(1));
     let b0 = (lw.ceil() as usize).clamp(1, MAX_B as usize);
@@ -77,7 +77,7 @@ pub fn b_max(caps: &Capacities, n_e: u32, rate: f64) -> u32 {
         .copied()
         .unwrap_or(1.0)
         .max(1.0);
-    ((2.0 * lw * t).ceil() as u32).clamp(1, MAX_B)
+    ((2.0 * lw * t).ceil() as u32).clamp(1, crate::search::B_CAP)
 }
 
 /// Load ratios, score and seeds of one allocation at rate `rate`.
@@ -136,9 +136,23 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
 /// [`TOP_K`] of them (best scores first; ties by allocation text), and say why
 /// each was kept or pruned. Rows come back sorted by score.
 pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
+    // ties: the lower sorted load ratios first (better balanced), then the text
+    let loads = |r: &Stage1Row| {
+        let mut v = [r.encode_load, r.prefill_load, r.decode_load];
+        v.sort_by(|x, y| y.total_cmp(x));
+        v
+    };
     rows.sort_by(|a, b| {
         a.score
             .total_cmp(&b.score)
+            .then_with(|| {
+                let (la, lb) = (loads(a), loads(b));
+                la.iter()
+                    .zip(&lb)
+                    .map(|(x, y)| x.total_cmp(y))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            })
             .then_with(|| a.allocation.to_string().cmp(&b.allocation.to_string()))
     });
     let best = rows.first().map_or(f64::INFINITY, |r| r.score);

@@ -126,7 +126,14 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost) -> Capacities {
     let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
-    for &tp in &TP_DEGREES {
+    // the usual degrees plus any the scenario's own deployment uses
+    let a = &sc.deployment.allocation;
+    let mut degrees: Vec<u32> = TP_DEGREES.to_vec();
+    degrees.extend([a.prefill.tp, a.decode.tp]);
+    degrees.extend(sc.knobs.local_prefill_tp);
+    degrees.sort_unstable();
+    degrees.dedup();
+    for &tp in &degrees {
         let Some(free) = memory.kv_bytes_free_per_gpu(tp, 0.0, sc.knobs.gpu_memory_utilization)
         else {
             continue;
@@ -150,9 +157,11 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost) -> Capacities {
     }
 }
 
-/// `C_E(B)`: one encode worker's requests/s at micro-batch `B`.
+/// `C_E(B)`: one encode worker's requests/s at micro-batch `B` (batches above
+/// [`MAX_B`] are counted as `MAX_B`: the table ends there).
 pub fn encode_capacity(caps: &Capacities, b: u32) -> f64 {
-    match caps.encode_time.get(b.clamp(1, MAX_B) as usize - 1) {
+    let b = b.clamp(1, MAX_B);
+    match caps.encode_time.get(b as usize - 1) {
         Some(&t) if t > 0.0 => f64::from(b) / t,
         _ => caps.encode,
     }

@@ -1083,11 +1083,8 @@ impl<'a> Sim<'a> {
             out.report.bottleneck_reason = format!(
                 "highest offered load / capacity: {:.2}{}; mean queueing there {:.1} ms",
                 l.load,
-                if x.lead.is_finite() {
-                    format!(" ({:.1}× the next stage)", x.lead)
-                } else {
-                    String::new()
-                },
+                x.lead
+                    .map_or(String::new(), |l| format!(" ({l:.1}× the next stage)")),
                 q * 1e3
             );
         }

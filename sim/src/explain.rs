@@ -10,7 +10,7 @@ use easerve_workload::{Report, Scenario};
 fn remedy(stage: &str) -> &'static str {
     match stage {
         "encode" => "raising B or adding an encode worker would relieve it",
-        "prefill" => "another prefill worker, a larger prefill TP, or a lower s (more local prefill on the encode GPUs) would relieve it",
+        "prefill" => "another prefill worker, a larger prefill TP, or (where the LLM fits beside the encoder) a lower s that moves prefill onto the encode GPUs would relieve it",
         _ => "more decode workers or a larger decode TP (more KV cache, bigger batches) would relieve it",
     }
 }
@@ -22,14 +22,17 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, r: &Report) -> Explan
     let a = d.allocation;
     let rate = sc.workload.rate;
     let mut loads = Vec::new();
+    // a stage is offered what the stage before it can pass on
+    let mut offered = rate;
     if a.encode.workers > 0 {
         let capacity = f64::from(a.encode.workers) * encode_capacity(&caps, d.max_batch as u32);
         loads.push(StageLoad {
             stage: "encode".into(),
-            offered: rate,
+            offered,
             capacity,
-            load: rate / capacity.max(1e-12),
+            load: (offered / capacity.max(1e-12)).min(1e6),
         });
+        offered = offered.min(capacity);
     }
     let c_remote = f64::from(a.prefill.workers) * caps.prefill_at(a.prefill.tp);
     let c_local = match sc.knobs.local_prefill_tp {
@@ -44,32 +47,40 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, r: &Report) -> Explan
         if cap > 0.0 {
             load / cap
         } else if load > 0.0 {
-            f64::INFINITY
+            1e6
         } else {
             0.0
         }
     };
-    let p_load = side(s * rate, c_remote).max(side((1.0 - s) * rate, c_local));
+    let p_load = side(s * offered, c_remote)
+        .max(side((1.0 - s) * offered, c_local))
+        .min(1e6);
+    let c_p = if p_load > 0.0 {
+        offered / p_load
+    } else {
+        c_remote + c_local
+    };
     loads.push(StageLoad {
         stage: "prefill".into(),
-        offered: rate,
-        capacity: rate / p_load.max(1e-12),
+        offered,
+        capacity: c_p,
         load: p_load,
     });
+    offered = offered.min(c_p);
     let c_d = f64::from(a.decode.workers) * caps.decode_at(a.decode.tp);
     loads.push(StageLoad {
         stage: "decode".into(),
-        offered: rate,
+        offered,
         capacity: c_d,
-        load: side(rate, c_d),
+        load: side(offered, c_d).min(1e6),
     });
 
     let mut sorted: Vec<&StageLoad> = loads.iter().collect();
     sorted.sort_by(|x, y| y.load.total_cmp(&x.load));
     let most = sorted[0];
     let lead = match sorted.get(1) {
-        Some(next) if next.load > 0.0 => most.load / next.load,
-        _ => f64::INFINITY,
+        Some(next) if next.load > 0.0 => Some(most.load / next.load),
+        _ => None,
     };
     let encode_gpus: Vec<f64> = r
         .gpus
@@ -106,13 +117,11 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, r: &Report) -> Explan
             "No stage is saturated: the busiest, {}, runs at {:.0} % of its capacity{}.",
             most.stage,
             100.0 * most.load,
-            if lead.is_finite() {
-                format!(", {lead:.1}× the next stage's load")
-            } else {
-                String::new()
-            }
+            lead.map_or(String::new(), |l| format!(
+                ", {l:.1}× the next stage's load"
+            ))
         ));
-    } else if lead.is_finite() {
+    } else if let Some(lead) = lead {
         findings.push(format!(
             "{} is the bottleneck by a factor of {lead:.1} over the next most loaded stage.",
             most.stage
@@ -131,7 +140,7 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, r: &Report) -> Explan
             100.0 * idle
         ));
     }
-    if r.request_throughput < 0.95 * rate {
+    if most.load >= 1.0 && r.request_throughput < 0.95 * rate {
         findings.push(format!(
             "The cluster completes {:.2} of the {:.2} req/s offered, so queues grow through the run.",
             r.request_throughput, rate

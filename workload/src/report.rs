@@ -151,8 +151,9 @@ pub struct Explanation {
     pub loads: Vec<StageLoad>,
     /// The stage with the highest load ratio.
     pub most_loaded: String,
-    /// Its load over the next stage's load (how far it leads).
-    pub lead: f64,
+    /// Its load over the next stage's load (how far it leads); `None` when the
+    /// next stage carries no load.
+    pub lead: Option<f64>,
     /// Fraction of the run the encode GPUs had no GPU work (mean over them).
     pub encode_gpu_idle: Option<f64>,
     /// One sentence per finding.

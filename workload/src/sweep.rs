@@ -51,6 +51,7 @@ impl SweepRow {
         index: usize,
         variant: &str,
         system: &str,
+        rate: f64,
         seed: u64,
         report: &Report,
         mut ttfts: Vec<f64>,
@@ -69,7 +70,7 @@ impl SweepRow {
             index,
             variant: variant.to_string(),
             system: system.to_string(),
-            rate: report.meta.offered_rate,
+            rate,
             seed,
             deployment: report.meta.deployment.clone(),
             throughput: report.request_throughput,
@@ -88,8 +89,11 @@ impl SweepRow {
 /// A shard's (or a whole sweep's) output file.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SweepPart {
-    /// Scenario file.
+    /// Scenario file (absolute path).
     pub scenario: String,
+    /// The sweep's rates, `--set` values, systems and seeds: parts merge only
+    /// when these agree.
+    pub fingerprint: String,
     /// SLO tier names, in order.
     pub tiers: Vec<String>,
     /// Points in the whole sweep.
@@ -120,10 +124,19 @@ pub fn merge(parts: Vec<SweepPart>) -> Result<SweepPart, MergeError> {
             || p.tiers != first.tiers
             || p.total != first.total
             || p.requests != first.requests
+            || p.fingerprint != first.fingerprint
         {
             return Err(MergeError(format!(
                 "part {}/{} is of another sweep ({} with {} points, not {} with {})",
                 p.shard.0, p.shard.1, p.scenario, p.total, first.scenario, first.total
+            )));
+        }
+        if let Some(r) = p.rows.iter().find(|r| r.goodput.len() != p.tiers.len()) {
+            return Err(MergeError(format!(
+                "point {} has {} goodput values for {} tiers",
+                r.index,
+                r.goodput.len(),
+                p.tiers.len()
             )));
         }
         rows.extend(p.rows);
@@ -152,6 +165,7 @@ pub fn merge(parts: Vec<SweepPart>) -> Result<SweepPart, MergeError> {
     }
     Ok(SweepPart {
         scenario: first.scenario,
+        fingerprint: first.fingerprint,
         tiers: first.tiers,
         total: first.total,
         requests: first.requests,
@@ -309,6 +323,7 @@ mod tests {
     fn part(rows: Vec<SweepRow>, shard: (usize, usize)) -> SweepPart {
         SweepPart {
             scenario: "s.toml".into(),
+            fingerprint: String::new(),
             tiers: vec!["t".into()],
             total: 4,
             requests: None,
