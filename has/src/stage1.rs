@@ -136,23 +136,12 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
 /// [`TOP_K`] of them (best scores first; ties by allocation text), and say why
 /// each was kept or pruned. Rows come back sorted by score.
 pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
-    // ties: the lower sorted load ratios first (better balanced), then the text
-    let loads = |r: &Stage1Row| {
-        let mut v = [r.encode_load, r.prefill_load, r.decode_load];
-        v.sort_by(|x, y| y.total_cmp(x));
-        v
-    };
+    // ties (common: several allocations share a bottleneck stage and its load)
+    // are broken by the allocation's text, which is arbitrary but deterministic;
+    // Stage 2 seeds every survivor, so the order only decides which is tried first
     rows.sort_by(|a, b| {
         a.score
             .total_cmp(&b.score)
-            .then_with(|| {
-                let (la, lb) = (loads(a), loads(b));
-                la.iter()
-                    .zip(&lb)
-                    .map(|(x, y)| x.total_cmp(y))
-                    .find(|o| o.is_ne())
-                    .unwrap_or(std::cmp::Ordering::Equal)
-            })
             .then_with(|| a.allocation.to_string().cmp(&b.allocation.to_string()))
     });
     let best = rows.first().map_or(f64::INFINITY, |r| r.score);
