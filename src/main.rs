@@ -5,7 +5,6 @@
 //! argument that cannot be used — the message names the file, the field and
 //! what is allowed).
 
-use anyhow::Context;
 mod calib_cmd;
 mod reproduce_cmd;
 mod search_cmd;
@@ -130,13 +129,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let out = easerve_sim::simulate_with(&sc, easerve_sim::scenario_cost(&sc), &opts);
             if let (Some(path), Some(timeline)) = (&a.trace, &out.timeline) {
-                let file = std::fs::File::create(path)
-                    .with_context(|| format!("cannot write {}", path.display()))?;
+                let file = std::fs::File::create(path).map_err(|e| {
+                    BadInput(format!("--trace {}: cannot write: {e}", path.display()))
+                })?;
                 serde_json::to_writer(std::io::BufWriter::new(file), timeline)?;
             }
             if let Some(path) = &a.requests_csv {
-                let mut w = csv::Writer::from_path(path)
-                    .with_context(|| format!("cannot write {}", path.display()))?;
+                let mut w = csv::Writer::from_path(path).map_err(|e| {
+                    BadInput(format!(
+                        "--requests-csv {}: cannot write: {e}",
+                        path.display()
+                    ))
+                })?;
                 for r in &out.records {
                     w.serialize(r)?;
                 }

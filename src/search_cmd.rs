@@ -207,9 +207,12 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
                 b.outcome.mean_tpot * 1e3
             );
             println!(
-                "run it: easerve sim {} --rate {} --deployment '{}'",
+                "run it: easerve sim {} --rate {}{}{} --deployment '{}'",
                 a.scenario.display(),
                 study.rate,
+                a.seed.map_or(String::new(), |x| format!(" --seed {x}")),
+                a.requests
+                    .map_or(String::new(), |n| format!(" --requests {n}")),
                 b.candidate
             );
         }

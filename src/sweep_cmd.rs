@@ -510,7 +510,12 @@ pub(crate) fn sweep_whole(
 /// Write sweep.json, sweep.csv and the plots of a whole sweep.
 pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()> {
     let requests = whole.requests;
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        bad(format!(
+            "--out {}: cannot create the folder: {e}",
+            dir.display()
+        ))
+    })?;
     std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(whole)?)?;
     let points = aggregate(&whole.rows);
     std::fs::write(dir.join("sweep.csv"), to_csv(&points, &whole.tiers)?)?;
@@ -601,11 +606,11 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
     if let Some(tl) = &run.timeline {
         chart(
             &format!(
-                "Busy fraction per worker ({} at {top} req/s)",
-                sc.deployment.allocation
+                "Worker occupancy ({} B={} s={} at {top} req/s)",
+                sc.deployment.allocation, sc.deployment.max_batch, sc.deployment.offload
             ),
             "time (s)",
-            "busy fraction",
+            "fraction of time busy (encode: whole pass incl. CPU phase)",
             Scale::Linear,
             busy_series(tl, run.report.duration_s, 40),
             true,

@@ -117,7 +117,10 @@ pub fn feasible_allocations(sc: &Scenario) -> Vec<FeasibleAllocation> {
     let g = sc.gpus.min(MAX_TERM);
     let raw = &sc.raw;
     let mut out = Vec::new();
-    for n_e in 1..=g {
+    // a text-only workload has no encode stage: plain prefill/decode allocations
+    let text_only = sc.workload.modality == easerve_sched::Modality::Text;
+    let encode_counts = if text_only { 0..=0 } else { 1..=g };
+    for n_e in encode_counts {
         for &tp_p in &TP_DEGREES {
             for n_p in 0..=g {
                 if n_p > 0 && n_p * tp_p > g {

@@ -104,10 +104,14 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
     };
     let bm = b_max(caps, a.encode.workers, rate);
     // a worker runs batches of at most B_max: its capacity there
-    let encode_load = ratio(
-        rate,
-        f64::from(a.encode.workers) * encode_capacity(caps, bm),
-    );
+    let encode_load = if a.encode.workers == 0 {
+        0.0 // text-only: no encode stage
+    } else {
+        ratio(
+            rate,
+            f64::from(a.encode.workers) * encode_capacity(caps, bm),
+        )
+    };
     // the split sends s·Λ remote and (1−s)·Λ local; the stage is as loaded as its busier side
     let prefill_load = ratio(s * rate, c_remote).max(ratio((1.0 - s) * rate, c_local));
     let decode_load = ratio(
