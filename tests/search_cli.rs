@@ -25,32 +25,22 @@ fn study(args: &[&str]) -> serde_json::Value {
 #[test]
 fn identical_seeds_give_identical_studies() {
     for method in ["has", "random", "coordinate"] {
-        let a = easerve(&[
-            "search",
-            "scenarios/image.toml",
-            "--json",
-            "--rate",
-            "5",
-            "--requests",
-            "200",
-            "--method",
-            method,
-            "--seed",
-            "3",
-        ]);
-        let b = easerve(&[
-            "search",
-            "scenarios/image.toml",
-            "--json",
-            "--rate",
-            "5",
-            "--requests",
-            "200",
-            "--method",
-            method,
-            "--seed",
-            "3",
-        ]);
+        let run = || {
+            easerve(&[
+                "search",
+                "scenarios/image.toml",
+                "--json",
+                "--rate",
+                "5",
+                "--requests",
+                "200",
+                "--method",
+                method,
+                "--seed",
+                "3",
+            ])
+        };
+        let (a, b) = (run(), run());
         assert!(a.status.success());
         assert_eq!(a.stdout, b.stdout, "{method}: same seed, different study");
     }

@@ -1488,15 +1488,9 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Efficiency;
-    use easerve_model::ModelArch;
 
     fn roof(model: &str, gpu: &str) -> Roofline {
-        Roofline::new(
-            ModelArch::preset(model).unwrap(),
-            GpuSpec::preset(gpu).unwrap(),
-            Efficiency::default(),
-        )
+        crate::roofline::preset_roofline(model, gpu)
     }
 
     fn small_grid() -> GridSpec {

@@ -254,17 +254,23 @@ impl crate::StageCost for Roofline {
     }
 }
 
+/// The roofline of two presets with the default efficiencies (tests only).
+#[cfg(test)]
+pub(crate) fn preset_roofline(model: &str, gpu: &str) -> Roofline {
+    Roofline::new(
+        ModelArch::preset(model).unwrap(),
+        GpuSpec::preset(gpu).unwrap(),
+        Efficiency::default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::DEFAULT_MEM_UTIL;
 
     fn roof(model: &str, gpu: &str) -> Roofline {
-        Roofline::new(
-            ModelArch::preset(model).unwrap(),
-            GpuSpec::preset(gpu).unwrap(),
-            Efficiency::default(),
-        )
+        preset_roofline(model, gpu)
     }
 
     #[test]
