@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use easerve_calib::profile::today_utc;
 use easerve_calib::refine::{refine_encode, EncodeSample};
 use easerve_calib::{vidur, Efficiency, GpuSpec, GridSpec, Profile, Roofline};
@@ -121,10 +120,22 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 ))
             })?;
             let date = date.unwrap_or_else(today_utc);
+            let valid_date = {
+                let f: Vec<&str> = date.split('-').collect();
+                let n = |i: usize, lo: u32, hi: u32| {
+                    f.get(i)
+                        .and_then(|x| x.parse::<u32>().ok())
+                        .is_some_and(|v| (lo..=hi).contains(&v))
+                };
+                f.len() == 3 && f[0].len() == 4 && n(0, 1900, 9999) && n(1, 1, 12) && n(2, 1, 31)
+            };
+            if !valid_date {
+                return Err(BadInput(format!("--date {date}: expected a date YYYY-MM-DD")).into());
+            }
             let r = Roofline::new(m, g, Efficiency::default());
             let p = Profile::from_roofline(&r, &GridSpec::default(), &date);
             p.save(&output)
-                .with_context(|| format!("cannot write {}", output.display()))?;
+                .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
             // what was written must read back
             Profile::load(&output).map_err(|e| anyhow::anyhow!("written profile invalid: {e}"))?;
             eprintln!(
@@ -146,7 +157,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             print!("{}", render_import(&imp, &dir));
             if let Some(out) = output {
                 std::fs::write(&out, rust_constants(&imp, &dir))
-                    .with_context(|| format!("cannot write {}", out.display()))?;
+                    .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
                 eprintln!("wrote {}", out.display());
             }
             Ok(ExitCode::SUCCESS)
@@ -211,7 +222,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 );
             }
             p.save(&output)
-                .with_context(|| format!("cannot write {}", output.display()))?;
+                .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
             eprintln!("wrote {}", output.display());
             Ok(ExitCode::SUCCESS)
         }
