@@ -343,7 +343,10 @@ impl LineChart {
 
         for (i, (series, points)) in self.series.iter().zip(data).enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            let line = color.stroke_width(2);
+            // past the palette, series repeat a colour with a thinner line and
+            // another marker shape
+            let round = i / PALETTE.len();
+            let line = color.stroke_width(if round == 0 { 2 } else { 1 });
             let vertices = if self.step {
                 step_vertices(points)
             } else {
@@ -355,9 +358,26 @@ impl LineChart {
                 .label(series.name.as_str())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], line));
             if !self.step {
-                chart
-                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                    .map_err(e)?;
+                match round {
+                    0 => chart
+                        .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                        .map(|_| ()),
+                    1 => chart
+                        .draw_series(
+                            points
+                                .iter()
+                                .map(|&p| TriangleMarker::new(p, 4, color.filled())),
+                        )
+                        .map(|_| ()),
+                    _ => chart
+                        .draw_series(
+                            points
+                                .iter()
+                                .map(|&p| Cross::new(p, 4, color.stroke_width(1))),
+                        )
+                        .map(|_| ()),
+                }
+                .map_err(e)?;
             }
         }
 
@@ -366,7 +386,7 @@ impl LineChart {
                 .configure_series_labels()
                 .position(SeriesLabelPosition::UpperRight)
                 .label_font((FONT_FAMILY, 13))
-                .background_style(WHITE.mix(0.85))
+                .background_style(WHITE.mix(0.6))
                 .border_style(BLACK)
                 .draw()
                 .map_err(e)?;
@@ -539,5 +559,33 @@ mod tests {
         assert_eq!(fmt_tick(120.0), "120");
         assert_eq!(fmt_tick(0.0001), "1e-4");
         assert_eq!(fmt_tick(250000.0), "2.5e5");
+    }
+
+    #[test]
+    fn series_past_the_palette_get_another_marker() {
+        let series: Vec<Series> = (0..9)
+            .map(|i| Series {
+                name: format!("s{i}"),
+                points: vec![(0.0, i as f64), (1.0, i as f64 + 1.0)],
+            })
+            .collect();
+        let chart = LineChart {
+            title: "many".into(),
+            x_label: "x".into(),
+            y_label: "y".into(),
+            y_scale: Scale::Linear,
+            series,
+            step: false,
+        };
+        let svg = chart.to_svg().unwrap();
+        assert!(
+            svg.contains("<polygon"),
+            "the ninth series should use triangle markers"
+        );
+        let eight = LineChart {
+            series: chart.series[..8].to_vec(),
+            ..chart.clone()
+        };
+        assert!(!eight.to_svg().unwrap().contains("<polygon"));
     }
 }
