@@ -36,6 +36,14 @@ pub enum EncoderKind {
         min_pixels: u64,
         /// Upper pixel bound of `smart_resize` for images (`max_pixels`, 12845056 = 14*14*4*16384).
         max_pixels: u64,
+        /// Lower per-frame pixel bound for video frames (default
+        /// [`crate::QWEN_VIDEO_MIN_PIXELS`], Qwen2.5-VL's video processor).
+        #[serde(default = "default_video_min_pixels")]
+        video_min_pixels: u64,
+        /// Upper per-frame pixel bound for video frames (default
+        /// [`crate::QWEN_VIDEO_MAX_PIXELS`]).
+        #[serde(default = "default_video_max_pixels")]
+        video_max_pixels: u64,
     },
     /// Whisper encoder + Ultravox stacking projector (audio only).
     Whisper {
@@ -48,6 +56,14 @@ pub enum EncoderKind {
         /// Ultravox `stack_factor` (8): frames stacked into one LLM token.
         stack: u32,
     },
+}
+
+fn default_video_min_pixels() -> u64 {
+    crate::QWEN_VIDEO_MIN_PIXELS
+}
+
+fn default_video_max_pixels() -> u64 {
+    crate::QWEN_VIDEO_MAX_PIXELS
 }
 
 /// A multimodal encoder (transformer + projector to the LLM's embedding space).

@@ -10,6 +10,7 @@
 //! 2. [`presets`]: the real-size and tiny presets, each citing its checkpoint's `config.json`.
 //! 3. [`tokens`]: how an image / video / audio clip becomes encoder and LLM tokens.
 //! 4. [`work`]: FLOPs and bytes of an encode pass, a prefill pass, a decode step.
+//! 5. `nn` (feature `nn`): burn modules with these shapes, for real execution.
 //!
 //! ```
 //! use easerve_model::ModelArch;
@@ -22,6 +23,8 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod arch;
+#[cfg(feature = "nn")]
+pub mod nn;
 pub mod presets;
 pub mod tokens;
 pub mod work;

@@ -15,10 +15,16 @@ pub const PRESET_NAMES: &[&str] = &[
     "tiny-qwenvl-lm",
     "tiny-whisper-lm",
     "text-lm-tiny",
+    "tiny-image",
+    "tiny-video",
+    "tiny-audio",
 ];
 
 /// BF16: 2 bytes per element (`torch_dtype: bfloat16` in all three real checkpoints).
 const BF16: u32 = 2;
+
+/// FP32: 4 bytes per element (the CPU presets run in f32 on burn's NdArray backend).
+const F32: u32 = 4;
 
 /// LLaVA-v1.6-34B (`liuhaotian/llava-v1.6-34b`, HF port `llava-hf/llava-v1.6-34b-hf`).
 ///
@@ -85,6 +91,8 @@ fn qwen25_vl_32b() -> ModelArch {
                 fullatt_every: 8,
                 min_pixels: 3136,
                 max_pixels: 12_845_056,
+                video_min_pixels: crate::QWEN_VIDEO_MIN_PIXELS,
+                video_max_pixels: crate::QWEN_VIDEO_MAX_PIXELS,
             },
             layers: 32,
             hidden: 1280,
@@ -206,6 +214,8 @@ fn tiny_qwenvl_lm() -> ModelArch {
                 fullatt_every: 2,
                 min_pixels: 3136,
                 max_pixels: 12_845_056,
+                video_min_pixels: crate::QWEN_VIDEO_MIN_PIXELS,
+                video_max_pixels: crate::QWEN_VIDEO_MAX_PIXELS,
             },
             layers: 4,
             hidden: 256,
@@ -254,6 +264,108 @@ fn text_lm_tiny() -> ModelArch {
     }
 }
 
+/// The LLM of the CPU presets: 4 layers, hidden 256, 4 heads, 2 KV heads, head_dim 64,
+/// SwiGLU FFN 768, vocab 4096 (made-up shapes, Llama-style; a decode step of a few
+/// sequences takes about a millisecond on one CPU core).
+fn cpu_llm() -> LlmArch {
+    LlmArch {
+        layers: 4,
+        hidden: 256,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 64,
+        ffn: 768,
+        vocab: 4096,
+        dtype_bytes: F32,
+    }
+}
+
+/// CPU preset for real execution, LLaVA-NeXT token rules scaled down: anyres tiles of
+/// 112 px, patch 14 (8*8 = 64 patches + CLS = 65 tokens per tile), pinpoints
+/// (112, 224), (224, 112), (224, 224); 2 blocks, hidden 256, 4 heads, GELU FFN 1024;
+/// projector Linear(256, 256) + GELU + Linear(256, 256). A 224x224 image is 5 tiles
+/// = 325 encoder tokens and 64 + 256 + 16 = 336 LLM tokens. Made-up shapes.
+fn tiny_image() -> ModelArch {
+    ModelArch {
+        name: "tiny-image".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::ClipAnyres {
+                image_size: 112,
+                patch: 14,
+                grid_pinpoints: vec![(112, 224), (224, 112), (224, 224)],
+            },
+            layers: 2,
+            hidden: 256,
+            heads: 4,
+            ffn: 1024,
+            gated_mlp: false,
+            projector_params: 2 * 256 * 256,
+            dtype_bytes: F32,
+        }),
+        llm: cpu_llm(),
+    }
+}
+
+/// CPU preset for real execution, Qwen2.5-VL token rules scaled down: patch 14,
+/// temporal patch 2, 2x2 merge, 56-px windows (4x4 patches), full attention every 2nd
+/// block; images 3136..50176 px (56x56..224x224), video frames 3136..12544 px
+/// (56x56..112x112); 2 blocks, hidden 256, 4 heads, SwiGLU FFN 512; merger
+/// Linear(1024, 1024) + GELU + Linear(1024, 256). Eight 112x112 frames are 4 temporal
+/// patches of 64 patches = 256 encoder tokens and 64 LLM tokens. Made-up shapes.
+fn tiny_video() -> ModelArch {
+    ModelArch {
+        name: "tiny-video".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::QwenVit {
+                patch: 14,
+                temporal_patch: 2,
+                spatial_merge: 2,
+                window_px: 56,
+                fullatt_every: 2,
+                min_pixels: 3136,
+                max_pixels: 50_176,
+                video_min_pixels: 3136,
+                video_max_pixels: 12_544,
+            },
+            layers: 2,
+            hidden: 256,
+            heads: 4,
+            ffn: 512,
+            gated_mlp: true,
+            projector_params: 1024 * 1024 + 1024 * 256,
+            dtype_bytes: F32,
+        }),
+        llm: cpu_llm(),
+    }
+}
+
+/// CPU preset for real execution, Whisper + Ultravox token rules scaled down: 5-s
+/// windows of 250 encoder frames (50 Hz after the stride-2 conv over 100 Hz log-mel
+/// frames), 80 mel bins, stack 8 (6.25 LLM tokens/s); 2 blocks, hidden 256, 4 heads,
+/// GELU FFN 1024; projector Linear(2048, 512) + SwiGLU + Linear(256, 256). A 4-s clip
+/// is 250 encoder tokens and 25 LLM tokens. Made-up shapes.
+fn tiny_audio() -> ModelArch {
+    ModelArch {
+        name: "tiny-audio".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::Whisper {
+                mel_bins: 80,
+                window_s: 5.0,
+                frames_per_window: 250,
+                stack: 8,
+            },
+            layers: 2,
+            hidden: 256,
+            heads: 4,
+            ffn: 1024,
+            gated_mlp: false,
+            projector_params: 2048 * 512 + 256 * 256,
+            dtype_bytes: F32,
+        }),
+        llm: cpu_llm(),
+    }
+}
+
 impl ModelArch {
     /// The preset called `name` (see [`ModelArch::preset_names`]), or `None`.
     pub fn preset(name: &str) -> Option<ModelArch> {
@@ -265,6 +377,9 @@ impl ModelArch {
             "tiny-qwenvl-lm" => tiny_qwenvl_lm(),
             "tiny-whisper-lm" => tiny_whisper_lm(),
             "text-lm-tiny" => text_lm_tiny(),
+            "tiny-image" => tiny_image(),
+            "tiny-video" => tiny_video(),
+            "tiny-audio" => tiny_audio(),
             _ => return None,
         })
     }

@@ -52,6 +52,14 @@ pub fn select_best_resolution(
 /// the `(grid_h*side) x (grid_w*side)` feature map is cropped back to the original
 /// aspect ratio, then one newline token is added per remaining row.
 fn unpadded_features(height: u32, width: u32, side: u64, grid_h: u64, grid_w: u64) -> (u64, u64) {
+    let (rows, cols) = unpadded_crop(height, width, side, grid_h, grid_w);
+    (rows * cols, rows)
+}
+
+/// `(rows, cols)` of the anyres feature map of an `height x width` image after the
+/// `(grid_h*side) x (grid_w*side)` map is cropped back to the original aspect ratio
+/// (HF `unpad_image`); the crop is centred.
+pub fn unpadded_crop(height: u32, width: u32, side: u64, grid_h: u64, grid_w: u64) -> (u64, u64) {
     let (oh, ow) = (f64::from(height), f64::from(width));
     let mut cur_h = side * grid_h;
     let mut cur_w = side * grid_w;
@@ -66,7 +74,7 @@ fn unpadded_features(height: u32, width: u32, side: u64, grid_h: u64, grid_w: u6
         let pad = cur_w.saturating_sub(new_w) / 2;
         cur_w -= 2 * pad;
     }
-    (cur_h * cur_w, cur_h)
+    (cur_h, cur_w)
 }
 
 /// Python's `round(x, 7)` (HF rounds before truncating, to absorb float noise).
@@ -172,7 +180,7 @@ impl ModelArch {
 
     /// Tokens of one video: `frames` = frames already sampled (at 2 fps for Qwen2.5-VL),
     /// each `height x width` pixels. Only Qwen2.5-VL takes video: frames are resized with
-    /// the video pixel bounds ([`QWEN_VIDEO_MIN_PIXELS`]..[`QWEN_VIDEO_MAX_PIXELS`]), padded
+    /// the arch's video pixel bounds (Qwen2.5-VL: [`QWEN_VIDEO_MIN_PIXELS`]..[`QWEN_VIDEO_MAX_PIXELS`]), padded
     /// to whole temporal patches; LLM tokens = ceil(frames/2) * (h'/28) * (w'/28)
     /// (16 frames of 448x448 -> 8*16*16 = 2048), encoder tokens 4x that, span = one
     /// temporal patch's (h'/14)*(w'/14) (full-attention layers attend per temporal patch,
@@ -192,6 +200,8 @@ impl ModelArch {
                 patch,
                 temporal_patch,
                 spatial_merge,
+                video_min_pixels,
+                video_max_pixels,
                 ..
             } => {
                 check_image(height, width)?;
@@ -201,13 +211,8 @@ impl ModelArch {
                     ));
                 }
                 let factor = patch * spatial_merge;
-                let (h, w) = smart_resize(
-                    height,
-                    width,
-                    factor,
-                    QWEN_VIDEO_MIN_PIXELS,
-                    QWEN_VIDEO_MAX_PIXELS,
-                )?;
+                let (h, w) =
+                    smart_resize(height, width, factor, *video_min_pixels, *video_max_pixels)?;
                 let t = u64::from(frames.div_ceil((*temporal_patch).max(1)));
                 Ok(qwen_tokens(t, h, w, *patch, *spatial_merge))
             }

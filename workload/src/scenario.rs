@@ -1420,7 +1420,15 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
             fullatt_every,
             min_pixels,
             max_pixels,
+            video_min_pixels,
+            video_max_pixels,
         } => {
+            if video_min_pixels > video_max_pixels {
+                return Err(
+                    "field `encoder.kind.QwenVit.video_min_pixels` must be ≤ `video_max_pixels`"
+                        .into(),
+                );
+            }
             if min_pixels > max_pixels {
                 return Err(
                     "field `encoder.kind.QwenVit.min_pixels` must be ≤ `max_pixels`".into(),
@@ -1433,6 +1441,7 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
                 ("QwenVit.window_px", u64::from(*window_px)),
                 ("QwenVit.fullatt_every", u64::from(*fullatt_every)),
                 ("QwenVit.max_pixels", *max_pixels),
+                ("QwenVit.video_max_pixels", *video_max_pixels),
             ]
         }
         EncoderKind::Whisper {

@@ -1,0 +1,208 @@
+//! Shape and equivalence tests of the burn modules on the NdArray backend.
+
+use burn::backend::NdArray;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
+
+use super::*;
+use crate::arch::ModelArch;
+
+type B = NdArray;
+
+fn model(name: &str) -> MultimodalModel<B> {
+    let device = Default::default();
+    B::seed(&device, 7);
+    MultimodalModel::from_arch(&ModelArch::preset(name).unwrap(), &device).unwrap()
+}
+
+fn rand<const D: usize>(shape: [usize; D]) -> Tensor<B, D> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+}
+
+/// Largest absolute difference between two tensors of equal shape.
+fn max_diff<const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> f32 {
+    assert_eq!(a.dims(), b.dims());
+    (a - b).abs().max().into_scalar()
+}
+
+fn anyres(gh: usize, gw: usize, rows: usize, cols: usize) -> EncoderItem<B> {
+    // tiny-image: 112-px tiles of 14-px patches -> 64 patches of 588 features.
+    EncoderItem::Anyres(AnyresImage {
+        tiles: rand([1 + gh * gw, 64, 588]),
+        grid_h: gh,
+        grid_w: gw,
+        crop_rows: rows,
+        crop_cols: cols,
+    })
+}
+
+fn qwen(t: usize, gh: usize, gw: usize) -> EncoderItem<B> {
+    EncoderItem::Qwen(QwenPatches {
+        patches: rand([t * gh * gw, 3 * 2 * 14 * 14]),
+        t,
+        grid_h: gh,
+        grid_w: gw,
+    })
+}
+
+fn audio(windows: usize, llm_tokens: usize) -> EncoderItem<B> {
+    EncoderItem::Audio(AudioClip {
+        mel: rand([windows, 80, 500]),
+        llm_tokens,
+    })
+}
+
+fn encode_rows(m: &MultimodalModel<B>, items: &[EncoderItem<B>]) -> Vec<[usize; 2]> {
+    m.encode(items).unwrap().iter().map(|t| t.dims()).collect()
+}
+
+#[test]
+fn anyres_output_rows_match_the_token_rule() {
+    let m = model("tiny-image");
+    let arch = ModelArch::preset("tiny-image").unwrap();
+    // 224x224 -> 2x2 grid, no crop: 64 + 16*16 + 16 = 336 = image_tokens.
+    let want = arch.image_tokens(224, 224).unwrap().llm_tokens as usize;
+    // 112x224 (h x w) -> grid 1x2 (8x16 map), crop none: 64 + 8*16 + 8.
+    let wide = arch.image_tokens(112, 224).unwrap().llm_tokens as usize;
+    let rows = encode_rows(&m, &[anyres(2, 2, 16, 16), anyres(1, 2, 8, 16)]);
+    assert_eq!(rows, vec![[want, 256], [wide, 256]]);
+}
+
+#[test]
+fn vit_shapes_with_and_without_windows() {
+    let device = Default::default();
+    for window in [None, Some(4)] {
+        let vit = VitConfig::new(112, 14, 64, 4, 2, 128)
+            .with_window(window)
+            .init::<B>(&device);
+        let out = vit.forward(rand([3, 64, 588]));
+        assert_eq!(out.dims(), [3, 64, 64]);
+    }
+}
+
+#[test]
+fn qwen_video_and_image_shapes() {
+    let m = model("tiny-video");
+    let arch = ModelArch::preset("tiny-video").unwrap();
+    // 8 frames of 112x112 -> 4 temporal patches of 8x8 patches -> 4*16 = 64 LLM tokens.
+    let v = arch.video_tokens(8, 112, 112).unwrap();
+    assert_eq!(v.llm_tokens, 64);
+    // A 6x10 patch grid has partial 4x4 windows at the edges.
+    let rows = encode_rows(&m, &[qwen(4, 8, 8), qwen(1, 6, 10)]);
+    assert_eq!(rows, vec![[64, 256], [15, 256]]);
+}
+
+#[test]
+fn whisper_output_rows_are_llm_tokens() {
+    let m = model("tiny-audio");
+    let arch = ModelArch::preset("tiny-audio").unwrap();
+    let t = arch.audio_tokens(4.0).unwrap();
+    assert_eq!((t.encoder_tokens, t.llm_tokens), (250, 25));
+    // 7 s: two windows, ceil(7*50/8) = 44 tokens.
+    let t7 = arch.audio_tokens(7.0).unwrap().llm_tokens as usize;
+    let rows = encode_rows(&m, &[audio(1, 25), audio(2, t7)]);
+    assert_eq!(rows, vec![[25, 256], [t7, 256]]);
+}
+
+#[test]
+fn batching_items_of_different_sizes_matches_one_by_one() {
+    let cases: Vec<(&str, Vec<EncoderItem<B>>)> = vec![
+        (
+            "tiny-image",
+            vec![
+                anyres(2, 2, 16, 16),
+                anyres(1, 2, 8, 16),
+                anyres(2, 1, 16, 6),
+            ],
+        ),
+        (
+            "tiny-video",
+            vec![qwen(4, 8, 8), qwen(1, 6, 10), qwen(2, 4, 4)],
+        ),
+        ("tiny-audio", vec![audio(1, 25), audio(2, 44), audio(1, 3)]),
+    ];
+    for (name, items) in cases {
+        let m = model(name);
+        let batched = m.encode(&items).unwrap();
+        for (i, item) in items.iter().enumerate() {
+            let alone = m.encode(std::slice::from_ref(item)).unwrap().remove(0);
+            let d = max_diff(batched[i].clone(), alone);
+            assert!(d < 1e-3, "{name} item {i}: batched vs alone differ by {d}");
+        }
+    }
+}
+
+#[test]
+fn wrong_item_family_is_an_error() {
+    let m = model("tiny-audio");
+    let err = m.encode(&[qwen(1, 4, 4)]).unwrap_err();
+    assert!(err.to_string().contains("cannot encode"), "{err}");
+}
+
+#[test]
+fn decode_with_kv_cache_matches_a_full_forward() {
+    let m = model("tiny-image");
+    let device = Default::default();
+    let prompt = rand([9, 256]);
+    let next = m.lm.embed_tokens(&[17, 4000, 3], &device);
+    let (logits0, mut caches) = m.lm.prefill(std::slice::from_ref(&prompt));
+    assert_eq!(logits0.dims(), [1, 4096]);
+    let mut last = logits0;
+    for i in 0..3 {
+        last = m.lm.decode(next.clone().narrow(0, i, 1), &mut caches);
+    }
+    assert_eq!(caches[0].len, 12);
+    let full = m.lm.forward_all(Tensor::cat(vec![prompt, next], 0));
+    assert_eq!(full.dims(), [12, 4096]);
+    let d = max_diff(full.narrow(0, 11, 1), last);
+    assert!(d < 1e-3, "cached decode differs from full forward by {d}");
+}
+
+#[test]
+fn batched_prefill_and_decode_match_single_sequences() {
+    let m = model("tiny-audio");
+    let device = Default::default();
+    let seqs = vec![rand([5, 256]), rand([11, 256]), rand([1, 256])];
+    let (logits, mut caches) = m.lm.prefill(&seqs);
+    assert_eq!(logits.dims(), [3, 4096]);
+    assert_eq!(
+        caches.iter().map(|c| c.len).collect::<Vec<_>>(),
+        vec![5, 11, 1]
+    );
+    let step = m.lm.embed_tokens(&[1, 2, 3], &device);
+    let batched = m.lm.decode(step.clone(), &mut caches);
+    for (i, s) in seqs.iter().enumerate() {
+        let (alone, mut c) = m.lm.prefill(std::slice::from_ref(s));
+        let d = max_diff(logits.clone().narrow(0, i, 1), alone);
+        assert!(d < 1e-3, "prefill seq {i}: {d}");
+        let one = m.lm.decode(step.clone().narrow(0, i, 1), &mut c);
+        let d = max_diff(batched.clone().narrow(0, i, 1), one);
+        assert!(d < 1e-3, "decode seq {i}: {d}");
+        assert_eq!(c[0].k[0].dims(), caches[i].k[0].dims());
+    }
+}
+
+#[test]
+fn segments_pack_unequal_lengths() {
+    let s = Segments::new([3, 0, 5]);
+    assert_eq!(s.lens(), &[3, 5]);
+    assert_eq!((s.total(), s.max_len()), (8, 5));
+    let attn = attention::SelfAttentionConfig::new(16, 2).init::<B>(&Default::default());
+    let x = rand([8, 16]);
+    let both = attn.forward(x.clone(), &s, None);
+    let first = attn.forward(x.clone().narrow(0, 0, 3), &Segments::new([3]), None);
+    let d = max_diff(both.narrow(0, 0, 3), first);
+    assert!(d < 1e-4, "{d}");
+}
+
+#[test]
+fn every_real_preset_builds_its_configs() {
+    // Building real-size weights on CPU would take gigabytes; check the shapes are
+    // accepted by constructing only the tiny ones and validating the real ones' heads.
+    for name in ["llava-v1.6-34b", "qwen2.5-vl-32b", "ultravox-v0.6-27b"] {
+        let a = ModelArch::preset(name).unwrap();
+        let e = a.encoder.unwrap();
+        assert_eq!(e.hidden % e.heads, 0, "{name}");
+        assert_eq!(a.llm.heads % a.llm.kv_heads, 0, "{name}");
+    }
+}
