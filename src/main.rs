@@ -6,6 +6,7 @@
 //! what is allowed).
 
 mod calib_cmd;
+mod profile_cmd;
 mod reproduce_cmd;
 mod search_cmd;
 mod sweep_cmd;
@@ -42,6 +43,10 @@ enum Command {
     /// Calibration: write, show, import, validate and refine stage-cost profiles.
     #[command(subcommand)]
     Calib(calib_cmd::CalibCommand),
+    /// Measure a model's stage-cost tables (encode, prefill, decode, transfer) on the
+    /// real backend and write them as a profile.
+    #[command(after_help = EXIT_CODES)]
+    Profile(profile_cmd::ProfileArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -106,6 +111,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Search(a) => search_cmd::run(a),
         Command::Sweep(a) => sweep_cmd::run(a),
         Command::Reproduce(a) => reproduce_cmd::run(a),
+        Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {
             let mut overrides = Overrides {
                 seed: a.seed,

@@ -16,7 +16,8 @@ pub struct LinkSpec {
 }
 
 /// Names accepted by [`LinkSpec::preset`].
-pub const LINK_PRESET_NAMES: &[&str] = &["pcie4-x16", "pcie5-x16", "nvlink3", "nvlink4"];
+pub const LINK_PRESET_NAMES: &[&str] =
+    &["pcie4-x16", "pcie5-x16", "nvlink3", "nvlink4", "loopback"];
 
 impl LinkSpec {
     /// The link preset called `name`, or `None`.
@@ -31,12 +32,16 @@ impl LinkSpec {
     ///   datasheet); latency 10 µs (assumption, NCCL small all-reduce on NVLink).
     /// * `nvlink4` (H100/H200 SXM): 900 GB/s total = 450 GB/s per direction (NVIDIA
     ///   H100 datasheet); latency 10 µs (assumption).
+    /// * `loopback`: local sockets between worker processes on one host (the CPU
+    ///   executor): 2 GB/s, 30 µs (assumptions; `easerve profile --device cpu`
+    ///   measures the real curve into the profile's transfer table).
     pub fn preset(name: &str) -> Option<LinkSpec> {
         let (bw, lat) = match name {
             "pcie4-x16" => (25.0, 15e-6),
             "pcie5-x16" => (50.0, 15e-6),
             "nvlink3" => (300.0, 10e-6),
             "nvlink4" => (450.0, 10e-6),
+            "loopback" => (2.0, 30e-6),
             _ => return None,
         };
         Some(LinkSpec {
@@ -80,7 +85,13 @@ pub struct GpuSpec {
 }
 
 /// Names accepted by [`GpuSpec::preset`].
-pub const GPU_PRESET_NAMES: &[&str] = &["rtx-6000-ada", "a100-sxm4-80gb", "h100-sxm", "h200-sxm"];
+pub const GPU_PRESET_NAMES: &[&str] = &[
+    "rtx-6000-ada",
+    "a100-sxm4-80gb",
+    "h100-sxm",
+    "h200-sxm",
+    "cpu",
+];
 
 impl GpuSpec {
     /// The GPU preset called `name`, or `None`.
@@ -94,12 +105,18 @@ impl GpuSpec {
     ///   datasheet).
     /// * `h200-sxm`: 989 TFLOPS, 4800 GB/s HBM3e, 141 GB, 132 SMs, NVLink4 (NVIDIA H200
     ///   datasheet).
+    /// * `cpu`: the host CPU as the real executor's device, nominal 2-core x86-64 figures
+    ///   (assumptions, not a datasheet): 0.19 TFLOPS = 2 cores * 2 FMA units * 8 f32
+    ///   lanes * 2 FLOP * 3 GHz (f32, not BF16), 20 GB/s memory, 24 GB, 2 "SMs" (one per
+    ///   core: the SM level of a CPU worker is its share of cores), `loopback` link.
+    ///   Use a measured profile (`easerve profile --device cpu`) for real figures.
     pub fn preset(name: &str) -> Option<GpuSpec> {
         let (tflops, bw, mem, sms, link) = match name {
             "rtx-6000-ada" => (364.0, 960.0, 48.0, 142, "pcie4-x16"),
             "a100-sxm4-80gb" => (312.0, 2039.0, 80.0, 108, "nvlink3"),
             "h100-sxm" => (989.0, 3350.0, 80.0, 132, "nvlink4"),
             "h200-sxm" => (989.0, 4800.0, 141.0, 132, "nvlink4"),
+            "cpu" => (0.192, 20.0, 24.0, 2, "loopback"),
             _ => return None,
         };
         Some(GpuSpec {

@@ -36,5 +36,5 @@ pub mod vidur;
 pub use cost::StageCost;
 pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
-pub use profile::{GridSpec, Profile, ProfileError, Provenance, Source};
+pub use profile::{monotone_envelope, GridSpec, Profile, ProfileError, Provenance, Source, Stage};
 pub use roofline::{EncodeTime, Roofline};

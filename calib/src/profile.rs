@@ -675,6 +675,67 @@ impl Profile {
         }
     }
 
+    /// A profile from measured rows, validated exactly as a file would be (full grid,
+    /// axes sorted, latency non-decreasing along work axes within
+    /// [`MONOTONE_TOLERANCE`]). Rows use the standard columns in seconds: encode
+    /// `[batch, encoder_tokens, sm_level, median, p90, t_pass, t_pre]`, prefill
+    /// `[tokens, tp, sm_level, median, p90]`, decode `[batch, context_tokens, tp,
+    /// median, p90]`, transfer `[bytes, median, p90]` over `provenance.link`. Rows may
+    /// come in any order; pass them through [`monotone_envelope`] first to remove
+    /// timing noise along work axes.
+    ///
+    /// Errors: what [`Profile::from_toml_str`] reports for the same tables.
+    pub fn from_measurements(
+        provenance: Provenance,
+        scalars: (f64, f64, String),
+        encode: Option<Vec<Vec<f64>>>,
+        prefill: Vec<Vec<f64>>,
+        decode: Vec<Vec<f64>>,
+        transfer: Vec<Vec<f64>>,
+    ) -> Result<Profile, ProfileError> {
+        let cols = |stage: Stage| -> Vec<String> {
+            let mut c: Vec<String> = stage.axes().iter().map(|a| a.to_string()).collect();
+            c.push("median".into());
+            c.extend(stage.optional_columns().iter().map(|a| a.to_string()));
+            c
+        };
+        let sorted = |mut rows: Vec<Vec<f64>>, axes: usize| {
+            rows.sort_by(|a, b| {
+                a[..axes]
+                    .iter()
+                    .zip(&b[..axes])
+                    .map(|(x, y)| x.total_cmp(y))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
+            rows
+        };
+        let table = |stage: Stage, link: Option<String>, rows: Vec<Vec<f64>>| {
+            let n = stage.axes().len();
+            Table::build(stage, link, TimeUnit::S, cols(stage), sorted(rows, n))
+        };
+        let link = provenance.link.clone();
+        let p = Profile {
+            origin: format!("<measured {} on {}>", provenance.model, provenance.device),
+            time_slice_penalty: scalars.0,
+            bandwidth_interference: scalars.1,
+            scalars_note: scalars.2,
+            encode: encode.map(|r| table(Stage::Encode, None, r)),
+            prefill: table(Stage::Prefill, None, prefill),
+            decode: table(Stage::Decode, None, decode),
+            transfer: vec![table(Stage::Transfer, Some(link.clone()), transfer)],
+            provenance,
+        };
+        let extra_dev = [p.provenance.device.clone()];
+        let checked = Profile::from_toml_str_with_devices(
+            &p.to_toml_string(),
+            &p.origin,
+            &extra_dev,
+            &[link],
+        )?;
+        Ok(checked)
+    }
+
     /// The profile in the canonical TOML layout (see `calib/README.md`).
     pub fn to_toml_string(&self) -> String {
         let q = |s: &str| toml::Value::String(s.to_string()).to_string();
@@ -1449,6 +1510,44 @@ impl Parser<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Make the `median` and `p90` of measured rows of `stage` non-decreasing along its
+/// work axes (a running maximum over the grid), so timing noise between neighbouring
+/// points does not make a table non-monotone. Rows are `[axes..., median, p90, ...]`
+/// as for [`Profile::from_measurements`]; other columns are left as measured.
+pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) {
+    let axes = stage.axes();
+    let na = axes.len();
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by(|&i, &j| {
+        rows[i][..na]
+            .iter()
+            .zip(&rows[j][..na])
+            .map(|(x, y)| x.total_cmp(y))
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    // Lexicographic order visits every lower point along each axis first.
+    for _ in 0..na {
+        for a in 0..na {
+            if !WORK_AXES.contains(&axes[a]) {
+                continue;
+            }
+            for (pos, &i) in order.iter().enumerate() {
+                let prev = order[..pos].iter().rev().find(|&&j| {
+                    (0..na).all(|d| d == a || rows[j][d] == rows[i][d]) && rows[j][a] < rows[i][a]
+                });
+                if let Some(&j) = prev {
+                    for c in [na, na + 1] {
+                        if c < rows[i].len() && rows[i][c] < rows[j][c] {
+                            rows[i][c] = rows[j][c];
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -1,1 +1,16 @@
-pub fn _x() {}
+//! The real executor's compute side: burn models on CPU (NdArray) or CUDA (feature
+//! `cuda`), real input decoding, and the profiler that measures calibration tables.
+//!
+//! Reading guide:
+//! 1. [`input`]: images / video / audio into the tensors each encoder takes.
+//! 2. [`mel`]: Whisper's log-mel spectrogram.
+//! 3. [`device`]: choosing the backend and bounding a worker's CPU threads.
+//! 4. [`profile`]: timing encode, prefill, decode and transfers into a profile.
+#![warn(missing_docs)]
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod device;
+pub mod input;
+pub mod mel;
+pub mod profile;

@@ -1,0 +1,129 @@
+//! CUDA profiling (feature `cuda`): burn's CUDA backend on GPU 0, SM levels through
+//! libsmctrl's TPC mask when `libsmctrl.so` can be loaded.
+//!
+//! libsmctrl (Bakita & Anderson, RTAS 2023; <https://www.cs.unc.edu/~jbakita/libsmctrl>)
+//! masks TPCs for every kernel the process launches afterwards
+//! (`libsmctrl_set_global_mask`, a set bit disables a TPC). It is loaded at run time
+//! with `libloading`; without it only SM level 1.0 is measured and the profile's
+//! method says so.
+
+use burn::backend::Cuda;
+use easerve_calib::{Efficiency, Profile, Provenance, Source};
+use easerve_model::ModelArch;
+
+use crate::profile::{
+    assemble, measure_level, measure_loopback, Plan, ProfileOptions, BURN_VERSION,
+};
+
+/// SM levels measured when libsmctrl is available.
+pub const SM_LEVELS: [f64; 5] = [0.2, 0.4, 0.6, 0.8, 1.0];
+
+/// libsmctrl, loaded at run time.
+pub struct SmCtrl {
+    lib: libloading::Library,
+    tpcs: u32,
+}
+
+impl SmCtrl {
+    /// Load `libsmctrl.so` and read GPU 0's TPC count.
+    ///
+    /// Errors: the library is not on the loader path (build it from
+    /// <http://rtsrv.cs.unc.edu/cgit/cgit.cgi/libsmctrl.git> and add its folder to
+    /// `LD_LIBRARY_PATH`), or it cannot read the TPC count.
+    pub fn load() -> Result<SmCtrl, String> {
+        // SAFETY: loading a C library whose initialisers only register CUDA callbacks.
+        let lib = unsafe { libloading::Library::new("libsmctrl.so") }.map_err(|e| {
+            format!("libsmctrl.so not found ({e}): build libsmctrl (http://rtsrv.cs.unc.edu/cgit/cgit.cgi/libsmctrl.git) and put its folder on LD_LIBRARY_PATH")
+        })?;
+        let mut tpcs = 0u32;
+        // SAFETY: signature from libsmctrl.h: int libsmctrl_get_tpc_info(uint32_t*, int).
+        let rc = unsafe {
+            let f: libloading::Symbol<unsafe extern "C" fn(*mut u32, i32) -> i32> = lib
+                .get(b"libsmctrl_get_tpc_info")
+                .map_err(|e| e.to_string())?;
+            f(&mut tpcs, 0)
+        };
+        if rc != 0 || tpcs == 0 {
+            return Err(format!("libsmctrl_get_tpc_info failed (rc {rc})"));
+        }
+        Ok(SmCtrl { lib, tpcs })
+    }
+
+    /// Enable the first `ceil(level * tpcs)` TPCs for kernels launched from now on.
+    pub fn set_level(&self, level: f64) -> Result<(), String> {
+        let n = self.tpcs.min(64);
+        let on = ((level * f64::from(n)).ceil() as u32).clamp(1, n);
+        let all = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let enabled = if on == 64 { u64::MAX } else { (1u64 << on) - 1 };
+        let mask = all & !enabled;
+        // SAFETY: signature from libsmctrl.h: void libsmctrl_set_global_mask(uint64_t).
+        unsafe {
+            let f: libloading::Symbol<unsafe extern "C" fn(u64)> = self
+                .lib
+                .get(b"libsmctrl_set_global_mask")
+                .map_err(|e| e.to_string())?;
+            f(mask);
+        }
+        Ok(())
+    }
+}
+
+/// Profile `arch` on GPU 0.
+pub fn profile_cuda(
+    arch: &ModelArch,
+    opts: &ProfileOptions,
+    date: &str,
+) -> Result<Profile, String> {
+    let plan = Plan::for_model(arch, opts.quick);
+    let device = burn::backend::cuda::CudaDevice::default();
+    let smctrl = SmCtrl::load();
+    let levels: Vec<f64> = match &smctrl {
+        Ok(_) => SM_LEVELS.to_vec(),
+        Err(e) => {
+            eprintln!("note: measuring SM level 1.0 only: {e}");
+            vec![1.0]
+        }
+    };
+    let mut rows = Vec::new();
+    for &level in &levels {
+        if let Ok(s) = &smctrl {
+            s.set_level(level)?;
+        }
+        rows.push(measure_level::<Cuda>(
+            arch,
+            &plan,
+            opts,
+            level,
+            level == 1.0,
+            &device,
+            &mut |p| eprintln!("level {level}: {p}"),
+        )?);
+    }
+    let transfer = measure_loopback(&plan, opts, &mut |_| {})?;
+    let eff = Efficiency::default();
+    let provenance = Provenance {
+        model: arch.name.clone(),
+        device: "cuda".into(),
+        link: "loopback".into(),
+        source: Source::Measured,
+        backend: format!("burn {BURN_VERSION} cuda (f32)"),
+        driver: "CUDA driver (dynamically loaded by cudarc)".into(),
+        libraries: vec![format!("burn {BURN_VERSION}"), format!("easerve-exec {}", env!("CARGO_PKG_VERSION"))],
+        date: date.into(),
+        method: format!(
+            "easerve profile --device cuda: {} warm-up + {} timed runs per point, median and p90; SM levels {:?} ({})",
+            opts.warmup,
+            opts.repetitions,
+            levels,
+            if smctrl.is_ok() { "libsmctrl TPC mask" } else { "libsmctrl absent: full GPU only" }
+        ),
+        repetitions: opts.repetitions,
+    };
+    assemble(
+        arch,
+        provenance,
+        (eff.time_slice_penalty, eff.bandwidth_interference),
+        rows,
+        transfer,
+    )
+}

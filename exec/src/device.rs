@@ -1,0 +1,130 @@
+//! Backend selection and per-process CPU thread bounds.
+//!
+//! On CPU, burn's NdArray backend computes with two thread pools: rayon's (burn-ndarray
+//! runs its parallel loops in rayon's *current* pool) and matrixmultiply's GEMM threads
+//! (`MATMUL_NUM_THREADS`, read once per process, capped at 4). A worker is therefore
+//! bounded per **process**: [`bound_cpu_threads`] sets both before the first tensor op.
+//! The "SM level" of a CPU worker is its thread share `threads / cores`; levels are
+//! measured in separate processes (see [`crate::profile`]).
+
+use std::str::FromStr;
+
+/// The device a worker computes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// burn's NdArray backend on the host CPU.
+    Cpu,
+    /// burn's CUDA backend (cargo feature `cuda`), GPU 0.
+    Cuda,
+}
+
+impl DeviceKind {
+    /// `"cpu"` or `"cuda"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl FromStr for DeviceKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cpu" => Ok(DeviceKind::Cpu),
+            "cuda" => Ok(DeviceKind::Cuda),
+            _ => Err(format!("unknown device `{s}`: expected cpu or cuda")),
+        }
+    }
+}
+
+/// Why a device cannot be used (the CLI exits 2 with this message).
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("{0}")]
+pub struct DeviceError(pub String);
+
+/// Cores this process may use (`std::thread::available_parallelism`, at least 1).
+pub fn cpu_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Bound this process's compute to `threads` CPU threads: rayon's global pool and
+/// matrixmultiply's GEMM threads. Call once, before any tensor operation.
+///
+/// Errors: `threads` 0, or the global pool already built with another size.
+pub fn bound_cpu_threads(threads: usize) -> Result<(), DeviceError> {
+    if threads == 0 {
+        return Err(DeviceError("--threads must be at least 1".into()));
+    }
+    // SAFETY-free in edition 2021; done before any worker thread starts.
+    std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build_global()
+    {
+        Ok(()) => Ok(()),
+        Err(_) if rayon::current_num_threads() == threads => Ok(()),
+        Err(e) => Err(DeviceError(format!(
+            "cannot bound CPU threads to {threads}: {e} (rayon already runs {} threads)",
+            rayon::current_num_threads()
+        ))),
+    }
+}
+
+/// Check that `kind` can run here.
+///
+/// Errors: `cuda` in a build without the `cuda` feature, or without an NVIDIA
+/// driver (`libcuda.so`) on this machine; each a one-line message saying what to do.
+pub fn check_device(kind: DeviceKind) -> Result<(), DeviceError> {
+    match kind {
+        DeviceKind::Cpu => Ok(()),
+        DeviceKind::Cuda => cuda_ready(),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_ready() -> Result<(), DeviceError> {
+    Err(DeviceError(
+        "--device cuda needs a build with the `cuda` feature: cargo build --release --features cuda".into(),
+    ))
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_ready() -> Result<(), DeviceError> {
+    // SAFETY: probes for the driver library with dlopen; no CUDA call is made.
+    let present = unsafe { cudarc::driver::sys::is_culib_present() };
+    if present {
+        Ok(())
+    } else {
+        Err(DeviceError(
+            "--device cuda: no NVIDIA driver found (libcuda.so could not be loaded); install the NVIDIA driver or use --device cpu".into(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse() {
+        assert_eq!("cpu".parse::<DeviceKind>(), Ok(DeviceKind::Cpu));
+        assert_eq!("cuda".parse::<DeviceKind>(), Ok(DeviceKind::Cuda));
+        assert!("tpu"
+            .parse::<DeviceKind>()
+            .unwrap_err()
+            .contains("cpu or cuda"));
+    }
+
+    #[test]
+    fn cuda_without_a_driver_or_feature_is_a_clear_error() {
+        if check_device(DeviceKind::Cuda).is_ok() {
+            eprintln!("skipping: a CUDA driver is present");
+            return;
+        }
+        let e = check_device(DeviceKind::Cuda).unwrap_err().0;
+        assert!(e.starts_with("--device cuda"), "{e}");
+        assert!(!e.contains('\n'));
+    }
+}

@@ -1,0 +1,558 @@
+//! Real inputs: decoding, resizing and patching as each model's preprocessor does,
+//! and deterministic synthetic media when a workload names no files.
+//!
+//! * Images: PNG / JPEG through the `image` crate, bicubic (Catmull-Rom) resize,
+//!   CLIP normalisation (mean 0.48145466, 0.4578275, 0.40821073; std 0.26862954,
+//!   0.26130258, 0.27577711: `OPENAI_CLIP_MEAN/STD` in HF `image_utils`, used by both
+//!   the LLaVA-NeXT and Qwen2-VL image processors).
+//! * LLaVA-NeXT anyres: best pinpoint resolution, aspect-preserving resize, centred
+//!   black padding, tiles in raster order after a base tile of the whole image.
+//! * Qwen2.5-VL: `smart_resize` to multiples of 28, frames grouped in temporal
+//!   patches of 2 (an image's frame duplicated, a video padded with its last frame).
+//! * Audio: WAV through `hound`, mixed to mono, resampled linearly to 16 kHz, log-mel
+//!   per [`crate::mel`], padded with silence to whole windows.
+//! * Video: a folder of frames (sorted by file name) or a list of image files.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use easerve_model::nn::{AnyresImage, AudioClip, EncoderItem, QwenPatches};
+use easerve_model::tokens::{select_best_resolution, smart_resize, unpadded_crop};
+use easerve_model::{EncoderKind, ItemTokens, ModelArch};
+use easerve_sched::MmItem;
+use image::imageops::FilterType;
+use image::{Rgb, RgbImage};
+
+use crate::mel::{log_mel, HOP, SAMPLE_RATE};
+
+/// CLIP normalisation mean per RGB channel (HF `OPENAI_CLIP_MEAN`).
+pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+/// CLIP normalisation std per RGB channel (HF `OPENAI_CLIP_STD`).
+pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+
+/// Why an input could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// A file could not be read or decoded.
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// The input does not suit the model (wrong modality, bad size).
+    #[error("{0}")]
+    Model(String),
+}
+
+fn file_err(path: &Path, message: impl ToString) -> InputError {
+    InputError::File {
+        path: path.to_path_buf(),
+        message: message.to_string(),
+    }
+}
+
+/// A decoded multimodal input.
+#[derive(Clone, Debug)]
+pub enum Media {
+    /// An RGB image.
+    Image(RgbImage),
+    /// Video frames (all resized to the first frame's size when prepared).
+    Video(Vec<RgbImage>),
+    /// Mono audio at 16 kHz, samples in `[-1, 1]`.
+    Audio(Vec<f32>),
+}
+
+impl Media {
+    /// Decode an image file (PNG or JPEG).
+    pub fn image(path: &Path) -> Result<Media, InputError> {
+        Ok(Media::Image(read_rgb(path)?))
+    }
+
+    /// Decode a video: `path` is a folder of frame images (sorted by name).
+    pub fn video_dir(path: &Path) -> Result<Media, InputError> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| file_err(path, format!("cannot list frames: {e}")))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                    matches!(e.to_ascii_lowercase().as_str(), "png" | "jpg" | "jpeg")
+                })
+            })
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            return Err(file_err(path, "no .png/.jpg frames in the folder"));
+        }
+        Media::video_frames(&files)
+    }
+
+    /// Decode a video from a list of frame images.
+    pub fn video_frames(files: &[PathBuf]) -> Result<Media, InputError> {
+        let frames = files
+            .iter()
+            .map(|f| read_rgb(f))
+            .collect::<Result<Vec<_>, _>>()?;
+        if frames.is_empty() {
+            return Err(InputError::Model("a video needs at least one frame".into()));
+        }
+        Ok(Media::Video(frames))
+    }
+
+    /// Decode a WAV file (PCM integer or float), mix to mono, resample to 16 kHz.
+    pub fn wav(path: &Path) -> Result<Media, InputError> {
+        let mut r = hound::WavReader::open(path).map_err(|e| file_err(path, e))?;
+        let spec = r.spec();
+        let ch = usize::from(spec.channels.max(1));
+        let raw: Vec<f32> = match spec.sample_format {
+            hound::SampleFormat::Float => r
+                .samples::<f32>()
+                .collect::<Result<_, _>>()
+                .map_err(|e| file_err(path, e))?,
+            hound::SampleFormat::Int => {
+                let scale = 1.0 / (1u64 << (spec.bits_per_sample.clamp(1, 32) - 1)) as f32;
+                r.samples::<i32>()
+                    .map(|s| s.map(|v| v as f32 * scale))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| file_err(path, e))?
+            }
+        };
+        let mono: Vec<f32> = raw
+            .chunks(ch)
+            .map(|c| c.iter().sum::<f32>() / ch as f32)
+            .collect();
+        if mono.is_empty() {
+            return Err(file_err(path, "no samples"));
+        }
+        Ok(Media::Audio(resample(&mono, spec.sample_rate, SAMPLE_RATE)))
+    }
+
+    /// Decode `path` by its extension: `.wav` audio, `.png`/`.jpg`/`.jpeg` image, a
+    /// folder of frames as video.
+    pub fn open(path: &Path) -> Result<Media, InputError> {
+        if path.is_dir() {
+            return Media::video_dir(path);
+        }
+        match path
+            .extension()
+            .and_then(|e| e.to_str())
+            .map(|e| e.to_ascii_lowercase())
+            .as_deref()
+        {
+            Some("wav") => Media::wav(path),
+            Some("png" | "jpg" | "jpeg") => Media::image(path),
+            _ => Err(file_err(
+                path,
+                "unknown input kind: expected .png, .jpg, .jpeg, .wav or a folder of frames",
+            )),
+        }
+    }
+
+    /// Deterministic synthetic media with the shape of `item`: a test pattern image
+    /// (colour gradients and a checkerboard shifted by `seed`), frames of that pattern
+    /// moving one pixel per frame, or a tone sweep with a little seeded noise.
+    pub fn synthetic(item: &MmItem, seed: u64) -> Media {
+        match *item {
+            MmItem::Image { height, width } => Media::Image(pattern(height, width, seed, 0)),
+            MmItem::Video {
+                frames,
+                height,
+                width,
+            } => Media::Video(
+                (0..frames.max(1))
+                    .map(|f| pattern(height, width, seed, f))
+                    .collect(),
+            ),
+            MmItem::Audio { seconds } => {
+                let n = (seconds.max(0.0) * f64::from(SAMPLE_RATE)).round() as usize;
+                let f0 = 200.0 + (seed % 7) as f32 * 50.0;
+                let mut state = seed | 1;
+                Media::Audio(
+                    (0..n.max(1))
+                        .map(|i| {
+                            // xorshift noise at -40 dB.
+                            state ^= state << 13;
+                            state ^= state >> 7;
+                            state ^= state << 17;
+                            let noise = (state % 2001) as f32 / 1000.0 - 1.0;
+                            let t = i as f32 / SAMPLE_RATE as f32;
+                            0.5 * (2.0 * std::f32::consts::PI * (f0 + 100.0 * t) * t).sin()
+                                + 0.01 * noise
+                        })
+                        .collect(),
+                )
+            }
+        }
+    }
+}
+
+fn read_rgb(path: &Path) -> Result<RgbImage, InputError> {
+    let img = image::ImageReader::open(path)
+        .map_err(|e| file_err(path, e))?
+        .with_guessed_format()
+        .map_err(|e| file_err(path, e))?
+        .decode()
+        .map_err(|e| file_err(path, e))?;
+    Ok(img.to_rgb8())
+}
+
+fn pattern(height: u32, width: u32, seed: u64, frame: u32) -> RgbImage {
+    let (h, w) = (height.max(1), width.max(1));
+    let shift = (seed % 97) as u32 + frame;
+    RgbImage::from_fn(w, h, |x, y| {
+        let checker = if ((x + shift) / 8 + y / 8) % 2 == 0 {
+            40
+        } else {
+            0
+        };
+        Rgb([
+            ((x * 215 / w) + checker) as u8,
+            ((y * 215 / h) + checker) as u8,
+            (((x + y + shift) % 256) as u8) / 2,
+        ])
+    })
+}
+
+/// Linear-interpolation resampling (adequate for timing; not band-limited).
+fn resample(x: &[f32], from: u32, to: u32) -> Vec<f32> {
+    if from == to || x.len() < 2 {
+        return x.to_vec();
+    }
+    let n = (x.len() as f64 * f64::from(to) / f64::from(from)).round() as usize;
+    (0..n)
+        .map(|i| {
+            let pos = i as f64 * f64::from(from) / f64::from(to);
+            let j = (pos.floor() as usize).min(x.len() - 2);
+            let frac = (pos - j as f64) as f32;
+            x[j] * (1.0 - frac) + x[j + 1] * frac
+        })
+        .collect()
+}
+
+/// A preprocessed item on the host, ready to move to a device.
+#[derive(Clone, Debug)]
+pub enum HostItem {
+    /// LLaVA-NeXT anyres tiles `[tiles, side^2, 3*patch^2]`.
+    Anyres {
+        /// Row-major values.
+        data: Vec<f32>,
+        /// `[tiles, side^2, 3*patch^2]`.
+        shape: [usize; 3],
+        /// Grid tiles per column.
+        grid_h: usize,
+        /// Grid tiles per row.
+        grid_w: usize,
+        /// Feature rows kept after unpadding.
+        crop_rows: usize,
+        /// Feature columns kept after unpadding.
+        crop_cols: usize,
+    },
+    /// Qwen patches `[t*gh*gw, 3*tp*patch^2]`.
+    Qwen {
+        /// Row-major values.
+        data: Vec<f32>,
+        /// `[t*gh*gw, 3*tp*patch^2]`.
+        shape: [usize; 2],
+        /// Temporal patches.
+        t: usize,
+        /// Patch rows.
+        grid_h: usize,
+        /// Patch columns.
+        grid_w: usize,
+    },
+    /// Whisper log-mel windows `[windows, mel_bins, 2*frames_per_window]`.
+    Audio {
+        /// Row-major values.
+        data: Vec<f32>,
+        /// `[windows, mel_bins, 2*frames_per_window]`.
+        shape: [usize; 3],
+        /// LLM tokens of the clip.
+        llm_tokens: usize,
+    },
+}
+
+impl HostItem {
+    /// The item as a tensor input of the model on `device`.
+    pub fn to_device<B: Backend>(&self, device: &B::Device) -> EncoderItem<B> {
+        match self {
+            HostItem::Anyres {
+                data,
+                shape,
+                grid_h,
+                grid_w,
+                crop_rows,
+                crop_cols,
+            } => EncoderItem::Anyres(AnyresImage {
+                tiles: Tensor::from_data(TensorData::new(data.clone(), *shape), device),
+                grid_h: *grid_h,
+                grid_w: *grid_w,
+                crop_rows: *crop_rows,
+                crop_cols: *crop_cols,
+            }),
+            HostItem::Qwen {
+                data,
+                shape,
+                t,
+                grid_h,
+                grid_w,
+            } => EncoderItem::Qwen(QwenPatches {
+                patches: Tensor::from_data(TensorData::new(data.clone(), *shape), device),
+                t: *t,
+                grid_h: *grid_h,
+                grid_w: *grid_w,
+            }),
+            HostItem::Audio {
+                data,
+                shape,
+                llm_tokens,
+            } => EncoderItem::Audio(AudioClip {
+                mel: Tensor::from_data(TensorData::new(data.clone(), *shape), device),
+                llm_tokens: *llm_tokens,
+            }),
+        }
+    }
+}
+
+/// A preprocessed item with its token counts (as `ModelArch` counts them).
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    /// Host tensors for the encoder.
+    pub item: HostItem,
+    /// Encoder and LLM tokens of the item.
+    pub tokens: ItemTokens,
+}
+
+fn resize(img: &RgbImage, h: u32, w: u32) -> RgbImage {
+    if img.height() == h && img.width() == w {
+        return img.clone();
+    }
+    image::imageops::resize(img, w.max(1), h.max(1), FilterType::CatmullRom)
+}
+
+/// Normalised value of channel `c` at `(x, y)`.
+fn norm_px(img: &RgbImage, x: u32, y: u32, c: usize) -> f32 {
+    (f32::from(img.get_pixel(x, y)[c]) / 255.0 - CLIP_MEAN[c]) / CLIP_STD[c]
+}
+
+/// Patches of a square tile, raster order, each flattened `(c, y, x)`.
+fn tile_patches(tile: &RgbImage, x0: u32, y0: u32, side: u32, patch: u32, out: &mut Vec<f32>) {
+    let g = side / patch;
+    for pr in 0..g {
+        for pc in 0..g {
+            for c in 0..3 {
+                for y in 0..patch {
+                    for x in 0..patch {
+                        out.push(norm_px(tile, x0 + pc * patch + x, y0 + pr * patch + y, c));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Preprocess `media` for `arch`'s encoder.
+///
+/// Errors ([`InputError::Model`]): a text-only model, a modality the encoder does not
+/// take (e.g. audio for an image model), or a size the token rules reject.
+pub fn prepare(arch: &ModelArch, media: &Media) -> Result<Prepared, InputError> {
+    let enc = arch
+        .encoder
+        .as_ref()
+        .ok_or_else(|| InputError::Model(format!("model {} has no encoder", arch.name)))?;
+    let model_err = |e: easerve_model::ModelError| InputError::Model(e.to_string());
+    match (&enc.kind, media) {
+        (
+            EncoderKind::ClipAnyres {
+                image_size,
+                patch,
+                grid_pinpoints,
+            },
+            Media::Image(img),
+        ) => {
+            let tokens = arch
+                .image_tokens(img.height(), img.width())
+                .map_err(model_err)?;
+            let (is, p) = (*image_size, *patch);
+            let (bh, bw) = select_best_resolution(img.height(), img.width(), grid_pinpoints)
+                .unwrap_or((is, is));
+            let (gh, gw) = ((bh / is).max(1), (bw / is).max(1));
+            // Aspect-preserving resize into (bh, bw), centred on black.
+            let scale = (f64::from(bw) / f64::from(img.width()))
+                .min(f64::from(bh) / f64::from(img.height()));
+            let nw = ((f64::from(img.width()) * scale).ceil() as u32).clamp(1, bw);
+            let nh = ((f64::from(img.height()) * scale).ceil() as u32).clamp(1, bh);
+            let mut canvas = RgbImage::new(gw * is, gh * is);
+            image::imageops::overlay(
+                &mut canvas,
+                &resize(img, nh, nw),
+                i64::from((gw * is - nw) / 2),
+                i64::from((gh * is - nh) / 2),
+            );
+            let side = is / p;
+            let n = (side * side) as usize;
+            let tiles = 1 + (gh * gw) as usize;
+            let mut data = Vec::with_capacity(tiles * n * (3 * p * p) as usize);
+            tile_patches(&resize(img, is, is), 0, 0, is, p, &mut data);
+            for r in 0..gh {
+                for c in 0..gw {
+                    tile_patches(&canvas, c * is, r * is, is, p, &mut data);
+                }
+            }
+            let (rows, cols) = unpadded_crop(
+                img.height(),
+                img.width(),
+                u64::from(side),
+                u64::from(gh),
+                u64::from(gw),
+            );
+            Ok(Prepared {
+                item: HostItem::Anyres {
+                    data,
+                    shape: [tiles, n, (3 * p * p) as usize],
+                    grid_h: gh as usize,
+                    grid_w: gw as usize,
+                    crop_rows: rows as usize,
+                    crop_cols: cols as usize,
+                },
+                tokens,
+            })
+        }
+        (
+            EncoderKind::QwenVit {
+                patch,
+                temporal_patch,
+                spatial_merge,
+                min_pixels,
+                max_pixels,
+                ..
+            },
+            Media::Image(_) | Media::Video(_),
+        ) => {
+            let (frames, tokens, (h, w)) = match media {
+                Media::Image(img) => {
+                    let t = arch
+                        .image_tokens(img.height(), img.width())
+                        .map_err(model_err)?;
+                    let hw = smart_resize(
+                        img.height(),
+                        img.width(),
+                        patch * spatial_merge,
+                        *min_pixels,
+                        *max_pixels,
+                    )
+                    .map_err(model_err)?;
+                    (std::slice::from_ref(img), t, hw)
+                }
+                Media::Video(f) => {
+                    let (fh, fw) = (f[0].height(), f[0].width());
+                    let t = arch
+                        .video_tokens(f.len() as u32, fh, fw)
+                        .map_err(model_err)?;
+                    let EncoderKind::QwenVit {
+                        video_min_pixels,
+                        video_max_pixels,
+                        ..
+                    } = &enc.kind
+                    else {
+                        unreachable!("matched QwenVit above")
+                    };
+                    let hw = smart_resize(
+                        fh,
+                        fw,
+                        patch * spatial_merge,
+                        *video_min_pixels,
+                        *video_max_pixels,
+                    )
+                    .map_err(model_err)?;
+                    (f.as_slice(), t, hw)
+                }
+                Media::Audio(_) => unreachable!("matched image or video above"),
+            };
+            let (h, w) = (h as u32, w as u32);
+            let resized: Vec<RgbImage> = frames.iter().map(|f| resize(f, h, w)).collect();
+            let tp = (*temporal_patch).max(1) as usize;
+            let t = resized.len().div_ceil(tp).max(1);
+            let p = *patch;
+            let (gh, gw) = ((h / p) as usize, (w / p) as usize);
+            let dim = 3 * tp * (p * p) as usize;
+            let mut data = Vec::with_capacity(t * gh * gw * dim);
+            for ti in 0..t {
+                // Frames of this temporal patch; missing ones repeat the last frame.
+                let fr: Vec<&RgbImage> = (0..tp)
+                    .map(|k| &resized[(ti * tp + k).min(resized.len() - 1)])
+                    .collect();
+                for pr in 0..gh as u32 {
+                    for pc in 0..gw as u32 {
+                        for c in 0..3 {
+                            for f in &fr {
+                                for y in 0..p {
+                                    for x in 0..p {
+                                        data.push(norm_px(f, pc * p + x, pr * p + y, c));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Ok(Prepared {
+                item: HostItem::Qwen {
+                    data,
+                    shape: [t * gh * gw, dim],
+                    t,
+                    grid_h: gh,
+                    grid_w: gw,
+                },
+                tokens,
+            })
+        }
+        (
+            EncoderKind::Whisper {
+                mel_bins,
+                window_s,
+                frames_per_window,
+                ..
+            },
+            Media::Audio(samples),
+        ) => {
+            let seconds = samples.len() as f64 / f64::from(SAMPLE_RATE);
+            let tokens = arch.audio_tokens(seconds).map_err(model_err)?;
+            let mel_frames = 2 * *frames_per_window as usize;
+            let per_window = (window_s * f64::from(SAMPLE_RATE)).round() as usize;
+            if per_window != mel_frames * HOP {
+                return Err(InputError::Model(format!(
+                    "model {}: a {window_s}-s window has {} mel frames at 100 Hz, but the encoder takes 2 x {frames_per_window}",
+                    arch.name,
+                    per_window / HOP
+                )));
+            }
+            let windows = samples.len().div_ceil(per_window).max(1);
+            let bins = *mel_bins as usize;
+            let mut data = Vec::with_capacity(windows * bins * mel_frames);
+            for wi in 0..windows {
+                let chunk = &samples[(wi * per_window).min(samples.len())
+                    ..((wi + 1) * per_window).min(samples.len())];
+                data.extend(log_mel(chunk, bins, mel_frames));
+            }
+            Ok(Prepared {
+                item: HostItem::Audio {
+                    data,
+                    shape: [windows, bins, mel_frames],
+                    llm_tokens: tokens.llm_tokens as usize,
+                },
+                tokens,
+            })
+        }
+        (_, m) => Err(InputError::Model(format!(
+            "model {} cannot encode {}",
+            arch.name,
+            match m {
+                Media::Image(_) => "an image",
+                Media::Video(_) => "a video",
+                Media::Audio(_) => "audio",
+            }
+        ))),
+    }
+}

@@ -1,0 +1,604 @@
+//! `easerve profile`: measure the calibration tables of a model on the real backend.
+//!
+//! What is timed (each point: `warmup` untimed runs, then `repetitions` timed runs;
+//! the median and 90th percentile are written, in seconds):
+//! * **encode** — a micro-batch of `batch` identical synthetic items (one per
+//!   encoder-token size of [`Plan`]); `t_pre` is the host preprocessing of the batch
+//!   (resize, patching, log-mel), the rest is host→device copy + encoder + projector.
+//!   `t_pass` is 0: the fixed per-pass cost is inside the measured forward.
+//! * **prefill** — one sequence of `tokens` input embeddings through the LM (KV cache
+//!   written, last-position logits).
+//! * **decode** — one step for `batch` sequences sharing `context_tokens` cached
+//!   positions evenly (random caches of the right shape; timing does not depend on
+//!   values).
+//! * **transfer** — a `bytes` message over a loopback TCP socket and a 1-byte ack.
+//!
+//! SM levels: on CPU a level is the thread share `threads / cores`; every level runs in
+//! its own process (see [`crate::device`]), started by the caller's `spawn` function.
+//! Decode is measured at the full level only (the decode table has no SM axis). On
+//! CUDA only level 1.0 is measured: partial-SM levels need libsmctrl, which this build
+//! does not drive.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Distribution, Tensor};
+use easerve_calib::{
+    monotone_envelope, Efficiency, Profile, ProfileError, Provenance, Source, Stage,
+};
+use easerve_model::nn::{KvCache, MultimodalModel};
+use easerve_model::tokens::select_best_resolution;
+use easerve_model::{EncoderKind, ModelArch};
+use easerve_sched::MmItem;
+use serde::{Deserialize, Serialize};
+
+use crate::device::DeviceKind;
+use crate::input::{prepare, Media};
+
+/// burn version the executor is built against (pinned in the workspace manifest).
+pub const BURN_VERSION: &str = "0.21.0";
+
+/// Measurement settings.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ProfileOptions {
+    /// Timed runs per point (≥ 1).
+    pub repetitions: u32,
+    /// Untimed runs before them.
+    pub warmup: u32,
+    /// Seed of the weights and synthetic inputs.
+    pub seed: u64,
+    /// A smaller grid (2 encode batches, 4 prefill sizes, 2x2 decode points) for tests.
+    pub quick: bool,
+}
+
+impl Default for ProfileOptions {
+    fn default() -> Self {
+        ProfileOptions {
+            repetitions: 5,
+            warmup: 2,
+            seed: 0,
+            quick: false,
+        }
+    }
+}
+
+/// One encode grid point's item and its encoder tokens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EncodeItem {
+    /// The synthetic item's shape.
+    pub item: MmItem,
+    /// Its encoder tokens (`ModelArch` token rules).
+    pub encoder_tokens: u64,
+}
+
+/// The grid of one profile run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Plan {
+    /// Encode micro-batch sizes.
+    pub encode_batch: Vec<usize>,
+    /// Items of distinct encoder-token sizes, ascending.
+    pub encode_items: Vec<EncodeItem>,
+    /// Prefill sequence lengths (tokens).
+    pub prefill_tokens: Vec<usize>,
+    /// Decode batch sizes.
+    pub decode_batch: Vec<usize>,
+    /// Decode total context tokens (split evenly over the batch).
+    pub decode_context: Vec<usize>,
+    /// Transfer sizes in bytes.
+    pub transfer_bytes: Vec<usize>,
+}
+
+impl Plan {
+    /// The grid for `arch`: items of each distinct encoder size the preprocessor
+    /// produces (anyres: one image per tile count; Qwen: 2, 4, 8, 16 frames at the
+    /// largest video frame; Whisper: 1, 2, 4 windows), batches 1, 2, 4, 8, prefill
+    /// 16..2048 tokens, decode batch 1..16 x context 256, 1024, 4096, transfers
+    /// 1 KiB..64 MiB.
+    pub fn for_model(arch: &ModelArch, quick: bool) -> Plan {
+        let mut items: Vec<EncodeItem> = Vec::new();
+        let mut push = |item: MmItem| {
+            let t = match item {
+                MmItem::Image { height, width } => arch.image_tokens(height, width),
+                MmItem::Video {
+                    frames,
+                    height,
+                    width,
+                } => arch.video_tokens(frames, height, width),
+                MmItem::Audio { seconds } => arch.audio_tokens(seconds),
+            };
+            if let Ok(t) = t {
+                if !items.iter().any(|i| i.encoder_tokens == t.encoder_tokens) {
+                    items.push(EncodeItem {
+                        item,
+                        encoder_tokens: t.encoder_tokens,
+                    });
+                }
+            }
+        };
+        match arch.encoder.as_ref().map(|e| &e.kind) {
+            Some(EncoderKind::ClipAnyres { grid_pinpoints, .. }) => {
+                for &(h, w) in grid_pinpoints {
+                    if select_best_resolution(h, w, grid_pinpoints).is_some() {
+                        push(MmItem::Image {
+                            height: h,
+                            width: w,
+                        });
+                    }
+                }
+            }
+            Some(EncoderKind::QwenVit {
+                video_max_pixels, ..
+            }) => {
+                let side = ((*video_max_pixels as f64).sqrt() as u32).max(28);
+                for frames in [2, 4, 8, 16] {
+                    push(MmItem::Video {
+                        frames,
+                        height: side,
+                        width: side,
+                    });
+                }
+            }
+            Some(EncoderKind::Whisper { window_s, .. }) => {
+                for w in [1.0, 2.0, 4.0] {
+                    push(MmItem::Audio {
+                        seconds: w * window_s,
+                    });
+                }
+            }
+            None => {}
+        }
+        items.sort_by_key(|i| i.encoder_tokens);
+        if quick {
+            items.truncate(2);
+        }
+        let pick = |full: Vec<usize>, q: Vec<usize>| if quick { q } else { full };
+        Plan {
+            encode_batch: pick(vec![1, 2, 4, 8], vec![1, 2]),
+            encode_items: items,
+            prefill_tokens: pick((4..=11).map(|e| 1 << e).collect(), vec![16, 64, 256, 512]),
+            decode_batch: pick(vec![1, 2, 4, 8, 16], vec![1, 4]),
+            decode_context: pick(vec![256, 1024, 4096], vec![256, 1024]),
+            transfer_bytes: pick(
+                (0..=8).map(|e| 1024 << (2 * e)).collect(),
+                vec![1024, 1 << 20],
+            ),
+        }
+    }
+
+    /// Grid points one level measures (encode + prefill, plus decode at full level).
+    pub fn points_per_level(&self, with_decode: bool) -> usize {
+        self.encode_batch.len() * self.encode_items.len()
+            + self.prefill_tokens.len()
+            + if with_decode {
+                self.decode_batch.len() * self.decode_context.len()
+            } else {
+                0
+            }
+    }
+}
+
+/// Rows measured at one SM level (columns as [`Profile::from_measurements`]).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LevelRows {
+    /// Encode rows.
+    pub encode: Vec<Vec<f64>>,
+    /// Prefill rows.
+    pub prefill: Vec<Vec<f64>>,
+    /// Decode rows (full level only).
+    pub decode: Vec<Vec<f64>>,
+}
+
+/// Median and 90th percentile (nearest rank) of `xs`.
+fn median_p90(xs: &mut [f64]) -> (f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    let med = if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    };
+    let p90 = xs[((0.9 * n as f64).ceil() as usize).clamp(1, n) - 1];
+    (med, p90.max(med))
+}
+
+/// Time `f` `warmup + reps` times; returns (median, p90) of the timed runs and the
+/// mean of the side value `f` reports (e.g. preprocessing seconds).
+fn time_point<F: FnMut() -> f64>(opts: &ProfileOptions, mut f: F) -> (f64, f64, f64) {
+    for _ in 0..opts.warmup {
+        f();
+    }
+    let reps = opts.repetitions.max(1) as usize;
+    let mut ts = Vec::with_capacity(reps);
+    let mut side = 0.0;
+    for _ in 0..reps {
+        let t0 = Instant::now();
+        side += f();
+        ts.push(t0.elapsed().as_secs_f64());
+    }
+    let (m, p) = median_p90(&mut ts);
+    (m, p, side / reps as f64)
+}
+
+/// Measure encode and prefill (and decode when `with_decode`) at `sm_level` in this
+/// process, calling `progress` after each point with its label.
+pub fn measure_level<B: Backend>(
+    arch: &ModelArch,
+    plan: &Plan,
+    opts: &ProfileOptions,
+    sm_level: f64,
+    with_decode: bool,
+    device: &B::Device,
+    progress: &mut dyn FnMut(&str),
+) -> Result<LevelRows, String> {
+    B::seed(device, opts.seed);
+    let model = MultimodalModel::<B>::from_arch(arch, device).map_err(|e| e.to_string())?;
+    let sync = || B::sync(device).map_err(|e| format!("device sync failed: {e:?}"));
+    let mut rows = LevelRows::default();
+    for ei in &plan.encode_items {
+        let media = Media::synthetic(&ei.item, opts.seed);
+        for &b in &plan.encode_batch {
+            let mut err = None;
+            let (m, p, pre) = time_point(opts, || {
+                let t0 = Instant::now();
+                let prepared: Vec<_> = (0..b).map(|_| prepare(arch, &media)).collect();
+                let pre = t0.elapsed().as_secs_f64();
+                let items: Result<Vec<_>, _> = prepared
+                    .into_iter()
+                    .map(|p| p.map(|p| p.item.to_device::<B>(device)))
+                    .collect();
+                match items
+                    .map_err(|e| e.to_string())
+                    .and_then(|it| model.encode(&it).map_err(|e| e.to_string()))
+                {
+                    Ok(out) => drop(out),
+                    Err(e) => err = Some(e),
+                }
+                if let Err(e) = sync() {
+                    err = Some(e);
+                }
+                pre
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+            rows.encode.push(vec![
+                b as f64,
+                ei.encoder_tokens as f64,
+                sm_level,
+                m,
+                p,
+                0.0,
+                pre.min(m),
+            ]);
+            progress(&format!("encode b={b} tokens={}", ei.encoder_tokens));
+        }
+    }
+    let d = model.lm.d_model();
+    for &n in &plan.prefill_tokens {
+        let x: Tensor<B, 2> = Tensor::random([n, d], Distribution::Normal(0.0, 1.0), device);
+        let mut err = None;
+        let (m, p, _) = time_point(opts, || {
+            let out = model.lm.prefill(std::slice::from_ref(&x));
+            drop(out);
+            if let Err(e) = sync() {
+                err = Some(e);
+            }
+            0.0
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        rows.prefill.push(vec![n as f64, 1.0, sm_level, m, p]);
+        progress(&format!("prefill tokens={n}"));
+    }
+    if with_decode {
+        let l = &arch.llm;
+        for &b in &plan.decode_batch {
+            for &c in &plan.decode_context {
+                let per = (c / b).max(1);
+                let kv = || -> Tensor<B, 3> {
+                    Tensor::random(
+                        [l.kv_heads as usize, per, l.head_dim as usize],
+                        Distribution::Normal(0.0, 1.0),
+                        device,
+                    )
+                };
+                let base: Vec<KvCache<B>> = (0..b)
+                    .map(|_| KvCache {
+                        k: (0..l.layers).map(|_| kv()).collect(),
+                        v: (0..l.layers).map(|_| kv()).collect(),
+                        len: per,
+                    })
+                    .collect();
+                let x: Tensor<B, 2> =
+                    Tensor::random([b, d], Distribution::Normal(0.0, 1.0), device);
+                let mut err = None;
+                let (m, p, _) = time_point(opts, || {
+                    let mut caches = base.clone();
+                    let out = model.lm.decode(x.clone(), &mut caches);
+                    drop(out);
+                    if let Err(e) = sync() {
+                        err = Some(e);
+                    }
+                    0.0
+                });
+                if let Some(e) = err {
+                    return Err(e);
+                }
+                rows.decode
+                    .push(vec![b as f64, (per * b) as f64, 1.0, m, p]);
+                progress(&format!("decode b={b} context={}", per * b));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Time `bytes`-sized messages over a loopback TCP socket (send + 1-byte ack).
+pub fn measure_loopback(
+    plan: &Plan,
+    opts: &ProfileOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Vec<f64>>, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("loopback socket: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let sizes = plan.transfer_bytes.clone();
+    let per_size = (opts.warmup + opts.repetitions.max(1)) as usize;
+    let server = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; 1 << 20];
+        for &n in &sizes {
+            for _ in 0..per_size {
+                let mut left = n;
+                while left > 0 {
+                    let k = s.read(&mut buf[..left.min(1 << 20)])?;
+                    if k == 0 {
+                        return Ok(());
+                    }
+                    left -= k;
+                }
+                s.write_all(&[1])?;
+            }
+        }
+        Ok(())
+    });
+    let mut c = TcpStream::connect(addr).map_err(|e| format!("loopback connect: {e}"))?;
+    c.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut rows = Vec::new();
+    for &n in &plan.transfer_bytes {
+        let msg = vec![7u8; n];
+        let mut ack = [0u8; 1];
+        let mut failed = None;
+        let (m, p, _) = time_point(opts, || {
+            if let Err(e) = c.write_all(&msg).and_then(|_| c.read_exact(&mut ack)) {
+                failed = Some(e.to_string());
+            }
+            0.0
+        });
+        if let Some(e) = failed {
+            return Err(format!("loopback transfer of {n} bytes: {e}"));
+        }
+        rows.push(vec![n as f64, m, p]);
+        progress(&format!("transfer bytes={n}"));
+    }
+    drop(c);
+    server
+        .join()
+        .map_err(|_| "loopback server panicked".to_string())?
+        .map_err(|e| e.to_string())?;
+    Ok(rows)
+}
+
+/// A line a level process prints on stdout: progress, or its result.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum LevelMessage {
+    /// One grid point finished.
+    Point(String),
+    /// All rows of the level.
+    Rows(LevelRows),
+    /// The level failed.
+    Failed(String),
+}
+
+/// The CPU model name from `/proc/cpuinfo` (or "unknown CPU").
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// Run a CPU profile: one child process per thread level `1..=cores` (started by
+/// `spawn(threads)`, which must run this crate's level entry point with
+/// [`LevelMessage`] lines on stdout), loopback transfers in this process, then
+/// assemble and validate the profile.
+///
+/// Errors: a level process that fails or prints no rows; a profile the validator
+/// rejects.
+pub fn profile_cpu(
+    arch: &ModelArch,
+    opts: &ProfileOptions,
+    cores: usize,
+    spawn: &dyn Fn(usize) -> Command,
+    progress: &mut dyn FnMut(&str),
+    date: &str,
+) -> Result<Profile, String> {
+    let plan = Plan::for_model(arch, opts.quick);
+    let mut levels = Vec::new();
+    for threads in 1..=cores.max(1) {
+        let mut cmd = spawn(threads);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start the level process: {e}"))?;
+        let out = child.stdout.take().ok_or("level process has no stdout")?;
+        let mut rows = None;
+        for line in BufReader::new(out).lines() {
+            let line = line.map_err(|e| e.to_string())?;
+            match serde_json::from_str::<LevelMessage>(&line) {
+                Ok(LevelMessage::Point(p)) => progress(&format!("{threads}/{cores} threads: {p}")),
+                Ok(LevelMessage::Rows(r)) => rows = Some(r),
+                Ok(LevelMessage::Failed(e)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let status = child.wait().map_err(|e| e.to_string())?;
+        let rows = rows.ok_or_else(|| {
+            format!("the {threads}-thread level process exited ({status}) without results")
+        })?;
+        levels.push(rows);
+    }
+    let transfer = measure_loopback(&plan, opts, progress)?;
+    let eff = Efficiency::default();
+    let provenance = Provenance {
+        model: arch.name.clone(),
+        device: "cpu".into(),
+        link: "loopback".into(),
+        source: Source::Measured,
+        backend: format!("burn {BURN_VERSION} ndarray (f32)"),
+        driver: format!("{} ({cores} cores)", cpu_name()),
+        libraries: vec![
+            format!("burn {BURN_VERSION}"),
+            format!("easerve-exec {}", env!("CARGO_PKG_VERSION")),
+        ],
+        date: date.into(),
+        method: format!(
+            "easerve profile: {} warm-up + {} timed runs per point, median and p90; SM level = threads/cores ({cores} cores), one process per level (rayon pool + MATMUL_NUM_THREADS); encode t_pre = host preprocessing of synthetic items, t_pass = 0 (inside the forward); decode with random caches of the given context; transfer = loopback TCP message + 1-byte ack; latencies made non-decreasing along work axes (running max)",
+            opts.warmup, opts.repetitions
+        ),
+        repetitions: opts.repetitions,
+    };
+    assemble(
+        arch,
+        provenance,
+        (eff.time_slice_penalty, eff.bandwidth_interference),
+        levels,
+        transfer,
+    )
+}
+
+/// Merge level rows into a validated profile (decode from the level that has it).
+pub fn assemble(
+    arch: &ModelArch,
+    provenance: Provenance,
+    scalars: (f64, f64),
+    levels: Vec<LevelRows>,
+    mut transfer: Vec<Vec<f64>>,
+) -> Result<Profile, String> {
+    let mut encode = Vec::new();
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for l in levels {
+        encode.extend(l.encode);
+        prefill.extend(l.prefill);
+        decode.extend(l.decode);
+    }
+    let fix = |stage: Stage, rows: &mut Vec<Vec<f64>>, na: usize| {
+        monotone_envelope(stage, rows);
+        for r in rows.iter_mut() {
+            r[na + 1] = r[na + 1].max(r[na]);
+        }
+    };
+    fix(Stage::Encode, &mut encode, 3);
+    fix(Stage::Prefill, &mut prefill, 3);
+    fix(Stage::Decode, &mut decode, 3);
+    fix(Stage::Transfer, &mut transfer, 1);
+    let note =
+        "not measured: easerve-calib Efficiency defaults (assumptions, see calib/src/eff.rs)"
+            .to_string();
+    Profile::from_measurements(
+        provenance,
+        (scalars.0, scalars.1, note),
+        arch.encoder.as_ref().map(|_| encode),
+        prefill,
+        decode,
+        transfer,
+    )
+    .map_err(|e: ProfileError| format!("measured profile failed validation: {e}"))
+}
+
+/// The entry point of a level process: bound threads, measure, print
+/// [`LevelMessage`] lines on stdout.
+pub fn run_level_cpu(
+    arch: &ModelArch,
+    opts: &ProfileOptions,
+    threads: usize,
+    cores: usize,
+) -> Result<(), String> {
+    crate::device::bound_cpu_threads(threads).map_err(|e| e.0)?;
+    let plan = Plan::for_model(arch, opts.quick);
+    let mut out = std::io::stdout().lock();
+    let mut emit = |m: &LevelMessage| {
+        let _ = writeln!(out, "{}", serde_json::to_string(m).unwrap_or_default());
+        let _ = out.flush();
+    };
+    let device = Default::default();
+    let level = threads as f64 / cores.max(1) as f64;
+    let res = measure_level::<burn::backend::NdArray>(
+        arch,
+        &plan,
+        opts,
+        level,
+        threads == cores,
+        &device,
+        &mut |p| emit(&LevelMessage::Point(p.to_string())),
+    );
+    match res {
+        Ok(rows) => {
+            emit(&LevelMessage::Rows(rows));
+            Ok(())
+        }
+        Err(e) => {
+            emit(&LevelMessage::Failed(e.clone()));
+            Err(e)
+        }
+    }
+}
+
+/// Device name used in provenance for `kind`.
+pub fn device_name(kind: DeviceKind) -> &'static str {
+    match kind {
+        DeviceKind::Cpu => "cpu",
+        DeviceKind::Cuda => "cuda",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_p90_by_nearest_rank() {
+        let mut xs = vec![5.0, 1.0, 3.0, 2.0, 4.0];
+        assert_eq!(median_p90(&mut xs), (3.0, 5.0));
+        let mut ys: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(median_p90(&mut ys), (5.5, 9.0));
+    }
+
+    #[test]
+    fn plans_have_distinct_encoder_sizes() {
+        for name in ["tiny-image", "tiny-video", "tiny-audio", "llava-v1.6-34b"] {
+            let arch = ModelArch::preset(name).unwrap();
+            let plan = Plan::for_model(&arch, false);
+            assert!(
+                plan.encode_items.len() >= 2,
+                "{name}: {:?}",
+                plan.encode_items
+            );
+            let t: Vec<u64> = plan.encode_items.iter().map(|i| i.encoder_tokens).collect();
+            assert!(t.windows(2).all(|w| w[0] < w[1]), "{name}: {t:?}");
+        }
+        let p = Plan::for_model(&ModelArch::preset("tiny-image").unwrap(), false);
+        let t: Vec<u64> = p.encode_items.iter().map(|i| i.encoder_tokens).collect();
+        assert_eq!(t, vec![195, 325]);
+    }
+}

@@ -1,0 +1,167 @@
+//! `easerve profile`: measure a model's stage-cost tables on the real backend.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use easerve_calib::profile::today_utc;
+use easerve_exec::device::{check_device, cpu_cores, DeviceKind};
+use easerve_exec::profile::{profile_cpu, run_level_cpu, Plan, ProfileOptions};
+use easerve_model::ModelArch;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::BadInput;
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct ProfileArgs {
+    /// Model preset to build and time (e.g. tiny-image, tiny-video, tiny-audio; the
+    /// real-size presets need a GPU).
+    #[arg(long)]
+    model: String,
+    /// cpu (burn NdArray; SM level = share of CPU threads) or cuda (needs a build
+    /// with `--features cuda` and an NVIDIA driver; measures SM level 1.0 only).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Write the profile here (TOML, see calib/README.md); without it the profile
+    /// goes to stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Timed runs per grid point.
+    #[arg(long, default_value_t = 5)]
+    repetitions: u32,
+    /// Untimed warm-up runs per grid point.
+    #[arg(long, default_value_t = 2)]
+    warmup: u32,
+    /// Seed of the random weights and synthetic inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// A reduced grid (for smoke tests): 2 encode sizes x 2 batches, 4 prefill sizes,
+    /// 2 x 2 decode points.
+    #[arg(long)]
+    quick: bool,
+    /// Internal: measure one CPU thread level in this process.
+    #[arg(long, hide = true)]
+    level_threads: Option<usize>,
+    /// Internal: cores the levels divide (set by the parent process).
+    #[arg(long, hide = true)]
+    cores: Option<usize>,
+}
+
+pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
+    let arch = ModelArch::preset(&a.model).ok_or_else(|| {
+        BadInput(format!(
+            "--model: unknown model `{}` (known: {})",
+            a.model,
+            ModelArch::preset_names().join(", ")
+        ))
+    })?;
+    let kind: DeviceKind = a
+        .device
+        .parse()
+        .map_err(|e: String| BadInput(format!("--device: {e}")))?;
+    if a.repetitions == 0 {
+        return Err(BadInput("--repetitions must be at least 1".into()).into());
+    }
+    check_device(kind).map_err(|e| BadInput(e.0))?;
+    let opts = ProfileOptions {
+        repetitions: a.repetitions,
+        warmup: a.warmup,
+        seed: a.seed,
+        quick: a.quick,
+    };
+    let cores = a.cores.unwrap_or_else(cpu_cores);
+    if let Some(threads) = a.level_threads {
+        run_level_cpu(&arch, &opts, threads, cores).map_err(anyhow::Error::msg)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if kind == DeviceKind::Cuda {
+        return cuda_profile(&arch, &opts, &a);
+    }
+    // Fail on an unwritable output before minutes of measuring.
+    if let Some(out) = &a.output {
+        std::fs::write(out, "")
+            .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
+    }
+    let plan = Plan::for_model(&arch, opts.quick);
+    let total = (1..=cores)
+        .map(|t| plan.points_per_level(t == cores))
+        .sum::<usize>()
+        + plan.transfer_bytes.len();
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new(total as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    let exe = std::env::current_exe()?;
+    let spawn = |threads: usize| {
+        let mut c = Command::new(&exe);
+        c.args(["profile", "--model", &a.model, "--device", "cpu"])
+            .args(["--repetitions", &a.repetitions.to_string()])
+            .args(["--warmup", &a.warmup.to_string()])
+            .args(["--seed", &a.seed.to_string()])
+            .args(["--level-threads", &threads.to_string()])
+            .args(["--cores", &cores.to_string()]);
+        if a.quick {
+            c.arg("--quick");
+        }
+        c.env("MATMUL_NUM_THREADS", threads.to_string())
+            .env("RAYON_NUM_THREADS", threads.to_string());
+        c
+    };
+    let profile = profile_cpu(
+        &arch,
+        &opts,
+        cores,
+        &spawn,
+        &mut |msg| {
+            bar.inc(1);
+            bar.set_message(msg.to_string());
+        },
+        &today_utc(),
+    )
+    .map_err(anyhow::Error::msg)?;
+    bar.finish_and_clear();
+    let text = profile.to_toml_string();
+    match &a.output {
+        Some(out) => {
+            std::fs::write(out, text)
+                .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
+            eprintln!(
+                "wrote {} ({} on {} cores, {} timed runs per point)",
+                out.display(),
+                arch.name,
+                cores,
+                a.repetitions
+            );
+        }
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_profile(_: &ModelArch, _: &ProfileOptions, _: &ProfileArgs) -> anyhow::Result<ExitCode> {
+    unreachable!("check_device rejects cuda in builds without the feature")
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_profile(
+    arch: &ModelArch,
+    opts: &ProfileOptions,
+    a: &ProfileArgs,
+) -> anyhow::Result<ExitCode> {
+    let text = easerve_exec::cuda::profile_cuda(arch, opts, &today_utc())
+        .map_err(anyhow::Error::msg)?
+        .to_toml_string();
+    match &a.output {
+        Some(out) => std::fs::write(out, text)
+            .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?,
+        None => print!("{text}"),
+    }
+    Ok(ExitCode::SUCCESS)
+}
