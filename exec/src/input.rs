@@ -29,6 +29,7 @@ use crate::mel::{log_mel, HOP, SAMPLE_RATE};
 /// CLIP normalisation mean per RGB channel (HF `OPENAI_CLIP_MEAN`).
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
 /// CLIP normalisation std per RGB channel (HF `OPENAI_CLIP_STD`).
+#[allow(clippy::excessive_precision)] // the published 8-digit constants, as HF writes them
 pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
 
 /// Why an input could not be used.
@@ -202,7 +203,7 @@ fn pattern(height: u32, width: u32, seed: u64, frame: u32) -> RgbImage {
     let (h, w) = (height.max(1), width.max(1));
     let shift = (seed % 97) as u32 + frame;
     RgbImage::from_fn(w, h, |x, y| {
-        let checker = if ((x + shift) / 8 + y / 8) % 2 == 0 {
+        let checker = if ((x + shift) / 8 + y / 8).is_multiple_of(2) {
             40
         } else {
             0

@@ -119,7 +119,11 @@ impl<B: Backend> MultimodalModel<B> {
             message: m,
         };
         let l = &arch.llm;
-        if l.heads == 0 || l.kv_heads == 0 || l.heads % l.kv_heads != 0 || l.head_dim % 2 != 0 {
+        if l.heads == 0
+            || l.kv_heads == 0
+            || !l.heads.is_multiple_of(l.kv_heads)
+            || !l.head_dim.is_multiple_of(2)
+        {
             return Err(bad(format!(
                 "LLM heads {} must be a positive multiple of KV heads {} and head_dim {} even",
                 l.heads, l.kv_heads, l.head_dim
@@ -133,7 +137,11 @@ impl<B: Backend> MultimodalModel<B> {
         };
         if let Some(e) = &arch.encoder {
             let (d, heads) = (e.hidden as usize, e.heads as usize);
-            if heads == 0 || d % heads != 0 || (d / heads) % 2 != 0 || e.layers == 0 {
+            if heads == 0
+                || !d.is_multiple_of(heads)
+                || !(d / heads).is_multiple_of(2)
+                || e.layers == 0
+            {
                 return Err(bad(format!(
                     "encoder width {d} must split into {heads} heads of even width, with ≥ 1 layer"
                 )));
