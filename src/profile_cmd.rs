@@ -5,8 +5,11 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use easerve_calib::profile::today_utc;
+use easerve_exec::device::cpu_levels;
 use easerve_exec::device::{check_device, cpu_cores, DeviceKind};
-use easerve_exec::profile::{profile_cpu, run_level_cpu, Plan, ProfileOptions};
+use easerve_exec::profile::{
+    available_memory, f32_weight_bytes, profile_cpu, run_level_cpu, Plan, ProfileOptions,
+};
 use easerve_model::ModelArch;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -19,7 +22,8 @@ pub(crate) struct ProfileArgs {
     #[arg(long)]
     model: String,
     /// cpu (burn NdArray; SM level = share of CPU threads) or cuda (needs a build
-    /// with `--features cuda` and an NVIDIA driver; measures SM level 1.0 only).
+    /// with `--features cuda` and an NVIDIA driver; SM levels 0.2..1.0 through
+    /// libsmctrl when libsmctrl.so is on the loader path, else level 1.0 only).
     #[arg(long, default_value = "cpu")]
     device: String,
     /// Write the profile here (TOML, see calib/README.md); without it the profile
@@ -74,16 +78,33 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
         run_level_cpu(&arch, &opts, threads, cores).map_err(anyhow::Error::msg)?;
         return Ok(ExitCode::SUCCESS);
     }
+    // Fail on an unwritable output before minutes of measuring (without truncating
+    // an existing file).
+    if let Some(out) = &a.output {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(out)
+            .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
+    }
     if kind == DeviceKind::Cuda {
         return cuda_profile(&arch, &opts, &a);
     }
-    // Fail on an unwritable output before minutes of measuring.
-    if let Some(out) = &a.output {
-        std::fs::write(out, "")
-            .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
+    let need = f32_weight_bytes(&arch);
+    if let Some(avail) = available_memory() {
+        if need > 0.8 * avail {
+            return Err(BadInput(format!(
+                "--model {}: its f32 weights need {:.1} GB, more than this machine's {:.1} GB available; use a tiny-* preset on CPU or --device cuda",
+                arch.name,
+                need / 1e9,
+                avail / 1e9
+            ))
+            .into());
+        }
     }
     let plan = Plan::for_model(&arch, opts.quick);
-    let total = (1..=cores)
+    let total = cpu_levels(cores)
+        .into_iter()
         .map(|t| plan.points_per_level(t == cores))
         .sum::<usize>()
         + plan.transfer_bytes.len();
@@ -155,9 +176,18 @@ fn cuda_profile(
     opts: &ProfileOptions,
     a: &ProfileArgs,
 ) -> anyhow::Result<ExitCode> {
-    let text = easerve_exec::cuda::profile_cuda(arch, opts, &today_utc())
-        .map_err(anyhow::Error::msg)?
-        .to_toml_string();
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new_spinner()
+    } else {
+        ProgressBar::hidden()
+    };
+    let text = easerve_exec::cuda::profile_cuda(arch, opts, &today_utc(), &mut |msg| {
+        bar.inc(1);
+        bar.set_message(msg.to_string());
+    })
+    .map_err(anyhow::Error::msg)?
+    .to_toml_string();
+    bar.finish_and_clear();
     match &a.output {
         Some(out) => std::fs::write(out, text)
             .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?,

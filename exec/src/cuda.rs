@@ -6,14 +6,21 @@
 //! (`libsmctrl_set_global_mask`, a set bit disables a TPC). It is loaded at run time
 //! with `libloading`; without it only SM level 1.0 is measured and the profile's
 //! method says so.
+//!
+//! Weights and activations are BF16 (`Cuda<bf16>`), as the real checkpoints are
+//! served, so the real-size presets fit: LLaVA-v1.6-34B's LM is 68.8 GB.
 
 use burn::backend::Cuda;
+use burn::tensor::bf16;
 use easerve_calib::{Efficiency, Profile, Provenance, Source};
 use easerve_model::ModelArch;
 
 use crate::profile::{
     assemble, measure_level, measure_loopback, Plan, ProfileOptions, BURN_VERSION,
 };
+
+/// The GPU backend: burn CUDA in BF16.
+pub type Gpu = Cuda<bf16>;
 
 /// SM levels measured when libsmctrl is available.
 pub const SM_LEVELS: [f64; 5] = [0.2, 0.4, 0.6, 0.8, 1.0];
@@ -49,10 +56,14 @@ impl SmCtrl {
         Ok(SmCtrl { lib, tpcs })
     }
 
-    /// Enable the first `ceil(level * tpcs)` TPCs for kernels launched from now on.
-    pub fn set_level(&self, level: f64) -> Result<(), String> {
+    /// Enable about `level * tpcs` TPCs for kernels launched from now on; returns
+    /// the share actually enabled. The mask has 64 bits, so on GPUs with more TPCs
+    /// (H100/H200: 66) the TPCs past 64 stay enabled and count in the share.
+    pub fn set_level(&self, level: f64) -> Result<f64, String> {
         let n = self.tpcs.min(64);
-        let on = ((level * f64::from(n)).ceil() as u32).clamp(1, n);
+        let always = self.tpcs - n;
+        let want = (level * f64::from(self.tpcs)).ceil() as u32;
+        let on = want.saturating_sub(always).clamp(1, n);
         let all = if n == 64 { u64::MAX } else { (1u64 << n) - 1 };
         let enabled = if on == 64 { u64::MAX } else { (1u64 << on) - 1 };
         let mask = all & !enabled;
@@ -64,15 +75,16 @@ impl SmCtrl {
                 .map_err(|e| e.to_string())?;
             f(mask);
         }
-        Ok(())
+        Ok(f64::from(on + always) / f64::from(self.tpcs))
     }
 }
 
-/// Profile `arch` on GPU 0.
+/// Profile `arch` on GPU 0, calling `progress` after each grid point.
 pub fn profile_cuda(
     arch: &ModelArch,
     opts: &ProfileOptions,
     date: &str,
+    progress: &mut dyn FnMut(&str),
 ) -> Result<Profile, String> {
     let plan = Plan::for_model(arch, opts.quick);
     let device = burn::backend::cuda::CudaDevice::default();
@@ -86,27 +98,28 @@ pub fn profile_cuda(
     };
     let mut rows = Vec::new();
     for &level in &levels {
-        if let Ok(s) = &smctrl {
-            s.set_level(level)?;
-        }
-        rows.push(measure_level::<Cuda>(
+        let share = match &smctrl {
+            Ok(s) => s.set_level(level)?,
+            Err(_) => level,
+        };
+        rows.push(measure_level::<Gpu>(
             arch,
             &plan,
             opts,
-            level,
+            share,
             level == 1.0,
             &device,
-            &mut |p| eprintln!("level {level}: {p}"),
+            &mut |p| progress(&format!("SM level {share:.2}: {p}")),
         )?);
     }
-    let transfer = measure_loopback(&plan, opts, &mut |_| {})?;
+    let transfer = measure_loopback(&plan, opts, progress)?;
     let eff = Efficiency::default();
     let provenance = Provenance {
         model: arch.name.clone(),
         device: "cuda".into(),
         link: "loopback".into(),
         source: Source::Measured,
-        backend: format!("burn {BURN_VERSION} cuda (f32)"),
+        backend: format!("burn {BURN_VERSION} cuda (bf16)"),
         driver: "CUDA driver (dynamically loaded by cudarc)".into(),
         libraries: vec![format!("burn {BURN_VERSION}"), format!("easerve-exec {}", env!("CARGO_PKG_VERSION"))],
         date: date.into(),

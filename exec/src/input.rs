@@ -106,6 +106,15 @@ impl Media {
     pub fn wav(path: &Path) -> Result<Media, InputError> {
         let mut r = hound::WavReader::open(path).map_err(|e| file_err(path, e))?;
         let spec = r.spec();
+        if !(1_000..=384_000).contains(&spec.sample_rate) {
+            return Err(file_err(
+                path,
+                format!(
+                    "sample rate {} Hz is outside 1000..384000 Hz",
+                    spec.sample_rate
+                ),
+            ));
+        }
         let ch = usize::from(spec.channels.max(1));
         let raw: Vec<f32> = match spec.sample_format {
             hound::SampleFormat::Float => r
@@ -447,7 +456,10 @@ pub fn prepare(arch: &ModelArch, media: &Media) -> Result<Prepared, InputError> 
                     (std::slice::from_ref(img), t, hw)
                 }
                 Media::Video(f) => {
-                    let (fh, fw) = (f[0].height(), f[0].width());
+                    let first = f.first().ok_or_else(|| {
+                        InputError::Model("a video needs at least one frame".into())
+                    })?;
+                    let (fh, fw) = (first.height(), first.width());
                     let t = arch
                         .video_tokens(f.len() as u32, fh, fw)
                         .map_err(model_err)?;

@@ -13,11 +13,14 @@
 //!   values).
 //! * **transfer** — a `bytes` message over a loopback TCP socket and a 1-byte ack.
 //!
-//! SM levels: on CPU a level is the thread share `threads / cores`; every level runs in
-//! its own process (see [`crate::device`]), started by the caller's `spawn` function.
-//! Decode is measured at the full level only (the decode table has no SM axis). On
-//! CUDA only level 1.0 is measured: partial-SM levels need libsmctrl, which this build
-//! does not drive.
+//! SM levels: on CPU a level is the thread share `threads / cores` for the thread
+//! counts of [`crate::device::cpu_levels`] (at most five); every level runs in its own
+//! process (see [`crate::device`]), started by the caller's `spawn` function. Decode is
+//! measured at the full level only (the decode table has no SM axis). On CUDA the
+//! levels come from libsmctrl's TPC mask (`crate::cuda`, feature `cuda`).
+//!
+//! `t_pre` times preprocessing of already-decoded media (resize, patching, log-mel);
+//! decoding PNG/JPEG/WAV files is not in it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -35,7 +38,6 @@ use easerve_model::{EncoderKind, ModelArch};
 use easerve_sched::MmItem;
 use serde::{Deserialize, Serialize};
 
-use crate::device::DeviceKind;
 use crate::input::{prepare, Media};
 
 /// burn version the executor is built against (pinned in the workspace manifest).
@@ -434,7 +436,7 @@ pub fn profile_cpu(
 ) -> Result<Profile, String> {
     let plan = Plan::for_model(arch, opts.quick);
     let mut levels = Vec::new();
-    for threads in 1..=cores.max(1) {
+    for threads in crate::device::cpu_levels(cores) {
         let mut cmd = spawn(threads);
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = cmd
@@ -447,7 +449,10 @@ pub fn profile_cpu(
             match serde_json::from_str::<LevelMessage>(&line) {
                 Ok(LevelMessage::Point(p)) => progress(&format!("{threads}/{cores} threads: {p}")),
                 Ok(LevelMessage::Rows(r)) => rows = Some(r),
-                Ok(LevelMessage::Failed(e)) => return Err(e),
+                Ok(LevelMessage::Failed(e)) => {
+                    let _ = child.wait();
+                    return Err(e);
+                }
                 Err(_) => {}
             }
         }
@@ -472,7 +477,7 @@ pub fn profile_cpu(
         ],
         date: date.into(),
         method: format!(
-            "easerve profile: {} warm-up + {} timed runs per point, median and p90; SM level = threads/cores ({cores} cores), one process per level (rayon pool + MATMUL_NUM_THREADS); encode t_pre = host preprocessing of synthetic items, t_pass = 0 (inside the forward); decode with random caches of the given context; transfer = loopback TCP message + 1-byte ack; latencies made non-decreasing along work axes (running max)",
+            "easerve profile: {} warm-up + {} timed runs per point, median and p90; SM level = threads/cores ({cores} cores), one process per level (rayon pool + MATMUL_NUM_THREADS + CPU affinity); encode t_pre = host preprocessing of decoded synthetic items (no file decoding), t_pass = 0 (inside the forward); decode with random caches of the given context; transfer = loopback TCP message + 1-byte ack; latencies made non-decreasing along work axes (running max)",
             opts.warmup, opts.repetitions
         ),
         repetitions: opts.repetitions,
@@ -564,12 +569,17 @@ pub fn run_level_cpu(
     }
 }
 
-/// Device name used in provenance for `kind`.
-pub fn device_name(kind: DeviceKind) -> &'static str {
-    match kind {
-        DeviceKind::Cpu => "cpu",
-        DeviceKind::Cuda => "cuda",
-    }
+/// Bytes the weights of `arch` take in f32 (the CPU backend's float type).
+pub fn f32_weight_bytes(arch: &ModelArch) -> f64 {
+    4.0 * (arch.llm_params() + arch.encoder.as_ref().map_or(0.0, |e| e.params()))
+}
+
+/// Memory available to new processes (`MemAvailable` of `/proc/meminfo`), bytes.
+pub fn available_memory() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024.0)
 }
 
 #[cfg(test)]

@@ -81,12 +81,13 @@ pub struct KvCache<B: Backend> {
 }
 
 impl<B: Backend> KvCache<B> {
-    /// Bytes held (f32 elements).
-    pub fn bytes(&self) -> usize {
+    /// Elements held (keys and values of every layer); bytes = elements x the
+    /// backend's float size (4 for f32, 2 for BF16).
+    pub fn elements(&self) -> usize {
         self.k
             .iter()
             .chain(&self.v)
-            .map(|t| t.dims().iter().product::<usize>() * 4)
+            .map(|t| t.dims().iter().product::<usize>())
             .sum()
     }
 }
@@ -147,7 +148,14 @@ impl<B: Backend> DecoderLm<B> {
     /// # Shapes
     /// * `seqs[i]`: `[len_i, d]` input embeddings (`len_i >= 1`)
     /// * logits: `[b, vocab]`
+    ///
+    /// # Panics
+    /// With no sequences or an empty one (callers batch at least one token).
     pub fn prefill(&self, seqs: &[Tensor<B, 2>]) -> (Tensor<B, 2>, Vec<KvCache<B>>) {
+        assert!(
+            !seqs.is_empty() && seqs.iter().all(|s| s.dims()[0] > 0),
+            "prefill needs at least one sequence of at least one token"
+        );
         let device = seqs[0].device();
         let b = seqs.len();
         let lens: Vec<usize> = seqs.iter().map(|s| s.dims()[0]).collect();

@@ -164,6 +164,12 @@ impl<B: Backend> MultimodalModel<B> {
                     fullatt_every,
                     ..
                 } => {
+                    if !(d / heads).is_multiple_of(4) {
+                        return Err(bad(format!(
+                            "2-D RoPE needs an encoder head width divisible by 4, got {}",
+                            d / heads
+                        )));
+                    }
                     let cfg = QwenVisionConfig::new(
                         *patch as usize,
                         *temporal_patch as usize,

@@ -30,7 +30,7 @@ pub struct ProjectorConfig {
     /// Activation between the two linear maps.
     #[config(default = "ProjectorAct::Gelu")]
     pub act: ProjectorAct,
-    /// RMSNorm over the input first (Qwen2.5-VL merger's `ln_q`, Ultravox).
+    /// RMSNorm over the whole input row first (Ultravox's stacked frames).
     #[config(default = false)]
     pub pre_norm: bool,
 }

@@ -9,7 +9,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::attention::{index_tensor, RopeAngles, Segments};
-use super::blocks::{EncoderBlock, EncoderBlockConfig, NormKind};
+use super::blocks::{EncoderBlock, EncoderBlockConfig, Norm, NormConfig, NormKind};
 use super::projector::{Projector, ProjectorConfig};
 use super::vit::inverse;
 
@@ -63,8 +63,8 @@ impl QwenVisionConfig {
                         .init(device)
                 })
                 .collect(),
+            ln_q: NormConfig::new(self.d_model, NormKind::Rms).init(device),
             merger: ProjectorConfig::new(m2 * self.d_model, m2 * self.d_model, self.d_llm)
-                .with_pre_norm(true)
                 .init(device),
             merge: self.merge,
             window: self.window,
@@ -93,6 +93,8 @@ pub struct QwenPatches<B: Backend> {
 pub struct QwenVision<B: Backend> {
     patch_embed: Linear<B>,
     blocks: Vec<EncoderBlock<B>>,
+    /// RMSNorm of each patch before the merge (the merger's `ln_q`).
+    ln_q: Norm<B>,
     merger: Projector<B>,
     merge: usize,
     window: usize,
@@ -125,7 +127,11 @@ impl<B: Backend> QwenVision<B> {
             return Vec::new();
         }
         let device = items[0].patches.device();
-        let layout = self.layout(items);
+        let dims: Vec<(usize, usize, usize)> = items
+            .iter()
+            .map(|it| (it.t, it.grid_h, it.grid_w))
+            .collect();
+        let layout = layout(&dims, self.merge, self.window);
         let x = Tensor::cat(items.iter().map(|it| it.patches.clone()).collect(), 0);
         let x = self
             .patch_embed
@@ -148,7 +154,9 @@ impl<B: Backend> QwenVision<B> {
         // order of the merged tokens.
         let [n, d] = x.dims();
         let m2 = self.merge * self.merge;
-        let merged = self.merger.forward(x.reshape([n / m2, m2 * d]));
+        let merged = self
+            .merger
+            .forward(self.ln_q.forward(x).reshape([n / m2, m2 * d]));
         let merged = merged.select(0, index_tensor(&inverse(&layout.groups), &device));
         let mut out = Vec::with_capacity(items.len());
         let mut start = 0;
@@ -159,51 +167,77 @@ impl<B: Backend> QwenVision<B> {
         }
         out
     }
+}
 
-    /// Processing order of all tokens: for each item and temporal patch, window by
-    /// window, merge group by merge group (each group's `merge x merge` patches
-    /// contiguous, so the merger is a reshape).
-    fn layout(&self, items: &[QwenPatches<B>]) -> Layout {
-        let m = self.merge;
-        let wg = (self.window / m).max(1); // window side in merge groups
-        let mut lay = Layout {
-            order: Vec::new(),
-            groups: Vec::new(),
-            windows: Vec::new(),
-            slices: Vec::new(),
-            rows_cols: Vec::new(),
-        };
-        let mut base = 0; // raster-patch offset of the item
-        let mut group_base = 0; // merged-token offset of the item
-        for it in items {
-            let (gh, gw) = (it.grid_h / m, it.grid_w / m);
-            for t in 0..it.t {
-                let slice_base = base + t * it.grid_h * it.grid_w;
-                let slice_groups = group_base + t * gh * gw;
-                let before_slice = lay.order.len();
-                for wr in (0..gh).step_by(wg) {
-                    for wc in (0..gw).step_by(wg) {
-                        let before = lay.order.len();
-                        for gr in wr..(wr + wg).min(gh) {
-                            for gc in wc..(wc + wg).min(gw) {
-                                lay.groups.push(slice_groups + gr * gw + gc);
-                                for r in 0..m {
-                                    for c in 0..m {
-                                        let (row, col) = (gr * m + r, gc * m + c);
-                                        lay.order.push(slice_base + row * it.grid_w + col);
-                                        lay.rows_cols.push((row, col));
-                                    }
+/// Processing order of all tokens: for each item and temporal patch, window by
+/// window, merge group by merge group (each group's `merge x merge` patches
+/// contiguous, so the merger is a reshape).
+fn layout(items: &[(usize, usize, usize)], merge: usize, window: usize) -> Layout {
+    let m = merge;
+    let wg = (window / m).max(1); // window side in merge groups
+    let mut lay = Layout {
+        order: Vec::new(),
+        groups: Vec::new(),
+        windows: Vec::new(),
+        slices: Vec::new(),
+        rows_cols: Vec::new(),
+    };
+    let mut base = 0; // raster-patch offset of the item
+    let mut group_base = 0; // merged-token offset of the item
+    for &(t_len, grid_h, grid_w) in items {
+        let (gh, gw) = (grid_h / m, grid_w / m);
+        for t in 0..t_len {
+            let slice_base = base + t * grid_h * grid_w;
+            let slice_groups = group_base + t * gh * gw;
+            let before_slice = lay.order.len();
+            for wr in (0..gh).step_by(wg) {
+                for wc in (0..gw).step_by(wg) {
+                    let before = lay.order.len();
+                    for gr in wr..(wr + wg).min(gh) {
+                        for gc in wc..(wc + wg).min(gw) {
+                            lay.groups.push(slice_groups + gr * gw + gc);
+                            for r in 0..m {
+                                for c in 0..m {
+                                    let (row, col) = (gr * m + r, gc * m + c);
+                                    lay.order.push(slice_base + row * grid_w + col);
+                                    lay.rows_cols.push((row, col));
                                 }
                             }
                         }
-                        lay.windows.push(lay.order.len() - before);
                     }
+                    lay.windows.push(lay.order.len() - before);
                 }
-                lay.slices.push(lay.order.len() - before_slice);
             }
-            base += it.t * it.grid_h * it.grid_w;
-            group_base += it.t * gh * gw;
+            lay.slices.push(lay.order.len() - before_slice);
         }
-        lay
+        base += t_len * grid_h * grid_w;
+        group_base += t_len * gh * gw;
+    }
+    lay
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_orders_windows_then_merge_groups() {
+        // One 4x6-patch slice, merge 2, 4-patch windows: 2x3 merge groups, windows of
+        // 2x2 groups -> a full window (16 patches) and an edge window (8).
+        let lay = layout(&[(1, 4, 6)], 2, 4);
+        assert_eq!(lay.windows, vec![16, 8]);
+        assert_eq!(lay.slices, vec![24]);
+        assert_eq!(lay.groups, vec![0, 1, 3, 4, 2, 5]);
+        assert_eq!(&lay.order[..8], &[0, 1, 6, 7, 2, 3, 8, 9]);
+        assert_eq!(&lay.order[16..], &[4, 5, 10, 11, 16, 17, 22, 23]);
+        assert_eq!(lay.rows_cols[5], (0, 3));
+        let mut sorted = lay.order.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..24).collect::<Vec<_>>());
+        // A second item's indices continue after the first's.
+        let two = layout(&[(1, 4, 6), (2, 2, 2)], 2, 4);
+        assert_eq!(two.slices, vec![24, 4, 4]);
+        assert_eq!(&two.groups[6..], &[6, 7]);
+        assert_eq!(&two.order[24..28], &[24, 25, 26, 27]);
     }
 }

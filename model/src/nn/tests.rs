@@ -69,6 +69,36 @@ fn anyres_output_rows_match_the_token_rule() {
 }
 
 #[test]
+fn anyres_puts_one_newline_after_each_grid_row() {
+    let m = model("tiny-image");
+    // Grid 1x2 of 8x8-patch tiles cropped to 6 rows x 16 cols: rows 64 + k*17 + 16.
+    let out = m.encode(&[anyres(1, 2, 6, 16)]).unwrap().remove(0);
+    assert_eq!(out.dims(), [64 + 6 * 17, 256]);
+    let row = |i: usize| out.clone().narrow(0, i, 1);
+    let first = row(64 + 16);
+    for k in 1..6 {
+        assert!(
+            max_diff(row(64 + k * 17 + 16), first.clone()) == 0.0,
+            "newline row {k}"
+        );
+    }
+    assert!(
+        max_diff(row(64 + 15), first) > 0.0,
+        "a feature row equals the newline"
+    );
+}
+
+#[test]
+fn extreme_aspect_ratio_keeps_only_the_base_tile() {
+    let m = model("tiny-image");
+    let arch = ModelArch::preset("tiny-image").unwrap();
+    let t = arch.image_tokens(20, 1000).unwrap();
+    let rows = encode_rows(&m, &[anyres(1, 2, 0, 16)]);
+    assert_eq!(rows, vec![[64, 256]]);
+    assert_eq!(t.llm_tokens, 64);
+}
+
+#[test]
 fn vit_shapes_with_and_without_windows() {
     let device = Default::default();
     for window in [None, Some(4)] {

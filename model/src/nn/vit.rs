@@ -66,7 +66,8 @@ impl VitConfig {
 /// A ViT over square tiles: patch embedding (a linear map of each flattened
 /// `3 x patch x patch` patch, i.e. a stride-`patch` convolution), a CLS token,
 /// learned positions, pre-norm blocks. Outputs the last block's patch features (CLS
-/// dropped), as LLaVA feeds its projector.
+/// dropped). LLaVA feeds its projector from the penultimate CLIP layer
+/// (`vision_feature_layer: -2`); build this with `n_layers - 1` blocks for that.
 #[derive(Module, Debug)]
 pub struct Vit<B: Backend> {
     patch_embed: Linear<B>,
@@ -246,6 +247,11 @@ impl<B: Backend> AnyresVision<B> {
                 .permute([0, 2, 1, 3, 4])
                 .reshape([gh * s, gw * s, dl]);
             let (rows, cols) = (im.crop_rows, im.crop_cols);
+            if rows == 0 || cols == 0 {
+                // An extreme aspect ratio crops the grid away (HF yields an empty grid).
+                out.push(base);
+                continue;
+            }
             let grid =
                 grid.narrow(0, (gh * s - rows) / 2, rows)
                     .narrow(1, (gw * s - cols) / 2, cols);
