@@ -82,6 +82,11 @@ struct SimArgs {
     /// prefill, as a single-engine server does).
     #[arg(long)]
     system: Option<System>,
+    /// Take stage costs from this profile (e.g. one measured by `easerve profile`)
+    /// instead of the scenario's `profile` field; its model, device and link must
+    /// match the scenario's.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
     requests_csv: Option<PathBuf>,
@@ -121,6 +126,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 batch: a.batch,
                 offload: a.offload,
                 system: a.system,
+                profile: a.profile,
             };
             if let Some(d) = &a.deployment {
                 let c: easerve_has::Candidate = d

@@ -44,42 +44,33 @@ fn quick_cpu_profile_is_read_back_and_simulated() {
     for r in enc.rows() {
         assert!(r[3] > 0.0 && r[4] >= r[3], "{r:?}");
     }
-    // The simulator runs a CPU scenario from the measured profile.
-    let sc = dir.path().join("cpu-audio.toml");
-    std::fs::write(
+    // The simulator runs the shipped CPU scenario from the measured profile.
+    let sc = root().join("scenarios/cpu-audio.toml");
+    let report = crate::sim_json(
         &sc,
-        format!(
-            r#"name = "cpu-audio-test"
-seed = 1
-profile = "{}"
-[model]
-preset = "tiny-audio"
-[cluster]
-gpu = "cpu"
-gpus = 3
-[deployment]
-allocation = "1E(TP1)+1P(TP1)+1D(TP1)"
-batch = 2
-offload = 0.5
-[workload]
-requests = 20
-rate = 1.0
-modality = "audio"
-input_len = 16
-output_len = 8
-[workload.audio]
-mean_s = 4.0
-sigma = 0.2
-max_s = 9.0
-"#,
-            out.display()
-        ),
-    )
-    .unwrap();
-    let report = crate::sim_json(&sc, &[]);
+        &["--profile", out.to_str().unwrap(), "--requests", "20"],
+    );
     assert_eq!(report["completed"].as_u64(), Some(20), "{report}");
+    assert!(
+        report["notes"].to_string().contains("p.toml"),
+        "the notes name the profile: {}",
+        report["notes"]
+    );
+    // A profile of another model is refused, blamed on the flag.
+    let img = root().join("scenarios/cpu-image.toml");
+    let o = easerve(&[
+        "sim",
+        img.to_str().unwrap(),
+        "--profile",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--profile") && err.contains("tiny-audio"),
+        "{err}"
+    );
 }
-
 #[test]
 fn cuda_without_gpu_or_feature_exits_2_with_one_line() {
     let o = easerve(&["profile", "--model", "tiny-image", "--device", "cuda"]);
@@ -115,5 +106,4 @@ fn unknown_model_device_and_zero_repetitions_exit_2() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(want), "{args:?}: {err}");
     }
-    let _ = root();
 }

@@ -350,6 +350,9 @@ pub struct Overrides {
     pub offload: Option<f64>,
     /// Run the scenario as another system (see [`System`]).
     pub system: Option<System>,
+    /// `--profile`: take stage costs from this profile (a path as given on the
+    /// command line, relative to the working directory) instead of the scenario's.
+    pub profile: Option<std::path::PathBuf>,
 }
 
 /// Which serving system runs the scenario's allocation.
@@ -405,6 +408,7 @@ impl Overrides {
             "deployment.batch" => set(self.batch.is_some(), "--batch"),
             "deployment.offload" => set(self.offload.is_some(), "--offload"),
             "deployment.system" => set(self.system.is_some(), "--system"),
+            "profile" => set(self.profile.is_some(), "--profile"),
             _ => None,
         }
     }
@@ -468,6 +472,11 @@ impl ScenarioFile {
         }
         if let Some(system) = o.system {
             self.deployment.system = Some(system.name().to_string());
+        }
+        if let Some(p) = &o.profile {
+            // Absolute, so it is not read relative to the scenario's folder.
+            let abs = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+            self.profile = Some(abs.display().to_string());
         }
     }
 }
