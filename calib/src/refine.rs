@@ -71,13 +71,8 @@ pub fn refine_encode(
             .filter(|s| s.items == b && s.seconds > 0.0 && s.seconds.is_finite())
             .map(|s| s.seconds)
             .collect();
-        xs.sort_by(f64::total_cmp);
         let n = xs.len();
-        let med = if n % 2 == 1 {
-            xs[n / 2]
-        } else {
-            0.5 * (xs[n / 2 - 1] + xs[n / 2])
-        };
+        let med = median(&mut xs);
         let before: f64 = table.lookup(&[b as f64, encoder_tokens, 1.0]).iter().sum();
         summary.push((b, n, med, before, med / before));
     }
@@ -123,6 +118,20 @@ pub fn refine_encode(
 }
 
 use std::fmt::Write as _;
+
+/// Median of `xs` (mean of the two middle values for an even count); sorts `xs`.
+///
+/// # Panics
+/// When `xs` is empty.
+pub fn median(xs: &mut [f64]) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        0.5 * (xs[n / 2 - 1] + xs[n / 2])
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -29,6 +29,7 @@ use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Distribution, Tensor};
+use easerve_calib::refine::median;
 use easerve_calib::{
     monotone_envelope, Efficiency, Profile, ProfileError, Provenance, Source, Stage,
 };
@@ -36,6 +37,7 @@ use easerve_model::nn::{KvCache, MultimodalModel};
 use easerve_model::tokens::select_best_resolution;
 use easerve_model::{EncoderKind, ModelArch};
 use easerve_sched::MmItem;
+use easerve_workload::generate::item_tokens;
 use serde::{Deserialize, Serialize};
 
 use crate::input::{prepare, Media};
@@ -102,15 +104,7 @@ impl Plan {
     pub fn for_model(arch: &ModelArch, quick: bool) -> Plan {
         let mut items: Vec<EncodeItem> = Vec::new();
         let mut push = |item: MmItem| {
-            let t = match item {
-                MmItem::Image { height, width } => arch.image_tokens(height, width),
-                MmItem::Video {
-                    frames,
-                    height,
-                    width,
-                } => arch.video_tokens(frames, height, width),
-                MmItem::Audio { seconds } => arch.audio_tokens(seconds),
-            };
+            let t = item_tokens(arch, &item);
             if let Ok(t) = t {
                 if !items.iter().any(|i| i.encoder_tokens == t.encoder_tokens) {
                     items.push(EncodeItem {
@@ -195,13 +189,8 @@ pub struct LevelRows {
 
 /// Median and 90th percentile (nearest rank) of `xs`.
 fn median_p90(xs: &mut [f64]) -> (f64, f64) {
-    xs.sort_by(f64::total_cmp);
+    let med = median(xs);
     let n = xs.len();
-    let med = if n % 2 == 1 {
-        xs[n / 2]
-    } else {
-        0.5 * (xs[n / 2 - 1] + xs[n / 2])
-    };
     let p90 = xs[((0.9 * n as f64).ceil() as usize).clamp(1, n) - 1];
     (med, p90.max(med))
 }
