@@ -138,6 +138,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
             let opts = easerve_sim::SimOptions {
                 timeline: a.trace.is_some(),
+                ..Default::default()
             };
             let out = easerve_sim::simulate_with(&sc, easerve_sim::scenario_cost(&sc), &opts);
             if let (Some(path), Some(timeline)) = (&a.trace, &out.timeline) {

@@ -601,7 +601,10 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
     let run = easerve_sim::simulate_with(
         &sc,
         easerve_sim::scenario_cost(&sc),
-        &easerve_sim::SimOptions { timeline: true },
+        &easerve_sim::SimOptions {
+            timeline: true,
+            ..Default::default()
+        },
     );
     if let Some(tl) = &run.timeline {
         chart(

@@ -22,6 +22,8 @@
 //! * [`SmSplit`] — how an encode GPU's SMs are shared with a co-located prefill worker.
 //! * [`PrefillQueue`] — prefill batching under a token budget.
 //! * [`DecodeScheduler`] / [`KvBlocks`] — continuous batching with paged KV-block accounting.
+//! * [`Controller`] — the orchestration of one run as a state machine: events in,
+//!   [`Command`]s and a [`Decision`] log out; the executor runs it as is.
 //! * [`harness`] — a virtual-clock driver for tests of the policies without a simulator.
 //!
 //! Where a policy needs a cost (the batcher needs `T_enc(k)`, the SM split needs
@@ -31,6 +33,7 @@
 
 mod allocation;
 mod batcher;
+pub mod controller;
 mod decode;
 mod deployment;
 pub mod harness;
@@ -42,6 +45,7 @@ mod smsplit;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
+pub use controller::{Command, Controller, ControllerConfig, Decision, WorkerRef};
 pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;

@@ -130,6 +130,13 @@ pub struct RequestRecord {
     pub decode_start: Option<f64>,
     /// Last token emitted.
     pub finish: Option<f64>,
+    /// Why the request failed (a worker died, the run was interrupted);
+    /// `None` for a request that finished or is still running.
+    #[serde(default)]
+    pub failure: Option<String>,
+    /// Turned away at arrival because the admission queue was full.
+    #[serde(default)]
+    pub rejected: bool,
 }
 
 impl RequestRecord {

@@ -8,8 +8,8 @@ use crate::timeline::Timeline;
 use easerve_calib::{Efficiency, Roofline, StageCost};
 use easerve_model::ItemTokens;
 use easerve_sched::{
-    Batcher, DecodeScheduler, DecodeSeq, DispatchPolicy, KvBlocks, LeastOutstanding, PrefillItem,
-    PrefillQueue, Request, RequestId, RequestRecord, Route, Router, SmSplit,
+    Batcher, Decision, DecodeScheduler, DecodeSeq, DispatchPolicy, KvBlocks, LeastOutstanding,
+    PrefillItem, PrefillQueue, Request, RequestId, RequestRecord, Route, Router, SmSplit,
 };
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::EncodeSummary;
@@ -137,6 +137,9 @@ pub struct SimOutput {
     /// Largest sum of the SM shares of an encode pass and a co-located local
     /// prefill on one GPU during the run (0 without local prefill); at most 1.
     pub max_sm_share_sum: f64,
+    /// Every scheduling decision in order, when asked for (the same log
+    /// `easerve_sched::Controller` keeps for the executor).
+    pub decisions: Vec<Decision>,
 }
 
 /// What a run records beyond the report.
@@ -144,6 +147,8 @@ pub struct SimOutput {
 pub struct SimOptions {
     /// Record a Chrome/Perfetto timeline (one track per worker and link).
     pub timeline: bool,
+    /// Record every scheduling decision ([`SimOutput::decisions`]).
+    pub decisions: bool,
 }
 
 struct Sim<'a> {
@@ -175,6 +180,7 @@ struct Sim<'a> {
     /// Decode iterations run inline (each counts as one event).
     inline_steps: u64,
     timeline: Option<Timeline>,
+    log: Option<Vec<Decision>>,
 }
 
 /// Run the scenario's workload through its deployment and report, with stage
@@ -204,6 +210,9 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
     let mut sim = Sim::new(sc, cost);
     if opts.timeline {
         sim.timeline = Some(Timeline::default());
+    }
+    if opts.decisions {
+        sim.log = Some(Vec::new());
     }
     sim.run();
     sim.finish()
@@ -368,6 +377,7 @@ impl<'a> Sim<'a> {
             max_sm_share_sum: 0.0,
             inline_steps: 0,
             timeline: None,
+            log: None,
         }
     }
 
@@ -424,13 +434,20 @@ impl<'a> Sim<'a> {
         if !req.needs_encode() || self.encode.is_empty() {
             let id = req.id;
             let p = self.remote_place.assign(req.prefill_tokens() as f64);
+            self.decide(|| Decision::Route {
+                id,
+                worker: p,
+                local: false,
+            });
             self.records[i].prefill_ready = Some(self.now);
             self.on_embeddings(p, vec![id]);
             return;
         }
+        let id = req.id;
         let w = self.encode_place.assign(req.encoder_tokens as f64);
+        self.decide(|| Decision::PlaceEncode { id, worker: w });
         self.records[i].encode_worker = Some(w);
-        self.encode[w].batcher.on_arrival(self.now, req.id);
+        self.encode[w].batcher.on_arrival(self.now, id);
         self.count_encode_queue(w);
         self.try_dispatch(w);
     }
@@ -478,6 +495,16 @@ impl<'a> Sim<'a> {
             .flat_map(|&id| self.tokens[id as usize].iter().copied())
             .collect();
         let t = self.cost.encode(&items, 1.0);
+        if self.log.is_some() {
+            let sm_share = self.pass_share(w, ids.len());
+            let ids = ids.clone();
+            self.decide(|| Decision::Dispatch {
+                at: now,
+                worker: w,
+                ids,
+                sm_share,
+            });
+        }
         for &id in &ids {
             let r = &mut self.records[id as usize];
             r.encode_start = Some(now);
@@ -510,15 +537,10 @@ impl<'a> Sim<'a> {
     /// bandwidth interference or time-slicing when local prefill is running.
     fn on_encode_gpu_phase(&mut self, w: usize) {
         let now = self.now;
-        let colocated = self.encode[w].local.is_some();
         let Some(pass) = self.encode[w].pass.as_ref() else {
             return;
         };
-        let share = match self.split.encode_share(pass.ids.len()) {
-            Some(f) if colocated => f,
-            // alone on its GPU, or time-slicing: all SMs (slowed while shared)
-            _ => 1.0,
-        };
+        let share = self.pass_share(w, pass.ids.len());
         let t_gpu = self.cost.encode(&pass.items, share).t_gpu;
         let gpu = self.encode[w].gpu as usize;
         self.meters[gpu].begin(now);
@@ -531,6 +553,23 @@ impl<'a> Sim<'a> {
         }
         self.rerate_encode(w);
         self.rerate_local(w);
+    }
+
+    /// SM share of a pass of `batch` requests on encode worker `w`: the
+    /// split's share next to a local prefill worker; alone on its GPU, or
+    /// time-slicing, all SMs (slowed while shared).
+    fn pass_share(&self, w: usize, batch: usize) -> f64 {
+        match self.split.encode_share(batch) {
+            Some(f) if self.encode[w].local.is_some() => f,
+            _ => 1.0,
+        }
+    }
+
+    /// Append a decision to the log, when one is kept.
+    fn decide(&mut self, d: impl FnOnce() -> Decision) {
+        if let Some(log) = self.log.as_mut() {
+            log.push(d());
+        }
     }
 
     /// Slowdown of encode worker `w`'s GPU phase given whether its co-located
@@ -625,6 +664,11 @@ impl<'a> Sim<'a> {
                         .expect("local route only with a local worker")
                 }
             };
+            self.decide(|| Decision::Route {
+                id,
+                worker: dest,
+                local: route == Route::Local,
+            });
             match groups.iter_mut().find(|g| g.0 == dest) {
                 Some(g) => g.1.push(id),
                 None => groups.push((dest, vec![id])),
@@ -815,6 +859,11 @@ impl<'a> Sim<'a> {
         for it in &items {
             self.records[it.id as usize].prefill_start = Some(now);
         }
+        self.decide(|| Decision::Prefill {
+            at: now,
+            worker: p,
+            ids: items.iter().map(|i| i.id).collect(),
+        });
         let seq_lens: Vec<u64> = items.iter().map(|i| i.tokens).collect();
         let share = if self.prefill[p].local {
             self.local_share(p)
@@ -901,6 +950,10 @@ impl<'a> Sim<'a> {
                 continue;
             }
             let d = self.decode_place.assign((it.tokens + out as u64) as f64);
+            self.decide(|| Decision::PlaceDecode {
+                id: it.id,
+                worker: d,
+            });
             let start = self.prefill[p].link_free_at.max(now);
             let bytes = it.tokens as f64 * kv_per_token;
             let end = start + self.cost.transfer(bytes);
@@ -965,6 +1018,12 @@ impl<'a> Sim<'a> {
             if batch == 0 {
                 return;
             }
+            self.decide(|| Decision::DecodeStep {
+                at: t,
+                worker: d,
+                batch,
+                context: ctx,
+            });
             let dur = self.cost.decode_step(batch, ctx, self.decode[d].tp);
             self.decode[d].step_start = t;
             for &g in &self.decode[d].gpus {
@@ -1025,7 +1084,8 @@ impl<'a> Sim<'a> {
 
     // ---------------------------------------------------------------- report
 
-    fn finish(self) -> SimOutput {
+    fn finish(mut self) -> SimOutput {
+        let decisions = self.log.take().unwrap_or_default();
         let roles = (0..self.sc.gpus).map(|g| self.gpu_role(g)).collect();
         let encode = EncodeSummary {
             passes: self.passes,
@@ -1089,6 +1149,7 @@ impl<'a> Sim<'a> {
             );
         }
         out.report.explanation = x;
+        out.decisions = decisions;
         out
     }
 

@@ -79,7 +79,11 @@ proptest! {
         // pass-through needs remote prefill workers
         let system = if system == "passthrough" && !alloc.contains("P(") { "easerve" } else { system };
         let sc = scenario(alloc, b, s, rate, sm, dispatch, modality, system, cap);
-        let out = simulate_with(&sc, scenario_cost(&sc), &SimOptions { timeline: true });
+        let out = simulate_with(&sc, scenario_cost(&sc), &SimOptions {
+                timeline: true,
+                decisions: true,
+            },
+        );
         prop_assert_eq!(out.report.completed, 60);
         for r in &out.records {
             let chain = [

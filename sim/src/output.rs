@@ -72,6 +72,7 @@ pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
         records: parts.records,
         events: parts.events,
         max_sm_share_sum: parts.max_sm_share_sum,
+        decisions: Vec::new(),
         timeline: parts.timeline.map(Timeline::into_json),
     }
 }

@@ -210,6 +210,32 @@ pub struct Report {
     /// Stage loads and findings in plain words.
     #[serde(default)]
     pub explanation: Explanation,
+    /// Whether the run was measured by the executor (`easerve exec`) rather
+    /// than simulated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub measured: bool,
+    /// Requests that failed (a worker died, the run was interrupted).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed: usize,
+    /// Arrivals turned away by admission control (queue full).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub rejected: usize,
+    /// Failed requests per reason, most frequent first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<FailureCount>,
+}
+
+/// How many requests failed for one reason.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FailureCount {
+    /// The reason, e.g. `E0 failed: exited with signal 9`.
+    pub reason: String,
+    /// Requests.
+    pub count: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Identification of a run, for the report header.
@@ -332,6 +358,17 @@ impl Report {
             .collect();
         let e2e = Stats::of(e2es);
         let (bottleneck, bottleneck_reason) = bottleneck(&stages, e2e.mean);
+        let mut failures: Vec<FailureCount> = Vec::new();
+        for reason in records.iter().filter_map(|r| r.failure.as_ref()) {
+            match failures.iter_mut().find(|f| &f.reason == reason) {
+                Some(f) => f.count += 1,
+                None => failures.push(FailureCount {
+                    reason: reason.clone(),
+                    count: 1,
+                }),
+            }
+        }
+        failures.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
         Report {
             schema_version: REPORT_SCHEMA_VERSION,
             meta,
@@ -352,6 +389,10 @@ impl Report {
             notes,
             events: 0,
             explanation: Explanation::default(),
+            measured: false,
+            failed: failures.iter().map(|f| f.count).sum(),
+            rejected: records.iter().filter(|r| r.rejected).count(),
+            failures,
         }
     }
 
@@ -365,7 +406,12 @@ impl Report {
         let head = |s: &mut String, title: &str| {
             let _ = writeln!(s, "{:-^56}", title);
         };
-        let _ = writeln!(s, "{:=^56}", " Serving Benchmark Result (simulated) ");
+        let source = if self.measured {
+            " Serving Benchmark Result (measured) "
+        } else {
+            " Serving Benchmark Result (simulated) "
+        };
+        let _ = writeln!(s, "{:=^56}", source);
         line(&mut s, "Scenario:", self.meta.scenario.clone());
         line(&mut s, "Model:", self.meta.model.clone());
         line(&mut s, "Cluster:", self.meta.cluster.clone());
@@ -381,6 +427,19 @@ impl Report {
             "Successful requests:",
             format!("{} / {}", self.completed, self.meta.requests),
         );
+        if self.rejected > 0 {
+            line(
+                &mut s,
+                "Rejected by admission (queue full):",
+                self.rejected.to_string(),
+            );
+        }
+        if self.failed > 0 {
+            line(&mut s, "Failed requests:", self.failed.to_string());
+            for f in &self.failures {
+                line(&mut s, &format!("  {}", f.count), f.reason.clone());
+            }
+        }
         line(
             &mut s,
             "Benchmark duration (s):",
