@@ -75,6 +75,17 @@ pub fn bound_cpu_threads(threads: usize) -> Result<(), DeviceError> {
         return Err(DeviceError("--threads must be at least 1".into()));
     }
     pin_to_cores(threads);
+    limit_cpu_threads(threads)
+}
+
+/// Like [`bound_cpu_threads`] without pinning: the thread counts are bounded
+/// and the OS places the threads (workers of one run share the host's cores).
+///
+/// Errors: `threads` 0, or the global pool already built with another size.
+pub fn limit_cpu_threads(threads: usize) -> Result<(), DeviceError> {
+    if threads == 0 {
+        return Err(DeviceError("--threads must be at least 1".into()));
+    }
     std::env::set_var("MATMUL_NUM_THREADS", threads.to_string());
     match rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

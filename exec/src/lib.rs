@@ -11,6 +11,11 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod event;
 pub mod input;
 pub mod mel;
+pub mod plan;
 pub mod profile;
+pub mod virtual_clock;
+pub mod wire;
+pub mod worker;

@@ -156,6 +156,8 @@ pub enum Command {
         worker: usize,
         /// Running sequences.
         ids: Vec<RequestId>,
+        /// Their total context tokens.
+        context: u64,
     },
     /// Sequences that generated their last token: decode worker `worker` may
     /// free their KV caches.
@@ -757,7 +759,11 @@ impl Controller {
             batch,
             context,
         });
-        self.commands.push(Command::DecodeStep { worker: d, ids });
+        self.commands.push(Command::DecodeStep {
+            worker: d,
+            ids,
+            context,
+        });
         Some((batch, context))
     }
 

@@ -5,13 +5,13 @@ use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
 use crate::output::{assemble, RunParts};
 use crate::timeline::Timeline;
-use easerve_calib::{Efficiency, Roofline, StageCost};
+use easerve_calib::StageCost;
 use easerve_model::ItemTokens;
 use easerve_sched::{
-    Batcher, Decision, DecodeScheduler, DecodeSeq, DispatchPolicy, KvBlocks, LeastOutstanding,
-    PrefillItem, PrefillQueue, Request, RequestId, RequestRecord, Route, Router, SmSplit,
+    Batcher, Decision, DecodeScheduler, DecodeSeq, LeastOutstanding, PrefillItem, PrefillQueue,
+    Request, RequestId, RequestRecord, Route, Router, SmSplit,
 };
-use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::generate::{generate_with_tokens, typical_batch, typical_items};
 use easerve_workload::report::EncodeSummary;
 use easerve_workload::scenario::System;
 use easerve_workload::{Report, Scenario};
@@ -192,14 +192,7 @@ pub fn simulate(sc: &Scenario) -> SimOutput {
 /// The cost source a scenario names: its `profile`, or the roofline of its
 /// model and GPU.
 pub fn scenario_cost(sc: &Scenario) -> Box<dyn StageCost> {
-    match &sc.profile {
-        Some(p) => Box::new(p.clone()),
-        None => Box::new(Roofline::new(
-            sc.model.clone(),
-            sc.gpu.clone(),
-            Efficiency::default(),
-        )),
-    }
+    sc.cost()
 }
 
 /// Run the scenario with stage costs from `cost` (a roofline or a profile).
@@ -228,41 +221,14 @@ impl<'a> Sim<'a> {
 
         // A typical request's items (median encoder tokens) set the batcher's
         // W(k) = T_enc(k) and the SM table.
-        let typical: Vec<ItemTokens> = {
-            let mut idx: Vec<usize> = (0..requests.len())
-                .filter(|&i| !tokens[i].is_empty())
-                .collect();
-            idx.sort_by_key(|&i| (requests[i].encoder_tokens, i));
-            idx.get(idx.len() / 2)
-                .map(|&i| tokens[i].clone())
-                .unwrap_or_default()
-        };
-        let batch_of = |k: usize| -> Vec<ItemTokens> {
-            typical
-                .iter()
-                .copied()
-                .cycle()
-                .take(k * typical.len())
-                .collect()
-        };
-        let t_enc = |k: usize, share: f64| cost.encode(&batch_of(k), share).total();
+        let typical = typical_items(&requests, &tokens);
+        let t_enc = |k: usize, share: f64| cost.encode(&typical_batch(&typical, k), share).total();
         let split = if dep.has_local_prefill() {
             SmSplit::new(&dep.sm_policy, b, t_enc)
         } else {
             SmSplit::Static(1.0)
         };
-        let dispatch = match dep.dispatch.clone() {
-            DispatchPolicy::PoissonGap {
-                q,
-                max_age_s,
-                rate_hint: None,
-            } if alloc.encode.workers > 0 => DispatchPolicy::PoissonGap {
-                q,
-                max_age_s,
-                rate_hint: Some(sc.workload.rate / alloc.encode.workers as f64),
-            },
-            d => d,
-        };
+        let dispatch = sc.encode_dispatch();
 
         // GPUs: encode workers first, then remote prefill, then decode.
         let mut next_gpu = 0u32;
@@ -323,25 +289,15 @@ impl<'a> Sim<'a> {
             }
             // validation makes nE a multiple of the local TP: no worker is left over
         }
-        let kv_per_token = sc.model.kv_bytes_per_token();
-        let decode: Vec<DecodeWorker> = (0..alloc.decode.workers)
-            .map(|_| {
-                let tp = alloc.decode.tp;
-                // memory is a property of model × GPU, whatever the cost source
-                let free = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default())
-                    .kv_bytes_free_per_gpu(tp, 0.0, knobs.gpu_memory_utilization)
-                    .unwrap_or(0.0)
-                    * tp as f64;
-                DecodeWorker {
-                    gpus: take(tp),
-                    tp,
-                    sched: DecodeScheduler::new(
-                        KvBlocks::from_memory(free, kv_per_token, knobs.kv_block_size),
-                        knobs.decode_max_batch,
-                    ),
-                    stepping: false,
-                    step_start: 0.0,
-                }
+        let decode: Vec<DecodeWorker> = sc
+            .decode_schedulers()
+            .into_iter()
+            .map(|sched| DecodeWorker {
+                gpus: take(alloc.decode.tp),
+                tp: alloc.decode.tp,
+                sched,
+                stepping: false,
+                step_start: 0.0,
             })
             .collect();
         let meters = (0..sc.gpus).map(|_| GpuMeter::default()).collect();

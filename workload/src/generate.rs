@@ -174,3 +174,27 @@ mod tests {
         }
     }
 }
+
+/// The items of a typical request of the run (the one with the median encoder
+/// tokens; empty when no request has items). They stand for "a request" where
+/// a policy needs the encode time of `k` requests: the batcher's
+/// `W(k) = T_enc(k)` and the SM table.
+pub fn typical_items(requests: &[Request], tokens: &[Vec<ItemTokens>]) -> Vec<ItemTokens> {
+    let mut idx: Vec<usize> = (0..requests.len())
+        .filter(|&i| !tokens[i].is_empty())
+        .collect();
+    idx.sort_by_key(|&i| (requests[i].encoder_tokens, i));
+    idx.get(idx.len() / 2)
+        .map(|&i| tokens[i].clone())
+        .unwrap_or_default()
+}
+
+/// The items of `k` typical requests (see [`typical_items`]).
+pub fn typical_batch(typical: &[ItemTokens], k: usize) -> Vec<ItemTokens> {
+    typical
+        .iter()
+        .copied()
+        .cycle()
+        .take(k * typical.len())
+        .collect()
+}

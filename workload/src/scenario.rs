@@ -116,6 +116,9 @@ pub struct DeploymentSection {
     pub kv_block_size: Option<i64>,
     /// Fraction of GPU memory usable for weights + KV cache (default 0.9).
     pub gpu_memory_utilization: Option<f64>,
+    /// Admission control: requests admitted and not yet finished beyond which
+    /// an arrival is rejected (counted in the report). Unset: admit all.
+    pub admission_limit: Option<i64>,
 }
 
 /// `[workload]`
@@ -295,6 +298,10 @@ pub struct ServingKnobs {
     pub kv_block_size: u64,
     /// Usable fraction of GPU memory.
     pub gpu_memory_utilization: f64,
+    /// Requests in the system (admitted, not finished) beyond which arrivals
+    /// are rejected; `None` admits all.
+    #[serde(default)]
+    pub admission_limit: Option<usize>,
     /// TP degree of each local prefill worker (spanning that many encode GPUs);
     /// `None` when `s = 1`.
     pub local_prefill_tp: Option<u32>,
@@ -551,6 +558,61 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
 }
 
 impl Scenario {
+    /// The stage costs the scenario names: its `profile`, or the roofline of
+    /// its model and GPU.
+    pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
+        use easerve_calib::{Efficiency, Roofline};
+        match &self.profile {
+            Some(p) => Box::new(p.clone()),
+            None => Box::new(Roofline::new(
+                self.model.clone(),
+                self.gpu.clone(),
+                Efficiency::default(),
+            )),
+        }
+    }
+
+    /// One continuous-batching scheduler per decode worker, with the KV blocks
+    /// its TP group's memory holds after the LLM weights (a property of model
+    /// × GPU whatever the cost source; `Roofline::kv_bytes_free_per_gpu`).
+    pub fn decode_schedulers(&self) -> Vec<easerve_sched::DecodeScheduler> {
+        use easerve_calib::{Efficiency, Roofline};
+        use easerve_sched::{DecodeScheduler, KvBlocks};
+        let tp = self.deployment.allocation.decode.tp;
+        let free = Roofline::new(self.model.clone(), self.gpu.clone(), Efficiency::default())
+            .kv_bytes_free_per_gpu(tp, 0.0, self.knobs.gpu_memory_utilization)
+            .unwrap_or(0.0)
+            * tp as f64;
+        let kv = KvBlocks::from_memory(
+            free,
+            self.model.kv_bytes_per_token(),
+            self.knobs.kv_block_size,
+        );
+        (0..self.deployment.allocation.decode.workers)
+            .map(|_| DecodeScheduler::new(kv, self.knobs.decode_max_batch))
+            .collect()
+    }
+
+    /// The encode dispatch policy each encode worker runs: the scenario's,
+    /// with the Poisson-gap rate estimate seeded from the offered rate per
+    /// encode worker when the scenario gives no hint.
+    pub fn encode_dispatch(&self) -> easerve_sched::DispatchPolicy {
+        use easerve_sched::DispatchPolicy;
+        let workers = self.deployment.allocation.encode.workers;
+        match self.deployment.dispatch.clone() {
+            DispatchPolicy::PoissonGap {
+                q,
+                max_age_s,
+                rate_hint: None,
+            } if workers > 0 => DispatchPolicy::PoissonGap {
+                q,
+                max_age_s,
+                rate_hint: Some(self.workload.rate / workers as f64),
+            },
+            d => d,
+        }
+    }
+
     /// Read, parse, validate and resolve a scenario file.
     pub fn load(path: &Path, overrides: &Overrides) -> Result<Scenario, ScenarioError> {
         Scenario::load_with(path, &[], overrides)
@@ -1010,6 +1072,10 @@ impl Scenario {
             4,
             1 << 16,
         )? as usize;
+        let admission_limit = match d.admission_limit {
+            Some(n) => Some(v.int("deployment.admission_limit", n, 1, 1 << 30)? as usize),
+            None => None,
+        };
         let mem_util = v.real(
             "deployment.gpu_memory_utilization",
             d.gpu_memory_utilization.unwrap_or(0.9),
@@ -1249,6 +1315,7 @@ impl Scenario {
                 max_inflight_transfers,
                 kv_block_size,
                 gpu_memory_utilization: mem_util,
+                admission_limit,
                 local_prefill_tp,
                 aggregated_tp,
             },

@@ -1,0 +1,51 @@
+//! From a scenario to the [`Controller`] that runs it: the same workload, the
+//! same batcher parameters and SM table the simulator builds, from the same
+//! cost source.
+
+use easerve_calib::StageCost;
+use easerve_model::ItemTokens;
+use easerve_sched::{Batcher, Controller, ControllerConfig, SmSplit};
+use easerve_workload::generate::{generate_with_tokens, typical_batch, typical_items};
+use easerve_workload::Scenario;
+
+/// The controller for `sc` with policy costs (`W(k) = T_enc(k)`, the SM
+/// table) from `cost`, and the per-request item tokens.
+pub fn build_controller(sc: &Scenario, cost: &dyn StageCost) -> (Controller, Vec<Vec<ItemTokens>>) {
+    let (requests, tokens) = generate_with_tokens(sc);
+    let dep = &sc.deployment;
+    let alloc = dep.allocation;
+    let b = dep.max_batch;
+    let typical = typical_items(&requests, &tokens);
+    let t_enc = |k: usize, share: f64| cost.encode(&typical_batch(&typical, k), share).total();
+    let split = if dep.has_local_prefill() {
+        SmSplit::new(&dep.sm_policy, b, t_enc)
+    } else {
+        SmSplit::Static(1.0)
+    };
+    let dispatch = sc.encode_dispatch();
+    let batchers = (0..alloc.encode.workers)
+        .map(|_| Batcher::new(&dispatch, b, |k| t_enc(k, 1.0)))
+        .collect();
+    let local_prefill = match sc.knobs.local_prefill_tp {
+        Some(tp) => {
+            let tp = tp as usize;
+            (0..alloc.encode.workers as usize / tp)
+                .map(|g| (g * tp..(g + 1) * tp).collect())
+                .collect()
+        }
+        None => Vec::new(),
+    };
+    let cfg = ControllerConfig {
+        batchers,
+        remote_prefill: alloc.prefill.workers as usize,
+        local_prefill,
+        decode: sc.decode_schedulers(),
+        prefill_token_budget: sc.knobs.prefill_token_budget,
+        prefill_max_seqs: sc.knobs.prefill_max_seqs,
+        max_inflight_transfers: sc.knobs.max_inflight_transfers,
+        router: (dep.router.clone(), dep.offload),
+        split,
+        admission_limit: sc.knobs.admission_limit,
+    };
+    (Controller::new(requests, cfg), tokens)
+}

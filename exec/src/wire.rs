@@ -1,0 +1,312 @@
+//! The executor's wire format: length-prefixed frames between the controller
+//! and its worker processes over local TCP sockets.
+//!
+//! A frame is a little-endian `u32` byte length followed by that many bytes
+//! of a message encoded with `bincode` 2 (serde, standard configuration).
+//! Frames above [`MAX_FRAME`] are refused, so a corrupt length cannot make a
+//! reader allocate without bound. The worker side is blocking (`std::io`);
+//! the controller side is `tokio`.
+
+use easerve_sched::{MmItem, RequestId};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::io::{self, Read, Write};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Largest frame either side accepts: 1 GiB.
+pub const MAX_FRAME: usize = 1 << 30;
+
+/// A worker's stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Role {
+    /// Runs the multimodal encoder and projector.
+    Encode,
+    /// Runs LLM prefill (remote, or local: co-located on an encode device).
+    Prefill,
+    /// Runs LLM decode iterations over the KV caches it holds.
+    Decode,
+}
+
+impl Role {
+    /// `encode`, `prefill` or `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Encode => "encode",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// A row-major `f32` matrix.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Matrix {
+    /// Rows (tokens).
+    pub rows: u32,
+    /// Columns (hidden width).
+    pub cols: u32,
+    /// `rows × cols` values.
+    pub data: Vec<f32>,
+}
+
+/// One request's KV cache: keys and values of every layer, each
+/// `[kv_heads, len, head_dim]`, concatenated layer after layer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KvData {
+    /// Layers.
+    pub layers: u32,
+    /// KV heads.
+    pub kv_heads: u32,
+    /// Positions cached.
+    pub len: u32,
+    /// Head width.
+    pub head_dim: u32,
+    /// Keys, `layers × kv_heads × len × head_dim`.
+    pub k: Vec<f32>,
+    /// Values, same layout.
+    pub v: Vec<f32>,
+}
+
+/// One request of an encode micro-batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EncodeRequest {
+    /// Request.
+    pub id: RequestId,
+    /// Its items; the worker synthesises media of these shapes (seeded by
+    /// the run's seed and the request id) and preprocesses them for real.
+    pub items: Vec<MmItem>,
+}
+
+/// One request of a prefill batch; its multimodal embeddings (if any) came
+/// earlier in an [`ToWorker::Embeddings`] envelope.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PrefillRequest {
+    /// Request.
+    pub id: RequestId,
+    /// Text prompt tokens after the embeddings.
+    pub prompt_tokens: u32,
+}
+
+/// Controller → worker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// Run one encode pass over the micro-batch with `sm_share` of the
+    /// worker's compute (its thread share on CPU).
+    Encode {
+        /// Requests, FCFS.
+        requests: Vec<EncodeRequest>,
+        /// Share in (0, 1].
+        sm_share: f64,
+    },
+    /// One envelope of embeddings (one micro-batch's requests bound for this
+    /// prefill worker): hold them and answer [`FromWorker::EmbeddingsLanded`].
+    Embeddings {
+        /// Envelope number (the controller's).
+        envelope: u64,
+        /// `[mm_tokens, d]` per request.
+        embeddings: Vec<(RequestId, Matrix)>,
+    },
+    /// Run one prefill batch.
+    Prefill {
+        /// Requests.
+        requests: Vec<PrefillRequest>,
+        /// Share in (0, 1].
+        sm_share: f64,
+    },
+    /// Hold request `id`'s KV cache (answer [`FromWorker::KvLanded`]); its
+    /// next input is `last_token`.
+    Kv {
+        /// Request.
+        id: RequestId,
+        /// The token prefill emitted.
+        last_token: u32,
+        /// The cache.
+        kv: KvData,
+    },
+    /// Run one decode iteration over these sequences.
+    DecodeStep {
+        /// Running sequences.
+        ids: Vec<RequestId>,
+    },
+    /// Free these sequences' caches.
+    Release {
+        /// Finished requests.
+        ids: Vec<RequestId>,
+    },
+    /// Exit.
+    Shutdown,
+}
+
+/// Worker → controller.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum FromWorker {
+    /// First message after connecting.
+    Hello {
+        /// Stage.
+        role: Role,
+        /// Index within the stage (as the controller numbers workers).
+        index: usize,
+        /// Process id.
+        pid: u32,
+    },
+    /// The model is built and warmed up; `load_s` seconds it took.
+    Ready {
+        /// Seconds.
+        load_s: f64,
+    },
+    /// An embeddings envelope is held by this prefill worker.
+    EmbeddingsLanded {
+        /// Envelope number.
+        envelope: u64,
+    },
+    /// A KV cache is held by this decode worker.
+    KvLanded {
+        /// Request.
+        id: RequestId,
+    },
+    /// An encode pass ended.
+    EncodeDone {
+        /// Embeddings per request, in pass order.
+        embeddings: Vec<(RequestId, Matrix)>,
+        /// Seconds of host preprocessing.
+        preprocess_s: f64,
+        /// Seconds of the whole pass in the worker.
+        compute_s: f64,
+    },
+    /// A prefill batch ended: the first token and the KV cache per request.
+    PrefillDone {
+        /// `(request, first token, KV cache)`.
+        outputs: Vec<(RequestId, u32, KvData)>,
+        /// Seconds in the worker.
+        compute_s: f64,
+    },
+    /// A decode iteration ended.
+    DecodeDone {
+        /// `(request, token)` per running sequence.
+        tokens: Vec<(RequestId, u32)>,
+        /// Seconds in the worker.
+        compute_s: f64,
+    },
+    /// The worker cannot go on (the controller fails its requests).
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+}
+
+fn config() -> bincode::config::Configuration {
+    bincode::config::standard()
+}
+
+fn invalid(e: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e.to_string())
+}
+
+/// Encode `msg` as one frame (length prefix included).
+pub fn encode_frame<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
+    let mut out = vec![0u8; 4];
+    bincode::serde::encode_into_std_write(msg, &mut out, config()).map_err(invalid)?;
+    let len = out.len() - 4;
+    if len > MAX_FRAME {
+        return Err(invalid(format!("frame of {len} bytes exceeds {MAX_FRAME}")));
+    }
+    out[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    Ok(out)
+}
+
+fn decode_body<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
+    let (msg, used) = bincode::serde::decode_from_slice(body, config()).map_err(invalid)?;
+    if used != body.len() {
+        return Err(invalid(format!(
+            "frame has {} trailing bytes",
+            body.len() - used
+        )));
+    }
+    Ok(msg)
+}
+
+fn frame_len(prefix: [u8; 4]) -> io::Result<usize> {
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len > MAX_FRAME {
+        return Err(invalid(format!("frame of {len} bytes exceeds {MAX_FRAME}")));
+    }
+    Ok(len)
+}
+
+/// Write one frame (blocking).
+pub fn write_frame<W: Write, T: Serialize>(w: &mut W, msg: &T) -> io::Result<()> {
+    w.write_all(&encode_frame(msg)?)?;
+    w.flush()
+}
+
+/// Read one frame (blocking); `None` at a clean end of stream.
+pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<T>> {
+    let mut prefix = [0u8; 4];
+    match r.read_exact(&mut prefix) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut body = vec![0u8; frame_len(prefix)?];
+    r.read_exact(&mut body)?;
+    decode_body(&body).map(Some)
+}
+
+/// Read one frame (async); `None` at a clean end of stream.
+pub async fn read_frame_async<R: AsyncReadExt + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+) -> io::Result<Option<T>> {
+    let mut prefix = [0u8; 4];
+    match r.read_exact(&mut prefix).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let mut body = vec![0u8; frame_len(prefix)?];
+    r.read_exact(&mut body).await?;
+    decode_body(&body).map(Some)
+}
+
+/// Write an already encoded frame (async).
+pub async fn write_bytes_async<W: AsyncWriteExt + Unpin>(
+    w: &mut W,
+    frame: &[u8],
+) -> io::Result<()> {
+    w.write_all(frame).await?;
+    w.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_bad_lengths_are_refused() {
+        let msg = ToWorker::Kv {
+            id: 7,
+            last_token: 3,
+            kv: KvData {
+                layers: 1,
+                kv_heads: 1,
+                len: 2,
+                head_dim: 2,
+                k: vec![1.0, 2.0, 3.0, 4.0],
+                v: vec![0.5; 4],
+            },
+        };
+        let bytes = encode_frame(&msg).unwrap();
+        let mut two = bytes.clone();
+        two.extend_from_slice(&encode_frame(&ToWorker::Shutdown).unwrap());
+        let mut r = &two[..];
+        assert_eq!(read_frame::<_, ToWorker>(&mut r).unwrap(), Some(msg));
+        assert_eq!(
+            read_frame::<_, ToWorker>(&mut r).unwrap(),
+            Some(ToWorker::Shutdown)
+        );
+        assert_eq!(read_frame::<_, ToWorker>(&mut r).unwrap(), None);
+        let huge = ((MAX_FRAME + 1) as u32).to_le_bytes();
+        assert!(read_frame::<_, ToWorker>(&mut &huge[..]).is_err());
+        // a truncated body is an error, not a clean end
+        assert!(read_frame::<_, ToWorker>(&mut &bytes[..bytes.len() - 1]).is_err());
+    }
+}

@@ -1,0 +1,476 @@
+//! A worker process (`easerve worker`, started by `easerve exec`): one stage
+//! of one deployment on one device, running the real burn model and doing
+//! what its controller's frames say.
+//!
+//! It connects to the controller, says [`FromWorker::Hello`], builds its model
+//! (weights seeded by the run's seed, so every worker of a run holds the same
+//! LM), warms it up, says [`FromWorker::Ready`], then serves [`ToWorker`]
+//! frames one at a time until [`ToWorker::Shutdown`] or the end of the stream.
+//! Any failure is reported as [`FromWorker::Error`] before exiting non-zero.
+
+use crate::device::DeviceKind;
+use crate::input::{prepare, Media};
+use crate::wire::{
+    read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, Role,
+    ToWorker,
+};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use easerve_model::nn::{KvCache, MultimodalModel};
+use easerve_model::ModelArch;
+use easerve_sched::RequestId;
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+
+/// What a worker process is told on its command line.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    /// Stage.
+    pub role: Role,
+    /// Index within the stage.
+    pub index: usize,
+    /// Controller address.
+    pub connect: SocketAddr,
+    /// Model preset.
+    pub model: String,
+    /// CPU threads this worker may use (its share of the host's cores).
+    pub threads: usize,
+    /// Run seed (weights and synthetic media).
+    pub seed: u64,
+    /// Device.
+    pub device: DeviceKind,
+    /// Device ordinal (CUDA): the first GPU of the worker's share of the allocation.
+    pub gpu: usize,
+}
+
+/// Serve as a worker until shutdown. Errors are strings for the process's
+/// stderr; the controller also gets them as [`FromWorker::Error`].
+pub fn run_worker(opts: &WorkerOptions) -> Result<(), String> {
+    let arch = ModelArch::preset(&opts.model)
+        .ok_or_else(|| format!("--model: unknown model `{}`", opts.model))?;
+    let stream = TcpStream::connect(opts.connect)
+        .map_err(|e| format!("cannot connect to the controller at {}: {e}", opts.connect))?;
+    stream.set_nodelay(true).ok();
+    let reader = stream
+        .try_clone()
+        .map_err(|e| format!("socket clone failed: {e}"))?;
+    let writer = Arc::new(Mutex::new(stream));
+    send(
+        &writer,
+        &FromWorker::Hello {
+            role: opts.role,
+            index: opts.index,
+            pid: std::process::id(),
+        },
+    )?;
+    let res = match opts.device {
+        DeviceKind::Cpu => match crate::device::limit_cpu_threads(opts.threads) {
+            Ok(()) => serve::<burn::backend::NdArray>(
+                &arch,
+                opts,
+                &Default::default(),
+                reader,
+                writer.clone(),
+            ),
+            Err(e) => Err(e.0),
+        },
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => serve::<crate::cuda::Gpu>(
+            &arch,
+            opts,
+            &burn::backend::cuda::CudaDevice::new(opts.gpu),
+            reader,
+            writer.clone(),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => {
+            drop(reader);
+            Err("this build has no CUDA support (build with --features cuda)".into())
+        }
+    };
+    if let Err(e) = &res {
+        let _ = send(&writer, &FromWorker::Error { message: e.clone() });
+    }
+    res
+}
+
+/// Synthetic media of request `id`'s item `j`, seeded by the run.
+fn media_seed(seed: u64, id: RequestId, j: usize) -> u64 {
+    seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (j as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
+}
+
+/// Text prompt token ids of request `id` (deterministic, below `vocab`).
+fn prompt_ids(id: RequestId, n: u32, vocab: u32) -> Vec<u32> {
+    (0..n)
+        .map(|t| {
+            ((id as u32)
+                .wrapping_mul(2_654_435_761)
+                .wrapping_add(t * 7919))
+                % vocab.max(1)
+        })
+        .collect()
+}
+
+fn to_vec_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, String> {
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| format!("tensor read-back failed: {e:?}"))
+}
+
+fn argmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<u32>, String> {
+    let ids = logits.argmax(1);
+    Ok(ids
+        .into_data()
+        .convert::<i64>()
+        .into_vec::<i64>()
+        .map_err(|e| format!("tensor read-back failed: {e:?}"))?
+        .into_iter()
+        .map(|i| i.max(0) as u32)
+        .collect())
+}
+
+fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, String> {
+    let [kv_heads, len, head_dim] = c.k.first().map_or([0, 0, 0], |t| t.dims());
+    let layers = c.k.len();
+    let mut k = Vec::with_capacity(c.elements() / 2);
+    let mut v = Vec::with_capacity(c.elements() / 2);
+    for t in c.k {
+        k.extend(to_vec_f32(t)?);
+    }
+    for t in c.v {
+        v.extend(to_vec_f32(t)?);
+    }
+    Ok(KvData {
+        layers: layers as u32,
+        kv_heads: kv_heads as u32,
+        len: len as u32,
+        head_dim: head_dim as u32,
+        k,
+        v,
+    })
+}
+
+fn kv_from_wire<B: Backend>(kv: KvData, device: &B::Device) -> Result<KvCache<B>, String> {
+    let per = (kv.kv_heads * kv.len * kv.head_dim) as usize;
+    if kv.k.len() != per * kv.layers as usize || kv.v.len() != kv.k.len() {
+        return Err(format!(
+            "KV cache of {} layers × {per} values has {} keys and {} values",
+            kv.layers,
+            kv.k.len(),
+            kv.v.len()
+        ));
+    }
+    let shape = [kv.kv_heads as usize, kv.len as usize, kv.head_dim as usize];
+    let split = |all: &[f32]| -> Vec<Tensor<B, 3>> {
+        all.chunks(per.max(1))
+            .take(kv.layers as usize)
+            .map(|c| Tensor::from_data(TensorData::new(c.to_vec(), shape), device))
+            .collect()
+    };
+    Ok(KvCache {
+        k: split(&kv.k),
+        v: split(&kv.v),
+        len: kv.len as usize,
+    })
+}
+
+/// A decode worker's sequences: cache and next input token.
+struct Sequence<B: Backend> {
+    cache: KvCache<B>,
+    last: u32,
+}
+
+/// Thread pools by size, so a pass can run on its thread share.
+struct Pools {
+    threads: usize,
+    pools: HashMap<usize, rayon::ThreadPool>,
+}
+
+impl Pools {
+    fn run<T: Send>(&mut self, share: f64, f: impl FnOnce() -> T + Send) -> T {
+        let n = ((self.threads as f64 * share).round() as usize).clamp(1, self.threads.max(1));
+        if n >= self.threads {
+            return f();
+        }
+        let pool = self.pools.entry(n).or_insert_with(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("a rayon pool of a few threads builds")
+        });
+        pool.install(f)
+    }
+}
+
+/// Work for the compute loop (data frames are handled by the receiver thread).
+enum Job {
+    Encode(Vec<EncodeRequest>, f64),
+    Prefill(Vec<PrefillRequest>, f64),
+    DecodeStep(Vec<RequestId>),
+    Release(Vec<RequestId>),
+}
+
+type Shared<T> = Arc<Mutex<T>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn send(writer: &Mutex<TcpStream>, m: &FromWorker) -> Result<(), String> {
+    write_frame(&mut *lock(writer), m).map_err(|e| format!("cannot write to the controller: {e}"))
+}
+
+/// The receiver thread: stores embeddings envelopes and KV caches as they
+/// arrive (and acknowledges them at once, even while a batch computes) and
+/// hands compute work to the compute loop. Ends the loop on shutdown or EOF.
+fn receive(
+    mut reader: TcpStream,
+    writer: Shared<TcpStream>,
+    embeddings: Shared<HashMap<RequestId, Matrix>>,
+    kv: Shared<HashMap<RequestId, (u32, KvData)>>,
+    jobs: mpsc::Sender<Result<Job, String>>,
+) {
+    loop {
+        let msg = match read_frame::<_, ToWorker>(&mut reader) {
+            Ok(Some(m)) => m,
+            Ok(None) | Err(_) => return, // the controller is gone: stop
+        };
+        let job = match msg {
+            ToWorker::Shutdown => return,
+            ToWorker::Embeddings {
+                envelope,
+                embeddings: e,
+            } => {
+                lock(&embeddings).extend(e);
+                if send(&writer, &FromWorker::EmbeddingsLanded { envelope }).is_err() {
+                    return;
+                }
+                continue;
+            }
+            ToWorker::Kv {
+                id,
+                last_token,
+                kv: k,
+            } => {
+                lock(&kv).insert(id, (last_token, k));
+                if send(&writer, &FromWorker::KvLanded { id }).is_err() {
+                    return;
+                }
+                continue;
+            }
+            ToWorker::Encode { requests, sm_share } => Job::Encode(requests, sm_share),
+            ToWorker::Prefill { requests, sm_share } => Job::Prefill(requests, sm_share),
+            ToWorker::DecodeStep { ids } => Job::DecodeStep(ids),
+            ToWorker::Release { ids } => Job::Release(ids),
+        };
+        if jobs.send(Ok(job)).is_err() {
+            return;
+        }
+    }
+}
+
+fn serve<B: Backend>(
+    arch: &ModelArch,
+    opts: &WorkerOptions,
+    device: &B::Device,
+    reader: TcpStream,
+    writer: Shared<TcpStream>,
+) -> Result<(), String> {
+    let t0 = Instant::now();
+    B::seed(device, opts.seed);
+    let model = MultimodalModel::<B>::from_arch(arch, device).map_err(|e| e.to_string())?;
+    let vocab = arch.llm.vocab as u32;
+    let mut pools = Pools {
+        threads: opts.threads.max(1),
+        pools: HashMap::new(),
+    };
+    // warm-up: one small forward of the stage's model
+    if opts.role != Role::Encode {
+        let x = model.lm.embed_tokens(&[1, 2, 3], device);
+        let (_l, mut caches) = model.lm.prefill(std::slice::from_ref(&x));
+        let x = model.lm.embed_tokens(&[4], device);
+        let _ = model.lm.decode(x, &mut caches);
+    }
+    let sync = || B::sync(device).map_err(|e| format!("device sync failed: {e:?}"));
+    sync()?;
+    send(
+        &writer,
+        &FromWorker::Ready {
+            load_s: t0.elapsed().as_secs_f64(),
+        },
+    )?;
+    let embeddings: Shared<HashMap<RequestId, Matrix>> = Arc::default();
+    let kv: Shared<HashMap<RequestId, (u32, KvData)>> = Arc::default();
+    let (tx, rx) = mpsc::channel();
+    {
+        let (w, e, k) = (writer.clone(), embeddings.clone(), kv.clone());
+        std::thread::Builder::new()
+            .name("receiver".into())
+            .spawn(move || receive(reader, w, e, k, tx))
+            .map_err(|e| format!("cannot start the receiver thread: {e}"))?;
+    }
+    let mut seqs: HashMap<RequestId, Sequence<B>> = HashMap::new();
+    // the receiver drops its sender at shutdown or EOF, which ends this loop
+    while let Ok(job) = rx.recv() {
+        let reply = match job? {
+            Job::Encode(requests, share) => {
+                Some(pools.run(share, || encode(arch, &model, opts.seed, &requests, device))?)
+            }
+            Job::Prefill(requests, share) => {
+                let mut batch = Vec::with_capacity(requests.len());
+                {
+                    let mut held = lock(&embeddings);
+                    for r in requests {
+                        let e = held.remove(&r.id);
+                        batch.push((r, e));
+                    }
+                }
+                Some(pools.run(share, || prefill(&model, vocab, &batch, device))?)
+            }
+            Job::DecodeStep(ids) => {
+                for id in &ids {
+                    if !seqs.contains_key(id) {
+                        let (last, k) = lock(&kv).remove(id).ok_or_else(|| {
+                            format!("decode step for request {id}, whose KV cache is not here")
+                        })?;
+                        let cache = kv_from_wire::<B>(k, device)?;
+                        seqs.insert(*id, Sequence { cache, last });
+                    }
+                }
+                Some(decode_step(&model, &mut seqs, &ids, device)?)
+            }
+            Job::Release(ids) => {
+                for id in ids {
+                    seqs.remove(&id);
+                }
+                None
+            }
+        };
+        if let Some(r) = reply {
+            sync()?;
+            send(&writer, &r)?;
+        }
+    }
+    Ok(())
+}
+
+fn encode<B: Backend>(
+    arch: &ModelArch,
+    model: &MultimodalModel<B>,
+    seed: u64,
+    requests: &[EncodeRequest],
+    device: &B::Device,
+) -> Result<FromWorker, String> {
+    let t0 = Instant::now();
+    let mut items = Vec::new();
+    let mut counts = Vec::with_capacity(requests.len());
+    for r in requests {
+        for (j, it) in r.items.iter().enumerate() {
+            let media = Media::synthetic(it, media_seed(seed, r.id, j));
+            let p = prepare(arch, &media).map_err(|e| format!("request {}: {e}", r.id))?;
+            items.push(p.item.to_device::<B>(device));
+        }
+        counts.push(r.items.len());
+    }
+    let preprocess_s = t0.elapsed().as_secs_f64();
+    let mut out = model.encode(&items).map_err(|e| e.to_string())?.into_iter();
+    let mut embeddings = Vec::with_capacity(requests.len());
+    for (r, n) in requests.iter().zip(counts) {
+        let parts: Vec<Tensor<B, 2>> = out.by_ref().take(n).collect();
+        let m = Tensor::cat(parts, 0);
+        let [rows, cols] = m.dims();
+        embeddings.push((
+            r.id,
+            Matrix {
+                rows: rows as u32,
+                cols: cols as u32,
+                data: to_vec_f32(m)?,
+            },
+        ));
+    }
+    Ok(FromWorker::EncodeDone {
+        embeddings,
+        preprocess_s,
+        compute_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn prefill<B: Backend>(
+    model: &MultimodalModel<B>,
+    vocab: u32,
+    batch: &[(PrefillRequest, Option<Matrix>)],
+    device: &B::Device,
+) -> Result<FromWorker, String> {
+    let t0 = Instant::now();
+    let d = model.lm.d_model();
+    let mut seqs = Vec::with_capacity(batch.len());
+    for (r, emb) in batch {
+        let mut parts = Vec::new();
+        if let Some(m) = emb {
+            if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize {
+                return Err(format!(
+                    "request {}: embeddings {}×{} do not fit the LM's width {d}",
+                    r.id, m.rows, m.cols
+                ));
+            }
+            if m.rows > 0 {
+                parts.push(Tensor::<B, 2>::from_data(
+                    TensorData::new(m.data.clone(), [m.rows as usize, d]),
+                    device,
+                ));
+            }
+        }
+        let text = prompt_ids(
+            r.id,
+            r.prompt_tokens.max(u32::from(parts.is_empty())),
+            vocab,
+        );
+        if !text.is_empty() {
+            parts.push(model.lm.embed_tokens(&text, device));
+        }
+        seqs.push(Tensor::cat(parts, 0));
+    }
+    let (logits, caches) = model.lm.prefill(&seqs);
+    let first = argmax_rows(logits)?;
+    let mut outputs = Vec::with_capacity(batch.len());
+    for (((r, _), tok), cache) in batch.iter().zip(first).zip(caches) {
+        outputs.push((r.id, tok, kv_to_wire(cache)?));
+    }
+    Ok(FromWorker::PrefillDone {
+        outputs,
+        compute_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+fn decode_step<B: Backend>(
+    model: &MultimodalModel<B>,
+    seqs: &mut HashMap<RequestId, Sequence<B>>,
+    ids: &[RequestId],
+    device: &B::Device,
+) -> Result<FromWorker, String> {
+    let t0 = Instant::now();
+    let mut batch = Vec::with_capacity(ids.len());
+    for id in ids {
+        let s = seqs
+            .remove(id)
+            .ok_or_else(|| format!("decode step for request {id}, whose KV cache is not here"))?;
+        batch.push((*id, s));
+    }
+    let last: Vec<u32> = batch.iter().map(|(_, s)| s.last).collect();
+    let x = model.lm.embed_tokens(&last, device);
+    let mut caches: Vec<KvCache<B>> = batch.iter().map(|(_, s)| s.cache.clone()).collect();
+    let logits = model.lm.decode(x, &mut caches);
+    let next = argmax_rows(logits)?;
+    let mut tokens = Vec::with_capacity(ids.len());
+    for (((id, _), cache), tok) in batch.into_iter().zip(caches).zip(next) {
+        tokens.push((id, tok));
+        seqs.insert(id, Sequence { cache, last: tok });
+    }
+    Ok(FromWorker::DecodeDone {
+        tokens,
+        compute_s: t0.elapsed().as_secs_f64(),
+    })
+}
