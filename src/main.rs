@@ -6,6 +6,7 @@
 //! what is allowed).
 
 mod calib_cmd;
+mod exec_cmd;
 mod profile_cmd;
 mod reproduce_cmd;
 mod search_cmd;
@@ -47,56 +48,120 @@ enum Command {
     /// real backend and write them as a profile.
     #[command(after_help = EXIT_CODES)]
     Profile(profile_cmd::ProfileArgs),
+    /// Run a scenario for real: one worker process per worker of the deployment,
+    /// driven by the same scheduler as `sim`, and print the measured report.
+    #[command(after_help = exec_cmd::EXEC_HELP)]
+    Exec(exec_cmd::ExecArgs),
+    /// Internal: one worker process of `easerve exec`.
+    #[command(hide = true)]
+    Worker(exec_cmd::WorkerArgs),
 }
 
 #[derive(clap::Args, Debug)]
 #[command(allow_negative_numbers = true)]
 struct SimArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Also write the run's timeline as Chrome trace-event JSON (open it in
+    /// ui.perfetto.dev): one track per worker and link.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+}
+
+/// The scenario and what to override in it, and where the run's outputs go:
+/// shared by `sim` and `exec`, so one scenario runs the same way in both.
+#[derive(clap::Args, Debug)]
+pub(crate) struct RunArgs {
     /// Scenario file (TOML; fields documented in scenarios/README.md).
-    scenario: PathBuf,
+    pub(crate) scenario: PathBuf,
     /// Master seed of every RNG stream (overrides the scenario's `seed`).
     #[arg(long)]
-    seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
     /// Arrival rate in requests/s (overrides `workload.rate`).
     #[arg(long)]
-    rate: Option<f64>,
+    pub(crate) rate: Option<f64>,
     /// Number of requests (overrides `workload.requests`).
     #[arg(long)]
-    requests: Option<i64>,
+    pub(crate) requests: Option<i64>,
     /// Allocation, e.g. `2E(TP1)+1P(TP2)+1D(TP4)` (overrides `deployment.allocation`).
     #[arg(long)]
-    allocation: Option<String>,
+    pub(crate) allocation: Option<String>,
     /// A whole deployment as `easerve search` prints it, e.g.
     /// `'2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55'` (instead of --allocation, --batch, --offload).
     #[arg(long, conflicts_with_all = ["allocation", "batch", "offload"])]
-    deployment: Option<String>,
+    pub(crate) deployment: Option<String>,
     /// Encode micro-batch bound B (overrides `deployment.batch`).
     #[arg(long = "batch", short = 'B')]
-    batch: Option<i64>,
+    pub(crate) batch: Option<i64>,
     /// Offload ratio s in [0, 1] (overrides `deployment.offload`).
     #[arg(long = "offload", short = 's')]
-    offload: Option<f64>,
+    pub(crate) offload: Option<f64>,
     /// Serving system (overrides `deployment.system`): `easerve` (the scenario's
     /// deployment), `passthrough` (the same allocation with encode one request per
     /// pass and s = 1) or `aggregated` (replicas running encode inline before
     /// prefill, as a single-engine server does).
     #[arg(long)]
-    system: Option<System>,
+    pub(crate) system: Option<System>,
     /// Take stage costs from this profile (e.g. one measured by `easerve profile`)
     /// instead of the scenario's `profile` field; its model, device and link must
     /// match the scenario's.
     #[arg(long, value_name = "FILE")]
-    profile: Option<PathBuf>,
+    pub(crate) profile: Option<PathBuf>,
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
-    requests_csv: Option<PathBuf>,
-    /// Also write the run's timeline as Chrome trace-event JSON (open it in
-    /// ui.perfetto.dev): one track per worker and link.
-    #[arg(long, value_name = "FILE")]
-    trace: Option<PathBuf>,
+    pub(crate) requests_csv: Option<PathBuf>,
     /// Print the report as JSON instead of text.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
+}
+
+impl RunArgs {
+    /// Load the scenario with the overrides applied.
+    pub(crate) fn scenario(&self) -> anyhow::Result<Scenario> {
+        let mut overrides = Overrides {
+            seed: self.seed,
+            rate: self.rate,
+            requests: self.requests,
+            allocation: self.allocation.clone(),
+            batch: self.batch,
+            offload: self.offload,
+            system: self.system,
+            profile: self.profile.clone(),
+        };
+        if let Some(d) = &self.deployment {
+            let c: easerve_has::Candidate = d
+                .parse()
+                .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
+            overrides = c.overrides(&overrides);
+        }
+        Ok(Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?)
+    }
+
+    /// Write the per-request CSV (if asked) and print the report.
+    pub(crate) fn output(
+        &self,
+        report: &easerve_workload::Report,
+        records: &[easerve_sched::RequestRecord],
+    ) -> anyhow::Result<()> {
+        if let Some(path) = &self.requests_csv {
+            let mut w = csv::Writer::from_path(path).map_err(|e| {
+                BadInput(format!(
+                    "--requests-csv {}: cannot write: {e}",
+                    path.display()
+                ))
+            })?;
+            for r in records {
+                w.serialize(r)?;
+            }
+            w.flush()?;
+        }
+        if self.json {
+            println!("{}", serde_json::to_string_pretty(report)?);
+        } else {
+            print!("{}", report.render_text());
+        }
+        Ok(())
+    }
 }
 
 /// Bad input: exit code 2. Subcommands wrap a user-facing message in it.
@@ -118,24 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reproduce(a) => reproduce_cmd::run(a),
         Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {
-            let mut overrides = Overrides {
-                seed: a.seed,
-                rate: a.rate,
-                requests: a.requests,
-                allocation: a.allocation,
-                batch: a.batch,
-                offload: a.offload,
-                system: a.system,
-                profile: a.profile,
-            };
-            if let Some(d) = &a.deployment {
-                let c: easerve_has::Candidate = d
-                    .parse()
-                    .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
-                overrides = c.overrides(&overrides);
-            }
-            let sc =
-                Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
+            let sc = a.run.scenario()?;
             let opts = easerve_sim::SimOptions {
                 timeline: a.trace.is_some(),
                 ..Default::default()
@@ -147,25 +195,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 })?;
                 serde_json::to_writer(std::io::BufWriter::new(file), timeline)?;
             }
-            if let Some(path) = &a.requests_csv {
-                let mut w = csv::Writer::from_path(path).map_err(|e| {
-                    BadInput(format!(
-                        "--requests-csv {}: cannot write: {e}",
-                        path.display()
-                    ))
-                })?;
-                for r in &out.records {
-                    w.serialize(r)?;
-                }
-                w.flush()?;
-            }
-            if a.json {
-                println!("{}", serde_json::to_string_pretty(&out.report)?);
-            } else {
-                print!("{}", out.report.render_text());
-            }
+            a.run.output(&out.report, &out.records)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Exec(a) => exec_cmd::run(a),
+        Command::Worker(a) => exec_cmd::worker(a),
     }
 }
 

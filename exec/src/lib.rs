@@ -16,6 +16,7 @@ pub mod input;
 pub mod mel;
 pub mod plan;
 pub mod profile;
+pub mod run;
 pub mod virtual_clock;
 pub mod wire;
 pub mod worker;

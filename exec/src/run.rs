@@ -1,0 +1,879 @@
+//! `easerve exec`: one real run of a scenario. The controller (this process,
+//! a single-threaded tokio runtime) starts one OS process per worker
+//! (`easerve worker …`), offers the scenario's workload open-loop at its
+//! arrival times, carries out the [`Controller`]'s commands over the
+//! workers' sockets and turns what comes back into [`ExecEvent`]s.
+//!
+//! Data path: encode workers return embeddings to the controller, which
+//! forwards them to the chosen prefill worker as one envelope per destination
+//! per micro-batch (in flight until that worker acknowledges it, which counts
+//! against the encode worker's in-flight cap); prefill workers return each
+//! request's first token and KV cache, which the controller forwards to the
+//! chosen decode worker as one message per request. Every transfer therefore
+//! takes two loopback hops through the controller.
+//!
+//! Faults: a worker whose socket closes or whose process exits is failed at
+//! once ([`Controller::on_worker_failed`]): its requests end as failed with
+//! the reason, and the run goes on. Ctrl-C (or the time limit) interrupts the
+//! run: what has not finished fails with the reason, and the report is
+//! written from what was measured.
+
+use crate::device::{cpu_cores, DeviceKind};
+use crate::event::{apply, ExecEvent};
+use crate::plan::build_controller;
+use crate::wire::{
+    encode_frame, read_frame_async, write_bytes_async, EncodeRequest, FromWorker, KvData, Matrix,
+    PrefillRequest, Role, ToWorker,
+};
+use easerve_calib::StageCost;
+use easerve_sched::{Command, Controller, Decision, RequestId, RequestRecord, WorkerRef};
+use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
+use easerve_workload::{Report, Scenario};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::process::Child;
+use tokio::sync::mpsc;
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct ExecOptions {
+    /// Device of every worker.
+    pub device: DeviceKind,
+    /// The `easerve` binary (its hidden `worker` subcommand runs a worker).
+    pub exe: PathBuf,
+    /// CPU threads per worker; default: the host's cores divided among the
+    /// worker processes, at least 1.
+    pub threads: Option<usize>,
+    /// Seconds to wait for every worker to connect and load its model.
+    pub startup_timeout_s: f64,
+    /// Interrupt the run after this many seconds (a partial report).
+    pub time_limit_s: Option<f64>,
+    /// Fault injection: kill this worker's process (SIGKILL) this many
+    /// seconds into the run.
+    pub kill: Option<(WorkerRef, f64)>,
+}
+
+/// A worker that died during the run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Fault {
+    /// Worker label (`E0`, `P0`, `L0`, `D0`).
+    pub worker: String,
+    /// Why (exit status, socket error, or the worker's own error message).
+    pub reason: String,
+    /// When the controller noticed, seconds since the run started.
+    pub detected_at: f64,
+    /// For an injected kill: seconds from the kill to its detection.
+    pub detection_delay_s: Option<f64>,
+}
+
+/// What a run hands back.
+#[derive(Clone, Debug)]
+pub struct ExecOutput {
+    /// The report, in the simulator's format (`measured = true`).
+    pub report: Report,
+    /// Per-request lifecycle records.
+    pub records: Vec<RequestRecord>,
+    /// Every scheduling decision, in order.
+    pub decisions: Vec<Decision>,
+    /// Workers that died.
+    pub faults: Vec<Fault>,
+    /// Whether the run was cut short (Ctrl-C or the time limit).
+    pub interrupted: Option<String>,
+}
+
+/// Why a run could not start or went wrong outside any one request.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// Workers could not be started or did not become ready.
+    #[error("workers did not start: {0}")]
+    Startup(String),
+    /// Local I/O of the controller failed.
+    #[error("controller I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One worker process as the controller sees it.
+struct Worker {
+    wref: WorkerRef,
+    label: String,
+    role: Role,
+    index: usize,
+    gpu: usize,
+    tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    child: Option<Child>,
+    pid: Option<u32>,
+    alive: bool,
+    /// Seconds of compute the worker reported, and SM-share-weighted seconds.
+    busy_s: f64,
+    sm_s: f64,
+    /// Share of the pass or batch in flight.
+    share: f64,
+}
+
+enum Incoming {
+    Msg(usize, FromWorker),
+    Down(usize, String),
+    Stderr(usize, String),
+}
+
+fn role_ref(role: Role, index: usize) -> WorkerRef {
+    match role {
+        Role::Encode => WorkerRef::Encode(index),
+        Role::Prefill => WorkerRef::Prefill(index),
+        Role::Decode => WorkerRef::Decode(index),
+    }
+}
+
+/// Run `sc` for real with policy costs (batcher `W(k)`, SM table) from `cost`.
+pub fn execute(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    opts: &ExecOptions,
+) -> Result<ExecOutput, ExecError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(run(sc, cost, opts))
+}
+
+async fn run(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    opts: &ExecOptions,
+) -> Result<ExecOutput, ExecError> {
+    let (mut ctrl, _tokens) = build_controller(sc, cost);
+    let alloc = sc.deployment.allocation;
+    // workers and their first device, in the simulator's GPU order
+    let mut workers: Vec<Worker> = Vec::new();
+    let mut next_gpu = 0usize;
+    let add = |workers: &mut Vec<Worker>, wref: WorkerRef, role, index, gpu, label| {
+        workers.push(Worker {
+            wref,
+            label,
+            role,
+            index,
+            gpu,
+            tx: None,
+            child: None,
+            pid: None,
+            alive: true,
+            busy_s: 0.0,
+            sm_s: 0.0,
+            share: 1.0,
+        })
+    };
+    for i in 0..alloc.encode.workers as usize {
+        let label = ctrl.label(WorkerRef::Encode(i));
+        add(
+            &mut workers,
+            WorkerRef::Encode(i),
+            Role::Encode,
+            i,
+            next_gpu,
+            label,
+        );
+        next_gpu += alloc.encode.tp as usize;
+    }
+    for p in 0..alloc.prefill.workers as usize {
+        let label = ctrl.label(WorkerRef::Prefill(p));
+        add(
+            &mut workers,
+            WorkerRef::Prefill(p),
+            Role::Prefill,
+            p,
+            next_gpu,
+            label,
+        );
+        next_gpu += alloc.prefill.tp as usize;
+    }
+    if let Some(tp) = sc.knobs.local_prefill_tp {
+        let remote = alloc.prefill.workers as usize;
+        for g in 0..alloc.encode.workers as usize / tp as usize {
+            let p = remote + g;
+            let label = ctrl.label(WorkerRef::Prefill(p));
+            let gpu = g * tp as usize * alloc.encode.tp as usize;
+            add(
+                &mut workers,
+                WorkerRef::Prefill(p),
+                Role::Prefill,
+                p,
+                gpu,
+                label,
+            );
+        }
+    }
+    for d in 0..alloc.decode.workers as usize {
+        let label = ctrl.label(WorkerRef::Decode(d));
+        add(
+            &mut workers,
+            WorkerRef::Decode(d),
+            Role::Decode,
+            d,
+            next_gpu,
+            label,
+        );
+        next_gpu += alloc.decode.tp as usize;
+    }
+    let by_ref: HashMap<WorkerRef, usize> = workers
+        .iter()
+        .enumerate()
+        .map(|(k, w)| (w.wref, k))
+        .collect();
+    let threads = opts
+        .threads
+        .unwrap_or_else(|| (cpu_cores() / workers.len().max(1)).max(1));
+
+    // start the processes
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Incoming>();
+    for (k, w) in workers.iter_mut().enumerate() {
+        let mut cmd = tokio::process::Command::new(&opts.exe);
+        cmd.arg("worker")
+            .args(["--role", w.role.as_str()])
+            .args(["--index", &w.index.to_string()])
+            .args(["--connect", &addr.to_string()])
+            .args(["--model", &sc.model.name])
+            .args(["--threads", &threads.to_string()])
+            .args(["--seed", &sc.seed.to_string()])
+            .args(["--device", opts.device.as_str()])
+            .args(["--gpu", &w.gpu.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // its own process group: a terminal's Ctrl-C reaches the controller
+        // only, which then shuts the workers down in order
+        #[cfg(unix)]
+        cmd.process_group(0);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ExecError::Startup(format!("cannot start {}: {e}", opts.exe.display())))?;
+        w.pid = child.id();
+        if let Some(err) = child.stderr.take() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(err).lines();
+                while let Ok(Some(l)) = lines.next_line().await {
+                    let _ = tx.send(Incoming::Stderr(k, l));
+                }
+            });
+        }
+        w.child = Some(child);
+    }
+
+    // accept and hear every worker's hello and ready
+    let startup = Duration::from_secs_f64(opts.startup_timeout_s.max(1.0));
+    let deadline = tokio::time::Instant::now() + startup;
+    let mut connected = 0;
+    let mut ready = 0;
+    let mut early: Vec<Incoming> = Vec::new();
+    let mut last_err: HashMap<usize, String> = HashMap::new();
+    while connected < workers.len() {
+        let accepted = tokio::select! {
+            a = listener.accept() => a?,
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(ExecError::Startup(format!(
+                    "{connected} of {} workers connected within {:.0} s",
+                    workers.len(), startup.as_secs_f64()
+                )));
+            }
+            Some(ev) = rx.recv() => {
+                match ev {
+                    Incoming::Stderr(k, l) => {
+                        last_err.insert(k, l);
+                    }
+                    Incoming::Msg(_, FromWorker::Ready { .. }) => ready += 1,
+                    other => early.push(other),
+                }
+                for w in workers.iter_mut() {
+                    if let Some(Ok(Some(status))) = w.child.as_mut().map(|c| c.try_wait()) {
+                        let k = by_ref[&w.wref];
+                        return Err(ExecError::Startup(format!(
+                            "worker {} exited ({status}) before connecting{}",
+                            w.label,
+                            last_err.get(&k).map_or(String::new(), |l| format!(": {l}"))
+                        )));
+                    }
+                }
+                continue;
+            }
+        };
+        let (stream, _) = accepted;
+        stream.set_nodelay(true)?;
+        let (mut rd, mut wr) = stream.into_split();
+        let hello = tokio::time::timeout_at(deadline, read_frame_async::<_, FromWorker>(&mut rd))
+            .await
+            .map_err(|_| ExecError::Startup("a worker connected but said nothing".into()))??;
+        let Some(FromWorker::Hello { role, index, .. }) = hello else {
+            return Err(ExecError::Startup(
+                "a worker connected without saying hello".into(),
+            ));
+        };
+        let Some(&k) = by_ref.get(&role_ref(role, index)) else {
+            return Err(ExecError::Startup(format!(
+                "unexpected worker {} {index}",
+                role.as_str()
+            )));
+        };
+        let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            while let Some(frame) = wrx.recv().await {
+                if write_bytes_async(&mut wr, &frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+        workers[k].tx = Some(wtx);
+        let tx = tx.clone();
+        tokio::spawn(reader(k, rd, tx));
+        connected += 1;
+    }
+    let mut early = early.into_iter();
+    while ready < workers.len() {
+        let ev = tokio::select! {
+            ev = async { match early.next() { Some(e) => Some(e), None => rx.recv().await } } => ev,
+            _ = tokio::time::sleep_until(deadline) => {
+                return Err(ExecError::Startup(format!(
+                    "{ready} of {} workers loaded their model within {:.0} s",
+                    workers.len(), startup.as_secs_f64()
+                )));
+            }
+        };
+        match ev {
+            Some(Incoming::Msg(_, FromWorker::Ready { .. })) => ready += 1,
+            Some(Incoming::Msg(k, FromWorker::Error { message })) => {
+                return Err(ExecError::Startup(format!(
+                    "worker {}: {message}",
+                    workers[k].label
+                )))
+            }
+            Some(Incoming::Down(k, why)) => {
+                return Err(ExecError::Startup(format!(
+                    "worker {} went away while loading: {why}{}",
+                    workers[k].label,
+                    last_err
+                        .get(&k)
+                        .map_or(String::new(), |l| format!(" ({l})"))
+                )))
+            }
+            Some(Incoming::Stderr(k, l)) => {
+                last_err.insert(k, l);
+            }
+            Some(_) => {}
+            None => return Err(ExecError::Startup("event channel closed".into())),
+        }
+    }
+    // child exits are watched from here on (a killed worker also closes its socket)
+    for (k, w) in workers.iter_mut().enumerate() {
+        if let Some(mut child) = w.child.take() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let why = match child.wait().await {
+                    Ok(status) => format!("process exited ({status})"),
+                    Err(e) => format!("process lost: {e}"),
+                };
+                let _ = tx.send(Incoming::Down(k, why));
+            });
+        }
+    }
+
+    // the run
+    let t0 = Instant::now();
+    let now = || t0.elapsed().as_secs_f64();
+    let arrivals: Vec<f64> = ctrl.requests().iter().map(|r| r.arrival).collect();
+    let mut next_arrival = 0usize;
+    let mut timers: Vec<Option<f64>> = vec![None; alloc.encode.workers as usize];
+    let mut embeddings: HashMap<RequestId, Matrix> = HashMap::new();
+    let mut kv: HashMap<RequestId, (u32, KvData)> = HashMap::new();
+    let mut envelopes: HashMap<u64, (usize, Vec<RequestId>, Option<usize>)> = HashMap::new();
+    let mut next_envelope = 0u64;
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut kill = opts.kill;
+    let mut killed_at: Option<(usize, f64)> = None;
+    let mut interrupted: Option<String> = None;
+    let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
+    let mut run_s = 0.0;
+
+    while !ctrl.is_finished() {
+        // the earliest timed thing: an arrival, a batcher timer, the kill, the limit
+        let mut wake = f64::INFINITY;
+        if let Some(&t) = arrivals.get(next_arrival) {
+            wake = wake.min(t);
+        }
+        for t in timers.iter().flatten() {
+            wake = wake.min(*t);
+        }
+        if let Some((_, t)) = kill {
+            wake = wake.min(t);
+        }
+        if let Some(t) = opts.time_limit_s {
+            wake = wake.min(t);
+        }
+        let sleep_for = (wake - now()).clamp(0.0, 3600.0);
+        let mut events: Vec<ExecEvent> = Vec::new();
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(Incoming::Msg(k, msg)) => {
+                    let w = &mut workers[k];
+                    match msg {
+                        FromWorker::EncodeDone { embeddings: e, compute_s, .. } => {
+                            w.busy_s += compute_s;
+                            w.sm_s += compute_s * w.share;
+                            embeddings.extend(e);
+                            events.push(ExecEvent::EncodeDone(w.index));
+                        }
+                        FromWorker::EmbeddingsLanded { envelope } => {
+                            if let Some((to, ids, from)) = envelopes.remove(&envelope) {
+                                events.push(ExecEvent::EmbeddingsLanded { to, ids, from });
+                            }
+                        }
+                        FromWorker::PrefillDone { outputs, compute_s } => {
+                            w.busy_s += compute_s;
+                            w.sm_s += compute_s * w.share;
+                            for (id, tok, cache) in outputs {
+                                kv.insert(id, (tok, cache));
+                            }
+                            events.push(ExecEvent::PrefillDone(w.index));
+                        }
+                        FromWorker::KvLanded { id } => {
+                            events.push(ExecEvent::KvLanded { to: w.index, id });
+                        }
+                        FromWorker::DecodeDone { compute_s, .. } => {
+                            w.busy_s += compute_s;
+                            w.sm_s += compute_s;
+                            events.push(ExecEvent::DecodeStepDone(w.index));
+                        }
+                        FromWorker::Error { message } => {
+                            last_err.insert(k, message);
+                        }
+                        FromWorker::Hello { .. } | FromWorker::Ready { .. } => {}
+                    }
+                }
+                Some(Incoming::Down(k, why)) => {
+                    let w = &mut workers[k];
+                    if w.alive {
+                        w.alive = false;
+                        w.tx = None;
+                        let reason = match last_err.get(&k) {
+                            Some(l) => format!("{why}; last words: {l}"),
+                            None => why,
+                        };
+                        let t = now();
+                        faults.push(Fault {
+                            worker: w.label.clone(),
+                            reason: reason.clone(),
+                            detected_at: t,
+                            detection_delay_s: killed_at
+                                .filter(|(kk, _)| *kk == k)
+                                .map(|(_, at)| t - at),
+                        });
+                        // envelopes to a dead prefill worker land nowhere: hand
+                        // them back so their requests fail and the sender's
+                        // in-flight slots free
+                        if let WorkerRef::Prefill(p) = w.wref {
+                            let lost: Vec<u64> = envelopes
+                                .iter()
+                                .filter(|(_, e)| e.0 == p)
+                                .map(|(n, _)| *n)
+                                .collect();
+                            events.push(ExecEvent::WorkerFailed(w.wref, reason));
+                            for n in lost {
+                                if let Some((to, ids, from)) = envelopes.remove(&n) {
+                                    events.push(ExecEvent::EmbeddingsLanded { to, ids, from });
+                                }
+                            }
+                        } else {
+                            events.push(ExecEvent::WorkerFailed(w.wref, reason));
+                        }
+                    }
+                }
+                Some(Incoming::Stderr(k, l)) => {
+                    last_err.insert(k, l);
+                }
+                None => break,
+            },
+            _ = tokio::time::sleep(Duration::from_secs_f64(sleep_for)) => {}
+            _ = &mut ctrl_c => {
+                interrupted = Some("interrupted by Ctrl-C".into());
+            }
+        }
+        let t = now();
+        if interrupted.is_none() && opts.time_limit_s.is_some_and(|lim| t >= lim) {
+            interrupted = Some(format!(
+                "run stopped at its time limit of {:.0} s",
+                opts.time_limit_s.unwrap_or(0.0)
+            ));
+        }
+        if let Some(why) = &interrupted {
+            ctrl.interrupt(why);
+            run_s = t;
+            break;
+        }
+        if let Some((wref, at)) = kill.filter(|(_, at)| t >= *at) {
+            kill = None;
+            if let Some(&k) = by_ref.get(&wref) {
+                if let Some(pid) = workers[k].pid {
+                    // SAFETY: plain kill(2) of our own child's pid.
+                    unsafe {
+                        libc::kill(pid as i32, libc::SIGKILL);
+                    }
+                    killed_at = Some((k, at.max(t)));
+                }
+            }
+        }
+        while let Some(&a) = arrivals.get(next_arrival) {
+            if a > t {
+                break;
+            }
+            events.push(ExecEvent::Arrival(next_arrival as RequestId));
+            next_arrival += 1;
+        }
+        for (w, slot) in timers.iter_mut().enumerate() {
+            if slot.is_some_and(|at| at <= t) {
+                *slot = None;
+                events.push(ExecEvent::Timer(w));
+            }
+        }
+        for ev in events {
+            apply(&mut ctrl, t, ev);
+            for cmd in ctrl.take_commands() {
+                carry_out(
+                    cmd,
+                    &mut ctrl,
+                    &mut workers,
+                    &by_ref,
+                    &mut timers,
+                    &mut embeddings,
+                    &mut kv,
+                    &mut envelopes,
+                    &mut next_envelope,
+                    t,
+                );
+            }
+        }
+        run_s = t;
+    }
+
+    // shut the workers down: a shutdown frame, then a kill after 3 s
+    for w in &mut workers {
+        if let Some(tx) = w.tx.take() {
+            if let Ok(f) = encode_frame(&ToWorker::Shutdown) {
+                let _ = tx.send(f);
+            }
+        }
+    }
+    let stop_deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let mut alive: usize = workers.iter().filter(|w| w.alive).count();
+    while alive > 0 {
+        tokio::select! {
+            ev = rx.recv() => match ev {
+                Some(Incoming::Down(k, _)) if workers[k].alive => {
+                    workers[k].alive = false;
+                    alive -= 1;
+                }
+                Some(_) => {}
+                None => break,
+            },
+            _ = tokio::time::sleep_until(stop_deadline) => {
+                for w in workers.iter().filter(|w| w.alive) {
+                    if let Some(pid) = w.pid {
+                        // SAFETY: plain kill(2) of our own child's pid.
+                        unsafe {
+                            libc::kill(pid as i32, libc::SIGKILL);
+                        }
+                    }
+                }
+                break;
+            }
+        }
+    }
+
+    let report = build_report(
+        sc,
+        &ctrl,
+        &workers,
+        run_s,
+        &faults,
+        &interrupted,
+        threads,
+        opts,
+    );
+    let decisions = ctrl.decisions().to_vec();
+    Ok(ExecOutput {
+        report,
+        records: ctrl.into_records(),
+        decisions,
+        faults,
+        interrupted,
+    })
+}
+
+/// Read frames from worker `k` until its socket closes.
+async fn reader(
+    k: usize,
+    mut rd: tokio::net::tcp::OwnedReadHalf,
+    tx: mpsc::UnboundedSender<Incoming>,
+) {
+    loop {
+        match read_frame_async::<_, FromWorker>(&mut rd).await {
+            Ok(Some(m)) => {
+                if tx.send(Incoming::Msg(k, m)).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => {
+                let _ = tx.send(Incoming::Down(k, "connection closed".into()));
+                return;
+            }
+            Err(e) => {
+                let _ = tx.send(Incoming::Down(k, format!("connection failed: {e}")));
+                return;
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn carry_out(
+    cmd: Command,
+    ctrl: &mut Controller,
+    workers: &mut [Worker],
+    by_ref: &HashMap<WorkerRef, usize>,
+    timers: &mut [Option<f64>],
+    embeddings: &mut HashMap<RequestId, Matrix>,
+    kv: &mut HashMap<RequestId, (u32, KvData)>,
+    envelopes: &mut HashMap<u64, (usize, Vec<RequestId>, Option<usize>)>,
+    next_envelope: &mut u64,
+    now: f64,
+) {
+    let send = |workers: &mut [Worker], wref: WorkerRef, msg: &ToWorker| -> bool {
+        let w = &mut workers[by_ref[&wref]];
+        match (&w.tx, encode_frame(msg)) {
+            (Some(tx), Ok(frame)) => tx.send(frame).is_ok(),
+            _ => false,
+        }
+    };
+    match cmd {
+        Command::Encode {
+            worker,
+            ids,
+            sm_share,
+        } => {
+            let requests = ids
+                .iter()
+                .map(|&id| EncodeRequest {
+                    id,
+                    items: ctrl.requests()[id as usize].items.clone(),
+                })
+                .collect();
+            workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
+            send(
+                workers,
+                WorkerRef::Encode(worker),
+                &ToWorker::Encode { requests, sm_share },
+            );
+        }
+        Command::Timer { worker, at } => timers[worker] = Some(at),
+        Command::Embeddings {
+            from,
+            to,
+            ids,
+            local,
+        } => {
+            let e: Vec<(RequestId, Matrix)> = ids
+                .iter()
+                .filter_map(|id| embeddings.remove(id).map(|m| (*id, m)))
+                .collect();
+            *next_envelope += 1;
+            let n = *next_envelope;
+            for &id in &ids {
+                ctrl.record_mut(id).embedding_sent = Some(now);
+            }
+            envelopes.insert(n, (to, ids, (!local).then_some(from)));
+            send(
+                workers,
+                WorkerRef::Prefill(to),
+                &ToWorker::Embeddings {
+                    envelope: n,
+                    embeddings: e,
+                },
+            );
+        }
+        Command::Prefill {
+            worker,
+            items,
+            sm_share,
+        } => {
+            let requests = items
+                .iter()
+                .map(|it| PrefillRequest {
+                    id: it.id,
+                    prompt_tokens: ctrl.requests()[it.id as usize].prompt_tokens,
+                })
+                .collect();
+            workers[by_ref[&WorkerRef::Prefill(worker)]].share = sm_share;
+            send(
+                workers,
+                WorkerRef::Prefill(worker),
+                &ToWorker::Prefill { requests, sm_share },
+            );
+        }
+        Command::Kv { to, id, .. } => {
+            if let Some((last_token, cache)) = kv.remove(&id) {
+                send(
+                    workers,
+                    WorkerRef::Decode(to),
+                    &ToWorker::Kv {
+                        id,
+                        last_token,
+                        kv: cache,
+                    },
+                );
+            }
+        }
+        Command::DecodeStep { worker, ids, .. } => {
+            send(
+                workers,
+                WorkerRef::Decode(worker),
+                &ToWorker::DecodeStep { ids },
+            );
+        }
+        Command::Release { worker, ids } => {
+            send(
+                workers,
+                WorkerRef::Decode(worker),
+                &ToWorker::Release { ids },
+            );
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_report(
+    sc: &Scenario,
+    ctrl: &Controller,
+    workers: &[Worker],
+    run_s: f64,
+    faults: &[Fault],
+    interrupted: &Option<String>,
+    threads: usize,
+    opts: &ExecOptions,
+) -> Report {
+    let records = ctrl.records();
+    let duration = records
+        .iter()
+        .filter_map(|r| r.finish)
+        .fold(0.0, f64::max)
+        .max(run_s.min(1e9))
+        .max(1e-12);
+    // one row per device of the allocation, as the simulator lays them out
+    let alloc = sc.deployment.allocation;
+    let mut gpus = Vec::new();
+    let mut row = |stage: &str, label: String, busy: f64, sm: f64| {
+        gpus.push(GpuReport {
+            gpu: gpus.len() as u32,
+            stage: stage.into(),
+            worker: label,
+            busy_fraction: (busy / duration).min(1.0),
+            sm_utilization: (sm / duration).min(1.0),
+        })
+    };
+    let find = |wref| workers.iter().find(|w| w.wref == wref);
+    for i in 0..alloc.encode.workers as usize {
+        let e = find(WorkerRef::Encode(i));
+        let local = workers.iter().find(|w| {
+            matches!(w.wref, WorkerRef::Prefill(_))
+                && w.label.starts_with('L')
+                && w.gpu == e.map_or(usize::MAX, |e| e.gpu)
+        });
+        let label = match local {
+            Some(l) => format!("{}+{}", e.map_or("E?".into(), |e| e.label.clone()), l.label),
+            None => e.map_or("E?".into(), |e| e.label.clone()),
+        };
+        let busy = e.map_or(0.0, |e| e.busy_s) + local.map_or(0.0, |l| l.busy_s);
+        let sm = e.map_or(0.0, |e| e.sm_s) + local.map_or(0.0, |l| l.sm_s);
+        for _ in 0..alloc.encode.tp {
+            row("encode", label.clone(), busy, sm);
+        }
+    }
+    for p in 0..alloc.prefill.workers as usize {
+        let w = find(WorkerRef::Prefill(p));
+        for _ in 0..alloc.prefill.tp {
+            row(
+                "prefill",
+                ctrl.label(WorkerRef::Prefill(p)),
+                w.map_or(0.0, |w| w.busy_s),
+                w.map_or(0.0, |w| w.sm_s),
+            );
+        }
+    }
+    for d in 0..alloc.decode.workers as usize {
+        let w = find(WorkerRef::Decode(d));
+        for _ in 0..alloc.decode.tp {
+            row(
+                "decode",
+                ctrl.label(WorkerRef::Decode(d)),
+                w.map_or(0.0, |w| w.busy_s),
+                w.map_or(0.0, |w| w.sm_s),
+            );
+        }
+    }
+    let c = ctrl.counters();
+    let encode = EncodeSummary {
+        passes: c.passes,
+        mean_batch: if c.passes > 0 {
+            c.passed_requests as f64 / c.passes as f64
+        } else {
+            0.0
+        },
+        batcher: ctrl.batcher_params().cloned(),
+        remote_fraction: if c.routed > 0 {
+            c.remote_routed as f64 / c.routed as f64
+        } else {
+            1.0
+        },
+    };
+    let mut notes = vec![format!(
+        "measured by easerve exec: {} worker processes on {} ({} CPU threads each{}), transfers relayed by the controller over loopback TCP",
+        workers.len(),
+        opts.device.as_str(),
+        threads,
+        if opts.device == DeviceKind::Cpu {
+            ", sharing the host's cores"
+        } else {
+            ""
+        }
+    )];
+    if let Some(why) = interrupted {
+        notes.push(format!("partial run: {why} after {run_s:.1} s"));
+    }
+    for f in faults {
+        notes.push(format!(
+            "worker {} failed at {:.2} s: {}{}",
+            f.worker,
+            f.detected_at,
+            f.reason,
+            f.detection_delay_s.map_or(String::new(), |d| format!(
+                " (detected {:.0} ms after the kill)",
+                d * 1e3
+            ))
+        ));
+    }
+    let meta = RunMeta {
+        scenario: sc.name.clone(),
+        deployment: sc.deployment.to_string(),
+        model: sc.model.name.clone(),
+        cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+        seed: sc.seed,
+        offered_rate: sc.workload.rate,
+        requests: records.len(),
+    };
+    let mut report = Report::build(meta, records, &sc.slo, gpus, encode, notes);
+    report.measured = true;
+    report
+}

@@ -1,0 +1,199 @@
+//! `easerve exec`: run a scenario for real (worker processes driven by the
+//! shared scheduler) and print the measured report; and the hidden
+//! `easerve worker` each of those processes runs.
+
+use std::process::ExitCode;
+
+use easerve_exec::device::{check_device, DeviceKind};
+use easerve_exec::profile::{available_memory, f32_weight_bytes};
+use easerve_exec::run::{execute, ExecOptions};
+use easerve_exec::wire::Role;
+use easerve_exec::worker::{run_worker, WorkerOptions};
+use easerve_sched::WorkerRef;
+
+use crate::{BadInput, RunArgs};
+
+pub(crate) const EXEC_HELP: &str = "Each worker runs on one device: allocations with TP > 1 are not supported by the executor (simulate them with `easerve sim`). On CPU every worker is a process bounded to its share of the host's threads; the scenario's `cluster.gpu` should be `cpu` so that its costs (profile) describe the host.
+
+Exit codes: 0 the run finished (failed or rejected requests are in the report); 1 the workers could not start, or an internal error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed).";
+
+#[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
+pub(crate) struct ExecArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// cpu (burn NdArray) or cuda (a build with `--features cuda`, one GPU per worker).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// CPU threads per worker process (default: the host's cores divided among
+    /// the workers, at least 1).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Admission control: requests in the system (admitted, not finished) beyond
+    /// which arrivals are rejected (overrides `deployment.admission_limit`).
+    #[arg(long, value_name = "N")]
+    admission_limit: Option<usize>,
+    /// Stop the run after this many seconds and report what finished.
+    #[arg(long, value_name = "SECONDS")]
+    time_limit: Option<f64>,
+    /// Seconds to wait for the workers to start and load their models.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
+    startup_timeout: f64,
+    /// Fault injection: kill worker LABEL (E0, P0, L0, D0) at SECONDS into the run.
+    #[arg(long, value_name = "LABEL@SECONDS", hide = true)]
+    kill_worker: Option<String>,
+}
+
+fn parse_kill(s: &str, remote_prefill: usize) -> Result<(WorkerRef, f64), String> {
+    let bad = || format!("--kill-worker `{s}`: expected LABEL@SECONDS, e.g. E0@2.5");
+    let (label, at) = s.split_once('@').ok_or_else(bad)?;
+    let at: f64 = at.parse().map_err(|_| bad())?;
+    if !(at >= 0.0 && at.is_finite()) {
+        return Err(bad());
+    }
+    let (kind, idx) = label.split_at(1.min(label.len()));
+    let i: usize = idx.parse().map_err(|_| bad())?;
+    let w = match kind {
+        "E" => WorkerRef::Encode(i),
+        "P" => WorkerRef::Prefill(i),
+        "L" => WorkerRef::Prefill(remote_prefill + i),
+        "D" => WorkerRef::Decode(i),
+        _ => return Err(bad()),
+    };
+    Ok((w, at))
+}
+
+pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
+    let mut sc = a.run.scenario()?;
+    let device: DeviceKind = a
+        .device
+        .parse()
+        .map_err(|e: String| BadInput(format!("--device: {e}")))?;
+    check_device(device).map_err(|e| BadInput(e.0))?;
+    let alloc = sc.deployment.allocation;
+    let local_tp = sc.knobs.local_prefill_tp.unwrap_or(1);
+    if alloc.encode.tp > 1 || alloc.prefill.tp > 1 || alloc.decode.tp > 1 || local_tp > 1 {
+        return Err(BadInput(format!(
+            "{}: deployment.allocation `{alloc}` uses TP > 1, which the executor does not support yet (each worker runs on one device); use TP1 everywhere, or simulate it with `easerve sim`",
+            a.run.scenario.display()
+        ))
+        .into());
+    }
+    if sc.system == easerve_workload::scenario::System::Aggregated {
+        return Err(BadInput(
+            "system `aggregated`: the executor runs the disaggregated systems only (easerve, passthrough)".into(),
+        )
+        .into());
+    }
+    if let Some(n) = a.admission_limit {
+        if n == 0 {
+            return Err(BadInput("--admission-limit must be at least 1".into()).into());
+        }
+        sc.knobs.admission_limit = Some(n);
+    }
+    if a.threads == Some(0) {
+        return Err(BadInput("--threads must be at least 1".into()).into());
+    }
+    if let Some(t) = a.time_limit {
+        if !(t > 0.0 && t.is_finite()) {
+            return Err(
+                BadInput("--time-limit must be a positive number of seconds".into()).into(),
+            );
+        }
+    }
+    if device == DeviceKind::Cpu {
+        let workers = (alloc.encode.workers + alloc.prefill.workers + alloc.decode.workers) as f64
+            + if sc.deployment.has_local_prefill() {
+                alloc.encode.workers as f64
+            } else {
+                0.0
+            };
+        let need = f32_weight_bytes(&sc.model) * workers;
+        if let Some(avail) = available_memory() {
+            if need > 0.8 * avail {
+                return Err(BadInput(format!(
+                    "{}: model `{}` in f32 on {workers} CPU workers needs {:.1} GB, more than the {:.1} GB available; use a tiny-* preset on CPU (scenarios/cpu-*.toml) or --device cuda",
+                    a.run.scenario.display(),
+                    sc.model.name,
+                    need / 1e9,
+                    avail / 1e9
+                ))
+                .into());
+            }
+        }
+    }
+    let kill = match &a.kill_worker {
+        Some(k) => Some(parse_kill(k, alloc.prefill.workers as usize).map_err(BadInput)?),
+        None => None,
+    };
+    let opts = ExecOptions {
+        device,
+        exe: std::env::current_exe()?,
+        threads: a.threads,
+        startup_timeout_s: a.startup_timeout,
+        time_limit_s: a.time_limit,
+        kill,
+    };
+    let cost = sc.cost();
+    let out = execute(&sc, &*cost, &opts)?;
+    a.run.output(&out.report, &out.records)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct WorkerArgs {
+    /// encode, prefill or decode.
+    #[arg(long)]
+    role: String,
+    /// Index within the stage.
+    #[arg(long)]
+    index: usize,
+    /// Controller address (host:port).
+    #[arg(long)]
+    connect: std::net::SocketAddr,
+    /// Model preset.
+    #[arg(long)]
+    model: String,
+    /// CPU threads.
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Run seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Device ordinal (cuda).
+    #[arg(long, default_value_t = 0)]
+    gpu: usize,
+}
+
+pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let role = match a.role.as_str() {
+        "encode" => Role::Encode,
+        "prefill" => Role::Prefill,
+        "decode" => Role::Decode,
+        r => {
+            return Err(BadInput(format!(
+                "--role: unknown role `{r}` (encode, prefill or decode)"
+            ))
+            .into())
+        }
+    };
+    let device: DeviceKind = a
+        .device
+        .parse()
+        .map_err(|e: String| BadInput(format!("--device: {e}")))?;
+    let opts = WorkerOptions {
+        role,
+        index: a.index,
+        connect: a.connect,
+        model: a.model,
+        threads: a.threads,
+        seed: a.seed,
+        device,
+        gpu: a.gpu,
+    };
+    run_worker(&opts).map_err(anyhow::Error::msg)?;
+    Ok(ExitCode::SUCCESS)
+}
