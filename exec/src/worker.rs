@@ -282,7 +282,7 @@ fn serve<B: Backend>(
     let t0 = Instant::now();
     B::seed(device, opts.seed);
     let model = MultimodalModel::<B>::from_arch(arch, device).map_err(|e| e.to_string())?;
-    let vocab = arch.llm.vocab as u32;
+    let vocab = arch.llm.vocab;
     let mut pools = Pools {
         threads: opts.threads.max(1),
         pools: HashMap::new(),

@@ -149,6 +149,30 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
     (out, tokens)
 }
 
+/// The items of a typical request of the run (the one with the median encoder
+/// tokens; empty when no request has items). They stand for "a request" where
+/// a policy needs the encode time of `k` requests: the batcher's
+/// `W(k) = T_enc(k)` and the SM table.
+pub fn typical_items(requests: &[Request], tokens: &[Vec<ItemTokens>]) -> Vec<ItemTokens> {
+    let mut idx: Vec<usize> = (0..requests.len())
+        .filter(|&i| !tokens[i].is_empty())
+        .collect();
+    idx.sort_by_key(|&i| (requests[i].encoder_tokens, i));
+    idx.get(idx.len() / 2)
+        .map(|&i| tokens[i].clone())
+        .unwrap_or_default()
+}
+
+/// The items of `k` typical requests (see [`typical_items`]).
+pub fn typical_batch(typical: &[ItemTokens], k: usize) -> Vec<ItemTokens> {
+    typical
+        .iter()
+        .copied()
+        .cycle()
+        .take(k * typical.len())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,28 +197,4 @@ mod tests {
             assert!(t.windows(2).all(|w| w[1] >= w[0]));
         }
     }
-}
-
-/// The items of a typical request of the run (the one with the median encoder
-/// tokens; empty when no request has items). They stand for "a request" where
-/// a policy needs the encode time of `k` requests: the batcher's
-/// `W(k) = T_enc(k)` and the SM table.
-pub fn typical_items(requests: &[Request], tokens: &[Vec<ItemTokens>]) -> Vec<ItemTokens> {
-    let mut idx: Vec<usize> = (0..requests.len())
-        .filter(|&i| !tokens[i].is_empty())
-        .collect();
-    idx.sort_by_key(|&i| (requests[i].encoder_tokens, i));
-    idx.get(idx.len() / 2)
-        .map(|&i| tokens[i].clone())
-        .unwrap_or_default()
-}
-
-/// The items of `k` typical requests (see [`typical_items`]).
-pub fn typical_batch(typical: &[ItemTokens], k: usize) -> Vec<ItemTokens> {
-    typical
-        .iter()
-        .copied()
-        .cycle()
-        .take(k * typical.len())
-        .collect()
 }
