@@ -2,6 +2,7 @@
 //! One integration-test binary (modules below).
 
 mod bad_input;
+mod exec_cli;
 mod exec_equality;
 mod profile_cli;
 mod reproduce_cli;

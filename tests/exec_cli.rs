@@ -1,0 +1,145 @@
+//! `easerve exec` end to end on the CPU: a small real run, a worker killed
+//! mid-run, and an overloaded run with admission control. Each run starts
+//! real worker processes with the tiny presets and takes seconds.
+
+use crate::{easerve, num, root};
+use serde_json::Value;
+
+fn exec_json(args: &[&str]) -> Value {
+    let mut all = vec!["exec", "scenarios/cpu-audio.toml", "--json"];
+    all.extend_from_slice(args);
+    let out = easerve(&all);
+    assert!(
+        out.status.success(),
+        "easerve {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON report")
+}
+
+#[test]
+fn exec_runs_a_scenario_and_reports_like_sim() {
+    let args = ["--requests", "12", "--rate", "4"];
+    let r = exec_json(&args);
+    assert_eq!(r["measured"], true);
+    assert_eq!(num(&r, "/completed"), 12.0);
+    assert!(num(&r, "/ttft/mean") > 0.0 && num(&r, "/tpot/mean") > 0.0);
+    assert!(num(&r, "/encode/passes") >= 1.0);
+    // the same report type as the simulator's: same fields, same stages
+    let s = crate::sim_json(&root().join("scenarios/cpu-audio.toml"), &args);
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.retain(|k| k != "measured" && k != "events");
+        k.sort();
+        k
+    };
+    let mut sim_keys = keys(&s);
+    sim_keys.retain(|k| k != "explanation");
+    let mut exec_keys = keys(&r);
+    exec_keys.retain(|k| k != "explanation");
+    assert_eq!(sim_keys, exec_keys);
+    let stages = |v: &Value| -> Vec<String> {
+        v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["stage"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(stages(&s), stages(&r));
+    // the text layout too
+    let out = easerve(&[
+        "exec",
+        "scenarios/cpu-audio.toml",
+        "--requests",
+        "3",
+        "--rate",
+        "4",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Serving Benchmark Result (measured)"),
+        "{text}"
+    );
+    for line in [
+        "Mean TTFT (ms):",
+        "Mean TPOT (ms):",
+        "Stages (ms)",
+        "Bottleneck stage:",
+    ] {
+        assert!(text.contains(line), "missing {line}: {text}");
+    }
+}
+
+#[test]
+fn a_killed_worker_fails_its_requests_and_the_run_still_reports() {
+    let r = exec_json(&["--requests", "40", "--rate", "8", "--kill-worker", "E0@1.5"]);
+    let completed = num(&r, "/completed");
+    let failed = num(&r, "/failed");
+    assert!(failed >= 1.0, "nothing failed: {r}");
+    assert_eq!(completed + failed, 40.0, "every request is accounted for");
+    let reasons: Vec<&str> = r["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["reason"].as_str().unwrap())
+        .collect();
+    assert!(
+        reasons.iter().any(|x| x.contains("E0")),
+        "reasons name the worker: {reasons:?}"
+    );
+    // detected within 1 s of the kill
+    let note = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|n| n.contains("after the kill"))
+        .unwrap_or_else(|| panic!("no detection note: {r}"));
+    let ms: f64 = note
+        .split("detected ")
+        .nth(1)
+        .and_then(|s| s.split(" ms").next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("unparsable note: {note}"));
+    assert!(ms < 1000.0, "detection took {ms} ms: {note}");
+}
+
+#[test]
+fn overload_is_bounded_by_admission_control() {
+    let r = exec_json(&[
+        "--requests",
+        "120",
+        "--rate",
+        "200",
+        "--admission-limit",
+        "6",
+    ]);
+    let (completed, rejected) = (num(&r, "/completed"), num(&r, "/rejected"));
+    assert!(rejected > 0.0, "nothing rejected at 200 req/s: {r}");
+    assert!(completed >= 6.0, "admitted requests complete: {r}");
+    assert_eq!(completed + rejected, 120.0);
+    // the queue never held more than the limit: encode queueing stays below
+    // 6 passes' worth of the longest pass
+    let q = crate::stage_queue(&r, "encode");
+    let s_p99 = r["stages"][0]["service"]["p99"].as_f64().unwrap();
+    assert!(
+        q <= 6.0 * s_p99 + 0.5,
+        "encode queueing {q} s with passes of {s_p99} s"
+    );
+}
+
+#[test]
+fn exec_refuses_what_it_cannot_run() {
+    let out = easerve(&["exec", "scenarios/image.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TP > 1"), "{err}");
+    let out = easerve(&["exec", "scenarios/cpu-audio.toml", "--device", "tpu"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = easerve(&["exec", "scenarios/cpu-audio.toml", "--admission-limit", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = easerve(&["exec", "scenarios/cpu-audio.toml", "--kill-worker", "X9"]);
+    assert_eq!(out.status.code(), Some(2));
+}
