@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use easerve_calib::profile::today_utc;
-use easerve_calib::refine::{refine_encode, EncodeSample};
+use easerve_calib::refine::{refine_encode, scale_stage, EncodeSample};
+use easerve_calib::Stage;
 use easerve_calib::{vidur, Efficiency, GpuSpec, GridSpec, Profile, Roofline};
 use easerve_model::ModelArch;
 use easerve_workload::validate::{load_report, Validation};
@@ -74,20 +75,28 @@ pub(crate) enum CalibCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Fold measured encode passes (from a per-request CSV as `easerve sim
-    /// --requests-csv` writes it) into a profile's encode table, by batch size
-    /// (method in calib/src/refine.rs).
+    /// Fold a measured run into a profile (method in calib/src/refine.rs): its
+    /// encode passes by batch size (from a per-request CSV as `sim` or `exec
+    /// --requests-csv` writes it), and/or every stage's table scaled by the
+    /// measured over the simulated mean service time (from the two reports).
+    #[command(after_help = "Give --measured-csv with --encoder-tokens, or --sim with --measured, or both (then encode comes from the CSV and prefill and decode from the reports).")]
     Refine {
         /// Profile to refine.
         #[arg(long)]
         profile: PathBuf,
         /// Per-request CSV with `encode_worker`, `encode_batch`, `encode_start`
         /// and `encode_end` columns (seconds).
-        #[arg(long, value_name = "REQUESTS.csv")]
-        measured_csv: PathBuf,
+        #[arg(long, value_name = "REQUESTS.csv", requires = "encoder_tokens")]
+        measured_csv: Option<PathBuf>,
         /// Typical encoder tokens per item of the measured run.
         #[arg(long)]
-        encoder_tokens: f64,
+        encoder_tokens: Option<f64>,
+        /// Simulated report (JSON) of the scenario, simulated with --profile.
+        #[arg(long, value_name = "SIM.json", requires = "measured")]
+        sim: Option<PathBuf>,
+        /// Measured report (JSON, `easerve exec --json`) of the same scenario.
+        #[arg(long, value_name = "RUN.json", requires = "sim")]
+        measured: Option<PathBuf>,
         /// Items per request (a pass of `encode_batch` requests holds
         /// `encode_batch × items` items).
         #[arg(long, default_value_t = 1)]
@@ -204,6 +213,8 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             profile,
             measured_csv,
             encoder_tokens,
+            sim,
+            measured,
             items_per_request,
             output,
         } => {
@@ -211,15 +222,55 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             if items_per_request == 0 {
                 return Err(BadInput("--items-per-request must be ≥ 1".into()).into());
             }
-            let samples = read_encode_passes(&measured_csv, items_per_request)?;
-            let what = measured_csv.display().to_string();
-            let summary = refine_encode(&mut p, &samples, encoder_tokens, &what)
-                .map_err(|e| BadInput(e.to_string()))?;
-            for (b, n, med, before, f) in &summary {
-                println!(
-                    "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
-                    med, before, f
+            if measured_csv.is_none() && sim.is_none() {
+                return Err(BadInput(
+                    "nothing to refine from: give --measured-csv (with --encoder-tokens) and/or --sim with --measured".into(),
+                )
+                .into());
+            }
+            if let (Some(csv), Some(tokens)) = (&measured_csv, encoder_tokens) {
+                let samples = read_encode_passes(csv, items_per_request)?;
+                let what = csv.display().to_string();
+                let summary = refine_encode(&mut p, &samples, tokens, &what)
+                    .map_err(|e| BadInput(e.to_string()))?;
+                for (b, n, med, before, f) in &summary {
+                    println!(
+                        "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
+                        med, before, f
+                    );
+                }
+            }
+            if let (Some(sim), Some(measured)) = (&sim, &measured) {
+                let s = load_report(sim).map_err(|e| BadInput(e.to_string()))?;
+                let m = load_report(measured).map_err(|e| BadInput(e.to_string()))?;
+                let what = format!(
+                    "measured {} over simulated {}",
+                    measured.display(),
+                    sim.display()
                 );
+                let mut stages = vec![(Stage::Prefill, "prefill"), (Stage::Decode, "decode")];
+                if measured_csv.is_none() && p.encode_table().is_some() {
+                    stages.insert(0, (Stage::Encode, "encode"));
+                }
+                for (stage, name) in stages {
+                    let mean = |r: &easerve_workload::Report| {
+                        r.stages
+                            .iter()
+                            .find(|st| st.stage == name)
+                            .map_or(0.0, |st| st.service.mean)
+                    };
+                    let (ms, ss) = (mean(&m), mean(&s));
+                    if !(ms > 0.0 && ss > 0.0) {
+                        eprintln!("{name}: no service time in both reports; left as is");
+                        continue;
+                    }
+                    scale_stage(&mut p, stage, ms / ss, &what)
+                        .map_err(|e| BadInput(e.to_string()))?;
+                    println!(
+                        "{name:<8} measured mean service {ms:.4} s, simulated {ss:.4} s, factor {:.3}",
+                        ms / ss
+                    );
+                }
             }
             p.save(&output)
                 .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;

@@ -25,8 +25,10 @@ pub(crate) struct ExecArgs {
     /// cpu (burn NdArray) or cuda (a build with `--features cuda`, one GPU per worker).
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// CPU threads per worker process (default: the host's cores divided among
-    /// the workers, at least 1).
+    /// CPU threads of every worker process. Default: encode workers and their
+    /// co-located prefill workers get all cores (as `profile` measures a CPU
+    /// device; a pass at SM share f runs on round(f × cores) threads); remote
+    /// prefill and decode workers share the cores, at least 1 thread each.
     #[arg(long)]
     threads: Option<usize>,
     /// Admission control: requests in the system (admitted, not finished) beyond

@@ -143,3 +143,19 @@ fn exec_refuses_what_it_cannot_run() {
     let out = easerve(&["exec", "scenarios/cpu-audio.toml", "--kill-worker", "X9"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn the_simulator_applies_the_same_admission_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("scenarios/cpu-audio.toml")).unwrap();
+    let text = text.replace(
+        "sm_policy = \"dynamic\"",
+        "sm_policy = \"dynamic\"\nadmission_limit = 4",
+    );
+    let path = dir.path().join("limited.toml");
+    std::fs::write(&path, text).unwrap();
+    let r = crate::sim_json(&path, &["--rate", "200", "--requests", "100"]);
+    let (completed, rejected) = (num(&r, "/completed"), num(&r, "/rejected"));
+    assert!(rejected > 50.0, "{r}");
+    assert_eq!(completed + rejected, 100.0);
+}

@@ -534,12 +534,28 @@ impl Profile {
     /// Replace the encode table's rows (same columns, unit and axes), e.g. after
     /// refinement. Rows are re-validated.
     pub fn set_encode_rows(&mut self, rows: Vec<Vec<f64>>) -> Result<(), ProfileError> {
-        let Some(t) = self.encode.as_ref() else {
+        self.set_rows(Stage::Encode, rows)
+    }
+
+    /// Replace the rows of the encode, prefill or decode table (same columns,
+    /// unit and axes), e.g. after refinement. Rows are re-validated.
+    ///
+    /// Errors: the stage has no table here (encode of a text-only model, or
+    /// `Stage::Transfer`, which has one table per link), or a row is invalid.
+    pub fn set_rows(&mut self, stage: Stage, rows: Vec<Vec<f64>>) -> Result<(), ProfileError> {
+        let name = stage.name();
+        let t = match stage {
+            Stage::Encode => self.encode.as_ref(),
+            Stage::Prefill => Some(&self.prefill),
+            Stage::Decode => Some(&self.decode),
+            Stage::Transfer => None,
+        };
+        let Some(t) = t else {
             return Err(ProfileError {
                 file: self.origin.clone(),
-                table: Some("encode".into()),
+                table: Some(name.into()),
                 row: None,
-                message: "the profile has no encode table".into(),
+                message: format!("the profile has no single {name} table to replace"),
             });
         };
         let p = Parser {
@@ -547,14 +563,13 @@ impl Profile {
             extra_devices: &[],
             extra_links: &[],
         };
-        p.check_rows("encode", Stage::Encode, &t.columns, &rows)?;
-        self.encode = Some(Table::build(
-            Stage::Encode,
-            None,
-            t.unit,
-            t.columns.clone(),
-            rows,
-        ));
+        p.check_rows(name, stage, &t.columns, &rows)?;
+        let table = Table::build(stage, None, t.unit, t.columns.clone(), rows);
+        match stage {
+            Stage::Encode => self.encode = Some(table),
+            Stage::Prefill => self.prefill = table,
+            _ => self.decode = table,
+        }
         Ok(())
     }
 

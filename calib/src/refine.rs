@@ -15,7 +15,7 @@
 //! The split into `t_pass`, `t_pre` and GPU time keeps its proportions; the
 //! provenance's `method` records what was folded in.
 
-use crate::profile::{Profile, ProfileError};
+use crate::profile::{Profile, ProfileError, Stage};
 
 /// One measured encode pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -115,6 +115,57 @@ pub fn refine_encode(
         factors.join(", ")
     );
     Ok(summary)
+}
+
+/// Scale every latency of one stage's table (all value columns: median,
+/// P90 and, for encode, `t_pass` and `t_pre`) by `factor`, and say so in the
+/// provenance: the stage-level refinement `easerve calib refine --sim S
+/// --measured M` applies, with `factor` the measured over the simulated mean
+/// service time of that stage (TPOT for decode) in two runs of one scenario.
+///
+/// Errors: `factor` not finite and positive, or the stage has no table.
+pub fn scale_stage(
+    profile: &mut Profile,
+    stage: Stage,
+    factor: f64,
+    what: &str,
+) -> Result<(), ProfileError> {
+    let name = stage.name();
+    let err = |m: String| ProfileError {
+        file: profile.origin.clone(),
+        table: Some(name.into()),
+        row: None,
+        message: m,
+    };
+    if !(factor.is_finite() && factor > 0.0) {
+        return Err(err(format!("scale factor must be positive, got {factor}")));
+    }
+    let table = match stage {
+        Stage::Encode => profile
+            .encode_table()
+            .ok_or_else(|| err("the profile has no encode table".into()))?,
+        Stage::Prefill => profile.prefill_table(),
+        Stage::Decode => profile.decode_table(),
+        Stage::Transfer => return Err(err("transfer tables are not refined".into())),
+    };
+    let na = stage.axes().len();
+    let rows: Vec<Vec<f64>> = table
+        .rows()
+        .iter()
+        .map(|r| {
+            r.iter()
+                .enumerate()
+                .map(|(i, v)| if i < na { *v } else { v * factor })
+                .collect()
+        })
+        .collect();
+    profile.set_rows(stage, rows)?;
+    let _ = write!(
+        profile.provenance.method,
+        "; {name} scaled x{factor:.3} on {} ({what})",
+        crate::profile::today_utc()
+    );
+    Ok(())
 }
 
 use std::fmt::Write as _;

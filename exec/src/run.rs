@@ -45,8 +45,11 @@ pub struct ExecOptions {
     pub device: DeviceKind,
     /// The `easerve` binary (its hidden `worker` subcommand runs a worker).
     pub exe: PathBuf,
-    /// CPU threads per worker; default: the host's cores divided among the
-    /// worker processes, at least 1.
+    /// CPU threads of every worker. Default: encode workers and their
+    /// co-located prefill workers get all the host's cores (a CPU "device" as
+    /// `easerve profile` measures it: SM level 1.0 = every core, and a pass at
+    /// share `f` runs on `round(f × cores)` threads); remote prefill and
+    /// decode workers share the cores among them, at least 1 thread each.
     pub threads: Option<usize>,
     /// Seconds to wait for every worker to connect and load its model.
     pub startup_timeout_s: f64,
@@ -223,9 +226,19 @@ async fn run(
         .enumerate()
         .map(|(k, w)| (w.wref, k))
         .collect();
-    let threads = opts
-        .threads
-        .unwrap_or_else(|| (cpu_cores() / workers.len().max(1)).max(1));
+    let cores = cpu_cores();
+    let others = workers
+        .iter()
+        .filter(|w| w.role == Role::Decode || (w.role == Role::Prefill && !w.label.starts_with('L')))
+        .count();
+    let threads_of = |w: &Worker| -> usize {
+        match opts.threads {
+            Some(t) => t,
+            None if w.role == Role::Encode || w.label.starts_with('L') => cores,
+            None => (cores / others.max(1)).max(1),
+        }
+    };
+    let threads: Vec<usize> = workers.iter().map(threads_of).collect();
 
     // start the processes
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -238,7 +251,7 @@ async fn run(
             .args(["--index", &w.index.to_string()])
             .args(["--connect", &addr.to_string()])
             .args(["--model", &sc.model.name])
-            .args(["--threads", &threads.to_string()])
+            .args(["--threads", &threads[k].to_string()])
             .args(["--seed", &sc.seed.to_string()])
             .args(["--device", opts.device.as_str()])
             .args(["--gpu", &w.gpu.to_string()])
@@ -600,7 +613,7 @@ async fn run(
         run_s,
         &faults,
         &interrupted,
-        threads,
+        &threads,
         opts,
     );
     let decisions = ctrl.decisions().to_vec();
@@ -761,7 +774,7 @@ fn build_report(
     run_s: f64,
     faults: &[Fault],
     interrupted: &Option<String>,
-    threads: usize,
+    threads: &[usize],
     opts: &ExecOptions,
 ) -> Report {
     let records = ctrl.records();
@@ -839,10 +852,15 @@ fn build_report(
         },
     };
     let mut notes = vec![format!(
-        "measured by easerve exec: {} worker processes on {} ({} CPU threads each{}), transfers relayed by the controller over loopback TCP",
+        "measured by easerve exec: {} worker processes on {} (CPU threads {}{}), transfers relayed by the controller over loopback TCP",
         workers.len(),
         opts.device.as_str(),
-        threads,
+        workers
+            .iter()
+            .zip(threads)
+            .map(|(w, t)| format!("{} {t}", w.label))
+            .collect::<Vec<_>>()
+            .join(", "),
         if opts.device == DeviceKind::Cpu {
             ", sharing the host's cores"
         } else {

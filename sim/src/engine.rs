@@ -181,6 +181,8 @@ struct Sim<'a> {
     inline_steps: u64,
     timeline: Option<Timeline>,
     log: Option<Vec<Decision>>,
+    /// Requests admitted and not finished (admission control).
+    in_system: usize,
 }
 
 /// Run the scenario's workload through its deployment and report, with stage
@@ -334,6 +336,7 @@ impl<'a> Sim<'a> {
             inline_steps: 0,
             timeline: None,
             log: None,
+            in_system: 0,
         }
     }
 
@@ -386,6 +389,18 @@ impl<'a> Sim<'a> {
             self.events
                 .push(next.arrival, Priority::Arrival, Event::Arrival(i + 1));
         }
+        if self
+            .sc
+            .knobs
+            .admission_limit
+            .is_some_and(|cap| self.in_system >= cap)
+        {
+            self.records[i].rejected = true;
+            let id = self.requests[i].id;
+            self.decide(|| Decision::Reject { id });
+            return;
+        }
+        self.in_system += 1;
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
             let id = req.id;
@@ -903,6 +918,7 @@ impl<'a> Sim<'a> {
             let out = self.requests[i].output_tokens;
             if out <= 1 {
                 self.records[i].finish = Some(now);
+                self.in_system -= 1;
                 continue;
             }
             let d = self.decode_place.assign((it.tokens + out as u64) as f64);
@@ -1032,6 +1048,7 @@ impl<'a> Sim<'a> {
         for id in self.decode[d].sched.complete_step() {
             let i = id as usize;
             self.records[i].finish = Some(at);
+            self.in_system -= 1;
             let work =
                 (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
             self.decode_place.complete(d, work);
