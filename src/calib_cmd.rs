@@ -79,7 +79,9 @@ pub(crate) enum CalibCommand {
     /// encode passes by batch size (from a per-request CSV as `sim` or `exec
     /// --requests-csv` writes it), and/or every stage's table scaled by the
     /// measured over the simulated mean service time (from the two reports).
-    #[command(after_help = "Give --measured-csv with --encoder-tokens, or --sim with --measured, or both (then encode comes from the CSV and prefill and decode from the reports).")]
+    #[command(
+        after_help = "Give --measured-csv with --encoder-tokens, or --sim with --measured, or both (then encode comes from the CSV and prefill and decode from the reports)."
+    )]
     Refine {
         /// Profile to refine.
         #[arg(long)]

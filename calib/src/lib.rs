@@ -36,5 +36,7 @@ pub mod vidur;
 pub use cost::StageCost;
 pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
-pub use profile::{monotone_envelope, GridSpec, Profile, ProfileError, Provenance, Source, Stage};
+pub use profile::{
+    monotone_envelope, GridSpec, PrefillBatching, Profile, ProfileError, Provenance, Source, Stage,
+};
 pub use roofline::{EncodeTime, Roofline};

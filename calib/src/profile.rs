@@ -368,10 +368,35 @@ pub struct Profile {
     pub bandwidth_interference: f64,
     /// Where the two scalars came from.
     pub scalars_note: String,
+    /// How a prefill batch of several sequences maps onto the prefill table.
+    pub prefill_batching: PrefillBatching,
     encode: Option<Table>,
     prefill: Table,
     decode: Table,
     transfer: Vec<Table>,
+}
+
+/// How a prefill batch of several sequences maps onto the prefill table
+/// (whose rows time one sequence of `tokens` tokens).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillBatching {
+    /// The engine packs the batch into one sequence of all its tokens (as
+    /// vLLM's variable-length kernels do): one lookup at the total tokens.
+    #[default]
+    Packed,
+    /// The engine pads every sequence to the longest and runs them side by
+    /// side (as easerve's executor does): `batch × lookup(longest)`.
+    Padded,
+}
+
+impl PrefillBatching {
+    /// `packed` or `padded`, as in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PrefillBatching::Packed => "packed",
+            PrefillBatching::Padded => "padded",
+        }
+    }
 }
 
 /// Axis values of a profile written from the roofline.
@@ -683,6 +708,7 @@ impl Profile {
             bandwidth_interference: e.bandwidth_interference,
             scalars_note: "easerve-calib Efficiency defaults (assumptions, see calib/src/eff.rs)"
                 .into(),
+            prefill_batching: PrefillBatching::Packed,
             encode,
             prefill,
             decode,
@@ -735,6 +761,7 @@ impl Profile {
             time_slice_penalty: scalars.0,
             bandwidth_interference: scalars.1,
             scalars_note: scalars.2,
+            prefill_batching: PrefillBatching::Padded,
             encode: encode.map(|r| table(Stage::Encode, None, r)),
             prefill: table(Stage::Prefill, None, prefill),
             decode: table(Stage::Decode, None, decode),
@@ -778,6 +805,13 @@ impl Profile {
             self.bandwidth_interference
         );
         let _ = writeln!(o, "note = {}", q(&self.scalars_note));
+        if self.prefill_batching != PrefillBatching::Packed {
+            let _ = writeln!(
+                o,
+                "prefill_batching = {}",
+                q(self.prefill_batching.as_str())
+            );
+        }
         let mut tables: Vec<&Table> = Vec::new();
         tables.extend(self.encode.as_ref());
         tables.push(&self.prefill);
@@ -870,8 +904,17 @@ impl StageCost for Profile {
         if tokens == 0 {
             return 0.0;
         }
-        self.prefill
-            .lookup(&[tokens as f64, f64::from(tp.max(1)), clamp_share(sm_share)])[0]
+        let at = |n: u64| {
+            self.prefill
+                .lookup(&[n as f64, f64::from(tp.max(1)), clamp_share(sm_share)])[0]
+        };
+        match self.prefill_batching {
+            PrefillBatching::Packed => at(tokens),
+            PrefillBatching::Padded => {
+                let longest = seq_lens.iter().copied().max().unwrap_or(0);
+                seq_lens.iter().filter(|&&l| l > 0).count() as f64 * at(longest)
+            }
+        }
     }
 
     fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
@@ -1007,7 +1050,12 @@ impl Parser<'_> {
         self.only_keys(
             "scalars",
             sc,
-            &["time_slice_penalty", "bandwidth_interference", "note"],
+            &[
+                "time_slice_penalty",
+                "bandwidth_interference",
+                "note",
+                "prefill_batching",
+            ],
         )?;
         let scalar = |k: &str| -> Res<f64> {
             let v = sc
@@ -1028,6 +1076,20 @@ impl Parser<'_> {
         let time_slice_penalty = scalar("time_slice_penalty")?;
         let bandwidth_interference = scalar("bandwidth_interference")?;
         let scalars_note = self.opt_string("scalars", sc, "note")?.unwrap_or_default();
+        let prefill_batching = match self
+            .opt_string("scalars", sc, "prefill_batching")?
+            .as_deref()
+        {
+            None | Some("packed") => PrefillBatching::Packed,
+            Some("padded") => PrefillBatching::Padded,
+            Some(other) => {
+                return Err(self.err(
+                    Some("scalars"),
+                    None,
+                    format!("`prefill_batching` = `{other}`: expected `packed` or `padded`"),
+                ))
+            }
+        };
         let encode = match doc.get("encode") {
             None => None,
             Some(v) => Some(self.table("encode", Stage::Encode, self.as_table("encode", v)?)?),
@@ -1079,6 +1141,7 @@ impl Parser<'_> {
             time_slice_penalty,
             bandwidth_interference,
             scalars_note,
+            prefill_batching,
             encode,
             prefill,
             decode,

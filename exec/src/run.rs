@@ -229,7 +229,9 @@ async fn run(
     let cores = cpu_cores();
     let others = workers
         .iter()
-        .filter(|w| w.role == Role::Decode || (w.role == Role::Prefill && !w.label.starts_with('L')))
+        .filter(|w| {
+            w.role == Role::Decode || (w.role == Role::Prefill && !w.label.starts_with('L'))
+        })
         .count();
     let threads_of = |w: &Worker| -> usize {
         match opts.threads {
