@@ -46,22 +46,45 @@ pub(crate) struct ExecArgs {
     kill_worker: Option<String>,
 }
 
-fn parse_kill(s: &str, remote_prefill: usize) -> Result<(WorkerRef, f64), String> {
-    let bad = || format!("--kill-worker `{s}`: expected LABEL@SECONDS, e.g. E0@2.5");
+/// `LABEL@SECONDS` of a worker that exists in the deployment: `counts` are
+/// the encode, remote prefill, local prefill and decode workers.
+fn parse_kill(s: &str, counts: [usize; 4]) -> Result<(WorkerRef, f64), String> {
+    let [e, p, l, d] = counts;
+    let range = |c: char, n: usize| {
+        if n > 0 {
+            format!("{c}0..{c}{}", n - 1)
+        } else {
+            String::new()
+        }
+    };
+    let labels: Vec<String> = [range('E', e), range('P', p), range('L', l), range('D', d)]
+        .into_iter()
+        .filter(|x| !x.is_empty())
+        .collect();
+    let bad = || {
+        format!(
+            "--kill-worker `{s}`: expected LABEL@SECONDS with LABEL one of {} and SECONDS ≥ 0, e.g. E0@2.5",
+            labels.join(", ")
+        )
+    };
     let (label, at) = s.split_once('@').ok_or_else(bad)?;
     let at: f64 = at.parse().map_err(|_| bad())?;
     if !(at >= 0.0 && at.is_finite()) {
         return Err(bad());
     }
-    let (kind, idx) = label.split_at(1.min(label.len()));
-    let i: usize = idx.parse().map_err(|_| bad())?;
-    let w = match kind {
-        "E" => WorkerRef::Encode(i),
-        "P" => WorkerRef::Prefill(i),
-        "L" => WorkerRef::Prefill(remote_prefill + i),
-        "D" => WorkerRef::Decode(i),
+    let mut chars = label.chars();
+    let kind = chars.next().ok_or_else(bad)?;
+    let i: usize = chars.as_str().parse().map_err(|_| bad())?;
+    let (w, n) = match kind {
+        'E' => (WorkerRef::Encode(i), e),
+        'P' => (WorkerRef::Prefill(i), p),
+        'L' => (WorkerRef::Prefill(p + i), l),
+        'D' => (WorkerRef::Decode(i), d),
         _ => return Err(bad()),
     };
+    if i >= n {
+        return Err(bad());
+    }
     Ok((w, at))
 }
 
@@ -124,8 +147,40 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    if !(a.startup_timeout > 0.0 && a.startup_timeout <= 86_400.0) {
+        return Err(BadInput(format!(
+            "--startup-timeout {}: must be in (0, 86400] seconds",
+            a.startup_timeout
+        ))
+        .into());
+    }
+    // an unwritable CSV is found before the run, not after it
+    if let Some(path) = &a.run.requests_csv {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| {
+                BadInput(format!(
+                    "--requests-csv {}: cannot write: {e}",
+                    path.display()
+                ))
+            })?;
+    }
     let kill = match &a.kill_worker {
-        Some(k) => Some(parse_kill(k, alloc.prefill.workers as usize).map_err(BadInput)?),
+        Some(k) => {
+            let local = match sc.knobs.local_prefill_tp {
+                Some(tp) => (alloc.encode.workers / tp) as usize,
+                None => 0,
+            };
+            let counts = [
+                alloc.encode.workers as usize,
+                alloc.prefill.workers as usize,
+                local,
+                alloc.decode.workers as usize,
+            ];
+            Some(parse_kill(k, counts).map_err(BadInput)?)
+        }
         None => None,
     };
     let opts = ExecOptions {

@@ -14,6 +14,15 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// Held by every test that times real models (`profile`, `exec`): their
+/// measurements are only meaningful when they do not share the cores.
+pub static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Take [`TIMED`] (a failed test holding it does not block the others).
+pub fn timed() -> std::sync::MutexGuard<'static, ()> {
+    TIMED.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The repository root.
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

@@ -5,6 +5,7 @@ use crate::{easerve, root};
 
 #[test]
 fn quick_cpu_profile_is_read_back_and_simulated() {
+    let _timed = crate::timed();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("p.toml");
     let o = easerve(&[

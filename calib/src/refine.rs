@@ -121,7 +121,9 @@ pub fn refine_encode(
 /// P90 and, for encode, `t_pass` and `t_pre`) by `factor`, and say so in the
 /// provenance: the stage-level refinement `easerve calib refine --sim S
 /// --measured M` applies, with `factor` the measured over the simulated mean
-/// service time of that stage (TPOT for decode) in two runs of one scenario.
+/// service time of that stage (for decode: first decode iteration to last
+/// token) in two runs of one scenario. `what` names the source for the
+/// provenance's `method`.
 ///
 /// Errors: `factor` not finite and positive, or the stage has no table.
 pub fn scale_stage(

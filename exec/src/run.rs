@@ -554,10 +554,13 @@ async fn run(
                 events.push(ExecEvent::Timer(w));
             }
         }
-        for ev in events {
+        let mut events: std::collections::VecDeque<ExecEvent> = events.into();
+        while let Some(ev) = events.pop_front() {
             apply(&mut ctrl, t, ev);
             for cmd in ctrl.take_commands() {
-                carry_out(
+                // a transfer to a worker that is gone lands at once, so the
+                // controller fails its requests and frees the sender's slot
+                events.extend(carry_out(
                     cmd,
                     &mut ctrl,
                     &mut workers,
@@ -568,7 +571,7 @@ async fn run(
                     &mut envelopes,
                     &mut next_envelope,
                     t,
-                );
+                ));
             }
         }
         run_s = t;
@@ -665,7 +668,7 @@ fn carry_out(
     envelopes: &mut HashMap<u64, (usize, Vec<RequestId>, Option<usize>)>,
     next_envelope: &mut u64,
     now: f64,
-) {
+) -> Option<ExecEvent> {
     let send = |workers: &mut [Worker], wref: WorkerRef, msg: &ToWorker| -> bool {
         let w = &mut workers[by_ref[&wref]];
         match (&w.tx, encode_frame(msg)) {
@@ -709,8 +712,7 @@ fn carry_out(
             for &id in &ids {
                 ctrl.record_mut(id).embedding_sent = Some(now);
             }
-            envelopes.insert(n, (to, ids, (!local).then_some(from)));
-            send(
+            let sent = send(
                 workers,
                 WorkerRef::Prefill(to),
                 &ToWorker::Embeddings {
@@ -718,6 +720,11 @@ fn carry_out(
                     embeddings: e,
                 },
             );
+            let from = (!local).then_some(from);
+            if !sent {
+                return Some(ExecEvent::EmbeddingsLanded { to, ids, from });
+            }
+            envelopes.insert(n, (to, ids, from));
         }
         Command::Prefill {
             worker,
@@ -739,7 +746,7 @@ fn carry_out(
             );
         }
         Command::Kv { to, id, .. } => {
-            if let Some((last_token, cache)) = kv.remove(&id) {
+            let sent = kv.remove(&id).is_some_and(|(last_token, cache)| {
                 send(
                     workers,
                     WorkerRef::Decode(to),
@@ -748,7 +755,10 @@ fn carry_out(
                         last_token,
                         kv: cache,
                     },
-                );
+                )
+            });
+            if !sent {
+                return Some(ExecEvent::KvLanded { to, id });
             }
         }
         Command::DecodeStep { worker, ids, .. } => {
@@ -766,6 +776,7 @@ fn carry_out(
             );
         }
     }
+    None
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -418,8 +418,8 @@ impl Controller {
 
     fn done(&mut self, id: RequestId, at: f64) {
         let i = id as usize;
-        self.records[i].finish = Some(at);
         if self.place[i] != Place::Done {
+            self.records[i].finish = Some(at);
             self.place[i] = Place::Done;
             self.in_system -= 1;
         }
@@ -844,6 +844,7 @@ impl Controller {
         }
         for d in &mut self.decode {
             d.alive = false;
+            d.stepping = false;
         }
     }
 
