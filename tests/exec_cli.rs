@@ -6,15 +6,7 @@ use crate::{easerve, num, root};
 use serde_json::Value;
 
 fn exec_json(args: &[&str]) -> Value {
-    let mut all = vec!["exec", "scenarios/cpu-audio.toml", "--json"];
-    all.extend_from_slice(args);
-    let out = easerve(&all);
-    assert!(
-        out.status.success(),
-        "easerve {all:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON report")
+    crate::report_json("exec", &root().join("scenarios/cpu-audio.toml"), args)
 }
 
 #[test]

@@ -39,8 +39,14 @@ pub fn easerve(args: &[&str]) -> Output {
 
 /// `easerve sim SCENARIO --json ARGS...` parsed; panics with stderr on failure.
 pub fn sim_json(scenario: &Path, args: &[&str]) -> Value {
+    report_json("sim", scenario, args)
+}
+
+/// `easerve CMD SCENARIO --json ARGS...` (`sim` or `exec`) parsed; panics with
+/// stderr on failure.
+pub fn report_json(cmd: &str, scenario: &Path, args: &[&str]) -> Value {
     let s = scenario.to_str().expect("utf-8 path");
-    let mut all = vec!["sim", s, "--json"];
+    let mut all = vec![cmd, s, "--json"];
     all.extend_from_slice(args);
     let out = easerve(&all);
     assert!(
