@@ -4,8 +4,8 @@
 
 use easerve_calib::StageCost;
 use easerve_model::ItemTokens;
-use easerve_sched::{Batcher, Controller, ControllerConfig, SmSplit};
-use easerve_workload::generate::{generate_with_tokens, typical_batch, typical_items};
+use easerve_sched::{Controller, ControllerConfig};
+use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::Scenario;
 
 /// The controller for `sc` with policy costs (`W(k) = T_enc(k)`, the SM
@@ -14,18 +14,7 @@ pub fn build_controller(sc: &Scenario, cost: &dyn StageCost) -> (Controller, Vec
     let (requests, tokens) = generate_with_tokens(sc);
     let dep = &sc.deployment;
     let alloc = dep.allocation;
-    let b = dep.max_batch;
-    let typical = typical_items(&requests, &tokens);
-    let t_enc = |k: usize, share: f64| cost.encode(&typical_batch(&typical, k), share).total();
-    let split = if dep.has_local_prefill() {
-        SmSplit::new(&dep.sm_policy, b, t_enc)
-    } else {
-        SmSplit::Static(1.0)
-    };
-    let dispatch = sc.encode_dispatch();
-    let batchers = (0..alloc.encode.workers)
-        .map(|_| Batcher::new(&dispatch, b, |k| t_enc(k, 1.0)))
-        .collect();
+    let (batchers, split) = sc.encode_policies(&requests, &tokens, cost);
     let local_prefill = match sc.knobs.local_prefill_tp {
         Some(tp) => {
             let tp = tp as usize;

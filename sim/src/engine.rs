@@ -11,7 +11,7 @@ use easerve_sched::{
     Batcher, Decision, DecodeScheduler, DecodeSeq, LeastOutstanding, PrefillItem, PrefillQueue,
     Request, RequestId, RequestRecord, Route, Router, SmSplit,
 };
-use easerve_workload::generate::{generate_with_tokens, typical_batch, typical_items};
+use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::EncodeSummary;
 use easerve_workload::scenario::System;
 use easerve_workload::{Report, Scenario};
@@ -219,18 +219,9 @@ impl<'a> Sim<'a> {
         let records = requests.iter().map(RequestRecord::new).collect();
         let dep = &sc.deployment;
         let alloc = dep.allocation;
-        let b = dep.max_batch;
 
-        // A typical request's items (median encoder tokens) set the batcher's
-        // W(k) = T_enc(k) and the SM table.
-        let typical = typical_items(&requests, &tokens);
-        let t_enc = |k: usize, share: f64| cost.encode(&typical_batch(&typical, k), share).total();
-        let split = if dep.has_local_prefill() {
-            SmSplit::new(&dep.sm_policy, b, t_enc)
-        } else {
-            SmSplit::Static(1.0)
-        };
-        let dispatch = sc.encode_dispatch();
+        let (batchers, split) = sc.encode_policies(&requests, &tokens, &*cost);
+        let mut batchers = batchers.into_iter();
 
         // GPUs: encode workers first, then remote prefill, then decode.
         let mut next_gpu = 0u32;
@@ -244,7 +235,7 @@ impl<'a> Sim<'a> {
                 let gpus = take(alloc.encode.tp);
                 EncodeWorker {
                     gpu: gpus[0],
-                    batcher: Batcher::new(&dispatch, b, |k| t_enc(k, 1.0)),
+                    batcher: batchers.next().expect("one batcher per encode worker"),
                     pass: None,
                     wake_gen: 0,
                     local: None,

@@ -593,6 +593,35 @@ impl Scenario {
             .collect()
     }
 
+    /// The encode-side policies of a run, as both faces build them: one
+    /// [`easerve_sched::Batcher`] per encode worker and the SM split. A
+    /// typical request's items (median encoder tokens, over `requests` with
+    /// their per-item `tokens`) stand for "a request" in the batcher's
+    /// `W(k) = T_enc(k)` and in the SM table, both from `cost` (seconds).
+    pub fn encode_policies(
+        &self,
+        requests: &[easerve_sched::Request],
+        tokens: &[Vec<easerve_model::ItemTokens>],
+        cost: &dyn easerve_calib::StageCost,
+    ) -> (Vec<easerve_sched::Batcher>, easerve_sched::SmSplit) {
+        use crate::generate::{typical_batch, typical_items};
+        use easerve_sched::{Batcher, SmSplit};
+        let dep = &self.deployment;
+        let b = dep.max_batch;
+        let typical = typical_items(requests, tokens);
+        let t_enc = |k: usize, share: f64| cost.encode(&typical_batch(&typical, k), share).total();
+        let split = if dep.has_local_prefill() {
+            SmSplit::new(&dep.sm_policy, b, t_enc)
+        } else {
+            SmSplit::Static(1.0)
+        };
+        let dispatch = self.encode_dispatch();
+        let batchers = (0..dep.allocation.encode.workers)
+            .map(|_| Batcher::new(&dispatch, b, |k| t_enc(k, 1.0)))
+            .collect();
+        (batchers, split)
+    }
+
     /// The encode dispatch policy each encode worker runs: the scenario's,
     /// with the Poisson-gap rate estimate seeded from the offered rate per
     /// encode worker when the scenario gives no hint.
