@@ -36,6 +36,51 @@ pub(crate) enum CalibCommand {
         #[arg(long, value_name = "YYYY-MM-DD")]
         date: Option<String>,
     },
+    /// Write a profile of a model on a GPU composed from NVIDIA aiconfigurator's
+    /// measured kernel tables (GEMM, attention, all-reduce), with the serving
+    /// system's framework terms and the measured preprocessing (calib/README.md).
+    ImportAiconfigurator {
+        /// aiconfigurator systems folder (holding `data/` and the `<gpu>.yaml`
+        /// files), e.g. `../shared/data/aiconfigurator`.
+        dir: PathBuf,
+        /// GPU preset with tables: h100-sxm, h200-sxm, b200-sxm, l40s,
+        /// rtx-pro-6000, a100-sxm4-80gb (or rtx-6000-ada, priced from the L40S's).
+        #[arg(long)]
+        gpu: String,
+        /// Model preset, e.g. `qwen2.5-vl-32b`.
+        #[arg(long)]
+        model: String,
+        /// Framework whose kernels to read (only `vllm` is in the tables).
+        #[arg(long, default_value = "vllm")]
+        framework: String,
+        /// Framework version directory (default: the newest in the tables).
+        #[arg(long)]
+        version: Option<String>,
+        /// GEMM dtype (bfloat16, fp8, fp8_block where the tables have them).
+        #[arg(long, default_value = "bfloat16")]
+        dtype: String,
+        /// Serving system whose framework and preprocessing terms the encode table
+        /// carries: easerve, passthrough or aggregated.
+        #[arg(long, default_value = "easerve")]
+        system: String,
+        /// Output profile (TOML).
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+        /// Date written into the provenance (default: today, UTC).
+        #[arg(long, value_name = "YYYY-MM-DD")]
+        date: Option<String>,
+    },
+    /// Measure easerve's own CPU preprocessing per item on this host (JPEG and
+    /// WAV decoding, resize, normalise, patchify, log-mel) and write the TOML that
+    /// `calib/preprocess/measured-rust.toml` holds.
+    MeasurePreprocess {
+        /// Timed runs per size (median; one warm-up first).
+        #[arg(long, default_value_t = 9)]
+        reps: usize,
+        /// Output TOML.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+    },
     /// Print a profile's provenance and tables.
     Show {
         /// Profile file (TOML).
@@ -156,6 +201,38 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 model,
                 gpu
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        CalibCommand::ImportAiconfigurator {
+            dir,
+            gpu,
+            model,
+            framework,
+            version,
+            dtype,
+            system,
+            output,
+            date,
+        } => import_aiconfigurator(
+            &dir,
+            &gpu,
+            &model,
+            &framework,
+            version.as_deref(),
+            &dtype,
+            &system,
+            &output,
+            date,
+        ),
+        CalibCommand::MeasurePreprocess { reps, output } => {
+            if reps == 0 {
+                return Err(BadInput("--reps: must be ≥ 1".into()).into());
+            }
+            let text = easerve_exec::preprocess_cost::measure(reps, &today_utc())
+                .map_err(|e| anyhow::anyhow!("measuring preprocessing: {e}"))?;
+            std::fs::write(&output, &text)
+                .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
+            print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
         CalibCommand::Show { profile, rows } => {
@@ -535,4 +612,121 @@ fn cell(x: f64) -> String {
     } else {
         format!("{x:.6e}")
     }
+}
+
+/// `easerve calib import-aiconfigurator`.
+#[allow(clippy::too_many_arguments)]
+fn import_aiconfigurator(
+    dir: &std::path::Path,
+    gpu: &str,
+    model: &str,
+    framework: &str,
+    version: Option<&str>,
+    dtype: &str,
+    system: &str,
+    output: &std::path::Path,
+    date: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    use easerve_calib::kernel_cost::{kernel_source_for, load_cached};
+    use easerve_calib::preprocess::{measured, FrameworkTerms};
+    use easerve_calib::{KernelCost, Provenance, Source, StageCost};
+    if framework != "vllm" {
+        return Err(BadInput(format!(
+            "--framework {framework}: the tables hold vLLM kernels only (allowed: vllm)"
+        ))
+        .into());
+    }
+    if !["easerve", "passthrough", "aggregated"].contains(&system) {
+        return Err(BadInput(format!(
+            "--system {system}: allowed: easerve, passthrough, aggregated"
+        ))
+        .into());
+    }
+    let m = ModelArch::preset(model).ok_or_else(|| {
+        BadInput(format!(
+            "--model: unknown model `{model}` (known: {})",
+            ModelArch::preset_names().join(", ")
+        ))
+    })?;
+    let g = GpuSpec::preset(gpu).ok_or_else(|| {
+        BadInput(format!(
+            "--gpu: unknown GPU `{gpu}` (known: {})",
+            GpuSpec::preset_names().join(", ")
+        ))
+    })?;
+    let (sys, proxy) = kernel_source_for(gpu).ok_or_else(|| {
+        BadInput(format!(
+            "--gpu {gpu}: no measured kernel tables (GPUs with tables: {}, and rtx-6000-ada via the L40S)",
+            easerve_calib::aic::AIC_GPUS
+                .iter()
+                .map(|(g, _)| *g)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    })?;
+    let tables = load_cached(dir, sys, dtype).map_err(|e| BadInput(e.to_string()))?;
+    if let Some(v) = version {
+        let have = tables
+            .provenance
+            .versions
+            .get("gemm")
+            .cloned()
+            .unwrap_or_default();
+        if !have.ends_with(v) {
+            return Err(BadInput(format!(
+                "--version {v}: the tables of {sys} are {have} (allowed: that version)"
+            ))
+            .into());
+        }
+    }
+    let eff = Efficiency::default();
+    let fw = FrameworkTerms::for_system(system, eff.encode_pass_s);
+    let pre = measured(&m, fw.preprocess).unwrap_or_default();
+    let describe = tables.describe();
+    let cost = KernelCost::new(
+        m.clone(),
+        g.clone(),
+        tables,
+        proxy,
+        fw,
+        pre,
+        1.0,
+        eff.clone(),
+    );
+    let provenance = Provenance {
+        model: m.name.clone(),
+        device: g.name.clone(),
+        link: g.link.name.clone(),
+        source: Source::Imported,
+        backend: describe,
+        driver: "as measured by aiconfigurator".into(),
+        libraries: vec![format!("easerve-calib {}", env!("CARGO_PKG_VERSION"))],
+        date: date.unwrap_or_else(today_utc),
+        method: format!(
+            "operator lists (easerve_model::ops) priced from measured kernels, interpolated on log axes; {}",
+            cost.sources().join("; ")
+        ),
+        repetitions: 0,
+    };
+    let note = "bandwidth_interference derived from HBM demand; time_slice_penalty assumed (calib/src/eff.rs)";
+    let p = Profile::from_cost(
+        &cost,
+        &m,
+        &g,
+        provenance,
+        &GridSpec::default(),
+        (
+            cost.time_slice_penalty(),
+            cost.bandwidth_interference(),
+            note,
+        ),
+    );
+    p.save(output)
+        .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
+    Profile::load(output).map_err(|e| anyhow::anyhow!("written profile invalid: {e}"))?;
+    eprintln!(
+        "wrote {} (measured kernels of {model} on {gpu})",
+        output.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }

@@ -16,8 +16,14 @@ pub struct LinkSpec {
 }
 
 /// Names accepted by [`LinkSpec::preset`].
-pub const LINK_PRESET_NAMES: &[&str] =
-    &["pcie4-x16", "pcie5-x16", "nvlink3", "nvlink4", "loopback"];
+pub const LINK_PRESET_NAMES: &[&str] = &[
+    "pcie4-x16",
+    "pcie5-x16",
+    "nvlink3",
+    "nvlink4",
+    "nvlink5",
+    "loopback",
+];
 
 impl LinkSpec {
     /// The link preset called `name`, or `None`.
@@ -32,6 +38,9 @@ impl LinkSpec {
     ///   datasheet); latency 10 µs (assumption, NCCL small all-reduce on NVLink).
     /// * `nvlink4` (H100/H200 SXM): 900 GB/s total = 450 GB/s per direction (NVIDIA
     ///   H100 datasheet); latency 10 µs (assumption).
+    /// * `nvlink5` (B200 SXM): 1.8 TB/s total = 900 GB/s per direction (NVIDIA HGX
+    ///   B200 datasheet; aiconfigurator's `b200_sxm.yaml` `intra_node_bw`); latency
+    ///   10 µs (assumption).
     /// * `loopback`: local sockets between worker processes on one host (the CPU
     ///   executor): 2 GB/s, 30 µs (assumptions; `easerve profile --device cpu`
     ///   measures the real curve into the profile's transfer table).
@@ -41,6 +50,7 @@ impl LinkSpec {
             "pcie5-x16" => (50.0, 15e-6),
             "nvlink3" => (300.0, 10e-6),
             "nvlink4" => (450.0, 10e-6),
+            "nvlink5" => (900.0, 10e-6),
             "loopback" => (2.0, 30e-6),
             _ => return None,
         };
@@ -90,6 +100,9 @@ pub const GPU_PRESET_NAMES: &[&str] = &[
     "a100-sxm4-80gb",
     "h100-sxm",
     "h200-sxm",
+    "b200-sxm",
+    "l40s",
+    "rtx-pro-6000",
     "cpu",
 ];
 
@@ -105,6 +118,13 @@ impl GpuSpec {
     ///   datasheet).
     /// * `h200-sxm`: 989 TFLOPS, 4800 GB/s HBM3e, 141 GB, 132 SMs, NVLink4 (NVIDIA H200
     ///   datasheet).
+    /// * `b200-sxm`: 2250 TFLOPS, 7700 GB/s HBM3e, 180 GB, 148 SMs, NVLink5 (NVIDIA HGX
+    ///   B200 datasheet; the same peak and bandwidth as aiconfigurator's `b200_sxm.yaml`).
+    /// * `l40s`: 362 TFLOPS, 864 GB/s GDDR6, 48 GB, 142 SMs, PCIe 4.0 x16 (NVIDIA L40S
+    ///   datasheet; AD102, the RTX 6000 Ada's die).
+    /// * `rtx-pro-6000`: RTX PRO 6000 Blackwell Server Edition: 467.8 dense BF16 TFLOPS
+    ///   (aiconfigurator's `rtx_pro_6000_server.yaml`, at 2430 MHz), 1792 GB/s GDDR7,
+    ///   96 GB, 188 SMs, PCIe 5.0 x16 (NVIDIA RTX PRO 6000 Blackwell datasheet).
     /// * `cpu`: the host CPU as the real executor's device, nominal 2-core x86-64 figures
     ///   (assumptions, not a datasheet): 0.19 TFLOPS = 2 cores * 2 FMA units * 8 f32
     ///   lanes * 2 FLOP * 3 GHz (f32, not BF16), 20 GB/s memory, 24 GB, 2 "SMs" (one per
@@ -116,6 +136,9 @@ impl GpuSpec {
             "a100-sxm4-80gb" => (312.0, 2039.0, 80.0, 108, "nvlink3"),
             "h100-sxm" => (989.0, 3350.0, 80.0, 132, "nvlink4"),
             "h200-sxm" => (989.0, 4800.0, 141.0, 132, "nvlink4"),
+            "b200-sxm" => (2250.0, 7700.0, 180.0, 148, "nvlink5"),
+            "l40s" => (362.0, 864.0, 48.0, 142, "pcie4-x16"),
+            "rtx-pro-6000" => (467.8, 1792.0, 96.0, 188, "pcie5-x16"),
             "cpu" => (0.192, 20.0, 24.0, 2, "loopback"),
             _ => return None,
         };

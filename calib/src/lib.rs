@@ -23,19 +23,26 @@
 //! ```
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod aic;
 pub mod cost;
 pub mod eff;
+pub mod fidelity;
 pub mod fitted;
 pub mod gpu;
 pub mod interp;
+pub mod kernel_cost;
+pub mod preprocess;
 pub mod profile;
 pub mod refine;
 pub mod roofline;
+pub mod trie;
 pub mod vidur;
 
+pub use aic::{KernelError, KernelTables};
 pub use cost::StageCost;
 pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
+pub use kernel_cost::KernelCost;
 pub use profile::{
     monotone_envelope, GridSpec, PrefillBatching, Profile, ProfileError, Provenance, Source, Stage,
 };

@@ -625,13 +625,38 @@ impl Profile {
             ),
             repetitions: 0,
         };
+        Profile::from_cost(
+            r,
+            &r.model,
+            &r.gpu,
+            provenance,
+            g,
+            (
+                e.time_slice_penalty,
+                e.bandwidth_interference,
+                "easerve-calib Efficiency defaults (assumptions, see calib/src/eff.rs)",
+            ),
+        )
+    }
+
+    /// A profile of any stage cost `r` of `model` on `gpu` on the grid `g`, timed at
+    /// each grid point exactly as [`Profile::from_roofline`] describes, with the
+    /// given provenance and `(time_slice_penalty, bandwidth_interference, note)`.
+    pub fn from_cost(
+        r: &dyn StageCost,
+        model: &easerve_model::ModelArch,
+        gpu: &GpuSpec,
+        provenance: Provenance,
+        g: &GridSpec,
+        scalars: (f64, f64, &str),
+    ) -> Profile {
         let s = |v: &[u64]| -> Vec<f64> { v.iter().map(|&x| x as f64).collect() };
         let cols = |c: &[&str]| -> Vec<String> { c.iter().map(|x| x.to_string()).collect() };
-        let encode = r.model.encoder.as_ref().map(|_| {
+        let encode = model.encoder.as_ref().map(|_| {
             let mut rows = Vec::new();
             for &b in &g.encode_batch {
                 for &n in &g.encode_tokens {
-                    let items = vec![synthetic_item(&r.model, n); b as usize];
+                    let items = vec![synthetic_item(model, n); b as usize];
                     for &sm in &g.sm_levels {
                         let t = r.encode(&items, sm);
                         let m = t.total();
@@ -696,18 +721,22 @@ impl Profile {
             .collect();
         let transfer = vec![Table::build(
             Stage::Transfer,
-            Some(r.gpu.link.name.clone()),
+            Some(gpu.link.name.clone()),
             TimeUnit::S,
             cols(&["bytes", "median"]),
             rows,
         )];
         Profile {
-            origin: format!("<roofline {} on {}>", r.model.name, r.gpu.name),
+            origin: format!(
+                "<{} {} on {}>",
+                provenance.source.as_str(),
+                model.name,
+                gpu.name
+            ),
             provenance,
-            time_slice_penalty: e.time_slice_penalty,
-            bandwidth_interference: e.bandwidth_interference,
-            scalars_note: "easerve-calib Efficiency defaults (assumptions, see calib/src/eff.rs)"
-                .into(),
+            time_slice_penalty: scalars.0,
+            bandwidth_interference: scalars.1,
+            scalars_note: scalars.2.into(),
             prefill_batching: PrefillBatching::Packed,
             encode,
             prefill,

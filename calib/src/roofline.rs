@@ -240,17 +240,31 @@ impl crate::StageCost for Roofline {
         self.eff.bandwidth_interference
     }
     fn notes(&self) -> Vec<String> {
-        vec![format!(
-            "costs from the roofline of {} on {}: GEMM efficiency {} (calib/src/eff.rs), the other efficiencies assumed; encode_pass_s = {} s per pass is calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction",
-            self.model.name,
-            self.gpu.name,
-            if self.eff.gemm_eff_from_fit {
-                "fitted on Vidur's A100 timings"
-            } else {
-                "assumed"
-            },
-            self.eff.encode_pass_s
-        )]
+        let e = &self.eff;
+        let gemm = if e.gemm_eff_from_fit {
+            "GEMM efficiency fitted on Vidur's A100 timings"
+        } else {
+            "GEMM efficiency assumed"
+        };
+        let g = format!("{} on {}", self.model.name, self.gpu.name);
+        vec![
+            format!(
+                "encode: roofline of {g} ({gemm}; SM-share knee at {} tokens, assumed); framework {} s per pass, calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction; preprocessing {} s per item + {} s per token (assumptions, calib/src/eff.rs)",
+                e.tokens_to_fill_gpu, e.encode_pass_s, e.preprocess_item_s, e.preprocess_per_token_s
+            ),
+            format!(
+                "prefill: roofline of {g} ({gemm}, memory efficiency {} assumed) + {} s per batch (assumption)",
+                e.mem_eff, e.prefill_batch_s
+            ),
+            format!(
+                "decode: roofline of {g} (memory efficiency {} assumed) + {} s per step (assumption)",
+                e.mem_eff, e.decode_step_s
+            ),
+            format!(
+                "co-location: encode slowdown next to a prefill {}, time-slicing penalty {} (assumptions, calib/src/eff.rs)",
+                e.bandwidth_interference, e.time_slice_penalty
+            ),
+        ]
     }
 }
 

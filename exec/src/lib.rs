@@ -15,6 +15,7 @@ pub mod event;
 pub mod input;
 pub mod mel;
 pub mod plan;
+pub mod preprocess_cost;
 pub mod profile;
 pub mod run;
 pub mod virtual_clock;

@@ -25,11 +25,13 @@
 pub mod arch;
 #[cfg(feature = "nn")]
 pub mod nn;
+pub mod ops;
 pub mod presets;
 pub mod tokens;
 pub mod work;
 
 pub use arch::{EncoderArch, EncoderKind, LlmArch, ModelArch};
+pub use ops::{AttnKind, Op};
 pub use tokens::{QWEN_VIDEO_MAX_PIXELS, QWEN_VIDEO_MIN_PIXELS};
 pub use work::Work;
 

@@ -70,7 +70,7 @@ pub const ACT_FFN_RW_PLAIN: f64 = 2.0;
 
 impl EncoderArch {
     /// Activation bytes one token moves through one block (see [`ACT_HIDDEN_RW`]).
-    fn act_bytes_per_token_layer(&self) -> f64 {
+    pub(crate) fn act_bytes_per_token_layer(&self) -> f64 {
         let ffn_rw = if self.gated_mlp {
             ACT_FFN_RW_GATED
         } else {
@@ -157,7 +157,7 @@ impl ModelArch {
 
     /// LLM activation bytes one token moves through one decoder layer (estimate, see
     /// [`ACT_HIDDEN_RW`]; the LLM MLP is gated).
-    fn llm_act_bytes_per_token_layer(&self) -> f64 {
+    pub(crate) fn llm_act_bytes_per_token_layer(&self) -> f64 {
         (ACT_HIDDEN_RW * f64::from(self.llm.hidden) + ACT_FFN_RW_GATED * f64::from(self.llm.ffn))
             * f64::from(self.llm.dtype_bytes)
     }

@@ -79,6 +79,14 @@ pub struct ClusterSection {
     pub gpus: i64,
     /// Link preset (default: the GPU's own).
     pub link: Option<String>,
+    /// Cost source when no profile is given: `"auto"` (default: measured kernels
+    /// where the GPU preset has aiconfigurator tables, else the roofline),
+    /// `"roofline"`, or `"l40s-proxy"` (an RTX 6000 Ada priced from the L40S's
+    /// tables).
+    pub kernels: Option<String>,
+    /// Seconds of preprocessing on this deployment's host per second on the machine
+    /// that measured it (`calib/preprocess/`); default 1.
+    pub host_cpu_scale: Option<f64>,
 }
 
 /// `[deployment]`
@@ -558,18 +566,71 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
 }
 
 impl Scenario {
-    /// The stage costs the scenario names: its `profile`, or the roofline of
-    /// its model and GPU.
+    /// The stage costs the scenario names: its `profile`; else measured kernels
+    /// when its GPU is a preset with aiconfigurator tables and the data is found
+    /// ([`easerve_calib::aic::find_data_dir`]; `cluster.kernels = "roofline"` opts
+    /// out, `"l40s-proxy"` prices an RTX 6000 Ada from the L40S's tables); else the
+    /// roofline of its model and GPU. Kernel costs carry the serving system's own
+    /// framework and preprocessing terms ([`easerve_calib::preprocess`]). When the
+    /// tables cannot be read the roofline is used and its notes say why.
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
         use easerve_calib::{Efficiency, Roofline};
-        match &self.profile {
-            Some(p) => Box::new(p.clone()),
-            None => Box::new(Roofline::new(
+        if let Some(p) = &self.profile {
+            return Box::new(p.clone());
+        }
+        let roofline = || {
+            Box::new(Roofline::new(
                 self.model.clone(),
                 self.gpu.clone(),
                 Efficiency::default(),
+            ))
+        };
+        match self.kernel_cost() {
+            Some(Ok(k)) => Box::new(k),
+            Some(Err(e)) => Box::new(WithNote(
+                roofline(),
+                format!("measured kernels unusable, roofline used instead: {e}"),
             )),
+            None => roofline(),
         }
+    }
+
+    /// The measured-kernel cost of this scenario, if its GPU and `cluster.kernels`
+    /// select one and the data directory exists; `Some(Err)` when the tables are
+    /// there but cannot be read.
+    pub fn kernel_cost(
+        &self,
+    ) -> Option<Result<easerve_calib::KernelCost, easerve_calib::KernelError>> {
+        use easerve_calib::kernel_cost::{kernel_source_for, load_cached, Proxy};
+        use easerve_calib::preprocess::{measured, FrameworkTerms};
+        use easerve_calib::{Efficiency, KernelCost};
+        let mode = self.raw.cluster.kernels.as_deref().unwrap_or("auto");
+        if mode == "roofline" || self.raw.cluster.gpu.is_none() {
+            return None;
+        }
+        let (system, proxy): (&str, Option<Proxy>) = match kernel_source_for(&self.gpu.name)? {
+            (s, Some(p)) if mode == "l40s-proxy" => (s, Some(p)),
+            (_, Some(_)) => return None,
+            (s, None) => (s, None),
+        };
+        let dir = easerve_calib::aic::find_data_dir()?;
+        let tables = match load_cached(&dir, system, "bfloat16") {
+            Ok(t) => t,
+            Err(e) => return Some(Err(e)),
+        };
+        let eff = Efficiency::default();
+        let framework = FrameworkTerms::for_system(self.system.name(), eff.encode_pass_s);
+        let pre = measured(&self.model, framework.preprocess).unwrap_or_default();
+        Some(Ok(KernelCost::new(
+            self.model.clone(),
+            self.gpu.clone(),
+            tables,
+            proxy,
+            framework,
+            pre,
+            self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
+            eff,
+        )))
     }
 
     /// One continuous-batching scheduler per decode worker, with the KV blocks
@@ -762,6 +823,23 @@ impl Scenario {
                     ),
                 )
             })?;
+        }
+        if let Some(k) = &raw.cluster.kernels {
+            if !["auto", "roofline", "l40s-proxy"].contains(&k.as_str()) {
+                return Err(v.err(
+                    "cluster.kernels",
+                    format!("unknown cost source `{k}`; allowed: auto, roofline, l40s-proxy"),
+                ));
+            }
+            if k == "l40s-proxy" && raw.cluster.gpu.as_deref() != Some("rtx-6000-ada") {
+                return Err(v.err(
+                    "cluster.kernels",
+                    "`l40s-proxy` prices only `cluster.gpu = \"rtx-6000-ada\"` (same AD102 die as the L40S)",
+                ));
+            }
+        }
+        if let Some(x) = raw.cluster.host_cpu_scale {
+            v.real("cluster.host_cpu_scale", x, 0.0, 1000.0, true)?;
         }
         let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
 
@@ -1597,6 +1675,39 @@ fn set_path(node: &mut toml::Value, path: &[&str], value: &toml::Value) -> Resul
             value,
         ),
         [] => Err("empty key".into()),
+    }
+}
+
+/// A stage cost with one more note (why a fallback was taken).
+struct WithNote(Box<dyn easerve_calib::StageCost>, String);
+
+impl easerve_calib::StageCost for WithNote {
+    fn encode(
+        &self,
+        items: &[easerve_model::ItemTokens],
+        sm_share: f64,
+    ) -> easerve_calib::EncodeTime {
+        self.0.encode(items, sm_share)
+    }
+    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
+        self.0.prefill(seq_lens, tp, sm_share)
+    }
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
+        self.0.decode_step(batch, total_context_tokens, tp)
+    }
+    fn transfer(&self, bytes: f64) -> f64 {
+        self.0.transfer(bytes)
+    }
+    fn time_slice_penalty(&self) -> f64 {
+        self.0.time_slice_penalty()
+    }
+    fn bandwidth_interference(&self) -> f64 {
+        self.0.bandwidth_interference()
+    }
+    fn notes(&self) -> Vec<String> {
+        let mut n = vec![self.1.clone()];
+        n.extend(self.0.notes());
+        n
     }
 }
 

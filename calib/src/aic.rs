@@ -1,0 +1,585 @@
+//! Measured kernel tables: NVIDIA aiconfigurator's vLLM kernel latencies.
+//!
+//! Source: github.com/ai-dynamo/aiconfigurator, `aic-core/src/aiconfigurator_core/systems/`
+//! (Apache-2.0), kept outside this repository in `../shared/data/aiconfigurator/`
+//! (commit [`AIC_COMMIT`]). Layout `data/<gpu>/<op family>/<framework>/<version>/<table>.parquet`
+//! plus `<gpu>.yaml`; every table has a `latency` column in **milliseconds per kernel
+//! call**. [`KernelTables::load`] reads, per GPU:
+//!
+//! | table | kept rows | trie axes |
+//! |---|---|---|
+//! | `gemm_perf` | `gemm_dtype` = the requested dtype | `m, n, k` |
+//! | `context_attention_perf` | bf16 KV cache, no sliding window, the most-measured kernel source | `head_dim, kv_heads, heads, batch, isl` |
+//! | `generation_attention_perf` | same | `head_dim, kv_heads, heads, batch, context` (`isl + step`) |
+//! | `encoder_attention_perf` | bf16 (absent on the A100) | `head_dim, heads, batch, isl` |
+//! | `custom_allreduce_perf` | bf16, `vllm_graph` and `vllm_eager` backends | `num_gpus, message_size` (elements) |
+//!
+//! Each table's points become a [`Trie`] (holes bridged by log-log interpolation),
+//! sampled on a dense grid made monotone along every axis ([`Trie::densify`]) and
+//! interpolated multi-linearly on log axes ([`crate::interp::Grid`], edge cells
+//! extended outside it and flagged). NCCL
+//! tables are not read: vLLM's custom all-reduce is measured up to 2^29 elements,
+//! beyond any activation here.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::{Field, Row};
+
+use crate::interp::Grid;
+use crate::trie::Trie;
+
+/// Upstream commit of the aiconfigurator data (from `../shared/data/aiconfigurator/README.md`).
+pub const AIC_COMMIT: &str = "095f58a51c4c (2026-08-21)";
+
+/// GPUs with aiconfigurator tables: `(easerve GPU preset, aiconfigurator system name)`.
+pub const AIC_GPUS: &[(&str, &str)] = &[
+    ("h100-sxm", "h100_sxm"),
+    ("h200-sxm", "h200_sxm"),
+    ("b200-sxm", "b200_sxm"),
+    ("l40s", "l40s"),
+    ("rtx-pro-6000", "rtx_pro_6000_server"),
+    ("a100-sxm4-80gb", "a100_sxm"),
+];
+
+/// GEMM dtypes the tables hold (aiconfigurator's names); easerve's models are BF16.
+pub const AIC_DTYPES: &[&str] = &["bfloat16", "fp8", "fp8_block"];
+
+/// A bad or missing kernel table: the file and what is wrong.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelError {
+    /// The file or directory.
+    pub file: String,
+    /// What is wrong, and what is allowed.
+    pub message: String,
+}
+
+impl fmt::Display for KernelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel tables {}: {}", self.file, self.message)
+    }
+}
+
+impl std::error::Error for KernelError {}
+
+fn err(file: &Path, message: impl Into<String>) -> KernelError {
+    KernelError {
+        file: file.display().to_string(),
+        message: message.into(),
+    }
+}
+
+/// Where the tables came from (into every report's notes and imported profiles).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct KernelProvenance {
+    /// aiconfigurator system name (`h100_sxm`).
+    pub system: String,
+    /// `device` column (`NVIDIA H100 80GB HBM3`).
+    pub device: String,
+    /// Framework and version per table (`gemm: vLLM 0.24.0`).
+    pub versions: BTreeMap<String, String>,
+    /// Kernel source per table (`gemm: torch.nn.functional.linear`).
+    pub kernel_sources: BTreeMap<String, String>,
+    /// The data directory read.
+    pub dir: String,
+}
+
+/// The GPU's figures from `<gpu>.yaml` that the cost model uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SystemSpec {
+    /// HBM bandwidth, bytes/s (`gpu.mem_bw`).
+    pub mem_bw: f64,
+    /// aiconfigurator's empirical fraction of `mem_bw` that memory-bound kernels reach
+    /// (`gpu.mem_bw_empirical_scaling_factor`).
+    pub mem_bw_scaling: f64,
+    /// Fixed seconds per memory-bound kernel (`gpu.mem_empirical_constant_latency`).
+    pub mem_latency_s: f64,
+    /// Dense BF16 tensor FLOP/s (`gpu.bfloat16_tc_flops`).
+    pub bf16_flops: f64,
+    /// Memory capacity, bytes (`gpu.mem_capacity`).
+    pub mem_capacity: f64,
+    /// `gpu.sm_version` (90 = Hopper).
+    pub sm_version: u32,
+}
+
+/// Every measured table of one GPU, as tries of seconds per call.
+#[derive(Clone, Debug)]
+pub struct KernelTables {
+    /// Where they came from.
+    pub provenance: KernelProvenance,
+    /// The system YAML's figures.
+    pub system: SystemSpec,
+    /// GEMM seconds over `(m, n, k)`.
+    pub gemm: Grid,
+    /// Causal prefill attention seconds over `(head_dim, kv_heads, heads, batch, isl)`.
+    pub context: Grid,
+    /// Decode attention seconds over `(head_dim, kv_heads, heads, batch, context)`.
+    pub generation: Grid,
+    /// Non-causal encoder attention seconds over `(head_dim, heads, batch, isl)`; `None`
+    /// where the GPU has no such table (A100).
+    pub encoder: Option<Grid>,
+    /// All-reduce seconds over `(num_gpus, elements)`, CUDA-graph backend.
+    pub allreduce_graph: Grid,
+    /// All-reduce seconds over `(num_gpus, elements)`, eager backend.
+    pub allreduce_eager: Grid,
+    /// Points raised by the monotone envelope, per table (reported once).
+    pub raised: BTreeMap<String, usize>,
+}
+
+/// The aiconfigurator system name of an easerve GPU preset, if it has tables.
+pub fn aic_system(gpu: &str) -> Option<&'static str> {
+    AIC_GPUS.iter().find(|(g, _)| *g == gpu).map(|(_, s)| *s)
+}
+
+/// `../shared/data/aiconfigurator` relative to the workspace root (where the tests
+/// and a checkout find it).
+pub fn default_data_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/aiconfigurator")
+}
+
+/// The data directory to use: `$EASERVE_AICONFIGURATOR_DIR` when set, else
+/// `../shared/data/aiconfigurator` below the current directory's parent, else the
+/// checkout's ([`default_data_dir`]); `None` when none of them exists.
+pub fn find_data_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("EASERVE_AICONFIGURATOR_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let candidates = [
+        PathBuf::from("../shared/data/aiconfigurator"),
+        default_data_dir(),
+    ];
+    candidates.into_iter().find(|d| d.join("data").is_dir())
+}
+
+struct Table {
+    path: PathBuf,
+    rows: Vec<Row>,
+}
+
+impl Table {
+    fn read(path: PathBuf) -> Result<Table, KernelError> {
+        let file = File::open(&path).map_err(|e| err(&path, format!("cannot open: {e}")))?;
+        let reader = SerializedFileReader::new(file)
+            .map_err(|e| err(&path, format!("not a readable parquet file: {e}")))?;
+        let rows = reader
+            .get_row_iter(None)
+            .map_err(|e| err(&path, format!("cannot read rows: {e}")))?
+            .collect::<Result<Vec<Row>, _>>()
+            .map_err(|e| err(&path, format!("corrupt row: {e}")))?;
+        if rows.is_empty() {
+            return Err(err(&path, "the table has no rows"));
+        }
+        Ok(Table { path, rows })
+    }
+
+    fn field<'a>(&self, row: &'a Row, i: usize, name: &str) -> Result<&'a Field, KernelError> {
+        row.get_column_iter()
+            .find(|(n, _)| n.as_str() == name)
+            .map(|(_, f)| f)
+            .ok_or_else(|| err(&self.path, format!("row {i}: no column `{name}`")))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.rows[0].get_column_iter().any(|(n, _)| n == name)
+    }
+
+    fn num(&self, row: &Row, i: usize, name: &str) -> Result<f64, KernelError> {
+        match self.field(row, i, name)? {
+            Field::Long(v) => Ok(*v as f64),
+            Field::Int(v) => Ok(f64::from(*v)),
+            Field::Double(v) => Ok(*v),
+            Field::Float(v) => Ok(f64::from(*v)),
+            other => Err(err(
+                &self.path,
+                format!("row {i}: column `{name}` is {other}, not a number"),
+            )),
+        }
+    }
+
+    fn text(&self, row: &Row, i: usize, name: &str) -> Result<String, KernelError> {
+        match self.field(row, i, name)? {
+            Field::Str(s) => Ok(s.clone()),
+            other => Err(err(
+                &self.path,
+                format!("row {i}: column `{name}` is {other}, not text"),
+            )),
+        }
+    }
+
+    /// Latency in seconds (the column is milliseconds), checked finite and > 0.
+    fn latency_s(&self, row: &Row, i: usize) -> Result<f64, KernelError> {
+        let ms = self.num(row, i, "latency")?;
+        if ms.is_finite() && ms > 0.0 {
+            Ok(ms * 1e-3)
+        } else {
+            Err(err(
+                &self.path,
+                format!("row {i}: latency {ms} ms (allowed: finite and > 0)"),
+            ))
+        }
+    }
+
+    fn first_text(&self, name: &str) -> String {
+        self.text(&self.rows[0], 0, name).unwrap_or_default()
+    }
+}
+
+/// The single `<version>` directory under `dir` (`gemm/vllm/0.24.0`), or an error.
+fn version_dir(dir: &Path) -> Result<(PathBuf, String), KernelError> {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| err(dir, format!("missing ({e})")))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    versions.sort();
+    let v = versions
+        .pop()
+        .ok_or_else(|| err(dir, "no version directory"))?;
+    let name = v
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok((v, name))
+}
+
+/// The measured points as a dense monotone grid ([`Trie::densify`]) and how many
+/// grid points the envelope raised.
+fn trie(
+    path: &Path,
+    points: Vec<(Vec<f64>, f64)>,
+    what: &str,
+) -> Result<(Grid, usize), KernelError> {
+    if points.is_empty() {
+        return Err(err(path, format!("no rows for {what}")));
+    }
+    Trie::new(points)
+        .map(|t| t.densify())
+        .ok_or_else(|| err(path, format!("{what}: a key is not finite and > 0")))
+}
+
+/// The most frequent value of `col` among `rows` passing `keep`.
+fn most_common(t: &Table, col: &str, keep: impl Fn(&Row, usize) -> bool) -> String {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for (i, r) in t.rows.iter().enumerate() {
+        if keep(r, i) {
+            *counts
+                .entry(t.text(r, i, col).unwrap_or_default())
+                .or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(s, _)| s)
+        .unwrap_or_default()
+}
+
+impl KernelTables {
+    /// Read the tables of `system` (an aiconfigurator system name, e.g. `h100_sxm`)
+    /// from `dir` (the folder holding `data/` and the system YAMLs), GEMMs of `dtype`.
+    ///
+    /// # Errors
+    /// A missing or unreadable directory, YAML or parquet file, a row without a
+    /// needed column or with a latency that is not finite and > 0, or a dtype the
+    /// GEMM table lacks: the error names the file and what is allowed.
+    pub fn load(dir: &Path, system: &str, dtype: &str) -> Result<KernelTables, KernelError> {
+        let known: Vec<&str> = AIC_GPUS.iter().map(|(_, s)| *s).collect();
+        let data = dir.join("data").join(system);
+        if !data.is_dir() {
+            return Err(err(
+                &data,
+                format!(
+                    "no kernel data for `{system}` (allowed: {})",
+                    known.join(", ")
+                ),
+            ));
+        }
+        let system_spec = read_system_yaml(&dir.join(format!("{system}.yaml")))?;
+        let mut prov = KernelProvenance {
+            system: system.to_string(),
+            dir: dir.display().to_string(),
+            ..Default::default()
+        };
+        let mut raised = BTreeMap::new();
+
+        // GEMM
+        let (gdir, gver) = version_dir(&data.join("gemm").join("vllm"))?;
+        let gt = Table::read(gdir.join("gemm_perf.parquet"))?;
+        let mut dtypes = std::collections::BTreeSet::new();
+        let mut pts = Vec::new();
+        for (i, r) in gt.rows.iter().enumerate() {
+            let d = gt.text(r, i, "gemm_dtype")?;
+            if d == dtype {
+                let key = vec![gt.num(r, i, "m")?, gt.num(r, i, "n")?, gt.num(r, i, "k")?];
+                pts.push((key, gt.latency_s(r, i)?));
+            }
+            dtypes.insert(d);
+        }
+        if pts.is_empty() {
+            return Err(err(
+                &gt.path,
+                format!(
+                    "no GEMMs of dtype `{dtype}` (allowed: {})",
+                    dtypes.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        prov.device = gt.first_text("device");
+        prov.versions.insert(
+            "gemm".into(),
+            format!("{} {gver}", gt.first_text("framework")),
+        );
+        prov.kernel_sources.insert(
+            "gemm".into(),
+            most_common(&gt, "kernel_source", |r, i| {
+                gt.text(r, i, "gemm_dtype").is_ok_and(|d| d == dtype)
+            }),
+        );
+        let (gemm, r) = trie(&gt.path, pts, "GEMM")?;
+        raised.insert("gemm".into(), r);
+
+        // attention
+        let (adir, aver) = version_dir(&data.join("attention").join("vllm"))?;
+        let mut attn = |file: &str, name: &str, generation: bool| -> Result<Grid, KernelError> {
+            let t = Table::read(adir.join(file))?;
+            let windowed = t.has("window_size");
+            let plain = |r: &Row, i: usize| {
+                t.text(r, i, "kv_cache_dtype")
+                    .is_ok_and(|d| d == "bfloat16")
+                    && (!windowed || t.num(r, i, "window_size").is_ok_and(|w| w == 0.0))
+            };
+            let source = most_common(&t, "kernel_source", plain);
+            let mut pts = Vec::new();
+            for (i, r) in t.rows.iter().enumerate() {
+                if !plain(r, i) || t.text(r, i, "kernel_source")? != source {
+                    continue;
+                }
+                let len = if generation {
+                    t.num(r, i, "isl")? + t.num(r, i, "step")?
+                } else {
+                    t.num(r, i, "isl")?
+                };
+                let key = vec![
+                    t.num(r, i, "head_dim")?,
+                    t.num(r, i, "num_key_value_heads")?,
+                    t.num(r, i, "num_heads")?,
+                    t.num(r, i, "batch_size")?,
+                    len,
+                ];
+                pts.push((key, t.latency_s(r, i)?));
+            }
+            prov.versions
+                .insert(name.into(), format!("{} {aver}", t.first_text("framework")));
+            prov.kernel_sources.insert(name.into(), source);
+            let (g, r) = trie(&t.path, pts, name)?;
+            raised.insert(name.into(), r);
+            Ok(g)
+        };
+        let context = attn("context_attention_perf.parquet", "context_attention", false)?;
+        let generation = attn(
+            "generation_attention_perf.parquet",
+            "generation_attention",
+            true,
+        )?;
+
+        // encoder attention (optional)
+        let edir = data.join("encoder_attention").join("vllm");
+        let encoder = if edir.is_dir() {
+            let (edir, ever) = version_dir(&edir)?;
+            let t = Table::read(edir.join("encoder_attention_perf.parquet"))?;
+            let mut pts = Vec::new();
+            for (i, r) in t.rows.iter().enumerate() {
+                if t.text(r, i, "attn_dtype")? != "bfloat16" {
+                    continue;
+                }
+                let key = vec![
+                    t.num(r, i, "head_dim")?,
+                    t.num(r, i, "num_heads")?,
+                    t.num(r, i, "batch_size")?,
+                    t.num(r, i, "isl")?,
+                ];
+                pts.push((key, t.latency_s(r, i)?));
+            }
+            prov.versions.insert(
+                "encoder_attention".into(),
+                format!("{} {ever}", t.first_text("framework")),
+            );
+            prov.kernel_sources
+                .insert("encoder_attention".into(), t.first_text("kernel_source"));
+            let (g, r) = trie(&t.path, pts, "encoder attention")?;
+            raised.insert("encoder_attention".into(), r);
+            Some(g)
+        } else {
+            None
+        };
+
+        // all-reduce
+        let (cdir, cver) = version_dir(&data.join("comm").join("vllm"))?;
+        let ct = Table::read(cdir.join("custom_allreduce_perf.parquet"))?;
+        let mut graph = Vec::new();
+        let mut eager = Vec::new();
+        for (i, r) in ct.rows.iter().enumerate() {
+            if ct.text(r, i, "allreduce_dtype")? != "bfloat16" {
+                continue;
+            }
+            let key = vec![ct.num(r, i, "num_gpus")?, ct.num(r, i, "message_size")?];
+            let v = ct.latency_s(r, i)?;
+            match ct.text(r, i, "backend")?.as_str() {
+                "vllm_graph" => graph.push((key, v)),
+                "vllm_eager" => eager.push((key, v)),
+                _ => {}
+            }
+        }
+        prov.versions.insert(
+            "allreduce".into(),
+            format!("{} {cver}", ct.first_text("framework")),
+        );
+        prov.kernel_sources
+            .insert("allreduce".into(), "vLLM custom all-reduce".into());
+        let (allreduce_graph, r1) = trie(&ct.path, graph, "all-reduce (vllm_graph)")?;
+        let (allreduce_eager, r2) = trie(&ct.path, eager, "all-reduce (vllm_eager)")?;
+        raised.insert("allreduce".into(), r1 + r2);
+
+        Ok(KernelTables {
+            provenance: prov,
+            system: system_spec,
+            gemm,
+            context,
+            generation,
+            encoder,
+            allreduce_graph,
+            allreduce_eager,
+            raised,
+        })
+    }
+
+    /// One line naming the tables (for notes and profiles' provenance).
+    pub fn describe(&self) -> String {
+        let p = &self.provenance;
+        let tables: Vec<String> = p
+            .versions
+            .iter()
+            .map(|(t, v)| {
+                format!(
+                    "{t} ({v}, {})",
+                    p.kernel_sources.get(t).map(String::as_str).unwrap_or("?")
+                )
+            })
+            .collect();
+        format!(
+            "aiconfigurator {AIC_COMMIT} measured kernels of {} [{}]: {}",
+            p.system,
+            p.device,
+            tables.join("; ")
+        )
+    }
+}
+
+/// One value of a one-column grid at `point`, and whether the lookup left the table.
+pub fn look(g: &Grid, point: &[f64]) -> (f64, bool) {
+    let l = g.lookup(point);
+    (l.values[0], l.extrapolated())
+}
+
+fn read_system_yaml(path: &Path) -> Result<SystemSpec, KernelError> {
+    let text = std::fs::read_to_string(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+    let v: serde_yaml::Value =
+        serde_yaml::from_str(&text).map_err(|e| err(path, format!("not valid YAML: {e}")))?;
+    let get = |key: &str| -> Result<f64, KernelError> {
+        v.get("gpu")
+            .and_then(|g| g.get(key))
+            .and_then(serde_yaml::Value::as_f64)
+            .filter(|x| x.is_finite() && *x >= 0.0)
+            .ok_or_else(|| err(path, format!("`gpu.{key}` missing or not a number ≥ 0")))
+    };
+    Ok(SystemSpec {
+        mem_bw: get("mem_bw")?,
+        mem_bw_scaling: get("mem_bw_empirical_scaling_factor")?,
+        mem_latency_s: get("mem_empirical_constant_latency")?,
+        bf16_flops: get("bfloat16_tc_flops")?,
+        mem_capacity: get("mem_capacity")?,
+        sm_version: get("sm_version")? as u32,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// The data directory, or `None` with a message (the data is third-party and
+    /// lives outside the repository).
+    pub(crate) fn data() -> Option<PathBuf> {
+        let d = default_data_dir();
+        if d.join("data").is_dir() {
+            Some(d)
+        } else {
+            println!(
+                "SKIPPED: aiconfigurator data not found at {} (../shared/data/aiconfigurator relative to the repository root)",
+                d.display()
+            );
+            None
+        }
+    }
+
+    #[test]
+    fn reads_h100_tables_and_matches_grid_points() {
+        let Some(dir) = data() else { return };
+        let t = KernelTables::load(&dir, "h100_sxm", "bfloat16").unwrap();
+        assert_eq!(t.provenance.device, "NVIDIA H100 80GB HBM3");
+        assert_eq!(t.system.sm_version, 90);
+        // a measured point (first row of the file): m 32768, n 65536, k 12288: 60.32 ms
+        let (v, ext) = look(&t.gemm, &[32768.0, 65536.0, 12288.0]);
+        assert!((v - 60.324e-3).abs() < 1e-3 * 60.324e-3, "{v}");
+        assert!(!ext);
+        let (_, ext) = look(&t.gemm, &[65536.0, 4096.0, 4096.0]);
+        assert!(ext, "m beyond 32768 must be flagged");
+        assert!(t.encoder.is_some());
+        assert!(
+            t.describe().contains("vllm_flash_attn_fa3"),
+            "{}",
+            t.describe()
+        );
+    }
+
+    #[test]
+    fn gemm_is_monotone_between_grid_points() {
+        let Some(dir) = data() else { return };
+        let t = KernelTables::load(&dir, "a100_sxm", "bfloat16").unwrap();
+        assert!(t.encoder.is_none());
+        let mut prev = 0.0;
+        for m in (1..=8192).step_by(37) {
+            let (v, _) = look(&t.gemm, &[m as f64, 7168.0, 7168.0]);
+            assert!(v >= prev, "m {m}: {v} < {prev}");
+            prev = v;
+        }
+    }
+
+    #[test]
+    fn bad_input_names_the_file() {
+        let Some(dir) = data() else { return };
+        let e = KernelTables::load(&dir, "rtx_4090", "bfloat16").unwrap_err();
+        assert!(e.message.contains("allowed: h100_sxm"), "{e}");
+        let e = KernelTables::load(&dir, "a100_sxm", "fp4").unwrap_err();
+        assert!(
+            e.file.ends_with("gemm_perf.parquet") && e.message.contains("bfloat16"),
+            "{e}"
+        );
+        // a corrupt parquet file
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let g = root.join("data/x_gpu/gemm/vllm/0.1.0");
+        std::fs::create_dir_all(&g).unwrap();
+        std::fs::copy(dir.join("a100_sxm.yaml"), root.join("x_gpu.yaml")).unwrap();
+        std::fs::write(g.join("gemm_perf.parquet"), b"not parquet").unwrap();
+        let e = KernelTables::load(root, "x_gpu", "bfloat16").unwrap_err();
+        assert!(e.file.ends_with("gemm_perf.parquet"), "{e}");
+        assert!(e.message.contains("parquet"), "{e}");
+        // a missing YAML
+        std::fs::remove_file(root.join("x_gpu.yaml")).unwrap();
+        let e = KernelTables::load(root, "x_gpu", "bfloat16").unwrap_err();
+        assert!(e.file.ends_with("x_gpu.yaml"), "{e}");
+    }
+}

@@ -1,0 +1,463 @@
+//! Stage costs composed from measured kernels: the default cost source on GPUs
+//! with aiconfigurator tables.
+//!
+//! Every stage is its model's operator list ([`easerve_model::ops`]) priced kernel
+//! by kernel from [`KernelTables`]:
+//!
+//! * GEMMs from the GEMM table at `(m, n, k)`; attention from the encoder, context
+//!   or generation table at the op's `(head_dim, kv_heads, heads, batch, seq)`;
+//!   all-reduce from vLLM's custom all-reduce table (CUDA-graph backend for decode,
+//!   eager for prefill and encode); elementwise work as
+//!   `bytes / (mem_bw · mem_bw_empirical_scaling_factor) + kernels · mem_empirical_constant_latency`
+//!   with the figures of the GPU's aiconfigurator YAML.
+//! * **SM share.** A kernel on a fraction `f` of the SMs runs its CTAs (GEMM output
+//!   tiles of [`GEMM_TILE`]², flash-attention blocks of [`ATTN_BLOCK`] query rows per
+//!   sequence and head) in `⌈ctas / ⌊f·SMs⌋⌉` waves instead of `⌈ctas / SMs⌉`; its
+//!   time scales by that ratio. A kernel with fewer CTAs than the share's SMs does not
+//!   slow down at all, so small batches stop gaining at a low share while large ones
+//!   keep scaling (the paper's Fig. 7). Elementwise and all-reduce kernels are not
+//!   re-timed (HBM and the links are not partitioned).
+//! * **Encode pass** = the serving system's framework terms + measured preprocessing
+//!   per item ([`crate::preprocess`]) + the GPU phase above.
+//! * **Co-location.** SM partitioning does not isolate HBM bandwidth: while a local
+//!   prefill runs beside it, an encode pass's memory-bound kernels share HBM. The
+//!   slowdown is derived, not set: the fraction of a typical encode pass's GPU time
+//!   spent in memory-bound kernels (bytes/bandwidth above FLOPs/peak) times the HBM
+//!   utilisation of a typical prefill at the remaining share
+//!   ([`KernelCost::bandwidth_interference`]).
+//! * **Proxy GPUs.** A GPU without tables of its own may borrow another's (the RTX 6000
+//!   Ada borrows the L40S's: the same AD102 die and 142 SMs). Each kernel's time is
+//!   rescaled by the ratio of its roofline bound on the two GPUs: compute-bound
+//!   kernels by the peak ratio (362 → 364 TFLOPS), memory-bound ones by the bandwidth
+//!   ratio (864 → 960 GB/s).
+//!
+//! Lookups outside a table extend its edge cell and are counted; [`StageCost::notes`]
+//! reports them once per run.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use easerve_model::{AttnKind, ItemTokens, ModelArch, Op};
+
+use crate::aic::{look, KernelTables};
+use crate::preprocess::{FrameworkTerms, Preprocess};
+use crate::roofline::{EncodeTime, MIN_SM_SHARE};
+use crate::{Efficiency, GpuSpec, StageCost};
+
+/// GEMM output tile side (rows = columns) for the wave count: 128, CUTLASS's and
+/// cuBLAS's usual BF16 tile on Ampere, Ada and Hopper (an assumption: the library
+/// picks per shape).
+pub const GEMM_TILE: u64 = 128;
+/// Query rows per flash-attention CTA (FlashAttention-2/3's block of 128 rows).
+pub const ATTN_BLOCK: u64 = 128;
+
+/// Another GPU's tables standing in for this one's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Proxy {
+    /// The GPU whose tables are used (`l40s`).
+    pub from: String,
+    /// Its dense BF16 FLOP/s.
+    pub from_flops: f64,
+    /// Its memory bandwidth, bytes/s.
+    pub from_bw: f64,
+    /// Why this proxy.
+    pub why: String,
+}
+
+/// Stage costs from measured kernels (see the module doc).
+pub struct KernelCost {
+    model: ModelArch,
+    gpu: GpuSpec,
+    tables: Arc<KernelTables>,
+    proxy: Option<Proxy>,
+    framework: FrameworkTerms,
+    preprocess: Preprocess,
+    host_scale: f64,
+    eff: Efficiency,
+    interference: f64,
+    extrapolated: [AtomicU64; 3],
+}
+
+/// Which stage a priced op belongs to (all-reduce backend, counters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Encode = 0,
+    Prefill = 1,
+    Decode = 2,
+}
+
+/// The parts of one pass's priced time.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Priced {
+    /// Seconds.
+    pub seconds: f64,
+    /// Seconds in kernels whose roofline is bandwidth-bound.
+    pub memory_bound_s: f64,
+    /// HBM bytes moved.
+    pub bytes: f64,
+    /// Whether any lookup left its table.
+    pub extrapolated: bool,
+}
+
+impl KernelCost {
+    /// Price `model` on `gpu` from `tables` (or a `proxy`'s), with the serving
+    /// system's `framework` terms and the measured `preprocess` terms scaled by
+    /// `host_scale`; `eff` supplies the per-step framework terms of prefill and decode
+    /// and the time-slicing penalty.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: ModelArch,
+        gpu: GpuSpec,
+        tables: Arc<KernelTables>,
+        proxy: Option<Proxy>,
+        framework: FrameworkTerms,
+        preprocess: Preprocess,
+        host_scale: f64,
+        eff: Efficiency,
+    ) -> KernelCost {
+        let mut c = KernelCost {
+            model,
+            gpu,
+            tables,
+            proxy,
+            framework,
+            preprocess,
+            host_scale,
+            eff,
+            interference: 0.0,
+            extrapolated: Default::default(),
+        };
+        c.interference = c.derive_interference();
+        c
+    }
+
+    /// The tables in use.
+    pub fn tables(&self) -> &KernelTables {
+        &self.tables
+    }
+
+    fn bytes_of(&self, op: &Op) -> f64 {
+        let b = 2.0; // BF16
+        match *op {
+            Op::Gemm { m, n, k, count, .. } => {
+                b * ((m * k + k * n + m * n) as f64) * f64::from(count)
+            }
+            Op::Attention {
+                kind,
+                batch,
+                seq,
+                heads,
+                kv_heads,
+                head_dim,
+                count,
+            } => {
+                let hd = f64::from(head_dim);
+                let per_seq = match kind {
+                    AttnKind::Generation => {
+                        (2.0 * f64::from(heads) + 2.0 * f64::from(kv_heads) * seq as f64) * hd
+                    }
+                    _ => (2.0 * f64::from(heads) + 2.0 * f64::from(kv_heads)) * hd * seq as f64,
+                };
+                b * per_seq * batch as f64 * f64::from(count)
+            }
+            Op::AllReduce { .. } => 0.0,
+            Op::Memory { bytes, count, .. } => bytes * f64::from(count),
+        }
+    }
+
+    /// Whether the op's roofline on the tables' GPU is bandwidth-bound.
+    fn memory_bound(&self, op: &Op) -> bool {
+        let s = &self.tables.system;
+        match op {
+            Op::Memory { .. } => true,
+            Op::AllReduce { .. } => false,
+            _ => self.bytes_of(op) / s.mem_bw > op.flops() / s.bf16_flops,
+        }
+    }
+
+    /// Seconds of `op` at `share` of the SMs, and whether a lookup extrapolated.
+    fn price(&self, op: &Op, share: f64, phase: Phase) -> (f64, bool) {
+        let t = &*self.tables;
+        let sms = f64::from(self.gpu.sms.max(1));
+        let share = if share.is_finite() {
+            share.clamp(MIN_SM_SHARE, 1.0)
+        } else {
+            1.0
+        };
+        let waves = |ctas: u64| -> f64 {
+            let full = (ctas as f64 / sms).ceil().max(1.0);
+            let part = (ctas as f64 / (share * sms).floor().max(1.0))
+                .ceil()
+                .max(1.0);
+            part / full
+        };
+        let (raw, ext, ctas, count) = match *op {
+            Op::Gemm { m, n, k, count, .. } => {
+                let (v, e) = look(&t.gemm, &[m as f64, n as f64, k as f64]);
+                let ctas = m.div_ceil(GEMM_TILE) * n.div_ceil(GEMM_TILE);
+                (v, e, Some(ctas), count)
+            }
+            Op::Attention {
+                kind,
+                batch,
+                seq,
+                heads,
+                kv_heads,
+                head_dim,
+                count,
+            } => {
+                let (hd, kv, h, b, s) = (
+                    f64::from(head_dim),
+                    f64::from(kv_heads),
+                    f64::from(heads),
+                    batch as f64,
+                    seq as f64,
+                );
+                let (v, e) = match kind {
+                    AttnKind::Encoder => match &t.encoder {
+                        Some(enc) => look(enc, &[hd, h, b, s]),
+                        // no encoder table (A100): non-causal attention does twice
+                        // the work of causal attention over the same tokens
+                        None => {
+                            let (v, e) = look(&t.context, &[hd, h, h, b, s]);
+                            (2.0 * v, e)
+                        }
+                    },
+                    AttnKind::Context => look(&t.context, &[hd, kv, h, b, s]),
+                    AttnKind::Generation => look(&t.generation, &[hd, kv, h, b, s]),
+                };
+                let ctas = match kind {
+                    AttnKind::Generation => batch * u64::from(heads),
+                    _ => batch * u64::from(heads) * seq.div_ceil(ATTN_BLOCK),
+                };
+                (v, e, Some(ctas), count)
+            }
+            Op::AllReduce {
+                elements,
+                tp,
+                count,
+            } => {
+                let table = if phase == Phase::Decode {
+                    &t.allreduce_graph
+                } else {
+                    &t.allreduce_eager
+                };
+                let (v, e) = look(table, &[f64::from(tp), elements as f64]);
+                (v, e, None, count)
+            }
+            Op::Memory {
+                bytes,
+                kernels,
+                count,
+                ..
+            } => {
+                let bw = match &self.proxy {
+                    Some(_) => self.gpu.peak_bandwidth(),
+                    None => t.system.mem_bw,
+                } * t.system.mem_bw_scaling;
+                let v = bytes / bw + f64::from(kernels) * t.system.mem_latency_s;
+                (v, false, None, count)
+            }
+        };
+        let mut v = raw;
+        if let (Some(p), Some(_)) = (&self.proxy, ctas) {
+            let (f, b) = (op.flops(), self.bytes_of(op));
+            let from = (f / p.from_flops).max(b / p.from_bw);
+            let to = (f / self.gpu.peak_flops()).max(b / self.gpu.peak_bandwidth());
+            if from > 0.0 {
+                v *= to / from;
+            }
+        }
+        if let Some(c) = ctas {
+            v *= waves(c);
+        }
+        (v * f64::from(count), ext)
+    }
+
+    fn price_all(&self, ops: &[Op], share: f64, phase: Phase) -> Priced {
+        let mut p = Priced::default();
+        for op in ops {
+            let (s, e) = self.price(op, share, phase);
+            p.seconds += s;
+            p.bytes += self.bytes_of(op);
+            if self.memory_bound(op) {
+                p.memory_bound_s += s;
+            }
+            p.extrapolated |= e;
+        }
+        if p.extrapolated {
+            self.extrapolated[phase as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        p
+    }
+
+    /// The GPU phase of one encode pass over `items` at `sm_share`, priced.
+    pub fn encode_gpu(&self, items: &[ItemTokens], sm_share: f64) -> Priced {
+        self.price_all(&self.model.encode_ops(items), sm_share, Phase::Encode)
+    }
+
+    /// The derived co-location slowdown (module doc): memory-bound fraction of a
+    /// typical encode pass (one item of 2048 encoder tokens at half the SMs) times
+    /// the HBM utilisation of a typical prefill (2048 tokens, the other half).
+    fn derive_interference(&self) -> f64 {
+        if self.model.encoder.is_none() {
+            return 0.0;
+        }
+        let item = crate::profile::synthetic_item(&self.model, 2048);
+        let enc = self.encode_gpu(&[item], 0.5);
+        let pre = self.price_all(&self.model.prefill_ops(&[2048], 1), 0.5, Phase::Prefill);
+        self.extrapolated
+            .iter()
+            .for_each(|c| c.store(0, Ordering::Relaxed));
+        if enc.seconds <= 0.0 || pre.seconds <= 0.0 {
+            return 0.0;
+        }
+        let bw = self.gpu.peak_bandwidth();
+        let util = (pre.bytes / pre.seconds / bw).min(1.0);
+        (enc.memory_bound_s / enc.seconds) * util
+    }
+
+    /// Where each stage's figures come from (one line each).
+    pub fn sources(&self) -> Vec<String> {
+        let k = self.tables.describe();
+        let proxy = self
+            .proxy
+            .as_ref()
+            .map(|p| format!(" via the {} proxy ({})", p.from, p.why))
+            .unwrap_or_default();
+        vec![
+            format!(
+                "encode: GPU phase from {k}{proxy}, SM share by output tiles/waves over {} SMs; framework: {}; preprocessing: {} (measured on {}, × {} host scale)",
+                self.gpu.sms,
+                self.framework.source,
+                self.framework.preprocess.as_str(),
+                self.preprocess.host,
+                self.host_scale
+            ),
+            format!(
+                "prefill: measured kernels ({}){proxy} + {} s per batch (assumption, calib/src/eff.rs)",
+                self.tables.provenance.system, self.eff.prefill_batch_s
+            ),
+            format!(
+                "decode: measured kernels ({}, CUDA-graph all-reduce){proxy} + {} s per step (assumption, calib/src/eff.rs)",
+                self.tables.provenance.system, self.eff.decode_step_s
+            ),
+            format!(
+                "co-location: encode slowdown next to a prefill {:.3} (derived from HBM demand), time-slicing penalty {} (assumption, EAServe §4.4)",
+                self.interference, self.eff.time_slice_penalty
+            ),
+        ]
+    }
+}
+
+impl StageCost for KernelCost {
+    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+        if items.is_empty() || self.model.encoder.is_none() {
+            return EncodeTime::default();
+        }
+        let t_gpu = self.encode_gpu(items, sm_share).seconds;
+        let t_pre = items
+            .iter()
+            .map(|i| {
+                self.preprocess
+                    .item_seconds(&self.model, i, self.host_scale)
+            })
+            .sum();
+        EncodeTime {
+            t_pass: self.framework.per_pass_s + self.framework.per_request_s * items.len() as f64,
+            t_pre,
+            t_gpu,
+        }
+    }
+
+    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
+        let ops = self.model.prefill_ops(seq_lens, tp);
+        if ops.is_empty() {
+            return 0.0;
+        }
+        self.price_all(&ops, sm_share, Phase::Prefill).seconds + self.eff.prefill_batch_s
+    }
+
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
+        let ops = self.model.decode_ops(batch, total_context_tokens, tp);
+        if ops.is_empty() {
+            return 0.0;
+        }
+        self.price_all(&ops, 1.0, Phase::Decode).seconds + self.eff.decode_step_s
+    }
+
+    fn transfer(&self, bytes: f64) -> f64 {
+        self.gpu.link.transfer_time(bytes)
+    }
+
+    fn time_slice_penalty(&self) -> f64 {
+        self.eff.time_slice_penalty
+    }
+
+    fn bandwidth_interference(&self) -> f64 {
+        self.interference
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let mut notes = self.sources();
+        for (i, stage) in ["encode", "prefill", "decode"].iter().enumerate() {
+            let n = self.extrapolated[i].swap(0, Ordering::Relaxed);
+            if n > 0 {
+                notes.push(format!(
+                    "{n} {stage} passes needed a kernel outside its measured table (edge cell extended as a power law)"
+                ));
+            }
+        }
+        notes
+    }
+}
+
+/// Which measured tables price a GPU preset: its own aiconfigurator system, or a
+/// documented proxy's. `None` for a GPU with neither (the roofline applies).
+///
+/// The RTX 6000 Ada (the EAServe paper's testbed) has no table; it borrows the
+/// L40S's: the same AD102 die and SM count (142), 364 vs 362 dense BF16 TFLOPS,
+/// 960 vs 864 GB/s. Rescaling measured L40S kernels by the two bounds keeps their
+/// measured efficiency curves, which the roofline (one fitted efficiency) lacks.
+pub fn kernel_source_for(gpu: &str) -> Option<(&'static str, Option<Proxy>)> {
+    if let Some(s) = crate::aic::aic_system(gpu) {
+        return Some((s, None));
+    }
+    if gpu == "rtx-6000-ada" {
+        let l40s = GpuSpec::preset("l40s")?;
+        return Some((
+            "l40s",
+            Some(Proxy {
+                from: "l40s".into(),
+                from_flops: l40s.peak_flops(),
+                from_bw: l40s.peak_bandwidth(),
+                why: "same AD102 die and 142 SMs; rescaled by each kernel's bound: 362→364 TFLOPS, 864→960 GB/s".into(),
+            }),
+        ));
+    }
+    None
+}
+
+type CacheKey = (std::path::PathBuf, String, String);
+
+/// [`KernelTables::load`] once per process per `(dir, system, dtype)`: a search or
+/// sweep builds many scenarios on the same GPU.
+pub fn load_cached(
+    dir: &std::path::Path,
+    system: &str,
+    dtype: &str,
+) -> Result<Arc<KernelTables>, crate::aic::KernelError> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<KernelTables>>>> = OnceLock::new();
+    let key = (dir.to_path_buf(), system.to_string(), dtype.to_string());
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(t) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(t);
+    }
+    let t = Arc::new(KernelTables::load(dir, system, dtype)?);
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, t.clone());
+    }
+    Ok(t)
+}

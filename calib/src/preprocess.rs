@@ -1,0 +1,327 @@
+//! Measured CPU preprocessing and per-pass framework terms of the encode stage.
+//!
+//! **Preprocessing** (`t_pre`) is a cost per item, per processed megapixel, per video
+//! frame and per second of audio, measured on the build machine for two
+//! implementations (the figures and how they were taken: `calib/preprocess/`):
+//!
+//! * [`Implementation::Rust`]: easerve's own decoding and preprocessing
+//!   (`exec/src/input.rs`), measured by `easerve calib measure-preprocess`;
+//! * [`Implementation::Python`]: Hugging Face transformers' image processors and
+//!   feature extractors, what vLLM, SGLang and Dynamo front ends run, measured by
+//!   `calib/preprocess/measure.py`.
+//!
+//! A scenario scales the figures by its host's `cluster.host_cpu_scale` (seconds on
+//! the deployment's host per second on the measuring machine).
+//!
+//! **Framework overhead** (`t_pass`) belongs to the serving system, not to the GPU
+//! ([`FrameworkTerms::for_system`]).
+
+use easerve_model::{EncoderKind, ItemTokens, ModelArch};
+
+/// Which preprocessing code runs in front of the encoder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Implementation {
+    /// easerve's Rust preprocessing (`exec/src/input.rs`).
+    Rust,
+    /// Hugging Face transformers' processors (Python serving front ends).
+    Python,
+}
+
+impl Implementation {
+    /// The name used in the measured files (`rust`, `hf-transformers`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Implementation::Rust => "rust",
+            Implementation::Python => "hf-transformers",
+        }
+    }
+}
+
+/// Linear preprocessing cost of one item of one encoder family (seconds).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Deserialize, serde::Serialize)]
+pub struct PreprocessTerms {
+    /// Fixed seconds per item.
+    #[serde(default)]
+    pub per_item_s: f64,
+    /// Seconds per megapixel of image (or video frame) pixels.
+    #[serde(default)]
+    pub per_megapixel_s: f64,
+    /// Seconds per video frame (on top of its megapixels).
+    #[serde(default)]
+    pub per_frame_s: f64,
+    /// Seconds per second of audio.
+    #[serde(default)]
+    pub per_audio_second_s: f64,
+}
+
+#[derive(serde::Deserialize)]
+struct MeasuredFile {
+    host: Host,
+    term: Vec<MeasuredTerm>,
+}
+
+#[derive(serde::Deserialize)]
+struct Host {
+    cpu: String,
+    threads: u32,
+}
+
+#[derive(serde::Deserialize)]
+struct MeasuredTerm {
+    family: String,
+    /// The term's id in the Python file (`decode-jpeg+processor-torch`).
+    #[serde(default)]
+    term: Option<String>,
+    #[serde(flatten)]
+    terms: PreprocessTerms,
+}
+
+/// The Python terms a server runs per item, `(kind family, file family, term id)`:
+/// JPEG decode plus the torch ("fast") processors that transformers uses once torch
+/// is installed, as it is in every vLLM and SGLang server; video frames decoded
+/// then the torch video processor (both fitted per clip megapixel); WAV decode plus
+/// the log-mel over the audio's own length (`padding='longest'`, as Ultravox's
+/// processor calls it).
+pub const SERVED_PYTHON: &[(&str, &str, &str)] = &[
+    ("llava-next", "llava-next", "decode-jpeg+processor-torch"),
+    ("qwen2.5-vl", "qwen2.5-vl", "decode-jpeg+processor-torch"),
+    ("qwen2.5-vl-video", "qwen2.5-vl", "frame-decode-jpeg"),
+    ("qwen2.5-vl-video", "qwen2.5-vl", "video-processor-torch"),
+    ("whisper", "whisper", "decode-wav"),
+    ("whisper", "whisper", "log-mel-unpadded-torch"),
+];
+
+/// The measured Python figures (`calib/preprocess/measured-python.toml`).
+pub const MEASURED_PYTHON: &str = include_str!("../preprocess/measured-python.toml");
+/// The measured Rust figures (`calib/preprocess/measured-rust.toml`).
+pub const MEASURED_RUST: &str = include_str!("../preprocess/measured-rust.toml");
+
+/// A model's measured preprocessing: one linear term per input kind.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Preprocess {
+    /// Images (family `llava-next` or `qwen2.5-vl`).
+    pub image: PreprocessTerms,
+    /// Video (family `qwen2.5-vl-video`).
+    pub video: PreprocessTerms,
+    /// Audio (family `whisper`).
+    pub audio: PreprocessTerms,
+    /// The measuring host: `"CPU model, N thread(s)"`.
+    pub host: String,
+}
+
+/// The measured-file family names of a model's encoder: `(image, video, audio)`.
+pub fn families(model: &ModelArch) -> Option<[&'static str; 3]> {
+    Some(match model.encoder.as_ref()?.kind {
+        EncoderKind::ClipAnyres { .. } => ["llava-next", "", ""],
+        EncoderKind::QwenVit { .. } => ["qwen2.5-vl", "qwen2.5-vl-video", ""],
+        EncoderKind::Whisper { .. } => ["", "", "whisper"],
+    })
+}
+
+/// Sum of the served-path terms of one family and implementation, and the host line.
+pub fn measured_terms(family: &str, imp: Implementation) -> Option<(PreprocessTerms, String)> {
+    let text = match imp {
+        Implementation::Rust => MEASURED_RUST,
+        Implementation::Python => MEASURED_PYTHON,
+    };
+    let f: MeasuredFile = toml::from_str(text).ok()?;
+    let mut sum = PreprocessTerms::default();
+    let mut any = false;
+    let served = |t: &MeasuredTerm| match imp {
+        Implementation::Rust => t.family == family,
+        Implementation::Python => SERVED_PYTHON
+            .iter()
+            .any(|(k, fam, id)| *k == family && t.family == *fam && t.term.as_deref() == Some(*id)),
+    };
+    for t in f.term.iter().filter(|t| served(t)) {
+        any = true;
+        sum.per_item_s += t.terms.per_item_s;
+        sum.per_megapixel_s += t.terms.per_megapixel_s;
+        sum.per_frame_s += t.terms.per_frame_s;
+        sum.per_audio_second_s += t.terms.per_audio_second_s;
+    }
+    any.then(|| (sum, format!("{}, {} thread(s)", f.host.cpu, f.host.threads)))
+}
+
+/// The measured preprocessing of `model`'s encoder by `imp`; `None` for a text-only
+/// model or when a kind it takes has no measured term.
+pub fn measured(model: &ModelArch, imp: Implementation) -> Option<Preprocess> {
+    let fams = families(model)?;
+    let mut p = Preprocess::default();
+    for (i, fam) in fams.iter().enumerate() {
+        if fam.is_empty() {
+            continue;
+        }
+        let (t, host) = measured_terms(fam, imp)?;
+        p.host = host;
+        match i {
+            0 => p.image = t,
+            1 => p.video = t,
+            _ => p.audio = t,
+        }
+    }
+    Some(p)
+}
+
+impl Preprocess {
+    /// Seconds to preprocess `item` of `model`, scaled by `host_scale`. The item's
+    /// size is recovered from its token counts: pixels = encoder tokens × patch²
+    /// (the pixels the patch embedding sees), frames = temporal slices × temporal
+    /// patch, audio seconds = LLM tokens × stack / encoder frame rate. A fitted
+    /// line with a negative intercept is clamped at 0.
+    pub fn item_seconds(&self, model: &ModelArch, item: &ItemTokens, host_scale: f64) -> f64 {
+        let Some(e) = model.encoder.as_ref() else {
+            return 0.0;
+        };
+        let t = match &e.kind {
+            EncoderKind::ClipAnyres { patch, .. } => {
+                let px = item.encoder_tokens as f64 * f64::from(*patch).powi(2);
+                self.image.per_item_s + self.image.per_megapixel_s * px / 1e6
+            }
+            EncoderKind::QwenVit {
+                patch,
+                temporal_patch,
+                ..
+            } => {
+                let slices = item.encoder_tokens / item.attn_span.max(1);
+                let frame_px = item.attn_span as f64 * f64::from(*patch).powi(2);
+                if slices > 1 {
+                    let frames = (slices * u64::from(*temporal_patch)) as f64;
+                    let v = &self.video;
+                    v.per_item_s
+                        + v.per_frame_s * frames
+                        + v.per_megapixel_s * frame_px * frames / 1e6
+                } else {
+                    self.image.per_item_s + self.image.per_megapixel_s * frame_px / 1e6
+                }
+            }
+            EncoderKind::Whisper {
+                window_s,
+                frames_per_window,
+                stack,
+                ..
+            } => {
+                let hz = f64::from(*frames_per_window) / window_s.max(1e-9);
+                let secs = item.llm_tokens as f64 * f64::from(*stack) / hz;
+                self.audio.per_item_s + self.audio.per_audio_second_s * secs
+            }
+        };
+        t.max(0.0) * host_scale
+    }
+}
+
+/// The serving system's fixed encode-stage costs (seconds), with their source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrameworkTerms {
+    /// Fixed seconds per encode pass (dispatch, launch, hand-off).
+    pub per_pass_s: f64,
+    /// Fixed seconds per request in a pass.
+    pub per_request_s: f64,
+    /// Which preprocessing implementation the system runs.
+    pub preprocess: Implementation,
+    /// Where the figures come from.
+    pub source: String,
+}
+
+/// easerve's per-pass framework cost: two loopback messages (the dispatch command
+/// and the embedding envelope with its acknowledgement), 24.5 µs each — the
+/// smallest-message median of the `[[transfer]]` tables `easerve profile` measured
+/// on the build machine (`scenarios/profiles/tiny-*.cpu.toml`, 1 KiB: 2.4545e-5 s).
+pub const EASERVE_PASS_S: f64 = 2.0 * 2.4545e-5;
+
+impl FrameworkTerms {
+    /// The terms of a serving system by its scenario name (`easerve`,
+    /// `passthrough`, `aggregated`); `paper_pass_s` is the pass-through value
+    /// calibrated from the EAServe paper ([`crate::Efficiency::encode_pass_s`]).
+    pub fn for_system(system: &str, paper_pass_s: f64) -> FrameworkTerms {
+        match system {
+            "passthrough" => FrameworkTerms {
+                per_pass_s: paper_pass_s,
+                per_request_s: 0.0,
+                preprocess: Implementation::Python,
+                source: format!(
+                    "passthrough (Dynamo-like): {paper_pass_s} s per pass, calibrated from the EAServe paper's pass-through saturation point (≈1 req/s with the GPU < 10 % busy, §2.2, Fig. 11), not measured; HF transformers preprocessing"
+                ),
+            },
+            "aggregated" => FrameworkTerms {
+                per_pass_s: 0.0,
+                per_request_s: 0.0,
+                preprocess: Implementation::Python,
+                source: "aggregated (vLLM-like): the encoder runs inside the engine step, so its fixed cost is the step's own `prefill_batch_s`; no per-pass term; HF transformers preprocessing in the API server".into(),
+            },
+            _ => FrameworkTerms {
+                per_pass_s: EASERVE_PASS_S,
+                per_request_s: 0.0,
+                preprocess: Implementation::Rust,
+                source: format!(
+                    "easerve executor: {:.1} µs per pass (two loopback messages, measured by `easerve profile` on the build machine); Rust preprocessing",
+                    EASERVE_PASS_S * 1e6
+                ),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn measured_files_parse_and_cover_every_family() {
+        for imp in [Implementation::Rust, Implementation::Python] {
+            for fam in ["llava-next", "qwen2.5-vl", "qwen2.5-vl-video", "whisper"] {
+                let (t, host) = measured_terms(fam, imp).unwrap_or_else(|| panic!("{fam} {imp:?}"));
+                assert!(!host.is_empty());
+                let total = t.per_item_s + t.per_megapixel_s + t.per_frame_s + t.per_audio_second_s;
+                assert!(total > 0.0 && total < 10.0, "{fam} {imp:?}: {t:?}");
+            }
+        }
+        for name in ["llava-v1.6-34b", "qwen2.5-vl-32b", "ultravox-v0.6-27b"] {
+            let m = ModelArch::preset(name).unwrap();
+            assert!(measured(&m, Implementation::Rust).is_some(), "{name}");
+        }
+        assert!(measured(
+            &ModelArch::preset("text-lm-tiny").unwrap(),
+            Implementation::Rust
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn item_seconds_grow_with_size() {
+        let m = ModelArch::preset("qwen2.5-vl-32b").unwrap();
+        let t = Preprocess {
+            video: PreprocessTerms {
+                per_item_s: 1e-3,
+                per_frame_s: 1e-3,
+                ..Default::default()
+            },
+            audio: PreprocessTerms {
+                per_audio_second_s: 1e-3,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let small = m.video_tokens(8, 448, 448).unwrap();
+        let big = m.video_tokens(16, 448, 448).unwrap();
+        let a = t.item_seconds(&m, &small, 1.0);
+        let b = t.item_seconds(&m, &big, 1.0);
+        assert!(
+            (a - 9e-3).abs() < 1e-9 && (b - 17e-3).abs() < 1e-9,
+            "{a} {b}"
+        );
+        assert_eq!(t.item_seconds(&m, &big, 2.0), 2.0 * b);
+        let u = ModelArch::preset("ultravox-v0.6-27b").unwrap();
+        let s = t.item_seconds(&u, &u.audio_tokens(10.0).unwrap(), 1.0);
+        assert!((s - 10e-3).abs() < 0.5e-3, "{s}");
+    }
+
+    #[test]
+    fn systems_carry_their_own_terms() {
+        let e = FrameworkTerms::for_system("easerve", 1.5);
+        let p = FrameworkTerms::for_system("passthrough", 1.5);
+        assert!(e.per_pass_s < 1e-3 && p.per_pass_s == 1.5);
+        assert_eq!(e.preprocess, Implementation::Rust);
+        assert!(p.source.contains("calibrated from the EAServe paper"));
+    }
+}

@@ -1,0 +1,531 @@
+//! Operator lists: the kernels one stage pass launches, with their shapes.
+//!
+//! A cost model prices each [`Op`] (from measured kernel tables, or a roofline)
+//! and sums them; [`crate::work`] counts the same passes as FLOPs and bytes. The
+//! shapes follow the model definitions in `nn/` (and the Hugging Face modules they
+//! mirror); the tests assert the two agree.
+//!
+//! Conventions, every list:
+//! * a GEMM is `[m, k] x [k, n]` with `m` = rows (tokens), as aiconfigurator's and
+//!   cuBLAS's tables key it; identical layers appear once with `count = layers`;
+//! * attention is one varlen kernel over `batch` sequences of `seq` tokens each
+//!   (for prefill: the RMS length of the batch's sequences, which keeps the
+//!   quadratic work of the real lengths; for decode: the mean context);
+//! * at TP `t` every projection is split over the `t` ranks (column-parallel
+//!   QKV/gate-up, row-parallel O/down), query heads are split and KV heads are
+//!   split until one is left per rank (then replicated), and each layer ends its
+//!   attention and its MLP with an all-reduce of `tokens * hidden` elements;
+//! * norms, activations, residual adds and RoPE are one [`Op::Memory`] per layer:
+//!   the activation bytes of [`crate::work`]'s accounting, read and written once.
+
+use crate::arch::{EncoderArch, EncoderKind, ModelArch};
+use crate::ItemTokens;
+
+/// Which attention kernel an [`Op::Attention`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttnKind {
+    /// Non-causal attention over whole sequences (ViT tiles, windows, audio windows).
+    Encoder,
+    /// Causal prefill attention over `seq` new tokens per sequence.
+    Context,
+    /// One decode step: one query token per sequence over `seq` cached tokens.
+    Generation,
+}
+
+/// One kernel (or a run of identical kernels) of a stage pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Op {
+    /// Dense GEMM `[m, k] x [k, n]`, `count` times.
+    Gemm {
+        /// What it is (`"qkv"`, `"o"`, `"mlp_up"`, `"mlp_down"`, `"lm_head"`, …).
+        name: &'static str,
+        /// Rows (tokens).
+        m: u64,
+        /// Output columns per rank.
+        n: u64,
+        /// Inner dimension per rank.
+        k: u64,
+        /// How many times the pass runs it (layers).
+        count: u32,
+    },
+    /// An attention kernel over `batch` sequences of `seq` tokens, `count` times.
+    Attention {
+        /// Which kernel.
+        kind: AttnKind,
+        /// Sequences in the call.
+        batch: u64,
+        /// Tokens per sequence (query length for encoder/context, cached context for generation).
+        seq: u64,
+        /// Query heads per rank.
+        heads: u32,
+        /// KV heads per rank (= `heads` for encoders).
+        kv_heads: u32,
+        /// Head width.
+        head_dim: u32,
+        /// How many times the pass runs it (layers).
+        count: u32,
+    },
+    /// A TP all-reduce of `elements` activation elements over `tp` ranks, `count` times.
+    AllReduce {
+        /// Elements reduced (`tokens * hidden`).
+        elements: u64,
+        /// Ranks.
+        tp: u32,
+        /// How many times the pass runs it.
+        count: u32,
+    },
+    /// Bandwidth-bound elementwise work (norms, activation, residual adds, RoPE).
+    Memory {
+        /// What it is.
+        name: &'static str,
+        /// HBM bytes read + written per call, per rank.
+        bytes: f64,
+        /// Kernel launches per call (each pays the device's fixed memory-op latency).
+        kernels: u32,
+        /// How many times the pass runs it.
+        count: u32,
+    },
+}
+
+impl Op {
+    /// FLOPs of the op, all `count` calls, per rank (2 per multiply-accumulate; the
+    /// attention term counts QK^T and AV, halved for causal prefill).
+    pub fn flops(&self) -> f64 {
+        match *self {
+            Op::Gemm { m, n, k, count, .. } => 2.0 * (m * n * k) as f64 * f64::from(count),
+            Op::Attention {
+                kind,
+                batch,
+                seq,
+                heads,
+                head_dim,
+                count,
+                ..
+            } => {
+                let per = match kind {
+                    AttnKind::Encoder => 4.0 * (seq * seq) as f64,
+                    AttnKind::Context => 2.0 * (seq * seq) as f64,
+                    AttnKind::Generation => 4.0 * seq as f64,
+                };
+                per * batch as f64 * f64::from(heads) * f64::from(head_dim) * f64::from(count)
+            }
+            Op::AllReduce { .. } | Op::Memory { .. } => 0.0,
+        }
+    }
+}
+
+/// The projector's two GEMMs `(k_in, n_mid, k_mid, n_out)` per family, as `nn/`
+/// builds it: LLaVA `mlp2x_gelu` `hidden -> d_llm -> d_llm`; Qwen merger
+/// `hidden*merge^2 -> same -> d_llm`; Ultravox `hidden*stack -> h -> SwiGLU (h/2) ->
+/// d_llm` with `h` from `projector_params = stack*hidden*h + h/2*d_llm`.
+pub fn projector_shapes(m: &ModelArch, e: &EncoderArch) -> (u64, u64, u64, u64) {
+    let h = u64::from(e.hidden);
+    let d_llm = u64::from(m.llm.hidden);
+    match &e.kind {
+        EncoderKind::ClipAnyres { .. } => (h, d_llm, d_llm, d_llm),
+        EncoderKind::QwenVit { spatial_merge, .. } => {
+            let k_in = h * u64::from(*spatial_merge).pow(2);
+            (k_in, k_in, k_in, d_llm)
+        }
+        EncoderKind::Whisper { stack, .. } => {
+            let stacked = u64::from(*stack) * h;
+            let mid =
+                (e.projector_params as f64 / (stacked as f64 + d_llm as f64 / 2.0)).round() as u64;
+            let mid = (mid.max(2) / 2) * 2;
+            (stacked, mid, mid / 2, d_llm)
+        }
+    }
+}
+
+/// Sequences of one Qwen window layer over `item`: windows of up to
+/// `(window_px/patch)^2` patches within each attention span.
+fn qwen_window(span: u64, window_tokens: u64) -> u64 {
+    span.min(window_tokens).max(1)
+}
+
+impl ModelArch {
+    /// The kernels of one encoder pass over a micro-batch of `items` on one GPU
+    /// (encoders run at TP 1): stem, `layers` transformer blocks, projector.
+    ///
+    /// Per family:
+    /// * CLIP anyres: each tile is a sequence of `attn_span` tokens (576 patches +
+    ///   CLS); the stem is the patch conv as a GEMM `[patches, 3*p*p] x [3*p*p, hidden]`;
+    ///   the projector runs over [`ModelArch::projector_rows`] (CLS dropped).
+    /// * Qwen ViT: `layers/fullatt_every` full-attention blocks over each temporal
+    ///   slice (`attn_span` patches) and window blocks over windows of
+    ///   `(window_px/patch)^2` patches; the stem is the 3-D patch conv
+    ///   `[patches, 3*tp*p*p]`; the merger runs over `llm_tokens` rows.
+    /// * Whisper: conv1 (`mel -> hidden`, kernel 3) at twice the frame rate and conv2
+    ///   (`hidden -> hidden`, kernel 3, stride 2) as GEMMs, then the blocks over
+    ///   30-s windows of `attn_span` frames; the stacking projector over `llm_tokens` rows.
+    ///
+    /// Empty when there is no encoder or no item.
+    pub fn encode_ops(&self, items: &[ItemTokens]) -> Vec<Op> {
+        let Some(e) = self.encoder.as_ref() else {
+            return Vec::new();
+        };
+        let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        if items.is_empty() || tokens == 0 {
+            return Vec::new();
+        }
+        let h = u64::from(e.hidden);
+        let hd = e.hidden / e.heads.max(1);
+        let layers = e.layers;
+        let rows: u64 = items.iter().map(|i| self.projector_rows(i)).sum();
+        let mut ops = Vec::with_capacity(12);
+        let attn = |batch: u64, seq: u64, count: u32| Op::Attention {
+            kind: AttnKind::Encoder,
+            batch,
+            seq,
+            heads: e.heads,
+            kv_heads: e.heads,
+            head_dim: hd,
+            count,
+        };
+        match &e.kind {
+            EncoderKind::ClipAnyres { patch, .. } => {
+                let tiles: u64 = items
+                    .iter()
+                    .map(|i| i.encoder_tokens / i.attn_span.max(1))
+                    .sum();
+                let span = items[0].attn_span.max(1);
+                let patches = tiles * (span - 1);
+                let p = u64::from(*patch);
+                ops.push(gemm("patch_embed", patches, h, 3 * p * p, 1));
+                ops.push(attn(tiles, span, layers));
+            }
+            EncoderKind::QwenVit {
+                patch,
+                temporal_patch,
+                window_px,
+                fullatt_every,
+                ..
+            } => {
+                let p = u64::from(*patch);
+                ops.push(gemm(
+                    "patch_embed",
+                    tokens,
+                    h,
+                    3 * u64::from(*temporal_patch) * p * p,
+                    1,
+                ));
+                let full = layers / (*fullatt_every).max(1);
+                let side = u64::from(window_px / patch.max(&1));
+                let win = side * side;
+                // items in a batch share the encoder call: group them by span
+                for it in items {
+                    let span = it.attn_span.max(1);
+                    let slices = it.encoder_tokens / span;
+                    if full > 0 {
+                        ops.push(attn(slices, span, full));
+                    }
+                    if layers > full {
+                        let w = qwen_window(span, win);
+                        ops.push(attn(it.encoder_tokens.div_ceil(w), w, layers - full));
+                    }
+                }
+            }
+            EncoderKind::Whisper { mel_bins, .. } => {
+                ops.push(gemm("conv1", 2 * tokens, h, 3 * u64::from(*mel_bins), 1));
+                ops.push(gemm("conv2", tokens, h, 3 * h, 1));
+                let span = items[0].attn_span.max(1);
+                ops.push(attn(tokens / span, span, layers));
+            }
+        }
+        let up = if e.gated_mlp {
+            2 * u64::from(e.ffn)
+        } else {
+            u64::from(e.ffn)
+        };
+        ops.push(gemm("qkv", tokens, 3 * h, h, layers));
+        ops.push(gemm("o", tokens, h, h, layers));
+        ops.push(gemm("mlp_up", tokens, up, h, layers));
+        ops.push(gemm("mlp_down", tokens, h, u64::from(e.ffn), layers));
+        ops.push(Op::Memory {
+            name: "norm_act_residual",
+            bytes: tokens as f64 * e.act_bytes_per_token_layer(),
+            kernels: 4,
+            count: layers,
+        });
+        if rows > 0 {
+            let (k_in, n_mid, k_mid, n_out) = projector_shapes(self, e);
+            ops.push(gemm("projector_fc1", rows, n_mid, k_in, 1));
+            ops.push(gemm("projector_fc2", rows, n_out, k_mid, 1));
+        }
+        ops
+    }
+
+    /// Query and KV heads per rank at TP `tp` (KV heads replicated once `tp` exceeds them).
+    pub fn heads_per_rank(&self, tp: u32) -> (u32, u32) {
+        let tp = tp.max(1);
+        (
+            self.llm.heads.div_ceil(tp).max(1),
+            self.llm.kv_heads.div_ceil(tp).max(1),
+        )
+    }
+
+    /// The LLM layers' kernels for `tokens` rows at TP `tp`, without attention.
+    fn llm_layer_ops(&self, tokens: u64, tp: u32, ops: &mut Vec<Op>) {
+        let l = &self.llm;
+        let tp = tp.max(1);
+        let (qh, kvh) = self.heads_per_rank(tp);
+        let h = u64::from(l.hidden);
+        let hd = u64::from(l.head_dim);
+        let ffn = u64::from(l.ffn).div_ceil(u64::from(tp));
+        ops.push(gemm(
+            "qkv",
+            tokens,
+            u64::from(qh + 2 * kvh) * hd,
+            h,
+            l.layers,
+        ));
+        ops.push(gemm("o", tokens, h, u64::from(qh) * hd, l.layers));
+        ops.push(gemm("mlp_up", tokens, 2 * ffn, h, l.layers));
+        ops.push(gemm("mlp_down", tokens, h, ffn, l.layers));
+        if tp > 1 {
+            ops.push(Op::AllReduce {
+                elements: tokens * h,
+                tp,
+                count: 2 * l.layers,
+            });
+        }
+        ops.push(Op::Memory {
+            name: "norm_act_residual",
+            bytes: tokens as f64 * self.llm_act_bytes_per_token_layer() / f64::from(tp),
+            kernels: 4,
+            count: l.layers,
+        });
+    }
+
+    /// The kernels of one prefill batch of sequences with these prompt lengths at
+    /// TP `tp`: the layers over all `Σ seq_lens` tokens, causal attention over the
+    /// sequences (at their RMS length), and the LM head over the last token of each.
+    /// Empty for an empty batch.
+    pub fn prefill_ops(&self, seq_lens: &[u64], tp: u32) -> Vec<Op> {
+        let tokens: u64 = seq_lens.iter().sum();
+        let nseq = seq_lens.iter().filter(|&&l| l > 0).count() as u64;
+        if tokens == 0 {
+            return Vec::new();
+        }
+        let sq: f64 = seq_lens.iter().map(|&l| (l as f64).powi(2)).sum();
+        let rms = (sq / nseq as f64).sqrt().round().max(1.0) as u64;
+        let mut ops = Vec::with_capacity(8);
+        self.llm_layer_ops(tokens, tp, &mut ops);
+        let (qh, kvh) = self.heads_per_rank(tp);
+        ops.push(Op::Attention {
+            kind: AttnKind::Context,
+            batch: nseq,
+            seq: rms,
+            heads: qh,
+            kv_heads: kvh,
+            head_dim: self.llm.head_dim,
+            count: self.llm.layers,
+        });
+        ops.push(self.lm_head(nseq, tp));
+        ops
+    }
+
+    /// The kernels of one decode iteration of `batch` sequences holding
+    /// `total_context_tokens`, at TP `tp`: the layers at `m = batch`, generation
+    /// attention at the mean context, the LM head. Empty for `batch == 0`.
+    pub fn decode_ops(&self, batch: u64, total_context_tokens: u64, tp: u32) -> Vec<Op> {
+        if batch == 0 {
+            return Vec::new();
+        }
+        let mut ops = Vec::with_capacity(8);
+        self.llm_layer_ops(batch, tp, &mut ops);
+        let (qh, kvh) = self.heads_per_rank(tp);
+        ops.push(Op::Attention {
+            kind: AttnKind::Generation,
+            batch,
+            seq: total_context_tokens.div_ceil(batch).max(1),
+            heads: qh,
+            kv_heads: kvh,
+            head_dim: self.llm.head_dim,
+            count: self.llm.layers,
+        });
+        ops.push(self.lm_head(batch, tp));
+        ops
+    }
+
+    fn lm_head(&self, rows: u64, tp: u32) -> Op {
+        gemm(
+            "lm_head",
+            rows,
+            u64::from(self.llm.vocab).div_ceil(u64::from(tp.max(1))),
+            u64::from(self.llm.hidden),
+            1,
+        )
+    }
+}
+
+fn gemm(name: &'static str, m: u64, n: u64, k: u64, count: u32) -> Op {
+    Op::Gemm {
+        name,
+        m,
+        n,
+        k,
+        count,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(name: &str) -> ModelArch {
+        ModelArch::preset(name).unwrap()
+    }
+
+    fn gemm_macs(ops: &[Op]) -> f64 {
+        ops.iter()
+            .map(|o| match *o {
+                Op::Gemm { .. } => o.flops() / 2.0,
+                _ => 0.0,
+            })
+            .sum()
+    }
+
+    #[test]
+    fn projector_shapes_match_the_parameter_counts() {
+        // the real-size presets; the tiny ones' `projector_params` are nominal
+        for name in ["llava-v1.6-34b", "qwen2.5-vl-32b", "ultravox-v0.6-27b"] {
+            let a = m(name);
+            let Some(e) = a.encoder.as_ref() else {
+                continue;
+            };
+            let (k_in, n_mid, k_mid, n_out) = projector_shapes(&a, e);
+            let p = (k_in * n_mid + k_mid * n_out) as f64;
+            let want = e.projector_params as f64;
+            assert!((p - want).abs() <= 1e-3 * want, "{name}: {p} vs {want}");
+        }
+    }
+
+    /// The GEMMs of every encoder family multiply-accumulate exactly what
+    /// `encode_work` counts as linear work (stem + blocks + projector).
+    #[test]
+    fn encoder_gemms_match_the_work_accounting() {
+        let cases = [
+            (
+                "llava-v1.6-34b",
+                m("llava-v1.6-34b").image_tokens(672, 672).unwrap(),
+            ),
+            (
+                "qwen2.5-vl-32b",
+                m("qwen2.5-vl-32b").video_tokens(16, 448, 448).unwrap(),
+            ),
+            (
+                "ultravox-v0.6-27b",
+                m("ultravox-v0.6-27b").audio_tokens(12.0).unwrap(),
+            ),
+        ];
+        for (name, item) in cases {
+            let a = m(name);
+            let e = a.encoder.as_ref().unwrap();
+            let ops = a.encode_ops(&[item, item]);
+            let n = 2.0 * item.encoder_tokens as f64;
+            let blocks = f64::from(e.layers) * e.layer_params() * n;
+            let stem = e.stem_macs_per_token() * n;
+            let proj = 2.0 * a.projector_rows(&item) as f64 * e.projector_params as f64;
+            let want = blocks + stem + proj;
+            let got = gemm_macs(&ops);
+            // CLIP's stem skips the CLS token of each tile (1 in 577)
+            assert!((got - want).abs() < 3e-3 * want, "{name}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn clip_tiles_are_sequences_of_577() {
+        let a = m("llava-v1.6-34b");
+        let item = a.image_tokens(672, 672).unwrap();
+        let ops = a.encode_ops(&[item]);
+        let att = ops
+            .iter()
+            .find(|o| matches!(o, Op::Attention { .. }))
+            .unwrap();
+        assert_eq!(
+            *att,
+            Op::Attention {
+                kind: AttnKind::Encoder,
+                batch: 5,
+                seq: 577,
+                heads: 16,
+                kv_heads: 16,
+                head_dim: 64,
+                count: a.encoder.as_ref().unwrap().layers,
+            }
+        );
+    }
+
+    #[test]
+    fn qwen_has_full_and_window_attention() {
+        let a = m("qwen2.5-vl-32b");
+        let item = a.image_tokens(448, 448).unwrap(); // 32x32 patches
+        let ops = a.encode_ops(&[item]);
+        let att: Vec<_> = ops
+            .iter()
+            .filter_map(|o| match *o {
+                Op::Attention {
+                    batch, seq, count, ..
+                } => Some((batch, seq, count)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(att, vec![(1, 1024, 4), (16, 64, 28)]);
+    }
+
+    #[test]
+    fn llm_ops_split_over_tp_and_match_prefill_work() {
+        let a = m("llava-v1.6-34b");
+        let ops = a.prefill_ops(&[3000], 1);
+        let layers = f64::from(a.llm.layers);
+        let want = layers * a.llm.layer_params() * 3000.0 + a.llm.vocab_matrix_params();
+        assert!((gemm_macs(&ops) - want).abs() < 1e-9 * want);
+        let t2 = a.prefill_ops(&[3000], 2);
+        let ratio = gemm_macs(&t2) / gemm_macs(&ops);
+        assert!((ratio - 0.5).abs() < 0.01, "{ratio}");
+        assert!(t2.iter().any(|o| matches!(
+            o,
+            Op::AllReduce {
+                tp: 2,
+                count: 120,
+                ..
+            }
+        )));
+        assert!(!ops.iter().any(|o| matches!(o, Op::AllReduce { .. })));
+        // 56 heads, 8 KV heads: TP 16 replicates KV heads
+        assert_eq!(a.heads_per_rank(16), (4, 1));
+        assert!(a.prefill_ops(&[], 2).is_empty());
+        assert!(a.decode_ops(0, 0, 2).is_empty());
+    }
+
+    #[test]
+    fn prefill_attention_keeps_the_quadratic_work() {
+        let a = m("qwen2.5-vl-32b");
+        let ops = a.prefill_ops(&[1000, 3000], 1);
+        let flops: f64 = ops
+            .iter()
+            .filter(|o| matches!(o, Op::Attention { .. }))
+            .map(Op::flops)
+            .sum();
+        let want = 4.0 * f64::from(a.llm.layers) * a.llm.q_width() * (1e6 + 9e6) / 2.0;
+        assert!((flops - want).abs() < 1e-3 * want, "{flops} vs {want}");
+    }
+
+    #[test]
+    fn decode_attention_is_at_the_mean_context() {
+        let a = m("qwen2.5-vl-32b");
+        let ops = a.decode_ops(8, 8 * 1000, 4);
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            Op::Attention {
+                kind: AttnKind::Generation,
+                batch: 8,
+                seq: 1000,
+                heads: 10,
+                kv_heads: 2,
+                ..
+            }
+        )));
+    }
+}
