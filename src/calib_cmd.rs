@@ -627,8 +627,6 @@ fn import_aiconfigurator(
     output: &std::path::Path,
     date: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    use easerve_calib::kernel_cost::{kernel_source_for, load_cached};
-    use easerve_calib::preprocess::{measured, FrameworkTerms};
     use easerve_calib::{KernelCost, Provenance, Source, StageCost};
     if framework != "vllm" {
         return Err(BadInput(format!(
@@ -654,7 +652,7 @@ fn import_aiconfigurator(
             GpuSpec::preset_names().join(", ")
         ))
     })?;
-    let (sys, proxy) = kernel_source_for(gpu).ok_or_else(|| {
+    let no_tables = || {
         BadInput(format!(
             "--gpu {gpu}: no measured kernel tables (GPUs with tables: {}, and rtx-6000-ada via the L40S)",
             easerve_calib::aic::AIC_GPUS
@@ -663,8 +661,11 @@ fn import_aiconfigurator(
                 .collect::<Vec<_>>()
                 .join(", ")
         ))
-    })?;
-    let tables = load_cached(dir, sys, dtype).map_err(|e| BadInput(e.to_string()))?;
+    };
+    let cost = KernelCost::from_data(dir, &m, &g, system, dtype, 1.0, true)
+        .map_err(|e| BadInput(e.to_string()))?
+        .ok_or_else(no_tables)?;
+    let tables = cost.tables();
     if let Some(v) = version {
         let have = tables
             .provenance
@@ -674,25 +675,13 @@ fn import_aiconfigurator(
             .unwrap_or_default();
         if !have.ends_with(v) {
             return Err(BadInput(format!(
-                "--version {v}: the tables of {sys} are {have} (allowed: that version)"
+                "--version {v}: the tables of {} are {have} (allowed: that version)",
+                tables.provenance.system
             ))
             .into());
         }
     }
-    let eff = Efficiency::default();
-    let fw = FrameworkTerms::for_system(system, eff.encode_pass_s);
-    let pre = measured(&m, fw.preprocess).unwrap_or_default();
     let describe = tables.describe();
-    let cost = KernelCost::new(
-        m.clone(),
-        g.clone(),
-        tables,
-        proxy,
-        fw,
-        pre,
-        1.0,
-        eff.clone(),
-    );
     let provenance = Provenance {
         model: m.name.clone(),
         device: g.name.clone(),

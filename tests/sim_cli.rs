@@ -402,6 +402,45 @@ fn a_custom_model_and_gpu_from_toml_files() {
     assert_eq!(num(&r, "/completed"), 200.0);
 }
 
+/// A custom model on an H100 is priced from measured kernels plus the measured
+/// preprocessing and easerve's framework term, not from the paper's 1.5 s constant.
+#[test]
+fn a_custom_model_on_h100_gets_its_encode_cost_from_measured_kernels() {
+    if !root().join("../shared/data/aiconfigurator/data").is_dir() {
+        println!("SKIPPED: ../shared/data/aiconfigurator not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sc = dir.path().join("h100.toml");
+    let text = std::fs::read_to_string(scenario("custom-video"))
+        .unwrap()
+        .replace(
+            "file = \"custom/qwen2.5-vl-7b.toml\"",
+            &format!(
+                "file = {:?}",
+                root().join("scenarios/custom/qwen2.5-vl-7b.toml")
+            ),
+        )
+        .replace("gpu_file = \"custom/l40s.toml\"", "gpu = \"h100-sxm\"");
+    std::fs::write(&sc, text).unwrap();
+    let r = sim_json(&sc, &["--requests", "20", "--rate", "0.2"]);
+    let notes: Vec<&str> = r["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .collect();
+    let enc = notes.iter().find(|n| n.starts_with("encode:")).unwrap();
+    assert!(
+        enc.contains("aiconfigurator") && enc.contains("easerve executor"),
+        "{enc}"
+    );
+    // one request's encode service is milliseconds, not 1.5 s
+    let service = num(&r["stages"][0], "/service/mean");
+    assert_eq!(r["stages"][0]["stage"], "encode");
+    assert!(service > 1e-3 && service < 0.5, "{service}");
+}
+
 /// Regression: a profile of a custom GPU was rejected as an unknown device
 /// (found in review). A profile file names the custom GPU and loads.
 #[test]

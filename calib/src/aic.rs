@@ -140,9 +140,9 @@ pub fn default_data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/aiconfigurator")
 }
 
-/// The data directory to use: `$EASERVE_AICONFIGURATOR_DIR` when set, else
-/// `../shared/data/aiconfigurator` below the current directory's parent, else the
-/// checkout's ([`default_data_dir`]); `None` when none of them exists.
+/// The data directory to use: `$EASERVE_AICONFIGURATOR_DIR` when set (taken as
+/// given), else `../shared/data/aiconfigurator` relative to the current directory,
+/// else the checkout's ([`default_data_dir`]); `None` when neither holds `data/`.
 pub fn find_data_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os("EASERVE_AICONFIGURATOR_DIR") {
         return Some(PathBuf::from(d));

@@ -193,9 +193,7 @@ impl FixtureRow {
 mod tests {
     use super::*;
     use crate::aic::tests::data;
-    use crate::kernel_cost::{kernel_source_for, load_cached};
-    use crate::preprocess::{measured, FrameworkTerms};
-    use crate::{Efficiency, GpuSpec, KernelCost};
+    use crate::{GpuSpec, KernelCost};
 
     fn vidur_dir() -> Option<std::path::PathBuf> {
         let d = crate::vidur::default_data_dir();
@@ -258,12 +256,9 @@ mod tests {
         for r in &f.row {
             let m = model(&r.model);
             let gpu = GpuSpec::preset(&r.gpu).unwrap();
-            let (sys, proxy) = kernel_source_for(&r.gpu).unwrap();
-            let t = load_cached(&dir, sys, "bfloat16").unwrap();
-            let eff = Efficiency::default();
-            let fw = FrameworkTerms::for_system("aggregated", eff.encode_pass_s);
-            let pre = measured(&m, fw.preprocess).unwrap_or_default();
-            let cost = KernelCost::new(m.clone(), gpu, t, proxy, fw, pre, 1.0, eff);
+            let cost = KernelCost::from_data(&dir, &m, &gpu, "aggregated", "bfloat16", 1.0, false)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{}: no tables for {}", r.id, r.gpu));
             let (p, what) = r.predict(&m, &cost).unwrap();
             assert!(p.is_finite() && p > 0.0, "{}: {p}", r.id);
             let e = (p * 1e3 - r.measured_ms) / r.measured_ms;

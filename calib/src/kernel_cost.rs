@@ -136,33 +136,9 @@ impl KernelCost {
         &self.tables
     }
 
+    /// HBM bytes of `op`: the tables time BF16 kernels, 2 bytes per element.
     fn bytes_of(&self, op: &Op) -> f64 {
-        let b = 2.0; // BF16
-        match *op {
-            Op::Gemm { m, n, k, count, .. } => {
-                b * ((m * k + k * n + m * n) as f64) * f64::from(count)
-            }
-            Op::Attention {
-                kind,
-                batch,
-                seq,
-                heads,
-                kv_heads,
-                head_dim,
-                count,
-            } => {
-                let hd = f64::from(head_dim);
-                let per_seq = match kind {
-                    AttnKind::Generation => {
-                        (2.0 * f64::from(heads) + 2.0 * f64::from(kv_heads) * seq as f64) * hd
-                    }
-                    _ => (2.0 * f64::from(heads) + 2.0 * f64::from(kv_heads)) * hd * seq as f64,
-                };
-                b * per_seq * batch as f64 * f64::from(count)
-            }
-            Op::AllReduce { .. } => 0.0,
-            Op::Memory { bytes, count, .. } => bytes * f64::from(count),
-        }
+        op.bytes(2.0)
     }
 
     /// Whether the op's roofline on the tables' GPU is bandwidth-bound.
@@ -274,7 +250,24 @@ impl KernelCost {
         (v * f64::from(count), ext)
     }
 
-    fn price_all(&self, ops: &[Op], share: f64, phase: Phase) -> Priced {
+    /// Seconds of `ops` at `share`; counts a pass that needed extrapolation.
+    fn price_all(&self, ops: &[Op], share: f64, phase: Phase) -> f64 {
+        let mut seconds = 0.0;
+        let mut extrapolated = false;
+        for op in ops {
+            let (s, e) = self.price(op, share, phase);
+            seconds += s;
+            extrapolated |= e;
+        }
+        if extrapolated {
+            self.extrapolated[phase as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        seconds
+    }
+
+    /// Seconds of `ops` at `share` with their HBM demand (bytes, and the time in
+    /// bandwidth-bound kernels); counts nothing.
+    fn demand(&self, ops: &[Op], share: f64, phase: Phase) -> Priced {
         let mut p = Priced::default();
         for op in ops {
             let (s, e) = self.price(op, share, phase);
@@ -285,15 +278,13 @@ impl KernelCost {
             }
             p.extrapolated |= e;
         }
-        if p.extrapolated {
-            self.extrapolated[phase as usize].fetch_add(1, Ordering::Relaxed);
-        }
         p
     }
 
-    /// The GPU phase of one encode pass over `items` at `sm_share`, priced.
+    /// The GPU phase of one encode pass over `items` at `sm_share`, with its HBM
+    /// demand.
     pub fn encode_gpu(&self, items: &[ItemTokens], sm_share: f64) -> Priced {
-        self.price_all(&self.model.encode_ops(items), sm_share, Phase::Encode)
+        self.demand(&self.model.encode_ops(items), sm_share, Phase::Encode)
     }
 
     /// The derived co-location slowdown (module doc): memory-bound fraction of a
@@ -305,10 +296,7 @@ impl KernelCost {
         }
         let item = crate::profile::synthetic_item(&self.model, 2048);
         let enc = self.encode_gpu(&[item], 0.5);
-        let pre = self.price_all(&self.model.prefill_ops(&[2048], 1), 0.5, Phase::Prefill);
-        self.extrapolated
-            .iter()
-            .for_each(|c| c.store(0, Ordering::Relaxed));
+        let pre = self.demand(&self.model.prefill_ops(&[2048], 1), 0.5, Phase::Prefill);
         if enc.seconds <= 0.0 || pre.seconds <= 0.0 {
             return 0.0;
         }
@@ -355,7 +343,7 @@ impl StageCost for KernelCost {
         if items.is_empty() || self.model.encoder.is_none() {
             return EncodeTime::default();
         }
-        let t_gpu = self.encode_gpu(items, sm_share).seconds;
+        let t_gpu = self.price_all(&self.model.encode_ops(items), sm_share, Phase::Encode);
         let t_pre = items
             .iter()
             .map(|i| {
@@ -375,7 +363,7 @@ impl StageCost for KernelCost {
         if ops.is_empty() {
             return 0.0;
         }
-        self.price_all(&ops, sm_share, Phase::Prefill).seconds + self.eff.prefill_batch_s
+        self.price_all(&ops, sm_share, Phase::Prefill) + self.eff.prefill_batch_s
     }
 
     fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
@@ -383,7 +371,7 @@ impl StageCost for KernelCost {
         if ops.is_empty() {
             return 0.0;
         }
-        self.price_all(&ops, 1.0, Phase::Decode).seconds + self.eff.decode_step_s
+        self.price_all(&ops, 1.0, Phase::Decode) + self.eff.decode_step_s
     }
 
     fn transfer(&self, bytes: f64) -> f64 {
@@ -460,4 +448,147 @@ pub fn load_cached(
         c.insert(key, t.clone());
     }
     Ok(t)
+}
+
+impl KernelCost {
+    /// The measured-kernel cost of `model` on the GPU preset `gpu` as the serving
+    /// `system` (`easerve`, `passthrough`, `aggregated`) runs it: the GPU's own tables
+    /// from the aiconfigurator folder `dir` (GEMMs of `dtype`), or — for the RTX 6000
+    /// Ada when `allow_proxy` — the L40S's ([`kernel_source_for`]); framework terms of
+    /// the system ([`FrameworkTerms::for_system`]); the measured preprocessing of the
+    /// implementation the system runs, scaled by `host_scale`; per-step terms and the
+    /// time-slicing penalty from [`Efficiency::default`]. `Ok(None)` when the GPU has
+    /// no tables (or only a proxy and `allow_proxy` is false).
+    ///
+    /// # Errors
+    /// The tables cannot be read ([`KernelTables::load`]).
+    pub fn from_data(
+        dir: &std::path::Path,
+        model: &ModelArch,
+        gpu: &GpuSpec,
+        system: &str,
+        dtype: &str,
+        host_scale: f64,
+        allow_proxy: bool,
+    ) -> Result<Option<KernelCost>, crate::aic::KernelError> {
+        let Some((sys, proxy)) = kernel_source_for(&gpu.name) else {
+            return Ok(None);
+        };
+        if proxy.is_some() && !allow_proxy {
+            return Ok(None);
+        }
+        let tables = load_cached(dir, sys, dtype)?;
+        let eff = Efficiency::default();
+        let framework = FrameworkTerms::for_system(system, eff.encode_pass_s);
+        let pre = crate::preprocess::measured(model, framework.preprocess).unwrap_or_default();
+        Ok(Some(KernelCost::new(
+            model.clone(),
+            gpu.clone(),
+            tables,
+            proxy,
+            framework,
+            pre,
+            host_scale,
+            eff,
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aic::tests::data;
+
+    fn cost(model: &str, gpu: &str, system: &str) -> Option<KernelCost> {
+        let dir = data()?;
+        let m = ModelArch::preset(model).unwrap();
+        let g = GpuSpec::preset(gpu).unwrap();
+        Some(
+            KernelCost::from_data(&dir, &m, &g, system, "bfloat16", 1.0, true)
+                .unwrap()
+                .unwrap(),
+        )
+    }
+
+    /// The SM-share curve follows from waves: on a fifth of the SMs one small image
+    /// slows far less than 1/share (measured 2.26×: its kernels need few waves), a
+    /// large micro-batch close to it (3.94×; elementwise kernels are not re-timed).
+    #[test]
+    fn small_passes_stop_gaining_at_a_low_share_large_ones_keep_scaling() {
+        let Some(c) = cost("qwen2.5-vl-32b", "h100-sxm", "easerve") else {
+            return;
+        };
+        let m = ModelArch::preset("qwen2.5-vl-32b").unwrap();
+        let small = [m.image_tokens(224, 224).unwrap()];
+        let big = vec![m.image_tokens(1344, 1344).unwrap(); 8];
+        let ratio = |items: &[ItemTokens]| {
+            c.encode_gpu(items, 0.2).seconds / c.encode_gpu(items, 1.0).seconds
+        };
+        let (rs, rb) = (ratio(&small), ratio(&big));
+        println!("slowdown at 0.2 of the SMs: small {rs:.2}x, large {rb:.2}x");
+        assert!(rs < 2.5, "{rs}");
+        assert!(rb > 3.5 && rb < 5.5 && rb > 1.5 * rs, "{rb}");
+        let t = c.encode(&big, 1.0);
+        assert!(t.t_pre > 0.0 && t.t_pass == crate::preprocess::EASERVE_PASS_S);
+    }
+
+    #[test]
+    fn llm_stages_scale_with_tp_context_and_system() {
+        let Some(c) = cost("qwen2.5-vl-32b", "h100-sxm", "passthrough") else {
+            return;
+        };
+        let p1 = c.prefill(&[4096], 1, 1.0);
+        let p2 = c.prefill(&[4096], 2, 1.0);
+        assert!(p2 < 0.7 * p1 && p2 > 0.4 * p1, "{p1} {p2}");
+        assert!(c.decode_step(32, 32 * 8192, 2) > c.decode_step(32, 32 * 512, 2));
+        assert_eq!(c.encode(&[], 1.0), EncodeTime::default());
+        let m = ModelArch::preset("qwen2.5-vl-32b").unwrap();
+        assert_eq!(
+            c.encode(&[m.image_tokens(448, 448).unwrap()], 1.0).t_pass,
+            1.5
+        );
+        let bw = c.bandwidth_interference();
+        assert!(bw > 0.0 && bw < 1.0, "{bw}");
+        let notes = c.notes();
+        assert!(
+            notes[0].starts_with("encode: GPU phase from aiconfigurator"),
+            "{notes:?}"
+        );
+        assert!(notes
+            .iter()
+            .any(|n| n.starts_with("decode: measured kernels")));
+    }
+
+    /// The RTX 6000 Ada priced from the L40S: memory-bound decode gains the
+    /// bandwidth ratio (864 → 960 GB/s), compute-bound prefill the peak ratio.
+    #[test]
+    fn the_l40s_proxy_rescales_by_each_kernels_bound() {
+        let (Some(ada), Some(l40s)) = (
+            cost("llava-v1.6-34b", "rtx-6000-ada", "easerve"),
+            cost("llava-v1.6-34b", "l40s", "easerve"),
+        ) else {
+            return;
+        };
+        let step = |c: &KernelCost| c.decode_step(1, 1024, 2) - c.eff.decode_step_s;
+        let r = step(&ada) / step(&l40s);
+        assert!(r > 0.86 && r < 0.95, "decode {r}");
+        let pre = |c: &KernelCost| c.prefill(&[8192], 2, 1.0) - c.eff.prefill_batch_s;
+        let r = pre(&ada) / pre(&l40s);
+        assert!(r > 0.97 && r <= 1.0, "prefill {r}");
+        assert!(ada.sources()[0].contains("via the l40s proxy"));
+    }
+
+    #[test]
+    fn gpus_without_tables_get_none() {
+        let Some(dir) = data() else { return };
+        let m = ModelArch::preset("qwen2.5-vl-32b").unwrap();
+        let ada = GpuSpec::preset("rtx-6000-ada").unwrap();
+        let cpu = GpuSpec::preset("cpu").unwrap();
+        let f = |g: &GpuSpec, proxy| {
+            KernelCost::from_data(&dir, &m, g, "easerve", "bfloat16", 1.0, proxy)
+                .unwrap()
+                .is_none()
+        };
+        assert!(f(&ada, false) && !f(&ada, true) && f(&cpu, true));
+    }
 }

@@ -7,7 +7,9 @@
 //! folder. Each point is the median of `reps` runs after one warm-up, timed as this
 //! process's CPU time (`getrusage`), so a busy machine changes the figure little.
 //! A least-squares line over the sizes gives the per-item intercept and the slope per
-//! megapixel (images), per frame (video) or per second of audio. The output is the
+//! megapixel (images), per frame (video) or per second of audio; a negative
+//! intercept or slope is written as 0 (the fitted points are written beside it, so
+//! the raw line can be recomputed). The output is the
 //! TOML format of `calib/preprocess/` (read by `easerve_calib::preprocess`).
 
 use std::fmt::Write as _;
@@ -25,11 +27,6 @@ fn cpu_seconds() -> f64 {
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) };
     let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
     tv(u.ru_utime) + tv(u.ru_stime)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Least-squares `y = a + b x`.
@@ -91,7 +88,7 @@ fn time_path(arch: &ModelArch, path: &Path, reps: usize) -> Result<f64, String> 
     for _ in 0..reps.max(1) {
         v.push(once()?);
     }
-    Ok(median(v))
+    Ok(easerve_calib::refine::median(&mut v))
 }
 
 /// Measure every family and return the TOML text (see the module doc).
@@ -101,15 +98,7 @@ fn time_path(arch: &ModelArch, path: &Path, reps: usize) -> Result<f64, String> 
 pub fn measure(reps: usize, date: &str) -> Result<String, String> {
     let tmp = std::env::temp_dir().join(format!("easerve-preprocess-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
+    let cpu = crate::profile::cpu_name();
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -203,10 +192,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn line_fit_and_median() {
+    fn line_fit_and_cpu_clock() {
         let (a, b) = fit(&[(1.0, 3.0), (2.0, 5.0), (4.0, 9.0)]);
         assert!((a - 1.0).abs() < 1e-12 && (b - 2.0).abs() < 1e-12);
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert!(cpu_seconds() > 0.0);
     }
 }

@@ -396,7 +396,7 @@ pub enum LevelMessage {
 }
 
 /// The CPU model name from `/proc/cpuinfo` (or "unknown CPU").
-fn cpu_name() -> String {
+pub(crate) fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {

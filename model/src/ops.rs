@@ -112,6 +112,43 @@ impl Op {
             Op::AllReduce { .. } | Op::Memory { .. } => 0.0,
         }
     }
+
+    /// HBM bytes of the op, all `count` calls, per rank, with `elem_bytes` bytes per
+    /// element (2 for BF16): a GEMM reads `[m, k]` and `[k, n]` and writes `[m, n]`;
+    /// encoder/context attention reads Q, K, V and writes O over `seq` tokens per
+    /// sequence; a decode step reads one query and writes one output per head and
+    /// reads `seq` cached K and V per KV head; elementwise ops move their `bytes`; an
+    /// all-reduce is counted on the link, not in HBM (0).
+    pub fn bytes(&self, elem_bytes: f64) -> f64 {
+        match *self {
+            Op::Gemm { m, n, k, count, .. } => {
+                elem_bytes * ((m * k + k * n + m * n) as f64) * f64::from(count)
+            }
+            Op::Attention {
+                kind,
+                batch,
+                seq,
+                heads,
+                kv_heads,
+                head_dim,
+                count,
+            } => {
+                let (h, kv, hd, s) = (
+                    f64::from(heads),
+                    f64::from(kv_heads),
+                    f64::from(head_dim),
+                    seq as f64,
+                );
+                let per_seq = match kind {
+                    AttnKind::Generation => (2.0 * h + 2.0 * kv * s) * hd,
+                    _ => (2.0 * h + 2.0 * kv) * hd * s,
+                };
+                elem_bytes * per_seq * batch as f64 * f64::from(count)
+            }
+            Op::AllReduce { .. } => 0.0,
+            Op::Memory { bytes, count, .. } => bytes * f64::from(count),
+        }
+    }
 }
 
 /// The projector's two GEMMs `(k_in, n_mid, k_mid, n_out)` per family, as `nn/`
@@ -384,6 +421,35 @@ mod tests {
                 _ => 0.0,
             })
             .sum()
+    }
+
+    #[test]
+    fn bytes_count_operands_once() {
+        let g = gemm("x", 4, 8, 16, 3);
+        assert_eq!(
+            g.bytes(2.0),
+            2.0 * (4.0 * 16.0 + 16.0 * 8.0 + 4.0 * 8.0) * 3.0
+        );
+        let dec = Op::Attention {
+            kind: AttnKind::Generation,
+            batch: 2,
+            seq: 100,
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 64,
+            count: 1,
+        };
+        // the KV cache dominates: 2 sequences x 2 KV heads x 100 tokens x (K + V)
+        assert_eq!(dec.bytes(2.0), 2.0 * 2.0 * (16.0 + 400.0) * 64.0);
+        assert_eq!(
+            Op::AllReduce {
+                elements: 10,
+                tp: 2,
+                count: 1
+            }
+            .bytes(2.0),
+            0.0
+        );
     }
 
     #[test]

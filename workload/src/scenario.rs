@@ -601,36 +601,21 @@ impl Scenario {
     pub fn kernel_cost(
         &self,
     ) -> Option<Result<easerve_calib::KernelCost, easerve_calib::KernelError>> {
-        use easerve_calib::kernel_cost::{kernel_source_for, load_cached, Proxy};
-        use easerve_calib::preprocess::{measured, FrameworkTerms};
-        use easerve_calib::{Efficiency, KernelCost};
         let mode = self.raw.cluster.kernels.as_deref().unwrap_or("auto");
         if mode == "roofline" || self.raw.cluster.gpu.is_none() {
             return None;
         }
-        let (system, proxy): (&str, Option<Proxy>) = match kernel_source_for(&self.gpu.name)? {
-            (s, Some(p)) if mode == "l40s-proxy" => (s, Some(p)),
-            (_, Some(_)) => return None,
-            (s, None) => (s, None),
-        };
         let dir = easerve_calib::aic::find_data_dir()?;
-        let tables = match load_cached(&dir, system, "bfloat16") {
-            Ok(t) => t,
-            Err(e) => return Some(Err(e)),
-        };
-        let eff = Efficiency::default();
-        let framework = FrameworkTerms::for_system(self.system.name(), eff.encode_pass_s);
-        let pre = measured(&self.model, framework.preprocess).unwrap_or_default();
-        Some(Ok(KernelCost::new(
-            self.model.clone(),
-            self.gpu.clone(),
-            tables,
-            proxy,
-            framework,
-            pre,
+        easerve_calib::KernelCost::from_data(
+            &dir,
+            &self.model,
+            &self.gpu,
+            self.system.name(),
+            "bfloat16",
             self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
-            eff,
-        )))
+            mode == "l40s-proxy",
+        )
+        .transpose()
     }
 
     /// One continuous-batching scheduler per decode worker, with the KV blocks
