@@ -120,11 +120,15 @@ pub fn families(model: &ModelArch) -> Option<[&'static str; 3]> {
 
 /// Sum of the served-path terms of one family and implementation, and the host line.
 pub fn measured_terms(family: &str, imp: Implementation) -> Option<(PreprocessTerms, String)> {
-    let text = match imp {
-        Implementation::Rust => MEASURED_RUST,
-        Implementation::Python => MEASURED_PYTHON,
-    };
-    let f: MeasuredFile = toml::from_str(text).ok()?;
+    use std::sync::OnceLock;
+    static RUST: OnceLock<Option<MeasuredFile>> = OnceLock::new();
+    static PYTHON: OnceLock<Option<MeasuredFile>> = OnceLock::new();
+    // each compiled-in file is parsed once per process (a search builds many costs)
+    let f = match imp {
+        Implementation::Rust => RUST.get_or_init(|| toml::from_str(MEASURED_RUST).ok()),
+        Implementation::Python => PYTHON.get_or_init(|| toml::from_str(MEASURED_PYTHON).ok()),
+    }
+    .as_ref()?;
     let mut sum = PreprocessTerms::default();
     let mut any = false;
     let served = |t: &MeasuredTerm| match imp {
