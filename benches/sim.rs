@@ -1,6 +1,10 @@
 //! Simulator speed: the image scenario (LLaVA-v1.6-34B on 8× RTX 6000 Ada) with
 //! 10,000 and 1,000,000 requests, timed around `easerve_sim::simulate` (scenario
-//! parsing excluded); throughput is reported in engine events per second.
+//! parsing excluded; the cost model is built inside, from kernel tables that are
+//! read once per process); throughput is reported in engine events per second.
+//! Group `image` prices stages as the scenario does (measured kernels when
+//! `../shared/data/aiconfigurator` is present), group `image-roofline` from the
+//! roofline.
 //!
 //! Run with `cargo bench --bench sim`.
 
@@ -9,19 +13,26 @@ use easerve_workload::scenario::{Overrides, Scenario};
 use std::path::Path;
 use std::time::Duration;
 
-fn image(requests: i64) -> Scenario {
+fn image(requests: i64, kernels: &str) -> Scenario {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/image.toml");
     let o = Overrides {
         requests: Some(requests),
         ..Default::default()
     };
-    Scenario::load(&path, &o).expect("scenarios/image.toml is valid")
+    let sets = [("cluster.kernels".to_string(), kernels.to_string())];
+    Scenario::load_with(&path, &sets, &o).expect("scenarios/image.toml is valid")
 }
 
 fn bench(c: &mut Criterion) {
-    let mut group = c.benchmark_group("image");
+    for (name, kernels) in [("image", "auto"), ("image-roofline", "roofline")] {
+        bench_group(c, name, kernels);
+    }
+}
+
+fn bench_group(c: &mut Criterion, name: &str, kernels: &str) {
+    let mut group = c.benchmark_group(name);
     for (requests, samples) in [(10_000i64, 50usize), (1_000_000, 10)] {
-        let sc = image(requests);
+        let sc = image(requests, kernels);
         let events = easerve_sim::simulate(&sc).events;
         group.throughput(Throughput::Elements(events));
         group.sample_size(samples);

@@ -29,6 +29,10 @@ pub(crate) enum CalibCommand {
         /// GPU preset, e.g. `rtx-6000-ada`.
         #[arg(long)]
         gpu: String,
+        /// Serving system whose framework and preprocessing terms the encode table
+        /// carries: easerve, passthrough or aggregated.
+        #[arg(long, default_value = "easerve")]
+        system: String,
         /// Output profile (TOML).
         #[arg(short = 'o', long = "output", value_name = "FILE")]
         output: PathBuf,
@@ -160,9 +164,11 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
         CalibCommand::Roofline {
             model,
             gpu,
+            system,
             output,
             date,
         } => {
+            check_system(&system)?;
             let m = ModelArch::preset(&model).ok_or_else(|| {
                 BadInput(format!(
                     "--model: unknown model `{model}` (known: {})",
@@ -188,7 +194,14 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             if !valid_date {
                 return Err(BadInput(format!("--date {date}: expected a date YYYY-MM-DD")).into());
             }
-            let r = Roofline::new(m, g, Efficiency::default());
+            let eff = Efficiency::default();
+            let terms = easerve_calib::preprocess::EncodeTerms::for_system(
+                &m,
+                &system,
+                eff.encode_pass_s,
+                1.0,
+            );
+            let r = Roofline::new(m, g, eff).with_terms(terms);
             let p = Profile::from_roofline(&r, &GridSpec::default(), &date);
             p.save(&output)
                 .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
@@ -634,12 +647,7 @@ fn import_aiconfigurator(
         ))
         .into());
     }
-    if !["easerve", "passthrough", "aggregated"].contains(&system) {
-        return Err(BadInput(format!(
-            "--system {system}: allowed: easerve, passthrough, aggregated"
-        ))
-        .into());
-    }
+    check_system(system)?;
     let m = ModelArch::preset(model).ok_or_else(|| {
         BadInput(format!(
             "--model: unknown model `{model}` (known: {})",
@@ -718,4 +726,15 @@ fn import_aiconfigurator(
         output.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--system` names a serving system with encode terms.
+fn check_system(system: &str) -> Result<(), BadInput> {
+    if ["easerve", "passthrough", "aggregated"].contains(&system) {
+        Ok(())
+    } else {
+        Err(BadInput(format!(
+            "--system {system}: allowed: easerve, passthrough, aggregated"
+        )))
+    }
 }

@@ -74,3 +74,27 @@ pub fn stage_queue(v: &Value, stage: &str) -> f64 {
         .map(|s| num(s, "/queue/mean"))
         .unwrap_or_else(|| panic!("no stage {stage}"))
 }
+
+/// Whether aiconfigurator's kernel tables are in `../shared/data` (third-party
+/// data; tests that need them skip without it).
+pub fn kernel_data() -> bool {
+    root().join("../shared/data/aiconfigurator/data").is_dir()
+}
+
+/// A copy of the paper scenario `name` in `dir` whose `cluster.kernels` is
+/// `mode`, so a test can price it from the roofline whether or not the kernel
+/// tables are present.
+pub fn scenario_with_kernels(dir: &Path, name: &str, mode: &str) -> PathBuf {
+    let text = std::fs::read_to_string(root().join(format!("scenarios/{name}.toml"))).unwrap();
+    assert!(
+        text.contains("kernels = \"auto\""),
+        "{name}.toml names its kernels"
+    );
+    let out = dir.join(format!("{name}-{mode}.toml"));
+    std::fs::write(
+        &out,
+        text.replace("kernels = \"auto\"", &format!("kernels = \"{mode}\"")),
+    )
+    .unwrap();
+    out
+}

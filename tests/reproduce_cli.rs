@@ -33,6 +33,22 @@ fn reproduce_reports_every_finding_with_a_verdict_and_plots() {
             "finding {n} has no numbers"
         );
     }
+    // the constants the report states come from each scenario's cost model
+    let costs = md
+        .split("## Cost sources")
+        .nth(1)
+        .expect("a cost-sources section")
+        .split("## Goodput")
+        .next()
+        .unwrap();
+    for m in ["image", "video", "audio"] {
+        assert!(
+            costs.contains(&format!("| {m} |")),
+            "no encode terms for {m}"
+        );
+    }
+    assert_eq!(costs.matches("- encode: ").count(), 3, "{costs}");
+    assert_eq!(costs.matches("- co-location: ").count(), 3, "{costs}");
     for m in ["image", "video", "audio"] {
         for f in [
             "goodput-moderate.svg",

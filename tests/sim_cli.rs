@@ -1,7 +1,7 @@
 //! `easerve sim` end to end: the shipped scenarios run, the report moves in the
 //! expected direction when a knob changes, and the same seed gives the same bytes.
 
-use crate::{easerve, num, root, sim_json, stage_queue};
+use crate::{easerve, kernel_data, num, root, scenario_with_kernels, sim_json, stage_queue};
 
 fn scenario(name: &str) -> std::path::PathBuf {
     root().join("scenarios").join(format!("{name}.toml"))
@@ -109,9 +109,15 @@ fn more_encode_workers_lower_encode_queueing() {
 
 #[test]
 fn larger_batch_bound_relieves_a_saturated_encoder() {
-    // At 4 req/s two pass-through encoders (~1.5 req/s each) saturate; B = 8
-    // amortizes the per-pass overhead.
-    let sc = scenario("video");
+    // On the pass-through framework's encode terms (1.5 s per pass), two
+    // encoders saturate at 4 req/s; B = 8 amortizes the per-pass overhead.
+    let dir = tempfile::tempdir().unwrap();
+    let sc = dir.path().join("video.toml");
+    let text = std::fs::read_to_string(scenario("video")).unwrap().replace(
+        "[deployment]\n",
+        "[deployment]\nframework = \"passthrough\"\n",
+    );
+    std::fs::write(&sc, text).unwrap();
     let run = |b: &str| sim_json(&sc, &["--batch", b, "--rate", "4", "--requests", "300"]);
     let (b1, b8) = (run("1"), run("8"));
     assert!(
@@ -139,14 +145,13 @@ fn offload_ratio_is_realised_and_lowering_it_relieves_remote_prefill() {
     );
 }
 
-/// Golden file: the JSON report of a small run must not change by accident.
+/// Golden files: the JSON report of a small run must not change by accident.
 /// After an intended change of the model, rerun with `UPDATE_GOLDEN=1
 /// cargo test --test integration golden` and review the diff.
-#[test]
-fn golden_report_of_a_small_video_run() {
+fn golden(scenario: &std::path::Path, file: &str) {
     let out = easerve(&[
         "sim",
-        "scenarios/video.toml",
+        scenario.to_str().unwrap(),
         "--json",
         "--requests",
         "40",
@@ -154,7 +159,7 @@ fn golden_report_of_a_small_video_run() {
         "3",
     ]);
     assert!(out.status.success());
-    let path = root().join("tests/golden/video-40.json");
+    let path = root().join("tests/golden").join(file);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, &out.stdout).unwrap();
     }
@@ -163,6 +168,28 @@ fn golden_report_of_a_small_video_run() {
         golden == out.stdout,
         "report differs from {}; if the change is intended, rerun with UPDATE_GOLDEN=1",
         path.display()
+    );
+}
+
+/// The default run of the video scenario: measured (L40S-proxy) kernels.
+#[test]
+fn golden_report_of_a_small_video_run() {
+    if !kernel_data() {
+        println!(
+            "SKIPPED: ../shared/data/aiconfigurator not found (the roofline golden still runs)"
+        );
+        return;
+    }
+    golden(&scenario("video"), "video-40.json");
+}
+
+/// The same run priced from the roofline (needs no third-party data).
+#[test]
+fn golden_report_of_a_small_video_run_on_the_roofline() {
+    let dir = tempfile::tempdir().unwrap();
+    golden(
+        &scenario_with_kernels(dir.path(), "video", "roofline"),
+        "video-40-roofline.json",
     );
 }
 
@@ -372,7 +399,10 @@ fn scenarios_run_from_a_written_profile_and_agree_with_the_roofline() {
             ),
         )
         .unwrap();
-        let a = sim_json(&scenario(name), &["--requests", "300"]);
+        let a = sim_json(
+            &scenario_with_kernels(dir.path(), name, "roofline"),
+            &["--requests", "300"],
+        );
         let b = sim_json(&with_profile, &["--requests", "300"]);
         assert!(
             b["notes"][0].as_str().unwrap().contains("profile"),
@@ -406,7 +436,7 @@ fn a_custom_model_and_gpu_from_toml_files() {
 /// preprocessing and easerve's framework term, not from the paper's 1.5 s constant.
 #[test]
 fn a_custom_model_on_h100_gets_its_encode_cost_from_measured_kernels() {
-    if !root().join("../shared/data/aiconfigurator/data").is_dir() {
+    if !kernel_data() {
         println!("SKIPPED: ../shared/data/aiconfigurator not found");
         return;
     }
@@ -479,4 +509,73 @@ fn a_custom_gpu_can_have_a_profile() {
     let r = sim_json(&sc, &["--requests", "100"]);
     assert_eq!(num(&r, "/completed"), 100.0);
     assert!(r["notes"][0].as_str().unwrap().contains("profile"));
+}
+
+/// `calib import-aiconfigurator` writes a profile that loads (its decode table
+/// may get faster with batch at a fixed total context) and that prices the
+/// image scenario like the measured kernels it was tabulated from.
+#[test]
+fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
+    if !kernel_data() {
+        println!("SKIPPED: ../shared/data/aiconfigurator not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let profile = dir.path().join("llava.profile.toml");
+    let out = easerve(&[
+        "calib",
+        "import-aiconfigurator",
+        root()
+            .join("../shared/data/aiconfigurator")
+            .to_str()
+            .unwrap(),
+        "--gpu",
+        "rtx-6000-ada",
+        "--model",
+        "llava-v1.6-34b",
+        "-o",
+        profile.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(scenario("image")).unwrap();
+    let with_profile = dir.path().join("image.toml");
+    std::fs::write(
+        &with_profile,
+        text.replace("seed = 42", &format!("seed = 42\nprofile = {profile:?}")),
+    )
+    .unwrap();
+    let args = ["--requests", "300", "--rate", "1.5"];
+    let (a, b) = (
+        sim_json(&scenario("image"), &args),
+        sim_json(&with_profile, &args),
+    );
+    let rel = |p: &str| (num(&b, p) - num(&a, p)).abs() / num(&a, p);
+    assert!(
+        rel("/request_throughput") < 0.01,
+        "throughput {}",
+        rel("/request_throughput")
+    );
+    assert!(rel("/tpot/mean") < 0.03, "TPOT {}", rel("/tpot/mean"));
+    assert!(rel("/ttft/mean") < 0.1, "TTFT {}", rel("/ttft/mean"));
+    // a GPU without tables is refused with exit 2, naming what is allowed
+    let bad = easerve(&[
+        "calib",
+        "import-aiconfigurator",
+        root()
+            .join("../shared/data/aiconfigurator")
+            .to_str()
+            .unwrap(),
+        "--gpu",
+        "a10g",
+        "--model",
+        "llava-v1.6-34b",
+        "-o",
+        dir.path().join("x.toml").to_str().unwrap(),
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("h100-sxm"));
 }

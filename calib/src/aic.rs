@@ -27,7 +27,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use parquet::file::reader::{FileReader, SerializedFileReader};
-use parquet::record::{Field, Row};
 
 use crate::interp::Grid;
 use crate::trie::Trie;
@@ -154,64 +153,174 @@ pub fn find_data_dir() -> Option<PathBuf> {
     candidates.into_iter().find(|d| d.join("data").is_dir())
 }
 
+/// One column of a table: numbers (integers read as `f64`) or text interned in a
+/// per-column dictionary; `None` where the file stores a null.
+enum Col {
+    Num(Vec<Option<f64>>),
+    Text(Vec<Option<u32>>, Vec<String>),
+}
+
+/// A parquet table read column by column (typed column readers: no per-row
+/// allocation), with its path for error messages.
 struct Table {
     path: PathBuf,
-    rows: Vec<Row>,
+    len: usize,
+    columns: Vec<(String, Col)>,
+}
+
+/// Spread `values` (the non-null ones) over `defs` (definition levels; a value
+/// where the level is `max_def`), or take them as they are for a required column.
+fn spread<T: Copy>(values: &[T], defs: &[i16], max_def: i16, n: usize) -> Vec<Option<T>> {
+    if max_def == 0 {
+        return values.iter().take(n).map(|v| Some(*v)).collect();
+    }
+    let mut it = values.iter();
+    defs.iter()
+        .take(n)
+        .map(|d| {
+            if *d == max_def {
+                it.next().copied()
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 impl Table {
     fn read(path: PathBuf) -> Result<Table, KernelError> {
+        use parquet::column::reader::ColumnReader;
         let file = File::open(&path).map_err(|e| err(&path, format!("cannot open: {e}")))?;
         let reader = SerializedFileReader::new(file)
             .map_err(|e| err(&path, format!("not a readable parquet file: {e}")))?;
-        let rows = reader
-            .get_row_iter(None)
-            .map_err(|e| err(&path, format!("cannot read rows: {e}")))?
-            .collect::<Result<Vec<Row>, _>>()
-            .map_err(|e| err(&path, format!("corrupt row: {e}")))?;
-        if rows.is_empty() {
+        let meta = reader.metadata();
+        let schema = meta.file_metadata().schema_descr();
+        let corrupt = |e: parquet::errors::ParquetError| err(&path, format!("corrupt column: {e}"));
+        let mut columns: Vec<(String, Col)> = Vec::with_capacity(schema.num_columns());
+        let mut len = 0usize;
+        for g in 0..reader.num_row_groups() {
+            let group = reader
+                .get_row_group(g)
+                .map_err(|e| err(&path, format!("cannot read row group {g}: {e}")))?;
+            let n = usize::try_from(group.metadata().num_rows()).unwrap_or(0);
+            for c in 0..schema.num_columns() {
+                let desc = schema.column(c);
+                let max_def = desc.max_def_level();
+                let mut defs: Vec<i16> = Vec::new();
+                let defs_opt = (max_def > 0).then_some(&mut defs);
+                let col = match group.get_column_reader(c).map_err(corrupt)? {
+                    ColumnReader::Int32ColumnReader(mut r) => {
+                        let mut v: Vec<i32> = Vec::new();
+                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        let v: Vec<f64> = v.into_iter().map(f64::from).collect();
+                        Col::Num(spread(&v, &defs, max_def, n))
+                    }
+                    ColumnReader::Int64ColumnReader(mut r) => {
+                        let mut v: Vec<i64> = Vec::new();
+                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        let v: Vec<f64> = v.into_iter().map(|x| x as f64).collect();
+                        Col::Num(spread(&v, &defs, max_def, n))
+                    }
+                    ColumnReader::FloatColumnReader(mut r) => {
+                        let mut v: Vec<f32> = Vec::new();
+                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        let v: Vec<f64> = v.into_iter().map(f64::from).collect();
+                        Col::Num(spread(&v, &defs, max_def, n))
+                    }
+                    ColumnReader::DoubleColumnReader(mut r) => {
+                        let mut v: Vec<f64> = Vec::new();
+                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        Col::Num(spread(&v, &defs, max_def, n))
+                    }
+                    ColumnReader::ByteArrayColumnReader(mut r) => {
+                        let mut v = Vec::new();
+                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        let mut dict: Vec<String> = Vec::new();
+                        let mut ids: Vec<u32> = Vec::with_capacity(v.len());
+                        for b in &v {
+                            let text = b.as_utf8().map_err(corrupt)?;
+                            let id = match dict.iter().position(|d| d == text) {
+                                Some(i) => i,
+                                None => {
+                                    dict.push(text.to_string());
+                                    dict.len() - 1
+                                }
+                            };
+                            ids.push(id as u32);
+                        }
+                        Col::Text(spread(&ids, &defs, max_def, n), dict)
+                    }
+                    // booleans and fixed-size binaries are not used by any table
+                    _ => continue,
+                };
+                let name = desc.name().to_string();
+                match columns.iter_mut().find(|(k, _)| *k == name) {
+                    None => columns.push((name, col)),
+                    Some((_, have)) => have.append(col, &path)?,
+                }
+            }
+            len += n;
+        }
+        if len == 0 {
             return Err(err(&path, "the table has no rows"));
         }
-        Ok(Table { path, rows })
+        Ok(Table { path, len, columns })
     }
 
-    fn field<'a>(&self, row: &'a Row, i: usize, name: &str) -> Result<&'a Field, KernelError> {
-        row.get_column_iter()
-            .find(|(n, _)| n.as_str() == name)
-            .map(|(_, f)| f)
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn column(&self, i: usize, name: &str) -> Result<&Col, KernelError> {
+        self.columns
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c)
             .ok_or_else(|| err(&self.path, format!("row {i}: no column `{name}`")))
     }
 
     fn has(&self, name: &str) -> bool {
-        self.rows[0].get_column_iter().any(|(n, _)| n == name)
+        self.columns.iter().any(|(n, _)| n == name)
     }
 
-    fn num(&self, row: &Row, i: usize, name: &str) -> Result<f64, KernelError> {
-        match self.field(row, i, name)? {
-            Field::Long(v) => Ok(*v as f64),
-            Field::Int(v) => Ok(f64::from(*v)),
-            Field::Double(v) => Ok(*v),
-            Field::Float(v) => Ok(f64::from(*v)),
-            other => Err(err(
+    fn num(&self, i: usize, name: &str) -> Result<f64, KernelError> {
+        match self.column(i, name)? {
+            Col::Num(v) => v.get(i).copied().flatten().ok_or_else(|| {
+                err(
+                    &self.path,
+                    format!("row {i}: column `{name}` is null, not a number"),
+                )
+            }),
+            Col::Text(..) => Err(err(
                 &self.path,
-                format!("row {i}: column `{name}` is {other}, not a number"),
+                format!("row {i}: column `{name}` is text, not a number"),
             )),
         }
     }
 
-    fn text(&self, row: &Row, i: usize, name: &str) -> Result<String, KernelError> {
-        match self.field(row, i, name)? {
-            Field::Str(s) => Ok(s.clone()),
-            other => Err(err(
+    fn text(&self, i: usize, name: &str) -> Result<&str, KernelError> {
+        match self.column(i, name)? {
+            Col::Text(ids, dict) => ids
+                .get(i)
+                .copied()
+                .flatten()
+                .map(|id| dict[id as usize].as_str())
+                .ok_or_else(|| {
+                    err(
+                        &self.path,
+                        format!("row {i}: column `{name}` is null, not text"),
+                    )
+                }),
+            Col::Num(_) => Err(err(
                 &self.path,
-                format!("row {i}: column `{name}` is {other}, not text"),
+                format!("row {i}: column `{name}` is a number, not text"),
             )),
         }
     }
 
     /// Latency in seconds (the column is milliseconds), checked finite and > 0.
-    fn latency_s(&self, row: &Row, i: usize) -> Result<f64, KernelError> {
-        let ms = self.num(row, i, "latency")?;
+    fn latency_s(&self, i: usize) -> Result<f64, KernelError> {
+        let ms = self.num(i, "latency")?;
         if ms.is_finite() && ms > 0.0 {
             Ok(ms * 1e-3)
         } else {
@@ -223,7 +332,35 @@ impl Table {
     }
 
     fn first_text(&self, name: &str) -> String {
-        self.text(&self.rows[0], 0, name).unwrap_or_default()
+        self.text(0, name).map(str::to_string).unwrap_or_default()
+    }
+}
+
+impl Col {
+    /// Append the next row group's values of the same column.
+    fn append(&mut self, other: Col, path: &Path) -> Result<(), KernelError> {
+        match (self, other) {
+            (Col::Num(a), Col::Num(b)) => a.extend(b),
+            (Col::Text(a, dict), Col::Text(b, d2)) => {
+                for id in b {
+                    a.push(match id {
+                        None => None,
+                        Some(j) => {
+                            let t = &d2[j as usize];
+                            Some(match dict.iter().position(|d| d == t) {
+                                Some(k) => k as u32,
+                                None => {
+                                    dict.push(t.clone());
+                                    (dict.len() - 1) as u32
+                                }
+                            })
+                        }
+                    });
+                }
+            }
+            _ => return Err(err(path, "a column changes type between row groups")),
+        }
+        Ok(())
     }
 }
 
@@ -261,12 +398,12 @@ fn trie(
 }
 
 /// The most frequent value of `col` among `rows` passing `keep`.
-fn most_common(t: &Table, col: &str, keep: impl Fn(&Row, usize) -> bool) -> String {
+fn most_common(t: &Table, col: &str, keep: impl Fn(usize) -> bool) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for (i, r) in t.rows.iter().enumerate() {
-        if keep(r, i) {
+    for i in 0..t.len() {
+        if keep(i) {
             *counts
-                .entry(t.text(r, i, col).unwrap_or_default())
+                .entry(t.text(i, col).unwrap_or_default().to_string())
                 .or_default() += 1;
         }
     }
@@ -310,11 +447,11 @@ impl KernelTables {
         let gt = Table::read(gdir.join("gemm_perf.parquet"))?;
         let mut dtypes = std::collections::BTreeSet::new();
         let mut pts = Vec::new();
-        for (i, r) in gt.rows.iter().enumerate() {
-            let d = gt.text(r, i, "gemm_dtype")?;
+        for i in 0..gt.len() {
+            let d = gt.text(i, "gemm_dtype")?;
             if d == dtype {
-                let key = vec![gt.num(r, i, "m")?, gt.num(r, i, "n")?, gt.num(r, i, "k")?];
-                pts.push((key, gt.latency_s(r, i)?));
+                let key = vec![gt.num(i, "m")?, gt.num(i, "n")?, gt.num(i, "k")?];
+                pts.push((key, gt.latency_s(i)?));
             }
             dtypes.insert(d);
         }
@@ -334,8 +471,8 @@ impl KernelTables {
         );
         prov.kernel_sources.insert(
             "gemm".into(),
-            most_common(&gt, "kernel_source", |r, i| {
-                gt.text(r, i, "gemm_dtype").is_ok_and(|d| d == dtype)
+            most_common(&gt, "kernel_source", |i| {
+                gt.text(i, "gemm_dtype").is_ok_and(|d| d == dtype)
             }),
         );
         let (gemm, r) = trie(&gt.path, pts, "GEMM")?;
@@ -346,30 +483,29 @@ impl KernelTables {
         let mut attn = |file: &str, name: &str, generation: bool| -> Result<Grid, KernelError> {
             let t = Table::read(adir.join(file))?;
             let windowed = t.has("window_size");
-            let plain = |r: &Row, i: usize| {
-                t.text(r, i, "kv_cache_dtype")
-                    .is_ok_and(|d| d == "bfloat16")
-                    && (!windowed || t.num(r, i, "window_size").is_ok_and(|w| w == 0.0))
+            let plain = |i: usize| {
+                t.text(i, "kv_cache_dtype").is_ok_and(|d| d == "bfloat16")
+                    && (!windowed || t.num(i, "window_size").is_ok_and(|w| w == 0.0))
             };
             let source = most_common(&t, "kernel_source", plain);
             let mut pts = Vec::new();
-            for (i, r) in t.rows.iter().enumerate() {
-                if !plain(r, i) || t.text(r, i, "kernel_source")? != source {
+            for i in 0..t.len() {
+                if !plain(i) || t.text(i, "kernel_source")? != source {
                     continue;
                 }
                 let len = if generation {
-                    t.num(r, i, "isl")? + t.num(r, i, "step")?
+                    t.num(i, "isl")? + t.num(i, "step")?
                 } else {
-                    t.num(r, i, "isl")?
+                    t.num(i, "isl")?
                 };
                 let key = vec![
-                    t.num(r, i, "head_dim")?,
-                    t.num(r, i, "num_key_value_heads")?,
-                    t.num(r, i, "num_heads")?,
-                    t.num(r, i, "batch_size")?,
+                    t.num(i, "head_dim")?,
+                    t.num(i, "num_key_value_heads")?,
+                    t.num(i, "num_heads")?,
+                    t.num(i, "batch_size")?,
                     len,
                 ];
-                pts.push((key, t.latency_s(r, i)?));
+                pts.push((key, t.latency_s(i)?));
             }
             prov.versions
                 .insert(name.into(), format!("{} {aver}", t.first_text("framework")));
@@ -391,17 +527,17 @@ impl KernelTables {
             let (edir, ever) = version_dir(&edir)?;
             let t = Table::read(edir.join("encoder_attention_perf.parquet"))?;
             let mut pts = Vec::new();
-            for (i, r) in t.rows.iter().enumerate() {
-                if t.text(r, i, "attn_dtype")? != "bfloat16" {
+            for i in 0..t.len() {
+                if t.text(i, "attn_dtype")? != "bfloat16" {
                     continue;
                 }
                 let key = vec![
-                    t.num(r, i, "head_dim")?,
-                    t.num(r, i, "num_heads")?,
-                    t.num(r, i, "batch_size")?,
-                    t.num(r, i, "isl")?,
+                    t.num(i, "head_dim")?,
+                    t.num(i, "num_heads")?,
+                    t.num(i, "batch_size")?,
+                    t.num(i, "isl")?,
                 ];
-                pts.push((key, t.latency_s(r, i)?));
+                pts.push((key, t.latency_s(i)?));
             }
             prov.versions.insert(
                 "encoder_attention".into(),
@@ -421,13 +557,13 @@ impl KernelTables {
         let ct = Table::read(cdir.join("custom_allreduce_perf.parquet"))?;
         let mut graph = Vec::new();
         let mut eager = Vec::new();
-        for (i, r) in ct.rows.iter().enumerate() {
-            if ct.text(r, i, "allreduce_dtype")? != "bfloat16" {
+        for i in 0..ct.len() {
+            if ct.text(i, "allreduce_dtype")? != "bfloat16" {
                 continue;
             }
-            let key = vec![ct.num(r, i, "num_gpus")?, ct.num(r, i, "message_size")?];
-            let v = ct.latency_s(r, i)?;
-            match ct.text(r, i, "backend")?.as_str() {
+            let key = vec![ct.num(i, "num_gpus")?, ct.num(i, "message_size")?];
+            let v = ct.latency_s(i)?;
+            match ct.text(i, "backend")? {
                 "vllm_graph" => graph.push((key, v)),
                 "vllm_eager" => eager.push((key, v)),
                 _ => {}
@@ -480,8 +616,7 @@ impl KernelTables {
 
 /// One value of a one-column grid at `point`, and whether the lookup left the table.
 pub fn look(g: &Grid, point: &[f64]) -> (f64, bool) {
-    let l = g.lookup(point);
-    (l.values[0], l.extrapolated())
+    g.lookup_one(0, point)
 }
 
 fn read_system_yaml(path: &Path) -> Result<SystemSpec, KernelError> {

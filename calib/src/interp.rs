@@ -25,7 +25,16 @@ pub struct Grid {
     axes: Vec<Vec<f64>>,
     /// `columns[c][flat index]`, row-major over the axes (last axis fastest).
     columns: Vec<Vec<f64>>,
+    /// `ln` of every axis value (computed once: lookups are on the hot path).
+    ln_axes: Vec<Vec<f64>>,
+    /// `ln` of every value (`-inf` where the value is ≤ 0).
+    ln_columns: Vec<Vec<f64>>,
+    /// Flat-index stride of each axis.
+    strides: Vec<usize>,
 }
+
+/// Most axes a grid may have (lookups keep their corners on the stack).
+pub const MAX_AXES: usize = 8;
 
 /// Where a query fell on one axis relative to the table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,11 +67,13 @@ impl Grid {
     /// A grid with these axes and columns (row-major, last axis fastest).
     ///
     /// # Panics
-    /// When an axis is empty, not strictly increasing or not > 0, or a column's
+    /// When there are more than [`MAX_AXES`] axes, an axis is empty, not strictly
+    /// increasing or not > 0, or a column's
     /// length is not the product of the axis lengths. Callers validate user input
     /// first (see `profile.rs`) and report errors there.
     pub fn new(axes: Vec<Vec<f64>>, columns: Vec<Vec<f64>>) -> Grid {
         let n: usize = axes.iter().map(Vec::len).product();
+        assert!(axes.len() <= MAX_AXES, "more than {MAX_AXES} axes");
         for a in &axes {
             assert!(!a.is_empty(), "empty axis");
             assert!(a.iter().all(|x| *x > 0.0 && x.is_finite()), "axis ≤ 0");
@@ -71,7 +82,29 @@ impl Grid {
         for c in &columns {
             assert_eq!(c.len(), n, "column length");
         }
-        Grid { axes, columns }
+        let ln_axes = axes
+            .iter()
+            .map(|a| a.iter().map(|x| x.ln()).collect())
+            .collect();
+        let ln_columns = columns
+            .iter()
+            .map(|c| {
+                c.iter()
+                    .map(|v| if *v > 0.0 { v.ln() } else { f64::NEG_INFINITY })
+                    .collect()
+            })
+            .collect();
+        let mut strides = vec![1usize; axes.len()];
+        for d in (0..axes.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * axes[d + 1].len();
+        }
+        Grid {
+            axes,
+            columns,
+            ln_axes,
+            ln_columns,
+            strides,
+        }
     }
 
     /// The axes.
@@ -89,93 +122,117 @@ impl Grid {
     /// as [`Side::Below`]).
     pub fn lookup(&self, point: &[f64]) -> Lookup {
         debug_assert_eq!(point.len(), self.axes.len());
-        // per axis: (lower index, weight of the upper index, side)
         let mut cells = Vec::with_capacity(self.axes.len());
         let mut sides = Vec::with_capacity(self.axes.len());
-        for (axis, &q) in self.axes.iter().zip(point) {
-            let (lo, w, side) = locate(axis, q);
+        for (d, &q) in point.iter().enumerate() {
+            let (lo, w, side) = self.locate(d, q);
             cells.push((lo, w));
             sides.push(side);
         }
-        // strides, last axis fastest
-        let mut strides = vec![1usize; self.axes.len()];
-        for d in (0..self.axes.len().saturating_sub(1)).rev() {
-            strides[d] = strides[d + 1] * self.axes[d + 1].len();
-        }
-        let corners = 1usize << self.axes.len();
-        let values = self
-            .columns
-            .iter()
-            .map(|col| {
-                let mut idx = Vec::with_capacity(corners);
-                for mask in 0..corners {
-                    let mut flat = 0usize;
-                    let mut weight = 1.0;
-                    for (d, &(lo, w)) in cells.iter().enumerate() {
-                        let upper = mask >> d & 1 == 1;
-                        let single = self.axes[d].len() == 1;
-                        if upper && single {
-                            weight = 0.0;
-                        }
-                        let i = if upper && !single { lo + 1 } else { lo };
-                        flat += i * strides[d];
-                        weight *= if upper { w } else { 1.0 - w };
-                    }
-                    if weight != 0.0 {
-                        idx.push((col[flat], weight));
-                    }
-                }
-                blend(&idx)
-            })
+        let values = (0..self.columns.len())
+            .map(|c| self.blend(c, &cells))
             .collect();
         Lookup { values, sides }
     }
-}
 
-/// Cell of `q` on `axis` in log space: (lower index, weight of upper, side).
-/// The weight may be < 0 or > 1 outside the table (extension of the edge cell);
-/// an axis of one value gives weight 0.
-fn locate(axis: &[f64], q: f64) -> (usize, f64, Side) {
-    let first = axis[0];
-    let last = axis[axis.len() - 1];
-    let side = if q.is_nan() {
-        Side::Inside
-    } else if q < first {
-        // also q <= 0
-        Side::Below
-    } else if q > last {
-        Side::Above
-    } else {
-        Side::Inside
-    };
-    if axis.len() == 1 {
-        return (0, 0.0, side);
-    }
-    let q = if q > 0.0 { q } else { first };
-    let lo = match axis.partition_point(|&a| a <= q) {
-        0 => 0,
-        i if i >= axis.len() => axis.len() - 2,
-        i => i - 1,
-    };
-    let (a, b) = (axis[lo].ln(), axis[lo + 1].ln());
-    (lo, (q.ln() - a) / (b - a), side)
-}
-
-/// Blend weighted corner values: geometric when all are > 0, else arithmetic
-/// clamped at 0.
-fn blend(corners: &[(f64, f64)]) -> f64 {
-    // at a grid point, the corner itself (bit-exact); outside the table weights
-    // can reach 1 with other corners still weighted, so all others must be 0
-    let mut weighted = corners.iter().filter(|(_, w)| *w != 0.0);
-    if let (Some(&(v, w)), None) = (weighted.next(), weighted.next()) {
-        if w == 1.0 {
-            return v;
+    /// Column `col` at `point` and whether any axis was outside the table: the
+    /// same value as [`Grid::lookup`], without allocating (the hot path of
+    /// measured-kernel pricing).
+    pub fn lookup_one(&self, col: usize, point: &[f64]) -> (f64, bool) {
+        debug_assert_eq!(point.len(), self.axes.len());
+        let mut cells = [(0usize, 0.0f64); MAX_AXES];
+        let mut outside = false;
+        for (d, &q) in point.iter().enumerate() {
+            let (lo, w, side) = self.locate(d, q);
+            cells[d] = (lo, w);
+            outside |= side != Side::Inside;
         }
+        (self.blend(col, &cells[..point.len()]), outside)
     }
-    if corners.iter().all(|(v, _)| *v > 0.0) {
-        corners.iter().map(|(v, w)| w * v.ln()).sum::<f64>().exp()
-    } else {
-        corners.iter().map(|(v, w)| w * v).sum::<f64>().max(0.0)
+
+    /// Cell of `q` on axis `d` in log space: (lower index, weight of upper, side).
+    /// The weight may be < 0 or > 1 outside the table (extension of the edge
+    /// cell); an axis of one value gives weight 0.
+    fn locate(&self, d: usize, q: f64) -> (usize, f64, Side) {
+        let axis = &self.axes[d];
+        let first = axis[0];
+        let last = axis[axis.len() - 1];
+        let side = if q.is_nan() {
+            Side::Inside
+        } else if q < first {
+            // also q <= 0
+            Side::Below
+        } else if q > last {
+            Side::Above
+        } else {
+            Side::Inside
+        };
+        if axis.len() == 1 {
+            return (0, 0.0, side);
+        }
+        let q = if q > 0.0 { q } else { first };
+        let lo = match axis.partition_point(|&a| a <= q) {
+            0 => 0,
+            i if i >= axis.len() => axis.len() - 2,
+            i => i - 1,
+        };
+        let (a, b) = (self.ln_axes[d][lo], self.ln_axes[d][lo + 1]);
+        (lo, (q.ln() - a) / (b - a), side)
+    }
+
+    /// Blend the `2^N` weighted corners of column `col` around `cells`:
+    /// geometric when every weighted corner is > 0, else arithmetic clamped at 0;
+    /// at a grid point, the corner itself (bit-exact).
+    fn blend(&self, col: usize, cells: &[(usize, f64)]) -> f64 {
+        let (values, lns) = (&self.columns[col], &self.ln_columns[col]);
+        let n = cells.len();
+        // per axis: flat offset and weight of the lower and the upper corner (an
+        // axis of one value has no upper corner: weight 0)
+        let mut off = [[0usize; 2]; MAX_AXES];
+        let mut wt = [[0.0f64; 2]; MAX_AXES];
+        for (d, &(lo, w)) in cells.iter().enumerate() {
+            let single = self.axes[d].len() == 1;
+            off[d] = [
+                lo * self.strides[d],
+                (lo + usize::from(!single)) * self.strides[d],
+            ];
+            wt[d] = [1.0 - w, if single { 0.0 } else { w }];
+        }
+        let mut weighted = 0usize;
+        let mut only = (0.0, 0.0);
+        let mut all_positive = true;
+        let (mut sum_ln, mut sum) = (0.0, 0.0);
+        for mask in 0..1usize << n {
+            let mut flat = 0usize;
+            let mut weight = 1.0;
+            for d in 0..n {
+                let b = mask >> d & 1;
+                flat += off[d][b];
+                weight *= wt[d][b];
+            }
+            if weight != 0.0 {
+                let v = values[flat];
+                weighted += 1;
+                only = (v, weight);
+                all_positive &= v > 0.0;
+                sum_ln += weight * lns[flat];
+                sum += weight * v;
+            }
+        }
+        Self::finish(weighted, only, all_positive, sum_ln, sum)
+    }
+
+    fn finish(weighted: usize, only: (f64, f64), all_positive: bool, sum_ln: f64, sum: f64) -> f64 {
+        // outside the table weights can reach 1 with other corners still
+        // weighted, so the corner is returned only when it is the sole one
+        if weighted == 1 && only.1 == 1.0 {
+            return only.0;
+        }
+        if all_positive {
+            sum_ln.exp()
+        } else {
+            sum.max(0.0)
+        }
     }
 }
 

@@ -40,7 +40,7 @@ use std::sync::Arc;
 use easerve_model::{AttnKind, ItemTokens, ModelArch, Op};
 
 use crate::aic::{look, KernelTables};
-use crate::preprocess::{FrameworkTerms, Preprocess};
+use crate::preprocess::EncodeTerms;
 use crate::roofline::{EncodeTime, MIN_SM_SHARE};
 use crate::{Efficiency, GpuSpec, StageCost};
 
@@ -64,18 +64,28 @@ pub struct Proxy {
     pub why: String,
 }
 
+/// Most memoised decode steps (about 48 bytes each); beyond it steps are priced
+/// afresh.
+const STEP_MEMO_MAX: usize = 1 << 20;
+
+/// A memo shared by the threads of a search (a `StageCost` is `Send + Sync`).
+type Memo<K, V> = std::sync::RwLock<std::collections::HashMap<K, V>>;
+
 /// Stage costs from measured kernels (see the module doc).
 pub struct KernelCost {
     model: ModelArch,
     gpu: GpuSpec,
     tables: Arc<KernelTables>,
     proxy: Option<Proxy>,
-    framework: FrameworkTerms,
-    preprocess: Preprocess,
-    host_scale: f64,
+    terms: EncodeTerms,
     eff: Efficiency,
     interference: f64,
     extrapolated: [AtomicU64; 3],
+    /// [`KernelCost::decode_fixed`] by `(tp, batch)`.
+    decode_memo: Memo<(u32, u64), (f64, f64, bool)>,
+    /// Priced decode steps (seconds without the per-step term, extrapolated) by
+    /// `(tp, batch, mean context)`; at most [`STEP_MEMO_MAX`] entries.
+    step_memo: Memo<(u32, u64, u64), (f64, bool)>,
 }
 
 /// Which stage a priced op belongs to (all-reduce backend, counters).
@@ -101,18 +111,15 @@ pub struct Priced {
 
 impl KernelCost {
     /// Price `model` on `gpu` from `tables` (or a `proxy`'s), with the serving
-    /// system's `framework` terms and the measured `preprocess` terms scaled by
-    /// `host_scale`; `eff` supplies the per-step framework terms of prefill and decode
+    /// system's encode `terms` (framework and measured preprocessing); `eff`
+    /// supplies the per-step framework terms of prefill and decode
     /// and the time-slicing penalty.
-    #[allow(clippy::too_many_arguments)]
     pub fn new(
         model: ModelArch,
         gpu: GpuSpec,
         tables: Arc<KernelTables>,
         proxy: Option<Proxy>,
-        framework: FrameworkTerms,
-        preprocess: Preprocess,
-        host_scale: f64,
+        terms: EncodeTerms,
         eff: Efficiency,
     ) -> KernelCost {
         let mut c = KernelCost {
@@ -120,12 +127,12 @@ impl KernelCost {
             gpu,
             tables,
             proxy,
-            framework,
-            preprocess,
-            host_scale,
+            terms,
             eff,
             interference: 0.0,
             extrapolated: Default::default(),
+            decode_memo: Default::default(),
+            step_memo: Default::default(),
         };
         c.interference = c.derive_interference();
         c
@@ -265,6 +272,47 @@ impl KernelCost {
         seconds
     }
 
+    /// Seconds of the context-independent ops of one decode step at `(batch,
+    /// tp)`: those before the attention (summed in order), the LM head after
+    /// it, and whether either left its table; computed once per key.
+    fn decode_fixed(&self, batch: u64, tp: u32) -> (f64, f64, bool) {
+        let key = (tp, batch);
+        if let Some(v) = self
+            .decode_memo
+            .read()
+            .ok()
+            .and_then(|m| m.get(&key).copied())
+        {
+            return v;
+        }
+        let ops = self.model.decode_ops(batch, 1, tp);
+        let (mut before, mut after, mut ext, mut seen) = (0.0, 0.0, false, false);
+        for op in &ops {
+            if matches!(
+                op,
+                Op::Attention {
+                    kind: AttnKind::Generation,
+                    ..
+                }
+            ) {
+                seen = true;
+                continue;
+            }
+            let (s, e) = self.price(op, 1.0, Phase::Decode);
+            ext |= e;
+            if seen {
+                after += s;
+            } else {
+                before += s;
+            }
+        }
+        let v = (before, after, ext);
+        if let Ok(mut m) = self.decode_memo.write() {
+            m.insert(key, v);
+        }
+        v
+    }
+
     /// Seconds of `ops` at `share` with their HBM demand (bytes, and the time in
     /// bandwidth-bound kernels); counts nothing.
     fn demand(&self, ops: &[Op], share: f64, phase: Phase) -> Priced {
@@ -315,12 +363,9 @@ impl KernelCost {
             .unwrap_or_default();
         vec![
             format!(
-                "encode: GPU phase from {k}{proxy}, SM share by output tiles/waves over {} SMs; framework: {}; preprocessing: {} (measured on {}, × {} host scale)",
+                "encode: GPU phase from {k}{proxy}, SM share by output tiles/waves over {} SMs; {}",
                 self.gpu.sms,
-                self.framework.source,
-                self.framework.preprocess.as_str(),
-                self.preprocess.host,
-                self.host_scale
+                self.terms.note()
             ),
             format!(
                 "prefill: measured kernels ({}){proxy} + {} s per batch (assumption, calib/src/eff.rs)",
@@ -344,16 +389,9 @@ impl StageCost for KernelCost {
             return EncodeTime::default();
         }
         let t_gpu = self.price_all(&self.model.encode_ops(items), sm_share, Phase::Encode);
-        let t_pre = items
-            .iter()
-            .map(|i| {
-                self.preprocess
-                    .item_seconds(&self.model, i, self.host_scale)
-            })
-            .sum();
         EncodeTime {
-            t_pass: self.framework.per_pass_s + self.framework.per_request_s * items.len() as f64,
-            t_pre,
+            t_pass: self.terms.pass_s(items.len()),
+            t_pre: self.terms.pre_s(&self.model, items),
             t_gpu,
         }
     }
@@ -367,11 +405,38 @@ impl StageCost for KernelCost {
     }
 
     fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
-        let ops = self.model.decode_ops(batch, total_context_tokens, tp);
-        if ops.is_empty() {
+        if batch == 0 {
             return 0.0;
         }
-        self.price_all(&ops, 1.0, Phase::Decode) + self.eff.decode_step_s
+        // the same sum, in the same order, as pricing `decode_ops` op by op; the
+        // ops around the attention depend only on (tp, batch) and are memoised
+        // the step depends on the context only through the mean context per
+        // sequence, so whole steps are memoised by (tp, batch, mean context)
+        let attn = self.model.decode_attention(batch, total_context_tokens, tp);
+        let Op::Attention { seq, .. } = attn else {
+            unreachable!("decode_attention is an attention op")
+        };
+        let key = (tp, batch, seq);
+        let hit = self
+            .step_memo
+            .read()
+            .ok()
+            .and_then(|m| m.get(&key).copied());
+        let (t, ext) = hit.unwrap_or_else(|| {
+            let fixed = self.decode_fixed(batch, tp);
+            let (a, ext) = self.price(&attn, 1.0, Phase::Decode);
+            let v = (fixed.0 + a + fixed.1, ext || fixed.2);
+            if let Ok(mut m) = self.step_memo.write() {
+                if m.len() < STEP_MEMO_MAX {
+                    m.insert(key, v);
+                }
+            }
+            v
+        });
+        if ext {
+            self.extrapolated[Phase::Decode as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        t + self.eff.decode_step_s
     }
 
     fn transfer(&self, bytes: f64) -> f64 {
@@ -479,16 +544,13 @@ impl KernelCost {
         }
         let tables = load_cached(dir, sys, dtype)?;
         let eff = Efficiency::default();
-        let framework = FrameworkTerms::for_system(system, eff.encode_pass_s);
-        let pre = crate::preprocess::measured(model, framework.preprocess).unwrap_or_default();
+        let terms = EncodeTerms::for_system(model, system, eff.encode_pass_s, host_scale);
         Ok(Some(KernelCost::new(
             model.clone(),
             gpu.clone(),
             tables,
             proxy,
-            framework,
-            pre,
-            host_scale,
+            terms,
             eff,
         )))
     }

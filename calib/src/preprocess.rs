@@ -244,25 +244,79 @@ impl FrameworkTerms {
                 per_request_s: 0.0,
                 preprocess: Implementation::Python,
                 source: format!(
-                    "passthrough (Dynamo-like): {paper_pass_s} s per pass, calibrated from the EAServe paper's pass-through saturation point (≈1 req/s with the GPU < 10 % busy, §2.2, Fig. 11), not measured; HF transformers preprocessing"
+                    "passthrough (Dynamo-like): {paper_pass_s} s per pass, calibrated from the EAServe paper's pass-through saturation point (≈1 req/s with the GPU < 10 % busy, §2.2, Fig. 11), not measured"
                 ),
             },
             "aggregated" => FrameworkTerms {
                 per_pass_s: 0.0,
                 per_request_s: 0.0,
                 preprocess: Implementation::Python,
-                source: "aggregated (vLLM-like): the encoder runs inside the engine step, so its fixed cost is the step's own `prefill_batch_s`; no per-pass term; HF transformers preprocessing in the API server".into(),
+                source: "aggregated (vLLM-like): the encoder runs inside the engine step, so its fixed cost is the step's own `prefill_batch_s`; no per-pass term; preprocessing in the API server".into(),
             },
             _ => FrameworkTerms {
                 per_pass_s: EASERVE_PASS_S,
                 per_request_s: 0.0,
                 preprocess: Implementation::Rust,
                 source: format!(
-                    "easerve executor: {:.1} µs per pass (two loopback messages, measured by `easerve profile` on the build machine); Rust preprocessing",
+                    "easerve executor: {:.1} µs per pass (two loopback messages, measured by `easerve profile` on the build machine)",
                     EASERVE_PASS_S * 1e6
                 ),
             },
         }
+    }
+}
+
+/// The CPU-side terms of one encode pass as a serving system runs it: its
+/// [`FrameworkTerms`] and the measured [`Preprocess`] of the implementation it
+/// runs, scaled to the deployment's host. Shared by every cost source
+/// ([`crate::KernelCost`], and [`crate::Roofline`] when it is given them).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EncodeTerms {
+    /// Fixed per-pass and per-request seconds of the serving system.
+    pub framework: FrameworkTerms,
+    /// Measured preprocessing of the implementation the system runs.
+    pub preprocess: Preprocess,
+    /// Multiplier on the measured preprocessing (`cluster.host_cpu_scale`: the
+    /// deployment host's CPU time per item over the build machine's).
+    pub host_scale: f64,
+}
+
+impl EncodeTerms {
+    /// The terms of `system` (`easerve`, `passthrough`, `aggregated`) for `model`:
+    /// [`FrameworkTerms::for_system`] with `paper_pass_s` as the pass-through value,
+    /// and [`measured`] preprocessing (zero for a model without an encoder family).
+    pub fn for_system(model: &ModelArch, system: &str, paper_pass_s: f64, host_scale: f64) -> Self {
+        let framework = FrameworkTerms::for_system(system, paper_pass_s);
+        let preprocess = measured(model, framework.preprocess).unwrap_or_default();
+        EncodeTerms {
+            framework,
+            preprocess,
+            host_scale,
+        }
+    }
+
+    /// Fixed seconds of a pass over `n_items` items: per pass + per request × items.
+    pub fn pass_s(&self, n_items: usize) -> f64 {
+        self.framework.per_pass_s + self.framework.per_request_s * n_items as f64
+    }
+
+    /// CPU seconds to preprocess `items` of `model` ([`Preprocess::item_seconds`]).
+    pub fn pre_s(&self, model: &ModelArch, items: &[ItemTokens]) -> f64 {
+        items
+            .iter()
+            .map(|i| self.preprocess.item_seconds(model, i, self.host_scale))
+            .sum()
+    }
+
+    /// One line naming both sources, for a cost model's notes.
+    pub fn note(&self) -> String {
+        format!(
+            "framework: {}; preprocessing: {} (measured on {}, × {} host scale)",
+            self.framework.source,
+            self.framework.preprocess.as_str(),
+            self.preprocess.host,
+            self.host_scale
+        )
     }
 }
 

@@ -163,6 +163,15 @@ const WORK_AXES: &[&str] = &[
     "bytes",
 ];
 
+/// Whether latency of `stage` must not fall along `axis`. A decode step's
+/// `context_tokens` is the batch's *total* context, so at a fixed total more
+/// sequences means shorter ones, and the step may get faster (measured kernels
+/// show it: one long sequence gives flash-decoding fewer blocks than two half as
+/// long); decode is monotone in its context only.
+fn is_work_axis(stage: Stage, axis: &str) -> bool {
+    WORK_AXES.contains(&axis) && !(stage == Stage::Decode && axis == "batch")
+}
+
 /// Where a profile's figures came from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Provenance {
@@ -619,9 +628,16 @@ impl Profile {
             libraries: vec![format!("easerve-calib {}", env!("CARGO_PKG_VERSION"))],
             date: date.into(),
             method: format!(
-                "roofline max(flops/(peak*gemm_eff*usable), bytes/(bw*mem_eff)) + per-layer overhead + TP ring all-reduce; gemm_eff {} (fitted A100 curve of tokens and TP: {}), mem_eff {}, layer_overhead_s {}, encode_pass_s {}, preprocess_item_s {}, preprocess_per_token_s {}, prefill_batch_s {}, decode_step_s {}, tokens_to_fill_gpu {}",
-                e.gemm_eff, e.gemm_eff_from_fit, e.mem_eff, e.layer_overhead_s, e.encode_pass_s, e.preprocess_item_s,
-                e.preprocess_per_token_s, e.prefill_batch_s, e.decode_step_s, e.tokens_to_fill_gpu
+                "roofline max(flops/(peak*gemm_eff*usable), bytes/(bw*mem_eff)) + per-layer overhead + TP ring all-reduce; gemm_eff {} (fitted A100 curve of tokens and TP: {}), mem_eff {}, layer_overhead_s {}, {}, prefill_batch_s {}, decode_step_s {}, tokens_to_fill_gpu {}",
+                e.gemm_eff, e.gemm_eff_from_fit, e.mem_eff, e.layer_overhead_s,
+                match &r.terms {
+                    Some(t) => format!("encode {}", t.note()),
+                    None => format!(
+                        "encode_pass_s {}, preprocess_item_s {}, preprocess_per_token_s {}",
+                        e.encode_pass_s, e.preprocess_item_s, e.preprocess_per_token_s
+                    ),
+                },
+                e.prefill_batch_s, e.decode_step_s, e.tokens_to_fill_gpu
             ),
             repetitions: 0,
         };
@@ -1595,7 +1611,7 @@ impl Parser<'_> {
             strides[d] = strides[d + 1] * uniq[d + 1].len();
         }
         for (d, a) in axes.iter().enumerate() {
-            if !WORK_AXES.contains(a) {
+            if !is_work_axis(stage, a) {
                 continue;
             }
             for (i, r) in rows.iter().enumerate() {
@@ -1639,7 +1655,7 @@ pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) {
     // Lexicographic order visits every lower point along each axis first.
     for _ in 0..na {
         for a in 0..na {
-            if !WORK_AXES.contains(&axes[a]) {
+            if !is_work_axis(stage, axes[a]) {
                 continue;
             }
             for (pos, &i) in order.iter().enumerate() {

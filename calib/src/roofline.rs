@@ -47,6 +47,10 @@ pub struct Roofline {
     pub gpu: GpuSpec,
     /// Efficiencies and fixed overheads.
     pub eff: Efficiency,
+    /// The serving system's encode terms (framework and measured preprocessing);
+    /// `None` prices them from [`Efficiency::encode_pass_s`],
+    /// [`Efficiency::preprocess_item_s`] and [`Efficiency::preprocess_per_token_s`].
+    pub terms: Option<crate::preprocess::EncodeTerms>,
 }
 
 fn clamp_share(sm_share: f64) -> f64 {
@@ -60,7 +64,19 @@ fn clamp_share(sm_share: f64) -> f64 {
 impl Roofline {
     /// Bundle a model, a GPU and efficiencies.
     pub fn new(model: ModelArch, gpu: GpuSpec, eff: Efficiency) -> Self {
-        Roofline { model, gpu, eff }
+        Roofline {
+            model,
+            gpu,
+            eff,
+            terms: None,
+        }
+    }
+
+    /// The same roofline with a serving system's measured encode terms in place
+    /// of the efficiency scalars.
+    pub fn with_terms(mut self, terms: crate::preprocess::EncodeTerms) -> Self {
+        self.terms = Some(terms);
+        self
     }
 
     /// Compute efficiency of GEMMs at TP `tp`: the asymptote `e_max` of the curve
@@ -100,7 +116,9 @@ impl Roofline {
     ///
     /// with `usable = min(sm_share, fill)` and `fill = min(1, Σ encoder_tokens / tokens_to_fill_gpu)`: below the knee a pass
     /// cannot use every SM, so extra share does not help; above it latency scales with
-    /// 1/share. `t_pre = Σ (preprocess_item_s + encoder_tokens * preprocess_per_token_s)`.
+    /// 1/share. `t_pass` and `t_pre` come from [`Roofline::terms`] when set, else
+    /// `t_pass = encode_pass_s` and
+    /// `t_pre = Σ (preprocess_item_s + encoder_tokens * preprocess_per_token_s)`.
     /// An empty batch or a model without encoder costs nothing.
     pub fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
         let Some(enc) = self.model.encoder.as_ref() else {
@@ -115,15 +133,21 @@ impl Roofline {
         let work = self.model.encode_work(items);
         let t_gpu = self.roofline_time(work, usable, self.gemm_eff(tokens as f64, 1))
             + f64::from(enc.layers) * self.eff.layer_overhead_s;
-        let t_pre = items
-            .iter()
-            .map(|i| {
-                self.eff.preprocess_item_s
-                    + i.encoder_tokens as f64 * self.eff.preprocess_per_token_s
-            })
-            .sum();
+        let (t_pass, t_pre) = match &self.terms {
+            Some(t) => (t.pass_s(items.len()), t.pre_s(&self.model, items)),
+            None => (
+                self.eff.encode_pass_s,
+                items
+                    .iter()
+                    .map(|i| {
+                        self.eff.preprocess_item_s
+                            + i.encoder_tokens as f64 * self.eff.preprocess_per_token_s
+                    })
+                    .sum(),
+            ),
+        };
         EncodeTime {
-            t_pass: self.eff.encode_pass_s,
+            t_pass,
             t_pre,
             t_gpu,
         }
@@ -247,10 +271,17 @@ impl crate::StageCost for Roofline {
             "GEMM efficiency assumed"
         };
         let g = format!("{} on {}", self.model.name, self.gpu.name);
+        let cpu = match &self.terms {
+            Some(t) => t.note(),
+            None => format!(
+                "framework {} s per pass, calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction; preprocessing {} s per item + {} s per token (assumptions, calib/src/eff.rs)",
+                e.encode_pass_s, e.preprocess_item_s, e.preprocess_per_token_s
+            ),
+        };
         vec![
             format!(
-                "encode: roofline of {g} ({gemm}; SM-share knee at {} tokens, assumed); framework {} s per pass, calibrated from the EAServe paper's pass-through saturation (a 2-worker encode stage saturating near 1 req/s, §2.2, §4.2), an input rather than a prediction; preprocessing {} s per item + {} s per token (assumptions, calib/src/eff.rs)",
-                e.tokens_to_fill_gpu, e.encode_pass_s, e.preprocess_item_s, e.preprocess_per_token_s
+                "encode: roofline of {g} ({gemm}; SM-share knee at {} tokens, assumed); {cpu}",
+                e.tokens_to_fill_gpu
             ),
             format!(
                 "prefill: roofline of {g} ({gemm}, memory efficiency {} assumed) + {} s per batch (assumption)",

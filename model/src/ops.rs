@@ -371,18 +371,26 @@ impl ModelArch {
         }
         let mut ops = Vec::with_capacity(8);
         self.llm_layer_ops(batch, tp, &mut ops);
+        ops.push(self.decode_attention(batch, total_context_tokens, tp));
+        ops.push(self.lm_head(batch, tp));
+        ops
+    }
+
+    /// The one op of [`ModelArch::decode_ops`] that depends on the context:
+    /// generation attention of `batch` sequences at their mean context
+    /// `⌈total_context_tokens / batch⌉`, every layer. The ops before it in the
+    /// list depend only on `(batch, tp)`, the last (the LM head) too.
+    pub fn decode_attention(&self, batch: u64, total_context_tokens: u64, tp: u32) -> Op {
         let (qh, kvh) = self.heads_per_rank(tp);
-        ops.push(Op::Attention {
+        Op::Attention {
             kind: AttnKind::Generation,
             batch,
-            seq: total_context_tokens.div_ceil(batch).max(1),
+            seq: total_context_tokens.div_ceil(batch.max(1)).max(1),
             heads: qh,
             kv_heads: kvh,
             head_dim: self.llm.head_dim,
             count: self.llm.layers,
-        });
-        ops.push(self.lm_head(batch, tp));
-        ops
+        }
     }
 
     fn lm_head(&self, rows: u64, tp: u32) -> Op {

@@ -185,19 +185,20 @@ struct Sim<'a> {
     in_system: usize,
 }
 
-/// Run the scenario's workload through its deployment and report, with stage
-/// costs from the roofline of the scenario's model and GPU.
+/// Run the scenario's workload through its deployment and report, with the
+/// stage costs the scenario names ([`scenario_cost`]).
 pub fn simulate(sc: &Scenario) -> SimOutput {
     simulate_with(sc, scenario_cost(sc), &SimOptions::default())
 }
 
-/// The cost source a scenario names: its `profile`, or the roofline of its
-/// model and GPU.
+/// The cost source a scenario names ([`Scenario::cost`]): its `profile`, else
+/// measured kernels, else the roofline of its model and GPU.
 pub fn scenario_cost(sc: &Scenario) -> Box<dyn StageCost> {
     sc.cost()
 }
 
-/// Run the scenario with stage costs from `cost` (a roofline or a profile).
+/// Run the scenario with stage costs from `cost` (measured kernels, a roofline
+/// or a profile).
 pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) -> SimOutput {
     if sc.system == System::Aggregated {
         return crate::aggregated::run(sc, cost, opts);

@@ -80,9 +80,9 @@ pub struct ClusterSection {
     /// Link preset (default: the GPU's own).
     pub link: Option<String>,
     /// Cost source when no profile is given: `"auto"` (default: measured kernels
-    /// where the GPU preset has aiconfigurator tables, else the roofline),
-    /// `"roofline"`, or `"l40s-proxy"` (an RTX 6000 Ada priced from the L40S's
-    /// tables).
+    /// where the GPU preset has aiconfigurator tables or a proxy — the RTX 6000
+    /// Ada is priced from the L40S's — else the roofline), `"roofline"`, or
+    /// `"l40s-proxy"` (only for the RTX 6000 Ada: the same as `auto` there).
     pub kernels: Option<String>,
     /// Seconds of preprocessing on this deployment's host per second on the machine
     /// that measured it (`calib/preprocess/`); default 1.
@@ -97,6 +97,12 @@ pub struct DeploymentSection {
     pub allocation: String,
     /// Serving system: `easerve` (default), `passthrough` or `aggregated`.
     pub system: Option<String>,
+    /// Serving framework whose fixed encode costs (per pass, per request) and
+    /// preprocessing implementation are charged: `easerve`, `passthrough` or
+    /// `aggregated` (default: the system's own). Runs one system's scheduling on
+    /// another's framework, e.g. micro-batching added to a pass-through framework
+    /// (the EAServe paper's Table 1).
+    pub framework: Option<String>,
     /// Encode micro-batch bound B (≥ 1).
     pub batch: i64,
     /// Offload ratio s ∈ [0, 1].
@@ -567,23 +573,24 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
 
 impl Scenario {
     /// The stage costs the scenario names: its `profile`; else measured kernels
-    /// when its GPU is a preset with aiconfigurator tables and the data is found
+    /// when its GPU is a preset with aiconfigurator tables, or the RTX 6000 Ada
+    /// (priced from the L40S's tables, same AD102 die), and the data is found
     /// ([`easerve_calib::aic::find_data_dir`]; `cluster.kernels = "roofline"` opts
-    /// out, `"l40s-proxy"` prices an RTX 6000 Ada from the L40S's tables); else the
-    /// roofline of its model and GPU. Kernel costs carry the serving system's own
-    /// framework and preprocessing terms ([`easerve_calib::preprocess`]). When the
-    /// tables cannot be read the roofline is used and its notes say why.
+    /// out); else the roofline of its model and GPU. Either carries the serving
+    /// system's own framework and measured preprocessing terms
+    /// ([`easerve_calib::preprocess::EncodeTerms`]). When the tables cannot be
+    /// read, or the GPU has tables but the data is absent, the roofline is used
+    /// and its notes say why.
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
         use easerve_calib::{Efficiency, Roofline};
         if let Some(p) = &self.profile {
             return Box::new(p.clone());
         }
         let roofline = || {
-            Box::new(Roofline::new(
-                self.model.clone(),
-                self.gpu.clone(),
-                Efficiency::default(),
-            ))
+            Box::new(
+                Roofline::new(self.model.clone(), self.gpu.clone(), Efficiency::default())
+                    .with_terms(self.encode_terms()),
+            )
         };
         match self.kernel_cost() {
             Some(Ok(k)) => Box::new(k),
@@ -591,8 +598,43 @@ impl Scenario {
                 roofline(),
                 format!("measured kernels unusable, roofline used instead: {e}"),
             )),
+            None if self.raw.cluster.kernels.as_deref() != Some("roofline")
+                && self.raw.cluster.gpu.is_some()
+                && easerve_calib::kernel_cost::kernel_source_for(&self.gpu.name).is_some()
+                && easerve_calib::aic::find_data_dir().is_none() =>
+            {
+                Box::new(WithNote(
+                    roofline(),
+                    format!(
+                        "{} has measured kernel tables, but no aiconfigurator data was found ($EASERVE_AICONFIGURATOR_DIR, ../shared/data/aiconfigurator): roofline used instead",
+                        self.gpu.name
+                    ),
+                ))
+            }
             None => roofline(),
         }
+    }
+
+    /// The serving system's encode terms on this deployment's host: framework
+    /// terms and measured preprocessing ([`easerve_calib::preprocess::EncodeTerms`]),
+    /// preprocessing scaled by `cluster.host_cpu_scale`.
+    pub fn encode_terms(&self) -> easerve_calib::preprocess::EncodeTerms {
+        easerve_calib::preprocess::EncodeTerms::for_system(
+            &self.model,
+            self.framework(),
+            easerve_calib::Efficiency::default().encode_pass_s,
+            self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
+        )
+    }
+
+    /// The serving framework whose encode terms apply: `deployment.framework`, or
+    /// the system's own.
+    pub fn framework(&self) -> &str {
+        self.raw
+            .deployment
+            .framework
+            .as_deref()
+            .unwrap_or(self.system.name())
     }
 
     /// The measured-kernel cost of this scenario, if its GPU and `cluster.kernels`
@@ -610,10 +652,10 @@ impl Scenario {
             &dir,
             &self.model,
             &self.gpu,
-            self.system.name(),
+            self.framework(),
             "bfloat16",
             self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
-            mode == "l40s-proxy",
+            true,
         )
         .transpose()
     }
@@ -756,6 +798,14 @@ impl Scenario {
             .unwrap_or("easerve")
             .parse()
             .map_err(|e: String| v.err("deployment.system", e))?;
+        if let Some(f) = &raw.deployment.framework {
+            if !["easerve", "passthrough", "aggregated"].contains(&f.as_str()) {
+                return Err(v.err(
+                    "deployment.framework",
+                    format!("unknown framework `{f}`; allowed: easerve, passthrough, aggregated"),
+                ));
+            }
+        }
         if system == System::Passthrough {
             // the same allocation, run as a pass-through EPD framework runs it
             raw.deployment.batch = 1;
