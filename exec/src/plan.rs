@@ -13,21 +13,10 @@ use easerve_workload::Scenario;
 pub fn build_controller(sc: &Scenario, cost: &dyn StageCost) -> (Controller, Vec<Vec<ItemTokens>>) {
     let (requests, tokens) = generate_with_tokens(sc);
     let dep = &sc.deployment;
-    let alloc = dep.allocation;
     let (batchers, split) = sc.encode_policies(&requests, &tokens, cost);
-    let local_prefill = match sc.knobs.local_prefill_tp {
-        Some(tp) => {
-            let tp = tp as usize;
-            (0..alloc.encode.workers as usize / tp)
-                .map(|g| (g * tp..(g + 1) * tp).collect())
-                .collect()
-        }
-        None => Vec::new(),
-    };
     let cfg = ControllerConfig {
         batchers,
-        remote_prefill: alloc.prefill.workers as usize,
-        local_prefill,
+        topology: sc.topology(),
         decode: sc.decode_schedulers(),
         prefill_token_budget: sc.knobs.prefill_token_budget,
         prefill_max_seqs: sc.knobs.prefill_max_seqs,

@@ -106,6 +106,8 @@ struct Worker {
     role: Role,
     index: usize,
     gpu: usize,
+    /// A local prefill worker, sharing an encode worker's device.
+    local: bool,
     tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
     pid: Option<u32>,
@@ -151,76 +153,32 @@ async fn run(
     let (mut ctrl, _tokens) = build_controller(sc, cost);
     let alloc = sc.deployment.allocation;
     // workers and their first device, in the simulator's GPU order
-    let mut workers: Vec<Worker> = Vec::new();
-    let mut next_gpu = 0usize;
-    let add = |workers: &mut Vec<Worker>, wref: WorkerRef, role, index, gpu, label| {
-        workers.push(Worker {
-            wref,
-            label,
-            role,
-            index,
-            gpu,
-            tx: None,
-            child: None,
-            pid: None,
-            alive: true,
-            busy_s: 0.0,
-            sm_s: 0.0,
-            share: 1.0,
+    let mut workers: Vec<Worker> = ctrl
+        .topology()
+        .workers()
+        .map(|t| {
+            let (role, index) = match t.wref {
+                WorkerRef::Encode(i) => (Role::Encode, i),
+                WorkerRef::Prefill(p) => (Role::Prefill, p),
+                WorkerRef::Decode(d) => (Role::Decode, d),
+            };
+            Worker {
+                wref: t.wref,
+                label: t.label.clone(),
+                role,
+                index,
+                gpu: t.gpu() as usize,
+                local: t.local,
+                tx: None,
+                child: None,
+                pid: None,
+                alive: true,
+                busy_s: 0.0,
+                sm_s: 0.0,
+                share: 1.0,
+            }
         })
-    };
-    for i in 0..alloc.encode.workers as usize {
-        let label = ctrl.label(WorkerRef::Encode(i));
-        add(
-            &mut workers,
-            WorkerRef::Encode(i),
-            Role::Encode,
-            i,
-            next_gpu,
-            label,
-        );
-        next_gpu += alloc.encode.tp as usize;
-    }
-    for p in 0..alloc.prefill.workers as usize {
-        let label = ctrl.label(WorkerRef::Prefill(p));
-        add(
-            &mut workers,
-            WorkerRef::Prefill(p),
-            Role::Prefill,
-            p,
-            next_gpu,
-            label,
-        );
-        next_gpu += alloc.prefill.tp as usize;
-    }
-    if let Some(tp) = sc.knobs.local_prefill_tp {
-        let remote = alloc.prefill.workers as usize;
-        for g in 0..alloc.encode.workers as usize / tp as usize {
-            let p = remote + g;
-            let label = ctrl.label(WorkerRef::Prefill(p));
-            let gpu = g * tp as usize * alloc.encode.tp as usize;
-            add(
-                &mut workers,
-                WorkerRef::Prefill(p),
-                Role::Prefill,
-                p,
-                gpu,
-                label,
-            );
-        }
-    }
-    for d in 0..alloc.decode.workers as usize {
-        let label = ctrl.label(WorkerRef::Decode(d));
-        add(
-            &mut workers,
-            WorkerRef::Decode(d),
-            Role::Decode,
-            d,
-            next_gpu,
-            label,
-        );
-        next_gpu += alloc.decode.tp as usize;
-    }
+        .collect();
     let by_ref: HashMap<WorkerRef, usize> = workers
         .iter()
         .enumerate()
@@ -229,14 +187,12 @@ async fn run(
     let cores = cpu_cores();
     let others = workers
         .iter()
-        .filter(|w| {
-            w.role == Role::Decode || (w.role == Role::Prefill && !w.label.starts_with('L'))
-        })
+        .filter(|w| w.role == Role::Decode || (w.role == Role::Prefill && !w.local))
         .count();
     let threads_of = |w: &Worker| -> usize {
         match opts.threads {
             Some(t) => t,
-            None if w.role == Role::Encode || w.label.starts_with('L') => cores,
+            None if w.role == Role::Encode || w.local => cores,
             None => (cores / others.max(1)).max(1),
         }
     };
@@ -798,57 +754,26 @@ fn build_report(
         .max(run_s.min(1e9))
         .max(1e-12);
     // one row per device of the allocation, as the simulator lays them out
-    let alloc = sc.deployment.allocation;
-    let mut gpus = Vec::new();
-    let mut row = |stage: &str, label: String, busy: f64, sm: f64| {
-        gpus.push(GpuReport {
-            gpu: gpus.len() as u32,
-            stage: stage.into(),
-            worker: label,
-            busy_fraction: (busy / duration).min(1.0),
-            sm_utilization: (sm / duration).min(1.0),
+    let topology = ctrl.topology();
+    let gpus: Vec<GpuReport> = (0..topology.gpus())
+        .filter_map(|g| {
+            let (stage, label) = topology.gpu_owner(g)?;
+            let on: Vec<&Worker> = topology
+                .on_gpu(g)
+                .iter()
+                .filter_map(|r| workers.iter().find(|w| w.wref == *r))
+                .collect();
+            let busy: f64 = on.iter().map(|w| w.busy_s).sum();
+            let sm: f64 = on.iter().map(|w| w.sm_s).sum();
+            Some(GpuReport {
+                gpu: g,
+                stage: stage.into(),
+                worker: label,
+                busy_fraction: (busy / duration).min(1.0),
+                sm_utilization: (sm / duration).min(1.0),
+            })
         })
-    };
-    let find = |wref| workers.iter().find(|w| w.wref == wref);
-    for i in 0..alloc.encode.workers as usize {
-        let e = find(WorkerRef::Encode(i));
-        let local = workers.iter().find(|w| {
-            matches!(w.wref, WorkerRef::Prefill(_))
-                && w.label.starts_with('L')
-                && w.gpu == e.map_or(usize::MAX, |e| e.gpu)
-        });
-        let label = match local {
-            Some(l) => format!("{}+{}", e.map_or("E?".into(), |e| e.label.clone()), l.label),
-            None => e.map_or("E?".into(), |e| e.label.clone()),
-        };
-        let busy = e.map_or(0.0, |e| e.busy_s) + local.map_or(0.0, |l| l.busy_s);
-        let sm = e.map_or(0.0, |e| e.sm_s) + local.map_or(0.0, |l| l.sm_s);
-        for _ in 0..alloc.encode.tp {
-            row("encode", label.clone(), busy, sm);
-        }
-    }
-    for p in 0..alloc.prefill.workers as usize {
-        let w = find(WorkerRef::Prefill(p));
-        for _ in 0..alloc.prefill.tp {
-            row(
-                "prefill",
-                ctrl.label(WorkerRef::Prefill(p)),
-                w.map_or(0.0, |w| w.busy_s),
-                w.map_or(0.0, |w| w.sm_s),
-            );
-        }
-    }
-    for d in 0..alloc.decode.workers as usize {
-        let w = find(WorkerRef::Decode(d));
-        for _ in 0..alloc.decode.tp {
-            row(
-                "decode",
-                ctrl.label(WorkerRef::Decode(d)),
-                w.map_or(0.0, |w| w.busy_s),
-                w.map_or(0.0, |w| w.sm_s),
-            );
-        }
-    }
+        .collect();
     let c = ctrl.counters();
     let encode = EncodeSummary {
         passes: c.passes,

@@ -15,7 +15,7 @@
 
 use crate::{
     Batcher, DecodeScheduler, DecodeSeq, LeastOutstanding, PrefillItem, PrefillQueue, Request,
-    RequestId, RequestRecord, Route, Router, RouterPolicy, SmSplit,
+    RequestId, RequestRecord, Route, Router, RouterPolicy, SmSplit, Topology,
 };
 use serde::{Deserialize, Serialize};
 
@@ -173,10 +173,8 @@ pub enum Command {
 pub struct ControllerConfig {
     /// One batcher per encode worker.
     pub batchers: Vec<Batcher>,
-    /// Remote prefill workers.
-    pub remote_prefill: usize,
-    /// Local prefill workers: the encode workers each one shares GPUs with.
-    pub local_prefill: Vec<Vec<usize>>,
+    /// The workers and where they run (remote prefill, local prefill groups).
+    pub topology: Topology,
     /// One decode scheduler per decode worker.
     pub decode: Vec<DecodeScheduler>,
     /// Prefill token budget per batch.
@@ -253,7 +251,7 @@ pub struct Controller {
     router: Router,
     split: SmSplit,
     prefill: Vec<PrefillSlot>,
-    remote_count: usize,
+    topology: Topology,
     remote_place: LeastOutstanding,
     decode: Vec<DecodeSlot>,
     decode_place: LeastOutstanding,
@@ -282,26 +280,20 @@ impl Controller {
             })
             .collect();
         let queue = || PrefillQueue::new(cfg.prefill_token_budget, cfg.prefill_max_seqs);
-        let mut prefill: Vec<PrefillSlot> = (0..cfg.remote_prefill)
-            .map(|_| PrefillSlot {
+        let prefill: Vec<PrefillSlot> = cfg
+            .topology
+            .prefill()
+            .iter()
+            .map(|w| PrefillSlot {
                 queue: queue(),
                 batch: None,
-                encode_workers: vec![],
-                local: false,
+                encode_workers: w.encode_workers.clone(),
+                local: w.local,
                 alive: true,
             })
             .collect();
-        for members in cfg.local_prefill {
-            for &m in &members {
-                encode[m].local = Some(prefill.len());
-            }
-            prefill.push(PrefillSlot {
-                queue: queue(),
-                batch: None,
-                encode_workers: members,
-                local: true,
-                alive: true,
-            });
+        for (slot, w) in encode.iter_mut().zip(cfg.topology.encode()) {
+            slot.local = w.local_prefill;
         }
         let decode: Vec<DecodeSlot> = cfg
             .decode
@@ -317,11 +309,11 @@ impl Controller {
             records,
             requests,
             encode_place: LeastOutstanding::new(encode.len()),
-            remote_place: LeastOutstanding::new(cfg.remote_prefill),
+            remote_place: LeastOutstanding::new(cfg.topology.remote_prefill()),
             decode_place: LeastOutstanding::new(decode.len()),
             router: Router::new(&cfg.router.0, cfg.router.1),
             split: cfg.split,
-            remote_count: cfg.remote_prefill,
+            topology: cfg.topology,
             encode,
             prefill,
             decode,
@@ -371,15 +363,13 @@ impl Controller {
     }
 
     /// Worker label as the report writes it: `E0`, `P0`, `L0`, `D0`.
-    pub fn label(&self, w: WorkerRef) -> String {
-        match w {
-            WorkerRef::Encode(i) => format!("E{i}"),
-            WorkerRef::Prefill(i) if i >= self.remote_count => {
-                format!("L{}", i - self.remote_count)
-            }
-            WorkerRef::Prefill(i) => format!("P{i}"),
-            WorkerRef::Decode(i) => format!("D{i}"),
-        }
+    pub fn label(&self, w: WorkerRef) -> &str {
+        self.topology.label(w)
+    }
+
+    /// The workers and where they run.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     /// Whether prefill worker `p` is co-located on an encode GPU.
@@ -619,8 +609,11 @@ impl Controller {
             }
             self.place[i] = Place::Prefill(p);
             if !self.prefill[p].alive {
-                let label = self.label(WorkerRef::Prefill(p));
-                self.fail(id, &format!("prefill worker {label} is down"));
+                let why = format!(
+                    "prefill worker {} is down",
+                    self.label(WorkerRef::Prefill(p))
+                );
+                self.fail(id, &why);
                 continue;
             }
             self.records[i].prefill_ready = Some(now);

@@ -22,6 +22,8 @@
 //! * [`SmSplit`] — how an encode GPU's SMs are shared with a co-located prefill worker.
 //! * [`PrefillQueue`] — prefill batching under a token budget.
 //! * [`DecodeScheduler`] / [`KvBlocks`] — continuous batching with paged KV-block accounting.
+//! * [`Topology`] — where each worker runs: GPUs, labels, local-prefill groups,
+//!   built once from the allocation for the controller, both drivers and the report.
 //! * [`Controller`] — the orchestration of one run as a state machine: events in,
 //!   [`Command`]s and a [`Decision`] log out; the executor runs it as is.
 //! * [`harness`] — a virtual-clock driver for tests of the policies without a simulator.
@@ -42,6 +44,7 @@ mod prefill;
 mod request;
 mod router;
 mod smsplit;
+mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
@@ -53,3 +56,4 @@ pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
 pub use router::{Route, Router};
 pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS};
+pub use topology::{Topology, TopologyWorker};

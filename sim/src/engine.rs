@@ -9,7 +9,7 @@ use easerve_calib::StageCost;
 use easerve_model::ItemTokens;
 use easerve_sched::{
     Batcher, Decision, DecodeScheduler, DecodeSeq, LeastOutstanding, PrefillItem, PrefillQueue,
-    Request, RequestId, RequestRecord, Route, Router, SmSplit,
+    Request, RequestId, RequestRecord, Route, Router, SmSplit, Topology, WorkerRef,
 };
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::EncodeSummary;
@@ -165,7 +165,8 @@ struct Sim<'a> {
     encode_place: LeastOutstanding,
     /// Remote prefill workers first, then local ones.
     prefill: Vec<PrefillWorker>,
-    remote_count: usize,
+    /// Where every worker runs.
+    topology: Topology,
     remote_place: LeastOutstanding,
     decode: Vec<DecodeWorker>,
     decode_place: LeastOutstanding,
@@ -219,76 +220,49 @@ impl<'a> Sim<'a> {
         let (requests, tokens) = generate_with_tokens(sc);
         let records = requests.iter().map(RequestRecord::new).collect();
         let dep = &sc.deployment;
-        let alloc = dep.allocation;
 
         let (batchers, split) = sc.encode_policies(&requests, &tokens, &*cost);
         let mut batchers = batchers.into_iter();
 
-        // GPUs: encode workers first, then remote prefill, then decode.
-        let mut next_gpu = 0u32;
-        let mut take = |n: u32| -> Vec<u32> {
-            let g: Vec<u32> = (next_gpu..next_gpu + n).collect();
-            next_gpu += n;
-            g
-        };
-        let mut encode: Vec<EncodeWorker> = (0..alloc.encode.workers)
-            .map(|_| {
-                let gpus = take(alloc.encode.tp);
-                EncodeWorker {
-                    gpu: gpus[0],
-                    batcher: batchers.next().expect("one batcher per encode worker"),
-                    pass: None,
-                    wake_gen: 0,
-                    local: None,
-                    link_free_at: 0.0,
-                    inflight: 0,
-                    done_gen: 0,
-                }
+        // where every worker runs: one layout for controller, drivers and report
+        let topology = sc.topology();
+        let encode: Vec<EncodeWorker> = topology
+            .encode()
+            .iter()
+            .map(|t| EncodeWorker {
+                gpu: t.gpu(),
+                batcher: batchers.next().expect("one batcher per encode worker"),
+                pass: None,
+                wake_gen: 0,
+                local: t.local_prefill,
+                link_free_at: 0.0,
+                inflight: 0,
+                done_gen: 0,
             })
             .collect();
         let knobs = &sc.knobs;
         let new_queue = || PrefillQueue::new(knobs.prefill_token_budget, knobs.prefill_max_seqs);
-        let mut prefill: Vec<PrefillWorker> = (0..alloc.prefill.workers)
-            .map(|_| PrefillWorker {
-                gpus: take(alloc.prefill.tp),
-                tp: alloc.prefill.tp,
-                local: false,
-                encode_workers: vec![],
+        let prefill: Vec<PrefillWorker> = topology
+            .prefill()
+            .iter()
+            .map(|t| PrefillWorker {
+                gpus: t.gpus.clone(),
+                tp: t.tp,
+                local: t.local,
+                encode_workers: t.encode_workers.clone(),
                 queue: new_queue(),
                 job: None,
                 gen: 0,
                 link_free_at: 0.0,
             })
             .collect();
-        let remote_count = prefill.len();
-        if let Some(tp) = knobs.local_prefill_tp {
-            // one local prefill worker per group of `tp` encode workers
-            let groups = encode.len() / tp as usize;
-            for g in 0..groups {
-                let members: Vec<usize> = (g * tp as usize..(g + 1) * tp as usize).collect();
-                let idx = prefill.len();
-                for &m in &members {
-                    encode[m].local = Some(idx);
-                }
-                prefill.push(PrefillWorker {
-                    gpus: members.iter().map(|&m| encode[m].gpu).collect(),
-                    tp,
-                    local: true,
-                    encode_workers: members,
-                    queue: new_queue(),
-                    job: None,
-                    gen: 0,
-                    link_free_at: 0.0,
-                });
-            }
-            // validation makes nE a multiple of the local TP: no worker is left over
-        }
         let decode: Vec<DecodeWorker> = sc
             .decode_schedulers()
             .into_iter()
-            .map(|sched| DecodeWorker {
-                gpus: take(alloc.decode.tp),
-                tp: alloc.decode.tp,
+            .zip(topology.decode())
+            .map(|(sched, t)| DecodeWorker {
+                gpus: t.gpus.clone(),
+                tp: t.tp,
                 sched,
                 stepping: false,
                 step_start: 0.0,
@@ -309,12 +283,12 @@ impl<'a> Sim<'a> {
             records,
             router: Router::new(&dep.router, dep.offload),
             encode_place: LeastOutstanding::new(encode.len()),
-            remote_place: LeastOutstanding::new(remote_count),
+            remote_place: LeastOutstanding::new(topology.remote_prefill()),
             decode_place: LeastOutstanding::new(decode.len()),
             split,
             encode,
             prefill,
-            remote_count,
+            topology,
             decode,
             meters,
             requests,
@@ -785,12 +759,8 @@ impl<'a> Sim<'a> {
     }
 
     /// Worker label of prefill worker `p`: `P{i}` remote, `L{j}` local.
-    fn prefill_label(&self, p: usize) -> String {
-        if self.prefill[p].local {
-            format!("L{}", p - self.remote_count)
-        } else {
-            format!("P{p}")
-        }
+    fn prefill_label(&self, p: usize) -> &str {
+        self.topology.label(WorkerRef::Prefill(p))
     }
 
     fn count_encode_queue(&mut self, w: usize) {
@@ -888,7 +858,7 @@ impl<'a> Sim<'a> {
             self.meters[g as usize].add_sm_time((now - job.last_update) * job.share);
         }
         if self.timeline.is_some() {
-            let label = self.prefill_label(p);
+            let track = format!("{} prefill", self.prefill_label(p));
             let tokens: u64 = job.seq_lens.iter().sum();
             let args = json!({ "requests": job.items.len(), "tokens": tokens, "sm_share_at_end": job.share });
             let name = if self.prefill[p].local {
@@ -897,7 +867,7 @@ impl<'a> Sim<'a> {
                 "prefill"
             };
             if let Some(tl) = self.timeline.as_mut() {
-                tl.slice(&format!("{label} prefill"), name, job.start, now, args);
+                tl.slice(&track, name, job.start, now, args);
             }
         }
         let kv_per_token = self.sc.model.kv_bytes_per_token();
@@ -1119,25 +1089,10 @@ impl<'a> Sim<'a> {
     }
 
     fn gpu_role(&self, g: u32) -> (String, String) {
-        for (i, w) in self.encode.iter().enumerate() {
-            if w.gpu == g {
-                let label = match w.local {
-                    Some(p) => format!("E{i}+L{}", p - self.remote_count),
-                    None => format!("E{i}"),
-                };
-                return ("encode".into(), label);
-            }
-        }
-        for (i, p) in self.prefill.iter().enumerate().filter(|(_, p)| !p.local) {
-            if p.gpus.contains(&g) {
-                return ("prefill".into(), format!("P{i}"));
-            }
-        }
-        for (i, d) in self.decode.iter().enumerate() {
-            if d.gpus.contains(&g) {
-                return ("decode".into(), format!("D{i}"));
-            }
-        }
-        ("idle".into(), "-".into())
+        self.topology
+            .gpu_owner(g)
+            .map_or(("idle".into(), "-".into()), |(stage, label)| {
+                (stage.into(), label)
+            })
     }
 }

@@ -660,6 +660,13 @@ impl Scenario {
         .transpose()
     }
 
+    /// Where the deployment's workers run: GPUs, labels and local-prefill
+    /// groups ([`easerve_sched::Topology`]), built from the allocation and the
+    /// local prefill TP.
+    pub fn topology(&self) -> easerve_sched::Topology {
+        easerve_sched::Topology::new(&self.deployment.allocation, self.knobs.local_prefill_tp)
+    }
+
     /// One continuous-batching scheduler per decode worker, with the KV blocks
     /// its TP group's memory holds after the LLM weights (a property of model
     /// × GPU whatever the cost source; `Roofline::kv_bytes_free_per_gpu`).

@@ -1,0 +1,240 @@
+//! Where every worker of a deployment runs: its GPUs, its label and, for local
+//! prefill, the encode workers whose GPUs it shares. Built once from the
+//! allocation; the controller, the simulator, the executor and the report all
+//! read it, so none of them lays out GPUs or parses labels.
+//!
+//! Layout (the one every part of easerve uses): GPUs are numbered from 0, encode
+//! workers first (`E0` on GPUs `0..tp_E`, `E1` next, …), then the remote prefill
+//! workers (`P0`, …), then the decode workers (`D0`, …). Local prefill workers
+//! (`L0`, …) take no GPU of their own: `L{g}` runs on the first GPU of each of
+//! the `local_tp` encode workers `g·local_tp .. (g+1)·local_tp`. Prefill workers
+//! are indexed remote first, then local, as [`WorkerRef::Prefill`] says.
+
+use crate::{Allocation, WorkerRef};
+
+/// One worker of the deployment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopologyWorker {
+    /// The worker, as the controller names it.
+    pub wref: WorkerRef,
+    /// Its label in reports and traces: `E0`, `P0`, `L0`, `D0`.
+    pub label: String,
+    /// The GPUs it runs on (its TP group), in the cluster's numbering.
+    pub gpus: Vec<u32>,
+    /// Tensor-parallel degree (`gpus.len()`).
+    pub tp: u32,
+    /// A prefill worker co-located on encode GPUs.
+    pub local: bool,
+    /// For a local prefill worker: the encode workers it shares GPUs with.
+    pub encode_workers: Vec<usize>,
+    /// For an encode worker: the local prefill worker on its GPU, if any.
+    pub local_prefill: Option<usize>,
+}
+
+impl TopologyWorker {
+    /// The first GPU of its TP group.
+    pub fn gpu(&self) -> u32 {
+        self.gpus[0]
+    }
+}
+
+/// The workers of one deployment and the GPUs they run on (see the module doc).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Topology {
+    encode: Vec<TopologyWorker>,
+    /// Remote first, then local.
+    prefill: Vec<TopologyWorker>,
+    decode: Vec<TopologyWorker>,
+    remote: usize,
+    gpus: u32,
+}
+
+impl Topology {
+    /// The layout of `alloc`, with one local prefill worker of TP `local_tp` per
+    /// group of `local_tp` encode workers when `local_tp` is given (encode workers
+    /// beyond the last whole group get none).
+    pub fn new(alloc: &Allocation, local_tp: Option<u32>) -> Topology {
+        let mut next = 0u32;
+        let mut take = |n: u32| -> Vec<u32> {
+            let g: Vec<u32> = (next..next + n).collect();
+            next += n;
+            g
+        };
+        let worker = |wref, label: String, gpus: Vec<u32>| TopologyWorker {
+            wref,
+            label,
+            tp: gpus.len() as u32,
+            gpus,
+            local: false,
+            encode_workers: Vec::new(),
+            local_prefill: None,
+        };
+        let mut encode: Vec<TopologyWorker> = (0..alloc.encode.workers as usize)
+            .map(|i| worker(WorkerRef::Encode(i), format!("E{i}"), take(alloc.encode.tp)))
+            .collect();
+        let mut prefill: Vec<TopologyWorker> = (0..alloc.prefill.workers as usize)
+            .map(|i| {
+                worker(
+                    WorkerRef::Prefill(i),
+                    format!("P{i}"),
+                    take(alloc.prefill.tp),
+                )
+            })
+            .collect();
+        let decode = (0..alloc.decode.workers as usize)
+            .map(|i| worker(WorkerRef::Decode(i), format!("D{i}"), take(alloc.decode.tp)))
+            .collect();
+        let remote = prefill.len();
+        if let Some(tp) = local_tp.filter(|t| *t > 0) {
+            let tp = tp as usize;
+            for g in 0..encode.len() / tp {
+                let members: Vec<usize> = (g * tp..(g + 1) * tp).collect();
+                let p = prefill.len();
+                for &m in &members {
+                    encode[m].local_prefill = Some(p);
+                }
+                let mut w = worker(
+                    WorkerRef::Prefill(p),
+                    format!("L{g}"),
+                    members.iter().map(|&m| encode[m].gpu()).collect(),
+                );
+                w.local = true;
+                w.encode_workers = members;
+                prefill.push(w);
+            }
+        }
+        Topology {
+            encode,
+            prefill,
+            decode,
+            remote,
+            gpus: next,
+        }
+    }
+
+    /// Encode workers, by index.
+    pub fn encode(&self) -> &[TopologyWorker] {
+        &self.encode
+    }
+
+    /// Prefill workers, remote first, then local.
+    pub fn prefill(&self) -> &[TopologyWorker] {
+        &self.prefill
+    }
+
+    /// Decode workers, by index.
+    pub fn decode(&self) -> &[TopologyWorker] {
+        &self.decode
+    }
+
+    /// Number of remote prefill workers (the index of the first local one).
+    pub fn remote_prefill(&self) -> usize {
+        self.remote
+    }
+
+    /// GPUs the deployment occupies (local prefill adds none).
+    pub fn gpus(&self) -> u32 {
+        self.gpus
+    }
+
+    /// Every worker: encode, prefill (remote, then local), decode.
+    pub fn workers(&self) -> impl Iterator<Item = &TopologyWorker> {
+        self.encode.iter().chain(&self.prefill).chain(&self.decode)
+    }
+
+    /// The worker `w`.
+    ///
+    /// # Panics
+    /// When `w` is not a worker of this deployment.
+    pub fn worker(&self, w: WorkerRef) -> &TopologyWorker {
+        match w {
+            WorkerRef::Encode(i) => &self.encode[i],
+            WorkerRef::Prefill(i) => &self.prefill[i],
+            WorkerRef::Decode(i) => &self.decode[i],
+        }
+    }
+
+    /// The label of worker `w` (`E0`, `P0`, `L0`, `D0`).
+    pub fn label(&self, w: WorkerRef) -> &str {
+        &self.worker(w).label
+    }
+
+    /// The workers GPU `g` runs, as the report's GPU table counts them: the
+    /// encode worker whose TP group holds it and that worker's local prefill
+    /// worker, or the remote prefill or decode worker whose group holds it;
+    /// empty for a GPU the deployment leaves idle.
+    pub fn on_gpu(&self, g: u32) -> Vec<WorkerRef> {
+        if let Some(e) = self.encode.iter().find(|w| w.gpus.contains(&g)) {
+            let mut on = vec![e.wref];
+            on.extend(e.local_prefill.map(WorkerRef::Prefill));
+            return on;
+        }
+        self.prefill[..self.remote]
+            .iter()
+            .chain(&self.decode)
+            .find(|w| w.gpus.contains(&g))
+            .map(|w| vec![w.wref])
+            .unwrap_or_default()
+    }
+
+    /// Who owns GPU `g`, as the report's GPU table names it: the stage
+    /// (`encode`, `prefill`, `decode`) and the labels of [`Topology::on_gpu`]
+    /// joined by `+` (`E0+L0` for an encode GPU shared with a local prefill
+    /// worker); `None` for a GPU the deployment leaves idle.
+    pub fn gpu_owner(&self, g: u32) -> Option<(&'static str, String)> {
+        let on = self.on_gpu(g);
+        let stage = match on.first()? {
+            WorkerRef::Encode(_) => "encode",
+            WorkerRef::Prefill(_) => "prefill",
+            WorkerRef::Decode(_) => "decode",
+        };
+        let labels: Vec<&str> = on.iter().map(|w| self.label(*w)).collect();
+        Some((stage, labels.join("+")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpus_are_laid_out_encode_then_prefill_then_decode() {
+        let a: Allocation = "2E(TP1)+1P(TP2)+1D(TP4)".parse().unwrap();
+        let t = Topology::new(&a, Some(1));
+        assert_eq!(t.gpus(), 8);
+        assert_eq!(t.encode()[1].gpus, vec![1]);
+        assert_eq!(t.prefill()[0].gpus, vec![2, 3]);
+        assert_eq!(t.decode()[0].gpus, vec![4, 5, 6, 7]);
+        // one local prefill worker per encode worker, on its GPU
+        assert_eq!(t.remote_prefill(), 1);
+        let l1 = &t.prefill()[2];
+        assert!(l1.local && l1.label == "L1" && l1.gpus == vec![1]);
+        assert_eq!(l1.encode_workers, vec![1]);
+        assert_eq!(t.encode()[1].local_prefill, Some(2));
+        assert_eq!(t.gpu_owner(1), Some(("encode", "E1+L1".into())));
+        assert_eq!(t.gpu_owner(3), Some(("prefill", "P0".into())));
+        assert_eq!(t.gpu_owner(7), Some(("decode", "D0".into())));
+        assert_eq!(t.gpu_owner(8), None);
+        assert_eq!(
+            t.on_gpu(0),
+            vec![WorkerRef::Encode(0), WorkerRef::Prefill(1)]
+        );
+        let labels: Vec<&str> = t.workers().map(|w| w.label.as_str()).collect();
+        assert_eq!(labels, ["E0", "E1", "P0", "L0", "L1", "D0"]);
+    }
+
+    #[test]
+    fn a_local_prefill_worker_spans_a_group_of_encode_workers() {
+        let a: Allocation = "4E(TP1)+1D(TP4)".parse().unwrap();
+        let t = Topology::new(&a, Some(2));
+        assert_eq!(t.remote_prefill(), 0);
+        let l: Vec<_> = t.prefill().iter().map(|w| (w.gpus.clone(), w.tp)).collect();
+        assert_eq!(l, vec![(vec![0, 1], 2), (vec![2, 3], 2)]);
+        assert_eq!(t.label(WorkerRef::Prefill(1)), "L1");
+        assert_eq!(t.gpu_owner(2), Some(("encode", "E2+L1".into())));
+        // without local prefill nothing is co-located
+        let t = Topology::new(&a, None);
+        assert!(t.prefill().is_empty() && t.encode()[0].local_prefill.is_none());
+        assert_eq!(t.gpu_owner(0), Some(("encode", "E0".into())));
+    }
+}
