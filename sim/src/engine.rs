@@ -926,7 +926,11 @@ impl<'a> Sim<'a> {
             remaining: self.requests[i].output_tokens - 1,
         };
         if !self.decode[d].sched.can_ever_fit(&seq) {
-            // cannot happen for a validated scenario; the request never completes
+            // validation sizes decode for the longest sequence, so this is a
+            // guard: the request fails, as the controller fails it
+            self.records[i].failure =
+                Some(format!("its KV cache can never fit decode worker D{d}"));
+            self.in_system -= 1;
             return;
         }
         self.decode[d].sched.enqueue(seq);
@@ -1094,5 +1098,38 @@ impl<'a> Sim<'a> {
             .map_or(("idle".into(), "-".into()), |(stage, label)| {
                 (stage.into(), label)
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drift regression: a KV cache that can never fit its decode worker fails
+    /// the request (counted in the report) and leaves the system, as the
+    /// controller does; the simulator used to drop it silently, and
+    /// `in_system` never went down.
+    #[test]
+    fn a_kv_cache_that_can_never_fit_fails_the_request() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cpu-image.toml");
+        let o = easerve_workload::scenario::Overrides {
+            requests: Some(3),
+            ..Default::default()
+        };
+        let sc = Scenario::load(&path, &o).expect("cpu-image.toml is valid");
+        let mut sim = Sim::new(&sc, scenario_cost(&sc));
+        for d in &mut sim.decode {
+            // one block of 16 tokens: no request of the scenario fits
+            d.sched = DecodeScheduler::new(easerve_sched::KvBlocks::new(1, 16), 8);
+        }
+        sim.run();
+        assert_eq!(sim.in_system, 0);
+        let out = sim.finish();
+        assert_eq!(out.report.completed, 0);
+        assert_eq!(out.report.failed, 3);
+        assert!(out.report.failures[0]
+            .reason
+            .contains("can never fit decode worker D0"));
     }
 }
