@@ -82,6 +82,16 @@ struct Terms {
     notes: Vec<String>,
 }
 
+impl Terms {
+    /// Where the co-location figures come from: the cost model's own note.
+    fn colocation_source(&self) -> &str {
+        self.notes
+            .iter()
+            .find_map(|n| n.strip_prefix("co-location: "))
+            .unwrap_or("the cost model's notes")
+    }
+}
+
 fn terms(path: &Path, o: &Overrides, b: usize) -> anyhow::Result<Terms> {
     use easerve_workload::generate::{generate_with_tokens, typical_batch, typical_items};
     let sc = Scenario::load(path, o).map_err(|e| BadInput(e.to_string()))?;
@@ -393,7 +403,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
             if s_of("video") < 1.0 {
                 let v = term_of("video");
                 why.push(format!(
-                    "local prefill pays on video too: a pass of {} typical video requests costs {} of CPU preprocessing and {} on the GPU with all SMs ({} with half), against {} for one prefill, so at Λ = {HAS_RATE} req/s over {} encode workers the encode GPUs would be about {:.0} % busy with encode work and have room for a co-located prefill; under SM partitioning it slows encode by only {:.1} %, a figure derived from the two passes' HBM demand. The paper measures the multi-frame encoder using over 90 % of the SMs during batched passes (§4.2), far more GPU time per request than the measured kernels price; measuring the video encoder on the testbed would settle which holds",
+                    "local prefill pays on video too: a pass of {} typical video requests costs {} of CPU preprocessing and {} on the GPU with all SMs ({} with half), against {} for one prefill, so at Λ = {HAS_RATE} req/s over {} encode workers the encode GPUs would be about {:.0} % busy with encode work and have room for a co-located prefill; under SM partitioning it slows encode by only {:.1} % (source: {}). The paper measures the multi-frame encoder using over 90 % of the SMs during batched passes (§4.2), far more GPU time per request than this cost model prices; measuring the video encoder on the testbed would settle which holds",
                     v.b,
                     ms(v.pass.t_pre),
                     ms(v.pass.t_gpu),
@@ -401,7 +411,8 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
                     ms(v.prefill_s),
                     v.encode_workers,
                     100.0 * HAS_RATE / v.encode_workers.max(1) as f64 * v.pass.t_gpu / v.b.max(1) as f64,
-                    v.interference * 100.0
+                    v.interference * 100.0,
+                    v.colocation_source()
                 ));
             }
             for m in ["image", "audio"] {
@@ -468,7 +479,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         } else {
             let t = &abl_terms;
             format!(
-                " on the order. Why: a pass of {} typical audio requests spends {} in framework terms and {} in CPU preprocessing, which hold no SMs, and {} on the GPU with all SMs ({} with half); the GPU-phase contention that SM partitioning controls is {:.0} % of the pass. Time-slicing costs both passes {:.0} % (an assumption, EAServe §4.4) while partitioning costs encode {:.1} % (derived from HBM demand), so which policy wins turns on the GPU phases that overlap. At this rate the run's bottleneck is {}, which no SM policy on the encode GPUs relieves; TPOT barely moves because decode runs on its own GPUs",
+                " on the order. Why: a pass of {} typical audio requests spends {} in framework terms and {} in CPU preprocessing, which hold no SMs, and {} on the GPU with all SMs ({} with half); the GPU-phase contention that SM partitioning controls is {:.0} % of the pass. Time-slicing costs both passes {:.0} % while partitioning costs encode {:.1} % (source: {}), so which policy wins turns on the GPU phases that overlap. At this rate the run's bottleneck is {}, which no SM policy on the encode GPUs relieves; TPOT barely moves because decode runs on its own GPUs",
                 t.b,
                 ms(t.pass.t_pass),
                 ms(t.pass.t_pre),
@@ -477,6 +488,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
                 100.0 * t.pass.t_gpu / t.pass.total().max(1e-12),
                 t.penalty * 100.0,
                 t.interference * 100.0,
+                t.colocation_source(),
                 abl[2].bottleneck
             )
         }

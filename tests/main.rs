@@ -75,10 +75,16 @@ pub fn stage_queue(v: &Value, stage: &str) -> f64 {
         .unwrap_or_else(|| panic!("no stage {stage}"))
 }
 
-/// Whether aiconfigurator's kernel tables are in `../shared/data` (third-party
-/// data; tests that need them skip without it).
+/// aiconfigurator's kernel tables where the CLI finds them
+/// (`$EASERVE_AICONFIGURATOR_DIR`, else `../shared/data/aiconfigurator`;
+/// third-party data: tests that need them skip without it).
+pub fn kernel_dir() -> Option<PathBuf> {
+    easerve_calib::aic::find_data_dir().filter(|d| d.join("data").is_dir())
+}
+
+/// Whether [`kernel_dir`] found the tables.
 pub fn kernel_data() -> bool {
-    root().join("../shared/data/aiconfigurator/data").is_dir()
+    kernel_dir().is_some()
 }
 
 /// A copy of the paper scenario `name` in `dir` whose `cluster.kernels` is

@@ -516,19 +516,16 @@ fn a_custom_gpu_can_have_a_profile() {
 /// image scenario like the measured kernels it was tabulated from.
 #[test]
 fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
-    if !kernel_data() {
+    let Some(kernels) = crate::kernel_dir() else {
         println!("SKIPPED: ../shared/data/aiconfigurator not found");
         return;
-    }
+    };
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("llava.profile.toml");
     let out = easerve(&[
         "calib",
         "import-aiconfigurator",
-        root()
-            .join("../shared/data/aiconfigurator")
-            .to_str()
-            .unwrap(),
+        kernels.to_str().unwrap(),
         "--gpu",
         "rtx-6000-ada",
         "--model",
@@ -565,10 +562,7 @@ fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
     let bad = easerve(&[
         "calib",
         "import-aiconfigurator",
-        root()
-            .join("../shared/data/aiconfigurator")
-            .to_str()
-            .unwrap(),
+        kernels.to_str().unwrap(),
         "--gpu",
         "a10g",
         "--model",

@@ -195,7 +195,6 @@ impl Table {
             .map_err(|e| err(&path, format!("not a readable parquet file: {e}")))?;
         let meta = reader.metadata();
         let schema = meta.file_metadata().schema_descr();
-        let corrupt = |e: parquet::errors::ParquetError| err(&path, format!("corrupt column: {e}"));
         let mut columns: Vec<(String, Col)> = Vec::with_capacity(schema.num_columns());
         let mut len = 0usize;
         for g in 0..reader.num_row_groups() {
@@ -206,35 +205,55 @@ impl Table {
             for c in 0..schema.num_columns() {
                 let desc = schema.column(c);
                 let max_def = desc.max_def_level();
+                let cname = desc.name().to_string();
+                let corrupt = |e: parquet::errors::ParquetError| {
+                    err(
+                        &path,
+                        format!("column `{cname}`, row group {g}: corrupt: {e}"),
+                    )
+                };
+                // every column of a row group must give all its rows, or the
+                // columns would no longer line up
+                let check = |res: parquet::errors::Result<(usize, usize, usize)>| {
+                    let (records, _, _) = res.map_err(corrupt)?;
+                    if records == n {
+                        Ok(())
+                    } else {
+                        Err(err(
+                            &path,
+                            format!("column `{cname}`, row group {g}: {records} of {n} rows (truncated file?)"),
+                        ))
+                    }
+                };
                 let mut defs: Vec<i16> = Vec::new();
                 let defs_opt = (max_def > 0).then_some(&mut defs);
                 let col = match group.get_column_reader(c).map_err(corrupt)? {
                     ColumnReader::Int32ColumnReader(mut r) => {
                         let mut v: Vec<i32> = Vec::new();
-                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        check(r.read_records(n, defs_opt, None, &mut v))?;
                         let v: Vec<f64> = v.into_iter().map(f64::from).collect();
                         Col::Num(spread(&v, &defs, max_def, n))
                     }
                     ColumnReader::Int64ColumnReader(mut r) => {
                         let mut v: Vec<i64> = Vec::new();
-                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        check(r.read_records(n, defs_opt, None, &mut v))?;
                         let v: Vec<f64> = v.into_iter().map(|x| x as f64).collect();
                         Col::Num(spread(&v, &defs, max_def, n))
                     }
                     ColumnReader::FloatColumnReader(mut r) => {
                         let mut v: Vec<f32> = Vec::new();
-                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        check(r.read_records(n, defs_opt, None, &mut v))?;
                         let v: Vec<f64> = v.into_iter().map(f64::from).collect();
                         Col::Num(spread(&v, &defs, max_def, n))
                     }
                     ColumnReader::DoubleColumnReader(mut r) => {
                         let mut v: Vec<f64> = Vec::new();
-                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        check(r.read_records(n, defs_opt, None, &mut v))?;
                         Col::Num(spread(&v, &defs, max_def, n))
                     }
                     ColumnReader::ByteArrayColumnReader(mut r) => {
                         let mut v = Vec::new();
-                        r.read_records(n, defs_opt, None, &mut v).map_err(corrupt)?;
+                        check(r.read_records(n, defs_opt, None, &mut v))?;
                         let mut dict: Vec<String> = Vec::new();
                         let mut ids: Vec<u32> = Vec::with_capacity(v.len());
                         for b in &v {

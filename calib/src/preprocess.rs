@@ -310,6 +310,12 @@ impl EncodeTerms {
 
     /// One line naming both sources, for a cost model's notes.
     pub fn note(&self) -> String {
+        if self.preprocess.host.is_empty() {
+            return format!(
+                "framework: {}; preprocessing: none measured for this model (0 s)",
+                self.framework.source
+            );
+        }
         format!(
             "framework: {}; preprocessing: {} (measured on {}, × {} host scale)",
             self.framework.source,

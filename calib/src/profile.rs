@@ -36,7 +36,8 @@ use crate::StageCost;
 pub const FORMAT_VERSION: i64 = 1;
 
 /// Relative drop of a median latency along a work axis (batch, tokens, context,
-/// bytes) that a profile may contain before it is rejected as non-monotone:
+/// bytes; not the decode table's batch, see `is_work_axis`) that a profile may
+/// contain before it is rejected as non-monotone:
 /// 5 %, so measurement noise at tiny sizes passes while a swapped row does not.
 pub const MONOTONE_TOLERANCE: f64 = 0.05;
 

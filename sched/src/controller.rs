@@ -715,6 +715,9 @@ impl Controller {
             remaining: self.requests[i].output_tokens - 1,
         };
         if !self.decode[d].sched.can_ever_fit(&seq) {
+            // release the placement its prefill made
+            let work = (seq.prompt_tokens + self.requests[i].output_tokens as u64) as f64;
+            self.decode_place.complete(d, work);
             self.fail(
                 id,
                 &format!("its KV cache can never fit decode worker D{d}"),

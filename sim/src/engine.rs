@@ -931,6 +931,8 @@ impl<'a> Sim<'a> {
             self.records[i].failure =
                 Some(format!("its KV cache can never fit decode worker D{d}"));
             self.in_system -= 1;
+            let work = (seq.prompt_tokens + self.requests[i].output_tokens as u64) as f64;
+            self.decode_place.complete(d, work);
             return;
         }
         self.decode[d].sched.enqueue(seq);

@@ -38,8 +38,9 @@ pub struct ScenarioFile {
     /// Master seed of every RNG stream (default 0).
     #[serde(default)]
     pub seed: u64,
-    /// Where stage costs come from: `"roofline"` (default) or the path of a
-    /// profile file (`easerve calib roofline`, measured or imported), relative
+    /// Where stage costs come from: unset (default: `cluster.kernels` decides),
+    /// `"roofline"` (the roofline whatever `cluster.kernels` says) or the path of
+    /// a profile file (`easerve calib roofline`, measured or imported), relative
     /// to the scenario file's folder.
     pub profile: Option<String>,
     /// The model.
@@ -598,7 +599,7 @@ impl Scenario {
                 roofline(),
                 format!("measured kernels unusable, roofline used instead: {e}"),
             )),
-            None if self.raw.cluster.kernels.as_deref() != Some("roofline")
+            None if !self.roofline_named()
                 && self.raw.cluster.gpu.is_some()
                 && easerve_calib::kernel_cost::kernel_source_for(&self.gpu.name).is_some()
                 && easerve_calib::aic::find_data_dir().is_none() =>
@@ -637,14 +638,20 @@ impl Scenario {
             .unwrap_or(self.system.name())
     }
 
+    /// Whether the scenario asks for the roofline by name (`cluster.kernels =
+    /// "roofline"` or `profile = "roofline"`).
+    fn roofline_named(&self) -> bool {
+        self.raw.cluster.kernels.as_deref() == Some("roofline")
+            || self.raw.profile.as_deref() == Some("roofline")
+    }
+
     /// The measured-kernel cost of this scenario, if its GPU and `cluster.kernels`
     /// select one and the data directory exists; `Some(Err)` when the tables are
     /// there but cannot be read.
     pub fn kernel_cost(
         &self,
     ) -> Option<Result<easerve_calib::KernelCost, easerve_calib::KernelError>> {
-        let mode = self.raw.cluster.kernels.as_deref().unwrap_or("auto");
-        if mode == "roofline" || self.raw.cluster.gpu.is_none() {
+        if self.roofline_named() || self.raw.cluster.gpu.is_none() {
             return None;
         }
         let dir = easerve_calib::aic::find_data_dir()?;
