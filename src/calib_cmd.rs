@@ -730,11 +730,13 @@ fn import_aiconfigurator(
 
 /// `--system` names a serving system with encode terms.
 fn check_system(system: &str) -> Result<(), BadInput> {
-    if ["easerve", "passthrough", "aggregated"].contains(&system) {
+    use easerve_calib::preprocess::FRAMEWORKS;
+    if FRAMEWORKS.contains(&system) {
         Ok(())
     } else {
         Err(BadInput(format!(
-            "--system {system}: allowed: easerve, passthrough, aggregated"
+            "--system {system}: allowed: {}",
+            FRAMEWORKS.join(", ")
         )))
     }
 }

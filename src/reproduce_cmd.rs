@@ -92,9 +92,12 @@ impl Terms {
     }
 }
 
-fn terms(path: &Path, o: &Overrides, b: usize) -> anyhow::Result<Terms> {
+/// The terms of the scenario at `path` for a pass of `b` typical requests
+/// (default: the scenario's own B).
+fn terms(path: &Path, o: &Overrides, b: Option<usize>) -> anyhow::Result<Terms> {
     use easerve_workload::generate::{generate_with_tokens, typical_batch, typical_items};
     let sc = Scenario::load(path, o).map_err(|e| BadInput(e.to_string()))?;
+    let b = b.unwrap_or(sc.deployment.max_batch.max(1));
     let cost = sc.cost();
     let (reqs, tokens) = generate_with_tokens(&sc);
     let items = typical_batch(&typical_items(&reqs, &tokens), b);
@@ -143,7 +146,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         system: Some(System::Passthrough),
         ..base.clone()
     };
-    let paper_pass = terms(&scn("image"), &pass_o, 1)?.pass.t_pass;
+    let paper_pass = terms(&scn("image"), &pass_o, Some(1))?.pass.t_pass;
     let _ = writeln!(
         md,
         "Testbed: 8× RTX 6000 Ada over PCIe, LLaVA-v1.6-34B (image), Qwen2.5-VL-32B (video), Ultravox-v0.6-27B (audio), the scenarios in `{}`. \
@@ -159,8 +162,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
     let _ = writeln!(md, "| modality | B | framework | CPU preprocessing | GPU, all SMs | GPU, half the SMs | prefill | encode slowdown beside a prefill | time-slicing penalty |\n|---|---|---|---|---|---|---|---|---|");
     let mut all_terms = Vec::new();
     for name in ["image", "video", "audio"] {
-        let sc = Scenario::load(&scn(name), &base).map_err(|e| BadInput(e.to_string()))?;
-        let t = terms(&scn(name), &base, sc.deployment.max_batch.max(1))?;
+        let t = terms(&scn(name), &base, None)?;
         let _ = writeln!(
             md,
             "| {name} | {} | {} | {} | {} | {} | {} | {:.1} % | {:.0} % |",
@@ -443,7 +445,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         offload: Some(0.55),
         ..Default::default()
     };
-    let abl_terms = terms(&audio, &abl_o, 10)?;
+    let abl_terms = terms(&audio, &abl_o, None)?;
     let mut abl = Vec::new();
     for (label, policy) in [
         ("none (time-slicing)", "none"),

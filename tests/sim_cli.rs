@@ -522,17 +522,20 @@ fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
     };
     let dir = tempfile::tempdir().unwrap();
     let profile = dir.path().join("llava.profile.toml");
-    let out = easerve(&[
-        "calib",
-        "import-aiconfigurator",
-        kernels.to_str().unwrap(),
-        "--gpu",
-        "rtx-6000-ada",
-        "--model",
-        "llava-v1.6-34b",
-        "-o",
-        profile.to_str().unwrap(),
-    ]);
+    let import = |gpu: &str, out: &std::path::Path| {
+        easerve(&[
+            "calib",
+            "import-aiconfigurator",
+            kernels.to_str().unwrap(),
+            "--gpu",
+            gpu,
+            "--model",
+            "llava-v1.6-34b",
+            "-o",
+            out.to_str().unwrap(),
+        ])
+    };
+    let out = import("rtx-6000-ada", &profile);
     assert!(
         out.status.success(),
         "{}",
@@ -559,17 +562,7 @@ fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
     assert!(rel("/tpot/mean") < 0.03, "TPOT {}", rel("/tpot/mean"));
     assert!(rel("/ttft/mean") < 0.1, "TTFT {}", rel("/ttft/mean"));
     // a GPU without tables is refused with exit 2, naming what is allowed
-    let bad = easerve(&[
-        "calib",
-        "import-aiconfigurator",
-        kernels.to_str().unwrap(),
-        "--gpu",
-        "a10g",
-        "--model",
-        "llava-v1.6-34b",
-        "-o",
-        dir.path().join("x.toml").to_str().unwrap(),
-    ]);
+    let bad = import("a10g", &dir.path().join("x.toml"));
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("h100-sxm"));
 }

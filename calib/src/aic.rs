@@ -227,30 +227,21 @@ impl Table {
                 };
                 let mut defs: Vec<i16> = Vec::new();
                 let defs_opt = (max_def > 0).then_some(&mut defs);
+                // a numeric column of physical type `$t`, as `f64`
+                macro_rules! numbers {
+                    ($r:ident, $t:ty, $to_f64:expr) => {{
+                        let mut $r = $r;
+                        let mut v: Vec<$t> = Vec::new();
+                        check($r.read_records(n, defs_opt, None, &mut v))?;
+                        let v: Vec<f64> = v.into_iter().map($to_f64).collect();
+                        Col::Num(spread(&v, &defs, max_def, n))
+                    }};
+                }
                 let col = match group.get_column_reader(c).map_err(corrupt)? {
-                    ColumnReader::Int32ColumnReader(mut r) => {
-                        let mut v: Vec<i32> = Vec::new();
-                        check(r.read_records(n, defs_opt, None, &mut v))?;
-                        let v: Vec<f64> = v.into_iter().map(f64::from).collect();
-                        Col::Num(spread(&v, &defs, max_def, n))
-                    }
-                    ColumnReader::Int64ColumnReader(mut r) => {
-                        let mut v: Vec<i64> = Vec::new();
-                        check(r.read_records(n, defs_opt, None, &mut v))?;
-                        let v: Vec<f64> = v.into_iter().map(|x| x as f64).collect();
-                        Col::Num(spread(&v, &defs, max_def, n))
-                    }
-                    ColumnReader::FloatColumnReader(mut r) => {
-                        let mut v: Vec<f32> = Vec::new();
-                        check(r.read_records(n, defs_opt, None, &mut v))?;
-                        let v: Vec<f64> = v.into_iter().map(f64::from).collect();
-                        Col::Num(spread(&v, &defs, max_def, n))
-                    }
-                    ColumnReader::DoubleColumnReader(mut r) => {
-                        let mut v: Vec<f64> = Vec::new();
-                        check(r.read_records(n, defs_opt, None, &mut v))?;
-                        Col::Num(spread(&v, &defs, max_def, n))
-                    }
+                    ColumnReader::Int32ColumnReader(r) => numbers!(r, i32, f64::from),
+                    ColumnReader::Int64ColumnReader(r) => numbers!(r, i64, |x| x as f64),
+                    ColumnReader::FloatColumnReader(r) => numbers!(r, f32, f64::from),
+                    ColumnReader::DoubleColumnReader(r) => numbers!(r, f64, |x| x),
                     ColumnReader::ByteArrayColumnReader(mut r) => {
                         let mut v = Vec::new();
                         check(r.read_records(n, defs_opt, None, &mut v))?;

@@ -227,6 +227,10 @@ pub struct FrameworkTerms {
     pub source: String,
 }
 
+/// The serving frameworks with encode terms ([`FrameworkTerms::for_system`]), as
+/// scenarios and `--system` name them.
+pub const FRAMEWORKS: [&str; 3] = ["easerve", "passthrough", "aggregated"];
+
 /// easerve's per-pass framework cost: two loopback messages (the dispatch command
 /// and the embedding envelope with its acknowledgement), 24.5 µs each — the
 /// smallest-message median of the `[[transfer]]` tables `easerve profile` measured

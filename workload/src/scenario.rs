@@ -813,10 +813,14 @@ impl Scenario {
             .parse()
             .map_err(|e: String| v.err("deployment.system", e))?;
         if let Some(f) = &raw.deployment.framework {
-            if !["easerve", "passthrough", "aggregated"].contains(&f.as_str()) {
+            use easerve_calib::preprocess::FRAMEWORKS;
+            if !FRAMEWORKS.contains(&f.as_str()) {
                 return Err(v.err(
                     "deployment.framework",
-                    format!("unknown framework `{f}`; allowed: easerve, passthrough, aggregated"),
+                    format!(
+                        "unknown framework `{f}`; allowed: {}",
+                        FRAMEWORKS.join(", ")
+                    ),
                 ));
             }
         }
