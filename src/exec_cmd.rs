@@ -9,7 +9,6 @@ use easerve_exec::profile::{available_memory, f32_weight_bytes};
 use easerve_exec::run::{execute, ExecOptions};
 use easerve_exec::wire::Role;
 use easerve_exec::worker::{run_worker, WorkerOptions};
-use easerve_sched::WorkerRef;
 
 use crate::{BadInput, RunArgs};
 
@@ -41,51 +40,6 @@ pub(crate) struct ExecArgs {
     /// Seconds to wait for the workers to start and load their models.
     #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
     startup_timeout: f64,
-    /// Fault injection: kill worker LABEL (E0, P0, L0, D0) at SECONDS into the run.
-    #[arg(long, value_name = "LABEL@SECONDS", hide = true)]
-    kill_worker: Option<String>,
-}
-
-/// `LABEL@SECONDS` of a worker that exists in the deployment: `counts` are
-/// the encode, remote prefill, local prefill and decode workers.
-fn parse_kill(s: &str, counts: [usize; 4]) -> Result<(WorkerRef, f64), String> {
-    let [e, p, l, d] = counts;
-    let range = |c: char, n: usize| {
-        if n > 0 {
-            format!("{c}0..{c}{}", n - 1)
-        } else {
-            String::new()
-        }
-    };
-    let labels: Vec<String> = [range('E', e), range('P', p), range('L', l), range('D', d)]
-        .into_iter()
-        .filter(|x| !x.is_empty())
-        .collect();
-    let bad = || {
-        format!(
-            "--kill-worker `{s}`: expected LABEL@SECONDS with LABEL one of {} and SECONDS ≥ 0, e.g. E0@2.5",
-            labels.join(", ")
-        )
-    };
-    let (label, at) = s.split_once('@').ok_or_else(bad)?;
-    let at: f64 = at.parse().map_err(|_| bad())?;
-    if !(at >= 0.0 && at.is_finite()) {
-        return Err(bad());
-    }
-    let mut chars = label.chars();
-    let kind = chars.next().ok_or_else(bad)?;
-    let i: usize = chars.as_str().parse().map_err(|_| bad())?;
-    let (w, n) = match kind {
-        'E' => (WorkerRef::Encode(i), e),
-        'P' => (WorkerRef::Prefill(i), p),
-        'L' => (WorkerRef::Prefill(p + i), l),
-        'D' => (WorkerRef::Decode(i), d),
-        _ => return Err(bad()),
-    };
-    if i >= n {
-        return Err(bad());
-    }
-    Ok((w, at))
 }
 
 pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
@@ -167,22 +121,7 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
                 ))
             })?;
     }
-    let kill = match &a.kill_worker {
-        Some(k) => {
-            let local = match sc.knobs.local_prefill_tp {
-                Some(tp) => (alloc.encode.workers / tp) as usize,
-                None => 0,
-            };
-            let counts = [
-                alloc.encode.workers as usize,
-                alloc.prefill.workers as usize,
-                local,
-                alloc.decode.workers as usize,
-            ];
-            Some(parse_kill(k, counts).map_err(BadInput)?)
-        }
-        None => None,
-    };
+    let kill = a.run.kill(&sc)?;
     let opts = ExecOptions {
         device,
         exe: std::env::current_exe()?,
@@ -193,7 +132,7 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
     };
     let cost = sc.cost();
     let out = execute(&sc, &*cost, &opts)?;
-    a.run.output(&out.report, &out.records)?;
+    a.run.output(&out.report, &out.records, &out.decisions)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -13,6 +13,7 @@ mod search_cmd;
 mod sweep_cmd;
 
 use clap::{Parser, Subcommand};
+use easerve_sched::WorkerRef;
 use easerve_workload::scenario::{Overrides, Scenario, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -110,6 +111,16 @@ pub(crate) struct RunArgs {
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
     pub(crate) requests_csv: Option<PathBuf>,
+    /// Also write every scheduling decision of the controller, in order, as
+    /// JSON Lines (one `Decision` per line: placements, micro-batches with
+    /// their SM shares, routes, prefill batches, share changes, decode
+    /// iterations, failures).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) decisions: Option<PathBuf>,
+    /// Fault injection: worker LABEL (E0, P0, L0, D0) dies SECONDS into the
+    /// run (`sim`: its work in progress is lost; `exec`: its process is killed).
+    #[arg(long, value_name = "LABEL@SECONDS")]
+    pub(crate) kill_worker: Option<String>,
     /// Print the report as JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -137,12 +148,41 @@ impl RunArgs {
         Ok(Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?)
     }
 
-    /// Write the per-request CSV (if asked) and print the report.
+    /// The worker `--kill-worker` names in `sc`'s deployment, and when.
+    pub(crate) fn kill(&self, sc: &Scenario) -> anyhow::Result<Option<(WorkerRef, f64)>> {
+        let Some(k) = &self.kill_worker else {
+            return Ok(None);
+        };
+        let t = sc.topology();
+        let counts = [
+            t.encode().len(),
+            t.remote_prefill(),
+            t.prefill().len() - t.remote_prefill(),
+            t.decode().len(),
+        ];
+        Ok(Some(parse_kill(k, counts).map_err(BadInput)?))
+    }
+
+    /// Write the per-request CSV and the decision log (if asked) and print
+    /// the report.
     pub(crate) fn output(
         &self,
         report: &easerve_workload::Report,
         records: &[easerve_sched::RequestRecord],
+        decisions: &[easerve_sched::Decision],
     ) -> anyhow::Result<()> {
+        if let Some(path) = &self.decisions {
+            let cannot = |e: &dyn std::fmt::Display| {
+                BadInput(format!("--decisions {}: cannot write: {e}", path.display()))
+            };
+            let file = std::fs::File::create(path).map_err(|e| cannot(&e))?;
+            let mut w = std::io::BufWriter::new(file);
+            for d in decisions {
+                serde_json::to_writer(&mut w, d).map_err(|e| cannot(&e))?;
+                std::io::Write::write_all(&mut w, b"\n").map_err(|e| cannot(&e))?;
+            }
+            std::io::Write::flush(&mut w).map_err(|e| cannot(&e))?;
+        }
         if let Some(path) = &self.requests_csv {
             let mut w = csv::Writer::from_path(path).map_err(|e| {
                 BadInput(format!(
@@ -162,6 +202,48 @@ impl RunArgs {
         }
         Ok(())
     }
+}
+
+/// `LABEL@SECONDS` of a worker that exists in the deployment: `counts` are
+/// the encode, remote prefill, local prefill and decode workers.
+fn parse_kill(s: &str, counts: [usize; 4]) -> Result<(WorkerRef, f64), String> {
+    let [e, p, l, d] = counts;
+    let range = |c: char, n: usize| {
+        if n > 0 {
+            format!("{c}0..{c}{}", n - 1)
+        } else {
+            String::new()
+        }
+    };
+    let labels: Vec<String> = [range('E', e), range('P', p), range('L', l), range('D', d)]
+        .into_iter()
+        .filter(|x| !x.is_empty())
+        .collect();
+    let bad = || {
+        format!(
+            "--kill-worker `{s}`: expected LABEL@SECONDS with LABEL one of {} and SECONDS ≥ 0, e.g. E0@2.5",
+            labels.join(", ")
+        )
+    };
+    let (label, at) = s.split_once('@').ok_or_else(bad)?;
+    let at: f64 = at.parse().map_err(|_| bad())?;
+    if !(at >= 0.0 && at.is_finite()) {
+        return Err(bad());
+    }
+    let mut chars = label.chars();
+    let kind = chars.next().ok_or_else(bad)?;
+    let i: usize = chars.as_str().parse().map_err(|_| bad())?;
+    let (w, n) = match kind {
+        'E' => (WorkerRef::Encode(i), e),
+        'P' => (WorkerRef::Prefill(i), p),
+        'L' => (WorkerRef::Prefill(p + i), l),
+        'D' => (WorkerRef::Decode(i), d),
+        _ => return Err(bad()),
+    };
+    if i >= n {
+        return Err(bad());
+    }
+    Ok((w, at))
 }
 
 /// Bad input: exit code 2. Subcommands wrap a user-facing message in it.
@@ -186,6 +268,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let sc = a.run.scenario()?;
             let opts = easerve_sim::SimOptions {
                 timeline: a.trace.is_some(),
+                decisions: a.run.decisions.is_some(),
+                kill: a.run.kill(&sc)?,
                 ..Default::default()
             };
             let out = easerve_sim::simulate_with(&sc, easerve_sim::scenario_cost(&sc), &opts);
@@ -195,7 +279,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 })?;
                 serde_json::to_writer(std::io::BufWriter::new(file), timeline)?;
             }
-            a.run.output(&out.report, &out.records)?;
+            a.run.output(&out.report, &out.records, &out.decisions)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Exec(a) => exec_cmd::run(a),

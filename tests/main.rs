@@ -2,8 +2,8 @@
 //! One integration-test binary (modules below).
 
 mod bad_input;
+mod drivers_agree;
 mod exec_cli;
-mod exec_equality;
 mod profile_cli;
 mod reproduce_cli;
 mod search_cli;

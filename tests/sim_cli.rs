@@ -566,3 +566,44 @@ fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("h100-sxm"));
 }
+
+/// `--decisions FILE` writes the controller's log as JSON Lines, and
+/// `--kill-worker` injects a fault in the simulator as in the executor: the
+/// killed worker's requests fail, each failure is in the log, the rest finish.
+#[test]
+fn sim_writes_the_decision_log_and_injects_faults() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("decisions.jsonl");
+    let out = easerve(&[
+        "sim",
+        "scenarios/image.toml",
+        "--json",
+        "--requests",
+        "200",
+        "--kill-worker",
+        "E0@20",
+        "--decisions",
+        log.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let failed = num(&r, "/failed");
+    assert!(failed > 0.0, "nothing failed");
+    assert_eq!(num(&r, "/completed") + failed, 200.0);
+    let text = std::fs::read_to_string(&log).expect("decision log");
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one decision per line"))
+        .collect();
+    let fails = lines.iter().filter(|d| d.get("Fail").is_some()).count();
+    assert_eq!(fails as f64, failed);
+    assert!(lines.iter().any(|d| d.get("Dispatch").is_some()));
+    // a label the deployment does not have is bad input
+    let bad = easerve(&["sim", "scenarios/image.toml", "--kill-worker", "E9@1"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--kill-worker `E9@1`"));
+}

@@ -6,18 +6,20 @@
 //! 2. [`mel`]: Whisper's log-mel spectrogram.
 //! 3. [`device`]: choosing the backend and bounding a worker's CPU threads.
 //! 4. [`profile`]: timing encode, prefill, decode and transfers into a profile.
+//! 5. [`run`]: `easerve exec`, the second driver of `easerve_sched::Controller`
+//!    (the simulator is the first): worker processes over sockets, the
+//!    controller's commands carried out for real.
+//! 6. [`wire`] and [`worker`]: the frames between the controller and a worker,
+//!    and the worker process itself.
 #![warn(missing_docs)]
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
-pub mod event;
 pub mod input;
 pub mod mel;
-pub mod plan;
 pub mod preprocess_cost;
 pub mod profile;
 pub mod run;
-pub mod virtual_clock;
 pub mod wire;
 pub mod worker;

@@ -2,7 +2,8 @@
 //! a single-threaded tokio runtime) starts one OS process per worker
 //! (`easerve worker …`), offers the scenario's workload open-loop at its
 //! arrival times, carries out the [`Controller`]'s commands over the
-//! workers' sockets and turns what comes back into [`ExecEvent`]s.
+//! workers' sockets and hands what comes back to it as [`Event`]s: the
+//! second driver of the one controller (the simulator is the first).
 //!
 //! Data path: encode workers return embeddings to the controller, which
 //! forwards them to the chosen prefill worker as one envelope per destination
@@ -13,20 +14,21 @@
 //! takes two loopback hops through the controller.
 //!
 //! Faults: a worker whose socket closes or whose process exits is failed at
-//! once ([`Controller::on_worker_failed`]): its requests end as failed with
+//! once ([`Event::WorkerFailed`]): its requests end as failed with
 //! the reason, and the run goes on. Ctrl-C (or the time limit) interrupts the
 //! run: what has not finished fails with the reason, and the report is
 //! written from what was measured.
 
 use crate::device::{cpu_cores, DeviceKind};
-use crate::event::{apply, ExecEvent};
-use crate::plan::build_controller;
 use crate::wire::{
     encode_frame, read_frame_async, write_bytes_async, EncodeRequest, FromWorker, KvData, Matrix,
     PrefillRequest, Role, ToWorker,
 };
 use easerve_calib::StageCost;
-use easerve_sched::{Command, Controller, Decision, RequestId, RequestRecord, WorkerRef};
+use easerve_sched::{
+    Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, WorkerRef,
+};
+use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
 use easerve_workload::{Report, Scenario};
 use std::collections::HashMap;
@@ -150,8 +152,8 @@ async fn run(
     cost: &dyn StageCost,
     opts: &ExecOptions,
 ) -> Result<ExecOutput, ExecError> {
-    let (mut ctrl, _tokens) = build_controller(sc, cost);
-    let alloc = sc.deployment.allocation;
+    let (requests, tokens) = generate_with_tokens(sc);
+    let mut ctrl = sc.controller(requests, &tokens, cost, true);
     // workers and their first device, in the simulator's GPU order
     let mut workers: Vec<Worker> = ctrl
         .topology()
@@ -358,11 +360,7 @@ async fn run(
     let now = || t0.elapsed().as_secs_f64();
     let arrivals: Vec<f64> = ctrl.requests().iter().map(|r| r.arrival).collect();
     let mut next_arrival = 0usize;
-    let mut timers: Vec<Option<f64>> = vec![None; alloc.encode.workers as usize];
-    let mut embeddings: HashMap<RequestId, Matrix> = HashMap::new();
-    let mut kv: HashMap<RequestId, (u32, KvData)> = HashMap::new();
-    let mut envelopes: HashMap<u64, (usize, Vec<RequestId>, Option<usize>)> = HashMap::new();
-    let mut next_envelope = 0u64;
+    let mut links = Links::default();
     let mut faults: Vec<Fault> = Vec::new();
     let mut kill = opts.kill;
     let mut killed_at: Option<(usize, f64)> = None;
@@ -376,8 +374,8 @@ async fn run(
         if let Some(&t) = arrivals.get(next_arrival) {
             wake = wake.min(t);
         }
-        for t in timers.iter().flatten() {
-            wake = wake.min(*t);
+        if let Some(t) = ctrl.poll_timeout() {
+            wake = wake.min(t);
         }
         if let Some((_, t)) = kill {
             wake = wake.min(t);
@@ -386,7 +384,7 @@ async fn run(
             wake = wake.min(t);
         }
         let sleep_for = (wake - now()).clamp(0.0, 3600.0);
-        let mut events: Vec<ExecEvent> = Vec::new();
+        let mut events: Vec<Event> = Vec::new();
         tokio::select! {
             ev = rx.recv() => match ev {
                 Some(Incoming::Msg(k, msg)) => {
@@ -395,29 +393,33 @@ async fn run(
                         FromWorker::EncodeDone { embeddings: e, compute_s, .. } => {
                             w.busy_s += compute_s;
                             w.sm_s += compute_s * w.share;
-                            embeddings.extend(e);
-                            events.push(ExecEvent::EncodeDone(w.index));
+                            links.embeddings.extend(e);
+                            events.push(Event::EncodeDone { worker: w.index });
+                        }
+                        FromWorker::EncodeGpuStarted => {
+                            events.push(Event::EncodeGpuStarted { worker: w.index });
                         }
                         FromWorker::EmbeddingsLanded { envelope } => {
-                            if let Some((to, ids, from)) = envelopes.remove(&envelope) {
-                                events.push(ExecEvent::EmbeddingsLanded { to, ids, from });
+                            if let Some(sent_at) = links.envelopes.remove(&envelope) {
+                                events.push(Event::EmbeddingsLanded { envelope, sent_at });
                             }
                         }
                         FromWorker::PrefillDone { outputs, compute_s } => {
                             w.busy_s += compute_s;
                             w.sm_s += compute_s * w.share;
                             for (id, tok, cache) in outputs {
-                                kv.insert(id, (tok, cache));
+                                links.kv.insert(id, (tok, cache));
                             }
-                            events.push(ExecEvent::PrefillDone(w.index));
+                            events.push(Event::PrefillDone { worker: w.index });
                         }
                         FromWorker::KvLanded { id } => {
-                            events.push(ExecEvent::KvLanded { to: w.index, id });
+                            let sent_at = links.kv_sent.remove(&id).unwrap_or(now());
+                            events.push(Event::KvLanded { id, sent_at });
                         }
                         FromWorker::DecodeDone { compute_s, .. } => {
                             w.busy_s += compute_s;
                             w.sm_s += compute_s;
-                            events.push(ExecEvent::DecodeStepDone(w.index));
+                            events.push(Event::DecodeStepDone { worker: w.index });
                         }
                         FromWorker::Error { message } => {
                             last_err.insert(k, message);
@@ -443,24 +445,9 @@ async fn run(
                                 .filter(|(kk, _)| *kk == k)
                                 .map(|(_, at)| t - at),
                         });
-                        // envelopes to a dead prefill worker land nowhere: hand
-                        // them back so their requests fail and the sender's
-                        // in-flight slots free
-                        if let WorkerRef::Prefill(p) = w.wref {
-                            let lost: Vec<u64> = envelopes
-                                .iter()
-                                .filter(|(_, e)| e.0 == p)
-                                .map(|(n, _)| *n)
-                                .collect();
-                            events.push(ExecEvent::WorkerFailed(w.wref, reason));
-                            for n in lost {
-                                if let Some((to, ids, from)) = envelopes.remove(&n) {
-                                    events.push(ExecEvent::EmbeddingsLanded { to, ids, from });
-                                }
-                            }
-                        } else {
-                            events.push(ExecEvent::WorkerFailed(w.wref, reason));
-                        }
+                        // the controller fails what it holds, and frees the
+                        // in-flight slots of envelopes sent to it
+                        events.push(Event::WorkerFailed { worker: w.wref, reason });
                     }
                 }
                 Some(Incoming::Stderr(k, l)) => {
@@ -481,7 +468,12 @@ async fn run(
             ));
         }
         if let Some(why) = &interrupted {
-            ctrl.interrupt(why);
+            ctrl.handle(
+                t,
+                Event::Interrupt {
+                    reason: why.clone(),
+                },
+            );
             run_s = t;
             break;
         }
@@ -501,33 +493,27 @@ async fn run(
             if a > t {
                 break;
             }
-            events.push(ExecEvent::Arrival(next_arrival as RequestId));
+            events.push(Event::Arrival {
+                id: next_arrival as RequestId,
+            });
             next_arrival += 1;
         }
-        for (w, slot) in timers.iter_mut().enumerate() {
-            if slot.is_some_and(|at| at <= t) {
-                *slot = None;
-                events.push(ExecEvent::Timer(w));
+        let mut events: std::collections::VecDeque<Event> = events.into();
+        let mut timeout_checked = false;
+        loop {
+            match events.pop_front() {
+                Some(ev) => ctrl.handle(t, ev),
+                // the controller's timers, after this instant's events
+                None if !timeout_checked => {
+                    timeout_checked = true;
+                    ctrl.handle_timeout(t);
+                }
+                None => break,
             }
-        }
-        let mut events: std::collections::VecDeque<ExecEvent> = events.into();
-        while let Some(ev) = events.pop_front() {
-            apply(&mut ctrl, t, ev);
-            for cmd in ctrl.take_commands() {
+            while let Some(cmd) = ctrl.poll_command() {
                 // a transfer to a worker that is gone lands at once, so the
                 // controller fails its requests and frees the sender's slot
-                events.extend(carry_out(
-                    cmd,
-                    &mut ctrl,
-                    &mut workers,
-                    &by_ref,
-                    &mut timers,
-                    &mut embeddings,
-                    &mut kv,
-                    &mut envelopes,
-                    &mut next_envelope,
-                    t,
-                ));
+                events.extend(carry_out(cmd, &ctrl, &mut workers, &by_ref, &mut links, t));
             }
         }
         run_s = t;
@@ -612,19 +598,29 @@ async fn reader(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What moves between workers through the controller: embeddings and KV
+/// caches held until their destination is chosen, and when each transfer left.
+#[derive(Default)]
+struct Links {
+    embeddings: HashMap<RequestId, Matrix>,
+    kv: HashMap<RequestId, (u32, KvData)>,
+    /// Envelopes in flight and when they left.
+    envelopes: HashMap<EnvelopeId, f64>,
+    /// KV caches in flight and when they left.
+    kv_sent: HashMap<RequestId, f64>,
+}
+
+/// Carry out one command over the workers' sockets at `now`; an event comes
+/// back when the command lands at once (a local envelope, or a transfer to a
+/// worker that is gone).
 fn carry_out(
     cmd: Command,
-    ctrl: &mut Controller,
+    ctrl: &Controller,
     workers: &mut [Worker],
     by_ref: &HashMap<WorkerRef, usize>,
-    timers: &mut [Option<f64>],
-    embeddings: &mut HashMap<RequestId, Matrix>,
-    kv: &mut HashMap<RequestId, (u32, KvData)>,
-    envelopes: &mut HashMap<u64, (usize, Vec<RequestId>, Option<usize>)>,
-    next_envelope: &mut u64,
+    links: &mut Links,
     now: f64,
-) -> Option<ExecEvent> {
+) -> Option<Event> {
     let send = |workers: &mut [Worker], wref: WorkerRef, msg: &ToWorker| -> bool {
         let w = &mut workers[by_ref[&wref]];
         match (&w.tx, encode_frame(msg)) {
@@ -633,12 +629,9 @@ fn carry_out(
         }
     };
     match cmd {
-        Command::Encode {
-            worker,
-            ids,
-            sm_share,
-        } => {
-            let requests = ids
+        Command::Encode { worker, sm_share } => {
+            let requests = ctrl
+                .encode_batch(worker)
                 .iter()
                 .map(|&id| EncodeRequest {
                     id,
@@ -652,42 +645,31 @@ fn carry_out(
                 &ToWorker::Encode { requests, sm_share },
             );
         }
-        Command::Timer { worker, at } => timers[worker] = Some(at),
-        Command::Embeddings {
-            from,
-            to,
-            ids,
-            local,
-        } => {
-            let e: Vec<(RequestId, Matrix)> = ids
+        Command::Embeddings { envelope, to, .. } => {
+            let e: Vec<(RequestId, Matrix)> = ctrl
+                .envelope(envelope)
                 .iter()
-                .filter_map(|id| embeddings.remove(id).map(|m| (*id, m)))
+                .filter_map(|id| links.embeddings.remove(id).map(|m| (*id, m)))
                 .collect();
-            *next_envelope += 1;
-            let n = *next_envelope;
-            for &id in &ids {
-                ctrl.record_mut(id).embedding_sent = Some(now);
-            }
             let sent = send(
                 workers,
                 WorkerRef::Prefill(to),
                 &ToWorker::Embeddings {
-                    envelope: n,
+                    envelope,
                     embeddings: e,
                 },
             );
-            let from = (!local).then_some(from);
             if !sent {
-                return Some(ExecEvent::EmbeddingsLanded { to, ids, from });
+                return Some(Event::EmbeddingsLanded {
+                    envelope,
+                    sent_at: now,
+                });
             }
-            envelopes.insert(n, (to, ids, from));
+            links.envelopes.insert(envelope, now);
         }
-        Command::Prefill {
-            worker,
-            items,
-            sm_share,
-        } => {
-            let requests = items
+        Command::Prefill { worker, sm_share } => {
+            let requests = ctrl
+                .prefill_batch(worker)
                 .iter()
                 .map(|it| PrefillRequest {
                     id: it.id,
@@ -701,8 +683,11 @@ fn carry_out(
                 &ToWorker::Prefill { requests, sm_share },
             );
         }
+        // a worker's thread pool is sized per batch: the next batch carries
+        // the new share
+        Command::PrefillShare { .. } => {}
         Command::Kv { to, id, .. } => {
-            let sent = kv.remove(&id).is_some_and(|(last_token, cache)| {
+            let sent = links.kv.remove(&id).is_some_and(|(last_token, cache)| {
                 send(
                     workers,
                     WorkerRef::Decode(to),
@@ -714,21 +699,23 @@ fn carry_out(
                 )
             });
             if !sent {
-                return Some(ExecEvent::KvLanded { to, id });
+                return Some(Event::KvLanded { id, sent_at: now });
             }
+            links.kv_sent.insert(id, now);
         }
-        Command::DecodeStep { worker, ids, .. } => {
+        Command::DecodeStep { worker, .. } => {
+            let ids = ctrl.decode_batch(worker).collect();
             send(
                 workers,
                 WorkerRef::Decode(worker),
                 &ToWorker::DecodeStep { ids },
             );
         }
-        Command::Release { worker, ids } => {
+        Command::Release { worker, id } => {
             send(
                 workers,
                 WorkerRef::Decode(worker),
-                &ToWorker::Release { ids },
+                &ToWorker::Release { ids: vec![id] },
             );
         }
     }

@@ -164,6 +164,9 @@ pub enum FromWorker {
         /// Request.
         id: RequestId,
     },
+    /// An encode pass finished its host phase (preprocessing) and starts on
+    /// the device.
+    EncodeGpuStarted,
     /// An encode pass ended.
     EncodeDone {
         /// Embeddings per request, in pass order.

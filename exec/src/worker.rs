@@ -317,7 +317,10 @@ fn serve<B: Backend>(
     while let Ok(job) = rx.recv() {
         let reply = match job? {
             Job::Encode(requests, share) => {
-                Some(pools.run(share, || encode(arch, &model, opts.seed, &requests, device))?)
+                let on_device = || send(&writer, &FromWorker::EncodeGpuStarted);
+                Some(pools.run(share, || {
+                    encode(arch, &model, opts.seed, &requests, device, on_device)
+                })?)
             }
             Job::Prefill(requests, share) => {
                 let mut batch = Vec::with_capacity(requests.len());
@@ -363,6 +366,7 @@ fn encode<B: Backend>(
     seed: u64,
     requests: &[EncodeRequest],
     device: &B::Device,
+    on_device: impl FnOnce() -> Result<(), String>,
 ) -> Result<FromWorker, String> {
     let t0 = Instant::now();
     let mut items = Vec::new();
@@ -376,6 +380,7 @@ fn encode<B: Backend>(
         counts.push(r.items.len());
     }
     let preprocess_s = t0.elapsed().as_secs_f64();
+    on_device()?;
     let mut out = model.encode(&items).map_err(|e| e.to_string())?.into_iter();
     let mut embeddings = Vec::with_capacity(requests.len());
     for (r, n) in requests.iter().zip(counts) {

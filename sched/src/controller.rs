@@ -1,14 +1,47 @@
 //! The EPD controller: every orchestration decision of one run — admission,
-//! placement, encode dispatch, SM share per micro-batch, prefill routing,
-//! prefill batching, KV placement and decode iterations — as a sans-IO state
-//! machine.
+//! placement, encode dispatch, the SM share of each micro-batch and of the
+//! co-located prefill worker, prefill routing, prefill batching, KV placement
+//! and decode iterations — as a sans-IO state machine, in the shape of
+//! quinn-proto's `Connection`.
 //!
-//! The executor (`easerve exec`) feeds it events (an arrival, a worker
-//! finished, a transfer landed, a timer fired, a worker died) with the current
-//! time and carries out the [`Command`]s it returns; it never decides anything
-//! itself. Every decision is also appended to a [`Decision`] log, which the
-//! simulator writes too, so the two faces can be compared decision by decision
-//! (`tests/exec_equality.rs`).
+//! Two drivers run it: the simulator (`easerve-sim`, which adds the physics:
+//! how long a pass, a batch, a step or a transfer takes) and the executor
+//! (`easerve exec`, whose worker processes do the work for real). Neither
+//! decides anything itself.
+//!
+//! # Inputs
+//! * [`Controller::handle`]`(now, `[`Event`]`)`: something happened at `now` —
+//!   a request arrived, an encode pass reached its GPU phase or ended, an
+//!   embeddings envelope or a KV cache landed, a prefill batch or a decode
+//!   iteration ended, a worker died, or the run is being cut short.
+//! * [`Controller::handle_timeout`]`(now)`: the time [`Controller::poll_timeout`]
+//!   returned has come. A spurious or early call is a no-op.
+//!
+//! # Outputs
+//! * [`Controller::poll_command`]: the next [`Command`] for the driver to carry
+//!   out (run a pass, move embeddings, change a running batch's SM share, …).
+//!   Commands carry no vectors: the requests of a pass, a batch, an envelope or
+//!   a decode iteration are read with [`Controller::encode_batch`],
+//!   [`Controller::prefill_batch`], [`Controller::envelope`] and
+//!   [`Controller::decode_batch`] when the driver needs them.
+//! * [`Controller::poll_timeout`]: the earliest time the controller wants to be
+//!   woken (a batcher's deadline), if any. The controller owns every timer; a
+//!   driver keeps no generation counters.
+//! * [`Controller::decisions`]: the [`Decision`] log, kept only when
+//!   [`ControllerConfig::log_decisions`] is set (off in the simulator's hot path,
+//!   on for tests and `--decisions FILE`).
+//!
+//! # Call order
+//! 1. For each input: `handle(now, event)` (or `handle_timeout(now)`), with `now`
+//!    never going back.
+//! 2. Drain `poll_command()` until it returns `None`, carrying out each command
+//!    in order. A command's effects are reported back later as events (a pass
+//!    ends with [`Event::EncodeDone`], and so on).
+//! 3. Read `poll_timeout()` and arrange to call `handle_timeout` then, or sooner
+//!    when another event comes.
+//!
+//! Ties at one instant are the driver's to order; the simulator delivers
+//! completions, then transfers, then arrivals, then the timeout.
 //!
 //! Times are seconds since the start of the run (`f64`), as everywhere in
 //! easerve. Request ids are their index in the request list.
@@ -18,6 +51,7 @@ use crate::{
     RequestId, RequestRecord, Route, Router, RouterPolicy, SmSplit, Topology,
 };
 use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
 
 /// A stage's worker, as the controller names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -29,6 +63,71 @@ pub enum WorkerRef {
     Prefill(usize),
     /// Decode worker `i` (`D{i}`).
     Decode(usize),
+}
+
+/// One embeddings envelope in flight: a slot index in its low 32 bits and the
+/// slot's generation in its high 32 bits, so a stale landing never matches a
+/// later envelope in the same slot.
+pub type EnvelopeId = u64;
+
+/// Something that happened, reported by the driver with [`Controller::handle`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Request `id` arrived (open loop, at its scheduled time).
+    Arrival {
+        /// Request.
+        id: RequestId,
+    },
+    /// Encode worker `worker`'s pass finished its host phase (the fixed
+    /// per-pass overhead and preprocessing) and now holds the GPU's SMs.
+    EncodeGpuStarted {
+        /// Encode worker.
+        worker: usize,
+    },
+    /// Encode worker `worker` finished its pass.
+    EncodeDone {
+        /// Encode worker.
+        worker: usize,
+    },
+    /// An embeddings envelope is held by its prefill worker.
+    EmbeddingsLanded {
+        /// The envelope ([`Command::Embeddings`]).
+        envelope: EnvelopeId,
+        /// When it left the encode worker (after waiting for the link), seconds.
+        sent_at: f64,
+    },
+    /// Prefill worker `worker` finished its batch (first tokens emitted).
+    PrefillDone {
+        /// Prefill worker.
+        worker: usize,
+    },
+    /// Request `id`'s KV cache is held by the decode worker it was sent to.
+    KvLanded {
+        /// Request.
+        id: RequestId,
+        /// When it left the prefill worker (after waiting for the link), seconds.
+        sent_at: f64,
+    },
+    /// Decode worker `worker` finished an iteration.
+    DecodeStepDone {
+        /// Decode worker.
+        worker: usize,
+    },
+    /// A worker died (it exited, was killed, or its connection broke): every
+    /// request it holds fails with `reason`, and requests later sent to it fail
+    /// on arrival there. Nothing is retried.
+    WorkerFailed {
+        /// The worker.
+        worker: WorkerRef,
+        /// Why.
+        reason: String,
+    },
+    /// The run is cut short (Ctrl-C or a deadline): every request not at an
+    /// end yet, arrived or not, fails with `reason`; nothing more starts.
+    Interrupt {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// One scheduling decision, in the order it was taken. The simulator and the
@@ -68,7 +167,7 @@ pub enum Decision {
         /// Whether it stays on the encode GPU's local prefill worker.
         local: bool,
     },
-    /// Prefill worker `worker` starts a batch of `ids`.
+    /// Prefill worker `worker` starts a batch of `ids` at SM share `sm_share`.
     Prefill {
         /// Time of the decision.
         at: f64,
@@ -76,6 +175,19 @@ pub enum Decision {
         worker: usize,
         /// Requests in the batch.
         ids: Vec<RequestId>,
+        /// SM share (1 for a remote worker; for a local one, what the encode
+        /// pass on its GPU leaves).
+        sm_share: f64,
+    },
+    /// The running batch of local prefill worker `worker` changes SM share
+    /// because an encode pass on its GPU entered or left its GPU phase.
+    Share {
+        /// Time of the decision.
+        at: f64,
+        /// Prefill worker.
+        worker: usize,
+        /// The new share.
+        sm_share: f64,
     },
     /// Request `id`'s KV cache goes to decode worker `worker`.
     PlaceDecode {
@@ -96,52 +208,63 @@ pub enum Decision {
         /// Total context tokens.
         context: u64,
     },
+    /// Request `id` failed (a worker died, its KV cache can never fit, the run
+    /// was interrupted).
+    Fail {
+        /// Request.
+        id: RequestId,
+        /// Why.
+        reason: String,
+    },
 }
 
-/// What the controller asks its executor to do.
-#[derive(Clone, Debug, PartialEq)]
+/// What the controller asks its driver to do. No command owns a vector; see
+/// the accessors named on each variant.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Command {
-    /// Run an encode pass of `ids` on encode worker `worker` with SM share `sm_share`.
+    /// Run an encode pass on encode worker `worker` with SM share `sm_share`
+    /// over [`Controller::encode_batch`]`(worker)`; report its GPU phase with
+    /// [`Event::EncodeGpuStarted`] and its end with [`Event::EncodeDone`].
     Encode {
         /// Encode worker.
         worker: usize,
-        /// Requests of the micro-batch.
-        ids: Vec<RequestId>,
         /// SM (or thread) share for the pass.
         sm_share: f64,
     },
-    /// Call [`Controller::on_timer`] for encode worker `worker` at `at`
-    /// (replaces any earlier timer of that worker).
-    Timer {
-        /// Encode worker.
-        worker: usize,
-        /// Absolute time, seconds.
-        at: f64,
-    },
-    /// Move the embeddings of `ids` from encode worker `from` to prefill worker
-    /// `to` as one envelope; report its landing with
-    /// [`Controller::on_embeddings`]. `local` envelopes stay on the encode GPU.
+    /// Move the embeddings of [`Controller::envelope`]`(envelope)` from encode
+    /// worker `from` to prefill worker `to`; report the landing with
+    /// [`Event::EmbeddingsLanded`]. `local` envelopes stay on the encode GPU
+    /// (they land at once).
     Embeddings {
+        /// The envelope.
+        envelope: EnvelopeId,
         /// Encode worker.
         from: usize,
         /// Prefill worker.
         to: usize,
-        /// Requests.
-        ids: Vec<RequestId>,
         /// Whether the destination is the co-located local prefill worker.
         local: bool,
     },
-    /// Run a prefill batch on prefill worker `worker` at SM share `sm_share`.
+    /// Run a prefill batch, [`Controller::prefill_batch`]`(worker)`, on prefill
+    /// worker `worker` at SM share `sm_share`; report [`Event::PrefillDone`].
     Prefill {
         /// Prefill worker.
         worker: usize,
-        /// Requests and their prompt tokens.
-        items: Vec<PrefillItem>,
         /// SM share (1 for a remote prefill worker).
         sm_share: f64,
     },
-    /// Move request `id`'s KV cache from prefill worker `from` to decode worker
-    /// `to`; report its landing with [`Controller::on_kv`].
+    /// The batch running on local prefill worker `worker` now has SM share
+    /// `sm_share` (an encode pass on its GPU entered or left its GPU phase).
+    /// The simulator re-rates the batch; the executor applies it at the next
+    /// batch.
+    PrefillShare {
+        /// Prefill worker.
+        worker: usize,
+        /// The new share.
+        sm_share: f64,
+    },
+    /// Move request `id`'s KV cache from prefill worker `from` to decode
+    /// worker `to`; report [`Event::KvLanded`].
     Kv {
         /// Prefill worker.
         from: usize,
@@ -150,22 +273,23 @@ pub enum Command {
         /// Request.
         id: RequestId,
     },
-    /// Run one decode iteration on `worker` over the running sequences `ids`.
+    /// Run one decode iteration on `worker` over its running sequences
+    /// ([`Controller::decode_batch`]); report [`Event::DecodeStepDone`].
     DecodeStep {
         /// Decode worker.
         worker: usize,
         /// Running sequences.
-        ids: Vec<RequestId>,
+        batch: u64,
         /// Their total context tokens.
         context: u64,
     },
-    /// Sequences that generated their last token: decode worker `worker` may
-    /// free their KV caches.
+    /// Request `id` generated its last token: decode worker `worker` may free
+    /// its KV cache.
     Release {
         /// Decode worker.
         worker: usize,
-        /// Finished requests.
-        ids: Vec<RequestId>,
+        /// Finished request.
+        id: RequestId,
     },
 }
 
@@ -190,6 +314,8 @@ pub struct ControllerConfig {
     /// Admission bound: requests admitted and not yet finished; an arrival
     /// beyond it is rejected. `None` admits everything.
     pub admission_limit: Option<usize>,
+    /// Keep the [`Decision`] log ([`Controller::decisions`]).
+    pub log_decisions: bool,
 }
 
 /// Where a request is.
@@ -204,7 +330,13 @@ enum Place {
 
 struct EncodeSlot {
     batcher: Batcher,
-    pass: Option<Vec<RequestId>>,
+    /// The pass running, FCFS; empty when idle.
+    pass: Vec<RequestId>,
+    busy: bool,
+    /// Whether the pass holds the GPU's SMs (its host phase is over).
+    gpu_phase: bool,
+    /// The batcher's wake-up, when it waits on a timer.
+    timer: Option<f64>,
     inflight: usize,
     local: Option<usize>,
     alive: bool,
@@ -212,7 +344,10 @@ struct EncodeSlot {
 
 struct PrefillSlot {
     queue: PrefillQueue,
-    batch: Option<Vec<PrefillItem>>,
+    batch: Vec<PrefillItem>,
+    busy: bool,
+    /// SM share of the running batch.
+    share: f64,
     encode_workers: Vec<usize>,
     local: bool,
     alive: bool,
@@ -222,6 +357,15 @@ struct DecodeSlot {
     sched: DecodeScheduler,
     stepping: bool,
     alive: bool,
+}
+
+struct Envelope {
+    gen: u32,
+    from: usize,
+    to: usize,
+    local: bool,
+    ids: Vec<RequestId>,
+    in_flight: bool,
 }
 
 /// Counters for the report's encode summary.
@@ -255,12 +399,16 @@ pub struct Controller {
     remote_place: LeastOutstanding,
     decode: Vec<DecodeSlot>,
     decode_place: LeastOutstanding,
+    envelopes: Vec<Envelope>,
+    free_envelopes: Vec<u32>,
     max_inflight: usize,
     admission_limit: Option<usize>,
     in_system: usize,
     counters: ControllerCounters,
-    log: Vec<Decision>,
-    commands: Vec<Command>,
+    log: Option<Vec<Decision>>,
+    commands: VecDeque<Command>,
+    /// Routing scratch (destination, ids), reused by every pass.
+    groups: Vec<(usize, Vec<RequestId>)>,
 }
 
 impl Controller {
@@ -273,7 +421,10 @@ impl Controller {
             .into_iter()
             .map(|batcher| EncodeSlot {
                 batcher,
-                pass: None,
+                pass: Vec::new(),
+                busy: false,
+                gpu_phase: false,
+                timer: None,
                 inflight: 0,
                 local: None,
                 alive: true,
@@ -286,7 +437,9 @@ impl Controller {
             .iter()
             .map(|w| PrefillSlot {
                 queue: queue(),
-                batch: None,
+                batch: Vec::new(),
+                busy: false,
+                share: 1.0,
                 encode_workers: w.encode_workers.clone(),
                 local: w.local,
                 alive: true,
@@ -317,14 +470,111 @@ impl Controller {
             encode,
             prefill,
             decode,
+            envelopes: Vec::new(),
+            free_envelopes: Vec::new(),
             max_inflight: cfg.max_inflight_transfers.max(1),
             admission_limit: cfg.admission_limit,
             in_system: 0,
             counters: ControllerCounters::default(),
-            log: Vec::new(),
-            commands: Vec::new(),
+            log: cfg.log_decisions.then(Vec::new),
+            commands: VecDeque::new(),
+            groups: Vec::new(),
         }
     }
+
+    // ----------------------------------------------------------- the API
+
+    /// Hand the controller something that happened at `now` (module doc).
+    pub fn handle(&mut self, now: f64, event: Event) {
+        match event {
+            Event::Arrival { id } => self.on_arrival(now, id),
+            Event::EncodeGpuStarted { worker } => self.on_encode_gpu(now, worker),
+            Event::EncodeDone { worker } => self.on_encode_done(now, worker),
+            Event::EmbeddingsLanded { envelope, sent_at } => {
+                self.on_embeddings(now, envelope, sent_at)
+            }
+            Event::PrefillDone { worker } => self.on_prefill_done(now, worker),
+            Event::KvLanded { id, sent_at } => self.on_kv(now, id, sent_at),
+            Event::DecodeStepDone { worker } => {
+                self.complete_decode_step(now, worker);
+                self.try_decode(now, worker);
+            }
+            Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
+            Event::Interrupt { reason } => self.interrupt(&reason),
+        }
+    }
+
+    /// The earliest time the controller wants [`Controller::handle_timeout`]
+    /// called, if any.
+    pub fn poll_timeout(&self) -> Option<f64> {
+        let mut t: Option<f64> = None;
+        for e in &self.encode {
+            if let Some(at) = e.timer {
+                t = Some(t.map_or(at, |x| x.min(at)));
+            }
+        }
+        t
+    }
+
+    /// A timer the controller asked for may be due at `now`: every batcher
+    /// whose wake-up has come is re-examined. Spurious calls are no-ops.
+    pub fn handle_timeout(&mut self, now: f64) {
+        for w in 0..self.encode.len() {
+            if self.encode[w].timer.is_some_and(|at| at <= now) {
+                self.encode[w].timer = None;
+                self.try_dispatch(now, w);
+            }
+        }
+    }
+
+    /// The next command to carry out, in order; `None` when there is none.
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// The requests of the pass running on encode worker `w`, FCFS (empty when idle).
+    pub fn encode_batch(&self, w: usize) -> &[RequestId] {
+        &self.encode[w].pass
+    }
+
+    /// The batch running on prefill worker `p` (empty when idle).
+    pub fn prefill_batch(&self, p: usize) -> &[PrefillItem] {
+        &self.prefill[p].batch
+    }
+
+    /// The requests of an envelope in flight (empty once it landed or is unknown).
+    pub fn envelope(&self, e: EnvelopeId) -> &[RequestId] {
+        self.live_envelope(e).map_or(&[], |x| &x.ids)
+    }
+
+    /// The sequences of decode worker `d`'s running batch, in no particular order.
+    pub fn decode_batch(&self, d: usize) -> impl Iterator<Item = RequestId> + '_ {
+        self.decode[d].sched.batch()
+    }
+
+    /// Shape of decode worker `d`'s running batch: (sequences, context tokens).
+    pub fn decode_shape(&self, d: usize) -> (u64, u64) {
+        self.decode[d].sched.step_shape()
+    }
+
+    /// Sequences at decode worker `d` waiting for KV blocks.
+    pub fn decode_waiting(&self, d: usize) -> usize {
+        self.decode[d].sched.waiting()
+    }
+
+    /// Whether an encode GPU and its local prefill worker share the SMs by
+    /// time-slicing (no partition): both then run on every SM and slow each
+    /// other, and a share below 1 is a share of time.
+    pub fn time_sliced(&self) -> bool {
+        self.split.encode_share(1).is_none()
+    }
+
+    /// The SM split in force (for the report's notes).
+    pub fn split(&self) -> &SmSplit {
+        &self.split
+    }
+
+    // --------------------------------------------------------- inspection
 
     /// The requests of the run.
     pub fn requests(&self) -> &[Request] {
@@ -336,20 +586,19 @@ impl Controller {
         &self.records
     }
 
-    /// Mutable record of `id`, for times only the executor knows (e.g. when a
-    /// transfer actually left).
-    pub fn record_mut(&mut self, id: RequestId) -> &mut RequestRecord {
-        &mut self.records[id as usize]
-    }
-
     /// Hand over the records at the end of the run.
     pub fn into_records(self) -> Vec<RequestRecord> {
         self.records
     }
 
-    /// Every decision so far.
+    /// Every decision so far (empty unless [`ControllerConfig::log_decisions`]).
     pub fn decisions(&self) -> &[Decision] {
-        &self.log
+        self.log.as_deref().unwrap_or(&[])
+    }
+
+    /// Take the decision log.
+    pub fn take_decisions(&mut self) -> Vec<Decision> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Counters for the report.
@@ -388,9 +637,22 @@ impl Controller {
         self.in_system
     }
 
-    /// Take the commands issued since the last call, in order.
-    pub fn take_commands(&mut self) -> Vec<Command> {
-        std::mem::take(&mut self.commands)
+    /// Requests queued at encode worker `w`.
+    pub fn encode_queue_len(&self, w: usize) -> usize {
+        self.encode[w].batcher.len()
+    }
+
+    /// Requests queued at prefill worker `p`.
+    pub fn prefill_queue_len(&self, p: usize) -> usize {
+        self.prefill[p].queue.len()
+    }
+
+    // ------------------------------------------------------------ helpers
+
+    fn decide(&mut self, d: impl FnOnce() -> Decision) {
+        if let Some(log) = self.log.as_mut() {
+            log.push(d());
+        }
     }
 
     fn fail(&mut self, id: RequestId, reason: &str) {
@@ -404,6 +666,10 @@ impl Controller {
         self.place[i] = Place::Done;
         self.records[i].failure = Some(reason.to_string());
         self.counters.failed += 1;
+        self.decide(|| Decision::Fail {
+            id,
+            reason: reason.to_string(),
+        });
     }
 
     fn done(&mut self, id: RequestId, at: f64) {
@@ -415,11 +681,46 @@ impl Controller {
         }
     }
 
-    // ---------------------------------------------------------------- encode
+    fn live_envelope(&self, e: EnvelopeId) -> Option<&Envelope> {
+        let slot = (e & 0xffff_ffff) as usize;
+        let gen = (e >> 32) as u32;
+        self.envelopes
+            .get(slot)
+            .filter(|x| x.gen == gen && x.in_flight)
+    }
 
-    /// Request `id` arrives at `now`.
-    pub fn on_arrival(&mut self, now: f64, id: RequestId) {
+    fn new_envelope(&mut self, from: usize, to: usize, local: bool) -> (EnvelopeId, usize) {
+        let slot = match self.free_envelopes.pop() {
+            Some(s) => s as usize,
+            None => {
+                self.envelopes.push(Envelope {
+                    gen: 0,
+                    from,
+                    to,
+                    local,
+                    ids: Vec::new(),
+                    in_flight: false,
+                });
+                self.envelopes.len() - 1
+            }
+        };
+        let e = &mut self.envelopes[slot];
+        e.gen = e.gen.wrapping_add(1);
+        e.from = from;
+        e.to = to;
+        e.local = local;
+        e.in_flight = true;
+        e.ids.clear();
+        ((e.gen as u64) << 32 | slot as u64, slot)
+    }
+
+    // ------------------------------------------------------------- encode
+
+    fn on_arrival(&mut self, now: f64, id: RequestId) {
         let i = id as usize;
+        if self.place[i] != Place::NotArrived {
+            return;
+        }
         if self
             .admission_limit
             .is_some_and(|cap| self.in_system >= cap)
@@ -427,25 +728,25 @@ impl Controller {
             self.place[i] = Place::Done;
             self.records[i].rejected = true;
             self.counters.rejected += 1;
-            self.log.push(Decision::Reject { id });
+            self.decide(|| Decision::Reject { id });
             return;
         }
         self.in_system += 1;
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
-            let work = req.prefill_tokens() as f64;
-            let p = self.remote_place.assign(work);
-            self.log.push(Decision::Route {
+            let p = self.remote_place.assign(req.prefill_tokens() as f64);
+            self.decide(|| Decision::Route {
                 id,
                 worker: p,
                 local: false,
             });
-            self.on_embeddings(now, p, vec![id], None);
+            self.arrive_at_prefill(now, p, id);
+            self.try_prefill(now, p);
             return;
         }
         let enc = req.encoder_tokens as f64;
         let w = self.encode_place.assign(enc);
-        self.log.push(Decision::PlaceEncode { id, worker: w });
+        self.decide(|| Decision::PlaceEncode { id, worker: w });
         self.records[i].encode_worker = Some(w);
         self.place[i] = Place::Encode(w);
         if !self.encode[w].alive {
@@ -457,16 +758,6 @@ impl Controller {
         self.try_dispatch(now, w);
     }
 
-    /// The timer of encode worker `w` fired at `now` (spurious calls are no-ops).
-    pub fn on_timer(&mut self, now: f64, w: usize) {
-        self.try_dispatch(now, w);
-    }
-
-    /// Requests queued at encode worker `w`.
-    pub fn encode_queue_len(&self, w: usize) -> usize {
-        self.encode[w].batcher.len()
-    }
-
     fn try_dispatch(&mut self, now: f64, w: usize) {
         let colocated = self.encode[w].local.is_some();
         let worker = &mut self.encode[w];
@@ -474,9 +765,10 @@ impl Controller {
             return;
         }
         // backpressure: no new pass while the worker's envelopes in flight are at the cap
-        let free = worker.pass.is_none() && worker.inflight < self.max_inflight;
+        let free = !worker.busy && worker.inflight < self.max_inflight;
         match worker.batcher.poll_dispatch(now, free) {
             Some(ids) => {
+                worker.timer = None;
                 let sm_share = match self.split.encode_share(ids.len()) {
                     Some(f) if colocated => f,
                     _ => 1.0,
@@ -488,40 +780,41 @@ impl Controller {
                 }
                 self.counters.passes += 1;
                 self.counters.passed_requests += ids.len();
-                worker.pass = Some(ids.clone());
-                self.log.push(Decision::Dispatch {
-                    at: now,
+                if let Some(log) = self.log.as_mut() {
+                    log.push(Decision::Dispatch {
+                        at: now,
+                        worker: w,
+                        ids: ids.clone(),
+                        sm_share,
+                    });
+                }
+                let worker = &mut self.encode[w];
+                worker.pass = ids;
+                worker.busy = true;
+                worker.gpu_phase = false;
+                self.commands.push_back(Command::Encode {
                     worker: w,
-                    ids: ids.clone(),
-                    sm_share,
-                });
-                self.commands.push(Command::Encode {
-                    worker: w,
-                    ids,
                     sm_share,
                 });
             }
             None => {
                 if free {
-                    if let Some(at) = worker.batcher.poll_timeout() {
-                        self.commands.push(Command::Timer {
-                            worker: w,
-                            at: at.max(now),
-                        });
-                    }
+                    worker.timer = worker.batcher.poll_timeout().map(|at| at.max(now));
                 }
             }
         }
     }
 
     /// SM share of local prefill worker `p` now: the least over its GPUs of
-    /// what the encode pass there leaves (`None` entries: time-slicing, half).
+    /// what the encode pass there leaves while it holds the SMs (its GPU
+    /// phase); under time-slicing, half the time.
     pub fn local_prefill_share(&self, p: usize) -> f64 {
         self.prefill[p]
             .encode_workers
             .iter()
             .map(|&w| {
-                let batch = self.encode[w].pass.as_ref().map(Vec::len);
+                let e = &self.encode[w];
+                let batch = (e.busy && e.gpu_phase).then_some(e.pass.len());
                 match self.split.prefill_share(batch) {
                     Some(f) => f,
                     None if batch.is_some() => 0.5,
@@ -531,15 +824,53 @@ impl Controller {
             .fold(1.0, f64::min)
     }
 
+    /// The SM share of encode worker `w`'s local prefill batch may have
+    /// changed: tell the driver and log it.
+    fn reshare_local(&mut self, now: f64, w: usize) {
+        let Some(p) = self.encode[w].local else {
+            return;
+        };
+        if !self.prefill[p].busy || !self.prefill[p].alive {
+            return;
+        }
+        let share = self.local_prefill_share(p);
+        if share == self.prefill[p].share {
+            return;
+        }
+        self.prefill[p].share = share;
+        self.decide(|| Decision::Share {
+            at: now,
+            worker: p,
+            sm_share: share,
+        });
+        self.commands.push_back(Command::PrefillShare {
+            worker: p,
+            sm_share: share,
+        });
+    }
+
+    fn on_encode_gpu(&mut self, now: f64, w: usize) {
+        let e = &mut self.encode[w];
+        if !e.busy || e.gpu_phase || !e.alive {
+            return;
+        }
+        e.gpu_phase = true;
+        self.reshare_local(now, w);
+    }
+
     /// Encode worker `w` finished its pass at `now`: route each request's
     /// prefill (deficit router, then placement), then one embedding envelope
     /// per destination.
-    pub fn on_encode_done(&mut self, now: f64, w: usize) {
-        let Some(ids) = self.encode[w].pass.take() else {
+    fn on_encode_done(&mut self, now: f64, w: usize) {
+        if !self.encode[w].busy || !self.encode[w].alive {
             return;
-        };
-        let mut groups: Vec<(usize, Vec<RequestId>)> = Vec::new();
-        for id in ids {
+        }
+        self.encode[w].busy = false;
+        self.encode[w].gpu_phase = false;
+        self.reshare_local(now, w);
+        let ids = std::mem::take(&mut self.encode[w].pass);
+        let mut groups = std::mem::take(&mut self.groups);
+        for &id in &ids {
             let i = id as usize;
             let enc = self.requests[i].encoder_tokens as f64;
             self.encode_place.complete(w, enc);
@@ -565,7 +896,7 @@ impl Controller {
                         .expect("local route only with a local worker")
                 }
             };
-            self.log.push(Decision::Route {
+            self.decide(|| Decision::Route {
                 id,
                 worker: dest,
                 local: route == Route::Local,
@@ -576,66 +907,82 @@ impl Controller {
                 None => groups.push((dest, vec![id])),
             }
         }
-        for (dest, ids) in groups {
+        // keep the pass's vector for the next pass
+        let mut ids = ids;
+        ids.clear();
+        self.encode[w].pass = ids;
+        for (dest, ids) in groups.drain(..) {
             let local = self.prefill[dest].local;
-            for &id in &ids {
-                self.records[id as usize].embedding_sent = Some(now);
-            }
+            let (envelope, slot) = self.new_envelope(w, dest, local);
+            self.envelopes[slot].ids = ids;
             if !local {
                 self.encode[w].inflight += 1;
             }
-            self.commands.push(Command::Embeddings {
+            self.commands.push_back(Command::Embeddings {
+                envelope,
                 from: w,
                 to: dest,
-                ids,
                 local,
             });
         }
+        self.groups = groups;
         self.try_dispatch(now, w);
     }
 
-    // --------------------------------------------------------------- prefill
+    // ------------------------------------------------------------ prefill
 
-    /// Embeddings of `ids` landed at prefill worker `p` at `now`; `from` is
-    /// the encode worker of a remote envelope (it frees one in-flight slot).
-    pub fn on_embeddings(&mut self, now: f64, p: usize, ids: Vec<RequestId>, from: Option<usize>) {
-        if let Some(w) = from {
-            self.encode[w].inflight = self.encode[w].inflight.saturating_sub(1);
+    /// Request `id` is held by prefill worker `p` at `now` (queued, or failed
+    /// when the worker is down).
+    fn arrive_at_prefill(&mut self, now: f64, p: usize, id: RequestId) {
+        let i = id as usize;
+        if self.place[i] == Place::Done {
+            return;
         }
-        for id in ids {
-            let i = id as usize;
-            if self.place[i] == Place::Done {
-                continue;
-            }
-            self.place[i] = Place::Prefill(p);
-            if !self.prefill[p].alive {
-                let why = format!(
-                    "prefill worker {} is down",
-                    self.label(WorkerRef::Prefill(p))
-                );
-                self.fail(id, &why);
-                continue;
-            }
-            self.records[i].prefill_ready = Some(now);
-            self.prefill[p].queue.push(PrefillItem {
-                id,
-                tokens: self.requests[i].prefill_tokens(),
-            });
+        self.place[i] = Place::Prefill(p);
+        if !self.prefill[p].alive {
+            let why = format!(
+                "prefill worker {} is down",
+                self.label(WorkerRef::Prefill(p))
+            );
+            self.fail(id, &why);
+            return;
         }
-        self.try_prefill(now, p);
-        if let Some(w) = from {
-            self.try_dispatch(now, w);
-        }
+        self.records[i].prefill_ready = Some(now);
+        self.prefill[p].queue.push(PrefillItem {
+            id,
+            tokens: self.requests[i].prefill_tokens(),
+        });
     }
 
-    /// Requests queued at prefill worker `p`.
-    pub fn prefill_queue_len(&self, p: usize) -> usize {
-        self.prefill[p].queue.len()
+    fn on_embeddings(&mut self, now: f64, e: EnvelopeId, sent_at: f64) {
+        let Some(env) = self.live_envelope(e) else {
+            return;
+        };
+        let slot = (e & 0xffff_ffff) as usize;
+        let (from, to, local) = (env.from, env.to, env.local);
+        let ids = std::mem::take(&mut self.envelopes[slot].ids);
+        self.envelopes[slot].in_flight = false;
+        self.free_envelopes.push(slot as u32);
+        if !local {
+            self.encode[from].inflight = self.encode[from].inflight.saturating_sub(1);
+        }
+        for &id in &ids {
+            self.records[id as usize].embedding_sent = Some(sent_at);
+            self.arrive_at_prefill(now, to, id);
+        }
+        // hand the vector back to the slot for reuse
+        let mut ids = ids;
+        ids.clear();
+        self.envelopes[slot].ids = ids;
+        self.try_prefill(now, to);
+        if !local {
+            self.try_dispatch(now, from);
+        }
     }
 
     fn try_prefill(&mut self, now: f64, p: usize) {
         let slot = &self.prefill[p];
-        if !slot.alive || slot.batch.is_some() || slot.queue.is_empty() {
+        if !slot.alive || slot.busy || slot.queue.is_empty() {
             return;
         }
         let items = self.prefill[p].queue.next_batch();
@@ -647,25 +994,30 @@ impl Controller {
         } else {
             1.0
         };
-        self.log.push(Decision::Prefill {
+        self.decide(|| Decision::Prefill {
             at: now,
             worker: p,
             ids: items.iter().map(|i| i.id).collect(),
+            sm_share,
         });
-        self.prefill[p].batch = Some(items.clone());
-        self.commands.push(Command::Prefill {
+        let slot = &mut self.prefill[p];
+        slot.batch = items;
+        slot.busy = true;
+        slot.share = sm_share;
+        self.commands.push_back(Command::Prefill {
             worker: p,
-            items,
             sm_share,
         });
     }
 
     /// Prefill worker `p` finished its batch at `now` (first tokens emitted):
     /// place each KV cache on a decode worker.
-    pub fn on_prefill_done(&mut self, now: f64, p: usize) {
-        let Some(items) = self.prefill[p].batch.take() else {
+    fn on_prefill_done(&mut self, now: f64, p: usize) {
+        if !self.prefill[p].busy || !self.prefill[p].alive {
             return;
-        };
+        }
+        self.prefill[p].busy = false;
+        let items = std::mem::take(&mut self.prefill[p].batch);
         for it in &items {
             let i = it.id as usize;
             if !self.prefill[p].local {
@@ -681,13 +1033,12 @@ impl Controller {
                 continue;
             }
             let d = self.decode_place.assign((it.tokens + out as u64) as f64);
-            self.log.push(Decision::PlaceDecode {
+            self.decide(|| Decision::PlaceDecode {
                 id: it.id,
                 worker: d,
             });
             self.place[i] = Place::Decode(d);
-            self.records[i].kv_sent = Some(now);
-            self.commands.push(Command::Kv {
+            self.commands.push_back(Command::Kv {
                 from: p,
                 to: d,
                 id: it.id,
@@ -696,14 +1047,14 @@ impl Controller {
         self.try_prefill(now, p);
     }
 
-    // ---------------------------------------------------------------- decode
+    // ------------------------------------------------------------- decode
 
-    /// Request `id`'s KV cache landed at decode worker `d` at `now`.
-    pub fn on_kv(&mut self, now: f64, d: usize, id: RequestId) {
+    fn on_kv(&mut self, now: f64, id: RequestId, sent_at: f64) {
         let i = id as usize;
-        if self.place[i] == Place::Done {
+        let Place::Decode(d) = self.place[i] else {
             return;
-        }
+        };
+        self.records[i].kv_sent = Some(sent_at);
         if !self.decode[d].alive {
             self.fail(id, &format!("decode worker D{d} is down"));
             return;
@@ -728,89 +1079,70 @@ impl Controller {
         self.try_decode(now, d);
     }
 
-    /// Whether decode worker `d` is running an iteration.
-    pub fn decode_stepping(&self, d: usize) -> bool {
-        self.decode[d].stepping
-    }
-
-    /// Start an iteration on decode worker `d` if it is idle and has work;
-    /// returns its shape `(batch, context tokens)` when one started.
-    pub fn try_decode(&mut self, now: f64, d: usize) -> Option<(u64, u64)> {
+    /// Start an iteration on decode worker `d` if it is idle and has work.
+    fn try_decode(&mut self, now: f64, d: usize) {
         let slot = &mut self.decode[d];
         if slot.stepping || !slot.alive {
-            return None;
+            return;
         }
         for id in slot.sched.admit() {
             self.records[id as usize].decode_start = Some(now);
         }
         let (batch, context) = slot.sched.step_shape();
         if batch == 0 {
-            return None;
+            return;
         }
         slot.stepping = true;
-        let ids: Vec<RequestId> = slot.sched.batch().collect();
-        self.log.push(Decision::DecodeStep {
+        self.decide(|| Decision::DecodeStep {
             at: now,
             worker: d,
             batch,
             context,
         });
-        self.commands.push(Command::DecodeStep {
+        self.commands.push_back(Command::DecodeStep {
             worker: d,
-            ids,
+            batch,
             context,
         });
-        Some((batch, context))
     }
 
     /// Decode worker `d`'s iteration ended at `now`: sequences that generated
-    /// their last token finish. Does not start the next iteration (call
-    /// [`Controller::try_decode`]), so a simulator can run iterations inline.
-    pub fn complete_decode_step(&mut self, now: f64, d: usize) {
+    /// their last token finish.
+    fn complete_decode_step(&mut self, now: f64, d: usize) {
         let slot = &mut self.decode[d];
         if !slot.stepping {
             return;
         }
         slot.stepping = false;
-        let finished = slot.sched.complete_step();
-        for &id in &finished {
+        for id in slot.sched.complete_step() {
             let i = id as usize;
             let work =
                 (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
             self.decode_place.complete(d, work);
             self.done(id, now);
-        }
-        if !finished.is_empty() {
-            self.commands.push(Command::Release {
-                worker: d,
-                ids: finished,
-            });
+            self.commands.push_back(Command::Release { worker: d, id });
         }
     }
 
-    /// Decode worker `d`'s iteration ended at `now`; the next one starts.
-    pub fn on_decode_step(&mut self, now: f64, d: usize) {
-        self.complete_decode_step(now, d);
-        self.try_decode(now, d);
-    }
+    // ------------------------------------------------------------- faults
 
-    // ---------------------------------------------------------------- faults
-
-    /// Worker `w` died (it exited, was killed, or its connection broke):
-    /// every request it holds fails with `reason`, and requests later sent to
-    /// it fail on arrival there. Nothing is retried.
-    pub fn on_worker_failed(&mut self, w: WorkerRef, reason: &str) {
+    fn on_worker_failed(&mut self, now: f64, w: WorkerRef, reason: &str) {
         let label = self.label(w);
         let why = format!("{label} failed: {reason}");
         let victims: Vec<RequestId> = match w {
             WorkerRef::Encode(i) => {
-                self.encode[i].alive = false;
-                self.encode[i].pass = None;
+                let e = &mut self.encode[i];
+                e.alive = false;
+                e.busy = false;
+                e.gpu_phase = false;
+                e.pass.clear();
+                e.timer = None;
                 self.place_ids(Place::Encode(i))
             }
             WorkerRef::Prefill(i) => {
                 self.prefill[i].alive = false;
-                self.prefill[i].batch = None;
+                self.prefill[i].busy = false;
+                self.prefill[i].batch.clear();
                 self.place_ids(Place::Prefill(i))
             }
             WorkerRef::Decode(i) => {
@@ -824,16 +1156,29 @@ impl Controller {
         for id in victims {
             self.fail(id, &why);
         }
+        if let WorkerRef::Prefill(p) = w {
+            // envelopes in flight to it land nowhere: their senders get their
+            // in-flight slots back (their requests failed above)
+            let lost: Vec<EnvelopeId> = self
+                .envelopes
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| e.in_flight && e.to == p)
+                .map(|(s, e)| (e.gen as u64) << 32 | s as u64)
+                .collect();
+            for e in lost {
+                self.on_embeddings(now, e, now);
+            }
+        }
     }
 
-    /// The run is being cut short (Ctrl-C or a deadline): every request not
-    /// at an end yet, arrived or not, fails with `reason`; nothing more starts.
-    pub fn interrupt(&mut self, reason: &str) {
+    fn interrupt(&mut self, reason: &str) {
         for i in 0..self.place.len() {
             self.fail(i as RequestId, reason);
         }
         for e in &mut self.encode {
             e.alive = false;
+            e.timer = None;
         }
         for p in &mut self.prefill {
             p.alive = false;

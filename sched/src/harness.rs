@@ -1,9 +1,12 @@
-//! A virtual-clock harness that drives the encode front end of the scheduler —
-//! placement, the [`Batcher`] of each encode worker and the [`Router`] — with
-//! no simulator and no executor, so every policy can be tested alone.
+//! Virtual-clock harnesses for the scheduler, with no simulator and no executor:
 //!
-//! Encode passes take `service(k)` seconds for a batch of `k`; nothing
-//! downstream of encode is modelled here.
+//! * [`Cluster`] drives a whole [`Controller`] against fake workers whose times
+//!   come from a [`Service`], in the style of quinn-proto's test `Pair`: faults,
+//!   interruption and SM share changes can be injected and checked.
+//! * [`EncodeHarness`] drives only the encode front end — placement, the
+//!   [`Batcher`] of each encode worker and the [`Router`] — so each policy can be
+//!   tested alone. Encode passes take `service(k)` seconds for a batch of `k`;
+//!   nothing downstream of encode is modelled there.
 //!
 //! ```
 //! use easerve_sched::{harness::EncodeHarness, DispatchPolicy, RouterPolicy};
@@ -16,8 +19,12 @@
 //! assert_eq!(h.dispatched(), 100);
 //! ```
 
-use crate::{Batcher, DispatchPolicy, LeastOutstanding, RequestId, Route, Router, RouterPolicy};
-use std::collections::VecDeque;
+use crate::{
+    Batcher, Command, Controller, ControllerConfig, DispatchPolicy, EnvelopeId, Event,
+    LeastOutstanding, PrefillItem, Request, RequestId, Route, Router, RouterPolicy, SmSplit,
+    WorkerRef,
+};
+use std::collections::{BinaryHeap, VecDeque};
 
 /// One encode pass started by the harness.
 #[derive(Clone, Debug, PartialEq)]
@@ -173,10 +180,588 @@ impl EncodeHarness {
     }
 }
 
+// ------------------------------------------------------------------ Cluster
+
+/// Service times of a [`Cluster`]'s fake workers, seconds. Each call prices
+/// one unit of work as the driver starts it; the `n`-th call for a worker is
+/// that worker's `n`-th unit, so a replay can hand back measured times.
+pub trait Service {
+    /// Host phase (overhead and preprocessing) and GPU phase of a pass of
+    /// `ids` on encode worker `w` at SM share `sm_share`.
+    fn encode(&mut self, w: usize, ids: &[RequestId], sm_share: f64) -> (f64, f64);
+    /// A batch of `items` on prefill worker `p` at SM share `sm_share`.
+    fn prefill(&mut self, p: usize, items: &[PrefillItem], sm_share: f64) -> f64;
+    /// One iteration of `batch` sequences holding `context` tokens on decode worker `d`.
+    fn decode(&mut self, d: usize, batch: u64, context: u64) -> f64;
+    /// Moving the embeddings of `ids` off encode worker `from` (its link is
+    /// serialised: a transfer waits for the one before).
+    fn embeddings(&mut self, from: usize, ids: &[RequestId]) -> f64;
+    /// Moving request `id`'s KV cache off prefill worker `from` (serialised).
+    fn kv(&mut self, from: usize, id: RequestId) -> f64;
+}
+
+#[derive(Debug)]
+enum ClusterEvent {
+    Arrival(RequestId),
+    GpuPhase(usize, u64),
+    EncodeDone(usize, u64),
+    Landed(EnvelopeId, f64),
+    PrefillDone(usize, u64),
+    Kv(RequestId, f64),
+    DecodeDone(usize, u64),
+    Fail(WorkerRef),
+    Interrupt,
+}
+
+struct Due {
+    time: f64,
+    class: u8,
+    seq: u64,
+    ev: ClusterEvent,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o) == std::cmp::Ordering::Equal
+    }
+}
+impl Eq for Due {}
+impl PartialOrd for Due {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Due {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        o.time
+            .total_cmp(&self.time)
+            .then(o.class.cmp(&self.class))
+            .then(o.seq.cmp(&self.seq))
+    }
+}
+
+/// A [`Controller`] and fake workers on a virtual clock, in the style of
+/// quinn-proto's test `Pair`: the driver an executor would be, with every
+/// worker replaced by a [`Service`] time. Like the executor, it applies an SM
+/// share change ([`Command::PrefillShare`]) at the next batch, not to the one
+/// running; it records every share change it was told of.
+///
+/// Ties at one instant go as in the simulator: completions (and injected
+/// faults), then transfers, then arrivals, then the controller's timeout.
+///
+/// ```
+/// use easerve_sched::harness::{Cluster, Service};
+/// use easerve_sched::{RequestId, PrefillItem};
+/// struct Fixed;
+/// impl Service for Fixed {
+///     fn encode(&mut self, _: usize, ids: &[RequestId], _: f64) -> (f64, f64) {
+///         (0.01, 0.02 * ids.len() as f64)
+///     }
+///     fn prefill(&mut self, _: usize, items: &[PrefillItem], _: f64) -> f64 {
+///         0.001 * items.len() as f64
+///     }
+///     fn decode(&mut self, _: usize, _: u64, _: u64) -> f64 { 0.005 }
+///     fn embeddings(&mut self, _: usize, _: &[RequestId]) -> f64 { 0.001 }
+///     fn kv(&mut self, _: usize, _: RequestId) -> f64 { 0.001 }
+/// }
+/// let mut c = Cluster::new(easerve_sched::harness::small_controller(20, 4.0, None), Fixed);
+/// c.drive();
+/// assert!(c.ctrl.is_finished());
+/// assert_eq!(c.ctrl.records().iter().filter(|r| r.finish.is_some()).count(), 20);
+/// ```
+pub struct Cluster<S: Service> {
+    /// The controller under test.
+    pub ctrl: Controller,
+    /// The fake workers' times.
+    pub service: S,
+    /// Current virtual time, seconds.
+    pub now: f64,
+    /// Every share change the controller issued: `(time, prefill worker, share)`.
+    pub share_changes: Vec<(f64, usize, f64)>,
+    /// Interrupt reason, when [`Cluster::interrupt_at`] was called.
+    interrupt: Option<String>,
+    queue: BinaryHeap<Due>,
+    seq: u64,
+    encode_gen: Vec<u64>,
+    prefill_gen: Vec<u64>,
+    decode_gen: Vec<u64>,
+    encode_link: Vec<f64>,
+    prefill_link: Vec<f64>,
+}
+
+const DONE: u8 = 0;
+const LANDED: u8 = 1;
+const ARRIVES: u8 = 2;
+
+impl<S: Service> Cluster<S> {
+    /// A cluster around `ctrl` whose requests arrive at their arrival times.
+    pub fn new(ctrl: Controller, service: S) -> Self {
+        let t = ctrl.topology();
+        let (ne, np, nd) = (t.encode().len(), t.prefill().len(), t.decode().len());
+        let mut c = Cluster {
+            service,
+            now: 0.0,
+            share_changes: Vec::new(),
+            interrupt: None,
+            queue: BinaryHeap::new(),
+            seq: 0,
+            encode_gen: vec![0; ne],
+            prefill_gen: vec![0; np],
+            decode_gen: vec![0; nd],
+            encode_link: vec![0.0; ne],
+            prefill_link: vec![0.0; np],
+            ctrl,
+        };
+        let arrivals: Vec<(RequestId, f64)> = c
+            .ctrl
+            .requests()
+            .iter()
+            .map(|r| (r.id, r.arrival))
+            .collect();
+        for (id, at) in arrivals {
+            c.push(at, ARRIVES, ClusterEvent::Arrival(id));
+        }
+        c
+    }
+
+    fn push(&mut self, time: f64, class: u8, ev: ClusterEvent) {
+        self.seq += 1;
+        self.queue.push(Due {
+            time,
+            class,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// Worker `w` dies at `at` (seconds): its work in progress is lost.
+    pub fn kill_at(&mut self, w: WorkerRef, at: f64) {
+        self.push(at, DONE, ClusterEvent::Fail(w));
+    }
+
+    /// The run is cut short at `at` with `reason`.
+    pub fn interrupt_at(&mut self, at: f64, reason: &str) {
+        self.interrupt = Some(reason.to_string());
+        self.push(at, DONE, ClusterEvent::Interrupt);
+    }
+
+    /// Process the next instant's input; false when nothing is left.
+    pub fn step(&mut self) -> bool {
+        let next = self.queue.peek().map(|d| d.time);
+        if let Some(t) = self
+            .ctrl
+            .poll_timeout()
+            .filter(|&t| next.is_none_or(|e| t < e))
+        {
+            self.now = t.max(self.now);
+            self.ctrl.handle_timeout(self.now);
+            self.carry_out();
+            return true;
+        }
+        let Some(due) = self.queue.pop() else {
+            return false;
+        };
+        self.now = due.time.max(self.now);
+        let now = self.now;
+        let ev = match due.ev {
+            ClusterEvent::Arrival(id) => Event::Arrival { id },
+            ClusterEvent::GpuPhase(w, g) if g == self.encode_gen[w] => {
+                Event::EncodeGpuStarted { worker: w }
+            }
+            ClusterEvent::EncodeDone(w, g) if g == self.encode_gen[w] => {
+                Event::EncodeDone { worker: w }
+            }
+            ClusterEvent::Landed(envelope, sent_at) => {
+                Event::EmbeddingsLanded { envelope, sent_at }
+            }
+            ClusterEvent::PrefillDone(p, g) if g == self.prefill_gen[p] => {
+                Event::PrefillDone { worker: p }
+            }
+            ClusterEvent::Kv(id, sent_at) => Event::KvLanded { id, sent_at },
+            ClusterEvent::DecodeDone(d, g) if g == self.decode_gen[d] => {
+                Event::DecodeStepDone { worker: d }
+            }
+            ClusterEvent::Fail(w) => {
+                // whatever it was doing never ends
+                match w {
+                    WorkerRef::Encode(i) => self.encode_gen[i] += 1,
+                    WorkerRef::Prefill(i) => self.prefill_gen[i] += 1,
+                    WorkerRef::Decode(i) => self.decode_gen[i] += 1,
+                }
+                Event::WorkerFailed {
+                    worker: w,
+                    reason: kill_reason(now),
+                }
+            }
+            ClusterEvent::Interrupt => Event::Interrupt {
+                reason: self.interrupt.clone().unwrap_or_default(),
+            },
+            // the end of work lost to a fault
+            _ => return true,
+        };
+        self.ctrl.handle(now, ev);
+        self.carry_out();
+        true
+    }
+
+    fn carry_out(&mut self) {
+        let now = self.now;
+        while let Some(cmd) = self.ctrl.poll_command() {
+            match cmd {
+                Command::Encode { worker, sm_share } => {
+                    let (host, gpu) =
+                        self.service
+                            .encode(worker, self.ctrl.encode_batch(worker), sm_share);
+                    self.encode_gen[worker] += 1;
+                    let g = self.encode_gen[worker];
+                    self.push(now + host, DONE, ClusterEvent::GpuPhase(worker, g));
+                    self.push(now + host + gpu, DONE, ClusterEvent::EncodeDone(worker, g));
+                }
+                Command::Embeddings {
+                    envelope,
+                    from,
+                    local,
+                    ..
+                } => {
+                    if local {
+                        self.push(now, LANDED, ClusterEvent::Landed(envelope, now));
+                    } else {
+                        let t = self.service.embeddings(from, self.ctrl.envelope(envelope));
+                        let start = self.encode_link[from].max(now);
+                        self.encode_link[from] = start + t;
+                        self.push(start + t, LANDED, ClusterEvent::Landed(envelope, start));
+                    }
+                }
+                Command::Prefill { worker, sm_share } => {
+                    let t = self
+                        .service
+                        .prefill(worker, self.ctrl.prefill_batch(worker), sm_share);
+                    self.prefill_gen[worker] += 1;
+                    let g = self.prefill_gen[worker];
+                    self.push(now + t, DONE, ClusterEvent::PrefillDone(worker, g));
+                }
+                Command::PrefillShare { worker, sm_share } => {
+                    self.share_changes.push((now, worker, sm_share));
+                }
+                Command::Kv { from, id, .. } => {
+                    let t = self.service.kv(from, id);
+                    let start = self.prefill_link[from].max(now);
+                    self.prefill_link[from] = start + t;
+                    self.push(start + t, LANDED, ClusterEvent::Kv(id, start));
+                }
+                Command::DecodeStep {
+                    worker,
+                    batch,
+                    context,
+                } => {
+                    let t = self.service.decode(worker, batch, context);
+                    self.decode_gen[worker] += 1;
+                    let g = self.decode_gen[worker];
+                    self.push(now + t, DONE, ClusterEvent::DecodeDone(worker, g));
+                }
+                Command::Release { .. } => {}
+            }
+        }
+    }
+
+    /// Run until nothing is left.
+    pub fn drive(&mut self) {
+        while self.step() {}
+    }
+}
+
+/// Why an injected kill at `at` seconds fails a worker's requests: one
+/// wording for every driver that injects faults (this harness, the simulator).
+pub fn kill_reason(at: f64) -> String {
+    format!("killed {at:.3} s into the run (fault injection)")
+}
+
+/// A small controller for tests and examples: `n` image requests arriving at
+/// `rate` per second (evenly spaced), one encode, one remote prefill and one
+/// decode worker (`1E(TP1)+1P(TP1)+1D(TP1)`), immediate dispatch with `B = 4`,
+/// a roomy KV cache, and `admission_limit`. Every request needs 600 encoder
+/// tokens, a 128-token prompt and 8 output tokens.
+pub fn small_controller(n: usize, rate: f64, admission_limit: Option<usize>) -> Controller {
+    let alloc: crate::Allocation = "1E(TP1)+1P(TP1)+1D(TP1)".parse().expect("valid allocation");
+    controller_for(
+        &alloc,
+        None,
+        SmSplit::Static(1.0),
+        (0..n).map(|i| test_request(i, i as f64 / rate)).collect(),
+        crate::KvBlocks::new(1 << 20, 16),
+        admission_limit,
+    )
+}
+
+/// A test request `i` arriving at `arrival`: one image of 600 encoder tokens
+/// (576 to the LLM), a 128-token text prompt, 8 output tokens.
+pub fn test_request(i: usize, arrival: f64) -> Request {
+    Request {
+        id: i as RequestId,
+        arrival,
+        prompt_tokens: 128,
+        output_tokens: 8,
+        items: vec![crate::MmItem::Image {
+            height: 336,
+            width: 336,
+        }],
+        encoder_tokens: 600,
+        mm_tokens: 576,
+    }
+}
+
+/// A controller over `requests` for `alloc`, with local prefill workers of TP
+/// `local_tp` when given, SM split `split`, immediate dispatch at `B = 4`, an
+/// offload ratio of 0.5 (deficit router), decode caches of `kv` and
+/// `admission_limit`; the decision log is on.
+pub fn controller_for(
+    alloc: &crate::Allocation,
+    local_tp: Option<u32>,
+    split: SmSplit,
+    requests: Vec<Request>,
+    kv: crate::KvBlocks,
+    admission_limit: Option<usize>,
+) -> Controller {
+    let topology = crate::Topology::new(alloc, local_tp);
+    let cfg = ControllerConfig {
+        batchers: (0..alloc.encode.workers)
+            .map(|_| Batcher::new(&DispatchPolicy::Immediate, 4, |k| 0.01 * k as f64))
+            .collect(),
+        decode: (0..alloc.decode.workers)
+            .map(|_| crate::DecodeScheduler::new(kv, 64))
+            .collect(),
+        topology,
+        prefill_token_budget: 8192,
+        prefill_max_seqs: 16,
+        max_inflight_transfers: 4,
+        router: (
+            RouterPolicy::Deficit,
+            if local_tp.is_some() { 0.5 } else { 1.0 },
+        ),
+        split,
+        admission_limit,
+        log_decisions: true,
+    };
+    Controller::new(requests, cfg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Decision, KvBlocks};
     use proptest::prelude::*;
+
+    /// Fixed fake-worker times: host 10 ms, GPU 20 ms per request, prefill
+    /// `prefill_s` per batch, decode 5 ms a step, transfers 1 ms.
+    struct Fixed {
+        prefill_s: f64,
+    }
+
+    impl Service for Fixed {
+        fn encode(&mut self, _: usize, ids: &[RequestId], _: f64) -> (f64, f64) {
+            (0.01, 0.02 * ids.len() as f64)
+        }
+        fn prefill(&mut self, _: usize, _: &[PrefillItem], _: f64) -> f64 {
+            self.prefill_s
+        }
+        fn decode(&mut self, _: usize, _: u64, _: u64) -> f64 {
+            0.005
+        }
+        fn embeddings(&mut self, _: usize, _: &[RequestId]) -> f64 {
+            0.001
+        }
+        fn kv(&mut self, _: usize, _: RequestId) -> f64 {
+            0.001
+        }
+    }
+
+    fn fixed() -> Fixed {
+        Fixed { prefill_s: 0.002 }
+    }
+
+    /// Every request reached exactly one end, and the controller is done.
+    fn all_ended(c: &Cluster<Fixed>) {
+        assert!(c.ctrl.is_finished());
+        assert_eq!(c.ctrl.in_system(), 0);
+        for r in c.ctrl.records() {
+            let ends = [r.finish.is_some(), r.failure.is_some(), r.rejected];
+            assert_eq!(
+                ends.iter().filter(|e| **e).count(),
+                1,
+                "request {}: {r:?}",
+                r.id
+            );
+        }
+        // nothing is left to do
+        assert!(c.ctrl.poll_timeout().is_none());
+    }
+
+    fn failures(c: &Cluster<Fixed>) -> Vec<(RequestId, String)> {
+        c.ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Fail { id, reason } => Some((*id, reason.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn admission_rejects_arrivals_beyond_the_limit() {
+        // 10 arrivals in one millisecond, at most 3 admitted at a time
+        let mut c = Cluster::new(small_controller(10, 10_000.0, Some(3)), fixed());
+        c.drive();
+        all_ended(&c);
+        let rejected: Vec<RequestId> = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Reject { id } => Some(*id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(rejected, (3..10).collect::<Vec<_>>());
+        assert_eq!(c.ctrl.counters().rejected, 7);
+        assert!(c.ctrl.records()[..3].iter().all(|r| r.finish.is_some()));
+    }
+
+    #[test]
+    fn a_worker_failing_mid_pass_fails_its_pass_and_later_arrivals() {
+        let mut c = Cluster::new(small_controller(20, 10.0, None), fixed());
+        // request 5 arrives at 0.5 s; its pass (host 10 ms, GPU 20 ms) runs to 0.53 s
+        c.kill_at(WorkerRef::Encode(0), 0.515);
+        c.drive();
+        all_ended(&c);
+        let failed = failures(&c);
+        assert_eq!(failed.first().map(|f| f.0), Some(5));
+        assert!(failed[0].1.contains("E0 failed"), "{failed:?}");
+        // every later arrival fails at placement
+        assert_eq!(failed.len(), 15);
+        assert!(failed[1..].iter().all(|f| f.1.contains("E0 is down")));
+        assert!(c.ctrl.records()[..5].iter().all(|r| r.finish.is_some()));
+    }
+
+    #[test]
+    fn a_worker_failing_mid_decode_fails_what_it_holds_and_what_is_sent_to_it() {
+        let mut c = Cluster::new(small_controller(20, 10.0, None), fixed());
+        c.kill_at(WorkerRef::Decode(0), 1.05);
+        c.drive();
+        all_ended(&c);
+        let failed = failures(&c);
+        assert!(!failed.is_empty());
+        assert!(failed[0].1.contains("D0 failed"), "{failed:?}");
+        assert!(failed[1..].iter().all(|f| f.1.contains("D0 is down")));
+        // nothing decodes after the failure
+        let last_step = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::DecodeStep { at, .. } => Some(*at),
+                _ => None,
+            })
+            .fold(0.0, f64::max);
+        assert!(last_step < 1.05, "a step started at {last_step}");
+    }
+
+    #[test]
+    fn an_interrupt_fails_everything_unfinished_and_starts_nothing() {
+        let mut c = Cluster::new(small_controller(20, 10.0, None), fixed());
+        c.interrupt_at(0.75, "interrupted by Ctrl-C");
+        c.drive();
+        all_ended(&c);
+        let n = c.ctrl.decisions().len();
+        let failed = failures(&c);
+        assert_eq!(
+            failed.len(),
+            20 - c
+                .ctrl
+                .records()
+                .iter()
+                .filter(|r| r.finish.is_some())
+                .count()
+        );
+        assert!(failed.iter().all(|f| f.1 == "interrupted by Ctrl-C"));
+        // the failures are the last decisions: nothing started after them
+        let first_fail = c
+            .ctrl
+            .decisions()
+            .iter()
+            .position(|d| matches!(d, Decision::Fail { .. }))
+            .expect("failures");
+        assert_eq!(first_fail + failed.len(), n);
+    }
+
+    #[test]
+    fn a_kv_cache_that_can_never_fit_fails_the_request() {
+        let alloc: crate::Allocation = "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+        let requests = (0..3).map(|i| test_request(i, i as f64)).collect();
+        // 8 blocks of 16 tokens: a 704-token prompt never fits
+        let ctrl = controller_for(
+            &alloc,
+            None,
+            SmSplit::Static(1.0),
+            requests,
+            KvBlocks::new(8, 16),
+            None,
+        );
+        let mut c = Cluster::new(ctrl, fixed());
+        c.drive();
+        all_ended(&c);
+        let failed = failures(&c);
+        assert_eq!(failed.len(), 3);
+        assert!(failed
+            .iter()
+            .all(|f| f.1 == "its KV cache can never fit decode worker D0"));
+    }
+
+    /// The SM share of a local prefill batch changes while it runs: when an
+    /// encode pass on its GPU reaches its GPU phase (not when it is
+    /// dispatched: drift regression, the controller used to count the host
+    /// phase too) and when that pass ends.
+    #[test]
+    fn the_sm_share_changes_during_a_local_prefill_batch() {
+        let alloc: crate::Allocation = "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+        // time-slicing: a local batch gets half the GPU's time while an
+        // encode pass holds it
+        let requests = vec![test_request(0, 0.0), test_request(1, 0.031)];
+        let ctrl = controller_for(
+            &alloc,
+            Some(1),
+            SmSplit::None,
+            requests,
+            KvBlocks::new(1 << 20, 16),
+            None,
+        );
+        // request 0: pass 0–30 ms, routed local (deficit router, s = 0.5),
+        // its prefill runs 30–130 ms; request 1's pass starts at 31 ms, its
+        // GPU phase at 41 ms, and ends at 61 ms
+        let mut c = Cluster::new(ctrl, Fixed { prefill_s: 0.1 });
+        c.drive();
+        all_ended(&c);
+        let shares: Vec<(f64, usize, f64)> = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Share {
+                    at,
+                    worker,
+                    sm_share,
+                } => Some((*at, *worker, *sm_share)),
+                _ => None,
+            })
+            .collect();
+        assert!(c.ctrl.records()[0].prefill_local);
+        assert_eq!(shares.len(), 2, "{shares:?}");
+        assert!((shares[0].0 - 0.041).abs() < 1e-12 && shares[0].2 == 0.5);
+        assert!((shares[1].0 - 0.061).abs() < 1e-12 && shares[1].2 == 1.0);
+        assert_eq!(shares[0].1, 1, "the local worker is prefill worker 1");
+        // the driver was told the same
+        assert_eq!(c.share_changes, shares);
+    }
 
     fn t_enc(k: usize) -> f64 {
         0.3 + 0.02 * k as f64

@@ -48,7 +48,10 @@ mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
-pub use controller::{Command, Controller, ControllerConfig, Decision, WorkerRef};
+pub use controller::{
+    Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
+    WorkerRef,
+};
 pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;

@@ -107,6 +107,24 @@ impl SmSplit {
         }
     }
 
+    /// A line for a report's notes naming a dynamic split's table
+    /// (`20%→B≤1, …`); `None` for the other splits.
+    pub fn table_note(&self) -> Option<String> {
+        let SmSplit::Dynamic(t) = self else {
+            return None;
+        };
+        let levels: Vec<String> = t
+            .levels
+            .iter()
+            .map(|(f, b)| format!("{:.0}%→B≤{}", f * 100.0, b))
+            .collect();
+        Some(format!(
+            "dynamic SM table (ε = {}): {}",
+            t.epsilon,
+            levels.join(", ")
+        ))
+    }
+
     /// SM share left to the local prefill worker while an encode pass of
     /// `encode_batch` runs (`None` = encode idle); `None` under time-slicing.
     pub fn prefill_share(&self, encode_batch: Option<usize>) -> Option<f64> {

@@ -83,6 +83,8 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
         events.push(first.arrival, Priority::Arrival, Event::Arrival(0));
     }
     let mut processed = 0u64;
+    // requests admitted and not finished (admission control)
+    let mut in_system = 0usize;
     let (mut passes, mut encoded) = (0usize, 0usize);
     let work = |r: &Request| (r.prefill_tokens() + r.output_tokens as u64) as f64;
     while let Some((now, ev)) = events.pop() {
@@ -92,11 +94,29 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
                 if let Some(next) = requests.get(i + 1) {
                     events.push(next.arrival, Priority::Arrival, Event::Arrival(i + 1));
                 }
+                // admission control, as the controller applies it to the EPD systems
+                if sc.knobs.admission_limit.is_some_and(|cap| in_system >= cap) {
+                    records[i].rejected = true;
+                    continue;
+                }
+                in_system += 1;
                 let t_pre = cost.encode(&tokens[i], 1.0).t_pre;
                 events.push(now + t_pre, Priority::Transfer, Event::Ready(i));
                 continue;
             }
             Event::Ready(i) => {
+                let seq = DecodeSeq {
+                    id: requests[i].id,
+                    prompt_tokens: requests[i].prefill_tokens(),
+                    remaining: requests[i].output_tokens,
+                };
+                if !replicas[0].sched.can_ever_fit(&seq) {
+                    // it would wait forever: it fails, as the controller fails it
+                    records[i].failure =
+                        Some("its KV cache can never fit one aggregated replica".into());
+                    in_system -= 1;
+                    continue;
+                }
                 let r = place.assign(work(&requests[i]));
                 if tokens[i].is_empty() {
                     // text-only: ready for prefill once preprocessed
@@ -133,6 +153,7 @@ pub(crate) fn run(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) ->
                 for id in rep.sched.complete_step() {
                     let i = id as usize;
                     records[i].finish = Some(now);
+                    in_system -= 1;
                     place.complete(r, work(&requests[i]));
                 }
                 r

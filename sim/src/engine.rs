@@ -1,5 +1,20 @@
-//! The cluster model: E/P/D workers driven by `easerve-sched`, costs from
-//! `easerve-calib`, one event loop.
+//! The cluster's physics around one [`Controller`]: the simulator is a driver
+//! of the scheduler, as `easerve exec` is, and makes no scheduling decision of
+//! its own.
+//!
+//! The controller decides (admission, placement, micro-batches and their SM
+//! shares, routes, prefill batches, KV placement, decode iterations); this
+//! module keeps the event queue and what the hardware does with each
+//! [`Command`]: the host and GPU phases of an encode pass, the re-rating of a
+//! pass or a local prefill batch when what shares its GPU changes (bandwidth
+//! interference under an SM partition, the switching penalty under
+//! time-slicing), the serialised links, the GPU meters and the timeline. Costs
+//! come from a [`StageCost`].
+//!
+//! Decode iterations that end strictly before anything else can happen (the
+//! next queued event and the controller's next timeout) run inline, without a
+//! round trip through the event queue; the outcome is the same as stepping one
+//! event at a time.
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
@@ -8,8 +23,7 @@ use crate::timeline::Timeline;
 use easerve_calib::StageCost;
 use easerve_model::ItemTokens;
 use easerve_sched::{
-    Batcher, Decision, DecodeScheduler, DecodeSeq, LeastOutstanding, PrefillItem, PrefillQueue,
-    Request, RequestId, RequestRecord, Route, Router, SmSplit, Topology, WorkerRef,
+    Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, Topology, WorkerRef,
 };
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::EncodeSummary;
@@ -20,45 +34,45 @@ use serde_json::json;
 /// Progress below this SM share counts as stalled (no completion scheduled).
 const MIN_PROGRESS_SHARE: f64 = 1e-3;
 
+/// What the queue holds: the end of something the hardware was doing. Each
+/// carries the generation of the work it ends, so an end left over from work
+/// that was re-rated or lost to a fault is ignored.
 #[derive(Debug)]
-enum Event {
+enum Ev {
     Arrival(usize),
-    BatcherWake {
-        worker: usize,
-        gen: u64,
-    },
     EncodeGpuPhase {
         worker: usize,
+        gen: u64,
     },
     EncodeDone {
         worker: usize,
         gen: u64,
     },
-    /// Embeddings of a micro-batch land at prefill worker `prefill`; `from` is
-    /// the sending encode worker when they crossed its link.
     EmbeddingsLand {
-        prefill: usize,
-        ids: Vec<RequestId>,
-        from: Option<usize>,
+        envelope: EnvelopeId,
+        sent_at: f64,
+        to: usize,
     },
     PrefillDone {
         prefill: usize,
         gen: u64,
     },
     KvLands {
-        decode: usize,
         id: RequestId,
+        sent_at: f64,
     },
     DecodeStepDone {
         decode: usize,
+        gen: u64,
     },
+    Fault(WorkerRef),
 }
 
+/// An encode pass on the hardware.
 struct Pass {
-    ids: Vec<RequestId>,
+    batch: usize,
     start: f64,
     gpu_start: f64,
-    items: Vec<ItemTokens>,
     /// Whether the pass has reached its GPU phase (it holds SMs only then).
     gpu_phase: bool,
     /// GPU seconds of work at `share`, before any slowdown.
@@ -70,37 +84,31 @@ struct Pass {
     /// Fraction of the GPU phase done at `last_update`.
     done_frac: f64,
     last_update: f64,
-    /// Generation of its pending completion event (stale ones are ignored);
-    /// 0 until the GPU phase is first scheduled.
-    gen: u64,
+    /// Whether the end of the GPU phase has been scheduled yet.
+    scheduled: bool,
 }
 
 struct EncodeWorker {
     gpu: u32,
-    batcher: Batcher,
-    pass: Option<Pass>,
-    wake_gen: u64,
     /// Local prefill worker co-located on this GPU.
     local: Option<usize>,
+    pass: Option<Pass>,
     /// When this worker's link is free for the next embedding transfer.
     link_free_at: f64,
-    /// Embedding transfers sent and not yet landed.
-    inflight: usize,
-    /// Generation counter of encode completion events, never reset, so an
-    /// event left over from an earlier pass can never match a later one.
-    done_gen: u64,
+    /// Generation of the pending phase or completion event, never reset.
+    gen: u64,
 }
 
 /// A prefill batch in flight; its progress is tracked as the fraction done so
 /// a change of SM share mid-flight changes its rate, not its past.
 struct PrefillJob {
-    items: Vec<PrefillItem>,
+    requests: usize,
     start: f64,
-    seq_lens: Vec<u64>,
     done_frac: f64,
     last_update: f64,
+    /// Effective SM share: the controller's, less the switching penalty
+    /// under time-slicing.
     share: f64,
-    gen: u64,
 }
 
 struct PrefillWorker {
@@ -109,8 +117,9 @@ struct PrefillWorker {
     local: bool,
     /// Encode workers whose GPUs this local worker shares.
     encode_workers: Vec<usize>,
-    queue: PrefillQueue,
     job: Option<PrefillJob>,
+    /// Prompt lengths of the batch in flight (reused).
+    seq_lens: Vec<u64>,
     gen: u64,
     link_free_at: f64,
 }
@@ -118,9 +127,8 @@ struct PrefillWorker {
 struct DecodeWorker {
     gpus: Vec<u32>,
     tp: u32,
-    sched: DecodeScheduler,
-    stepping: bool,
     step_start: f64,
+    gen: u64,
 }
 
 /// Everything a finished run hands back.
@@ -130,16 +138,42 @@ pub struct SimOutput {
     pub report: Report,
     /// Per-request lifecycle records, by request id.
     pub records: Vec<RequestRecord>,
-    /// Events the engine processed.
+    /// Events the engine processed: queue events plus decode iterations run
+    /// inline (`queue_events + inline_steps`).
     pub events: u64,
+    /// Events that went through the event queue (controller timeouts included).
+    pub queue_events: u64,
+    /// Decode iterations run inline, without the queue.
+    pub inline_steps: u64,
     /// The Chrome/Perfetto trace-event JSON, when asked for.
     pub timeline: Option<serde_json::Value>,
     /// Largest sum of the SM shares of an encode pass and a co-located local
     /// prefill on one GPU during the run (0 without local prefill); at most 1.
     pub max_sm_share_sum: f64,
-    /// Every scheduling decision in order, when asked for (the same log
-    /// `easerve_sched::Controller` keeps for the executor).
+    /// Every scheduling decision in order, when asked for (the controller's
+    /// log, as the executor writes it).
     pub decisions: Vec<Decision>,
+    /// What each unit of work took, when asked for.
+    pub service: Option<ServiceLog>,
+}
+
+/// What the simulated hardware took for each unit of work, seconds, per
+/// worker in the order the worker started it: what a replay (a driver with
+/// fake workers, `easerve_sched::harness::Cluster`) hands back to make the
+/// same run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceLog {
+    /// Per encode worker, per pass: (host phase, GPU phase as it ran, with
+    /// every re-rating). A pass lost to a fault is missing.
+    pub encode: Vec<Vec<(f64, f64)>>,
+    /// Per prefill worker, per batch, as it ran (re-ratings included).
+    pub prefill: Vec<Vec<f64>>,
+    /// Per decode worker, per iteration.
+    pub decode: Vec<Vec<f64>>,
+    /// Per encode worker, per remote envelope: time on the link.
+    pub embeddings: Vec<Vec<f64>>,
+    /// Per prefill worker, per KV cache: time on the link.
+    pub kv: Vec<Vec<f64>>,
 }
 
 /// What a run records beyond the report.
@@ -149,41 +183,40 @@ pub struct SimOptions {
     pub timeline: bool,
     /// Record every scheduling decision ([`SimOutput::decisions`]).
     pub decisions: bool,
+    /// Fault injection: worker `.0` dies `.1` seconds into the run, as
+    /// `easerve exec --kill` kills a worker process.
+    pub kill: Option<(WorkerRef, f64)>,
+    /// Record what each unit of work took ([`SimOutput::service`]).
+    pub service_log: bool,
 }
 
 struct Sim<'a> {
     sc: &'a Scenario,
     cost: Box<dyn StageCost>,
+    ctrl: Controller,
     now: f64,
-    events: EventQueue<Event>,
-    requests: Vec<Request>,
+    events: EventQueue<Ev>,
     tokens: Vec<Vec<ItemTokens>>,
-    records: Vec<RequestRecord>,
-    split: SmSplit,
-    router: Router,
+    arrivals: Vec<f64>,
     encode: Vec<EncodeWorker>,
-    encode_place: LeastOutstanding,
     /// Remote prefill workers first, then local ones.
     prefill: Vec<PrefillWorker>,
+    decode: Vec<DecodeWorker>,
     /// Where every worker runs.
     topology: Topology,
-    remote_place: LeastOutstanding,
-    decode: Vec<DecodeWorker>,
-    decode_place: LeastOutstanding,
+    time_sliced: bool,
     meters: Vec<GpuMeter>,
-    passes: usize,
-    passed_requests: usize,
-    remote_routed: usize,
-    routed: usize,
     processed: u64,
     /// Largest sum of SM shares seen on one encode GPU (see `note_sm_shares`).
     max_sm_share_sum: f64,
-    /// Decode iterations run inline (each counts as one event).
+    /// Decode iterations run inline.
     inline_steps: u64,
     timeline: Option<Timeline>,
-    log: Option<Vec<Decision>>,
-    /// Requests admitted and not finished (admission control).
-    in_system: usize,
+    /// Scratch: the items of a pass being priced.
+    items: Vec<ItemTokens>,
+    /// Decode iterations asked for while commands were being carried out.
+    pending_steps: Vec<(usize, u64, u64)>,
+    service: Option<ServiceLog>,
 }
 
 /// Run the scenario's workload through its deployment and report, with the
@@ -204,45 +237,45 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
     if sc.system == System::Aggregated {
         return crate::aggregated::run(sc, cost, opts);
     }
-    let mut sim = Sim::new(sc, cost);
+    let mut sim = Sim::new(sc, cost, opts.decisions);
     if opts.timeline {
         sim.timeline = Some(Timeline::default());
     }
-    if opts.decisions {
-        sim.log = Some(Vec::new());
+    if opts.service_log {
+        let t = &sim.topology;
+        sim.service = Some(ServiceLog {
+            encode: vec![Vec::new(); t.encode().len()],
+            prefill: vec![Vec::new(); t.prefill().len()],
+            decode: vec![Vec::new(); t.decode().len()],
+            embeddings: vec![Vec::new(); t.encode().len()],
+            kv: vec![Vec::new(); t.prefill().len()],
+        });
+    }
+    if let Some((w, at)) = opts.kill {
+        sim.events.push(at, Priority::Completion, Ev::Fault(w));
     }
     sim.run();
     sim.finish()
 }
 
 impl<'a> Sim<'a> {
-    fn new(sc: &'a Scenario, cost: Box<dyn StageCost>) -> Self {
+    fn new(sc: &'a Scenario, cost: Box<dyn StageCost>, log_decisions: bool) -> Self {
         let (requests, tokens) = generate_with_tokens(sc);
-        let records = requests.iter().map(RequestRecord::new).collect();
-        let dep = &sc.deployment;
-
-        let (batchers, split) = sc.encode_policies(&requests, &tokens, &*cost);
-        let mut batchers = batchers.into_iter();
-
-        // where every worker runs: one layout for controller, drivers and report
-        let topology = sc.topology();
-        let encode: Vec<EncodeWorker> = topology
+        let arrivals: Vec<f64> = requests.iter().map(|r| r.arrival).collect();
+        let ctrl = sc.controller(requests, &tokens, &*cost, log_decisions);
+        let topology = ctrl.topology().clone();
+        let encode = topology
             .encode()
             .iter()
             .map(|t| EncodeWorker {
                 gpu: t.gpu(),
-                batcher: batchers.next().expect("one batcher per encode worker"),
-                pass: None,
-                wake_gen: 0,
                 local: t.local_prefill,
+                pass: None,
                 link_free_at: 0.0,
-                inflight: 0,
-                done_gen: 0,
+                gen: 0,
             })
             .collect();
-        let knobs = &sc.knobs;
-        let new_queue = || PrefillQueue::new(knobs.prefill_token_budget, knobs.prefill_max_seqs);
-        let prefill: Vec<PrefillWorker> = topology
+        let prefill = topology
             .prefill()
             .iter()
             .map(|t| PrefillWorker {
@@ -250,275 +283,255 @@ impl<'a> Sim<'a> {
                 tp: t.tp,
                 local: t.local,
                 encode_workers: t.encode_workers.clone(),
-                queue: new_queue(),
                 job: None,
+                seq_lens: Vec::new(),
                 gen: 0,
                 link_free_at: 0.0,
             })
             .collect();
-        let decode: Vec<DecodeWorker> = sc
-            .decode_schedulers()
-            .into_iter()
-            .zip(topology.decode())
-            .map(|(sched, t)| DecodeWorker {
+        let decode = topology
+            .decode()
+            .iter()
+            .map(|t| DecodeWorker {
                 gpus: t.gpus.clone(),
                 tp: t.tp,
-                sched,
-                stepping: false,
                 step_start: 0.0,
+                gen: 0,
             })
             .collect();
-        let meters = (0..sc.gpus).map(|_| GpuMeter::default()).collect();
         let mut events = EventQueue::new();
         // arrivals are sorted: only the next one waits in the queue, which keeps
         // the heap as small as the number of busy workers
-        if let Some(first) = requests.first() {
-            events.push(first.arrival, Priority::Arrival, Event::Arrival(0));
+        if let Some(&first) = arrivals.first() {
+            events.push(first, Priority::Arrival, Ev::Arrival(0));
         }
         Sim {
             sc,
+            time_sliced: ctrl.time_sliced(),
+            ctrl,
+            cost,
             now: 0.0,
             events,
             tokens,
-            records,
-            router: Router::new(&dep.router, dep.offload),
-            encode_place: LeastOutstanding::new(encode.len()),
-            remote_place: LeastOutstanding::new(topology.remote_prefill()),
-            decode_place: LeastOutstanding::new(decode.len()),
-            split,
+            arrivals,
             encode,
             prefill,
-            topology,
             decode,
-            meters,
-            requests,
-            cost,
-            passes: 0,
-            passed_requests: 0,
-            remote_routed: 0,
-            routed: 0,
+            topology,
+            meters: (0..sc.gpus).map(|_| GpuMeter::default()).collect(),
             processed: 0,
             max_sm_share_sum: 0.0,
             inline_steps: 0,
             timeline: None,
-            log: None,
-            in_system: 0,
+            items: Vec::new(),
+            pending_steps: Vec::new(),
+            service: None,
         }
     }
 
     fn run(&mut self) {
-        while let Some((t, ev)) = self.events.pop() {
+        loop {
+            let next = self.events.peek_time();
+            // the controller's timeout goes after same-instant events
+            if let Some(t) = self
+                .ctrl
+                .poll_timeout()
+                .filter(|&t| next.is_none_or(|e| t < e))
+            {
+                self.processed += 1;
+                self.now = t.max(self.now);
+                self.ctrl.handle_timeout(self.now);
+                self.carry_out();
+                continue;
+            }
+            let Some((t, ev)) = self.events.pop() else {
+                break;
+            };
             self.processed += 1;
             debug_assert!(t >= self.now - 1e-9, "time went back: {t} < {}", self.now);
             self.now = t.max(self.now);
-            match ev {
-                Event::Arrival(i) => self.on_arrival(i),
-                Event::BatcherWake { worker, gen } => {
-                    if gen == self.encode[worker].wake_gen {
-                        self.try_dispatch(worker);
+            self.on_event(ev);
+            self.carry_out();
+        }
+    }
+
+    /// What the hardware does when `ev` comes due, then the controller hears of it.
+    fn on_event(&mut self, ev: Ev) {
+        let now = self.now;
+        match ev {
+            Ev::Arrival(i) => {
+                if let Some(&next) = self.arrivals.get(i + 1) {
+                    self.events
+                        .push(next, Priority::Arrival, Ev::Arrival(i + 1));
+                }
+                self.ctrl.handle(now, Event::Arrival { id: i as RequestId });
+                if self.timeline.is_some() {
+                    if let Some(w) = self.ctrl.records()[i].encode_worker {
+                        self.count_encode_queue(w);
                     }
                 }
-                Event::EncodeGpuPhase { worker } => self.on_encode_gpu_phase(worker),
-                Event::EncodeDone { worker, gen } => {
-                    if self.encode[worker]
+            }
+            Ev::EncodeGpuPhase { worker, gen } => {
+                if self.encode[worker].gen == gen {
+                    self.on_encode_gpu_phase(worker);
+                    self.ctrl.handle(now, Event::EncodeGpuStarted { worker });
+                }
+            }
+            Ev::EncodeDone { worker, gen } => {
+                let live = self.encode[worker].gen == gen
+                    && self.encode[worker]
                         .pass
                         .as_ref()
-                        .is_some_and(|p| p.gen == gen)
-                    {
-                        self.on_encode_done(worker);
-                    }
+                        .is_some_and(|p| p.gpu_phase);
+                if live {
+                    self.on_encode_done(worker);
+                    self.ctrl.handle(now, Event::EncodeDone { worker });
+                    self.count_encode_queue(worker);
                 }
-                Event::EmbeddingsLand { prefill, ids, from } => {
-                    if let Some(w) = from {
-                        self.encode[w].inflight -= 1;
-                    }
-                    self.on_embeddings(prefill, ids);
-                    if let Some(w) = from {
-                        self.try_dispatch(w);
-                    }
+            }
+            Ev::EmbeddingsLand {
+                envelope,
+                sent_at,
+                to,
+            } => {
+                self.ctrl
+                    .handle(now, Event::EmbeddingsLanded { envelope, sent_at });
+                self.count_prefill_queue(to);
+            }
+            Ev::PrefillDone { prefill, gen } => {
+                if self.prefill[prefill].gen == gen && self.prefill[prefill].job.is_some() {
+                    self.on_prefill_done(prefill);
+                    self.ctrl
+                        .handle(now, Event::PrefillDone { worker: prefill });
+                    self.after_prefill_done(prefill);
                 }
-                Event::PrefillDone { prefill, gen } => {
-                    if gen == self.prefill[prefill].gen {
-                        self.on_prefill_done(prefill);
-                    }
+            }
+            Ev::KvLands { id, sent_at } => self.ctrl.handle(now, Event::KvLanded { id, sent_at }),
+            Ev::DecodeStepDone { decode, gen } => {
+                if self.decode[decode].gen == gen {
+                    self.end_decode_step(decode, now);
+                    self.ctrl
+                        .handle(now, Event::DecodeStepDone { worker: decode });
                 }
-                Event::KvLands { decode, id } => self.on_kv(decode, id),
-                Event::DecodeStepDone { decode } => self.on_decode_step(decode),
+            }
+            Ev::Fault(w) => {
+                self.lose_work(w);
+                let reason = easerve_sched::harness::kill_reason(now);
+                self.ctrl
+                    .handle(now, Event::WorkerFailed { worker: w, reason });
             }
         }
     }
 
-    // ---------------------------------------------------------------- encode
-
-    fn on_arrival(&mut self, i: usize) {
-        if let Some(next) = self.requests.get(i + 1) {
-            self.events
-                .push(next.arrival, Priority::Arrival, Event::Arrival(i + 1));
+    /// Carry out every command the controller has issued, then the decode
+    /// iterations it asked for (run inline where nothing can interfere).
+    fn carry_out(&mut self) {
+        loop {
+            while let Some(cmd) = self.ctrl.poll_command() {
+                match cmd {
+                    Command::Encode { worker, sm_share } => self.start_pass(worker, sm_share),
+                    Command::Embeddings {
+                        envelope,
+                        from,
+                        to,
+                        local,
+                    } => self.send_embeddings(envelope, from, to, local),
+                    Command::Prefill { worker, sm_share } => self.start_prefill(worker, sm_share),
+                    Command::PrefillShare { worker, sm_share } => {
+                        let share = self.effective_share(sm_share);
+                        self.rerate_local(worker, share);
+                    }
+                    Command::Kv { from, to, id } => self.send_kv(from, to, id),
+                    Command::DecodeStep {
+                        worker,
+                        batch,
+                        context,
+                    } => self.pending_steps.push((worker, batch, context)),
+                    Command::Release { .. } => {}
+                }
+            }
+            if self.pending_steps.is_empty() {
+                return;
+            }
+            let steps = std::mem::take(&mut self.pending_steps);
+            for &(d, batch, context) in &steps {
+                self.run_decode(d, batch, context);
+            }
+            let mut steps = steps;
+            steps.clear();
+            if self.pending_steps.is_empty() {
+                self.pending_steps = steps;
+            }
         }
-        if self
-            .sc
-            .knobs
-            .admission_limit
-            .is_some_and(|cap| self.in_system >= cap)
-        {
-            self.records[i].rejected = true;
-            let id = self.requests[i].id;
-            self.decide(|| Decision::Reject { id });
-            return;
-        }
-        self.in_system += 1;
-        let req = &self.requests[i];
-        if !req.needs_encode() || self.encode.is_empty() {
-            let id = req.id;
-            let p = self.remote_place.assign(req.prefill_tokens() as f64);
-            self.decide(|| Decision::Route {
-                id,
-                worker: p,
-                local: false,
-            });
-            self.records[i].prefill_ready = Some(self.now);
-            self.on_embeddings(p, vec![id]);
-            return;
-        }
-        let id = req.id;
-        let w = self.encode_place.assign(req.encoder_tokens as f64);
-        self.decide(|| Decision::PlaceEncode { id, worker: w });
-        self.records[i].encode_worker = Some(w);
-        self.encode[w].batcher.on_arrival(self.now, id);
-        self.count_encode_queue(w);
-        self.try_dispatch(w);
     }
 
-    fn try_dispatch(&mut self, w: usize) {
+    // ------------------------------------------------------------- encode
+
+    /// A pass starts: first its host phase (the fixed per-pass overhead and
+    /// preprocessing, `t_pass + Σ t_pre`), during which the GPU is free for
+    /// local prefill; then its GPU phase ([`Ev::EncodeGpuPhase`]).
+    fn start_pass(&mut self, w: usize, share: f64) {
         let now = self.now;
+        self.items.clear();
+        for &id in self.ctrl.encode_batch(w) {
+            self.items.extend_from_slice(&self.tokens[id as usize]);
+        }
+        let t = self.cost.encode(&self.items, 1.0);
+        let t_gpu = if share == 1.0 {
+            t.t_gpu
+        } else {
+            self.cost.encode(&self.items, share).t_gpu
+        };
         let worker = &mut self.encode[w];
-        // backpressure: no new pass while the worker's envelopes in flight are at the cap
-        let free = worker.pass.is_none() && worker.inflight < self.sc.knobs.max_inflight_transfers;
-        match worker.batcher.poll_dispatch(now, free) {
-            Some(ids) => {
-                self.start_pass(w, ids);
-                self.count_encode_queue(w);
-            }
-            None => {
-                if free {
-                    if let Some(wake) = worker.batcher.poll_timeout() {
-                        worker.wake_gen += 1;
-                        let gen = worker.wake_gen;
-                        self.events.push(
-                            wake.max(now),
-                            Priority::Timer,
-                            Event::BatcherWake { worker: w, gen },
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// Whether the local prefill worker sharing encode worker `w`'s GPU is running.
-    fn local_busy(&self, w: usize) -> bool {
-        self.encode[w]
-            .local
-            .is_some_and(|p| self.prefill[p].job.is_some())
-    }
-
-    /// Start an encode pass: first its CPU phase (the fixed per-pass overhead
-    /// and preprocessing, `t_pass + Σ t_pre`), during which the GPU is free for
-    /// local prefill; then its GPU phase ([`Event::EncodeGpuPhase`]).
-    fn start_pass(&mut self, w: usize, ids: Vec<RequestId>) {
-        let now = self.now;
-        let items: Vec<ItemTokens> = ids
-            .iter()
-            .flat_map(|&id| self.tokens[id as usize].iter().copied())
-            .collect();
-        let t = self.cost.encode(&items, 1.0);
-        if self.log.is_some() {
-            let sm_share = self.pass_share(w, ids.len());
-            let ids = ids.clone();
-            self.decide(|| Decision::Dispatch {
-                at: now,
-                worker: w,
-                ids,
-                sm_share,
-            });
-        }
-        for &id in &ids {
-            let r = &mut self.records[id as usize];
-            r.encode_start = Some(now);
-            r.encode_batch = Some(ids.len());
-        }
-        self.passes += 1;
-        self.passed_requests += ids.len();
-        self.encode[w].pass = Some(Pass {
-            ids,
+        worker.gen += 1;
+        worker.pass = Some(Pass {
+            batch: self.ctrl.encode_batch(w).len(),
             start: now,
             gpu_start: now,
-            items,
             gpu_phase: false,
-            t_gpu_work: 0.0,
-            share: 1.0,
+            t_gpu_work: t_gpu,
+            share,
             slow: 1.0,
             done_frac: 0.0,
             last_update: now,
-            gen: 0,
+            scheduled: false,
         });
+        let gen = worker.gen;
         self.events.push(
             now + t.t_pass + t.t_pre,
             Priority::Completion,
-            Event::EncodeGpuPhase { worker: w },
+            Ev::EncodeGpuPhase { worker: w, gen },
         );
     }
 
-    /// The GPU phase of a pass starts: take the SM share the split gives this
-    /// batch (the full GPU without a co-located prefill worker), slowed by
-    /// bandwidth interference or time-slicing when local prefill is running.
+    /// The GPU phase of a pass starts at the share the controller gave it,
+    /// slowed by bandwidth interference or time-slicing while local prefill
+    /// runs on its GPU.
     fn on_encode_gpu_phase(&mut self, w: usize) {
         let now = self.now;
-        let Some(pass) = self.encode[w].pass.as_ref() else {
-            return;
-        };
-        let share = self.pass_share(w, pass.ids.len());
-        let t_gpu = self.cost.encode(&pass.items, share).t_gpu;
         let gpu = self.encode[w].gpu as usize;
         self.meters[gpu].begin(now);
         if let Some(pass) = self.encode[w].pass.as_mut() {
             pass.gpu_phase = true;
             pass.gpu_start = now;
-            pass.share = share;
-            pass.t_gpu_work = t_gpu;
             pass.last_update = now;
         }
         self.rerate_encode(w);
-        self.rerate_local(w);
-    }
-
-    /// SM share of a pass of `batch` requests on encode worker `w`: the
-    /// split's share next to a local prefill worker; alone on its GPU, or
-    /// time-slicing, all SMs (slowed while shared).
-    fn pass_share(&self, w: usize, batch: usize) -> f64 {
-        match self.split.encode_share(batch) {
-            Some(f) if self.encode[w].local.is_some() => f,
-            _ => 1.0,
-        }
-    }
-
-    /// Append a decision to the log, when one is kept.
-    fn decide(&mut self, d: impl FnOnce() -> Decision) {
-        if let Some(log) = self.log.as_mut() {
-            log.push(d());
-        }
     }
 
     /// Slowdown of encode worker `w`'s GPU phase given whether its co-located
     /// prefill is running: bandwidth interference under an SM partition,
     /// half the GPU's time (less the switching penalty) under time-slicing.
     fn encode_slowdown(&self, w: usize) -> f64 {
-        if !self.local_busy(w) {
-            return 1.0;
-        }
-        match self.split.encode_share(1) {
-            Some(_) => 1.0 + self.cost.bandwidth_interference(),
-            None => 2.0 * (1.0 + self.cost.time_slice_penalty()),
+        let local_busy = self.encode[w]
+            .local
+            .is_some_and(|p| self.prefill[p].job.is_some());
+        if !local_busy {
+            1.0
+        } else if self.time_sliced {
+            2.0 * (1.0 + self.cost.time_slice_penalty())
+        } else {
+            1.0 + self.cost.bandwidth_interference()
         }
     }
 
@@ -531,21 +544,18 @@ impl<'a> Sim<'a> {
         let Some(pass) = worker.pass.as_mut().filter(|p| p.gpu_phase) else {
             return;
         };
-        if pass.gen > 0 && pass.t_gpu_work > 0.0 {
+        if pass.scheduled && pass.t_gpu_work > 0.0 {
             pass.done_frac += (now - pass.last_update) / (pass.t_gpu_work * pass.slow);
             pass.done_frac = pass.done_frac.min(1.0);
         }
+        pass.scheduled = true;
         pass.last_update = now;
         pass.slow = slow;
-        worker.done_gen += 1;
-        pass.gen = worker.done_gen;
+        worker.gen += 1;
         let end = now + (1.0 - pass.done_frac) * pass.t_gpu_work * slow;
-        let gen = pass.gen;
-        self.events.push(
-            end,
-            Priority::Completion,
-            Event::EncodeDone { worker: w, gen },
-        );
+        let gen = worker.gen;
+        self.events
+            .push(end, Priority::Completion, Ev::EncodeDone { worker: w, gen });
     }
 
     fn on_encode_done(&mut self, w: usize) {
@@ -561,12 +571,15 @@ impl<'a> Sim<'a> {
                     < 1e-6,
             "encode pass of worker {w} ended before its GPU work was done"
         );
+        if let Some(log) = self.service.as_mut() {
+            log.encode[w].push((pass.gpu_start - pass.start, now - pass.gpu_start));
+        }
         let gpu = self.encode[w].gpu as usize;
         self.meters[gpu].end(now);
         // SM-time is the work done (unslowed GPU time at its share)
         self.meters[gpu].add_sm_time(pass.t_gpu_work * pass.share);
         if let Some(tl) = self.timeline.as_mut() {
-            let args = json!({ "batch": pass.ids.len(), "sm_share": pass.share, "gpu_start_s": pass.gpu_start });
+            let args = json!({ "batch": pass.batch, "sm_share": pass.share, "gpu_start_s": pass.gpu_start });
             tl.slice(
                 &format!("E{w} encode"),
                 "encode pass",
@@ -575,155 +588,130 @@ impl<'a> Sim<'a> {
                 args,
             );
         }
-        self.rerate_local(w);
-        // route, then one transfer per destination
-        let mut groups: Vec<(usize, Vec<RequestId>)> = Vec::new();
-        for &id in &pass.ids {
-            let i = id as usize;
-            self.records[i].encode_end = Some(now);
-            self.encode_place
-                .complete(w, self.requests[i].encoder_tokens as f64);
-            let route = match self.encode[w].local {
-                Some(_) => self.router.route(),
-                None => Route::Remote,
-            };
-            self.routed += 1;
-            let dest = match route {
-                Route::Remote => {
-                    self.remote_routed += 1;
-                    self.remote_place
-                        .assign(self.requests[i].prefill_tokens() as f64)
-                }
-                Route::Local => {
-                    self.records[i].prefill_local = true;
-                    self.encode[w]
-                        .local
-                        .expect("local route only with a local worker")
-                }
-            };
-            self.decide(|| Decision::Route {
-                id,
-                worker: dest,
-                local: route == Route::Local,
-            });
-            match groups.iter_mut().find(|g| g.0 == dest) {
-                Some(g) => g.1.push(id),
-                None => groups.push((dest, vec![id])),
-            }
-        }
-        let emb_per_token = self.sc.model.embedding_bytes_per_token();
-        for (dest, ids) in groups {
-            let remote = !self.prefill[dest].local;
-            let (sent, land) = if !remote {
-                (now, now) // embeddings stay in the encode GPU's memory
-            } else {
-                let bytes: f64 = ids
-                    .iter()
-                    .map(|&id| self.requests[id as usize].mm_tokens as f64)
-                    .sum::<f64>()
-                    * emb_per_token;
-                let start = self.encode[w].link_free_at.max(now);
-                let end = start + self.cost.transfer(bytes);
-                self.encode[w].link_free_at = end;
-                if let Some(tl) = self.timeline.as_mut() {
-                    let args =
-                        json!({ "requests": ids.len(), "bytes": bytes, "to": format!("P{dest}") });
-                    tl.slice(&format!("E{w} link"), "embeddings", start, end, args);
-                }
-                (start, end)
-            };
-            for &id in &ids {
-                self.records[id as usize].embedding_sent = Some(sent);
-            }
-            self.events.push(
-                land,
-                Priority::Transfer,
-                Event::EmbeddingsLand {
-                    prefill: dest,
-                    ids,
-                    from: remote.then_some(w),
-                },
-            );
-            if remote {
-                self.encode[w].inflight += 1;
-            }
-        }
-        self.try_dispatch(w);
     }
 
-    // --------------------------------------------------------------- prefill
-
-    /// SM share available to local prefill worker `p` now: the least over its GPUs.
-    fn local_share(&self, p: usize) -> f64 {
-        self.prefill[p]
-            .encode_workers
-            .iter()
-            .map(|&w| {
-                let batch = self.encode[w]
-                    .pass
-                    .as_ref()
-                    .filter(|x| x.gpu_phase)
-                    .map(|x| x.ids.len());
-                match self.split.prefill_share(batch) {
-                    Some(f) => f,
-                    None if batch.is_some() => 0.5 / (1.0 + self.cost.time_slice_penalty()),
-                    None => 1.0,
-                }
-            })
-            .fold(1.0, f64::min)
-    }
-
-    fn prefill_time(&self, p: usize, seq_lens: &[u64], share: f64) -> f64 {
-        self.cost.prefill(seq_lens, self.prefill[p].tp, share)
-    }
-
-    /// Re-rate the local prefill job sharing encode worker `w`'s GPU after its
-    /// SM share changed.
-    fn rerate_local(&mut self, w: usize) {
-        let Some(p) = self.encode[w].local else {
-            return;
-        };
-        if self.prefill[p].job.is_none() {
-            return;
-        }
+    /// An envelope leaves encode worker `from`: local ones stay in the encode
+    /// GPU's memory and land at once; remote ones wait for the worker's link.
+    fn send_embeddings(&mut self, envelope: EnvelopeId, from: usize, to: usize, local: bool) {
         let now = self.now;
-        let new_share = self.local_share(p);
-        let job = self.prefill[p].job.as_ref().expect("checked");
-        let old_dur = if job.share >= MIN_PROGRESS_SHARE {
-            self.prefill_time(p, &job.seq_lens, job.share)
+        let (sent, land) = if local {
+            (now, now)
+        } else {
+            let requests = self.ctrl.requests();
+            let ids = self.ctrl.envelope(envelope);
+            let bytes = ids
+                .iter()
+                .map(|&id| requests[id as usize].mm_tokens as f64)
+                .sum::<f64>()
+                * self.sc.model.embedding_bytes_per_token();
+            let start = self.encode[from].link_free_at.max(now);
+            let dur = self.cost.transfer(bytes);
+            let end = start + dur;
+            self.encode[from].link_free_at = end;
+            if let Some(log) = self.service.as_mut() {
+                log.embeddings[from].push(dur);
+            }
+            if let Some(tl) = self.timeline.as_mut() {
+                let args = json!({ "requests": ids.len(), "bytes": bytes, "to": format!("P{to}") });
+                tl.slice(&format!("E{from} link"), "embeddings", start, end, args);
+            }
+            (start, end)
+        };
+        self.events.push(
+            land,
+            Priority::Transfer,
+            Ev::EmbeddingsLand {
+                envelope,
+                sent_at: sent,
+                to,
+            },
+        );
+    }
+
+    // ------------------------------------------------------------ prefill
+
+    /// The share a local prefill batch effectively runs at: the controller's
+    /// share, and under time-slicing (a share of time, not of SMs) less the
+    /// switching penalty.
+    fn effective_share(&self, sm_share: f64) -> f64 {
+        if self.time_sliced && sm_share < 1.0 {
+            sm_share / (1.0 + self.cost.time_slice_penalty())
+        } else {
+            sm_share
+        }
+    }
+
+    fn prefill_time(&self, p: usize, share: f64) -> f64 {
+        if share >= MIN_PROGRESS_SHARE {
+            self.cost
+                .prefill(&self.prefill[p].seq_lens, self.prefill[p].tp, share)
         } else {
             f64::INFINITY
+        }
+    }
+
+    fn start_prefill(&mut self, p: usize, sm_share: f64) {
+        let now = self.now;
+        let share = if self.prefill[p].local {
+            self.effective_share(sm_share)
+        } else {
+            sm_share
         };
-        let progressed = (now - job.last_update) / old_dur;
+        let mut lens = std::mem::take(&mut self.prefill[p].seq_lens);
+        lens.clear();
+        lens.extend(self.ctrl.prefill_batch(p).iter().map(|i| i.tokens));
+        let requests = lens.len();
+        self.prefill[p].seq_lens = lens;
+        let dur = self.prefill_time(p, share);
+        for &g in &self.prefill[p].gpus {
+            self.meters[g as usize].begin(now);
+        }
+        let worker = &mut self.prefill[p];
+        worker.gen += 1;
+        worker.job = Some(PrefillJob {
+            requests,
+            start: now,
+            done_frac: 0.0,
+            last_update: now,
+            share,
+        });
+        if dur.is_finite() {
+            let gen = worker.gen;
+            self.events.push(
+                now + dur,
+                Priority::Completion,
+                Ev::PrefillDone { prefill: p, gen },
+            );
+        }
+        self.local_changed(p);
+    }
+
+    /// Re-rate local prefill worker `p`'s batch to effective share `new_share`.
+    fn rerate_local(&mut self, p: usize, new_share: f64) {
+        let Some(job) = self.prefill[p].job.as_ref() else {
+            return;
+        };
+        let now = self.now;
         let old_share = job.share;
-        let new_dur = if new_share >= MIN_PROGRESS_SHARE {
-            self.prefill_time(p, &job.seq_lens, new_share)
-        } else {
-            f64::INFINITY
-        };
-        let gpus = self.prefill[p].gpus.clone();
+        let progressed = (now - job.last_update) / self.prefill_time(p, old_share);
+        let new_dur = self.prefill_time(p, new_share);
+        for &g in &self.prefill[p].gpus {
+            self.meters[g as usize].add_sm_time((now - job.last_update) * old_share);
+        }
         let worker = &mut self.prefill[p];
         let job = worker.job.as_mut().expect("checked");
         job.done_frac = (job.done_frac + progressed).min(1.0);
-        for &g in &gpus {
-            self.meters[g as usize].add_sm_time((now - job.last_update) * old_share);
-        }
         job.last_update = now;
         job.share = new_share;
         worker.gen += 1;
-        job.gen = worker.gen;
+        let remaining = (1.0 - job.done_frac) * new_dur;
+        let gen = worker.gen;
         self.note_sm_shares(p);
-        let worker = &mut self.prefill[p];
         if new_dur.is_finite() {
-            let job = worker.job.as_mut().expect("checked");
-            let remaining = (1.0 - job.done_frac) * new_dur;
             self.events.push(
                 now + remaining,
                 Priority::Completion,
-                Event::PrefillDone {
-                    prefill: p,
-                    gen: worker.gen,
-                },
+                Ev::PrefillDone { prefill: p, gen },
             );
         }
     }
@@ -745,103 +733,14 @@ impl<'a> Sim<'a> {
         }
     }
 
-    fn on_embeddings(&mut self, p: usize, ids: Vec<RequestId>) {
-        for id in ids {
-            let i = id as usize;
-            self.records[i].prefill_ready = Some(self.now);
-            self.prefill[p].queue.push(PrefillItem {
-                id,
-                tokens: self.requests[i].prefill_tokens(),
-            });
-        }
-        self.try_prefill(p);
-        self.count_prefill_queue(p);
-    }
-
-    /// Worker label of prefill worker `p`: `P{i}` remote, `L{j}` local.
-    fn prefill_label(&self, p: usize) -> &str {
-        self.topology.label(WorkerRef::Prefill(p))
-    }
-
-    fn count_encode_queue(&mut self, w: usize) {
-        if let Some(tl) = self.timeline.as_mut() {
-            tl.counter(
-                &format!("E{w} queue"),
-                self.now,
-                self.encode[w].batcher.len() as f64,
-            );
-        }
-    }
-
-    fn count_prefill_queue(&mut self, p: usize) {
-        if self.timeline.is_some() {
-            let name = format!("{} queue", self.prefill_label(p));
-            let len = self.prefill[p].queue.len() as f64;
-            if let Some(tl) = self.timeline.as_mut() {
-                tl.counter(&name, self.now, len);
-            }
-        }
-    }
-
-    fn try_prefill(&mut self, p: usize) {
-        if self.prefill[p].job.is_some() || self.prefill[p].queue.is_empty() {
-            return;
-        }
-        let now = self.now;
-        let items = self.prefill[p].queue.next_batch();
-        for it in &items {
-            self.records[it.id as usize].prefill_start = Some(now);
-        }
-        self.decide(|| Decision::Prefill {
-            at: now,
-            worker: p,
-            ids: items.iter().map(|i| i.id).collect(),
-        });
-        let seq_lens: Vec<u64> = items.iter().map(|i| i.tokens).collect();
-        let share = if self.prefill[p].local {
-            self.local_share(p)
-        } else {
-            1.0
-        };
-        let dur = if share >= MIN_PROGRESS_SHARE {
-            self.prefill_time(p, &seq_lens, share)
-        } else {
-            f64::INFINITY
-        };
-        for &g in &self.prefill[p].gpus {
-            self.meters[g as usize].begin(now);
-        }
-        let worker = &mut self.prefill[p];
-        worker.gen += 1;
-        worker.job = Some(PrefillJob {
-            items,
-            start: now,
-            seq_lens,
-            done_frac: 0.0,
-            last_update: now,
-            share,
-            gen: worker.gen,
-        });
-        if dur.is_finite() {
-            self.events.push(
-                now + dur,
-                Priority::Completion,
-                Event::PrefillDone {
-                    prefill: p,
-                    gen: worker.gen,
-                },
-            );
-        }
-        self.local_changed(p);
-    }
-
     /// Local prefill worker `p` started or finished a batch: the encode passes
     /// sharing its GPUs change speed, and the shares in force are recorded.
     fn local_changed(&mut self, p: usize) {
         if !self.prefill[p].local {
             return;
         }
-        for w in self.prefill[p].encode_workers.clone() {
+        for k in 0..self.prefill[p].encode_workers.len() {
+            let w = self.prefill[p].encode_workers[k];
             self.rerate_encode(w);
         }
         self.note_sm_shares(p);
@@ -852,15 +751,18 @@ impl<'a> Sim<'a> {
         let Some(job) = self.prefill[p].job.take() else {
             return;
         };
-        debug_assert_eq!(job.gen, self.prefill[p].gen);
+        if let Some(log) = self.service.as_mut() {
+            log.prefill[p].push(now - job.start);
+        }
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].end(now);
             self.meters[g as usize].add_sm_time((now - job.last_update) * job.share);
         }
         if self.timeline.is_some() {
             let track = format!("{} prefill", self.prefill_label(p));
-            let tokens: u64 = job.seq_lens.iter().sum();
-            let args = json!({ "requests": job.items.len(), "tokens": tokens, "sm_share_at_end": job.share });
+            let tokens: u64 = self.prefill[p].seq_lens.iter().sum();
+            let args =
+                json!({ "requests": job.requests, "tokens": tokens, "sm_share_at_end": job.share });
             let name = if self.prefill[p].local {
                 "local prefill"
             } else {
@@ -870,135 +772,99 @@ impl<'a> Sim<'a> {
                 tl.slice(&track, name, job.start, now, args);
             }
         }
-        let kv_per_token = self.sc.model.kv_bytes_per_token();
-        for it in &job.items {
-            let i = it.id as usize;
-            self.records[i].first_token = Some(now);
-            if !self.prefill[p].local {
-                self.remote_place.complete(p, it.tokens as f64);
-            }
-            let out = self.requests[i].output_tokens;
-            if out <= 1 {
-                self.records[i].finish = Some(now);
-                self.in_system -= 1;
-                continue;
-            }
-            let d = self.decode_place.assign((it.tokens + out as u64) as f64);
-            self.decide(|| Decision::PlaceDecode {
-                id: it.id,
-                worker: d,
-            });
-            let start = self.prefill[p].link_free_at.max(now);
-            let bytes = it.tokens as f64 * kv_per_token;
-            let end = start + self.cost.transfer(bytes);
-            self.prefill[p].link_free_at = end;
-            if self.timeline.is_some() {
-                let track = format!("{} link", self.prefill_label(p));
-                let args = json!({ "request": it.id, "bytes": bytes, "to": format!("D{d}") });
-                if let Some(tl) = self.timeline.as_mut() {
-                    tl.slice(&track, "kv cache", start, end, args);
-                }
-            }
-            self.records[i].kv_sent = Some(start);
-            self.events.push(
-                end,
-                Priority::Transfer,
-                Event::KvLands {
-                    decode: d,
-                    id: it.id,
-                },
-            );
-        }
-        self.try_prefill(p);
+    }
+
+    /// After the controller heard of a finished batch: carry out its KV
+    /// transfers and next batch; a local worker left idle speeds its encode
+    /// passes back up.
+    fn after_prefill_done(&mut self, p: usize) {
+        self.carry_out();
         if self.prefill[p].job.is_none() {
             self.local_changed(p);
         }
     }
 
-    // ---------------------------------------------------------------- decode
-
-    fn on_kv(&mut self, d: usize, id: RequestId) {
-        let i = id as usize;
-        self.records[i].decode_ready = Some(self.now);
-        let seq = DecodeSeq {
-            id,
-            prompt_tokens: self.requests[i].prefill_tokens(),
-            remaining: self.requests[i].output_tokens - 1,
-        };
-        if !self.decode[d].sched.can_ever_fit(&seq) {
-            // validation sizes decode for the longest sequence, so this is a
-            // guard: the request fails, as the controller fails it
-            self.records[i].failure =
-                Some(format!("its KV cache can never fit decode worker D{d}"));
-            self.in_system -= 1;
-            let work = (seq.prompt_tokens + self.requests[i].output_tokens as u64) as f64;
-            self.decode_place.complete(d, work);
-            return;
+    fn send_kv(&mut self, from: usize, to: usize, id: RequestId) {
+        let now = self.now;
+        let start = self.prefill[from].link_free_at.max(now);
+        let bytes = self.ctrl.requests()[id as usize].prefill_tokens() as f64
+            * self.sc.model.kv_bytes_per_token();
+        let dur = self.cost.transfer(bytes);
+        let end = start + dur;
+        self.prefill[from].link_free_at = end;
+        if let Some(log) = self.service.as_mut() {
+            log.kv[from].push(dur);
         }
-        self.decode[d].sched.enqueue(seq);
-        self.try_decode(d);
+        if self.timeline.is_some() {
+            let track = format!("{} link", self.prefill_label(from));
+            let args = json!({ "request": id, "bytes": bytes, "to": format!("D{to}") });
+            if let Some(tl) = self.timeline.as_mut() {
+                tl.slice(&track, "kv cache", start, end, args);
+            }
+        }
+        self.events
+            .push(end, Priority::Transfer, Ev::KvLands { id, sent_at: start });
     }
 
-    /// Start decode iterations on worker `d` if it is idle and has work.
-    ///
-    /// Iterations that end strictly before the next queued event of the whole
-    /// simulation cannot be affected by anything (no KV cache can land first),
-    /// so they are run inline without a round trip through the event queue;
-    /// the outcome is the same as stepping one event at a time.
-    fn try_decode(&mut self, d: usize) {
-        if self.decode[d].stepping {
-            return;
-        }
+    // ------------------------------------------------------------- decode
+
+    /// Run the decode iteration the controller asked for on worker `d`, and
+    /// its successors inline while each ends strictly before anything else
+    /// can happen.
+    fn run_decode(&mut self, d: usize, mut batch: u64, mut context: u64) {
         let mut t = self.now;
         loop {
-            for id in self.decode[d].sched.admit() {
-                self.records[id as usize].decode_start = Some(t);
+            let dur = self.cost.decode_step(batch, context, self.decode[d].tp);
+            if let Some(log) = self.service.as_mut() {
+                log.decode[d].push(dur);
             }
-            let (batch, ctx) = self.decode[d].sched.step_shape();
-            if batch == 0 {
-                return;
-            }
-            self.decide(|| Decision::DecodeStep {
-                at: t,
-                worker: d,
-                batch,
-                context: ctx,
-            });
-            let dur = self.cost.decode_step(batch, ctx, self.decode[d].tp);
             self.decode[d].step_start = t;
             for &g in &self.decode[d].gpus {
                 self.meters[g as usize].begin(t);
                 self.meters[g as usize].add_sm_time(dur);
             }
             let end = t + dur;
-            if self.events.peek_time().is_some_and(|next| next <= end) {
-                self.decode[d].stepping = true;
+            let blocked = |x: Option<f64>| x.is_some_and(|n| n <= end);
+            if blocked(self.events.peek_time()) || blocked(self.ctrl.poll_timeout()) {
+                let worker = &mut self.decode[d];
+                worker.gen += 1;
+                let gen = worker.gen;
                 self.events.push(
                     end,
                     Priority::Completion,
-                    Event::DecodeStepDone { decode: d },
+                    Ev::DecodeStepDone { decode: d, gen },
                 );
                 return;
             }
             self.inline_steps += 1;
-            self.complete_decode_step(d, end);
-            t = end;
+            self.end_decode_step(d, end);
+            self.ctrl.handle(end, Event::DecodeStepDone { worker: d });
+            let mut next = None;
+            while let Some(cmd) = self.ctrl.poll_command() {
+                match cmd {
+                    Command::DecodeStep {
+                        worker,
+                        batch,
+                        context,
+                    } if worker == d => next = Some((batch, context)),
+                    Command::Release { .. } => {}
+                    other => unreachable!("a decode iteration's end issued {other:?}"),
+                }
+            }
+            match next {
+                Some((b, c)) => (batch, context, t) = (b, c, end),
+                None => return,
+            }
         }
     }
 
-    fn on_decode_step(&mut self, d: usize) {
-        self.decode[d].stepping = false;
-        self.complete_decode_step(d, self.now);
-        self.try_decode(d);
-    }
-
     /// The iteration of decode worker `d` that started at `step_start` ends at `at`.
-    fn complete_decode_step(&mut self, d: usize, at: f64) {
+    fn end_decode_step(&mut self, d: usize, at: f64) {
         for &g in &self.decode[d].gpus {
             self.meters[g as usize].end(at);
         }
         if let Some(tl) = self.timeline.as_mut() {
-            let (batch, ctx) = self.decode[d].sched.step_shape();
+            let (batch, ctx) = self.ctrl.decode_shape(d);
             let args = json!({ "batch": batch, "context_tokens": ctx });
             tl.slice(
                 &format!("D{d} decode"),
@@ -1010,68 +876,132 @@ impl<'a> Sim<'a> {
             tl.counter(
                 &format!("D{d} waiting for KV blocks"),
                 at,
-                self.decode[d].sched.waiting() as f64,
+                self.ctrl.decode_waiting(d) as f64,
             );
-        }
-        for id in self.decode[d].sched.complete_step() {
-            let i = id as usize;
-            self.records[i].finish = Some(at);
-            self.in_system -= 1;
-            let work =
-                (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
-            self.decode_place.complete(d, work);
         }
     }
 
-    // ---------------------------------------------------------------- report
+    // ------------------------------------------------------------- faults
 
-    fn finish(mut self) -> SimOutput {
-        let decisions = self.log.take().unwrap_or_default();
-        let roles = (0..self.sc.gpus).map(|g| self.gpu_role(g)).collect();
+    /// Worker `w` dies: whatever it was doing stops (its pending ends become
+    /// stale) and its GPUs go idle.
+    fn lose_work(&mut self, w: WorkerRef) {
+        let now = self.now;
+        match w {
+            WorkerRef::Encode(i) => {
+                let worker = &mut self.encode[i];
+                worker.gen += 1;
+                if let Some(pass) = worker.pass.take() {
+                    if pass.gpu_phase {
+                        self.meters[worker.gpu as usize].end(now);
+                    }
+                }
+            }
+            WorkerRef::Prefill(p) => {
+                self.prefill[p].gen += 1;
+                if self.prefill[p].job.take().is_some() {
+                    for &g in &self.prefill[p].gpus {
+                        self.meters[g as usize].end(now);
+                    }
+                    self.local_changed(p);
+                }
+            }
+            WorkerRef::Decode(d) => {
+                self.decode[d].gen += 1;
+                for &g in &self.decode[d].gpus {
+                    self.meters[g as usize].end(now);
+                }
+            }
+        }
+    }
+
+    // ----------------------------------------------------------- timeline
+
+    /// Worker label of prefill worker `p`: `P{i}` remote, `L{j}` local.
+    fn prefill_label(&self, p: usize) -> &str {
+        self.topology.label(WorkerRef::Prefill(p))
+    }
+
+    fn count_encode_queue(&mut self, w: usize) {
+        if let Some(tl) = self.timeline.as_mut() {
+            tl.counter(
+                &format!("E{w} queue"),
+                self.now,
+                self.ctrl.encode_queue_len(w) as f64,
+            );
+        }
+    }
+
+    fn count_prefill_queue(&mut self, p: usize) {
+        if self.timeline.is_some() {
+            let name = format!("{} queue", self.prefill_label(p));
+            let len = self.ctrl.prefill_queue_len(p) as f64;
+            if let Some(tl) = self.timeline.as_mut() {
+                tl.counter(&name, self.now, len);
+            }
+        }
+    }
+
+    // ------------------------------------------------------------- report
+
+    fn finish(self) -> SimOutput {
+        let Sim {
+            sc,
+            cost,
+            mut ctrl,
+            meters,
+            processed,
+            inline_steps,
+            max_sm_share_sum,
+            timeline,
+            topology,
+            service,
+            ..
+        } = self;
+        let decisions = ctrl.take_decisions();
+        let c = ctrl.counters();
         let encode = EncodeSummary {
-            passes: self.passes,
-            mean_batch: if self.passes > 0 {
-                self.passed_requests as f64 / self.passes as f64
+            passes: c.passes,
+            mean_batch: if c.passes > 0 {
+                c.passed_requests as f64 / c.passes as f64
             } else {
                 0.0
             },
-            batcher: self.encode.first().map(|w| w.batcher.params().clone()),
-            remote_fraction: if self.routed > 0 {
-                self.remote_routed as f64 / self.routed as f64
+            batcher: ctrl.batcher_params().cloned(),
+            remote_fraction: if c.routed > 0 {
+                c.remote_routed as f64 / c.routed as f64
             } else {
                 1.0
             },
         };
-        let mut notes = self.cost.notes();
-        if let SmSplit::Dynamic(t) = &self.split {
-            let levels: Vec<String> = t
-                .levels
-                .iter()
-                .map(|(f, b)| format!("{:.0}%→B≤{}", f * 100.0, b))
-                .collect();
-            notes.push(format!(
-                "dynamic SM table (ε = {}): {}",
-                t.epsilon,
-                levels.join(", ")
-            ));
-        }
-        let explanation_cost = &*self.cost;
-        let sc = self.sc;
+        let mut notes = cost.notes();
+        notes.extend(ctrl.split().table_note());
+        let roles = (0..sc.gpus)
+            .map(|g| {
+                topology
+                    .gpu_owner(g)
+                    .map_or(("idle".into(), "-".into()), |(stage, label)| {
+                        (stage.into(), label)
+                    })
+            })
+            .collect();
         let mut out = assemble(
-            self.sc,
+            sc,
             RunParts {
-                deployment: self.sc.deployment.to_string(),
-                records: self.records,
-                meters: self.meters,
+                deployment: sc.deployment.to_string(),
+                records: ctrl.into_records(),
+                meters,
                 roles,
                 encode,
                 notes,
-                events: self.processed + self.inline_steps,
-                max_sm_share_sum: self.max_sm_share_sum,
-                timeline: self.timeline,
+                events: processed + inline_steps,
+                max_sm_share_sum,
+                timeline,
             },
         );
-        let x = crate::explain::explain(sc, explanation_cost, &out.report);
+        out.queue_events = processed;
+        out.inline_steps = inline_steps;
+        let x = crate::explain::explain(sc, &*cost, &out.report);
         // one verdict: the bottleneck is the stage with the highest load ratio
         if let Some(l) = x.loads.iter().find(|l| l.stage == x.most_loaded) {
             let q = out
@@ -1091,15 +1021,8 @@ impl<'a> Sim<'a> {
         }
         out.report.explanation = x;
         out.decisions = decisions;
+        out.service = service;
         out
-    }
-
-    fn gpu_role(&self, g: u32) -> (String, String) {
-        self.topology
-            .gpu_owner(g)
-            .map_or(("idle".into(), "-".into()), |(stage, label)| {
-                (stage.into(), label)
-            })
     }
 }
 
@@ -1107,31 +1030,68 @@ impl<'a> Sim<'a> {
 mod tests {
     use super::*;
 
+    fn cpu_image(requests: i64) -> Scenario {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cpu-image.toml");
+        let o = easerve_workload::scenario::Overrides {
+            requests: Some(requests),
+            ..Default::default()
+        };
+        Scenario::load(&path, &o).expect("cpu-image.toml is valid")
+    }
+
     /// Drift regression: a KV cache that can never fit its decode worker fails
     /// the request (counted in the report) and leaves the system, as the
     /// controller does; the simulator used to drop it silently, and
     /// `in_system` never went down.
     #[test]
     fn a_kv_cache_that_can_never_fit_fails_the_request() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cpu-image.toml");
-        let o = easerve_workload::scenario::Overrides {
-            requests: Some(3),
-            ..Default::default()
-        };
-        let sc = Scenario::load(&path, &o).expect("cpu-image.toml is valid");
-        let mut sim = Sim::new(&sc, scenario_cost(&sc));
-        for d in &mut sim.decode {
-            // one block of 16 tokens: no request of the scenario fits
-            d.sched = DecodeScheduler::new(easerve_sched::KvBlocks::new(1, 16), 8);
-        }
+        let mut sc = cpu_image(3);
+        // one block of 16 tokens: no request of the scenario fits
+        sc.knobs.gpu_memory_utilization = 1e-9;
+        let mut sim = Sim::new(&sc, scenario_cost(&sc), true);
         sim.run();
-        assert_eq!(sim.in_system, 0);
+        assert_eq!(sim.ctrl.in_system(), 0);
         let out = sim.finish();
         assert_eq!(out.report.completed, 0);
         assert_eq!(out.report.failed, 3);
         assert!(out.report.failures[0]
             .reason
             .contains("can never fit decode worker D0"));
+        assert!(out
+            .decisions
+            .iter()
+            .any(|d| matches!(d, Decision::Fail { .. })));
+    }
+
+    /// Drift regression: faults exist in the simulator too. A decode worker
+    /// killed mid-run fails what it holds and what is later sent to it; every
+    /// request ends (finished or failed) and the run terminates.
+    #[test]
+    fn a_worker_killed_mid_decode_fails_its_requests_in_the_simulator_too() {
+        let sc = cpu_image(40);
+        let full = simulate(&sc);
+        let kill_at = full.report.duration_s * 0.5;
+        let out = simulate_with(
+            &sc,
+            scenario_cost(&sc),
+            &SimOptions {
+                kill: Some((WorkerRef::Decode(0), kill_at)),
+                decisions: true,
+                ..Default::default()
+            },
+        );
+        assert!(out.report.failed > 0, "nothing failed");
+        assert_eq!(out.report.completed + out.report.failed, 40);
+        assert!(
+            out.report.failures.iter().all(|f| f.reason.contains("D0")),
+            "{:?}",
+            out.report.failures
+        );
+        assert!(out
+            .records
+            .iter()
+            .filter(|r| r.failure.is_none())
+            .all(|r| r.finish.is_some_and(|f| f <= kill_at + 1e-9)));
     }
 }

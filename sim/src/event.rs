@@ -12,10 +12,10 @@ pub(crate) enum Priority {
     /// Data (embeddings, KV cache) lands: it can join the batch about to start.
     Transfer = 1,
     /// A request arrives, after same-instant completions and transfers (a pass
-    /// that ends now has already re-polled its batcher without it).
+    /// that ends now has already re-polled its batcher without it). The
+    /// controller's timeout, which the engine keeps outside this queue, goes
+    /// after every same-instant event, so same-instant arrivals are queued.
     Arrival = 2,
-    /// A batcher timer fires last, so same-instant arrivals are already queued.
-    Timer = 3,
 }
 
 struct Entry<E> {
@@ -89,11 +89,11 @@ mod tests {
     fn time_then_priority_then_fifo() {
         let mut q = EventQueue::new();
         q.push(2.0, Priority::Arrival, "late");
-        q.push(1.0, Priority::Timer, "timer");
+        q.push(1.0, Priority::Transfer, "landed");
         q.push(1.0, Priority::Arrival, "a1");
         q.push(1.0, Priority::Arrival, "a2");
         q.push(1.0, Priority::Completion, "done");
         let order: Vec<&str> = std::iter::from_fn(|| q.pop().map(|e| e.1)).collect();
-        assert_eq!(order, ["done", "a1", "a2", "timer", "late"]);
+        assert_eq!(order, ["done", "landed", "a1", "a2", "late"]);
     }
 }

@@ -82,6 +82,7 @@ proptest! {
         let out = simulate_with(&sc, scenario_cost(&sc), &SimOptions {
                 timeline: true,
                 decisions: true,
+                ..Default::default()
             },
         );
         prop_assert_eq!(out.report.completed, 60);

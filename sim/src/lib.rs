@@ -52,7 +52,7 @@ mod meter;
 mod output;
 mod timeline;
 
-pub use engine::{scenario_cost, simulate, simulate_with, SimOptions, SimOutput};
+pub use engine::{scenario_cost, simulate, simulate_with, ServiceLog, SimOptions, SimOutput};
 
 #[cfg(test)]
 mod invariants;

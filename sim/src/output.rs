@@ -71,8 +71,11 @@ pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
         report,
         records: parts.records,
         events: parts.events,
+        queue_events: parts.events,
+        inline_steps: 0,
         max_sm_share_sum: parts.max_sm_share_sum,
         decisions: Vec::new(),
+        service: None,
         timeline: parts.timeline.map(Timeline::into_json),
     }
 }

@@ -724,6 +724,35 @@ impl Scenario {
         (batchers, split)
     }
 
+    /// The [`easerve_sched::Controller`] of one run of this scenario, as both
+    /// faces drive it: `requests` (with their per-item `tokens`, for the
+    /// policies' costs), the batchers and SM split of
+    /// [`Scenario::encode_policies`], the [`Scenario::topology`], the decode
+    /// schedulers and the knobs. `log_decisions` keeps the decision log.
+    pub fn controller(
+        &self,
+        requests: Vec<easerve_sched::Request>,
+        tokens: &[Vec<easerve_model::ItemTokens>],
+        cost: &dyn easerve_calib::StageCost,
+        log_decisions: bool,
+    ) -> easerve_sched::Controller {
+        let (batchers, split) = self.encode_policies(&requests, tokens, cost);
+        let dep = &self.deployment;
+        let cfg = easerve_sched::ControllerConfig {
+            batchers,
+            topology: self.topology(),
+            decode: self.decode_schedulers(),
+            prefill_token_budget: self.knobs.prefill_token_budget,
+            prefill_max_seqs: self.knobs.prefill_max_seqs,
+            max_inflight_transfers: self.knobs.max_inflight_transfers,
+            router: (dep.router.clone(), dep.offload),
+            split,
+            admission_limit: self.knobs.admission_limit,
+            log_decisions,
+        };
+        easerve_sched::Controller::new(requests, cfg)
+    }
+
     /// The encode dispatch policy each encode worker runs: the scenario's,
     /// with the Poisson-gap rate estimate seeded from the offered rate per
     /// encode worker when the scenario gives no hint.

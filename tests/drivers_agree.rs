@@ -1,0 +1,289 @@
+//! One scheduler, two drivers: the simulator and an executor-shaped driver
+//! (`easerve_sched::harness::Cluster`: fake workers on a virtual clock, share
+//! changes applied at the next batch as `easerve exec` applies them) make the
+//! same decisions — placement, micro-batches and their SM shares, prefill
+//! routes, prefill batches and the share changes during them, KV placement,
+//! every decode iteration and every failure — for the same arrivals and the
+//! same service times. The service times are the ones the simulated hardware
+//! took (bandwidth interference, the time-slicing penalty and re-rating
+//! included): nothing is stripped.
+
+use easerve_sched::harness::{Cluster, Service};
+use easerve_sched::{Decision, PrefillItem, RequestId, WorkerRef};
+use easerve_sim::{simulate_with, ServiceLog, SimOptions};
+use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::scenario::{Overrides, Scenario};
+use std::io::Write;
+
+/// Hands back what the simulated hardware took, unit by unit, per worker.
+struct Replay {
+    log: ServiceLog,
+    next: [Vec<usize>; 5],
+}
+
+impl Replay {
+    fn new(log: ServiceLog) -> Self {
+        let next = [
+            vec![0; log.encode.len()],
+            vec![0; log.prefill.len()],
+            vec![0; log.decode.len()],
+            vec![0; log.embeddings.len()],
+            vec![0; log.kv.len()],
+        ];
+        Replay { log, next }
+    }
+
+    /// The next unit of `kind` on worker `w`; work the simulator never
+    /// finished (lost to a fault) never ends.
+    fn take<T: Copy>(next: &mut [Vec<usize>; 5], kind: usize, w: usize, log: &[T]) -> Option<T> {
+        let i = next[kind][w];
+        next[kind][w] += 1;
+        log.get(i).copied()
+    }
+}
+
+impl Service for Replay {
+    fn encode(&mut self, w: usize, _: &[RequestId], _: f64) -> (f64, f64) {
+        Self::take(&mut self.next, 0, w, &self.log.encode[w]).unwrap_or((f64::INFINITY, 0.0))
+    }
+    fn prefill(&mut self, p: usize, _: &[PrefillItem], _: f64) -> f64 {
+        Self::take(&mut self.next, 1, p, &self.log.prefill[p]).unwrap_or(f64::INFINITY)
+    }
+    fn decode(&mut self, d: usize, _: u64, _: u64) -> f64 {
+        Self::take(&mut self.next, 2, d, &self.log.decode[d]).unwrap_or(f64::INFINITY)
+    }
+    fn embeddings(&mut self, from: usize, _: &[RequestId]) -> f64 {
+        Self::take(&mut self.next, 3, from, &self.log.embeddings[from]).unwrap_or(f64::INFINITY)
+    }
+    fn kv(&mut self, from: usize, _: RequestId) -> f64 {
+        Self::take(&mut self.next, 4, from, &self.log.kv[from]).unwrap_or(f64::INFINITY)
+    }
+}
+
+fn scenario(toml: &str) -> Scenario {
+    let mut f = tempfile::NamedTempFile::new().expect("temp file");
+    f.write_all(toml.as_bytes()).expect("write scenario");
+    Scenario::load(f.path(), &Overrides::default()).expect("valid scenario")
+}
+
+fn same(a: &Decision, b: &Decision) -> bool {
+    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1.0);
+    match (a, b) {
+        (
+            Decision::Dispatch {
+                at: t1,
+                worker: w1,
+                ids: i1,
+                sm_share: s1,
+            },
+            Decision::Dispatch {
+                at: t2,
+                worker: w2,
+                ids: i2,
+                sm_share: s2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && i1 == i2 && close(*s1, *s2),
+        (
+            Decision::Prefill {
+                at: t1,
+                worker: w1,
+                ids: i1,
+                sm_share: s1,
+            },
+            Decision::Prefill {
+                at: t2,
+                worker: w2,
+                ids: i2,
+                sm_share: s2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && i1 == i2 && close(*s1, *s2),
+        (
+            Decision::Share {
+                at: t1,
+                worker: w1,
+                sm_share: s1,
+            },
+            Decision::Share {
+                at: t2,
+                worker: w2,
+                sm_share: s2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && close(*s1, *s2),
+        (
+            Decision::DecodeStep {
+                at: t1,
+                worker: w1,
+                batch: b1,
+                context: c1,
+            },
+            Decision::DecodeStep {
+                at: t2,
+                worker: w2,
+                batch: b2,
+                context: c2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && b1 == b2 && c1 == c2,
+        _ => a == b,
+    }
+}
+
+/// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
+/// prefill, share, place-decode, decode step, fail.
+fn kinds(log: &[Decision]) -> [usize; 9] {
+    let mut n = [0usize; 9];
+    for d in log {
+        n[match d {
+            Decision::Reject { .. } => 0,
+            Decision::PlaceEncode { .. } => 1,
+            Decision::Dispatch { .. } => 2,
+            Decision::Route { .. } => 3,
+            Decision::Prefill { .. } => 4,
+            Decision::Share { .. } => 5,
+            Decision::PlaceDecode { .. } => 6,
+            Decision::DecodeStep { .. } => 7,
+            Decision::Fail { .. } => 8,
+        }] += 1;
+    }
+    n
+}
+
+/// Run `toml` in the simulator and replay its service times through the
+/// executor-shaped driver (with worker `kill` dying at the same time in
+/// both); the decision logs and records must agree. Returns the log's kinds.
+fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 9] {
+    let sc = scenario(toml);
+    let sim = simulate_with(
+        &sc,
+        sc.cost(),
+        &SimOptions {
+            decisions: true,
+            service_log: true,
+            kill,
+            ..Default::default()
+        },
+    );
+    let (requests, tokens) = generate_with_tokens(&sc);
+    let ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
+    let mut driver = Cluster::new(ctrl, Replay::new(sim.service.clone().expect("service log")));
+    if let Some((w, at)) = kill {
+        driver.kill_at(w, at);
+    }
+    driver.drive();
+    let exec = driver.ctrl.decisions();
+    let n = kinds(&sim.decisions);
+    assert!(
+        n[2] > 10 && n[4] > 10 && n[7] > 100,
+        "too few decisions to compare: {n:?}"
+    );
+    if let Some(i) =
+        (0..sim.decisions.len().min(exec.len())).find(|&i| !same(&sim.decisions[i], &exec[i]))
+    {
+        panic!(
+            "decision {i} differs:\n  sim:    {:?}\n  driver: {:?}\n(previous: {:?})",
+            sim.decisions[i],
+            exec[i],
+            &sim.decisions[i.saturating_sub(3)..i]
+        );
+    }
+    assert_eq!(
+        sim.decisions.len(),
+        exec.len(),
+        "{n:?} vs {:?}",
+        kinds(exec)
+    );
+    // the lifecycle records agree too
+    for (a, b) in sim.records.iter().zip(driver.ctrl.records()) {
+        assert_eq!(a.encode_batch, b.encode_batch, "request {}", a.id);
+        assert_eq!(a.prefill_local, b.prefill_local, "request {}", a.id);
+        assert_eq!(a.failure, b.failure, "request {}", a.id);
+        assert_eq!(a.finish.is_some(), b.finish.is_some(), "request {}", a.id);
+        if let (Some(fa), Some(fb)) = (a.finish, b.finish) {
+            assert!(
+                (fa - fb).abs() < 1e-9 * fa.max(1.0),
+                "request {}: {fa} vs {fb}",
+                a.id
+            );
+        }
+        for (x, y) in [(a.kv_sent, b.kv_sent), (a.embedding_sent, b.embedding_sent)] {
+            assert_eq!(x.is_some(), y.is_some(), "request {}", a.id);
+            if let (Some(x), Some(y)) = (x, y) {
+                assert!(
+                    (x - y).abs() < 1e-9 * x.max(1.0),
+                    "request {}: {x} vs {y}",
+                    a.id
+                );
+            }
+        }
+    }
+    n
+}
+
+const IMAGE: &str = r#"
+name = "equality-image"
+seed = 7
+[model]
+preset = "llava-v1.6-34b"
+[cluster]
+gpu = "rtx-6000-ada"
+gpus = 8
+[deployment]
+allocation = "2E(TP1)+1P(TP2)+1D(TP4)"
+batch = 8
+offload = 0.6
+dispatch = "poisson-gap"
+sm_policy = "static:0.6"
+[workload]
+requests = 300
+rate = 3.0
+arrival = "gamma"
+cv = 2.0
+modality = "image"
+input_len = 128
+output_len = 64
+range_ratio = 0.5
+[workload.image]
+items_per_request = 1
+buckets = [
+  { height = 336, width = 336, probability = 0.5 },
+  { height = 672, width = 672, probability = 0.5 },
+]
+"#;
+
+#[test]
+fn the_drivers_decide_the_same_with_local_prefill() {
+    assert_same_decisions(IMAGE, None);
+}
+
+#[test]
+fn the_drivers_decide_the_same_for_each_dispatch_policy() {
+    for dispatch in ["immediate", "fixed-timeout:0.05", "queue-length:4"] {
+        let toml = IMAGE
+            .replace("\"poisson-gap\"", &format!("\"{dispatch}\""))
+            .replace("offload = 0.6", "offload = 1.0");
+        assert_same_decisions(&toml, None);
+    }
+}
+
+/// Under time-slicing and the dynamic split the local prefill share changes
+/// while batches run: both drivers log the same changes at the same times.
+#[test]
+fn the_drivers_decide_the_same_share_changes() {
+    for policy in ["none", "dynamic"] {
+        let toml = IMAGE.replace("\"static:0.6\"", &format!("\"{policy}\""));
+        let n = assert_same_decisions(&toml, None);
+        assert!(n[5] > 10, "sm_policy {policy}: too few share changes {n:?}");
+    }
+}
+
+/// Drift regression: faults exist in both drivers and fail the same requests.
+#[test]
+fn the_drivers_fail_the_same_requests_when_a_worker_dies() {
+    for w in [
+        WorkerRef::Encode(1),
+        WorkerRef::Prefill(0),
+        WorkerRef::Decode(0),
+    ] {
+        let n = assert_same_decisions(IMAGE, Some((w, 40.0)));
+        assert!(n[8] > 0, "{w:?}: nothing failed {n:?}");
+    }
+}
