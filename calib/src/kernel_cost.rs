@@ -68,8 +68,55 @@ pub struct Proxy {
 /// afresh.
 const STEP_MEMO_MAX: usize = 1 << 20;
 
+/// Most memoised encode passes and prefill batches (op lists of about 60
+/// words each); beyond it they are priced afresh.
+const OPS_MEMO_MAX: usize = 1 << 18;
+
 /// A memo shared by the threads of a search (a `StageCost` is `Send + Sync`).
-type Memo<K, V> = std::sync::RwLock<std::collections::HashMap<K, V>>;
+type Memo<K, V> = std::sync::RwLock<std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>>;
+
+/// What [`KernelCost::price_all`]'s result depends on: the phase, the SM
+/// share and every op's priced fields (names do not change a price).
+fn ops_key(ops: &[Op], share: f64, phase: Phase) -> Vec<u64> {
+    let mut key = Vec::with_capacity(2 + ops.len() * 8);
+    key.push(phase as u64);
+    key.push(share.to_bits());
+    for op in ops {
+        match *op {
+            Op::Gemm { m, n, k, count, .. } => key.extend([0, m, n, k, u64::from(count)]),
+            Op::Attention {
+                kind,
+                batch,
+                seq,
+                heads,
+                kv_heads,
+                head_dim,
+                count,
+            } => key.extend([
+                1,
+                kind as u64,
+                batch,
+                seq,
+                u64::from(heads),
+                u64::from(kv_heads),
+                u64::from(head_dim),
+                u64::from(count),
+            ]),
+            Op::AllReduce {
+                elements,
+                tp,
+                count,
+            } => key.extend([2, elements, u64::from(tp), u64::from(count)]),
+            Op::Memory {
+                bytes,
+                kernels,
+                count,
+                ..
+            } => key.extend([3, bytes.to_bits(), u64::from(kernels), u64::from(count)]),
+        }
+    }
+    key
+}
 
 /// Stage costs from measured kernels (see the module doc).
 pub struct KernelCost {
@@ -86,6 +133,9 @@ pub struct KernelCost {
     /// Priced decode steps (seconds without the per-step term, extrapolated) by
     /// `(tp, batch, mean context)`; at most [`STEP_MEMO_MAX`] entries.
     step_memo: Memo<(u32, u64, u64), (f64, bool)>,
+    /// Priced op lists (encode passes, prefill batches): seconds and whether a
+    /// lookup left its table, by [`ops_key`]; at most [`OPS_MEMO_MAX`] entries.
+    ops_memo: Memo<Vec<u64>, (f64, bool)>,
 }
 
 /// Which stage a priced op belongs to (all-reduce backend, counters).
@@ -133,6 +183,7 @@ impl KernelCost {
             extrapolated: Default::default(),
             decode_memo: Default::default(),
             step_memo: Default::default(),
+            ops_memo: Default::default(),
         };
         c.interference = c.derive_interference();
         c
@@ -259,13 +310,24 @@ impl KernelCost {
 
     /// Seconds of `ops` at `share`; counts a pass that needed extrapolation.
     fn price_all(&self, ops: &[Op], share: f64, phase: Phase) -> f64 {
-        let mut seconds = 0.0;
-        let mut extrapolated = false;
-        for op in ops {
-            let (s, e) = self.price(op, share, phase);
-            seconds += s;
-            extrapolated |= e;
-        }
+        // the same sum as pricing op by op, memoised by what it depends on
+        let key = ops_key(ops, share, phase);
+        let hit = self.ops_memo.read().ok().and_then(|m| m.get(&key).copied());
+        let (seconds, extrapolated) = hit.unwrap_or_else(|| {
+            let mut seconds = 0.0;
+            let mut extrapolated = false;
+            for op in ops {
+                let (s, e) = self.price(op, share, phase);
+                seconds += s;
+                extrapolated |= e;
+            }
+            if let Ok(mut m) = self.ops_memo.write() {
+                if m.len() < OPS_MEMO_MAX {
+                    m.insert(key, (seconds, extrapolated));
+                }
+            }
+            (seconds, extrapolated)
+        });
         if extrapolated {
             self.extrapolated[phase as usize].fetch_add(1, Ordering::Relaxed);
         }

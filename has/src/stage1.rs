@@ -5,7 +5,7 @@
 use crate::space::FeasibleAllocation;
 use easerve_calib::StageCost;
 use easerve_sched::Allocation;
-pub use easerve_sim::capacity::{alpha, capacities, encode_capacity, Capacities, MAX_B};
+pub use easerve_sim::capacity::{alpha, capacities, encode_capacity, Capacities, Typical, MAX_B};
 use easerve_workload::Scenario;
 use serde::{Deserialize, Serialize};
 
@@ -182,14 +182,22 @@ pub fn stage1(
     space: &[FeasibleAllocation],
     rate: f64,
 ) -> (Capacities, Vec<Stage1Row>) {
-    let caps = capacities(sc, cost);
+    let typical = Typical::of_scenario(sc);
+    let caps = capacities(sc, cost, &typical);
     let rows = space
         .iter()
         .map(|fa| {
             assess(
                 fa,
                 &caps,
-                alpha(sc, cost, fa.local_tp, fa.allocation.encode.workers, rate),
+                alpha(
+                    sc,
+                    cost,
+                    &typical,
+                    fa.local_tp,
+                    fa.allocation.encode.workers,
+                    rate,
+                ),
                 rate,
             )
         })

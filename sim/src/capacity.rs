@@ -4,7 +4,7 @@
 
 use easerve_calib::{Efficiency, Roofline, StageCost};
 use easerve_model::ItemTokens;
-use easerve_sched::SmSplit;
+use easerve_sched::{Request, SmSplit};
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::Scenario;
 use serde::{Deserialize, Serialize};
@@ -51,16 +51,29 @@ impl Capacities {
     }
 }
 
-/// The workload's typical request, from a sample of the scenario's requests.
-#[derive(Clone, Debug)]
-struct Typical {
+/// The workload's typical request: the items of the median request by
+/// encoder tokens, and the mean prompt (prefill tokens) and output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Typical {
     items: Vec<ItemTokens>,
     prefill_tokens: f64,
     output_tokens: f64,
 }
 
-fn typical(sc: &Scenario) -> Typical {
-    let (reqs, tokens) = generate_with_tokens(sc);
+impl Typical {
+    /// The typical request of the scenario's generated workload.
+    pub fn of_scenario(sc: &Scenario) -> Typical {
+        let (reqs, tokens) = generate_with_tokens(sc);
+        Typical::of(&reqs, &tokens)
+    }
+
+    /// The typical request of `reqs`, whose items have `tokens`.
+    pub fn of(reqs: &[Request], tokens: &[Vec<ItemTokens>]) -> Typical {
+        typical(reqs, tokens)
+    }
+}
+
+fn typical(reqs: &[Request], tokens: &[Vec<ItemTokens>]) -> Typical {
     let n = reqs.len().max(1) as f64;
     let mut idx: Vec<usize> = (0..reqs.len()).collect();
     idx.sort_by_key(|&i| (reqs[i].encoder_tokens, i));
@@ -98,8 +111,7 @@ fn prefill_capacity(cost: &dyn StageCost, sc: &Scenario, t: &Typical, tp: u32, s
 }
 
 /// Per-stage capacities of the scenario's model, GPU and workload.
-pub fn capacities(sc: &Scenario, cost: &dyn StageCost) -> Capacities {
-    let t = typical(sc);
+pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacities {
     // C_E: double B until throughput gains < 5 %
     let (mut encode, mut encode_batch) = (0.0, 1);
     if !t.items.is_empty() {
@@ -138,7 +150,7 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost) -> Capacities {
         else {
             continue;
         };
-        prefill.push((tp, prefill_capacity(cost, sc, &t, tp, 1.0)));
+        prefill.push((tp, prefill_capacity(cost, sc, t, tp, 1.0)));
         let per_seq = t.prefill_tokens + t.output_tokens;
         let kv_tokens = free * f64::from(tp) / sc.model.kv_bytes_per_token();
         let b = (kv_tokens / per_seq)
@@ -174,6 +186,7 @@ pub fn encode_capacity(caps: &Capacities, b: u32) -> f64 {
 pub fn alpha(
     sc: &Scenario,
     cost: &dyn StageCost,
+    t: &Typical,
     local_tp: Option<u32>,
     n_e: u32,
     rate: f64,
@@ -181,7 +194,6 @@ pub fn alpha(
     let Some(tp) = local_tp else {
         return 0.0;
     };
-    let t = typical(sc);
     if t.items.is_empty() {
         return 0.0;
     }
@@ -202,7 +214,7 @@ pub fn alpha(
         None => 0.5 / (1.0 + cost.time_slice_penalty()),
     };
     let idle = split.prefill_share(None).unwrap_or(1.0);
-    let full = prefill_capacity(cost, sc, &t, tp, 1.0);
+    let full = prefill_capacity(cost, sc, t, tp, 1.0);
     if full <= 0.0 {
         return 0.0;
     }

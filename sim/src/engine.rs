@@ -956,9 +956,11 @@ impl<'a> Sim<'a> {
             timeline,
             topology,
             service,
+            tokens,
             ..
         } = self;
         let decisions = ctrl.take_decisions();
+        let typical = crate::capacity::Typical::of(ctrl.requests(), &tokens);
         let c = ctrl.counters();
         let encode = EncodeSummary {
             passes: c.passes,
@@ -1001,7 +1003,7 @@ impl<'a> Sim<'a> {
         );
         out.queue_events = processed;
         out.inline_steps = inline_steps;
-        let x = crate::explain::explain(sc, &*cost, &out.report);
+        let x = crate::explain::explain(sc, &*cost, &typical, &out.report);
         // one verdict: the bottleneck is the stage with the highest load ratio
         if let Some(l) = x.loads.iter().find(|l| l.stage == x.most_loaded) {
             let q = out

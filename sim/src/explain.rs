@@ -2,7 +2,7 @@
 //! most loaded stage, the encode GPUs' idle time, and one plain sentence per
 //! finding.
 
-use crate::capacity::{alpha, capacities, encode_capacity};
+use crate::capacity::{alpha, capacities, encode_capacity, Typical};
 use easerve_calib::StageCost;
 use easerve_workload::report::{Explanation, StageLoad};
 use easerve_workload::{Report, Scenario};
@@ -15,9 +15,9 @@ fn remedy(stage: &str) -> &'static str {
     }
 }
 
-/// Explain an EPD run of `sc` whose report is `r`.
-pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, r: &Report) -> Explanation {
-    let caps = capacities(sc, cost);
+/// Explain an EPD run of `sc` whose report is `r` and whose typical request is `t`.
+pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, t: &Typical, r: &Report) -> Explanation {
+    let caps = capacities(sc, cost, t);
     let d = &sc.deployment;
     let a = d.allocation;
     let rate = sc.workload.rate;
@@ -38,7 +38,9 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, r: &Report) -> Explan
     let c_local = match sc.knobs.local_prefill_tp {
         Some(tp) => {
             let n_l = a.encode.workers / tp;
-            f64::from(n_l) * alpha(sc, cost, Some(tp), a.encode.workers, rate) * caps.prefill_at(tp)
+            f64::from(n_l)
+                * alpha(sc, cost, t, Some(tp), a.encode.workers, rate)
+                * caps.prefill_at(tp)
         }
         None => 0.0,
     };
