@@ -1,7 +1,9 @@
 //! Simulator speed: the image scenario (LLaVA-v1.6-34B on 8× RTX 6000 Ada) with
-//! 10,000 and 1,000,000 requests, timed around `easerve_sim::simulate` (scenario
-//! parsing excluded; the cost model is built inside, from kernel tables that are
-//! read once per process); throughput is reported in engine events per second.
+//! 10,000, 100,000 and 1,000,000 requests, timed around `easerve_sim::simulate`
+//! (scenario parsing excluded; the cost model is built inside, from kernel
+//! tables that are read once per process). Criterion's throughput is requests
+//! per second; each size first prints its queue events and its decode
+//! iterations run inline, which are counted apart.
 //! Group `image` prices stages as the scenario does (measured kernels when
 //! `../shared/data/aiconfigurator` is present), group `image-roofline` from the
 //! roofline.
@@ -31,10 +33,14 @@ fn bench(c: &mut Criterion) {
 
 fn bench_group(c: &mut Criterion, name: &str, kernels: &str) {
     let mut group = c.benchmark_group(name);
-    for (requests, samples) in [(10_000i64, 50usize), (1_000_000, 10)] {
+    for (requests, samples) in [(10_000i64, 50usize), (100_000, 10), (1_000_000, 10)] {
         let sc = image(requests, kernels);
-        let events = easerve_sim::simulate(&sc).events;
-        group.throughput(Throughput::Elements(events));
+        let out = easerve_sim::simulate(&sc);
+        eprintln!(
+            "{name}/{requests}: {} queue events, {} decode iterations inline",
+            out.queue_events, out.inline_steps
+        );
+        group.throughput(Throughput::Elements(requests as u64));
         group.sample_size(samples);
         if requests > 100_000 {
             group.measurement_time(Duration::from_secs(45));
