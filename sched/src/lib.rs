@@ -24,9 +24,14 @@
 //! * [`DecodeScheduler`] / [`KvBlocks`] — continuous batching with paged KV-block accounting.
 //! * [`Topology`] — where each worker runs: GPUs, labels, local-prefill groups,
 //!   built once from the allocation for the controller, both drivers and the report.
-//! * [`Controller`] — the orchestration of one run as a state machine: events in,
-//!   [`Command`]s and a [`Decision`] log out; the executor runs it as is.
-//! * [`harness`] — a virtual-clock driver for tests of the policies without a simulator.
+//! * [`Controller`] — the orchestration of one run as a state machine in the
+//!   shape of quinn-proto's `Connection`: [`Event`]s in (`handle`,
+//!   `handle_timeout`), [`Command`]s and an optional [`Decision`] log out
+//!   (`poll_command`, `poll_timeout`); the simulator and the executor are its
+//!   two drivers. Its module doc gives the call order.
+//! * [`harness`] — virtual-clock drivers for tests: [`harness::Cluster`] runs the
+//!   controller against fake workers (faults, interruption, share changes), and
+//!   [`harness::EncodeHarness`] the encode policies alone.
 //!
 //! Where a policy needs a cost (the batcher needs `T_enc(k)`, the SM split needs
 //! encode latency per SM level) it takes a closure or a table; this crate never

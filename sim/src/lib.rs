@@ -1,15 +1,21 @@
 //! easerve's digital twin: a deterministic discrete-event simulator of an
-//! Encode → Prefill → Decode cluster, driven by the same scheduler core
-//! (`easerve-sched`) the real executor uses, with stage costs from
-//! `easerve-calib`.
+//! Encode → Prefill → Decode cluster. It is a driver of the one
+//! `easerve_sched::Controller` the real executor also drives: every
+//! scheduling decision is the controller's, and this crate adds the physics,
+//! with stage costs from `easerve-calib`.
 //!
 //! # Reading guide
 //! 1. `event.rs` — the event queue: `(time, named priority, sequence)` order.
-//! 2. `engine.rs` — the cluster: encode workers with their batchers, the
-//!    router, local and remote prefill workers (local prefill shares the encode
-//!    GPU's SMs and is re-rated whenever the split changes), decode workers
-//!    with continuous batching, transfers over the GPU link.
-//! 3. `easerve-workload`'s `report.rs` — how records become the report.
+//! 2. `engine.rs` — the driver: what the hardware does with each of the
+//!    controller's commands (the host and GPU phases of an encode pass, local
+//!    prefill re-rated when its SM share changes, bandwidth interference and
+//!    the time-slicing penalty, serialised links, decode iterations run inline
+//!    where nothing can interfere, injected faults), GPU meters, the timeline.
+//! 3. `aggregated.rs` — the aggregated baseline, a loop of its own (one engine
+//!    per replica runs every stage), with the same admission control.
+//! 4. `capacity.rs` and `explain.rs` — per-stage capacities and the report's
+//!    explanation (offered load against capacity).
+//! 5. `easerve-workload`'s `report.rs` — how records become the report.
 //!
 //! # Example
 //! ```
