@@ -5,8 +5,8 @@
 use crate::sweep_cmd::{sweep_whole, write_outputs};
 use crate::BadInput;
 use easerve_has::{search, Method, SearchConfig, SimTrial};
+use easerve_study::sweep::aggregate;
 use easerve_workload::scenario::{Overrides, Scenario, System};
-use easerve_workload::sweep::aggregate;
 use easerve_workload::Report;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -4,11 +4,11 @@
 
 use crate::BadInput;
 use easerve_has::{search, Method, SearchConfig, SimTrial};
-use easerve_workload::plot::{LineChart, Scale, Series};
-use easerve_workload::scenario::{Overrides, Scenario, System};
-use easerve_workload::sweep::{
+use easerve_study::plot::{LineChart, Scale, Series};
+use easerve_study::sweep::{
     aggregate, merge, to_csv, SweepPart, SweepPoint, SweepRow, TTFT_QUANTILES,
 };
+use easerve_workload::scenario::{Overrides, Scenario, System};
 use rayon::prelude::*;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};

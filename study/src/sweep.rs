@@ -1,7 +1,7 @@
 //! Sweep results: one row per simulated point (scenario variant × system ×
 //! rate × seed), medians over seeds, CSV, and merging of shard files.
 
-use crate::Report;
+use easerve_workload::Report;
 use serde::{Deserialize, Serialize};
 
 /// Quantile levels (percent) kept of each run's TTFT distribution, for CDFs.

@@ -1,0 +1,13 @@
+//! Studies over many easerve runs, above the simulator: what a sweep's points
+//! become (one row per scenario variant × system × rate × seed, medians over
+//! seeds, CSV, merging of shard files) and the SVG plots drawn from them.
+//!
+//! * [`sweep`] — sweep rows and points, medians, CSV, shard merging.
+//! * [`plot`] — line charts (throughput, goodput, TTFT CDF, busy timeline) as SVG.
+//!
+//! `easerve-workload` holds what goes into one run and what comes out of it;
+//! this crate holds what is made of many.
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod plot;
+pub mod sweep;
