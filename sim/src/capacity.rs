@@ -218,7 +218,7 @@ pub fn alpha(
     if full <= 0.0 {
         return 0.0;
     }
-    let mean = u * prefill_capacity(cost, sc, &t, tp, prefill_rest.max(1e-3))
-        + (1.0 - u) * prefill_capacity(cost, sc, &t, tp, idle.max(1e-3));
+    let mean = u * prefill_capacity(cost, sc, t, tp, prefill_rest.max(1e-3))
+        + (1.0 - u) * prefill_capacity(cost, sc, t, tp, idle.max(1e-3));
     (mean / full).clamp(0.0, 1.0)
 }
