@@ -18,6 +18,6 @@ pub mod space;
 pub mod stage1;
 pub mod trial;
 
-pub use search::{search, Method, SearchConfig, Study, TrialRecord};
+pub use search::{search, Method, SearchConfig, StopReason, Study, TrialRecord};
 pub use space::{feasible_allocations, Candidate, FeasibleAllocation};
 pub use trial::{Outcome, SimTrial, Trial};

@@ -64,6 +64,52 @@ impl fmt::Display for Method {
     }
 }
 
+/// Why a search stopped.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The trial budget was spent.
+    Budget(usize),
+    /// HAS: the best three throughputs lie within [`SPREAD_STOP`] of the best.
+    TopThreeClose,
+    /// HAS: [`PATIENCE`] trials in a row did not raise the best.
+    NoImprovement,
+    /// HAS: the TPE kept proposing points already tried.
+    SpaceExhausted,
+    /// HAS: Stage 1 kept no allocation.
+    NoSurvivor,
+    /// HAS: the TPE refused an observation (a non-finite ranking value or a
+    /// parameter outside its range); the message says which.
+    TpeRejected(String),
+    /// Coordinate descent: a full round changed nothing.
+    Converged,
+    /// Exhaustive: every grid point ran.
+    GridDone(usize),
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::Budget(n) => write!(f, "budget of {n} trials spent"),
+            StopReason::TopThreeClose => write!(
+                f,
+                "the best three throughputs are within {:.0} %",
+                SPREAD_STOP * 100.0
+            ),
+            StopReason::NoImprovement => {
+                write!(f, "{PATIENCE} trials in a row without a better throughput")
+            }
+            StopReason::SpaceExhausted => f.write_str(
+                "TPE kept proposing points already tried (the survivors' space is nearly exhausted)",
+            ),
+            StopReason::NoSurvivor => f.write_str("Stage 1 kept no allocation"),
+            StopReason::TpeRejected(why) => write!(f, "the TPE refused an observation: {why}"),
+            StopReason::Converged => f.write_str("coordinate descent converged"),
+            StopReason::GridDone(n) => write!(f, "all {n} grid points run"),
+        }
+    }
+}
+
 /// One trial of a study.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrialRecord {
@@ -99,7 +145,7 @@ pub struct Study {
     /// The chosen trial: best by throughput, then mean TTFT, then mean TPOT.
     pub best: Option<TrialRecord>,
     /// Why the search stopped.
-    pub stopped: String,
+    pub stopped: StopReason,
 }
 
 /// What to search.
@@ -158,26 +204,21 @@ impl Recorder<'_> {
 /// Whether HAS should stop after `trials`: the best three throughputs lie
 /// within [`SPREAD_STOP`] of the best, or [`PATIENCE`] trials in a row did not
 /// raise the best (EAServe §3.1).
-pub fn should_stop(trials: &[TrialRecord]) -> Option<String> {
+pub fn should_stop(trials: &[TrialRecord]) -> Option<StopReason> {
     if trials.len() < 3 {
         return None;
     }
     let mut thr: Vec<f64> = trials.iter().map(|t| t.outcome.throughput).collect();
     thr.sort_by(|a, b| b.total_cmp(a));
     if thr[0] > 0.0 && (thr[0] - thr[2]) / thr[0] < SPREAD_STOP {
-        return Some(format!(
-            "the best three throughputs are within {:.0} %",
-            SPREAD_STOP * 100.0
-        ));
+        return Some(StopReason::TopThreeClose);
     }
     let last_gain = trials
         .windows(2)
         .rposition(|w| w[1].best_so_far > w[0].best_so_far)
         .map_or(0, |i| i + 1);
     if trials.len() - 1 - last_gain >= PATIENCE {
-        return Some(format!(
-            "{PATIENCE} trials in a row without a better throughput"
-        ));
+        return Some(StopReason::NoImprovement);
     }
     None
 }
@@ -206,198 +247,20 @@ pub fn search(
         best: None,
         on_trial,
     };
+    let budget = cfg.budget.max(1);
     let mut capacities = None;
     let mut rows = Vec::new();
-    let budget = cfg.budget.max(1);
-    let mut stopped = format!("budget of {budget} trials spent");
-    match cfg.method {
+    let stopped = match cfg.method {
         Method::Has => {
             let (caps, table) = stage1(sc, cost, &space, cfg.rate);
             capacities = Some(caps);
             rows = table;
-            let survivors: Vec<&Stage1Row> = rows.iter().filter(|r| r.kept).collect();
-            if !survivors.is_empty() {
-                let mut o_alloc = tpe::TpeOptimizer::new(
-                    tpe::histogram_estimator(),
-                    tpe::categorical_range(survivors.len()).expect("≥ 1 survivor"),
-                );
-                let mut o_b = tpe::TpeOptimizer::new(
-                    tpe::parzen_estimator(),
-                    tpe::range(0.0, 1.0).expect("valid range"),
-                );
-                let mut o_s = tpe::TpeOptimizer::new(
-                    tpe::parzen_estimator(),
-                    tpe::range(0.0, 1.0).expect("valid range"),
-                );
-                // value to minimise: the ranking, folded into one number
-                let value = |o: &Outcome| {
-                    -o.throughput + 1e-6 * o.mean_ttft.min(1e6) + 1e-9 * o.mean_tpot.min(1e6)
-                };
-                let candidate = |i: usize, ub: f64, us: f64| {
-                    let r = survivors[i];
-                    Candidate {
-                        allocation: r.allocation,
-                        batch: (1 + (ub.clamp(0.0, 0.999_999) * f64::from(r.b_max)) as u32)
-                            .min(r.b_max),
-                        offload: s_at(r.s_range, us),
-                    }
-                };
-                let mut asked = 0;
-                // a repeated point is told again but costs no trial; bound the asking
-                while rec.trials.len() < budget && asked < survivors.len() + 20 * budget {
-                    // seeds first: each survivor's analytical optimum (B_max, s*)
-                    let (i, ub, us) = if asked < survivors.len() {
-                        let r = survivors[asked];
-                        let us = if r.s_range.1 > r.s_range.0 {
-                            (r.s_star - r.s_range.0) / (r.s_range.1 - r.s_range.0)
-                        } else {
-                            0.5
-                        };
-                        (asked, 0.999_999, us)
-                    } else {
-                        let i = o_alloc.ask(&mut rng).expect("categorical ask") as usize;
-                        (
-                            i.min(survivors.len() - 1),
-                            o_b.ask(&mut rng).expect("ask B"),
-                            o_s.ask(&mut rng).expect("ask s"),
-                        )
-                    };
-                    asked += 1;
-                    let c = candidate(i, ub, us);
-                    if let Some(o) = rec.seen(&c) {
-                        let v = value(o);
-                        let _ = o_alloc.tell(i as f64, v);
-                        let _ = o_b.tell(ub, v);
-                        let _ = o_s.tell(us, v);
-                        continue;
-                    }
-                    let outcome = trial.run(&c);
-                    let v = value(&outcome);
-                    let _ = o_alloc.tell(i as f64, v);
-                    let _ = o_b.tell(ub, v);
-                    let _ = o_s.tell(us, v);
-                    rec.record(c, outcome);
-                    if rec.trials.len() >= survivors.len() {
-                        if let Some(why) = should_stop(&rec.trials) {
-                            stopped = why;
-                            break;
-                        }
-                    }
-                }
-                if rec.trials.len() < budget && stopped.starts_with("budget") {
-                    stopped = "TPE kept proposing points already tried (the survivors' space is nearly exhausted)".into();
-                }
-            } else {
-                stopped = "Stage 1 kept no allocation".into();
-            }
+            has(&rows, trial, budget, &mut rng, &mut rec)
         }
-        Method::Random => {
-            while rec.trials.len() < budget && !space.is_empty() {
-                let fa = &space[rng.gen_range(0..space.len())];
-                let c = Candidate {
-                    allocation: fa.allocation,
-                    batch: rng.gen_range(1..=B_CAP),
-                    offload: s_at(fa.offload_range, rng.gen::<f64>()),
-                };
-                let outcome = trial.run(&c);
-                rec.record(c, outcome);
-            }
-        }
-        Method::Coordinate => {
-            if let Some(first) = space.first() {
-                let mut cur = Candidate {
-                    allocation: first.allocation,
-                    batch: 4,
-                    offload: s_at(first.offload_range, 0.5),
-                };
-                let range_of = |c: &Candidate| {
-                    space
-                        .iter()
-                        .find(|f| f.allocation == c.allocation)
-                        .map_or((1.0, 1.0), |f| f.offload_range)
-                };
-                'outer: loop {
-                    let mut improved = false;
-                    for dim in 0..3 {
-                        let options: Vec<Candidate> = match dim {
-                            0 => space
-                                .iter()
-                                .map(|f| Candidate {
-                                    allocation: f.allocation,
-                                    batch: cur.batch,
-                                    offload: cur
-                                        .offload
-                                        .clamp(f.offload_range.0, f.offload_range.1),
-                                })
-                                .collect(),
-                            1 => [1, 2, 4, 8, 16]
-                                .iter()
-                                .map(|&b| Candidate {
-                                    batch: b,
-                                    ..cur.clone()
-                                })
-                                .collect(),
-                            _ => (0..=4)
-                                .map(|k| Candidate {
-                                    offload: s_at(range_of(&cur), f64::from(k) / 4.0),
-                                    ..cur.clone()
-                                })
-                                .collect(),
-                        };
-                        let mut best = (cur.clone(), rec.seen(&cur).cloned());
-                        for c in options {
-                            let o = match rec.seen(&c) {
-                                Some(o) => o.clone(),
-                                None => {
-                                    if rec.trials.len() >= budget {
-                                        break 'outer;
-                                    }
-                                    let o = trial.run(&c);
-                                    rec.record(c.clone(), o.clone());
-                                    o
-                                }
-                            };
-                            if best.1.as_ref().is_none_or(|b| o.rank(b).is_gt()) {
-                                if best.1.is_some() && best.0 != c {
-                                    improved = true;
-                                }
-                                best = (c, Some(o));
-                            }
-                        }
-                        cur = best.0;
-                    }
-                    if !improved {
-                        stopped = "coordinate descent converged".into();
-                        break;
-                    }
-                }
-            }
-        }
-        Method::Exhaustive => {
-            let grid: Vec<Candidate> = space
-                .iter()
-                .flat_map(|fa| {
-                    let (lo, hi) = fa.offload_range;
-                    let ss: Vec<f64> = (0..=S_STEPS)
-                        .map(|k| f64::from(k) / f64::from(S_STEPS))
-                        .filter(|s| *s >= lo - 1e-12 && *s <= hi + 1e-12)
-                        .collect();
-                    B_GRID.iter().flat_map(move |&b| {
-                        ss.clone().into_iter().map(move |s| Candidate {
-                            allocation: fa.allocation,
-                            batch: b,
-                            offload: s,
-                        })
-                    })
-                })
-                .collect();
-            let outcomes: Vec<Outcome> = grid.par_iter().map(|c| trial.run(c)).collect();
-            for (c, o) in grid.into_iter().zip(outcomes) {
-                rec.record(c, o);
-            }
-            stopped = format!("all {} grid points run", rec.trials.len());
-        }
-    }
+        Method::Random => random(&space, trial, budget, &mut rng, &mut rec),
+        Method::Coordinate => coordinate(&space, trial, budget, &mut rec),
+        Method::Exhaustive => exhaustive(&space, trial, &mut rec),
+    };
     Study {
         method: cfg.method,
         rate: cfg.rate,
@@ -410,6 +273,245 @@ pub fn search(
         trials: rec.trials,
         stopped,
     }
+}
+
+/// The three TPE optimisers of HAS's Stage 2: the allocation (categorical
+/// over Stage 1's survivors), and `B` and `s` as fractions of their ranges.
+struct Tpe {
+    alloc: tpe::TpeOptimizer,
+    b: tpe::TpeOptimizer,
+    s: tpe::TpeOptimizer,
+}
+
+impl Tpe {
+    fn new(survivors: usize) -> Tpe {
+        let unit = || {
+            tpe::TpeOptimizer::new(
+                tpe::parzen_estimator(),
+                tpe::range(0.0, 1.0).expect("valid range"),
+            )
+        };
+        Tpe {
+            alloc: tpe::TpeOptimizer::new(
+                tpe::histogram_estimator(),
+                tpe::categorical_range(survivors).expect("≥ 1 survivor"),
+            ),
+            b: unit(),
+            s: unit(),
+        }
+    }
+
+    /// Tell all three what `(i, ub, us)` scored.
+    fn tell(&mut self, (i, ub, us): (usize, f64, f64), v: f64) -> Result<(), StopReason> {
+        let refused = |what: &str, e: tpe::TellError| {
+            StopReason::TpeRejected(format!("{what}: {e} (ranking value {v})"))
+        };
+        self.alloc
+            .tell(i as f64, v)
+            .map_err(|e| refused("allocation", e))?;
+        self.b.tell(ub, v).map_err(|e| refused("B", e))?;
+        self.s.tell(us, v).map_err(|e| refused("s", e))
+    }
+}
+
+/// HAS Stage 2: one TPE study over Stage 1's survivors, seeded with each
+/// survivor's analytical optimum `(B_max, s*)`, stopped by [`should_stop`].
+fn has(
+    rows: &[Stage1Row],
+    trial: &dyn Trial,
+    budget: usize,
+    rng: &mut ChaCha8Rng,
+    rec: &mut Recorder<'_>,
+) -> StopReason {
+    let survivors: Vec<&Stage1Row> = rows.iter().filter(|r| r.kept).collect();
+    if survivors.is_empty() {
+        return StopReason::NoSurvivor;
+    }
+    let mut opt = Tpe::new(survivors.len());
+    // value to minimise: the ranking, folded into one number
+    let value =
+        |o: &Outcome| -o.throughput + 1e-6 * o.mean_ttft.min(1e6) + 1e-9 * o.mean_tpot.min(1e6);
+    let candidate = |i: usize, ub: f64, us: f64| {
+        let r = survivors[i];
+        Candidate {
+            allocation: r.allocation,
+            batch: (1 + (ub.clamp(0.0, 0.999_999) * f64::from(r.b_max)) as u32).min(r.b_max),
+            offload: s_at(r.s_range, us),
+        }
+    };
+    let mut asked = 0;
+    // a repeated point is told again but costs no trial; bound the asking
+    while rec.trials.len() < budget && asked < survivors.len() + 20 * budget {
+        // seeds first: each survivor's analytical optimum (B_max, s*)
+        let point = if asked < survivors.len() {
+            let r = survivors[asked];
+            let us = if r.s_range.1 > r.s_range.0 {
+                (r.s_star - r.s_range.0) / (r.s_range.1 - r.s_range.0)
+            } else {
+                0.5
+            };
+            (asked, 0.999_999, us)
+        } else {
+            let i = opt.alloc.ask(&mut *rng).expect("categorical ask") as usize;
+            (
+                i.min(survivors.len() - 1),
+                opt.b.ask(&mut *rng).expect("ask B"),
+                opt.s.ask(&mut *rng).expect("ask s"),
+            )
+        };
+        asked += 1;
+        let c = candidate(point.0, point.1, point.2);
+        if let Some(o) = rec.seen(&c) {
+            if let Err(stop) = opt.tell(point, value(o)) {
+                return stop;
+            }
+            continue;
+        }
+        let outcome = trial.run(&c);
+        let v = value(&outcome);
+        rec.record(c, outcome);
+        if let Err(stop) = opt.tell(point, v) {
+            return stop;
+        }
+        if rec.trials.len() >= survivors.len() {
+            if let Some(why) = should_stop(&rec.trials) {
+                return why;
+            }
+        }
+    }
+    if rec.trials.len() < budget {
+        StopReason::SpaceExhausted
+    } else {
+        StopReason::Budget(budget)
+    }
+}
+
+/// Uniformly random points of the space, `budget` of them.
+fn random(
+    space: &[FeasibleAllocation],
+    trial: &dyn Trial,
+    budget: usize,
+    rng: &mut ChaCha8Rng,
+    rec: &mut Recorder<'_>,
+) -> StopReason {
+    while rec.trials.len() < budget && !space.is_empty() {
+        let fa = &space[rng.gen_range(0..space.len())];
+        let c = Candidate {
+            allocation: fa.allocation,
+            batch: rng.gen_range(1..=B_CAP),
+            offload: s_at(fa.offload_range, rng.gen::<f64>()),
+        };
+        let outcome = trial.run(&c);
+        rec.record(c, outcome);
+    }
+    StopReason::Budget(budget)
+}
+
+/// Coordinate descent over (allocation, B, s), one dimension at a time,
+/// until a full round changes nothing or the budget is spent.
+fn coordinate(
+    space: &[FeasibleAllocation],
+    trial: &dyn Trial,
+    budget: usize,
+    rec: &mut Recorder<'_>,
+) -> StopReason {
+    let Some(first) = space.first() else {
+        return StopReason::Budget(budget);
+    };
+    let mut cur = Candidate {
+        allocation: first.allocation,
+        batch: 4,
+        offload: s_at(first.offload_range, 0.5),
+    };
+    let range_of = |c: &Candidate| {
+        space
+            .iter()
+            .find(|f| f.allocation == c.allocation)
+            .map_or((1.0, 1.0), |f| f.offload_range)
+    };
+    loop {
+        let mut improved = false;
+        for dim in 0..3 {
+            let options: Vec<Candidate> = match dim {
+                0 => space
+                    .iter()
+                    .map(|f| Candidate {
+                        allocation: f.allocation,
+                        batch: cur.batch,
+                        offload: cur.offload.clamp(f.offload_range.0, f.offload_range.1),
+                    })
+                    .collect(),
+                1 => [1, 2, 4, 8, 16]
+                    .iter()
+                    .map(|&b| Candidate {
+                        batch: b,
+                        ..cur.clone()
+                    })
+                    .collect(),
+                _ => (0..=4)
+                    .map(|k| Candidate {
+                        offload: s_at(range_of(&cur), f64::from(k) / 4.0),
+                        ..cur.clone()
+                    })
+                    .collect(),
+            };
+            let mut best = (cur.clone(), rec.seen(&cur).cloned());
+            for c in options {
+                let o = match rec.seen(&c) {
+                    Some(o) => o.clone(),
+                    None => {
+                        if rec.trials.len() >= budget {
+                            return StopReason::Budget(budget);
+                        }
+                        let o = trial.run(&c);
+                        rec.record(c.clone(), o.clone());
+                        o
+                    }
+                };
+                if best.1.as_ref().is_none_or(|b| o.rank(b).is_gt()) {
+                    if best.1.is_some() && best.0 != c {
+                        improved = true;
+                    }
+                    best = (c, Some(o));
+                }
+            }
+            cur = best.0;
+        }
+        if !improved {
+            return StopReason::Converged;
+        }
+    }
+}
+
+/// Every point of the grid `B_GRID × s in steps of 1/S_STEPS` on every
+/// feasible allocation, in parallel.
+fn exhaustive(
+    space: &[FeasibleAllocation],
+    trial: &dyn Trial,
+    rec: &mut Recorder<'_>,
+) -> StopReason {
+    let grid: Vec<Candidate> = space
+        .iter()
+        .flat_map(|fa| {
+            let (lo, hi) = fa.offload_range;
+            let ss: Vec<f64> = (0..=S_STEPS)
+                .map(|k| f64::from(k) / f64::from(S_STEPS))
+                .filter(|s| *s >= lo - 1e-12 && *s <= hi + 1e-12)
+                .collect();
+            B_GRID.iter().flat_map(move |&b| {
+                ss.clone().into_iter().map(move |s| Candidate {
+                    allocation: fa.allocation,
+                    batch: b,
+                    offload: s,
+                })
+            })
+        })
+        .collect();
+    let outcomes: Vec<Outcome> = grid.par_iter().map(|c| trial.run(c)).collect();
+    for (c, o) in grid.into_iter().zip(outcomes) {
+        rec.record(c, o);
+    }
+    StopReason::GridDone(rec.trials.len())
 }
 
 #[cfg(test)]
@@ -434,13 +536,26 @@ mod tests {
         }
     }
 
+    /// A refused observation stops the search with the reason instead of
+    /// being dropped (it used to be discarded, and the TPE learnt nothing).
+    #[test]
+    fn a_refused_tpe_observation_stops_the_search_with_its_reason() {
+        let mut opt = Tpe::new(2);
+        assert_eq!(opt.tell((1, 0.5, 0.5), -3.0), Ok(()));
+        let stop = opt.tell((0, 1.5, 0.5), -3.0).unwrap_err();
+        assert!(
+            matches!(&stop, StopReason::TpeRejected(why) if why.starts_with("B: the parameter value 1.5")),
+            "{stop}"
+        );
+    }
+
     #[test]
     fn stops_on_a_tight_top_three() {
         let t = vec![rec(1, 1.0, 1.0), rec(2, 2.0, 2.0), rec(3, 1.995, 2.0)];
         assert_eq!(should_stop(&t), None);
         let mut t2 = t.clone();
         t2.push(rec(4, 1.99, 2.0));
-        assert!(should_stop(&t2).unwrap().contains("best three"));
+        assert_eq!(should_stop(&t2), Some(StopReason::TopThreeClose));
     }
 
     #[test]
@@ -451,7 +566,7 @@ mod tests {
         }
         assert_eq!(should_stop(&t), None, "4 without improvement");
         t.push(rec(7, 0.3, 2.0));
-        assert!(should_stop(&t).unwrap().contains("in a row"));
+        assert_eq!(should_stop(&t), Some(StopReason::NoImprovement));
     }
 
     #[test]
