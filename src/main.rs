@@ -153,6 +153,12 @@ impl RunArgs {
         let Some(k) = &self.kill_worker else {
             return Ok(None);
         };
+        if sc.system == System::Aggregated {
+            return Err(BadInput(format!(
+                "--kill-worker `{k}`: the aggregated baseline runs no E/P/D workers to kill; use system `easerve` or `passthrough`"
+            ))
+            .into());
+        }
         let t = sc.topology();
         let counts = [
             t.encode().len(),
@@ -266,6 +272,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {
             let sc = a.run.scenario()?;
+            if sc.system == System::Aggregated {
+                if let Some(path) = &a.run.decisions {
+                    return Err(BadInput(format!(
+                        "--decisions {}: the aggregated baseline is not driven by the controller, so it has no decision log; use system `easerve` or `passthrough`",
+                        path.display()
+                    ))
+                    .into());
+                }
+            }
             let opts = easerve_sim::SimOptions {
                 timeline: a.trace.is_some(),
                 decisions: a.run.decisions.is_some(),

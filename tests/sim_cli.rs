@@ -569,7 +569,8 @@ fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
 
 /// `--decisions FILE` writes the controller's log as JSON Lines, and
 /// `--kill-worker` injects a fault in the simulator as in the executor: the
-/// killed worker's requests fail, each failure is in the log, the rest finish.
+/// killed worker's requests fail (the only remote prefill worker, so every
+/// later remote route fails too), each failure is in the log, the rest finish.
 #[test]
 fn sim_writes_the_decision_log_and_injects_faults() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -581,7 +582,7 @@ fn sim_writes_the_decision_log_and_injects_faults() {
         "--requests",
         "200",
         "--kill-worker",
-        "E0@20",
+        "P0@20",
         "--decisions",
         log.to_str().unwrap(),
     ]);

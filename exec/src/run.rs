@@ -154,9 +154,62 @@ async fn run(
 ) -> Result<ExecOutput, ExecError> {
     let (requests, tokens) = generate_with_tokens(sc);
     let mut ctrl = sc.controller(requests, &tokens, cost, true);
+    let mut pool = start_workers(sc, ctrl.topology(), opts).await?;
+    let Outcome {
+        faults,
+        interrupted,
+        run_s,
+    } = drive(&mut ctrl, &mut pool, opts).await;
+    shut_down(&mut pool).await;
+    let report = build_report(
+        sc,
+        &ctrl,
+        &pool.workers,
+        run_s,
+        &faults,
+        &interrupted,
+        &pool.threads,
+        opts,
+    );
+    let decisions = ctrl.decisions().to_vec();
+    Ok(ExecOutput {
+        report,
+        records: ctrl.into_records(),
+        decisions,
+        faults,
+        interrupted,
+    })
+}
+
+/// The worker processes of a run, connected and ready.
+struct Pool {
+    workers: Vec<Worker>,
+    by_ref: HashMap<WorkerRef, usize>,
+    rx: mpsc::UnboundedReceiver<Incoming>,
+    /// Kept so the channel stays open while every worker is gone.
+    _tx: mpsc::UnboundedSender<Incoming>,
+    /// Each worker's last error line (stderr or an error frame).
+    last_err: HashMap<usize, String>,
+    /// CPU threads of each worker.
+    threads: Vec<usize>,
+}
+
+/// How the run loop ended.
+struct Outcome {
+    faults: Vec<Fault>,
+    interrupted: Option<String>,
+    run_s: f64,
+}
+
+/// Start one process per worker of `topology`, and wait until every one has
+/// connected, said hello and loaded its model.
+async fn start_workers(
+    sc: &Scenario,
+    topology: &easerve_sched::Topology,
+    opts: &ExecOptions,
+) -> Result<Pool, ExecError> {
     // workers and their first device, in the simulator's GPU order
-    let mut workers: Vec<Worker> = ctrl
-        .topology()
+    let mut workers: Vec<Worker> = topology
         .workers()
         .map(|t| {
             let (role, index) = match t.wref {
@@ -355,7 +408,19 @@ async fn run(
         }
     }
 
-    // the run
+    Ok(Pool {
+        workers,
+        by_ref,
+        rx,
+        _tx: tx,
+        last_err,
+        threads,
+    })
+}
+
+/// Offer the workload open-loop and carry out the controller's commands until
+/// every request reached an end, the run is interrupted, or its time is up.
+async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Outcome {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
     let arrivals: Vec<f64> = ctrl.requests().iter().map(|r| r.arrival).collect();
@@ -363,6 +428,13 @@ async fn run(
     let mut links = Links::default();
     let mut faults: Vec<Fault> = Vec::new();
     let mut kill = opts.kill;
+    let Pool {
+        workers,
+        by_ref,
+        rx,
+        last_err,
+        ..
+    } = pool;
     let mut killed_at: Option<(usize, f64)> = None;
     let mut interrupted: Option<String> = None;
     let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
@@ -513,14 +585,22 @@ async fn run(
             while let Some(cmd) = ctrl.poll_command() {
                 // a transfer to a worker that is gone lands at once, so the
                 // controller fails its requests and frees the sender's slot
-                events.extend(carry_out(cmd, &ctrl, &mut workers, &by_ref, &mut links, t));
+                events.extend(carry_out(cmd, ctrl, workers, by_ref, &mut links, t));
             }
         }
         run_s = t;
     }
 
-    // shut the workers down: a shutdown frame, then a kill after 3 s
-    for w in &mut workers {
+    Outcome {
+        faults,
+        interrupted,
+        run_s,
+    }
+}
+
+/// Shut the workers down: a shutdown frame, then a kill after 3 s.
+async fn shut_down(pool: &mut Pool) {
+    for w in &mut pool.workers {
         if let Some(tx) = w.tx.take() {
             if let Ok(f) = encode_frame(&ToWorker::Shutdown) {
                 let _ = tx.send(f);
@@ -528,19 +608,19 @@ async fn run(
         }
     }
     let stop_deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    let mut alive: usize = workers.iter().filter(|w| w.alive).count();
+    let mut alive: usize = pool.workers.iter().filter(|w| w.alive).count();
     while alive > 0 {
         tokio::select! {
-            ev = rx.recv() => match ev {
-                Some(Incoming::Down(k, _)) if workers[k].alive => {
-                    workers[k].alive = false;
+            ev = pool.rx.recv() => match ev {
+                Some(Incoming::Down(k, _)) if pool.workers[k].alive => {
+                    pool.workers[k].alive = false;
                     alive -= 1;
                 }
                 Some(_) => {}
                 None => break,
             },
             _ = tokio::time::sleep_until(stop_deadline) => {
-                for w in workers.iter().filter(|w| w.alive) {
+                for w in pool.workers.iter().filter(|w| w.alive) {
                     if let Some(pid) = w.pid {
                         // SAFETY: plain kill(2) of our own child's pid.
                         unsafe {
@@ -552,25 +632,6 @@ async fn run(
             }
         }
     }
-
-    let report = build_report(
-        sc,
-        &ctrl,
-        &workers,
-        run_s,
-        &faults,
-        &interrupted,
-        &threads,
-        opts,
-    );
-    let decisions = ctrl.decisions().to_vec();
-    Ok(ExecOutput {
-        report,
-        records: ctrl.into_records(),
-        decisions,
-        faults,
-        interrupted,
-    })
 }
 
 /// Read frames from worker `k` until its socket closes.

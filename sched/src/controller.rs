@@ -36,7 +36,10 @@
 //!    never going back.
 //! 2. Drain `poll_command()` until it returns `None`, carrying out each command
 //!    in order. A command's effects are reported back later as events (a pass
-//!    ends with [`Event::EncodeDone`], and so on).
+//!    ends with [`Event::EncodeDone`], and so on). Every [`Command::Embeddings`]
+//!    and [`Command::Kv`] must get its landing event, even when the destination
+//!    is dead (then at once): an encode worker's envelopes in flight count
+//!    against its cap until they land.
 //! 3. Read `poll_timeout()` and arrange to call `handle_timeout` then, or sooner
 //!    when another event comes.
 //!
@@ -64,6 +67,10 @@ pub enum WorkerRef {
     /// Decode worker `i` (`D{i}`).
     Decode(usize),
 }
+
+/// Under time-slicing (no SM partition) an encode pass in its GPU phase and
+/// the co-located prefill batch each get this share of the GPU's time.
+pub const TIME_SLICE_SHARE: f64 = 0.5;
 
 /// One embeddings envelope in flight: a slot index in its low 32 bits and the
 /// slot's generation in its high 32 bits, so a stale landing never matches a
@@ -130,8 +137,9 @@ pub enum Event {
     },
 }
 
-/// One scheduling decision, in the order it was taken. The simulator and the
-/// executor produce the same log for the same arrivals and service times.
+/// One scheduling decision, in the order it was taken. Two drivers that feed
+/// the same events at the same times get the same log (the simulator and
+/// `harness::Cluster` are checked to, `tests/drivers_agree.rs`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Decision {
     /// Arrival `id` was turned away: the admission queue was full.
@@ -228,7 +236,7 @@ pub enum Command {
     Encode {
         /// Encode worker.
         worker: usize,
-        /// SM (or thread) share for the pass.
+        /// SM (or thread) share for the pass: a fraction in (0, 1].
         sm_share: f64,
     },
     /// Move the embeddings of [`Controller::envelope`]`(envelope)` from encode
@@ -250,7 +258,8 @@ pub enum Command {
     Prefill {
         /// Prefill worker.
         worker: usize,
-        /// SM share (1 for a remote prefill worker).
+        /// SM share, a fraction in [0, 1] (1 for a remote prefill worker;
+        /// under time-slicing ([`Controller::time_sliced`]) a share of time).
         sm_share: f64,
     },
     /// The batch running on local prefill worker `worker` now has SM share
@@ -381,7 +390,8 @@ pub struct ControllerCounters {
     pub remote_routed: usize,
     /// Arrivals rejected by admission.
     pub rejected: usize,
-    /// Requests that failed (a worker died, or the run was interrupted).
+    /// Requests that failed (a worker died, their KV cache can never fit, or
+    /// the run was interrupted).
     pub failed: usize,
 }
 
@@ -485,6 +495,12 @@ impl Controller {
     // ----------------------------------------------------------- the API
 
     /// Hand the controller something that happened at `now` (module doc).
+    /// Events that no longer apply (a pass that ended already, an envelope
+    /// that landed, a worker that died) are no-ops.
+    ///
+    /// # Panics
+    /// If the event names a worker or request the controller does not have
+    /// (an index beyond the topology or the request list): a driver bug.
     pub fn handle(&mut self, now: f64, event: Event) {
         match event {
             Event::Arrival { id } => self.on_arrival(now, id),
@@ -505,7 +521,8 @@ impl Controller {
     }
 
     /// The earliest time the controller wants [`Controller::handle_timeout`]
-    /// called, if any.
+    /// called (absolute, seconds since the start of the run), if any.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<f64> {
         let mut t: Option<f64> = None;
         for e in &self.encode {
@@ -528,6 +545,7 @@ impl Controller {
     }
 
     /// The next command to carry out, in order; `None` when there is none.
+    #[must_use]
     pub fn poll_command(&mut self) -> Option<Command> {
         self.commands.pop_front()
     }
@@ -817,7 +835,7 @@ impl Controller {
                 let batch = (e.busy && e.gpu_phase).then_some(e.pass.len());
                 match self.split.prefill_share(batch) {
                     Some(f) => f,
-                    None if batch.is_some() => 0.5,
+                    None if batch.is_some() => TIME_SLICE_SHARE,
                     None => 1.0,
                 }
             })
@@ -1054,6 +1072,10 @@ impl Controller {
         let Place::Decode(d) = self.place[i] else {
             return;
         };
+        if self.records[i].decode_ready.is_some() {
+            // a duplicate landing: the cache is already queued
+            return;
+        }
         self.records[i].kv_sent = Some(sent_at);
         if !self.decode[d].alive {
             self.fail(id, &format!("decode worker D{d} is down"));
@@ -1137,17 +1159,24 @@ impl Controller {
                 e.gpu_phase = false;
                 e.pass.clear();
                 e.timer = None;
+                self.encode_place.retire(i);
+                // its GPU's SMs are the local prefill worker's again
+                self.reshare_local(now, i);
                 self.place_ids(Place::Encode(i))
             }
             WorkerRef::Prefill(i) => {
                 self.prefill[i].alive = false;
                 self.prefill[i].busy = false;
                 self.prefill[i].batch.clear();
+                if !self.prefill[i].local {
+                    self.remote_place.retire(i);
+                }
                 self.place_ids(Place::Prefill(i))
             }
             WorkerRef::Decode(i) => {
                 self.decode[i].alive = false;
                 self.decode[i].stepping = false;
+                self.decode_place.retire(i);
                 self.place_ids(Place::Decode(i))
             }
         };
@@ -1173,6 +1202,8 @@ impl Controller {
     }
 
     fn interrupt(&mut self, reason: &str) {
+        // nothing more starts, not even what was asked for before
+        self.commands.clear();
         for i in 0..self.place.len() {
             self.fail(i as RequestId, reason);
         }

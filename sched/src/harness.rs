@@ -287,6 +287,8 @@ pub struct Cluster<S: Service> {
     decode_gen: Vec<u64>,
     encode_link: Vec<f64>,
     prefill_link: Vec<f64>,
+    /// Workers that died: transfers to them land at once.
+    dead: Vec<WorkerRef>,
 }
 
 const DONE: u8 = 0;
@@ -310,6 +312,7 @@ impl<S: Service> Cluster<S> {
             decode_gen: vec![0; nd],
             encode_link: vec![0.0; ne],
             prefill_link: vec![0.0; np],
+            dead: Vec::new(),
             ctrl,
         };
         let arrivals: Vec<(RequestId, f64)> = c
@@ -382,6 +385,7 @@ impl<S: Service> Cluster<S> {
                 Event::DecodeStepDone { worker: d }
             }
             ClusterEvent::Fail(w) => {
+                self.dead.push(w);
                 // whatever it was doing never ends
                 match w {
                     WorkerRef::Encode(i) => self.encode_gen[i] += 1,
@@ -420,10 +424,10 @@ impl<S: Service> Cluster<S> {
                 Command::Embeddings {
                     envelope,
                     from,
+                    to,
                     local,
-                    ..
                 } => {
-                    if local {
+                    if local || self.dead.contains(&WorkerRef::Prefill(to)) {
                         self.push(now, LANDED, ClusterEvent::Landed(envelope, now));
                     } else {
                         let t = self.service.embeddings(from, self.ctrl.envelope(envelope));
@@ -442,6 +446,9 @@ impl<S: Service> Cluster<S> {
                 }
                 Command::PrefillShare { worker, sm_share } => {
                     self.share_changes.push((now, worker, sm_share));
+                }
+                Command::Kv { to, id, .. } if self.dead.contains(&WorkerRef::Decode(to)) => {
+                    self.push(now, LANDED, ClusterEvent::Kv(id, now));
                 }
                 Command::Kv { from, id, .. } => {
                     let t = self.service.kv(from, id);
@@ -641,6 +648,32 @@ mod tests {
         assert_eq!(failed.len(), 15);
         assert!(failed[1..].iter().all(|f| f.1.contains("E0 is down")));
         assert!(c.ctrl.records()[..5].iter().all(|r| r.finish.is_some()));
+    }
+
+    /// A dead replica gets no more work: with two encode workers, killing one
+    /// fails only what it held.
+    #[test]
+    fn placement_steers_around_a_dead_replica() {
+        let alloc: crate::Allocation = "2E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+        let requests = (0..20).map(|i| test_request(i, i as f64 / 10.0)).collect();
+        let ctrl = controller_for(
+            &alloc,
+            None,
+            SmSplit::Static(1.0),
+            requests,
+            KvBlocks::new(1 << 20, 16),
+            None,
+        );
+        let mut c = Cluster::new(ctrl, fixed());
+        c.kill_at(WorkerRef::Encode(0), 0.515);
+        c.drive();
+        all_ended(&c);
+        let failed = failures(&c);
+        assert!(failed.len() <= 1, "{failed:?}");
+        let after = c.ctrl.records().iter().filter(|r| r.arrival > 0.515);
+        assert!(after
+            .clone()
+            .all(|r| r.encode_worker == Some(1) && r.finish.is_some()));
     }
 
     #[test]

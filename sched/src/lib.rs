@@ -55,7 +55,7 @@ pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
 pub use controller::{
     Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
-    WorkerRef,
+    WorkerRef, TIME_SLICE_SHARE,
 };
 pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};

@@ -3,9 +3,11 @@
 /// Least-outstanding-work placement: each new piece of work goes to the replica
 /// with the least work assigned and not yet completed (ties → lowest index).
 /// The unit of work is the caller's (requests, tokens, estimated seconds).
+/// A retired replica (one that died) gets no more work while any other is left.
 #[derive(Clone, Debug)]
 pub struct LeastOutstanding {
     outstanding: Vec<f64>,
+    retired: Vec<bool>,
 }
 
 impl LeastOutstanding {
@@ -13,19 +15,34 @@ impl LeastOutstanding {
     pub fn new(replicas: usize) -> Self {
         LeastOutstanding {
             outstanding: vec![0.0; replicas.max(1)],
+            retired: vec![false; replicas.max(1)],
         }
     }
 
-    /// Choose a replica for `work` and add it to that replica's outstanding work.
+    /// Choose a replica for `work` and add it to that replica's outstanding
+    /// work: the live replica with the least, or, when every replica is
+    /// retired, the one with the least (the caller then fails the work).
     pub fn assign(&mut self, work: f64) -> usize {
-        let mut best = 0;
+        let all_retired = self.retired.iter().all(|r| *r);
+        let mut best: Option<usize> = None;
         for (i, w) in self.outstanding.iter().enumerate() {
-            if *w < self.outstanding[best] {
-                best = i;
+            if self.retired[i] && !all_retired {
+                continue;
+            }
+            if best.is_none_or(|b| *w < self.outstanding[b]) {
+                best = Some(i);
             }
         }
+        let best = best.unwrap_or(0);
         self.outstanding[best] += work;
         best
+    }
+
+    /// Replica `replica` died: no more work goes to it while another is live.
+    pub fn retire(&mut self, replica: usize) {
+        if let Some(r) = self.retired.get_mut(replica) {
+            *r = true;
+        }
     }
 
     /// `work` assigned to `replica` has completed.
@@ -43,6 +60,18 @@ impl LeastOutstanding {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retired_replica_gets_no_work_while_another_is_live() {
+        let mut p = LeastOutstanding::new(2);
+        assert_eq!(p.assign(5.0), 0);
+        p.retire(1);
+        // replica 1 has less outstanding work but is retired
+        assert_eq!(p.assign(1.0), 0);
+        p.retire(0);
+        // all retired: the least loaded, for the caller to fail
+        assert_eq!(p.assign(1.0), 1);
+    }
 
     #[test]
     fn balances_and_tracks_completion() {

@@ -4,7 +4,7 @@
 
 use easerve_calib::{Efficiency, Roofline, StageCost};
 use easerve_model::ItemTokens;
-use easerve_sched::{Request, SmSplit};
+use easerve_sched::{Request, SmSplit, TIME_SLICE_SHARE};
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::Scenario;
 use serde::{Deserialize, Serialize};
@@ -203,7 +203,7 @@ pub fn alpha(
     let split = SmSplit::new(&sc.deployment.sm_policy, b as usize, |k, f| {
         cost.encode(&batch_of(&t.items, k as u32), f).total()
     });
-    let f = split.encode_share(b as usize).unwrap_or(0.5);
+    let f = split.encode_share(b as usize).unwrap_or(TIME_SLICE_SHARE);
     let t_gpu = cost.encode(&items, f).t_gpu;
     let t_pass = cost.encode(&items, f).total();
     // passes per second per worker, at most back to back
@@ -211,7 +211,7 @@ pub fn alpha(
     let u = (passes * t_gpu).clamp(0.0, 1.0);
     let prefill_rest = match split.prefill_share(Some(b as usize)) {
         Some(x) => x,
-        None => 0.5 / (1.0 + cost.time_slice_penalty()),
+        None => TIME_SLICE_SHARE / (1.0 + cost.time_slice_penalty()),
     };
     let idle = split.prefill_share(None).unwrap_or(1.0);
     let full = prefill_capacity(cost, sc, t, tp, 1.0);

@@ -23,7 +23,8 @@ use crate::timeline::Timeline;
 use easerve_calib::StageCost;
 use easerve_model::ItemTokens;
 use easerve_sched::{
-    Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, Topology, WorkerRef,
+    Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, Topology,
+    WorkerRef, TIME_SLICE_SHARE,
 };
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::EncodeSummary;
@@ -184,7 +185,7 @@ pub struct SimOptions {
     /// Record every scheduling decision ([`SimOutput::decisions`]).
     pub decisions: bool,
     /// Fault injection: worker `.0` dies `.1` seconds into the run, as
-    /// `easerve exec --kill` kills a worker process.
+    /// `easerve exec --kill-worker` kills a worker process.
     pub kill: Option<(WorkerRef, f64)>,
     /// Record what each unit of work took ([`SimOutput::service`]).
     pub service_log: bool,
@@ -217,6 +218,9 @@ struct Sim<'a> {
     /// Decode iterations asked for while commands were being carried out.
     pending_steps: Vec<(usize, u64, u64)>,
     service: Option<ServiceLog>,
+    /// Workers that died (fault injection): transfers to them land at once,
+    /// as the executor's do.
+    dead: Vec<WorkerRef>,
 }
 
 /// Run the scenario's workload through its deployment and report, with the
@@ -326,6 +330,7 @@ impl<'a> Sim<'a> {
             items: Vec::new(),
             pending_steps: Vec::new(),
             service: None,
+            dead: Vec::new(),
         }
     }
 
@@ -529,7 +534,8 @@ impl<'a> Sim<'a> {
         if !local_busy {
             1.0
         } else if self.time_sliced {
-            2.0 * (1.0 + self.cost.time_slice_penalty())
+            // the pass gets its share of the GPU's time, less the switching penalty
+            (1.0 + self.cost.time_slice_penalty()) / TIME_SLICE_SHARE
         } else {
             1.0 + self.cost.bandwidth_interference()
         }
@@ -594,7 +600,7 @@ impl<'a> Sim<'a> {
     /// GPU's memory and land at once; remote ones wait for the worker's link.
     fn send_embeddings(&mut self, envelope: EnvelopeId, from: usize, to: usize, local: bool) {
         let now = self.now;
-        let (sent, land) = if local {
+        let (sent, land) = if local || self.dead.contains(&WorkerRef::Prefill(to)) {
             (now, now)
         } else {
             let requests = self.ctrl.requests();
@@ -786,6 +792,11 @@ impl<'a> Sim<'a> {
 
     fn send_kv(&mut self, from: usize, to: usize, id: RequestId) {
         let now = self.now;
+        if self.dead.contains(&WorkerRef::Decode(to)) {
+            self.events
+                .push(now, Priority::Transfer, Ev::KvLands { id, sent_at: now });
+            return;
+        }
         let start = self.prefill[from].link_free_at.max(now);
         let bytes = self.ctrl.requests()[id as usize].prefill_tokens() as f64
             * self.sc.model.kv_bytes_per_token();
@@ -887,6 +898,7 @@ impl<'a> Sim<'a> {
     /// stale) and its GPUs go idle.
     fn lose_work(&mut self, w: WorkerRef) {
         let now = self.now;
+        self.dead.push(w);
         match w {
             WorkerRef::Encode(i) => {
                 let worker = &mut self.encode[i];
