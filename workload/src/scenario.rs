@@ -860,418 +860,40 @@ impl Scenario {
             raw.deployment.offload = 1.0;
         }
         let dir = Path::new(file).parent().unwrap_or(Path::new("."));
-        let model = match (&raw.model.preset, &raw.model.file) {
-            (Some(name), None) => ModelArch::preset(name).ok_or_else(|| {
-                v.err(
-                    "model.preset",
-                    format!(
-                        "unknown model `{name}`; allowed: {} (or `model.file` for a custom model)",
-                        ModelArch::preset_names().join(", ")
-                    ),
-                )
-            })?,
-            (None, Some(f)) => {
-                let m: ModelArch = load_custom(&v, "model.file", &dir.join(f))?;
-                check_model(&m)
-                    .map_err(|e| v.err("model.file", format!("{}: {e}", dir.join(f).display())))?;
-                m
-            }
-            _ => return Err(v.err("model", "give exactly one of `preset` and `file`")),
-        };
-        let mut gpu = match (&raw.cluster.gpu, &raw.cluster.gpu_file) {
-            (Some(name), None) => GpuSpec::preset(name).ok_or_else(|| {
-                v.err(
-                    "cluster.gpu",
-                    format!(
-                        "unknown GPU `{name}`; allowed: {} (or `cluster.gpu_file` for a custom GPU)",
-                        GpuSpec::preset_names().join(", ")
-                    ),
-                )
-            })?,
-            (None, Some(f)) => {
-                let g: GpuSpec = load_custom(&v, "cluster.gpu_file", &dir.join(f))?;
-                check_gpu(&g).map_err(|e| v.err("cluster.gpu_file", format!("{}: {e}", dir.join(f).display())))?;
-                g
-            }
-            _ => return Err(v.err("cluster", "give exactly one of `gpu` and `gpu_file`")),
-        };
-        if let Some(link) = &raw.cluster.link {
-            gpu.link = LinkSpec::preset(link).ok_or_else(|| {
-                v.err(
-                    "cluster.link",
-                    format!(
-                        "unknown link `{link}`; allowed: {}",
-                        LinkSpec::preset_names().join(", ")
-                    ),
-                )
-            })?;
-        }
-        if let Some(k) = &raw.cluster.kernels {
-            if !["auto", "roofline", "l40s-proxy"].contains(&k.as_str()) {
-                return Err(v.err(
-                    "cluster.kernels",
-                    format!("unknown cost source `{k}`; allowed: auto, roofline, l40s-proxy"),
-                ));
-            }
-            if k == "l40s-proxy" && raw.cluster.gpu.as_deref() != Some("rtx-6000-ada") {
-                return Err(v.err(
-                    "cluster.kernels",
-                    "`l40s-proxy` prices only `cluster.gpu = \"rtx-6000-ada\"` (same AD102 die as the L40S)",
-                ));
-            }
-        }
-        if let Some(x) = raw.cluster.host_cpu_scale {
-            v.real("cluster.host_cpu_scale", x, 0.0, 1000.0, true)?;
-        }
-        let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
+        let (model, gpu, gpus) = cluster_section(&raw, &v, dir)?;
 
         // --- workload ---
-        let w = &raw.workload;
-        let requests = v.int("workload.requests", w.requests, 1, 10_000_000)? as usize;
-        let given_rate = w
-            .rate
-            .map(|r| v.real("workload.rate", r, 0.0, 1e6, true))
-            .transpose()?;
-        let arrival_kind = w.arrival.as_deref().unwrap_or("poisson");
-        if arrival_kind != "gamma" && w.cv.is_some() {
-            return Err(v.err("workload.cv", "only used with arrival = \"gamma\""));
-        }
-        if arrival_kind != "trace" && (w.trace.is_some() || w.rate_scale.is_some()) {
-            let f = if w.trace.is_some() {
-                "workload.trace"
-            } else {
-                "workload.rate_scale"
-            };
-            return Err(v.err(f, "only used with arrival = \"trace\""));
-        }
-        let need_rate = || {
-            given_rate.ok_or_else(|| {
-                v.err(
-                    "workload.rate",
-                    "required (requests/s > 0) unless arrival = \"trace\"",
-                )
-            })
-        };
-        let (arrival, rate) = match arrival_kind {
-            "poisson" => (Arrival::Poisson, need_rate()?),
-            "gamma" => (
-                Arrival::Gamma {
-                    cv: v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?,
-                },
-                need_rate()?,
-            ),
-            "trace" => {
-                let name = w
-                    .trace
-                    .as_deref()
-                    .ok_or_else(|| v.err("workload.trace", "required when arrival = \"trace\": a CSV in the Azure LLM inference trace format"))?;
-                let path = Path::new(file)
-                    .parent()
-                    .unwrap_or(Path::new("."))
-                    .join(name);
-                let mut rows = crate::trace::read_azure(&path, requests)
-                    .map_err(|e| v.err("workload.trace", format!("{}: {e}", path.display())))?;
-                let native = crate::trace::mean_rate(&rows);
-                let scale = match (given_rate, w.rate_scale) {
-                    (Some(_), Some(_)) => {
-                        return Err(v.err("workload.rate_scale", "give either workload.rate (a target mean rate) or workload.rate_scale, not both"))
-                    }
-                    (Some(r), None) => r / native,
-                    (None, s) => v.real("workload.rate_scale", s.unwrap_or(1.0), 0.0, 1e6, true)?,
-                };
-                crate::trace::scale(&mut rows, scale);
-                let rate = crate::trace::mean_rate(&rows);
-                (
-                    Arrival::Trace {
-                        path: path.display().to_string(),
-                        rows,
-                    },
-                    rate,
-                )
-            }
-            other => {
-                return Err(v.err(
-                    "workload.arrival",
-                    format!("unknown arrival `{other}`; allowed: poisson, gamma, trace"),
-                ))
-            }
-        };
-        let requests = match &arrival {
-            Arrival::Trace { rows, .. } => rows.len(),
-            _ => requests,
-        };
-        let replay = matches!(arrival, Arrival::Trace { .. });
-        let len = |field: &str, x: Option<i64>, min: i64| -> Result<i64, ScenarioError> {
-            match x {
-                Some(x) => v.int(field, x, min, 10_000_000),
-                None if replay => Ok(min.max(1)),
-                None => Err(v.err(field, format!("required: tokens ≥ {min}"))),
-            }
-        };
-        let input_len = len("workload.input_len", w.input_len, 0)? as u32;
-        let output_len = len("workload.output_len", w.output_len, 1)? as u32;
-        let range_ratio = v.real(
-            "workload.range_ratio",
-            w.range_ratio.unwrap_or(0.0),
-            0.0,
-            1.0,
-            false,
-        )?;
-        let modality = match w.modality.as_str() {
-            "image" => Modality::Image,
-            "video" => Modality::Video,
-            "audio" => Modality::Audio,
-            "text" => Modality::Text,
-            other => {
-                return Err(v.err(
-                    "workload.modality",
-                    format!("unknown modality `{other}`; allowed: image, video, audio, text"),
-                ))
-            }
-        };
-        let unused = |name: &str, present: bool| -> Result<(), ScenarioError> {
-            if present && w.modality != name {
-                Err(v.err(
-                    &format!("workload.{name}"),
-                    format!("given but workload.modality is `{}`", w.modality),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        unused("image", w.image.is_some())?;
-        unused("video", w.video.is_some())?;
-        unused("audio", w.audio.is_some())?;
-        let items =
-            |field: &str, n: Option<i64>, r: Option<f64>| -> Result<(u32, f64), ScenarioError> {
-                Ok((
-                    v.int(&format!("{field}.items_per_request"), n.unwrap_or(1), 1, 64)? as u32,
-                    v.real(
-                        &format!("{field}.items_range_ratio"),
-                        r.unwrap_or(0.0),
-                        0.0,
-                        1.0,
-                        false,
-                    )?,
-                ))
-            };
-        let prob = |field: String, p: f64| v.real(&field, p, 0.0, f64::MAX, false);
-        let missing = |name: &str| {
-            v.err(
-                &format!("workload.{name}"),
-                format!("required when workload.modality = \"{name}\""),
-            )
-        };
-        let shapes = match modality {
-            Modality::Image => {
-                let s = w.image.as_ref().ok_or_else(|| missing("image"))?;
-                let (items, items_range_ratio) =
-                    items("workload.image", s.items_per_request, s.items_range_ratio)?;
-                let buckets = v.table("workload.image.buckets", &s.buckets, |f, b| {
-                    let height = v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32;
-                    let width = v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32;
-                    let p = prob(format!("{f}.probability"), b.probability)?;
-                    Ok((MmItem::Image { height, width }, p))
-                })?;
-                Shapes::Items {
-                    items,
-                    items_range_ratio,
-                    buckets,
-                }
-            }
-            Modality::Video => {
-                let s = w.video.as_ref().ok_or_else(|| missing("video"))?;
-                let (items, items_range_ratio) =
-                    items("workload.video", s.items_per_request, s.items_range_ratio)?;
-                let buckets = v.table("workload.video.buckets", &s.buckets, |f, b| {
-                    let frames = v.int(&format!("{f}.frames"), b.frames, 1, 4096)? as u32;
-                    let height = v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32;
-                    let width = v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32;
-                    let p = prob(format!("{f}.probability"), b.probability)?;
-                    Ok((
-                        MmItem::Video {
-                            frames,
-                            height,
-                            width,
-                        },
-                        p,
-                    ))
-                })?;
-                Shapes::Items {
-                    items,
-                    items_range_ratio,
-                    buckets,
-                }
-            }
-            Modality::Audio => {
-                let s = w.audio.as_ref().ok_or_else(|| missing("audio"))?;
-                Shapes::Audio {
-                    mean_s: v.real("workload.audio.mean_s", s.mean_s, 0.0, 3600.0, true)?,
-                    sigma: v.real(
-                        "workload.audio.sigma",
-                        s.sigma.unwrap_or(0.5),
-                        0.0,
-                        5.0,
-                        false,
-                    )?,
-                    max_s: v.real(
-                        "workload.audio.max_s",
-                        s.max_s.unwrap_or(30.0),
-                        0.1,
-                        3600.0,
-                        false,
-                    )?,
-                }
-            }
-            Modality::Text => Shapes::Text,
-        };
-        let bucket_total: f64 = match &shapes {
-            Shapes::Items { buckets, .. } => buckets.iter().map(|b| b.1).sum(),
-            _ => 1.0,
-        };
-        if bucket_total <= 0.0 {
-            return Err(v.err(
-                &format!("workload.{}.buckets", w.modality),
-                "probabilities sum to 0; at least one must be positive",
-            ));
-        }
-        // check the model accepts the modality and every bucket shape
-        let token_check = match &shapes {
-            Shapes::Items { buckets, .. } => buckets
-                .iter()
-                .try_for_each(|b| item_tokens(&model, &b.0).map(|_| ())),
-            Shapes::Audio { mean_s, .. } => model.audio_tokens(*mean_s).map(|_| ()),
-            Shapes::Text => Ok(()),
-        };
-        token_check.map_err(|e| v.err(&format!("workload.{}", w.modality), e.to_string()))?;
+        let Workload {
+            requests,
+            rate,
+            arrival,
+            input_len,
+            output_len,
+            range_ratio,
+            modality,
+            shapes,
+        } = workload_section(&raw, &v, file, &model)?;
 
         // --- deployment ---
-        let d = &raw.deployment;
-        let allocation: Allocation =
-            d.allocation
-                .parse()
-                .map_err(|e: easerve_sched::AllocationError| {
-                    v.err("deployment.allocation", e.to_string())
-                })?;
-        let max_batch = v.int("deployment.batch", d.batch, 1, 4096)? as usize;
-        let offload = v.real("deployment.offload", d.offload, 0.0, 1.0, false)?;
-        let q = v.real(
-            "deployment.gap_quantile",
-            d.gap_quantile.unwrap_or(0.9),
-            0.0,
-            1.0,
-            true,
-        )?;
-        if q >= 1.0 {
-            return Err(v.err(
-                "deployment.gap_quantile",
-                "1 is out of range: allowed (0, 1)",
-            ));
-        }
-        let max_age_s = d
-            .max_age_s
-            .map(|x| v.real("deployment.max_age_s", x, 0.0, 3600.0, false))
-            .transpose()?;
-        let dispatch_text = d.dispatch.as_deref().unwrap_or("poisson-gap");
-        let dispatch = match split_arg(dispatch_text) {
-            ("poisson-gap", None) => DispatchPolicy::PoissonGap { q, max_age_s, rate_hint: None },
-            ("immediate", None) => DispatchPolicy::Immediate,
-            ("fixed-timeout", Some(t)) => DispatchPolicy::FixedTimeout {
-                timeout_s: t
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|x| x.is_finite() && *x >= 0.0)
-                    .ok_or_else(|| v.err("deployment.dispatch", format!("`{t}` is not a timeout in seconds ≥ 0")))?,
-            },
-            ("queue-length", Some(k)) => DispatchPolicy::QueueLength {
-                k: k.parse::<usize>()
-                    .ok()
-                    .filter(|k| *k >= 1)
-                    .ok_or_else(|| v.err("deployment.dispatch", format!("`{k}` is not a queue length ≥ 1")))?,
-                max_age_s,
-            },
-            _ => {
-                return Err(v.err(
-                    "deployment.dispatch",
-                    format!("unknown dispatch `{dispatch_text}`; allowed: poisson-gap, immediate, fixed-timeout:SECONDS, queue-length:K"),
-                ))
-            }
-        };
-        let router_text = d.router.as_deref().unwrap_or("deficit");
-        let router = match split_arg(router_text) {
-            ("deficit", None) => RouterPolicy::Deficit,
-            ("random", None) => RouterPolicy::Random {
-                seed: crate::rng::subseed(raw.seed, "router"),
-            },
-            ("windowed", Some(w)) => RouterPolicy::Windowed {
-                window: w.parse::<u32>().ok().filter(|w| *w >= 1).ok_or_else(|| {
-                    v.err("deployment.router", format!("`{w}` is not a window ≥ 1"))
-                })?,
-            },
-            _ => {
-                return Err(v.err(
-                    "deployment.router",
-                    format!("unknown router `{router_text}`; allowed: deficit, random, windowed:W"),
-                ))
-            }
-        };
-        let sm_text = d.sm_policy.as_deref().unwrap_or("dynamic");
-        let sm_policy = match split_arg(sm_text) {
-            ("dynamic", None) => SmPolicy::Dynamic,
-            ("none", None) => SmPolicy::None,
-            ("static", Some(f)) => SmPolicy::Static(
-                f.parse::<f64>()
-                    .ok()
-                    .filter(|f| *f > 0.0 && *f < 1.0)
-                    .ok_or_else(|| {
-                        v.err(
-                            "deployment.sm_policy",
-                            format!("`{f}` is not an SM share in (0, 1)"),
-                        )
-                    })?,
-            ),
-            _ => {
-                return Err(v.err(
-                    "deployment.sm_policy",
-                    format!("unknown SM policy `{sm_text}`; allowed: dynamic, none, static:F"),
-                ))
-            }
-        };
-        // optional positive integer knob: `deployment.NAME`, default, upper bound
-        let knob = |name: &str, value: Option<i64>, default: i64, max: i64| {
-            v.int(
-                &format!("deployment.{name}"),
-                value.unwrap_or(default),
-                1,
-                max,
-            )
-        };
-        let knobs_budget = knob(
-            "prefill_token_budget",
-            d.prefill_token_budget,
-            8192,
-            1 << 30,
-        )? as u64;
-        let prefill_max_seqs = knob("prefill_max_seqs", d.prefill_max_seqs, 64, 1 << 20)? as usize;
-        let decode_max_batch = knob("decode_max_batch", d.decode_max_batch, 256, 1 << 20)? as usize;
-        let kv_block_size = knob("kv_block_size", d.kv_block_size, 16, 1 << 16)? as u64;
-        let max_inflight_transfers = knob(
-            "max_inflight_transfers",
-            d.max_inflight_transfers,
-            4,
-            1 << 16,
-        )? as usize;
-        let admission_limit = match d.admission_limit {
-            Some(n) => Some(v.int("deployment.admission_limit", n, 1, 1 << 30)? as usize),
-            None => None,
-        };
-        let mem_util = v.real(
-            "deployment.gpu_memory_utilization",
-            d.gpu_memory_utilization.unwrap_or(0.9),
-            0.0,
-            1.0,
-            true,
-        )?;
+        let (dep, knobs) = deployment_section(&raw, &v)?;
+        let Deployment {
+            allocation,
+            max_batch,
+            offload,
+            dispatch,
+            router,
+            sm_policy,
+        } = dep;
+        let ServingKnobs {
+            prefill_token_budget: knobs_budget,
+            prefill_max_seqs,
+            decode_max_batch,
+            max_inflight_transfers,
+            kv_block_size,
+            gpu_memory_utilization: mem_util,
+            admission_limit,
+            ..
+        } = knobs;
 
         // --- feasibility against the cluster and the model ---
         let fa = "deployment.allocation";
@@ -1429,55 +1051,9 @@ impl Scenario {
         };
 
         // --- cost source ---
-        let profile = match raw.profile.as_deref() {
-            None | Some("roofline") => None,
-            Some(name) => {
-                let path = Path::new(file)
-                    .parent()
-                    .unwrap_or(Path::new("."))
-                    .join(name);
-                let text = std::fs::read_to_string(&path).map_err(|e| {
-                    v.err("profile", format!("cannot read {}: {e}", path.display()))
-                })?;
-                // a custom GPU (cluster.gpu_file) is a known device for its own profiles
-                let p = easerve_calib::Profile::from_toml_str_with_devices(
-                    &text,
-                    &path.display().to_string(),
-                    &[gpu.name.clone()],
-                    &[gpu.link.name.clone()],
-                )
-                .map_err(|e| v.err("profile", e.to_string()))?;
-                let prov = &p.provenance;
-                if prov.model != model.name || prov.device != gpu.name || prov.link != gpu.link.name
-                {
-                    return Err(v.err(
-                        "profile",
-                        format!(
-                            "{} profiles {} on {} over {}, but the scenario runs {} on {} over {}",
-                            path.display(),
-                            prov.model,
-                            prov.device,
-                            prov.link,
-                            model.name,
-                            gpu.name,
-                            gpu.link.name
-                        ),
-                    ));
-                }
-                Some(p)
-            }
-        };
+        let profile = profile_section(&raw, &v, file, &model, &gpu)?;
 
-        // --- SLO tiers ---
-        let mut slo = Vec::new();
-        for (i, t) in raw.slo.iter().enumerate() {
-            let f = format!("slo[{i}]");
-            slo.push(SloTier {
-                name: t.name.clone(),
-                ttft_s: v.real(&format!("{f}.ttft_s"), t.ttft_s, 0.0, 1e9, true)?,
-                tpot_s: v.real(&format!("{f}.tpot_ms"), t.tpot_ms, 0.0, 1e9, true)? / 1e3,
-            });
-        }
+        let slo = slo_section(&raw, &v)?;
 
         let deployment = Deployment {
             allocation,
@@ -1522,6 +1098,548 @@ impl Scenario {
             raw,
         })
     }
+}
+
+/// The `[model]` and `[cluster]` sections: the model and GPU (presets or
+/// custom files next to the scenario, in `dir`), the link and cost-source
+/// choices, and the GPU count.
+fn cluster_section(
+    raw: &ScenarioFile,
+    v: &V<'_>,
+    dir: &Path,
+) -> Result<(ModelArch, GpuSpec, u32), ScenarioError> {
+    let model = match (&raw.model.preset, &raw.model.file) {
+        (Some(name), None) => ModelArch::preset(name).ok_or_else(|| {
+            v.err(
+                "model.preset",
+                format!(
+                    "unknown model `{name}`; allowed: {} (or `model.file` for a custom model)",
+                    ModelArch::preset_names().join(", ")
+                ),
+            )
+        })?,
+        (None, Some(f)) => {
+            let m: ModelArch = load_custom(v, "model.file", &dir.join(f))?;
+            check_model(&m)
+                .map_err(|e| v.err("model.file", format!("{}: {e}", dir.join(f).display())))?;
+            m
+        }
+        _ => return Err(v.err("model", "give exactly one of `preset` and `file`")),
+    };
+    let mut gpu = match (&raw.cluster.gpu, &raw.cluster.gpu_file) {
+        (Some(name), None) => GpuSpec::preset(name).ok_or_else(|| {
+            v.err(
+                "cluster.gpu",
+                format!(
+                    "unknown GPU `{name}`; allowed: {} (or `cluster.gpu_file` for a custom GPU)",
+                    GpuSpec::preset_names().join(", ")
+                ),
+            )
+        })?,
+        (None, Some(f)) => {
+            let g: GpuSpec = load_custom(v, "cluster.gpu_file", &dir.join(f))?;
+            check_gpu(&g).map_err(|e| {
+                v.err(
+                    "cluster.gpu_file",
+                    format!("{}: {e}", dir.join(f).display()),
+                )
+            })?;
+            g
+        }
+        _ => return Err(v.err("cluster", "give exactly one of `gpu` and `gpu_file`")),
+    };
+    if let Some(link) = &raw.cluster.link {
+        gpu.link = LinkSpec::preset(link).ok_or_else(|| {
+            v.err(
+                "cluster.link",
+                format!(
+                    "unknown link `{link}`; allowed: {}",
+                    LinkSpec::preset_names().join(", ")
+                ),
+            )
+        })?;
+    }
+    if let Some(k) = &raw.cluster.kernels {
+        if !["auto", "roofline", "l40s-proxy"].contains(&k.as_str()) {
+            return Err(v.err(
+                "cluster.kernels",
+                format!("unknown cost source `{k}`; allowed: auto, roofline, l40s-proxy"),
+            ));
+        }
+        if k == "l40s-proxy" && raw.cluster.gpu.as_deref() != Some("rtx-6000-ada") {
+            return Err(v.err(
+                "cluster.kernels",
+                "`l40s-proxy` prices only `cluster.gpu = \"rtx-6000-ada\"` (same AD102 die as the L40S)",
+            ));
+        }
+    }
+    if let Some(x) = raw.cluster.host_cpu_scale {
+        v.real("cluster.host_cpu_scale", x, 0.0, 1000.0, true)?;
+    }
+    let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
+    Ok((model, gpu, gpus))
+}
+
+/// The `[workload]` section: request count, arrival process and rate (or a
+/// trace next to the scenario, `file`), prompt and output lengths, and the
+/// modality's shapes, checked against what `model` accepts.
+fn workload_section(
+    raw: &ScenarioFile,
+    v: &V<'_>,
+    file: &str,
+    model: &ModelArch,
+) -> Result<Workload, ScenarioError> {
+    let w = &raw.workload;
+    let requests = v.int("workload.requests", w.requests, 1, 10_000_000)? as usize;
+    let given_rate = w
+        .rate
+        .map(|r| v.real("workload.rate", r, 0.0, 1e6, true))
+        .transpose()?;
+    let arrival_kind = w.arrival.as_deref().unwrap_or("poisson");
+    if arrival_kind != "gamma" && w.cv.is_some() {
+        return Err(v.err("workload.cv", "only used with arrival = \"gamma\""));
+    }
+    if arrival_kind != "trace" && (w.trace.is_some() || w.rate_scale.is_some()) {
+        let f = if w.trace.is_some() {
+            "workload.trace"
+        } else {
+            "workload.rate_scale"
+        };
+        return Err(v.err(f, "only used with arrival = \"trace\""));
+    }
+    let need_rate = || {
+        given_rate.ok_or_else(|| {
+            v.err(
+                "workload.rate",
+                "required (requests/s > 0) unless arrival = \"trace\"",
+            )
+        })
+    };
+    let (arrival, rate) = match arrival_kind {
+        "poisson" => (Arrival::Poisson, need_rate()?),
+        "gamma" => (
+            Arrival::Gamma {
+                cv: v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?,
+            },
+            need_rate()?,
+        ),
+        "trace" => {
+            let name = w
+                .trace
+                .as_deref()
+                .ok_or_else(|| v.err("workload.trace", "required when arrival = \"trace\": a CSV in the Azure LLM inference trace format"))?;
+            let path = Path::new(file)
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(name);
+            let mut rows = crate::trace::read_azure(&path, requests)
+                .map_err(|e| v.err("workload.trace", format!("{}: {e}", path.display())))?;
+            let native = crate::trace::mean_rate(&rows);
+            let scale = match (given_rate, w.rate_scale) {
+                (Some(_), Some(_)) => {
+                    return Err(v.err("workload.rate_scale", "give either workload.rate (a target mean rate) or workload.rate_scale, not both"))
+                }
+                (Some(r), None) => r / native,
+                (None, s) => v.real("workload.rate_scale", s.unwrap_or(1.0), 0.0, 1e6, true)?,
+            };
+            crate::trace::scale(&mut rows, scale);
+            let rate = crate::trace::mean_rate(&rows);
+            (
+                Arrival::Trace {
+                    path: path.display().to_string(),
+                    rows,
+                },
+                rate,
+            )
+        }
+        other => {
+            return Err(v.err(
+                "workload.arrival",
+                format!("unknown arrival `{other}`; allowed: poisson, gamma, trace"),
+            ))
+        }
+    };
+    let requests = match &arrival {
+        Arrival::Trace { rows, .. } => rows.len(),
+        _ => requests,
+    };
+    let replay = matches!(arrival, Arrival::Trace { .. });
+    let len = |field: &str, x: Option<i64>, min: i64| -> Result<i64, ScenarioError> {
+        match x {
+            Some(x) => v.int(field, x, min, 10_000_000),
+            None if replay => Ok(min.max(1)),
+            None => Err(v.err(field, format!("required: tokens ≥ {min}"))),
+        }
+    };
+    let input_len = len("workload.input_len", w.input_len, 0)? as u32;
+    let output_len = len("workload.output_len", w.output_len, 1)? as u32;
+    let range_ratio = v.real(
+        "workload.range_ratio",
+        w.range_ratio.unwrap_or(0.0),
+        0.0,
+        1.0,
+        false,
+    )?;
+    let modality = match w.modality.as_str() {
+        "image" => Modality::Image,
+        "video" => Modality::Video,
+        "audio" => Modality::Audio,
+        "text" => Modality::Text,
+        other => {
+            return Err(v.err(
+                "workload.modality",
+                format!("unknown modality `{other}`; allowed: image, video, audio, text"),
+            ))
+        }
+    };
+    let unused = |name: &str, present: bool| -> Result<(), ScenarioError> {
+        if present && w.modality != name {
+            Err(v.err(
+                &format!("workload.{name}"),
+                format!("given but workload.modality is `{}`", w.modality),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    unused("image", w.image.is_some())?;
+    unused("video", w.video.is_some())?;
+    unused("audio", w.audio.is_some())?;
+    let items =
+        |field: &str, n: Option<i64>, r: Option<f64>| -> Result<(u32, f64), ScenarioError> {
+            Ok((
+                v.int(&format!("{field}.items_per_request"), n.unwrap_or(1), 1, 64)? as u32,
+                v.real(
+                    &format!("{field}.items_range_ratio"),
+                    r.unwrap_or(0.0),
+                    0.0,
+                    1.0,
+                    false,
+                )?,
+            ))
+        };
+    let prob = |field: String, p: f64| v.real(&field, p, 0.0, f64::MAX, false);
+    let missing = |name: &str| {
+        v.err(
+            &format!("workload.{name}"),
+            format!("required when workload.modality = \"{name}\""),
+        )
+    };
+    let shapes = match modality {
+        Modality::Image => {
+            let s = w.image.as_ref().ok_or_else(|| missing("image"))?;
+            let (items, items_range_ratio) =
+                items("workload.image", s.items_per_request, s.items_range_ratio)?;
+            let buckets = v.table("workload.image.buckets", &s.buckets, |f, b| {
+                let height = v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32;
+                let width = v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32;
+                let p = prob(format!("{f}.probability"), b.probability)?;
+                Ok((MmItem::Image { height, width }, p))
+            })?;
+            Shapes::Items {
+                items,
+                items_range_ratio,
+                buckets,
+            }
+        }
+        Modality::Video => {
+            let s = w.video.as_ref().ok_or_else(|| missing("video"))?;
+            let (items, items_range_ratio) =
+                items("workload.video", s.items_per_request, s.items_range_ratio)?;
+            let buckets = v.table("workload.video.buckets", &s.buckets, |f, b| {
+                let frames = v.int(&format!("{f}.frames"), b.frames, 1, 4096)? as u32;
+                let height = v.int(&format!("{f}.height"), b.height, 1, 16384)? as u32;
+                let width = v.int(&format!("{f}.width"), b.width, 1, 16384)? as u32;
+                let p = prob(format!("{f}.probability"), b.probability)?;
+                Ok((
+                    MmItem::Video {
+                        frames,
+                        height,
+                        width,
+                    },
+                    p,
+                ))
+            })?;
+            Shapes::Items {
+                items,
+                items_range_ratio,
+                buckets,
+            }
+        }
+        Modality::Audio => {
+            let s = w.audio.as_ref().ok_or_else(|| missing("audio"))?;
+            Shapes::Audio {
+                mean_s: v.real("workload.audio.mean_s", s.mean_s, 0.0, 3600.0, true)?,
+                sigma: v.real(
+                    "workload.audio.sigma",
+                    s.sigma.unwrap_or(0.5),
+                    0.0,
+                    5.0,
+                    false,
+                )?,
+                max_s: v.real(
+                    "workload.audio.max_s",
+                    s.max_s.unwrap_or(30.0),
+                    0.1,
+                    3600.0,
+                    false,
+                )?,
+            }
+        }
+        Modality::Text => Shapes::Text,
+    };
+    let bucket_total: f64 = match &shapes {
+        Shapes::Items { buckets, .. } => buckets.iter().map(|b| b.1).sum(),
+        _ => 1.0,
+    };
+    if bucket_total <= 0.0 {
+        return Err(v.err(
+            &format!("workload.{}.buckets", w.modality),
+            "probabilities sum to 0; at least one must be positive",
+        ));
+    }
+    // check the model accepts the modality and every bucket shape
+    let token_check = match &shapes {
+        Shapes::Items { buckets, .. } => buckets
+            .iter()
+            .try_for_each(|b| item_tokens(model, &b.0).map(|_| ())),
+        Shapes::Audio { mean_s, .. } => model.audio_tokens(*mean_s).map(|_| ()),
+        Shapes::Text => Ok(()),
+    };
+    token_check.map_err(|e| v.err(&format!("workload.{}", w.modality), e.to_string()))?;
+    Ok(Workload {
+        requests,
+        rate,
+        arrival,
+        input_len,
+        output_len,
+        range_ratio,
+        modality,
+        shapes,
+    })
+}
+
+/// The `[deployment]` section: the allocation, `B`, `s`, the dispatch, router
+/// and SM policies, and the serving knobs (local-prefill and aggregated TP
+/// are resolved later, against the cluster and the model).
+fn deployment_section(
+    raw: &ScenarioFile,
+    v: &V<'_>,
+) -> Result<(Deployment, ServingKnobs), ScenarioError> {
+    let d = &raw.deployment;
+    let allocation: Allocation =
+        d.allocation
+            .parse()
+            .map_err(|e: easerve_sched::AllocationError| {
+                v.err("deployment.allocation", e.to_string())
+            })?;
+    let max_batch = v.int("deployment.batch", d.batch, 1, 4096)? as usize;
+    let offload = v.real("deployment.offload", d.offload, 0.0, 1.0, false)?;
+    let q = v.real(
+        "deployment.gap_quantile",
+        d.gap_quantile.unwrap_or(0.9),
+        0.0,
+        1.0,
+        true,
+    )?;
+    if q >= 1.0 {
+        return Err(v.err(
+            "deployment.gap_quantile",
+            "1 is out of range: allowed (0, 1)",
+        ));
+    }
+    let max_age_s = d
+        .max_age_s
+        .map(|x| v.real("deployment.max_age_s", x, 0.0, 3600.0, false))
+        .transpose()?;
+    let dispatch_text = d.dispatch.as_deref().unwrap_or("poisson-gap");
+    let dispatch = match split_arg(dispatch_text) {
+        ("poisson-gap", None) => DispatchPolicy::PoissonGap { q, max_age_s, rate_hint: None },
+        ("immediate", None) => DispatchPolicy::Immediate,
+        ("fixed-timeout", Some(t)) => DispatchPolicy::FixedTimeout {
+            timeout_s: t
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| v.err("deployment.dispatch", format!("`{t}` is not a timeout in seconds ≥ 0")))?,
+        },
+        ("queue-length", Some(k)) => DispatchPolicy::QueueLength {
+            k: k.parse::<usize>()
+                .ok()
+                .filter(|k| *k >= 1)
+                .ok_or_else(|| v.err("deployment.dispatch", format!("`{k}` is not a queue length ≥ 1")))?,
+            max_age_s,
+        },
+        _ => {
+            return Err(v.err(
+                "deployment.dispatch",
+                format!("unknown dispatch `{dispatch_text}`; allowed: poisson-gap, immediate, fixed-timeout:SECONDS, queue-length:K"),
+            ))
+        }
+    };
+    let router_text = d.router.as_deref().unwrap_or("deficit");
+    let router =
+        match split_arg(router_text) {
+            ("deficit", None) => RouterPolicy::Deficit,
+            ("random", None) => RouterPolicy::Random {
+                seed: crate::rng::subseed(raw.seed, "router"),
+            },
+            ("windowed", Some(w)) => RouterPolicy::Windowed {
+                window: w.parse::<u32>().ok().filter(|w| *w >= 1).ok_or_else(|| {
+                    v.err("deployment.router", format!("`{w}` is not a window ≥ 1"))
+                })?,
+            },
+            _ => {
+                return Err(v.err(
+                    "deployment.router",
+                    format!("unknown router `{router_text}`; allowed: deficit, random, windowed:W"),
+                ))
+            }
+        };
+    let sm_text = d.sm_policy.as_deref().unwrap_or("dynamic");
+    let sm_policy = match split_arg(sm_text) {
+        ("dynamic", None) => SmPolicy::Dynamic,
+        ("none", None) => SmPolicy::None,
+        ("static", Some(f)) => SmPolicy::Static(
+            f.parse::<f64>()
+                .ok()
+                .filter(|f| *f > 0.0 && *f < 1.0)
+                .ok_or_else(|| {
+                    v.err(
+                        "deployment.sm_policy",
+                        format!("`{f}` is not an SM share in (0, 1)"),
+                    )
+                })?,
+        ),
+        _ => {
+            return Err(v.err(
+                "deployment.sm_policy",
+                format!("unknown SM policy `{sm_text}`; allowed: dynamic, none, static:F"),
+            ))
+        }
+    };
+    // optional positive integer knob: `deployment.NAME`, default, upper bound
+    let knob = |name: &str, value: Option<i64>, default: i64, max: i64| {
+        v.int(
+            &format!("deployment.{name}"),
+            value.unwrap_or(default),
+            1,
+            max,
+        )
+    };
+    let knobs_budget = knob(
+        "prefill_token_budget",
+        d.prefill_token_budget,
+        8192,
+        1 << 30,
+    )? as u64;
+    let prefill_max_seqs = knob("prefill_max_seqs", d.prefill_max_seqs, 64, 1 << 20)? as usize;
+    let decode_max_batch = knob("decode_max_batch", d.decode_max_batch, 256, 1 << 20)? as usize;
+    let kv_block_size = knob("kv_block_size", d.kv_block_size, 16, 1 << 16)? as u64;
+    let max_inflight_transfers = knob(
+        "max_inflight_transfers",
+        d.max_inflight_transfers,
+        4,
+        1 << 16,
+    )? as usize;
+    let admission_limit = match d.admission_limit {
+        Some(n) => Some(v.int("deployment.admission_limit", n, 1, 1 << 30)? as usize),
+        None => None,
+    };
+    let mem_util = v.real(
+        "deployment.gpu_memory_utilization",
+        d.gpu_memory_utilization.unwrap_or(0.9),
+        0.0,
+        1.0,
+        true,
+    )?;
+
+    Ok((
+        Deployment {
+            allocation,
+            max_batch,
+            offload,
+            dispatch,
+            router,
+            sm_policy,
+        },
+        ServingKnobs {
+            prefill_token_budget: knobs_budget,
+            prefill_max_seqs,
+            decode_max_batch,
+            max_inflight_transfers,
+            kv_block_size,
+            gpu_memory_utilization: mem_util,
+            admission_limit,
+            local_prefill_tp: None,
+            aggregated_tp: None,
+        },
+    ))
+}
+
+/// The `profile` field: a measured profile next to the scenario (`file`),
+/// which must profile the scenario's model on its GPU and link; `None` for
+/// none or `"roofline"`.
+fn profile_section(
+    raw: &ScenarioFile,
+    v: &V<'_>,
+    file: &str,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+) -> Result<Option<easerve_calib::Profile>, ScenarioError> {
+    let profile = match raw.profile.as_deref() {
+        None | Some("roofline") => None,
+        Some(name) => {
+            let path = Path::new(file)
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join(name);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| v.err("profile", format!("cannot read {}: {e}", path.display())))?;
+            // a custom GPU (cluster.gpu_file) is a known device for its own profiles
+            let p = easerve_calib::Profile::from_toml_str_with_devices(
+                &text,
+                &path.display().to_string(),
+                std::slice::from_ref(&gpu.name),
+                std::slice::from_ref(&gpu.link.name),
+            )
+            .map_err(|e| v.err("profile", e.to_string()))?;
+            let prov = &p.provenance;
+            if prov.model != model.name || prov.device != gpu.name || prov.link != gpu.link.name {
+                return Err(v.err(
+                    "profile",
+                    format!(
+                        "{} profiles {} on {} over {}, but the scenario runs {} on {} over {}",
+                        path.display(),
+                        prov.model,
+                        prov.device,
+                        prov.link,
+                        model.name,
+                        gpu.name,
+                        gpu.link.name
+                    ),
+                ));
+            }
+            Some(p)
+        }
+    };
+
+    Ok(profile)
+}
+
+/// The `[[slo]]` tiers: names and TTFT / TPOT bounds (seconds).
+fn slo_section(raw: &ScenarioFile, v: &V<'_>) -> Result<Vec<SloTier>, ScenarioError> {
+    let mut slo = Vec::new();
+    for (i, t) in raw.slo.iter().enumerate() {
+        let f = format!("slo[{i}]");
+        slo.push(SloTier {
+            name: t.name.clone(),
+            ttft_s: v.real(&format!("{f}.ttft_s"), t.ttft_s, 0.0, 1e9, true)?,
+            tpot_s: v.real(&format!("{f}.tpot_ms"), t.tpot_ms, 0.0, 1e9, true)? / 1e3,
+        });
+    }
+
+    Ok(slo)
 }
 
 /// Upper bound on one sequence's tokens (prompt + multimodal + output) the
