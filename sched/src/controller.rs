@@ -798,14 +798,12 @@ impl Controller {
                 }
                 self.counters.passes += 1;
                 self.counters.passed_requests += ids.len();
-                if let Some(log) = self.log.as_mut() {
-                    log.push(Decision::Dispatch {
-                        at: now,
-                        worker: w,
-                        ids: ids.clone(),
-                        sm_share,
-                    });
-                }
+                self.decide(|| Decision::Dispatch {
+                    at: now,
+                    worker: w,
+                    ids: ids.clone(),
+                    sm_share,
+                });
                 let worker = &mut self.encode[w];
                 worker.pass = ids;
                 worker.busy = true;

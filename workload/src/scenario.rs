@@ -1108,46 +1108,22 @@ fn cluster_section(
     v: &V<'_>,
     dir: &Path,
 ) -> Result<(ModelArch, GpuSpec, u32), ScenarioError> {
-    let model = match (&raw.model.preset, &raw.model.file) {
-        (Some(name), None) => ModelArch::preset(name).ok_or_else(|| {
-            v.err(
-                "model.preset",
-                format!(
-                    "unknown model `{name}`; allowed: {} (or `model.file` for a custom model)",
-                    ModelArch::preset_names().join(", ")
-                ),
-            )
-        })?,
-        (None, Some(f)) => {
-            let m: ModelArch = load_custom(v, "model.file", &dir.join(f))?;
-            check_model(&m)
-                .map_err(|e| v.err("model.file", format!("{}: {e}", dir.join(f).display())))?;
-            m
-        }
-        _ => return Err(v.err("model", "give exactly one of `preset` and `file`")),
-    };
-    let mut gpu = match (&raw.cluster.gpu, &raw.cluster.gpu_file) {
-        (Some(name), None) => GpuSpec::preset(name).ok_or_else(|| {
-            v.err(
-                "cluster.gpu",
-                format!(
-                    "unknown GPU `{name}`; allowed: {} (or `cluster.gpu_file` for a custom GPU)",
-                    GpuSpec::preset_names().join(", ")
-                ),
-            )
-        })?,
-        (None, Some(f)) => {
-            let g: GpuSpec = load_custom(v, "cluster.gpu_file", &dir.join(f))?;
-            check_gpu(&g).map_err(|e| {
-                v.err(
-                    "cluster.gpu_file",
-                    format!("{}: {e}", dir.join(f).display()),
-                )
-            })?;
-            g
-        }
-        _ => return Err(v.err("cluster", "give exactly one of `gpu` and `gpu_file`")),
-    };
+    let model = preset_or_file(
+        v,
+        dir,
+        ("model", "model.preset", "model.file"),
+        (raw.model.preset.as_deref(), raw.model.file.as_deref()),
+        ("model", ModelArch::preset, ModelArch::preset_names()),
+        check_model,
+    )?;
+    let mut gpu = preset_or_file(
+        v,
+        dir,
+        ("cluster", "cluster.gpu", "cluster.gpu_file"),
+        (raw.cluster.gpu.as_deref(), raw.cluster.gpu_file.as_deref()),
+        ("GPU", GpuSpec::preset, GpuSpec::preset_names()),
+        check_gpu,
+    )?;
     if let Some(link) = &raw.cluster.link {
         gpu.link = LinkSpec::preset(link).ok_or_else(|| {
             v.err(
@@ -1671,6 +1647,49 @@ fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shape
 }
 
 /// Read a custom model or GPU definition; errors name the file and the field.
+/// What a preset field names (`"model"`), its lookup, and the allowed names.
+type Presets<'a, T> = (&'a str, fn(&str) -> Option<T>, &'a [&'a str]);
+
+/// A model or GPU given either as a preset name or as a custom TOML file next
+/// to the scenario (in `dir`), exactly one of the two. `fields` names the
+/// section and its preset and file fields; `presets` names what it is, looks
+/// a preset up and lists the allowed names; `check` validates a custom file.
+fn preset_or_file<T: serde::de::DeserializeOwned>(
+    v: &V,
+    dir: &Path,
+    (section, preset_field, file_field): (&str, &str, &str),
+    given: (Option<&str>, Option<&str>),
+    (what, preset, names): Presets<'_, T>,
+    check: fn(&T) -> Result<(), String>,
+) -> Result<T, ScenarioError> {
+    let key = |f: &str| f.rsplit('.').next().unwrap_or(f).to_string();
+    match given {
+        (Some(name), None) => preset(name).ok_or_else(|| {
+            v.err(
+                preset_field,
+                format!(
+                    "unknown {what} `{name}`; allowed: {} (or `{file_field}` for a custom {what})",
+                    names.join(", ")
+                ),
+            )
+        }),
+        (None, Some(f)) => {
+            let path = dir.join(f);
+            let x: T = load_custom(v, file_field, &path)?;
+            check(&x).map_err(|e| v.err(file_field, format!("{}: {e}", path.display())))?;
+            Ok(x)
+        }
+        _ => Err(v.err(
+            section,
+            format!(
+                "give exactly one of `{}` and `{}`",
+                key(preset_field),
+                key(file_field)
+            ),
+        )),
+    }
+}
+
 fn load_custom<T: serde::de::DeserializeOwned>(
     v: &V,
     field: &str,
