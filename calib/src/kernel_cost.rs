@@ -37,7 +37,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use easerve_model::{AttnKind, ItemTokens, ModelArch, Op};
+use easerve_model::{AttnKind, ItemTokens, ModelArch, Op, PrefillShape};
 
 use crate::aic::{look, KernelTables};
 use crate::preprocess::EncodeTerms;
@@ -64,58 +64,61 @@ pub struct Proxy {
     pub why: String,
 }
 
-/// Most memoised decode steps (about 48 bytes each); beyond it steps are priced
+/// Most memoised decode steps (16 bytes each); beyond it steps are priced
 /// afresh.
 const STEP_MEMO_MAX: usize = 1 << 20;
 
-/// Most memoised encode passes and prefill batches (op lists of about 60
-/// words each); beyond it they are priced afresh.
+/// Most memoised encode passes and prefill batches; beyond it they are priced
+/// afresh.
 const OPS_MEMO_MAX: usize = 1 << 18;
 
-/// A memo shared by the threads of a search (a `StageCost` is `Send + Sync`).
-type Memo<K, V> = std::sync::RwLock<std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>>;
+type FxMap<K, V> = std::collections::HashMap<K, V, rustc_hash::FxBuildHasher>;
 
-/// What [`KernelCost::price_all`]'s result depends on: the phase, the SM
-/// share and every op's priced fields (names do not change a price).
-fn ops_key(ops: &[Op], share: f64, phase: Phase) -> Vec<u64> {
-    let mut key = Vec::with_capacity(2 + ops.len() * 8);
-    key.push(phase as u64);
-    key.push(share.to_bits());
-    for op in ops {
-        match *op {
-            Op::Gemm { m, n, k, count, .. } => key.extend([0, m, n, k, u64::from(count)]),
-            Op::Attention {
-                kind,
-                batch,
-                seq,
-                heads,
-                kv_heads,
-                head_dim,
-                count,
-            } => key.extend([
-                1,
-                kind as u64,
-                batch,
-                seq,
-                u64::from(heads),
-                u64::from(kv_heads),
-                u64::from(head_dim),
-                u64::from(count),
-            ]),
-            Op::AllReduce {
-                elements,
-                tp,
-                count,
-            } => key.extend([2, elements, u64::from(tp), u64::from(count)]),
-            Op::Memory {
-                bytes,
-                kernels,
-                count,
-                ..
-            } => key.extend([3, bytes.to_bits(), u64::from(kernels), u64::from(count)]),
-        }
+/// A memo shared by the threads of a search (a `StageCost` is `Send + Sync`).
+type Memo<K, V> = std::sync::RwLock<FxMap<K, V>>;
+
+/// Seconds and whether a lookup left its table.
+type Timed = (f64, bool);
+
+/// `(tp, SM share bits, sequences, RMS length)` of a prefill batch.
+type TailKey = (u32, u64, u64, u64);
+
+/// Dense memo rows: seconds and whether a lookup extrapolated, by a key and
+/// then an index (`NaN` seconds where not priced yet); at most
+/// [`STEP_MEMO_MAX`] entries in all. Decode steps are keyed by `(tp, batch)`
+/// and indexed by the mean context per sequence, so consecutive steps of a
+/// batch read neighbouring entries (the mean context grows by one a step);
+/// prefill batches' layers by `(tp, SM share bits)` and indexed by tokens.
+#[derive(Default)]
+struct Rows {
+    rows: FxMap<(u32, u64), Vec<(f64, bool)>>,
+    entries: usize,
+}
+
+impl Rows {
+    fn get(&self, key: (u32, u64), index: u64) -> Option<(f64, bool)> {
+        let row = self.rows.get(&key)?;
+        let v = *row.get(usize::try_from(index).ok()?)?;
+        (!v.0.is_nan()).then_some(v)
     }
-    key
+
+    fn insert(&mut self, key: (u32, u64), index: u64, v: (f64, bool)) {
+        let Ok(i) = usize::try_from(index) else {
+            return;
+        };
+        let row = self.rows.entry(key).or_default();
+        if i >= row.len() {
+            // rows grow by doubling, within the memo's bound
+            let want = (i + 1).max(row.len() * 2).max(64);
+            let grow = want - row.len();
+            if self.entries + grow > STEP_MEMO_MAX {
+                return;
+            }
+            self.entries += grow;
+            row.resize(want, (f64::NAN, false));
+        }
+        row[i] = v;
+    }
 }
 
 /// Stage costs from measured kernels (see the module doc).
@@ -130,12 +133,19 @@ pub struct KernelCost {
     extrapolated: [AtomicU64; 3],
     /// [`KernelCost::decode_fixed`] by `(tp, batch)`.
     decode_memo: Memo<(u32, u64), (f64, f64, bool)>,
-    /// Priced decode steps (seconds without the per-step term, extrapolated) by
-    /// `(tp, batch, mean context)`; at most [`STEP_MEMO_MAX`] entries.
-    step_memo: Memo<(u32, u64, u64), (f64, bool)>,
-    /// Priced op lists (encode passes, prefill batches): seconds and whether a
-    /// lookup left its table, by [`ops_key`]; at most [`OPS_MEMO_MAX`] entries.
-    ops_memo: Memo<Vec<u64>, (f64, bool)>,
+    /// Priced decode steps by `(tp, batch)`, then mean context.
+    step_memo: std::sync::RwLock<Rows>,
+    /// The layers of prefill batches (all ops before the context attention)
+    /// by `(tp, SM share bits)`, then tokens.
+    prefill_layers: std::sync::RwLock<Rows>,
+    /// The rest of a prefill batch (context attention, LM head, whether either
+    /// extrapolated) by `(tp, SM share bits, sequences, RMS length)`.
+    prefill_tail: Memo<TailKey, (f64, f64, bool)>,
+    /// Priced encode GPU phases (seconds, whether a lookup left its table) by
+    /// SM share (its bits), then by the pass's items.
+    encode_memo: Memo<u64, FxMap<Box<[ItemTokens]>, Timed>>,
+    /// Entries in the encode memo and `prefill_tail`; at most [`OPS_MEMO_MAX`].
+    ops_entries: AtomicU64,
 }
 
 /// Which stage a priced op belongs to (all-reduce backend, counters).
@@ -183,7 +193,10 @@ impl KernelCost {
             extrapolated: Default::default(),
             decode_memo: Default::default(),
             step_memo: Default::default(),
-            ops_memo: Default::default(),
+            encode_memo: Default::default(),
+            prefill_layers: Default::default(),
+            prefill_tail: Default::default(),
+            ops_entries: AtomicU64::new(0),
         };
         c.interference = c.derive_interference();
         c
@@ -308,30 +321,97 @@ impl KernelCost {
         (v * f64::from(count), ext)
     }
 
-    /// Seconds of `ops` at `share`; counts a pass that needed extrapolation.
-    fn price_all(&self, ops: &[Op], share: f64, phase: Phase) -> f64 {
-        // the same sum as pricing op by op, memoised by what it depends on
-        let key = ops_key(ops, share, phase);
-        let hit = self.ops_memo.read().ok().and_then(|m| m.get(&key).copied());
-        let (seconds, extrapolated) = hit.unwrap_or_else(|| {
-            let mut seconds = 0.0;
-            let mut extrapolated = false;
-            for op in ops {
-                let (s, e) = self.price(op, share, phase);
-                seconds += s;
-                extrapolated |= e;
-            }
-            if let Ok(mut m) = self.ops_memo.write() {
-                if m.len() < OPS_MEMO_MAX {
-                    m.insert(key, (seconds, extrapolated));
-                }
-            }
-            (seconds, extrapolated)
-        });
+    /// Seconds of `ops` at `share`, priced op by op, and whether a lookup
+    /// left its table.
+    fn price_all(&self, ops: &[Op], share: f64, phase: Phase) -> (f64, bool) {
+        let mut seconds = 0.0;
+        let mut extrapolated = false;
+        for op in ops {
+            let (s, e) = self.price(op, share, phase);
+            seconds += s;
+            extrapolated |= e;
+        }
+        (seconds, extrapolated)
+    }
+
+    /// Counts a pass, batch or step of `phase` that needed extrapolation.
+    fn count_extrapolated(&self, phase: Phase, extrapolated: bool) {
         if extrapolated {
             self.extrapolated[phase as usize].fetch_add(1, Ordering::Relaxed);
         }
-        seconds
+    }
+
+    /// Whether the encode and prefill memos may take one more entry.
+    fn ops_memo_has_room(&self) -> bool {
+        self.ops_entries.fetch_add(1, Ordering::Relaxed) < OPS_MEMO_MAX as u64
+    }
+
+    /// The GPU phase of an encode pass over `items` at `share`, memoised by
+    /// both (the same sum as [`KernelCost::price_all`] of its ops).
+    fn encode_seconds(&self, items: &[ItemTokens], share: f64) -> (f64, bool) {
+        let bits = share.to_bits();
+        let hit = self
+            .encode_memo
+            .read()
+            .ok()
+            .and_then(|m| m.get(&bits).and_then(|by| by.get(items)).copied());
+        if let Some(v) = hit {
+            return v;
+        }
+        let v = self.price_all(&self.model.encode_ops(items), share, Phase::Encode);
+        if self.ops_memo_has_room() {
+            if let Ok(mut m) = self.encode_memo.write() {
+                m.entry(bits).or_default().insert(items.into(), v);
+            }
+        }
+        v
+    }
+
+    /// A prefill batch of this shape at `share`: the same sum, in the same
+    /// order, as [`KernelCost::price_all`] of its ops, from two memos (the
+    /// layers depend only on the tokens, the rest on the sequences).
+    fn prefill_seconds(&self, shape: PrefillShape, tp: u32, share: f64) -> (f64, bool) {
+        let bits = share.to_bits();
+        let tail_key = (tp, bits, shape.sequences, shape.rms_len);
+        let layers = self
+            .prefill_layers
+            .read()
+            .ok()
+            .and_then(|m| m.get((tp, bits), shape.tokens));
+        let tail = self
+            .prefill_tail
+            .read()
+            .ok()
+            .and_then(|m| m.get(&tail_key).copied());
+        let (layers, (attn, head, tail_ext)) = match (layers, tail) {
+            (Some(l), Some(t)) => (l, t),
+            (l, t) => {
+                // `prefill_shape_ops` lists the layers, then the context
+                // attention, then the LM head
+                let ops = self.model.prefill_shape_ops(shape, tp);
+                let (body, rest) = ops.split_at(ops.len().saturating_sub(2));
+                let l = l.unwrap_or_else(|| {
+                    let v = self.price_all(body, share, Phase::Prefill);
+                    if let Ok(mut m) = self.prefill_layers.write() {
+                        m.insert((tp, bits), shape.tokens, v);
+                    }
+                    v
+                });
+                let t = t.unwrap_or_else(|| {
+                    let (a, ea) = self.price(&rest[0], share, Phase::Prefill);
+                    let (h, eh) = self.price(&rest[1], share, Phase::Prefill);
+                    let v = (a, h, ea || eh);
+                    if self.ops_memo_has_room() {
+                        if let Ok(mut m) = self.prefill_tail.write() {
+                            m.insert(tail_key, v);
+                        }
+                    }
+                    v
+                });
+                (l, t)
+            }
+        };
+        (layers.0 + attn + head, layers.1 || tail_ext)
     }
 
     /// Seconds of the context-independent ops of one decode step at `(batch,
@@ -450,7 +530,8 @@ impl StageCost for KernelCost {
         if items.is_empty() || self.model.encoder.is_none() {
             return EncodeTime::default();
         }
-        let t_gpu = self.price_all(&self.model.encode_ops(items), sm_share, Phase::Encode);
+        let (t_gpu, ext) = self.encode_seconds(items, sm_share);
+        self.count_extrapolated(Phase::Encode, ext);
         EncodeTime {
             t_pass: self.terms.pass_s(items.len()),
             t_pre: self.terms.pre_s(&self.model, items),
@@ -459,11 +540,12 @@ impl StageCost for KernelCost {
     }
 
     fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
-        let ops = self.model.prefill_ops(seq_lens, tp);
-        if ops.is_empty() {
+        let Some(shape) = PrefillShape::of(seq_lens) else {
             return 0.0;
-        }
-        self.price_all(&ops, sm_share, Phase::Prefill) + self.eff.prefill_batch_s
+        };
+        let (seconds, ext) = self.prefill_seconds(shape, tp, sm_share);
+        self.count_extrapolated(Phase::Prefill, ext);
+        seconds + self.eff.prefill_batch_s
     }
 
     fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
@@ -478,26 +560,21 @@ impl StageCost for KernelCost {
         let Op::Attention { seq, .. } = attn else {
             unreachable!("decode_attention is an attention op")
         };
-        let key = (tp, batch, seq);
         let hit = self
             .step_memo
             .read()
             .ok()
-            .and_then(|m| m.get(&key).copied());
+            .and_then(|m| m.get((tp, batch), seq));
         let (t, ext) = hit.unwrap_or_else(|| {
             let fixed = self.decode_fixed(batch, tp);
             let (a, ext) = self.price(&attn, 1.0, Phase::Decode);
             let v = (fixed.0 + a + fixed.1, ext || fixed.2);
             if let Ok(mut m) = self.step_memo.write() {
-                if m.len() < STEP_MEMO_MAX {
-                    m.insert(key, v);
-                }
+                m.insert((tp, batch), seq, v);
             }
             v
         });
-        if ext {
-            self.extrapolated[Phase::Decode as usize].fetch_add(1, Ordering::Relaxed);
-        }
+        self.count_extrapolated(Phase::Decode, ext);
         t + self.eff.decode_step_s
     }
 

@@ -31,12 +31,14 @@ pub mod tokens;
 pub mod work;
 
 pub use arch::{EncoderArch, EncoderKind, LlmArch, ModelArch};
-pub use ops::{AttnKind, Op};
+pub use ops::{AttnKind, Op, PrefillShape};
 pub use tokens::{QWEN_VIDEO_MAX_PIXELS, QWEN_VIDEO_MIN_PIXELS};
 pub use work::Work;
 
 /// Tokens of one multimodal item (one image, one sampled video, one audio clip).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub struct ItemTokens {
     /// Tokens the encoder's transformer processes (incl. CLS etc., all tiles / windows).
     pub encoder_tokens: u64,

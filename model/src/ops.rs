@@ -339,26 +339,29 @@ impl ModelArch {
     /// sequences (at their RMS length), and the LM head over the last token of each.
     /// Empty for an empty batch.
     pub fn prefill_ops(&self, seq_lens: &[u64], tp: u32) -> Vec<Op> {
-        let tokens: u64 = seq_lens.iter().sum();
-        let nseq = seq_lens.iter().filter(|&&l| l > 0).count() as u64;
-        if tokens == 0 {
-            return Vec::new();
+        match PrefillShape::of(seq_lens) {
+            Some(shape) => self.prefill_shape_ops(shape, tp),
+            None => Vec::new(),
         }
-        let sq: f64 = seq_lens.iter().map(|&l| (l as f64).powi(2)).sum();
-        let rms = (sq / nseq as f64).sqrt().round().max(1.0) as u64;
+    }
+
+    /// [`ModelArch::prefill_ops`] of a batch with this shape (everything the
+    /// kernels of a prefill batch depend on): the layers' ops at `m = tokens`,
+    /// then the context attention, then the LM head, in that order.
+    pub fn prefill_shape_ops(&self, shape: PrefillShape, tp: u32) -> Vec<Op> {
         let mut ops = Vec::with_capacity(8);
-        self.llm_layer_ops(tokens, tp, &mut ops);
+        self.llm_layer_ops(shape.tokens, tp, &mut ops);
         let (qh, kvh) = self.heads_per_rank(tp);
         ops.push(Op::Attention {
             kind: AttnKind::Context,
-            batch: nseq,
-            seq: rms,
+            batch: shape.sequences,
+            seq: shape.rms_len,
             heads: qh,
             kv_heads: kvh,
             head_dim: self.llm.head_dim,
             count: self.llm.layers,
         });
-        ops.push(self.lm_head(nseq, tp));
+        ops.push(self.lm_head(shape.sequences, tp));
         ops
     }
 
@@ -401,6 +404,38 @@ impl ModelArch {
             u64::from(self.llm.hidden),
             1,
         )
+    }
+}
+
+/// What a prefill batch's kernels depend on ([`ModelArch::prefill_shape_ops`]):
+/// its tokens, its non-empty sequences and the root mean square of the
+/// sequence lengths (the one context-attention op's length, rounded, ≥ 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PrefillShape {
+    /// Prompt tokens in the batch.
+    pub tokens: u64,
+    /// Sequences with at least one token.
+    pub sequences: u64,
+    /// `round(sqrt(Σ len² / sequences))`, at least 1.
+    pub rms_len: u64,
+}
+
+impl PrefillShape {
+    /// The shape of a batch of sequences of these lengths; `None` when it has
+    /// no tokens.
+    pub fn of(seq_lens: &[u64]) -> Option<PrefillShape> {
+        let tokens: u64 = seq_lens.iter().sum();
+        if tokens == 0 {
+            return None;
+        }
+        let sequences = seq_lens.iter().filter(|&&l| l > 0).count() as u64;
+        let sq: f64 = seq_lens.iter().map(|&l| (l as f64).powi(2)).sum();
+        let rms_len = (sq / sequences as f64).sqrt().round().max(1.0) as u64;
+        Some(PrefillShape {
+            tokens,
+            sequences,
+            rms_len,
+        })
     }
 }
 

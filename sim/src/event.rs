@@ -18,16 +18,36 @@ pub(crate) enum Priority {
     Arrival = 2,
 }
 
+/// An event with its order packed into one integer: the time's bits mapped to
+/// an unsigned integer in `f64::total_cmp`'s order (high 64 bits), then the
+/// priority (2 bits) and the sequence number (62 bits).
 struct Entry<E> {
-    time: f64,
-    priority: Priority,
-    seq: u64,
+    key: u128,
     event: E,
+}
+
+impl<E> Entry<E> {
+    fn key(time: f64, priority: Priority, seq: u64) -> u128 {
+        let bits = time.to_bits();
+        // negative: flip every bit; positive: flip the sign bit
+        let ordered = bits ^ ((((bits as i64) >> 63) as u64) | (1 << 63));
+        (u128::from(ordered) << 64) | (u128::from(priority as u8) << 62) | u128::from(seq)
+    }
+
+    fn time(&self) -> f64 {
+        let ordered = (self.key >> 64) as u64;
+        let bits = if ordered >> 63 == 1 {
+            ordered ^ (1 << 63)
+        } else {
+            !ordered
+        };
+        f64::from_bits(bits)
+    }
 }
 
 impl<E> PartialEq for Entry<E> {
     fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
+        self.key == other.key
     }
 }
 impl<E> Eq for Entry<E> {}
@@ -39,11 +59,7 @@ impl<E> PartialOrd for Entry<E> {
 impl<E> Ord for Entry<E> {
     /// Reversed: `BinaryHeap` is a max-heap and we pop the earliest.
     fn cmp(&self, other: &Self) -> Ordering {
-        other
-            .time
-            .total_cmp(&self.time)
-            .then(other.priority.cmp(&self.priority))
-            .then(other.seq.cmp(&self.seq))
+        other.key.cmp(&self.key)
     }
 }
 
@@ -63,21 +79,20 @@ impl<E> EventQueue<E> {
 
     pub(crate) fn push(&mut self, time: f64, priority: Priority, event: E) {
         self.seq += 1;
+        debug_assert!(self.seq < 1 << 62, "sequence numbers fit in 62 bits");
         self.heap.push(Entry {
-            time,
-            priority,
-            seq: self.seq,
+            key: Entry::<E>::key(time, priority, self.seq),
             event,
         });
     }
 
     /// Time of the earliest event, if any.
     pub(crate) fn peek_time(&self) -> Option<f64> {
-        self.heap.peek().map(|e| e.time)
+        self.heap.peek().map(Entry::time)
     }
 
     pub(crate) fn pop(&mut self) -> Option<(f64, E)> {
-        self.heap.pop().map(|e| (e.time, e.event))
+        self.heap.pop().map(|e| (e.time(), e.event))
     }
 }
 
@@ -95,5 +110,17 @@ mod tests {
         q.push(1.0, Priority::Completion, "done");
         let order: Vec<&str> = std::iter::from_fn(|| q.pop().map(|e| e.1)).collect();
         assert_eq!(order, ["done", "landed", "a1", "a2", "late"]);
+    }
+
+    #[test]
+    fn times_come_back_exactly_in_total_order() {
+        let times = [-1.5, -0.0, 0.0, 1e-300, 0.25, 3.0, 1e300, f64::INFINITY];
+        let mut q = EventQueue::new();
+        for &t in times.iter().rev() {
+            q.push(t, Priority::Completion, ());
+        }
+        let back: Vec<u64> = std::iter::from_fn(|| q.pop().map(|e| e.0.to_bits())).collect();
+        let want: Vec<u64> = times.iter().map(|t| t.to_bits()).collect();
+        assert_eq!(back, want);
     }
 }

@@ -39,12 +39,14 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Statistics of `xs` (all zero when empty).
+    /// Statistics of `xs` (all zero when empty): percentiles interpolate
+    /// linearly between order statistics; the mean sums in ascending order.
     pub fn of(mut xs: Vec<f64>) -> Stats {
         if xs.is_empty() {
             return Stats::default();
         }
-        xs.sort_unstable_by(f64::total_cmp);
+        // a radix sort in `f64::total_cmp`'s order, linear in the samples
+        radsort::sort(&mut xs);
         let pct = |p: f64| {
             let pos = p / 100.0 * (xs.len() - 1) as f64;
             let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
@@ -267,50 +269,6 @@ impl Report {
         encode: EncodeSummary,
         notes: Vec<String>,
     ) -> Report {
-        let done: Vec<&RequestRecord> = records.iter().filter(|r| r.finish.is_some()).collect();
-        let start = records
-            .iter()
-            .map(|r| r.arrival)
-            .fold(f64::INFINITY, f64::min);
-        let end = done
-            .iter()
-            .filter_map(|r| r.finish)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let duration = if done.is_empty() {
-            0.0
-        } else {
-            (end - start).max(1e-12)
-        };
-        let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
-        let ttfts: Vec<f64> = done.iter().filter_map(|r| r.ttft()).collect();
-        let tpots: Vec<f64> = done.iter().filter_map(|r| r.tpot()).collect();
-        let e2es: Vec<f64> = done.iter().filter_map(|r| r.e2e()).collect();
-        let out_tokens: u64 = done.iter().map(|r| r.output_tokens as u64).sum();
-        let in_tokens: u64 = done.iter().map(|r| r.prefill_tokens).sum();
-        let goodput = slo
-            .iter()
-            .map(|t| {
-                let good = done
-                    .iter()
-                    .filter(|r| {
-                        r.ttft().is_some_and(|x| x <= t.ttft_s)
-                            && r.tpot().is_some_and(|x| x <= t.tpot_s)
-                    })
-                    .count();
-                TierResult {
-                    name: t.name.clone(),
-                    ttft_s: t.ttft_s,
-                    tpot_s: t.tpot_s,
-                    good,
-                    goodput: per_s(good as f64),
-                    attainment: if done.is_empty() {
-                        0.0
-                    } else {
-                        good as f64 / done.len() as f64
-                    },
-                }
-            })
-            .collect();
         let span = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
         type Pick = fn(&RequestRecord) -> (Option<f64>, Option<f64>, Option<f64>);
         let picks: [(&str, Pick); 5] = [
@@ -328,6 +286,76 @@ impl Report {
             }),
             ("decode", |r| (r.decode_ready, r.decode_start, r.finish)),
         ];
+        // one pass over the records (they are large; every figure below is
+        // independent of the order its samples are collected in)
+        let mut start = f64::INFINITY;
+        let mut end = f64::NEG_INFINITY;
+        let mut completed = 0usize;
+        let (mut ttfts, mut tpots, mut e2es) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut out_tokens, mut in_tokens) = (0u64, 0u64);
+        let mut good = vec![0usize; slo.len()];
+        let mut waits: [Vec<f64>; 5] = Default::default();
+        let mut serves: [Vec<f64>; 5] = Default::default();
+        let mut failures: Vec<FailureCount> = Vec::new();
+        let mut rejected = 0usize;
+        for r in records {
+            start = start.min(r.arrival);
+            rejected += usize::from(r.rejected);
+            if let Some(reason) = &r.failure {
+                match failures.iter_mut().find(|f| &f.reason == reason) {
+                    Some(f) => f.count += 1,
+                    None => failures.push(FailureCount {
+                        reason: reason.clone(),
+                        count: 1,
+                    }),
+                }
+            }
+            let Some(finish) = r.finish else {
+                continue;
+            };
+            completed += 1;
+            end = end.max(finish);
+            let (ttft, tpot) = (r.ttft(), r.tpot());
+            ttfts.extend(ttft);
+            tpots.extend(tpot);
+            e2es.extend(r.e2e());
+            out_tokens += r.output_tokens as u64;
+            in_tokens += r.prefill_tokens;
+            for (n, t) in good.iter_mut().zip(slo) {
+                *n += usize::from(
+                    ttft.is_some_and(|x| x <= t.ttft_s) && tpot.is_some_and(|x| x <= t.tpot_s),
+                );
+            }
+            for (i, (_, pick)) in picks.iter().enumerate() {
+                let (ready, start, end) = pick(r);
+                if let (Some(wait), Some(serve)) = (span(ready, start), span(start, end)) {
+                    waits[i].push(wait);
+                    serves[i].push(serve);
+                }
+            }
+        }
+        let duration = if completed == 0 {
+            0.0
+        } else {
+            (end - start).max(1e-12)
+        };
+        let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
+        let goodput = slo
+            .iter()
+            .zip(good)
+            .map(|(t, good)| TierResult {
+                name: t.name.clone(),
+                ttft_s: t.ttft_s,
+                tpot_s: t.tpot_s,
+                good,
+                goodput: per_s(good as f64),
+                attainment: if completed == 0 {
+                    0.0
+                } else {
+                    good as f64 / completed as f64
+                },
+            })
+            .collect();
         let stage_busy = |stage: &str| {
             let v: Vec<f64> = gpus
                 .iter()
@@ -338,43 +366,24 @@ impl Report {
         };
         let stages: Vec<StageReport> = picks
             .iter()
-            .map(|(name, pick)| {
-                let (mut q, mut s) = (Vec::new(), Vec::new());
-                for r in &done {
-                    let (ready, start, end) = pick(r);
-                    if let (Some(wait), Some(serve)) = (span(ready, start), span(start, end)) {
-                        q.push(wait);
-                        s.push(serve);
-                    }
-                }
-                StageReport {
-                    stage: name.to_string(),
-                    requests: q.len(),
-                    queue: Stats::of(q),
-                    service: Stats::of(s),
-                    busy_fraction: stage_busy(name),
-                }
+            .zip(waits.into_iter().zip(serves))
+            .map(|((name, _), (q, s))| StageReport {
+                stage: name.to_string(),
+                requests: q.len(),
+                queue: Stats::of(q),
+                service: Stats::of(s),
+                busy_fraction: stage_busy(name),
             })
             .collect();
         let e2e = Stats::of(e2es);
         let (bottleneck, bottleneck_reason) = bottleneck(&stages, e2e.mean);
-        let mut failures: Vec<FailureCount> = Vec::new();
-        for reason in records.iter().filter_map(|r| r.failure.as_ref()) {
-            match failures.iter_mut().find(|f| &f.reason == reason) {
-                Some(f) => f.count += 1,
-                None => failures.push(FailureCount {
-                    reason: reason.clone(),
-                    count: 1,
-                }),
-            }
-        }
         failures.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
         Report {
             schema_version: REPORT_SCHEMA_VERSION,
             meta,
-            completed: done.len(),
+            completed,
             duration_s: duration,
-            request_throughput: per_s(done.len() as f64),
+            request_throughput: per_s(completed as f64),
             output_throughput: per_s(out_tokens as f64),
             total_token_throughput: per_s((out_tokens + in_tokens) as f64),
             ttft: Stats::of(ttfts),
@@ -391,7 +400,7 @@ impl Report {
             explanation: Explanation::default(),
             measured: false,
             failed: failures.iter().map(|f| f.count).sum(),
-            rejected: records.iter().filter(|r| r.rejected).count(),
+            rejected,
             failures,
         }
     }
