@@ -556,10 +556,7 @@ impl StageCost for KernelCost {
         // ops around the attention depend only on (tp, batch) and are memoised
         // the step depends on the context only through the mean context per
         // sequence, so whole steps are memoised by (tp, batch, mean context)
-        let attn = self.model.decode_attention(batch, total_context_tokens, tp);
-        let Op::Attention { seq, .. } = attn else {
-            unreachable!("decode_attention is an attention op")
-        };
+        let seq = easerve_model::ops::decode_mean_context(batch, total_context_tokens);
         let hit = self
             .step_memo
             .read()
@@ -567,6 +564,7 @@ impl StageCost for KernelCost {
             .and_then(|m| m.get((tp, batch), seq));
         let (t, ext) = hit.unwrap_or_else(|| {
             let fixed = self.decode_fixed(batch, tp);
+            let attn = self.model.decode_attention(batch, total_context_tokens, tp);
             let (a, ext) = self.price(&attn, 1.0, Phase::Decode);
             let v = (fixed.0 + a + fixed.1, ext || fixed.2);
             if let Ok(mut m) = self.step_memo.write() {

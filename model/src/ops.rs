@@ -388,7 +388,7 @@ impl ModelArch {
         Op::Attention {
             kind: AttnKind::Generation,
             batch,
-            seq: total_context_tokens.div_ceil(batch.max(1)).max(1),
+            seq: decode_mean_context(batch, total_context_tokens),
             heads: qh,
             kv_heads: kvh,
             head_dim: self.llm.head_dim,
@@ -405,6 +405,12 @@ impl ModelArch {
             1,
         )
     }
+}
+
+/// The mean context per sequence that [`ModelArch::decode_attention`] prices a
+/// decode iteration at: `⌈total_context_tokens / batch⌉`, at least 1.
+pub fn decode_mean_context(batch: u64, total_context_tokens: u64) -> u64 {
+    total_context_tokens.div_ceil(batch.max(1)).max(1)
 }
 
 /// What a prefill batch's kernels depend on ([`ModelArch::prefill_shape_ops`]):

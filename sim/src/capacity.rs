@@ -76,12 +76,14 @@ impl Typical {
 fn typical(reqs: &[Request], tokens: &[Vec<ItemTokens>]) -> Typical {
     let n = reqs.len().max(1) as f64;
     let mut idx: Vec<usize> = (0..reqs.len()).collect();
-    idx.sort_by_key(|&i| (reqs[i].encoder_tokens, i));
+    let mid = idx.len() / 2;
+    // the median by (encoder tokens, index): keys are unique, so selecting it
+    // picks the element a full sort would put there
+    if mid < idx.len() {
+        idx.select_nth_unstable_by_key(mid, |&i| (reqs[i].encoder_tokens, i));
+    }
     Typical {
-        items: idx
-            .get(idx.len() / 2)
-            .map(|&i| tokens[i].clone())
-            .unwrap_or_default(),
+        items: idx.get(mid).map(|&i| tokens[i].clone()).unwrap_or_default(),
         prefill_tokens: reqs.iter().map(|r| r.prefill_tokens() as f64).sum::<f64>() / n,
         output_tokens: reqs.iter().map(|r| r.output_tokens as f64).sum::<f64>() / n,
     }

@@ -93,6 +93,14 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
         ),
         _ => None,
     };
+    // an item's tokens depend only on its bucket: priced once per bucket
+    let bucket_tokens: Vec<ItemTokens> = match &w.shapes {
+        Shapes::Items { buckets, .. } => buckets
+            .iter()
+            .map(|b| item_tokens(&sc.model, &b.0).expect("shapes validated against the model"))
+            .collect(),
+        _ => Vec::new(),
+    };
     let mut out = Vec::with_capacity(w.requests);
     let mut tokens = Vec::with_capacity(w.requests);
     for (i, &arrival) in arrivals.iter().enumerate() {
@@ -103,6 +111,7 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
                 uniform_around(&mut lengths, w.output_len, w.range_ratio, 1),
             ),
         };
+        let mut item_toks: Vec<ItemTokens> = Vec::new();
         let items: Vec<MmItem> = match &w.shapes {
             Shapes::Items {
                 items,
@@ -111,8 +120,13 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
             } => {
                 let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
                 let pick = pick.as_ref().expect("bucket table");
+                item_toks.reserve_exact(n as usize);
                 (0..n)
-                    .map(|_| buckets[pick.sample(&mut shapes)].0)
+                    .map(|_| {
+                        let b = pick.sample(&mut shapes);
+                        item_toks.push(bucket_tokens[b]);
+                        buckets[b].0
+                    })
                     .collect()
             }
             Shapes::Audio {
@@ -129,10 +143,14 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
             }
             Shapes::Text => Vec::new(),
         };
-        let item_toks: Vec<ItemTokens> = items
-            .iter()
-            .map(|item| item_tokens(&sc.model, item).expect("shapes validated against the model"))
-            .collect();
+        if item_toks.len() != items.len() {
+            item_toks = items
+                .iter()
+                .map(|item| {
+                    item_tokens(&sc.model, item).expect("shapes validated against the model")
+                })
+                .collect();
+        }
         let encoder_tokens = item_toks.iter().map(|t| t.encoder_tokens).sum();
         let mm_tokens = item_toks.iter().map(|t| t.llm_tokens).sum();
         tokens.push(item_toks);
@@ -157,10 +175,12 @@ pub fn typical_items(requests: &[Request], tokens: &[Vec<ItemTokens>]) -> Vec<It
     let mut idx: Vec<usize> = (0..requests.len())
         .filter(|&i| !tokens[i].is_empty())
         .collect();
-    idx.sort_by_key(|&i| (requests[i].encoder_tokens, i));
-    idx.get(idx.len() / 2)
-        .map(|&i| tokens[i].clone())
-        .unwrap_or_default()
+    let mid = idx.len() / 2;
+    // keys are unique: the selected element is the one a full sort puts there
+    if mid < idx.len() {
+        idx.select_nth_unstable_by_key(mid, |&i| (requests[i].encoder_tokens, i));
+    }
+    idx.get(mid).map(|&i| tokens[i].clone()).unwrap_or_default()
 }
 
 /// The items of `k` typical requests (see [`typical_items`]).
