@@ -279,6 +279,9 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             }
             let s = load_report(&sim).map_err(|e| BadInput(e.to_string()))?;
             let m = load_report(&measured).map_err(|e| BadInput(e.to_string()))?;
+            easerve_workload::validate::comparable(&s, &m).map_err(|e| {
+                BadInput(format!("{} vs {}: {e}", sim.display(), measured.display()))
+            })?;
             let v = Validation::compare(&s, &m);
             if json {
                 println!("{}", serde_json::to_string_pretty(&v)?);

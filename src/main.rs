@@ -145,7 +145,9 @@ impl RunArgs {
                 .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
             overrides = c.overrides(&overrides);
         }
-        Ok(Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?)
+        let sc = Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
+        warn_size(&sc);
+        Ok(sc)
     }
 
     /// The worker `--kill-worker` names in `sc`'s deployment, and when.
@@ -178,28 +180,23 @@ impl RunArgs {
         decisions: &[easerve_sched::Decision],
     ) -> anyhow::Result<()> {
         if let Some(path) = &self.decisions {
-            let cannot = |e: &dyn std::fmt::Display| {
-                BadInput(format!("--decisions {}: cannot write: {e}", path.display()))
-            };
-            let file = std::fs::File::create(path).map_err(|e| cannot(&e))?;
-            let mut w = std::io::BufWriter::new(file);
-            for d in decisions {
-                serde_json::to_writer(&mut w, d).map_err(|e| cannot(&e))?;
-                std::io::Write::write_all(&mut w, b"\n").map_err(|e| cannot(&e))?;
-            }
-            std::io::Write::flush(&mut w).map_err(|e| cannot(&e))?;
+            write_output("--decisions", path, |w| {
+                for d in decisions {
+                    serde_json::to_writer(&mut *w, d)?;
+                    w.write_all(b"\n")?;
+                }
+                Ok(())
+            })?;
         }
         if let Some(path) = &self.requests_csv {
-            let mut w = csv::Writer::from_path(path).map_err(|e| {
-                BadInput(format!(
-                    "--requests-csv {}: cannot write: {e}",
-                    path.display()
-                ))
+            write_output("--requests-csv", path, |w| {
+                let mut csv = csv::Writer::from_writer(w);
+                for r in records {
+                    csv.serialize(r)?;
+                }
+                csv.flush()?;
+                Ok(())
             })?;
-            for r in records {
-                w.serialize(r)?;
-            }
-            w.flush()?;
         }
         if self.json {
             println!("{}", serde_json::to_string_pretty(report)?);
@@ -208,6 +205,30 @@ impl RunArgs {
         }
         Ok(())
     }
+}
+
+/// Print the scenario's [`Scenario::size_warnings`] on stderr.
+pub(crate) fn warn_size(sc: &Scenario) {
+    for w in sc.size_warnings() {
+        eprintln!("warning: {}: {w}", sc.name);
+    }
+}
+
+/// Write an output file named by `flag`: every failure (creating, writing,
+/// flushing) is bad input (exit 2) that names the flag and the path.
+pub(crate) fn write_output(
+    flag: &str,
+    path: &std::path::Path,
+    write: impl FnOnce(&mut dyn std::io::Write) -> anyhow::Result<()>,
+) -> Result<(), BadInput> {
+    use std::io::Write as _;
+    let cannot = |e: &dyn std::fmt::Display| {
+        BadInput(format!("{flag} {}: cannot write: {e}", path.display()))
+    };
+    let file = std::fs::File::create(path).map_err(|e| cannot(&e))?;
+    let mut w = std::io::BufWriter::new(file);
+    write(&mut w).map_err(|e| cannot(&e))?;
+    w.flush().map_err(|e| cannot(&e))
 }
 
 /// `LABEL@SECONDS` of a worker that exists in the deployment: `counts` are
@@ -289,10 +310,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let out = easerve_sim::simulate_with(&sc, easerve_sim::scenario_cost(&sc), &opts);
             if let (Some(path), Some(timeline)) = (&a.trace, &out.timeline) {
-                let file = std::fs::File::create(path).map_err(|e| {
-                    BadInput(format!("--trace {}: cannot write: {e}", path.display()))
-                })?;
-                serde_json::to_writer(std::io::BufWriter::new(file), timeline)?;
+                write_output("--trace", path, |w| Ok(serde_json::to_writer(w, timeline)?))?;
             }
             a.run.output(&out.report, &out.records, &out.decisions)?;
             Ok(ExitCode::SUCCESS)

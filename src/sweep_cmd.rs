@@ -229,6 +229,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .map_err(|e| bad(e.to_string()))?;
+    crate::warn_size(&base);
     let rates = match &a.rates {
         Some(r) => parse_rates(r).map_err(|e| {
             bad(format!(
@@ -391,10 +392,11 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         rows,
     };
     if a.shard.is_some() {
+        let cannot = |e: std::io::Error| bad(format!("--out {}: cannot write: {e}", out.display()));
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
+            std::fs::create_dir_all(dir).map_err(cannot)?;
         }
-        std::fs::write(&out, serde_json::to_string_pretty(&part)?)?;
+        std::fs::write(&out, serde_json::to_string_pretty(&part)?).map_err(cannot)?;
         println!(
             "part {shard_i}/{shard_n}: {} of {total} points → {}",
             part.rows.len(),
@@ -516,9 +518,15 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
             dir.display()
         ))
     })?;
-    std::fs::write(dir.join("sweep.json"), serde_json::to_string_pretty(whole)?)?;
+    let cannot = |name: &str, e: &dyn std::fmt::Display| {
+        bad(format!("--out {}: cannot write {name}: {e}", dir.display()))
+    };
+    let put = |name: &str, text: String| {
+        std::fs::write(dir.join(name), text).map_err(|e| cannot(name, &e))
+    };
+    put("sweep.json", serde_json::to_string_pretty(whole)?)?;
     let points = aggregate(&whole.rows);
-    std::fs::write(dir.join("sweep.csv"), to_csv(&points, &whole.tiers)?)?;
+    put("sweep.csv", to_csv(&points, &whole.tiers)?)?;
     for (t, tier) in whole.tiers.iter().enumerate() {
         chart(
             &format!("Goodput at the {tier} SLO tier"),
@@ -532,7 +540,8 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
             ),
             false,
         )
-        .write(&dir.join(format!("goodput-{tier}.svg")))?;
+        .write(&dir.join(format!("goodput-{tier}.svg")))
+        .map_err(|e| cannot(&format!("goodput-{tier}.svg"), &e))?;
     }
     chart(
         "Throughput",
@@ -542,7 +551,8 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         series_of(&points, |p| p.rate, |p| p.median.throughput),
         false,
     )
-    .write(&dir.join("throughput.svg"))?;
+    .write(&dir.join("throughput.svg"))
+    .map_err(|e| cannot("throughput.svg", &e))?;
     chart(
         "P99 time to first token",
         "offered rate (req/s)",
@@ -551,7 +561,8 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         series_of(&points, |p| p.rate, |p| p.median.ttft_p99),
         false,
     )
-    .write(&dir.join("p99-ttft.svg"))?;
+    .write(&dir.join("p99-ttft.svg"))
+    .map_err(|e| cannot("p99-ttft.svg", &e))?;
     chart(
         "P99 time per output token",
         "offered rate (req/s)",
@@ -560,7 +571,8 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         series_of(&points, |p| p.rate, |p| p.median.tpot_p99 * 1e3),
         false,
     )
-    .write(&dir.join("p99-tpot.svg"))?;
+    .write(&dir.join("p99-tpot.svg"))
+    .map_err(|e| cannot("p99-tpot.svg", &e))?;
     // TTFT CDF at the highest rate
     let top = points
         .iter()
@@ -588,7 +600,8 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         cdf,
         true,
     )
-    .write(&dir.join("ttft-cdf.svg"))?;
+    .write(&dir.join("ttft-cdf.svg"))
+    .map_err(|e| cannot("ttft-cdf.svg", &e))?;
     // one run's per-worker busy timeline and the HAS progress, on the base scenario at the top rate
     let path = Path::new(&whole.scenario);
     let o = Overrides {
@@ -618,7 +631,8 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
             busy_series(tl, run.report.duration_s, 40),
             true,
         )
-        .write(&dir.join("busy-timeline.svg"))?;
+        .write(&dir.join("busy-timeline.svg"))
+        .map_err(|e| cannot("busy-timeline.svg", &e))?;
     }
     let cost = easerve_sim::scenario_cost(&sc);
     let trial = SimTrial::new(sc.raw.clone(), &sc.file, o.clone());
@@ -655,7 +669,8 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         progress,
         true,
     )
-    .write(&dir.join("has-progress.svg"))?;
+    .write(&dir.join("has-progress.svg"))
+    .map_err(|e| cannot("has-progress.svg", &e))?;
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 mod bad_input;
 mod drivers_agree;
 mod exec_cli;
+mod hardening;
 mod profile_cli;
 mod reproduce_cli;
 mod search_cli;

@@ -200,7 +200,10 @@ pub fn alpha(
         return 0.0;
     }
     let n_e = n_e.max(1);
-    let b = (rate / f64::from(n_e)).ceil().max(1.0) as u32;
+    // the requests one worker sees in a second, but never more than a pass
+    // can batch: the split and the pass below are priced at this size
+    let b_max = sc.deployment.max_batch.max(1) as f64;
+    let b = (rate / f64::from(n_e)).ceil().clamp(1.0, b_max) as u32;
     let items = batch_of(&t.items, b);
     let split = SmSplit::new(&sc.deployment.sm_policy, b as usize, |k, f| {
         cost.encode(&batch_of(&t.items, k as u32), f).total()

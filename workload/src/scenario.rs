@@ -17,6 +17,21 @@ use easerve_sched::{
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+/// Longest SLO tier name, characters.
+pub const MAX_TIER_NAME: usize = 64;
+
+/// Largest encode micro-batch `B` (`deployment.batch`).
+pub const MAX_BATCH: i64 = 4096;
+
+/// Longest an encode batcher may hold a request, seconds
+/// (`deployment.max_age_s`, the `fixed-timeout:SECONDS` dispatch).
+pub const MAX_WAIT_S: f64 = 3600.0;
+
+/// Longest simulated span the arrivals may cover, seconds (about 31.7 years):
+/// times are f64 seconds, whose resolution there is still 0.12 µs; much
+/// further out, service times of microseconds vanish in rounding.
+pub const MAX_HORIZON_S: f64 = 1e9;
+
 /// A scenario that cannot be used: which file, which field, what is allowed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{file}: `{field}`: {message}")]
@@ -558,9 +573,25 @@ impl V<'_> {
             let l = if open_lo { "(" } else { "[" };
             Err(self.err(
                 field,
-                format!("{v} is out of range: allowed {l}{lo}, {hi}]"),
+                format!(
+                    "{} is out of range: allowed {l}{}, {}]",
+                    num(v),
+                    num(lo),
+                    num(hi)
+                ),
             ))
         }
+    }
+}
+
+/// A number as an error message shows it: plain when it is of everyday size,
+/// in scientific notation when it is tiny or huge (never 309 digits).
+pub fn num(x: f64) -> String {
+    let a = x.abs();
+    if x == 0.0 || !x.is_finite() || (1e-4..1e15).contains(&a) {
+        format!("{x}")
+    } else {
+        format!("{x:e}")
     }
 }
 
@@ -572,7 +603,45 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// Peak memory of a simulated run per request, bytes: 471 MB at 1,000,000
+/// requests of the image scenario (README "Speed", `/usr/bin/time -f %M`).
+pub const SIM_BYTES_PER_REQUEST: f64 = 471.0;
+
+/// Decode iterations a simulated run gets through per second, at least: 4.7 M
+/// queue events and inline iterations per second (README "Speed").
+pub const SIM_STEPS_PER_SECOND: f64 = 4.7e6;
+
 impl Scenario {
+    /// Warnings for a run that is valid but large: its memory estimate
+    /// ([`SIM_BYTES_PER_REQUEST`]) over 2 GB, or an upper bound on its decode
+    /// iterations (every output token an iteration of its own) that would take
+    /// over a minute at [`SIM_STEPS_PER_SECOND`]. Nothing is capped.
+    pub fn size_warnings(&self) -> Vec<String> {
+        let w = &self.workload;
+        let mut out = Vec::new();
+        let bytes = w.requests as f64 * SIM_BYTES_PER_REQUEST;
+        if bytes > 2e9 {
+            out.push(format!(
+                "{} requests need about {:.1} GB of memory in the simulator ({} bytes each, measured); lower workload.requests for a smaller run",
+                w.requests,
+                bytes / 1e9,
+                SIM_BYTES_PER_REQUEST
+            ));
+        }
+        let steps = w.requests as f64 * f64::from(w.output_len) * (1.0 + w.range_ratio);
+        let secs = steps / SIM_STEPS_PER_SECOND;
+        if secs > 60.0 {
+            out.push(format!(
+                "{} requests of up to {} output tokens may take up to {} decode iterations, about {} s to simulate (the exec driver is slower still); lower workload.output_len or workload.requests for a quicker run",
+                w.requests,
+                (f64::from(w.output_len) * (1.0 + w.range_ratio)).ceil(),
+                num(steps),
+                num(secs.round())
+            ));
+        }
+        out
+    }
+
     /// The stage costs the scenario names: its `profile`; else measured kernels
     /// when its GPU is a preset with aiconfigurator tables, or the RTX 6000 Ada
     /// (priced from the L40S's tables, same AD102 die), and the data is found
@@ -854,7 +923,16 @@ impl Scenario {
             }
         }
         if system == System::Passthrough {
-            // the same allocation, run as a pass-through EPD framework runs it
+            // the same allocation, run as a pass-through EPD framework runs it;
+            // what the user gave is still checked before it is replaced
+            v.int("deployment.batch", raw.deployment.batch, 1, MAX_BATCH)?;
+            v.real(
+                "deployment.offload",
+                raw.deployment.offload,
+                0.0,
+                1.0,
+                false,
+            )?;
             raw.deployment.batch = 1;
             raw.deployment.dispatch = Some("immediate".into());
             raw.deployment.offload = 1.0;
@@ -1193,12 +1271,26 @@ fn workload_section(
     };
     let (arrival, rate) = match arrival_kind {
         "poisson" => (Arrival::Poisson, need_rate()?),
-        "gamma" => (
-            Arrival::Gamma {
-                cv: v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?,
-            },
-            need_rate()?,
-        ),
+        "gamma" => {
+            let cv = v.real("workload.cv", w.cv.unwrap_or(1.0), 0.0, 100.0, true)?;
+            let rate = need_rate()?;
+            // the generator draws gaps from Gamma(k = 1/cv², θ = 1/(rate·k))
+            let k = 1.0 / (cv * cv);
+            let theta = 1.0 / (rate * k);
+            if !(k.is_finite() && theta.is_normal()) {
+                return Err(v.err(
+                    "workload.cv",
+                    format!(
+                        "{} is too small at rate {}: the gamma gaps' shape 1/cv² = {} and scale {} are not representable; use a larger cv",
+                        num(cv),
+                        num(rate),
+                        num(k),
+                        num(theta)
+                    ),
+                ));
+            }
+            (Arrival::Gamma { cv }, rate)
+        }
         "trace" => {
             let name = w
                 .trace
@@ -1235,10 +1327,31 @@ fn workload_section(
             ))
         }
     };
-    let requests = match &arrival {
-        Arrival::Trace { rows, .. } => rows.len(),
-        _ => requests,
-    };
+    if let Arrival::Trace { rows, path } = &arrival {
+        if rows.len() < requests {
+            return Err(v.err(
+                "workload.requests",
+                format!(
+                    "{requests} requests asked for, but the trace {path} has {} rows; a trace is replayed once, so ask for at most that many",
+                    rows.len()
+                ),
+            ));
+        }
+    }
+    // the arrivals must span a time the simulator can resolve
+    let horizon = requests as f64 / rate;
+    if horizon.is_nan() || horizon > MAX_HORIZON_S {
+        return Err(v.err(
+            "workload.rate",
+            format!(
+                "{} requests/s spreads {requests} requests over {} s; the simulator's clock resolves service times only within {} s, so give a rate of at least {}",
+                num(rate),
+                num(horizon),
+                num(MAX_HORIZON_S),
+                num(requests as f64 / MAX_HORIZON_S)
+            ),
+        ));
+    }
     let replay = matches!(arrival, Arrival::Trace { .. });
     let len = |field: &str, x: Option<i64>, min: i64| -> Result<i64, ScenarioError> {
         match x {
@@ -1368,10 +1481,13 @@ fn workload_section(
         Shapes::Items { buckets, .. } => buckets.iter().map(|b| b.1).sum(),
         _ => 1.0,
     };
-    if bucket_total <= 0.0 {
+    if !(bucket_total > 0.0 && bucket_total.is_finite()) {
         return Err(v.err(
             &format!("workload.{}.buckets", w.modality),
-            "probabilities sum to 0; at least one must be positive",
+            format!(
+                "probabilities sum to {}; they are relative weights whose sum must be positive and finite",
+                num(bucket_total)
+            ),
         ));
     }
     // check the model accepts the modality and every bucket shape
@@ -1409,24 +1525,18 @@ fn deployment_section(
             .map_err(|e: easerve_sched::AllocationError| {
                 v.err("deployment.allocation", e.to_string())
             })?;
-    let max_batch = v.int("deployment.batch", d.batch, 1, 4096)? as usize;
+    let max_batch = v.int("deployment.batch", d.batch, 1, MAX_BATCH)? as usize;
     let offload = v.real("deployment.offload", d.offload, 0.0, 1.0, false)?;
-    let q = v.real(
-        "deployment.gap_quantile",
-        d.gap_quantile.unwrap_or(0.9),
-        0.0,
-        1.0,
-        true,
-    )?;
-    if q >= 1.0 {
+    let q = d.gap_quantile.unwrap_or(0.9);
+    if !(q > 0.0 && q < 1.0) {
         return Err(v.err(
             "deployment.gap_quantile",
-            "1 is out of range: allowed (0, 1)",
+            format!("{} is out of range: allowed (0, 1)", num(q)),
         ));
     }
     let max_age_s = d
         .max_age_s
-        .map(|x| v.real("deployment.max_age_s", x, 0.0, 3600.0, false))
+        .map(|x| v.real("deployment.max_age_s", x, 0.0, MAX_WAIT_S, false))
         .transpose()?;
     let dispatch_text = d.dispatch.as_deref().unwrap_or("poisson-gap");
     let dispatch = match split_arg(dispatch_text) {
@@ -1436,8 +1546,8 @@ fn deployment_section(
             timeout_s: t
                 .parse::<f64>()
                 .ok()
-                .filter(|x| x.is_finite() && *x >= 0.0)
-                .ok_or_else(|| v.err("deployment.dispatch", format!("`{t}` is not a timeout in seconds ≥ 0")))?,
+                .filter(|x| (0.0..=MAX_WAIT_S).contains(x))
+                .ok_or_else(|| v.err("deployment.dispatch", format!("`{t}` is not a timeout in seconds in [0, {MAX_WAIT_S}] (the bound of deployment.max_age_s)")))?,
         },
         ("queue-length", Some(k)) => DispatchPolicy::QueueLength {
             k: k.parse::<usize>()
@@ -1608,8 +1718,28 @@ fn slo_section(raw: &ScenarioFile, v: &V<'_>) -> Result<Vec<SloTier>, ScenarioEr
     let mut slo = Vec::new();
     for (i, t) in raw.slo.iter().enumerate() {
         let f = format!("slo[{i}]");
+        let name = &t.name;
+        // tier names also name files (`goodput-NAME.svg`) and metric labels
+        let plain = name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if name.is_empty() || name.len() > MAX_TIER_NAME || !plain || name.starts_with('.') {
+            return Err(v.err(
+                &format!("{f}.name"),
+                format!(
+                    "`{}` is not a tier name: use 1 to {MAX_TIER_NAME} ASCII letters, digits, `_`, `-` or `.`, not starting with `.`",
+                    name.chars().take(80).collect::<String>()
+                ),
+            ));
+        }
+        if raw.slo[..i].iter().any(|o| &o.name == name) {
+            return Err(v.err(
+                &format!("{f}.name"),
+                format!("tier `{name}` is named twice"),
+            ));
+        }
         slo.push(SloTier {
-            name: t.name.clone(),
+            name: name.clone(),
             ttft_s: v.real(&format!("{f}.ttft_s"), t.ttft_s, 0.0, 1e9, true)?,
             tpot_s: v.real(&format!("{f}.tpot_ms"), t.tpot_ms, 0.0, 1e9, true)? / 1e3,
         });

@@ -21,12 +21,21 @@ pub struct TraceRow {
 
 /// Why a trace could not be read: the row (1-based, header = row 1) and what is wrong.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("row {row}: {message}")]
 pub struct TraceError {
     /// 1-based line number in the CSV (0 = the file as a whole).
     pub row: usize,
     /// What is wrong.
     pub message: String,
+}
+
+impl std::fmt::Display for TraceError {
+    /// `row N: message`, or the message alone for the file as a whole.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.row {
+            0 => f.write_str(&self.message),
+            row => write!(f, "row {row}: {}", self.message),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -47,6 +56,11 @@ struct RawRow {
 /// negative token counts, or timestamps that go back.
 pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError> {
     let whole = |message: String| TraceError { row: 0, message };
+    if path.is_dir() {
+        return Err(whole(
+            "is a folder; give the trace's CSV file (Azure LLM inference trace format)".into(),
+        ));
+    }
     let mut reader =
         csv::Reader::from_path(path).map_err(|e| whole(format!("cannot read: {e}")))?;
     let mut rows = Vec::new();

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::report::{Report, StageReport};
+use crate::report::{Report, StageReport, REPORT_SCHEMA_VERSION};
 
 /// One compared figure.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -63,6 +63,17 @@ pub enum ReportLoadError {
         /// What serde said.
         message: String,
     },
+    /// The JSON is a report, but not one that can be compared: another schema
+    /// version, or a negative or non-finite latency or throughput.
+    #[error("report {file}: field `{field}`: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// The offending field.
+        field: String,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
 }
 
 /// Read a report JSON (`easerve sim --json`, or a measured run in that format).
@@ -74,11 +85,88 @@ pub fn load_report(path: impl AsRef<Path>) -> Result<Report, ReportLoadError> {
         source,
     })?;
     let mut de = serde_json::Deserializer::from_str(&text);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| ReportLoadError::Json {
+    let report: Report = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        ReportLoadError::Json {
+            file: file.clone(),
+            // serde names no field when the text is not JSON at all
+            path: if path == "?" || path == "." {
+                "<document>".into()
+            } else {
+                path
+            },
+            message: e.inner().to_string(),
+        }
+    })?;
+    check_report(&report).map_err(|(field, message)| ReportLoadError::Invalid {
         file,
-        path: e.path().to_string(),
-        message: e.inner().to_string(),
-    })
+        field,
+        message,
+    })?;
+    Ok(report)
+}
+
+/// A report's schema version is this build's and every latency and
+/// throughput in it is finite and ≥ 0; else the field and what is wrong.
+fn check_report(r: &Report) -> Result<(), (String, String)> {
+    if r.schema_version != REPORT_SCHEMA_VERSION {
+        return Err((
+            "schema_version".into(),
+            format!(
+                "{} is not this build's report schema ({REPORT_SCHEMA_VERSION}); re-run the command that wrote it",
+                r.schema_version
+            ),
+        ));
+    }
+    let mut figures: Vec<(String, f64)> = vec![
+        ("duration_s".into(), r.duration_s),
+        ("request_throughput".into(), r.request_throughput),
+        ("output_throughput".into(), r.output_throughput),
+    ];
+    let mut stats = |name: &str, s: &crate::report::Stats| {
+        for (q, x) in [
+            ("mean", s.mean),
+            ("p50", s.p50),
+            ("p90", s.p90),
+            ("p99", s.p99),
+            ("max", s.max),
+        ] {
+            figures.push((format!("{name}.{q}"), x));
+        }
+    };
+    stats("ttft", &r.ttft);
+    stats("tpot", &r.tpot);
+    stats("e2e", &r.e2e);
+    for (i, st) in r.stages.iter().enumerate() {
+        stats(&format!("stages[{i}].queue"), &st.queue);
+        stats(&format!("stages[{i}].service"), &st.service);
+    }
+    match figures.iter().find(|(_, x)| !(x.is_finite() && *x >= 0.0)) {
+        Some((field, x)) => Err((
+            field.clone(),
+            format!("{x} is not a latency or rate: allowed finite values ≥ 0"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Whether two reports describe runs that can be compared: the same model
+/// on the same cluster (GPU type, count and link). The error names both.
+pub fn comparable(simulated: &Report, measured: &Report) -> Result<(), String> {
+    let (s, m) = (&simulated.meta, &measured.meta);
+    if s.model != m.model {
+        return Err(format!(
+            "the runs are of different models: simulated `{}`, measured `{}`",
+            s.model, m.model
+        ));
+    }
+    if s.cluster != m.cluster {
+        return Err(format!(
+            "the runs are on different clusters: simulated `{}`, measured `{}`",
+            s.cluster, m.cluster
+        ));
+    }
+    Ok(())
 }
 
 /// `(simulated − measured) / measured` with the conventions of [`Row::rel_error`].

@@ -1,0 +1,326 @@
+//! Regressions from fuzzing the command line and the scenario files: each
+//! case once panicked, hung, exited 1 or printed meaningless numbers, and now
+//! exits 2 with a message naming the file (or flag) and the field, or runs.
+
+use crate::{easerve, root};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn scenario_with(base: &str, edit: impl Fn(String) -> String) -> tempfile::NamedTempFile {
+    let text = std::fs::read_to_string(root().join("scenarios").join(base)).unwrap();
+    let edited = edit(text.clone());
+    assert_ne!(edited, text, "the edit changed nothing");
+    // next to the shipped scenarios, so relative paths (profiles, traces) resolve
+    let mut f = tempfile::Builder::new()
+        .suffix(".toml")
+        .tempfile_in(root().join("scenarios"))
+        .unwrap();
+    f.write_all(edited.as_bytes()).unwrap();
+    f
+}
+
+/// `easerve ARGS` exits 2, prints no report, does not panic, and stderr holds
+/// every needle.
+fn exits_2(args: &[&str], needles: &[&str]) {
+    let out = easerve(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: stderr: {err}");
+    assert!(out.stdout.is_empty(), "{args:?} printed a report");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    for n in needles {
+        assert!(err.contains(n), "message lacks {n:?}: {err}");
+    }
+}
+
+#[test]
+fn bucket_probabilities_whose_sum_overflows() {
+    let f = scenario_with("image.toml", |s| {
+        s.replace("probability = 0.3 }", "probability = 1e308 }")
+            .replace("probability = 0.5 }", "probability = 1e308 }")
+    });
+    let path = f.path().to_str().unwrap();
+    let needles = [path, "workload.image.buckets", "sum to inf", "finite"];
+    exits_2(&["sim", path, "--requests", "5"], &needles);
+    exits_2(&["search", path, "--requests", "5"], &needles);
+}
+
+#[test]
+fn gamma_cv_too_small_to_represent() {
+    let f = scenario_with("image.toml", |s| {
+        s.replace("rate = 2.0", "rate = 2.0\narrival = \"gamma\"\ncv = 1e-160")
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(
+        &["sim", path, "--requests", "5"],
+        &[path, "workload.cv", "too small", "1e-160"],
+    );
+}
+
+#[test]
+fn rate_so_low_that_the_clock_cannot_resolve_service_times() {
+    for rate in ["5e-324", "1e-300"] {
+        let f = scenario_with("image.toml", |s| {
+            s.replace("rate = 2.0", &format!("rate = {rate}"))
+        });
+        let path = f.path().to_str().unwrap();
+        exits_2(
+            &["sim", path, "--requests", "5"],
+            &[path, "workload.rate", "at least 5e-9"],
+        );
+    }
+}
+
+#[test]
+fn huge_numbers_in_messages_are_short() {
+    let f = scenario_with("image.toml", |s| s.replace("rate = 2.0", "rate = 1e308"));
+    let path = f.path().to_str().unwrap();
+    let out = easerve(&["sim", path]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("1e308"), "{err}");
+    assert!(err.len() < 300, "a long message: {err}");
+}
+
+#[test]
+fn fixed_timeout_beyond_the_batchers_bound() {
+    let f = scenario_with("image.toml", |s| {
+        s.replace(
+            "dispatch = \"poisson-gap\"",
+            "dispatch = \"fixed-timeout:1e308\"",
+        )
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(
+        &["sim", path, "--requests", "5"],
+        &[path, "deployment.dispatch", "[0, 3600]"],
+    );
+}
+
+#[test]
+fn zero_batch_with_passthrough_is_rejected_too() {
+    exits_2(
+        &[
+            "sim",
+            "scenarios/image.toml",
+            "-B",
+            "0",
+            "--system",
+            "passthrough",
+        ],
+        &["--batch", "deployment.batch", "allowed 1"],
+    );
+}
+
+#[test]
+fn gap_quantile_bounds_are_stated_once() {
+    for q in ["0", "1", "nan"] {
+        let f = scenario_with("image.toml", |s| {
+            s.replace(
+                "dispatch = \"poisson-gap\"",
+                &format!("dispatch = \"poisson-gap\"\ngap_quantile = {q}"),
+            )
+        });
+        let path = f.path().to_str().unwrap();
+        exits_2(
+            &["sim", path, "--requests", "5"],
+            &[path, "deployment.gap_quantile", "allowed (0, 1)"],
+        );
+    }
+}
+
+#[test]
+fn slo_tier_names_that_cannot_name_a_file() {
+    let long = "x".repeat(300);
+    for name in ["a/b", long.as_str(), "", ".hidden"] {
+        let f = scenario_with("image.toml", |s| {
+            s.replace("name = \"strict\"", &format!("name = \"{name}\""))
+        });
+        let path = f.path().to_str().unwrap();
+        exits_2(
+            &["sim", path, "--requests", "5"],
+            &[path, "slo[0].name", "not a tier name"],
+        );
+        let out = tempfile::tempdir().unwrap();
+        let out = out.path().join("sweep");
+        exits_2(
+            &[
+                "sweep",
+                path,
+                "--rates",
+                "1",
+                "--requests",
+                "5",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+            &["slo[0].name"],
+        );
+        assert!(!out.exists(), "the sweep ran before rejecting the tier");
+    }
+    let f = scenario_with("image.toml", |s| {
+        s.replace("name = \"tight\"", "name = \"strict\"")
+    });
+    exits_2(
+        &["sim", f.path().to_str().unwrap()],
+        &["slo[1].name", "named twice"],
+    );
+}
+
+#[test]
+fn output_files_on_a_full_disk_name_the_flag() {
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    }
+    for flag in ["--requests-csv", "--trace", "--decisions"] {
+        let out = easerve(&[
+            "sim",
+            "scenarios/image.toml",
+            "--requests",
+            "5",
+            flag,
+            "/dev/full",
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(&format!("{flag} /dev/full")), "{err}");
+    }
+}
+
+#[test]
+fn more_requests_than_the_trace_has_rows() {
+    let trace = root().join("../shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv");
+    if !trace.exists() {
+        eprintln!("skipped: the Azure trace is not in ../shared/data");
+        return;
+    }
+    exits_2(
+        &["sim", "scenarios/azure-conv.toml", "--requests", "100000"],
+        &["--requests", "19366 rows"],
+    );
+}
+
+/// Once the SM split for α was built over ⌈rate/n_E⌉ items: quadratic in the
+/// rate, hours at 1e6 req/s. A pass batches at most B items.
+#[test]
+fn high_rate_capacity_estimate_is_bounded_by_the_batch() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_easerve"))
+        .args([
+            "sim",
+            "scenarios/image.toml",
+            "--requests",
+            "2",
+            "--rate",
+            "1e6",
+        ])
+        .current_dir(root())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    // a generous bound (the run takes well under a second), so a regression
+    // fails instead of hanging the suite
+    while start.elapsed() < Duration::from_secs(120) {
+        if let Some(status) = child.try_wait().unwrap() {
+            assert!(status.success(), "exit {status}");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("`sim --rate 1e6` still running after 120 s");
+}
+
+#[test]
+fn a_folder_given_as_the_trace() {
+    let f = scenario_with("azure-conv.toml", |s| {
+        s.replace(
+            "azure-llm-2023/AzureLLMInferenceTrace_conv.csv",
+            "azure-llm-2023",
+        )
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(&["sim", path], &[path, "workload.trace", "is a folder"]);
+}
+
+/// `easerve sim SCENARIO --json --requests 20` written to a file in `dir`,
+/// after `edit` of the JSON text.
+fn report_file(
+    dir: &std::path::Path,
+    scenario: &str,
+    edit: impl Fn(String) -> String,
+) -> std::path::PathBuf {
+    let out = easerve(&["sim", scenario, "--json", "--requests", "20"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = edit(String::from_utf8(out.stdout).unwrap());
+    let path = dir.join(format!("{}.json", scenario.replace('/', "-")));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn validate(sim: &std::path::Path, measured: &std::path::Path) -> std::process::Output {
+    easerve(&[
+        "calib",
+        "validate",
+        "--sim",
+        sim.to_str().unwrap(),
+        "--measured",
+        measured.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn calib_validate_refuses_runs_of_different_models_or_clusters() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = report_file(dir.path(), "scenarios/cpu-image.toml", |s| s);
+    let gpu = report_file(dir.path(), "scenarios/audio.toml", |s| s);
+    let out = validate(&cpu, &gpu);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("different models"), "{err}");
+    assert!(err.contains(cpu.to_str().unwrap()) && err.contains(gpu.to_str().unwrap()));
+    // the same run against itself still compares
+    assert!(validate(&cpu, &cpu).status.success());
+}
+
+#[test]
+fn calib_validate_refuses_other_schemas_and_impossible_latencies() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = report_file(dir.path(), "scenarios/cpu-image.toml", |s| s);
+    type Edit = fn(String) -> String;
+    let cases: [(&str, Edit, &str); 3] = [
+        (
+            "schema",
+            |s| s.replacen("\"schema_version\": 1", "\"schema_version\": 2", 1),
+            "schema_version",
+        ),
+        (
+            "negative",
+            |s| {
+                let mut v: serde_json::Value = serde_json::from_str(&s).unwrap();
+                v["ttft"]["p50"] = serde_json::json!(-1.0);
+                v.to_string()
+            },
+            "ttft.p50",
+        ),
+        ("garbage", |_| "not json at all".into(), "<document>"),
+    ];
+    for (name, edit, field) in cases {
+        let bad = dir.path().join(format!("{name}.json"));
+        let text = edit(std::fs::read_to_string(&good).unwrap());
+        std::fs::write(&bad, text).unwrap();
+        let out = validate(&good, &bad);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {err}");
+        assert!(err.contains(field), "{name}: {err}");
+        assert!(err.contains(bad.to_str().unwrap()), "{name}: {err}");
+        assert!(!err.contains("field `?`"), "{name}: {err}");
+    }
+}
