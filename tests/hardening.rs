@@ -3,6 +3,7 @@
 //! exits 2 with a message naming the file (or flag) and the field, or runs.
 
 use crate::{easerve, root};
+use easerve_workload::scenario::{Overrides, Scenario};
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -11,12 +12,17 @@ fn scenario_with(base: &str, edit: impl Fn(String) -> String) -> tempfile::Named
     let text = std::fs::read_to_string(root().join("scenarios").join(base)).unwrap();
     let edited = edit(text.clone());
     assert_ne!(edited, text, "the edit changed nothing");
-    // next to the shipped scenarios, so relative paths (profiles, traces) resolve
+    scenario_text(&edited)
+}
+
+/// A scenario file with `text`, next to the shipped scenarios so relative
+/// paths (profiles, traces) resolve.
+fn scenario_text(text: &str) -> tempfile::NamedTempFile {
     let mut f = tempfile::Builder::new()
         .suffix(".toml")
         .tempfile_in(root().join("scenarios"))
         .unwrap();
-    f.write_all(edited.as_bytes()).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
     f
 }
 
@@ -322,5 +328,265 @@ fn calib_validate_refuses_other_schemas_and_impossible_latencies() {
         assert!(err.contains(field), "{name}: {err}");
         assert!(err.contains(bad.to_str().unwrap()), "{name}: {err}");
         assert!(!err.contains("field `?`"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn integer_beyond_64_bits_names_its_field() {
+    let f = scenario_with("image.toml", |s| {
+        s.replace("batch = 8", "batch = 99999999999999999999")
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(&["sim", path], &[path, "`deployment.batch`", "too large"]);
+}
+
+#[test]
+fn a_link_given_inline_can_be_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    let run = easerve(&[
+        "sweep",
+        "scenarios/video.toml",
+        "--rates",
+        "2",
+        "--requests",
+        "20",
+        "--seeds",
+        "1",
+        "--systems",
+        "easerve-s1",
+        "--set",
+        "cluster.link.bandwidth_gbs=8,64",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let f = scenario_with("video.toml", |s| {
+        s.replace(
+            "gpus = 8",
+            "gpus = 8\nlink = { name = \"slow\", bandwidth_gbs = 0, latency_s = 0 }",
+        )
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(&["sim", path], &[path, "cluster.link.bandwidth_gbs", "> 0"]);
+    let f = scenario_with("video.toml", |s| {
+        s.replace("gpus = 8", "gpus = 8\nlink = 5")
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(
+        &["sim", path],
+        &[path, "cluster.link", "preset name or a table"],
+    );
+}
+
+#[test]
+fn aggregated_replicas_at_a_chosen_tp() {
+    let f = scenario_with("video.toml", |s| {
+        s.replace(
+            "dispatch = \"poisson-gap\"",
+            "dispatch = \"poisson-gap\"\nsystem = \"aggregated\"\naggregated_tp = 4",
+        )
+    });
+    let v = crate::sim_json(f.path(), &["--requests", "20"]);
+    let dep = v["deployment"].as_str().unwrap();
+    assert!(dep.contains("2×(TP4)"), "{dep}");
+    let f = scenario_with("video.toml", |s| {
+        s.replace(
+            "dispatch = \"poisson-gap\"",
+            "dispatch = \"poisson-gap\"\nsystem = \"aggregated\"\naggregated_tp = 3",
+        )
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(
+        &["sim", path],
+        &[path, "deployment.aggregated_tp", "power of two"],
+    );
+}
+
+/// `text` with `key = value` in `[section]`: the line replaced, or added
+/// under the section's header.
+fn with_field(text: &str, section: &str, key: &str, value: &str) -> String {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    let mut done = false;
+    for line in text.lines() {
+        let t = line.trim();
+        if t.starts_with('[') {
+            current = t.trim_matches(|c| c == '[' || c == ']').to_string();
+        }
+        let key_line = t.split_once('=').map(|(k, _)| k.trim()) == Some(key);
+        if current == section && key_line && !done {
+            out.push(format!("{key} = {value}"));
+            done = true;
+            continue;
+        }
+        out.push(line.to_string());
+        if !done && t == format!("[{section}]") {
+            // added here; a later line of the same key would be a duplicate
+            let rest: Vec<&str> = text.lines().collect();
+            let has_key = rest
+                .iter()
+                .skip_while(|l| l.trim() != format!("[{section}]"))
+                .skip(1)
+                .take_while(|l| !l.trim().starts_with('['))
+                .any(|l| l.split_once('=').map(|(k, _)| k.trim()) == Some(key));
+            if !has_key {
+                out.push(format!("{key} = {value}"));
+                done = true;
+            }
+        }
+    }
+    assert!(done, "no [{section}] in the scenario");
+    out.join("\n") + "\n"
+}
+
+/// Every numeric bound the validator enforces is the one `scenarios/README.md`
+/// states: the bound's text is in the field's row, its edge is accepted (no
+/// error names the field) and one step beyond it is rejected naming the field.
+#[test]
+fn scenario_bounds_match_the_readme() {
+    let readme = std::fs::read_to_string(root().join("scenarios/README.md")).unwrap();
+    let base = std::fs::read_to_string(root().join("scenarios/video.toml")).unwrap();
+    let gamma = with_field(&base, "workload", "arrival", "\"gamma\"");
+    // (section, key, README text, inside, outside, scenario)
+    let cases: &[(&str, &str, &str, &str, &str, &str)] = &[
+        ("cluster", "gpus", "1 ..= 4096", "4096", "4097", &base),
+        (
+            "cluster",
+            "host_cpu_scale",
+            "(0, 1000]",
+            "1000",
+            "1000.5",
+            &base,
+        ),
+        ("deployment", "batch", "1 ..= 4096", "4096", "4097", &base),
+        ("deployment", "offload", "[0, 1]", "1.0", "1.01", &base),
+        (
+            "deployment",
+            "max_age_s",
+            "[0, 3600]",
+            "3600",
+            "3600.5",
+            &base,
+        ),
+        ("deployment", "gap_quantile", "(0, 1)", "0.99", "1.0", &base),
+        (
+            "deployment",
+            "prefill_token_budget",
+            "1 ..= 2^30",
+            "1073741824",
+            "1073741825",
+            &base,
+        ),
+        (
+            "deployment",
+            "prefill_max_seqs",
+            "1 ..= 2^20",
+            "1048576",
+            "1048577",
+            &base,
+        ),
+        (
+            "deployment",
+            "decode_max_batch",
+            "1 ..= 2^20",
+            "1048576",
+            "1048577",
+            &base,
+        ),
+        (
+            "deployment",
+            "kv_block_size",
+            "1 ..= 65536",
+            "16",
+            "65537",
+            &base,
+        ),
+        (
+            "deployment",
+            "max_inflight_transfers",
+            "1 ..= 65536",
+            "65536",
+            "65537",
+            &base,
+        ),
+        (
+            "deployment",
+            "admission_limit",
+            "1 ..= 2^30",
+            "1073741824",
+            "1073741825",
+            &base,
+        ),
+        (
+            "deployment",
+            "gpu_memory_utilization",
+            "(0, 1]",
+            "1.0",
+            "1.01",
+            &base,
+        ),
+        (
+            "workload",
+            "requests",
+            "1 ..= 10,000,000",
+            "10000000",
+            "10000001",
+            &base,
+        ),
+        ("workload", "rate", "(0, 10^6]", "1000000", "1000001", &base),
+        ("workload", "cv", "(0, 100]", "100", "100.5", &gamma),
+        (
+            "workload",
+            "input_len",
+            "0 ..= 10^7",
+            "10000000",
+            "10000001",
+            &base,
+        ),
+        (
+            "workload",
+            "output_len",
+            "1 ..= 10^7",
+            "1",
+            "10000001",
+            &base,
+        ),
+        ("workload", "range_ratio", "[0, 1]", "1.0", "1.01", &base),
+        (
+            "workload.video",
+            "items_per_request",
+            "1 ..= 64",
+            "64",
+            "65",
+            &base,
+        ),
+    ];
+    for &(section, key, text, inside, outside, scenario) in cases {
+        let field = format!("{section}.{key}");
+        let row = readme
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{key}` |")))
+            .unwrap_or_else(|| panic!("scenarios/README.md has no row for `{key}`"));
+        assert!(
+            row.contains(text),
+            "README row of `{key}` lacks {text:?}: {row}"
+        );
+        // validated in-process, as `easerve sim` does before it runs
+        let check = |value: &str| {
+            let f = scenario_text(&with_field(scenario, section, key, value));
+            Scenario::load(f.path(), &Overrides::default()).err()
+        };
+        if let Some(e) = check(inside) {
+            assert_ne!(e.field, field, "{field} = {inside} is rejected: {e}");
+        }
+        match check(outside) {
+            Some(e) => assert_eq!(e.field, field, "{field} = {outside}: {e}"),
+            None => panic!("{field} = {outside} is accepted"),
+        }
     }
 }

@@ -82,6 +82,16 @@ pub struct ModelSection {
     pub file: Option<String>,
 }
 
+/// `cluster.link`: a preset name or the link's figures.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum LinkChoice {
+    /// A preset of [`LinkSpec::preset`].
+    Preset(String),
+    /// `{ name, bandwidth_gbs (GB/s per direction), latency_s (s per transfer) }`.
+    Inline(LinkSpec),
+}
+
 /// `[cluster]`
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -93,8 +103,9 @@ pub struct ClusterSection {
     pub gpu_file: Option<String>,
     /// GPUs in the cluster.
     pub gpus: i64,
-    /// Link preset (default: the GPU's own).
-    pub link: Option<String>,
+    /// The GPU-to-GPU link (default: the GPU's own): a preset name, or an
+    /// inline table `{ name, bandwidth_gbs, latency_s }`.
+    pub link: Option<LinkChoice>,
     /// Cost source when no profile is given: `"auto"` (default: measured kernels
     /// where the GPU preset has aiconfigurator tables or a proxy — the RTX 6000
     /// Ada is priced from the L40S's — else the roofline), `"roofline"`, or
@@ -149,6 +160,10 @@ pub struct DeploymentSection {
     /// Admission control: requests admitted and not yet finished beyond which
     /// an arrival is rejected (counted in the report). Unset: admit all.
     pub admission_limit: Option<i64>,
+    /// TP degree of each replica of the `aggregated` system (default: the
+    /// smallest that holds the LLM, its encoder and one longest sequence);
+    /// the cluster runs `gpus / aggregated_tp` replicas.
+    pub aggregated_tp: Option<i64>,
 }
 
 /// `[workload]`
@@ -475,13 +490,16 @@ impl ScenarioFile {
                     format!(" (line {line})")
                 })
                 .unwrap_or_default();
+            // the TOML parser rejects some values (an integer beyond 64 bits)
+            // before serde sees a field: name it from the text
+            let field = match (field.as_str(), inner.span()) {
+                (".", Some(span)) => field_at(text, span.start).unwrap_or("<top level>".into()),
+                (".", None) => "<top level>".into(),
+                _ => field,
+            };
             ScenarioError {
                 file: file.to_string(),
-                field: if field == "." {
-                    "<top level>".into()
-                } else {
-                    field
-                },
+                field,
                 message: format!("{msg}{at}"),
             }
         })
@@ -877,6 +895,9 @@ impl Scenario {
             })?;
             for (key, value) in sets {
                 let parts: Vec<&str> = key.split('.').collect();
+                if parts.len() == 3 && parts[..2] == ["cluster", "link"] {
+                    expand_link_preset(&mut doc);
+                }
                 let parsed = value
                     .parse::<i64>()
                     .map(toml::Value::Integer)
@@ -1081,7 +1102,32 @@ impl Scenario {
                 ),
             ));
         }
-        let aggregated_tp = if system == System::Aggregated {
+        let asked_tp = raw.deployment.aggregated_tp;
+        if asked_tp.is_some() && system != System::Aggregated {
+            return Err(v.err(
+                "deployment.aggregated_tp",
+                "only used with system = \"aggregated\"",
+            ));
+        }
+        let aggregated_tp = if let (System::Aggregated, Some(tp)) = (system, asked_tp) {
+            let tp = v.int("deployment.aggregated_tp", tp, 1, i64::from(gpus))? as u32;
+            if !tp.is_power_of_two() {
+                return Err(v.err(
+                    "deployment.aggregated_tp",
+                    format!("{tp} is not a TP degree: use a power of two ≤ cluster.gpus ({gpus})"),
+                ));
+            }
+            if fits(tp, model.encoder_weight_bytes()).is_none() {
+                return Err(v.err(
+                    "deployment.aggregated_tp",
+                    format!(
+                        "{} with its encoder and one longest sequence does not fit TP{tp} of {}",
+                        model.name, gpu.name
+                    ),
+                ));
+            }
+            Some(tp)
+        } else if system == System::Aggregated {
             let tp = [1u32, 2, 4, 8, 16, 32]
                 .into_iter()
                 .filter(|tp| *tp <= gpus)
@@ -1202,16 +1248,23 @@ fn cluster_section(
         ("GPU", GpuSpec::preset, GpuSpec::preset_names()),
         check_gpu,
     )?;
-    if let Some(link) = &raw.cluster.link {
-        gpu.link = LinkSpec::preset(link).ok_or_else(|| {
-            v.err(
-                "cluster.link",
-                format!(
-                    "unknown link `{link}`; allowed: {}",
-                    LinkSpec::preset_names().join(", ")
-                ),
-            )
-        })?;
+    match &raw.cluster.link {
+        Some(LinkChoice::Preset(link)) => {
+            gpu.link = LinkSpec::preset(link).ok_or_else(|| {
+                v.err(
+                    "cluster.link",
+                    format!(
+                        "unknown link `{link}`; allowed: {}, or a table {{ name, bandwidth_gbs, latency_s }}",
+                        LinkSpec::preset_names().join(", ")
+                    ),
+                )
+            })?;
+        }
+        Some(LinkChoice::Inline(link)) => {
+            check_link(link).map_err(|(f, m)| v.err(&format!("cluster.link.{f}"), m))?;
+            gpu.link = link.clone();
+        }
+        None => {}
     }
     if let Some(k) = &raw.cluster.kernels {
         if !["auto", "roofline", "l40s-proxy"].contains(&k.as_str()) {
@@ -1895,33 +1948,97 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
     Ok(())
 }
 
+/// Before `--set cluster.link.FIELD`: a preset link (named, or the GPU
+/// preset's own) becomes its table, so one figure can be changed.
+fn expand_link_preset(doc: &mut toml::Value) {
+    let Some(cluster) = doc.get_mut("cluster").and_then(|c| c.as_table_mut()) else {
+        return;
+    };
+    let preset = match cluster.get("link") {
+        Some(toml::Value::String(name)) => LinkSpec::preset(name),
+        None => cluster
+            .get("gpu")
+            .and_then(|g| g.as_str())
+            .and_then(GpuSpec::preset)
+            .map(|g| g.link),
+        _ => None,
+    };
+    if let Some(table) = preset.and_then(|l| toml::Value::try_from(l).ok()) {
+        cluster.insert("link".into(), table);
+    }
+}
+
+/// A link's figures: a name (it names the link in reports and profiles),
+/// bandwidth positive and finite, latency finite and ≥ 0; else the field and
+/// what is wrong.
+fn check_link(l: &LinkSpec) -> Result<(), (&'static str, String)> {
+    if l.name.trim().is_empty() {
+        return Err(("name", "must not be empty".into()));
+    }
+    if !(l.bandwidth_gbs.is_finite() && l.bandwidth_gbs > 0.0) {
+        return Err((
+            "bandwidth_gbs",
+            format!("{} must be a number > 0 (GB/s)", num(l.bandwidth_gbs)),
+        ));
+    }
+    if !(l.latency_s.is_finite() && l.latency_s >= 0.0) {
+        return Err((
+            "latency_s",
+            format!("{} must be a number ≥ 0 (s)", num(l.latency_s)),
+        ));
+    }
+    Ok(())
+}
+
 /// A custom GPU's figures must be positive and finite.
 fn check_gpu(g: &GpuSpec) -> Result<(), String> {
     for (name, x) in [
         ("bf16_tflops", g.bf16_tflops),
         ("mem_bandwidth_gbs", g.mem_bandwidth_gbs),
         ("memory_gb", g.memory_gb),
-        ("link.bandwidth_gbs", g.link.bandwidth_gbs),
     ] {
         if !(x.is_finite() && x > 0.0) {
             return Err(format!("field `{name}` = {x} must be a number > 0"));
         }
     }
-    if !(g.link.latency_s.is_finite() && g.link.latency_s >= 0.0) {
-        return Err("field `link.latency_s` must be a number ≥ 0".into());
-    }
+    check_link(&g.link).map_err(|(f, m)| format!("field `link.{f}`: {m}"))?;
     if g.sms == 0 {
         return Err("field `sms` must be ≥ 1".into());
     }
     Ok(())
 }
 
+/// The dotted field a `key = value` line at byte `offset` of a TOML text sets:
+/// the key, under the last `[table]` or `[[array]]` header above it.
+fn field_at(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset.min(text.len()))?;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let key = line.split_once('=')?.0.trim();
+    if key.is_empty() || key.starts_with('#') || key.starts_with('{') {
+        return None;
+    }
+    let table = before[..start].lines().rev().find_map(|l| {
+        let l = l.trim();
+        l.starts_with('[')
+            .then(|| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
+    });
+    Some(match table {
+        Some(t) if !t.is_empty() => format!("{t}.{key}"),
+        _ => key.to_string(),
+    })
+}
+
 /// A deserializer message with Rust type names said in words.
 fn plain_types(msg: &str) -> String {
-    msg.replace("expected i64", "expected an integer")
-        .replace("expected u64", "expected an integer ≥ 0")
-        .replace("expected u32", "expected an integer ≥ 0")
-        .replace("expected f64", "expected a number")
+    msg.replace(
+        "data did not match any variant of untagged enum LinkChoice",
+        "expected a link preset name or a table { name, bandwidth_gbs, latency_s }",
+    )
+    .replace("expected i64", "expected an integer")
+    .replace("expected u64", "expected an integer ≥ 0")
+    .replace("expected u32", "expected an integer ≥ 0")
+    .replace("expected f64", "expected a number")
 }
 
 /// Token-rule sizes of a custom encoder: every size used as a divisor ≥ 1.
