@@ -590,3 +590,76 @@ fn scenario_bounds_match_the_readme() {
         }
     }
 }
+
+#[test]
+fn large_runs_are_announced_before_they_start() {
+    let load = |edit: &dyn Fn(String) -> String| {
+        let f = scenario_with("cpu-image.toml", edit);
+        Scenario::load(f.path(), &Overrides::default()).expect("valid")
+    };
+    let long = load(&|s| {
+        with_field(
+            &with_field(&s, "workload", "output_len", "1000000"),
+            "workload",
+            "requests",
+            "1000",
+        )
+    });
+    let w = long.size_warnings();
+    assert!(w.iter().any(|w| w.contains("decode iterations")), "{w:?}");
+    let many = load(&|s| {
+        with_field(
+            &with_field(&s, "workload", "requests", "10000000"),
+            "workload",
+            "rate",
+            "1000",
+        )
+    });
+    let w = many.size_warnings();
+    assert!(w.iter().any(|w| w.contains("GB of memory")), "{w:?}");
+    let shipped = Scenario::load(
+        &root().join("scenarios/cpu-image.toml"),
+        &Overrides::default(),
+    )
+    .expect("valid");
+    assert!(shipped.size_warnings().is_empty());
+}
+
+#[test]
+fn search_and_sweep_at_a_million_requests_per_second_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    for args in [
+        vec![
+            "search",
+            "scenarios/image.toml",
+            "--rate",
+            "1e6",
+            "--requests",
+            "5",
+            "--budget",
+            "2",
+        ],
+        vec![
+            "sweep",
+            "scenarios/image.toml",
+            "--rates",
+            "1e6",
+            "--requests",
+            "5",
+            "--seeds",
+            "1",
+            "--systems",
+            "easerve-s1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    ] {
+        let run = easerve(&args);
+        assert!(
+            run.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+    }
+}
