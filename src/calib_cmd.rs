@@ -622,12 +622,20 @@ fn rust_constants(imp: &vidur::Import, dir: &std::path::Path) -> String {
 }
 
 /// A table cell: integers as integers, others with 6 significant digits.
+/// A table cell in plain decimals with 7 significant digits (`0.5`,
+/// `0.02685145`); scientific notation only below 1e-6 or from 1e15 on.
 fn cell(x: f64) -> String {
     if x.fract() == 0.0 && x.abs() < 1e15 {
-        format!("{}", x as i64)
-    } else {
-        format!("{x:.6e}")
+        return format!("{}", x as i64);
     }
+    let a = x.abs();
+    if !(1e-6..1e15).contains(&a) {
+        return format!("{x:.6e}");
+    }
+    let decimals = (6 - a.log10().floor() as i32).max(0) as usize;
+    let text = format!("{x:.decimals$}");
+    let text = text.trim_end_matches('0');
+    text.trim_end_matches('.').to_string()
 }
 
 /// `easerve calib import-aiconfigurator`.

@@ -131,6 +131,7 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
         kill,
     };
     let cost = sc.cost();
+    crate::warn_if_host_busy("exec");
     let out = execute(&sc, &*cost, &opts)?;
     a.run.output(&out.report, &out.records, &out.decisions)?;
     Ok(ExitCode::SUCCESS)

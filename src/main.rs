@@ -18,11 +18,15 @@ use easerve_workload::scenario::{Overrides, Scenario, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const EXIT_CODES: &str = "Exit codes: 0 success; 1 internal error, or `calib validate` found an error above --max-error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed).";
+/// Exit codes of a subcommand (`calib validate` states its own).
+const EXIT_CODES: &str = "Exit codes: 0 success; 1 internal error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed) or an output file that cannot be written.";
+
+/// Exit codes of every subcommand, for the top-level help.
+const EXIT_CODES_ALL: &str = "Exit codes: 0 success; 1 internal error, or `calib validate` found an error above --max-error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed) or an output file that cannot be written.";
 
 /// easerve: encode-aware disaggregated serving for multimodal LLMs.
 #[derive(Parser, Debug)]
-#[command(name = "easerve", version, about, after_help = EXIT_CODES)]
+#[command(name = "easerve", version, about, after_help = EXIT_CODES_ALL)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -204,6 +208,21 @@ impl RunArgs {
             print!("{}", report.render_text());
         }
         Ok(())
+    }
+}
+
+/// Warn on stderr when the host is already busy (1-minute load average, from
+/// `/proc/loadavg`, above its cores): `what` measures real runs, and they are
+/// only meaningful on a quiet host. Silent where the load is unknown.
+pub(crate) fn warn_if_host_busy(what: &str) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok());
+    if let Some(load) = load.filter(|&l| l > cores as f64) {
+        eprintln!(
+            "warning: the host's load average is {load:.2} on {cores} cores: {what} measures real runs, which other work on the host slows; its timings will be high"
+        );
     }
 }
 

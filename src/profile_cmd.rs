@@ -102,6 +102,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
             .into());
         }
     }
+    crate::warn_if_host_busy("profile");
     let plan = Plan::for_model(&arch, opts.quick);
     let total = cpu_levels(cores)
         .into_iter()

@@ -262,32 +262,6 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
                     "--set {key}: the sweep sets it itself (use {flag})"
                 )));
             }
-            let by_system = [
-                (
-                    "passthrough",
-                    &[
-                        "deployment.batch",
-                        "deployment.offload",
-                        "deployment.dispatch",
-                    ][..],
-                ),
-                ("easerve-s1", &["deployment.offload"][..]),
-                (
-                    "easerve",
-                    &[
-                        "deployment.allocation",
-                        "deployment.batch",
-                        "deployment.offload",
-                    ][..],
-                ),
-            ];
-            for (system, keys) in by_system {
-                if systems.iter().any(|s| s == system) && keys.contains(&key.as_str()) {
-                    return Err(bad(format!(
-                        "--set {key}: system `{system}` chooses it itself, so the values would be ignored; drop `{system}` from --systems or the --set"
-                    )));
-                }
-            }
         }
     }
     // every variant × system must be a valid scenario before anything runs
@@ -352,7 +326,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         .par_iter()
         .map(|&(i, p)| {
             let r = run_point(&path, &vars[p.variant].1, p, a.requests).map(|(report, ttfts)| {
-                SweepRow::new(
+                let mut row = SweepRow::new(
                     i,
                     &vars[p.variant].0,
                     &p.system,
@@ -360,7 +334,16 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
                     p.seed,
                     &report,
                     ttfts,
-                )
+                );
+                // the system chose these itself: the variant's values were ignored
+                let fixed = easerve_study::sweep::fixed_by(&p.system);
+                row.ignored = vars[p.variant]
+                    .1
+                    .iter()
+                    .filter(|(k, _)| fixed.contains(&k.as_str()))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                row
             });
             if let Some(pb) = &bar {
                 pb.inc(1);

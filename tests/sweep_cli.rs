@@ -148,3 +148,43 @@ fn bad_sweep_input_exits_2() {
         );
     }
 }
+
+/// `--set` of a knob works with every system: one that chooses the knob
+/// itself runs as it would and names the field in its row's `ignored`.
+#[test]
+fn set_works_with_every_system_and_rows_name_what_a_system_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("what-if");
+    let r = easerve(&[
+        "sweep",
+        "scenarios/video.toml",
+        "--rates",
+        "2",
+        "--requests",
+        "20",
+        "--seeds",
+        "1",
+        "--set",
+        "deployment.batch=4,8",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
+    let mut rows = csv.lines();
+    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
+    assert_eq!(header.last(), Some(&"ignored"), "{csv}");
+    let mut seen = 0;
+    for line in rows {
+        let system = line.split(',').nth(1).unwrap();
+        let ignored = line.rsplit(',').next().unwrap();
+        let want = if system == "easerve-s1" { "" } else { "deployment.batch" };
+        assert_eq!(ignored, want, "{system}: {line}");
+        if system == "easerve-s1" {
+            // the one system that runs the scenario's B ran each value
+            assert!(line.contains("B=4") || line.contains("B=8"), "{line}");
+        }
+        seen += 1;
+    }
+    assert_eq!(seen, 8, "2 variants × 4 systems: {csv}");
+}

@@ -43,6 +43,39 @@ pub struct SweepRow {
     pub ttft_quantiles: Vec<f64>,
     /// Bottleneck stage.
     pub bottleneck: String,
+    /// `--set` fields of the variant that the system chooses itself, so their
+    /// values did not change this run ([`fixed_by`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
+}
+
+/// The scenario fields a swept system chooses itself: `passthrough` runs
+/// B = 1, `immediate` dispatch and s = 1; `easerve-s1` runs s = 1; `easerve`
+/// takes its allocation, B and s from a search at each point; `aggregated`
+/// runs whole replicas with encode inline, so no EPD knob applies.
+pub fn fixed_by(system: &str) -> &'static [&'static str] {
+    match system {
+        "passthrough" => &[
+            "deployment.batch",
+            "deployment.offload",
+            "deployment.dispatch",
+        ],
+        "easerve-s1" => &["deployment.offload"],
+        "easerve" => &[
+            "deployment.allocation",
+            "deployment.batch",
+            "deployment.offload",
+        ],
+        "aggregated" => &[
+            "deployment.allocation",
+            "deployment.batch",
+            "deployment.offload",
+            "deployment.dispatch",
+            "deployment.sm_policy",
+            "deployment.router",
+        ],
+        _ => &[],
+    }
 }
 
 impl SweepRow {
@@ -82,6 +115,7 @@ impl SweepRow {
             e2e_mean: report.e2e.mean,
             ttft_quantiles: TTFT_QUANTILES.iter().map(|&p| q(p)).collect(),
             bottleneck: report.bottleneck.clone(),
+            ignored: Vec::new(),
         }
     }
 }
@@ -266,6 +300,7 @@ pub fn to_csv(points: &[SweepPoint], tiers: &[String]) -> Result<String, csv::Er
             "e2e_mean_s",
             "bottleneck",
             "deployment",
+            "ignored",
         ]
         .iter()
         .map(|s| s.to_string()),
@@ -289,6 +324,7 @@ pub fn to_csv(points: &[SweepPoint], tiers: &[String]) -> Result<String, csv::Er
             r.e2e_mean.to_string(),
             r.bottleneck.clone(),
             r.deployment.clone(),
+            r.ignored.join(" "),
         ]);
         w.write_record(&rec)?;
     }
@@ -317,6 +353,7 @@ mod tests {
             e2e_mean: 3.0,
             ttft_quantiles: vec![0.0; TTFT_QUANTILES.len()],
             bottleneck: "encode".into(),
+            ignored: Vec::new(),
         }
     }
 
