@@ -245,17 +245,17 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 .map_err(|e| anyhow::anyhow!("measuring preprocessing: {e}"))?;
             std::fs::write(&output, &text)
                 .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
-            print!("{text}");
+            say!("{text}");
             Ok(ExitCode::SUCCESS)
         }
         CalibCommand::Show { profile, rows } => {
             let p = Profile::load(&profile).map_err(|e| BadInput(e.to_string()))?;
-            print!("{}", render_profile(&p, rows));
+            say!("{}", render_profile(&p, rows));
             Ok(ExitCode::SUCCESS)
         }
         CalibCommand::ImportVidur { dir, output } => {
             let imp = vidur::import_dir(&dir).map_err(|e| BadInput(e.to_string()))?;
-            print!("{}", render_import(&imp, &dir));
+            say!("{}", render_import(&imp, &dir));
             if let Some(out) = output {
                 std::fs::write(&out, rust_constants(&imp, &dir))
                     .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
@@ -284,9 +284,9 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             })?;
             let v = Validation::compare(&s, &m);
             if json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                sayln!("{}", serde_json::to_string_pretty(&v)?);
             } else {
-                print!("{}", v.render_text());
+                say!("{}", v.render_text());
             }
             if let Some(e) = max_error {
                 let over = v.exceeding(e);
@@ -329,7 +329,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 let summary = refine_encode(&mut p, &samples, tokens, &what)
                     .map_err(|e| BadInput(e.to_string()))?;
                 for (b, n, med, before, f) in &summary {
-                    println!(
+                    sayln!(
                         "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
                         med, before, f
                     );
@@ -361,7 +361,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                     }
                     scale_stage(&mut p, stage, ms / ss, &what)
                         .map_err(|e| BadInput(e.to_string()))?;
-                    println!(
+                    sayln!(
                         "{name:<8} measured mean service {ms:.4} s, simulated {ss:.4} s, factor {:.3}",
                         ms / ss
                     );

@@ -5,6 +5,21 @@
 //! argument that cannot be used — the message names the file, the field and
 //! what is allowed).
 
+/// `print!` through [`emit`]: returns the error from the enclosing function.
+macro_rules! say {
+    ($($t:tt)*) => {
+        if let Err(e) = $crate::emit(format_args!($($t)*)) {
+            return Err(e.into());
+        }
+    };
+}
+
+/// `println!` through [`emit`].
+macro_rules! sayln {
+    () => { say!("\n") };
+    ($($t:tt)*) => { say!("{}\n", format_args!($($t)*)) };
+}
+
 mod calib_cmd;
 mod exec_cmd;
 mod profile_cmd;
@@ -203,9 +218,9 @@ impl RunArgs {
             })?;
         }
         if self.json {
-            println!("{}", serde_json::to_string_pretty(report)?);
+            sayln!("{}", serde_json::to_string_pretty(report)?);
         } else {
-            print!("{}", report.render_text());
+            say!("{}", report.render_text());
         }
         Ok(())
     }
@@ -223,6 +238,19 @@ pub(crate) fn warn_if_host_busy(what: &str) {
         eprintln!(
             "warning: the host's load average is {load:.2} on {cores} cores: {what} measures real runs, which other work on the host slows; its timings will be high"
         );
+    }
+}
+
+/// Write to standard output; a failure (a full disk, say) is an error that
+/// names standard output (exit 2), a closed pipe ends the output quietly.
+pub(crate) fn emit(args: std::fmt::Arguments<'_>) -> Result<(), BadInput> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_fmt(args).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(BadInput(format!("standard output: cannot write: {e}")))
+        }
+        _ => Ok(()),
     }
 }
 

@@ -161,7 +161,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
                 a.repetitions
             );
         }
-        None => print!("{text}"),
+        None => say!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -192,7 +192,7 @@ fn cuda_profile(
     match &a.output {
         Some(out) => std::fs::write(out, text)
             .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?,
-        None => print!("{text}"),
+        None => say!("{text}"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -549,7 +549,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         started.elapsed().as_secs_f64()
     );
     std::fs::write(a.out.join("report.md"), &md)?;
-    println!(
+    sayln!(
         "wrote {} (and plots in image/, video/, audio/)",
         a.out.join("report.md").display()
     );

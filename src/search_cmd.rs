@@ -174,7 +174,9 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
             pb.println(trial_line(t));
             pb.inc(1);
         } else if !quiet && a.method != Method::Exhaustive {
-            println!("{}", trial_line(t));
+            // a progress line; a failing standard output is reported by the
+            // study's own output below
+            let _ = crate::emit(format_args!("{}\n", trial_line(t)));
         }
     };
     let started = std::time::Instant::now();
@@ -183,11 +185,11 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         pb.finish_and_clear();
     }
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&study)?);
+        sayln!("{}", serde_json::to_string_pretty(&study)?);
         return Ok(ExitCode::SUCCESS);
     }
-    print!("{}", stage1_table(&study));
-    println!(
+    say!("{}", stage1_table(&study));
+    sayln!(
         "{} feasible allocations of {}× {}; method {}, Λ = {} req/s; {} trials in {:.2} s ({})",
         study.space.len(),
         sc.gpus,
@@ -200,14 +202,14 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     );
     match &study.best {
         Some(b) => {
-            println!(
+            sayln!(
                 "chosen: {}  (throughput {:.3} req/s, mean TTFT {:.2} s, mean TPOT {:.1} ms)",
                 b.candidate,
                 b.outcome.throughput,
                 b.outcome.mean_ttft,
                 b.outcome.mean_tpot * 1e3
             );
-            println!(
+            sayln!(
                 "run it: easerve sim {} --rate {}{}{} --deployment '{}'",
                 a.scenario.display(),
                 study.rate,
@@ -217,7 +219,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
                 b.candidate
             );
         }
-        None => println!("no trial ran"),
+        None => sayln!("no trial ran"),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -206,7 +206,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         }
         let whole = merge(loaded).map_err(|e| bad(format!("sweep merge: {e}")))?;
         write_outputs(&whole, &out)?;
-        println!(
+        sayln!(
             "merged {} parts: {} points → {}",
             parts.len(),
             whole.total,
@@ -265,20 +265,26 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         }
     }
     // every variant × system must be a valid scenario before anything runs
+    // (at every rate: a rate can be out of range for the workload's size)
     for (label, kv) in &vars {
         for s in &systems {
-            Scenario::load_with(&path, kv, &overrides_for(s, rates[0], 1, a.requests)).map_err(
-                |e| {
-                    bad(format!(
-                        "{e}{}",
-                        if label.is_empty() {
-                            String::new()
-                        } else {
-                            format!(" (variant {label}, system {s})")
-                        }
-                    ))
-                },
-            )?;
+            for &rate in &rates {
+                Scenario::load_with(&path, kv, &overrides_for(s, rate, 1, a.requests)).map_err(
+                    |e| {
+                        // the sweep's rate comes from --rates
+                        let e = e.to_string().replace("--rate /", "--rates /");
+                        bad(format!(
+                            "{e} (rate {}{})",
+                            easerve_workload::scenario::num(rate),
+                            if label.is_empty() {
+                                String::new()
+                            } else {
+                                format!(", variant {label}, system {s}")
+                            }
+                        ))
+                    },
+                )?;
+            }
         }
     }
     let mut points = Vec::new();
@@ -380,7 +386,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
             std::fs::create_dir_all(dir).map_err(cannot)?;
         }
         std::fs::write(&out, serde_json::to_string_pretty(&part)?).map_err(cannot)?;
-        println!(
+        sayln!(
             "part {shard_i}/{shard_n}: {} of {total} points → {}",
             part.rows.len(),
             out.display()
@@ -388,7 +394,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     write_outputs(&part, &out)?;
-    println!("{total} points → {}", out.display());
+    sayln!("{total} points → {}", out.display());
     Ok(ExitCode::SUCCESS)
 }
 

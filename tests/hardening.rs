@@ -372,7 +372,10 @@ fn a_link_given_inline_can_be_swept() {
         )
     });
     let path = f.path().to_str().unwrap();
-    exits_2(&["sim", path], &[path, "cluster.link.bandwidth_gbs", "> 0"]);
+    exits_2(
+        &["sim", path],
+        &[path, "cluster.link.bandwidth_gbs", "allowed [0.001"],
+    );
     let f = scenario_with("video.toml", |s| {
         s.replace("gpus = 8", "gpus = 8\nlink = 5")
     });
@@ -662,4 +665,131 @@ fn search_and_sweep_at_a_million_requests_per_second_finish() {
             String::from_utf8_lossy(&run.stderr)
         );
     }
+}
+
+#[test]
+fn standard_output_on_a_full_disk() {
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    }
+    for args in [
+        &["sim", "scenarios/image.toml", "--requests", "5"][..],
+        &[
+            "search",
+            "scenarios/image.toml",
+            "--requests",
+            "5",
+            "--budget",
+            "2",
+        ][..],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_easerve"))
+            .args(args)
+            .current_dir(root())
+            .stdout(full)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("standard output: cannot write"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+#[test]
+fn implausible_hardware_figures_are_rejected() {
+    let f = scenario_with("video.toml", |s| {
+        s.replace(
+            "gpus = 8",
+            "gpus = 8\nlink = { name = \"x\", bandwidth_gbs = 8, latency_s = 1e308 }",
+        )
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(
+        &["sim", path],
+        &[path, "cluster.link.latency_s", "allowed [0, 1]"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let gpu = std::fs::read_to_string(root().join("scenarios/custom/l40s.toml"))
+        .unwrap()
+        .replace("bf16_tflops = 362.0", "bf16_tflops = 1e-300");
+    let gpu_path = dir.path().join("slow.toml");
+    std::fs::write(&gpu_path, gpu).unwrap();
+    let f = scenario_with("video.toml", |s| {
+        s.replace(
+            "gpu = \"rtx-6000-ada\"",
+            &format!("gpu_file = \"{}\"", gpu_path.display()),
+        )
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(&["sim", path], &[path, "bf16_tflops", "plausible"]);
+}
+
+#[test]
+fn a_trace_of_empty_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("zero.csv");
+    std::fs::write(
+        &csv,
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,0,0\n2023-11-16 18:15:46.6805900,0,0\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(root().join("scenarios/azure-conv.toml")).unwrap();
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("trace = ") {
+                format!("trace = \"{}\"", csv.display())
+            } else if l.starts_with("requests = ") {
+                "requests = 2".into()
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let f = scenario_text(&text);
+    let path = f.path().to_str().unwrap();
+    exits_2(&["sim", path], &[path, "workload.trace", "ContextTokens 0"]);
+}
+
+#[test]
+fn sweep_checks_every_rate_before_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sweep");
+    exits_2(
+        &[
+            "sweep",
+            "scenarios/image.toml",
+            "--requests",
+            "3",
+            "--rates",
+            "2,1e-9",
+            "--seeds",
+            "1",
+            "--systems",
+            "easerve-s1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &["--rates", "workload.rate", "rate 1e-9"],
+    );
+    assert!(!out.exists());
+}
+
+#[test]
+fn integer_beyond_64_bits_in_a_bucket_names_its_field() {
+    let f = scenario_with("image.toml", |s| {
+        s.replace(
+            "{ height = 336, width = 336,",
+            "{ height = 99999999999999999999, width = 336,",
+        )
+    });
+    let path = f.path().to_str().unwrap();
+    exits_2(&["sim", path], &[path, "`workload.image.buckets.height`"]);
 }

@@ -178,7 +178,11 @@ fn set_works_with_every_system_and_rows_name_what_a_system_ignored() {
     for line in rows {
         let system = line.split(',').nth(1).unwrap();
         let ignored = line.rsplit(',').next().unwrap();
-        let want = if system == "easerve-s1" { "" } else { "deployment.batch" };
+        let want = if system == "easerve-s1" {
+            ""
+        } else {
+            "deployment.batch"
+        };
         assert_eq!(ignored, want, "{system}: {line}");
         if system == "easerve-s1" {
             // the one system that runs the scenario's B ran each value

@@ -226,6 +226,8 @@ fn run_case(base: &str, text: String) -> Result<(), TestCaseError> {
     };
     sc.workload.requests = sc.workload.requests.min(24);
     sc.workload.output_len = sc.workload.output_len.min(64);
+    // the encode policies price every batch size up to B when the run starts
+    sc.deployment.max_batch = sc.deployment.max_batch.min(64);
     let offered = sc.workload.requests;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

@@ -20,6 +20,14 @@ use std::path::Path;
 /// Longest SLO tier name, characters.
 pub const MAX_TIER_NAME: usize = 64;
 
+/// Smallest hardware figure accepted (TFLOPS, GB/s, GB): a thousandth of a
+/// unit. Below it service times leave the span the clock resolves
+/// ([`MAX_HORIZON_S`]); the upper bounds are far above any device.
+pub const HARDWARE_MIN: f64 = 1e-3;
+
+const HARDWARE_WHY: &str =
+    "far outside any device, service times would leave the span the simulator's clock resolves";
+
 /// Largest encode micro-batch `B` (`deployment.batch`).
 pub const MAX_BATCH: i64 = 4096;
 
@@ -1882,12 +1890,19 @@ fn load_custom<T: serde::de::DeserializeOwned>(
         .map_err(|e| v.err(field, format!("cannot read {}: {e}", path.display())))?;
     serde_path_to_error::deserialize(toml::Deserializer::new(&text)).map_err(|e| {
         let inner_field = e.path().to_string();
+        let inner = e.into_inner();
+        // as in ScenarioFile::parse: a value the TOML parser rejects names
+        // its field from the text
+        let inner_field = match (inner_field.as_str(), inner.span()) {
+            (".", Some(span)) => field_at(&text, span.start).unwrap_or(inner_field),
+            _ => inner_field,
+        };
         v.err(
             field,
             format!(
                 "{}: field `{inner_field}`: {}",
                 path.display(),
-                plain_types(e.into_inner().message())
+                plain_types(inner.message())
             ),
         )
     })
@@ -1975,16 +1990,22 @@ fn check_link(l: &LinkSpec) -> Result<(), (&'static str, String)> {
     if l.name.trim().is_empty() {
         return Err(("name", "must not be empty".into()));
     }
-    if !(l.bandwidth_gbs.is_finite() && l.bandwidth_gbs > 0.0) {
+    if !(HARDWARE_MIN..=1e5).contains(&l.bandwidth_gbs) {
         return Err((
             "bandwidth_gbs",
-            format!("{} must be a number > 0 (GB/s)", num(l.bandwidth_gbs)),
+            format!(
+                "{} GB/s is not a plausible link: allowed [{HARDWARE_MIN}, 1e5] ({HARDWARE_WHY})",
+                num(l.bandwidth_gbs)
+            ),
         ));
     }
-    if !(l.latency_s.is_finite() && l.latency_s >= 0.0) {
+    if !(0.0..=1.0).contains(&l.latency_s) {
         return Err((
             "latency_s",
-            format!("{} must be a number ≥ 0 (s)", num(l.latency_s)),
+            format!(
+                "{} s per transfer is not a plausible link: allowed [0, 1]",
+                num(l.latency_s)
+            ),
         ));
     }
     Ok(())
@@ -1992,13 +2013,17 @@ fn check_link(l: &LinkSpec) -> Result<(), (&'static str, String)> {
 
 /// A custom GPU's figures must be positive and finite.
 fn check_gpu(g: &GpuSpec) -> Result<(), String> {
-    for (name, x) in [
-        ("bf16_tflops", g.bf16_tflops),
-        ("mem_bandwidth_gbs", g.mem_bandwidth_gbs),
-        ("memory_gb", g.memory_gb),
+    for (name, x, hi) in [
+        ("bf16_tflops", g.bf16_tflops, 1e5),
+        ("mem_bandwidth_gbs", g.mem_bandwidth_gbs, 1e6),
+        ("memory_gb", g.memory_gb, 1e6),
     ] {
-        if !(x.is_finite() && x > 0.0) {
-            return Err(format!("field `{name}` = {x} must be a number > 0"));
+        if !(HARDWARE_MIN..=hi).contains(&x) {
+            return Err(format!(
+                "field `{name}` = {} is not a plausible figure: allowed [{HARDWARE_MIN}, {}] ({HARDWARE_WHY})",
+                num(x),
+                num(hi)
+            ));
         }
     }
     check_link(&g.link).map_err(|(f, m)| format!("field `link.{f}`: {m}"))?;
@@ -2008,25 +2033,57 @@ fn check_gpu(g: &GpuSpec) -> Result<(), String> {
     Ok(())
 }
 
-/// The dotted field a `key = value` line at byte `offset` of a TOML text sets:
-/// the key, under the last `[table]` or `[[array]]` header above it.
+/// The dotted field whose value starts at byte `offset` of a TOML text: the
+/// key before the `=` there, under the last `[table]` or `[[array]]` header
+/// above it, and inside an array of inline tables (`buckets = [ { … } ]`)
+/// under the array's key.
 fn field_at(text: &str, offset: usize) -> Option<String> {
     let before = text.get(..offset.min(text.len()))?;
     let start = before.rfind('\n').map_or(0, |i| i + 1);
-    let line = text[start..].lines().next()?;
-    let key = line.split_once('=')?.0.trim();
-    if key.is_empty() || key.starts_with('#') || key.starts_with('{') {
-        return None;
+    let ident = |t: &str| -> Option<String> {
+        let t = t.trim_end().strip_suffix('=')?.trim_end();
+        let k: String = t
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == '-')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        (!k.is_empty()).then_some(k)
+    };
+    let key = ident(&before[start..])?;
+    let above = &before[..start];
+    let mut path = Vec::new();
+    if before[start..].trim_start().starts_with('{')
+        || !before[start..].trim_start().starts_with(&key)
+    {
+        // inside an array of inline tables: the array's key, the nearest
+        // `name = [` line above that is not closed
+        if let Some(array) = above
+            .lines()
+            .rev()
+            .take_while(|l| !l.trim().starts_with('['))
+            .find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                v.trim_start()
+                    .starts_with('[')
+                    .then(|| k.trim().to_string())
+            })
+        {
+            path.push(array);
+        }
     }
-    let table = before[..start].lines().rev().find_map(|l| {
+    let table = above.lines().rev().find_map(|l| {
         let l = l.trim();
-        l.starts_with('[')
+        (l.starts_with('[') && !l.contains('='))
             .then(|| l.trim_matches(|c| c == '[' || c == ']').trim().to_string())
     });
-    Some(match table {
-        Some(t) if !t.is_empty() => format!("{t}.{key}"),
-        _ => key.to_string(),
-    })
+    if let Some(t) = table.filter(|t| !t.is_empty()) {
+        path.insert(0, t);
+    }
+    path.push(key);
+    Some(path.join("."))
 }
 
 /// A deserializer message with Rust type names said in words.

@@ -93,8 +93,15 @@ pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError
             )));
         }
         last_t = t;
-        if r.context_tokens < 0 || r.generated_tokens < 0 || r.context_tokens > u32::MAX as i64 {
-            return Err(err("token counts must be integers ≥ 0".into()));
+        // the same bounds as workload.input_len / output_len; a request has
+        // at least one prompt token (a run of empty requests takes no time)
+        if !(1..=10_000_000).contains(&r.context_tokens)
+            || !(0..=10_000_000).contains(&r.generated_tokens)
+        {
+            return Err(err(format!(
+                "ContextTokens {} and GeneratedTokens {}: allowed 1 ..= 10^7 and 0 ..= 10^7",
+                r.context_tokens, r.generated_tokens
+            )));
         }
         rows.push(TraceRow {
             t,
