@@ -172,6 +172,20 @@ fn run_point(
     p: &Point,
     requests: Option<i64>,
 ) -> Result<(easerve_workload::Report, Vec<f64>), String> {
+    let sc = point_scenario(path, sets, p, requests)?;
+    let out = easerve_sim::simulate(&sc);
+    let ttfts = out.records.iter().filter_map(|r| r.ttft()).collect();
+    Ok((out.report, ttfts))
+}
+
+/// The scenario one point runs: the system's overrides, and for `easerve`
+/// the deployment a HAS search at that point chose.
+fn point_scenario(
+    path: &Path,
+    sets: &[(String, String)],
+    p: &Point,
+    requests: Option<i64>,
+) -> Result<Scenario, String> {
     let mut o = overrides_for(&p.system, p.rate, p.seed, requests);
     if p.system == "easerve" {
         let sc = Scenario::load_with(path, sets, &o).map_err(|e| e.to_string())?;
@@ -188,10 +202,7 @@ fn run_point(
             o = best.candidate.overrides(&o);
         }
     }
-    let sc = Scenario::load_with(path, sets, &o).map_err(|e| e.to_string())?;
-    let out = easerve_sim::simulate(&sc);
-    let ttfts = out.records.iter().filter_map(|r| r.ttft()).collect();
-    Ok((out.report, ttfts))
+    Scenario::load_with(path, sets, &o).map_err(|e| e.to_string())
 }
 
 pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
@@ -591,8 +602,54 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
     )
     .write(&dir.join("ttft-cdf.svg"))
     .map_err(|e| cannot("ttft-cdf.svg", &e))?;
-    // one run's per-worker busy timeline and the HAS progress, on the base scenario at the top rate
+    // per system, one run's per-worker busy timeline, and the HAS progress:
+    // the base scenario at the top rate, seed 1
     let path = Path::new(&whole.scenario);
+    let mut systems: Vec<&str> = Vec::new();
+    for r in &whole.rows {
+        if !systems.contains(&r.system.as_str()) {
+            systems.push(&r.system);
+        }
+    }
+    for system in systems {
+        let point = Point {
+            variant: 0,
+            system: system.to_string(),
+            rate: top,
+            seed: 1,
+        };
+        let sc = point_scenario(path, &[], &point, requests).map_err(bad)?;
+        let run = easerve_sim::simulate_with(
+            &sc,
+            easerve_sim::scenario_cost(&sc),
+            &easerve_sim::SimOptions {
+                timeline: true,
+                ..Default::default()
+            },
+        );
+        let Some(tl) = &run.timeline else {
+            continue;
+        };
+        let deployment = if sc.system == System::Aggregated {
+            run.report.meta.deployment.clone()
+        } else {
+            format!(
+                "{} B={} s={}",
+                sc.deployment.allocation, sc.deployment.max_batch, sc.deployment.offload
+            )
+        };
+        let file = format!("busy-timeline-{system}.svg");
+        chart(
+            &format!("Worker occupancy, {system}: {deployment} at {top} req/s"),
+            "time (s)",
+            "fraction of time busy (encode: whole pass incl. CPU phase)",
+            Scale::Linear,
+            busy_series(tl, run.report.duration_s, 40),
+            true,
+        )
+        .write(&dir.join(&file))
+        .map_err(|e| cannot(&file, &e))?;
+    }
     let o = Overrides {
         rate: Some(top),
         seed: Some(1),
@@ -600,29 +657,6 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         ..Default::default()
     };
     let sc = Scenario::load(path, &o).map_err(|e| bad(e.to_string()))?;
-    let run = easerve_sim::simulate_with(
-        &sc,
-        easerve_sim::scenario_cost(&sc),
-        &easerve_sim::SimOptions {
-            timeline: true,
-            ..Default::default()
-        },
-    );
-    if let Some(tl) = &run.timeline {
-        chart(
-            &format!(
-                "Worker occupancy ({} B={} s={} at {top} req/s)",
-                sc.deployment.allocation, sc.deployment.max_batch, sc.deployment.offload
-            ),
-            "time (s)",
-            "fraction of time busy (encode: whole pass incl. CPU phase)",
-            Scale::Linear,
-            busy_series(tl, run.report.duration_s, 40),
-            true,
-        )
-        .write(&dir.join("busy-timeline.svg"))
-        .map_err(|e| cannot("busy-timeline.svg", &e))?;
-    }
     let cost = easerve_sim::scenario_cost(&sc);
     let trial = SimTrial::new(sc.raw.clone(), &sc.file, o.clone());
     let progress: Vec<Series> = [Method::Has, Method::Random, Method::Coordinate]

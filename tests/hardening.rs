@@ -242,12 +242,20 @@ fn high_rate_capacity_estimate_is_bounded_by_the_batch() {
 
 #[test]
 fn a_folder_given_as_the_trace() {
-    let f = scenario_with("azure-conv.toml", |s| {
-        s.replace(
-            "azure-llm-2023/AzureLLMInferenceTrace_conv.csv",
-            "azure-llm-2023",
-        )
-    });
+    let folder = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("scenarios/azure-conv.toml")).unwrap();
+    let text: String = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("trace = ") {
+                format!("trace = \"{}\"", folder.path().display())
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let f = scenario_text(&text);
     let path = f.path().to_str().unwrap();
     exits_2(&["sim", path], &[path, "workload.trace", "is a folder"]);
 }

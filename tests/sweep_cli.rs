@@ -61,7 +61,7 @@ fn sweep_writes_csv_and_svgs_with_the_expected_series() {
     }
     for (file, names) in [
         (
-            "busy-timeline.svg",
+            "busy-timeline-passthrough.svg",
             vec!["E0 encode", "E1 encode", "P0 prefill", "D0 decode"],
         ),
         ("has-progress.svg", vec!["has", "random", "coordinate"]),
@@ -103,7 +103,9 @@ fn shards_merged_equal_the_unsharded_sweep() {
         "goodput-moderate.svg",
         "p99-ttft.svg",
         "ttft-cdf.svg",
-        "busy-timeline.svg",
+        "busy-timeline-passthrough.svg",
+        "busy-timeline-aggregated.svg",
+        "busy-timeline-easerve.svg",
         "has-progress.svg",
     ] {
         assert!(

@@ -18,8 +18,11 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-/// Width of the rendered chart, in pixels.
-pub const WIDTH_PX: u32 = 800;
+/// Width of the rendered chart, in pixels: the plot, then the legend.
+pub const WIDTH_PX: u32 = 1000;
+/// Width of the legend column right of the plot, in pixels: the legend never
+/// covers data.
+pub const LEGEND_PX: u32 = 200;
 /// Height of the rendered chart, in pixels.
 pub const HEIGHT_PX: u32 = 500;
 
@@ -255,8 +258,9 @@ impl LineChart {
             .collect()
     }
 
-    /// Render to an SVG string ([`WIDTH_PX`]×[`HEIGHT_PX`] = 800×500 px):
-    /// title, axis labels with units as given, a legend with every series
+    /// Render to an SVG string ([`WIDTH_PX`]×[`HEIGHT_PX`] = 1000×500 px):
+    /// title, axis labels with units as given, a legend (in its own column
+    /// right of the plot, [`LEGEND_PX`] wide) with every series
     /// name, one colour per series (a fixed colour-blind-safe palette,
     /// deterministic), markers on points unless [`step`](Self::step).
     ///
@@ -322,7 +326,8 @@ impl LineChart {
     {
         let e = |e: DrawingAreaErrorKind<_>| e.to_string();
         root.fill(&WHITE).map_err(e)?;
-        let mut chart = ChartBuilder::on(root)
+        let (plot, legend) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
+        let mut chart = ChartBuilder::on(&plot)
             .caption(&self.title, (FONT_FAMILY, 22))
             .margin(15)
             .x_label_area_size(45)
@@ -354,9 +359,19 @@ impl LineChart {
             };
             chart
                 .draw_series(LineSeries::new(vertices, line))
-                .map_err(e)?
-                .label(series.name.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], line));
+                .map_err(e)?;
+            // the legend's entry: a line in the series' style and its name
+            let y = 60 + 22 * i as i32;
+            legend
+                .draw(&PathElement::new(vec![(8, y), (30, y)], line))
+                .map_err(e)?;
+            legend
+                .draw(&Text::new(
+                    series.name.clone(),
+                    (36, y - 7),
+                    (FONT_FAMILY, 13).into_font(),
+                ))
+                .map_err(e)?;
             if !self.step {
                 match round {
                     0 => chart
@@ -381,16 +396,6 @@ impl LineChart {
             }
         }
 
-        if !self.series.is_empty() {
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperRight)
-                .label_font((FONT_FAMILY, 13))
-                .background_style(WHITE.mix(0.6))
-                .border_style(BLACK)
-                .draw()
-                .map_err(e)?;
-        }
         Ok(())
     }
 }
@@ -445,7 +450,7 @@ mod tests {
         for scale in [Scale::Linear, Scale::Log] {
             for step in [false, true] {
                 let svg = chart(two_series(), scale, step).to_svg().unwrap();
-                assert!(svg.contains("width=\"800\"") && svg.contains("height=\"500\""));
+                assert!(svg.contains("width=\"1000\"") && svg.contains("height=\"500\""));
                 let t = texts(&svg);
                 for want in [
                     "TTFT CDF",
@@ -457,6 +462,23 @@ mod tests {
                     assert!(t.iter().any(|s| s == want), "{want:?} missing from {t:?}");
                 }
             }
+        }
+    }
+
+    /// The legend is drawn in its own column: every series name starts right
+    /// of the plot area, so no name covers a line or a marker.
+    #[test]
+    fn legend_sits_beside_the_plot_not_over_it() {
+        let svg = chart(two_series(), Scale::Linear, false).to_svg().unwrap();
+        let doc = roxmltree::Document::parse(&svg).unwrap();
+        let plot_right = f64::from(WIDTH_PX - LEGEND_PX);
+        for name in ["EaServe", "vLLM <baseline> & co"] {
+            let node = doc
+                .descendants()
+                .find(|n| n.has_tag_name("text") && n.text().map(str::trim) == Some(name))
+                .unwrap_or_else(|| panic!("{name} missing"));
+            let x: f64 = node.attribute("x").unwrap().parse().unwrap();
+            assert!(x > plot_right, "{name} at x = {x}, inside the plot");
         }
     }
 

@@ -520,8 +520,8 @@ impl Report {
         head(&mut s, " Stages (ms) ");
         let _ = writeln!(
             s,
-            "{:<20}{:>9}{:>9}{:>10}{:>9}{:>7}",
-            "stage", "queue", "q P99", "service", "s P99", "busy"
+            "{:<20}{:>9}{:>9}{:>10}{:>9}{:>13}",
+            "stage", "queue", "q P99", "service", "s P99", "GPU w/ work"
         );
         for st in &self.stages {
             let busy = st
@@ -532,14 +532,14 @@ impl Report {
                 // e.g. encode in a text-only run: no request passed through it
                 let _ = writeln!(
                     s,
-                    "{:<20}{:>9}{:>9}{:>10}{:>9}{:>7}",
+                    "{:<20}{:>9}{:>9}{:>10}{:>9}{:>13}",
                     st.stage, "-", "-", "-", "-", busy
                 );
                 continue;
             }
             let _ = writeln!(
                 s,
-                "{:<20}{:>9.1}{:>9.1}{:>10.1}{:>9.1}{:>7}",
+                "{:<20}{:>9.1}{:>9.1}{:>10.1}{:>9.1}{:>13}",
                 st.stage,
                 ms(st.queue.mean),
                 ms(st.queue.p99),
@@ -570,7 +570,7 @@ impl Report {
         for g in &self.gpus {
             let _ = writeln!(
                 s,
-                "GPU {:<3}{:<10}{:<9} busy {:>5.1}%   SM-time {:>5.1}%",
+                "GPU {:<3}{:<10}{:<9} with work {:>5.1}%   SM-time {:>5.1}%",
                 g.gpu,
                 g.worker,
                 g.stage,
@@ -594,6 +594,10 @@ impl Report {
                         l.stage, l.offered, l.capacity, l.load
                     );
                 }
+                let _ = writeln!(
+                    s,
+                    "(load = offered / capacity at full batches; \"GPU w/ work\" above is the time any work runs: a decode batch of one keeps it near 100 %)"
+                );
             }
             for f in &x.findings {
                 let _ = writeln!(s, "- {f}");
