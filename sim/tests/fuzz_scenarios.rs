@@ -8,7 +8,9 @@
 //! are all accounted for. Runs are sized down (at most 24 requests of at most
 //! 64 output tokens) and each must finish within a generous bound.
 //!
-//! `EASERVE_FUZZ_CASES` sets the number of cases (default 1500).
+//! The cases are the same on every run (one seed, like the simulator's):
+//! `EASERVE_FUZZ_CASES` sets their number (default 1500) and
+//! `EASERVE_FUZZ_SEED` the seed (default 2026) to explore others.
 
 use easerve_workload::scenario::{Scenario, ScenarioFile};
 use proptest::prelude::*;
@@ -255,16 +257,17 @@ fn run_case(base: &str, text: String) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn cases() -> u32 {
-    std::env::var("EASERVE_FUZZ_CASES")
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1500)
+        .unwrap_or(default)
 }
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: cases(),
+        cases: env_or("EASERVE_FUZZ_CASES", 1500),
+        rng_seed: proptest::test_runner::RngSeed::Fixed(env_or("EASERVE_FUZZ_SEED", 2026)),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
