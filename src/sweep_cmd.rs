@@ -396,7 +396,8 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(cannot)?;
         }
-        std::fs::write(&out, serde_json::to_string_pretty(&part)?).map_err(cannot)?;
+        let json = serde_json::to_string_pretty(&part)?;
+        crate::write_output("--out", &out, |w| Ok(w.write_all(json.as_bytes())?))?;
         sayln!(
             "part {shard_i}/{shard_n}: {} of {total} points → {}",
             part.rows.len(),
@@ -522,7 +523,9 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         bad(format!("--out {}: cannot write {name}: {e}", dir.display()))
     };
     let put = |name: &str, text: String| {
-        std::fs::write(dir.join(name), text).map_err(|e| cannot(name, &e))
+        crate::write_output("--out", &dir.join(name), |w| {
+            Ok(w.write_all(text.as_bytes())?)
+        })
     };
     put("sweep.json", serde_json::to_string_pretty(whole)?)?;
     let points = aggregate(&whole.rows);
