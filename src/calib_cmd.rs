@@ -237,6 +237,11 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             &output,
             date,
         ),
+        #[cfg(not(feature = "exec"))]
+        CalibCommand::MeasurePreprocess { .. } => {
+            Err(crate::without_executor("calib measure-preprocess"))
+        }
+        #[cfg(feature = "exec")]
         CalibCommand::MeasurePreprocess { reps, output } => {
             if reps == 0 {
                 return Err(BadInput("--reps: must be ≥ 1".into()).into());

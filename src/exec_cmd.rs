@@ -2,15 +2,23 @@
 //! shared scheduler) and print the measured report; and the hidden
 //! `easerve worker` each of those processes runs.
 
+#[cfg(feature = "exec")]
 use std::process::ExitCode;
 
+#[cfg(feature = "exec")]
 use easerve_exec::device::{check_device, DeviceKind};
+#[cfg(feature = "exec")]
 use easerve_exec::profile::{available_memory, f32_weight_bytes};
+#[cfg(feature = "exec")]
 use easerve_exec::run::{execute, ExecOptions};
+#[cfg(feature = "exec")]
 use easerve_exec::wire::Role;
+#[cfg(feature = "exec")]
 use easerve_exec::worker::{run_worker, WorkerOptions};
 
-use crate::{BadInput, RunArgs};
+#[cfg(feature = "exec")]
+use crate::BadInput;
+use crate::RunArgs;
 
 pub(crate) const EXEC_HELP: &str = "Each worker runs on one device: allocations with TP > 1 are not supported by the executor (simulate them with `easerve sim`). On CPU every worker is a process bounded to its share of the host's threads; the scenario's `cluster.gpu` should be `cpu` so that its costs (profile) describe the host.
 
@@ -18,6 +26,7 @@ Exit codes: 0 the run finished (failed or rejected requests are in the report); 
 
 #[derive(clap::Args, Debug)]
 #[command(allow_negative_numbers = true)]
+#[cfg_attr(not(feature = "exec"), allow(dead_code))]
 pub(crate) struct ExecArgs {
     #[command(flatten)]
     run: RunArgs,
@@ -42,6 +51,7 @@ pub(crate) struct ExecArgs {
     startup_timeout: f64,
 }
 
+#[cfg(feature = "exec")]
 pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
     let mut sc = a.run.scenario()?;
     let device: DeviceKind = a
@@ -138,6 +148,7 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[derive(clap::Args, Debug)]
+#[cfg_attr(not(feature = "exec"), allow(dead_code))]
 pub(crate) struct WorkerArgs {
     /// encode, prefill or decode.
     #[arg(long)]
@@ -165,6 +176,7 @@ pub(crate) struct WorkerArgs {
     gpu: usize,
 }
 
+#[cfg(feature = "exec")]
 pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     let role = match a.role.as_str() {
         "encode" => Role::Encode,

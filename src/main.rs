@@ -229,6 +229,7 @@ impl RunArgs {
 /// Warn on stderr when the host is already busy (1-minute load average, from
 /// `/proc/loadavg`, above its cores): `what` measures real runs, and they are
 /// only meaningful on a quiet host. Silent where the load is unknown.
+#[cfg(feature = "exec")]
 pub(crate) fn warn_if_host_busy(what: &str) {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let load = std::fs::read_to_string("/proc/loadavg")
@@ -337,6 +338,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Search(a) => search_cmd::run(a),
         Command::Sweep(a) => sweep_cmd::run(a),
         Command::Reproduce(a) => reproduce_cmd::run(a),
+        #[cfg(feature = "exec")]
         Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {
             let sc = a.run.scenario()?;
@@ -362,9 +364,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             a.run.output(&out.report, &out.records, &out.decisions)?;
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "exec")]
         Command::Exec(a) => exec_cmd::run(a),
+        #[cfg(feature = "exec")]
         Command::Worker(a) => exec_cmd::worker(a),
+        #[cfg(not(feature = "exec"))]
+        Command::Profile(_) => Err(without_executor("profile")),
+        #[cfg(not(feature = "exec"))]
+        Command::Exec(_) | Command::Worker(_) => Err(without_executor("exec")),
     }
+}
+
+/// The error of a subcommand that runs real models (`exec`, `profile`, `calib
+/// measure-preprocess`) in a build without the `exec` feature: what to build
+/// instead (exit 2, like any input this build cannot use).
+#[cfg(not(feature = "exec"))]
+pub(crate) fn without_executor(cmd: &str) -> anyhow::Error {
+    BadInput(format!(
+        "`easerve {cmd}` runs real models, and this easerve was built without the executor (burn); \
+         build it with `cargo build --release --features exec` (see README.md, \"Build\") and run \
+         `target/release/easerve {cmd} …`, or `cargo run --release --features exec -- {cmd} …`"
+    ))
+    .into()
 }
 
 fn main() -> ExitCode {

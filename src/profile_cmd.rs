@@ -1,21 +1,30 @@
 //! `easerve profile`: measure a model's stage-cost tables on the real backend.
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+#[cfg(feature = "exec")]
+use std::{
+    io::IsTerminal,
+    process::{Command, ExitCode},
+};
 
+#[cfg(feature = "exec")]
 use easerve_calib::profile::today_utc;
-use easerve_exec::device::cpu_levels;
-use easerve_exec::device::{check_device, cpu_cores, DeviceKind};
+#[cfg(feature = "exec")]
+use easerve_exec::device::{check_device, cpu_cores, cpu_levels, DeviceKind};
+#[cfg(feature = "exec")]
 use easerve_exec::profile::{
     available_memory, f32_weight_bytes, profile_cpu, run_level_cpu, Plan, ProfileOptions,
 };
+#[cfg(feature = "exec")]
 use easerve_model::ModelArch;
+#[cfg(feature = "exec")]
 use indicatif::{ProgressBar, ProgressStyle};
 
+#[cfg(feature = "exec")]
 use crate::BadInput;
 
 #[derive(clap::Args, Debug)]
+#[cfg_attr(not(feature = "exec"), allow(dead_code))]
 pub(crate) struct ProfileArgs {
     /// Model preset to build and time (e.g. tiny-image, tiny-video, tiny-audio; the
     /// real-size presets need a GPU).
@@ -51,6 +60,7 @@ pub(crate) struct ProfileArgs {
     cores: Option<usize>,
 }
 
+#[cfg(feature = "exec")]
 pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     let arch = ModelArch::preset(&a.model).ok_or_else(|| {
         BadInput(format!(
@@ -166,7 +176,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-#[cfg(not(feature = "cuda"))]
+#[cfg(all(feature = "exec", not(feature = "cuda")))]
 fn cuda_profile(_: &ModelArch, _: &ProfileOptions, _: &ProfileArgs) -> anyhow::Result<ExitCode> {
     unreachable!("check_device rejects cuda in builds without the feature")
 }

@@ -3,8 +3,10 @@
 
 mod bad_input;
 mod drivers_agree;
+#[cfg(feature = "exec")]
 mod exec_cli;
 mod hardening;
+#[cfg(feature = "exec")]
 mod profile_cli;
 mod reproduce_cli;
 mod search_cli;
@@ -17,9 +19,11 @@ use std::process::{Command, Output};
 
 /// Held by every test that times real models (`profile`, `exec`): their
 /// measurements are only meaningful when they do not share the cores.
+#[cfg(feature = "exec")]
 pub static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Take [`TIMED`] (a failed test holding it does not block the others).
+#[cfg(feature = "exec")]
 pub fn timed() -> std::sync::MutexGuard<'static, ()> {
     TIMED.lock().unwrap_or_else(|p| p.into_inner())
 }
