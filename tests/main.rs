@@ -8,6 +8,7 @@ mod exec_cli;
 mod hardening;
 #[cfg(feature = "exec")]
 mod profile_cli;
+mod readme_commands;
 mod reproduce_cli;
 mod search_cli;
 mod sim_cli;

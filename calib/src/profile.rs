@@ -659,16 +659,21 @@ impl Profile {
     /// A profile of any stage cost `r` of `model` on `gpu` on the grid `g`, timed at
     /// each grid point exactly as [`Profile::from_roofline`] describes, with the
     /// given provenance and `(time_slice_penalty, bandwidth_interference, note)`.
+    /// The sampled latencies are made non-decreasing along the work axes
+    /// ([`monotone_envelope`]): a cost priced from measured kernels can dip between
+    /// grid points where the tables switch kernels, and a profile may not; when
+    /// that raises a value, `provenance.method` says how many.
     pub fn from_cost(
         r: &dyn StageCost,
         model: &easerve_model::ModelArch,
         gpu: &GpuSpec,
-        provenance: Provenance,
+        mut provenance: Provenance,
         g: &GridSpec,
         scalars: (f64, f64, &str),
     ) -> Profile {
         let s = |v: &[u64]| -> Vec<f64> { v.iter().map(|&x| x as f64).collect() };
         let cols = |c: &[&str]| -> Vec<String> { c.iter().map(|x| x.to_string()).collect() };
+        let mut raised = 0;
         let encode = model.encoder.as_ref().map(|_| {
             let mut rows = Vec::new();
             for &b in &g.encode_batch {
@@ -681,6 +686,7 @@ impl Profile {
                     }
                 }
             }
+            raised += monotone_envelope(Stage::Encode, &mut rows);
             Table::build(
                 Stage::Encode,
                 None,
@@ -705,6 +711,7 @@ impl Profile {
                 }
             }
         }
+        raised += monotone_envelope(Stage::Prefill, &mut rows);
         let prefill = Table::build(
             Stage::Prefill,
             None,
@@ -724,6 +731,12 @@ impl Profile {
                     ]);
                 }
             }
+        }
+        raised += monotone_envelope(Stage::Decode, &mut rows);
+        if raised > 0 {
+            provenance.method.push_str(&format!(
+                "; {raised} sampled latencies raised to make them non-decreasing along work axes (running max)"
+            ));
         }
         let decode = Table::build(
             Stage::Decode,
@@ -1641,7 +1654,9 @@ impl Parser<'_> {
 /// work axes (a running maximum over the grid), so timing noise between neighbouring
 /// points does not make a table non-monotone. Rows are `[axes..., median, p90, ...]`
 /// as for [`Profile::from_measurements`]; other columns are left as measured.
-pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) {
+/// Returns how many values it raised.
+pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) -> usize {
+    let mut raised = 0;
     let axes = stage.axes();
     let na = axes.len();
     let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -1667,12 +1682,14 @@ pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) {
                     for c in [na, na + 1] {
                         if c < rows[i].len() && rows[i][c] < rows[j][c] {
                             rows[i][c] = rows[j][c];
+                            raised += 1;
                         }
                     }
                 }
             }
         }
     }
+    raised
 }
 
 fn number(v: &toml::Value) -> Option<f64> {

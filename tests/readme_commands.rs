@@ -1,0 +1,280 @@
+//! Every shell command of `README.md` and `scenarios/README.md`, run as written
+//! (on small sizes) in a temporary folder, in the order the README gives them:
+//! a command that reads an earlier one's output finds it there.
+//!
+//! How a command is run:
+//! * `cargo run --release [--features exec] --` and a bare `easerve` become the
+//!   binary under test; the line runs in `bash` with the block's earlier variable
+//!   assignments (`M=audio`), so redirections and `$M` work as in a terminal;
+//! * sizes are cut so that the whole README runs in about a minute
+//!   ([`SMALL`]): `--requests 24` where a subcommand takes it, one seed per
+//!   sweep point, the profiler's `--quick` grid with one timed run;
+//! * the folder holds `scenarios/` (a link to the repository's) and
+//!   `calib/preprocess/`; `../shared/data` is the repository's neighbour, and
+//!   a command that needs it is skipped, saying so, when it is absent;
+//! * every command must exit 0, except `calib validate`, whose exit 1 means "an
+//!   error above `--max-error`" (a measured verdict, not a broken command).
+//!
+//! Blocks with `--features exec` run only in a build with the executor (the
+//! second pass of `.ci/run`); the others run in both. Commands this test does
+//! not run are in [`NOT_RUN`], with the reason.
+
+use crate::root;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Commands (by prefix) this test does not run, and why. The README marks
+/// each of them.
+const NOT_RUN: &[(&str, &str)] = &[
+    (
+        "cargo test",
+        "the test command itself (CI runs it; `cargo test -p easerve-calib fidelity` is part of it)",
+    ),
+    (
+        "python3 calib/preprocess/measure.py",
+        "installs PyTorch (about 2 GB) into its own virtual environment; its result is committed as calib/preprocess/measured-python.toml",
+    ),
+    (
+        "easerve sweep",
+        "a cluster job-array example (Slurm, Kubernetes); sweep_cli's shard tests run the same --shard and merge",
+    ),
+    (
+        "parallel easerve",
+        "needs GNU parallel; sweep_cli's shard tests run the same --shard and merge",
+    ),
+];
+
+/// Extra arguments per subcommand, appended unless the command gives the flag
+/// itself: `(subcommand, flag, arguments)`.
+const SMALL: &[(&str, &str, &str)] = &[
+    ("sim", "--requests", "--requests 24"),
+    ("exec", "--requests", "--requests 24"),
+    ("search", "--requests", "--requests 24"),
+    ("sweep", "--requests", "--requests 24"),
+    ("sweep", "--seeds", "--seeds 1"),
+    ("reproduce", "--requests", "--requests 24"),
+    ("profile", "--quick", "--quick --repetitions 1 --warmup 0"),
+    ("calib measure-preprocess", "--reps", "--reps 1"),
+];
+
+/// One ```sh block: its first line in the file and its commands (continuation
+/// lines joined, comments dropped).
+struct Block {
+    file: &'static str,
+    line: usize,
+    commands: Vec<String>,
+}
+
+fn blocks(file: &'static str) -> Vec<Block> {
+    let text = std::fs::read_to_string(root().join(file)).expect("README readable");
+    let mut out = Vec::new();
+    let mut current: Option<Block> = None;
+    let mut pending = String::new();
+    for (i, line) in text.lines().enumerate() {
+        match (&mut current, line.trim_start()) {
+            (None, l) if l == "```sh" => {
+                current = Some(Block {
+                    file,
+                    line: i + 1,
+                    commands: Vec::new(),
+                });
+            }
+            (Some(_), "```") => out.push(current.take().expect("in a block")),
+            (Some(b), l) => {
+                let code = strip_comment(l);
+                if let Some(head) = code.strip_suffix('\\') {
+                    pending.push_str(head.trim_end());
+                    pending.push(' ');
+                    continue;
+                }
+                pending.push_str(code.trim());
+                let cmd = std::mem::take(&mut pending);
+                if !cmd.trim().is_empty() {
+                    b.commands.push(cmd.trim().to_string());
+                }
+            }
+            (None, _) => {}
+        }
+    }
+    assert!(current.is_none(), "{file}: a ```sh block is not closed");
+    out
+}
+
+/// `line` without a trailing `# comment` (a `#` that starts a word outside
+/// quotes).
+fn strip_comment(line: &str) -> &str {
+    let (mut single, mut double) = (false, false);
+    let bytes = line.as_bytes();
+    for (i, &c) in bytes.iter().enumerate() {
+        match c {
+            b'\'' if !double => single = !single,
+            b'"' if !single => double = !double,
+            b'#' if !single && !double && (i == 0 || bytes[i - 1].is_ascii_whitespace()) => {
+                return line[..i].trim_end();
+            }
+            _ => {}
+        }
+    }
+    line
+}
+
+/// The command with the binary under test in place of `cargo run …` or
+/// `easerve`, or `None` when it is not an easerve command.
+fn as_binary(cmd: &str, exe: &str) -> Option<String> {
+    for prefix in [
+        "cargo run --release --features exec --",
+        "cargo run --release --",
+    ] {
+        if let Some(rest) = cmd.strip_prefix(prefix) {
+            return Some(format!("{exe}{rest}"));
+        }
+    }
+    None
+}
+
+/// `cmd` (its binary already replaced, `rest` the part after it) with the
+/// small sizes of [`SMALL`] appended before any redirection.
+fn small(rest: &str) -> String {
+    let (args, redirect) = match rest.find(" >") {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let sub = match words.as_slice() {
+        ["calib", s, ..] => format!("calib {s}"),
+        [s, ..] => s.to_string(),
+        [] => String::new(),
+    };
+    let mut out = args.to_string();
+    for (which, flag, extra) in SMALL {
+        if *which == sub && !words.contains(flag) {
+            out.push(' ');
+            out.push_str(extra);
+        }
+    }
+    out + redirect
+}
+
+fn run_blocks(file: &'static str) {
+    let exe = env!("CARGO_BIN_EXE_easerve");
+    let with_exec = cfg!(feature = "exec");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let work = dir.path();
+    std::os::unix::fs::symlink(root().join("scenarios"), work.join("scenarios")).unwrap();
+    std::fs::create_dir_all(work.join("calib/preprocess")).unwrap();
+    let shared: PathBuf = root().join("../shared/data");
+    let mut ran = 0;
+    for b in blocks(file) {
+        let needs_exec = b.commands.iter().any(|c| c.contains("--features exec"));
+        if needs_exec && !with_exec {
+            eprintln!(
+                "{}:{}: not run in this build: needs the executor (the `exec` feature; .ci/run's second pass runs it)",
+                b.file, b.line
+            );
+            continue;
+        }
+        let mut vars = String::new();
+        for cmd in &b.commands {
+            if let Some((_, why)) = NOT_RUN.iter().find(|(p, _)| cmd.starts_with(p)) {
+                eprintln!("{}:{}: not run: `{cmd}`: {why}", b.file, b.line);
+                continue;
+            }
+            if is_assignment(cmd) {
+                vars.push_str(cmd);
+                vars.push('\n');
+                continue;
+            }
+            let Some(line) = as_binary(cmd, "") else {
+                panic!(
+                    "{}:{}: `{cmd}` is neither an easerve command nor listed in NOT_RUN with a reason",
+                    b.file, b.line
+                );
+            };
+            if line.contains("../shared/data") && !shared.is_dir() {
+                eprintln!(
+                    "{}:{}: skipped `{cmd}`: {} is absent (third-party data)",
+                    b.file,
+                    b.line,
+                    shared.display()
+                );
+                continue;
+            }
+            let line = small(&line).replace("../shared/data", &shared.display().to_string());
+            run_one(&b, cmd, &format!("{vars}\"$EASERVE\"{line}"), exe, work);
+            ran += 1;
+        }
+    }
+    eprintln!("{file}: {ran} commands ran");
+}
+
+fn is_assignment(cmd: &str) -> bool {
+    cmd.split_once('=').is_some_and(|(name, _)| {
+        !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+fn run_one(b: &Block, cmd: &str, script: &str, exe: &str, work: &Path) {
+    let start = std::time::Instant::now();
+    let out = Command::new("bash")
+        .args(["-e", "-o", "pipefail", "-c", script])
+        .env("EASERVE", exe)
+        .current_dir(work)
+        .output()
+        .expect("bash runs");
+    let code = out.status.code();
+    let validate = cmd.contains(" calib validate ");
+    let ok = code == Some(0) || (validate && code == Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        ok && !stderr.contains("panicked"),
+        "{}:{}: `{cmd}` (run as `{script}`) exited {code:?}:\n{stderr}",
+        b.file,
+        b.line
+    );
+    eprintln!(
+        "{}:{}: ok in {:.1} s: {cmd}",
+        b.file,
+        b.line,
+        start.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn every_readme_command_runs_as_written() {
+    run_blocks("README.md");
+}
+
+#[test]
+fn every_scenarios_readme_command_runs_as_written() {
+    run_blocks("scenarios/README.md");
+}
+
+#[test]
+fn the_command_reader_joins_lines_drops_comments_and_cuts_sizes() {
+    assert_eq!(strip_comment("a 'b # c' # d"), "a 'b # c'");
+    assert_eq!(strip_comment("--out x   # about a minute"), "--out x");
+    assert_eq!(
+        small(" sim scenarios/x.toml --json > sim.json"),
+        " sim scenarios/x.toml --json --requests 24 > sim.json"
+    );
+    assert_eq!(
+        small(" sweep s.toml --seeds 1 --out o"),
+        " sweep s.toml --seeds 1 --out o --requests 24"
+    );
+    assert_eq!(
+        small(" calib measure-preprocess -o f"),
+        " calib measure-preprocess -o f --reps 1"
+    );
+    assert_eq!(
+        as_binary("cargo run --release --features exec -- exec a", "E"),
+        Some("E exec a".into())
+    );
+    assert_eq!(as_binary("python3 x", "E"), None);
+    assert!(is_assignment("M=audio"));
+    assert!(!is_assignment("cargo run --release -- sim --set a=b"));
+    let readme = blocks("README.md");
+    assert!(readme.iter().any(|b| b
+        .commands
+        .iter()
+        .any(|c| c.contains("--allocation '4E(TP1)+1P(TP2)+1D(TP2)' --seed 7"))));
+}
