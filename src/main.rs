@@ -21,6 +21,7 @@ macro_rules! sayln {
 }
 
 mod calib_cmd;
+mod capacity_cmd;
 mod exec_cmd;
 mod profile_cmd;
 mod reproduce_cmd;
@@ -58,6 +59,10 @@ enum Command {
     /// Rate sweeps and what-ifs over scenario fields and serving systems, with SVG plots.
     #[command(after_help = EXIT_CODES)]
     Sweep(sweep_cmd::SweepArgs),
+    /// Capacity planning: the highest rate the cluster sustains under an SLO tier,
+    /// the fewest GPUs for a target rate, or GPU types compared at equal count or cost.
+    #[command(after_help = EXIT_CODES)]
+    Capacity(capacity_cmd::CapacityArgs),
     /// Re-run the EAServe paper's findings in simulation and write a Markdown report with plots.
     #[command(after_help = EXIT_CODES)]
     Reproduce(reproduce_cmd::ReproduceArgs),
@@ -338,6 +343,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Search(a) => search_cmd::run(a),
         Command::Sweep(a) => sweep_cmd::run(a),
         Command::Reproduce(a) => reproduce_cmd::run(a),
+        Command::Capacity(a) => capacity_cmd::run(a),
         #[cfg(feature = "exec")]
         Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {

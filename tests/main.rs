@@ -2,6 +2,7 @@
 //! One integration-test binary (modules below).
 
 mod bad_input;
+mod capacity_cli;
 mod drivers_agree;
 #[cfg(feature = "exec")]
 mod exec_cli;

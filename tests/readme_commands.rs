@@ -53,6 +53,7 @@ const SMALL: &[(&str, &str, &str)] = &[
     ("sweep", "--requests", "--requests 24"),
     ("sweep", "--seeds", "--seeds 1"),
     ("reproduce", "--requests", "--requests 24"),
+    ("capacity", "--requests", "--requests 24"),
     ("profile", "--quick", "--quick --repetitions 1 --warmup 0"),
     ("calib measure-preprocess", "--reps", "--reps 1"),
 ];
@@ -72,7 +73,7 @@ fn blocks(file: &'static str) -> Vec<Block> {
     let mut pending = String::new();
     for (i, line) in text.lines().enumerate() {
         match (&mut current, line.trim_start()) {
-            (None, l) if l == "```sh" => {
+            (None, "```sh") => {
                 current = Some(Block {
                     file,
                     line: i + 1,

@@ -9,10 +9,13 @@
 //!   s) seeded with each survivor's analytical optimum and stopped when the
 //!   best three are within 1 % or five trials bring no gain; plus the
 //!   `random`, `coordinate` and `exhaustive` baselines.
+//! * [`capacity`] — capacity planning: the highest rate a cluster sustains
+//!   under an SLO tier (bisection on the simulator), the fewest GPUs for a rate.
 //! * [`trial`] — the [`Trial`] trait: one end-to-end run of a candidate. The
 //!   simulator implements it ([`SimTrial`]); the real executor will too.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod capacity;
 pub mod search;
 pub mod space;
 pub mod stage1;

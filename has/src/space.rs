@@ -114,11 +114,25 @@ pub(crate) fn validate(raw: &ScenarioFile, file: &str, o: &Overrides) -> Option<
 /// local prefill fits next to the encoder (then `s = 0`). Order: by encode,
 /// prefill, decode counts and degrees (deterministic).
 pub fn feasible_allocations(sc: &Scenario) -> Vec<FeasibleAllocation> {
-    let g = sc.gpus.min(MAX_TERM);
-    let raw = &sc.raw;
+    let text_only = sc.workload.modality == easerve_sched::Modality::Text;
+    feasible_allocations_in(&sc.raw, &sc.file, sc.gpus, text_only)
+}
+
+/// [`feasible_allocations`] of the scenario file `raw` (read from `file`)
+/// on a cluster of `gpus` GPUs, before it has a deployment that fits:
+/// `text_only` when its workload has no media (no encode stage).
+pub fn feasible_allocations_in(
+    raw: &ScenarioFile,
+    file: &str,
+    gpus: u32,
+    text_only: bool,
+) -> Vec<FeasibleAllocation> {
+    let g = gpus.min(MAX_TERM);
+    let mut raw = raw.clone();
+    raw.cluster.gpus = i64::from(gpus);
+    let raw = &raw;
     let mut out = Vec::new();
     // a text-only workload has no encode stage: plain prefill/decode allocations
-    let text_only = sc.workload.modality == easerve_sched::Modality::Text;
     let encode_counts = if text_only { 0..=0 } else { 1..=g };
     for n_e in encode_counts {
         for &tp_p in &TP_DEGREES {
@@ -139,7 +153,7 @@ pub fn feasible_allocations(sc: &Scenario) -> Vec<FeasibleAllocation> {
                     let at = |s: f64| {
                         validate(
                             raw,
-                            &sc.file,
+                            file,
                             &Overrides {
                                 allocation: Some(allocation.to_string()),
                                 offload: Some(s),

@@ -873,17 +873,20 @@ impl Scenario {
         Scenario::load_with(path, &[], overrides)
     }
 
-    /// Read a scenario file, set fields by dotted path first (`sets`, e.g.
+    /// Read a scenario file, set fields by dotted path (`sets`, e.g.
     /// `("cluster.gpu", "h100-sxm")`; a value that parses as a TOML number or
-    /// boolean is one, anything else a string), then validate as [`Scenario::load`].
+    /// boolean is one, anything else a string) and apply `overrides`, without
+    /// validating: for callers that change the cluster and must choose a
+    /// deployment that fits before the scenario can validate.
     ///
     /// # Errors
-    /// As [`Scenario::load`]; a path through a non-table names the `--set` key.
-    pub fn load_with(
+    /// The file cannot be read or parsed; a path through a non-table names the
+    /// `--set` key.
+    pub fn raw_with(
         path: &Path,
         sets: &[(String, String)],
         overrides: &Overrides,
-    ) -> Result<Scenario, ScenarioError> {
+    ) -> Result<ScenarioFile, ScenarioError> {
         let file = path.display().to_string();
         let mut text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
             file: file.clone(),
@@ -918,11 +921,33 @@ impl Scenario {
         }
         let mut raw = ScenarioFile::parse(&text, &file)?;
         raw.apply(overrides);
-        let default_name = path
-            .file_stem()
+        Ok(raw)
+    }
+
+    /// Load, apply `sets` then `overrides`, and validate: [`Scenario::raw_with`]
+    /// followed by [`Scenario::validate`] (the file stem is the default name).
+    ///
+    /// Errors: as [`Scenario::raw_with`], then any field that does not
+    /// validate (attributed to the override that set it).
+    pub fn load_with(
+        path: &Path,
+        sets: &[(String, String)],
+        overrides: &Overrides,
+    ) -> Result<Scenario, ScenarioError> {
+        let raw = Scenario::raw_with(path, sets, overrides)?;
+        Scenario::validate(
+            raw,
+            &path.display().to_string(),
+            &Scenario::default_name(path),
+        )
+        .map_err(|e| overrides.attribute(e))
+    }
+
+    /// The name a scenario file without a `name` field gets: its file stem.
+    pub fn default_name(path: &Path) -> String {
+        path.file_stem()
             .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "scenario".into());
-        Scenario::validate(raw, &file, &default_name).map_err(|e| overrides.attribute(e))
+            .unwrap_or_else(|| "scenario".into())
     }
 
     /// Validate raw data into a scenario.

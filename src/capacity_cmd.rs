@@ -1,0 +1,452 @@
+//! `easerve capacity`: the highest rate a cluster sustains under an SLO tier,
+//! the fewest GPUs for a target rate, and GPU types compared at equal count or
+//! equal cost (all on the simulator; `easerve_has::capacity`).
+
+use crate::BadInput;
+use easerve_has::capacity::{CapacityError, Goal, MaxRate, Planner, Probe, Tuning};
+use easerve_study::plot::{LineChart, Scale, Series};
+use easerve_workload::scenario::{num, Overrides};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `easerve capacity`.
+#[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
+pub(crate) struct CapacityArgs {
+    /// Scenario file (its model, cluster, workload shape and SLO tiers).
+    scenario: PathBuf,
+    /// The SLO tier that must hold (one of the scenario's `[[slo]]` names).
+    #[arg(long, value_name = "TIER")]
+    slo: String,
+    /// Fraction of the offered rate the tier's goodput must reach, in (0, 1].
+    #[arg(long, value_name = "FRACTION", default_value_t = 0.9)]
+    attain: f64,
+    /// Tune the deployment with HAS (30 trials) at every probed rate instead of
+    /// running the scenario's own deployment.
+    #[arg(long)]
+    tune: bool,
+    /// Instead: the fewest GPUs of the scenario's type (each size tuned by HAS)
+    /// that meet the tier at this rate, requests/s.
+    #[arg(long, value_name = "RATE", conflicts_with = "gpus")]
+    target_rate: Option<f64>,
+    /// Largest cluster `--target-rate` tries.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_gpus: u32,
+    /// Instead: compare GPU types (e.g. `h100-sxm,a100-sxm4-80gb`), each tuned
+    /// by HAS, at the scenario's GPU count and, with `--cost-per-gpu-hour`, at
+    /// the scenario cluster's hourly cost.
+    #[arg(long, value_name = "TYPES", value_delimiter = ',')]
+    gpus: Option<Vec<String>>,
+    /// Prices for `--gpus`, `TYPE=PRICE,…` in any currency per GPU-hour; the
+    /// scenario's own GPU type must be among them (its cluster sets the budget).
+    #[arg(
+        long,
+        value_name = "TYPE=PRICE",
+        value_delimiter = ',',
+        requires = "gpus"
+    )]
+    cost_per_gpu_hour: Option<Vec<String>>,
+    /// Relative width of the final bracket of the highest rate.
+    #[arg(long, default_value_t = 0.02)]
+    tolerance: f64,
+    /// Seed of every run.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Requests per run (default: the scenario's `workload.requests`).
+    #[arg(long)]
+    requests: Option<i64>,
+    /// Print the answer and every probe as JSON instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Also write an SVG of the tier's goodput against the probed rates (or
+    /// cluster sizes), the found point marked.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+}
+
+/// Largest target rate accepted, requests/s (the scenario's own rate bound).
+const MAX_TARGET_RATE: f64 = 1e9;
+
+#[derive(Serialize)]
+struct Comparison {
+    gpu: String,
+    /// `equal count` or `equal cost`.
+    basis: &'static str,
+    price_per_gpu_hour: Option<f64>,
+    answer: MaxRate,
+}
+
+fn bad(e: CapacityError) -> anyhow::Error {
+    BadInput(e.to_string()).into()
+}
+
+fn probe_line(p: &Probe) -> String {
+    format!(
+        "probe  {:>3} × {:<16} {:>10} req/s  goodput {:>10} req/s ({:>5.1} % of offered)  {:<5}  {}",
+        p.gpus,
+        p.gpu,
+        format!("{:.4}", p.rate),
+        format!("{:.4}", p.goodput),
+        p.ratio * 1e2,
+        if p.meets { "meets" } else { "fails" },
+        p.deployment
+    )
+}
+
+pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
+    if !(a.attain > 0.0 && a.attain <= 1.0) {
+        return Err(BadInput(format!(
+            "--attain {}: the fraction of the offered rate must be in (0, 1]",
+            a.attain
+        ))
+        .into());
+    }
+    if !(a.tolerance > 0.0 && a.tolerance <= 1.0) {
+        return Err(BadInput(format!(
+            "--tolerance {}: the bracket's relative width must be in (0, 1]",
+            a.tolerance
+        ))
+        .into());
+    }
+    if let Some(r) = a.target_rate {
+        if !(r > 0.0 && r <= MAX_TARGET_RATE) {
+            return Err(BadInput(format!(
+                "--target-rate {r}: a rate in (0, {MAX_TARGET_RATE}] requests/s"
+            ))
+            .into());
+        }
+    }
+    if !(1..=4096).contains(&a.max_gpus) {
+        return Err(BadInput(format!(
+            "--max-gpus {}: allowed 1..=4096 (the bound of cluster.gpus)",
+            a.max_gpus
+        ))
+        .into());
+    }
+    let base = Overrides {
+        seed: a.seed,
+        requests: a.requests,
+        ..Default::default()
+    };
+    let tuning = if a.tune || a.gpus.is_some() {
+        Tuning::Has
+    } else {
+        Tuning::Fixed
+    };
+    let goal = Goal {
+        tier: a.slo.clone(),
+        attain: a.attain,
+    };
+    let planner = Planner::new(&a.scenario, Vec::new(), base, goal.clone(), tuning).map_err(bad)?;
+    let quiet = a.json;
+    let mut on_probe = |p: &Probe| {
+        if !quiet {
+            // a progress line; a failing standard output is reported by the
+            // answer's own output below
+            let _ = crate::emit(format_args!("{}\n", probe_line(p)));
+        }
+    };
+    let what = format!(
+        "tier `{}` at {} % of the offered rate",
+        goal.tier,
+        num(goal.attain * 1e2)
+    );
+    if let Some(rate) = a.target_rate {
+        let ans = planner
+            .fewest_gpus(rate, a.max_gpus, &mut on_probe)
+            .map_err(bad)?;
+        if let Some(path) = &a.plot {
+            let pts = ans
+                .probes
+                .iter()
+                .map(|p| (f64::from(p.gpus), p.goodput))
+                .collect();
+            let mut series = vec![Series {
+                name: format!("goodput ({})", goal.tier),
+                points: pts,
+            }];
+            let lo = ans.probes.first().map_or(1.0, |p| f64::from(p.gpus));
+            let hi = ans.probes.last().map_or(1.0, |p| f64::from(p.gpus));
+            series.push(Series {
+                name: format!("{} × {rate} req/s", num(goal.attain)),
+                points: vec![(lo, goal.attain * rate), (hi, goal.attain * rate)],
+            });
+            if let Some(f) = &ans.found {
+                series.push(Series {
+                    name: format!("fewest: {} GPUs", f.gpus),
+                    points: vec![(f64::from(f.gpus), f.goodput)],
+                });
+            }
+            plot(
+                path,
+                &format!(
+                    "{}: goodput at {rate} req/s by cluster size",
+                    planner_name(&a)
+                ),
+                "GPUs",
+                series,
+            )?;
+        }
+        if a.json {
+            sayln!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({"goal": goal, "answer": ans}))?
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        if !ans.unfit.is_empty() {
+            sayln!(
+                "no allocation fits {} GPU(s) of this type (the model's weights, or no GPU left for an encode worker)",
+                ans.unfit
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        match &ans.found {
+            Some(f) => sayln!(
+                "fewest GPUs meeting {what} at {rate} req/s: {} × {} with {} (goodput {:.4} req/s)",
+                f.gpus,
+                f.gpu,
+                f.deployment,
+                f.goodput
+            ),
+            None => sayln!(
+                "not reachable with up to {} GPUs: no cluster size from 1 to {} meets {what} at {rate} req/s",
+                ans.max_gpus,
+                ans.max_gpus
+            ),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let start = planner.scenario_rate().map_err(bad)?;
+    if let Some(types) = &a.gpus {
+        let prices = parse_prices(a.cost_per_gpu_hour.as_deref().unwrap_or(&[]))?;
+        let own = easerve_workload::scenario::Scenario::load(&a.scenario, &Overrides::default())
+            .map_err(|e| BadInput(e.to_string()))?;
+        let budget = if prices.is_empty() {
+            None
+        } else {
+            let p = price_of(&prices, &own.gpu.name).ok_or_else(|| {
+                BadInput(format!(
+                    "--cost-per-gpu-hour: give a price for the scenario's own GPU `{}` too: its {} GPUs set the hourly budget",
+                    own.gpu.name, own.gpus
+                ))
+            })?;
+            for t in types {
+                if price_of(&prices, t).is_none() {
+                    return Err(BadInput(format!(
+                        "--cost-per-gpu-hour: no price for `{t}` (one of --gpus)"
+                    ))
+                    .into());
+                }
+            }
+            Some(p * f64::from(own.gpus))
+        };
+        let mut rows = Vec::new();
+        for t in types {
+            let gpu = [("cluster.gpu".to_string(), t.clone())];
+            let ans = planner
+                .max_rate(&gpu, start, a.tolerance, &mut on_probe)
+                .map_err(bad)?;
+            rows.push(Comparison {
+                gpu: t.clone(),
+                basis: "equal count",
+                price_per_gpu_hour: price_of(&prices, t),
+                answer: ans,
+            });
+            if let (Some(budget), Some(price)) = (budget, price_of(&prices, t)) {
+                let n = (budget / price + 1e-9).floor() as u32;
+                if n >= 1 && n != own.gpus {
+                    let sets = [gpu[0].clone(), ("cluster.gpus".to_string(), n.to_string())];
+                    let ans = planner
+                        .max_rate(&sets, start, a.tolerance, &mut on_probe)
+                        .map_err(bad)?;
+                    rows.push(Comparison {
+                        gpu: t.clone(),
+                        basis: "equal cost",
+                        price_per_gpu_hour: Some(price),
+                        answer: ans,
+                    });
+                }
+            }
+        }
+        if let Some(path) = &a.plot {
+            let series = rows
+                .iter()
+                .map(|r| Series {
+                    name: format!("{} × {}", r.answer.gpus, r.gpu),
+                    points: sorted_points(&r.answer.probes),
+                })
+                .collect();
+            plot(
+                path,
+                &format!("{}: goodput ({}) by GPU type", planner_name(&a), goal.tier),
+                "offered rate (req/s)",
+                series,
+            )?;
+        }
+        if a.json {
+            sayln!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({"goal": goal, "comparison": rows})
+                )?
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        sayln!("highest rate meeting {what}, each GPU type tuned by HAS:");
+        sayln!(
+            "{:<18}{:>6}  {:<12}{:>14}{:>16}{:>14}{:>16}",
+            "gpu",
+            "count",
+            "basis",
+            "rate (req/s)",
+            "fails at",
+            "cost/hour",
+            "requests/cost"
+        );
+        for r in &rows {
+            let cost = r.price_per_gpu_hour.map(|p| p * f64::from(r.answer.gpus));
+            sayln!(
+                "{:<18}{:>6}  {:<12}{:>14.4}{:>16}{:>14}{:>16}",
+                r.gpu,
+                r.answer.gpus,
+                r.basis,
+                r.answer.rate,
+                r.answer
+                    .fails_at
+                    .map_or("not found".into(), |f| format!("{f:.4}")),
+                cost.map_or("-".into(), |c| format!("{c:.2}")),
+                cost.map_or("-".into(), |c| format!("{:.0}", r.answer.rate * 3600.0 / c))
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let ans = planner
+        .max_rate(&[], start, a.tolerance, &mut on_probe)
+        .map_err(bad)?;
+    if let Some(path) = &a.plot {
+        let pts = sorted_points(&ans.probes);
+        let (lo, hi) = (
+            pts.first().map_or(start, |p| p.0),
+            pts.last().map_or(start, |p| p.0),
+        );
+        let series = vec![
+            Series {
+                name: format!("goodput ({})", goal.tier),
+                points: pts,
+            },
+            Series {
+                name: format!("{} × offered", num(goal.attain)),
+                points: vec![(lo, goal.attain * lo), (hi, goal.attain * hi)],
+            },
+            Series {
+                name: format!("highest: {:.3} req/s", ans.rate),
+                points: vec![(
+                    ans.rate,
+                    ans.probes
+                        .iter()
+                        .find(|p| p.rate == ans.rate)
+                        .map_or(0.0, |p| p.goodput),
+                )],
+            },
+        ];
+        plot(
+            path,
+            &format!(
+                "{}: goodput ({}) against offered rate",
+                planner_name(&a),
+                goal.tier
+            ),
+            "offered rate (req/s)",
+            series,
+        )?;
+    }
+    if a.json {
+        sayln!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"goal": goal, "tuning": tuning, "answer": ans})
+            )?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let deployment = if tuning == Tuning::Has {
+        "HAS-tuned at each rate"
+    } else {
+        "the scenario's deployment"
+    };
+    match ans.fails_at {
+        Some(hi) => sayln!(
+            "highest rate meeting {what} on {} × {} ({deployment}): {:.4} req/s (bracket [{:.4}, {:.4}] req/s: meets at the low end, fails at the high end; {} probes)",
+            ans.gpus,
+            ans.gpu,
+            ans.rate,
+            ans.rate,
+            hi,
+            ans.probes.len()
+        ),
+        None => sayln!(
+            "{what} holds on {} × {} ({deployment}) up to {:.4} req/s, the highest rate probed ({}× the scenario's): the cluster is not the limit there",
+            ans.gpus,
+            ans.gpu,
+            ans.rate,
+            num(easerve_has::capacity::MAX_GROWTH)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn planner_name(a: &CapacityArgs) -> String {
+    a.scenario
+        .file_stem()
+        .map_or("scenario".into(), |s| s.to_string_lossy().into_owned())
+}
+
+fn sorted_points(probes: &[Probe]) -> Vec<(f64, f64)> {
+    let mut pts: Vec<(f64, f64)> = probes.iter().map(|p| (p.rate, p.goodput)).collect();
+    pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+    pts.dedup_by(|x, y| x.0 == y.0);
+    pts
+}
+
+fn plot(path: &std::path::Path, title: &str, x: &str, series: Vec<Series>) -> anyhow::Result<()> {
+    let chart = LineChart {
+        title: title.into(),
+        x_label: x.into(),
+        y_label: "goodput (req/s)".into(),
+        y_scale: Scale::Linear,
+        series,
+        step: false,
+    };
+    let svg = chart.to_svg()?;
+    crate::write_output("--plot", path, |w| Ok(w.write_all(svg.as_bytes())?))?;
+    Ok(())
+}
+
+/// `TYPE=PRICE` pairs, each price a number > 0.
+fn parse_prices(items: &[String]) -> Result<Vec<(String, f64)>, BadInput> {
+    items
+        .iter()
+        .map(|s| {
+            let err = || {
+                BadInput(format!(
+                    "--cost-per-gpu-hour `{s}`: expected TYPE=PRICE with PRICE a number > 0 (per GPU-hour), e.g. h100-sxm=2.5"
+                ))
+            };
+            let (t, p) = s.split_once('=').ok_or_else(err)?;
+            let p: f64 = p.trim().parse().map_err(|_| err())?;
+            if !(p > 0.0 && p.is_finite()) || t.trim().is_empty() {
+                return Err(err());
+            }
+            Ok((t.trim().to_string(), p))
+        })
+        .collect()
+}
+
+fn price_of(prices: &[(String, f64)], gpu: &str) -> Option<f64> {
+    prices.iter().find(|(t, _)| t == gpu).map(|(_, p)| *p)
+}
