@@ -77,6 +77,12 @@ pub(crate) enum CalibCommand {
     /// Measure easerve's own CPU preprocessing per item on this host (JPEG and
     /// WAV decoding, resize, normalise, patchify, log-mel) and write the TOML that
     /// `calib/preprocess/measured-rust.toml` holds.
+    #[cfg_attr(
+        not(feature = "exec"),
+        command(
+            about = "Measure easerve's own CPU preprocessing per item on this host (not in this build: build with `--features exec`)"
+        )
+    )]
     MeasurePreprocess {
         /// Timed runs per size (median; one warm-up first).
         #[arg(long, default_value_t = 9)]

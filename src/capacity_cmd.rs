@@ -3,9 +3,9 @@
 //! equal cost (all on the simulator; `easerve_has::capacity`).
 
 use crate::BadInput;
-use easerve_has::capacity::{CapacityError, Goal, MaxRate, Planner, Probe, Tuning};
+use easerve_has::capacity::{CapacityError, Goal, MaxRate, Planner, Probe, Tuning, MIN_TOLERANCE};
 use easerve_study::plot::{LineChart, Scale, Series};
-use easerve_workload::scenario::{num, Overrides};
+use easerve_workload::scenario::{num, Overrides, Scenario, MAX_RATE};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,18 +24,19 @@ pub(crate) struct CapacityArgs {
     attain: f64,
     /// Tune the deployment with HAS (30 trials) at every probed rate instead of
     /// running the scenario's own deployment.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "target_rate")]
     tune: bool,
     /// Instead: the fewest GPUs of the scenario's type (each size tuned by HAS)
-    /// that meet the tier at this rate, requests/s.
+    /// that meet the tier at this rate, requests/s, in (0, 1e6].
     #[arg(long, value_name = "RATE", conflicts_with = "gpus")]
     target_rate: Option<f64>,
-    /// Largest cluster `--target-rate` tries.
+    /// Largest cluster `--target-rate` tries, 1..=4096.
     #[arg(long, value_name = "N", default_value_t = 64)]
     max_gpus: u32,
-    /// Instead: compare GPU types (e.g. `h100-sxm,a100-sxm4-80gb`), each tuned
-    /// by HAS, at the scenario's GPU count and, with `--cost-per-gpu-hour`, at
-    /// the scenario cluster's hourly cost.
+    /// Instead: compare GPU types (e.g. `h100-sxm,a100-sxm4-80gb`; the
+    /// scenario's own type is added as the baseline), each tuned by HAS, at the
+    /// scenario's GPU count and, with `--cost-per-gpu-hour`, at the scenario
+    /// cluster's hourly cost.
     #[arg(long, value_name = "TYPES", value_delimiter = ',')]
     gpus: Option<Vec<String>>,
     /// Prices for `--gpus`, `TYPE=PRICE,…` in any currency per GPU-hour; the
@@ -47,8 +48,8 @@ pub(crate) struct CapacityArgs {
         requires = "gpus"
     )]
     cost_per_gpu_hour: Option<Vec<String>>,
-    /// Relative width of the final bracket of the highest rate.
-    #[arg(long, default_value_t = 0.02)]
+    /// Relative width of the final bracket of the highest rate, in [1e-6, 1].
+    #[arg(long, default_value_t = 0.02, conflicts_with = "target_rate")]
     tolerance: f64,
     /// Seed of every run.
     #[arg(long)]
@@ -65,17 +66,22 @@ pub(crate) struct CapacityArgs {
     plot: Option<PathBuf>,
 }
 
-/// Largest target rate accepted, requests/s (the scenario's own rate bound).
-const MAX_TARGET_RATE: f64 = 1e9;
-
 #[derive(Serialize)]
 struct Comparison {
     gpu: String,
     /// `equal count` or `equal cost`.
     basis: &'static str,
+    /// GPUs of this type in the comparison.
+    gpus: u32,
     price_per_gpu_hour: Option<f64>,
-    answer: MaxRate,
+    /// `None` with `note` when this type has no answer (the model does not
+    /// fit, the tier is met at no rate, the budget buys no GPU).
+    answer: Option<MaxRate>,
+    note: Option<String>,
 }
+
+/// Most GPUs an equal-cost cluster may have (the bound of `cluster.gpus`).
+const MAX_GPUS: u32 = 4096;
 
 fn bad(e: CapacityError) -> anyhow::Error {
     BadInput(e.to_string()).into()
@@ -102,22 +108,23 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    if !(a.tolerance > 0.0 && a.tolerance <= 1.0) {
+    if !(a.tolerance >= MIN_TOLERANCE && a.tolerance <= 1.0) {
         return Err(BadInput(format!(
-            "--tolerance {}: the bracket's relative width must be in (0, 1]",
+            "--tolerance {}: the bracket's relative width must be in [{MIN_TOLERANCE}, 1]",
             a.tolerance
         ))
         .into());
     }
     if let Some(r) = a.target_rate {
-        if !(r > 0.0 && r <= MAX_TARGET_RATE) {
+        if !(r > 0.0 && r <= MAX_RATE) {
             return Err(BadInput(format!(
-                "--target-rate {r}: a rate in (0, {MAX_TARGET_RATE}] requests/s"
+                "--target-rate {r}: a rate in (0, {}] requests/s (the bound of workload.rate)",
+                num(MAX_RATE)
             ))
             .into());
         }
     }
-    if !(1..=4096).contains(&a.max_gpus) {
+    if !(1..=MAX_GPUS).contains(&a.max_gpus) {
         return Err(BadInput(format!(
             "--max-gpus {}: allowed 1..=4096 (the bound of cluster.gpus)",
             a.max_gpus
@@ -221,10 +228,10 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let start = planner.scenario_rate().map_err(bad)?;
+    let start = planner.scenario_rate();
     if let Some(types) = &a.gpus {
         let prices = parse_prices(a.cost_per_gpu_hour.as_deref().unwrap_or(&[]))?;
-        let own = easerve_workload::scenario::Scenario::load(&a.scenario, &Overrides::default())
+        let own = Scenario::load(&a.scenario, &Overrides::default())
             .map_err(|e| BadInput(e.to_string()))?;
         let budget = if prices.is_empty() {
             None
@@ -245,40 +252,66 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
             }
             Some(p * f64::from(own.gpus))
         };
+        let mut types = types.clone();
+        if !types.contains(&own.gpu.name) {
+            types.insert(0, own.gpu.name.clone());
+        }
         let mut rows = Vec::new();
-        for t in types {
-            let gpu = [("cluster.gpu".to_string(), t.clone())];
-            let ans = planner
-                .max_rate(&gpu, start, a.tolerance, &mut on_probe)
-                .map_err(bad)?;
-            rows.push(Comparison {
-                gpu: t.clone(),
-                basis: "equal count",
-                price_per_gpu_hour: price_of(&prices, t),
-                answer: ans,
-            });
+        let mut row =
+            |gpu: &str, basis, gpus: u32, sets: &[(String, String)], on: &mut dyn FnMut(&Probe)| {
+                let (answer, note) = match planner.max_rate(sets, start, a.tolerance, on) {
+                    Ok(m) => (Some(m), None),
+                    Err(e @ (CapacityError::Scenario(_) | CapacityError::Unreachable { .. })) => {
+                        (None, Some(e.to_string()))
+                    }
+                    Err(e) => return Err(bad(e)),
+                };
+                rows.push(Comparison {
+                    gpu: gpu.to_string(),
+                    basis,
+                    gpus,
+                    price_per_gpu_hour: price_of(&prices, gpu),
+                    answer,
+                    note,
+                });
+                Ok::<(), anyhow::Error>(())
+            };
+        for t in &types {
+            let gpu = ("cluster.gpu".to_string(), t.clone());
+            row(
+                t,
+                "equal count",
+                own.gpus,
+                std::slice::from_ref(&gpu),
+                &mut on_probe,
+            )?;
             if let (Some(budget), Some(price)) = (budget, price_of(&prices, t)) {
-                let n = (budget / price + 1e-9).floor() as u32;
-                if n >= 1 && n != own.gpus {
-                    let sets = [gpu[0].clone(), ("cluster.gpus".to_string(), n.to_string())];
-                    let ans = planner
-                        .max_rate(&sets, start, a.tolerance, &mut on_probe)
-                        .map_err(bad)?;
-                    rows.push(Comparison {
-                        gpu: t.clone(),
-                        basis: "equal cost",
-                        price_per_gpu_hour: Some(price),
-                        answer: ans,
-                    });
+                let n = (budget / price * (1.0 + 1e-12)).floor();
+                if n > f64::from(MAX_GPUS) {
+                    return Err(BadInput(format!(
+                        "--cost-per-gpu-hour: the budget of {} × {} buys {} × {t}, more than the {MAX_GPUS} GPUs a cluster may have",
+                        own.gpus,
+                        own.gpu.name,
+                        num(n)
+                    ))
+                    .into());
                 }
+                let n = n as u32;
+                if n == own.gpus {
+                    continue;
+                }
+                let sets = [gpu, ("cluster.gpus".to_string(), n.to_string())];
+                row(t, "equal cost", n, &sets, &mut on_probe)?;
             }
         }
         if let Some(path) = &a.plot {
             let series = rows
                 .iter()
-                .map(|r| Series {
-                    name: format!("{} × {}", r.answer.gpus, r.gpu),
-                    points: sorted_points(&r.answer.probes),
+                .filter_map(|r| {
+                    r.answer.as_ref().map(|m| Series {
+                        name: format!("{} × {}", r.gpus, r.gpu),
+                        points: sorted_points(&m.probes),
+                    })
                 })
                 .collect();
             plot(
@@ -309,18 +342,26 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
             "requests/cost"
         );
         for r in &rows {
-            let cost = r.price_per_gpu_hour.map(|p| p * f64::from(r.answer.gpus));
+            let cost = r.price_per_gpu_hour.map(|p| p * f64::from(r.gpus));
+            let Some(m) = &r.answer else {
+                sayln!(
+                    "{:<18}{:>6}  {:<12}  {}",
+                    r.gpu,
+                    r.gpus,
+                    r.basis,
+                    r.note.as_deref().unwrap_or("no answer")
+                );
+                continue;
+            };
             sayln!(
                 "{:<18}{:>6}  {:<12}{:>14.4}{:>16}{:>14}{:>16}",
                 r.gpu,
-                r.answer.gpus,
+                r.gpus,
                 r.basis,
-                r.answer.rate,
-                r.answer
-                    .fails_at
-                    .map_or("not found".into(), |f| format!("{f:.4}")),
+                m.rate,
+                m.fails_at.map_or("not found".into(), |f| format!("{f:.4}")),
                 cost.map_or("-".into(), |c| format!("{c:.2}")),
-                cost.map_or("-".into(), |c| format!("{:.0}", r.answer.rate * 3600.0 / c))
+                cost.map_or("-".into(), |c| format!("{:.0}", m.rate * 3600.0 / c))
             );
         }
         return Ok(ExitCode::SUCCESS);
@@ -401,9 +442,7 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn planner_name(a: &CapacityArgs) -> String {
-    a.scenario
-        .file_stem()
-        .map_or("scenario".into(), |s| s.to_string_lossy().into_owned())
+    Scenario::default_name(&a.scenario)
 }
 
 fn sorted_points(probes: &[Probe]) -> Vec<(f64, f64)> {

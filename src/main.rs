@@ -72,10 +72,22 @@ enum Command {
     /// Measure a model's stage-cost tables (encode, prefill, decode, transfer) on the
     /// real backend and write them as a profile.
     #[command(after_help = EXIT_CODES)]
+    #[cfg_attr(
+        not(feature = "exec"),
+        command(
+            about = "Measure a model's stage-cost tables on the real backend (not in this build: build with `--features exec`)"
+        )
+    )]
     Profile(profile_cmd::ProfileArgs),
     /// Run a scenario for real: one worker process per worker of the deployment,
     /// driven by the same scheduler as `sim`, and print the measured report.
     #[command(after_help = exec_cmd::EXEC_HELP)]
+    #[cfg_attr(
+        not(feature = "exec"),
+        command(
+            about = "Run a scenario for real on worker processes (not in this build: build with `--features exec`)"
+        )
+    )]
     Exec(exec_cmd::ExecArgs),
     /// Internal: one worker process of `easerve exec`.
     #[command(hide = true)]
@@ -388,8 +400,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 pub(crate) fn without_executor(cmd: &str) -> anyhow::Error {
     BadInput(format!(
         "`easerve {cmd}` runs real models, and this easerve was built without the executor (burn); \
-         build it with `cargo build --release --features exec` (see README.md, \"Build\") and run \
-         `target/release/easerve {cmd} …`, or `cargo run --release --features exec -- {cmd} …`"
+         build it with `cargo build --release --features exec` (`--features cuda` for NVIDIA GPUs; \
+         see README.md, \"Build\") and run `target/release/easerve {cmd} …`, or \
+         `cargo run --release --features exec -- {cmd} …`"
     ))
     .into()
 }

@@ -4,7 +4,6 @@
 
 use crate::sweep_cmd::{sweep_whole, write_outputs};
 use crate::BadInput;
-use easerve_has::{search, Method, SearchConfig, SimTrial};
 use easerve_study::sweep::aggregate;
 use easerve_workload::scenario::{Overrides, Scenario, System};
 use easerve_workload::Report;
@@ -369,21 +368,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
             ..Default::default()
         };
         let sc = Scenario::load(&scn(name), &base).map_err(|e| BadInput(e.to_string()))?;
-        let cost = easerve_sim::scenario_cost(&sc);
-        let trial = SimTrial::new(sc.raw.clone(), &sc.file, base);
-        let st = search(
-            &sc,
-            cost.as_ref(),
-            &trial,
-            &SearchConfig {
-                method: Method::Has,
-                budget: 30,
-                seed: 1,
-                rate: HAS_RATE,
-            },
-            &mut |_| {},
-        );
-        if let Some(b) = st.best {
+        if let Some(b) = easerve_has::tune(&sc, &base, HAS_RATE, 1) {
             let _ = writeln!(
                 md,
                 "| {name} | `{}` | {:.2} |",

@@ -18,7 +18,7 @@ pub(crate) struct SearchArgs {
     #[arg(long, default_value = "has")]
     method: Method,
     /// Trials at most (the exhaustive search runs its whole grid).
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
     /// Target rate Λ in requests/s (default: the scenario's `workload.rate`).
     #[arg(long)]

@@ -189,16 +189,7 @@ fn point_scenario(
     let mut o = overrides_for(&p.system, p.rate, p.seed, requests);
     if p.system == "easerve" {
         let sc = Scenario::load_with(path, sets, &o).map_err(|e| e.to_string())?;
-        let cost = easerve_sim::scenario_cost(&sc);
-        let trial = SimTrial::new(sc.raw.clone(), &sc.file, o.clone());
-        let cfg = SearchConfig {
-            method: Method::Has,
-            budget: 30,
-            seed: p.seed,
-            rate: p.rate,
-        };
-        let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut |_| {});
-        if let Some(best) = study.best {
+        if let Some(best) = easerve_has::tune(&sc, &o, p.rate, p.seed) {
             o = best.candidate.overrides(&o);
         }
     }
@@ -671,7 +662,7 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
                 &trial,
                 &SearchConfig {
                     method: m,
-                    budget: 30,
+                    budget: easerve_has::DEFAULT_BUDGET,
                     seed: 1,
                     rate: top,
                 },

@@ -294,3 +294,26 @@ fn custom_encoder_sizes_that_would_divide_by_zero() {
         rejects(&sc, &[], &["model.file", field, "≥ 1"]);
     }
 }
+
+/// A build without the executor says what to build for each command that
+/// runs real models, and exits 2.
+#[cfg(not(feature = "exec"))]
+#[test]
+fn commands_that_run_real_models_name_the_build_they_need() {
+    for args in [
+        &["exec", "scenarios/cpu-image.toml"][..],
+        &["profile", "--model", "tiny-image"],
+        &["calib", "measure-preprocess", "-o", "x.toml"],
+    ] {
+        let out = crate::easerve(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("built without the executor") && err.contains("--features exec"),
+            "{args:?}: {err}"
+        );
+    }
+    let help = crate::easerve(&["--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("not in this build"), "{text}");
+}

@@ -167,3 +167,54 @@ fn a_tier_no_rate_meets_exits_2() {
         "{err}"
     );
 }
+
+#[test]
+fn gpu_types_compare_at_equal_count_and_equal_cost() {
+    let v = capacity_json(&[
+        "--slo",
+        "moderate",
+        "--tolerance",
+        "0.1",
+        "--gpus",
+        "a100-sxm4-80gb",
+        "--cost-per-gpu-hour",
+        "a100-sxm4-80gb=2,rtx-6000-ada=1",
+    ]);
+    let rows = v["comparison"].as_array().expect("rows");
+    let row = |gpu: &str, basis: &str| {
+        rows.iter()
+            .find(|r| r["gpu"] == gpu && r["basis"] == basis)
+            .unwrap_or_else(|| panic!("no {gpu} {basis} row in {rows:?}"))
+    };
+    // the scenario's own type is the baseline; 8 RTX at 1/h buy 4 A100 at 2/h
+    assert_eq!(rows[0]["gpu"], "rtx-6000-ada");
+    assert_eq!(num(row("rtx-6000-ada", "equal count"), "/gpus"), 8.0);
+    assert_eq!(num(row("a100-sxm4-80gb", "equal count"), "/gpus"), 8.0);
+    let cost = row("a100-sxm4-80gb", "equal cost");
+    assert_eq!(num(cost, "/gpus"), 4.0);
+    assert_eq!(num(cost, "/answer/gpus"), 4.0);
+    // every answer is a tuned probe that met the goal
+    for r in rows {
+        let ans = &r["answer"];
+        let rate = num(ans, "/rate");
+        let met = ans["probes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| num(p, "/rate") == rate && p["meets"] == true);
+        assert!(met, "{r}");
+    }
+}
+
+#[test]
+fn tuning_with_has_never_does_worse_than_the_fixed_deployment_here() {
+    let fixed = capacity_json(&["--slo", "moderate", "--tolerance", "0.1"]);
+    let tuned = capacity_json(&["--slo", "moderate", "--tolerance", "0.1", "--tune"]);
+    assert_eq!(tuned["tuning"], "has");
+    assert!(
+        num(&tuned, "/answer/rate") >= num(&fixed, "/answer/rate"),
+        "tuned {} < fixed {}",
+        num(&tuned, "/answer/rate"),
+        num(&fixed, "/answer/rate")
+    );
+}

@@ -1654,9 +1654,9 @@ impl Parser<'_> {
 /// work axes (a running maximum over the grid), so timing noise between neighbouring
 /// points does not make a table non-monotone. Rows are `[axes..., median, p90, ...]`
 /// as for [`Profile::from_measurements`]; other columns are left as measured.
-/// Returns how many values it raised.
+/// Returns how many values (medians and p90s) it raised.
 pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) -> usize {
-    let mut raised = 0;
+    let before: Vec<Vec<f64>> = rows.to_vec();
     let axes = stage.axes();
     let na = axes.len();
     let mut order: Vec<usize> = (0..rows.len()).collect();
@@ -1682,14 +1682,16 @@ pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) -> usize {
                     for c in [na, na + 1] {
                         if c < rows[i].len() && rows[i][c] < rows[j][c] {
                             rows[i][c] = rows[j][c];
-                            raised += 1;
                         }
                     }
                 }
             }
         }
     }
-    raised
+    rows.iter()
+        .zip(&before)
+        .map(|(r, b)| r.iter().zip(b).filter(|(x, y)| x != y).count())
+        .sum()
 }
 
 fn number(v: &toml::Value) -> Option<f64> {

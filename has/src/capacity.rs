@@ -2,8 +2,16 @@
 //! sustains under an SLO tier, and the fewest GPUs that sustain a given rate.
 //!
 //! A rate *meets* the goal `(tier, attain)` when the tier's goodput (requests
-//! meeting both its TTFT and TPOT bounds, per second of the run) is at least
-//! `attain ×` the offered rate. Each probe is one simulated run of the
+//! meeting both its TTFT and TPOT bounds, per second of the run, t = 0 to the
+//! last completion) is at least `attain ×` the offered rate. Dividing by the
+//! run's duration is what makes this a sustained rate: a cluster that falls
+//! behind drains its queue after the last arrival, and the drain lowers the
+//! goodput even when every request met its bounds (counting good requests
+//! alone would pass a short burst the cluster cannot sustain). The verdict of
+//! one run carries its sampling noise (about `1/√requests` in the arrival
+//! rate) and a drain of about one E2E latency even at light load, so runs need
+//! the scenario's hundreds of requests, not tens. Each probe is one simulated
+//! run of the
 //! scenario (its seed, its request count) at that rate, on its deployment or,
 //! with [`Tuning::Has`], on the deployment a HAS search at that rate chooses.
 //!
@@ -17,22 +25,22 @@
 //!   model upward, each tuned by HAS at the target rate; the first that meets
 //!   the goal is the answer, and "none up to N" is an answer too.
 
-use crate::{search, Method, SearchConfig, SimTrial};
-use easerve_workload::scenario::{Overrides, Scenario};
+use easerve_workload::scenario::{Overrides, Scenario, MAX_RATE};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-/// Rates probed at most above the scenario's rate, as a factor (2^20): a
-/// cluster that meets the goal there is reported as unbounded, not searched on.
+/// Rates probed at most above the scenario's rate, as a factor (2^20), and
+/// never above the scenario bound [`MAX_RATE`]: a cluster that meets the goal
+/// there is reported as not the limit, not searched on.
 pub const MAX_GROWTH: f64 = 1_048_576.0;
+
+/// Narrowest relative bracket [`Planner::max_rate`] bisects to (below it,
+/// neighbouring rates round to the same float).
+pub const MIN_TOLERANCE: f64 = 1e-6;
 
 /// Halvings below the scenario's rate before the goal is declared unreachable
 /// at any rate (2^-10 of it).
 pub const MAX_HALVINGS: u32 = 10;
-
-/// HAS trials per probe with [`Tuning::Has`] (the budget `easerve search` and
-/// `easerve sweep` use by default).
-pub const HAS_BUDGET: usize = 30;
 
 /// What a rate must achieve.
 #[derive(Clone, Debug, Serialize)]
@@ -49,7 +57,7 @@ pub struct Goal {
 pub enum Tuning {
     /// The scenario's own deployment at every rate.
     Fixed,
-    /// The deployment a HAS search ([`HAS_BUDGET`] trials) picks at each rate.
+    /// The deployment a HAS search ([`crate::DEFAULT_BUDGET`] trials) picks at each rate.
     Has,
 }
 
@@ -64,7 +72,7 @@ pub struct Probe {
     pub rate: f64,
     /// The deployment that ran (allocation, B, s, policies).
     pub deployment: String,
-    /// The tier's goodput, requests/s.
+    /// The tier's goodput, requests/s (good requests per second of the run).
     pub goodput: f64,
     /// Goodput / offered rate.
     pub ratio: f64,
@@ -75,7 +83,7 @@ pub struct Probe {
 /// The answer of [`Planner::max_rate`].
 #[derive(Clone, Debug, Serialize)]
 pub struct MaxRate {
-    /// GPU type and count of the cluster searched.
+    /// GPU type of the cluster searched.
     pub gpu: String,
     /// GPUs in the cluster.
     pub gpus: u32,
@@ -146,6 +154,10 @@ pub struct Planner {
     tuning: Tuning,
     /// The workload has no media (no encode stage).
     text_only: bool,
+    /// The scenario's own rate, requests/s.
+    rate: f64,
+    /// The tier's TTFT (s) and TPOT (ms) bounds.
+    bounds: (f64, f64),
 }
 
 impl Planner {
@@ -162,19 +174,11 @@ impl Planner {
         goal: Goal,
         tuning: Tuning,
     ) -> Result<Planner, CapacityError> {
-        let mut p = Planner {
-            path: path.to_path_buf(),
-            sets,
-            base,
-            goal,
-            tuning,
-            text_only: false,
-        };
-        let sc = p.load(&p.sets, &p.base)?;
-        p.text_only = sc.workload.modality == easerve_sched::Modality::Text;
-        if !sc.slo.iter().any(|t| t.name == p.goal.tier) {
+        let sc = Scenario::load_with(path, &sets, &base)
+            .map_err(|e| CapacityError::Scenario(e.to_string()))?;
+        let Some(t) = sc.slo.iter().find(|t| t.name == goal.tier) else {
             return Err(CapacityError::UnknownTier {
-                tier: p.goal.tier.clone(),
+                tier: goal.tier.clone(),
                 known: sc
                     .slo
                     .iter()
@@ -182,15 +186,22 @@ impl Planner {
                     .collect::<Vec<_>>()
                     .join(", "),
             });
-        }
-        Ok(p)
+        };
+        Ok(Planner {
+            path: path.to_path_buf(),
+            sets,
+            base,
+            tuning,
+            text_only: sc.workload.modality == easerve_sched::Modality::Text,
+            rate: sc.workload.rate,
+            bounds: (t.ttft_s, t.tpot_s * 1e3),
+            goal,
+        })
     }
 
     /// The scenario's own rate, requests/s.
-    ///
-    /// Errors: as [`Planner::new`].
-    pub fn scenario_rate(&self) -> Result<f64, CapacityError> {
-        Ok(self.load(&self.sets, &self.base)?.workload.rate)
+    pub fn scenario_rate(&self) -> f64 {
+        self.rate
     }
 
     fn load(&self, sets: &[(String, String)], o: &Overrides) -> Result<Scenario, CapacityError> {
@@ -228,27 +239,27 @@ impl Planner {
                 let space =
                     crate::space::feasible_allocations_in(&raw, &file, gpus, self.text_only);
                 let Some(fit) = space.first() else {
-                    return Ok(None);
+                    // no allocation validates: say why when it is not the cluster
+                    return match Scenario::validate(raw, &file, &name) {
+                        Err(e)
+                            if !e.field.starts_with("deployment") && e.field != "cluster.gpus" =>
+                        {
+                            Err(scenario_err(e))
+                        }
+                        _ => Ok(None),
+                    };
                 };
-                // a deployment that fits, so that the cluster validates; HAS
-                // then chooses the deployment
+                // a deployment that fits (as the fit check ran it, B = 1), so
+                // that the cluster validates; HAS then chooses the deployment
                 let mut first = raw.clone();
                 first.apply(&Overrides {
                     allocation: Some(fit.allocation.to_string()),
                     offload: Some(fit.offload_range.1),
+                    batch: Some(1),
                     ..o.clone()
                 });
                 let sc = Scenario::validate(first, &file, &name).map_err(scenario_err)?;
-                let cost = easerve_sim::scenario_cost(&sc);
-                let trial = SimTrial::new(raw.clone(), &file, o.clone());
-                let cfg = SearchConfig {
-                    method: Method::Has,
-                    budget: HAS_BUDGET,
-                    seed: sc.seed,
-                    rate,
-                };
-                let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut |_| {});
-                let Some(best) = study.best.filter(|b| b.outcome.feasible) else {
+                let Some(best) = crate::tune(&sc, &o, rate, sc.seed) else {
                     return Ok(None);
                 };
                 let mut chosen = raw;
@@ -303,17 +314,20 @@ impl Planner {
             probes.push(p.clone());
             Ok(p)
         };
+        let tolerance = tolerance.max(MIN_TOLERANCE);
+        let ceiling = (start * MAX_GROWTH).min(MAX_RATE);
         let first = run(start, &mut probes)?;
         let (gpu, gpus) = (first.gpu.clone(), first.gpus);
         let (mut lo, mut hi) = if first.meets {
             let mut lo = start;
             let mut hi = None;
-            while lo * 2.0 <= start * MAX_GROWTH {
-                let p = run(lo * 2.0, &mut probes)?;
+            while lo < ceiling {
+                let next = (lo * 2.0).min(ceiling);
+                let p = run(next, &mut probes)?;
                 if p.meets {
-                    lo *= 2.0;
+                    lo = next;
                 } else {
-                    hi = Some(lo * 2.0);
+                    hi = Some(next);
                     break;
                 }
             }
@@ -345,16 +359,10 @@ impl Planner {
             match lo {
                 Some(l) => (l, hi),
                 None => {
-                    let sc = self.load(&self.sets, &self.base)?;
-                    let t = sc
-                        .slo
-                        .iter()
-                        .find(|t| t.name == self.goal.tier)
-                        .expect("checked in new");
                     return Err(CapacityError::Unreachable {
-                        tier: t.name.clone(),
-                        ttft_s: t.ttft_s,
-                        tpot_ms: t.tpot_s * 1e3,
+                        tier: self.goal.tier.clone(),
+                        ttft_s: self.bounds.0,
+                        tpot_ms: self.bounds.1,
                         attain: self.goal.attain,
                         rate: last.rate,
                         goodput: last.goodput,
@@ -364,6 +372,9 @@ impl Planner {
         };
         while hi / lo > 1.0 + tolerance {
             let mid = (lo * hi).sqrt();
+            if !(mid > lo && mid < hi) {
+                break; // neighbouring floats
+            }
             if run(mid, &mut probes)?.meets {
                 lo = mid;
             } else {

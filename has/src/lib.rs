@@ -21,6 +21,8 @@ pub mod space;
 pub mod stage1;
 pub mod trial;
 
-pub use search::{search, Method, SearchConfig, StopReason, Study, TrialRecord};
+pub use search::{
+    search, tune, Method, SearchConfig, StopReason, Study, TrialRecord, DEFAULT_BUDGET,
+};
 pub use space::{feasible_allocations, Candidate, FeasibleAllocation};
 pub use trial::{Outcome, SimTrial, Trial};

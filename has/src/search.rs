@@ -228,6 +228,33 @@ fn s_at(range: (f64, f64), u: f64) -> f64 {
     (s * 1000.0).round() / 1000.0
 }
 
+/// HAS trials at most per search where the caller does not choose (`easerve
+/// search --budget`, each `sweep` point, each `capacity` probe, `reproduce`).
+pub const DEFAULT_BUDGET: usize = 30;
+
+/// The best deployable trial of a HAS search ([`DEFAULT_BUDGET`] trials, seed
+/// `seed`) of `sc` at `rate`, each trial the scenario with `o` and the
+/// candidate applied, on the simulator; `None` when no candidate could be
+/// deployed.
+pub fn tune(
+    sc: &Scenario,
+    o: &easerve_workload::scenario::Overrides,
+    rate: f64,
+    seed: u64,
+) -> Option<TrialRecord> {
+    let cost = easerve_sim::scenario_cost(sc);
+    let trial = crate::SimTrial::new(sc.raw.clone(), &sc.file, o.clone());
+    let cfg = SearchConfig {
+        method: Method::Has,
+        budget: DEFAULT_BUDGET,
+        seed,
+        rate,
+    };
+    search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
+        .best
+        .filter(|b| b.outcome.feasible)
+}
+
 /// Run a search of `sc` at `cfg.rate` with trials from `trial`; `on_trial` sees
 /// each trial as it completes.
 pub fn search(

@@ -415,6 +415,9 @@ pub struct Overrides {
     pub profile: Option<std::path::PathBuf>,
 }
 
+/// Largest `workload.rate` (and `rate_scale`) a scenario accepts, requests/s.
+pub const MAX_RATE: f64 = 1e6;
+
 /// Which serving system runs the scenario's allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum System {
@@ -1333,7 +1336,7 @@ fn workload_section(
     let requests = v.int("workload.requests", w.requests, 1, 10_000_000)? as usize;
     let given_rate = w
         .rate
-        .map(|r| v.real("workload.rate", r, 0.0, 1e6, true))
+        .map(|r| v.real("workload.rate", r, 0.0, MAX_RATE, true))
         .transpose()?;
     let arrival_kind = w.arrival.as_deref().unwrap_or("poisson");
     if arrival_kind != "gamma" && w.cv.is_some() {
@@ -1394,7 +1397,7 @@ fn workload_section(
                     return Err(v.err("workload.rate_scale", "give either workload.rate (a target mean rate) or workload.rate_scale, not both"))
                 }
                 (Some(r), None) => r / native,
-                (None, s) => v.real("workload.rate_scale", s.unwrap_or(1.0), 0.0, 1e6, true)?,
+                (None, s) => v.real("workload.rate_scale", s.unwrap_or(1.0), 0.0, MAX_RATE, true)?,
             };
             crate::trace::scale(&mut rows, scale);
             let rate = crate::trace::mean_rate(&rows);
