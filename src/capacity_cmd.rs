@@ -196,10 +196,7 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
             )?;
         }
         if a.json {
-            sayln!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({"goal": goal, "answer": ans}))?
-            );
+            print_json(serde_json::json!({"goal": goal, "answer": ans}))?;
             return Ok(ExitCode::SUCCESS);
         }
         if !ans.unfit.is_empty() {
@@ -322,12 +319,7 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
             )?;
         }
         if a.json {
-            sayln!(
-                "{}",
-                serde_json::to_string_pretty(
-                    &serde_json::json!({"goal": goal, "comparison": rows})
-                )?
-            );
+            print_json(serde_json::json!({"goal": goal, "comparison": rows}))?;
             return Ok(ExitCode::SUCCESS);
         }
         sayln!("highest rate meeting {what}, each GPU type tuned by HAS:");
@@ -407,12 +399,7 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         )?;
     }
     if a.json {
-        sayln!(
-            "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"goal": goal, "tuning": tuning, "answer": ans})
-            )?
-        );
+        print_json(serde_json::json!({"goal": goal, "tuning": tuning, "answer": ans}))?;
         return Ok(ExitCode::SUCCESS);
     }
     let deployment = if tuning == Tuning::Has {
@@ -443,6 +430,12 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
 
 fn planner_name(a: &CapacityArgs) -> String {
     Scenario::default_name(&a.scenario)
+}
+
+/// `--json` output: `v` pretty-printed on standard output.
+fn print_json(v: serde_json::Value) -> anyhow::Result<()> {
+    sayln!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
 }
 
 fn sorted_points(probes: &[Probe]) -> Vec<(f64, f64)> {

@@ -1,25 +1,13 @@
 //! `easerve capacity`: the answer is a bracket the probes support, a probe is
 //! exactly `easerve sim` at that rate, and bad goals exit 2.
 
-use crate::{easerve, num, root, sim_json};
+use crate::{easerve, num, report_json, root, sim_json};
 use serde_json::Value;
 
 fn capacity_json(args: &[&str]) -> Value {
-    let mut all = vec![
-        "capacity",
-        "scenarios/image.toml",
-        "--json",
-        "--requests",
-        "120",
-    ];
+    let mut all = vec!["--requests", "120"];
     all.extend_from_slice(args);
-    let out = easerve(&all);
-    assert!(
-        out.status.success(),
-        "easerve {all:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON answer")
+    report_json("capacity", &root().join("scenarios/image.toml"), &all)
 }
 
 #[test]

@@ -49,8 +49,8 @@ pub fn sim_json(scenario: &Path, args: &[&str]) -> Value {
     report_json("sim", scenario, args)
 }
 
-/// `easerve CMD SCENARIO --json ARGS...` (`sim` or `exec`) parsed; panics with
-/// stderr on failure.
+/// `easerve CMD SCENARIO --json ARGS...` (`sim`, `exec`, `capacity`, …)
+/// parsed; panics with stderr on failure.
 pub fn report_json(cmd: &str, scenario: &Path, args: &[&str]) -> Value {
     let s = scenario.to_str().expect("utf-8 path");
     let mut all = vec![cmd, s, "--json"];
