@@ -16,6 +16,23 @@ pub trait StageCost: Send + Sync {
     fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64;
     /// One decode iteration of `batch` sequences holding `total_context_tokens`.
     fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64;
+    /// A run of `steps` decode iterations over an unchanged batch, appended to
+    /// `out`: the `i`-th (from 0) is [`StageCost::decode_step`]`(batch,
+    /// total_context_tokens + i · batch, tp)`, since every sequence holds one
+    /// more token after each iteration. Sources with a memo override it to
+    /// look a run up at once; the figures are the same.
+    fn decode_steps(
+        &self,
+        batch: u64,
+        total_context_tokens: u64,
+        tp: u32,
+        steps: u64,
+        out: &mut Vec<f64>,
+    ) {
+        out.extend(
+            (0..steps).map(|i| self.decode_step(batch, total_context_tokens + i * batch, tp)),
+        );
+    }
     /// Moving `bytes` once over the GPU's link (embeddings, KV cache).
     fn transfer(&self, bytes: f64) -> f64;
     /// While two processes time-slice one GPU with no SM partition, each

@@ -96,6 +96,11 @@ struct Rows {
 }
 
 impl Rows {
+    /// The row of `key`, `NaN` seconds where not priced yet.
+    fn row(&self, key: (u32, u64)) -> Option<&[(f64, bool)]> {
+        self.rows.get(&key).map(Vec::as_slice)
+    }
+
     fn get(&self, key: (u32, u64), index: u64) -> Option<(f64, bool)> {
         let row = self.rows.get(&key)?;
         let v = *row.get(usize::try_from(index).ok()?)?;
@@ -574,6 +579,34 @@ impl StageCost for KernelCost {
         });
         self.count_extrapolated(Phase::Decode, ext);
         t + self.eff.decode_step_s
+    }
+
+    /// The same figures as [`StageCost::decode_step`] one by one: the run's
+    /// mean contexts are consecutive (`⌈(c + i·b)/b⌉ = ⌈c/b⌉ + i`), so the
+    /// memoised part is read from one row under one lock; the rest is priced
+    /// step by step.
+    fn decode_steps(&self, batch: u64, context: u64, tp: u32, steps: u64, out: &mut Vec<f64>) {
+        if batch == 0 {
+            out.extend((0..steps).map(|_| 0.0));
+            return;
+        }
+        let first = easerve_model::ops::decode_mean_context(batch, context);
+        let mut done = 0u64;
+        if let Ok(m) = self.step_memo.read() {
+            let cached = m
+                .row((tp, batch))
+                .and_then(|row| row.get(usize::try_from(first).ok()?..))
+                .unwrap_or(&[]);
+            for &(t, ext) in cached.iter().take(steps as usize) {
+                if t.is_nan() {
+                    break;
+                }
+                self.count_extrapolated(Phase::Decode, ext);
+                out.push(t + self.eff.decode_step_s);
+                done += 1;
+            }
+        }
+        out.extend((done..steps).map(|i| self.decode_step(batch, context + i * batch, tp)));
     }
 
     fn transfer(&self, bytes: f64) -> f64 {

@@ -119,6 +119,17 @@ struct Worker {
     sm_s: f64,
     /// Share of the pass or batch in flight.
     share: f64,
+    /// The decode run in flight ([`Command::DecodeRun`]), iteration by iteration.
+    decode_run: Option<DecodeRunLeft>,
+}
+
+/// A decode run a decode worker is in: its batch, its iterations and those
+/// done, and whether the controller asked it to end after the one in progress.
+struct DecodeRunLeft {
+    ids: Vec<RequestId>,
+    steps: u64,
+    done: u64,
+    yielded: bool,
 }
 
 enum Incoming {
@@ -231,6 +242,7 @@ async fn start_workers(
                 busy_s: 0.0,
                 sm_s: 0.0,
                 share: 1.0,
+                decode_run: None,
             }
         })
         .collect();
@@ -491,7 +503,9 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
                         FromWorker::DecodeDone { compute_s, .. } => {
                             w.busy_s += compute_s;
                             w.sm_s += compute_s;
-                            events.push(Event::DecodeStepDone { worker: w.index });
+                            if let Some(steps) = next_decode_step(w) {
+                                events.push(Event::DecodeRunDone { worker: w.index, steps });
+                            }
                         }
                         FromWorker::Error { message } => {
                             last_err.insert(k, message);
@@ -671,6 +685,30 @@ struct Links {
     kv_sent: HashMap<RequestId, f64>,
 }
 
+/// Decode worker `w` finished an iteration of its run: the run ends (the
+/// iterations it ran are returned) when it has run them all or was told to
+/// yield; otherwise the next iteration goes out over the same batch.
+fn next_decode_step(w: &mut Worker) -> Option<u64> {
+    let run = w.decode_run.as_mut()?;
+    run.done += 1;
+    if run.done < run.steps && !run.yielded {
+        let sent = match (
+            &w.tx,
+            encode_frame(&ToWorker::DecodeStep {
+                ids: run.ids.clone(),
+            }),
+        ) {
+            (Some(tx), Ok(frame)) => tx.send(frame).is_ok(),
+            _ => false,
+        };
+        if sent {
+            return None;
+        }
+    }
+    let run = w.decode_run.take()?;
+    Some(run.done)
+}
+
 /// Carry out one command over the workers' sockets at `now`; an event comes
 /// back when the command lands at once (a local envelope, or a transfer to a
 /// worker that is gone).
@@ -764,13 +802,27 @@ fn carry_out(
             }
             links.kv_sent.insert(id, now);
         }
-        Command::DecodeStep { worker, .. } => {
-            let ids = ctrl.decode_batch(worker).collect();
+        Command::DecodeRun { worker, steps, .. } => {
+            let ids: Vec<RequestId> = ctrl.decode_batch(worker).collect();
             send(
                 workers,
                 WorkerRef::Decode(worker),
-                &ToWorker::DecodeStep { ids },
+                &ToWorker::DecodeStep { ids: ids.clone() },
             );
+            workers[by_ref[&WorkerRef::Decode(worker)]].decode_run = Some(DecodeRunLeft {
+                ids,
+                steps,
+                done: 0,
+                yielded: false,
+            });
+        }
+        Command::DecodeYield { worker } => {
+            if let Some(run) = workers[by_ref[&WorkerRef::Decode(worker)]]
+                .decode_run
+                .as_mut()
+            {
+                run.yielded = true;
+            }
         }
         Command::Release { worker, id } => {
             send(

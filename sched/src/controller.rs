@@ -13,7 +13,7 @@
 //! * [`Controller::handle`]`(now, `[`Event`]`)`: something happened at `now` —
 //!   a request arrived, an encode pass reached its GPU phase or ended, an
 //!   embeddings envelope or a KV cache landed, a prefill batch or a decode
-//!   iteration ended, a worker died, or the run is being cut short.
+//!   run ended, a worker died, or the run is being cut short.
 //! * [`Controller::handle_timeout`]`(now)`: the time [`Controller::poll_timeout`]
 //!   returned has come. A spurious or early call is a no-op.
 //!
@@ -21,7 +21,7 @@
 //! * [`Controller::poll_command`]: the next [`Command`] for the driver to carry
 //!   out (run a pass, move embeddings, change a running batch's SM share, …).
 //!   Commands carry no vectors: the requests of a pass, a batch, an envelope or
-//!   a decode iteration are read with [`Controller::encode_batch`],
+//!   a decode run are read with [`Controller::encode_batch`],
 //!   [`Controller::prefill_batch`], [`Controller::envelope`] and
 //!   [`Controller::decode_batch`] when the driver needs them.
 //! * [`Controller::poll_timeout`]: the earliest time the controller wants to be
@@ -42,6 +42,14 @@
 //!    against its cap until they land.
 //! 3. Read `poll_timeout()` and arrange to call `handle_timeout` then, or sooner
 //!    when another event comes.
+//!
+//! Decode goes in runs ([`Command::DecodeRun`]): the iterations until the
+//! first running sequence finishes, over a batch that does not change, so the
+//! controller hears of decode once per run rather than once per token. When
+//! a KV cache lands that can join the batch at once, the controller ends the
+//! run early ([`Command::DecodeYield`]) at the end of the iteration in
+//! progress, where deciding iteration by iteration would have admitted it:
+//! the outcome is the same as one decision per iteration.
 //!
 //! Ties at one instant are the driver's to order; the simulator delivers
 //! completions, then transfers, then arrivals, then the timeout.
@@ -115,10 +123,14 @@ pub enum Event {
         /// When it left the prefill worker (after waiting for the link), seconds.
         sent_at: f64,
     },
-    /// Decode worker `worker` finished an iteration.
-    DecodeStepDone {
+    /// Decode worker `worker` ended its run ([`Command::DecodeRun`]) after
+    /// `steps` iterations: all of them, or fewer when it was told to yield
+    /// ([`Command::DecodeYield`]).
+    DecodeRunDone {
         /// Decode worker.
         worker: usize,
+        /// Iterations run, at least 1 and at most the run's `steps`.
+        steps: u64,
     },
     /// A worker died (it exited, was killed, or its connection broke): every
     /// request it holds fails with `reason`, and requests later sent to it fail
@@ -204,17 +216,28 @@ pub enum Decision {
         /// Decode worker.
         worker: usize,
     },
-    /// Decode worker `worker` runs one iteration over `batch` sequences
-    /// holding `context` tokens.
-    DecodeStep {
+    /// Decode worker `worker` runs up to `steps` iterations over `batch`
+    /// sequences holding `context` tokens at the first (`context + i · batch`
+    /// at the `i`-th): the iterations until a sequence finishes.
+    DecodeRun {
         /// Time of the decision.
         at: f64,
         /// Decode worker.
         worker: usize,
         /// Running sequences.
         batch: u64,
-        /// Total context tokens.
+        /// Total context tokens at the first iteration.
         context: u64,
+        /// Iterations until the first sequence generates its last token.
+        steps: u64,
+    },
+    /// Decode worker `worker`'s run ends after the iteration in progress: a
+    /// KV cache landed that can join the batch now.
+    DecodeYield {
+        /// Time of the decision.
+        at: f64,
+        /// Decode worker.
+        worker: usize,
     },
     /// Request `id` failed (a worker died, its KV cache can never fit, the run
     /// was interrupted).
@@ -282,15 +305,30 @@ pub enum Command {
         /// Request.
         id: RequestId,
     },
-    /// Run one decode iteration on `worker` over its running sequences
-    /// ([`Controller::decode_batch`]); report [`Event::DecodeStepDone`].
-    DecodeStep {
+    /// Run up to `steps` decode iterations on `worker` over its running
+    /// sequences ([`Controller::decode_batch`], unchanged through the run),
+    /// the `i`-th (from 0) over `context + i · batch` context tokens; report
+    /// the end with [`Event::DecodeRunDone`]. No sequence finishes before the
+    /// last iteration, so nothing the controller decides depends on the
+    /// iterations in between; a driver may time them one by one (the
+    /// executor) or all at once (the simulator).
+    DecodeRun {
         /// Decode worker.
         worker: usize,
         /// Running sequences.
         batch: u64,
-        /// Their total context tokens.
+        /// Their total context tokens at the first iteration.
         context: u64,
+        /// Iterations in the run, at least 1.
+        steps: u64,
+    },
+    /// End decode worker `worker`'s run after the iteration in progress (the
+    /// first whose end is strictly after now) and report the iterations run
+    /// with [`Event::DecodeRunDone`]: a sequence that can join the batch has
+    /// arrived. A run that ends there anyway is unaffected.
+    DecodeYield {
+        /// Decode worker.
+        worker: usize,
     },
     /// Request `id` generated its last token: decode worker `worker` may free
     /// its KV cache.
@@ -364,7 +402,10 @@ struct PrefillSlot {
 
 struct DecodeSlot {
     sched: DecodeScheduler,
+    /// A run is in flight.
     stepping: bool,
+    /// The run in flight was told to yield.
+    yielded: bool,
     alive: bool,
 }
 
@@ -464,6 +505,7 @@ impl Controller {
             .map(|sched| DecodeSlot {
                 sched,
                 stepping: false,
+                yielded: false,
                 alive: true,
             })
             .collect();
@@ -511,8 +553,8 @@ impl Controller {
             }
             Event::PrefillDone { worker } => self.on_prefill_done(now, worker),
             Event::KvLanded { id, sent_at } => self.on_kv(now, id, sent_at),
-            Event::DecodeStepDone { worker } => {
-                self.complete_decode_step(now, worker);
+            Event::DecodeRunDone { worker, steps } => {
+                self.complete_decode_run(now, worker, steps);
                 self.try_decode(now, worker);
             }
             Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
@@ -1096,10 +1138,19 @@ impl Controller {
             return;
         }
         self.decode[d].sched.enqueue(seq);
+        let slot = &mut self.decode[d];
+        if slot.stepping && !slot.yielded && slot.sched.can_admit_next() {
+            // it joins at the end of the iteration in progress, as it would
+            // if the iterations were decided one by one
+            slot.yielded = true;
+            self.decide(|| Decision::DecodeYield { at: now, worker: d });
+            self.commands.push_back(Command::DecodeYield { worker: d });
+        }
         self.try_decode(now, d);
     }
 
-    /// Start an iteration on decode worker `d` if it is idle and has work.
+    /// Start a run on decode worker `d` if it is idle and has work: the
+    /// iterations until its first running sequence finishes.
     fn try_decode(&mut self, now: f64, d: usize) {
         let slot = &mut self.decode[d];
         if slot.stepping || !slot.alive {
@@ -1112,29 +1163,34 @@ impl Controller {
         if batch == 0 {
             return;
         }
+        let steps = slot.sched.steps_to_finish().unwrap_or(1);
         slot.stepping = true;
-        self.decide(|| Decision::DecodeStep {
+        slot.yielded = false;
+        self.decide(|| Decision::DecodeRun {
             at: now,
             worker: d,
             batch,
             context,
+            steps,
         });
-        self.commands.push_back(Command::DecodeStep {
+        self.commands.push_back(Command::DecodeRun {
             worker: d,
             batch,
             context,
+            steps,
         });
     }
 
-    /// Decode worker `d`'s iteration ended at `now`: sequences that generated
-    /// their last token finish.
-    fn complete_decode_step(&mut self, now: f64, d: usize) {
+    /// Decode worker `d`'s run ended at `now` after `steps` iterations:
+    /// sequences that generated their last token finish.
+    fn complete_decode_run(&mut self, now: f64, d: usize, steps: u64) {
         let slot = &mut self.decode[d];
         if !slot.stepping {
             return;
         }
         slot.stepping = false;
-        for id in slot.sched.complete_step() {
+        slot.yielded = false;
+        for id in slot.sched.complete_steps(steps.max(1)) {
             let i = id as usize;
             let work =
                 (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;

@@ -200,12 +200,43 @@ impl DecodeScheduler {
         &self.kv
     }
 
+    /// Iterations until the next running sequence generates its last token
+    /// (at least 1), or `None` with nothing running. Until then the batch
+    /// cannot change except by admission, and admission cannot change either
+    /// unless a sequence arrives while a slot and its blocks are free
+    /// ([`DecodeScheduler::can_admit_next`]).
+    pub fn steps_to_finish(&self) -> Option<u64> {
+        self.running
+            .peek()
+            .map(|Reverse(top)| top.finish_step.saturating_sub(self.steps).max(1))
+    }
+
+    /// Whether [`DecodeScheduler::admit`] would admit the first waiting
+    /// sequence now (a batch slot and the blocks for its whole context free).
+    pub fn can_admit_next(&self) -> bool {
+        self.waiting.front().is_some_and(|seq| {
+            self.running.len() < self.max_batch
+                && self.kv.used() + self.kv.blocks_for(seq.prompt_tokens + seq.remaining as u64)
+                    <= self.kv.total()
+        })
+    }
+
     /// One iteration finished: every running sequence generated one token.
     /// Returns the ids that generated their last token (their blocks are
     /// freed), in admission order among those finishing together.
     pub fn complete_step(&mut self) -> Vec<RequestId> {
-        self.steps += 1;
-        self.context_tokens += self.running.len() as u64;
+        self.complete_steps(1)
+    }
+
+    /// `n` iterations of an unchanged batch finished (`n` ≤
+    /// [`DecodeScheduler::steps_to_finish`]; a larger `n` is clamped to it,
+    /// since the batch changes there): every running sequence generated `n`
+    /// tokens. Returns the ids that generated their last token, as
+    /// [`DecodeScheduler::complete_step`] does.
+    pub fn complete_steps(&mut self, n: u64) -> Vec<RequestId> {
+        let n = self.steps_to_finish().map_or(n, |k| n.min(k));
+        self.steps += n;
+        self.context_tokens += n * self.running.len() as u64;
         let mut done = Vec::new();
         while let Some(Reverse(top)) = self.running.peek().copied() {
             if top.finish_step > self.steps {

@@ -285,10 +285,23 @@ pub struct Cluster<S: Service> {
     encode_gen: Vec<u64>,
     prefill_gen: Vec<u64>,
     decode_gen: Vec<u64>,
+    decode_run: Vec<DecodeRunState>,
     encode_link: Vec<f64>,
     prefill_link: Vec<f64>,
     /// Workers that died: transfers to them land at once.
     dead: Vec<WorkerRef>,
+}
+
+/// The decode run a fake decode worker is in ([`Command::DecodeRun`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct DecodeRunState {
+    batch: u64,
+    context: u64,
+    steps: u64,
+    /// Iterations finished.
+    done: u64,
+    /// Told to end after the iteration in progress.
+    yielded: bool,
 }
 
 const DONE: u8 = 0;
@@ -310,6 +323,7 @@ impl<S: Service> Cluster<S> {
             encode_gen: vec![0; ne],
             prefill_gen: vec![0; np],
             decode_gen: vec![0; nd],
+            decode_run: vec![DecodeRunState::default(); nd],
             encode_link: vec![0.0; ne],
             prefill_link: vec![0.0; np],
             dead: Vec::new(),
@@ -382,7 +396,19 @@ impl<S: Service> Cluster<S> {
             }
             ClusterEvent::Kv(id, sent_at) => Event::KvLanded { id, sent_at },
             ClusterEvent::DecodeDone(d, g) if g == self.decode_gen[d] => {
-                Event::DecodeStepDone { worker: d }
+                // iteration by iteration, as the executor's workers run them
+                let run = &mut self.decode_run[d];
+                run.done += 1;
+                if run.done < run.steps && !run.yielded {
+                    let (batch, context) = (run.batch, run.context + run.done * run.batch);
+                    let t = self.service.decode(d, batch, context);
+                    self.push(now + t, DONE, ClusterEvent::DecodeDone(d, g));
+                    return true;
+                }
+                Event::DecodeRunDone {
+                    worker: d,
+                    steps: run.done,
+                }
             }
             ClusterEvent::Fail(w) => {
                 self.dead.push(w);
@@ -456,16 +482,25 @@ impl<S: Service> Cluster<S> {
                     self.prefill_link[from] = start + t;
                     self.push(start + t, LANDED, ClusterEvent::Kv(id, start));
                 }
-                Command::DecodeStep {
+                Command::DecodeRun {
                     worker,
                     batch,
                     context,
+                    steps,
                 } => {
+                    self.decode_run[worker] = DecodeRunState {
+                        batch,
+                        context,
+                        steps,
+                        done: 0,
+                        yielded: false,
+                    };
                     let t = self.service.decode(worker, batch, context);
                     self.decode_gen[worker] += 1;
                     let g = self.decode_gen[worker];
                     self.push(now + t, DONE, ClusterEvent::DecodeDone(worker, g));
                 }
+                Command::DecodeYield { worker } => self.decode_run[worker].yielded = true,
                 Command::Release { .. } => {}
             }
         }
@@ -586,6 +621,39 @@ mod tests {
         Fixed { prefill_s: 0.002 }
     }
 
+    /// Decode goes in runs up to the first finishing sequence, cut short when
+    /// a KV cache lands that can join: it starts at the end of the iteration
+    /// in progress (one fixed 5 ms iteration at most), as deciding iteration
+    /// by iteration would have it, not at the end of the run (up to 7).
+    #[test]
+    fn a_kv_cache_that_can_join_starts_at_the_next_iteration_not_the_run_end() {
+        let mut c = Cluster::new(small_controller(40, 100.0, None), fixed());
+        c.drive();
+        all_ended(&c);
+        let log = c.ctrl.decisions();
+        let yields = log
+            .iter()
+            .filter(|d| matches!(d, Decision::DecodeYield { .. }))
+            .count();
+        let long_runs = log
+            .iter()
+            .filter(|d| matches!(d, Decision::DecodeRun { steps, .. } if *steps > 1))
+            .count();
+        assert!(
+            yields > 5 && long_runs > 5,
+            "{yields} yields, {long_runs} runs"
+        );
+        for r in c.ctrl.records() {
+            let (ready, start) = (r.decode_ready.unwrap(), r.decode_start.unwrap());
+            assert!(
+                (0.0..0.005 + 1e-12).contains(&(start - ready)),
+                "request {} waited {} s for the batch",
+                r.id,
+                start - ready
+            );
+        }
+    }
+
     /// Every request reached exactly one end, and the controller is done.
     fn all_ended(c: &Cluster<Fixed>) {
         assert!(c.ctrl.is_finished());
@@ -692,7 +760,7 @@ mod tests {
             .decisions()
             .iter()
             .filter_map(|d| match d {
-                Decision::DecodeStep { at, .. } => Some(*at),
+                Decision::DecodeRun { at, .. } => Some(*at),
                 _ => None,
             })
             .fold(0.0, f64::max);

@@ -11,10 +11,11 @@
 //! time-slicing), the serialised links, the GPU meters and the timeline. Costs
 //! come from a [`StageCost`].
 //!
-//! Decode iterations that end strictly before anything else can happen (the
-//! next queued event and the controller's next timeout) run inline, without a
-//! round trip through the event queue; the outcome is the same as stepping one
-//! event at a time.
+//! Decode goes in the controller's runs ([`Command::DecodeRun`]): the
+//! iterations up to the first finishing sequence are priced at once and only
+//! the run's end enters the event queue; a yield ([`Command::DecodeYield`])
+//! moves that end to the end of the iteration in progress. The outcome is the
+//! same as queueing every iteration's end.
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
@@ -62,9 +63,10 @@ enum Ev {
         id: RequestId,
         sent_at: f64,
     },
-    DecodeStepDone {
+    DecodeRunDone {
         decode: usize,
         gen: u64,
+        steps: u64,
     },
     Fault(WorkerRef),
 }
@@ -128,8 +130,21 @@ struct PrefillWorker {
 struct DecodeWorker {
     gpus: Vec<u32>,
     tp: u32,
-    step_start: f64,
+    /// The run in flight: when it started, its shape, and its iterations'
+    /// seconds and end times (reused from run to run).
+    run: Option<DecodeRun>,
+    durs: Vec<f64>,
+    ends: Vec<f64>,
     gen: u64,
+}
+
+#[derive(Clone, Copy)]
+struct DecodeRun {
+    start: f64,
+    batch: u64,
+    context: u64,
+    /// Iterations the run ends after (fewer than priced once it yielded).
+    steps: u64,
 }
 
 /// Everything a finished run hands back.
@@ -144,7 +159,8 @@ pub struct SimOutput {
     pub events: u64,
     /// Events that went through the event queue (controller timeouts included).
     pub queue_events: u64,
-    /// Decode iterations run inline, without the queue.
+    /// Decode iterations whose end was not a queue event: those inside a
+    /// decode run, before its last.
     pub inline_steps: u64,
     /// The Chrome/Perfetto trace-event JSON, when asked for.
     pub timeline: Option<serde_json::Value>,
@@ -215,8 +231,6 @@ struct Sim<'a> {
     timeline: Option<Timeline>,
     /// Scratch: the items of a pass being priced.
     items: Vec<ItemTokens>,
-    /// Decode iterations asked for while commands were being carried out.
-    pending_steps: Vec<(usize, u64, u64)>,
     service: Option<ServiceLog>,
     /// Workers that died (fault injection): transfers to them land at once,
     /// as the executor's do.
@@ -299,7 +313,9 @@ impl<'a> Sim<'a> {
             .map(|t| DecodeWorker {
                 gpus: t.gpus.clone(),
                 tp: t.tp,
-                step_start: 0.0,
+                run: None,
+                durs: Vec::new(),
+                ends: Vec::new(),
                 gen: 0,
             })
             .collect();
@@ -328,7 +344,6 @@ impl<'a> Sim<'a> {
             inline_steps: 0,
             timeline: None,
             items: Vec::new(),
-            pending_steps: Vec::new(),
             service: None,
             dead: Vec::new(),
         }
@@ -412,11 +427,16 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::KvLands { id, sent_at } => self.ctrl.handle(now, Event::KvLanded { id, sent_at }),
-            Ev::DecodeStepDone { decode, gen } => {
+            Ev::DecodeRunDone { decode, gen, steps } => {
                 if self.decode[decode].gen == gen {
-                    self.end_decode_step(decode, now);
-                    self.ctrl
-                        .handle(now, Event::DecodeStepDone { worker: decode });
+                    self.end_decode_run(decode, steps);
+                    self.ctrl.handle(
+                        now,
+                        Event::DecodeRunDone {
+                            worker: decode,
+                            steps,
+                        },
+                    );
                 }
             }
             Ev::Fault(w) => {
@@ -428,10 +448,9 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Carry out every command the controller has issued, then the decode
-    /// iterations it asked for (run inline where nothing can interfere).
+    /// Carry out every command the controller has issued.
     fn carry_out(&mut self) {
-        loop {
+        {
             while let Some(cmd) = self.ctrl.poll_command() {
                 match cmd {
                     Command::Encode { worker, sm_share } => self.start_pass(worker, sm_share),
@@ -447,25 +466,15 @@ impl<'a> Sim<'a> {
                         self.rerate_local(worker, share);
                     }
                     Command::Kv { from, to, id } => self.send_kv(from, to, id),
-                    Command::DecodeStep {
+                    Command::DecodeRun {
                         worker,
                         batch,
                         context,
-                    } => self.pending_steps.push((worker, batch, context)),
+                        steps,
+                    } => self.start_decode_run(worker, batch, context, steps),
+                    Command::DecodeYield { worker } => self.yield_decode_run(worker),
                     Command::Release { .. } => {}
                 }
-            }
-            if self.pending_steps.is_empty() {
-                return;
-            }
-            let steps = std::mem::take(&mut self.pending_steps);
-            for &(d, batch, context) in &steps {
-                self.run_decode(d, batch, context);
-            }
-            let mut steps = steps;
-            steps.clear();
-            if self.pending_steps.is_empty() {
-                self.pending_steps = steps;
             }
         }
     }
@@ -819,74 +828,114 @@ impl<'a> Sim<'a> {
 
     // ------------------------------------------------------------- decode
 
-    /// Run the decode iteration the controller asked for on worker `d`, and
-    /// its successors inline while each ends strictly before anything else
-    /// can happen.
-    fn run_decode(&mut self, d: usize, mut batch: u64, mut context: u64) {
-        let mut t = self.now;
-        loop {
-            let dur = self.cost.decode_step(batch, context, self.decode[d].tp);
-            if let Some(log) = self.service.as_mut() {
-                log.decode[d].push(dur);
-            }
-            self.decode[d].step_start = t;
-            for &g in &self.decode[d].gpus {
-                self.meters[g as usize].begin(t);
-                self.meters[g as usize].add_sm_time(dur);
-            }
-            let end = t + dur;
-            let blocked = |x: Option<f64>| x.is_some_and(|n| n <= end);
-            if blocked(self.events.peek_time()) || blocked(self.ctrl.poll_timeout()) {
-                let worker = &mut self.decode[d];
-                worker.gen += 1;
-                let gen = worker.gen;
-                self.events.push(
-                    end,
-                    Priority::Completion,
-                    Ev::DecodeStepDone { decode: d, gen },
-                );
-                return;
-            }
-            self.inline_steps += 1;
-            self.end_decode_step(d, end);
-            self.ctrl.handle(end, Event::DecodeStepDone { worker: d });
-            let mut next = None;
-            while let Some(cmd) = self.ctrl.poll_command() {
-                match cmd {
-                    Command::DecodeStep {
-                        worker,
-                        batch,
-                        context,
-                    } if worker == d => next = Some((batch, context)),
-                    Command::Release { .. } => {}
-                    other => unreachable!("a decode iteration's end issued {other:?}"),
-                }
-            }
-            match next {
-                Some((b, c)) => (batch, context, t) = (b, c, end),
-                None => return,
-            }
-        }
+    /// A decode run starts on worker `d`: its iterations are priced at once
+    /// (the `i`-th over `context + i · batch` tokens) and its end is queued.
+    fn start_decode_run(&mut self, d: usize, batch: u64, context: u64, steps: u64) {
+        let now = self.now;
+        let worker = &mut self.decode[d];
+        worker.durs.clear();
+        self.cost
+            .decode_steps(batch, context, worker.tp, steps, &mut worker.durs);
+        worker.ends.clear();
+        let mut t = now;
+        worker.ends.extend(worker.durs.iter().map(|&dur| {
+            t += dur;
+            t
+        }));
+        worker.run = Some(DecodeRun {
+            start: now,
+            batch,
+            context,
+            steps,
+        });
+        worker.gen += 1;
+        let gen = worker.gen;
+        self.events.push(
+            t,
+            Priority::Completion,
+            Ev::DecodeRunDone {
+                decode: d,
+                gen,
+                steps,
+            },
+        );
     }
 
-    /// The iteration of decode worker `d` that started at `step_start` ends at `at`.
-    fn end_decode_step(&mut self, d: usize, at: f64) {
-        for &g in &self.decode[d].gpus {
-            self.meters[g as usize].end(at);
+    /// The controller cut decode worker `d`'s run short: it ends with the
+    /// first iteration that ends strictly after now.
+    fn yield_decode_run(&mut self, d: usize) {
+        let now = self.now;
+        let worker = &mut self.decode[d];
+        let Some(run) = worker.run.as_mut() else {
+            return;
+        };
+        let cut = worker.ends.partition_point(|&e| e <= now) as u64 + 1;
+        if cut >= run.steps {
+            return;
+        }
+        run.steps = cut;
+        worker.gen += 1;
+        let gen = worker.gen;
+        let end = worker.ends[cut as usize - 1];
+        self.events.push(
+            end,
+            Priority::Completion,
+            Ev::DecodeRunDone {
+                decode: d,
+                gen,
+                steps: cut,
+            },
+        );
+    }
+
+    /// Decode worker `d`'s run ends now after its first `steps` iterations:
+    /// each is metered (and logged, and drawn) as it ran.
+    fn end_decode_run(&mut self, d: usize, steps: u64) {
+        let Some(run) = self.decode[d].run.take() else {
+            return;
+        };
+        self.meter_decode(d, run, steps as usize, None);
+        self.inline_steps += steps.saturating_sub(1);
+    }
+
+    /// Meter the first `n` iterations of decode worker `d`'s run, and the one
+    /// after them up to `cut` when it was cut off there (a fault).
+    fn meter_decode(&mut self, d: usize, run: DecodeRun, n: usize, cut: Option<f64>) {
+        let worker = &self.decode[d];
+        // the iterations ran back to back: one busy interval, and the SM-time
+        // of each iteration begun (the one cut off counts whole, as its work
+        // was issued)
+        let begun = if cut.is_some() { n + 1 } else { n }.min(worker.durs.len());
+        let end = match cut {
+            Some(at) => at,
+            None => n.checked_sub(1).map_or(run.start, |i| worker.ends[i]),
+        };
+        let sm: f64 = worker.durs[..begun].iter().map(|d| d.max(0.0)).sum();
+        for &g in &worker.gpus {
+            let m = &mut self.meters[g as usize];
+            m.begin(run.start);
+            m.add_sm_time(sm);
+            m.end(end);
+        }
+        if let Some(log) = self.service.as_mut() {
+            log.decode[d].extend_from_slice(&worker.durs[..n.min(worker.durs.len())]);
         }
         if let Some(tl) = self.timeline.as_mut() {
-            let (batch, ctx) = self.ctrl.decode_shape(d);
-            let args = json!({ "batch": batch, "context_tokens": ctx });
-            tl.slice(
-                &format!("D{d} decode"),
-                "decode step",
-                self.decode[d].step_start,
-                at,
-                args,
-            );
+            let mut start = run.start;
+            for i in 0..n.min(worker.ends.len()) {
+                let args = json!({ "batch": run.batch, "context_tokens": run.context + i as u64 * run.batch });
+                tl.slice(
+                    &format!("D{d} decode"),
+                    "decode step",
+                    start,
+                    worker.ends[i],
+                    args,
+                );
+                start = worker.ends[i];
+            }
             tl.counter(
                 &format!("D{d} waiting for KV blocks"),
-                at,
+                start,
                 self.ctrl.decode_waiting(d) as f64,
             );
         }
@@ -920,8 +969,15 @@ impl<'a> Sim<'a> {
             }
             WorkerRef::Decode(d) => {
                 self.decode[d].gen += 1;
-                for &g in &self.decode[d].gpus {
-                    self.meters[g as usize].end(now);
+                if let Some(run) = self.decode[d].run.take() {
+                    // the iterations done are metered, the one in progress up to now
+                    let steps = run.steps as usize;
+                    let done = self.decode[d]
+                        .ends
+                        .partition_point(|&e| e <= now)
+                        .min(steps);
+                    let cut = (done < steps).then_some(now);
+                    self.meter_decode(d, run, done, cut);
                 }
             }
         }

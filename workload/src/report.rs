@@ -40,26 +40,94 @@ pub struct Stats {
 
 impl Stats {
     /// Statistics of `xs` (all zero when empty): percentiles interpolate
-    /// linearly between order statistics; the mean sums in ascending order.
+    /// linearly between order statistics, which are selected (`O(n)`, no
+    /// sort); the mean is the correctly rounded sum over the count, so no
+    /// figure depends on the order the samples come in.
     pub fn of(mut xs: Vec<f64>) -> Stats {
-        if xs.is_empty() {
+        let n = xs.len();
+        if n == 0 {
             return Stats::default();
         }
-        // a radix sort in `f64::total_cmp`'s order, linear in the samples
-        radsort::sort(&mut xs);
+        let pos = |p: f64| p / 100.0 * (n - 1) as f64;
+        // the order statistics the percentiles need, ascending: each is
+        // selected from what lies above the one before
+        let mut ranks = Vec::with_capacity(7);
+        for p in [50.0, 90.0, 99.0] {
+            ranks.extend([pos(p).floor() as usize, pos(p).ceil() as usize]);
+        }
+        ranks.push(n - 1);
+        ranks.sort_unstable();
+        ranks.dedup();
+        let mut from = 0;
+        for &r in &ranks {
+            xs[from..].select_nth_unstable_by(r - from, f64::total_cmp);
+            from = r + 1;
+        }
         let pct = |p: f64| {
-            let pos = p / 100.0 * (xs.len() - 1) as f64;
+            let pos = pos(p);
             let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
             xs[lo] + (xs[hi] - xs[lo]) * (pos - lo as f64)
         };
         Stats {
-            mean: xs.iter().sum::<f64>() / xs.len() as f64,
+            mean: exact_sum(&xs) / n as f64,
             p50: pct(50.0),
             p90: pct(90.0),
             p99: pct(99.0),
-            max: xs[xs.len() - 1],
+            max: xs[n - 1],
         }
     }
+}
+
+/// The sum of `xs` correctly rounded to the nearest `f64`, whatever their
+/// order: Shewchuk's exact summation with non-overlapping partials ("Adaptive
+/// Precision Floating-Point Arithmetic and Fast Robust Geometric Predicates",
+/// 1997), the algorithm of Python's `math.fsum`. Finite inputs only (a
+/// non-finite one makes the sum NaN or infinite, as a plain sum would).
+pub fn exact_sum(xs: &[f64]) -> f64 {
+    if xs.iter().any(|x| !x.is_finite()) {
+        return xs.iter().sum();
+    }
+    let mut partials: Vec<f64> = Vec::new();
+    for &x in xs {
+        let mut x = x;
+        let mut kept = 0;
+        for j in 0..partials.len() {
+            let y = partials[j];
+            let (big, small) = if x.abs() < y.abs() { (y, x) } else { (x, y) };
+            let hi = big + small;
+            let lo = small - (hi - big);
+            if lo != 0.0 {
+                partials[kept] = lo;
+                kept += 1;
+            }
+            x = hi;
+        }
+        partials.truncate(kept);
+        partials.push(x);
+    }
+    // add the partials from the largest, rounding once, half-even as fsum does
+    let Some(mut hi) = partials.pop() else {
+        return 0.0;
+    };
+    let mut lo = 0.0;
+    while let Some(y) = partials.pop() {
+        let x = hi;
+        hi = x + y;
+        lo = y - (hi - x);
+        if lo != 0.0 {
+            break;
+        }
+    }
+    if let Some(&next) = partials.last() {
+        if (lo < 0.0 && next < 0.0) || (lo > 0.0 && next > 0.0) {
+            let y = lo * 2.0;
+            let x = hi + y;
+            if y == x - hi {
+                hi = x;
+            }
+        }
+    }
+    hi
 }
 
 /// Goodput at one SLO tier.
@@ -666,6 +734,41 @@ mod tests {
         assert_eq!(s.p99, 100.0);
         assert_eq!(s.mean, 51.0);
         assert_eq!(Stats::of(vec![]), Stats::default());
+    }
+
+    #[test]
+    fn exact_sum_is_correctly_rounded_in_any_order() {
+        assert_eq!(exact_sum(&[1e16, 1.0, -1e16]), 1.0);
+        assert_eq!(exact_sum(&[0.1; 10]), 1.0);
+        assert_eq!(exact_sum(&[]), 0.0);
+        // 2^53 + 1 + 1e-10 rounds up, which a plain sum misses
+        let xs = [9007199254740992.0, 1.0, 1e-10];
+        assert_eq!(exact_sum(&xs), 9007199254740994.0);
+        assert_eq!(xs.iter().sum::<f64>(), 9007199254740992.0);
+        let v: Vec<f64> = (1..2000).map(|i| 1.0 / i as f64).collect();
+        let mut r = v.clone();
+        r.reverse();
+        assert_eq!(exact_sum(&v), exact_sum(&r));
+    }
+
+    #[test]
+    fn percentiles_select_the_same_order_statistics_as_a_sort() {
+        // a shuffled sample with ties: selection must agree with sorting
+        let xs: Vec<f64> = (0..1001u64)
+            .map(|i| ((i * 7919) % 1001 / 3) as f64)
+            .collect();
+        let mut sorted = xs.clone();
+        sorted.sort_by(f64::total_cmp);
+        let pct = |p: f64| {
+            let pos = p / 100.0 * 1000.0;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+        };
+        let s = Stats::of(xs);
+        assert_eq!(
+            (s.p50, s.p90, s.p99, s.max),
+            (pct(50.0), pct(90.0), pct(99.0), sorted[1000])
+        );
     }
 
     #[test]

@@ -2246,6 +2246,9 @@ impl easerve_calib::StageCost for WithNote {
     fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
         self.0.decode_step(batch, total_context_tokens, tp)
     }
+    fn decode_steps(&self, batch: u64, context: u64, tp: u32, steps: u64, out: &mut Vec<f64>) {
+        self.0.decode_steps(batch, context, tp, steps, out)
+    }
     fn transfer(&self, bytes: f64) -> f64 {
         self.0.transfer(bytes)
     }
