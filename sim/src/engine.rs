@@ -41,7 +41,6 @@ const MIN_PROGRESS_SHARE: f64 = 1e-3;
 /// that was re-rated or lost to a fault is ignored.
 #[derive(Debug)]
 enum Ev {
-    Arrival(usize),
     EncodeGpuPhase {
         worker: usize,
         gen: u64,
@@ -157,7 +156,8 @@ pub struct SimOutput {
     /// Events the engine processed: queue events plus decode iterations run
     /// inline (`queue_events + inline_steps`).
     pub events: u64,
-    /// Events that went through the event queue (controller timeouts included).
+    /// Events taken in time order: those of the event queue, arrivals and
+    /// controller timeouts.
     pub queue_events: u64,
     /// Decode iterations whose end was not a queue event: those inside a
     /// decode run, before its last.
@@ -214,7 +214,11 @@ struct Sim<'a> {
     now: f64,
     events: EventQueue<Ev>,
     tokens: Vec<Vec<ItemTokens>>,
+    /// Arrival times, ascending: they stay out of the event queue, which
+    /// holds only what busy workers and links will end.
     arrivals: Vec<f64>,
+    /// The next request to arrive.
+    next_arrival: usize,
     encode: Vec<EncodeWorker>,
     /// Remote prefill workers first, then local ones.
     prefill: Vec<PrefillWorker>,
@@ -319,12 +323,7 @@ impl<'a> Sim<'a> {
                 gen: 0,
             })
             .collect();
-        let mut events = EventQueue::new();
-        // arrivals are sorted: only the next one waits in the queue, which keeps
-        // the heap as small as the number of busy workers
-        if let Some(&first) = arrivals.first() {
-            events.push(first, Priority::Arrival, Ev::Arrival(0));
-        }
+        let events = EventQueue::new();
         Sim {
             sc,
             time_sliced: ctrl.time_sliced(),
@@ -334,6 +333,7 @@ impl<'a> Sim<'a> {
             events,
             tokens,
             arrivals,
+            next_arrival: 0,
             encode,
             prefill,
             decode,
@@ -351,7 +351,12 @@ impl<'a> Sim<'a> {
 
     fn run(&mut self) {
         loop {
-            let next = self.events.peek_time();
+            let queued = self.events.peek_time();
+            let arrival = self.arrivals.get(self.next_arrival).copied();
+            let next = match (queued, arrival) {
+                (Some(q), Some(a)) => Some(q.min(a)),
+                (q, a) => q.or(a),
+            };
             // the controller's timeout goes after same-instant events
             if let Some(t) = self
                 .ctrl
@@ -361,6 +366,16 @@ impl<'a> Sim<'a> {
                 self.processed += 1;
                 self.now = t.max(self.now);
                 self.ctrl.handle_timeout(self.now);
+                self.carry_out();
+                continue;
+            }
+            // an arrival goes after same-instant completions and transfers
+            if let Some(a) = arrival.filter(|&a| queued.is_none_or(|q| a < q)) {
+                self.processed += 1;
+                self.now = a.max(self.now);
+                let i = self.next_arrival;
+                self.next_arrival += 1;
+                self.on_arrival(i);
                 self.carry_out();
                 continue;
             }
@@ -375,22 +390,21 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// Request `i` arrives; the controller admits and places it.
+    fn on_arrival(&mut self, i: usize) {
+        self.ctrl
+            .handle(self.now, Event::Arrival { id: i as RequestId });
+        if self.timeline.is_some() {
+            if let Some(w) = self.ctrl.records()[i].encode_worker {
+                self.count_encode_queue(w);
+            }
+        }
+    }
+
     /// What the hardware does when `ev` comes due, then the controller hears of it.
     fn on_event(&mut self, ev: Ev) {
         let now = self.now;
         match ev {
-            Ev::Arrival(i) => {
-                if let Some(&next) = self.arrivals.get(i + 1) {
-                    self.events
-                        .push(next, Priority::Arrival, Ev::Arrival(i + 1));
-                }
-                self.ctrl.handle(now, Event::Arrival { id: i as RequestId });
-                if self.timeline.is_some() {
-                    if let Some(w) = self.ctrl.records()[i].encode_worker {
-                        self.count_encode_queue(w);
-                    }
-                }
-            }
             Ev::EncodeGpuPhase { worker, gen } => {
                 if self.encode[worker].gen == gen {
                     self.on_encode_gpu_phase(worker);

@@ -1,6 +1,7 @@
 //! The event queue: events leave by `(time, priority, sequence)`, so ties are
 //! FIFO and deterministic.
 
+use easerve_workload::report::{from_total_order_key, total_order_key};
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
@@ -12,9 +13,11 @@ pub(crate) enum Priority {
     /// Data (embeddings, KV cache) lands: it can join the batch about to start.
     Transfer = 1,
     /// A request arrives, after same-instant completions and transfers (a pass
-    /// that ends now has already re-polled its batcher without it). The
-    /// controller's timeout, which the engine keeps outside this queue, goes
-    /// after every same-instant event, so same-instant arrivals are queued.
+    /// that ends now has already re-polled its batcher without it). The EPD
+    /// engine keeps its arrivals outside the queue in this same order (the
+    /// aggregated baseline queues them); the controller's timeout, also kept
+    /// outside, goes after every same-instant event, so same-instant arrivals
+    /// are queued.
     Arrival = 2,
 }
 
@@ -28,20 +31,12 @@ struct Entry<E> {
 
 impl<E> Entry<E> {
     fn key(time: f64, priority: Priority, seq: u64) -> u128 {
-        let bits = time.to_bits();
-        // negative: flip every bit; positive: flip the sign bit
-        let ordered = bits ^ ((((bits as i64) >> 63) as u64) | (1 << 63));
+        let ordered = total_order_key(time);
         (u128::from(ordered) << 64) | (u128::from(priority as u8) << 62) | u128::from(seq)
     }
 
     fn time(&self) -> f64 {
-        let ordered = (self.key >> 64) as u64;
-        let bits = if ordered >> 63 == 1 {
-            ordered ^ (1 << 63)
-        } else {
-            !ordered
-        };
-        f64::from_bits(bits)
+        from_total_order_key((self.key >> 64) as u64)
     }
 }
 
