@@ -149,8 +149,8 @@ pub(crate) struct RunArgs {
     pub(crate) requests_csv: Option<PathBuf>,
     /// Also write every scheduling decision of the controller, in order, as
     /// JSON Lines (one `Decision` per line: placements, micro-batches with
-    /// their SM shares, routes, prefill batches, share changes, decode
-    /// iterations, failures).
+    /// their SM shares, routes, prefill batches, share changes, decode runs
+    /// and yields, failures).
     #[arg(long, value_name = "FILE")]
     pub(crate) decisions: Option<PathBuf>,
     /// Fault injection: worker LABEL (E0, P0, L0, D0) dies SECONDS into the

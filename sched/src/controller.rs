@@ -1,7 +1,7 @@
 //! The EPD controller: every orchestration decision of one run — admission,
 //! placement, encode dispatch, the SM share of each micro-batch and of the
 //! co-located prefill worker, prefill routing, prefill batching, KV placement
-//! and decode iterations — as a sans-IO state machine, in the shape of
+//! and decode runs — as a sans-IO state machine, in the shape of
 //! quinn-proto's `Connection`.
 //!
 //! Two drivers run it: the simulator (`easerve-sim`, which adds the physics:

@@ -3,7 +3,7 @@
 //! its own.
 //!
 //! The controller decides (admission, placement, micro-batches and their SM
-//! shares, routes, prefill batches, KV placement, decode iterations); this
+//! shares, routes, prefill batches, KV placement, decode runs); this
 //! module keeps the event queue and what the hardware does with each
 //! [`Command`]: the host and GPU phases of an encode pass, the re-rating of a
 //! pass or a local prefill batch when what shares its GPU changes (bandwidth

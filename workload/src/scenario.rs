@@ -632,13 +632,13 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// Peak memory of a simulated run per request, bytes: 471 MB at 1,000,000
+/// Peak memory of a simulated run per request, bytes: 451 MB at 1,000,000
 /// requests of the image scenario (README "Speed", `/usr/bin/time -f %M`).
-pub const SIM_BYTES_PER_REQUEST: f64 = 471.0;
+pub const SIM_BYTES_PER_REQUEST: f64 = 451.0;
 
-/// Decode iterations a simulated run gets through per second, at least: 4.7 M
-/// queue events and inline iterations per second (README "Speed").
-pub const SIM_STEPS_PER_SECOND: f64 = 4.7e6;
+/// Decode iterations a simulated run gets through per second, at least: 11 M
+/// events and inline iterations per second (README "Speed").
+pub const SIM_STEPS_PER_SECOND: f64 = 11e6;
 
 impl Scenario {
     /// Warnings for a run that is valid but large: its memory estimate
