@@ -764,6 +764,28 @@ mod tests {
         assert!(t.t_pre > 0.0 && t.t_pass == crate::preprocess::EASERVE_PASS_S);
     }
 
+    /// A decode run reads its memo row at once; its figures are the steps'
+    /// one by one, whether the row was priced before (second half) or not.
+    #[test]
+    fn a_decode_run_is_priced_as_its_iterations_one_by_one() {
+        let Some(c) = cost("qwen2.5-vl-32b", "h100-sxm", "easerve") else {
+            return;
+        };
+        let fresh = cost("qwen2.5-vl-32b", "h100-sxm", "easerve").expect("loaded once");
+        for (batch, context, tp) in [(7, 5000, 2), (1, 300, 1), (33, 40_000, 4)] {
+            let one_by_one: Vec<f64> = (0..60)
+                .map(|i| fresh.decode_step(batch, context + i * batch, tp))
+                .collect();
+            // half the run priced before: the cached part, then the rest
+            for i in 0..30 {
+                c.decode_step(batch, context + i * batch, tp);
+            }
+            let mut run = Vec::new();
+            c.decode_steps(batch, context, tp, 60, &mut run);
+            assert_eq!(run, one_by_one, "batch {batch}, TP{tp}");
+        }
+    }
+
     #[test]
     fn llm_stages_scale_with_tp_context_and_system() {
         let Some(c) = cost("qwen2.5-vl-32b", "h100-sxm", "passthrough") else {

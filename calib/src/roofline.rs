@@ -167,17 +167,31 @@ impl Roofline {
     /// Seconds of the LLM body at TP `tp`: roofline of `work / tp` at `usable` share +
     /// `2 * layers` all-reduces of `tokens` tokens + `layers * layer_overhead_s`.
     fn llm_pass(&self, work: Work, tokens: u64, tp: u32, usable: f64) -> f64 {
+        self.pass_time(&self.llm_pass_terms(tokens, tp, usable), work)
+    }
+
+    /// The terms of [`Roofline::llm_pass`] that depend on the tokens, TP and
+    /// share but not on the work (a decode run keeps them for every iteration).
+    fn llm_pass_terms(&self, tokens: u64, tp: u32, usable: f64) -> LlmPassTerms {
         let tp = tp.max(1);
-        let t = f64::from(tp);
-        let per_gpu = Work {
-            flops: work.flops / t,
-            bytes: work.bytes / t,
-        };
         let layers = f64::from(self.model.llm.layers);
-        let ar = 2.0 * layers * self.allreduce(self.model.allreduce_bytes_per_layer(tokens), tp);
-        self.roofline_time(per_gpu, usable, self.gemm_eff(tokens as f64, tp))
-            + ar
-            + layers * self.eff.layer_overhead_s
+        LlmPassTerms {
+            tp: f64::from(tp),
+            usable,
+            gemm_eff: self.gemm_eff(tokens as f64, tp),
+            allreduce: 2.0
+                * layers
+                * self.allreduce(self.model.allreduce_bytes_per_layer(tokens), tp),
+            overhead: layers * self.eff.layer_overhead_s,
+        }
+    }
+
+    fn pass_time(&self, p: &LlmPassTerms, work: Work) -> f64 {
+        let per_gpu = Work {
+            flops: work.flops / p.tp,
+            bytes: work.bytes / p.tp,
+        };
+        self.roofline_time(per_gpu, p.usable, p.gemm_eff) + p.allreduce + p.overhead
     }
 
     /// Seconds of one prefill batch of sequences with these prompt lengths at TP `tp`
@@ -244,6 +258,16 @@ impl Roofline {
     }
 }
 
+/// What [`Roofline::llm_pass`] needs besides the work: TP, the usable share,
+/// the GEMM efficiency, the all-reduces' seconds and the per-layer overhead.
+struct LlmPassTerms {
+    tp: f64,
+    usable: f64,
+    gemm_eff: f64,
+    allreduce: f64,
+    overhead: f64,
+}
+
 impl crate::StageCost for Roofline {
     fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
         Roofline::encode(self, items, sm_share)
@@ -253,6 +277,19 @@ impl crate::StageCost for Roofline {
     }
     fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
         Roofline::decode_step(self, batch, total_context_tokens, tp)
+    }
+    /// The same figures as [`Roofline::decode_step`] one by one, with the
+    /// terms that do not depend on the context computed once for the run.
+    fn decode_steps(&self, batch: u64, context: u64, tp: u32, steps: u64, out: &mut Vec<f64>) {
+        if batch == 0 {
+            out.extend((0..steps).map(|_| 0.0));
+            return;
+        }
+        let work = self.model.decode_step_terms(batch);
+        let pass = self.llm_pass_terms(batch, tp, 1.0);
+        out.extend((0..steps).map(|i| {
+            self.pass_time(&pass, work.work(context + i * batch)) + self.eff.decode_step_s
+        }));
     }
     fn transfer(&self, bytes: f64) -> f64 {
         Roofline::transfer(self, bytes)
@@ -385,6 +422,19 @@ mod tests {
         assert!(r.prefill(&[3000], 4, 1.0) < p3k);
         assert!(r.prefill(&[3000], 2, 0.5) > p3k);
         assert_eq!(r.prefill(&[], 2, 1.0), 0.0);
+    }
+
+    #[test]
+    fn a_decode_run_is_priced_as_its_iterations_one_by_one() {
+        let r = roof("llava-v1.6-34b", "rtx-6000-ada");
+        for (batch, context, tp) in [(1, 700, 1), (7, 5000, 4), (64, 90_000, 2), (0, 0, 1)] {
+            let mut run = Vec::new();
+            crate::StageCost::decode_steps(&r, batch, context, tp, 40, &mut run);
+            let one_by_one: Vec<f64> = (0..40)
+                .map(|i| r.decode_step(batch, context + i * batch, tp))
+                .collect();
+            assert_eq!(run, one_by_one, "batch {batch}, TP{tp}");
+        }
     }
 
     #[test]

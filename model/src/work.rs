@@ -201,18 +201,51 @@ impl ModelArch {
     /// weights once + KV read of all contexts + KV written for the new tokens +
     /// activations. `batch == 0` -> zero work.
     pub fn decode_step_work(&self, batch: u64, total_context_tokens: u64) -> Work {
-        if batch == 0 {
+        self.decode_step_terms(batch).work(total_context_tokens)
+    }
+
+    /// The terms of [`ModelArch::decode_step_work`] that do not depend on the
+    /// context, for pricing a run of iterations over one batch.
+    pub fn decode_step_terms(&self, batch: u64) -> DecodeStepTerms {
+        let b = batch as f64;
+        let layers = f64::from(self.llm.layers);
+        DecodeStepTerms {
+            empty: batch == 0,
+            b,
+            flops_fixed: 2.0 * (self.llm.body_params() + self.llm.vocab_matrix_params()) * b,
+            flops_per_context_token: 4.0 * layers * self.llm.q_width(),
+            bytes_fixed: self.llm_streamed_weight_bytes(),
+            kv_bytes_per_token: self.kv_bytes_per_token(),
+            act_bytes: layers * b * self.llm_act_bytes_per_token_layer(),
+        }
+    }
+}
+
+/// [`ModelArch::decode_step_work`] of one batch size, with the context left
+/// open ([`DecodeStepTerms::work`] gives the same figures as
+/// `decode_step_work`, which is computed through it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeStepTerms {
+    empty: bool,
+    b: f64,
+    flops_fixed: f64,
+    flops_per_context_token: f64,
+    bytes_fixed: f64,
+    kv_bytes_per_token: f64,
+    act_bytes: f64,
+}
+
+impl DecodeStepTerms {
+    /// Work of one iteration whose sequences hold `total_context_tokens`.
+    pub fn work(&self, total_context_tokens: u64) -> Work {
+        if self.empty {
             return Work::default();
         }
-        let b = batch as f64;
         let ctx = total_context_tokens as f64;
-        let layers = f64::from(self.llm.layers);
-        let flops = 2.0 * (self.llm.body_params() + self.llm.vocab_matrix_params()) * b
-            + 4.0 * layers * self.llm.q_width() * ctx;
-        let bytes = self.llm_streamed_weight_bytes()
-            + self.kv_bytes_per_token() * (ctx + b)
-            + layers * b * self.llm_act_bytes_per_token_layer();
-        Work { flops, bytes }
+        Work {
+            flops: self.flops_fixed + self.flops_per_context_token * ctx,
+            bytes: self.bytes_fixed + self.kv_bytes_per_token * (ctx + self.b) + self.act_bytes,
+        }
     }
 }
 

@@ -111,6 +111,9 @@ struct PrefillJob {
     /// Effective SM share: the controller's, less the switching penalty
     /// under time-slicing.
     share: f64,
+    /// Seconds the whole batch takes at `share` (infinite below
+    /// [`MIN_PROGRESS_SHARE`]).
+    dur: f64,
 }
 
 struct PrefillWorker {
@@ -214,10 +217,9 @@ struct Sim<'a> {
     now: f64,
     events: EventQueue<Ev>,
     tokens: Vec<Vec<ItemTokens>>,
-    /// Arrival times, ascending: they stay out of the event queue, which
-    /// holds only what busy workers and links will end.
-    arrivals: Vec<f64>,
-    /// The next request to arrive.
+    /// The next request to arrive (requests are in arrival order): arrivals
+    /// stay out of the event queue, which holds only what busy workers and
+    /// links will end.
     next_arrival: usize,
     encode: Vec<EncodeWorker>,
     /// Remote prefill workers first, then local ones.
@@ -283,7 +285,6 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
 impl<'a> Sim<'a> {
     fn new(sc: &'a Scenario, cost: Box<dyn StageCost>, log_decisions: bool) -> Self {
         let (requests, tokens) = generate_with_tokens(sc);
-        let arrivals: Vec<f64> = requests.iter().map(|r| r.arrival).collect();
         let ctrl = sc.controller(requests, &tokens, &*cost, log_decisions);
         let topology = ctrl.topology().clone();
         let encode = topology
@@ -332,7 +333,6 @@ impl<'a> Sim<'a> {
             now: 0.0,
             events,
             tokens,
-            arrivals,
             next_arrival: 0,
             encode,
             prefill,
@@ -352,7 +352,11 @@ impl<'a> Sim<'a> {
     fn run(&mut self) {
         loop {
             let queued = self.events.peek_time();
-            let arrival = self.arrivals.get(self.next_arrival).copied();
+            let arrival = self
+                .ctrl
+                .requests()
+                .get(self.next_arrival)
+                .map(|r| r.arrival);
             let next = match (queued, arrival) {
                 (Some(q), Some(a)) => Some(q.min(a)),
                 (q, a) => q.or(a),
@@ -703,6 +707,7 @@ impl<'a> Sim<'a> {
             done_frac: 0.0,
             last_update: now,
             share,
+            dur,
         });
         if dur.is_finite() {
             let gen = worker.gen;
@@ -722,7 +727,7 @@ impl<'a> Sim<'a> {
         };
         let now = self.now;
         let old_share = job.share;
-        let progressed = (now - job.last_update) / self.prefill_time(p, old_share);
+        let progressed = (now - job.last_update) / job.dur;
         let new_dur = self.prefill_time(p, new_share);
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].add_sm_time((now - job.last_update) * old_share);
@@ -732,6 +737,7 @@ impl<'a> Sim<'a> {
         job.done_frac = (job.done_frac + progressed).min(1.0);
         job.last_update = now;
         job.share = new_share;
+        job.dur = new_dur;
         worker.gen += 1;
         let remaining = (1.0 - job.done_frac) * new_dur;
         let gen = worker.gen;

@@ -632,9 +632,9 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// Peak memory of a simulated run per request, bytes: 451 MB at 1,000,000
+/// Peak memory of a simulated run per request, bytes: 449 MB at 1,000,000
 /// requests of the image scenario (README "Speed", `/usr/bin/time -f %M`).
-pub const SIM_BYTES_PER_REQUEST: f64 = 451.0;
+pub const SIM_BYTES_PER_REQUEST: f64 = 449.0;
 
 /// Decode iterations a simulated run gets through per second, at least: 11 M
 /// events and inline iterations per second (README "Speed").
