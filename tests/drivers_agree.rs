@@ -3,8 +3,8 @@
 //! changes applied at the next batch as `easerve exec` applies them) make the
 //! same decisions — placement, micro-batches and their SM shares, prefill
 //! routes, prefill batches and the share changes during them, KV placement,
-//! every decode iteration and every failure — for the same arrivals and the
-//! same service times. The service times are the ones the simulated hardware
+//! every decode run and every yield that cuts one short, and every failure —
+//! for the same arrivals and the same service times. The service times are the ones the simulated hardware
 //! took (bandwidth interference, the time-slicing penalty and re-rating
 //! included): nothing is stripped.
 

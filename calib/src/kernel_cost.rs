@@ -582,13 +582,25 @@ impl StageCost for KernelCost {
     }
 
     /// The same figures as [`StageCost::decode_step`] one by one: the run's
-    /// mean contexts are consecutive (`⌈(c + i·b)/b⌉ = ⌈c/b⌉ + i`), so the
-    /// memoised part is read from one row under one lock; the rest is priced
-    /// step by step.
-    fn decode_steps(&self, batch: u64, context: u64, tp: u32, steps: u64, out: &mut Vec<f64>) {
+    /// mean contexts are consecutive (`⌈(c + i·b)/b⌉ = ⌈c/b⌉ + i` for `c ≥ 1`;
+    /// an empty context is priced at mean context 1, like the step after it,
+    /// so it is priced on its own), so the memoised part is read from one row
+    /// under one lock; the rest is priced step by step.
+    fn decode_steps(
+        &self,
+        batch: u64,
+        mut context: u64,
+        tp: u32,
+        mut steps: u64,
+        out: &mut Vec<f64>,
+    ) {
         if batch == 0 {
             out.extend((0..steps).map(|_| 0.0));
             return;
+        }
+        if context == 0 && steps > 0 {
+            out.push(self.decode_step(batch, 0, tp));
+            (context, steps) = (batch, steps - 1);
         }
         let first = easerve_model::ops::decode_mean_context(batch, context);
         let mut done = 0u64;
@@ -772,7 +784,7 @@ mod tests {
             return;
         };
         let fresh = cost("qwen2.5-vl-32b", "h100-sxm", "easerve").expect("loaded once");
-        for (batch, context, tp) in [(7, 5000, 2), (1, 300, 1), (33, 40_000, 4)] {
+        for (batch, context, tp) in [(7, 5000, 2), (1, 300, 1), (33, 40_000, 4), (5, 0, 1)] {
             let one_by_one: Vec<f64> = (0..60)
                 .map(|i| fresh.decode_step(batch, context + i * batch, tp))
                 .collect();

@@ -120,12 +120,12 @@ struct Worker {
     /// Share of the pass or batch in flight.
     share: f64,
     /// The decode run in flight ([`Command::DecodeRun`]), iteration by iteration.
-    decode_run: Option<DecodeRunLeft>,
+    decode_run: Option<DecodeRunState>,
 }
 
 /// A decode run a decode worker is in: its batch, its iterations and those
 /// done, and whether the controller asked it to end after the one in progress.
-struct DecodeRunLeft {
+struct DecodeRunState {
     ids: Vec<RequestId>,
     steps: u64,
     done: u64,
@@ -687,23 +687,20 @@ struct Links {
 
 /// Decode worker `w` finished an iteration of its run: the run ends (the
 /// iterations it ran are returned) when it has run them all or was told to
-/// yield; otherwise the next iteration goes out over the same batch.
+/// yield; otherwise the next iteration goes out over the same batch. A worker
+/// that can no longer be sent to keeps its run open: the end of its
+/// connection fails it ([`Event::WorkerFailed`]).
 fn next_decode_step(w: &mut Worker) -> Option<u64> {
     let run = w.decode_run.as_mut()?;
     run.done += 1;
     if run.done < run.steps && !run.yielded {
-        let sent = match (
-            &w.tx,
-            encode_frame(&ToWorker::DecodeStep {
-                ids: run.ids.clone(),
-            }),
-        ) {
-            (Some(tx), Ok(frame)) => tx.send(frame).is_ok(),
-            _ => false,
-        };
-        if sent {
-            return None;
+        let frame = encode_frame(&ToWorker::DecodeStep {
+            ids: run.ids.clone(),
+        });
+        if let (Some(tx), Ok(frame)) = (&w.tx, frame) {
+            let _ = tx.send(frame);
         }
+        return None;
     }
     let run = w.decode_run.take()?;
     Some(run.done)
@@ -809,7 +806,7 @@ fn carry_out(
                 WorkerRef::Decode(worker),
                 &ToWorker::DecodeStep { ids: ids.clone() },
             );
-            workers[by_ref[&WorkerRef::Decode(worker)]].decode_run = Some(DecodeRunLeft {
+            workers[by_ref[&WorkerRef::Decode(worker)]].decode_run = Some(DecodeRunState {
                 ids,
                 steps,
                 done: 0,

@@ -125,7 +125,9 @@ pub enum Event {
     },
     /// Decode worker `worker` ended its run ([`Command::DecodeRun`]) after
     /// `steps` iterations: all of them, or fewer when it was told to yield
-    /// ([`Command::DecodeYield`]).
+    /// ([`Command::DecodeYield`]). A driver may end a run earlier still (the
+    /// controller then starts the next at once): `harness::Cluster` does, to
+    /// check runs against one decision per iteration.
     DecodeRunDone {
         /// Decode worker.
         worker: usize,
@@ -403,7 +405,9 @@ struct PrefillSlot {
 struct DecodeSlot {
     sched: DecodeScheduler,
     /// A run is in flight.
-    stepping: bool,
+    in_run: bool,
+    /// Iterations of the run in flight.
+    run_steps: u64,
     /// The run in flight was told to yield.
     yielded: bool,
     alive: bool,
@@ -504,7 +508,8 @@ impl Controller {
             .into_iter()
             .map(|sched| DecodeSlot {
                 sched,
-                stepping: false,
+                in_run: false,
+                run_steps: 0,
                 yielded: false,
                 alive: true,
             })
@@ -1139,7 +1144,7 @@ impl Controller {
         }
         self.decode[d].sched.enqueue(seq);
         let slot = &mut self.decode[d];
-        if slot.stepping && !slot.yielded && slot.sched.can_admit_next() {
+        if slot.in_run && !slot.yielded && slot.sched.can_admit_next() {
             // it joins at the end of the iteration in progress, as it would
             // if the iterations were decided one by one
             slot.yielded = true;
@@ -1153,7 +1158,7 @@ impl Controller {
     /// iterations until its first running sequence finishes.
     fn try_decode(&mut self, now: f64, d: usize) {
         let slot = &mut self.decode[d];
-        if slot.stepping || !slot.alive {
+        if slot.in_run || !slot.alive {
             return;
         }
         for id in slot.sched.admit() {
@@ -1164,7 +1169,8 @@ impl Controller {
             return;
         }
         let steps = slot.sched.steps_to_finish().unwrap_or(1);
-        slot.stepping = true;
+        slot.in_run = true;
+        slot.run_steps = steps;
         slot.yielded = false;
         self.decide(|| Decision::DecodeRun {
             at: now,
@@ -1185,12 +1191,20 @@ impl Controller {
     /// sequences that generated their last token finish.
     fn complete_decode_run(&mut self, now: f64, d: usize, steps: u64) {
         let slot = &mut self.decode[d];
-        if !slot.stepping {
+        if !slot.in_run {
             return;
         }
-        slot.stepping = false;
+        debug_assert!(
+            (1..=slot.run_steps).contains(&steps),
+            "decode worker D{d} reported {steps} iterations of a run of {}",
+            slot.run_steps
+        );
+        slot.in_run = false;
         slot.yielded = false;
-        for id in slot.sched.complete_steps(steps.max(1)) {
+        for id in slot
+            .sched
+            .complete_steps(steps.clamp(1, slot.run_steps.max(1)))
+        {
             let i = id as usize;
             let work =
                 (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
@@ -1229,7 +1243,7 @@ impl Controller {
             }
             WorkerRef::Decode(i) => {
                 self.decode[i].alive = false;
-                self.decode[i].stepping = false;
+                self.decode[i].in_run = false;
                 self.decode_place.retire(i);
                 self.place_ids(Place::Decode(i))
             }
@@ -1270,7 +1284,7 @@ impl Controller {
         }
         for d in &mut self.decode {
             d.alive = false;
-            d.stepping = false;
+            d.in_run = false;
         }
     }
 

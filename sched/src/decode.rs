@@ -101,9 +101,14 @@ struct Running {
 /// # Driving it
 /// [`DecodeScheduler::enqueue`] each sequence whose KV cache arrived; when the
 /// worker is idle call [`DecodeScheduler::admit`] and, if [`Self::step_shape`]
-/// shows a non-empty batch, run one iteration of that shape; when it completes
-/// call [`DecodeScheduler::complete_step`], which returns the finished
-/// requests, then admit again.
+/// shows a non-empty batch, run the [`DecodeScheduler::steps_to_finish`]
+/// iterations until the first sequence finishes (the `i`-th over `context +
+/// i · batch` tokens); when they complete call
+/// [`DecodeScheduler::complete_steps`], which returns the finished requests,
+/// then admit again. A sequence enqueued meanwhile can change the batch only
+/// if [`DecodeScheduler::can_admit_next`] says so; then end the run early,
+/// after the iteration in progress, and complete the iterations run.
+/// ([`DecodeScheduler::complete_step`] is one iteration.)
 ///
 /// Admission is FCFS and reserves the blocks for a sequence's whole final
 /// context (prompt + all output tokens) at once, so a running sequence never
@@ -287,6 +292,41 @@ mod tests {
     }
 
     proptest! {
+        /// A run of `steps_to_finish` iterations completed at once leaves the
+        /// scheduler as completing them one by one does, and nothing finishes
+        /// before the run's last iteration; `can_admit_next` says what `admit`
+        /// then does.
+        #[test]
+        fn a_run_completes_as_its_iterations_one_by_one(
+            seqs in proptest::collection::vec((0u64..500, 0u32..40), 1..30),
+            total in 1u64..200,
+        ) {
+            let mut runs = DecodeScheduler::new(KvBlocks::new(total, 16), 8);
+            for (i, &(p, r)) in seqs.iter().enumerate() {
+                runs.enqueue(DecodeSeq { id: i as u64, prompt_tokens: p, remaining: r });
+            }
+            let mut steps = runs.clone();
+            let mut guard = 0;
+            loop {
+                let could = runs.can_admit_next();
+                let admitted = runs.admit();
+                prop_assert_eq!(could, !admitted.is_empty());
+                prop_assert_eq!(&admitted, &steps.admit());
+                let Some(k) = runs.steps_to_finish() else { break };
+                for i in 1..=k {
+                    let done = steps.complete_step();
+                    prop_assert_eq!(done.is_empty(), i < k);
+                    if i == k {
+                        prop_assert_eq!(&done, &runs.complete_steps(k));
+                    }
+                }
+                prop_assert_eq!(runs.step_shape(), steps.step_shape());
+                prop_assert_eq!(runs.kv().used(), steps.kv().used());
+                guard += 1;
+                prop_assert!(guard < 10_000, "no progress");
+            }
+        }
+
         #[test]
         fn kv_blocks_never_exceed_capacity(
             total in 1u64..400,

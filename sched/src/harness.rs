@@ -278,6 +278,10 @@ pub struct Cluster<S: Service> {
     pub now: f64,
     /// Every share change the controller issued: `(time, prefill worker, share)`.
     pub share_changes: Vec<(f64, usize, f64)>,
+    /// End every decode run after its first iteration, as a driver that asked
+    /// for one decision per iteration would: the reference a run's outcome
+    /// is checked against (off by default).
+    pub one_iteration_runs: bool,
     /// Interrupt reason, when [`Cluster::interrupt_at`] was called.
     interrupt: Option<String>,
     queue: BinaryHeap<Due>,
@@ -317,6 +321,7 @@ impl<S: Service> Cluster<S> {
             service,
             now: 0.0,
             share_changes: Vec::new(),
+            one_iteration_runs: false,
             interrupt: None,
             queue: BinaryHeap::new(),
             seq: 0,
@@ -399,7 +404,7 @@ impl<S: Service> Cluster<S> {
                 // iteration by iteration, as the executor's workers run them
                 let run = &mut self.decode_run[d];
                 run.done += 1;
-                if run.done < run.steps && !run.yielded {
+                if run.done < run.steps && !run.yielded && !self.one_iteration_runs {
                     let (batch, context) = (run.batch, run.context + run.done * run.batch);
                     let t = self.service.decode(d, batch, context);
                     self.push(now + t, DONE, ClusterEvent::DecodeDone(d, g));
@@ -423,9 +428,15 @@ impl<S: Service> Cluster<S> {
                     reason: kill_reason(now),
                 }
             }
-            ClusterEvent::Interrupt => Event::Interrupt {
-                reason: self.interrupt.clone().unwrap_or_default(),
-            },
+            ClusterEvent::Interrupt => {
+                // decode runs in flight go no further
+                for g in &mut self.decode_gen {
+                    *g += 1;
+                }
+                Event::Interrupt {
+                    reason: self.interrupt.clone().unwrap_or_default(),
+                }
+            }
             // the end of work lost to a fault
             _ => return true,
         };
@@ -597,6 +608,8 @@ mod tests {
     /// `prefill_s` per batch, decode 5 ms a step, transfers 1 ms.
     struct Fixed {
         prefill_s: f64,
+        /// Every decode iteration run: (worker, batch, context tokens).
+        decodes: Vec<(usize, u64, u64)>,
     }
 
     impl Service for Fixed {
@@ -606,7 +619,8 @@ mod tests {
         fn prefill(&mut self, _: usize, _: &[PrefillItem], _: f64) -> f64 {
             self.prefill_s
         }
-        fn decode(&mut self, _: usize, _: u64, _: u64) -> f64 {
+        fn decode(&mut self, d: usize, batch: u64, context: u64) -> f64 {
+            self.decodes.push((d, batch, context));
             0.005
         }
         fn embeddings(&mut self, _: usize, _: &[RequestId]) -> f64 {
@@ -618,7 +632,10 @@ mod tests {
     }
 
     fn fixed() -> Fixed {
-        Fixed { prefill_s: 0.002 }
+        Fixed {
+            prefill_s: 0.002,
+            decodes: Vec::new(),
+        }
     }
 
     /// Decode goes in runs up to the first finishing sequence, cut short when
@@ -651,6 +668,42 @@ mod tests {
                 r.id,
                 start - ready
             );
+        }
+    }
+
+    /// Decode runs decide what one decision per iteration would: with every
+    /// run ended after its first iteration (the controller then decides again
+    /// at every iteration), the decode workers run the same iterations (worker,
+    /// batch, context, in order), and every request starts decoding and
+    /// finishes at the same instant.
+    #[test]
+    fn decode_runs_give_the_outcome_of_one_decision_per_iteration() {
+        for (n, rate) in [(40, 100.0), (60, 400.0), (30, 20.0)] {
+            let mut runs = Cluster::new(small_controller(n, rate, None), fixed());
+            runs.drive();
+            let mut steps = Cluster::new(small_controller(n, rate, None), fixed());
+            steps.one_iteration_runs = true;
+            steps.drive();
+            all_ended(&runs);
+            all_ended(&steps);
+            assert!(
+                steps.service.decodes.len() > 2 * n,
+                "too few iterations: {}",
+                steps.service.decodes.len()
+            );
+            assert_eq!(runs.service.decodes, steps.service.decodes);
+            for (a, b) in runs.ctrl.records().iter().zip(steps.ctrl.records()) {
+                assert_eq!(a.decode_start, b.decode_start, "request {}", a.id);
+                assert_eq!(a.finish, b.finish, "request {}", a.id);
+            }
+            let run_count = |c: &Cluster<Fixed>| {
+                c.ctrl
+                    .decisions()
+                    .iter()
+                    .filter(|d| matches!(d, Decision::DecodeRun { .. }))
+                    .count()
+            };
+            assert!(run_count(&runs) < run_count(&steps));
         }
     }
 
@@ -764,7 +817,7 @@ mod tests {
                 _ => None,
             })
             .fold(0.0, f64::max);
-        assert!(last_step < 1.05, "a step started at {last_step}");
+        assert!(last_step < 1.05, "a decode run started at {last_step}");
     }
 
     #[test]
@@ -839,7 +892,13 @@ mod tests {
         // request 0: pass 0–30 ms, routed local (deficit router, s = 0.5),
         // its prefill runs 30–130 ms; request 1's pass starts at 31 ms, its
         // GPU phase at 41 ms, and ends at 61 ms
-        let mut c = Cluster::new(ctrl, Fixed { prefill_s: 0.1 });
+        let mut c = Cluster::new(
+            ctrl,
+            Fixed {
+                prefill_s: 0.1,
+                decodes: Vec::new(),
+            },
+        );
         c.drive();
         all_ended(&c);
         let shares: Vec<(f64, usize, f64)> = c

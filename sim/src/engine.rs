@@ -36,6 +36,10 @@ use serde_json::json;
 /// Progress below this SM share counts as stalled (no completion scheduled).
 const MIN_PROGRESS_SHARE: f64 = 1e-3;
 
+/// Iterations of a decode run priced at its start; each later chunk doubles
+/// what is priced (see `Sim::price_decode_chunk`).
+const FIRST_DECODE_CHUNK: u64 = 16;
+
 /// What the queue holds: the end of something the hardware was doing. Each
 /// carries the generation of the work it ends, so an end left over from work
 /// that was re-rated or lost to a fault is ignored.
@@ -62,10 +66,11 @@ enum Ev {
         id: RequestId,
         sent_at: f64,
     },
-    DecodeRunDone {
+    /// The last priced iteration of a decode run ends (the run's last, or
+    /// that of a chunk priced ahead).
+    DecodeEnd {
         decode: usize,
         gen: u64,
-        steps: u64,
     },
     Fault(WorkerRef),
 }
@@ -132,16 +137,18 @@ struct PrefillWorker {
 struct DecodeWorker {
     gpus: Vec<u32>,
     tp: u32,
-    /// The run in flight: when it started, its shape, and its iterations'
-    /// seconds and end times (reused from run to run).
-    run: Option<DecodeRun>,
+    /// The run in flight.
+    run: Option<RunInFlight>,
+    /// Seconds and end times of the run's iterations priced so far (reused
+    /// from run to run).
     durs: Vec<f64>,
     ends: Vec<f64>,
     gen: u64,
 }
 
+/// A decode run on the hardware: when it started and its shape.
 #[derive(Clone, Copy)]
-struct DecodeRun {
+struct RunInFlight {
     start: f64,
     batch: u64,
     context: u64,
@@ -445,16 +452,9 @@ impl<'a> Sim<'a> {
                 }
             }
             Ev::KvLands { id, sent_at } => self.ctrl.handle(now, Event::KvLanded { id, sent_at }),
-            Ev::DecodeRunDone { decode, gen, steps } => {
+            Ev::DecodeEnd { decode, gen } => {
                 if self.decode[decode].gen == gen {
-                    self.end_decode_run(decode, steps);
-                    self.ctrl.handle(
-                        now,
-                        Event::DecodeRunDone {
-                            worker: decode,
-                            steps,
-                        },
-                    );
+                    self.on_decode_end(decode);
                 }
             }
             Ev::Fault(w) => {
@@ -848,35 +848,85 @@ impl<'a> Sim<'a> {
 
     // ------------------------------------------------------------- decode
 
-    /// A decode run starts on worker `d`: its iterations are priced at once
-    /// (the `i`-th over `context + i · batch` tokens) and its end is queued.
+    /// A decode run starts on worker `d`: its iterations (the `i`-th over
+    /// `context + i · batch` tokens) are priced ahead in chunks, and the end
+    /// of the last one priced is queued.
     fn start_decode_run(&mut self, d: usize, batch: u64, context: u64, steps: u64) {
         let now = self.now;
         let worker = &mut self.decode[d];
         worker.durs.clear();
-        self.cost
-            .decode_steps(batch, context, worker.tp, steps, &mut worker.durs);
         worker.ends.clear();
-        let mut t = now;
-        worker.ends.extend(worker.durs.iter().map(|&dur| {
-            t += dur;
-            t
-        }));
-        worker.run = Some(DecodeRun {
+        worker.run = Some(RunInFlight {
             start: now,
             batch,
             context,
             steps,
         });
         worker.gen += 1;
+        self.price_decode_chunk(d);
+        self.queue_decode_end(d);
+    }
+
+    /// Price the next chunk of decode worker `d`'s run: as many iterations as
+    /// are priced already (at least [`FIRST_DECODE_CHUNK`]), so a run cut
+    /// short has at most about as many priced in vain as it ran.
+    fn price_decode_chunk(&mut self, d: usize) {
+        let worker = &mut self.decode[d];
+        let Some(run) = worker.run else {
+            return;
+        };
+        let priced = worker.ends.len() as u64;
+        let chunk = priced
+            .max(FIRST_DECODE_CHUNK)
+            .min(run.steps.saturating_sub(priced));
+        self.cost.decode_steps(
+            run.batch,
+            run.context + priced * run.batch,
+            worker.tp,
+            chunk,
+            &mut worker.durs,
+        );
+        let mut t = worker.ends.last().copied().unwrap_or(run.start);
+        let new = &worker.durs[priced as usize..];
+        worker.ends.extend(new.iter().map(|&dur| {
+            t += dur;
+            t
+        }));
+    }
+
+    /// Queue the end of decode worker `d`'s run if it is priced, else of the
+    /// last iteration priced.
+    fn queue_decode_end(&mut self, d: usize) {
+        let worker = &self.decode[d];
+        let Some(run) = worker.run else {
+            return;
+        };
+        let last = (run.steps as usize).min(worker.ends.len());
+        let Some(&at) = last.checked_sub(1).and_then(|i| worker.ends.get(i)) else {
+            return;
+        };
         let gen = worker.gen;
-        self.events.push(
-            t,
-            Priority::Completion,
-            Ev::DecodeRunDone {
-                decode: d,
-                gen,
-                steps,
+        self.events
+            .push(at, Priority::Completion, Ev::DecodeEnd { decode: d, gen });
+    }
+
+    /// The iteration decode worker `d` queued the end of has ended: the run
+    /// ends there, or its next chunk is priced.
+    fn on_decode_end(&mut self, d: usize) {
+        let Some(run) = self.decode[d].run else {
+            return;
+        };
+        if (self.decode[d].ends.len() as u64) < run.steps {
+            self.price_decode_chunk(d);
+            self.queue_decode_end(d);
+            return;
+        }
+        self.end_decode_run(d, run.steps);
+        self.ctrl.handle(
+            self.now,
+            Event::DecodeRunDone {
+                worker: d,
+                steps: run.steps,
             },
         );
     }
@@ -885,27 +935,26 @@ impl<'a> Sim<'a> {
     /// first iteration that ends strictly after now.
     fn yield_decode_run(&mut self, d: usize) {
         let now = self.now;
-        let worker = &mut self.decode[d];
-        let Some(run) = worker.run.as_mut() else {
+        let Some(run) = self.decode[d].run else {
             return;
         };
-        let cut = worker.ends.partition_point(|&e| e <= now) as u64 + 1;
+        let cut = loop {
+            let worker = &self.decode[d];
+            let cut = worker.ends.partition_point(|&e| e <= now) + 1;
+            if cut <= worker.ends.len() || worker.ends.len() as u64 >= run.steps {
+                break cut as u64;
+            }
+            self.price_decode_chunk(d);
+        };
         if cut >= run.steps {
             return;
         }
-        run.steps = cut;
+        let worker = &mut self.decode[d];
+        if let Some(r) = worker.run.as_mut() {
+            r.steps = cut;
+        }
         worker.gen += 1;
-        let gen = worker.gen;
-        let end = worker.ends[cut as usize - 1];
-        self.events.push(
-            end,
-            Priority::Completion,
-            Ev::DecodeRunDone {
-                decode: d,
-                gen,
-                steps: cut,
-            },
-        );
+        self.queue_decode_end(d);
     }
 
     /// Decode worker `d`'s run ends now after its first `steps` iterations:
@@ -920,7 +969,7 @@ impl<'a> Sim<'a> {
 
     /// Meter the first `n` iterations of decode worker `d`'s run, and the one
     /// after them up to `cut` when it was cut off there (a fault).
-    fn meter_decode(&mut self, d: usize, run: DecodeRun, n: usize, cut: Option<f64>) {
+    fn meter_decode(&mut self, d: usize, run: RunInFlight, n: usize, cut: Option<f64>) {
         let worker = &self.decode[d];
         // the iterations ran back to back: one busy interval, and the SM-time
         // of each iteration begun (the one cut off counts whole, as its work
@@ -990,14 +1039,14 @@ impl<'a> Sim<'a> {
             WorkerRef::Decode(d) => {
                 self.decode[d].gen += 1;
                 if let Some(run) = self.decode[d].run.take() {
-                    // the iterations done are metered, the one in progress up to now
+                    // the iterations done are metered, the one in progress up
+                    // to now; one ending now has not been reported ended (the
+                    // fault goes first), as in the other drivers
                     let steps = run.steps as usize;
-                    let done = self.decode[d]
-                        .ends
-                        .partition_point(|&e| e <= now)
-                        .min(steps);
+                    let done = self.decode[d].ends.partition_point(|&e| e < now).min(steps);
                     let cut = (done < steps).then_some(now);
                     self.meter_decode(d, run, done, cut);
+                    self.inline_steps += done as u64;
                 }
             }
         }

@@ -9,8 +9,9 @@
 //! 2. `engine.rs` — the driver: what the hardware does with each of the
 //!    controller's commands (the host and GPU phases of an encode pass, local
 //!    prefill re-rated when its SM share changes, bandwidth interference and
-//!    the time-slicing penalty, serialised links, decode iterations run inline
-//!    where nothing can interfere, injected faults), GPU meters, the timeline.
+//!    the time-slicing penalty, serialised links, decode runs priced ahead in
+//!    chunks with only their ends queued, injected faults), GPU meters, the
+//!    timeline.
 //! 3. `aggregated.rs` — the aggregated baseline, a loop of its own (one engine
 //!    per replica runs every stage), with the same admission control.
 //! 4. `capacity.rs` and `explain.rs` — per-stage capacities and the report's
