@@ -637,10 +637,10 @@ fn split_arg(s: &str) -> (&str, Option<&str>) {
 pub const SIM_BYTES_PER_REQUEST: f64 = 449.0;
 
 /// Decode iterations a simulated run gets through per second, about: the
-/// image scenario's 1,000,000-request run takes 1.84 s for 10.8 M iterations
-/// inside decode runs, plus 8.9 M other events (README "Speed"), so about 5.9
+/// image scenario's 1,000,000-request run takes 1.71 s for 10.8 M iterations
+/// inside decode runs, plus 9.1 M other events (README "Speed"), so about 6.3
 /// M iterations per second of the whole run.
-pub const SIM_STEPS_PER_SECOND: f64 = 5.9e6;
+pub const SIM_STEPS_PER_SECOND: f64 = 6.3e6;
 
 impl Scenario {
     /// Warnings for a run that is valid but large: its memory estimate
