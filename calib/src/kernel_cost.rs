@@ -595,7 +595,7 @@ impl StageCost for KernelCost {
         out: &mut Vec<f64>,
     ) {
         if batch == 0 {
-            out.extend((0..steps).map(|_| 0.0));
+            out.resize(out.len() + steps as usize, 0.0);
             return;
         }
         if context == 0 && steps > 0 {

@@ -282,7 +282,7 @@ impl crate::StageCost for Roofline {
     /// terms that do not depend on the context computed once for the run.
     fn decode_steps(&self, batch: u64, context: u64, tp: u32, steps: u64, out: &mut Vec<f64>) {
         if batch == 0 {
-            out.extend((0..steps).map(|_| 0.0));
+            out.resize(out.len() + steps as usize, 0.0);
             return;
         }
         let work = self.model.decode_step_terms(batch);

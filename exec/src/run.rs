@@ -26,7 +26,8 @@ use crate::wire::{
 };
 use easerve_calib::StageCost;
 use easerve_sched::{
-    Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, WorkerRef,
+    Command, Controller, Decision, DecodeRunProgress, EnvelopeId, Event, RequestId, RequestRecord,
+    WorkerRef,
 };
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
@@ -119,17 +120,9 @@ struct Worker {
     sm_s: f64,
     /// Share of the pass or batch in flight.
     share: f64,
-    /// The decode run in flight ([`Command::DecodeRun`]), iteration by iteration.
-    decode_run: Option<DecodeRunState>,
-}
-
-/// A decode run a decode worker is in: its batch, its iterations and those
-/// done, and whether the controller asked it to end after the one in progress.
-struct DecodeRunState {
-    ids: Vec<RequestId>,
-    steps: u64,
-    done: u64,
-    yielded: bool,
+    /// The decode run in flight ([`Command::DecodeRun`]), iteration by
+    /// iteration, and the ids of its batch.
+    decode_run: Option<(DecodeRunProgress, Vec<RequestId>)>,
 }
 
 enum Incoming {
@@ -691,19 +684,16 @@ struct Links {
 /// that can no longer be sent to keeps its run open: the end of its
 /// connection fails it ([`Event::WorkerFailed`]).
 fn next_decode_step(w: &mut Worker) -> Option<u64> {
-    let run = w.decode_run.as_mut()?;
-    run.done += 1;
-    if run.done < run.steps && !run.yielded {
-        let frame = encode_frame(&ToWorker::DecodeStep {
-            ids: run.ids.clone(),
-        });
+    let (run, ids) = w.decode_run.as_mut()?;
+    let Some(steps) = run.iteration_done() else {
+        let frame = encode_frame(&ToWorker::DecodeStep { ids: ids.clone() });
         if let (Some(tx), Ok(frame)) = (&w.tx, frame) {
             let _ = tx.send(frame);
         }
         return None;
-    }
-    let run = w.decode_run.take()?;
-    Some(run.done)
+    };
+    w.decode_run = None;
+    Some(steps)
 }
 
 /// Carry out one command over the workers' sockets at `now`; an event comes
@@ -799,26 +789,27 @@ fn carry_out(
             }
             links.kv_sent.insert(id, now);
         }
-        Command::DecodeRun { worker, steps, .. } => {
+        Command::DecodeRun {
+            worker,
+            batch,
+            context,
+            steps,
+        } => {
             let ids: Vec<RequestId> = ctrl.decode_batch(worker).collect();
             send(
                 workers,
                 WorkerRef::Decode(worker),
                 &ToWorker::DecodeStep { ids: ids.clone() },
             );
-            workers[by_ref[&WorkerRef::Decode(worker)]].decode_run = Some(DecodeRunState {
-                ids,
-                steps,
-                done: 0,
-                yielded: false,
-            });
+            workers[by_ref[&WorkerRef::Decode(worker)]].decode_run =
+                Some((DecodeRunProgress::new(batch, context, steps), ids));
         }
         Command::DecodeYield { worker } => {
             if let Some(run) = workers[by_ref[&WorkerRef::Decode(worker)]]
                 .decode_run
                 .as_mut()
             {
-                run.yielded = true;
+                run.0.yield_now();
             }
         }
         Command::Release { worker, id } => {

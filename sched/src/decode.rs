@@ -72,6 +72,52 @@ impl KvBlocks {
     }
 }
 
+/// A decode run ([`crate::Command::DecodeRun`]) as a driver that runs it
+/// iteration by iteration tracks it (the executor, `harness::Cluster`): which
+/// iteration comes next, and when the run ends — after its last iteration,
+/// or after the one in progress once told to yield
+/// ([`crate::Command::DecodeYield`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeRunProgress {
+    batch: u64,
+    context: u64,
+    steps: u64,
+    done: u64,
+    yielded: bool,
+}
+
+impl DecodeRunProgress {
+    /// A run of `steps` iterations over `batch` sequences holding `context`
+    /// tokens at the first; its first iteration is about to start.
+    pub fn new(batch: u64, context: u64, steps: u64) -> Self {
+        DecodeRunProgress {
+            batch,
+            context,
+            steps,
+            done: 0,
+            yielded: false,
+        }
+    }
+
+    /// The run ends after the iteration in progress.
+    pub fn yield_now(&mut self) {
+        self.yielded = true;
+    }
+
+    /// Shape of the next iteration: (sequences, total context tokens).
+    pub fn next_shape(&self) -> (u64, u64) {
+        (self.batch, self.context + self.done * self.batch)
+    }
+
+    /// The iteration in progress ended: `Some(iterations run)` when the run
+    /// ends with it (report [`crate::Event::DecodeRunDone`]), `None` when the
+    /// next iteration ([`DecodeRunProgress::next_shape`]) should start.
+    pub fn iteration_done(&mut self) -> Option<u64> {
+        self.done += 1;
+        (self.done >= self.steps || self.yielded).then_some(self.done)
+    }
+}
+
 /// One sequence handed to decode (its KV cache arrived from prefill).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeSeq {

@@ -20,8 +20,8 @@
 //! ```
 
 use crate::{
-    Batcher, Command, Controller, ControllerConfig, DispatchPolicy, EnvelopeId, Event,
-    LeastOutstanding, PrefillItem, Request, RequestId, Route, Router, RouterPolicy, SmSplit,
+    Batcher, Command, Controller, ControllerConfig, DecodeRunProgress, DispatchPolicy, EnvelopeId,
+    Event, LeastOutstanding, PrefillItem, Request, RequestId, Route, Router, RouterPolicy, SmSplit,
     WorkerRef,
 };
 use std::collections::{BinaryHeap, VecDeque};
@@ -289,23 +289,11 @@ pub struct Cluster<S: Service> {
     encode_gen: Vec<u64>,
     prefill_gen: Vec<u64>,
     decode_gen: Vec<u64>,
-    decode_run: Vec<DecodeRunState>,
+    decode_run: Vec<DecodeRunProgress>,
     encode_link: Vec<f64>,
     prefill_link: Vec<f64>,
     /// Workers that died: transfers to them land at once.
     dead: Vec<WorkerRef>,
-}
-
-/// The decode run a fake decode worker is in ([`Command::DecodeRun`]).
-#[derive(Clone, Copy, Debug, Default)]
-struct DecodeRunState {
-    batch: u64,
-    context: u64,
-    steps: u64,
-    /// Iterations finished.
-    done: u64,
-    /// Told to end after the iteration in progress.
-    yielded: bool,
 }
 
 const DONE: u8 = 0;
@@ -328,7 +316,7 @@ impl<S: Service> Cluster<S> {
             encode_gen: vec![0; ne],
             prefill_gen: vec![0; np],
             decode_gen: vec![0; nd],
-            decode_run: vec![DecodeRunState::default(); nd],
+            decode_run: vec![DecodeRunProgress::default(); nd],
             encode_link: vec![0.0; ne],
             prefill_link: vec![0.0; np],
             dead: Vec::new(),
@@ -403,17 +391,16 @@ impl<S: Service> Cluster<S> {
             ClusterEvent::DecodeDone(d, g) if g == self.decode_gen[d] => {
                 // iteration by iteration, as the executor's workers run them
                 let run = &mut self.decode_run[d];
-                run.done += 1;
-                if run.done < run.steps && !run.yielded && !self.one_iteration_runs {
-                    let (batch, context) = (run.batch, run.context + run.done * run.batch);
+                if self.one_iteration_runs {
+                    run.yield_now();
+                }
+                let Some(steps) = run.iteration_done() else {
+                    let (batch, context) = run.next_shape();
                     let t = self.service.decode(d, batch, context);
                     self.push(now + t, DONE, ClusterEvent::DecodeDone(d, g));
                     return true;
-                }
-                Event::DecodeRunDone {
-                    worker: d,
-                    steps: run.done,
-                }
+                };
+                Event::DecodeRunDone { worker: d, steps }
             }
             ClusterEvent::Fail(w) => {
                 self.dead.push(w);
@@ -499,19 +486,13 @@ impl<S: Service> Cluster<S> {
                     context,
                     steps,
                 } => {
-                    self.decode_run[worker] = DecodeRunState {
-                        batch,
-                        context,
-                        steps,
-                        done: 0,
-                        yielded: false,
-                    };
+                    self.decode_run[worker] = DecodeRunProgress::new(batch, context, steps);
                     let t = self.service.decode(worker, batch, context);
                     self.decode_gen[worker] += 1;
                     let g = self.decode_gen[worker];
                     self.push(now + t, DONE, ClusterEvent::DecodeDone(worker, g));
                 }
-                Command::DecodeYield { worker } => self.decode_run[worker].yielded = true,
+                Command::DecodeYield { worker } => self.decode_run[worker].yield_now(),
                 Command::Release { .. } => {}
             }
         }

@@ -57,7 +57,7 @@ pub use controller::{
     Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
     WorkerRef, TIME_SLICE_SHARE,
 };
-pub use decode::{DecodeScheduler, DecodeSeq, KvBlocks};
+pub use decode::{DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;
 pub use prefill::{PrefillItem, PrefillQueue};

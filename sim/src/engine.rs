@@ -12,10 +12,10 @@
 //! come from a [`StageCost`].
 //!
 //! Decode goes in the controller's runs ([`Command::DecodeRun`]): the
-//! iterations up to the first finishing sequence are priced at once and only
-//! the run's end enters the event queue; a yield ([`Command::DecodeYield`])
-//! moves that end to the end of the iteration in progress. The outcome is the
-//! same as queueing every iteration's end.
+//! iterations up to the first finishing sequence are priced ahead in doubling
+//! chunks and only the end of each chunk enters the event queue; a yield
+//! ([`Command::DecodeYield`]) moves the run's end to the end of the iteration
+//! in progress. The outcome is the same as queueing every iteration's end.
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
@@ -468,31 +468,29 @@ impl<'a> Sim<'a> {
 
     /// Carry out every command the controller has issued.
     fn carry_out(&mut self) {
-        {
-            while let Some(cmd) = self.ctrl.poll_command() {
-                match cmd {
-                    Command::Encode { worker, sm_share } => self.start_pass(worker, sm_share),
-                    Command::Embeddings {
-                        envelope,
-                        from,
-                        to,
-                        local,
-                    } => self.send_embeddings(envelope, from, to, local),
-                    Command::Prefill { worker, sm_share } => self.start_prefill(worker, sm_share),
-                    Command::PrefillShare { worker, sm_share } => {
-                        let share = self.effective_share(sm_share);
-                        self.rerate_local(worker, share);
-                    }
-                    Command::Kv { from, to, id } => self.send_kv(from, to, id),
-                    Command::DecodeRun {
-                        worker,
-                        batch,
-                        context,
-                        steps,
-                    } => self.start_decode_run(worker, batch, context, steps),
-                    Command::DecodeYield { worker } => self.yield_decode_run(worker),
-                    Command::Release { .. } => {}
+        while let Some(cmd) = self.ctrl.poll_command() {
+            match cmd {
+                Command::Encode { worker, sm_share } => self.start_pass(worker, sm_share),
+                Command::Embeddings {
+                    envelope,
+                    from,
+                    to,
+                    local,
+                } => self.send_embeddings(envelope, from, to, local),
+                Command::Prefill { worker, sm_share } => self.start_prefill(worker, sm_share),
+                Command::PrefillShare { worker, sm_share } => {
+                    let share = self.effective_share(sm_share);
+                    self.rerate_local(worker, share);
                 }
+                Command::Kv { from, to, id } => self.send_kv(from, to, id),
+                Command::DecodeRun {
+                    worker,
+                    batch,
+                    context,
+                    steps,
+                } => self.start_decode_run(worker, batch, context, steps),
+                Command::DecodeYield { worker } => self.yield_decode_run(worker),
+                Command::Release { .. } => {}
             }
         }
     }
@@ -958,7 +956,7 @@ impl<'a> Sim<'a> {
     }
 
     /// Decode worker `d`'s run ends now after its first `steps` iterations:
-    /// each is metered (and logged, and drawn) as it ran.
+    /// they are metered as one busy interval, and logged and drawn one by one.
     fn end_decode_run(&mut self, d: usize, steps: u64) {
         let Some(run) = self.decode[d].run.take() else {
             return;
