@@ -609,14 +609,21 @@ impl StageCost for KernelCost {
                 .row((tp, batch))
                 .and_then(|row| row.get(usize::try_from(first).ok()?..))
                 .unwrap_or(&[]);
-            for &(t, ext) in cached.iter().take(steps as usize) {
-                if t.is_nan() {
-                    break;
-                }
-                self.count_extrapolated(Phase::Decode, ext);
-                out.push(t + self.eff.decode_step_s);
-                done += 1;
+            // the priced prefix of the row: three tight passes instead of one
+            // branchy loop that pushes step by step
+            let cached = &cached[..cached.len().min(steps as usize)];
+            let priced = &cached[..cached
+                .iter()
+                .position(|&(t, _)| t.is_nan())
+                .unwrap_or(cached.len())];
+            let extrapolated = priced.iter().filter(|&&(_, ext)| ext).count();
+            if extrapolated > 0 {
+                self.extrapolated[Phase::Decode as usize]
+                    .fetch_add(extrapolated as u64, Ordering::Relaxed);
             }
+            let overhead = self.eff.decode_step_s;
+            out.extend(priced.iter().map(|&(t, _)| t + overhead));
+            done = priced.len() as u64;
         }
         out.extend((done..steps).map(|i| self.decode_step(batch, context + i * batch, tp)));
     }

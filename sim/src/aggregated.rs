@@ -16,12 +16,11 @@ use crate::output::{assemble, RunParts};
 use crate::timeline::Timeline;
 use crate::{SimOptions, SimOutput};
 use easerve_calib::{Efficiency, Roofline, StageCost};
-use easerve_model::ItemTokens;
 use easerve_sched::{
     DecodeScheduler, DecodeSeq, KvBlocks, LeastOutstanding, PrefillItem, PrefillQueue, Request,
     RequestRecord,
 };
-use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::generate::{generate_with_tokens, ItemTokenTable};
 use easerve_workload::report::EncodeSummary;
 use easerve_workload::Scenario;
 use serde_json::json;
@@ -49,7 +48,7 @@ struct Baseline<'a> {
     cost: Box<dyn StageCost>,
     tp: u32,
     requests: Vec<Request>,
-    tokens: Vec<Vec<ItemTokens>>,
+    tokens: ItemTokenTable,
     records: Vec<RequestRecord>,
     replicas: Vec<Replica>,
     place: LeastOutstanding,

@@ -5,7 +5,7 @@
 use easerve_calib::{Efficiency, Roofline, StageCost};
 use easerve_model::ItemTokens;
 use easerve_sched::{Request, SmSplit, TIME_SLICE_SHARE};
-use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::generate::{generate_with_tokens, median_by_encoder_tokens, ItemTokenTable};
 use easerve_workload::Scenario;
 use serde::{Deserialize, Serialize};
 
@@ -68,22 +68,17 @@ impl Typical {
     }
 
     /// The typical request of `reqs`, whose items have `tokens`.
-    pub fn of(reqs: &[Request], tokens: &[Vec<ItemTokens>]) -> Typical {
+    pub fn of(reqs: &[Request], tokens: &ItemTokenTable) -> Typical {
         typical(reqs, tokens)
     }
 }
 
-fn typical(reqs: &[Request], tokens: &[Vec<ItemTokens>]) -> Typical {
+fn typical(reqs: &[Request], tokens: &ItemTokenTable) -> Typical {
     let n = reqs.len().max(1) as f64;
-    let mut idx: Vec<usize> = (0..reqs.len()).collect();
-    let mid = idx.len() / 2;
-    // the median by (encoder tokens, index): keys are unique, so selecting it
-    // picks the element a full sort would put there
-    if mid < idx.len() {
-        idx.select_nth_unstable_by_key(mid, |&i| (reqs[i].encoder_tokens, i));
-    }
     Typical {
-        items: idx.get(mid).map(|&i| tokens[i].clone()).unwrap_or_default(),
+        items: median_by_encoder_tokens(reqs, |_| true)
+            .map(|i| tokens[i].to_vec())
+            .unwrap_or_default(),
         prefill_tokens: reqs.iter().map(|r| r.prefill_tokens() as f64).sum::<f64>() / n,
         output_tokens: reqs.iter().map(|r| r.output_tokens as f64).sum::<f64>() / n,
     }

@@ -27,7 +27,7 @@ use easerve_sched::{
     Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, Topology,
     WorkerRef, TIME_SLICE_SHARE,
 };
-use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::generate::{generate_with_tokens, ItemTokenTable};
 use easerve_workload::report::EncodeSummary;
 use easerve_workload::scenario::System;
 use easerve_workload::{Report, Scenario};
@@ -223,7 +223,7 @@ struct Sim<'a> {
     ctrl: Controller,
     now: f64,
     events: EventQueue<Ev>,
-    tokens: Vec<Vec<ItemTokens>>,
+    tokens: ItemTokenTable,
     /// The next request to arrive (requests are in arrival order): arrivals
     /// stay out of the event queue, which holds only what busy workers and
     /// links will end.

@@ -16,6 +16,88 @@ use rand::distributions::WeightedIndex;
 use rand::Rng;
 use rand_distr::{Distribution, Exp, Gamma, LogNormal};
 
+/// Per request, the tokens of each of its items (what the encoder and the LLM
+/// see), in one flat table: request `i`'s items are `table[i]`, a slice in
+/// prompt order (empty for a text-only request). One allocation for the run
+/// instead of one per request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ItemTokenTable {
+    /// `starts[i]..starts[i + 1]` indexes request `i`'s items in `items`;
+    /// `starts.len()` is the number of requests plus one.
+    starts: Vec<usize>,
+    items: Vec<ItemTokens>,
+}
+
+impl ItemTokenTable {
+    /// An empty table with room for `requests` requests of `items` items in all.
+    pub fn with_capacity(requests: usize, items: usize) -> ItemTokenTable {
+        let mut starts = Vec::with_capacity(requests + 1);
+        starts.push(0);
+        ItemTokenTable {
+            starts,
+            items: Vec::with_capacity(items),
+        }
+    }
+
+    /// Append the next request's items.
+    pub fn push(&mut self, items: &[ItemTokens]) {
+        self.items.extend_from_slice(items);
+        self.close_request();
+    }
+
+    /// Append one item to the request being built (closed by
+    /// [`ItemTokenTable::close_request`]).
+    fn push_item(&mut self, item: ItemTokens) {
+        self.items.push(item);
+    }
+
+    /// End the request being built: the items pushed since the last close are
+    /// its own.
+    fn close_request(&mut self) {
+        if self.starts.is_empty() {
+            self.starts.push(0);
+        }
+        self.starts.push(self.items.len());
+    }
+
+    /// The items of the request being built (pushed since the last close).
+    fn open_request(&self) -> &[ItemTokens] {
+        &self.items[self.starts.last().copied().unwrap_or(0)..]
+    }
+
+    /// Requests in the table.
+    pub fn len(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    /// Whether the table holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl std::ops::Index<usize> for ItemTokenTable {
+    type Output = [ItemTokens];
+
+    /// Request `i`'s items.
+    ///
+    /// # Panics
+    /// When `i` is not below [`ItemTokenTable::len`].
+    fn index(&self, i: usize) -> &[ItemTokens] {
+        &self.items[self.starts[i]..self.starts[i + 1]]
+    }
+}
+
+impl FromIterator<Vec<ItemTokens>> for ItemTokenTable {
+    fn from_iter<I: IntoIterator<Item = Vec<ItemTokens>>>(iter: I) -> Self {
+        let mut t = ItemTokenTable::with_capacity(0, 0);
+        for items in iter {
+            t.push(&items);
+        }
+        t
+    }
+}
+
 /// Arrival times (seconds, ascending, first gap drawn from the process).
 pub fn arrival_times(arrival: &Arrival, rate: f64, n: usize, seed: u64) -> Vec<f64> {
     let mut rng = stream(seed, "arrivals");
@@ -81,7 +163,7 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
 ///
 /// # Panics
 /// Never for a scenario that passed validation.
-pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>>) {
+pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
     let w = &sc.workload;
     let arrivals = arrival_times(&w.arrival, w.rate, w.requests, sc.seed);
     let mut lengths = stream(sc.seed, "lengths");
@@ -102,7 +184,13 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
         _ => Vec::new(),
     };
     let mut out = Vec::with_capacity(w.requests);
-    let mut tokens = Vec::with_capacity(w.requests);
+    let per_request = match &w.shapes {
+        Shapes::Items { items, .. } => *items as usize,
+        Shapes::Audio { .. } => 1,
+        Shapes::Text => 0,
+    };
+    let mut tokens =
+        ItemTokenTable::with_capacity(w.requests, w.requests.saturating_mul(per_request));
     for (i, &arrival) in arrivals.iter().enumerate() {
         let (prompt_tokens, output_tokens) = match &w.arrival {
             Arrival::Trace { rows, .. } => (rows[i].prompt_tokens, rows[i].output_tokens),
@@ -111,7 +199,6 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
                 uniform_around(&mut lengths, w.output_len, w.range_ratio, 1),
             ),
         };
-        let mut item_toks: Vec<ItemTokens> = Vec::new();
         let items: Vec<MmItem> = match &w.shapes {
             Shapes::Items {
                 items,
@@ -120,11 +207,10 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
             } => {
                 let n = uniform_around(&mut shapes, *items, *items_range_ratio, 1);
                 let pick = pick.as_ref().expect("bucket table");
-                item_toks.reserve_exact(n as usize);
                 (0..n)
                     .map(|_| {
                         let b = pick.sample(&mut shapes);
-                        item_toks.push(bucket_tokens[b]);
+                        tokens.push_item(bucket_tokens[b]);
                         buckets[b].0
                     })
                     .collect()
@@ -143,17 +229,17 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
             }
             Shapes::Text => Vec::new(),
         };
-        if item_toks.len() != items.len() {
-            item_toks = items
-                .iter()
-                .map(|item| {
-                    item_tokens(&sc.model, item).expect("shapes validated against the model")
-                })
-                .collect();
+        if tokens.open_request().len() != items.len() {
+            for item in &items {
+                tokens.push_item(
+                    item_tokens(&sc.model, item).expect("shapes validated against the model"),
+                );
+            }
         }
+        let item_toks = tokens.open_request();
         let encoder_tokens = item_toks.iter().map(|t| t.encoder_tokens).sum();
         let mm_tokens = item_toks.iter().map(|t| t.llm_tokens).sum();
-        tokens.push(item_toks);
+        tokens.close_request();
         out.push(Request {
             id: i as u64,
             arrival,
@@ -171,16 +257,45 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, Vec<Vec<ItemTokens>
 /// tokens; empty when no request has items). They stand for "a request" where
 /// a policy needs the encode time of `k` requests: the batcher's
 /// `W(k) = T_enc(k)` and the SM table.
-pub fn typical_items(requests: &[Request], tokens: &[Vec<ItemTokens>]) -> Vec<ItemTokens> {
-    let mut idx: Vec<usize> = (0..requests.len())
-        .filter(|&i| !tokens[i].is_empty())
-        .collect();
-    let mid = idx.len() / 2;
-    // keys are unique: the selected element is the one a full sort puts there
-    if mid < idx.len() {
-        idx.select_nth_unstable_by_key(mid, |&i| (requests[i].encoder_tokens, i));
+pub fn typical_items(requests: &[Request], tokens: &ItemTokenTable) -> Vec<ItemTokens> {
+    median_by_encoder_tokens(requests, |i| !tokens[i].is_empty())
+        .map(|i| tokens[i].to_vec())
+        .unwrap_or_default()
+}
+
+/// The index of the median request by `(encoder_tokens, index)` among those
+/// `keep` selects (the `⌊n/2⌋`-th, from 0, in that order; `None` when none is
+/// kept). The keys are unique, so this is the request a full sort puts there.
+pub fn median_by_encoder_tokens(
+    requests: &[Request],
+    keep: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    // packed as one integer (encoder tokens above, index below) when both fit:
+    // selection on plain integers, without looking the request up per comparison
+    const INDEX_BITS: u32 = 24;
+    let packable = requests.len() <= 1 << INDEX_BITS
+        && requests
+            .iter()
+            .all(|r| r.encoder_tokens < 1 << (64 - INDEX_BITS));
+    if packable {
+        let mut keys: Vec<u64> = (0..requests.len())
+            .filter(|&i| keep(i))
+            .map(|i| requests[i].encoder_tokens << INDEX_BITS | i as u64)
+            .collect();
+        let mid = keys.len() / 2;
+        (mid < keys.len()).then(|| {
+            let (_, &mut k, _) = keys.select_nth_unstable(mid);
+            (k & ((1 << INDEX_BITS) - 1)) as usize
+        })
+    } else {
+        let mut idx: Vec<usize> = (0..requests.len()).filter(|&i| keep(i)).collect();
+        let mid = idx.len() / 2;
+        (mid < idx.len()).then(|| {
+            let (_, &mut i, _) =
+                idx.select_nth_unstable_by_key(mid, |&i| (requests[i].encoder_tokens, i));
+            i
+        })
     }
-    idx.get(mid).map(|&i| tokens[i].clone()).unwrap_or_default()
 }
 
 /// The items of `k` typical requests (see [`typical_items`]).

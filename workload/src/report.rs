@@ -778,6 +778,48 @@ mod tests {
         );
     }
 
+    /// Larger samples of other shapes: with ties, within one binade, spread
+    /// over many exponents, with negative values, and constant; against a sort.
+    #[test]
+    fn selection_agrees_with_a_sort_on_large_samples() {
+        let n = 40_001u64;
+        let shuffled = |i: u64| (i * 104_729) % n;
+        let cases: Vec<(&str, Vec<f64>)> = vec![
+            ("ties", (0..n).map(|i| (shuffled(i) / 7) as f64).collect()),
+            (
+                "one binade",
+                (0..n).map(|i| 1.0 + shuffled(i) as f64 * 1e-9).collect(),
+            ),
+            (
+                "many exponents",
+                (0..n)
+                    .map(|i| (shuffled(i) as f64 * 0.001).exp2())
+                    .collect(),
+            ),
+            (
+                "negatives",
+                (0..n).map(|i| shuffled(i) as f64 - 20_000.5).collect(),
+            ),
+            ("constant", vec![0.25; n as usize]),
+        ];
+        for (name, xs) in cases {
+            let mut sorted = xs.clone();
+            sorted.sort_by(f64::total_cmp);
+            let last = (n - 1) as f64;
+            let pct = |p: f64| {
+                let pos = p / 100.0 * last;
+                let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+                sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - lo as f64)
+            };
+            let s = Stats::of(xs);
+            assert_eq!(
+                (s.p50, s.p90, s.p99, s.max),
+                (pct(50.0), pct(90.0), pct(99.0), sorted[n as usize - 1]),
+                "{name}"
+            );
+        }
+    }
+
     #[test]
     fn goodput_counts_requests_meeting_every_slo() {
         let rec = |id, ttft: f64, finish: f64, out| RequestRecord {

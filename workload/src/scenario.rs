@@ -803,7 +803,7 @@ impl Scenario {
     pub fn encode_policies(
         &self,
         requests: &[easerve_sched::Request],
-        tokens: &[Vec<easerve_model::ItemTokens>],
+        tokens: &crate::generate::ItemTokenTable,
         cost: &dyn easerve_calib::StageCost,
     ) -> (Vec<easerve_sched::Batcher>, easerve_sched::SmSplit) {
         use crate::generate::{typical_batch, typical_items};
@@ -832,7 +832,7 @@ impl Scenario {
     pub fn controller(
         &self,
         requests: Vec<easerve_sched::Request>,
-        tokens: &[Vec<easerve_model::ItemTokens>],
+        tokens: &crate::generate::ItemTokenTable,
         cost: &dyn easerve_calib::StageCost,
         log_decisions: bool,
     ) -> easerve_sched::Controller {
