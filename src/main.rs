@@ -22,6 +22,7 @@ macro_rules! sayln {
 
 mod calib_cmd;
 mod capacity_cmd;
+mod deploy_cmd;
 mod exec_cmd;
 mod profile_cmd;
 mod reproduce_cmd;
@@ -63,6 +64,11 @@ enum Command {
     /// the fewest GPUs for a target rate, or GPU types compared at equal count or cost.
     #[command(after_help = EXIT_CODES)]
     Capacity(capacity_cmd::CapacityArgs),
+    /// Write a deployment's launch files for vLLM, SGLang and NVIDIA Dynamo, the
+    /// scenario that reproduces it, a benchmark script, and the simulator's
+    /// prediction for each engine's way of running it.
+    #[command(after_help = EXIT_CODES)]
+    Deploy(deploy_cmd::DeployArgs),
     /// Re-run the EAServe paper's findings in simulation and write a Markdown report with plots.
     #[command(after_help = EXIT_CODES)]
     Reproduce(reproduce_cmd::ReproduceArgs),
@@ -356,6 +362,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Sweep(a) => sweep_cmd::run(a),
         Command::Reproduce(a) => reproduce_cmd::run(a),
         Command::Capacity(a) => capacity_cmd::run(a),
+        Command::Deploy(a) => deploy_cmd::run(a),
         #[cfg(feature = "exec")]
         Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {

@@ -32,6 +32,10 @@ pub(crate) struct SearchArgs {
     /// Write the whole study as JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// `--emit DIR`: also write the chosen deployment's launch files (see
+    /// `easerve deploy`).
+    #[command(flatten)]
+    out: crate::deploy_cmd::EmitArgs,
 }
 
 fn trial_line(t: &TrialRecord) -> String {
@@ -129,6 +133,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
             .into());
         }
     }
+    a.out.check()?;
     let base = Overrides {
         seed: a.seed,
         rate: a.rate,
@@ -154,7 +159,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         seed: sc.seed,
         rate: sc.workload.rate,
     };
-    let trial = SimTrial::new(sc.raw.clone(), &sc.file, base);
+    let trial = SimTrial::new(sc.raw.clone(), &sc.file, base.clone());
     let cost = easerve_sim::scenario_cost(&sc);
     let bar =
         (!a.json && std::io::stderr().is_terminal() && a.method != Method::Exhaustive).then(|| {
@@ -186,6 +191,9 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     }
     if a.json {
         sayln!("{}", serde_json::to_string_pretty(&study)?);
+        if let (Some(dir), Some(b)) = (&a.out.emit, &study.best) {
+            emit_chosen(&a, &base, b, dir, true)?;
+        }
         return Ok(ExitCode::SUCCESS);
     }
     say!("{}", stage1_table(&study));
@@ -218,8 +226,29 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
                     .map_or(String::new(), |n| format!(" --requests {n}")),
                 b.candidate
             );
+            if let Some(dir) = &a.out.emit {
+                emit_chosen(&a, &base, b, dir, false)?;
+            }
         }
         None => sayln!("no trial ran"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Write the chosen deployment's files (`--emit`); with `--json` the summary
+/// goes to standard error, so standard output stays one JSON document.
+fn emit_chosen(
+    a: &SearchArgs,
+    base: &Overrides,
+    best: &TrialRecord,
+    dir: &std::path::Path,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let sc = Scenario::load(&a.scenario, &best.candidate.overrides(base))
+        .map_err(|e| BadInput(e.to_string()))?;
+    if quiet {
+        crate::deploy_cmd::write_quiet(&sc, dir, &a.out)
+    } else {
+        crate::deploy_cmd::write(&sc, dir, &a.out)
+    }
 }

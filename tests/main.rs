@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod capacity_cli;
+mod deploy_cli;
 mod drivers_agree;
 #[cfg(feature = "exec")]
 mod exec_cli;

@@ -32,6 +32,7 @@ pub mod work;
 
 pub use arch::{EncoderArch, EncoderKind, LlmArch, ModelArch};
 pub use ops::{AttnKind, Op, PrefillShape};
+pub use presets::hf_checkpoint;
 pub use tokens::{QWEN_VIDEO_MAX_PIXELS, QWEN_VIDEO_MIN_PIXELS};
 pub use work::Work;
 

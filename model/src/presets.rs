@@ -20,6 +20,19 @@ pub const PRESET_NAMES: &[&str] = &[
     "tiny-audio",
 ];
 
+/// The Hugging Face checkpoint a serving engine loads for a real-size preset
+/// (the repository each preset's figures were read from; for LLaVA-v1.6-34B
+/// the Hugging Face port that vLLM and SGLang load); `None` for the test
+/// presets and unknown names.
+pub fn hf_checkpoint(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "llava-v1.6-34b" => "llava-hf/llava-v1.6-34b-hf",
+        "qwen2.5-vl-32b" => "Qwen/Qwen2.5-VL-32B-Instruct",
+        "ultravox-v0.6-27b" => "fixie-ai/ultravox-v0_6-gemma-3-27b",
+        _ => return None,
+    })
+}
+
 /// BF16: 2 bytes per element (`torch_dtype: bfloat16` in all three real checkpoints).
 const BF16: u32 = 2;
 

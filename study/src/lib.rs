@@ -4,10 +4,14 @@
 //!
 //! * [`sweep`] — sweep rows and points, medians, CSV, shard merging.
 //! * [`plot`] — line charts (throughput, goodput, TTFT CDF, busy timeline) as SVG.
+//! * [`deploy`] — a chosen deployment as launch files for vLLM, SGLang and
+//!   NVIDIA Dynamo, with a benchmark script and the simulator's prediction
+//!   for each engine's approximation of it.
 //!
 //! `easerve-workload` holds what goes into one run and what comes out of it;
 //! this crate holds what is made of many.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod deploy;
 pub mod plot;
 pub mod sweep;

@@ -1,0 +1,1273 @@
+//! From a chosen deployment to files that launch it: the scenario that
+//! reproduces the choice in `easerve sim` and `easerve exec`, and launch files
+//! for three engines that serve multimodal models in the
+//! Encode → Prefill → Decode style — vLLM, SGLang and NVIDIA Dynamo — with a
+//! benchmark script and a README that says, per engine, which of easerve's
+//! knobs it keeps, which it only approximates and which it drops, and what the
+//! simulator predicts for the deployment as that engine can run it.
+//!
+//! Every engine flag written here was read in the source of a named release
+//! ([`VLLM`], [`SGLANG`], [`DYNAMO`], [`VLLM_BENCH`]); what could not be
+//! confirmed there is left out, and the emitted README says so.
+//!
+//! # How each engine runs an easerve deployment
+//! None of the three has load-adaptive encode micro-batching, partial
+//! offload of prefill to a worker on the encode GPU, or SM partitioning
+//! between the two. Each runs the same allocation with:
+//! * encode batching as an engine batches: when the encoder is free it takes
+//!   what is queued, up to a fixed bound (vLLM and Dynamo: `--max-num-seqs`
+//!   on the encoder instance; SGLang: `SGLANG_ENCODER_MAX_BATCH_SIZE`). The
+//!   simulator runs this as dispatch `queue-length:1` at the same `B`.
+//! * every prefill remote (`s = 1`): no local prefill worker, no SM split.
+//! * the engine's own encode framework terms: vLLM and SGLang preprocess in
+//!   Python inside the engine (framework `aggregated`, vLLM-like); Dynamo's
+//!   pass-through encode worker is charged the per-pass overhead calibrated
+//!   from the EAServe paper's Dynamo measurements (framework `passthrough`).
+//!   Neither engine's per-pass overhead was measured here.
+
+use easerve_model::EncoderKind;
+use easerve_sched::{MmItem, TopologyWorker};
+use easerve_workload::scenario::{Arrival, Scenario, ScenarioFile, Shapes};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// An engine release whose source the emitted flags were checked against.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineRelease {
+    /// The engine's name.
+    pub engine: &'static str,
+    /// Its version.
+    pub version: &'static str,
+    /// Where its flags were read.
+    pub checked: &'static str,
+}
+
+/// vLLM 0.33.0: `vllm serve` with an encoder-cache connector and a KV connector.
+pub const VLLM: EngineRelease = EngineRelease {
+    engine: "vLLM",
+    version: "0.33.0",
+    checked: "the vllm 0.33.0 wheel (PyPI): vllm/engine/arg_utils.py, vllm/config/ec_transfer.py, vllm/config/kv_transfer.py, vllm/config/scheduler.py, vllm/envs.py; the example examples/disaggregated/disaggregated_encoder/ (disagg_1e1p1d_example.sh, disagg_epd_proxy.py) of vllm-project/vllm",
+};
+
+/// SGLang 0.5.23 with sglang-router 0.3.2.
+pub const SGLANG: EngineRelease = EngineRelease {
+    engine: "SGLang",
+    version: "0.5.23 (router: sglang-router 0.3.2)",
+    checked: "the sglang 0.5.23 wheel (PyPI): sglang/srt/arg_groups/fields/{disagg,parallel,device,serving,mm}.py, sglang/srt/arg_groups/pd_disaggregation_hook.py, sglang/srt/environ.py; the sglang-router 0.3.2 wheel: sglang_router/router_args.py; docs/advanced_features/epd_disaggregation.md of sgl-project/sglang",
+};
+
+/// NVIDIA Dynamo 1.6.1 (its vLLM backend, which pins vLLM 0.31.0).
+pub const DYNAMO: EngineRelease = EngineRelease {
+    engine: "NVIDIA Dynamo",
+    version: "1.6.1 (vLLM backend; image nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1)",
+    checked: "the ai-dynamo 1.6.1 wheel (PyPI): dynamo/vllm/backend_args.py, dynamo/vllm/args.py, dynamo/profiler/templates/dgd/vllm/disagg.yaml; the DynamoGraphDeployment v1beta1 types of ai-dynamo/dynamo (deploy/operator/api/v1beta1/dynamographdeployment_types.go)",
+};
+
+/// `vllm bench serve` of vLLM 0.33.0, which `bench.sh` runs.
+pub const VLLM_BENCH: EngineRelease = EngineRelease {
+    engine: "vllm bench serve",
+    version: "0.33.0",
+    checked: "the vllm 0.33.0 wheel (PyPI): vllm/benchmarks/serve.py, vllm/benchmarks/datasets/datasets.py",
+};
+
+/// The engines files are emitted for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// vLLM ([`VLLM`]).
+    Vllm,
+    /// SGLang ([`SGLANG`]).
+    Sglang,
+    /// NVIDIA Dynamo ([`DYNAMO`]).
+    Dynamo,
+}
+
+impl Engine {
+    /// All of them, in the order the README lists them.
+    pub const ALL: [Engine; 3] = [Engine::Vllm, Engine::Sglang, Engine::Dynamo];
+
+    /// The folder of its files inside the output folder.
+    pub fn dir(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Sglang => "sglang",
+            Engine::Dynamo => "dynamo",
+        }
+    }
+
+    /// The release its flags were checked against.
+    pub fn release(self) -> EngineRelease {
+        match self {
+            Engine::Vllm => VLLM,
+            Engine::Sglang => SGLANG,
+            Engine::Dynamo => DYNAMO,
+        }
+    }
+
+    /// The encode framework terms the simulator charges it (see the module doc).
+    pub fn framework(self) -> &'static str {
+        match self {
+            Engine::Vllm | Engine::Sglang => "aggregated",
+            Engine::Dynamo => "passthrough",
+        }
+    }
+}
+
+/// What to emit beyond the scenario.
+#[derive(Clone, Debug)]
+pub struct EmitOptions {
+    /// The weights the engines load (a Hugging Face repository or a local
+    /// path); `None` takes the model preset's checkpoint
+    /// ([`easerve_model::hf_checkpoint`]).
+    pub model_path: Option<String>,
+    /// GPUs per node: the cluster's GPU `g` is GPU `g % gpus_per_node` of node
+    /// `g / gpus_per_node`.
+    pub gpus_per_node: u32,
+}
+
+impl Default for EmitOptions {
+    fn default() -> Self {
+        EmitOptions {
+            model_path: None,
+            gpus_per_node: 8,
+        }
+    }
+}
+
+/// Why nothing (or not everything) was emitted.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// The scenario or the options cannot be emitted (bad input).
+    #[error("{0}")]
+    Input(String),
+    /// A file could not be written.
+    #[error("--emit {path}: cannot write: {error}")]
+    Io {
+        /// The file.
+        path: String,
+        /// What the system said.
+        error: String,
+    },
+    /// An engine's variant of the scenario did not validate (a bug: it only
+    /// changes knobs to values the validator accepts).
+    #[error("{0}")]
+    Variant(String),
+}
+
+/// Goodput at one SLO tier.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TierPrediction {
+    /// Tier name.
+    pub name: String,
+    /// Requests/s meeting the tier.
+    pub goodput: f64,
+    /// Fraction of completed requests meeting it.
+    pub attainment: f64,
+}
+
+/// What the simulator predicts for one way of running the deployment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// `easerve`, or the engine.
+    pub system: String,
+    /// The engine release, for an engine's row.
+    pub engine_version: Option<String>,
+    /// The scenario that reproduces it, relative to the output folder.
+    pub scenario: String,
+    /// The deployment as the simulator ran it.
+    pub deployment: String,
+    /// The encode framework terms charged.
+    pub framework: String,
+    /// Requests completed.
+    pub completed: usize,
+    /// Completed requests per second.
+    pub request_throughput: f64,
+    /// Mean TTFT, seconds.
+    pub mean_ttft_s: f64,
+    /// P99 TTFT, seconds.
+    pub p99_ttft_s: f64,
+    /// Mean TPOT, seconds.
+    pub mean_tpot_s: f64,
+    /// P99 TPOT, seconds.
+    pub p99_tpot_s: f64,
+    /// Goodput per SLO tier.
+    pub goodput: Vec<TierPrediction>,
+    /// The stage that limits it.
+    pub bottleneck: String,
+}
+
+/// What [`emit`] wrote.
+#[derive(Clone, Debug)]
+pub struct Emitted {
+    /// Every file, in the order written.
+    pub files: Vec<PathBuf>,
+    /// easerve's deployment first, then each engine's approximation.
+    pub predictions: Vec<Prediction>,
+    /// Engines whose launch files were not written, and why.
+    pub skipped: Vec<(Engine, String)>,
+}
+
+/// One server instance of the deployment.
+#[derive(Clone, Debug)]
+struct Instance {
+    /// `E0`, `P0`, `D0`.
+    label: String,
+    /// GPUs in the cluster's numbering.
+    gpus: Vec<u32>,
+    /// The node it runs on.
+    node: u32,
+    /// Its GPUs on that node.
+    local_gpus: Vec<u32>,
+    tp: u32,
+    /// HTTP port.
+    port: u16,
+}
+
+impl Instance {
+    /// `http://HOST:PORT`, with the node's host a shell variable.
+    fn url(&self) -> String {
+        format!("http://{}:{}", node_host(self.node), self.port)
+    }
+
+    fn cuda_visible_devices(&self) -> String {
+        join(&self.local_gpus, ",")
+    }
+}
+
+/// The shell expression of node `n`'s address (`NODE0_HOST`, … default
+/// 127.0.0.1).
+fn node_host(n: u32) -> String {
+    format!("${{NODE{n}_HOST:-127.0.0.1}}")
+}
+
+fn join<T: ToString>(xs: &[T], sep: &str) -> String {
+    xs.iter().map(T::to_string).collect::<Vec<_>>().join(sep)
+}
+
+/// Ports: encoders from 8100, prefill from 8200, decode from 8300, the
+/// front door (proxy, router, frontend) 8000.
+const FRONT_PORT: u16 = 8000;
+const PORT_BASE: [u16; 3] = [8100, 8200, 8300];
+
+/// The E, P and D server instances of `sc`'s deployment (local prefill
+/// workers, which no engine has, are left out).
+fn instances(sc: &Scenario, gpus_per_node: u32) -> Result<[Vec<Instance>; 3], DeployError> {
+    let t = sc.topology();
+    let remote: Vec<TopologyWorker> = t.prefill().iter().filter(|w| !w.local).cloned().collect();
+    let stages: [&[TopologyWorker]; 3] = [t.encode(), &remote, t.decode()];
+    let mut out: [Vec<Instance>; 3] = Default::default();
+    for (s, workers) in stages.iter().enumerate() {
+        for (i, w) in workers.iter().enumerate() {
+            let node = w.gpus[0] / gpus_per_node;
+            if w.gpus.iter().any(|g| g / gpus_per_node != node) {
+                return Err(DeployError::Input(format!(
+                    "--gpus-per-node {gpus_per_node}: worker {} spans GPUs {} on more than one node; the emitted launch files run one instance per node (use a larger --gpus-per-node, or a deployment whose TP groups fit a node)",
+                    w.label,
+                    join(&w.gpus, ",")
+                )));
+            }
+            out[s].push(Instance {
+                label: w.label.clone(),
+                gpus: w.gpus.clone(),
+                node,
+                local_gpus: w.gpus.iter().map(|g| g % gpus_per_node).collect(),
+                tp: w.tp,
+                port: PORT_BASE[s] + i as u16,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Write the deployment of `sc` (an `easerve` system scenario) under `dir`:
+/// `scenario.toml`, per engine a variant scenario and its launch files,
+/// `bench.sh`, `predictions.json` and `README.md`. Each scenario is
+/// simulated for its prediction.
+///
+/// # Errors
+/// [`DeployError::Input`] for a scenario that is not an EPD deployment of the
+/// `easerve` system, a model without a known checkpoint and no
+/// `model_path`, or a TP group across nodes; [`DeployError::Io`] for a file
+/// that cannot be written.
+pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, DeployError> {
+    if sc.system != easerve_workload::scenario::System::Easerve {
+        return Err(DeployError::Input(format!(
+            "{}: deployment.system is `{}`; launch files are written for an easerve EPD deployment (system `easerve`)",
+            sc.file,
+            sc.system.name()
+        )));
+    }
+    if opts.gpus_per_node == 0 {
+        return Err(DeployError::Input(
+            "--gpus-per-node 0: a node holds at least 1 GPU".into(),
+        ));
+    }
+    let model_path = match &opts.model_path {
+        Some(p) if p.trim().is_empty() => {
+            return Err(DeployError::Input(
+                "--model-path: empty; give a Hugging Face repository or a local path".into(),
+            ))
+        }
+        Some(p) => p.clone(),
+        None => easerve_model::hf_checkpoint(&sc.model.name)
+            .map(str::to_string)
+            .ok_or_else(|| {
+                DeployError::Input(format!(
+                    "model `{}` has no known checkpoint for the engines to load; give one with --model-path (a Hugging Face repository or a local path)",
+                    sc.model.name
+                ))
+            })?,
+    };
+    let inst = instances(sc, opts.gpus_per_node)?;
+    let mut w = Writer {
+        dir: dir.to_path_buf(),
+        files: Vec::new(),
+    };
+    let base = absolute_paths(&sc.raw, Path::new(&sc.file));
+    let deployment = format!(
+        "{} B={} s={}",
+        sc.deployment.allocation, sc.deployment.max_batch, sc.deployment.offload
+    );
+    w.write(
+        "scenario.toml",
+        &scenario_text(&base, &format!(
+            "The scenario `{}` with the deployment {deployment}: `easerve sim scenario.toml` reproduces the prediction in README.md, and `easerve exec scenario.toml` runs it.",
+            sc.name
+        ))?,
+    )?;
+    let mut predictions = vec![predict(sc, "easerve", None, "scenario.toml")];
+    let mut skipped = Vec::new();
+    for engine in Engine::ALL {
+        if engine == Engine::Sglang {
+            if let Err(why) = sglang_accepts(sc) {
+                skipped.push((engine, why));
+                continue;
+            }
+        }
+        let raw = engine_variant(&base, engine, &sc.name);
+        let rel = format!("{}/scenario.toml", engine.dir());
+        let path = dir.join(&rel);
+        let variant = Scenario::validate(
+            raw.clone(),
+            &path.display().to_string(),
+            &format!("{}-{}", sc.name, engine.dir()),
+        )
+        .map_err(|e| {
+            DeployError::Variant(format!(
+                "the {} variant of the scenario: {e}",
+                engine.release().engine
+            ))
+        })?;
+        w.write(
+            &rel,
+            &scenario_text(&raw, &format!(
+                "The scenario `{}` with the deployment {deployment} as {} {} runs it: encode batches up to B as the engine forms them (dispatch queue-length:1), every prefill remote (s = 1), the engine's encode framework terms ({}). `easerve sim {rel}` reproduces the prediction in ../README.md.",
+                sc.name,
+                engine.release().engine,
+                engine.release().version,
+                engine.framework()
+            ))?,
+        )?;
+        predictions.push(predict(
+            &variant,
+            engine.dir(),
+            Some(format!(
+                "{} {}",
+                engine.release().engine,
+                engine.release().version
+            )),
+            &rel,
+        ));
+        match engine {
+            Engine::Vllm => vllm_files(&mut w, sc, &inst, &model_path),
+            Engine::Sglang => sglang_files(&mut w, sc, &inst, &model_path),
+            Engine::Dynamo => dynamo_files(&mut w, sc, &inst, &model_path),
+        }?;
+    }
+    w.write("bench.sh", &bench_script(sc, &model_path))?;
+    let json = serde_json::to_string_pretty(&predictions).expect("predictions serialise");
+    w.write("predictions.json", &(json + "\n"))?;
+    w.write(
+        "README.md",
+        &readme(sc, &deployment, &inst, &predictions, &skipped),
+    )?;
+    Ok(Emitted {
+        files: w.files,
+        predictions,
+        skipped,
+    })
+}
+
+struct Writer {
+    dir: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl Writer {
+    fn write(&mut self, rel: &str, text: &str) -> Result<(), DeployError> {
+        let path = self.dir.join(rel);
+        let io = |e: std::io::Error| DeployError::Io {
+            path: path.display().to_string(),
+            error: e.to_string(),
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io)?;
+        }
+        std::fs::write(&path, text).map_err(io)?;
+        #[cfg(unix)]
+        if rel.ends_with(".sh") {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+        }
+        self.files.push(path);
+        Ok(())
+    }
+}
+
+/// `raw` with its relative paths (profile, model file, GPU file, trace) made
+/// absolute against the folder of `file`, so the copy reads the same files
+/// from any folder.
+fn absolute_paths(raw: &ScenarioFile, file: &Path) -> ScenarioFile {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let abs = |p: &mut Option<String>| {
+        if let Some(s) = p.as_mut() {
+            let path = Path::new(s.as_str());
+            if path.is_relative() {
+                let joined = dir.join(path);
+                *s = std::path::absolute(&joined)
+                    .unwrap_or(joined)
+                    .display()
+                    .to_string();
+            }
+        }
+    };
+    let mut r = raw.clone();
+    if r.profile.as_deref() != Some("roofline") {
+        abs(&mut r.profile);
+    }
+    abs(&mut r.model.file);
+    abs(&mut r.cluster.gpu_file);
+    abs(&mut r.workload.trace);
+    r
+}
+
+/// The scenario an engine runs (see the module doc).
+fn engine_variant(base: &ScenarioFile, engine: Engine, name: &str) -> ScenarioFile {
+    let mut r = base.clone();
+    r.name = Some(format!("{name}-{}", engine.dir()));
+    let d = &mut r.deployment;
+    d.dispatch = Some("queue-length:1".into());
+    d.gap_quantile = None;
+    d.max_age_s = None;
+    d.offload = 1.0;
+    d.router = None;
+    d.sm_policy = None;
+    d.framework = Some(engine.framework().into());
+    r
+}
+
+fn scenario_text(raw: &ScenarioFile, what: &str) -> Result<String, DeployError> {
+    let body = toml::to_string(raw).map_err(|e| {
+        DeployError::Variant(format!("the scenario cannot be written as TOML: {e}"))
+    })?;
+    let mut s = String::new();
+    for l in wrap(
+        &format!("{what} Written by `easerve deploy`; relative paths were made absolute."),
+        96,
+    ) {
+        let _ = writeln!(s, "# {l}");
+    }
+    Ok(format!("{s}\n{body}"))
+}
+
+fn predict(sc: &Scenario, system: &str, engine_version: Option<String>, rel: &str) -> Prediction {
+    let r = easerve_sim::simulate(sc).report;
+    Prediction {
+        system: system.into(),
+        engine_version,
+        scenario: rel.into(),
+        deployment: sc.deployment.to_string(),
+        framework: sc
+            .raw
+            .deployment
+            .framework
+            .clone()
+            .unwrap_or_else(|| sc.system.name().into()),
+        completed: r.completed,
+        request_throughput: r.request_throughput,
+        mean_ttft_s: r.ttft.mean,
+        p99_ttft_s: r.ttft.p99,
+        mean_tpot_s: r.tpot.mean,
+        p99_tpot_s: r.tpot.p99,
+        goodput: r
+            .goodput
+            .iter()
+            .map(|t| TierPrediction {
+                name: t.name.clone(),
+                goodput: t.goodput,
+                attainment: t.attainment,
+            })
+            .collect(),
+        bottleneck: r.bottleneck,
+    }
+}
+
+/// The header every launch file starts with: what it is and the release its
+/// flags were checked against.
+fn header(comment: &str, sc: &Scenario, what: &str, release: &EngineRelease) -> String {
+    let mut s = String::new();
+    for line in [
+        what.to_string(),
+        format!(
+            "Deployment: {} B={} s={} of scenario `{}` ({} × {}).",
+            sc.deployment.allocation,
+            sc.deployment.max_batch,
+            sc.deployment.offload,
+            sc.name,
+            sc.gpus,
+            sc.gpu.name
+        ),
+        format!(
+            "Flags checked against {} {}: {}.",
+            release.engine, release.version, release.checked
+        ),
+        "Written by `easerve deploy`; see README.md beside it.".to_string(),
+    ] {
+        for l in wrap(&line, 96) {
+            let _ = writeln!(s, "{comment} {l}");
+        }
+    }
+    s
+}
+
+/// Greedy word wrap at `width` characters.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for word in text.split_whitespace() {
+        let last = lines.last_mut().expect("one line");
+        if !last.is_empty() && last.chars().count() + 1 + word.chars().count() > width {
+            lines.push(word.to_string());
+        } else {
+            if !last.is_empty() {
+                last.push(' ');
+            }
+            last.push_str(word);
+        }
+    }
+    lines
+}
+
+/// A shell word: single-quoted unless it is plain.
+fn sh(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c))
+    {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// The most multimodal tokens one request of the scenario brings to the LLM
+/// (its largest bucket times the most items a request draws), for the
+/// encoder's token budget.
+fn max_request_mm_tokens(sc: &Scenario) -> u64 {
+    let per_item = |item: &MmItem| {
+        easerve_workload::generate::item_tokens(&sc.model, item)
+            .map(|t| t.llm_tokens)
+            .unwrap_or(0)
+    };
+    match &sc.workload.shapes {
+        Shapes::Items {
+            items,
+            items_range_ratio,
+            buckets,
+        } => {
+            let most = ((*items as f64) * (1.0 + items_range_ratio)).ceil() as u64;
+            let largest = buckets.iter().map(|(b, _)| per_item(b)).max().unwrap_or(0);
+            most.max(1) * largest
+        }
+        Shapes::Audio { max_s, .. } => per_item(&MmItem::Audio { seconds: *max_s }),
+        Shapes::Text => 0,
+    }
+}
+
+/// The most items one request of the scenario carries.
+fn max_items(sc: &Scenario) -> u64 {
+    match &sc.workload.shapes {
+        Shapes::Items {
+            items,
+            items_range_ratio,
+            ..
+        } => (((*items as f64) * (1.0 + items_range_ratio)).ceil() as u64).max(1),
+        Shapes::Audio { .. } => 1,
+        Shapes::Text => 0,
+    }
+}
+
+/// vLLM's `--limit-mm-per-prompt` for the scenario's modality.
+fn vllm_mm_limit(sc: &Scenario) -> Option<String> {
+    let n = max_items(sc);
+    let key = match &sc.workload.shapes {
+        Shapes::Items { buckets, .. } => match buckets.first().map(|b| b.0) {
+            Some(MmItem::Video { .. }) => "video",
+            _ => "image",
+        },
+        Shapes::Audio { .. } => "audio",
+        Shapes::Text => return None,
+    };
+    Some(format!("{{\"{key}\":{n}}}"))
+}
+
+fn vllm_files(
+    w: &mut Writer,
+    sc: &Scenario,
+    inst: &[Vec<Instance>; 3],
+    model: &str,
+) -> Result<(), DeployError> {
+    let k = &sc.knobs;
+    let b = sc.deployment.max_batch;
+    // the encoder's step budget (which is also its encoder cache size) holds B
+    // of the scenario's largest requests, and at least vLLM's default of 8192
+    let encoder_budget = (b as u64 * max_request_mm_tokens(sc)).max(8192);
+    let ec = |role: &str| {
+        format!(
+            "{{\"ec_connector\":\"ECExampleConnector\",\"ec_role\":\"{role}\",\"ec_connector_extra_config\":{{\"shared_storage_path\":\"'\"$EC_PATH\"'\"}}}}"
+        )
+    };
+    let kv = |role: &str| format!("{{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"{role}\"}}");
+    let limit = vllm_mm_limit(sc);
+    let roles = [
+        "encoder-only (encoder-cache producer)",
+        "prefill (encoder-cache consumer, KV producer)",
+        "decode (KV consumer)",
+    ];
+    let mut nixl_port = 5600u32;
+    for (s, stage) in inst.iter().enumerate() {
+        for i in stage {
+            let mut text = "#!/usr/bin/env bash\n".to_string();
+            text += &header(
+                "#",
+                sc,
+                &format!(
+                    "vLLM instance {}: {}, TP{} on GPU {} of node {} (cluster GPU {}), port {}.",
+                    i.label,
+                    roles[s],
+                    i.tp,
+                    i.cuda_visible_devices(),
+                    i.node,
+                    join(&i.gpus, ","),
+                    i.port
+                ),
+                &VLLM,
+            );
+            text += "set -euo pipefail\n";
+            let _ = writeln!(text, "MODEL=\"${{MODEL:-{model}}}\"");
+            let mut flags: Vec<String> = vec![
+                format!("--port {}", i.port),
+                format!("--tensor-parallel-size {}", i.tp),
+            ];
+            let mut env = format!("CUDA_VISIBLE_DEVICES={}", i.cuda_visible_devices());
+            match s {
+                0 => {
+                    text += "# the encoder cache goes through this folder: shared by every instance (a shared file system across nodes)\n";
+                    text +=
+                        "EC_PATH=\"${EC_PATH:-/tmp/easerve-ec-cache}\"\nmkdir -p \"$EC_PATH\"\n";
+                    flags.push(format!("--max-num-seqs {b}"));
+                    flags.push(format!("--max-num-batched-tokens {encoder_budget}"));
+                    flags.push("--no-enable-prefix-caching".into());
+                    flags.push(format!("--ec-transfer-config '{}'", ec("ec_producer")));
+                }
+                1 => {
+                    text += "EC_PATH=\"${EC_PATH:-/tmp/easerve-ec-cache}\"\n";
+                    env += &format!(" VLLM_NIXL_SIDE_CHANNEL_PORT={nixl_port}");
+                    nixl_port += 10;
+                    flags.push(format!("--max-num-seqs {}", k.prefill_max_seqs));
+                    flags.push(format!(
+                        "--max-num-batched-tokens {}",
+                        k.prefill_token_budget
+                    ));
+                    flags.push(format!(
+                        "--gpu-memory-utilization {}",
+                        k.gpu_memory_utilization
+                    ));
+                    flags.push(format!("--ec-transfer-config '{}'", ec("ec_consumer")));
+                    flags.push(format!("--kv-transfer-config '{}'", kv("kv_producer")));
+                }
+                _ => {
+                    env += &format!(" VLLM_NIXL_SIDE_CHANNEL_PORT={nixl_port}");
+                    nixl_port += 10;
+                    flags.push(format!("--max-num-seqs {}", k.decode_max_batch));
+                    flags.push(format!(
+                        "--gpu-memory-utilization {}",
+                        k.gpu_memory_utilization
+                    ));
+                    flags.push(format!("--kv-transfer-config '{}'", kv("kv_consumer")));
+                }
+            }
+            if let Some(l) = &limit {
+                flags.push(format!("--limit-mm-per-prompt {}", sh(l)));
+            }
+            flags.push("--enable-request-id-headers".into());
+            let _ = writeln!(
+                text,
+                "exec env {env} vllm serve \"$MODEL\" \\\n    {}",
+                flags.join(" \\\n    ")
+            );
+            w.write(&format!("vllm/{}.sh", i.label), &text)?;
+        }
+    }
+    let urls = |s: usize| join(&inst[s].iter().map(Instance::url).collect::<Vec<_>>(), ",");
+    let mut proxy = "#!/usr/bin/env bash\n".to_string();
+    proxy += &header(
+        "#",
+        sc,
+        &format!("vLLM's E/P/D proxy in front of the instances, on port {FRONT_PORT}: the example script disagg_epd_proxy.py of vLLM's source (examples/disaggregated/disaggregated_encoder/), which no package installs; set VLLM_EPD_PROXY to its path."),
+        &VLLM,
+    );
+    proxy += "set -euo pipefail\n";
+    proxy += "PROXY=\"${VLLM_EPD_PROXY:-examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py}\"\n";
+    let _ = writeln!(
+        proxy,
+        "exec python \"$PROXY\" --host 0.0.0.0 --port {FRONT_PORT} \\\n    --encode-servers-urls \"{}\" \\\n    --prefill-servers-urls \"{}\" \\\n    --decode-servers-urls \"{}\"",
+        urls(0),
+        urls(1),
+        urls(2)
+    );
+    w.write("vllm/proxy.sh", &proxy)?;
+    Ok(())
+}
+
+/// Whether SGLang 0.5.23's encoder disaggregation accepts the model: its
+/// `pd_disaggregation_hook.py` lists the architectures (the Qwen2-VL,
+/// Qwen2.5-VL and Qwen3-VL families among them, no LLaVA, no Ultravox); a
+/// model whose encoder is the Qwen vision transformer is of those families.
+fn sglang_accepts(sc: &Scenario) -> Result<(), String> {
+    match sc.model.encoder.as_ref().map(|e| &e.kind) {
+        Some(EncoderKind::QwenVit { .. }) => Ok(()),
+        _ => Err(format!(
+            "SGLang 0.5.23 runs encoder disaggregation only for the architectures its pd_disaggregation_hook.py lists (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, Qwen2-Audio, Qwen2.5-Omni, Qwen3-Omni, Kimi-VL and a few others); `{}` is not one of them, so no SGLang files were written and no SGLang prediction is given",
+            sc.model.name
+        )),
+    }
+}
+
+fn sglang_files(
+    w: &mut Writer,
+    sc: &Scenario,
+    inst: &[Vec<Instance>; 3],
+    model: &str,
+) -> Result<(), DeployError> {
+    let k = &sc.knobs;
+    let b = sc.deployment.max_batch;
+    let encoder_urls = join(
+        &inst[0]
+            .iter()
+            .map(|i| format!("\"{}\"", i.url()))
+            .collect::<Vec<_>>(),
+        " ",
+    );
+    let roles = ["encoder-only", "prefill (language-only)", "decode"];
+    for (s, stage) in inst.iter().enumerate() {
+        for (n, i) in stage.iter().enumerate() {
+            let mut text = "#!/usr/bin/env bash\n".to_string();
+            text += &header(
+                "#",
+                sc,
+                &format!(
+                    "SGLang instance {}: {}, TP{} on GPU {} of node {} (cluster GPU {}), port {}.",
+                    i.label,
+                    roles[s],
+                    i.tp,
+                    i.cuda_visible_devices(),
+                    i.node,
+                    join(&i.gpus, ","),
+                    i.port
+                ),
+                &SGLANG,
+            );
+            text += "set -euo pipefail\n";
+            let _ = writeln!(text, "MODEL=\"${{MODEL:-{model}}}\"");
+            let mut env = String::new();
+            let mut flags: Vec<String> = vec![
+                "--model-path \"$MODEL\"".into(),
+                "--host 0.0.0.0".into(),
+                format!("--port {}", i.port),
+                format!("--tp-size {}", i.tp),
+                format!("--base-gpu-id {}", i.local_gpus[0]),
+            ];
+            match s {
+                0 => {
+                    env = format!("env SGLANG_ENCODER_MAX_BATCH_SIZE={b} ");
+                    flags.push("--encoder-only".into());
+                    flags.push("--encoder-transfer-backend zmq_to_scheduler".into());
+                }
+                1 => {
+                    flags.push("--disaggregation-mode prefill".into());
+                    flags.push("--language-only".into());
+                    flags.push(format!("--encoder-urls {encoder_urls}"));
+                    flags.push("--encoder-transfer-backend zmq_to_scheduler".into());
+                    flags.push(format!("--disaggregation-bootstrap-port {}", 8998 + n));
+                    flags.push(
+                        "--disaggregation-transfer-backend \"${KV_BACKEND:-mooncake}\"".into(),
+                    );
+                    flags.push(format!(
+                        "--mem-fraction-static {}",
+                        k.gpu_memory_utilization
+                    ));
+                }
+                _ => {
+                    flags.push("--disaggregation-mode decode".into());
+                    flags.push(
+                        "--disaggregation-transfer-backend \"${KV_BACKEND:-mooncake}\"".into(),
+                    );
+                    flags.push(format!("--max-running-requests {}", k.decode_max_batch));
+                    flags.push(format!(
+                        "--mem-fraction-static {}",
+                        k.gpu_memory_utilization
+                    ));
+                }
+            }
+            let _ = writeln!(
+                text,
+                "exec {env}python -m sglang.launch_server \\\n    {}",
+                flags.join(" \\\n    ")
+            );
+            w.write(&format!("sglang/{}.sh", i.label), &text)?;
+        }
+    }
+    let mut router = "#!/usr/bin/env bash\n".to_string();
+    router += &header(
+        "#",
+        sc,
+        &format!("SGLang's router in PD mode on port {FRONT_PORT}: the encoders are reached from the prefill servers (--encoder-urls), so the router sees prefill and decode only (sglang-router 0.3.2 has no EPD mode)."),
+        &SGLANG,
+    );
+    router += "set -euo pipefail\n";
+    let mut flags = vec!["--pd-disaggregation".to_string()];
+    for (n, p) in inst[1].iter().enumerate() {
+        flags.push(format!("--prefill \"{}\" {}", p.url(), 8998 + n));
+    }
+    for d in &inst[2] {
+        flags.push(format!("--decode \"{}\"", d.url()));
+    }
+    flags.push("--host 0.0.0.0".into());
+    flags.push(format!("--port {FRONT_PORT}"));
+    let _ = writeln!(
+        router,
+        "exec python -m sglang_router.launch_router \\\n    {}",
+        flags.join(" \\\n    ")
+    );
+    w.write("sglang/router.sh", &router)?;
+    Ok(())
+}
+
+/// A YAML scalar: JSON's double-quoted form, which YAML reads the same.
+fn yq(s: &str) -> String {
+    serde_json::to_string(s).expect("a string serialises")
+}
+
+fn dynamo_files(
+    w: &mut Writer,
+    sc: &Scenario,
+    inst: &[Vec<Instance>; 3],
+    model: &str,
+) -> Result<(), DeployError> {
+    let k = &sc.knobs;
+    let b = sc.deployment.max_batch;
+    let encoder_budget = (b as u64 * max_request_mm_tokens(sc)).max(8192);
+    let image = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1";
+    let name: String = sc
+        .name
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let mut y = header("#", sc, "NVIDIA Dynamo DynamoGraphDeployment (v1beta1) of the deployment: a frontend, the encode workers, the prefill workers and the decode workers, each with its GPUs per replica. Kubernetes assigns the GPUs and the operator the ports.", &DYNAMO);
+    y += "# Not confirmed in 1.6.1: the component `type` enum has no encode value, so the encode\n";
+    y += "# workers are a generic `worker` component; no 1.6.1 multimodal DynamoGraphDeployment\n";
+    y += "# example was found to check this against.\n";
+    y += "apiVersion: nvidia.com/v1beta1\nkind: DynamoGraphDeployment\nmetadata:\n";
+    let _ = writeln!(
+        y,
+        "  name: {}",
+        yq(&format!("easerve-{}", name.trim_matches('-')))
+    );
+    y += "spec:\n  components:\n";
+    let component = |y: &mut String,
+                     name: &str,
+                     ty: &str,
+                     replicas: usize,
+                     gpus: u32,
+                     args: &[String]| {
+        let _ = writeln!(
+            y,
+            "    - name: {}\n      type: {}\n      replicas: {replicas}",
+            yq(name),
+            yq(ty)
+        );
+        y.push_str(
+            "      podTemplate:\n        spec:\n          containers:\n            - name: main\n",
+        );
+        let _ = writeln!(y, "              image: {}", yq(image));
+        let (command, rest): (&[&str], &[String]) = if ty == "frontend" {
+            (&["python3", "-m", "dynamo.frontend"], args)
+        } else {
+            (&["python3", "-m", "dynamo.vllm"], args)
+        };
+        let _ = writeln!(
+            y,
+            "              command: [{}]",
+            command.iter().map(|c| yq(c)).collect::<Vec<_>>().join(", ")
+        );
+        let _ = writeln!(
+            y,
+            "              args: [{}]",
+            rest.iter().map(|c| yq(c)).collect::<Vec<_>>().join(", ")
+        );
+        if gpus > 0 {
+            let _ = writeln!(y, "              resources:\n                limits:\n                  nvidia.com/gpu: {}", yq(&gpus.to_string()));
+        }
+    };
+    component(
+        &mut y,
+        "Frontend",
+        "frontend",
+        1,
+        0,
+        &["--http-port".into(), FRONT_PORT.to_string()],
+    );
+    let model_args = |mode: &str| -> Vec<String> {
+        vec![
+            "--model".into(),
+            model.into(),
+            "--disaggregation-mode".into(),
+            mode.into(),
+            "--enable-multimodal".into(),
+        ]
+    };
+    let mut enc = model_args("encode");
+    enc.extend([
+        "--max-num-seqs".into(),
+        b.to_string(),
+        "--max-num-batched-tokens".into(),
+        encoder_budget.to_string(),
+    ]);
+    let tp = |s: usize| inst[s].first().map_or(1, |i| i.tp);
+    component(&mut y, "encode", "worker", inst[0].len(), tp(0), &enc);
+    let mut pre = model_args("prefill");
+    pre.extend([
+        "--route-to-encoder".into(),
+        "--tensor-parallel-size".into(),
+        tp(1).to_string(),
+        "--max-num-seqs".into(),
+        k.prefill_max_seqs.to_string(),
+        "--max-num-batched-tokens".into(),
+        k.prefill_token_budget.to_string(),
+        "--gpu-memory-utilization".into(),
+        k.gpu_memory_utilization.to_string(),
+        "--kv-transfer-config".into(),
+        "{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}".into(),
+    ]);
+    component(&mut y, "prefill", "prefill", inst[1].len(), tp(1), &pre);
+    let mut dec = model_args("decode");
+    dec.extend([
+        "--tensor-parallel-size".into(),
+        tp(2).to_string(),
+        "--max-num-seqs".into(),
+        k.decode_max_batch.to_string(),
+        "--gpu-memory-utilization".into(),
+        k.gpu_memory_utilization.to_string(),
+    ]);
+    component(&mut y, "decode", "decode", inst[2].len(), tp(2), &dec);
+    w.write("dynamo/deployment.yaml", &y)?;
+    Ok(())
+}
+
+/// `bench.sh`: `vllm bench serve` with the scenario's workload at its rate,
+/// one SLO tier as `--goodput`.
+fn bench_script(sc: &Scenario, model: &str) -> String {
+    let wl = &sc.workload;
+    let mut s = "#!/usr/bin/env bash\n".to_string();
+    s += &header(
+        "#",
+        sc,
+        &format!(
+            "Measure the deployment at the scenario's rate ({} req/s, {} requests) with vllm bench serve, against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: the first tier); the result lands in RESULT_DIR (default ./bench-results).",
+            wl.rate, wl.requests
+        ),
+        &VLLM_BENCH,
+    );
+    s += "set -euo pipefail\n";
+    let _ = writeln!(s, "MODEL=\"${{MODEL:-{model}}}\"");
+    let _ = writeln!(
+        s,
+        "BASE_URL=\"${{BASE_URL:-http://127.0.0.1:{FRONT_PORT}}}\""
+    );
+    s += "RESULT_DIR=\"${RESULT_DIR:-./bench-results}\"\n";
+    let first = sc.slo.first().map_or("", |t| t.name.as_str());
+    let _ = writeln!(s, "TIER=\"${{1:-{first}}}\"");
+    s += "case \"$TIER\" in\n";
+    for t in &sc.slo {
+        let _ = writeln!(
+            s,
+            "  {}) GOODPUT=(--goodput ttft:{} tpot:{}) ;;",
+            sh(&t.name),
+            round_ms(t.ttft_s),
+            round_ms(t.tpot_s)
+        );
+    }
+    let names = join(
+        &sc.slo.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+        ", ",
+    );
+    let _ = writeln!(
+        s,
+        "  *) echo \"bench.sh: unknown SLO tier '$TIER'; the scenario's tiers: {names}\" >&2; exit 2 ;;\nesac"
+    );
+    let unsupported = |why: &str| format!("echo {} >&2\nexit 2\n", sh(&format!("bench.sh: {why}")));
+    if let Arrival::Trace { .. } = wl.arrival {
+        s += &unsupported("the scenario replays a trace; vllm bench serve's random datasets cannot replay its arrivals and lengths");
+        return s;
+    }
+    let mut flags = vec![
+        "--backend openai-chat".to_string(),
+        "--endpoint /v1/chat/completions".into(),
+        "--base-url \"$BASE_URL\"".into(),
+        "--model \"$MODEL\"".into(),
+    ];
+    match &wl.shapes {
+        Shapes::Items {
+            items,
+            items_range_ratio,
+            buckets,
+        } => {
+            if buckets
+                .iter()
+                .any(|(b, _)| !matches!(b, MmItem::Image { .. }))
+            {
+                s += &unsupported("vllm bench serve 0.33.0's random-mm dataset samples images only (its --random-mm-bucket-config help: \"Only image sampling is supported for now\"); this scenario's items are video");
+                return s;
+            }
+            let cfg = join(
+                &buckets
+                    .iter()
+                    .filter_map(|(b, p)| match b {
+                        MmItem::Image { height, width } => {
+                            Some(format!("({height}, {width}, 1): {p}"))
+                        }
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+                ", ",
+            );
+            flags.extend([
+                "--dataset-name random-mm".to_string(),
+                format!("--random-mm-base-items-per-request {items}"),
+                format!("--random-mm-num-mm-items-range-ratio {items_range_ratio}"),
+                format!(
+                    "--random-mm-limit-mm-per-prompt {}",
+                    sh(&format!("{{\"image\":{},\"video\":0}}", max_items(sc)))
+                ),
+                format!("--random-mm-bucket-config {}", sh(&format!("{{{cfg}}}"))),
+            ]);
+        }
+        Shapes::Audio { .. } => {
+            s += &unsupported("vllm bench serve 0.33.0's random-mm dataset samples images only; this scenario's items are audio");
+            return s;
+        }
+        Shapes::Text => flags.push("--dataset-name random".into()),
+    }
+    flags.extend([
+        format!("--random-input-len {}", wl.input_len),
+        format!("--random-output-len {}", wl.output_len),
+        format!("--random-range-ratio {}", wl.range_ratio),
+        "--ignore-eos".into(),
+        format!("--num-prompts {}", wl.requests),
+        format!("--request-rate {}", wl.rate),
+    ]);
+    if let Arrival::Gamma { cv } = wl.arrival {
+        // vLLM's burstiness is the gamma shape k, whose gaps have CV 1/√k
+        flags.push(format!("--burstiness {}", 1.0 / (cv * cv)));
+    }
+    flags.extend([
+        format!("--seed {}", sc.seed),
+        "\"${GOODPUT[@]}\"".into(),
+        "--save-result --save-detailed".into(),
+        "--result-dir \"$RESULT_DIR\"".into(),
+    ]);
+    let _ = writeln!(
+        s,
+        "exec vllm bench serve \\\n    {}",
+        flags.join(" \\\n    ")
+    );
+    s
+}
+
+/// Seconds as whole milliseconds where they are whole, else with decimals.
+fn round_ms(seconds: f64) -> String {
+    let ms = seconds * 1e3;
+    if (ms - ms.round()).abs() < 1e-9 {
+        format!("{}", ms.round() as i64)
+    } else {
+        format!("{ms}")
+    }
+}
+
+fn fmt_s(x: f64) -> String {
+    if x.is_finite() {
+        format!("{x:.3}")
+    } else {
+        "—".into()
+    }
+}
+
+fn readme(
+    sc: &Scenario,
+    deployment: &str,
+    inst: &[Vec<Instance>; 3],
+    predictions: &[Prediction],
+    skipped: &[(Engine, String)],
+) -> String {
+    let mut s = format!("# Deployment {deployment} of `{}`\n\n", sc.name);
+    let _ = writeln!(
+        s,
+        "{} × {} serving {} at {} req/s ({} requests, seed {}). Written by `easerve deploy`.\n",
+        sc.gpus, sc.gpu.name, sc.model.name, sc.workload.rate, sc.workload.requests, sc.seed
+    );
+    s += "## Instances\n\n| instance | role | TP | cluster GPUs | node | GPUs on the node | port |\n|---|---|---|---|---|---|---|\n";
+    let roles = ["encode", "prefill", "decode"];
+    for (st, stage) in inst.iter().enumerate() {
+        for i in stage {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                i.label,
+                roles[st],
+                i.tp,
+                join(&i.gpus, ","),
+                i.node,
+                i.cuda_visible_devices(),
+                i.port
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nThe front door (proxy, router or frontend) listens on port {FRONT_PORT}. Node `k`'s address is the shell variable `NODEk_HOST` (default 127.0.0.1). easerve's local prefill workers (co-located on the encode GPUs when s < 1) have no counterpart in any engine and are not launched.\n"
+    );
+    s += "## Predictions\n\nThe simulator's figures for the deployment as easerve runs it and as each engine can run it (`predictions.json` has them all; each row's scenario reproduces it with `easerve sim`):\n\n";
+    let tiers: Vec<&str> = predictions
+        .first()
+        .map(|p| p.goodput.iter().map(|t| t.name.as_str()).collect())
+        .unwrap_or_default();
+    s += "| system | scenario | throughput (req/s) | mean TTFT (s) | P99 TTFT (s) | mean TPOT (ms) |";
+    for t in &tiers {
+        let _ = write!(s, " goodput {t} (req/s) |");
+    }
+    s += " bottleneck |\n|---|---|---|---|---|---|";
+    for _ in &tiers {
+        s += "---|";
+    }
+    s += "---|\n";
+    for p in predictions {
+        let _ = write!(
+            s,
+            "| {} | `{}` | {:.3} | {} | {} | {:.1} |",
+            p.engine_version.as_deref().unwrap_or("easerve"),
+            p.scenario,
+            p.request_throughput,
+            fmt_s(p.mean_ttft_s),
+            fmt_s(p.p99_ttft_s),
+            p.mean_tpot_s * 1e3
+        );
+        for t in &p.goodput {
+            let _ = write!(s, " {:.3} |", t.goodput);
+        }
+        let _ = writeln!(s, " {} |", p.bottleneck);
+    }
+    s += "\nThe engines' rows run the same allocation with encode batches formed as an engine forms them (when the encoder is free it takes what is queued, up to B: dispatch `queue-length:1`), every prefill remote (s = 1), and the engine's encode framework terms: vLLM and SGLang preprocess in Python inside the engine (framework `aggregated`, no per-pass term); Dynamo's pass-through encode worker is charged the per-pass overhead calibrated from the EAServe paper's Dynamo measurements (framework `passthrough`). Neither figure was measured on these engines: `bench.sh` measures them, and `easerve calib refine` takes what it measures.\n\n";
+    s += "## easerve's knobs per engine\n\n| knob | vLLM | SGLang | Dynamo |\n|---|---|---|---|\n";
+    let b = sc.deployment.max_batch;
+    let k = &sc.knobs;
+    let rows: [(&str, [String; 3]); 8] = [
+        ("allocation (E, P, D instances, TP)", [
+            "kept: one `vllm serve` per instance, `--tensor-parallel-size`, `CUDA_VISIBLE_DEVICES`".into(),
+            "kept: one `sglang.launch_server` per instance, `--tp-size`, `--base-gpu-id`".into(),
+            "kept: replicas and `nvidia.com/gpu` per component; Kubernetes picks the GPUs".into(),
+        ]),
+        ("encode micro-batch bound B", [
+            format!("approximated: `--max-num-seqs {b}` on the encoder bounds its batch; no dispatch rule"),
+            format!("approximated: `SGLANG_ENCODER_MAX_BATCH_SIZE={b}` bounds the encoder's batch; no dispatch rule"),
+            format!("approximated: `--max-num-seqs {b}` on the encode worker (a vLLM engine)"),
+        ]),
+        ("Poisson-gap dispatch", [
+            "dropped: the engine batches what is queued when its step starts".into(),
+            "dropped: the encoder coalesces concurrent requests up to its bound".into(),
+            "dropped: the prefill worker splits a request's items across encoders (`DYN_SPLIT_ENCODE`)".into(),
+        ]),
+        ("offload ratio s (local prefill on the encode GPU)", [
+            "dropped: every prefill runs on a prefill instance".into(),
+            "dropped (`--enable-adaptive-dispatch-to-encoder` moves encoding the other way; not set)".into(),
+            "dropped".into(),
+        ]),
+        ("SM partitioning between encode and local prefill", [
+            "dropped: no SM partitioning between instances".into(),
+            "dropped: `--enable-pdmux` splits SMs only inside one non-disaggregated server".into(),
+            "dropped".into(),
+        ]),
+        ("prefill batch (token budget, sequences)", [
+            format!("kept: `--max-num-batched-tokens {}`, `--max-num-seqs {}`", k.prefill_token_budget, k.prefill_max_seqs),
+            "dropped: SGLang's own prefill scheduling (`--chunked-prefill-size` chunks, it does not bound a batch)".into(),
+            format!("kept: `--max-num-batched-tokens {}`, `--max-num-seqs {}`", k.prefill_token_budget, k.prefill_max_seqs),
+        ]),
+        ("decode batch cap", [
+            format!("kept: `--max-num-seqs {}`", k.decode_max_batch),
+            format!("kept: `--max-running-requests {}`", k.decode_max_batch),
+            format!("kept: `--max-num-seqs {}`", k.decode_max_batch),
+        ]),
+        ("GPU memory fraction for weights and KV cache", [
+            format!("kept: `--gpu-memory-utilization {}` on prefill and decode", k.gpu_memory_utilization),
+            format!("approximated: `--mem-fraction-static {}` (SGLang's static share for weights and KV pool)", k.gpu_memory_utilization),
+            format!("kept: `--gpu-memory-utilization {}`", k.gpu_memory_utilization),
+        ]),
+    ];
+    for (knob, cells) in rows {
+        let _ = writeln!(s, "| {knob} | {} | {} | {} |", cells[0], cells[1], cells[2]);
+    }
+    s += "\nNot modelled for any engine: how its proxy or router spreads requests over several encode or prefill instances (vLLM's proxy sends each item round-robin, SGLang's prefill servers call their encoders, Dynamo splits a request's items over the encoders; the simulator places whole requests on the least-loaded worker).\n\n";
+    s += "## Files\n\n";
+    s += "* `scenario.toml` — the scenario with this deployment: `easerve sim scenario.toml` gives the easerve row above, `easerve exec scenario.toml` runs it on easerve's executor.\n";
+    let _ = writeln!(
+        s,
+        "* `vllm/` — vLLM {}: `E*.sh`, `P*.sh`, `D*.sh` start each instance on its node (encoders first, then prefill and decode), then `proxy.sh` the front door. The encoder cache goes through `EC_PATH` (default /tmp/easerve-ec-cache), which every instance must share (a shared file system across nodes); KV caches move with NIXL. vLLM's EPD example calls only the 1E+1P+1D layout stable, and runs TP1 everywhere: other layouts were not confirmed. `vllm/scenario.toml` is the simulator's version of it.",
+        VLLM.version
+    );
+    match skipped.iter().find(|(e, _)| *e == Engine::Sglang) {
+        Some((_, why)) => {
+            let _ = writeln!(s, "* `sglang/` — not written: {why}.");
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "* `sglang/` — SGLang {}: `E*.sh` (encoder-only servers), `P*.sh` (language-only prefill servers that call the encoders), `D*.sh`, then `router.sh`. KV transfer uses `KV_BACKEND` (default mooncake, SGLang's default; on a node without InfiniBand try nixl: not confirmed). An encoder at TP > 1 was not confirmed.",
+                SGLANG.version
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "* `dynamo/deployment.yaml` — NVIDIA Dynamo {}: a DynamoGraphDeployment for its Kubernetes operator (`kubectl apply -f`). Not confirmed: the encode workers' component type (the v1beta1 type enum has no encode value; `worker` is used), and whether the decode worker needs `--kv-transfer-config`.",
+        DYNAMO.version
+    );
+    let _ = writeln!(
+        s,
+        "* `bench.sh [TIER]` — `vllm bench serve` ({}) with the scenario's workload at its rate against `BASE_URL`, the tier's TTFT and TPOT bounds as `--goodput`, output lengths fixed with `--ignore-eos`; it writes the result JSON (`--save-result --save-detailed`) under `RESULT_DIR`. Its requests follow the scenario's distributions, not its exact draws.",
+        VLLM_BENCH.version
+    );
+    s += "* `predictions.json` — the table above.\n";
+    s
+}

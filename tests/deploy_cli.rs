@@ -1,0 +1,356 @@
+//! `easerve deploy` and `easerve search --emit`: the emitted files parse, the
+//! emitted scenarios reproduce the search's and each engine's predictions
+//! exactly, every file names the engine release its flags were checked
+//! against, and bad input exits 2 naming what is wrong.
+
+use crate::{easerve, root, scenario_with_kernels, sim_json};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// Every file under `dir`, recursively.
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(files(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
+}
+
+fn deploy(scenario: &Path, dir: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec![
+        "deploy",
+        scenario.to_str().unwrap(),
+        "--emit",
+        dir.to_str().unwrap(),
+        "--requests",
+        "150",
+    ];
+    args.extend_from_slice(extra);
+    easerve(&args)
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn search_emit_writes_a_scenario_that_reproduces_the_chosen_deployment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario_with_kernels(tmp.path(), "image", "roofline");
+    let dir = tmp.path().join("chosen");
+    let out = easerve(&[
+        "search",
+        sc.to_str().unwrap(),
+        "--budget",
+        "6",
+        "--requests",
+        "120",
+        "--json",
+        "--emit",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let study: Value = serde_json::from_slice(&out.stdout).expect("one JSON document on stdout");
+    let best = &study["best"];
+    let sim = sim_json(&dir.join("scenario.toml"), &[]);
+    for (search_key, sim_key) in [
+        ("/outcome/throughput", "/request_throughput"),
+        ("/outcome/mean_ttft", "/ttft/mean"),
+        ("/outcome/mean_tpot", "/tpot/mean"),
+    ] {
+        assert_eq!(
+            best.pointer(search_key).and_then(Value::as_f64),
+            sim.pointer(sim_key).and_then(Value::as_f64),
+            "{search_key} of the search against {sim_key} of the emitted scenario"
+        );
+    }
+    let text = read(&dir.join("scenario.toml"));
+    let emitted: toml::Value = toml::from_str(&text).unwrap();
+    let c = &best["candidate"];
+    let a = &c["allocation"];
+    let term = |s: &str, k: &str| format!("{}{k}(TP{})", a[s]["workers"], a[s]["tp"]);
+    let chosen = format!(
+        "{}+{}+{}",
+        term("encode", "E"),
+        term("prefill", "P"),
+        term("decode", "D")
+    );
+    let d = &emitted["deployment"];
+    assert_eq!(d["allocation"].as_str(), Some(chosen.as_str()));
+    assert_eq!(d["batch"].as_integer(), c["batch"].as_i64());
+    assert_eq!(d["offload"].as_float(), c["offload"].as_f64());
+}
+
+#[test]
+fn emitted_files_parse_name_their_engine_release_and_predict_what_sim_gives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario_with_kernels(tmp.path(), "video", "roofline");
+    let dir = tmp.path().join("video-epd");
+    let out = deploy(
+        &sc,
+        &dir,
+        &["--deployment", "4E(TP1)+1P(TP2)+1D(TP2) B=4 s=0.6"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = files(&dir);
+    let rel: Vec<String> = all
+        .iter()
+        .map(|p| p.strip_prefix(&dir).unwrap().display().to_string())
+        .collect();
+    for want in [
+        "scenario.toml",
+        "bench.sh",
+        "README.md",
+        "predictions.json",
+        "vllm/E0.sh",
+        "vllm/E3.sh",
+        "vllm/P0.sh",
+        "vllm/D0.sh",
+        "vllm/proxy.sh",
+        "sglang/E0.sh",
+        "sglang/P0.sh",
+        "sglang/D0.sh",
+        "sglang/router.sh",
+        "dynamo/deployment.yaml",
+    ] {
+        assert!(rel.iter().any(|r| r == want), "{want} missing from {rel:?}");
+    }
+    for (p, r) in all.iter().zip(&rel) {
+        let text = read(p);
+        if r.ends_with(".sh") {
+            let st = std::process::Command::new("bash")
+                .arg("-n")
+                .arg(p)
+                .status()
+                .unwrap();
+            assert!(st.success(), "bash -n {r}");
+        }
+        if r.ends_with(".yaml") {
+            let y: serde_yaml::Value =
+                serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{r}: {e}"));
+            let components = y["spec"]["components"].as_sequence().expect("components");
+            let gpus: u64 = components
+                .iter()
+                .map(|c| {
+                    let replicas = c["replicas"].as_u64().unwrap();
+                    let limit = &c["podTemplate"]["spec"]["containers"][0]["resources"]["limits"]
+                        ["nvidia.com/gpu"];
+                    replicas * limit.as_str().map_or(0, |g| g.parse::<u64>().unwrap())
+                })
+                .sum();
+            assert_eq!(gpus, 8, "{r}: the components hold the cluster's 8 GPUs");
+        }
+        if r.ends_with(".toml") {
+            toml::from_str::<toml::Value>(&text).unwrap_or_else(|e| panic!("{r}: {e}"));
+        }
+        // every engine file names the release its flags were checked against
+        let release = match r.split('/').next().unwrap() {
+            "vllm" => Some("vLLM 0.33.0"),
+            "sglang" => Some("SGLang 0.5.23"),
+            "dynamo" => Some("Dynamo 1.6.1"),
+            "bench.sh" => Some("vllm bench serve 0.33.0"),
+            _ => None,
+        };
+        if let Some(release) = release {
+            let flat = text.replace("\n# ", " ");
+            assert!(flat.contains(release), "{r} does not name {release}");
+        }
+    }
+    // the E/P/D launch scripts carry the allocation's TP and GPUs
+    let p0 = read(&dir.join("vllm/P0.sh"));
+    assert!(p0.contains("CUDA_VISIBLE_DEVICES=4,5") && p0.contains("--tensor-parallel-size 2"));
+    assert!(read(&dir.join("vllm/E2.sh")).contains("--max-num-seqs 4"));
+    assert!(read(&dir.join("sglang/E0.sh")).contains("SGLANG_ENCODER_MAX_BATCH_SIZE=4"));
+    // each prediction is what `easerve sim` gives for its scenario
+    let preds: Vec<Value> = serde_json::from_str(&read(&dir.join("predictions.json"))).unwrap();
+    let systems: Vec<&str> = preds
+        .iter()
+        .map(|p| p["system"].as_str().unwrap())
+        .collect();
+    assert_eq!(systems, ["easerve", "vllm", "sglang", "dynamo"]);
+    for p in &preds {
+        let sim = sim_json(&dir.join(p["scenario"].as_str().unwrap()), &[]);
+        assert_eq!(
+            p["request_throughput"], sim["request_throughput"],
+            "{}",
+            p["system"]
+        );
+        assert_eq!(p["mean_ttft_s"], sim["ttft"]["mean"], "{}", p["system"]);
+        assert_eq!(p["p99_ttft_s"], sim["ttft"]["p99"], "{}", p["system"]);
+        assert_eq!(p["mean_tpot_s"], sim["tpot"]["mean"], "{}", p["system"]);
+        let good: Vec<&Value> = sim["goodput"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["goodput"])
+            .collect();
+        let want: Vec<&Value> = p["goodput"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| &t["goodput"])
+            .collect();
+        assert_eq!(good, want, "{}", p["system"]);
+    }
+    // an engine's scenario runs what the engine can: same allocation and B,
+    // batches as formed, every prefill remote
+    for engine in ["vllm", "sglang", "dynamo"] {
+        let v: toml::Value =
+            toml::from_str(&read(&dir.join(engine).join("scenario.toml"))).unwrap();
+        let d = &v["deployment"];
+        assert_eq!(
+            d["allocation"].as_str(),
+            Some("4E(TP1)+1P(TP2)+1D(TP2)"),
+            "{engine}"
+        );
+        assert_eq!(d["batch"].as_integer(), Some(4), "{engine}");
+        assert_eq!(d["offload"].as_float(), Some(1.0), "{engine}");
+        assert_eq!(d["dispatch"].as_str(), Some("queue-length:1"), "{engine}");
+    }
+    // the easerve deployment, with its local prefill, beats the engines' TTFT here
+    assert!(preds[0]["mean_ttft_s"].as_f64() < preds[1]["mean_ttft_s"].as_f64());
+}
+
+#[test]
+fn an_architecture_sglang_cannot_disaggregate_gets_no_sglang_files_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario_with_kernels(tmp.path(), "image", "roofline");
+    let dir = tmp.path().join("llava");
+    let out = deploy(&sc, &dir, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!dir.join("sglang").exists());
+    assert!(dir.join("vllm/E0.sh").is_file() && dir.join("dynamo/deployment.yaml").is_file());
+    let readme = read(&dir.join("README.md"));
+    assert!(
+        readme.contains("`llava-v1.6-34b` is not one of them"),
+        "{readme}"
+    );
+    // image workloads get a runnable benchmark: vllm bench serve's random-mm
+    let bench = read(&dir.join("bench.sh"));
+    assert!(bench.contains("--dataset-name random-mm") && bench.contains("(672, 672, 1): 0.5"));
+}
+
+#[test]
+fn bad_deploy_input_exits_2_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let image = scenario_with_kernels(tmp.path(), "image", "roofline");
+    let custom = root().join("scenarios/custom-video.toml");
+    let dir = tmp.path().join("out");
+    let blocker = tmp.path().join("a-file");
+    std::fs::write(&blocker, "").unwrap();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["deploy".into(), image.display().to_string()],
+            "--emit DIR is required",
+        ),
+        (
+            vec![
+                "deploy".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+                "--gpus-per-node".into(),
+                "2".into(),
+            ],
+            "spans GPUs",
+        ),
+        (
+            vec![
+                "deploy".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+                "--gpus-per-node".into(),
+                "0".into(),
+            ],
+            "--gpus-per-node 0",
+        ),
+        (
+            vec![
+                "deploy".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+                "--system".into(),
+                "aggregated".into(),
+            ],
+            "unexpected argument",
+        ),
+        (
+            vec![
+                "deploy".into(),
+                custom.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+            ],
+            "--model-path",
+        ),
+        (
+            vec![
+                "deploy".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                blocker.join("sub").display().to_string(),
+            ],
+            "--emit",
+        ),
+        (
+            vec![
+                "deploy".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+                "--deployment".into(),
+                "2E(TP1) B=2".into(),
+            ],
+            "--deployment",
+        ),
+        (
+            vec![
+                "search".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+                "--gpus-per-node".into(),
+                "5000".into(),
+            ],
+            "--gpus-per-node 5000",
+        ),
+    ];
+    for (args, want) in cases {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = easerve(&a);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{a:?}: {err}");
+        assert!(err.contains(want), "{a:?}: {err}");
+    }
+    // a scenario whose system is not easerve's EPD deployment
+    let agg = tmp.path().join("agg.toml");
+    std::fs::write(
+        &agg,
+        read(&image).replace("[deployment]\n", "[deployment]\nsystem = \"aggregated\"\n"),
+    )
+    .unwrap();
+    let out = deploy(&agg, &dir, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("deployment.system is `aggregated`"), "{err}");
+}
