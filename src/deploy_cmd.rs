@@ -25,6 +25,11 @@ pub(crate) struct EmitArgs {
     /// GPUs per node: cluster GPU g is GPU g % N of node g / N, in 1..=1024.
     #[arg(long, value_name = "N", default_value_t = 8)]
     pub(crate) gpus_per_node: u32,
+    /// TP of each replica of the aggregated baseline written beside the
+    /// deployment (`aggregated/`); default: the smallest degree that holds the
+    /// LLM, its encoder and one longest sequence.
+    #[arg(long, value_name = "TP")]
+    pub(crate) aggregated_tp: Option<u32>,
 }
 
 impl EmitArgs {
@@ -38,6 +43,7 @@ impl EmitArgs {
         Ok(EmitOptions {
             model_path: self.model_path.clone(),
             gpus_per_node: self.gpus_per_node,
+            aggregated_tp: self.aggregated_tp,
         })
     }
 
@@ -128,8 +134,8 @@ pub(crate) fn write(sc: &Scenario, dir: &std::path::Path, args: &EmitArgs) -> an
     for f in &out.files {
         sayln!("  {}", f.strip_prefix(dir).unwrap_or(f).display());
     }
-    for (engine, why) in &out.skipped {
-        sayln!("{}: no launch files: {why}", engine.dir());
+    for (folder, why) in &out.skipped {
+        sayln!("{folder}/: not written: {why}");
     }
     sayln!(
         "{:<34} {:>11} {:>10} {:>10} {:>10}  goodput per tier (req/s)",

@@ -126,6 +126,7 @@ fn emitted_files_parse_name_their_engine_release_and_predict_what_sim_gives() {
         "sglang/D0.sh",
         "sglang/router.sh",
         "dynamo/deployment.yaml",
+        "aggregated/vllm-replica0.sh",
     ] {
         assert!(rel.iter().any(|r| r == want), "{want} missing from {rel:?}");
     }
@@ -159,7 +160,7 @@ fn emitted_files_parse_name_their_engine_release_and_predict_what_sim_gives() {
         }
         // every engine file names the release its flags were checked against
         let release = match r.split('/').next().unwrap() {
-            "vllm" => Some("vLLM 0.33.0"),
+            "vllm" | "aggregated" => Some("vLLM 0.33.0"),
             "sglang" => Some("SGLang 0.5.23"),
             "dynamo" => Some("Dynamo 1.6.1"),
             "bench.sh" => Some("vllm bench serve 0.33.0"),
@@ -181,7 +182,10 @@ fn emitted_files_parse_name_their_engine_release_and_predict_what_sim_gives() {
         .iter()
         .map(|p| p["system"].as_str().unwrap())
         .collect();
-    assert_eq!(systems, ["easerve", "vllm", "sglang", "dynamo"]);
+    assert_eq!(
+        systems,
+        ["easerve", "vllm", "sglang", "dynamo", "aggregated"]
+    );
     for p in &preds {
         let sim = sim_json(&dir.join(p["scenario"].as_str().unwrap()), &[]);
         assert_eq!(
@@ -230,7 +234,8 @@ fn an_architecture_sglang_cannot_disaggregate_gets_no_sglang_files_and_says_why(
     let tmp = tempfile::tempdir().unwrap();
     let sc = scenario_with_kernels(tmp.path(), "image", "roofline");
     let dir = tmp.path().join("llava");
-    let out = deploy(&sc, &dir, &[]);
+    // the baseline's replicas at the TP asked for
+    let out = deploy(&sc, &dir, &["--aggregated-tp", "4"]);
     assert!(
         out.status.success(),
         "{}",
@@ -243,6 +248,29 @@ fn an_architecture_sglang_cannot_disaggregate_gets_no_sglang_files_and_says_why(
         readme.contains("`llava-v1.6-34b` is not one of them"),
         "{readme}"
     );
+    // the aggregated baseline: 2 replicas at TP4, predicted as `sim --system aggregated`
+    assert!(dir.join("aggregated/vllm-replica1.sh").is_file());
+    assert!(!dir.join("aggregated/vllm-replica2.sh").exists());
+    let r1 = read(&dir.join("aggregated/vllm-replica1.sh"));
+    assert!(r1.contains("CUDA_VISIBLE_DEVICES=4,5,6,7") && r1.contains("--tensor-parallel-size 4"));
+    let preds: Vec<Value> = serde_json::from_str(&read(&dir.join("predictions.json"))).unwrap();
+    let agg = preds
+        .iter()
+        .find(|p| p["system"] == "aggregated")
+        .expect("an aggregated row");
+    assert_eq!(agg["deployment"], "2 replicas at TP4, every stage inline");
+    let tp4 = tmp.path().join("image-tp4.toml");
+    std::fs::write(
+        &tp4,
+        read(&sc).replace(
+            "[deployment]\n",
+            "[deployment]\nsystem = \"aggregated\"\naggregated_tp = 4\n",
+        ),
+    )
+    .unwrap();
+    let sim = sim_json(&tp4, &["--requests", "150"]);
+    assert_eq!(agg["request_throughput"], sim["request_throughput"]);
+    assert_eq!(agg["mean_ttft_s"], sim["ttft"]["mean"]);
     // image workloads get a runnable benchmark: vllm bench serve's random-mm
     let bench = read(&dir.join("bench.sh"));
     assert!(bench.contains("--dataset-name random-mm") && bench.contains("(672, 672, 1): 0.5"));
@@ -322,6 +350,17 @@ fn bad_deploy_input_exits_2_naming_the_flag() {
                 "2E(TP1) B=2".into(),
             ],
             "--deployment",
+        ),
+        (
+            vec![
+                "deploy".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+                "--aggregated-tp".into(),
+                "3".into(),
+            ],
+            "--aggregated-tp 3",
         ),
         (
             vec![

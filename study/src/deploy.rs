@@ -124,6 +124,10 @@ pub struct EmitOptions {
     /// GPUs per node: the cluster's GPU `g` is GPU `g % gpus_per_node` of node
     /// `g / gpus_per_node`.
     pub gpus_per_node: u32,
+    /// TP of each replica of the aggregated baseline (its
+    /// `deployment.aggregated_tp`); `None` keeps the scenario's, else the
+    /// smallest degree that fits.
+    pub aggregated_tp: Option<u32>,
 }
 
 impl Default for EmitOptions {
@@ -131,6 +135,7 @@ impl Default for EmitOptions {
         EmitOptions {
             model_path: None,
             gpus_per_node: 8,
+            aggregated_tp: None,
         }
     }
 }
@@ -204,8 +209,8 @@ pub struct Emitted {
     pub files: Vec<PathBuf>,
     /// easerve's deployment first, then each engine's approximation.
     pub predictions: Vec<Prediction>,
-    /// Engines whose launch files were not written, and why.
-    pub skipped: Vec<(Engine, String)>,
+    /// Folders not written (`sglang`, `aggregated`), and why.
+    pub skipped: Vec<(String, String)>,
 }
 
 /// One server instance of the deployment.
@@ -249,6 +254,8 @@ fn join<T: ToString>(xs: &[T], sep: &str) -> String {
 /// front door (proxy, router, frontend) 8000.
 const FRONT_PORT: u16 = 8000;
 const PORT_BASE: [u16; 3] = [8100, 8200, 8300];
+/// Ports of the aggregated baseline's replicas.
+const AGGREGATED_PORT: u16 = 8400;
 
 /// The E, P and D server instances of `sc`'s deployment (local prefill
 /// workers, which no engine has, are left out).
@@ -341,7 +348,7 @@ pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, De
     for engine in Engine::ALL {
         if engine == Engine::Sglang {
             if let Err(why) = sglang_accepts(sc) {
-                skipped.push((engine, why));
+                skipped.push((engine.dir().to_string(), why));
                 continue;
             }
         }
@@ -384,6 +391,10 @@ pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, De
             Engine::Sglang => sglang_files(&mut w, sc, &inst, &model_path),
             Engine::Dynamo => dynamo_files(&mut w, sc, &inst, &model_path),
         }?;
+    }
+    match aggregated_files(&mut w, sc, &base, dir, &model_path, opts)? {
+        Ok(p) => predictions.push(p),
+        Err(why) => skipped.push(("aggregated".to_string(), why)),
     }
     w.write("bench.sh", &bench_script(sc, &model_path))?;
     let json = serde_json::to_string_pretty(&predictions).expect("predictions serialise");
@@ -487,7 +498,12 @@ fn predict(sc: &Scenario, system: &str, engine_version: Option<String>, rel: &st
         system: system.into(),
         engine_version,
         scenario: rel.into(),
-        deployment: sc.deployment.to_string(),
+        deployment: match sc.knobs.aggregated_tp {
+            Some(tp) if sc.system == easerve_workload::scenario::System::Aggregated => {
+                format!("{} replicas at TP{tp}, every stage inline", sc.gpus / tp)
+            }
+            _ => sc.deployment.to_string(),
+        },
         framework: sc
             .raw
             .deployment
@@ -987,6 +1003,107 @@ fn dynamo_files(
     Ok(())
 }
 
+/// The aggregated baseline on the same GPUs, as a single-engine server runs
+/// it: `GPUs / TP` replicas of `vllm serve` at the scenario's
+/// `deployment.aggregated_tp` (default: the smallest TP that holds the LLM,
+/// its encoder and one longest sequence), each running every stage, and its
+/// prediction (`easerve sim --system aggregated`). `Ok(Err(why))` when a
+/// replica would span nodes.
+fn aggregated_files(
+    w: &mut Writer,
+    sc: &Scenario,
+    base: &ScenarioFile,
+    dir: &Path,
+    model: &str,
+    opts: &EmitOptions,
+) -> Result<Result<Prediction, String>, DeployError> {
+    let gpus_per_node = opts.gpus_per_node;
+    let rel = "aggregated/scenario.toml";
+    let mut raw = base.clone();
+    raw.name = Some(format!("{}-aggregated", sc.name));
+    raw.deployment.system = Some("aggregated".into());
+    raw.deployment.framework = None;
+    if let Some(tp) = opts.aggregated_tp {
+        raw.deployment.aggregated_tp = Some(i64::from(tp));
+    }
+    let variant = Scenario::validate(
+        raw.clone(),
+        &dir.join(rel).display().to_string(),
+        &format!("{}-aggregated", sc.name),
+    )
+    .map_err(|e| match opts.aggregated_tp {
+        Some(tp) => DeployError::Input(format!("--aggregated-tp {tp}: {e}")),
+        None => DeployError::Variant(format!("the aggregated variant of the scenario: {e}")),
+    })?;
+    let tp = variant
+        .knobs
+        .aggregated_tp
+        .ok_or_else(|| DeployError::Variant("the aggregated variant has no replica TP".into()))?;
+    if tp > gpus_per_node {
+        return Ok(Err(format!(
+            "no aggregated replicas written: a replica at TP{tp} spans more than one node of --gpus-per-node {gpus_per_node}"
+        )));
+    }
+    let replicas = sc.gpus / tp;
+    w.write(
+        rel,
+        &scenario_text(&raw, &format!(
+            "The scenario `{}` on the same {} GPUs as a single-engine server (vLLM {}, aggregated) runs it: {replicas} replicas at TP{tp} (deployment.aggregated_tp), each running encode inline before prefill with continuous batching. `easerve sim {rel}` reproduces the prediction in ../README.md.",
+            sc.name, sc.gpus, VLLM.version
+        ))?,
+    )?;
+    let k = &sc.knobs;
+    let limit = vllm_mm_limit(sc);
+    for r in 0..replicas {
+        let gpus: Vec<u32> = (r * tp..(r + 1) * tp).collect();
+        let node = gpus[0] / gpus_per_node;
+        if gpus.iter().any(|g| g / gpus_per_node != node) {
+            return Ok(Err(format!(
+                "no aggregated replicas written: replica {r} (GPUs {}) spans two nodes of --gpus-per-node {gpus_per_node}",
+                join(&gpus, ",")
+            )));
+        }
+        let local: Vec<u32> = gpus.iter().map(|g| g % gpus_per_node).collect();
+        let port = AGGREGATED_PORT + r as u16;
+        let mut text = "#!/usr/bin/env bash\n".to_string();
+        text += &header(
+            "#",
+            sc,
+            &format!(
+                "vLLM aggregated replica {r} of {replicas}: every stage in one engine, TP{tp} on GPU {} of node {node} (cluster GPU {}), port {port}. The baseline the EPD deployment is compared with; put any HTTP load balancer in front of the replicas.",
+                join(&local, ","),
+                join(&gpus, ",")
+            ),
+            &VLLM,
+        );
+        text += "set -euo pipefail\n";
+        let _ = writeln!(text, "MODEL=\"${{MODEL:-{model}}}\"");
+        let mut flags = vec![
+            format!("--port {port}"),
+            format!("--tensor-parallel-size {tp}"),
+            format!("--max-num-batched-tokens {}", k.prefill_token_budget),
+            format!("--max-num-seqs {}", k.decode_max_batch),
+            format!("--gpu-memory-utilization {}", k.gpu_memory_utilization),
+        ];
+        if let Some(l) = &limit {
+            flags.push(format!("--limit-mm-per-prompt {}", sh(l)));
+        }
+        let _ = writeln!(
+            text,
+            "exec env CUDA_VISIBLE_DEVICES={} vllm serve \"$MODEL\" \\\n    {}",
+            join(&local, ","),
+            flags.join(" \\\n    ")
+        );
+        w.write(&format!("aggregated/vllm-replica{r}.sh"), &text)?;
+    }
+    Ok(Ok(predict(
+        &variant,
+        "aggregated",
+        Some(format!("vLLM {} aggregated", VLLM.version)),
+        rel,
+    )))
+}
+
 /// `bench.sh`: `vllm bench serve` with the scenario's workload at its rate,
 /// one SLO tier as `--goodput`.
 fn bench_script(sc: &Scenario, model: &str) -> String {
@@ -1130,7 +1247,7 @@ fn readme(
     deployment: &str,
     inst: &[Vec<Instance>; 3],
     predictions: &[Prediction],
-    skipped: &[(Engine, String)],
+    skipped: &[(String, String)],
 ) -> String {
     let mut s = format!("# Deployment {deployment} of `{}`\n\n", sc.name);
     let _ = writeln!(
@@ -1246,7 +1363,7 @@ fn readme(
         "* `vllm/` — vLLM {}: `E*.sh`, `P*.sh`, `D*.sh` start each instance on its node (encoders first, then prefill and decode), then `proxy.sh` the front door. The encoder cache goes through `EC_PATH` (default /tmp/easerve-ec-cache), which every instance must share (a shared file system across nodes); KV caches move with NIXL. vLLM's EPD example calls only the 1E+1P+1D layout stable, and runs TP1 everywhere: other layouts were not confirmed. `vllm/scenario.toml` is the simulator's version of it.",
         VLLM.version
     );
-    match skipped.iter().find(|(e, _)| *e == Engine::Sglang) {
+    match skipped.iter().find(|(d, _)| d == "sglang") {
         Some((_, why)) => {
             let _ = writeln!(s, "* `sglang/` — not written: {why}.");
         }
@@ -1268,6 +1385,20 @@ fn readme(
         "* `bench.sh [TIER]` — `vllm bench serve` ({}) with the scenario's workload at its rate against `BASE_URL`, the tier's TTFT and TPOT bounds as `--goodput`, output lengths fixed with `--ignore-eos`; it writes the result JSON (`--save-result --save-detailed`) under `RESULT_DIR`. Its requests follow the scenario's distributions, not its exact draws.",
         VLLM_BENCH.version
     );
+    match predictions.iter().find(|p| p.system == "aggregated") {
+        Some(p) => {
+            let _ = writeln!(
+                s,
+                "* `aggregated/` — the baseline on the same GPUs: {} (`--aggregated-tp` or the scenario's `deployment.aggregated_tp` sets the replicas' TP), one `vllm serve` script per replica (ports from {AGGREGATED_PORT}), and its scenario (the last row above).",
+                p.deployment
+            );
+        }
+        None => {
+            if let Some((_, why)) = skipped.iter().find(|(d, _)| d == "aggregated") {
+                let _ = writeln!(s, "* `aggregated/` — {why}.");
+            }
+        }
+    }
     s += "* `predictions.json` — the table above.\n";
     s
 }
