@@ -47,9 +47,17 @@ impl EmitArgs {
         })
     }
 
-    /// Check the options before a long search, so a typo fails at once.
-    pub(crate) fn check(&self) -> Result<(), BadInput> {
-        self.options().map(|_| ())
+    /// Check the options against the scenario before a long search, so a
+    /// typo fails at once (the deployment the search picks is checked again
+    /// when it is written).
+    pub(crate) fn check(&self, sc: &Scenario) -> Result<(), BadInput> {
+        let opts = self.options()?;
+        match &self.emit {
+            Some(dir) => easerve_study::deploy::check(sc, dir, &opts)
+                .map(|_| ())
+                .map_err(|e| BadInput(e.to_string())),
+            None => Ok(()),
+        }
     }
 }
 

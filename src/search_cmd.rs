@@ -133,7 +133,6 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
             .into());
         }
     }
-    a.out.check()?;
     let base = Overrides {
         seed: a.seed,
         rate: a.rate,
@@ -142,6 +141,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     };
     let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
     crate::warn_size(&sc);
+    a.out.check(&sc)?;
     let space = easerve_has::feasible_allocations(&sc);
     if space.is_empty() {
         return Err(BadInput(format!(

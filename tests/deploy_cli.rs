@@ -226,7 +226,8 @@ fn emitted_files_parse_name_their_engine_release_and_predict_what_sim_gives() {
         assert_eq!(d["dispatch"].as_str(), Some("queue-length:1"), "{engine}");
     }
     // the easerve deployment, with its local prefill, beats the engines' TTFT here
-    assert!(preds[0]["mean_ttft_s"].as_f64() < preds[1]["mean_ttft_s"].as_f64());
+    let ttft = |i: usize| preds[i]["mean_ttft_s"].as_f64().expect("a finite TTFT");
+    assert!(ttft(0) < ttft(1), "{} against {}", ttft(0), ttft(1));
 }
 
 #[test]
@@ -364,6 +365,17 @@ fn bad_deploy_input_exits_2_naming_the_flag() {
         ),
         (
             vec![
+                "deploy".into(),
+                image.display().to_string(),
+                "--emit".into(),
+                dir.display().to_string(),
+                "--aggregated-tp".into(),
+                "16".into(),
+            ],
+            "--aggregated-tp 16",
+        ),
+        (
+            vec![
                 "search".into(),
                 image.display().to_string(),
                 "--emit".into(),
@@ -392,4 +404,74 @@ fn bad_deploy_input_exits_2_naming_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("deployment.system is `aggregated`"), "{err}");
+}
+
+#[test]
+fn a_custom_model_deploys_with_its_weights_quoted_and_its_files_read_from_anywhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("custom");
+    // a path with characters the shell would read
+    let weights = "/models/qwen 7b/it's \"$(here)\"}";
+    let custom = root().join("scenarios/custom-video.toml");
+    let out = deploy(&custom, &dir, &["--model-path", weights]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for script in [
+        "vllm/E0.sh",
+        "sglang/P0.sh",
+        "aggregated/vllm-replica0.sh",
+        "bench.sh",
+    ] {
+        let path = dir.join(script);
+        let st = std::process::Command::new("bash")
+            .arg("-n")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(st.success(), "bash -n {script}");
+        // the script's model lines give the path back unchanged
+        let text = read(&path);
+        let lines: String = text
+            .lines()
+            .filter(|l| l.starts_with("DEFAULT_MODEL=") || l.starts_with("MODEL="))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let got = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("unset MODEL\n{lines}printf %s \"$MODEL\""))
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&got.stdout), weights, "{script}");
+    }
+    // no SLO tiers in this scenario: the benchmark runs without --goodput
+    let bench = read(&dir.join("bench.sh"));
+    assert!(
+        bench.contains("GOODPUT=()") && !bench.contains("case"),
+        "{bench}"
+    );
+    // the scenario's model and GPU files are read from any folder
+    let elsewhere = tmp.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let run = |cwd: &Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_easerve"))
+            .args(["sim", dir.join("scenario.toml").to_str().unwrap(), "--json"])
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["request_throughput"].clone()
+    };
+    let original = sim_json(&custom, &["--requests", "150"]);
+    assert_eq!(run(&elsewhere), original["request_throughput"]);
+    // a folder that holds files is refused: stale scripts would launch on the wrong GPUs
+    let again = deploy(&custom, &dir, &["--model-path", "m"]);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("holds files already"));
 }

@@ -47,21 +47,21 @@ pub struct EngineRelease {
 pub const VLLM: EngineRelease = EngineRelease {
     engine: "vLLM",
     version: "0.33.0",
-    checked: "the vllm 0.33.0 wheel (PyPI): vllm/engine/arg_utils.py, vllm/config/ec_transfer.py, vllm/config/kv_transfer.py, vllm/config/scheduler.py, vllm/envs.py; the example examples/disaggregated/disaggregated_encoder/ (disagg_1e1p1d_example.sh, disagg_epd_proxy.py) of vllm-project/vllm",
+    checked: "the vllm 0.33.0 wheel (PyPI): vllm/engine/arg_utils.py, vllm/entrypoints/common/cli_args.py, vllm/config/ec_transfer.py, vllm/config/kv_transfer.py, vllm/config/scheduler.py, vllm/config/multimodal.py, vllm/envs.py; the example examples/disaggregated/disaggregated_encoder/ (disagg_1e1p1d_example.sh, disagg_epd_proxy.py) of vllm-project/vllm",
 };
 
 /// SGLang 0.5.23 with sglang-router 0.3.2.
 pub const SGLANG: EngineRelease = EngineRelease {
     engine: "SGLang",
     version: "0.5.23 (router: sglang-router 0.3.2)",
-    checked: "the sglang 0.5.23 wheel (PyPI): sglang/srt/arg_groups/fields/{disagg,parallel,device,serving,mm}.py, sglang/srt/arg_groups/pd_disaggregation_hook.py, sglang/srt/environ.py; the sglang-router 0.3.2 wheel: sglang_router/router_args.py; docs/advanced_features/epd_disaggregation.md of sgl-project/sglang",
+    checked: "the sglang 0.5.23 wheel (PyPI): sglang/srt/arg_groups/fields/{disagg,parallel,device,serving,mm,schedule}.py, sglang/srt/arg_groups/pd_disaggregation_hook.py, sglang/srt/environ.py; the sglang-router 0.3.2 wheel: sglang_router/router_args.py; docs/advanced_features/epd_disaggregation.md of sgl-project/sglang",
 };
 
 /// NVIDIA Dynamo 1.6.1 (its vLLM backend, which pins vLLM 0.31.0).
 pub const DYNAMO: EngineRelease = EngineRelease {
     engine: "NVIDIA Dynamo",
     version: "1.6.1 (vLLM backend; image nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1)",
-    checked: "the ai-dynamo 1.6.1 wheel (PyPI): dynamo/vllm/backend_args.py, dynamo/vllm/args.py, dynamo/profiler/templates/dgd/vllm/disagg.yaml; the DynamoGraphDeployment v1beta1 types of ai-dynamo/dynamo (deploy/operator/api/v1beta1/dynamographdeployment_types.go)",
+    checked: "the ai-dynamo 1.6.1 wheel (PyPI): dynamo/vllm/backend_args.py, dynamo/vllm/args.py, dynamo/profiler/templates/dgd/vllm/disagg.yaml, dynamo/profiler/utils/config_modifiers/vllm.py (the --max-num-seqs and --max-num-batched-tokens it sets on its vLLM workers); the DynamoGraphDeployment v1beta1 types of ai-dynamo/dynamo (deploy/operator/api/v1beta1/dynamographdeployment_types.go)",
 };
 
 /// `vllm bench serve` of vLLM 0.33.0, which `bench.sh` runs.
@@ -287,17 +287,18 @@ fn instances(sc: &Scenario, gpus_per_node: u32) -> Result<[Vec<Instance>; 3], De
     Ok(out)
 }
 
-/// Write the deployment of `sc` (an `easerve` system scenario) under `dir`:
-/// `scenario.toml`, per engine a variant scenario and its launch files,
-/// `bench.sh`, `predictions.json` and `README.md`. Each scenario is
-/// simulated for its prediction.
+/// Whether [`emit`] can write `sc`'s deployment into `dir` with `opts`, so a
+/// caller can find out before a long search; returns the weights the engines
+/// load.
 ///
 /// # Errors
-/// [`DeployError::Input`] for a scenario that is not an EPD deployment of the
-/// `easerve` system, a model without a known checkpoint and no
-/// `model_path`, or a TP group across nodes; [`DeployError::Io`] for a file
-/// that cannot be written.
-pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, DeployError> {
+/// [`DeployError::Input`], naming the field or flag: a system other than
+/// `easerve`, `--gpus-per-node` 0, an empty `--model-path` or a model with no
+/// known checkpoint and none given, an
+/// `--aggregated-tp` above `--gpus-per-node`, or a `dir` that holds files
+/// (files of another deployment left beside the new ones would launch on the
+/// wrong GPUs).
+pub fn check(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<String, DeployError> {
     if sc.system != easerve_workload::scenario::System::Easerve {
         return Err(DeployError::Input(format!(
             "{}: deployment.system is `{}`; launch files are written for an easerve EPD deployment (system `easerve`)",
@@ -309,6 +310,12 @@ pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, De
         return Err(DeployError::Input(
             "--gpus-per-node 0: a node holds at least 1 GPU".into(),
         ));
+    }
+    if let Some(tp) = opts.aggregated_tp.filter(|&tp| tp > opts.gpus_per_node) {
+        return Err(DeployError::Input(format!(
+            "--aggregated-tp {tp}: a replica would span more than one node of --gpus-per-node {}",
+            opts.gpus_per_node
+        )));
     }
     let model_path = match &opts.model_path {
         Some(p) if p.trim().is_empty() => {
@@ -326,12 +333,32 @@ pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, De
                 ))
             })?,
     };
+    if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
+        return Err(DeployError::Input(format!(
+            "--emit {}: the folder holds files already; give a new or empty folder (files of another deployment left beside the new ones would launch on the wrong GPUs)",
+            dir.display()
+        )));
+    }
+    Ok(model_path)
+}
+
+/// Write the deployment of `sc` (an `easerve` system scenario) under `dir`:
+/// `scenario.toml`, per engine a variant scenario and its launch files,
+/// `bench.sh`, `predictions.json` and `README.md`. Each scenario is
+/// simulated for its prediction.
+///
+/// # Errors
+/// [`DeployError::Input`] as [`check`] says, and for a TP group across nodes;
+/// [`DeployError::Io`] for a file
+/// that cannot be written.
+pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, DeployError> {
+    let model_path = check(sc, dir, opts)?;
     let inst = instances(sc, opts.gpus_per_node)?;
     let mut w = Writer {
         dir: dir.to_path_buf(),
         files: Vec::new(),
     };
-    let base = absolute_paths(&sc.raw, Path::new(&sc.file));
+    let base = sc.raw.with_absolute_paths(Path::new(&sc.file));
     let deployment = format!(
         "{} B={} s={}",
         sc.deployment.allocation, sc.deployment.max_batch, sc.deployment.offload
@@ -434,33 +461,6 @@ impl Writer {
         self.files.push(path);
         Ok(())
     }
-}
-
-/// `raw` with its relative paths (profile, model file, GPU file, trace) made
-/// absolute against the folder of `file`, so the copy reads the same files
-/// from any folder.
-fn absolute_paths(raw: &ScenarioFile, file: &Path) -> ScenarioFile {
-    let dir = file.parent().unwrap_or(Path::new("."));
-    let abs = |p: &mut Option<String>| {
-        if let Some(s) = p.as_mut() {
-            let path = Path::new(s.as_str());
-            if path.is_relative() {
-                let joined = dir.join(path);
-                *s = std::path::absolute(&joined)
-                    .unwrap_or(joined)
-                    .display()
-                    .to_string();
-            }
-        }
-    };
-    let mut r = raw.clone();
-    if r.profile.as_deref() != Some("roofline") {
-        abs(&mut r.profile);
-    }
-    abs(&mut r.model.file);
-    abs(&mut r.cluster.gpu_file);
-    abs(&mut r.workload.trace);
-    r
 }
 
 /// The scenario an engine runs (see the module doc).
@@ -587,46 +587,33 @@ fn sh(word: &str) -> String {
     }
 }
 
-/// The most multimodal tokens one request of the scenario brings to the LLM
-/// (its largest bucket times the most items a request draws), for the
-/// encoder's token budget.
-fn max_request_mm_tokens(sc: &Scenario) -> u64 {
-    let per_item = |item: &MmItem| {
-        easerve_workload::generate::item_tokens(&sc.model, item)
-            .map(|t| t.llm_tokens)
-            .unwrap_or(0)
-    };
-    match &sc.workload.shapes {
-        Shapes::Items {
-            items,
-            items_range_ratio,
-            buckets,
-        } => {
-            let most = ((*items as f64) * (1.0 + items_range_ratio)).ceil() as u64;
-            let largest = buckets.iter().map(|(b, _)| per_item(b)).max().unwrap_or(0);
-            most.max(1) * largest
-        }
-        Shapes::Audio { max_s, .. } => per_item(&MmItem::Audio { seconds: *max_s }),
-        Shapes::Text => 0,
-    }
+/// The encoder's step budget in vLLM (`--max-num-batched-tokens`, which is
+/// also its encoder cache size, `vllm/config/scheduler.py`): the multimodal
+/// tokens of B of the scenario's largest requests, and at least vLLM's
+/// default of 8192.
+fn encoder_budget(sc: &Scenario) -> u64 {
+    (sc.deployment.max_batch as u64 * sc.workload.shapes.max_mm_tokens(&sc.model)).max(8192)
 }
 
-/// The most items one request of the scenario carries.
-fn max_items(sc: &Scenario) -> u64 {
-    match &sc.workload.shapes {
-        Shapes::Items {
-            items,
-            items_range_ratio,
-            ..
-        } => (((*items as f64) * (1.0 + items_range_ratio)).ceil() as u64).max(1),
-        Shapes::Audio { .. } => 1,
-        Shapes::Text => 0,
-    }
+/// The encoder's bound on sequences per step in vLLM (`--max-num-seqs`):
+/// vLLM's E/P/D proxy sends each multimodal item to the encoders as a request
+/// of its own, so B requests are B times the most items a request carries.
+fn encoder_max_seqs(sc: &Scenario) -> u64 {
+    sc.deployment.max_batch as u64 * sc.workload.shapes.max_items().max(1)
+}
+
+/// `DEFAULT_MODEL` (quoted for the shell) and `MODEL`, which the environment
+/// may override.
+fn model_lines(model: &str) -> String {
+    format!(
+        "DEFAULT_MODEL={}\nMODEL=\"${{MODEL:-$DEFAULT_MODEL}}\"\n",
+        sh(model)
+    )
 }
 
 /// vLLM's `--limit-mm-per-prompt` for the scenario's modality.
 fn vllm_mm_limit(sc: &Scenario) -> Option<String> {
-    let n = max_items(sc);
+    let n = sc.workload.shapes.max_items();
     let key = match &sc.workload.shapes {
         Shapes::Items { buckets, .. } => match buckets.first().map(|b| b.0) {
             Some(MmItem::Video { .. }) => "video",
@@ -645,10 +632,6 @@ fn vllm_files(
     model: &str,
 ) -> Result<(), DeployError> {
     let k = &sc.knobs;
-    let b = sc.deployment.max_batch;
-    // the encoder's step budget (which is also its encoder cache size) holds B
-    // of the scenario's largest requests, and at least vLLM's default of 8192
-    let encoder_budget = (b as u64 * max_request_mm_tokens(sc)).max(8192);
     let ec = |role: &str| {
         format!(
             "{{\"ec_connector\":\"ECExampleConnector\",\"ec_role\":\"{role}\",\"ec_connector_extra_config\":{{\"shared_storage_path\":\"'\"$EC_PATH\"'\"}}}}"
@@ -681,7 +664,7 @@ fn vllm_files(
                 &VLLM,
             );
             text += "set -euo pipefail\n";
-            let _ = writeln!(text, "MODEL=\"${{MODEL:-{model}}}\"");
+            text += &model_lines(model);
             let mut flags: Vec<String> = vec![
                 format!("--port {}", i.port),
                 format!("--tensor-parallel-size {}", i.tp),
@@ -692,14 +675,17 @@ fn vllm_files(
                     text += "# the encoder cache goes through this folder: shared by every instance (a shared file system across nodes)\n";
                     text +=
                         "EC_PATH=\"${EC_PATH:-/tmp/easerve-ec-cache}\"\nmkdir -p \"$EC_PATH\"\n";
-                    flags.push(format!("--max-num-seqs {b}"));
-                    flags.push(format!("--max-num-batched-tokens {encoder_budget}"));
+                    flags.push(format!("--max-num-seqs {}", encoder_max_seqs(sc)));
+                    flags.push(format!("--max-num-batched-tokens {}", encoder_budget(sc)));
                     flags.push("--no-enable-prefix-caching".into());
                     flags.push(format!("--ec-transfer-config '{}'", ec("ec_producer")));
                 }
                 1 => {
                     text += "EC_PATH=\"${EC_PATH:-/tmp/easerve-ec-cache}\"\n";
-                    env += &format!(" VLLM_NIXL_SIDE_CHANNEL_PORT={nixl_port}");
+                    env += &format!(
+                        " VLLM_NIXL_SIDE_CHANNEL_HOST=\"{}\" VLLM_NIXL_SIDE_CHANNEL_PORT={nixl_port}",
+                        node_host(i.node)
+                    );
                     nixl_port += 10;
                     flags.push(format!("--max-num-seqs {}", k.prefill_max_seqs));
                     flags.push(format!(
@@ -714,7 +700,10 @@ fn vllm_files(
                     flags.push(format!("--kv-transfer-config '{}'", kv("kv_producer")));
                 }
                 _ => {
-                    env += &format!(" VLLM_NIXL_SIDE_CHANNEL_PORT={nixl_port}");
+                    env += &format!(
+                        " VLLM_NIXL_SIDE_CHANNEL_HOST=\"{}\" VLLM_NIXL_SIDE_CHANNEL_PORT={nixl_port}",
+                        node_host(i.node)
+                    );
                     nixl_port += 10;
                     flags.push(format!("--max-num-seqs {}", k.decode_max_batch));
                     flags.push(format!(
@@ -806,7 +795,7 @@ fn sglang_files(
                 &SGLANG,
             );
             text += "set -euo pipefail\n";
-            let _ = writeln!(text, "MODEL=\"${{MODEL:-{model}}}\"");
+            text += &model_lines(model);
             let mut env = String::new();
             let mut flags: Vec<String> = vec![
                 "--model-path \"$MODEL\"".into(),
@@ -893,8 +882,6 @@ fn dynamo_files(
     model: &str,
 ) -> Result<(), DeployError> {
     let k = &sc.knobs;
-    let b = sc.deployment.max_batch;
-    let encoder_budget = (b as u64 * max_request_mm_tokens(sc)).max(8192);
     let image = "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1";
     let name: String = sc
         .name
@@ -968,9 +955,9 @@ fn dynamo_files(
     let mut enc = model_args("encode");
     enc.extend([
         "--max-num-seqs".into(),
-        b.to_string(),
+        encoder_max_seqs(sc).to_string(),
         "--max-num-batched-tokens".into(),
-        encoder_budget.to_string(),
+        encoder_budget(sc).to_string(),
     ]);
     let tp = |s: usize| inst[s].first().map_or(1, |i| i.tp);
     component(&mut y, "encode", "worker", inst[0].len(), tp(0), &enc);
@@ -983,8 +970,6 @@ fn dynamo_files(
         k.prefill_max_seqs.to_string(),
         "--max-num-batched-tokens".into(),
         k.prefill_token_budget.to_string(),
-        "--gpu-memory-utilization".into(),
-        k.gpu_memory_utilization.to_string(),
         "--kv-transfer-config".into(),
         "{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}".into(),
     ]);
@@ -995,8 +980,6 @@ fn dynamo_files(
         tp(2).to_string(),
         "--max-num-seqs".into(),
         k.decode_max_batch.to_string(),
-        "--gpu-memory-utilization".into(),
-        k.gpu_memory_utilization.to_string(),
     ]);
     component(&mut y, "decode", "decode", inst[2].len(), tp(2), &dec);
     w.write("dynamo/deployment.yaml", &y)?;
@@ -1077,7 +1060,7 @@ fn aggregated_files(
             &VLLM,
         );
         text += "set -euo pipefail\n";
-        let _ = writeln!(text, "MODEL=\"${{MODEL:-{model}}}\"");
+        text += &model_lines(model);
         let mut flags = vec![
             format!("--port {port}"),
             format!("--tensor-parallel-size {tp}"),
@@ -1119,32 +1102,35 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
         &VLLM_BENCH,
     );
     s += "set -euo pipefail\n";
-    let _ = writeln!(s, "MODEL=\"${{MODEL:-{model}}}\"");
+    s += &model_lines(model);
     let _ = writeln!(
         s,
         "BASE_URL=\"${{BASE_URL:-http://127.0.0.1:{FRONT_PORT}}}\""
     );
     s += "RESULT_DIR=\"${RESULT_DIR:-./bench-results}\"\n";
-    let first = sc.slo.first().map_or("", |t| t.name.as_str());
-    let _ = writeln!(s, "TIER=\"${{1:-{first}}}\"");
-    s += "case \"$TIER\" in\n";
-    for t in &sc.slo {
+    if let Some(first) = sc.slo.first() {
+        let _ = writeln!(s, "TIER=\"${{1:-{}}}\"", first.name);
+        s += "case \"$TIER\" in\n";
+        for t in &sc.slo {
+            let _ = writeln!(
+                s,
+                "  {}) GOODPUT=(--goodput ttft:{} tpot:{}) ;;",
+                sh(&t.name),
+                round_ms(t.ttft_s),
+                round_ms(t.tpot_s)
+            );
+        }
+        let names = join(
+            &sc.slo.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
+            ", ",
+        );
         let _ = writeln!(
             s,
-            "  {}) GOODPUT=(--goodput ttft:{} tpot:{}) ;;",
-            sh(&t.name),
-            round_ms(t.ttft_s),
-            round_ms(t.tpot_s)
+            "  *) echo \"bench.sh: unknown SLO tier '$TIER'; the scenario's tiers: {names}\" >&2; exit 2 ;;\nesac"
         );
+    } else {
+        s += "# the scenario has no SLO tiers: no --goodput\nGOODPUT=()\n";
     }
-    let names = join(
-        &sc.slo.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-        ", ",
-    );
-    let _ = writeln!(
-        s,
-        "  *) echo \"bench.sh: unknown SLO tier '$TIER'; the scenario's tiers: {names}\" >&2; exit 2 ;;\nesac"
-    );
     let unsupported = |why: &str| format!("echo {} >&2\nexit 2\n", sh(&format!("bench.sh: {why}")));
     if let Arrival::Trace { .. } = wl.arrival {
         s += &unsupported("the scenario replays a trace; vllm bench serve's random datasets cannot replay its arrivals and lengths");
@@ -1187,7 +1173,10 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
                 format!("--random-mm-num-mm-items-range-ratio {items_range_ratio}"),
                 format!(
                     "--random-mm-limit-mm-per-prompt {}",
-                    sh(&format!("{{\"image\":{},\"video\":0}}", max_items(sc)))
+                    sh(&format!(
+                        "{{\"image\":{},\"video\":0}}",
+                        wl.shapes.max_items()
+                    ))
                 ),
                 format!("--random-mm-bucket-config {}", sh(&format!("{{{cfg}}}"))),
             ]);
@@ -1317,9 +1306,9 @@ fn readme(
             "kept: replicas and `nvidia.com/gpu` per component; Kubernetes picks the GPUs".into(),
         ]),
         ("encode micro-batch bound B", [
-            format!("approximated: `--max-num-seqs {b}` on the encoder bounds its batch; no dispatch rule"),
+            format!("approximated: `--max-num-seqs {}` on the encoder bounds its batch (B times the most items a request carries: the proxy sends each item as a request of its own); no dispatch rule", encoder_max_seqs(sc)),
             format!("approximated: `SGLANG_ENCODER_MAX_BATCH_SIZE={b}` bounds the encoder's batch; no dispatch rule"),
-            format!("approximated: `--max-num-seqs {b}` on the encode worker (a vLLM engine)"),
+            format!("approximated: `--max-num-seqs {}` on the encode worker (a vLLM engine; B times the most items a request carries)", encoder_max_seqs(sc)),
         ]),
         ("Poisson-gap dispatch", [
             "dropped: the engine batches what is queued when its step starts".into(),
@@ -1349,7 +1338,7 @@ fn readme(
         ("GPU memory fraction for weights and KV cache", [
             format!("kept: `--gpu-memory-utilization {}` on prefill and decode", k.gpu_memory_utilization),
             format!("approximated: `--mem-fraction-static {}` (SGLang's static share for weights and KV pool)", k.gpu_memory_utilization),
-            format!("kept: `--gpu-memory-utilization {}`", k.gpu_memory_utilization),
+            "dropped: not passed (`--gpu-memory-utilization` was not confirmed in Dynamo 1.6.1's templates; its workers pass vLLM 0.31.0's engine arguments through)".into(),
         ]),
     ];
     for (knob, cells) in rows {

@@ -487,6 +487,34 @@ impl Overrides {
 }
 
 impl ScenarioFile {
+    /// A copy whose relative paths (`profile` unless `"roofline"`,
+    /// `model.file`, `cluster.gpu_file`, `workload.trace`), which resolve
+    /// against the scenario file's folder, are made absolute against the
+    /// folder of `file`, so the copy reads the same files from any folder.
+    pub fn with_absolute_paths(&self, file: &Path) -> ScenarioFile {
+        let dir = file.parent().unwrap_or(Path::new("."));
+        let abs = |p: &mut Option<String>| {
+            if let Some(s) = p.as_mut() {
+                let path = Path::new(s.as_str());
+                if path.is_relative() {
+                    let joined = dir.join(path);
+                    *s = std::path::absolute(&joined)
+                        .unwrap_or(joined)
+                        .display()
+                        .to_string();
+                }
+            }
+        };
+        let mut r = self.clone();
+        if r.profile.as_deref() != Some("roofline") {
+            abs(&mut r.profile);
+        }
+        abs(&mut r.model.file);
+        abs(&mut r.cluster.gpu_file);
+        abs(&mut r.workload.trace);
+        r
+    }
+
     /// Parse TOML text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<ScenarioFile, ScenarioError> {
         let de = toml::Deserializer::new(text);
@@ -1843,28 +1871,45 @@ fn slo_section(raw: &ScenarioFile, v: &V<'_>) -> Result<Vec<SloTier>, ScenarioEr
 /// workload can draw: the KV cache of a single worker must hold at least this.
 fn max_sequence_tokens(model: &ModelArch, input: u32, output: u32, r: f64, shapes: &Shapes) -> u64 {
     let hi = |len: u32| (len as f64 * (1.0 + r)).ceil() as u64;
-    let items_hi = |n: u32, rr: f64| (n as f64 * (1.0 + rr)).ceil() as u64;
-    let mm = match shapes {
-        Shapes::Items {
-            items,
-            items_range_ratio,
-            buckets,
-        } => {
-            let per = buckets
-                .iter()
-                .filter_map(|b| item_tokens(model, &b.0).ok())
-                .map(|t| t.llm_tokens)
-                .max()
-                .unwrap_or(0);
-            per * items_hi(*items, *items_range_ratio)
+    hi(input) + hi(output) + shapes.max_mm_tokens(model)
+}
+
+impl Shapes {
+    /// The most multimodal items one request can draw: `⌈items·(1 + r)⌉`, the
+    /// top of [`crate::generate`]'s uniform range (1 for audio, 0 for text).
+    pub fn max_items(&self) -> u64 {
+        match self {
+            Shapes::Items {
+                items,
+                items_range_ratio,
+                ..
+            } => ((f64::from(*items) * (1.0 + items_range_ratio)).ceil() as u64).max(1),
+            Shapes::Audio { .. } => 1,
+            Shapes::Text => 0,
         }
-        Shapes::Audio { max_s, .. } => model
-            .audio_tokens(*max_s)
-            .map(|t| t.llm_tokens)
-            .unwrap_or(0),
-        Shapes::Text => 0,
-    };
-    hi(input) + hi(output) + mm
+    }
+
+    /// The most multimodal tokens one request can bring to the LLM under
+    /// `model`: its largest bucket's tokens times [`Shapes::max_items`] (the
+    /// longest clip for audio).
+    pub fn max_mm_tokens(&self, model: &ModelArch) -> u64 {
+        match self {
+            Shapes::Items { buckets, .. } => {
+                let per = buckets
+                    .iter()
+                    .filter_map(|b| item_tokens(model, &b.0).ok())
+                    .map(|t| t.llm_tokens)
+                    .max()
+                    .unwrap_or(0);
+                per * self.max_items()
+            }
+            Shapes::Audio { max_s, .. } => model
+                .audio_tokens(*max_s)
+                .map(|t| t.llm_tokens)
+                .unwrap_or(0),
+            Shapes::Text => 0,
+        }
+    }
 }
 
 /// Read a custom model or GPU definition; errors name the file and the field.
