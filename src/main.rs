@@ -20,6 +20,7 @@ macro_rules! sayln {
     ($($t:tt)*) => { say!("{}\n", format_args!($($t)*)) };
 }
 
+mod bench_cmd;
 mod calib_cmd;
 mod capacity_cmd;
 mod deploy_cmd;
@@ -64,6 +65,11 @@ enum Command {
     /// the fewest GPUs for a target rate, or GPU types compared at equal count or cost.
     #[command(after_help = EXIT_CODES)]
     Capacity(capacity_cmd::CapacityArgs),
+    /// Load any OpenAI-compatible endpoint with a scenario's workload or a
+    /// random multimodal dataset and report TTFT, TPOT, ITL, E2EL and goodput
+    /// (`vllm bench serve`'s flags and JSON keys, easerve's report).
+    #[command(after_help = EXIT_CODES)]
+    Bench(bench_cmd::BenchArgs),
     /// Write a deployment's launch files for vLLM, SGLang and NVIDIA Dynamo, the
     /// scenario that reproduces it, a benchmark script, and the simulator's
     /// prediction for each engine's way of running it.
@@ -363,6 +369,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Reproduce(a) => reproduce_cmd::run(a),
         Command::Capacity(a) => capacity_cmd::run(a),
         Command::Deploy(a) => deploy_cmd::run(a),
+        Command::Bench(a) => bench_cmd::run(a),
         #[cfg(feature = "exec")]
         Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {

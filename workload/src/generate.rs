@@ -125,7 +125,9 @@ pub fn arrival_times(arrival: &Arrival, rate: f64, n: usize, seed: u64) -> Vec<f
     out
 }
 
-fn uniform_around<R: Rng>(rng: &mut R, mean: u32, r: f64, min: u32) -> u32 {
+/// A length drawn uniformly from `[⌊mean·(1−r)⌋, ⌈mean·(1+r)⌉]`, at least
+/// `min`: `vllm bench serve`'s `--random-range-ratio` rule.
+pub fn uniform_around<R: Rng>(rng: &mut R, mean: u32, r: f64, min: u32) -> u32 {
     let lo = ((mean as f64) * (1.0 - r)).floor().max(min as f64) as u32;
     let hi = ((mean as f64) * (1.0 + r)).ceil().max(lo as f64) as u32;
     rng.gen_range(lo..=hi)

@@ -1,0 +1,259 @@
+//! `easerve bench`: load any OpenAI-compatible chat endpoint with a
+//! scenario's workload or `vllm bench serve`'s `random-mm` dataset and report
+//! what it measured (`easerve_bench`), with `vllm bench serve`'s flags, text
+//! layout and JSON keys.
+
+use crate::BadInput;
+use easerve_bench::client::{run as send, ClientConfig};
+use easerve_bench::media::ImageCodec;
+use easerve_bench::result::{parse_goodput, BenchResult, GoodputBound};
+use easerve_bench::workload::{parse_bucket_config, send_times, BenchRequest, RandomMm};
+use easerve_workload::report::{RunMeta, SloTier};
+use easerve_workload::scenario::{Overrides, Scenario};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Arguments of `easerve bench` (names and defaults of `vllm bench serve`).
+#[derive(clap::Args, Debug)]
+#[command(allow_negative_numbers = true)]
+pub(crate) struct BenchArgs {
+    /// Server root, e.g. http://127.0.0.1:8000 (plain HTTP).
+    #[arg(long)]
+    base_url: String,
+    /// The `model` every request names (what the server's /v1/models lists).
+    #[arg(long)]
+    model: String,
+    /// Path of the chat completions endpoint.
+    #[arg(long, default_value = "/v1/chat/completions")]
+    endpoint: String,
+    /// Send this scenario's requests (its generator, seed, rate and arrival
+    /// process; its SLO tiers for --slo) instead of a random dataset.
+    #[arg(long, value_name = "FILE")]
+    scenario: Option<PathBuf>,
+    /// Random dataset when no scenario is given: `random-mm` (text and
+    /// images or videos) or `random` (text only).
+    #[arg(long, default_value = "random-mm")]
+    dataset_name: String,
+    /// Text prompt tokens (words of about one token each).
+    #[arg(long, default_value_t = 1024)]
+    random_input_len: u32,
+    /// Output tokens (max_tokens = min_tokens, ignore_eos).
+    #[arg(long, default_value_t = 128)]
+    random_output_len: u32,
+    /// Lengths uniform in [len·(1−r), len·(1+r)], r in [0, 1).
+    #[arg(long, default_value_t = 0.0)]
+    random_range_ratio: f64,
+    /// Multimodal items per request.
+    #[arg(long, default_value_t = 1)]
+    random_mm_base_items_per_request: u32,
+    /// Items per request uniform in [n·(1−r), n·(1+r)], r in [0, 1].
+    #[arg(long, default_value_t = 0.0)]
+    random_mm_num_mm_items_range_ratio: f64,
+    /// Item shapes and their probabilities, `{(HEIGHT, WIDTH, FRAMES): P, …}`
+    /// (FRAMES 1: an image; more: a video of that many frames).
+    #[arg(long, default_value = "{(256, 256, 1): 0.5, (720, 1280, 1): 0.5}")]
+    random_mm_bucket_config: String,
+    /// Requests to send (default: the scenario's `workload.requests`, else 1000).
+    #[arg(long)]
+    num_prompts: Option<i64>,
+    /// Requests per second (`inf`: all at once; default: the scenario's rate, else inf).
+    #[arg(long)]
+    request_rate: Option<f64>,
+    /// Gamma shape of the gaps between sends: 1 is Poisson, below 1 burstier
+    /// (coefficient of variation 1/√burstiness).
+    #[arg(long, default_value_t = 1.0)]
+    burstiness: f64,
+    /// Requests in flight at most.
+    #[arg(long)]
+    max_concurrency: Option<usize>,
+    /// Seed of the workload, its media and its text (default: the scenario's, else 0).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Goodput bounds, e.g. `--goodput ttft:2000 tpot:50` (milliseconds;
+    /// keys ttft, tpot, e2el).
+    #[arg(long, num_args = 1.., value_name = "KEY:MS", conflicts_with = "slo")]
+    goodput: Vec<String>,
+    /// Goodput at this SLO tier of the scenario (its TTFT and TPOT bounds).
+    #[arg(long, value_name = "TIER", requires = "scenario")]
+    slo: Option<String>,
+    /// Image and video frame encoding: png or jpeg.
+    #[arg(long, default_value = "png")]
+    image_format: String,
+    /// Seconds a request may take before it counts as failed.
+    #[arg(long, default_value_t = 600.0)]
+    timeout: f64,
+    /// Print the result as JSON (vLLM's keys, easerve's report under `easerve`).
+    #[arg(long)]
+    json: bool,
+    /// Also write one CSV row per request (times in seconds).
+    #[arg(long, value_name = "FILE")]
+    requests_csv: Option<PathBuf>,
+}
+
+fn bad(msg: String) -> anyhow::Error {
+    BadInput(msg).into()
+}
+
+/// The requests, SLO tiers and run description the arguments ask for.
+fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
+    if let Some(r) = a.request_rate {
+        if r.is_nan() || r <= 0.0 {
+            return Err(bad(format!(
+                "--request-rate {r}: a rate > 0 requests/s, or inf"
+            )));
+        }
+    }
+    if !(a.burstiness.is_finite() && a.burstiness > 0.0) {
+        return Err(bad(format!(
+            "--burstiness {}: a number > 0 (1 is Poisson)",
+            a.burstiness
+        )));
+    }
+    if let Some(n) = a.num_prompts {
+        if !(1..=10_000_000).contains(&n) {
+            return Err(bad(format!("--num-prompts {n}: allowed 1 ..= 10000000")));
+        }
+    }
+    if let Some(path) = &a.scenario {
+        let o = Overrides {
+            seed: a.seed,
+            rate: a.request_rate.filter(|r| r.is_finite()),
+            requests: a.num_prompts,
+            ..Default::default()
+        };
+        let sc = Scenario::load(path, &o).map_err(|e| bad(e.to_string()))?;
+        let mut reqs: Vec<BenchRequest> = easerve_workload::generate::generate_requests(&sc)
+            .iter()
+            .map(BenchRequest::from_request)
+            .collect();
+        if a.request_rate.is_some_and(f64::is_infinite) {
+            reqs.iter_mut().for_each(|r| r.arrival = 0.0);
+        }
+        let meta = RunMeta {
+            scenario: sc.name.clone(),
+            deployment: format!("measured at {}", a.base_url),
+            model: a.model.clone(),
+            cluster: "the server's".into(),
+            seed: sc.seed,
+            offered_rate: a.request_rate.unwrap_or(sc.workload.rate),
+            requests: reqs.len(),
+        };
+        return Ok((reqs, sc.slo, meta));
+    }
+    let n = a.num_prompts.unwrap_or(1000) as usize;
+    let rate = a.request_rate.unwrap_or(f64::INFINITY);
+    let seed = a.seed.unwrap_or(0);
+    if !(0.0..1.0).contains(&a.random_range_ratio) {
+        return Err(bad(format!(
+            "--random-range-ratio {}: allowed [0, 1)",
+            a.random_range_ratio
+        )));
+    }
+    if !(0.0..=1.0).contains(&a.random_mm_num_mm_items_range_ratio) {
+        return Err(bad(format!(
+            "--random-mm-num-mm-items-range-ratio {}: allowed [0, 1]",
+            a.random_mm_num_mm_items_range_ratio
+        )));
+    }
+    let (base_items, buckets) = match a.dataset_name.as_str() {
+        "random-mm" => (
+            a.random_mm_base_items_per_request,
+            parse_bucket_config(&a.random_mm_bucket_config)
+                .map_err(|e| bad(format!("--random-mm-bucket-config {e}")))?,
+        ),
+        "random" => (0, Vec::new()),
+        other => {
+            return Err(bad(format!(
+                "--dataset-name {other}: allowed random-mm, random (or give --scenario)"
+            )))
+        }
+    };
+    let d = RandomMm {
+        input_len: a.random_input_len,
+        output_len: a.random_output_len.max(1),
+        range_ratio: a.random_range_ratio,
+        base_items,
+        items_range_ratio: a.random_mm_num_mm_items_range_ratio,
+        buckets,
+    };
+    let reqs = d.requests(&send_times(rate, a.burstiness, n, seed), seed);
+    let meta = RunMeta {
+        scenario: a.dataset_name.clone(),
+        deployment: format!("measured at {}", a.base_url),
+        model: a.model.clone(),
+        cluster: "the server's".into(),
+        seed,
+        offered_rate: rate,
+        requests: n,
+    };
+    Ok((reqs, Vec::new(), meta))
+}
+
+pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let codec = match a.image_format.as_str() {
+        "png" => ImageCodec::Png,
+        "jpeg" | "jpg" => ImageCodec::Jpeg,
+        other => return Err(bad(format!("--image-format {other}: allowed png, jpeg"))),
+    };
+    if !(a.timeout.is_finite() && a.timeout > 0.0) {
+        return Err(bad(format!("--timeout {}: seconds > 0", a.timeout)));
+    }
+    if a.max_concurrency == Some(0) {
+        return Err(bad(
+            "--max-concurrency 0: at least 1 request in flight".into()
+        ));
+    }
+    let mut bounds: Vec<GoodputBound> = a
+        .goodput
+        .iter()
+        .map(|g| parse_goodput(g).map_err(|e| bad(format!("--goodput {e}"))))
+        .collect::<anyhow::Result<_>>()?;
+    let (requests, slo, meta) = workload(&a)?;
+    if let Some(tier) = &a.slo {
+        let t = slo.iter().find(|t| &t.name == tier).ok_or_else(|| {
+            let names: Vec<&str> = slo.iter().map(|t| t.name.as_str()).collect();
+            bad(format!(
+                "--slo {tier}: the scenario's tiers are {}",
+                names.join(", ")
+            ))
+        })?;
+        bounds = vec![
+            GoodputBound::Ttft(t.ttft_s * 1e3),
+            GoodputBound::Tpot(t.tpot_s * 1e3),
+        ];
+    }
+    let seed = meta.seed;
+    let cfg = ClientConfig {
+        base_url: a.base_url.clone(),
+        endpoint: a.endpoint.clone(),
+        model: a.model.clone(),
+        max_concurrency: a.max_concurrency,
+        timeout_s: a.timeout,
+        codec,
+        seed,
+        progress: !a.json && std::io::stderr().is_terminal(),
+    };
+    let (outcomes, duration) = send(&requests, &cfg).map_err(|e| bad(e.to_string()))?;
+    let result = BenchResult::new(outcomes, duration, &bounds, &slo, meta);
+    if let Some(path) = &a.requests_csv {
+        let f = std::fs::File::create(path).map_err(|e| {
+            bad(format!(
+                "--requests-csv {}: cannot write: {e}",
+                path.display()
+            ))
+        })?;
+        result.write_csv(f).map_err(|e| {
+            bad(format!(
+                "--requests-csv {}: cannot write: {e}",
+                path.display()
+            ))
+        })?;
+    }
+    if a.json {
+        sayln!("{}", serde_json::to_string_pretty(&result.to_json())?);
+    } else {
+        say!("{}", result.render_text());
+    }
+    Ok(ExitCode::SUCCESS)
+}
