@@ -28,7 +28,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "/v1/chat/completions")]
     endpoint: String,
     /// Send this scenario's requests (its generator, seed, rate and arrival
-    /// process; its SLO tiers for --slo) instead of a random dataset.
+    /// process; its SLO tiers for --slo) instead of a random dataset; the
+    /// report then names its model and cluster, so `easerve calib validate`
+    /// compares it with `easerve sim` of the scenario.
     #[arg(long, value_name = "FILE")]
     scenario: Option<PathBuf>,
     /// Random dataset when no scenario is given: `random-mm` (text and
@@ -57,7 +59,9 @@ pub(crate) struct BenchArgs {
     /// Requests to send (default: the scenario's `workload.requests`, else 1000).
     #[arg(long)]
     num_prompts: Option<i64>,
-    /// Requests per second (`inf`: all at once; default: the scenario's rate, else inf).
+    /// Requests per second (`inf`: all at once, and the report's offered rate
+    /// is the requests over the run's duration; default: the scenario's rate,
+    /// else inf).
     #[arg(long)]
     request_rate: Option<f64>,
     /// Gamma shape of the gaps between sends: 1 is Poisson, below 1 burstier
@@ -130,11 +134,13 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
         if a.request_rate.is_some_and(f64::is_infinite) {
             reqs.iter_mut().for_each(|r| r.arrival = 0.0);
         }
+        // the scenario's model and cluster, as `easerve sim` names them, so
+        // `calib validate` compares the two
         let meta = RunMeta {
             scenario: sc.name.clone(),
             deployment: format!("measured at {}", a.base_url),
-            model: a.model.clone(),
-            cluster: "the server's".into(),
+            model: sc.model.name.clone(),
+            cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
             seed: sc.seed,
             offered_rate: a.request_rate.unwrap_or(sc.workload.rate),
             requests: reqs.len(),
@@ -235,6 +241,16 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         progress: !a.json && std::io::stderr().is_terminal(),
     };
     let (outcomes, duration) = send(&requests, &cfg).map_err(|e| bad(e.to_string()))?;
+    let mut meta = meta;
+    if !meta.offered_rate.is_finite() {
+        // all at once: JSON has no infinity, so the report offers the
+        // requests over the run's duration
+        meta.offered_rate = if duration > 0.0 {
+            meta.requests as f64 / duration
+        } else {
+            0.0
+        };
+    }
     let result = BenchResult::new(outcomes, duration, &bounds, &slo, meta);
     if let Some(path) = &a.requests_csv {
         let f = std::fs::File::create(path).map_err(|e| {

@@ -119,7 +119,8 @@ pub(crate) enum CalibCommand {
         /// Simulated report JSON.
         #[arg(long, value_name = "SIM.json")]
         sim: PathBuf,
-        /// Measured report JSON (same format).
+        /// Measured report JSON: `easerve exec --json`, or an `easerve bench
+        /// --json` result (its `easerve` member).
         #[arg(long, value_name = "RUN.json")]
         measured: PathBuf,
         /// Largest allowed |relative error| as a fraction (0.1 = 10 %); exit 1

@@ -3,7 +3,7 @@
 //! did, failures are counted with their reason, the media are real files of
 //! the shapes asked for, and a scenario's requests are the simulator's.
 
-use crate::{easerve, root};
+use crate::{easerve, root, sim_json};
 use base64::Engine as _;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -13,24 +13,24 @@ use std::time::Duration;
 
 /// What the server saw of one request.
 #[derive(Clone, Debug, Default)]
-struct Seen {
-    words: usize,
-    images: Vec<(u32, u32)>,
-    audio_s: Vec<f64>,
-    video_frames: Vec<usize>,
-    max_tokens: u64,
+pub(crate) struct Seen {
+    pub(crate) words: usize,
+    pub(crate) images: Vec<(u32, u32)>,
+    pub(crate) audio_s: Vec<f64>,
+    pub(crate) video_frames: Vec<usize>,
+    pub(crate) max_tokens: u64,
 }
 
 /// A server on 127.0.0.1 (port 0) that streams `max_tokens` one-word chunks:
 /// the first after `ttft`, then one every `gap`; every `fail_every`-th
 /// request (1-based) gets HTTP 500. Prompt tokens in `usage`: words plus 100
 /// per image, frame or audio clip.
-struct FakeServer {
-    url: String,
-    seen: Arc<Mutex<Vec<Seen>>>,
+pub(crate) struct FakeServer {
+    pub(crate) url: String,
+    pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
 }
 
-fn fake_server(ttft: Duration, gap: Duration, fail_every: usize) -> FakeServer {
+pub(crate) fn fake_server(ttft: Duration, gap: Duration, fail_every: usize) -> FakeServer {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -287,6 +287,33 @@ fn a_scenarios_requests_are_the_simulators_with_its_tiers_as_goodput() {
     );
     assert!(r["request_goodput"].as_f64().is_some());
     assert_eq!(r["easerve"]["scenario"], "cpu-audio");
+    // calib validate takes the bench result as the measured run of the scenario
+    let tmp = tempfile::tempdir().unwrap();
+    let measured = tmp.path().join("bench.json");
+    std::fs::write(&measured, serde_json::to_vec(&r).unwrap()).unwrap();
+    let simulated = tmp.path().join("sim.json");
+    std::fs::write(
+        &simulated,
+        serde_json::to_vec(&sim_json(&scenario, &["--requests", "6"])).unwrap(),
+    )
+    .unwrap();
+    let out = easerve(&[
+        "calib",
+        "validate",
+        "--sim",
+        simulated.to_str().unwrap(),
+        "--measured",
+        measured.to_str().unwrap(),
+        "--max-error",
+        "1000000",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("TTFT mean"), "{text}");
 }
 
 #[test]

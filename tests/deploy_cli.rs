@@ -163,7 +163,7 @@ fn emitted_files_parse_name_their_engine_release_and_predict_what_sim_gives() {
             "vllm" | "aggregated" => Some("vLLM 0.33.0"),
             "sglang" => Some("SGLang 0.5.23"),
             "dynamo" => Some("Dynamo 1.6.1"),
-            "bench.sh" => Some("vllm bench serve 0.33.0"),
+            "bench.sh" => Some("easerve bench"),
             _ => None,
         };
         if let Some(release) = release {
@@ -272,9 +272,6 @@ fn an_architecture_sglang_cannot_disaggregate_gets_no_sglang_files_and_says_why(
     let sim = sim_json(&tp4, &["--requests", "150"]);
     assert_eq!(agg["request_throughput"], sim["request_throughput"]);
     assert_eq!(agg["mean_ttft_s"], sim["ttft"]["mean"]);
-    // image workloads get a runnable benchmark: vllm bench serve's random-mm
-    let bench = read(&dir.join("bench.sh"));
-    assert!(bench.contains("--dataset-name random-mm") && bench.contains("(672, 672, 1): 0.5"));
 }
 
 #[test]
@@ -446,12 +443,9 @@ fn a_custom_model_deploys_with_its_weights_quoted_and_its_files_read_from_anywhe
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&got.stdout), weights, "{script}");
     }
-    // no SLO tiers in this scenario: the benchmark runs without --goodput
+    // no SLO tiers in this scenario: the benchmark runs without a tier
     let bench = read(&dir.join("bench.sh"));
-    assert!(
-        bench.contains("GOODPUT=()") && !bench.contains("case"),
-        "{bench}"
-    );
+    assert!(!bench.contains("--slo"), "{bench}");
     // the scenario's model and GPU files are read from any folder
     let elsewhere = tmp.path().join("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();
@@ -474,4 +468,58 @@ fn a_custom_model_deploys_with_its_weights_quoted_and_its_files_read_from_anywhe
     let again = deploy(&custom, &dir, &["--model-path", "m"]);
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("holds files already"));
+}
+
+#[test]
+fn bench_sh_measures_the_deployment_with_the_scenarios_requests() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sc = scenario_with_kernels(tmp.path(), "image", "roofline");
+    let dir = tmp.path().join("deploy");
+    let out = easerve(&[
+        "deploy",
+        sc.to_str().unwrap(),
+        "--emit",
+        dir.to_str().unwrap(),
+        "--requests",
+        "6",
+        "--rate",
+        "50",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = crate::bench_cli::fake_server(
+        std::time::Duration::from_millis(2),
+        std::time::Duration::from_millis(1),
+        0,
+    );
+    let result = tmp.path().join("measured.json");
+    let run = std::process::Command::new("bash")
+        .arg(dir.join("bench.sh"))
+        .arg("moderate")
+        .env("EASERVE", env!("CARGO_BIN_EXE_easerve"))
+        .env("BASE_URL", &server.url)
+        .env("MODEL", "m")
+        .env("OUT", &result)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let r: Value = serde_json::from_str(&read(&result)).unwrap();
+    assert_eq!(r["completed"], 6);
+    assert!(r["request_goodput"].as_f64().is_some());
+    assert!(tmp.path().join("measured.csv").is_file());
+    // the scenario's images, at the shapes its buckets give
+    let seen = server.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 6);
+    let shapes = [(336, 336), (672, 672), (336, 1008)];
+    assert!(seen
+        .iter()
+        .all(|s| s.images.len() == 1 && shapes.contains(&s.images[0])));
 }

@@ -28,6 +28,10 @@ use std::process::Command;
 /// each of them.
 const NOT_RUN: &[(&str, &str)] = &[
     (
+        "easerve bench",
+        "needs a running OpenAI-compatible server; tests/bench_cli.rs runs it against a loopback one",
+    ),
+    (
         "cargo test",
         "the test command itself (CI runs it; `cargo test -p easerve-calib fidelity` is part of it)",
     ),

@@ -7,7 +7,7 @@
 //! simulator predicts for the deployment as that engine can run it.
 //!
 //! Every engine flag written here was read in the source of a named release
-//! ([`VLLM`], [`SGLANG`], [`DYNAMO`], [`VLLM_BENCH`]); what could not be
+//! ([`VLLM`], [`SGLANG`], [`DYNAMO`]); what could not be
 //! confirmed there is left out, and the emitted README says so.
 //!
 //! # How each engine runs an easerve deployment
@@ -27,7 +27,7 @@
 
 use easerve_model::EncoderKind;
 use easerve_sched::{MmItem, TopologyWorker};
-use easerve_workload::scenario::{Arrival, Scenario, ScenarioFile, Shapes};
+use easerve_workload::scenario::{Scenario, ScenarioFile, Shapes};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -64,11 +64,11 @@ pub const DYNAMO: EngineRelease = EngineRelease {
     checked: "the ai-dynamo 1.6.1 wheel (PyPI): dynamo/vllm/backend_args.py, dynamo/vllm/args.py, dynamo/profiler/templates/dgd/vllm/disagg.yaml, dynamo/profiler/utils/config_modifiers/vllm.py (the --max-num-seqs and --max-num-batched-tokens it sets on its vLLM workers); the DynamoGraphDeployment v1beta1 types of ai-dynamo/dynamo (deploy/operator/api/v1beta1/dynamographdeployment_types.go)",
 };
 
-/// `vllm bench serve` of vLLM 0.33.0, which `bench.sh` runs.
-pub const VLLM_BENCH: EngineRelease = EngineRelease {
-    engine: "vllm bench serve",
-    version: "0.33.0",
-    checked: "the vllm 0.33.0 wheel (PyPI): vllm/benchmarks/serve.py, vllm/benchmarks/datasets/datasets.py",
+/// `easerve bench` of this build, which `bench.sh` runs.
+pub const EASERVE_BENCH: EngineRelease = EngineRelease {
+    engine: "easerve bench",
+    version: env!("CARGO_PKG_VERSION"),
+    checked: "this build's `easerve bench --help`",
 };
 
 /// The engines files are emitted for.
@@ -1087,8 +1087,8 @@ fn aggregated_files(
     )))
 }
 
-/// `bench.sh`: `vllm bench serve` with the scenario's workload at its rate,
-/// one SLO tier as `--goodput`.
+/// `bench.sh`: `easerve bench` with the scenario's own requests (the
+/// simulator's generator and seed) at its rate, one SLO tier as goodput.
 fn bench_script(sc: &Scenario, model: &str) -> String {
     let wl = &sc.workload;
     let mut s = "#!/usr/bin/env bash\n".to_string();
@@ -1096,10 +1096,10 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
         "#",
         sc,
         &format!(
-            "Measure the deployment at the scenario's rate ({} req/s, {} requests) with vllm bench serve, against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: the first tier); the result lands in RESULT_DIR (default ./bench-results).",
-            wl.rate, wl.requests
+            "Measure the deployment with the scenario's own requests ({} at {} req/s: the simulator's generator and seed) against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: the scenario's first SLO tier). The result (vllm bench serve's keys, easerve's report under `easerve`) goes to OUT (default bench-result.json) and one row per request beside it.",
+            wl.requests, wl.rate
         ),
-        &VLLM_BENCH,
+        &EASERVE_BENCH,
     );
     s += "set -euo pipefail\n";
     s += &model_lines(model);
@@ -1107,120 +1107,26 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
         s,
         "BASE_URL=\"${{BASE_URL:-http://127.0.0.1:{FRONT_PORT}}}\""
     );
-    s += "RESULT_DIR=\"${RESULT_DIR:-./bench-results}\"\n";
-    if let Some(first) = sc.slo.first() {
-        let _ = writeln!(s, "TIER=\"${{1:-{}}}\"", first.name);
-        s += "case \"$TIER\" in\n";
-        for t in &sc.slo {
-            let _ = writeln!(
-                s,
-                "  {}) GOODPUT=(--goodput ttft:{} tpot:{}) ;;",
-                sh(&t.name),
-                round_ms(t.ttft_s),
-                round_ms(t.tpot_s)
-            );
-        }
-        let names = join(
-            &sc.slo.iter().map(|t| t.name.clone()).collect::<Vec<_>>(),
-            ", ",
-        );
-        let _ = writeln!(
-            s,
-            "  *) echo \"bench.sh: unknown SLO tier '$TIER'; the scenario's tiers: {names}\" >&2; exit 2 ;;\nesac"
-        );
-    } else {
-        s += "# the scenario has no SLO tiers: no --goodput\nGOODPUT=()\n";
-    }
-    let unsupported = |why: &str| format!("echo {} >&2\nexit 2\n", sh(&format!("bench.sh: {why}")));
-    if let Arrival::Trace { .. } = wl.arrival {
-        s += &unsupported("the scenario replays a trace; vllm bench serve's random datasets cannot replay its arrivals and lengths");
-        return s;
-    }
+    s += "OUT=\"${OUT:-bench-result.json}\"\nEASERVE=\"${EASERVE:-easerve}\"\n";
+    s += "HERE=\"$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)\"\n";
     let mut flags = vec![
-        "--backend openai-chat".to_string(),
-        "--endpoint /v1/chat/completions".into(),
+        "bench".to_string(),
+        "--scenario \"$HERE/scenario.toml\"".into(),
         "--base-url \"$BASE_URL\"".into(),
         "--model \"$MODEL\"".into(),
     ];
-    match &wl.shapes {
-        Shapes::Items {
-            items,
-            items_range_ratio,
-            buckets,
-        } => {
-            if buckets
-                .iter()
-                .any(|(b, _)| !matches!(b, MmItem::Image { .. }))
-            {
-                s += &unsupported("vllm bench serve 0.33.0's random-mm dataset samples images only (its --random-mm-bucket-config help: \"Only image sampling is supported for now\"); this scenario's items are video");
-                return s;
-            }
-            let cfg = join(
-                &buckets
-                    .iter()
-                    .filter_map(|(b, p)| match b {
-                        MmItem::Image { height, width } => {
-                            Some(format!("({height}, {width}, 1): {p}"))
-                        }
-                        _ => None,
-                    })
-                    .collect::<Vec<_>>(),
-                ", ",
-            );
-            flags.extend([
-                "--dataset-name random-mm".to_string(),
-                format!("--random-mm-base-items-per-request {items}"),
-                format!("--random-mm-num-mm-items-range-ratio {items_range_ratio}"),
-                format!(
-                    "--random-mm-limit-mm-per-prompt {}",
-                    sh(&format!(
-                        "{{\"image\":{},\"video\":0}}",
-                        wl.shapes.max_items()
-                    ))
-                ),
-                format!("--random-mm-bucket-config {}", sh(&format!("{{{cfg}}}"))),
-            ]);
-        }
-        Shapes::Audio { .. } => {
-            s += &unsupported("vllm bench serve 0.33.0's random-mm dataset samples images only; this scenario's items are audio");
-            return s;
-        }
-        Shapes::Text => flags.push("--dataset-name random".into()),
+    if let Some(first) = sc.slo.first() {
+        let _ = writeln!(s, "TIER=\"${{1:-{}}}\"", first.name);
+        flags.push("--slo \"$TIER\"".into());
     }
-    flags.extend([
-        format!("--random-input-len {}", wl.input_len),
-        format!("--random-output-len {}", wl.output_len),
-        format!("--random-range-ratio {}", wl.range_ratio),
-        "--ignore-eos".into(),
-        format!("--num-prompts {}", wl.requests),
-        format!("--request-rate {}", wl.rate),
-    ]);
-    if let Arrival::Gamma { cv } = wl.arrival {
-        // vLLM's burstiness is the gamma shape k, whose gaps have CV 1/√k
-        flags.push(format!("--burstiness {}", 1.0 / (cv * cv)));
-    }
-    flags.extend([
-        format!("--seed {}", sc.seed),
-        "\"${GOODPUT[@]}\"".into(),
-        "--save-result --save-detailed".into(),
-        "--result-dir \"$RESULT_DIR\"".into(),
-    ]);
+    flags.push("--requests-csv \"${OUT%.json}.csv\"".into());
+    flags.push("--json".into());
     let _ = writeln!(
         s,
-        "exec vllm bench serve \\\n    {}",
+        "\"$EASERVE\" {} > \"$OUT\"\necho \"bench.sh: wrote $OUT\" >&2",
         flags.join(" \\\n    ")
     );
     s
-}
-
-/// Seconds as whole milliseconds where they are whole, else with decimals.
-fn round_ms(seconds: f64) -> String {
-    let ms = seconds * 1e3;
-    if (ms - ms.round()).abs() < 1e-9 {
-        format!("{}", ms.round() as i64)
-    } else {
-        format!("{ms}")
-    }
 }
 
 fn fmt_s(x: f64) -> String {
@@ -1295,7 +1201,7 @@ fn readme(
         }
         let _ = writeln!(s, " {} |", p.bottleneck);
     }
-    s += "\nThe engines' rows run the same allocation with encode batches formed as an engine forms them (when the encoder is free it takes what is queued, up to B: dispatch `queue-length:1`), every prefill remote (s = 1), and the engine's encode framework terms: vLLM and SGLang preprocess in Python inside the engine (framework `aggregated`, no per-pass term); Dynamo's pass-through encode worker is charged the per-pass overhead calibrated from the EAServe paper's Dynamo measurements (framework `passthrough`). Neither figure was measured on these engines: `bench.sh` measures them, and `easerve calib refine` takes what it measures.\n\n";
+    s += "\nThe engines' rows run the same allocation with encode batches formed as an engine forms them (when the encoder is free it takes what is queued, up to B: dispatch `queue-length:1`), every prefill remote (s = 1), and the engine's encode framework terms: vLLM and SGLang preprocess in Python inside the engine (framework `aggregated`, no per-pass term); Dynamo's pass-through encode worker is charged the per-pass overhead calibrated from the EAServe paper's Dynamo measurements (framework `passthrough`). Neither figure was measured on these engines: `bench.sh` measures a deployment.\n\n";
     s += "## easerve's knobs per engine\n\n| knob | vLLM | SGLang | Dynamo |\n|---|---|---|---|\n";
     let b = sc.deployment.max_batch;
     let k = &sc.knobs;
@@ -1369,11 +1275,7 @@ fn readme(
         "* `dynamo/deployment.yaml` — NVIDIA Dynamo {}: a DynamoGraphDeployment for its Kubernetes operator (`kubectl apply -f`). Not confirmed: the encode workers' component type (the v1beta1 type enum has no encode value; `worker` is used), and whether the decode worker needs `--kv-transfer-config`.",
         DYNAMO.version
     );
-    let _ = writeln!(
-        s,
-        "* `bench.sh [TIER]` — `vllm bench serve` ({}) with the scenario's workload at its rate against `BASE_URL`, the tier's TTFT and TPOT bounds as `--goodput`, output lengths fixed with `--ignore-eos`; it writes the result JSON (`--save-result --save-detailed`) under `RESULT_DIR`. Its requests follow the scenario's distributions, not its exact draws.",
-        VLLM_BENCH.version
-    );
+    s += "* `bench.sh [TIER]` — `easerve bench` with this scenario's own requests (the simulator's generator and seed: the same prompts' lengths, media shapes and send times) against `BASE_URL`, the tier's TTFT and TPOT bounds as goodput; it writes `bench-result.json` (vllm bench serve's keys, easerve's report under `easerve`) and a CSV row per request. Video items go as easerve's frame-list content part, which the engines above do not take; images and audio go as OpenAI's `image_url` and `input_audio` parts.\n";
     match predictions.iter().find(|p| p.system == "aggregated") {
         Some(p) => {
             let _ = writeln!(

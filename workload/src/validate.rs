@@ -76,14 +76,21 @@ pub enum ReportLoadError {
     },
 }
 
-/// Read a report JSON (`easerve sim --json`, or a measured run in that format).
+/// Read a report JSON: `easerve sim --json` or `easerve exec --json`, or the
+/// result of `easerve bench --json`, whose member `easerve` is the report of
+/// the requests it measured (its other members are `vllm bench serve`'s).
 pub fn load_report(path: impl AsRef<Path>) -> Result<Report, ReportLoadError> {
     let path = path.as_ref();
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ReportLoadError::Io {
+    let mut text = std::fs::read_to_string(path).map_err(|source| ReportLoadError::Io {
         file: file.clone(),
         source,
     })?;
+    if let Ok(serde_json::Value::Object(mut m)) = serde_json::from_str::<serde_json::Value>(&text) {
+        if let Some(report) = m.remove("easerve").filter(serde_json::Value::is_object) {
+            text = report.to_string();
+        }
+    }
     let mut de = serde_json::Deserializer::from_str(&text);
     let report: Report = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -225,7 +232,13 @@ impl Validation {
                 .find(|s| s.stage == name && s.requests > 0)
                 .cloned()
         };
-        for name in ["encode", "prefill", "decode"] {
+        // a run measured from outside the server (`easerve bench`) sees no
+        // stage: its rows would compare the simulation with nothing
+        let stages_seen = measured.stages.iter().any(|s| s.requests > 0);
+        for name in ["encode", "prefill", "decode"]
+            .into_iter()
+            .filter(|_| stages_seen)
+        {
             let (m, s) = (stage(measured, name), stage(simulated, name));
             if m.is_none() && s.is_none() {
                 continue;
