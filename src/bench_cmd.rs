@@ -4,8 +4,8 @@
 //! layout and JSON keys.
 
 use crate::BadInput;
-use easerve_bench::client::{run as send, ClientConfig};
-use easerve_bench::media::ImageCodec;
+use easerve_bench::client::{run as send, ClientConfig, ClientError};
+use easerve_bench::media::{check_item, ImageCodec};
 use easerve_bench::result::{parse_goodput, BenchResult, GoodputBound};
 use easerve_bench::workload::{parse_bucket_config, send_times, BenchRequest, RandomMm};
 use easerve_workload::report::{RunMeta, SloTier};
@@ -31,7 +31,11 @@ pub(crate) struct BenchArgs {
     /// process; its SLO tiers for --slo) instead of a random dataset; the
     /// report then names its model and cluster, so `easerve calib validate`
     /// compares it with `easerve sim` of the scenario.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "dataset_name", "random_input_len", "random_output_len", "random_range_ratio",
+        "random_mm_base_items_per_request", "random_mm_num_mm_items_range_ratio",
+        "random_mm_bucket_config", "burstiness",
+    ])]
     scenario: Option<PathBuf>,
     /// Random dataset when no scenario is given: `random-mm` (text and
     /// images or videos) or `random` (text only).
@@ -81,10 +85,11 @@ pub(crate) struct BenchArgs {
     /// Goodput at this SLO tier of the scenario (its TTFT and TPOT bounds).
     #[arg(long, value_name = "TIER", requires = "scenario")]
     slo: Option<String>,
-    /// Image and video frame encoding: png or jpeg.
-    #[arg(long, default_value = "png")]
+    /// Image encoding: jpeg (quality 75, as vllm bench serve's random-mm) or
+    /// png (video frames are always JPEG).
+    #[arg(long, default_value = "jpeg")]
     image_format: String,
-    /// Seconds a request may take before it counts as failed.
+    /// Seconds a request may take before it counts as failed, in (0, 21600].
     #[arg(long, default_value_t = 600.0)]
     timeout: f64,
     /// Print the result as JSON (vLLM's keys, easerve's report under `easerve`).
@@ -94,6 +99,12 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "FILE")]
     requests_csv: Option<PathBuf>,
 }
+
+/// Longest `--timeout`, seconds (6 hours).
+const MAX_TIMEOUT_S: f64 = 21_600.0;
+
+/// Latest send time of a run, seconds after its start (a week).
+const MAX_SPAN_S: f64 = 604_800.0;
 
 fn bad(msg: String) -> anyhow::Error {
     BadInput(msg).into()
@@ -202,8 +213,11 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         "jpeg" | "jpg" => ImageCodec::Jpeg,
         other => return Err(bad(format!("--image-format {other}: allowed png, jpeg"))),
     };
-    if !(a.timeout.is_finite() && a.timeout > 0.0) {
-        return Err(bad(format!("--timeout {}: seconds > 0", a.timeout)));
+    if !(a.timeout.is_finite() && a.timeout > 0.0 && a.timeout <= MAX_TIMEOUT_S) {
+        return Err(bad(format!(
+            "--timeout {}: seconds in (0, {MAX_TIMEOUT_S}]",
+            a.timeout
+        )));
     }
     if a.max_concurrency == Some(0) {
         return Err(bad(
@@ -216,6 +230,32 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         .map(|g| parse_goodput(g).map_err(|e| bad(format!("--goodput {e}"))))
         .collect::<anyhow::Result<_>>()?;
     let (requests, slo, meta) = workload(&a)?;
+    // every request can be built and sent in time, before anything is sent
+    let source = if a.scenario.is_some() {
+        "--scenario"
+    } else {
+        "--random-mm-bucket-config"
+    };
+    for r in &requests {
+        for item in &r.items {
+            check_item(item).map_err(|e| bad(format!("{source}: request {}: {e}", r.id)))?;
+        }
+    }
+    if let Some(last) = requests.last().filter(|r| r.arrival > MAX_SPAN_S) {
+        return Err(bad(format!(
+            "--request-rate: the last request would be sent {:.3e} s after the start; at most {MAX_SPAN_S} s (a week) is allowed",
+            last.arrival
+        )));
+    }
+    let csv = match &a.requests_csv {
+        Some(path) => Some(std::fs::File::create(path).map_err(|e| {
+            bad(format!(
+                "--requests-csv {}: cannot write: {e}",
+                path.display()
+            ))
+        })?),
+        None => None,
+    };
     if let Some(tier) = &a.slo {
         let t = slo.iter().find(|t| &t.name == tier).ok_or_else(|| {
             let names: Vec<&str> = slo.iter().map(|t| t.name.as_str()).collect();
@@ -240,7 +280,10 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         seed,
         progress: !a.json && std::io::stderr().is_terminal(),
     };
-    let (outcomes, duration) = send(&requests, &cfg).map_err(|e| bad(e.to_string()))?;
+    let (outcomes, duration) = send(&requests, &cfg).map_err(|e| match e {
+        ClientError::Runtime(_) => anyhow::Error::from(e),
+        _ => bad(e.to_string()),
+    })?;
     let mut meta = meta;
     if !meta.offered_rate.is_finite() {
         // all at once: JSON has no infinity, so the report offers the
@@ -252,13 +295,7 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         };
     }
     let result = BenchResult::new(outcomes, duration, &bounds, &slo, meta);
-    if let Some(path) = &a.requests_csv {
-        let f = std::fs::File::create(path).map_err(|e| {
-            bad(format!(
-                "--requests-csv {}: cannot write: {e}",
-                path.display()
-            ))
-        })?;
+    if let (Some(path), Some(f)) = (&a.requests_csv, csv) {
         result.write_csv(f).map_err(|e| {
             bad(format!(
                 "--requests-csv {}: cannot write: {e}",

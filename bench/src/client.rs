@@ -92,10 +92,7 @@ pub enum ClientError {
 /// # Errors
 /// A media shape that cannot be encoded.
 pub fn request_body(r: &BenchRequest, cfg: &ClientConfig) -> Result<Vec<u8>, String> {
-    let mut rng = stream(
-        cfg.seed ^ r.id.wrapping_mul(0xD1B5_4A32_D192_ED03),
-        "bench-media",
-    );
+    let mut rng = stream(cfg.seed, &format!("bench-media/{}", r.id));
     let mut content =
         vec![json!({ "type": "text", "text": prompt_text(cfg.seed, r.id, r.prompt_words) })];
     for item in &r.items {
@@ -191,7 +188,8 @@ async fn send_all(
     let slots = cfg
         .max_concurrency
         .map(|n| Arc::new(Semaphore::new(n.max(1))));
-    let timeout = Duration::from_secs_f64(cfg.timeout_s);
+    let timeout = Duration::try_from_secs_f64(cfg.timeout_s)
+        .map_err(|e| ClientError::Runtime(format!("timeout {} s: {e}", cfg.timeout_s)))?;
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(requests.len());
     for r in requests {
@@ -199,8 +197,13 @@ async fn send_all(
             .recv()
             .await
             .unwrap_or_else(|| Err(ClientError::Runtime("the body builder stopped".into())))?;
-        tokio::time::sleep_until((start + Duration::from_secs_f64(r.arrival.max(0.0))).into())
-            .await;
+        let due = Duration::try_from_secs_f64(r.arrival.max(0.0))
+            .ok()
+            .and_then(|d| start.checked_add(d))
+            .ok_or_else(|| {
+                ClientError::Runtime(format!("request {}: send time {} s", r.id, r.arrival))
+            })?;
+        tokio::time::sleep_until(due.into()).await;
         let permit = match &slots {
             Some(s) => Some(s.clone().acquire_owned().await.expect("never closed")),
             None => None,
@@ -238,11 +241,8 @@ async fn send_all(
     if let Some(pb) = &bar {
         pb.finish_and_clear();
     }
-    let end = outcomes
-        .iter()
-        .filter_map(|o| o.finish.or(o.token_times.last().copied()))
-        .fold(0.0f64, f64::max);
-    Ok((outcomes, end))
+    // as vllm bench serve: from the start until every request is gathered
+    Ok((outcomes, start.elapsed().as_secs_f64()))
 }
 
 /// Send one body and read its server-sent events until `data: [DONE]`.
@@ -275,29 +275,84 @@ async fn stream_one(
     while let Some(chunk) = chunks.next().await {
         let chunk = chunk.map_err(|e| format!("stream: {e}"))?;
         let now = start.elapsed().as_secs_f64();
+        // only the new bytes are scanned; complete lines are taken off once
+        let scanned = buf.len();
         buf.extend_from_slice(&chunk);
-        while let Some(pos) = buf.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            let line = String::from_utf8_lossy(&line);
-            if let Some(done) = on_line(line.trim_end_matches(['\n', '\r']), now, o)? {
-                o.finish = Some(done);
-                return Ok(());
+        let mut from = 0;
+        let mut done = false;
+        for pos in scanned..buf.len() {
+            if buf[pos] != b'\n' {
+                continue;
             }
+            let line = String::from_utf8_lossy(&buf[from..pos]);
+            from = pos + 1;
+            if on_line(line.trim_end_matches('\r'), now, o)? {
+                done = true;
+                break;
+            }
+        }
+        buf.drain(..from);
+        if done {
+            // read to the end, briefly, so the connection can be reused
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                while chunks.next().await.is_some() {}
+            })
+            .await;
+            return Ok(());
+        }
+        if buf.len() > MAX_LINE_BYTES {
+            return Err(format!(
+                "a line of the stream longer than {} MiB",
+                MAX_LINE_BYTES >> 20
+            ));
         }
     }
     Err("the stream ended before `data: [DONE]`".into())
 }
 
-/// One line of the event stream: a `data:` line with a chunk records its
-/// text's arrival and any usage; `data: [DONE]` ends the stream (returns
-/// the time); an `error` object fails the request.
-fn on_line(line: &str, now: f64, o: &mut Outcome) -> Result<Option<f64>, String> {
+/// Longest line of the event stream the client holds, bytes.
+const MAX_LINE_BYTES: usize = 16 << 20;
+
+/// Whether a streamed choice carries output, as `vllm bench serve` counts it
+/// (`_choice_has_streamed_output` in vLLM 0.33.0's
+/// `vllm/benchmarks/lib/endpoint_request_func.py`): text, reasoning or a tool
+/// call; or an empty `content` without a `role` (a token that decodes to
+/// nothing). The opening chunk, which carries the role, does not count.
+fn has_output(choice: &Value) -> bool {
+    let Some(delta) = choice.get("delta").and_then(Value::as_object) else {
+        // the completions endpoint: `text`
+        return choice["text"].as_str().is_some_and(|t| !t.is_empty());
+    };
+    let set = |k: &str| match delta.get(k) {
+        Some(Value::String(t)) => !t.is_empty(),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        _ => false,
+    };
+    set("content")
+        || set("reasoning")
+        || set("reasoning_content")
+        || set("tool_calls")
+        || set("function_call")
+        || (delta.get("content") == Some(&Value::String(String::new()))
+            && !delta.contains_key("role"))
+}
+
+/// One line of the event stream: a `data:` line with a chunk records the
+/// arrival of its output and any usage; `data: [DONE]` ends the stream
+/// (returns true; the request's end is its last output, as E2EL is measured
+/// in `vllm bench serve`); an `error` object fails the request.
+fn on_line(line: &str, now: f64, o: &mut Outcome) -> Result<bool, String> {
     let Some(data) = line.strip_prefix("data:") else {
-        return Ok(None);
+        return Ok(false);
     };
     let data = data.trim();
     if data == "[DONE]" {
-        return Ok(Some(now));
+        o.finish = o.token_times.last().copied();
+        if o.finish.is_none() {
+            return Err("the stream carried no output".into());
+        }
+        return Ok(true);
     }
     let v: Value = serde_json::from_str(data)
         .map_err(|e| format!("a chunk that is not JSON ({e}): {data:.120}"))?;
@@ -307,19 +362,14 @@ fn on_line(line: &str, now: f64, o: &mut Outcome) -> Result<Option<f64>, String>
             e["message"].as_str().unwrap_or("(no message)")
         ));
     }
-    let choice = &v["choices"][0];
-    let text = choice["delta"]["content"]
-        .as_str()
-        .or_else(|| choice["text"].as_str())
-        .unwrap_or("");
-    if !text.is_empty() {
+    if has_output(&v["choices"][0]) {
         o.token_times.push(now);
     }
     if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
         o.prompt_tokens = u["prompt_tokens"].as_u64().or(o.prompt_tokens);
         o.completion_tokens = u["completion_tokens"].as_u64().or(o.completion_tokens);
     }
-    Ok(None)
+    Ok(false)
 }
 
 #[cfg(test)]
@@ -327,18 +377,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn event_lines_record_text_usage_done_and_errors() {
+    fn event_lines_record_output_usage_done_and_errors() {
         let mut o = Outcome::default();
-        assert_eq!(on_line(": keep-alive", 0.1, &mut o), Ok(None));
-        assert_eq!(
-            on_line(
-                r#"data: {"choices":[{"delta":{"role":"assistant"}}]}"#,
-                0.2,
-                &mut o
-            ),
-            Ok(None)
+        assert_eq!(on_line(": keep-alive", 0.1, &mut o), Ok(false));
+        let role = r#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#;
+        assert_eq!(on_line(role, 0.2, &mut o), Ok(false));
+        assert!(
+            o.token_times.is_empty(),
+            "the opening chunk carries no output"
         );
-        assert!(o.token_times.is_empty());
         on_line(
             r#"data: {"choices":[{"delta":{"content":"Hi"}}]}"#,
             0.3,
@@ -346,26 +393,36 @@ mod tests {
         )
         .unwrap();
         on_line(
-            r#"data:{"choices":[{"delta":{"content":" there"}}]}"#,
+            r#"data:{"choices":[{"delta":{"reasoning":"hm"}}]}"#,
             0.35,
             &mut o,
         )
         .unwrap();
         on_line(
-            r#"data: {"choices":[],"usage":{"prompt_tokens":700,"completion_tokens":2}}"#,
+            r#"data: {"choices":[{"delta":{"content":""}}]}"#,
             0.36,
             &mut o,
         )
         .unwrap();
-        assert_eq!(o.token_times, vec![0.3, 0.35]);
-        assert_eq!((o.prompt_tokens, o.output_tokens()), (Some(700), 2));
-        assert_eq!(on_line("data: [DONE]", 0.4, &mut o), Ok(Some(0.4)));
+        on_line(
+            r#"data: {"choices":[],"usage":{"prompt_tokens":700,"completion_tokens":3}}"#,
+            0.37,
+            &mut o,
+        )
+        .unwrap();
+        assert_eq!(o.token_times, vec![0.3, 0.35, 0.36]);
+        assert_eq!((o.prompt_tokens, o.output_tokens()), (Some(700), 3));
+        // the end is the last output, not the [DONE] line
+        assert_eq!(on_line("data: [DONE]", 0.4, &mut o), Ok(true));
+        assert_eq!(o.finish, Some(0.36));
         assert!(
             on_line(r#"data: {"error":{"message":"boom"}}"#, 0.5, &mut o)
                 .unwrap_err()
                 .contains("boom")
         );
         assert!(on_line("data: {not json", 0.5, &mut o).is_err());
+        let mut empty = Outcome::default();
+        assert!(on_line("data: [DONE]", 0.1, &mut empty).is_err());
     }
 
     #[test]

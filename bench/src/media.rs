@@ -18,7 +18,8 @@ use std::io::Cursor;
 pub enum ImageCodec {
     /// Lossless PNG.
     Png,
-    /// Baseline JPEG at quality 90.
+    /// Baseline JPEG at quality 75 (PIL's default, which `vllm bench serve`'s
+    /// random-mm dataset encodes with).
     Jpeg,
 }
 
@@ -39,6 +40,53 @@ pub const AUDIO_SAMPLE_RATE: u32 = 16_000;
 /// without trouble; larger requests are a mistake in the workload).
 pub const MAX_SIDE: u32 = 16_384;
 
+/// Most frames of one video the generator encodes.
+pub const MAX_FRAMES: u32 = 10_000;
+
+/// Longest audio clip the generator encodes, seconds.
+pub const MAX_AUDIO_S: f64 = 3600.0;
+
+/// Whether the generator can encode `item`; else what is wrong with it.
+///
+/// # Errors
+/// A side of 0 or above [`MAX_SIDE`], more than [`MAX_FRAMES`] frames, or a
+/// clip that is not in (0, [`MAX_AUDIO_S`]] seconds.
+pub fn check_item(item: &MmItem) -> Result<(), String> {
+    let side = |h: u32, w: u32| {
+        if h == 0 || w == 0 || h > MAX_SIDE || w > MAX_SIDE {
+            Err(format!(
+                "image {h}×{w}: sides must be in 1..={MAX_SIDE} pixels"
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    match *item {
+        MmItem::Image { height, width } => side(height, width),
+        MmItem::Video {
+            frames,
+            height,
+            width,
+        } => {
+            if frames == 0 || frames > MAX_FRAMES {
+                return Err(format!(
+                    "video of {frames} frames: allowed 1..={MAX_FRAMES}"
+                ));
+            }
+            side(height, width)
+        }
+        MmItem::Audio { seconds } => {
+            if seconds.is_finite() && seconds > 0.0 && seconds <= MAX_AUDIO_S {
+                Ok(())
+            } else {
+                Err(format!(
+                    "audio of {seconds} s: allowed (0, {MAX_AUDIO_S}] seconds"
+                ))
+            }
+        }
+    }
+}
+
 /// An encoded image of `height × width` seeded noise.
 ///
 /// # Errors
@@ -49,11 +97,7 @@ pub fn image_bytes<R: RngCore>(
     width: u32,
     codec: ImageCodec,
 ) -> Result<Vec<u8>, String> {
-    if height == 0 || width == 0 || height > MAX_SIDE || width > MAX_SIDE {
-        return Err(format!(
-            "image {height}×{width}: sides must be in 1..={MAX_SIDE} pixels"
-        ));
-    }
+    check_item(&MmItem::Image { height, width })?;
     let mut pixels = vec![0u8; height as usize * width as usize * 3];
     rng.fill_bytes(&mut pixels);
     let img = RgbImage::from_raw(width, height, pixels).ok_or("image buffer size")?;
@@ -61,7 +105,7 @@ pub fn image_bytes<R: RngCore>(
     match codec {
         ImageCodec::Png => img.write_to(&mut out, ImageFormat::Png),
         ImageCodec::Jpeg => {
-            let enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90);
+            let enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 75);
             img.write_with_encoder(enc)
         }
     }
@@ -74,9 +118,7 @@ pub fn image_bytes<R: RngCore>(
 /// # Errors
 /// A duration that is not finite and positive, or above an hour.
 pub fn wav_bytes<R: RngCore>(rng: &mut R, seconds: f64) -> Result<Vec<u8>, String> {
-    if !(seconds.is_finite() && seconds > 0.0 && seconds <= 3600.0) {
-        return Err(format!("audio of {seconds} s: allowed (0, 3600] seconds"));
-    }
+    check_item(&MmItem::Audio { seconds })?;
     let spec = hound::WavSpec {
         channels: 1,
         sample_rate: AUDIO_SAMPLE_RATE,
@@ -107,9 +149,10 @@ fn data_url(mime: &str, bytes: &[u8]) -> String {
 ///   (OpenAI's image part);
 /// * audio: `{"type": "input_audio", "input_audio": {"data": "…", "format": "wav"}}`
 ///   (OpenAI's audio part);
-/// * video: `{"type": "video", "video": ["data:image/jpeg;base64,…", …]}`, one
-///   data URL per sampled frame (easerve's own part: the OpenAI API has no
-///   video part, and vLLM's `video_url` takes an encoded video file).
+/// * video: `{"type": "video_url", "video_url": {"url": "data:video/jpeg;base64,F1,F2,…"}}`,
+///   the sampled frames as JPEGs, base64 each, joined by commas: vLLM's form
+///   of a video given as frames (`vllm/multimodal/media/video.py`, vLLM
+///   0.33.0, media type `video/jpeg`); the OpenAI API has no video part.
 ///
 /// # Errors
 /// As [`image_bytes`] and [`wav_bytes`].
@@ -135,15 +178,14 @@ pub fn content_part<R: RngCore>(
             height,
             width,
         } => {
+            let b64 = &base64::engine::general_purpose::STANDARD;
             let frames: Result<Vec<String>, String> = (0..frames)
-                .map(|_| {
-                    Ok(data_url(
-                        codec.mime(),
-                        &image_bytes(rng, height, width, codec)?,
-                    ))
-                })
+                .map(|_| Ok(b64.encode(image_bytes(rng, height, width, ImageCodec::Jpeg)?)))
                 .collect();
-            json!({ "type": "video", "video": frames? })
+            json!({
+                "type": "video_url",
+                "video_url": { "url": format!("data:video/jpeg;base64,{}", frames?.join(",")) },
+            })
         }
     })
 }

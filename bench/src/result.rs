@@ -3,11 +3,12 @@
 //! result keys, with its text layout.
 //!
 //! Definitions follow `vllm bench serve` (vLLM 0.33.0,
-//! `vllm/benchmarks/serve.py`): TTFT is send → first text chunk; ITL the
-//! gaps between text chunks; TPOT `(E2EL − TTFT)/(output − 1)` for outputs
-//! longer than one token; E2EL send → end of stream; duration the wall time
-//! from the start to the last byte; percentiles by linear interpolation;
-//! `std` the population standard deviation.
+//! `vllm/benchmarks/serve.py`): TTFT is send → first chunk with output; ITL
+//! the gaps between chunks with output; TPOT `(E2EL − TTFT)/(output − 1)`
+//! for outputs longer than one token; E2EL send → last chunk with output;
+//! duration the wall time from the start until every request is gathered;
+//! percentiles by linear interpolation; `std` the population standard
+//! deviation.
 
 use crate::client::Outcome;
 use easerve_sched::RequestRecord;
@@ -260,15 +261,20 @@ impl BenchResult {
             |f: &dyn Fn(&Outcome) -> Value| -> Value { self.outcomes.iter().map(f).collect() };
         put(
             "input_lens",
-            each(&|o| o.prompt_tokens.map_or(Value::Null, Value::from)),
+            // as vLLM writes them: 0 where a count is unknown or a request failed
+            each(&|o| o.prompt_tokens.unwrap_or(0).into()),
         );
-        put("output_lens", each(&|o| o.output_tokens().into()));
+        put(
+            "output_lens",
+            each(&|o| if done(&o) { o.output_tokens() } else { 0 }.into()),
+        );
         put(
             "ttfts",
             each(&|o| {
                 latencies(o)
                     .filter(|_| done(&o))
-                    .map_or(Value::Null, |l| l.0.into())
+                    .map_or(0.0, |l| l.0)
+                    .into()
             }),
         );
         put(
@@ -286,7 +292,8 @@ impl BenchResult {
             each(&|o| {
                 latencies(o)
                     .filter(|_| done(&o))
-                    .map_or(Value::Null, |l| l.2.into())
+                    .map_or(0.0, |l| l.2)
+                    .into()
             }),
         );
         put(

@@ -57,9 +57,9 @@ pub const PROMPT_WORDS: &[&str] = &[
 ];
 
 /// The text prompt of request `id`: `words` words drawn from
-/// [`PROMPT_WORDS`] on the named stream `bench-text`, seeded per request.
+/// [`PROMPT_WORDS`] on the named stream `bench-text/{id}`.
 pub fn prompt_text(seed: u64, id: u64, words: u32) -> String {
-    let mut rng = stream(seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15), "bench-text");
+    let mut rng = stream(seed, &format!("bench-text/{id}"));
     let mut s = String::with_capacity(words as usize * 6);
     for i in 0..words {
         if i > 0 {

@@ -1275,7 +1275,7 @@ fn readme(
         "* `dynamo/deployment.yaml` — NVIDIA Dynamo {}: a DynamoGraphDeployment for its Kubernetes operator (`kubectl apply -f`). Not confirmed: the encode workers' component type (the v1beta1 type enum has no encode value; `worker` is used), and whether the decode worker needs `--kv-transfer-config`.",
         DYNAMO.version
     );
-    s += "* `bench.sh [TIER]` — `easerve bench` with this scenario's own requests (the simulator's generator and seed: the same prompts' lengths, media shapes and send times) against `BASE_URL`, the tier's TTFT and TPOT bounds as goodput; it writes `bench-result.json` (vllm bench serve's keys, easerve's report under `easerve`) and a CSV row per request. Video items go as easerve's frame-list content part, which the engines above do not take; images and audio go as OpenAI's `image_url` and `input_audio` parts.\n";
+    s += "* `bench.sh [TIER]` — `easerve bench` with this scenario's own requests (the simulator's generator and seed: the same prompts' lengths, media shapes and send times) against `BASE_URL`, the tier's TTFT and TPOT bounds as goodput; it writes `bench-result.json` (vllm bench serve's keys, easerve's report under `easerve`) and a CSV row per request. Images and audio go as OpenAI's `image_url` and `input_audio` parts, video as vLLM's frames form (`video_url` with `data:video/jpeg;base64,F1,F2,…`; SGLang's and Dynamo's handling of it was not checked).\n";
     match predictions.iter().find(|p| p.system == "aggregated") {
         Some(p) => {
             let _ = writeln!(
