@@ -41,7 +41,7 @@ pub(crate) struct BenchArgs {
     /// images or videos) or `random` (text only).
     #[arg(long, default_value = "random-mm")]
     dataset_name: String,
-    /// Text prompt tokens (words of about one token each).
+    /// Text prompt length, in common English words (the server counts the tokens).
     #[arg(long, default_value_t = 1024)]
     random_input_len: u32,
     /// Output tokens (max_tokens = min_tokens, ignore_eos).

@@ -91,18 +91,15 @@ pub(crate) fn run(a: DeployArgs) -> anyhow::Result<ExitCode> {
         )
         .into());
     };
-    let mut overrides = Overrides {
-        seed: a.seed,
-        rate: a.rate,
-        requests: a.requests,
-        ..Default::default()
-    };
-    if let Some(d) = &a.deployment {
-        let c: easerve_has::Candidate = d
-            .parse()
-            .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
-        overrides = c.overrides(&overrides);
-    }
+    let overrides = crate::with_deployment(
+        Overrides {
+            seed: a.seed,
+            rate: a.rate,
+            requests: a.requests,
+            ..Default::default()
+        },
+        a.deployment.as_deref(),
+    )?;
     let sc = Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
     crate::warn_size(&sc);
     write(&sc, &dir, &a.out)?;

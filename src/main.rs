@@ -187,12 +187,7 @@ impl RunArgs {
             system: self.system,
             profile: self.profile.clone(),
         };
-        if let Some(d) = &self.deployment {
-            let c: easerve_has::Candidate = d
-                .parse()
-                .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
-            overrides = c.overrides(&overrides);
-        }
+        overrides = with_deployment(overrides, self.deployment.as_deref())?;
         let sc = Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
         warn_size(&sc);
         Ok(sc)
@@ -348,6 +343,26 @@ fn parse_kill(s: &str, counts: [usize; 4]) -> Result<(WorkerRef, f64), String> {
         return Err(bad());
     }
     Ok((w, at))
+}
+
+/// `overrides` with the whole deployment of `--deployment` applied (as
+/// `easerve search` prints it: allocation, B and s); unchanged without one.
+///
+/// # Errors
+/// A deployment that does not parse, naming `--deployment`.
+pub(crate) fn with_deployment(
+    overrides: Overrides,
+    deployment: Option<&str>,
+) -> Result<Overrides, BadInput> {
+    match deployment {
+        Some(d) => {
+            let c: easerve_has::Candidate = d
+                .parse()
+                .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
+            Ok(c.overrides(&overrides))
+        }
+        None => Ok(overrides),
+    }
 }
 
 /// Bad input: exit code 2. Subcommands wrap a user-facing message in it.

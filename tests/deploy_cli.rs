@@ -282,109 +282,53 @@ fn bad_deploy_input_exits_2_naming_the_flag() {
     let dir = tmp.path().join("out");
     let blocker = tmp.path().join("a-file");
     std::fs::write(&blocker, "").unwrap();
-    let cases: Vec<(Vec<String>, &str)> = vec![
+    let (img, out, cus) = (
+        image.display().to_string(),
+        dir.display().to_string(),
+        custom.display().to_string(),
+    );
+    let sub = blocker.join("sub").display().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["deploy", &img], "--emit DIR is required"),
         (
-            vec!["deploy".into(), image.display().to_string()],
-            "--emit DIR is required",
-        ),
-        (
-            vec![
-                "deploy".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-                "--gpus-per-node".into(),
-                "2".into(),
-            ],
+            vec!["deploy", &img, "--emit", &out, "--gpus-per-node", "2"],
             "spans GPUs",
         ),
         (
-            vec![
-                "deploy".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-                "--gpus-per-node".into(),
-                "0".into(),
-            ],
+            vec!["deploy", &img, "--emit", &out, "--gpus-per-node", "0"],
             "--gpus-per-node 0",
         ),
         (
-            vec![
-                "deploy".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-                "--system".into(),
-                "aggregated".into(),
-            ],
+            vec!["deploy", &img, "--emit", &out, "--system", "aggregated"],
             "unexpected argument",
         ),
+        (vec!["deploy", &cus, "--emit", &out], "--model-path"),
+        (vec!["deploy", &img, "--emit", &sub], "--emit"),
         (
             vec![
-                "deploy".into(),
-                custom.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-            ],
-            "--model-path",
-        ),
-        (
-            vec![
-                "deploy".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                blocker.join("sub").display().to_string(),
-            ],
-            "--emit",
-        ),
-        (
-            vec![
-                "deploy".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-                "--deployment".into(),
-                "2E(TP1) B=2".into(),
+                "deploy",
+                &img,
+                "--emit",
+                &out,
+                "--deployment",
+                "2E(TP1) B=2",
             ],
             "--deployment",
         ),
         (
-            vec![
-                "deploy".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-                "--aggregated-tp".into(),
-                "3".into(),
-            ],
+            vec!["deploy", &img, "--emit", &out, "--aggregated-tp", "3"],
             "--aggregated-tp 3",
         ),
         (
-            vec![
-                "deploy".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-                "--aggregated-tp".into(),
-                "16".into(),
-            ],
+            vec!["deploy", &img, "--emit", &out, "--aggregated-tp", "16"],
             "--aggregated-tp 16",
         ),
         (
-            vec![
-                "search".into(),
-                image.display().to_string(),
-                "--emit".into(),
-                dir.display().to_string(),
-                "--gpus-per-node".into(),
-                "5000".into(),
-            ],
+            vec!["search", &img, "--emit", &out, "--gpus-per-node", "5000"],
             "--gpus-per-node 5000",
         ),
     ];
-    for (args, want) in cases {
-        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    for (a, want) in cases {
         let out = easerve(&a);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{a:?}: {err}");

@@ -125,18 +125,28 @@ pub struct BenchResult {
     outcomes: Vec<Outcome>,
 }
 
-/// TTFT, TPOT and E2EL of a completed outcome, seconds.
+/// The outcome as easerve's request record: its send as the arrival, and for
+/// a request that completed, its first and last output as the first token
+/// and the finish.
+fn record(o: &Outcome) -> RequestRecord {
+    let done = o.error.is_none() && o.finish.is_some();
+    RequestRecord {
+        id: o.id,
+        arrival: o.sent,
+        output_tokens: o.output_tokens() as u32,
+        prefill_tokens: o.prompt_tokens.unwrap_or(0),
+        first_token: o.token_times.first().copied().filter(|_| done),
+        finish: o.finish.filter(|_| done),
+        ..Default::default()
+    }
+}
+
+/// TTFT, TPOT and E2EL of a completed outcome, seconds, as the request
+/// record defines them ([`RequestRecord::ttft`], [`RequestRecord::tpot`],
+/// [`RequestRecord::e2e`]); `None` for one that failed.
 fn latencies(o: &Outcome) -> Option<(f64, f64, f64)> {
-    let finish = o.finish?;
-    let first = *o.token_times.first()?;
-    let (ttft, e2el) = (first - o.sent, finish - o.sent);
-    let out = o.output_tokens();
-    let tpot = if out > 1 {
-        (e2el - ttft) / (out - 1) as f64
-    } else {
-        0.0
-    };
-    Some((ttft, tpot, e2el))
+    let r = record(o);
+    Some((r.ttft()?, r.tpot()?, r.e2e()?))
 }
 
 impl BenchResult {
@@ -155,18 +165,8 @@ impl BenchResult {
         let mut errors: Vec<(String, usize)> = Vec::new();
         let mut records = Vec::with_capacity(outcomes.len());
         for o in &outcomes {
-            let lat = if o.error.is_none() {
-                latencies(o)
-            } else {
-                None
-            };
-            let mut rec = RequestRecord {
-                id: o.id,
-                arrival: o.sent,
-                output_tokens: o.output_tokens() as u32,
-                prefill_tokens: o.prompt_tokens.unwrap_or(0),
-                ..Default::default()
-            };
+            let lat = latencies(o);
+            let mut rec = record(o);
             match lat {
                 Some((ttft, tpot, e2el)) => {
                     completed += 1;
@@ -184,8 +184,6 @@ impl BenchResult {
                         GoodputBound::E2el(ms) => e2el * 1e3 <= ms,
                     });
                     good += usize::from(meets);
-                    rec.first_token = Some(o.sent + ttft);
-                    rec.finish = Some(o.sent + e2el);
                 }
                 None => {
                     let why = o
@@ -268,15 +266,7 @@ impl BenchResult {
             "output_lens",
             each(&|o| if done(&o) { o.output_tokens() } else { 0 }.into()),
         );
-        put(
-            "ttfts",
-            each(&|o| {
-                latencies(o)
-                    .filter(|_| done(&o))
-                    .map_or(0.0, |l| l.0)
-                    .into()
-            }),
-        );
+        put("ttfts", each(&|o| latencies(o).map_or(0.0, |l| l.0).into()));
         put(
             "itls",
             each(&|o| {
@@ -289,12 +279,7 @@ impl BenchResult {
         );
         put(
             "latencies",
-            each(&|o| {
-                latencies(o)
-                    .filter(|_| done(&o))
-                    .map_or(0.0, |l| l.2)
-                    .into()
-            }),
+            each(&|o| latencies(o).map_or(0.0, |l| l.2).into()),
         );
         put(
             "errors",
@@ -409,7 +394,7 @@ impl BenchResult {
             "error",
         ])?;
         for o in &self.outcomes {
-            let lat = latencies(o).filter(|_| o.error.is_none());
+            let lat = latencies(o);
             let f = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());
             out.write_record([
                 o.id.to_string(),

@@ -19,9 +19,8 @@ pub struct BenchRequest {
     pub arrival: f64,
     /// Multimodal items, in prompt order.
     pub items: Vec<MmItem>,
-    /// Text prompt length asked for, in words of [`PROMPT_WORDS`] (about one
-    /// token each in common BPE vocabularies; the server's `usage` counts
-    /// the real prompt tokens).
+    /// Text prompt length asked for, in words of [`PROMPT_WORDS`] (the
+    /// server's `usage` counts the real prompt tokens).
     pub prompt_words: u32,
     /// Output tokens asked for (`max_tokens`, with `min_tokens` and
     /// `ignore_eos` so the server generates exactly this many).
@@ -41,9 +40,10 @@ impl BenchRequest {
     }
 }
 
-/// Words the text prompts are made of: short, common English words, each a
-/// single token in the GPT-2, Llama and Qwen BPE vocabularies when preceded
-/// by a space.
+/// Words the text prompts are made of: short, common English words, most of
+/// them one token in common BPE vocabularies when preceded by a space (not
+/// checked against any tokenizer here: a prompt's real length is the
+/// server's `usage.prompt_tokens`, which the result reports).
 pub const PROMPT_WORDS: &[&str] = &[
     "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "was", "on", "be",
     "at", "by", "this", "had", "not", "are", "but", "from", "or", "have", "an", "they", "which",

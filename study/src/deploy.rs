@@ -589,8 +589,10 @@ fn sh(word: &str) -> String {
 
 /// The encoder's step budget in vLLM (`--max-num-batched-tokens`, which is
 /// also its encoder cache size, `vllm/config/scheduler.py`): the multimodal
-/// tokens of B of the scenario's largest requests, and at least vLLM's
-/// default of 8192.
+/// tokens of B of the scenario's largest requests, and at least 8192, the
+/// `vllm serve` default of vLLM 0.33.0 on GPUs of 70–160 GB other than the
+/// A100 (`vllm/engine/arg_utils.py`; 2048 below, 16384 above), so the
+/// budget never falls below that default.
 fn encoder_budget(sc: &Scenario) -> u64 {
     (sc.deployment.max_batch as u64 * sc.workload.shapes.max_mm_tokens(&sc.model)).max(8192)
 }
@@ -600,6 +602,25 @@ fn encoder_budget(sc: &Scenario) -> u64 {
 /// of its own, so B requests are B times the most items a request carries.
 fn encoder_max_seqs(sc: &Scenario) -> u64 {
     sc.deployment.max_batch as u64 * sc.workload.shapes.max_items().max(1)
+}
+
+/// The start of every emitted script: the shebang, the [`header`] (what it
+/// is and the release its flags were checked against), strict mode, and for
+/// a script that loads the weights, its [`model_lines`].
+fn script_head(sc: &Scenario, what: &str, release: &EngineRelease, model: Option<&str>) -> String {
+    let mut s = format!(
+        "#!/usr/bin/env bash\n{}set -euo pipefail\n",
+        header("#", sc, what, release)
+    );
+    if let Some(m) = model {
+        s += &model_lines(m);
+    }
+    s
+}
+
+/// `command` and its `flags`, one flag per continued line.
+fn command_lines(command: &str, flags: &[String]) -> String {
+    format!("{command} \\\n    {}\n", flags.join(" \\\n    "))
 }
 
 /// `DEFAULT_MODEL` (quoted for the shell) and `MODEL`, which the environment
@@ -647,9 +668,7 @@ fn vllm_files(
     let mut nixl_port = 5600u32;
     for (s, stage) in inst.iter().enumerate() {
         for i in stage {
-            let mut text = "#!/usr/bin/env bash\n".to_string();
-            text += &header(
-                "#",
+            let mut text = script_head(
                 sc,
                 &format!(
                     "vLLM instance {}: {}, TP{} on GPU {} of node {} (cluster GPU {}), port {}.",
@@ -662,9 +681,8 @@ fn vllm_files(
                     i.port
                 ),
                 &VLLM,
+                Some(model),
             );
-            text += "set -euo pipefail\n";
-            text += &model_lines(model);
             let mut flags: Vec<String> = vec![
                 format!("--port {}", i.port),
                 format!("--tensor-parallel-size {}", i.tp),
@@ -717,23 +735,17 @@ fn vllm_files(
                 flags.push(format!("--limit-mm-per-prompt {}", sh(l)));
             }
             flags.push("--enable-request-id-headers".into());
-            let _ = writeln!(
-                text,
-                "exec env {env} vllm serve \"$MODEL\" \\\n    {}",
-                flags.join(" \\\n    ")
-            );
+            text += &command_lines(&format!("exec env {env} vllm serve \"$MODEL\""), &flags);
             w.write(&format!("vllm/{}.sh", i.label), &text)?;
         }
     }
     let urls = |s: usize| join(&inst[s].iter().map(Instance::url).collect::<Vec<_>>(), ",");
-    let mut proxy = "#!/usr/bin/env bash\n".to_string();
-    proxy += &header(
-        "#",
-        sc,
-        &format!("vLLM's E/P/D proxy in front of the instances, on port {FRONT_PORT}: the example script disagg_epd_proxy.py of vLLM's source (examples/disaggregated/disaggregated_encoder/), which no package installs; set VLLM_EPD_PROXY to its path."),
-        &VLLM,
-    );
-    proxy += "set -euo pipefail\n";
+    let mut proxy = script_head(
+sc,
+&format!("vLLM's E/P/D proxy in front of the instances, on port {FRONT_PORT}: the example script disagg_epd_proxy.py of vLLM's source (examples/disaggregated/disaggregated_encoder/), which no package installs; set VLLM_EPD_PROXY to its path."),
+&VLLM,
+None,
+);
     proxy += "PROXY=\"${VLLM_EPD_PROXY:-examples/disaggregated/disaggregated_encoder/disagg_epd_proxy.py}\"\n";
     let _ = writeln!(
         proxy,
@@ -778,9 +790,7 @@ fn sglang_files(
     let roles = ["encoder-only", "prefill (language-only)", "decode"];
     for (s, stage) in inst.iter().enumerate() {
         for (n, i) in stage.iter().enumerate() {
-            let mut text = "#!/usr/bin/env bash\n".to_string();
-            text += &header(
-                "#",
+            let mut text = script_head(
                 sc,
                 &format!(
                     "SGLang instance {}: {}, TP{} on GPU {} of node {} (cluster GPU {}), port {}.",
@@ -793,9 +803,8 @@ fn sglang_files(
                     i.port
                 ),
                 &SGLANG,
+                Some(model),
             );
-            text += "set -euo pipefail\n";
-            text += &model_lines(model);
             let mut env = String::new();
             let mut flags: Vec<String> = vec![
                 "--model-path \"$MODEL\"".into(),
@@ -836,22 +845,16 @@ fn sglang_files(
                     ));
                 }
             }
-            let _ = writeln!(
-                text,
-                "exec {env}python -m sglang.launch_server \\\n    {}",
-                flags.join(" \\\n    ")
-            );
+            text += &command_lines(&format!("exec {env}python -m sglang.launch_server"), &flags);
             w.write(&format!("sglang/{}.sh", i.label), &text)?;
         }
     }
-    let mut router = "#!/usr/bin/env bash\n".to_string();
-    router += &header(
-        "#",
-        sc,
-        &format!("SGLang's router in PD mode on port {FRONT_PORT}: the encoders are reached from the prefill servers (--encoder-urls), so the router sees prefill and decode only (sglang-router 0.3.2 has no EPD mode)."),
-        &SGLANG,
-    );
-    router += "set -euo pipefail\n";
+    let mut router = script_head(
+sc,
+&format!("SGLang's router in PD mode on port {FRONT_PORT}: the encoders are reached from the prefill servers (--encoder-urls), so the router sees prefill and decode only (sglang-router 0.3.2 has no EPD mode)."),
+&SGLANG,
+None,
+);
     let mut flags = vec!["--pd-disaggregation".to_string()];
     for (n, p) in inst[1].iter().enumerate() {
         flags.push(format!("--prefill \"{}\" {}", p.url(), 8998 + n));
@@ -861,11 +864,7 @@ fn sglang_files(
     }
     flags.push("--host 0.0.0.0".into());
     flags.push(format!("--port {FRONT_PORT}"));
-    let _ = writeln!(
-        router,
-        "exec python -m sglang_router.launch_router \\\n    {}",
-        flags.join(" \\\n    ")
-    );
+    router += &command_lines("exec python -m sglang_router.launch_router", &flags);
     w.write("sglang/router.sh", &router)?;
     Ok(())
 }
@@ -1048,19 +1047,16 @@ fn aggregated_files(
         }
         let local: Vec<u32> = gpus.iter().map(|g| g % gpus_per_node).collect();
         let port = AGGREGATED_PORT + r as u16;
-        let mut text = "#!/usr/bin/env bash\n".to_string();
-        text += &header(
-            "#",
-            sc,
-            &format!(
+        let mut text = script_head(
+sc,
+&format!(
                 "vLLM aggregated replica {r} of {replicas}: every stage in one engine, TP{tp} on GPU {} of node {node} (cluster GPU {}), port {port}. The baseline the EPD deployment is compared with; put any HTTP load balancer in front of the replicas.",
                 join(&local, ","),
                 join(&gpus, ",")
             ),
-            &VLLM,
-        );
-        text += "set -euo pipefail\n";
-        text += &model_lines(model);
+&VLLM,
+Some(model),
+);
         let mut flags = vec![
             format!("--port {port}"),
             format!("--tensor-parallel-size {tp}"),
@@ -1071,11 +1067,12 @@ fn aggregated_files(
         if let Some(l) = &limit {
             flags.push(format!("--limit-mm-per-prompt {}", sh(l)));
         }
-        let _ = writeln!(
-            text,
-            "exec env CUDA_VISIBLE_DEVICES={} vllm serve \"$MODEL\" \\\n    {}",
-            join(&local, ","),
-            flags.join(" \\\n    ")
+        text += &command_lines(
+            &format!(
+                "exec env CUDA_VISIBLE_DEVICES={} vllm serve \"$MODEL\"",
+                join(&local, ",")
+            ),
+            &flags,
         );
         w.write(&format!("aggregated/vllm-replica{r}.sh"), &text)?;
     }
@@ -1091,18 +1088,15 @@ fn aggregated_files(
 /// simulator's generator and seed) at its rate, one SLO tier as goodput.
 fn bench_script(sc: &Scenario, model: &str) -> String {
     let wl = &sc.workload;
-    let mut s = "#!/usr/bin/env bash\n".to_string();
-    s += &header(
-        "#",
-        sc,
-        &format!(
+    let mut s = script_head(
+sc,
+&format!(
             "Measure the deployment with the scenario's own requests ({} at {} req/s: the simulator's generator and seed) against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: the scenario's first SLO tier). The result (vllm bench serve's keys, easerve's report under `easerve`) goes to OUT (default bench-result.json) and one row per request beside it.",
             wl.requests, wl.rate
         ),
-        &EASERVE_BENCH,
-    );
-    s += "set -euo pipefail\n";
-    s += &model_lines(model);
+&EASERVE_BENCH,
+Some(model),
+);
     let _ = writeln!(
         s,
         "BASE_URL=\"${{BASE_URL:-http://127.0.0.1:{FRONT_PORT}}}\""
@@ -1110,8 +1104,7 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
     s += "OUT=\"${OUT:-bench-result.json}\"\nEASERVE=\"${EASERVE:-easerve}\"\n";
     s += "HERE=\"$(cd \"$(dirname \"${BASH_SOURCE[0]}\")\" && pwd)\"\n";
     let mut flags = vec![
-        "bench".to_string(),
-        "--scenario \"$HERE/scenario.toml\"".into(),
+        "--scenario \"$HERE/scenario.toml\"".to_string(),
         "--base-url \"$BASE_URL\"".into(),
         "--model \"$MODEL\"".into(),
     ];
@@ -1121,11 +1114,8 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
     }
     flags.push("--requests-csv \"${OUT%.json}.csv\"".into());
     flags.push("--json".into());
-    let _ = writeln!(
-        s,
-        "\"$EASERVE\" {} > \"$OUT\"\necho \"bench.sh: wrote $OUT\" >&2",
-        flags.join(" \\\n    ")
-    );
+    s += &command_lines("\"$EASERVE\" bench", &flags).replace("--json\n", "--json > \"$OUT\"\n");
+    s += "echo \"bench.sh: wrote $OUT\" >&2\n";
     s
 }
 
