@@ -53,6 +53,56 @@ pub(crate) struct ExecArgs {
 
 #[cfg(feature = "exec")]
 pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
+    let (sc, opts) = setup(&a)?;
+    let cost = sc.cost();
+    crate::warn_if_host_busy("exec");
+    let out = execute(&sc, &*cost, &opts)?;
+    a.run.output(&out.report, &out.records, &out.decisions)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) const SERVE_HELP: &str = "Endpoints: POST /v1/chat/completions (text, image_url and input_audio parts as base64 data URLs, video as frames; stream or not; max_tokens fixes the output length), GET /v1/models, GET /health, GET /metrics (Prometheus text, vLLM's metric names). Remote http(s) media URLs are refused: the server fetches nothing. The models carry seeded random weights and no tokenizer: a text prompt counts one token per word, and a completion's text is its token ids.
+
+SIGTERM or Ctrl-C (or --time-limit) stops accepting (503), lets the requests in flight finish, stops the workers and prints the report of what was served, as `exec` does.
+
+Exit codes: 0 served and drained; 1 the address could not be bound, the workers could not start, or an internal error; 2 bad input (scenario, profile or arguments).";
+
+#[derive(clap::Args, Debug)]
+#[cfg_attr(not(feature = "exec"), allow(dead_code))]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    exec: ExecArgs,
+    /// Address to listen on (port 0: a free port; the address taken is
+    /// printed on stdout as `listening on http://ADDR`).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8000")]
+    listen: std::net::SocketAddr,
+}
+
+#[cfg(feature = "exec")]
+pub(crate) fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let (sc, exec) = setup(&a.exec)?;
+    let cost = sc.cost();
+    crate::warn_if_host_busy("serve");
+    let opts = easerve_exec::serve::ServeOptions {
+        exec,
+        listen: a.listen,
+    };
+    let out = easerve_exec::serve::serve(&sc, &*cost, &opts, |addr| {
+        let mut o = std::io::stdout();
+        let _ = writeln!(o, "listening on http://{addr} (model `{}`)", sc.model.name);
+        let _ = o.flush();
+    })?;
+    a.exec
+        .run
+        .output(&out.report, &out.records, &out.decisions)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The scenario of an `exec` or `serve`, with the flags applied and checked
+/// against what the executor can run, and how to run it.
+#[cfg(feature = "exec")]
+fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOptions)> {
     let mut sc = a.run.scenario()?;
     let device: DeviceKind = a
         .device
@@ -140,11 +190,7 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
         time_limit_s: a.time_limit,
         kill,
     };
-    let cost = sc.cost();
-    crate::warn_if_host_busy("exec");
-    let out = execute(&sc, &*cost, &opts)?;
-    a.run.output(&out.report, &out.records, &out.decisions)?;
-    Ok(ExitCode::SUCCESS)
+    Ok((sc, opts))
 }
 
 #[derive(clap::Args, Debug)]

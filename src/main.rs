@@ -101,6 +101,17 @@ enum Command {
         )
     )]
     Exec(exec_cmd::ExecArgs),
+    /// Serve a scenario's deployment behind an OpenAI-compatible HTTP server
+    /// (the executor's workers and scheduler; streaming chat completions with
+    /// images, audio and video frames, /metrics) until SIGTERM, then report.
+    #[command(after_help = exec_cmd::SERVE_HELP)]
+    #[cfg_attr(
+        not(feature = "exec"),
+        command(
+            about = "Serve a scenario behind an OpenAI-compatible HTTP server (not in this build: build with `--features exec`)"
+        )
+    )]
+    Serve(exec_cmd::ServeArgs),
     /// Internal: one worker process of `easerve exec`.
     #[command(hide = true)]
     Worker(exec_cmd::WorkerArgs),
@@ -414,11 +425,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         #[cfg(feature = "exec")]
         Command::Exec(a) => exec_cmd::run(a),
         #[cfg(feature = "exec")]
+        Command::Serve(a) => exec_cmd::serve(a),
+        #[cfg(feature = "exec")]
         Command::Worker(a) => exec_cmd::worker(a),
         #[cfg(not(feature = "exec"))]
         Command::Profile(_) => Err(without_executor("profile")),
         #[cfg(not(feature = "exec"))]
         Command::Exec(_) | Command::Worker(_) => Err(without_executor("exec")),
+        #[cfg(not(feature = "exec"))]
+        Command::Serve(_) => Err(without_executor("serve")),
     }
 }
 

@@ -14,6 +14,8 @@ mod profile_cli;
 mod readme_commands;
 mod reproduce_cli;
 mod search_cli;
+#[cfg(feature = "exec")]
+mod serve_cli;
 mod sim_cli;
 mod sweep_cli;
 

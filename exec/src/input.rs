@@ -104,39 +104,46 @@ impl Media {
 
     /// Decode a WAV file (PCM integer or float), mix to mono, resample to 16 kHz.
     pub fn wav(path: &Path) -> Result<Media, InputError> {
-        let mut r = hound::WavReader::open(path).map_err(|e| file_err(path, e))?;
-        let spec = r.spec();
-        if !(1_000..=384_000).contains(&spec.sample_rate) {
-            return Err(file_err(
-                path,
-                format!(
-                    "sample rate {} Hz is outside 1000..384000 Hz",
-                    spec.sample_rate
-                ),
-            ));
+        let r = hound::WavReader::open(path).map_err(|e| file_err(path, e))?;
+        wav_samples(r).map_err(|e| file_err(path, e))
+    }
+
+    /// [`Media::wav`] of WAV bytes held in memory (a request's `input_audio`);
+    /// the error says what is wrong with them.
+    pub fn wav_bytes(bytes: &[u8]) -> Result<Media, String> {
+        let r = hound::WavReader::new(std::io::Cursor::new(bytes)).map_err(|e| e.to_string())?;
+        wav_samples(r)
+    }
+
+    /// An image (PNG or JPEG, told by its bytes) held in memory, as RGB; the
+    /// error says what is wrong with it.
+    pub fn rgb_bytes(bytes: &[u8]) -> Result<RgbImage, String> {
+        image::ImageReader::new(std::io::Cursor::new(bytes))
+            .with_guessed_format()
+            .map_err(|e| e.to_string())?
+            .decode()
+            .map(|img| img.to_rgb8())
+            .map_err(|e| e.to_string())
+    }
+
+    /// The shape of this input as the scheduler sees it: an image's pixels, a
+    /// video's frames and the first frame's pixels (every frame is resized to
+    /// it when prepared), audio's seconds at 16 kHz.
+    pub fn item(&self) -> MmItem {
+        match self {
+            Media::Image(img) => MmItem::Image {
+                height: img.height(),
+                width: img.width(),
+            },
+            Media::Video(frames) => MmItem::Video {
+                frames: frames.len() as u32,
+                height: frames.first().map_or(0, |f| f.height()),
+                width: frames.first().map_or(0, |f| f.width()),
+            },
+            Media::Audio(samples) => MmItem::Audio {
+                seconds: samples.len() as f64 / SAMPLE_RATE as f64,
+            },
         }
-        let ch = usize::from(spec.channels.max(1));
-        let raw: Vec<f32> = match spec.sample_format {
-            hound::SampleFormat::Float => r
-                .samples::<f32>()
-                .collect::<Result<_, _>>()
-                .map_err(|e| file_err(path, e))?,
-            hound::SampleFormat::Int => {
-                let scale = 1.0 / (1u64 << (spec.bits_per_sample.clamp(1, 32) - 1)) as f32;
-                r.samples::<i32>()
-                    .map(|s| s.map(|v| v as f32 * scale))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| file_err(path, e))?
-            }
-        };
-        let mono: Vec<f32> = raw
-            .chunks(ch)
-            .map(|c| c.iter().sum::<f32>() / ch as f32)
-            .collect();
-        if mono.is_empty() {
-            return Err(file_err(path, "no samples"));
-        }
-        Ok(Media::Audio(resample(&mono, spec.sample_rate, SAMPLE_RATE)))
     }
 
     /// Decode `path` by its extension: `.wav` audio, `.png`/`.jpg`/`.jpeg` image, a
@@ -196,6 +203,40 @@ impl Media {
             }
         }
     }
+}
+
+/// Samples of a WAV stream (PCM integer or float), mixed to mono and
+/// resampled to 16 kHz.
+fn wav_samples<R: std::io::Read>(mut r: hound::WavReader<R>) -> Result<Media, String> {
+    let spec = r.spec();
+    if !(1_000..=384_000).contains(&spec.sample_rate) {
+        return Err(format!(
+            "sample rate {} Hz is outside 1000..384000 Hz",
+            spec.sample_rate
+        ));
+    }
+    let ch = usize::from(spec.channels.max(1));
+    let raw: Vec<f32> = match spec.sample_format {
+        hound::SampleFormat::Float => r
+            .samples::<f32>()
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?,
+        hound::SampleFormat::Int => {
+            let scale = 1.0 / (1u64 << (spec.bits_per_sample.clamp(1, 32) - 1)) as f32;
+            r.samples::<i32>()
+                .map(|s| s.map(|v| v as f32 * scale))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?
+        }
+    };
+    let mono: Vec<f32> = raw
+        .chunks(ch)
+        .map(|c| c.iter().sum::<f32>() / ch as f32)
+        .collect();
+    if mono.is_empty() {
+        return Err("no samples".into());
+    }
+    Ok(Media::Audio(resample(&mono, spec.sample_rate, SAMPLE_RATE)))
 }
 
 fn read_rgb(path: &Path) -> Result<RgbImage, InputError> {

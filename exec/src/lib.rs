@@ -9,7 +9,9 @@
 //! 5. [`run`]: `easerve exec`, the second driver of `easerve_sched::Controller`
 //!    (the simulator is the first): worker processes over sockets, the
 //!    controller's commands carried out for real.
-//! 6. [`wire`] and [`worker`]: the frames between the controller and a worker,
+//! 6. [`serve`] and [`openai`]: `easerve serve`, the same controller and
+//!    workers behind an OpenAI-compatible HTTP server.
+//! 7. [`wire`] and [`worker`]: the frames between the controller and a worker,
 //!    and the worker process itself.
 #![warn(missing_docs)]
 
@@ -18,8 +20,10 @@ pub mod cuda;
 pub mod device;
 pub mod input;
 pub mod mel;
+pub mod openai;
 pub mod preprocess_cost;
 pub mod profile;
 pub mod run;
+pub mod serve;
 pub mod wire;
 pub mod worker;

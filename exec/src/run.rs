@@ -22,7 +22,7 @@
 use crate::device::{cpu_cores, DeviceKind};
 use crate::wire::{
     encode_frame, read_frame_async, write_bytes_async, EncodeRequest, FromWorker, KvData, Matrix,
-    PrefillRequest, Role, ToWorker,
+    PrefillRequest, Role, ToWorker, WireMedia,
 };
 use easerve_calib::StageCost;
 use easerve_sched::{
@@ -103,7 +103,7 @@ pub enum ExecError {
 }
 
 /// One worker process as the controller sees it.
-struct Worker {
+pub(crate) struct Worker {
     wref: WorkerRef,
     label: String,
     role: Role,
@@ -113,7 +113,7 @@ struct Worker {
     local: bool,
     tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
-    pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     alive: bool,
     /// Seconds of compute the worker reported, and SM-share-weighted seconds.
     busy_s: f64,
@@ -125,7 +125,7 @@ struct Worker {
     decode_run: Option<(DecodeRunProgress, Vec<RequestId>)>,
 }
 
-enum Incoming {
+pub(crate) enum Incoming {
     Msg(usize, FromWorker),
     Down(usize, String),
     Stderr(usize, String),
@@ -168,12 +168,12 @@ async fn run(
     let report = build_report(
         sc,
         &ctrl,
-        &pool.workers,
+        &pool,
         run_s,
         &faults,
         &interrupted,
-        &pool.threads,
         opts,
+        "measured by easerve exec",
     );
     let decisions = ctrl.decisions().to_vec();
     Ok(ExecOutput {
@@ -186,14 +186,14 @@ async fn run(
 }
 
 /// The worker processes of a run, connected and ready.
-struct Pool {
-    workers: Vec<Worker>,
-    by_ref: HashMap<WorkerRef, usize>,
-    rx: mpsc::UnboundedReceiver<Incoming>,
+pub(crate) struct Pool {
+    pub(crate) workers: Vec<Worker>,
+    pub(crate) by_ref: HashMap<WorkerRef, usize>,
+    pub(crate) rx: mpsc::UnboundedReceiver<Incoming>,
     /// Kept so the channel stays open while every worker is gone.
     _tx: mpsc::UnboundedSender<Incoming>,
     /// Each worker's last error line (stderr or an error frame).
-    last_err: HashMap<usize, String>,
+    pub(crate) last_err: HashMap<usize, String>,
     /// CPU threads of each worker.
     threads: Vec<usize>,
 }
@@ -207,7 +207,7 @@ struct Outcome {
 
 /// Start one process per worker of `topology`, and wait until every one has
 /// connected, said hello and loaded its model.
-async fn start_workers(
+pub(crate) async fn start_workers(
     sc: &Scenario,
     topology: &easerve_sched::Topology,
     opts: &ExecOptions,
@@ -464,73 +464,9 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
         let mut events: Vec<Event> = Vec::new();
         tokio::select! {
             ev = rx.recv() => match ev {
-                Some(Incoming::Msg(k, msg)) => {
-                    let w = &mut workers[k];
-                    match msg {
-                        FromWorker::EncodeDone { embeddings: e, compute_s, .. } => {
-                            w.busy_s += compute_s;
-                            w.sm_s += compute_s * w.share;
-                            links.embeddings.extend(e);
-                            events.push(Event::EncodeDone { worker: w.index });
-                        }
-                        FromWorker::EncodeGpuStarted => {
-                            events.push(Event::EncodeGpuStarted { worker: w.index });
-                        }
-                        FromWorker::EmbeddingsLanded { envelope } => {
-                            if let Some(sent_at) = links.envelopes.remove(&envelope) {
-                                events.push(Event::EmbeddingsLanded { envelope, sent_at });
-                            }
-                        }
-                        FromWorker::PrefillDone { outputs, compute_s } => {
-                            w.busy_s += compute_s;
-                            w.sm_s += compute_s * w.share;
-                            for (id, tok, cache) in outputs {
-                                links.kv.insert(id, (tok, cache));
-                            }
-                            events.push(Event::PrefillDone { worker: w.index });
-                        }
-                        FromWorker::KvLanded { id } => {
-                            let sent_at = links.kv_sent.remove(&id).unwrap_or(now());
-                            events.push(Event::KvLanded { id, sent_at });
-                        }
-                        FromWorker::DecodeDone { compute_s, .. } => {
-                            w.busy_s += compute_s;
-                            w.sm_s += compute_s;
-                            if let Some(steps) = next_decode_step(w) {
-                                events.push(Event::DecodeRunDone { worker: w.index, steps });
-                            }
-                        }
-                        FromWorker::Error { message } => {
-                            last_err.insert(k, message);
-                        }
-                        FromWorker::Hello { .. } | FromWorker::Ready { .. } => {}
-                    }
-                }
-                Some(Incoming::Down(k, why)) => {
-                    let w = &mut workers[k];
-                    if w.alive {
-                        w.alive = false;
-                        w.tx = None;
-                        let reason = match last_err.get(&k) {
-                            Some(l) => format!("{why}; last words: {l}"),
-                            None => why,
-                        };
-                        let t = now();
-                        faults.push(Fault {
-                            worker: w.label.clone(),
-                            reason: reason.clone(),
-                            detected_at: t,
-                            detection_delay_s: killed_at
-                                .filter(|(kk, _)| *kk == k)
-                                .map(|(_, at)| t - at),
-                        });
-                        // the controller fails what it holds, and frees the
-                        // in-flight slots of envelopes sent to it
-                        events.push(Event::WorkerFailed { worker: w.wref, reason });
-                    }
-                }
-                Some(Incoming::Stderr(k, l)) => {
-                    last_err.insert(k, l);
+                Some(ev) => {
+                    let detect = DetectAt { now: now(), killed_at };
+                    events.extend(on_incoming(ev, workers, &mut links, last_err, &mut faults, detect, None));
                 }
                 None => break,
             },
@@ -560,10 +496,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
             kill = None;
             if let Some(&k) = by_ref.get(&wref) {
                 if let Some(pid) = workers[k].pid {
-                    // SAFETY: plain kill(2) of our own child's pid.
-                    unsafe {
-                        libc::kill(pid as i32, libc::SIGKILL);
-                    }
+                    sigkill(pid);
                     killed_at = Some((k, at.max(t)));
                 }
             }
@@ -577,24 +510,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
             });
             next_arrival += 1;
         }
-        let mut events: std::collections::VecDeque<Event> = events.into();
-        let mut timeout_checked = false;
-        loop {
-            match events.pop_front() {
-                Some(ev) => ctrl.handle(t, ev),
-                // the controller's timers, after this instant's events
-                None if !timeout_checked => {
-                    timeout_checked = true;
-                    ctrl.handle_timeout(t);
-                }
-                None => break,
-            }
-            while let Some(cmd) = ctrl.poll_command() {
-                // a transfer to a worker that is gone lands at once, so the
-                // controller fails its requests and frees the sender's slot
-                events.extend(carry_out(cmd, ctrl, workers, by_ref, &mut links, t));
-            }
-        }
+        step(ctrl, events, workers, by_ref, &mut links, t);
         run_s = t;
     }
 
@@ -605,8 +521,156 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
     }
 }
 
+/// When a worker's end is noticed, and the injected kill (worker, time) if
+/// any, for the fault's detection delay.
+#[derive(Clone, Copy)]
+pub(crate) struct DetectAt {
+    pub(crate) now: f64,
+    pub(crate) killed_at: Option<(usize, f64)>,
+}
+
+/// What one message from the workers means to the controller: at most one
+/// event. A worker's end becomes a [`Fault`] and [`Event::WorkerFailed`].
+/// Tokens the workers emitted (a prefill's first token, each decode
+/// iteration's) go to `tokens` when the driver streams them.
+pub(crate) fn on_incoming(
+    ev: Incoming,
+    workers: &mut [Worker],
+    links: &mut Links,
+    last_err: &mut HashMap<usize, String>,
+    faults: &mut Vec<Fault>,
+    at: DetectAt,
+    tokens: Option<&mut Vec<(RequestId, u32)>>,
+) -> Option<Event> {
+    match ev {
+        Incoming::Msg(k, msg) => {
+            let w = &mut workers[k];
+            match msg {
+                FromWorker::EncodeDone {
+                    embeddings: e,
+                    compute_s,
+                    ..
+                } => {
+                    w.busy_s += compute_s;
+                    w.sm_s += compute_s * w.share;
+                    links.embeddings.extend(e);
+                    Some(Event::EncodeDone { worker: w.index })
+                }
+                FromWorker::EncodeGpuStarted => Some(Event::EncodeGpuStarted { worker: w.index }),
+                FromWorker::EmbeddingsLanded { envelope } => links
+                    .envelopes
+                    .remove(&envelope)
+                    .map(|sent_at| Event::EmbeddingsLanded { envelope, sent_at }),
+                FromWorker::PrefillDone { outputs, compute_s } => {
+                    w.busy_s += compute_s;
+                    w.sm_s += compute_s * w.share;
+                    if let Some(t) = tokens {
+                        t.extend(outputs.iter().map(|(id, tok, _)| (*id, *tok)));
+                    }
+                    for (id, tok, cache) in outputs {
+                        links.kv.insert(id, (tok, cache));
+                    }
+                    Some(Event::PrefillDone { worker: w.index })
+                }
+                FromWorker::KvLanded { id } => {
+                    let sent_at = links.kv_sent.remove(&id).unwrap_or(at.now);
+                    Some(Event::KvLanded { id, sent_at })
+                }
+                FromWorker::DecodeDone {
+                    compute_s,
+                    tokens: emitted,
+                } => {
+                    w.busy_s += compute_s;
+                    w.sm_s += compute_s;
+                    if let Some(t) = tokens {
+                        t.extend(emitted);
+                    }
+                    next_decode_step(w).map(|steps| Event::DecodeRunDone {
+                        worker: w.index,
+                        steps,
+                    })
+                }
+                FromWorker::Error { message } => {
+                    last_err.insert(k, message);
+                    None
+                }
+                FromWorker::Hello { .. } | FromWorker::Ready { .. } => None,
+            }
+        }
+        Incoming::Down(k, why) => {
+            let w = &mut workers[k];
+            if !w.alive {
+                return None;
+            }
+            w.alive = false;
+            w.tx = None;
+            let reason = match last_err.get(&k) {
+                Some(l) => format!("{why}; last words: {l}"),
+                None => why,
+            };
+            faults.push(Fault {
+                worker: w.label.clone(),
+                reason: reason.clone(),
+                detected_at: at.now,
+                detection_delay_s: at
+                    .killed_at
+                    .filter(|(kk, _)| *kk == k)
+                    .map(|(_, t)| at.now - t),
+            });
+            // the controller fails what it holds, and frees the in-flight
+            // slots of envelopes sent to it
+            Some(Event::WorkerFailed {
+                worker: w.wref,
+                reason,
+            })
+        }
+        Incoming::Stderr(k, l) => {
+            last_err.insert(k, l);
+            None
+        }
+    }
+}
+
+/// Hand `events` (all at `t`) to the controller, then its timers, carrying
+/// out every command it gives in order.
+pub(crate) fn step(
+    ctrl: &mut Controller,
+    events: Vec<Event>,
+    workers: &mut [Worker],
+    by_ref: &HashMap<WorkerRef, usize>,
+    links: &mut Links,
+    t: f64,
+) {
+    let mut events: std::collections::VecDeque<Event> = events.into();
+    let mut timeout_checked = false;
+    loop {
+        match events.pop_front() {
+            Some(ev) => ctrl.handle(t, ev),
+            // the controller's timers, after this instant's events
+            None if !timeout_checked => {
+                timeout_checked = true;
+                ctrl.handle_timeout(t);
+            }
+            None => break,
+        }
+        while let Some(cmd) = ctrl.poll_command() {
+            // a transfer to a worker that is gone lands at once, so the
+            // controller fails its requests and frees the sender's slot
+            events.extend(carry_out(cmd, ctrl, workers, by_ref, links, t));
+        }
+    }
+}
+
+/// Kill our own worker process `pid` (SIGKILL).
+pub(crate) fn sigkill(pid: u32) {
+    // SAFETY: plain kill(2) of a child's pid.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGKILL);
+    }
+}
+
 /// Shut the workers down: a shutdown frame, then a kill after 3 s.
-async fn shut_down(pool: &mut Pool) {
+pub(crate) async fn shut_down(pool: &mut Pool) {
     for w in &mut pool.workers {
         if let Some(tx) = w.tx.take() {
             if let Ok(f) = encode_frame(&ToWorker::Shutdown) {
@@ -629,10 +693,7 @@ async fn shut_down(pool: &mut Pool) {
             _ = tokio::time::sleep_until(stop_deadline) => {
                 for w in pool.workers.iter().filter(|w| w.alive) {
                     if let Some(pid) = w.pid {
-                        // SAFETY: plain kill(2) of our own child's pid.
-                        unsafe {
-                            libc::kill(pid as i32, libc::SIGKILL);
-                        }
+                        sigkill(pid);
                     }
                 }
                 break;
@@ -669,13 +730,15 @@ async fn reader(
 /// What moves between workers through the controller: embeddings and KV
 /// caches held until their destination is chosen, and when each transfer left.
 #[derive(Default)]
-struct Links {
+pub(crate) struct Links {
     embeddings: HashMap<RequestId, Matrix>,
     kv: HashMap<RequestId, (u32, KvData)>,
     /// Envelopes in flight and when they left.
     envelopes: HashMap<EnvelopeId, f64>,
     /// KV caches in flight and when they left.
     kv_sent: HashMap<RequestId, f64>,
+    /// Requests' own media until their encode pass goes out (`easerve serve`).
+    pub(crate) media: HashMap<RequestId, Vec<WireMedia>>,
 }
 
 /// Decode worker `w` finished an iteration of its run: the run ends (the
@@ -722,6 +785,7 @@ fn carry_out(
                 .map(|&id| EncodeRequest {
                     id,
                     items: ctrl.requests()[id as usize].items.clone(),
+                    media: links.media.remove(&id).unwrap_or_default(),
                 })
                 .collect();
             workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
@@ -824,16 +888,17 @@ fn carry_out(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn build_report(
+pub(crate) fn build_report(
     sc: &Scenario,
     ctrl: &Controller,
-    workers: &[Worker],
+    pool: &Pool,
     run_s: f64,
     faults: &[Fault],
     interrupted: &Option<String>,
-    threads: &[usize],
     opts: &ExecOptions,
+    how: &str,
 ) -> Report {
+    let (workers, threads) = (&pool.workers, &pool.threads);
     let records = ctrl.records();
     let duration = records
         .iter()
@@ -878,7 +943,7 @@ fn build_report(
         },
     };
     let mut notes = vec![format!(
-        "measured by easerve exec: {} worker processes on {} (CPU threads {}{}), transfers relayed by the controller over loopback TCP",
+        "{how}: {} worker processes on {} (CPU threads {}{}), transfers relayed by the controller over loopback TCP",
         workers.len(),
         opts.device.as_str(),
         workers

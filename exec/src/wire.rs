@@ -72,9 +72,82 @@ pub struct KvData {
 pub struct EncodeRequest {
     /// Request.
     pub id: RequestId,
-    /// Its items; the worker synthesises media of these shapes (seeded by
-    /// the run's seed and the request id) and preprocesses them for real.
+    /// Its items; when `media` is empty the worker synthesises media of
+    /// these shapes (seeded by the run's seed and the request id), and it
+    /// preprocesses them for real either way.
     pub items: Vec<MmItem>,
+    /// The request's own decoded media, one per item (`easerve serve`), or
+    /// empty (`easerve exec`'s synthetic workload).
+    pub media: Vec<WireMedia>,
+}
+
+/// A decoded input as it crosses to an encode worker: RGB pixels
+/// (`height × width × 3` bytes, row-major) or 16 kHz mono samples.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum WireMedia {
+    /// A still image.
+    Image(WireImage),
+    /// Video frames, in order.
+    Video(Vec<WireImage>),
+    /// Audio samples in `[-1, 1]` at 16 kHz.
+    Audio(Vec<f32>),
+}
+
+/// One RGB image: `height × width × 3` bytes, row-major.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireImage {
+    /// Pixels.
+    pub width: u32,
+    /// Pixels.
+    pub height: u32,
+    /// Pixel bytes.
+    pub rgb: Vec<u8>,
+}
+
+impl WireImage {
+    fn of(img: &image::RgbImage) -> WireImage {
+        WireImage {
+            width: img.width(),
+            height: img.height(),
+            rgb: img.as_raw().clone(),
+        }
+    }
+
+    fn into_rgb(self) -> Result<image::RgbImage, String> {
+        let (w, h) = (self.width, self.height);
+        image::RgbImage::from_raw(w, h, self.rgb)
+            .ok_or_else(|| format!("an image of {w}×{h} pixels came with the wrong byte count"))
+    }
+}
+
+impl WireMedia {
+    /// The wire form of decoded media.
+    pub fn of(m: &crate::input::Media) -> WireMedia {
+        use crate::input::Media;
+        match m {
+            Media::Image(img) => WireMedia::Image(WireImage::of(img)),
+            Media::Video(frames) => WireMedia::Video(frames.iter().map(WireImage::of).collect()),
+            Media::Audio(s) => WireMedia::Audio(s.clone()),
+        }
+    }
+
+    /// Back to decoded media.
+    ///
+    /// # Errors
+    /// When an image's byte count does not match its size.
+    pub fn into_media(self) -> Result<crate::input::Media, String> {
+        use crate::input::Media;
+        Ok(match self {
+            WireMedia::Image(img) => Media::Image(img.into_rgb()?),
+            WireMedia::Video(frames) => Media::Video(
+                frames
+                    .into_iter()
+                    .map(WireImage::into_rgb)
+                    .collect::<Result<_, _>>()?,
+            ),
+            WireMedia::Audio(s) => Media::Audio(s),
+        })
+    }
 }
 
 /// One request of a prefill batch; its multimodal embeddings (if any) came

@@ -373,7 +373,13 @@ fn encode<B: Backend>(
     let mut counts = Vec::with_capacity(requests.len());
     for r in requests {
         for (j, it) in r.items.iter().enumerate() {
-            let media = Media::synthetic(it, media_seed(seed, r.id, j));
+            let media = match r.media.get(j) {
+                Some(m) => m
+                    .clone()
+                    .into_media()
+                    .map_err(|e| format!("request {}: {e}", r.id))?,
+                None => Media::synthetic(it, media_seed(seed, r.id, j)),
+            };
             let p = prepare(arch, &media).map_err(|e| format!("request {}: {e}", r.id))?;
             items.push(p.item.to_device::<B>(device));
         }

@@ -541,6 +541,19 @@ impl Controller {
 
     // ----------------------------------------------------------- the API
 
+    /// Append a request that was not known when the controller was built (a
+    /// server learns of its requests as they come): it takes the next id,
+    /// `requests().len()`, which this returns, whatever `req.id` said. Its
+    /// arrival is still an input: hand [`Event::Arrival`] with that id.
+    pub fn add_request(&mut self, mut req: Request) -> RequestId {
+        let id = self.requests.len() as RequestId;
+        req.id = id;
+        self.records.push(RequestRecord::new(&req));
+        self.place.push(Place::NotArrived);
+        self.requests.push(req);
+        id
+    }
+
     /// Hand the controller something that happened at `now` (module doc).
     /// Events that no longer apply (a pass that ended already, an envelope
     /// that landed, a worker that died) are no-ops.

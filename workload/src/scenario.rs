@@ -864,9 +864,24 @@ impl Scenario {
         cost: &dyn easerve_calib::StageCost,
         log_decisions: bool,
     ) -> easerve_sched::Controller {
-        let (batchers, split) = self.encode_policies(&requests, tokens, cost);
+        let cfg = self.controller_config(&requests, tokens, cost, log_decisions);
+        easerve_sched::Controller::new(requests, cfg)
+    }
+
+    /// The layout and policies of [`Scenario::controller`], for a controller
+    /// whose requests come later ([`easerve_sched::Controller::add_request`],
+    /// as `easerve serve` learns of them): `requests` and `tokens` only stand
+    /// for a typical request in the encode policies' costs.
+    pub fn controller_config(
+        &self,
+        requests: &[easerve_sched::Request],
+        tokens: &crate::generate::ItemTokenTable,
+        cost: &dyn easerve_calib::StageCost,
+        log_decisions: bool,
+    ) -> easerve_sched::ControllerConfig {
+        let (batchers, split) = self.encode_policies(requests, tokens, cost);
         let dep = &self.deployment;
-        let cfg = easerve_sched::ControllerConfig {
+        easerve_sched::ControllerConfig {
             batchers,
             topology: self.topology(),
             decode: self.decode_schedulers(),
@@ -877,8 +892,7 @@ impl Scenario {
             split,
             admission_limit: self.knobs.admission_limit,
             log_decisions,
-        };
-        easerve_sched::Controller::new(requests, cfg)
+        }
     }
 
     /// The encode dispatch policy each encode worker runs: the scenario's,

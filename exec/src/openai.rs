@@ -1,0 +1,543 @@
+//! The OpenAI chat-completions request and response bodies `easerve serve`
+//! reads and writes: parsing a request into a scheduler [`Request`] and its
+//! decoded media, with an OpenAI-style error naming what is wrong, and the
+//! JSON of completions, stream chunks and errors.
+//!
+//! Accepted content parts (`messages[i].content` is a string or a list):
+//! * `{"type": "text", "text": "…"}`;
+//! * `{"type": "image_url", "image_url": {"url": "data:image/png;base64,…"}}`
+//!   (PNG or JPEG);
+//! * `{"type": "input_audio", "input_audio": {"data": "…", "format": "wav"}}`
+//!   (base64 WAV);
+//! * video as frames, either `{"type": "video_url", "video_url": {"url":
+//!   "data:video/jpeg;base64,F1,F2,…"}}` (vLLM's frame form: base64 JPEG or
+//!   PNG frames joined by commas) or `{"type": "video", "video": ["data:image/…;base64,…", …]}`
+//!   (one image data URL per frame).
+//!
+//! Remote `http(s)` URLs are refused: the server fetches nothing.
+//!
+//! Token counts: the executor's models carry seeded random weights and no
+//! tokenizer, so a text prompt counts one token per whitespace-separated word
+//! (what `easerve bench` sends: one word per token of the scenario), and the
+//! multimodal tokens are the model's own count for each item's shape
+//! ([`easerve_workload::generate::item_tokens`]). A completion's text is its
+//! token ids, one ` {id}` per token; it always runs to its `max_tokens` (the
+//! models have no end-of-sequence token), so `ignore_eos` and `min_tokens` are
+//! accepted and change nothing.
+
+use base64::Engine;
+use easerve_model::ModelArch;
+use easerve_sched::{MmItem, Request};
+use serde_json::{json, Value};
+
+use crate::input::Media;
+use crate::wire::WireMedia;
+
+/// What is wrong with a request, as an HTTP status and an OpenAI-style error.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    /// HTTP status: 400 (bad request), 404 (unknown model), 429 (admission),
+    /// 500 (the request failed in the server), 503 (starting or shutting down).
+    pub status: u16,
+    /// What is wrong, naming the field.
+    pub message: String,
+}
+
+impl ApiError {
+    /// A 400 naming what is wrong.
+    pub fn bad(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: 400,
+            message: message.into(),
+        }
+    }
+
+    /// The error type OpenAI's SDKs map the status to.
+    pub fn kind(&self) -> &'static str {
+        match self.status {
+            400 => "BadRequestError",
+            404 => "NotFoundError",
+            413 => "RequestTooLargeError",
+            429 => "RateLimitError",
+            503 => "ServiceUnavailableError",
+            _ => "InternalServerError",
+        }
+    }
+
+    /// The body: `{"error": {"message", "type", "param", "code"}}`.
+    pub fn body(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": null,
+                "code": self.status,
+            }
+        })
+    }
+}
+
+/// What the server knows of its model to check a request against.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// The name clients put in `model` (the scenario's model preset).
+    pub name: String,
+    /// Its architecture (token counts per item).
+    pub arch: ModelArch,
+    /// The most tokens (prompt + completion) one request may hold: a decode
+    /// worker's whole KV cache, in tokens.
+    pub max_model_len: u64,
+    /// Completion tokens when a request sets no `max_tokens` (the scenario's
+    /// `workload.output_len`).
+    pub default_max_tokens: u32,
+}
+
+/// A parsed, checked chat-completions request.
+#[derive(Clone, Debug)]
+pub struct ChatRequest {
+    /// The scheduler's view (id and arrival are set when it is admitted).
+    pub request: Request,
+    /// Decoded media, one per item.
+    pub media: Vec<WireMedia>,
+    /// `stream`.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// Parse and check one `POST /v1/chat/completions` body, decoding its media.
+///
+/// # Errors
+/// 400 for malformed JSON, a missing or wrong field, broken base64, an
+/// undecodable or unsupported medium, a remote URL, a modality the model
+/// has no encoder for, or more tokens than the model holds; 404 for another
+/// model's name.
+pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad(format!("malformed JSON body: {e}")))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| ApiError::bad("the body must be a JSON object"))?;
+    match obj.get("model") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(m)) if *m == model.name => {}
+        Some(Value::String(m)) => {
+            return Err(ApiError {
+                status: 404,
+                message: format!(
+                    "The model `{m}` does not exist; this server serves `{}`",
+                    model.name
+                ),
+            })
+        }
+        Some(_) => return Err(ApiError::bad("`model` must be a string")),
+    }
+    let stream = flag(obj.get("stream"), "stream")?;
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => flag(o.get("include_usage"), "stream_options.include_usage")?,
+        Some(_) => return Err(ApiError::bad("`stream_options` must be an object")),
+    };
+    flag(obj.get("ignore_eos"), "ignore_eos")?;
+    let max_tokens = match (obj.get("max_completion_tokens"), obj.get("max_tokens")) {
+        (Some(v), _) if !v.is_null() => count(v, "max_completion_tokens")?,
+        (_, Some(v)) if !v.is_null() => count(v, "max_tokens")?,
+        _ => model.default_max_tokens,
+    };
+    if let Some(v) = obj.get("min_tokens").filter(|v| !v.is_null()) {
+        let min = v
+            .as_u64()
+            .ok_or_else(|| ApiError::bad("`min_tokens` must be a whole number ≥ 0"))?;
+        if min > u64::from(max_tokens) {
+            return Err(ApiError::bad(format!(
+                "`min_tokens` {min} is more than the {max_tokens} completion tokens asked for"
+            )));
+        }
+    }
+    let messages = obj
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::bad("`messages` must be a non-empty list"))?;
+    let mut words: u64 = 0;
+    let mut media: Vec<Media> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let m = m
+            .as_object()
+            .ok_or_else(|| ApiError::bad(format!("{at} must be an object")))?;
+        match m.get("role").and_then(Value::as_str) {
+            Some("system" | "user" | "assistant" | "developer" | "tool") => {}
+            Some(r) => {
+                return Err(ApiError::bad(format!(
+                    "{at}.role `{r}` is not one of system, user, assistant, developer, tool"
+                )))
+            }
+            None => return Err(ApiError::bad(format!("{at}.role is missing"))),
+        }
+        match m.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(t)) => words += t.split_whitespace().count() as u64,
+            Some(Value::Array(parts)) => {
+                for (j, part) in parts.iter().enumerate() {
+                    let at = format!("{at}.content[{j}]");
+                    match content_part(part, &at)? {
+                        Part::Text(n) => words += n,
+                        Part::Media(x) => media.push(x),
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::bad(format!(
+                    "{at}.content must be a string or a list of parts"
+                )))
+            }
+        }
+    }
+    let prompt_tokens = u32::try_from(words)
+        .map_err(|_| ApiError::bad(format!("the prompt's {words} words are too many")))?;
+    let items: Vec<MmItem> = media.iter().map(Media::item).collect();
+    let (mut encoder_tokens, mut mm_tokens) = (0u64, 0u64);
+    for (k, it) in items.iter().enumerate() {
+        let t = easerve_workload::generate::item_tokens(&model.arch, it).map_err(|e| {
+            ApiError::bad(format!(
+                "multimodal item {k} ({it:?}) does not suit model `{}`: {e}",
+                model.name
+            ))
+        })?;
+        encoder_tokens += t.encoder_tokens;
+        mm_tokens += t.llm_tokens;
+    }
+    let total = u64::from(prompt_tokens) + mm_tokens + u64::from(max_tokens);
+    if total > model.max_model_len {
+        return Err(ApiError::bad(format!(
+            "This model's maximum context length is {} tokens. However, you requested {total} tokens ({} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
+            model.max_model_len,
+            u64::from(prompt_tokens) + mm_tokens
+        )));
+    }
+    Ok(ChatRequest {
+        request: Request {
+            id: 0,
+            arrival: 0.0,
+            items,
+            prompt_tokens,
+            output_tokens: max_tokens,
+            encoder_tokens,
+            mm_tokens,
+        },
+        media: media.iter().map(WireMedia::of).collect(),
+        stream,
+        include_usage,
+    })
+}
+
+fn flag(v: Option<&Value>, name: &str) -> Result<bool, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad(format!("`{name}` must be true or false"))),
+    }
+}
+
+fn count(v: &Value, name: &str) -> Result<u32, ApiError> {
+    v.as_u64()
+        .filter(|&n| n >= 1)
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| ApiError::bad(format!("`{name}` must be a whole number ≥ 1, not {v}")))
+}
+
+enum Part {
+    Text(u64),
+    Media(Media),
+}
+
+fn content_part(part: &Value, at: &str) -> Result<Part, ApiError> {
+    let ty = part
+        .get("type")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::bad(format!("{at}.type is missing")))?;
+    let field = |name: &str| {
+        part.get(name)
+            .ok_or_else(|| ApiError::bad(format!("{at}: a `{ty}` part needs `{name}`")))
+    };
+    match ty {
+        "text" => Ok(Part::Text(
+            field("text")?
+                .as_str()
+                .ok_or_else(|| ApiError::bad(format!("{at}.text must be a string")))?
+                .split_whitespace()
+                .count() as u64,
+        )),
+        "image_url" => {
+            let url = url_of(field("image_url")?, &format!("{at}.image_url"))?;
+            Ok(Part::Media(Media::Image(image_url(
+                url,
+                &format!("{at}.image_url.url"),
+            )?)))
+        }
+        "input_audio" => {
+            let a = field("input_audio")?;
+            let at = format!("{at}.input_audio");
+            match a.get("format").and_then(Value::as_str) {
+                Some("wav") => {}
+                Some(f) => {
+                    return Err(ApiError::bad(format!(
+                        "{at}.format `{f}` is not supported: send WAV (`wav`)"
+                    )))
+                }
+                None => return Err(ApiError::bad(format!("{at}.format is missing (`wav`)"))),
+            }
+            let data = a
+                .get("data")
+                .and_then(Value::as_str)
+                .ok_or_else(|| ApiError::bad(format!("{at}.data must be a base64 string")))?;
+            let bytes = base64_bytes(data, &format!("{at}.data"))?;
+            Media::wav_bytes(&bytes)
+                .map(Part::Media)
+                .map_err(|e| ApiError::bad(format!("{at}.data is not a readable WAV file: {e}")))
+        }
+        "video_url" => {
+            let at = format!("{at}.video_url.url");
+            let url = url_of(field("video_url")?, &at)?;
+            let (mime, data) = data_url(url, &at)?;
+            if !matches!(mime, "video/jpeg" | "video/png") {
+                return Err(ApiError::bad(format!(
+                    "{at}: media type `{mime}` is not supported: send frames as `data:video/jpeg;base64,F1,F2,…` (or video/png)"
+                )));
+            }
+            let frames = data
+                .split(',')
+                .enumerate()
+                .map(|(k, f)| {
+                    rgb(
+                        &base64_bytes(f, &format!("{at} frame {k}"))?,
+                        &format!("{at} frame {k}"),
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Part::Media(Media::Video(frames)))
+        }
+        "video" => {
+            let list = field("video")?
+                .as_array()
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| {
+                    ApiError::bad(format!(
+                        "{at}.video must be a non-empty list of image data URLs"
+                    ))
+                })?;
+            let frames = list
+                .iter()
+                .enumerate()
+                .map(|(k, f)| {
+                    let at = format!("{at}.video[{k}]");
+                    let url = f
+                        .as_str()
+                        .ok_or_else(|| ApiError::bad(format!("{at} must be an image data URL")))?;
+                    image_url(url, &at)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Part::Media(Media::Video(frames)))
+        }
+        other => Err(ApiError::bad(format!(
+            "{at}.type `{other}` is not supported (text, image_url, input_audio, video_url, video)"
+        ))),
+    }
+}
+
+/// `{"url": "…"}` or a bare string.
+fn url_of<'a>(v: &'a Value, at: &str) -> Result<&'a str, ApiError> {
+    v.get("url")
+        .and_then(Value::as_str)
+        .or_else(|| v.as_str())
+        .ok_or_else(|| ApiError::bad(format!("{at}.url must be a string")))
+}
+
+/// `(media type, payload)` of a base64 data URL.
+fn data_url<'a>(url: &'a str, at: &str) -> Result<(&'a str, &'a str), ApiError> {
+    if url.starts_with("http://") || url.starts_with("https://") {
+        return Err(ApiError::bad(format!(
+            "{at}: remote URLs are not fetched by this server; send the media inline as a base64 data URL (data:image/png;base64,…)"
+        )));
+    }
+    let rest = url.strip_prefix("data:").ok_or_else(|| {
+        ApiError::bad(format!(
+            "{at} must be a base64 data URL (data:<type>;base64,…)"
+        ))
+    })?;
+    let (head, data) = rest
+        .split_once(',')
+        .ok_or_else(|| ApiError::bad(format!("{at}: a data URL needs a comma before its data")))?;
+    let mime = head.strip_suffix(";base64").ok_or_else(|| {
+        ApiError::bad(format!(
+            "{at}: only base64 data URLs are read (data:<type>;base64,…)"
+        ))
+    })?;
+    Ok((mime, data))
+}
+
+fn image_url(url: &str, at: &str) -> Result<image::RgbImage, ApiError> {
+    let (mime, data) = data_url(url, at)?;
+    if !matches!(mime, "image/png" | "image/jpeg" | "image/jpg") {
+        return Err(ApiError::bad(format!(
+            "{at}: media type `{mime}` is not supported (image/png or image/jpeg)"
+        )));
+    }
+    rgb(&base64_bytes(data, at)?, at)
+}
+
+fn rgb(bytes: &[u8], at: &str) -> Result<image::RgbImage, ApiError> {
+    Media::rgb_bytes(bytes)
+        .map_err(|e| ApiError::bad(format!("{at} is not a readable PNG or JPEG image: {e}")))
+}
+
+fn base64_bytes(data: &str, at: &str) -> Result<Vec<u8>, ApiError> {
+    base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| ApiError::bad(format!("{at}: invalid base64: {e}")))
+}
+
+/// A token as completion text: ` {id}`.
+pub fn token_text(tok: u32) -> String {
+    format!(" {tok}")
+}
+
+/// One `chat.completion.chunk` with `delta` and `finish_reason`.
+pub fn chunk(id: &str, created: u64, model: &str, delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish }],
+    })
+}
+
+/// The `usage` object.
+pub fn usage(prompt: u64, completion: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
+}
+
+/// A whole `chat.completion` (non-streaming answer).
+pub fn completion(
+    id: &str,
+    created: u64,
+    model: &str,
+    text: &str,
+    prompt: u64,
+    completion_tokens: u64,
+) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "logprobs": null,
+            "finish_reason": "length",
+        }],
+        "usage": usage(prompt, completion_tokens),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> ModelInfo {
+        ModelInfo {
+            name: "tiny-image".into(),
+            arch: ModelArch::preset("tiny-image").unwrap(),
+            max_model_len: 4096,
+            default_max_tokens: 4,
+        }
+    }
+
+    fn png(w: u32, h: u32) -> String {
+        let img = image::RgbImage::from_pixel(w, h, image::Rgb([10, 20, 30]));
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+        base64::engine::general_purpose::STANDARD.encode(out.into_inner())
+    }
+
+    #[test]
+    fn a_text_and_image_request_counts_words_and_the_models_image_tokens() {
+        let body = json!({
+            "model": "tiny-image",
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "describe this  picture please"},
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{}", png(224, 224))}},
+            ]}],
+            "max_tokens": 3,
+            "stream": true,
+        });
+        let r = parse_chat(body.to_string().as_bytes(), &tiny()).unwrap();
+        assert_eq!(r.request.prompt_tokens, 4);
+        assert_eq!(r.request.output_tokens, 3);
+        // tiny-image: a 224×224 image is 336 LLM tokens (presets.rs)
+        assert_eq!(r.request.mm_tokens, 336);
+        assert_eq!(
+            r.request.items,
+            vec![MmItem::Image {
+                height: 224,
+                width: 224
+            }]
+        );
+        assert!(r.stream && !r.include_usage);
+    }
+
+    #[test]
+    fn each_bad_request_names_what_is_wrong() {
+        let m = tiny();
+        let case = |body: &str| parse_chat(body.as_bytes(), &m).unwrap_err();
+        assert!(case("{not json").message.contains("malformed JSON"));
+        assert_eq!(
+            case(r#"{"model":"other","messages":[{"role":"user","content":"hi"}]}"#).status,
+            404
+        );
+        assert!(case(r#"{"messages":[]}"#).message.contains("messages"));
+        let e = case(
+            r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png;base64,@@@"}}]}]}"#,
+        );
+        assert!(
+            e.message
+                .contains("messages[0].content[0].image_url.url: invalid base64"),
+            "{}",
+            e.message
+        );
+        let e = case(
+            r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://example.com/a.png"}}]}]}"#,
+        );
+        assert!(
+            e.message.contains("remote URLs are not fetched"),
+            "{}",
+            e.message
+        );
+        let e = case(
+            r#"{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/gif;base64,AAAA"}}]}]}"#,
+        );
+        assert!(e.message.contains("image/gif"), "{}", e.message);
+        let e = case(r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":5000}"#);
+        assert!(
+            e.message.contains("maximum context length is 4096"),
+            "{}",
+            e.message
+        );
+        let e = case(
+            r#"{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}}]}]}"#,
+        );
+        assert!(e.message.contains("not a readable WAV"), "{}", e.message);
+        assert!(
+            case(r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":0}"#)
+                .message
+                .contains("max_tokens")
+        );
+    }
+}

@@ -1,0 +1,770 @@
+//! `easerve serve`: the executor behind an OpenAI-compatible HTTP server.
+//!
+//! The same [`Controller`] and worker processes as `easerve exec`; the only
+//! difference is where requests come from. Each `POST /v1/chat/completions`
+//! is parsed and its media decoded for real ([`crate::openai`]), then handed
+//! to the driver loop, which adds it to the controller
+//! ([`Controller::add_request`]) as an arrival at that instant; the tokens
+//! the prefill and decode workers emit are streamed back as they come.
+//!
+//! Endpoints:
+//! * `POST /v1/chat/completions` (streaming as server-sent events, or not);
+//! * `GET /v1/models`, `GET /health` (200 once the workers are up, 503 while
+//!   they start or the server drains);
+//! * `GET /metrics` in the Prometheus (OpenMetrics) text format, with vLLM's
+//!   names ([`Metrics`]).
+//!
+//! Status codes: 400 for a bad request (the body names the field), 404 for
+//! another model's name, 413 for a body over 256 MiB, 429 when admission
+//! control turns a request away, 500 when a request fails in the server (a
+//! worker died), 503 while the workers start and once the server drains.
+//!
+//! Shutdown: on SIGTERM or Ctrl-C (or `--time-limit`) the server stops
+//! accepting (503), lets every request in flight finish, stops the workers
+//! and hands back the report of what it served.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use easerve_calib::StageCost;
+use easerve_sched::{Controller, Decision, Event, RequestId, RequestRecord};
+use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::{Report, Scenario};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::openai::{self, ApiError, ChatRequest, ModelInfo};
+use crate::run::{
+    build_report, on_incoming, shut_down, sigkill, start_workers, step, DetectAt, ExecError,
+    ExecOptions, Fault, Links, Pool,
+};
+use crate::wire::WireMedia;
+
+/// The largest request body read: 256 MiB (a few dozen base64 video frames).
+pub const MAX_BODY_BYTES: usize = 256 << 20;
+
+/// How to serve.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// Workers, device, threads, startup timeout, fault injection; the time
+    /// limit starts the drain that many seconds after the workers are up.
+    pub exec: ExecOptions,
+    /// Address to listen on (port 0: any free port).
+    pub listen: SocketAddr,
+}
+
+/// What serving hands back once it has drained.
+#[derive(Clone, Debug)]
+pub struct ServeOutput {
+    /// The report of every request served (`measured = true`).
+    pub report: Report,
+    /// Per-request lifecycle records, by id (arrival order).
+    pub records: Vec<RequestRecord>,
+    /// Every scheduling decision, in order.
+    pub decisions: Vec<Decision>,
+    /// Workers that died.
+    pub faults: Vec<Fault>,
+}
+
+const STARTING: u8 = 0;
+const READY: u8 = 1;
+const DRAINING: u8 = 2;
+
+/// What the driver tells one request's handler, in order: `Accepted` or
+/// `Rejected` first, then tokens, then `Done` or `Failed`.
+#[derive(Debug)]
+enum Out {
+    Accepted,
+    Rejected(String),
+    Token(u32),
+    Done,
+    Failed(String),
+}
+
+/// A parsed request on its way to the driver, and where its answer goes.
+struct Submission {
+    chat: ChatRequest,
+    reply: mpsc::UnboundedSender<Out>,
+}
+
+/// The server's metrics, registered under vLLM's names where vLLM has one
+/// (vLLM 0.33.0, `vllm/v1/metrics/loggers.py`, whose bucket bounds these
+/// histograms copy), and under `easerve:` for the encode stage:
+///
+/// | name | kind | what |
+/// |---|---|---|
+/// | `vllm:time_to_first_token_seconds` | histogram | TTFT of each completed request |
+/// | `vllm:time_per_output_token_seconds` | histogram | TPOT of each completed request, (E2E − TTFT)/(output − 1) |
+/// | `vllm:e2e_request_latency_seconds` | histogram | E2E of each completed request |
+/// | `vllm:request_queue_time_seconds` | histogram | arrival to the start of its first stage (encode pass, or prefill batch for text) |
+/// | `vllm:num_requests_running` | gauge | admitted requests past their queues |
+/// | `vllm:num_requests_waiting` | gauge | requests in an encode, prefill or decode queue |
+/// | `vllm:request_success_total` | counter | completed requests |
+/// | `easerve:request_failure_total` | counter | requests that failed in the server |
+/// | `easerve:request_rejected_total` | counter | requests turned away by admission (429) |
+/// | `easerve:encode_queue_length` | gauge | requests waiting for an encode pass, all encode workers |
+/// | `easerve:encode_micro_batch_size` | histogram | requests per encode pass |
+/// | `easerve:encode_sm_share` | gauge | SM (thread) share of the latest encode pass |
+/// | `easerve:prefill_offload_fraction` | gauge | realised share of prefills routed to remote workers (the offload ratio s) |
+///
+/// Every histogram observes a request when it completes, so each one's count
+/// is the number of completed requests.
+pub struct Metrics {
+    registry: Registry,
+    ttft: Histogram,
+    tpot: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+    running: Gauge,
+    waiting: Gauge,
+    success: Counter,
+    failure: Counter,
+    rejected: Counter,
+    encode_queue: Gauge,
+    micro_batch: Histogram,
+    sm_share: Gauge<f64, AtomicU64>,
+    offload: Gauge<f64, AtomicU64>,
+}
+
+/// vLLM's TTFT buckets, seconds.
+const TTFT_BUCKETS: [f64; 22] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's per-output-token buckets, seconds.
+const TPOT_BUCKETS: [f64; 19] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// vLLM's request-latency buckets (E2E, queue time), seconds.
+const LATENCY_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+impl Metrics {
+    fn new(model: &str) -> Metrics {
+        let mut registry = Registry::with_labels(
+            [(
+                std::borrow::Cow::Borrowed("model_name"),
+                std::borrow::Cow::Owned(model.to_string()),
+            )]
+            .into_iter(),
+        );
+        let m = Metrics {
+            ttft: Histogram::new(TTFT_BUCKETS),
+            tpot: Histogram::new(TPOT_BUCKETS),
+            e2e: Histogram::new(LATENCY_BUCKETS),
+            queue: Histogram::new(LATENCY_BUCKETS),
+            running: Gauge::default(),
+            waiting: Gauge::default(),
+            success: Counter::default(),
+            failure: Counter::default(),
+            rejected: Counter::default(),
+            encode_queue: Gauge::default(),
+            micro_batch: Histogram::new((0..10).map(|k| f64::from(1u32 << k))),
+            sm_share: Gauge::default(),
+            offload: Gauge::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token, seconds, per completed request",
+            m.ttft.clone(),
+        );
+        r.register(
+            "vllm:time_per_output_token_seconds",
+            "Time per output token after the first, seconds, per completed request",
+            m.tpot.clone(),
+        );
+        r.register(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency, seconds, per completed request",
+            m.e2e.clone(),
+        );
+        r.register(
+            "vllm:request_queue_time_seconds",
+            "Arrival to the start of the request's first stage, seconds",
+            m.queue.clone(),
+        );
+        r.register(
+            "vllm:num_requests_running",
+            "Admitted requests past their queues",
+            m.running.clone(),
+        );
+        r.register(
+            "vllm:num_requests_waiting",
+            "Requests waiting in an encode, prefill or decode queue",
+            m.waiting.clone(),
+        );
+        r.register(
+            "vllm:request_success",
+            "Completed requests",
+            m.success.clone(),
+        );
+        r.register(
+            "easerve:request_failure",
+            "Requests that failed in the server",
+            m.failure.clone(),
+        );
+        r.register(
+            "easerve:request_rejected",
+            "Requests turned away by admission control (HTTP 429)",
+            m.rejected.clone(),
+        );
+        r.register(
+            "easerve:encode_queue_length",
+            "Requests waiting for an encode pass, all encode workers",
+            m.encode_queue.clone(),
+        );
+        r.register(
+            "easerve:encode_micro_batch_size",
+            "Requests per encode pass (micro-batch)",
+            m.micro_batch.clone(),
+        );
+        r.register(
+            "easerve:encode_sm_share",
+            "SM (thread) share of the latest encode pass",
+            m.sm_share.clone(),
+        );
+        r.register(
+            "easerve:prefill_offload_fraction",
+            "Realised fraction of prefills routed to remote prefill workers",
+            m.offload.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The text exposition.
+    fn encode(&self) -> String {
+        let mut out = String::new();
+        // writing into a String cannot fail
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    fn completed(&self, r: &RequestRecord) {
+        if let (Some(ttft), Some(e2e), Some(tpot)) = (r.ttft(), r.e2e(), r.tpot()) {
+            self.ttft.observe(ttft);
+            self.e2e.observe(e2e);
+            self.tpot.observe(tpot);
+        }
+        if let Some(start) = r.encode_start.or(r.prefill_start) {
+            self.queue.observe(start - r.arrival);
+        }
+        self.success.inc();
+    }
+
+    /// The gauges, from the controller's state now.
+    fn update(&self, ctrl: &Controller) {
+        let topo = ctrl.topology();
+        let enc: usize = (0..topo.encode().len())
+            .map(|w| ctrl.encode_queue_len(w))
+            .sum();
+        let pre: usize = (0..topo.prefill().len())
+            .map(|p| ctrl.prefill_queue_len(p))
+            .sum();
+        let dec: usize = (0..topo.decode().len())
+            .map(|d| ctrl.decode_waiting(d))
+            .sum();
+        let waiting = enc + pre + dec;
+        self.encode_queue.set(enc as i64);
+        self.waiting.set(waiting as i64);
+        self.running
+            .set(ctrl.in_system().saturating_sub(waiting) as i64);
+        let c = ctrl.counters();
+        if c.routed > 0 {
+            self.offload.set(c.remote_routed as f64 / c.routed as f64);
+        }
+    }
+}
+
+/// What the HTTP handlers share.
+struct App {
+    model: ModelInfo,
+    state: AtomicU8,
+    submit: mpsc::UnboundedSender<Submission>,
+    metrics: Metrics,
+    /// Completion ids: `chatcmpl-{n}`.
+    next: AtomicU64,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(e.body())).into_response()
+}
+
+fn unavailable(app: &App) -> Option<ApiError> {
+    match app.state.load(Ordering::Acquire) {
+        READY => None,
+        STARTING => Some(ApiError {
+            status: 503,
+            message: "the server is starting: its workers are loading the model".into(),
+        }),
+        _ => Some(ApiError {
+            status: 503,
+            message: "the server is shutting down and accepts no new requests".into(),
+        }),
+    }
+}
+
+async fn health(State(app): State<Arc<App>>) -> Response {
+    match unavailable(&app) {
+        None => StatusCode::OK.into_response(),
+        Some(e) => error_response(&e),
+    }
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.model.name,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "easerve",
+            "max_model_len": app.model.max_model_len,
+        }],
+    }))
+    .into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        app.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    if let Some(e) = unavailable(&app) {
+        return error_response(&e);
+    }
+    // decoding media is CPU work: off the runtime's threads
+    let model = app.model.clone();
+    let parsed = tokio::task::spawn_blocking(move || openai::parse_chat(&body, &model)).await;
+    let chat = match parsed {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return error_response(&e),
+        Err(e) => {
+            return error_response(&ApiError {
+                status: 500,
+                message: format!("reading the request failed: {e}"),
+            })
+        }
+    };
+    let (stream, include_usage) = (chat.stream, chat.include_usage);
+    let prompt = u64::from(chat.request.prompt_tokens) + chat.request.mm_tokens;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let gone = ApiError {
+        status: 503,
+        message: "the server is shutting down and accepts no new requests".into(),
+    };
+    if app.submit.send(Submission { chat, reply: tx }).is_err() {
+        return error_response(&gone);
+    }
+    match rx.recv().await {
+        Some(Out::Accepted) => {}
+        Some(Out::Rejected(why)) => {
+            return error_response(&ApiError {
+                status: 429,
+                message: why,
+            })
+        }
+        _ => return error_response(&gone),
+    }
+    let id = format!("chatcmpl-{}", app.next.fetch_add(1, Ordering::Relaxed));
+    let created = unix_now();
+    let model = app.model.name.clone();
+    if !stream {
+        let mut text = String::new();
+        let mut n = 0u64;
+        loop {
+            match rx.recv().await {
+                Some(Out::Token(t)) => {
+                    text.push_str(&openai::token_text(t));
+                    n += 1;
+                }
+                Some(Out::Done) => break,
+                Some(Out::Failed(why)) => {
+                    return error_response(&ApiError {
+                        status: 500,
+                        message: why,
+                    })
+                }
+                Some(Out::Accepted | Out::Rejected(_)) => {}
+                None => {
+                    return error_response(&ApiError {
+                        status: 500,
+                        message: "the request was lost in the server".into(),
+                    })
+                }
+            }
+        }
+        return Json(openai::completion(&id, created, &model, &text, prompt, n)).into_response();
+    }
+    // server-sent events: a role chunk, a chunk per token, a finishing chunk,
+    // the usage chunk when asked for, then [DONE]
+    let first = openai::chunk(
+        &id,
+        created,
+        &model,
+        json!({"role": "assistant", "content": ""}),
+        None,
+    );
+    let state = Some((rx, 0u64, Some(first)));
+    let events = futures_util::stream::unfold(state, move |st| {
+        let (id, model) = (id.clone(), model.clone());
+        async move {
+            let (mut rx, mut n, pending) = st?;
+            if let Some(first) = pending {
+                return Some((vec![sse(&first)], Some((rx, n, None))));
+            }
+            let data = match rx.recv().await {
+                Some(Out::Token(t)) => {
+                    n += 1;
+                    let c = openai::chunk(
+                        &id,
+                        created,
+                        &model,
+                        json!({"content": openai::token_text(t)}),
+                        None,
+                    );
+                    return Some((vec![sse(&c)], Some((rx, n, None))));
+                }
+                Some(Out::Done) => {
+                    let mut v = vec![sse(&openai::chunk(
+                        &id,
+                        created,
+                        &model,
+                        json!({}),
+                        Some("length"),
+                    ))];
+                    if include_usage {
+                        v.push(sse(&json!({
+                            "id": id, "object": "chat.completion.chunk", "created": created,
+                            "model": model, "choices": [], "usage": openai::usage(prompt, n),
+                        })));
+                    }
+                    v
+                }
+                Some(Out::Failed(why)) => vec![sse(&ApiError {
+                    status: 500,
+                    message: why,
+                }
+                .body())],
+                Some(Out::Accepted | Out::Rejected(_)) => {
+                    return Some((Vec::new(), Some((rx, n, None))))
+                }
+                None => vec![sse(&ApiError {
+                    status: 500,
+                    message: "the request was lost in the server".into(),
+                }
+                .body())],
+            };
+            let mut data = data;
+            data.push(Ok(SseEvent::default().data("[DONE]")));
+            Some((data, None))
+        }
+    });
+    let flat = futures_util::StreamExt::flat_map(events, futures_util::stream::iter);
+    Sse::new(flat).into_response()
+}
+
+fn sse(v: &serde_json::Value) -> Result<SseEvent, std::convert::Infallible> {
+    Ok(SseEvent::default().data(v.to_string()))
+}
+
+/// One request in the server: where its answer goes and how many tokens it
+/// has been sent.
+struct InFlight {
+    reply: mpsc::UnboundedSender<Out>,
+    accepted: bool,
+    sent: u32,
+}
+
+/// Serve `sc`'s deployment until SIGTERM, Ctrl-C or the time limit, then
+/// drain and report. `on_listen` hears the bound address once the socket is
+/// open (before the workers are up: requests get 503 until they are).
+///
+/// # Errors
+/// When the address cannot be bound or the workers do not start.
+pub fn serve(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    opts: &ServeOptions,
+    on_listen: impl FnOnce(SocketAddr),
+) -> Result<ServeOutput, ExecError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run(sc, cost, opts, on_listen))
+}
+
+async fn run(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    opts: &ServeOptions,
+    on_listen: impl FnOnce(SocketAddr),
+) -> Result<ServeOutput, ExecError> {
+    // the scenario's workload stands for a typical request in the encode
+    // policies' costs; the requests themselves come over HTTP
+    let (typical, tokens) = generate_with_tokens(sc);
+    let mut ctrl = Controller::new(
+        Vec::new(),
+        sc.controller_config(&typical, &tokens, cost, true),
+    );
+    drop(typical);
+    let max_model_len = sc
+        .decode_schedulers()
+        .first()
+        .map_or(0, |d| d.kv().total() * d.kv().block_size());
+    let model = ModelInfo {
+        name: sc.model.name.clone(),
+        arch: sc.model.clone(),
+        max_model_len,
+        default_max_tokens: sc.workload.output_len.max(1),
+    };
+    let (submit, mut submissions) = mpsc::unbounded_channel::<Submission>();
+    let app = Arc::new(App {
+        metrics: Metrics::new(&model.name),
+        model,
+        state: AtomicU8::new(STARTING),
+        submit,
+        next: AtomicU64::new(0),
+    });
+    let router = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(app.clone());
+    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+    on_listen(listener.local_addr()?);
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = http_stopped.await;
+            })
+            .await
+    });
+
+    let mut pool = match start_workers(sc, ctrl.topology(), &opts.exec).await {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = stop_http.send(());
+            let _ = server.await;
+            return Err(e);
+        }
+    };
+    app.state.store(READY, Ordering::Release);
+    let (faults, run_s) = drive(&mut ctrl, &mut pool, &mut submissions, &app, opts).await;
+    // no submission is taken from here on: a late one gets 503
+    drop(submissions);
+    let _ = stop_http.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    shut_down(&mut pool).await;
+    let report = build_report(
+        sc,
+        &ctrl,
+        &pool,
+        run_s,
+        &faults,
+        &None,
+        &opts.exec,
+        "served by easerve serve over HTTP",
+    );
+    let decisions = ctrl.take_decisions();
+    Ok(ServeOutput {
+        report,
+        records: ctrl.into_records(),
+        decisions,
+        faults,
+    })
+}
+
+/// Take requests as they come and carry out the controller's commands until
+/// the server is told to stop and every request in it has ended.
+async fn drive(
+    ctrl: &mut Controller,
+    pool: &mut Pool,
+    submissions: &mut mpsc::UnboundedReceiver<Submission>,
+    app: &App,
+    opts: &ServeOptions,
+) -> (Vec<Fault>, f64) {
+    let t0 = Instant::now();
+    let now = || t0.elapsed().as_secs_f64();
+    let mut links = Links::default();
+    let mut faults: Vec<Fault> = Vec::new();
+    let mut kill = opts.exec.kill;
+    let mut killed_at: Option<(usize, f64)> = None;
+    let mut flight: HashMap<RequestId, InFlight> = HashMap::new();
+    let mut tokens: Vec<(RequestId, u32)> = Vec::new();
+    let mut seen_decisions = 0usize;
+    let mut draining = false;
+    let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
+    #[cfg(unix)]
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+
+    loop {
+        let mut wake = f64::INFINITY;
+        if let Some(t) = ctrl.poll_timeout() {
+            wake = wake.min(t);
+        }
+        if let Some((_, t)) = kill {
+            wake = wake.min(t);
+        }
+        if let (Some(t), false) = (opts.exec.time_limit_s, draining) {
+            wake = wake.min(t);
+        }
+        let sleep_for = (wake - now()).clamp(0.0, 3600.0);
+        let mut events: Vec<Event> = Vec::new();
+        let mut arrived: Option<Submission> = None;
+        #[cfg(unix)]
+        let sigterm = async {
+            match term.as_mut() {
+                Some(s) => s.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let sigterm = std::future::pending::<Option<()>>();
+        tokio::select! {
+            ev = pool.rx.recv() => match ev {
+                Some(ev) => {
+                    let at = DetectAt { now: now(), killed_at };
+                    events.extend(on_incoming(ev, &mut pool.workers, &mut links, &mut pool.last_err, &mut faults, at, Some(&mut tokens)));
+                }
+                None => break,
+            },
+            sub = submissions.recv() => {
+                arrived = sub;
+            }
+            _ = tokio::time::sleep(Duration::from_secs_f64(sleep_for)) => {}
+            _ = &mut ctrl_c => draining = true,
+            _ = sigterm => draining = true,
+        }
+        let t = now();
+        if opts.exec.time_limit_s.is_some_and(|lim| t >= lim) {
+            draining = true;
+        }
+        if draining {
+            app.state.store(DRAINING, Ordering::Release);
+        }
+        if let Some((wref, at)) = kill.filter(|(_, at)| t >= *at) {
+            kill = None;
+            if let Some(&k) = pool.by_ref.get(&wref) {
+                if let Some(pid) = pool.workers[k].pid {
+                    sigkill(pid);
+                    killed_at = Some((k, at.max(t)));
+                }
+            }
+        }
+        if let Some(Submission { chat, reply }) = arrived {
+            let mut req = chat.request;
+            req.arrival = t;
+            let id = ctrl.add_request(req);
+            links.media.insert(id, chat.media);
+            flight.insert(
+                id,
+                InFlight {
+                    reply,
+                    accepted: false,
+                    sent: 0,
+                },
+            );
+            events.push(Event::Arrival { id });
+        }
+        step(ctrl, events, &mut pool.workers, &pool.by_ref, &mut links, t);
+        // tokens go out as the workers emit them
+        for (id, tok) in tokens.drain(..) {
+            if let Some(f) = flight.get_mut(&id) {
+                if f.sent < ctrl.requests()[id as usize].output_tokens {
+                    f.sent += 1;
+                    let _ = f.reply.send(Out::Token(tok));
+                }
+            }
+        }
+        for d in &ctrl.decisions()[seen_decisions..] {
+            if let Decision::Dispatch { ids, sm_share, .. } = d {
+                app.metrics.micro_batch.observe(ids.len() as f64);
+                app.metrics.sm_share.set(*sm_share);
+            }
+        }
+        seen_decisions = ctrl.decisions().len();
+        resolve(ctrl, &mut flight, &mut links.media, &app.metrics);
+        app.metrics.update(ctrl);
+        if draining && flight.is_empty() && ctrl.in_system() == 0 && submissions.is_empty() {
+            break;
+        }
+    }
+    (faults, now())
+}
+
+/// Tell each request's handler what became of it: admitted or turned away,
+/// then finished or failed.
+fn resolve(
+    ctrl: &Controller,
+    flight: &mut HashMap<RequestId, InFlight>,
+    media: &mut HashMap<RequestId, Vec<WireMedia>>,
+    metrics: &Metrics,
+) {
+    flight.retain(|&id, f| {
+        let r = &ctrl.records()[id as usize];
+        if r.rejected {
+            metrics.rejected.inc();
+            media.remove(&id);
+            let _ = f.reply.send(Out::Rejected(
+                "the server is at its admission limit: too many requests in flight; retry later"
+                    .into(),
+            ));
+            return false;
+        }
+        if !f.accepted {
+            f.accepted = true;
+            let _ = f.reply.send(Out::Accepted);
+        }
+        if let Some(why) = &r.failure {
+            metrics.failure.inc();
+            media.remove(&id);
+            let _ = f
+                .reply
+                .send(Out::Failed(format!("the request failed: {why}")));
+            return false;
+        }
+        if r.finish.is_some() {
+            metrics.completed(r);
+            let _ = f.reply.send(Out::Done);
+            return false;
+        }
+        true
+    });
+}

@@ -1,0 +1,453 @@
+//! `easerve serve` on loopback: real worker processes behind the HTTP front.
+//! Each test starts a server on port 0 (the address comes on its stdout),
+//! talks to it, and stops it with SIGTERM by its PID, which drains it and
+//! prints its JSON report.
+
+use crate::{easerve, num, root};
+use base64::Engine;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `easerve serve`.
+struct Server {
+    child: Child,
+    out: BufReader<ChildStdout>,
+    base: String,
+    http: reqwest::blocking::Client,
+}
+
+impl Server {
+    /// Start serving `scenario` with `args`, and wait until `/health` says 200.
+    fn start(scenario: &str, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_easerve"))
+            .args(["serve", scenario, "--listen", "127.0.0.1:0", "--json"])
+            .args(args)
+            .current_dir(root())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start easerve serve");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).expect("the listening line");
+        let addr = line
+            .strip_prefix("listening on ")
+            .and_then(|l| l.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
+            .to_string();
+        let http = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap();
+        let s = Server {
+            child,
+            out,
+            base: addr,
+            http,
+        };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            match s.http.get(format!("{}/health", s.base)).send() {
+                Ok(r) if r.status() == 200 => break,
+                Ok(r) => assert_eq!(r.status(), 503, "health while starting"),
+                Err(e) => panic!("health: {e}"),
+            }
+            assert!(Instant::now() < deadline, "the workers did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        s
+    }
+
+    fn post(&self, body: &Value) -> (u16, String) {
+        let r = self
+            .http
+            .post(format!("{}/v1/chat/completions", self.base))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .expect("POST");
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    }
+
+    fn get(&self, path: &str) -> (u16, String) {
+        let r = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .send()
+            .expect("GET");
+        (r.status().as_u16(), r.text().unwrap_or_default())
+    }
+
+    /// SIGTERM, then the report it prints once drained.
+    fn stop(mut self) -> Value {
+        let pid = self.child.id().to_string();
+        let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(st.success());
+        let mut rest = String::new();
+        self.out.read_to_string(&mut rest).unwrap();
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "serve exited with {status}");
+        serde_json::from_str(&rest).unwrap_or_else(|e| panic!("report: {e}: {rest}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn png(w: u32, h: u32) -> String {
+    let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 99]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    format!("data:image/png;base64,{}", b64(&out.into_inner()))
+}
+
+fn wav(seconds: f64) -> String {
+    let spec = hound::WavSpec {
+        channels: 1,
+        sample_rate: 16_000,
+        bits_per_sample: 16,
+        sample_format: hound::SampleFormat::Int,
+    };
+    let mut out = std::io::Cursor::new(Vec::new());
+    let mut w = hound::WavWriter::new(&mut out, spec).unwrap();
+    for i in 0..(seconds * 16_000.0) as usize {
+        w.write_sample(((i as f64 * 0.05).sin() * 8000.0) as i16)
+            .unwrap();
+    }
+    w.finalize().unwrap();
+    b64(&out.into_inner())
+}
+
+/// Parse an SSE body: the content of every chunk, the usage, and whether
+/// it ended with `[DONE]`.
+fn sse(body: &str) -> (Vec<String>, Option<Value>, bool) {
+    let mut content = Vec::new();
+    let mut usage = None;
+    let mut done = false;
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+            continue;
+        }
+        let v: Value = serde_json::from_str(data).expect("a JSON chunk");
+        assert!(v.get("error").is_none(), "error chunk: {v}");
+        if let Some(c) = v
+            .pointer("/choices/0/delta/content")
+            .and_then(Value::as_str)
+        {
+            if !c.is_empty() {
+                content.push(c.to_string());
+            }
+        }
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+    }
+    (content, usage, done)
+}
+
+/// A streamed request with one medium, `words` words and `max_tokens`.
+fn chat(part: Value, words: usize, max_tokens: u32, stream: bool) -> Value {
+    let text = vec!["word"; words].join(" ");
+    json!({
+        "messages": [{"role": "user", "content": [{"type": "text", "text": text}, part]}],
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": stream,
+        "stream_options": {"include_usage": true},
+    })
+}
+
+/// A streamed request per modality returns its tokens and a usage that
+/// counts the model's multimodal tokens; a non-streamed one answers whole.
+#[test]
+fn streamed_image_audio_and_video_requests_return_tokens_and_usage() {
+    let _timed = crate::timed();
+    // tiny-image: a 224×224 image is 336 LLM tokens (model/src/presets.rs)
+    let s = Server::start("scenarios/cpu-image.toml", &[]);
+    let part = json!({"type": "image_url", "image_url": {"url": png(224, 224)}});
+    let (status, body) = s.post(&chat(part.clone(), 5, 4, true));
+    assert_eq!(status, 200, "{body}");
+    let (content, usage, done) = sse(&body);
+    assert_eq!(content.len(), 4, "{body}");
+    assert!(done);
+    let usage = usage.expect("usage chunk");
+    assert_eq!(usage["prompt_tokens"], 5 + 336);
+    assert_eq!(usage["completion_tokens"], 4);
+    let (status, body) = s.post(&chat(part, 2, 3, false));
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["usage"]["prompt_tokens"], 2 + 336);
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        3
+    );
+    let (status, models) = s.get("/v1/models");
+    assert_eq!(status, 200);
+    assert!(models.contains("tiny-image"), "{models}");
+    let r = s.stop();
+    assert_eq!(num(&r, "/completed"), 2.0);
+
+    // audio: the whisper-style encoder's own count for 2 s
+    let s = Server::start("scenarios/cpu-audio.toml", &[]);
+    let part = json!({"type": "input_audio", "input_audio": {"data": wav(2.0), "format": "wav"}});
+    let (status, body) = s.post(&chat(part, 3, 4, true));
+    assert_eq!(status, 200, "{body}");
+    let (content, usage, done) = sse(&body);
+    assert_eq!(content.len(), 4);
+    assert!(done);
+    let arch = tiny_arch("cpu-audio");
+    let mm = easerve_workload::generate::item_tokens(
+        &arch,
+        &easerve_sched::MmItem::Audio { seconds: 2.0 },
+    )
+    .unwrap()
+    .llm_tokens;
+    assert_eq!(usage.unwrap()["prompt_tokens"], 3 + mm);
+    s.stop();
+
+    // video: a list of frames, each an image data URL
+    let s = Server::start("scenarios/cpu-video.toml", &[]);
+    let frames: Vec<String> = (0..8).map(|_| png(112, 112)).collect();
+    let part = json!({"type": "video", "video": frames});
+    let (status, body) = s.post(&chat(part, 3, 2, true));
+    assert_eq!(status, 200, "{body}");
+    let (content, usage, _) = sse(&body);
+    assert_eq!(content.len(), 2);
+    // tiny-video: eight 112×112 frames are 64 LLM tokens (model/src/presets.rs)
+    assert_eq!(usage.unwrap()["prompt_tokens"], 3 + 64);
+    s.stop();
+}
+
+fn tiny_arch(scenario: &str) -> easerve_model::ModelArch {
+    let sc = easerve_workload::Scenario::load(
+        &root().join(format!("scenarios/{scenario}.toml")),
+        &Default::default(),
+    )
+    .unwrap();
+    sc.model
+}
+
+/// Every malformed request gets its 4xx with an error body naming what is
+/// wrong, and the server goes on answering.
+#[test]
+fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
+    let _timed = crate::timed();
+    let s = Server::start("scenarios/cpu-image.toml", &[]);
+    let raw = |body: &str| {
+        let r = s
+            .http
+            .post(format!("{}/v1/chat/completions", s.base))
+            .body(body.to_string())
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    };
+    let user = |content: Value| json!({"messages": [{"role": "user", "content": content}]});
+    let cases: Vec<(String, u16, &str)> = vec![
+        ("{\"messages\": [".into(), 400, "malformed JSON"),
+        (
+            json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+            404,
+            "gpt-4o",
+        ),
+        (
+            user(json!([{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!notbase64"}}])).to_string(),
+            400,
+            "invalid base64",
+        ),
+        (
+            user(json!([{"type": "image_url", "image_url": {"url": "data:image/webp;base64,AAAA"}}])).to_string(),
+            400,
+            "image/webp",
+        ),
+        (
+            user(json!([{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}])).to_string(),
+            400,
+            "remote URLs are not fetched",
+        ),
+        (
+            user(json!([{"type": "input_audio", "input_audio": {"data": wav(1.0), "format": "wav"}}])).to_string(),
+            400,
+            "does not suit model",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100_000_000}).to_string(),
+            400,
+            "maximum context length",
+        ),
+    ];
+    for (body, want, says) in &cases {
+        let (status, text) = raw(body);
+        assert_eq!(status, *want, "{body} → {text}");
+        let v: Value = serde_json::from_str(&text).expect("a JSON error body");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{body}: {msg}");
+        assert_eq!(v["error"]["code"], *want);
+    }
+    assert_eq!(s.get("/health").0, 200);
+    let (status, body) = s.post(&user(json!("still here?")));
+    assert_eq!(status, 200, "{body}");
+    let r = s.stop();
+    assert_eq!(num(&r, "/completed"), 1.0);
+}
+
+/// A burst beyond the admission limit gets 429s, every admitted request
+/// completes; SIGTERM during a load drains what is in flight; `/metrics`
+/// parses and counts the completed requests.
+#[test]
+fn admission_429s_sigterm_drains_and_metrics_count_completions() {
+    let _timed = crate::timed();
+    let s = std::sync::Arc::new(Server::start(
+        "scenarios/cpu-image.toml",
+        &["--admission-limit", "3"],
+    ));
+    let part = json!({"type": "image_url", "image_url": {"url": png(224, 224)}});
+    let body = chat(part, 4, 6, false);
+    let burst: Vec<_> = (0..12)
+        .map(|_| {
+            let (s, body) = (s.clone(), body.clone());
+            std::thread::spawn(move || s.post(&body))
+        })
+        .collect();
+    let codes: Vec<(u16, String)> = burst.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = codes.iter().filter(|c| c.0 == 200).count();
+    let limited = codes.iter().filter(|c| c.0 == 429).count();
+    assert_eq!(ok + limited, 12, "{codes:?}");
+    assert!(limited >= 1 && ok >= 3, "{ok} completed, {limited} got 429");
+    for (c, text) in codes.iter().filter(|c| c.0 == 429) {
+        let v: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(v["error"]["code"], *c);
+    }
+    // /metrics: Prometheus text; the TTFT histogram counts the completions
+    let (status, text) = s.get("/metrics");
+    assert_eq!(status, 200);
+    let metrics = parse_prometheus(&text);
+    let count = metrics["vllm:time_to_first_token_seconds_count"];
+    assert_eq!(count, ok as f64, "{text}");
+    assert_eq!(metrics["vllm:e2e_request_latency_seconds_count"], ok as f64);
+    assert_eq!(metrics["easerve:request_rejected_total"], limited as f64);
+    assert!(metrics.contains_key("vllm:num_requests_running"));
+    assert!(metrics["easerve:encode_micro_batch_size_count"] >= 1.0);
+
+    // SIGTERM with three requests in flight: they all finish
+    let inflight: Vec<_> = (0..3)
+        .map(|k| {
+            let (s, body) = (s.clone(), body.clone());
+            std::thread::sleep(Duration::from_millis(30 * k));
+            std::thread::spawn(move || s.post(&body))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(150));
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let answers: Vec<(u16, String)> = inflight.into_iter().map(|h| h.join().unwrap()).collect();
+    for (code, text) in &answers {
+        assert!(*code == 200 || *code == 429, "{code}: {text}");
+    }
+    let served = answers.iter().filter(|a| a.0 == 200).count();
+    assert!(served >= 1, "{answers:?}");
+    let Ok(mut s) = std::sync::Arc::try_unwrap(s) else {
+        panic!("every request thread has ended");
+    };
+    let mut rest = String::new();
+    s.out.read_to_string(&mut rest).unwrap();
+    assert!(s.child.wait().unwrap().success());
+    let r: Value = serde_json::from_str(&rest).unwrap();
+    assert_eq!(num(&r, "/completed"), (ok + served) as f64);
+    assert!(r.get("failed").is_none(), "nothing fails in a drain: {r}");
+    let turned_away = limited + answers.iter().filter(|a| a.0 == 429).count();
+    assert_eq!(num(&r, "/rejected"), turned_away as f64);
+}
+
+/// `name value` of each sample line (labels dropped); panics on a line
+/// that is not a comment, `# EOF` or a sample.
+fn parse_prometheus(text: &str) -> std::collections::HashMap<String, f64> {
+    let mut out = std::collections::HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+        let name = series.split('{').next().unwrap();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "metric name {name}"
+        );
+        let v: f64 = value.parse().unwrap_or_else(|_| panic!("value in {line}"));
+        // histograms: keep the _count/_sum, not each bucket
+        if !name.ends_with("_bucket") {
+            out.insert(name.to_string(), v);
+        }
+    }
+    out
+}
+
+/// `easerve bench` against `easerve serve`, the same scenario and seed:
+/// the client's mean TTFT and TPOT are within 10 % of the server's own.
+#[test]
+fn bench_against_serve_agrees_with_the_servers_report() {
+    let _timed = crate::timed();
+    let s = Server::start("scenarios/cpu-image.toml", &[]);
+    let base = s.base.clone();
+    let out = easerve(&[
+        "bench",
+        "--base-url",
+        &base,
+        "--model",
+        "tiny-image",
+        "--scenario",
+        "scenarios/cpu-image.toml",
+        "--num-prompts",
+        "24",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = s.stop();
+    assert_eq!(num(&r, "/completed"), 24.0);
+    assert_eq!(num(&b, "/completed"), 24.0);
+    for (what, client, server) in [
+        (
+            "TTFT",
+            num(&b, "/mean_ttft_ms") / 1e3,
+            num(&r, "/ttft/mean"),
+        ),
+        (
+            "TPOT",
+            num(&b, "/mean_tpot_ms") / 1e3,
+            num(&r, "/tpot/mean"),
+        ),
+    ] {
+        let rel = (client - server).abs() / server;
+        assert!(
+            rel <= 0.10,
+            "{what}: bench {client:.4} s vs the server's {server:.4} s ({:.1} %)",
+            rel * 100.0
+        );
+    }
+}
