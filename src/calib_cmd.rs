@@ -152,7 +152,10 @@ pub(crate) enum CalibCommand {
         /// Simulated report (JSON) of the scenario, simulated with --profile.
         #[arg(long, value_name = "SIM.json", requires = "measured")]
         sim: Option<PathBuf>,
-        /// Measured report (JSON, `easerve exec --json`) of the same scenario.
+        /// Measured report (JSON) of the same scenario: `easerve exec --json`,
+        /// or an `easerve bench --json` result, from which only TTFT and TPOT
+        /// are known (then decode is scaled by TPOT, encode and prefill by
+        /// TTFT, and what that cannot identify is printed).
         #[arg(long, value_name = "RUN.json", requires = "sim")]
         measured: Option<PathBuf>,
         /// Items per request (a pass of `encode_batch` requests holds
@@ -359,6 +362,12 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 if measured_csv.is_none() && p.encode_table().is_some() {
                     stages.insert(0, (Stage::Encode, "encode"));
                 }
+                if m.stages.iter().all(|st| st.service.mean <= 0.0) {
+                    // a client's measurement (easerve bench, vllm bench serve):
+                    // TTFT and TPOT only
+                    refine_from_latencies(&mut p, &s, &m, measured_csv.is_none(), &what)?;
+                    stages.clear();
+                }
                 for (stage, name) in stages {
                     let mean = |r: &easerve_workload::Report| {
                         r.stages
@@ -385,6 +394,65 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Refine from what a client measures, mean TTFT and TPOT, against the
+/// simulation of the same workload:
+/// * decode: TPOT is decode iterations only, so the decode table is scaled
+///   by measured over simulated mean TPOT;
+/// * encode and prefill (encode only when `with_encode`): TTFT is the sum of
+///   front-end time, encode, prefill, their queues and the transfers, and one
+///   mean cannot tell these apart, so both tables are scaled by measured over
+///   simulated mean TTFT. Queueing grows faster than service time, so at a
+///   loaded rate this over-corrects: refine at a light rate, simulate again
+///   and validate.
+///
+/// What it cannot identify is printed: a per-request front-end overhead
+/// apart from compute, encode apart from prefill, transfers.
+fn refine_from_latencies(
+    p: &mut Profile,
+    sim: &easerve_workload::Report,
+    measured: &easerve_workload::Report,
+    with_encode: bool,
+    what: &str,
+) -> anyhow::Result<()> {
+    let pairs = [
+        ("TPOT", measured.tpot.mean, sim.tpot.mean),
+        ("TTFT", measured.ttft.mean, sim.ttft.mean),
+    ];
+    for (metric, ms, ss) in pairs {
+        if !(ms > 0.0 && ss > 0.0) {
+            return Err(BadInput(format!(
+                "{metric}: the measured ({ms}) and simulated ({ss}) means must both be positive to refine from a client's measurement"
+            ))
+            .into());
+        }
+    }
+    let what = format!("{what}, client-side TTFT/TPOT");
+    let tpot = measured.tpot.mean / sim.tpot.mean;
+    scale_stage(p, Stage::Decode, tpot, &what).map_err(|e| BadInput(e.to_string()))?;
+    sayln!(
+        "decode   measured mean TPOT {:.4} s, simulated {:.4} s, factor {tpot:.3}",
+        measured.tpot.mean,
+        sim.tpot.mean
+    );
+    let ttft = measured.ttft.mean / sim.ttft.mean;
+    let mut scaled = vec!["prefill"];
+    scale_stage(p, Stage::Prefill, ttft, &what).map_err(|e| BadInput(e.to_string()))?;
+    if with_encode && p.encode_table().is_some() {
+        scale_stage(p, Stage::Encode, ttft, &what).map_err(|e| BadInput(e.to_string()))?;
+        scaled.insert(0, "encode");
+    }
+    sayln!(
+        "{:<8} measured mean TTFT {:.4} s, simulated {:.4} s, factor {ttft:.3}",
+        scaled.join("+"),
+        measured.ttft.mean,
+        sim.ttft.mean
+    );
+    sayln!(
+        "not identified from TTFT and TPOT: a per-request front-end overhead apart from compute, encode apart from prefill, transfers, queueing apart from service (refine at a light rate; give --measured-csv for encode passes where the server reports them)"
+    );
+    Ok(())
 }
 
 /// One sample per encode pass (requests of one pass share worker and start).

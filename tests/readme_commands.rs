@@ -44,6 +44,34 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a cluster job-array example (Slurm, Kubernetes); sweep_cli's shard tests run the same --shard and merge",
     ),
     (
+        "cargo run --release --features exec -- serve",
+        "a server that runs until SIGTERM; tests/serve_cli.rs starts one on loopback, queries it and stops it",
+    ),
+    (
+        "printf ",
+        "writes the request of the serve example, which needs the server",
+    ),
+    (
+        "curl ",
+        "needs the running server of the serve example; tests/serve_cli.rs sends the same requests",
+    ),
+    (
+        "kill -TERM",
+        "stops the server of the serve example; tests/serve_cli.rs does the same by PID",
+    ),
+    (
+        "easerve sim scenarios/cpu-image.toml --rate 1",
+        "the simulated half of the serve example, whose measured half needs the server",
+    ),
+    (
+        "easerve calib validate --sim sim.json --measured bench.json",
+        "compares with the serve example's bench.json, which needs the server; tests/serve_cli.rs refines from one",
+    ),
+    (
+        "easerve calib refine --profile scenarios/profiles/tiny-image.cpu.toml --sim sim.json",
+        "refines from the serve example's bench.json, which needs the server; tests/serve_cli.rs does it",
+    ),
+    (
         "parallel easerve",
         "needs GNU parallel; sweep_cli's shard tests run the same --shard and merge",
     ),

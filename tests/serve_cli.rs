@@ -450,4 +450,42 @@ fn bench_against_serve_agrees_with_the_servers_report() {
             rel * 100.0
         );
     }
+
+    // calibrate the twin from the client's measurement: the refined profile loads
+    let dir = tempfile::tempdir().unwrap();
+    let measured = dir.path().join("bench.json");
+    std::fs::write(&measured, &out.stdout).unwrap();
+    let sim = dir.path().join("sim.json");
+    let simulated = crate::sim_json(
+        &root().join("scenarios/cpu-image.toml"),
+        &["--requests", "24"],
+    );
+    std::fs::write(&sim, simulated.to_string()).unwrap();
+    let refined = dir.path().join("refined.toml");
+    let p = |x: &std::path::Path| x.to_str().unwrap().to_string();
+    let out = easerve(&[
+        "calib",
+        "refine",
+        "--profile",
+        "scenarios/profiles/tiny-image.cpu.toml",
+        "--sim",
+        &p(&sim),
+        "--measured",
+        &p(&measured),
+        "-o",
+        &p(&refined),
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("decode") && said.contains("TTFT"), "{said}");
+    assert!(said.contains("not identified"), "{said}");
+    let again = crate::sim_json(
+        &root().join("scenarios/cpu-image.toml"),
+        &["--requests", "24", "--profile", &p(&refined)],
+    );
+    assert!(num(&again, "/tpot/mean") > 0.0);
 }
