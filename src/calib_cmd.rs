@@ -13,7 +13,7 @@ use easerve_calib::refine::{refine_encode, scale_stage, EncodeSample};
 use easerve_calib::Stage;
 use easerve_calib::{vidur, Efficiency, GpuSpec, GridSpec, Profile, Roofline};
 use easerve_model::ModelArch;
-use easerve_workload::validate::{load_report, Validation};
+use easerve_workload::validate::{load_measured, load_report, Validation};
 
 use crate::BadInput;
 
@@ -119,8 +119,10 @@ pub(crate) enum CalibCommand {
         /// Simulated report JSON.
         #[arg(long, value_name = "SIM.json")]
         sim: PathBuf,
-        /// Measured report JSON: `easerve exec --json`, or an `easerve bench
-        /// --json` result (its `easerve` member).
+        /// Measured report JSON: `easerve exec --json`, an `easerve bench
+        /// --json` result (its `easerve` member), or the result of `vllm bench
+        /// serve --save-result --save-detailed` (its `duration`, `ttfts`,
+        /// `itls`, `output_lens` and `errors`).
         #[arg(long, value_name = "RUN.json")]
         measured: PathBuf,
         /// Largest allowed |relative error| as a fraction (0.1 = 10 %); exit 1
@@ -293,7 +295,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 }
             }
             let s = load_report(&sim).map_err(|e| BadInput(e.to_string()))?;
-            let m = load_report(&measured).map_err(|e| BadInput(e.to_string()))?;
+            let m = load_measured(&measured, &s).map_err(|e| BadInput(e.to_string()))?;
             easerve_workload::validate::comparable(&s, &m).map_err(|e| {
                 BadInput(format!("{} vs {}: {e}", sim.display(), measured.display()))
             })?;
@@ -352,7 +354,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             }
             if let (Some(sim), Some(measured)) = (&sim, &measured) {
                 let s = load_report(sim).map_err(|e| BadInput(e.to_string()))?;
-                let m = load_report(measured).map_err(|e| BadInput(e.to_string()))?;
+                let m = load_measured(measured, &s).map_err(|e| BadInput(e.to_string()))?;
                 let what = format!(
                     "measured {} over simulated {}",
                     measured.display(),

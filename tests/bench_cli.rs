@@ -392,3 +392,94 @@ fn bad_bench_input_exits_2_naming_the_flag() {
     );
     assert!(r["errors"][0].as_str().unwrap().contains("connection"));
 }
+
+/// `calib validate` and `calib refine` read the result JSON of `vllm bench
+/// serve --save-result --save-detailed`: per-request TTFT, ITLs and output
+/// lengths give TTFT, TPOT and E2E, throughput is over its `duration`, and a
+/// failed request is counted, not measured.
+#[test]
+fn a_vllm_bench_serve_result_is_validated_and_refined_against() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vllm = serde_json::json!({
+        "duration": 4.0,
+        "completed": 2,
+        "request_throughput": 0.5,
+        "input_lens": [100, 100, 100],
+        "output_lens": [4, 3, 0],
+        "ttfts": [0.5, 0.7, 0.0],
+        "itls": [[0.1, 0.1, 0.1], [0.2, 0.2], []],
+        "generated_texts": ["a b c d", "a b c", ""],
+        "errors": ["", "", "Bad Gateway"],
+    });
+    let measured = tmp.path().join("vllm.json");
+    std::fs::write(&measured, vllm.to_string()).unwrap();
+    let scenario = root().join("scenarios/cpu-image.toml");
+    let simulated = tmp.path().join("sim.json");
+    std::fs::write(
+        &simulated,
+        sim_json(&scenario, &["--requests", "6"]).to_string(),
+    )
+    .unwrap();
+    let (s, m) = (simulated.to_str().unwrap(), measured.to_str().unwrap());
+    let out = easerve(&[
+        "calib",
+        "validate",
+        "--sim",
+        s,
+        "--measured",
+        m,
+        "--json",
+        "--max-error",
+        "1000000",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = |metric: &str| {
+        v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["metric"] == metric)
+            .unwrap_or_else(|| panic!("no row {metric}: {v}"))["measured"]
+            .as_f64()
+            .unwrap()
+    };
+    // TTFT mean (0.5 + 0.7)/2; E2E 0.8 and 1.1; TPOT 0.1 and 0.2; 2 of 3 over 4 s
+    assert!((row("TTFT mean (s)") - 0.6).abs() < 1e-9);
+    assert!((row("E2E mean (s)") - 0.95).abs() < 1e-9);
+    assert!((row("TPOT mean (s)") - 0.15).abs() < 1e-9);
+    assert!((row("throughput (req/s)") - 0.5).abs() < 1e-9);
+    let refined = tmp.path().join("refined.toml");
+    let out = easerve(&[
+        "calib",
+        "refine",
+        "--profile",
+        "scenarios/profiles/tiny-image.cpu.toml",
+        "--sim",
+        s,
+        "--measured",
+        m,
+        "-o",
+        refined.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("not identified"), "{said}");
+    sim_json(
+        &scenario,
+        &["--requests", "6", "--profile", refined.to_str().unwrap()],
+    );
+    // a result without the detailed fields says what to add
+    std::fs::write(&measured, r#"{"duration": 4.0, "ttfts": [0.5]}"#).unwrap();
+    let out = easerve(&["calib", "validate", "--sim", s, "--measured", m]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--save-detailed"));
+}

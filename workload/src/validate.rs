@@ -113,6 +113,153 @@ pub fn load_report(path: impl AsRef<Path>) -> Result<Report, ReportLoadError> {
     Ok(report)
 }
 
+/// Read the measured side of a comparison: anything [`load_report`] reads,
+/// or the result JSON of `vllm bench serve --save-result --save-detailed`
+/// (any server vLLM's client measured), told by its `ttfts` member.
+///
+/// From a vLLM result these fields are read: `duration` (s), `ttfts`
+/// (s per request), `itls` (s between output chunks, per request),
+/// `output_lens` and `errors` (an empty string for a success). A request's
+/// E2E is its TTFT plus its ITLs and its TPOT `(E2E − TTFT)/(output − 1)`,
+/// as vLLM defines them; throughputs are over `duration`. The result names
+/// no easerve model or cluster, so the report takes `simulated`'s (the
+/// caller says the two runs are of one deployment) and says so in a note;
+/// it has no stage times.
+///
+/// # Errors
+/// What [`load_report`] says, or a vLLM result's missing or malformed field.
+pub fn load_measured(
+    path: impl AsRef<Path>,
+    simulated: &Report,
+) -> Result<Report, ReportLoadError> {
+    let path = path.as_ref();
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ReportLoadError::Io {
+        file: file.clone(),
+        source,
+    })?;
+    match serde_json::from_str::<serde_json::Value>(&text) {
+        Ok(v) if v.get("ttfts").is_some() && v.get("easerve").is_none() => {
+            report_from_vllm(&v, simulated).map_err(|(field, message)| ReportLoadError::Invalid {
+                file,
+                field,
+                message,
+            })
+        }
+        _ => load_report(path),
+    }
+}
+
+fn report_from_vllm(v: &serde_json::Value, simulated: &Report) -> Result<Report, (String, String)> {
+    use crate::report::{EncodeSummary, RunMeta};
+    let bad = |field: &str, m: &str| (field.to_string(), m.to_string());
+    let list = |field: &str| {
+        v.get(field)
+            .and_then(serde_json::Value::as_array)
+            .ok_or_else(|| {
+                bad(
+                    field,
+                    "missing: run vllm bench serve with --save-result --save-detailed",
+                )
+            })
+    };
+    let duration = v
+        .get("duration")
+        .and_then(serde_json::Value::as_f64)
+        .filter(|d| d.is_finite() && *d > 0.0)
+        .ok_or_else(|| bad("duration", "must be a number of seconds > 0"))?;
+    let (ttfts, itls, outs, errors) = (
+        list("ttfts")?,
+        list("itls")?,
+        list("output_lens")?,
+        list("errors")?,
+    );
+    let n = ttfts.len();
+    for (field, l) in [("itls", itls), ("output_lens", outs), ("errors", errors)] {
+        if l.len() != n {
+            return Err(bad(
+                field,
+                &format!("has {} entries, ttfts has {n}", l.len()),
+            ));
+        }
+    }
+    let mut records = Vec::with_capacity(n);
+    let mut failed = 0usize;
+    for i in 0..n {
+        let err = errors[i].as_str().unwrap_or("");
+        if !err.is_empty() {
+            failed += 1;
+            continue;
+        }
+        let ttft = ttfts[i]
+            .as_f64()
+            .filter(|t| t.is_finite() && *t >= 0.0)
+            .ok_or_else(|| bad(&format!("ttfts[{i}]"), "must be seconds ≥ 0"))?;
+        let gaps = itls[i]
+            .as_array()
+            .ok_or_else(|| bad(&format!("itls[{i}]"), "must be a list of seconds"))?;
+        let mut e2e = ttft;
+        for (j, g) in gaps.iter().enumerate() {
+            e2e += g
+                .as_f64()
+                .filter(|t| t.is_finite() && *t >= 0.0)
+                .ok_or_else(|| bad(&format!("itls[{i}][{j}]"), "must be seconds ≥ 0"))?;
+        }
+        let out = outs[i]
+            .as_u64()
+            .and_then(|o| u32::try_from(o).ok())
+            .ok_or_else(|| {
+                bad(
+                    &format!("output_lens[{i}]"),
+                    "must be a whole number of tokens",
+                )
+            })?;
+        records.push(easerve_sched::RequestRecord {
+            id: i as u64,
+            arrival: 0.0,
+            output_tokens: out,
+            first_token: Some(ttft),
+            finish: Some(e2e),
+            ..Default::default()
+        });
+    }
+    let meta = RunMeta {
+        requests: n,
+        offered_rate: 0.0,
+        ..simulated.meta.clone()
+    };
+    let slo: Vec<crate::report::SloTier> = simulated
+        .goodput
+        .iter()
+        .map(|t| crate::report::SloTier {
+            name: t.name.clone(),
+            ttft_s: t.ttft_s,
+            tpot_s: t.tpot_s,
+        })
+        .collect();
+    let note = "read from a vllm bench serve result: per-request TTFT, ITLs and output lengths; no send times or stage times; model and cluster taken from the simulated report".to_string();
+    let mut r = Report::build(
+        meta,
+        &records,
+        &slo,
+        Vec::new(),
+        EncodeSummary::default(),
+        vec![note],
+    );
+    // throughputs over vLLM's duration (the records carry no send times)
+    let scale = r.duration_s / duration;
+    r.duration_s = duration;
+    r.request_throughput *= scale;
+    r.output_throughput *= scale;
+    r.total_token_throughput *= scale;
+    for t in &mut r.goodput {
+        t.goodput *= scale;
+    }
+    r.failed = failed;
+    r.measured = true;
+    Ok(r)
+}
+
 /// A report's schema version is this build's and every latency and
 /// throughput in it is finite and ≥ 0; else the field and what is wrong.
 fn check_report(r: &Report) -> Result<(), (String, String)> {
