@@ -403,21 +403,20 @@ fn parse_prometheus(text: &str) -> std::collections::HashMap<String, f64> {
     out
 }
 
-/// `easerve bench` against `easerve serve`, the same scenario and seed:
-/// the client's mean TTFT and TPOT are within 10 % of the server's own.
-#[test]
-fn bench_against_serve_agrees_with_the_servers_report() {
-    let _timed = crate::timed();
-    let s = Server::start("scenarios/cpu-image.toml", &[]);
+/// `easerve bench` with `scenario`'s requests (24 of them) against `easerve
+/// serve` of the same scenario and seed: the bench result's bytes, after
+/// checking that its mean TTFT and TPOT are within 10 % of the server's own.
+fn bench_against_serve(scenario: &str, model: &str) -> Vec<u8> {
+    let s = Server::start(scenario, &[]);
     let base = s.base.clone();
     let out = easerve(&[
         "bench",
         "--base-url",
         &base,
         "--model",
-        "tiny-image",
+        model,
         "--scenario",
-        "scenarios/cpu-image.toml",
+        scenario,
         "--num-prompts",
         "24",
         "--json",
@@ -429,8 +428,8 @@ fn bench_against_serve_agrees_with_the_servers_report() {
     );
     let b: Value = serde_json::from_slice(&out.stdout).unwrap();
     let r = s.stop();
-    assert_eq!(num(&r, "/completed"), 24.0);
-    assert_eq!(num(&b, "/completed"), 24.0);
+    assert_eq!(num(&r, "/completed"), 24.0, "{scenario}");
+    assert_eq!(num(&b, "/completed"), 24.0, "{scenario}");
     for (what, client, server) in [
         (
             "TTFT",
@@ -446,15 +445,26 @@ fn bench_against_serve_agrees_with_the_servers_report() {
         let rel = (client - server).abs() / server;
         assert!(
             rel <= 0.10,
-            "{what}: bench {client:.4} s vs the server's {server:.4} s ({:.1} %)",
+            "{scenario} {what}: bench {client:.4} s vs the server's {server:.4} s ({:.1} %)",
             rel * 100.0
         );
     }
+    out.stdout
+}
+
+/// The client and the server agree on every `cpu-*` scenario, and the
+/// twin is refined from the client's measurement of the image one.
+#[test]
+fn bench_against_serve_agrees_with_the_servers_report() {
+    let _timed = crate::timed();
+    bench_against_serve("scenarios/cpu-audio.toml", "tiny-audio");
+    bench_against_serve("scenarios/cpu-video.toml", "tiny-video");
+    let bench = bench_against_serve("scenarios/cpu-image.toml", "tiny-image");
 
     // calibrate the twin from the client's measurement: the refined profile loads
     let dir = tempfile::tempdir().unwrap();
     let measured = dir.path().join("bench.json");
-    std::fs::write(&measured, &out.stdout).unwrap();
+    std::fs::write(&measured, &bench).unwrap();
     let sim = dir.path().join("sim.json");
     let simulated = crate::sim_json(
         &root().join("scenarios/cpu-image.toml"),
