@@ -418,26 +418,25 @@ fn refine_from_latencies(
     with_encode: bool,
     what: &str,
 ) -> anyhow::Result<()> {
-    let pairs = [
-        ("TPOT", measured.tpot.mean, sim.tpot.mean),
-        ("TTFT", measured.ttft.mean, sim.ttft.mean),
-    ];
-    for (metric, ms, ss) in pairs {
-        if !(ms > 0.0 && ss > 0.0) {
-            return Err(BadInput(format!(
-                "{metric}: the measured ({ms}) and simulated ({ss}) means must both be positive to refine from a client's measurement"
-            ))
-            .into());
-        }
+    if !(measured.ttft.mean > 0.0 && sim.ttft.mean > 0.0) {
+        return Err(BadInput(format!(
+            "TTFT: the measured ({}) and simulated ({}) means must both be positive to refine from a client's measurement",
+            measured.ttft.mean, sim.ttft.mean
+        ))
+        .into());
     }
     let what = format!("{what}, client-side TTFT/TPOT");
-    let tpot = measured.tpot.mean / sim.tpot.mean;
-    scale_stage(p, Stage::Decode, tpot, &what).map_err(|e| BadInput(e.to_string()))?;
-    sayln!(
-        "decode   measured mean TPOT {:.4} s, simulated {:.4} s, factor {tpot:.3}",
-        measured.tpot.mean,
-        sim.tpot.mean
-    );
+    if measured.tpot.mean > 0.0 && sim.tpot.mean > 0.0 {
+        let tpot = measured.tpot.mean / sim.tpot.mean;
+        scale_stage(p, Stage::Decode, tpot, &what).map_err(|e| BadInput(e.to_string()))?;
+        sayln!(
+            "decode   measured mean TPOT {:.4} s, simulated {:.4} s, factor {tpot:.3}",
+            measured.tpot.mean,
+            sim.tpot.mean
+        );
+    } else {
+        sayln!("decode   no TPOT in both runs (one output token each?); left as is");
+    }
     let ttft = measured.ttft.mean / sim.ttft.mean;
     let mut scaled = vec!["prefill"];
     scale_stage(p, Stage::Prefill, ttft, &what).map_err(|e| BadInput(e.to_string()))?;
@@ -454,6 +453,11 @@ fn refine_from_latencies(
     sayln!(
         "not identified from TTFT and TPOT: a per-request front-end overhead apart from compute, encode apart from prefill, transfers, queueing apart from service (refine at a light rate; give --measured-csv for encode passes where the server reports them)"
     );
+    if !with_encode {
+        sayln!(
+            "prefill's factor also carries the encode time in TTFT, which --measured-csv refined apart: it over-corrects prefill by that share"
+        );
+    }
     Ok(())
 }
 

@@ -63,7 +63,9 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) const SERVE_HELP: &str = "Endpoints: POST /v1/chat/completions (text, image_url and input_audio parts as base64 data URLs, video as frames; stream or not; max_tokens fixes the output length), GET /v1/models, GET /health, GET /metrics (Prometheus text, vLLM's metric names). Remote http(s) media URLs are refused: the server fetches nothing. The models carry seeded random weights and no tokenizer: a text prompt counts one token per word, and a completion's text is its token ids.
 
-SIGTERM or Ctrl-C (or --time-limit) stops accepting (503), lets the requests in flight finish, stops the workers and prints the report of what was served, as `exec` does.
+SIGTERM or Ctrl-C (or --time-limit SECONDS after the workers are up) stops accepting (503), lets the requests in flight finish, stops the workers and prints the report of what was served, as `exec` does. A client that disconnects does not cancel its request: it runs to its end.
+
+The scenario gives the deployment, the model, the costs and the knobs; its workload (and --rate, --requests) only sets the typical request the policies' costs assume and the batcher's first rate estimate: the requests are the ones that come.
 
 Exit codes: 0 served and drained; 1 the address could not be bound, the workers could not start, or an internal error; 2 bad input (scenario, profile or arguments).";
 
@@ -87,6 +89,7 @@ pub(crate) fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let opts = easerve_exec::serve::ServeOptions {
         exec,
         listen: a.listen,
+        log_decisions: a.exec.run.decisions.is_some(),
     };
     let out = easerve_exec::serve::serve(&sc, &*cost, &opts, |addr| {
         let mut o = std::io::stdout();

@@ -48,20 +48,16 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a server that runs until SIGTERM; tests/serve_cli.rs starts one on loopback, queries it and stops it",
     ),
     (
-        "printf ",
+        "printf '{\"model\": \"tiny-image\", \"max_tokens\": 8,",
         "writes the request of the serve example, which needs the server",
     ),
     (
-        "curl ",
+        "curl -sN http://127.0.0.1:8000/v1/chat/completions",
         "needs the running server of the serve example; tests/serve_cli.rs sends the same requests",
     ),
     (
-        "kill -TERM",
+        "kill -TERM %1",
         "stops the server of the serve example; tests/serve_cli.rs does the same by PID",
-    ),
-    (
-        "easerve sim scenarios/cpu-image.toml --rate 1",
-        "the simulated half of the serve example, whose measured half needs the server",
     ),
     (
         "easerve calib validate --sim sim.json --measured bench.json",

@@ -360,6 +360,25 @@ fn admission_429s_sigterm_drains_and_metrics_count_completions() {
         .status()
         .unwrap()
         .success());
+    // draining: new requests and /health get 503 (unless the drain is over
+    // and the socket closed already)
+    std::thread::sleep(Duration::from_millis(50));
+    let late = s
+        .http
+        .post(format!("{}/v1/chat/completions", s.base))
+        .body(body.to_string())
+        .send();
+    if let Ok(r) = late {
+        assert_eq!(r.status().as_u16(), 503, "a request after SIGTERM");
+        let v: Value = serde_json::from_str(&r.text().unwrap()).unwrap();
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"));
+    }
+    if let Ok(r) = s.http.get(format!("{}/health", s.base)).send() {
+        assert_eq!(r.status().as_u16(), 503, "/health while draining");
+    }
     let answers: Vec<(u16, String)> = inflight.into_iter().map(|h| h.join().unwrap()).collect();
     for (code, text) in &answers {
         assert!(*code == 200 || *code == 429, "{code}: {text}");

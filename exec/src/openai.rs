@@ -84,8 +84,10 @@ pub struct ModelInfo {
     pub name: String,
     /// Its architecture (token counts per item).
     pub arch: ModelArch,
-    /// The most tokens (prompt + completion) one request may hold: a decode
-    /// worker's whole KV cache, in tokens.
+    /// The most tokens (prompt + completion) one request may hold: one more
+    /// than the longest context a decode worker's empty KV cache admits
+    /// (`DecodeScheduler::max_context_tokens`, the rule by which the
+    /// controller fails a request whose cache can never fit).
     pub max_model_len: u64,
     /// Completion tokens when a request sets no `max_tokens` (the scenario's
     /// `workload.output_len`).

@@ -174,6 +174,7 @@ async fn run(
         &interrupted,
         opts,
         "measured by easerve exec",
+        sc.workload.rate,
     );
     let decisions = ctrl.decisions().to_vec();
     Ok(ExecOutput {
@@ -432,15 +433,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
     let mut next_arrival = 0usize;
     let mut links = Links::default();
     let mut faults: Vec<Fault> = Vec::new();
-    let mut kill = opts.kill;
-    let Pool {
-        workers,
-        by_ref,
-        rx,
-        last_err,
-        ..
-    } = pool;
-    let mut killed_at: Option<(usize, f64)> = None;
+    let mut kill = KillPlan::new(opts.kill);
     let mut interrupted: Option<String> = None;
     let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
     let mut run_s = 0.0;
@@ -454,7 +447,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
         if let Some(t) = ctrl.poll_timeout() {
             wake = wake.min(t);
         }
-        if let Some((_, t)) = kill {
+        if let Some(t) = kill.due() {
             wake = wake.min(t);
         }
         if let Some(t) = opts.time_limit_s {
@@ -463,10 +456,10 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
         let sleep_for = (wake - now()).clamp(0.0, 3600.0);
         let mut events: Vec<Event> = Vec::new();
         tokio::select! {
-            ev = rx.recv() => match ev {
+            ev = pool.rx.recv() => match ev {
                 Some(ev) => {
-                    let detect = DetectAt { now: now(), killed_at };
-                    events.extend(on_incoming(ev, workers, &mut links, last_err, &mut faults, detect, None));
+                    let detect = DetectAt { now: now(), killed_at: kill.killed_at };
+                    events.extend(on_incoming(ev, &mut pool.workers, &mut links, &mut pool.last_err, &mut faults, detect, None));
                 }
                 None => break,
             },
@@ -492,15 +485,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
             run_s = t;
             break;
         }
-        if let Some((wref, at)) = kill.filter(|(_, at)| t >= *at) {
-            kill = None;
-            if let Some(&k) = by_ref.get(&wref) {
-                if let Some(pid) = workers[k].pid {
-                    sigkill(pid);
-                    killed_at = Some((k, at.max(t)));
-                }
-            }
-        }
+        kill.inject(pool, t);
         while let Some(&a) = arrivals.get(next_arrival) {
             if a > t {
                 break;
@@ -510,7 +495,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
             });
             next_arrival += 1;
         }
-        step(ctrl, events, workers, by_ref, &mut links, t);
+        step(ctrl, events, &mut pool.workers, &pool.by_ref, &mut links, t);
         run_s = t;
     }
 
@@ -525,7 +510,9 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
 /// any, for the fault's detection delay.
 #[derive(Clone, Copy)]
 pub(crate) struct DetectAt {
+    /// Seconds since the run started.
     pub(crate) now: f64,
+    /// (worker index in the pool, seconds since the start) of an injected kill.
     pub(crate) killed_at: Option<(usize, f64)>,
 }
 
@@ -661,6 +648,52 @@ pub(crate) fn step(
     }
 }
 
+/// Fault injection (`--kill-worker`): which worker dies when, and when the
+/// kill was sent (for the fault's detection delay).
+pub(crate) struct KillPlan {
+    plan: Option<(WorkerRef, f64)>,
+    /// (worker index in the pool, seconds since the start) of the kill sent.
+    pub(crate) killed_at: Option<(usize, f64)>,
+}
+
+impl KillPlan {
+    pub(crate) fn new(plan: Option<(WorkerRef, f64)>) -> KillPlan {
+        KillPlan {
+            plan,
+            killed_at: None,
+        }
+    }
+
+    /// When the kill is due, seconds since the start, if it is still to come.
+    pub(crate) fn due(&self) -> Option<f64> {
+        self.plan.map(|(_, t)| t)
+    }
+
+    /// Kill the worker if its time `t` has come.
+    pub(crate) fn inject(&mut self, pool: &Pool, t: f64) {
+        let Some((wref, at)) = self.plan.filter(|(_, at)| t >= *at) else {
+            return;
+        };
+        self.plan = None;
+        if let Some(&k) = pool.by_ref.get(&wref) {
+            if let Some(pid) = pool.workers[k].pid {
+                sigkill(pid);
+                self.killed_at = Some((k, at.max(t)));
+            }
+        }
+    }
+}
+
+impl Pool {
+    /// Whether some stage (encode, prefill, decode) has no live worker left.
+    pub(crate) fn stage_down(&self) -> bool {
+        [Role::Encode, Role::Prefill, Role::Decode].iter().any(|r| {
+            self.workers.iter().any(|w| w.role == *r)
+                && !self.workers.iter().any(|w| w.role == *r && w.alive)
+        })
+    }
+}
+
 /// Kill our own worker process `pid` (SIGKILL).
 pub(crate) fn sigkill(pid: u32) {
     // SAFETY: plain kill(2) of a child's pid.
@@ -739,6 +772,9 @@ pub(crate) struct Links {
     kv_sent: HashMap<RequestId, f64>,
     /// Requests' own media until their encode pass goes out (`easerve serve`).
     pub(crate) media: HashMap<RequestId, Vec<WireMedia>>,
+    /// Encode passes sent, as (requests, SM share), when the driver wants
+    /// them (`easerve serve`'s metrics); `None` keeps nothing.
+    pub(crate) passes: Option<Vec<(usize, f64)>>,
 }
 
 /// Decode worker `w` finished an iteration of its run: the run ends (the
@@ -789,6 +825,9 @@ fn carry_out(
                 })
                 .collect();
             workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
+            if let Some(p) = links.passes.as_mut() {
+                p.push((ctrl.encode_batch(worker).len(), sm_share));
+            }
             send(
                 workers,
                 WorkerRef::Encode(worker),
@@ -897,6 +936,7 @@ pub(crate) fn build_report(
     interrupted: &Option<String>,
     opts: &ExecOptions,
     how: &str,
+    offered_rate: f64,
 ) -> Report {
     let (workers, threads) = (&pool.workers, &pool.threads);
     let records = ctrl.records();
@@ -979,7 +1019,7 @@ pub(crate) fn build_report(
         model: sc.model.name.clone(),
         cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
         seed: sc.seed,
-        offered_rate: sc.workload.rate,
+        offered_rate,
         requests: records.len(),
     };
     let mut report = Report::build(meta, records, &sc.slo, gpus, encode, notes);

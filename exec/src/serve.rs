@@ -25,11 +25,11 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -49,8 +49,8 @@ use tokio::sync::mpsc;
 
 use crate::openai::{self, ApiError, ChatRequest, ModelInfo};
 use crate::run::{
-    build_report, on_incoming, shut_down, sigkill, start_workers, step, DetectAt, ExecError,
-    ExecOptions, Fault, Links, Pool,
+    build_report, on_incoming, shut_down, start_workers, step, DetectAt, ExecError, ExecOptions,
+    Fault, KillPlan, Links, Pool,
 };
 use crate::wire::WireMedia;
 
@@ -65,6 +65,9 @@ pub struct ServeOptions {
     pub exec: ExecOptions,
     /// Address to listen on (port 0: any free port).
     pub listen: SocketAddr,
+    /// Keep the decision log (`--decisions FILE`); it grows with every
+    /// request, so it is off unless asked for.
+    pub log_decisions: bool,
 }
 
 /// What serving hands back once it has drained.
@@ -99,18 +102,23 @@ enum Out {
 struct Submission {
     chat: ChatRequest,
     reply: mpsc::UnboundedSender<Out>,
+    /// When its body was received: its arrival (decoding the media is part
+    /// of serving it, as `t_pre` is of an encode pass's cost).
+    received: Instant,
 }
 
 /// The server's metrics, registered under vLLM's names where vLLM has one
-/// (vLLM 0.33.0, `vllm/v1/metrics/loggers.py`, whose bucket bounds these
-/// histograms copy), and under `easerve:` for the encode stage:
+/// (vLLM 0.33.0's `vllm/v1/metrics/loggers.py`, whose bucket bounds these
+/// histograms copy) and under `easerve:` for the encode stage:
 ///
 /// | name | kind | what |
 /// |---|---|---|
-/// | `vllm:time_to_first_token_seconds` | histogram | TTFT of each completed request |
-/// | `vllm:time_per_output_token_seconds` | histogram | TPOT of each completed request, (E2E − TTFT)/(output − 1) |
+/// | `vllm:time_to_first_token_seconds` | histogram | TTFT, observed when a request's first token goes out |
+/// | `vllm:inter_token_latency_seconds` | histogram | each gap between two of a request's tokens |
+/// | `vllm:time_per_output_token_seconds` | histogram | the same gaps (vLLM's older name for them) |
+/// | `vllm:request_time_per_output_token_seconds` | histogram | TPOT of each completed request with more than one output token, (E2E − TTFT)/(output − 1) |
 /// | `vllm:e2e_request_latency_seconds` | histogram | E2E of each completed request |
-/// | `vllm:request_queue_time_seconds` | histogram | arrival to the start of its first stage (encode pass, or prefill batch for text) |
+/// | `vllm:request_queue_time_seconds` | histogram | arrival to the start of a completed request's first stage (encode pass, or prefill batch for text) |
 /// | `vllm:num_requests_running` | gauge | admitted requests past their queues |
 /// | `vllm:num_requests_waiting` | gauge | requests in an encode, prefill or decode queue |
 /// | `vllm:request_success_total` | counter | completed requests |
@@ -121,12 +129,14 @@ struct Submission {
 /// | `easerve:encode_sm_share` | gauge | SM (thread) share of the latest encode pass |
 /// | `easerve:prefill_offload_fraction` | gauge | realised share of prefills routed to remote workers (the offload ratio s) |
 ///
-/// Every histogram observes a request when it completes, so each one's count
-/// is the number of completed requests.
+/// Times are seconds from a request's arrival (its body received) at the
+/// server. Every label set carries `model_name`.
 pub struct Metrics {
     registry: Registry,
     ttft: Histogram,
+    itl: Histogram,
     tpot: Histogram,
+    request_tpot: Histogram,
     e2e: Histogram,
     queue: Histogram,
     running: Gauge,
@@ -167,7 +177,9 @@ impl Metrics {
         );
         let m = Metrics {
             ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(TPOT_BUCKETS),
             tpot: Histogram::new(TPOT_BUCKETS),
+            request_tpot: Histogram::new(TPOT_BUCKETS),
             e2e: Histogram::new(LATENCY_BUCKETS),
             queue: Histogram::new(LATENCY_BUCKETS),
             running: Gauge::default(),
@@ -184,13 +196,23 @@ impl Metrics {
         let r = &mut registry;
         r.register(
             "vllm:time_to_first_token_seconds",
-            "Time to first token, seconds, per completed request",
+            "Time to first token, seconds",
             m.ttft.clone(),
         );
         r.register(
+            "vllm:inter_token_latency_seconds",
+            "Time between two tokens of a request, seconds",
+            m.itl.clone(),
+        );
+        r.register(
             "vllm:time_per_output_token_seconds",
-            "Time per output token after the first, seconds, per completed request",
+            "Time between two tokens of a request, seconds (older name of the inter-token latency)",
             m.tpot.clone(),
+        );
+        r.register(
+            "vllm:request_time_per_output_token_seconds",
+            "Time per output token after the first, seconds, per completed request",
+            m.request_tpot.clone(),
         );
         r.register(
             "vllm:e2e_request_latency_seconds",
@@ -258,11 +280,18 @@ impl Metrics {
         out
     }
 
+    /// A gap between two tokens of one request, seconds.
+    fn token_gap(&self, gap: f64) {
+        self.itl.observe(gap);
+        self.tpot.observe(gap);
+    }
+
     fn completed(&self, r: &RequestRecord) {
-        if let (Some(ttft), Some(e2e), Some(tpot)) = (r.ttft(), r.e2e(), r.tpot()) {
-            self.ttft.observe(ttft);
+        if let Some(e2e) = r.e2e() {
             self.e2e.observe(e2e);
-            self.tpot.observe(tpot);
+        }
+        if let Some(tpot) = r.tpot().filter(|_| r.output_tokens > 1) {
+            self.request_tpot.observe(tpot);
         }
         if let Some(start) = r.encode_start.or(r.prefill_start) {
             self.queue.observe(start - r.arrival);
@@ -302,6 +331,20 @@ struct App {
     metrics: Metrics,
     /// Completion ids: `chatcmpl-{n}`.
     next: AtomicU64,
+    /// Requests between their receipt and their hand-over to the driver
+    /// (parsing, decoding): a drain waits for them.
+    receiving: AtomicUsize,
+    /// A stage has no live worker left: `/health` says 503.
+    stage_down: AtomicBool,
+}
+
+/// Counts a request as being received until dropped.
+struct Receiving<'a>(&'a AtomicUsize);
+
+impl Drop for Receiving<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn unix_now() -> u64 {
@@ -316,7 +359,7 @@ fn error_response(e: &ApiError) -> Response {
 }
 
 fn unavailable(app: &App) -> Option<ApiError> {
-    match app.state.load(Ordering::Acquire) {
+    match app.state.load(Ordering::SeqCst) {
         READY => None,
         STARTING => Some(ApiError {
             status: 503,
@@ -330,6 +373,13 @@ fn unavailable(app: &App) -> Option<ApiError> {
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
+    if app.stage_down.load(Ordering::SeqCst) {
+        return error_response(&ApiError {
+            status: 503,
+            message: "a stage has no live worker left: requests fail until the server is restarted"
+                .into(),
+        });
+    }
     match unavailable(&app) {
         None => StatusCode::OK.into_response(),
         Some(e) => error_response(&e),
@@ -361,10 +411,26 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
-async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
+async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
+    let received = Instant::now();
+    // counted before the state is read, so a drain that starts now waits
+    // for this request or this request sees the drain
+    app.receiving.fetch_add(1, Ordering::SeqCst);
+    let _receiving = Receiving(&app.receiving);
     if let Some(e) = unavailable(&app) {
         return error_response(&e);
     }
+    let body: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return error_response(&ApiError {
+                status: 413,
+                message: format!(
+                    "the request body could not be read whole ({e}); at most {MAX_BODY_BYTES} bytes are read"
+                ),
+            })
+        }
+    };
     // decoding media is CPU work: off the runtime's threads
     let model = app.model.clone();
     let parsed = tokio::task::spawn_blocking(move || openai::parse_chat(&body, &model)).await;
@@ -385,7 +451,13 @@ async fn chat(State(app): State<Arc<App>>, body: Bytes) -> Response {
         status: 503,
         message: "the server is shutting down and accepts no new requests".into(),
     };
-    if app.submit.send(Submission { chat, reply: tx }).is_err() {
+    let sent = app.submit.send(Submission {
+        chat,
+        reply: tx,
+        received,
+    });
+    drop(_receiving);
+    if sent.is_err() {
         return error_response(&gone);
     }
     match rx.recv().await {
@@ -506,6 +578,8 @@ struct InFlight {
     reply: mpsc::UnboundedSender<Out>,
     accepted: bool,
     sent: u32,
+    /// When its latest token went out, seconds since the start.
+    last_token: f64,
 }
 
 /// Serve `sc`'s deployment until SIGTERM, Ctrl-C or the time limit, then
@@ -536,15 +610,13 @@ async fn run(
     // the scenario's workload stands for a typical request in the encode
     // policies' costs; the requests themselves come over HTTP
     let (typical, tokens) = generate_with_tokens(sc);
-    let mut ctrl = Controller::new(
-        Vec::new(),
-        sc.controller_config(&typical, &tokens, cost, true),
-    );
+    let cfg = sc.controller_config(&typical, &tokens, cost, opts.log_decisions);
     drop(typical);
+    let mut ctrl = Controller::new(Vec::new(), cfg);
     let max_model_len = sc
         .decode_schedulers()
         .first()
-        .map_or(0, |d| d.kv().total() * d.kv().block_size());
+        .map_or(0, |d| d.max_context_tokens() + 1);
     let model = ModelInfo {
         name: sc.model.name.clone(),
         arch: sc.model.clone(),
@@ -558,14 +630,19 @@ async fn run(
         state: AtomicU8::new(STARTING),
         submit,
         next: AtomicU64::new(0),
+        receiving: AtomicUsize::new(0),
+        stage_down: AtomicBool::new(false),
     });
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(DefaultBodyLimit::disable())
         .with_state(app.clone());
+    // SIGTERM and Ctrl-C are ours from before the workers start: a stop
+    // while they load kills them (kill_on_drop) rather than orphaning them
+    let mut stop = Stop::new()?;
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     on_listen(listener.local_addr()?);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -577,7 +654,13 @@ async fn run(
             .await
     });
 
-    let mut pool = match start_workers(sc, ctrl.topology(), &opts.exec).await {
+    let started = tokio::select! {
+        p = start_workers(sc, ctrl.topology(), &opts.exec) => p,
+        _ = stop.recv() => Err(ExecError::Startup(
+            "stopped (SIGTERM or Ctrl-C) while the workers were starting".into(),
+        )),
+    };
+    let mut pool = match started {
         Ok(p) => p,
         Err(e) => {
             let _ = stop_http.send(());
@@ -585,13 +668,30 @@ async fn run(
             return Err(e);
         }
     };
-    app.state.store(READY, Ordering::Release);
-    let (faults, run_s) = drive(&mut ctrl, &mut pool, &mut submissions, &app, opts).await;
+    app.state.store(READY, Ordering::SeqCst);
+    let (faults, run_s) = drive(
+        &mut ctrl,
+        &mut pool,
+        &mut submissions,
+        &app,
+        opts,
+        &mut stop,
+    )
+    .await;
     // no submission is taken from here on: a late one gets 503
     drop(submissions);
     let _ = stop_http.send(());
     let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
     shut_down(&mut pool).await;
+    // the offered rate is what came: arrivals over their span
+    let arrivals: Vec<f64> = ctrl.records().iter().map(|r| r.arrival).collect();
+    let span = arrivals.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        - arrivals.iter().copied().fold(f64::INFINITY, f64::min);
+    let offered = if arrivals.len() > 1 && span > 0.0 {
+        (arrivals.len() - 1) as f64 / span
+    } else {
+        0.0
+    };
     let report = build_report(
         sc,
         &ctrl,
@@ -600,7 +700,8 @@ async fn run(
         &faults,
         &None,
         &opts.exec,
-        "served by easerve serve over HTTP",
+        "served by easerve serve over HTTP (offered rate: the requests that came, over their arrivals' span)",
+        offered,
     );
     let decisions = ctrl.take_decisions();
     Ok(ServeOutput {
@@ -611,6 +712,40 @@ async fn run(
     })
 }
 
+/// SIGTERM and Ctrl-C (SIGINT) as one stream of stop requests.
+struct Stop {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    fn new() -> std::io::Result<Stop> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Stop {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Stop {})
+    }
+
+    /// The next stop request (never returns where there are no signals).
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        #[cfg(not(unix))]
+        std::future::pending::<()>().await
+    }
+}
+
 /// Take requests as they come and carry out the controller's commands until
 /// the server is told to stop and every request in it has ended.
 async fn drive(
@@ -619,78 +754,67 @@ async fn drive(
     submissions: &mut mpsc::UnboundedReceiver<Submission>,
     app: &App,
     opts: &ServeOptions,
+    stop: &mut Stop,
 ) -> (Vec<Fault>, f64) {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
     let mut links = Links::default();
+    links.passes = Some(Vec::new());
     let mut faults: Vec<Fault> = Vec::new();
-    let mut kill = opts.exec.kill;
-    let mut killed_at: Option<(usize, f64)> = None;
+    let mut kill = KillPlan::new(opts.exec.kill);
     let mut flight: HashMap<RequestId, InFlight> = HashMap::new();
     let mut tokens: Vec<(RequestId, u32)> = Vec::new();
-    let mut seen_decisions = 0usize;
     let mut draining = false;
-    let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
-    #[cfg(unix)]
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
 
     loop {
         let mut wake = f64::INFINITY;
         if let Some(t) = ctrl.poll_timeout() {
             wake = wake.min(t);
         }
-        if let Some((_, t)) = kill {
+        if let Some(t) = kill.due() {
             wake = wake.min(t);
         }
         if let (Some(t), false) = (opts.exec.time_limit_s, draining) {
             wake = wake.min(t);
         }
-        let sleep_for = (wake - now()).clamp(0.0, 3600.0);
+        // a drain looks again for requests still being received
+        let cap = if draining { 0.05 } else { 3600.0 };
+        let sleep_for = (wake - now()).clamp(0.0, cap);
         let mut events: Vec<Event> = Vec::new();
         let mut arrived: Option<Submission> = None;
-        #[cfg(unix)]
-        let sigterm = async {
-            match term.as_mut() {
-                Some(s) => s.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let sigterm = std::future::pending::<Option<()>>();
         tokio::select! {
             ev = pool.rx.recv() => match ev {
                 Some(ev) => {
-                    let at = DetectAt { now: now(), killed_at };
-                    events.extend(on_incoming(ev, &mut pool.workers, &mut links, &mut pool.last_err, &mut faults, at, Some(&mut tokens)));
+                    let at = DetectAt { now: now(), killed_at: kill.killed_at };
+                    let e = on_incoming(ev, &mut pool.workers, &mut links, &mut pool.last_err, &mut faults, at, Some(&mut tokens));
+                    if matches!(e, Some(Event::WorkerFailed { .. })) && pool.stage_down() {
+                        app.stage_down.store(true, Ordering::SeqCst);
+                    }
+                    events.extend(e);
                 }
                 None => break,
             },
-            sub = submissions.recv() => {
-                arrived = sub;
-            }
+            sub = submissions.recv() => arrived = sub,
             _ = tokio::time::sleep(Duration::from_secs_f64(sleep_for)) => {}
-            _ = &mut ctrl_c => draining = true,
-            _ = sigterm => draining = true,
+            _ = stop.recv() => draining = true,
         }
         let t = now();
         if opts.exec.time_limit_s.is_some_and(|lim| t >= lim) {
             draining = true;
         }
         if draining {
-            app.state.store(DRAINING, Ordering::Release);
+            app.state.store(DRAINING, Ordering::SeqCst);
         }
-        if let Some((wref, at)) = kill.filter(|(_, at)| t >= *at) {
-            kill = None;
-            if let Some(&k) = pool.by_ref.get(&wref) {
-                if let Some(pid) = pool.workers[k].pid {
-                    sigkill(pid);
-                    killed_at = Some((k, at.max(t)));
-                }
-            }
-        }
-        if let Some(Submission { chat, reply }) = arrived {
+        kill.inject(pool, t);
+        if let Some(Submission {
+            chat,
+            reply,
+            received,
+        }) = arrived
+        {
             let mut req = chat.request;
-            req.arrival = t;
+            // its arrival is its receipt (clamped to the run's start)
+            req.arrival = received.saturating_duration_since(t0).as_secs_f64().min(t);
             let id = ctrl.add_request(req);
             links.media.insert(id, chat.media);
             flight.insert(
@@ -699,6 +823,7 @@ async fn drive(
                     reply,
                     accepted: false,
                     sent: 0,
+                    last_token: 0.0,
                 },
             );
             events.push(Event::Arrival { id });
@@ -708,21 +833,32 @@ async fn drive(
         for (id, tok) in tokens.drain(..) {
             if let Some(f) = flight.get_mut(&id) {
                 if f.sent < ctrl.requests()[id as usize].output_tokens {
+                    let r = &ctrl.records()[id as usize];
+                    if f.sent == 0 {
+                        app.metrics.ttft.observe(t - r.arrival);
+                    } else {
+                        app.metrics.token_gap(t - f.last_token);
+                    }
                     f.sent += 1;
+                    f.last_token = t;
                     let _ = f.reply.send(Out::Token(tok));
                 }
             }
         }
-        for d in &ctrl.decisions()[seen_decisions..] {
-            if let Decision::Dispatch { ids, sm_share, .. } = d {
-                app.metrics.micro_batch.observe(ids.len() as f64);
-                app.metrics.sm_share.set(*sm_share);
+        if let Some(passes) = links.passes.as_mut() {
+            for (size, share) in passes.drain(..) {
+                app.metrics.micro_batch.observe(size as f64);
+                app.metrics.sm_share.set(share);
             }
         }
-        seen_decisions = ctrl.decisions().len();
         resolve(ctrl, &mut flight, &mut links.media, &app.metrics);
         app.metrics.update(ctrl);
-        if draining && flight.is_empty() && ctrl.in_system() == 0 && submissions.is_empty() {
+        if draining
+            && flight.is_empty()
+            && ctrl.in_system() == 0
+            && submissions.is_empty()
+            && app.receiving.load(Ordering::SeqCst) == 0
+        {
             break;
         }
     }

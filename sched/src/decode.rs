@@ -194,7 +194,15 @@ impl DecodeScheduler {
     /// Whether a sequence of this size could ever be admitted (its whole
     /// context fits in an empty cache).
     pub fn can_ever_fit(&self, seq: &DecodeSeq) -> bool {
-        self.kv.blocks_for(seq.prompt_tokens + seq.remaining as u64) <= self.kv.total()
+        seq.prompt_tokens + seq.remaining as u64 <= self.max_context_tokens()
+    }
+
+    /// The longest context, in tokens, that [`DecodeScheduler::can_ever_fit`]
+    /// admits: every block of an empty cache. A request of `p` prompt tokens
+    /// (text + multimodal) and `o` output tokens holds `p + o − 1` (the last
+    /// token's KV is never stored).
+    pub fn max_context_tokens(&self) -> u64 {
+        self.kv.total() * self.kv.block_size()
     }
 
     /// A sequence's KV cache has arrived; it waits for admission.

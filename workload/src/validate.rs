@@ -119,9 +119,11 @@ pub fn load_report(path: impl AsRef<Path>) -> Result<Report, ReportLoadError> {
 ///
 /// From a vLLM result these fields are read: `duration` (s), `ttfts`
 /// (s per request), `itls` (s between output chunks, per request),
-/// `output_lens` and `errors` (an empty string for a success). A request's
-/// E2E is its TTFT plus its ITLs and its TPOT `(E2E − TTFT)/(output − 1)`,
-/// as vLLM defines them; throughputs are over `duration`. The result names
+/// `output_lens`, `input_lens` (prompt tokens) and `errors` (an empty string
+/// for a success). A request's E2E is its TTFT plus its ITLs, which ends at
+/// its last output chunk (vLLM's own `latency` runs to the end of the stream,
+/// a few milliseconds later), and its TPOT `(E2E − TTFT)/(output − 1)`;
+/// throughputs are over `duration`. The result names
 /// no easerve model or cluster, so the report takes `simulated`'s (the
 /// caller says the two runs are of one deployment) and says so in a note;
 /// it has no stage times.
@@ -174,8 +176,14 @@ fn report_from_vllm(v: &serde_json::Value, simulated: &Report) -> Result<Report,
         list("output_lens")?,
         list("errors")?,
     );
+    let ins = list("input_lens")?;
     let n = ttfts.len();
-    for (field, l) in [("itls", itls), ("output_lens", outs), ("errors", errors)] {
+    for (field, l) in [
+        ("itls", itls),
+        ("output_lens", outs),
+        ("errors", errors),
+        ("input_lens", ins),
+    ] {
         if l.len() != n {
             return Err(bad(
                 field,
@@ -214,10 +222,17 @@ fn report_from_vllm(v: &serde_json::Value, simulated: &Report) -> Result<Report,
                     "must be a whole number of tokens",
                 )
             })?;
+        let prompt = ins[i].as_u64().ok_or_else(|| {
+            bad(
+                &format!("input_lens[{i}]"),
+                "must be a whole number of tokens",
+            )
+        })?;
         records.push(easerve_sched::RequestRecord {
             id: i as u64,
             arrival: 0.0,
             output_tokens: out,
+            prefill_tokens: prompt,
             first_token: Some(ttft),
             finish: Some(e2e),
             ..Default::default()
@@ -237,14 +252,20 @@ fn report_from_vllm(v: &serde_json::Value, simulated: &Report) -> Result<Report,
             tpot_s: t.tpot_s,
         })
         .collect();
-    let note = "read from a vllm bench serve result: per-request TTFT, ITLs and output lengths; no send times or stage times; model and cluster taken from the simulated report".to_string();
+    let mut notes = vec!["read from a vllm bench serve result: per-request TTFT, ITLs, prompt and output lengths; no send times or stage times; model and cluster taken from the simulated report".to_string()];
+    if n != simulated.meta.requests {
+        notes.push(format!(
+            "the vLLM result holds {n} requests and the simulation {}: are they one workload?",
+            simulated.meta.requests
+        ));
+    }
     let mut r = Report::build(
         meta,
         &records,
         &slo,
         Vec::new(),
         EncodeSummary::default(),
-        vec![note],
+        notes,
     );
     // throughputs over vLLM's duration (the records carry no send times)
     let scale = r.duration_s / duration;
@@ -257,6 +278,7 @@ fn report_from_vllm(v: &serde_json::Value, simulated: &Report) -> Result<Report,
     }
     r.failed = failed;
     r.measured = true;
+    check_report(&r)?;
     Ok(r)
 }
 
