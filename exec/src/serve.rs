@@ -37,9 +37,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use easerve_calib::StageCost;
-use easerve_sched::{Controller, Decision, Event, RequestId, RequestRecord};
+use easerve_sched::{Controller, Event, RequestId, RequestRecord};
 use easerve_workload::generate::generate_with_tokens;
-use easerve_workload::{Report, Scenario};
+use easerve_workload::Scenario;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -50,7 +50,7 @@ use tokio::sync::mpsc;
 use crate::openai::{self, ApiError, ChatRequest, ModelInfo};
 use crate::run::{
     build_report, on_incoming, shut_down, start_workers, step, DetectAt, ExecError, ExecOptions,
-    Fault, KillPlan, Links, Pool,
+    ExecOutput, Fault, KillPlan, Links, Pool,
 };
 use crate::wire::WireMedia;
 
@@ -68,19 +68,6 @@ pub struct ServeOptions {
     /// Keep the decision log (`--decisions FILE`); it grows with every
     /// request, so it is off unless asked for.
     pub log_decisions: bool,
-}
-
-/// What serving hands back once it has drained.
-#[derive(Clone, Debug)]
-pub struct ServeOutput {
-    /// The report of every request served (`measured = true`).
-    pub report: Report,
-    /// Per-request lifecycle records, by id (arrival order).
-    pub records: Vec<RequestRecord>,
-    /// Every scheduling decision, in order.
-    pub decisions: Vec<Decision>,
-    /// Workers that died.
-    pub faults: Vec<Fault>,
 }
 
 const STARTING: u8 = 0;
@@ -593,7 +580,7 @@ pub fn serve(
     cost: &dyn StageCost,
     opts: &ServeOptions,
     on_listen: impl FnOnce(SocketAddr),
-) -> Result<ServeOutput, ExecError> {
+) -> Result<ExecOutput, ExecError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -606,7 +593,7 @@ async fn run(
     cost: &dyn StageCost,
     opts: &ServeOptions,
     on_listen: impl FnOnce(SocketAddr),
-) -> Result<ServeOutput, ExecError> {
+) -> Result<ExecOutput, ExecError> {
     // the scenario's workload stands for a typical request in the encode
     // policies' costs; the requests themselves come over HTTP
     let (typical, tokens) = generate_with_tokens(sc);
@@ -704,11 +691,12 @@ async fn run(
         offered,
     );
     let decisions = ctrl.take_decisions();
-    Ok(ServeOutput {
+    Ok(ExecOutput {
         report,
         records: ctrl.into_records(),
         decisions,
         faults,
+        interrupted: None,
     })
 }
 
