@@ -95,8 +95,10 @@ struct Submission {
 }
 
 /// The server's metrics, registered under vLLM's names where vLLM has one
-/// (vLLM 0.33.0's `vllm/v1/metrics/loggers.py`, whose bucket bounds these
-/// histograms copy) and under `easerve:` for the encode stage:
+/// (vLLM V1's `vllm/v1/metrics/loggers.py`, whose bucket bounds these
+/// histograms copy: TTFT, inter-token and request-latency grids, the same in
+/// published `/metrics` of vLLM 0.10 to 0.30; not checked against 0.33.0's
+/// source) and under `easerve:` for the encode stage:
 ///
 /// | name | kind | what |
 /// |---|---|---|
