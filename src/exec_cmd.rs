@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 #[cfg(feature = "exec")]
-use easerve_exec::device::{check_device, DeviceKind};
+use easerve_exec::device::{check_device, CoreSide, DeviceKind};
 #[cfg(feature = "exec")]
 use easerve_exec::profile::{available_memory, f32_weight_bytes};
 #[cfg(feature = "exec")]
@@ -49,6 +49,12 @@ pub(crate) struct ExecArgs {
     /// Seconds to wait for the workers to start and load their models.
     #[arg(long, value_name = "SECONDS", default_value_t = 120.0)]
     startup_timeout: f64,
+    /// cuda with an MPS daemon running: start each encode worker that has a
+    /// co-located prefill worker with `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of
+    /// this share (0, 1) and that prefill worker with the rest: a fixed SM
+    /// split, the fallback for green contexts (see `exec/src/green.rs`).
+    #[arg(long, value_name = "SHARE")]
+    mps_encode_share: Option<f64>,
 }
 
 #[cfg(feature = "exec")]
@@ -185,6 +191,17 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
             })?;
     }
     let kill = a.run.kill(&sc)?;
+    if let Some(share) = a.mps_encode_share {
+        if device != DeviceKind::Cuda {
+            return Err(BadInput("--mps-encode-share applies to --device cuda only".into()).into());
+        }
+        if !(share > 0.0 && share < 1.0) {
+            return Err(BadInput(format!(
+                "--mps-encode-share: {share} is not a share in (0, 1)"
+            ))
+            .into());
+        }
+    }
     let opts = ExecOptions {
         device,
         exe: std::env::current_exe()?,
@@ -192,6 +209,7 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         startup_timeout_s: a.startup_timeout,
         time_limit_s: a.time_limit,
         kill,
+        mps_encode_share: a.mps_encode_share,
     };
     Ok((sc, opts))
 }
@@ -223,6 +241,10 @@ pub(crate) struct WorkerArgs {
     /// Device ordinal (cuda).
     #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// Cores its passes run on (cpu): any, low (an encode worker sharing its
+    /// cores with a local prefill worker) or high (that prefill worker).
+    #[arg(long, default_value = "any")]
+    cores: String,
 }
 
 #[cfg(feature = "exec")]
@@ -242,6 +264,10 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         .device
         .parse()
         .map_err(|e: String| BadInput(format!("--device: {e}")))?;
+    let cores: CoreSide = a
+        .cores
+        .parse()
+        .map_err(|e: String| BadInput(format!("--cores: {e}")))?;
     let opts = WorkerOptions {
         role,
         index: a.index,
@@ -251,6 +277,7 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         seed: a.seed,
         device,
         gpu: a.gpu,
+        cores,
     };
     run_worker(&opts).map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)

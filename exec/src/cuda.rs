@@ -1,5 +1,7 @@
 //! CUDA profiling (feature `cuda`): burn's CUDA backend on GPU 0, SM levels through
-//! libsmctrl's TPC mask when `libsmctrl.so` can be loaded.
+//! libsmctrl's TPC mask when `libsmctrl.so` can be loaded. The partition CUDA
+//! green contexts make at each level is reported beside it ([`crate::green`]
+//! says why burn's kernels cannot run in them yet).
 //!
 //! libsmctrl (Bakita & Anderson, RTAS 2023; <https://www.cs.unc.edu/~jbakita/libsmctrl>)
 //! masks TPCs for every kernel the process launches afterwards
@@ -79,6 +81,37 @@ impl SmCtrl {
     }
 }
 
+/// The GPU a worker of allocation GPU `gpu` runs on: `gpu` modulo the GPUs
+/// the driver shows, so a deployment larger than the machine shares its GPUs
+/// (`1E+1P+1D` on one GPU: all three workers on GPU 0). GPU 0 when the count
+/// cannot be read.
+pub fn visible_ordinal(gpu: usize) -> usize {
+    let count = cudarc::driver::result::init()
+        .and_then(|_| cudarc::driver::result::device::get_count())
+        .unwrap_or(1)
+        .max(1) as usize;
+    gpu % count
+}
+
+/// The green-context partition of GPU 0 at [`SM_LEVELS`], as one line per
+/// level (`level 0.20: 24 of 132 SMs (share 0.182), remainder 108`), or why
+/// none could be made.
+pub fn green_partition_report() -> Result<String, String> {
+    let g = crate::green::GreenContexts::create(0, &SM_LEVELS)?;
+    let mut out = format!(
+        "green contexts on GPU 0: {} SMs, compute capability {}.x, groups of at least {} SMs in multiples of {}\n",
+        g.total_sms, g.compute_major, g.granularity.min, g.granularity.align
+    );
+    for l in &g.levels {
+        let p = l.partition;
+        out.push_str(&format!(
+            "level {:.2}: {} of {} SMs (share {:.3}), remainder {}\n",
+            p.level, p.sms, g.total_sms, p.share, p.rest
+        ));
+    }
+    Ok(out)
+}
+
 /// Profile `arch` on GPU 0, calling `progress` after each grid point.
 pub fn profile_cuda(
     arch: &ModelArch,
@@ -88,6 +121,18 @@ pub fn profile_cuda(
 ) -> Result<Profile, String> {
     let plan = Plan::for_model(arch, opts.quick);
     let device = burn::backend::cuda::CudaDevice::default();
+    // the partition green contexts give each level (burn's kernels cannot run
+    // in them, see crate::green; the table says what a level would really get)
+    let green = match green_partition_report() {
+        Ok(table) => {
+            eprint!("{table}");
+            table.lines().skip(1).collect::<Vec<_>>().join("; ")
+        }
+        Err(e) => {
+            eprintln!("note: no green contexts: {e}");
+            format!("no green contexts: {e}")
+        }
+    };
     let smctrl = SmCtrl::load();
     let levels: Vec<f64> = match &smctrl {
         Ok(_) => SM_LEVELS.to_vec(),
@@ -124,11 +169,12 @@ pub fn profile_cuda(
         libraries: vec![format!("burn {BURN_VERSION}"), format!("easerve-exec {}", env!("CARGO_PKG_VERSION"))],
         date: date.into(),
         method: format!(
-            "easerve profile --device cuda: {} warm-up + {} timed runs per point, median and p90; SM levels {:?} ({})",
+            "easerve profile --device cuda: {} warm-up + {} timed runs per point, median and p90; SM levels {:?} ({}); green-context partition: {}",
             opts.warmup,
             opts.repetitions,
             levels,
-            if smctrl.is_ok() { "libsmctrl TPC mask" } else { "libsmctrl absent: full GPU only" }
+            if smctrl.is_ok() { "libsmctrl TPC mask" } else { "libsmctrl absent: full GPU only" },
+            green
         ),
         repetitions: opts.repetitions,
     };

@@ -128,6 +128,122 @@ fn pin_to_cores(n: usize) {
 #[cfg(not(target_os = "linux"))]
 fn pin_to_cores(_n: usize) {}
 
+/// Which cores of the host a CPU worker's passes run on. An encode worker and
+/// the prefill worker co-located with it split one "GPU" (the host's cores) by
+/// SM share: the encode worker's passes run on the lowest cores, the local
+/// prefill worker's on the highest, so two shares that sum to at most 1 run on
+/// disjoint cores, the CPU analogue of an SM partition. Other workers leave
+/// placement to the OS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CoreSide {
+    /// No pinning per pass.
+    #[default]
+    Any,
+    /// The lowest `n` allowed cores.
+    Low,
+    /// The highest `n` allowed cores.
+    High,
+}
+
+impl CoreSide {
+    /// `"any"`, `"low"` or `"high"` (the worker's `--cores` flag).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CoreSide::Any => "any",
+            CoreSide::Low => "low",
+            CoreSide::High => "high",
+        }
+    }
+}
+
+impl FromStr for CoreSide {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "any" => Ok(CoreSide::Any),
+            "low" => Ok(CoreSide::Low),
+            "high" => Ok(CoreSide::High),
+            _ => Err(format!(
+                "unknown core side `{s}`: expected any, low or high"
+            )),
+        }
+    }
+}
+
+/// The cores a pass on `n` threads runs on, out of `allowed` (ascending CPU
+/// ids): the lowest `n` for [`CoreSide::Low`], the highest `n` for
+/// [`CoreSide::High`], all of them for [`CoreSide::Any`]; `n` is clamped to
+/// `1..=allowed.len()`.
+pub fn core_set(allowed: &[usize], n: usize, side: CoreSide) -> Vec<usize> {
+    let n = n.clamp(1, allowed.len().max(1)).min(allowed.len());
+    match side {
+        CoreSide::Any => allowed.to_vec(),
+        CoreSide::Low => allowed[..n].to_vec(),
+        CoreSide::High => allowed[allowed.len() - n..].to_vec(),
+    }
+}
+
+/// The CPUs this process may run on (its affinity mask at the time of the
+/// call), ascending; `0..cpu_cores()` where the mask cannot be read.
+pub fn allowed_cores() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain libc call on a zeroed cpu_set_t owned by this frame.
+    unsafe {
+        let mut cur: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut cur) == 0 {
+            return (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &cur))
+                .collect();
+        }
+    }
+    (0..cpu_cores()).collect()
+}
+
+/// Pin every thread of this process (rayon's, matrixmultiply's GEMM threads,
+/// the compute loop) to `cpus`: Linux applies an affinity mask per thread, so
+/// each of `/proc/self/task` is set. Threads started later inherit the mask of
+/// the thread that starts them. A no-op off Linux.
+///
+/// Errors: `cpus` empty, or the kernel refused a thread's mask (the message
+/// names the thread and the errno).
+pub fn pin_process(cpus: &[usize]) -> Result<(), DeviceError> {
+    if cpus.is_empty() {
+        return Err(DeviceError("cannot pin a worker to no cores".into()));
+    }
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame.
+        let set = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            for &c in cpus {
+                libc::CPU_SET(c, &mut set);
+            }
+            set
+        };
+        let tasks = std::fs::read_dir("/proc/self/task")
+            .map_err(|e| DeviceError(format!("/proc/self/task: {e}")))?;
+        for t in tasks.flatten() {
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            // SAFETY: sched_setaffinity on a thread id of this process.
+            let rc = unsafe {
+                libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+            };
+            if rc != 0 {
+                let err = std::io::Error::last_os_error();
+                // a thread that ended since the listing is not an error
+                if err.raw_os_error() != Some(libc::ESRCH) {
+                    return Err(DeviceError(format!(
+                        "cannot pin thread {tid} to cores {cpus:?}: {err}"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Check that `kind` can run here.
 ///
 /// Errors: `cuda` in a build without the `cuda` feature, or without an NVIDIA
@@ -177,6 +293,44 @@ mod tests {
         assert_eq!(cpu_levels(1), vec![1]);
         assert_eq!(cpu_levels(2), vec![1, 2]);
         assert_eq!(cpu_levels(16), vec![3, 6, 10, 13, 16]);
+    }
+
+    #[test]
+    fn encode_and_local_prefill_shares_run_on_disjoint_cores() {
+        let allowed: Vec<usize> = vec![0, 1, 2, 3, 6, 7, 8, 9];
+        // shares 0.4 and 0.6 of 8 cores: 3 + 5 threads, disjoint
+        let enc = core_set(&allowed, 3, CoreSide::Low);
+        let pre = core_set(&allowed, 5, CoreSide::High);
+        assert_eq!(enc, vec![0, 1, 2]);
+        assert_eq!(pre, vec![3, 6, 7, 8, 9]);
+        assert!(enc.iter().all(|c| !pre.contains(c)));
+        // the 2-core machine at shares 0.5 / 0.5
+        assert_eq!(core_set(&[0, 1], 1, CoreSide::Low), vec![0]);
+        assert_eq!(core_set(&[0, 1], 1, CoreSide::High), vec![1]);
+        // clamped to what is allowed; Any takes everything
+        assert_eq!(core_set(&[4, 5], 9, CoreSide::High), vec![4, 5]);
+        assert_eq!(core_set(&[4, 5], 0, CoreSide::Low), vec![4]);
+        assert_eq!(core_set(&[4, 5], 1, CoreSide::Any), vec![4, 5]);
+        assert_eq!("high".parse::<CoreSide>(), Ok(CoreSide::High));
+        assert!("middle"
+            .parse::<CoreSide>()
+            .unwrap_err()
+            .contains("any, low or high"));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pinning_the_process_sets_every_thread_and_can_be_undone() {
+        let before = allowed_cores();
+        let first = before[..1].to_vec();
+        let helper =
+            std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(200)));
+        pin_process(&first).unwrap();
+        assert_eq!(allowed_cores(), first);
+        pin_process(&before).unwrap();
+        assert_eq!(allowed_cores(), before);
+        helper.join().unwrap();
+        assert!(pin_process(&[]).is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! 1. [`input`]: images / video / audio into the tensors each encoder takes.
 //! 2. [`mel`]: Whisper's log-mel spectrogram.
 //! 3. [`device`]: choosing the backend and bounding a worker's CPU threads.
+//!    [`green`]: SM partitions (CUDA green contexts, the MPS fallback).
 //! 4. [`profile`]: timing encode, prefill, decode and transfers into a profile.
 //! 5. [`run`]: `easerve exec`, the second driver of `easerve_sched::Controller`
 //!    (the simulator is the first): worker processes over sockets, the
@@ -18,6 +19,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;
+pub mod green;
 pub mod input;
 pub mod mel;
 pub mod openai;

@@ -99,7 +99,8 @@ impl Plan {
     /// The grid for `arch`: items of each distinct encoder size the preprocessor
     /// produces (anyres: one image per tile count; Qwen: 2, 4, 8, 16 frames at the
     /// largest video frame; Whisper: 1, 2, 4 windows), batches 1, 2, 4, 8, prefill
-    /// 16..2048 tokens, decode batch 1..16 x context 256, 1024, 4096, transfers
+    /// 16..2048 tokens, decode batch 1..16 x context 16, 64, 256, 1024, 4096 (the
+    /// batch's tokens in cache; the tiny presets' runs decode at tens of tokens), transfers
     /// 1 KiB..64 MiB.
     pub fn for_model(arch: &ModelArch, quick: bool) -> Plan {
         let mut items: Vec<EncodeItem> = Vec::new();
@@ -156,7 +157,7 @@ impl Plan {
             encode_items: items,
             prefill_tokens: pick((4..=11).map(|e| 1 << e).collect(), vec![16, 64, 256, 512]),
             decode_batch: pick(vec![1, 2, 4, 8, 16], vec![1, 4]),
-            decode_context: pick(vec![256, 1024, 4096], vec![256, 1024]),
+            decode_context: pick(vec![16, 64, 256, 1024, 4096], vec![64, 256]),
             transfer_bytes: pick(
                 (0..=8).map(|e| 1024 << (2 * e)).collect(),
                 vec![1024, 1 << 20],
@@ -297,18 +298,24 @@ pub fn measure_level<B: Backend>(
                         device,
                     )
                 };
-                let base: Vec<KvCache<B>> = (0..b)
-                    .map(|_| KvCache {
-                        k: (0..l.layers).map(|_| kv()).collect(),
-                        v: (0..l.layers).map(|_| kv()).collect(),
-                        len: per,
+                // preallocated with room for every timed step, as a server's
+                // caches are: each step writes one position in place, so the
+                // context grows by one per run (warm-up + repetitions, a few
+                // positions on hundreds)
+                let runs = (opts.warmup + opts.repetitions.max(1)) as usize;
+                let mut caches: Vec<KvCache<B>> = (0..b)
+                    .map(|_| {
+                        KvCache::from_positions(
+                            (0..l.layers).map(|_| kv()).collect(),
+                            (0..l.layers).map(|_| kv()).collect(),
+                            runs + 1,
+                        )
                     })
                     .collect();
                 let x: Tensor<B, 2> =
                     Tensor::random([b, d], Distribution::Normal(0.0, 1.0), device);
                 let mut err = None;
                 let (m, p, _) = time_point(opts, || {
-                    let mut caches = base.clone();
                     let out = model.lm.decode(x.clone(), &mut caches);
                     drop(out);
                     if let Err(e) = sync() {

@@ -19,7 +19,7 @@
 //! run: what has not finished fails with the reason, and the report is
 //! written from what was measured.
 
-use crate::device::{cpu_cores, DeviceKind};
+use crate::device::{cpu_cores, CoreSide, DeviceKind};
 use crate::wire::{
     encode_frame, read_frame_async, write_bytes_async, EncodeRequest, FromWorker, KvData, Matrix,
     PrefillRequest, Role, ToWorker, WireMedia,
@@ -61,6 +61,11 @@ pub struct ExecOptions {
     /// Fault injection: kill this worker's process (SIGKILL) this many
     /// seconds into the run.
     pub kill: Option<(WorkerRef, f64)>,
+    /// CUDA under MPS: the SM share of each encode worker that has a
+    /// co-located prefill worker (that worker gets the rest), set through
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when the processes start; `None`
+    /// leaves the GPU's sharing to the driver.
+    pub mps_encode_share: Option<f64>,
 }
 
 /// A worker that died during the run.
@@ -246,6 +251,7 @@ pub(crate) async fn start_workers(
         .map(|(k, w)| (w.wref, k))
         .collect();
     let cores = cpu_cores();
+    let has_local = workers.iter().any(|w| w.local);
     let others = workers
         .iter()
         .filter(|w| w.role == Role::Decode || (w.role == Role::Prefill && !w.local))
@@ -258,6 +264,15 @@ pub(crate) async fn start_workers(
         }
     };
     let threads: Vec<usize> = workers.iter().map(threads_of).collect();
+    // an encode worker and its local prefill worker split the host's cores
+    // at their SM shares, from opposite ends (CPU only; a GPU splits SMs)
+    let core_side = |w: &Worker| -> CoreSide {
+        match (opts.device, w.role) {
+            (DeviceKind::Cpu, Role::Encode) if has_local => CoreSide::Low,
+            (DeviceKind::Cpu, Role::Prefill) if w.local => CoreSide::High,
+            _ => CoreSide::Any,
+        }
+    };
 
     // start the processes
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -274,10 +289,26 @@ pub(crate) async fn start_workers(
             .args(["--seed", &sc.seed.to_string()])
             .args(["--device", opts.device.as_str()])
             .args(["--gpu", &w.gpu.to_string()])
+            .args(["--cores", core_side(w).as_str()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        if let (DeviceKind::Cuda, Some(share)) = (opts.device, opts.mps_encode_share) {
+            let side = if w.role == Role::Encode && has_local {
+                Some(share)
+            } else if w.role == Role::Prefill && w.local {
+                Some(1.0 - share)
+            } else {
+                None
+            };
+            if let Some(s) = side {
+                cmd.env(
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                    crate::green::mps_thread_percentage(s).to_string(),
+                );
+            }
+        }
         // its own process group: a terminal's Ctrl-C reaches the controller
         // only, which then shuts the workers down in order
         #[cfg(unix)]

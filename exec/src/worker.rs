@@ -24,6 +24,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
+use crate::device::CoreSide;
+
 /// What a worker process is told on its command line.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
@@ -43,6 +45,10 @@ pub struct WorkerOptions {
     pub device: DeviceKind,
     /// Device ordinal (CUDA): the first GPU of the worker's share of the allocation.
     pub gpu: usize,
+    /// Which cores its passes run on (CPU): an encode worker's at the low end
+    /// and its co-located prefill worker's at the high end, so their shares
+    /// run on disjoint cores.
+    pub cores: CoreSide,
 }
 
 /// Serve as a worker until shutdown. Errors are strings for the process's
@@ -80,7 +86,7 @@ pub fn run_worker(opts: &WorkerOptions) -> Result<(), String> {
         DeviceKind::Cuda => serve::<crate::cuda::Gpu>(
             &arch,
             opts,
-            &burn::backend::cuda::CudaDevice::new(opts.gpu),
+            &burn::backend::cuda::CudaDevice::new(crate::cuda::visible_ordinal(opts.gpu)),
             reader,
             writer.clone(),
         ),
@@ -133,15 +139,17 @@ fn argmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<u32>, String> {
 }
 
 fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, String> {
-    let [kv_heads, len, head_dim] = c.k.first().map_or([0, 0, 0], |t| t.dims());
     let layers = c.k.len();
+    let [kv_heads, len, head_dim] = if layers == 0 {
+        [0, 0, 0]
+    } else {
+        c.keys(0).dims()
+    };
     let mut k = Vec::with_capacity(c.elements() / 2);
     let mut v = Vec::with_capacity(c.elements() / 2);
-    for t in c.k {
-        k.extend(to_vec_f32(t)?);
-    }
-    for t in c.v {
-        v.extend(to_vec_f32(t)?);
+    for l in 0..layers {
+        k.extend(to_vec_f32(c.keys(l))?);
+        v.extend(to_vec_f32(c.values(l))?);
     }
     Ok(KvData {
         layers: layers as u32,
@@ -170,11 +178,7 @@ fn kv_from_wire<B: Backend>(kv: KvData, device: &B::Device) -> Result<KvCache<B>
             .map(|c| Tensor::from_data(TensorData::new(c.to_vec(), shape), device))
             .collect()
     };
-    Ok(KvCache {
-        k: split(&kv.k),
-        v: split(&kv.v),
-        len: kv.len as usize,
-    })
+    Ok(KvCache::from_positions(split(&kv.k), split(&kv.v), 1))
 }
 
 /// A decode worker's sequences: cache and next input token.
@@ -183,15 +187,42 @@ struct Sequence<B: Backend> {
     last: u32,
 }
 
-/// Thread pools by size, so a pass can run on its thread share.
+/// Thread pools by size, so a pass can run on its thread share; with a
+/// [`CoreSide`] other than `Any`, the process is also pinned to that many cores
+/// at its side of the host before the pass (see [`crate::device::core_set`]).
 struct Pools {
     threads: usize,
     pools: HashMap<usize, rayon::ThreadPool>,
+    side: CoreSide,
+    /// The cores the worker was started on.
+    allowed: Vec<usize>,
+    /// The cores the process is pinned to now.
+    pinned: Option<Vec<usize>>,
 }
 
 impl Pools {
+    fn new(threads: usize, side: CoreSide) -> Pools {
+        Pools {
+            threads: threads.max(1),
+            pools: HashMap::new(),
+            side,
+            allowed: crate::device::allowed_cores(),
+            pinned: None,
+        }
+    }
+
     fn run<T: Send>(&mut self, share: f64, f: impl FnOnce() -> T + Send) -> T {
         let n = ((self.threads as f64 * share).round() as usize).clamp(1, self.threads.max(1));
+        if self.side != CoreSide::Any {
+            let cores = crate::device::core_set(&self.allowed, n, self.side);
+            if self.pinned.as_ref() != Some(&cores) {
+                // best effort: a refused mask leaves the pool-size bound only
+                if let Err(e) = crate::device::pin_process(&cores) {
+                    eprintln!("warning: {e}");
+                }
+                self.pinned = Some(cores);
+            }
+        }
         if n >= self.threads {
             return f();
         }
@@ -283,10 +314,7 @@ fn serve<B: Backend>(
     B::seed(device, opts.seed);
     let model = MultimodalModel::<B>::from_arch(arch, device).map_err(|e| e.to_string())?;
     let vocab = arch.llm.vocab;
-    let mut pools = Pools {
-        threads: opts.threads.max(1),
-        pools: HashMap::new(),
-    };
+    let mut pools = Pools::new(opts.threads, opts.cores);
     // warm-up: one small forward of the stage's model
     if opts.role != Role::Encode {
         let x = model.lm.embed_tokens(&[1, 2, 3], device);
@@ -472,11 +500,14 @@ fn decode_step<B: Backend>(
     }
     let last: Vec<u32> = batch.iter().map(|(_, s)| s.last).collect();
     let x = model.lm.embed_tokens(&last, device);
-    let mut caches: Vec<KvCache<B>> = batch.iter().map(|(_, s)| s.cache.clone()).collect();
+    // the caches are moved, not cloned: a decode step writes its position in
+    // place only into a buffer it alone holds
+    let (ids, mut caches): (Vec<RequestId>, Vec<KvCache<B>>) =
+        batch.into_iter().map(|(id, s)| (id, s.cache)).unzip();
     let logits = model.lm.decode(x, &mut caches);
     let next = argmax_rows(logits)?;
     let mut tokens = Vec::with_capacity(ids.len());
-    for (((id, _), cache), tok) in batch.into_iter().zip(caches).zip(next) {
+    for ((id, cache), tok) in ids.into_iter().zip(caches).zip(next) {
         tokens.push((id, tok));
         seqs.insert(id, Sequence { cache, last: tok });
     }

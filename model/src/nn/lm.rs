@@ -1,5 +1,6 @@
 //! Decoder-only language model (Llama / Qwen2 style): RMSNorm, RoPE, grouped-query
-//! attention, SwiGLU; the KV cache lives outside the module.
+//! attention, SwiGLU; the KV cache lives outside the module, preallocated and
+//! written in place ([`KvCache`]).
 
 use burn::config::Config;
 use burn::module::Module;
@@ -69,27 +70,113 @@ impl DecoderLmConfig {
     }
 }
 
-/// The KV cache of one sequence: per layer, keys and values of every position so far.
+/// Positions a KV cache reserves at a time: capacities are multiples of this.
+pub const KV_BLOCK: usize = 64;
+
+/// The KV cache of one sequence, preallocated: per layer, keys and values of
+/// `capacity` positions, of which the first `len` are filled. A decode step
+/// writes its position in place (`slice_assign` on a buffer this cache alone
+/// holds, so no copy) and the buffers grow by doubling, in whole
+/// [`KV_BLOCK`]s, only when full: a step costs one position's write, not a copy
+/// of the cache.
 #[derive(Clone, Debug)]
 pub struct KvCache<B: Backend> {
-    /// Per layer `[n_kv_heads, len, head_dim]`.
+    /// Per layer `[n_kv_heads, capacity, head_dim]`; positions `len..` are zeros
+    /// or stale, and masked out of attention.
     pub k: Vec<Tensor<B, 3>>,
-    /// Per layer `[n_kv_heads, len, head_dim]`.
+    /// Per layer `[n_kv_heads, capacity, head_dim]`, as `k`.
     pub v: Vec<Tensor<B, 3>>,
-    /// Positions cached.
+    /// Positions filled.
     pub len: usize,
 }
 
 impl<B: Backend> KvCache<B> {
-    /// Elements held (keys and values of every layer); bytes = elements x the
-    /// backend's float size (4 for f32, 2 for BF16).
+    /// A cache holding `k` and `v` (per layer `[n_kv_heads, len, head_dim]`, all
+    /// layers the same `len`) with room for at least `reserve` more positions
+    /// before it grows.
+    ///
+    /// # Panics
+    /// If `k` and `v` differ in layer count or the layers in shape.
+    pub fn from_positions(k: Vec<Tensor<B, 3>>, v: Vec<Tensor<B, 3>>, reserve: usize) -> Self {
+        assert_eq!(k.len(), v.len(), "keys and values have the same layers");
+        let len = k.first().map_or(0, |t| t.dims()[1]);
+        let capacity = (len + reserve.max(1)).div_ceil(KV_BLOCK) * KV_BLOCK;
+        let room = |t: Tensor<B, 3>| -> Tensor<B, 3> {
+            let [kvh, n, hd] = t.dims();
+            assert_eq!(n, len, "every layer caches the same positions");
+            Tensor::cat(
+                vec![
+                    t.clone(),
+                    Tensor::zeros([kvh, capacity - n, hd], &t.device()),
+                ],
+                1,
+            )
+        };
+        KvCache {
+            k: k.into_iter().map(room).collect(),
+            v: v.into_iter().map(room).collect(),
+            len,
+        }
+    }
+
+    /// Positions the buffers hold before they must grow.
+    pub fn capacity(&self) -> usize {
+        self.k.first().map_or(0, |t| t.dims()[1])
+    }
+
+    /// Make room for `additional` more positions: the buffers double (at least
+    /// to the next [`KV_BLOCK`] multiple that fits), one copy of the cache
+    /// amortised over the positions it makes room for.
+    pub fn reserve(&mut self, additional: usize) {
+        let need = self.len + additional;
+        let cap = self.capacity();
+        if need <= cap {
+            return;
+        }
+        let new_cap = (2 * cap).max(need.div_ceil(KV_BLOCK) * KV_BLOCK);
+        for t in self.k.iter_mut().chain(self.v.iter_mut()) {
+            let [kvh, _, hd] = t.dims();
+            let zeros = Tensor::zeros([kvh, new_cap - cap, hd], &t.device());
+            *t = Tensor::cat(vec![t.clone(), zeros], 1);
+        }
+    }
+
+    /// Layer `layer`'s filled keys `[n_kv_heads, len, head_dim]` (a view).
+    pub fn keys(&self, layer: usize) -> Tensor<B, 3> {
+        self.k[layer].clone().narrow(1, 0, self.len)
+    }
+
+    /// Layer `layer`'s filled values `[n_kv_heads, len, head_dim]` (a view).
+    pub fn values(&self, layer: usize) -> Tensor<B, 3> {
+        self.v[layer].clone().narrow(1, 0, self.len)
+    }
+
+    /// Elements of the filled positions (keys and values of every layer); bytes
+    /// = elements x the backend's float size (4 for f32, 2 for BF16).
     pub fn elements(&self) -> usize {
         self.k
             .iter()
             .chain(&self.v)
-            .map(|t| t.dims().iter().product::<usize>())
+            .map(|t| {
+                let [kvh, _, hd] = t.dims();
+                kvh * self.len * hd
+            })
             .sum()
     }
+}
+
+/// Write `value` `[kvh, 1, hd]` at position `pos` of `slot` `[kvh, cap, hd]`
+/// in place: `slot`'s buffer is moved out (a placeholder takes its place) so
+/// the write sees the only handle to it and does not copy.
+fn write_position<B: Backend>(
+    slot: &mut Tensor<B, 3>,
+    pos: usize,
+    value: Tensor<B, 3>,
+    placeholder: &Tensor<B, 3>,
+) {
+    let [kvh, _, hd] = value.dims();
+    let buffer = std::mem::replace(slot, placeholder.clone());
+    *slot = buffer.slice_assign([0..kvh, pos..pos + 1, 0..hd], value);
 }
 
 /// One decoder layer.
@@ -115,12 +202,6 @@ pub struct DecoderLm<B: Backend> {
     n_kv_heads: usize,
     head_dim: usize,
     rope_theta: f64,
-}
-
-/// Keys and values computed by one pass: per layer `[b, n_kv_heads, L, head_dim]`.
-struct NewKv<B: Backend> {
-    k: Vec<Tensor<B, 4>>,
-    v: Vec<Tensor<B, 4>>,
 }
 
 impl<B: Backend> DecoderLm<B> {
@@ -185,7 +266,12 @@ impl<B: Backend> DecoderLm<B> {
             }
         }
         let bias = float_tensor(bias, [b, 1, l, l], &device);
-        let (h, new) = self.run(x, &positions, None, bias);
+        let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
+        let h = self.run(x, &positions, bias, &mut |_, k, v| {
+            new_k.push(k.clone());
+            new_v.push(v.clone());
+            (k, v)
+        });
         let last: Vec<usize> = lens
             .iter()
             .enumerate()
@@ -204,11 +290,11 @@ impl<B: Backend> DecoderLm<B> {
                         .narrow(2, 0, lens[i])
                         .reshape([kvh, lens[i], hd])
                 };
-                KvCache {
-                    k: new.k.iter().map(take).collect(),
-                    v: new.v.iter().map(take).collect(),
-                    len: lens[i],
-                }
+                KvCache::from_positions(
+                    new_k.iter().map(take).collect(),
+                    new_v.iter().map(take).collect(),
+                    1,
+                )
             })
             .collect();
         (logits, caches)
@@ -216,7 +302,13 @@ impl<B: Backend> DecoderLm<B> {
 
     /// One decode step for a batch of sequences at different positions: each
     /// sequence's next input embedding attends over its own cache, and its cache grows
-    /// by one position.
+    /// by one position, written in place (see [`KvCache`]).
+    ///
+    /// Sequence `i` writes its keys and values at position `len_i` and attends
+    /// over positions `0..=len_i`; a batch reads `[b, kvh, P, hd]` per layer
+    /// (`P` = the longest `len_i + 1`), gathered from each cache's buffer
+    /// without padding (a sequence whose buffer is shorter than `P` is padded
+    /// for this step). A batch of one reads its buffer without a copy.
     ///
     /// # Shapes
     /// * `x`: `[b, d]`, `b = caches.len()`
@@ -224,40 +316,48 @@ impl<B: Backend> DecoderLm<B> {
     pub fn decode(&self, x: Tensor<B, 2>, caches: &mut [KvCache<B>]) -> Tensor<B, 2> {
         let device = x.device();
         let [b, d] = x.dims();
-        let p = caches.iter().map(|c| c.len).max().unwrap_or(0);
+        for c in caches.iter_mut() {
+            c.reserve(1);
+        }
+        let p = caches.iter().map(|c| c.len + 1).max().unwrap_or(1);
         let positions: Vec<usize> = caches.iter().map(|c| c.len).collect();
-        let mut bias = vec![0f32; b * (p + 1)];
+        let mut bias = vec![0f32; b * p];
         for (i, c) in caches.iter().enumerate() {
-            for k in c.len..p {
-                bias[i * (p + 1) + k] = MASKED;
+            for k in c.len + 1..p {
+                bias[i * p + k] = MASKED;
             }
         }
-        let bias = float_tensor(bias, [b, 1, 1, p + 1], &device);
-        let pad = |t: &Tensor<B, 3>| -> Tensor<B, 3> {
-            let [kvh, n, hd] = t.dims();
-            if n < p {
-                Tensor::cat(vec![t.clone(), Tensor::zeros([kvh, p - n, hd], &device)], 1)
+        let bias = float_tensor(bias, [b, 1, 1, p], &device);
+        let placeholder = Tensor::<B, 3>::zeros([1, 1, 1], &device);
+        // keys or values of one layer over the batch: [b, kvh, p, hd]
+        let gather = |bufs: Vec<Tensor<B, 3>>| -> Tensor<B, 4> {
+            let read = |t: Tensor<B, 3>| -> Tensor<B, 3> {
+                let [kvh, cap, hd] = t.dims();
+                if cap >= p {
+                    t.narrow(1, 0, p)
+                } else {
+                    Tensor::cat(vec![t, Tensor::zeros([kvh, p - cap, hd], &device)], 1)
+                }
+            };
+            if bufs.len() == 1 {
+                read(bufs.into_iter().next().expect("one buffer")).unsqueeze_dim(0)
             } else {
-                t.clone()
+                Tensor::stack(bufs.into_iter().map(read).collect(), 0)
             }
         };
-        let past: Vec<(Tensor<B, 4>, Tensor<B, 4>)> = (0..self.layers.len())
-            .map(|l| {
-                let k = Tensor::stack(caches.iter().map(|c| pad(&c.k[l])).collect(), 0);
-                let v = Tensor::stack(caches.iter().map(|c| pad(&c.v[l])).collect(), 0);
-                (k, v)
-            })
-            .collect();
-        let (h, new) = self.run(x.reshape([b, 1, d]), &positions, Some(past), bias);
-        for (i, c) in caches.iter_mut().enumerate() {
-            for l in 0..self.layers.len() {
-                let take = |t: &Tensor<B, 4>| {
-                    let [_, kvh, _, hd] = t.dims();
-                    t.clone().narrow(0, i, 1).reshape([kvh, 1, hd])
-                };
-                c.k[l] = Tensor::cat(vec![c.k[l].clone(), take(&new.k[l])], 1);
-                c.v[l] = Tensor::cat(vec![c.v[l].clone(), take(&new.v[l])], 1);
+        let h = self.run(x.reshape([b, 1, d]), &positions, bias, &mut |l, k, v| {
+            let [_, kvh, _, hd] = k.dims();
+            for (i, c) in caches.iter_mut().enumerate() {
+                let row = |t: &Tensor<B, 4>| t.clone().narrow(0, i, 1).reshape([kvh, 1, hd]);
+                write_position(&mut c.k[l], c.len, row(&k), &placeholder);
+                write_position(&mut c.v[l], c.len, row(&v), &placeholder);
             }
+            (
+                gather(caches.iter().map(|c| c.k[l].clone()).collect()),
+                gather(caches.iter().map(|c| c.v[l].clone()).collect()),
+            )
+        });
+        for c in caches.iter_mut() {
             c.len += 1;
         }
         self.lm_head.forward(self.norm.forward(h.reshape([b, d])))
@@ -279,29 +379,30 @@ impl<B: Backend> DecoderLm<B> {
         }
         let bias = float_tensor(bias, [1, 1, l, l], &device);
         let positions: Vec<usize> = (0..l).collect();
-        let (h, _) = self.run(x.reshape([1, l, d]), &positions, None, bias);
+        let h = self.run(x.reshape([1, l, d]), &positions, bias, &mut |_, k, v| {
+            (k, v)
+        });
         self.lm_head.forward(self.norm.forward(h.reshape([l, d])))
     }
 
-    /// The layers over `x` `[b, L, d]` with per-token positions (`b*L`, row-major),
-    /// optional past keys/values per layer `[b, kvh, P, hd]`, and an additive
-    /// attention bias `[b, 1, L, P + L]`.
+    /// The layers over `x` `[b, L, d]` with per-token positions (`b*L`, row-major)
+    /// and an additive attention bias `[b, 1, L, T]`. `attend(layer, k, v)` takes
+    /// the pass's keys and values `[b, kvh, L, hd]` and returns those attended
+    /// over, `[b, kvh, T, hd]` (the same for a pass without a cache; the cache's
+    /// for a decode step, which it writes them into).
+    #[allow(clippy::type_complexity)]
     fn run(
         &self,
         x: Tensor<B, 3>,
         positions: &[usize],
-        past: Option<Vec<(Tensor<B, 4>, Tensor<B, 4>)>>,
         bias: Tensor<B, 4>,
-    ) -> (Tensor<B, 3>, NewKv<B>) {
+        attend: &mut dyn FnMut(usize, Tensor<B, 4>, Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>),
+    ) -> Tensor<B, 3> {
         let device = x.device();
         let [b, l, d] = x.dims();
         let (h, kvh, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = h / kvh;
         let rope = RopeAngles::positions_1d(positions, hd, self.rope_theta, &device);
-        let mut new = NewKv {
-            k: Vec::with_capacity(self.layers.len()),
-            v: Vec::with_capacity(self.layers.len()),
-        };
         let mut x = x;
         for (li, layer) in self.layers.iter().enumerate() {
             let xn = layer.norm1.forward(x.clone()).reshape([b * l, d]);
@@ -312,35 +413,27 @@ impl<B: Backend> DecoderLm<B> {
             let q = q.reshape([b, l, h, hd]).swap_dims(1, 2);
             let k = k.reshape([b, l, kvh, hd]).swap_dims(1, 2);
             let v = v.reshape([b, l, kvh, hd]).swap_dims(1, 2);
-            new.k.push(k.clone());
-            new.v.push(v.clone());
-            let (k_all, v_all) = match &past {
-                Some(p) => (
-                    Tensor::cat(vec![p[li].0.clone(), k], 2),
-                    Tensor::cat(vec![p[li].1.clone(), v], 2),
-                ),
-                None => (k, v),
-            };
+            let (k_all, v_all) = attend(li, k, v);
             let t = k_all.dims()[2];
-            let expand = |t4: Tensor<B, 4>| -> Tensor<B, 4> {
-                if group == 1 {
-                    t4
-                } else {
-                    let t5: Tensor<B, 5> = t4.unsqueeze_dim(2);
-                    t5.repeat_dim(2, group).reshape([b, h, t, hd])
-                }
-            };
+            // grouped-query attention without copying keys and values per
+            // query head: head `kv * group + g` attends with kv head `kv`, so
+            // the queries are regrouped [b, kvh, group * L, hd] and each kv
+            // head's keys serve its group in one matmul
             let scores = q
-                .matmul(expand(k_all).swap_dims(2, 3))
+                .reshape([b, kvh, group * l, hd])
+                .matmul(k_all.swap_dims(2, 3))
+                .reshape([b, h, l, t])
                 .mul_scalar(1.0 / (hd as f64).sqrt())
                 + bias.clone();
             let ctx = softmax(scores, 3)
-                .matmul(expand(v_all))
+                .reshape([b, kvh, group * l, t])
+                .matmul(v_all)
+                .reshape([b, h, l, hd])
                 .swap_dims(1, 2)
                 .reshape([b * l, h * hd]);
             x = x + layer.o.forward(ctx).reshape([b, l, d]);
             x = x.clone() + layer.mlp.forward(layer.norm2.forward(x));
         }
-        (x, new)
+        x
     }
 }

@@ -34,7 +34,7 @@ use burn::tensor::Tensor;
 
 use crate::arch::{EncoderKind, ModelArch};
 pub use attention::{RopeAngles, Segments};
-pub use lm::{DecoderLm, DecoderLmConfig, KvCache};
+pub use lm::{DecoderLm, DecoderLmConfig, KvCache, KV_BLOCK};
 pub use projector::{Projector, ProjectorAct, ProjectorConfig};
 pub use qwen_vit::{QwenPatches, QwenVision, QwenVisionConfig};
 pub use vit::{AnyresImage, AnyresVision, AnyresVisionConfig, Vit, VitConfig};

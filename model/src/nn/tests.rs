@@ -208,8 +208,59 @@ fn batched_prefill_and_decode_match_single_sequences() {
         let one = m.lm.decode(step.clone().narrow(0, i, 1), &mut c);
         let d = max_diff(batched.clone().narrow(0, i, 1), one);
         assert!(d < 1e-3, "decode seq {i}: {d}");
-        assert_eq!(c[0].k[0].dims(), caches[i].k[0].dims());
+        assert_eq!(c[0].keys(0).dims(), caches[i].keys(0).dims());
     }
+}
+
+/// Decoding past the first buffer's capacity grows it by doubling, and every
+/// step still matches the full forward; shorter sequences batched with a
+/// longer one match their decode alone.
+#[test]
+fn in_place_kv_cache_grows_and_matches_full_forward_and_single_sequences() {
+    let m = model("tiny-audio");
+    let device = Default::default();
+    let prompt = rand([KV_BLOCK - 2, 256]);
+    let (_, mut caches) = m.lm.prefill(std::slice::from_ref(&prompt));
+    assert_eq!(caches[0].capacity(), KV_BLOCK);
+    let ids: Vec<u32> = (0..5).map(|i| 100 + i).collect();
+    let steps = m.lm.embed_tokens(&ids, &device);
+    let mut last = None;
+    for i in 0..5 {
+        last = Some(m.lm.decode(steps.clone().narrow(0, i, 1), &mut caches));
+    }
+    assert_eq!(caches[0].len, KV_BLOCK + 3);
+    assert_eq!(caches[0].capacity(), 2 * KV_BLOCK);
+    assert_eq!(caches[0].elements(), 4 * 2 * 2 * 64 * (KV_BLOCK + 3));
+    let full =
+        m.lm.forward_all(Tensor::cat(vec![prompt.clone(), steps.clone()], 0));
+    let d = max_diff(full.narrow(0, KV_BLOCK + 2, 1), last.unwrap());
+    assert!(d < 1e-3, "cached decode past a growth differs by {d}");
+
+    // a long and a short sequence, decoded together for 3 steps, then each alone
+    let short = rand([3, 256]);
+    let (_, mut both) = m.lm.prefill(&[prompt.clone(), short.clone()]);
+    let (_, mut alone_long) = m.lm.prefill(std::slice::from_ref(&prompt));
+    let (_, mut alone_short) = m.lm.prefill(std::slice::from_ref(&short));
+    for i in 0..3 {
+        let pair = Tensor::cat(
+            vec![
+                steps.clone().narrow(0, i, 1),
+                steps.clone().narrow(0, i + 1, 1),
+            ],
+            0,
+        );
+        let together = m.lm.decode(pair, &mut both);
+        let one = m.lm.decode(steps.clone().narrow(0, i, 1), &mut alone_long);
+        let two =
+            m.lm.decode(steps.clone().narrow(0, i + 1, 1), &mut alone_short);
+        let d = max_diff(together.clone().narrow(0, 0, 1), one);
+        assert!(d < 1e-3, "step {i}, long sequence: {d}");
+        let d = max_diff(together.narrow(0, 1, 1), two);
+        assert!(d < 1e-3, "step {i}, short sequence: {d}");
+    }
+    assert_eq!((both[0].len, both[1].len), (KV_BLOCK + 1, 6));
+    let d = max_diff(both[1].keys(1), alone_short[0].keys(1));
+    assert!(d < 1e-5, "the short sequence's cache: {d}");
 }
 
 #[test]
