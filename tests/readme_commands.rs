@@ -64,6 +64,14 @@ const NOT_RUN: &[(&str, &str)] = &[
         "compares with the serve example's bench.json, which needs the server; tests/serve_cli.rs refines from one",
     ),
     (
+        "scripts/gpu-check --out gpu-check-out",
+        "needs an NVIDIA GPU and driver; its dry run is the next line's command, which .ci/run runs",
+    ),
+    (
+        "scripts/gpu-check --dry-run",
+        ".ci/run runs it (as `--dry-run --debug`) after the executor's tests, whose build it reuses",
+    ),
+    (
         "easerve calib refine --profile scenarios/profiles/tiny-image.cpu.toml --sim sim.json",
         "refines from the serve example's bench.json, which needs the server; tests/serve_cli.rs does it",
     ),

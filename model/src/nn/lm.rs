@@ -308,7 +308,7 @@ impl<B: Backend> DecoderLm<B> {
     /// over positions `0..=len_i`; a batch reads `[b, kvh, P, hd]` per layer
     /// (`P` = the longest `len_i + 1`), gathered from each cache's buffer
     /// without padding (a sequence whose buffer is shorter than `P` is padded
-    /// for this step). A batch of one reads its buffer without a copy.
+    /// for this step). A batch of one reads its own buffer, with no gather.
     ///
     /// # Shapes
     /// * `x`: `[b, d]`, `b = caches.len()`
