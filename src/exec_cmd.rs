@@ -52,7 +52,8 @@ pub(crate) struct ExecArgs {
     /// cuda with an MPS daemon running: start each encode worker that has a
     /// co-located prefill worker with `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of
     /// this share (0, 1) and that prefill worker with the rest: a fixed SM
-    /// split, the fallback for green contexts (see `exec/src/green.rs`).
+    /// split, the fallback for green contexts (see `exec/src/green.rs`); the
+    /// scenario's SM policy becomes `static:SHARE`.
     #[arg(long, value_name = "SHARE")]
     mps_encode_share: Option<f64>,
 }

@@ -17,9 +17,18 @@ type B = NdArray;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let name = args.get(1).map_or("tiny-image", String::as_str);
-    let batch: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+    let count = |what: &str, s: &str| -> usize {
+        match s.parse::<usize>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                eprintln!("{what} `{s}`: expected a whole number of at least 1");
+                std::process::exit(2);
+            }
+        }
+    };
+    let batch = args.get(2).map_or(1, |s| count("batch", s));
     let contexts: Vec<usize> = if args.len() > 3 {
-        args[3..].iter().filter_map(|s| s.parse().ok()).collect()
+        args[3..].iter().map(|s| count("context", s)).collect()
     } else {
         vec![256, 1024, 4096]
     };

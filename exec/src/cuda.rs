@@ -83,13 +83,19 @@ impl SmCtrl {
 
 /// The GPU a worker of allocation GPU `gpu` runs on: `gpu` modulo the GPUs
 /// the driver shows, so a deployment larger than the machine shares its GPUs
-/// (`1E+1P+1D` on one GPU: all three workers on GPU 0). GPU 0 when the count
-/// cannot be read.
+/// (`1E+1P+1D` on one GPU: all three workers on GPU 0), with a note on stderr
+/// when it folds. GPU 0 when the count cannot be read.
 pub fn visible_ordinal(gpu: usize) -> usize {
     let count = cudarc::driver::result::init()
         .and_then(|_| cudarc::driver::result::device::get_count())
         .unwrap_or(1)
         .max(1) as usize;
+    if gpu >= count {
+        eprintln!(
+            "note: the allocation's GPU {gpu} runs on GPU {} (the driver shows {count}); workers share it",
+            gpu % count
+        );
+    }
     gpu % count
 }
 

@@ -102,37 +102,16 @@ pub fn limit_cpu_threads(threads: usize) -> Result<(), DeviceError> {
 
 /// Pin this process to the first `n` CPUs of its current affinity mask (best effort:
 /// a failure leaves the pool-size bound only).
-#[cfg(target_os = "linux")]
 fn pin_to_cores(n: usize) {
-    // SAFETY: plain libc calls on a zeroed cpu_set_t owned by this frame.
-    unsafe {
-        let mut cur: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut cur) != 0 {
-            return;
-        }
-        let mut want: libc::cpu_set_t = std::mem::zeroed();
-        let mut taken = 0;
-        for cpu in 0..libc::CPU_SETSIZE as usize {
-            if taken == n {
-                break;
-            }
-            if libc::CPU_ISSET(cpu, &cur) {
-                libc::CPU_SET(cpu, &mut want);
-                taken += 1;
-            }
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &want);
-    }
+    let _ = pin_process(&core_set(&allowed_cores(), n, CoreSide::Low));
 }
-
-#[cfg(not(target_os = "linux"))]
-fn pin_to_cores(_n: usize) {}
 
 /// Which cores of the host a CPU worker's passes run on. An encode worker and
 /// the prefill worker co-located with it split one "GPU" (the host's cores) by
 /// SM share: the encode worker's passes run on the lowest cores, the local
-/// prefill worker's on the highest, so two shares that sum to at most 1 run on
-/// disjoint cores, the CPU analogue of an SM partition. Other workers leave
+/// prefill worker's on the highest, the CPU analogue of an SM partition: the
+/// sets are disjoint when the two rounded core counts sum to at most the
+/// host's cores. Other workers leave
 /// placement to the OS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CoreSide {

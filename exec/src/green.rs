@@ -156,6 +156,8 @@ mod driver {
         create: unsafe extern "C" fn(*mut Handle, Handle, CuDevice, c_uint) -> CuResult,
         stream: unsafe extern "C" fn(*mut Handle, Handle, c_uint, c_int) -> CuResult,
         destroy: unsafe extern "C" fn(Handle) -> CuResult,
+        stream_destroy: unsafe extern "C" fn(Handle) -> CuResult,
+        error_name: unsafe extern "C" fn(CuResult, *mut *const std::ffi::c_char) -> CuResult,
     }
 
     impl Api {
@@ -189,16 +191,47 @@ mod driver {
                 create: sym!(b"cuGreenCtxCreate"),
                 stream: sym!(b"cuGreenCtxStreamCreate"),
                 destroy: sym!(b"cuGreenCtxDestroy"),
+                stream_destroy: sym!(b"cuStreamDestroy_v2"),
+                error_name: sym!(b"cuGetErrorName"),
                 _lib: lib,
             })
         }
     }
 
-    fn check(what: &str, rc: CuResult) -> Result<(), String> {
-        if rc == 0 {
-            Ok(())
-        } else {
-            Err(format!("{what} failed (CUresult {rc})"))
+    impl Api {
+        /// `Err` naming the call, the `CUresult` and its name
+        /// (`cuGetErrorName`, e.g. `CUDA_ERROR_INVALID_VALUE`) unless `rc` is 0.
+        fn check(&self, what: &str, rc: CuResult) -> Result<(), String> {
+            if rc == 0 {
+                return Ok(());
+            }
+            let mut name: *const std::ffi::c_char = std::ptr::null();
+            // SAFETY: the driver points `name` at a static string, or leaves
+            // it null for an unknown code.
+            let known = unsafe { (self.error_name)(rc, &mut name) } == 0 && !name.is_null();
+            let name = if known {
+                // SAFETY: a NUL-terminated static string from the driver.
+                unsafe { std::ffi::CStr::from_ptr(name) }
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                "unknown".to_string()
+            };
+            Err(format!("{what} failed (CUresult {rc}, {name})"))
+        }
+
+        /// Destroy a stream, then its green context (each once).
+        fn release(&self, (ctx, stream): (Handle, Handle)) {
+            // SAFETY: handles this module created; the stream goes before
+            // the context it belongs to.
+            unsafe {
+                if !stream.is_null() {
+                    (self.stream_destroy)(stream);
+                }
+                if !ctx.is_null() {
+                    (self.destroy)(ctx);
+                }
+            }
         }
     }
 
@@ -247,9 +280,9 @@ mod driver {
             let mut whole = DevResource::zeroed();
             // SAFETY: driver calls with out-pointers to live locals.
             unsafe {
-                check("cuInit", (a.init)(0))?;
-                check("cuDeviceGet", (a.device_get)(&mut dev, ordinal as c_int))?;
-                check(
+                a.check("cuInit", (a.init)(0))?;
+                a.check("cuDeviceGet", (a.device_get)(&mut dev, ordinal as c_int))?;
+                a.check(
                     "cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR)",
                     (a.attribute)(
                         &mut major,
@@ -257,7 +290,7 @@ mod driver {
                         dev,
                     ),
                 )?;
-                check(
+                a.check(
                     "cuDeviceGetDevResource(SM)",
                     (a.get_resource)(dev, &mut whole, CU_DEV_RESOURCE_TYPE_SM),
                 )?;
@@ -286,15 +319,19 @@ mod driver {
             // SAFETY: driver calls with out-pointers to live locals; `res` is
             // an SM resource the driver filled.
             unsafe {
-                check("cuDevResourceGenerateDesc", (a.desc)(&mut desc, res, 1))?;
-                check(
+                a.check("cuDevResourceGenerateDesc", (a.desc)(&mut desc, res, 1))?;
+                a.check(
                     "cuGreenCtxCreate",
                     (a.create)(&mut ctx, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM),
                 )?;
-                check(
+                let made = a.check(
                     "cuGreenCtxStreamCreate",
                     (a.stream)(&mut stream, ctx, CU_STREAM_NON_BLOCKING, 0),
-                )?;
+                );
+                if let Err(e) = made {
+                    a.release((ctx, std::ptr::null_mut()));
+                    return Err(e);
+                }
             }
             Ok((ctx, stream))
         }
@@ -320,7 +357,7 @@ mod driver {
             // SAFETY: one result slot, as `groups` says; `whole` came from
             // cuDeviceGetDevResource.
             unsafe {
-                check(
+                self.api.check(
                     "cuDevSmResourceSplitByCount",
                     (self.api.split)(&mut group, &mut groups, whole, &mut rest, 0, plan.sms),
                 )?;
@@ -339,7 +376,9 @@ mod driver {
                 ..plan
             };
             let (context, stream) = self.context(dev, &mut group)?;
-            let rest = self.context(dev, &mut rest)?;
+            let rest = self.context(dev, &mut rest).inspect_err(|_| {
+                self.api.release((context, stream));
+            })?;
             Ok(GreenLevel {
                 partition,
                 context,
@@ -351,13 +390,11 @@ mod driver {
 
     impl Drop for GreenContexts {
         fn drop(&mut self) {
+            // levels made before a failed one are in `levels` and go here
             for l in &self.levels {
-                // SAFETY: contexts this value created and destroys once.
-                unsafe {
-                    (self.api.destroy)(l.context);
-                    if let Some((ctx, _)) = l.rest {
-                        (self.api.destroy)(ctx);
-                    }
+                self.api.release((l.context, l.stream));
+                if let Some(rest) = l.rest {
+                    self.api.release(rest);
                 }
             }
         }

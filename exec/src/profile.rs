@@ -298,17 +298,15 @@ pub fn measure_level<B: Backend>(
                         device,
                     )
                 };
-                // preallocated with room for every timed step, as a server's
-                // caches are: each step writes one position in place, so the
-                // context grows by one per run (warm-up + repetitions, a few
-                // positions on hundreds)
-                let runs = (opts.warmup + opts.repetitions.max(1)) as usize;
+                // preallocated with room, as a server's caches are: each step
+                // writes one position in place, and every run starts again
+                // from `per` filled positions, so each run sees the same context
                 let mut caches: Vec<KvCache<B>> = (0..b)
                     .map(|_| {
                         KvCache::from_positions(
                             (0..l.layers).map(|_| kv()).collect(),
                             (0..l.layers).map(|_| kv()).collect(),
-                            runs + 1,
+                            1,
                         )
                     })
                     .collect();
@@ -316,6 +314,9 @@ pub fn measure_level<B: Backend>(
                     Tensor::random([b, d], Distribution::Normal(0.0, 1.0), device);
                 let mut err = None;
                 let (m, p, _) = time_point(opts, || {
+                    for c in caches.iter_mut() {
+                        c.len = per;
+                    }
                     let out = model.lm.decode(x.clone(), &mut caches);
                     drop(out);
                     if let Err(e) = sync() {

@@ -27,7 +27,7 @@ use crate::wire::{
 use easerve_calib::StageCost;
 use easerve_sched::{
     Command, Controller, Decision, DecodeRunProgress, EnvelopeId, Event, RequestId, RequestRecord,
-    WorkerRef,
+    SmPolicy, WorkerRef,
 };
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
@@ -64,7 +64,8 @@ pub struct ExecOptions {
     /// CUDA under MPS: the SM share of each encode worker that has a
     /// co-located prefill worker (that worker gets the rest), set through
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when the processes start; `None`
-    /// leaves the GPU's sharing to the driver.
+    /// leaves the GPU's sharing to the driver. A share replaces the
+    /// scenario's SM policy with `static:share`.
     pub mps_encode_share: Option<f64>,
 }
 
@@ -156,11 +157,30 @@ pub fn execute(
     rt.block_on(run(sc, cost, opts))
 }
 
+/// `sc` as the controller must see it under `opts`: with
+/// `--mps-encode-share S` on CUDA, MPS fixes each encode worker's and its
+/// local prefill worker's share when they start, so the controller's split is
+/// `static:S` (a dynamic split's shares would be recorded but never applied).
+pub(crate) fn as_applied<'a>(
+    sc: &'a Scenario,
+    opts: &ExecOptions,
+) -> std::borrow::Cow<'a, Scenario> {
+    match (opts.device, opts.mps_encode_share) {
+        (DeviceKind::Cuda, Some(share)) if sc.deployment.has_local_prefill() => {
+            let mut fixed = sc.clone();
+            fixed.deployment.sm_policy = SmPolicy::Static(share);
+            std::borrow::Cow::Owned(fixed)
+        }
+        _ => std::borrow::Cow::Borrowed(sc),
+    }
+}
+
 async fn run(
     sc: &Scenario,
     cost: &dyn StageCost,
     opts: &ExecOptions,
 ) -> Result<ExecOutput, ExecError> {
+    let sc = &*as_applied(sc, opts);
     let (requests, tokens) = generate_with_tokens(sc);
     let mut ctrl = sc.controller(requests, &tokens, cost, true);
     let mut pool = start_workers(sc, ctrl.topology(), opts).await?;
@@ -251,7 +271,11 @@ pub(crate) async fn start_workers(
         .map(|(k, w)| (w.wref, k))
         .collect();
     let cores = cpu_cores();
-    let has_local = workers.iter().any(|w| w.local);
+    // per worker: does a local prefill worker share its GPU?
+    let local_peer: Vec<bool> = workers
+        .iter()
+        .map(|w| workers.iter().any(|p| p.local && p.gpu == w.gpu))
+        .collect();
     let others = workers
         .iter()
         .filter(|w| w.role == Role::Decode || (w.role == Role::Prefill && !w.local))
@@ -266,9 +290,9 @@ pub(crate) async fn start_workers(
     let threads: Vec<usize> = workers.iter().map(threads_of).collect();
     // an encode worker and its local prefill worker split the host's cores
     // at their SM shares, from opposite ends (CPU only; a GPU splits SMs)
-    let core_side = |w: &Worker| -> CoreSide {
+    let core_side = |w: &Worker, peer: bool| -> CoreSide {
         match (opts.device, w.role) {
-            (DeviceKind::Cpu, Role::Encode) if has_local => CoreSide::Low,
+            (DeviceKind::Cpu, Role::Encode) if peer => CoreSide::Low,
             (DeviceKind::Cpu, Role::Prefill) if w.local => CoreSide::High,
             _ => CoreSide::Any,
         }
@@ -289,13 +313,13 @@ pub(crate) async fn start_workers(
             .args(["--seed", &sc.seed.to_string()])
             .args(["--device", opts.device.as_str()])
             .args(["--gpu", &w.gpu.to_string()])
-            .args(["--cores", core_side(w).as_str()])
+            .args(["--cores", core_side(w, local_peer[k]).as_str()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         if let (DeviceKind::Cuda, Some(share)) = (opts.device, opts.mps_encode_share) {
-            let side = if w.role == Role::Encode && has_local {
+            let side = if w.role == Role::Encode && local_peer[k] {
                 Some(share)
             } else if w.role == Role::Prefill && w.local {
                 Some(1.0 - share)

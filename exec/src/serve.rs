@@ -596,6 +596,7 @@ async fn run(
     opts: &ServeOptions,
     on_listen: impl FnOnce(SocketAddr),
 ) -> Result<ExecOutput, ExecError> {
+    let sc = &*crate::run::as_applied(sc, &opts.exec);
     // the scenario's workload stands for a typical request in the encode
     // policies' costs; the requests themselves come over HTTP
     let (typical, tokens) = generate_with_tokens(sc);
@@ -818,8 +819,9 @@ async fn drive(
             );
             events.push(Event::Arrival { id });
         }
-        step(ctrl, events, &mut pool.workers, &pool.by_ref, &mut links, t);
-        // tokens go out as the workers emit them
+        // tokens go out as the workers emit them, before the controller's
+        // follow-up work (a KV handoff, the next dispatch) can hold them back:
+        // the records stamp them at `t`
         for (id, tok) in tokens.drain(..) {
             if let Some(f) = flight.get_mut(&id) {
                 if f.sent < ctrl.requests()[id as usize].output_tokens {
@@ -835,6 +837,7 @@ async fn drive(
                 }
             }
         }
+        step(ctrl, events, &mut pool.workers, &pool.by_ref, &mut links, t);
         if let Some(passes) = links.passes.as_mut() {
             for (size, share) in passes.drain(..) {
                 app.metrics.micro_batch.observe(size as f64);

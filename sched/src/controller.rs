@@ -459,6 +459,8 @@ pub struct Controller {
     max_inflight: usize,
     admission_limit: Option<usize>,
     in_system: usize,
+    /// Requests finished, and the latest finish time (seconds; 0 before one).
+    finished: (usize, f64),
     counters: ControllerCounters,
     log: Option<Vec<Decision>>,
     commands: VecDeque<Command>,
@@ -532,6 +534,7 @@ impl Controller {
             max_inflight: cfg.max_inflight_transfers.max(1),
             admission_limit: cfg.admission_limit,
             in_system: 0,
+            finished: (0, 0.0),
             counters: ControllerCounters::default(),
             log: cfg.log_decisions.then(Vec::new),
             commands: VecDeque::new(),
@@ -664,6 +667,13 @@ impl Controller {
         &self.records
     }
 
+    /// Requests that finished (their last token emitted) so far, and the
+    /// latest of their finish times (seconds; 0 before any): what a report's
+    /// span needs without another pass over the records.
+    pub fn finished(&self) -> (usize, f64) {
+        self.finished
+    }
+
     /// Hand over the records at the end of the run.
     pub fn into_records(self) -> Vec<RequestRecord> {
         self.records
@@ -756,6 +766,7 @@ impl Controller {
             self.records[i].finish = Some(at);
             self.place[i] = Place::Done;
             self.in_system -= 1;
+            self.finished = (self.finished.0 + 1, self.finished.1.max(at));
         }
     }
 

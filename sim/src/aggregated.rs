@@ -332,6 +332,7 @@ impl<'a> Baseline<'a> {
             RunParts {
                 deployment: format!("aggregated {n}×(TP{tp})"),
                 records: self.records,
+                finished: None,
                 meters: self.meters,
                 roles,
                 encode: EncodeSummary {

@@ -1126,6 +1126,7 @@ impl<'a> Sim<'a> {
             sc,
             RunParts {
                 deployment: sc.deployment.to_string(),
+                finished: Some(ctrl.finished()),
                 records: ctrl.into_records(),
                 meters,
                 roles,

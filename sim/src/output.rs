@@ -20,15 +20,20 @@ pub(crate) struct RunParts {
     pub(crate) events: u64,
     pub(crate) max_sm_share_sum: f64,
     pub(crate) timeline: Option<Timeline>,
+    /// Requests finished and the latest finish time, when the engine kept
+    /// them (`Controller::finished`); else counted from the records.
+    pub(crate) finished: Option<(usize, f64)>,
 }
 
 pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
     // the run starts at t = 0, as in the report
-    let end = parts
-        .records
-        .iter()
-        .filter_map(|r| r.finish)
-        .fold(0.0, f64::max);
+    let (finished, end) = parts.finished.unwrap_or_else(|| {
+        parts
+            .records
+            .iter()
+            .filter_map(|r| r.finish)
+            .fold((0, 0.0), |(n, end), f| (n + 1, f64::max(end, f)))
+    });
     let duration = end.max(1e-12);
     let gpus = parts
         .meters
@@ -43,7 +48,7 @@ pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
             sm_utilization: (m.sm_time() / duration).min(1.0),
         })
         .collect();
-    let unfinished = parts.records.iter().filter(|r| r.finish.is_none()).count();
+    let unfinished = parts.records.len() - finished;
     if unfinished > 0 {
         parts.notes.push(format!(
             "{unfinished} requests did not complete: their KV cache can never fit one decode worker"

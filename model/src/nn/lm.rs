@@ -76,9 +76,12 @@ pub const KV_BLOCK: usize = 64;
 /// The KV cache of one sequence, preallocated: per layer, keys and values of
 /// `capacity` positions, of which the first `len` are filled. A decode step
 /// writes its position in place (`slice_assign` on a buffer this cache alone
-/// holds, so no copy) and the buffers grow by doubling, in whole
-/// [`KV_BLOCK`]s, only when full: a step costs one position's write, not a copy
-/// of the cache.
+/// holds, so the cache itself is not copied) and the buffers grow by
+/// doubling, in whole [`KV_BLOCK`]s, only when full. At batch 1 attention
+/// reads a view of the filled positions; at batch > 1, `DecoderLm::decode`
+/// stacks the batch's caches into one `[batch, n_kv_heads, P, head_dim]`
+/// tensor per layer and step (P the longest filled length), a copy of the
+/// batch's positions that a paged-attention kernel would not make.
 #[derive(Clone, Debug)]
 pub struct KvCache<B: Backend> {
     /// Per layer `[n_kv_heads, capacity, head_dim]`; positions `len..` are zeros
@@ -401,7 +404,6 @@ impl<B: Backend> DecoderLm<B> {
         let device = x.device();
         let [b, l, d] = x.dims();
         let (h, kvh, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let group = h / kvh;
         let rope = RopeAngles::positions_1d(positions, hd, self.rope_theta, &device);
         let mut x = x;
         for (li, layer) in self.layers.iter().enumerate() {
@@ -414,21 +416,7 @@ impl<B: Backend> DecoderLm<B> {
             let k = k.reshape([b, l, kvh, hd]).swap_dims(1, 2);
             let v = v.reshape([b, l, kvh, hd]).swap_dims(1, 2);
             let (k_all, v_all) = attend(li, k, v);
-            let t = k_all.dims()[2];
-            // grouped-query attention without copying keys and values per
-            // query head: head `kv * group + g` attends with kv head `kv`, so
-            // the queries are regrouped [b, kvh, group * L, hd] and each kv
-            // head's keys serve its group in one matmul
-            let scores = q
-                .reshape([b, kvh, group * l, hd])
-                .matmul(k_all.swap_dims(2, 3))
-                .reshape([b, h, l, t])
-                .mul_scalar(1.0 / (hd as f64).sqrt())
-                + bias.clone();
-            let ctx = softmax(scores, 3)
-                .reshape([b, kvh, group * l, t])
-                .matmul(v_all)
-                .reshape([b, h, l, hd])
+            let ctx = grouped_attention(q, k_all, v_all, bias.clone())
                 .swap_dims(1, 2)
                 .reshape([b * l, h * hd]);
             x = x + layer.o.forward(ctx).reshape([b, l, d]);
@@ -436,4 +424,33 @@ impl<B: Backend> DecoderLm<B> {
         }
         x
     }
+}
+
+/// Grouped-query attention without copying keys and values per query head.
+/// `q` `[b, h, L, hd]`, `k` and `v` `[b, kvh, T, hd]` (`h` a multiple of
+/// `kvh`), `bias` additive, broadcast to `[b, h, L, T]`; returns `[b, h, L,
+/// hd]`. Query head `kv * (h / kvh) + g` attends with key/value head `kv`
+/// (the layout of Llama's and Qwen's `repeat_kv`), so the queries are
+/// regrouped `[b, kvh, (h / kvh) * L, hd]` and each key/value head serves its
+/// group in one matmul.
+pub fn grouped_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    let [b, h, l, hd] = q.dims();
+    let kvh = k.dims()[1];
+    let t = k.dims()[2];
+    let group = h / kvh;
+    let scores = q
+        .reshape([b, kvh, group * l, hd])
+        .matmul(k.swap_dims(2, 3))
+        .reshape([b, h, l, t])
+        .mul_scalar(1.0 / (hd as f64).sqrt())
+        + bias;
+    softmax(scores, 3)
+        .reshape([b, kvh, group * l, t])
+        .matmul(v)
+        .reshape([b, h, l, hd])
 }

@@ -287,3 +287,28 @@ fn every_real_preset_builds_its_configs() {
         assert_eq!(a.llm.heads % a.llm.kv_heads, 0, "{name}");
     }
 }
+
+#[test]
+fn grouped_query_attention_matches_repeated_key_value_heads() {
+    // 8 query heads over 2 key/value heads (groups of 4), a causal-style bias
+    let (b, h, kvh, l, t, hd) = (2, 8, 2, 3, 5, 4);
+    let q = rand([b, h, l, hd]);
+    let k = rand([b, kvh, t, hd]);
+    let v = rand([b, kvh, t, hd]);
+    let bias = rand([b, 1, l, t]);
+    let got = lm::grouped_attention(q.clone(), k.clone(), v.clone(), bias.clone());
+    // reference: repeat each key/value head for its group (head kv * 4 + g
+    // uses kv head kv), then plain multi-head attention
+    let repeat = |x: Tensor<B, 4>| -> Tensor<B, 4> {
+        Tensor::cat(
+            (0..h)
+                .map(|head| x.clone().narrow(1, head / (h / kvh), 1))
+                .collect(),
+            1,
+        )
+    };
+    let scores = q.matmul(repeat(k).swap_dims(2, 3)).mul_scalar(0.5) + bias;
+    let want = burn::tensor::activation::softmax(scores, 3).matmul(repeat(v));
+    assert_eq!(got.dims(), [b, h, l, hd]);
+    assert!(max_diff(got, want) < 1e-5);
+}
