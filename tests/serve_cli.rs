@@ -462,6 +462,10 @@ fn bench_against_serve(scenario: &str, model: &str) -> Vec<u8> {
         ),
     ] {
         let rel = (client - server).abs() / server;
+        eprintln!(
+            "{scenario} {what}: bench {client:.4} s, the server {server:.4} s ({:+.1} %)",
+            (client / server - 1.0) * 100.0
+        );
         assert!(
             rel <= 0.10,
             "{scenario} {what}: bench {client:.4} s vs the server's {server:.4} s ({:.1} %)",
