@@ -53,7 +53,9 @@ pub(crate) struct ExecArgs {
     /// co-located prefill worker with `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of
     /// this share (0, 1) and that prefill worker with the rest: a fixed SM
     /// split, the fallback for green contexts (see `exec/src/green.rs`); the
-    /// scenario's SM policy becomes `static:SHARE`.
+    /// scenario's SM policy becomes `static:SHARE` (each percentage rounded
+    /// up, so the two may sum to 101). Needs a deployment with local
+    /// prefill (s < 1).
     #[arg(long, value_name = "SHARE")]
     mps_encode_share: Option<f64>,
 }
@@ -193,14 +195,21 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
     }
     let kill = a.run.kill(&sc)?;
     if let Some(share) = a.mps_encode_share {
-        if device != DeviceKind::Cuda {
-            return Err(BadInput("--mps-encode-share applies to --device cuda only".into()).into());
-        }
         if !(share > 0.0 && share < 1.0) {
             return Err(BadInput(format!(
                 "--mps-encode-share: {share} is not a share in (0, 1)"
             ))
             .into());
+        }
+        if !sc.deployment.has_local_prefill() {
+            return Err(BadInput(format!(
+                "--mps-encode-share splits a GPU between an encode worker and its local prefill worker; {}'s deployment has none (offload s = 1)",
+                sc.file
+            ))
+            .into());
+        }
+        if device != DeviceKind::Cuda {
+            return Err(BadInput("--mps-encode-share applies to --device cuda only".into()).into());
         }
     }
     let opts = ExecOptions {

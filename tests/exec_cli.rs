@@ -139,6 +139,21 @@ fn exec_refuses_what_it_cannot_run() {
     assert_eq!(out.status.code(), Some(2));
     let out = easerve(&["exec", "scenarios/cpu-audio.toml", "--kill-worker", "E7@1"]);
     assert_eq!(out.status.code(), Some(2));
+    // the MPS split: a share in (0, 1), a GPU shared with a local prefill
+    // worker, on cuda
+    for (args, says) in [
+        (&["--mps-encode-share", "1.5"][..], "(0, 1)"),
+        (
+            &["--mps-encode-share", "0.5", "--offload", "1"][..],
+            "has none",
+        ),
+        (&["--mps-encode-share", "0.5"][..], "--device cuda only"),
+    ] {
+        let out = easerve(&[&["exec", "scenarios/cpu-audio.toml"][..], args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 #[test]

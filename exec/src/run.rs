@@ -64,8 +64,9 @@ pub struct ExecOptions {
     /// CUDA under MPS: the SM share of each encode worker that has a
     /// co-located prefill worker (that worker gets the rest), set through
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when the processes start; `None`
-    /// leaves the GPU's sharing to the driver. A share replaces the
-    /// scenario's SM policy with `static:share`.
+    /// leaves the GPU's sharing to the driver. With local prefill in the
+    /// deployment, a share replaces the scenario's SM policy with
+    /// `static:share`; without it, the share applies to no worker.
     pub mps_encode_share: Option<f64>,
 }
 

@@ -25,7 +25,7 @@ pub(crate) struct RunParts {
     pub(crate) finished: Option<(usize, f64)>,
 }
 
-pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
+pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
     // the run starts at t = 0, as in the report
     let (finished, end) = parts.finished.unwrap_or_else(|| {
         parts
@@ -48,12 +48,6 @@ pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
             sm_utilization: (m.sm_time() / duration).min(1.0),
         })
         .collect();
-    let unfinished = parts.records.len() - finished;
-    if unfinished > 0 {
-        parts.notes.push(format!(
-            "{unfinished} requests did not complete: their KV cache can never fit one decode worker"
-        ));
-    }
     let meta = RunMeta {
         scenario: sc.name.clone(),
         deployment: parts.deployment,
@@ -72,6 +66,17 @@ pub(crate) fn assemble(sc: &Scenario, mut parts: RunParts) -> SimOutput {
         parts.notes,
     );
     report.events = parts.events;
+    // failed and turned-away requests are counted, with their reasons, in
+    // the report itself
+    let unfinished = report
+        .meta
+        .requests
+        .saturating_sub(finished + report.failed + report.rejected);
+    if unfinished > 0 {
+        report.notes.push(format!(
+            "{unfinished} requests neither completed, failed nor were turned away: the run ended with them in the system"
+        ));
+    }
     SimOutput {
         report,
         records: parts.records,

@@ -426,13 +426,18 @@ impl<B: Backend> DecoderLm<B> {
     }
 }
 
-/// Grouped-query attention without copying keys and values per query head.
-/// `q` `[b, h, L, hd]`, `k` and `v` `[b, kvh, T, hd]` (`h` a multiple of
-/// `kvh`), `bias` additive, broadcast to `[b, h, L, T]`; returns `[b, h, L,
-/// hd]`. Query head `kv * (h / kvh) + g` attends with key/value head `kv`
-/// (the layout of Llama's and Qwen's `repeat_kv`), so the queries are
-/// regrouped `[b, kvh, (h / kvh) * L, hd]` and each key/value head serves its
-/// group in one matmul.
+/// Grouped-query attention without copying keys and values per query head:
+/// query head `kv * (h / kvh) + g` attends with key/value head `kv` (the
+/// layout of Llama's and Qwen's `repeat_kv`), so the queries are regrouped
+/// `[b, kvh, (h / kvh) * L, hd]` and each key/value head serves its group in
+/// one matmul. Scores are scaled by `1/sqrt(hd)`.
+///
+/// # Shapes
+/// `q` `[b, h, L, hd]`; `k`, `v` `[b, kvh, T, hd]`; `bias` additive,
+/// broadcast to `[b, h, L, T]` (e.g. `[b, 1, L, T]`) -> `[b, h, L, hd]`.
+///
+/// # Panics
+/// If `h` is not a multiple of `kvh`.
 pub fn grouped_attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -440,8 +445,11 @@ pub fn grouped_attention<B: Backend>(
     bias: Tensor<B, 4>,
 ) -> Tensor<B, 4> {
     let [b, h, l, hd] = q.dims();
-    let kvh = k.dims()[1];
-    let t = k.dims()[2];
+    let [_, kvh, t, _] = k.dims();
+    assert!(
+        kvh > 0 && h % kvh == 0,
+        "{h} query heads are not a multiple of {kvh} key/value heads"
+    );
     let group = h / kvh;
     let scores = q
         .reshape([b, kvh, group * l, hd])

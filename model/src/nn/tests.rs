@@ -290,7 +290,7 @@ fn every_real_preset_builds_its_configs() {
 
 #[test]
 fn grouped_query_attention_matches_repeated_key_value_heads() {
-    // 8 query heads over 2 key/value heads (groups of 4), a causal-style bias
+    // 8 query heads over 2 key/value heads (groups of 4), a random additive bias
     let (b, h, kvh, l, t, hd) = (2, 8, 2, 3, 5, 4);
     let q = rand([b, h, l, hd]);
     let k = rand([b, kvh, t, hd]);
