@@ -272,10 +272,11 @@ pub(crate) async fn start_workers(
         .map(|(k, w)| (w.wref, k))
         .collect();
     let cores = cpu_cores();
-    // per worker: does a local prefill worker share its GPU?
-    let local_peer: Vec<bool> = workers
-        .iter()
-        .map(|w| workers.iter().any(|p| p.local && p.gpu == w.gpu))
+    // per worker (the topology's order): an encode worker with a local
+    // prefill worker on its GPU
+    let local_peer: Vec<bool> = topology
+        .workers()
+        .map(|t| t.local_prefill.is_some())
         .collect();
     let others = workers
         .iter()
