@@ -44,6 +44,17 @@ pub enum EncoderKind {
         /// [`crate::QWEN_VIDEO_MAX_PIXELS`]).
         #[serde(default = "default_video_max_pixels")]
         video_max_pixels: u64,
+        /// Blocks after which a deepstack merger taps the ViT's features
+        /// (`vision_config.deepstack_visual_indexes`, 0-based; Qwen3-VL-8B and up:
+        /// [8, 16, 24]); each tap's merger output is added to the LLM's hidden
+        /// states in one of its first layers. Empty (Qwen2.5-VL) for none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        deepstack: Vec<u32>,
+        /// Whether the video pixel bounds hold for the whole clip, `t'·h'·w'`
+        /// (Qwen3-VL's `Qwen3VLVideoProcessor.smart_resize`), instead of per
+        /// frame (Qwen2.5-VL).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        video_bounds_per_clip: bool,
     },
     /// Whisper encoder + Ultravox stacking projector (audio only).
     Whisper {
@@ -109,6 +120,149 @@ pub struct LlmArch {
     pub vocab: u32,
     /// Bytes per weight / KV element (2 = BF16).
     pub dtype_bytes: u32,
+    /// The mixture-of-experts layers, `None` for a dense model (every layer's MLP
+    /// is the gated `ffn`-wide one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeArch>,
+}
+
+/// How a step's tokens spread over the experts: the distributions NVIDIA
+/// aiconfigurator measured its MoE kernels with (`distribution` column of
+/// `moe_perf.parquet`: `balanced`, `power_law_1.01`, `power_law_1.2`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum MoeRouting {
+    /// Every expert receives the same share of the routed tokens.
+    #[default]
+    #[serde(rename = "balanced")]
+    Balanced,
+    /// Expert `i` (by load rank, from 1) receives a share ∝ `i^-1.01`.
+    #[serde(rename = "power_law_1.01")]
+    PowerLaw101,
+    /// Expert `i` receives a share ∝ `i^-1.2`.
+    #[serde(rename = "power_law_1.2")]
+    PowerLaw12,
+}
+
+impl MoeRouting {
+    /// Every routing, in the order of [`MoeRouting::name`]s listed to users.
+    pub const ALL: [MoeRouting; 3] = [
+        MoeRouting::Balanced,
+        MoeRouting::PowerLaw101,
+        MoeRouting::PowerLaw12,
+    ];
+
+    /// The name used in scenarios and in aiconfigurator's `distribution` column.
+    pub fn name(self) -> &'static str {
+        match self {
+            MoeRouting::Balanced => "balanced",
+            MoeRouting::PowerLaw101 => "power_law_1.01",
+            MoeRouting::PowerLaw12 => "power_law_1.2",
+        }
+    }
+
+    /// The routing of this name, `None` for another.
+    pub fn from_name(name: &str) -> Option<MoeRouting> {
+        MoeRouting::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// The power-law exponent (0 for balanced).
+    pub fn exponent(self) -> f64 {
+        match self {
+            MoeRouting::Balanced => 0.0,
+            MoeRouting::PowerLaw101 => 1.01,
+            MoeRouting::PowerLaw12 => 1.2,
+        }
+    }
+
+    /// Token-expert pairs per expert when `tokens` tokens each pick `top_k` of
+    /// `experts` experts, most loaded first: `tokens·top_k` pairs split by the
+    /// routing's shares (`i^-α` normalised, α = [`MoeRouting::exponent`]), no
+    /// expert above `tokens` (a token picks an expert once), the remainder
+    /// given to the next experts in turn, so the counts sum to `tokens·top_k`.
+    /// Empty when `experts` is 0.
+    pub fn expert_loads(self, tokens: u64, top_k: u32, experts: u32) -> Vec<u64> {
+        let e = experts as usize;
+        if e == 0 {
+            return Vec::new();
+        }
+        let pairs = tokens * u64::from(top_k.min(experts));
+        let alpha = self.exponent();
+        let w: Vec<f64> = (1..=e).map(|i| (i as f64).powf(-alpha)).collect();
+        let total: f64 = w.iter().sum();
+        let mut loads: Vec<u64> = w
+            .iter()
+            .map(|x| ((pairs as f64 * x / total).floor() as u64).min(tokens))
+            .collect();
+        let mut left = pairs - loads.iter().sum::<u64>();
+        // hand out what flooring and the cap left, one pair at a time, in order
+        while left > 0 {
+            let mut gave = false;
+            for l in loads.iter_mut() {
+                if left == 0 {
+                    break;
+                }
+                if *l < tokens {
+                    *l += 1;
+                    left -= 1;
+                    gave = true;
+                }
+            }
+            if !gave {
+                break;
+            }
+        }
+        loads
+    }
+}
+
+/// The mixture-of-experts part of an LLM (Qwen3-MoE / Llama-4 style): every
+/// layer from `first_dense_layers` on replaces its MLP by a router, `experts`
+/// gated experts of width `expert_ffn` of which each token takes `top_k`, and
+/// optionally `shared_experts` gated experts every token takes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeArch {
+    /// Routed experts per MoE layer (`num_experts` / `num_local_experts` / `n_routed_experts`).
+    pub experts: u32,
+    /// Experts each token is routed to (`num_experts_per_tok`).
+    pub top_k: u32,
+    /// Width of one routed expert's MLP (`moe_intermediate_size`, or
+    /// `intermediate_size` for Llama 4).
+    pub expert_ffn: u32,
+    /// Experts every token also passes (`n_shared_experts`; Llama 4: 1), 0 for none.
+    #[serde(default)]
+    pub shared_experts: u32,
+    /// Width of a shared expert (`shared_expert_intermediate_size`, or the
+    /// expert width when the config has no such key); ignored when there are none.
+    #[serde(default)]
+    pub shared_ffn: u32,
+    /// Leading layers with a dense `ffn`-wide MLP instead (`first_k_dense_replace`;
+    /// `mlp_only_layers` counted from the front), 0 when every layer is MoE.
+    #[serde(default)]
+    pub first_dense_layers: u32,
+    /// Router output width: one logit per expert (`num_experts`); a router of
+    /// `hidden x router` weights.
+    pub router: u32,
+    /// How tokens spread over the experts (a scenario knob; default balanced).
+    #[serde(default)]
+    pub routing: MoeRouting,
+}
+
+impl MoeArch {
+    /// Parameters of one routed expert: gate, up and down `hidden x expert_ffn` matrices.
+    pub fn expert_params(&self, hidden: u32) -> f64 {
+        3.0 * f64::from(hidden) * f64::from(self.expert_ffn)
+    }
+
+    /// Parameters of the shared experts of one layer.
+    pub fn shared_params(&self, hidden: u32) -> f64 {
+        3.0 * f64::from(hidden) * f64::from(self.shared_ffn) * f64::from(self.shared_experts)
+    }
+
+    /// Parameters of the router of one layer: `hidden x router`.
+    pub fn router_params(&self, hidden: u32) -> f64 {
+        f64::from(hidden) * f64::from(self.router)
+    }
 }
 
 /// A whole (multimodal) model: optional encoder + LLM.
@@ -142,18 +296,89 @@ impl LlmArch {
         f64::from(self.kv_heads) * f64::from(self.head_dim)
     }
 
-    /// Parameters of one decoder layer: Q, K, V, O projections + gated MLP (3 matrices).
-    /// Yi-34B: 2*7168*7168 + 2*7168*1024 + 3*7168*20480 = 557.8e6.
-    pub fn layer_params(&self) -> f64 {
+    /// Parameters of one layer's attention: Q, K, V and O projections.
+    pub fn attention_params(&self) -> f64 {
         let h = f64::from(self.hidden);
-        let attn = 2.0 * h * self.q_width() + 2.0 * h * self.kv_width();
-        let mlp = 3.0 * h * f64::from(self.ffn);
-        attn + mlp
+        2.0 * h * self.q_width() + 2.0 * h * self.kv_width()
     }
 
-    /// Parameters of all decoder layers (no embedding, no LM head).
+    /// Parameters of one dense gated MLP (3 `hidden x ffn` matrices).
+    pub fn dense_mlp_params(&self) -> f64 {
+        3.0 * f64::from(self.hidden) * f64::from(self.ffn)
+    }
+
+    /// Parameters of one dense decoder layer: Q, K, V, O projections + gated MLP (3 matrices).
+    /// Yi-34B: 2*7168*7168 + 2*7168*1024 + 3*7168*20480 = 557.8e6.
+    pub fn layer_params(&self) -> f64 {
+        self.attention_params() + self.dense_mlp_params()
+    }
+
+    /// `(dense layers, MoE layers)`: all layers are dense without MoE.
+    pub fn layer_split(&self) -> (u32, u32) {
+        match &self.moe {
+            None => (self.layers, 0),
+            Some(m) => {
+                let dense = m.first_dense_layers.min(self.layers);
+                (dense, self.layers - dense)
+            }
+        }
+    }
+
+    /// Parameters of all decoder layers (no embedding, no LM head), every
+    /// expert included: what memory must hold.
+    /// Qwen3-VL-30B-A3B: 48 * (attention 2*2048*4096 + 2*2048*512 + router
+    /// 2048*128 + 128 experts * 3*2048*768) = 29.91e9.
     pub fn body_params(&self) -> f64 {
-        f64::from(self.layers) * self.layer_params()
+        let (dense, moe) = self.layer_split();
+        let mut p = f64::from(self.layers) * self.attention_params()
+            + f64::from(dense) * self.dense_mlp_params();
+        if let Some(m) = &self.moe {
+            p += f64::from(moe)
+                * (f64::from(m.experts) * m.expert_params(self.hidden)
+                    + m.shared_params(self.hidden)
+                    + m.router_params(self.hidden));
+        }
+        p
+    }
+
+    /// Parameters one token passes through in all decoder layers: the
+    /// attention, the dense MLPs, and per MoE layer the router, the shared
+    /// experts and `top_k` routed experts (= [`LlmArch::body_params`] for a
+    /// dense model). Qwen3-VL-30B-A3B: 48 * (attention + router + 8 experts) = 2.73e9.
+    pub fn active_body_params(&self) -> f64 {
+        let (dense, moe) = self.layer_split();
+        let mut p = f64::from(self.layers) * self.attention_params()
+            + f64::from(dense) * self.dense_mlp_params();
+        if let Some(m) = &self.moe {
+            p += f64::from(moe)
+                * (f64::from(m.top_k.min(m.experts)) * m.expert_params(self.hidden)
+                    + m.shared_params(self.hidden)
+                    + m.router_params(self.hidden));
+        }
+        p
+    }
+
+    /// Weight parameters a pass over `tokens` tokens reads from HBM in all
+    /// decoder layers: everything but the routed experts, plus the experts the
+    /// tokens are routed to ([`MoeRouting::expert_loads`] of the model's
+    /// routing: an expert with at least one token is read whole).
+    pub fn streamed_body_params(&self, tokens: u64) -> f64 {
+        let (dense, moe) = self.layer_split();
+        let mut p = f64::from(self.layers) * self.attention_params()
+            + f64::from(dense) * self.dense_mlp_params();
+        if let Some(m) = &self.moe {
+            let touched = m
+                .routing
+                .expert_loads(tokens, m.top_k, m.experts)
+                .iter()
+                .filter(|&&l| l > 0)
+                .count() as f64;
+            p += f64::from(moe)
+                * (touched * m.expert_params(self.hidden)
+                    + m.shared_params(self.hidden)
+                    + m.router_params(self.hidden));
+        }
+        p
     }
 
     /// Parameters of one `vocab x hidden` matrix (the embedding table or the LM head).
@@ -247,15 +472,28 @@ impl ModelArch {
         2.0 * f64::from(self.llm.layers) * self.llm.kv_width() * f64::from(self.llm.dtype_bytes)
     }
 
-    /// Bytes of one embedding token handed from encoder to LLM: `llm.hidden * dtype_bytes`
-    /// (Yi-34B: 7168 * 2 = 14336).
+    /// Feature sets the encoder hands the LLM per multimodal token: the
+    /// merger's output plus one per deepstack tap (Qwen3-VL-30B-A3B: 1 + 3 = 4),
+    /// 1 for every other family.
+    pub fn embedding_sets(&self) -> u32 {
+        match self.encoder.as_ref().map(|e| &e.kind) {
+            Some(EncoderKind::QwenVit { deepstack, .. }) => 1 + deepstack.len() as u32,
+            _ => 1,
+        }
+    }
+
+    /// Bytes of one embedding token handed from encoder to LLM:
+    /// `embedding_sets * llm.hidden * dtype_bytes` (Yi-34B: 7168 * 2 = 14336;
+    /// Qwen3-VL-30B-A3B: 4 * 2048 * 2 = 16384).
     pub fn embedding_bytes_per_token(&self) -> f64 {
-        f64::from(self.llm.hidden) * f64::from(self.llm.dtype_bytes)
+        f64::from(self.embedding_sets())
+            * f64::from(self.llm.hidden)
+            * f64::from(self.llm.dtype_bytes)
     }
 
     /// Bytes one TP all-reduce moves per LLM layer for `tokens` tokens:
     /// `hidden * dtype_bytes * tokens`. The LLM does 2 per layer (after attention, after MLP).
     pub fn allreduce_bytes_per_layer(&self, tokens: u64) -> f64 {
-        self.embedding_bytes_per_token() * tokens as f64
+        f64::from(self.llm.hidden) * f64::from(self.llm.dtype_bytes) * tokens as f64
     }
 }

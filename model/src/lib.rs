@@ -30,7 +30,7 @@ pub mod presets;
 pub mod tokens;
 pub mod work;
 
-pub use arch::{EncoderArch, EncoderKind, LlmArch, ModelArch};
+pub use arch::{EncoderArch, EncoderKind, LlmArch, ModelArch, MoeArch, MoeRouting};
 pub use ops::{AttnKind, Op, PrefillShape};
 pub use presets::hf_checkpoint;
 pub use tokens::{QWEN_VIDEO_MAX_PIXELS, QWEN_VIDEO_MIN_PIXELS};

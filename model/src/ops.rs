@@ -18,7 +18,7 @@
 //! * norms, activations, residual adds and RoPE are one [`Op::Memory`] per layer:
 //!   the activation bytes of [`crate::work`]'s accounting, read and written once.
 
-use crate::arch::{EncoderArch, EncoderKind, ModelArch};
+use crate::arch::{EncoderArch, EncoderKind, ModelArch, MoeRouting};
 use crate::ItemTokens;
 
 /// Which attention kernel an [`Op::Attention`] is.
@@ -74,6 +74,32 @@ pub enum Op {
         /// How many times the pass runs it.
         count: u32,
     },
+    /// One fused mixture-of-experts layer (router gather, the routed experts'
+    /// gated GEMMs, combine) over `tokens` tokens, `count` times, as NVIDIA
+    /// aiconfigurator's `moe_perf` table keys it: each token goes to `top_k`
+    /// of `experts` experts of width `inter`; the experts are split over
+    /// `moe_ep` expert-parallel groups and each expert's width over `moe_tp`
+    /// ranks. The router GEMM and shared experts are separate [`Op::Gemm`]s.
+    Moe {
+        /// Tokens entering the layer.
+        tokens: u64,
+        /// Model width.
+        hidden: u32,
+        /// One expert's MLP width (unsharded).
+        inter: u32,
+        /// Experts per token.
+        top_k: u32,
+        /// Routed experts (all ranks).
+        experts: u32,
+        /// Ranks each expert's width is split over.
+        moe_tp: u32,
+        /// Expert-parallel groups the experts are split over.
+        moe_ep: u32,
+        /// How the tokens spread over the experts.
+        routing: MoeRouting,
+        /// How many times the pass runs it (MoE layers).
+        count: u32,
+    },
     /// Bandwidth-bound elementwise work (norms, activation, residual adds, RoPE).
     Memory {
         /// What it is.
@@ -109,7 +135,50 @@ impl Op {
                 };
                 per * batch as f64 * f64::from(heads) * f64::from(head_dim) * f64::from(count)
             }
+            Op::Moe { count, .. } => {
+                let (pairs, _, inter) = self.moe_rank_shape();
+                2.0 * 3.0 * pairs * inter * self.moe_hidden() * f64::from(count)
+            }
             Op::AllReduce { .. } | Op::Memory { .. } => 0.0,
+        }
+    }
+
+    /// Of an [`Op::Moe`], per rank: the token-expert pairs it computes (its
+    /// share of `tokens·top_k`, the busiest rank's under a skewed routing),
+    /// the experts it holds that receive at least one token, and each
+    /// expert's width on it (`inter / moe_tp`); zeros for another op.
+    pub fn moe_rank_shape(&self) -> (f64, f64, f64) {
+        let Op::Moe {
+            tokens,
+            inter,
+            top_k,
+            experts,
+            moe_tp,
+            moe_ep,
+            routing,
+            ..
+        } = *self
+        else {
+            return (0.0, 0.0, 0.0);
+        };
+        let ep = moe_ep.max(1) as usize;
+        let loads = routing.expert_loads(tokens, top_k, experts);
+        // experts are dealt to the ranks round-robin by load rank, so each
+        // rank holds a similar mix; the busiest rank (rank 0) sets the time
+        let mine: Vec<u64> = loads.iter().step_by(ep).copied().collect();
+        let pairs: u64 = mine.iter().sum();
+        let touched = mine.iter().filter(|&&l| l > 0).count();
+        (
+            pairs as f64,
+            touched as f64,
+            f64::from(inter) / f64::from(moe_tp.max(1)),
+        )
+    }
+
+    fn moe_hidden(&self) -> f64 {
+        match *self {
+            Op::Moe { hidden, .. } => f64::from(hidden),
+            _ => 0.0,
         }
     }
 
@@ -144,6 +213,15 @@ impl Op {
                     _ => (2.0 * h + 2.0 * kv) * hd * s,
                 };
                 elem_bytes * per_seq * batch as f64 * f64::from(count)
+            }
+            Op::Moe { count, .. } => {
+                // the touched experts' gate, up and down weights, and each
+                // pair's input row, gate/up output and down output
+                let (pairs, touched, inter) = self.moe_rank_shape();
+                let h = self.moe_hidden();
+                elem_bytes
+                    * (touched * 3.0 * h * inter + pairs * (2.0 * h + 3.0 * inter))
+                    * f64::from(count)
             }
             Op::AllReduce { .. } => 0.0,
             Op::Memory { bytes, count, .. } => bytes * f64::from(count),
@@ -285,9 +363,11 @@ impl ModelArch {
             count: layers,
         });
         if rows > 0 {
+            // the merger, and one merger of the same shape per deepstack tap
+            let mergers = self.embedding_sets();
             let (k_in, n_mid, k_mid, n_out) = projector_shapes(self, e);
-            ops.push(gemm("projector_fc1", rows, n_mid, k_in, 1));
-            ops.push(gemm("projector_fc2", rows, n_out, k_mid, 1));
+            ops.push(gemm("projector_fc1", rows, n_mid, k_in, mergers));
+            ops.push(gemm("projector_fc2", rows, n_out, k_mid, mergers));
         }
         ops
     }
@@ -309,6 +389,7 @@ impl ModelArch {
         let h = u64::from(l.hidden);
         let hd = u64::from(l.head_dim);
         let ffn = u64::from(l.ffn).div_ceil(u64::from(tp));
+        let (dense, moe_layers) = l.layer_split();
         ops.push(gemm(
             "qkv",
             tokens,
@@ -317,8 +398,33 @@ impl ModelArch {
             l.layers,
         ));
         ops.push(gemm("o", tokens, h, u64::from(qh) * hd, l.layers));
-        ops.push(gemm("mlp_up", tokens, 2 * ffn, h, l.layers));
-        ops.push(gemm("mlp_down", tokens, h, ffn, l.layers));
+        if dense > 0 {
+            ops.push(gemm("mlp_up", tokens, 2 * ffn, h, dense));
+            ops.push(gemm("mlp_down", tokens, h, ffn, dense));
+        }
+        if let (Some(m), true) = (&l.moe, moe_layers > 0) {
+            // the router is replicated on every rank; the routed experts'
+            // width is split over the TP ranks (vLLM's fused MoE without
+            // expert parallelism); shared experts split like a dense MLP
+            ops.push(gemm("router", tokens, u64::from(m.router), h, moe_layers));
+            ops.push(Op::Moe {
+                tokens,
+                hidden: l.hidden,
+                inter: m.expert_ffn,
+                top_k: m.top_k,
+                experts: m.experts,
+                moe_tp: tp,
+                moe_ep: 1,
+                routing: m.routing,
+                count: moe_layers,
+            });
+            if m.shared_experts > 0 {
+                let shared = (u64::from(m.shared_ffn) * u64::from(m.shared_experts))
+                    .div_ceil(u64::from(tp));
+                ops.push(gemm("shared_up", tokens, 2 * shared, h, moe_layers));
+                ops.push(gemm("shared_down", tokens, h, shared, moe_layers));
+            }
+        }
         if tp > 1 {
             ops.push(Op::AllReduce {
                 elements: tokens * h,
@@ -642,5 +748,102 @@ mod tests {
                 ..
             }
         )));
+    }
+
+    fn moe_macs(ops: &[Op]) -> f64 {
+        ops.iter()
+            .map(|o| match *o {
+                Op::Moe { .. } => o.flops() / 2.0,
+                _ => 0.0,
+            })
+            .sum()
+    }
+
+    /// An MoE model's layers multiply-accumulate its active parameters per
+    /// token: attention, router and top-k experts (balanced, TP 1).
+    #[test]
+    fn moe_layers_compute_the_active_parameters() {
+        let a = m("qwen3-vl-30b-a3b");
+        let ops = a.prefill_ops(&[4096], 1);
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            Op::Moe {
+                tokens: 4096,
+                hidden: 2048,
+                inter: 768,
+                top_k: 8,
+                experts: 128,
+                moe_tp: 1,
+                moe_ep: 1,
+                count: 48,
+                ..
+            }
+        )));
+        assert!(!ops
+            .iter()
+            .any(|o| matches!(o, Op::Gemm { name: "mlp_up", .. })));
+        let got = gemm_macs(&ops) + moe_macs(&ops);
+        let want = a.llm.active_body_params() * 4096.0 + a.llm.vocab_matrix_params();
+        assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+        // at TP 2 each rank computes half the experts' width
+        let t2 = a.prefill_ops(&[4096], 2);
+        assert!((moe_macs(&t2) / moe_macs(&ops) - 0.5).abs() < 1e-9);
+    }
+
+    /// A decode step of a few tokens reads only the experts they are routed
+    /// to; a large prefill reads them all.
+    #[test]
+    fn moe_bytes_follow_the_touched_experts() {
+        let a = m("qwen3-vl-30b-a3b");
+        let moe = |ops: Vec<Op>| ops.into_iter().find(|o| matches!(o, Op::Moe { .. })).unwrap();
+        let one = moe(a.decode_ops(1, 1000, 1));
+        let (pairs, touched, inter) = one.moe_rank_shape();
+        assert_eq!((pairs, touched, inter), (8.0, 8.0, 768.0));
+        let big = moe(a.prefill_ops(&[8192], 1));
+        assert_eq!(big.moe_rank_shape().1, 128.0);
+        let expert_bytes = 2.0 * 3.0 * 2048.0 * 768.0 * 48.0;
+        assert!(one.bytes(2.0) > 8.0 * expert_bytes && one.bytes(2.0) < 8.1 * expert_bytes);
+        // power-law routing concentrates the pairs: the busiest rank does more
+        let mut skew = big;
+        if let Op::Moe { routing, moe_ep, .. } = &mut skew {
+            *routing = MoeRouting::PowerLaw12;
+            *moe_ep = 8;
+        }
+        let mut even = big;
+        if let Op::Moe { moe_ep, .. } = &mut even {
+            *moe_ep = 8;
+        }
+        assert_eq!(even.moe_rank_shape().0, 8192.0 * 8.0 / 8.0);
+        assert!(skew.moe_rank_shape().0 > even.moe_rank_shape().0);
+    }
+
+    /// Qwen3-VL's mergers: the final one and one per deepstack tap, each of
+    /// the Qwen merger's shape, together `projector_params`.
+    #[test]
+    fn qwen3_vl_runs_a_merger_per_deepstack_tap() {
+        let a = m("qwen3-vl-30b-a3b");
+        let e = a.encoder.as_ref().unwrap();
+        assert_eq!(a.embedding_sets(), 4);
+        let (k_in, n_mid, k_mid, n_out) = projector_shapes(&a, e);
+        assert_eq!((k_in, n_mid, k_mid, n_out), (4608, 4608, 4608, 2048));
+        let p = 4 * (k_in * n_mid + k_mid * n_out);
+        assert_eq!(p, e.projector_params);
+        let item = a.image_tokens(448, 448).unwrap();
+        let ops = a.encode_ops(&[item]);
+        assert!(ops.contains(&gemm("projector_fc1", 196, 4608, 4608, 4)));
+        // every block attends fully over the 784 patches; no window layers
+        let att: Vec<_> = ops
+            .iter()
+            .filter_map(|o| match *o {
+                Op::Attention {
+                    batch, seq, count, ..
+                } => Some((batch, seq, count)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(att, vec![(1, 784, 27)]);
+        // the LLM receives four feature sets per image token
+        assert_eq!(a.embedding_bytes_per_token(), 4.0 * 2048.0 * 2.0);
+        assert_eq!(a.allreduce_bytes_per_layer(1), 2048.0 * 2.0);
     }
 }

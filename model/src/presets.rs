@@ -4,13 +4,17 @@
 //! Every real-size number comes from the named checkpoint's Hugging Face `config.json`
 //! (or `preprocessor_config.json`) unless its line says otherwise.
 
-use crate::arch::{EncoderArch, EncoderKind, LlmArch, ModelArch};
+use crate::arch::{EncoderArch, EncoderKind, LlmArch, ModelArch, MoeArch, MoeRouting};
 
 /// Names accepted by [`ModelArch::preset`].
 pub const PRESET_NAMES: &[&str] = &[
     "llava-v1.6-34b",
     "qwen2.5-vl-32b",
     "ultravox-v0.6-27b",
+    "qwen3-vl-8b",
+    "qwen3-vl-32b",
+    "qwen3-vl-30b-a3b",
+    "qwen3-vl-235b-a22b",
     "tiny-vit-lm",
     "tiny-qwenvl-lm",
     "tiny-whisper-lm",
@@ -29,6 +33,10 @@ pub fn hf_checkpoint(name: &str) -> Option<&'static str> {
         "llava-v1.6-34b" => "llava-hf/llava-v1.6-34b-hf",
         "qwen2.5-vl-32b" => "Qwen/Qwen2.5-VL-32B-Instruct",
         "ultravox-v0.6-27b" => "fixie-ai/ultravox-v0_6-gemma-3-27b",
+        "qwen3-vl-8b" => "Qwen/Qwen3-VL-8B-Instruct",
+        "qwen3-vl-32b" => "Qwen/Qwen3-VL-32B-Instruct",
+        "qwen3-vl-30b-a3b" => "Qwen/Qwen3-VL-30B-A3B-Instruct",
+        "qwen3-vl-235b-a22b" => "Qwen/Qwen3-VL-235B-A22B-Instruct",
         _ => return None,
     })
 }
@@ -78,6 +86,7 @@ fn llava_v16_34b() -> ModelArch {
             ffn: 20480,
             vocab: 64064,
             dtype_bytes: BF16,
+            moe: None,
         },
     }
 }
@@ -106,6 +115,8 @@ fn qwen25_vl_32b() -> ModelArch {
                 max_pixels: 12_845_056,
                 video_min_pixels: crate::QWEN_VIDEO_MIN_PIXELS,
                 video_max_pixels: crate::QWEN_VIDEO_MAX_PIXELS,
+                deepstack: Vec::new(),
+                video_bounds_per_clip: false,
             },
             layers: 32,
             hidden: 1280,
@@ -124,6 +135,7 @@ fn qwen25_vl_32b() -> ModelArch {
             ffn: 27648,
             vocab: 152_064,
             dtype_bytes: BF16,
+            moe: None,
         },
     }
 }
@@ -168,7 +180,154 @@ fn ultravox_v06_27b() -> ModelArch {
             ffn: 21504,
             vocab: 262_208,
             dtype_bytes: BF16,
+            moe: None,
         },
+    }
+}
+
+/// The Qwen3-VL vision tower shared by Qwen3-VL-8B, -32B, -30B-A3B and
+/// -235B-A22B (`vision_config` of each checkpoint's `config.json`): depth 27,
+/// hidden 1152, 16 heads, intermediate 4304, GELU MLP (`hidden_act`
+/// `gelu_pytorch_tanh`, `linear_fc1`/`linear_fc2`: 2 matrices), patch 16,
+/// temporal_patch_size 2, spatial_merge_size 2, `deepstack_visual_indexes`
+/// [8, 16, 24]; every block attends fully within a temporal slice (no window
+/// attention, so `fullatt_every` = 1 and `window_px` is unused).
+///
+/// * Mergers: the final `merger` and one `deepstack_merger_list` entry per tap,
+///   each Linear(1152*4, 1152*4) + GELU + Linear(1152*4, out_hidden_size), so
+///   4 * (4608^2 + 4608 * out_hidden_size) weights in all.
+/// * `preprocessor_config.json` (`Qwen2VLImageProcessorFast`): `size.shortest_edge`
+///   65536, `size.longest_edge` 16777216 (pixels), `patch_size` 16, `merge_size` 2.
+/// * `video_preprocessor_config.json` (`Qwen3VLVideoProcessor`): `size.shortest_edge`
+///   4096, `size.longest_edge` 25165824, bounds over the whole clip.
+fn qwen3_vit(out_hidden: u64) -> EncoderArch {
+    let merged = 4 * 1152;
+    EncoderArch {
+        kind: EncoderKind::QwenVit {
+            patch: 16,
+            temporal_patch: 2,
+            spatial_merge: 2,
+            window_px: 16,
+            fullatt_every: 1,
+            min_pixels: 65_536,
+            max_pixels: 16_777_216,
+            video_min_pixels: 4096,
+            video_max_pixels: 25_165_824,
+            deepstack: vec![8, 16, 24],
+            video_bounds_per_clip: true,
+        },
+        layers: 27,
+        hidden: 1152,
+        heads: 16,
+        ffn: 4304,
+        gated_mlp: false,
+        projector_params: 4 * (merged * merged + merged * out_hidden),
+        dtype_bytes: BF16,
+    }
+}
+
+/// Qwen3-VL-8B-Instruct (`Qwen/Qwen3-VL-8B-Instruct`): the [`qwen3_vit`] tower
+/// (out_hidden_size 4096) and `text_config`: 36 layers, hidden 4096, 32 heads,
+/// 8 KV heads, head_dim 128, intermediate 12288, vocab 151936,
+/// `tie_word_embeddings: false`.
+fn qwen3_vl_8b() -> ModelArch {
+    ModelArch {
+        name: "qwen3-vl-8b".into(),
+        encoder: Some(qwen3_vit(4096)),
+        llm: LlmArch {
+            layers: 36,
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            ffn: 12288,
+            vocab: 151_936,
+            dtype_bytes: BF16,
+            moe: None,
+        },
+    }
+}
+
+/// Qwen3-VL-32B-Instruct (`Qwen/Qwen3-VL-32B-Instruct`): the [`qwen3_vit`] tower
+/// (out_hidden_size 5120) and `text_config`: 64 layers, hidden 5120, 64 heads,
+/// 8 KV heads, head_dim 128, intermediate 25600, vocab 151936, untied.
+fn qwen3_vl_32b() -> ModelArch {
+    ModelArch {
+        name: "qwen3-vl-32b".into(),
+        encoder: Some(qwen3_vit(5120)),
+        llm: LlmArch {
+            layers: 64,
+            hidden: 5120,
+            heads: 64,
+            kv_heads: 8,
+            head_dim: 128,
+            ffn: 25600,
+            vocab: 151_936,
+            dtype_bytes: BF16,
+            moe: None,
+        },
+    }
+}
+
+/// Qwen3-VL-30B-A3B-Instruct (`Qwen/Qwen3-VL-30B-A3B-Instruct`): the
+/// [`qwen3_vit`] tower (out_hidden_size 2048) and `text_config`: 48 layers,
+/// hidden 2048, 32 heads, 4 KV heads, head_dim 128, vocab 151936, untied;
+/// every layer MoE (`decoder_sparse_step` 1, `mlp_only_layers` []): 128 experts
+/// (`num_experts`), top 8 (`num_experts_per_tok`), `moe_intermediate_size` 768,
+/// no shared expert. `intermediate_size` 6144 belongs to no layer.
+fn qwen3_vl_30b_a3b() -> ModelArch {
+    ModelArch {
+        name: "qwen3-vl-30b-a3b".into(),
+        encoder: Some(qwen3_vit(2048)),
+        llm: LlmArch {
+            layers: 48,
+            hidden: 2048,
+            heads: 32,
+            kv_heads: 4,
+            head_dim: 128,
+            ffn: 6144,
+            vocab: 151_936,
+            dtype_bytes: BF16,
+            moe: Some(qwen3_moe(768)),
+        },
+    }
+}
+
+/// Qwen3-VL-235B-A22B-Instruct (`Qwen/Qwen3-VL-235B-A22B-Instruct`): the
+/// [`qwen3_vit`] tower (out_hidden_size 4096) and `text_config`: 94 layers,
+/// hidden 4096, 64 heads, 4 KV heads, head_dim 128, vocab 151936, untied;
+/// every layer MoE: 128 experts, top 8, `moe_intermediate_size` 1536, no
+/// shared expert (`intermediate_size` 12288 belongs to no layer).
+fn qwen3_vl_235b_a22b() -> ModelArch {
+    ModelArch {
+        name: "qwen3-vl-235b-a22b".into(),
+        encoder: Some(qwen3_vit(4096)),
+        llm: LlmArch {
+            layers: 94,
+            hidden: 4096,
+            heads: 64,
+            kv_heads: 4,
+            head_dim: 128,
+            ffn: 12288,
+            vocab: 151_936,
+            dtype_bytes: BF16,
+            moe: Some(qwen3_moe(1536)),
+        },
+    }
+}
+
+/// The Qwen3 MoE block: 128 routed experts of `expert_ffn`, top 8, a router
+/// of 128 logits, no shared expert, no dense leading layer.
+fn qwen3_moe(expert_ffn: u32) -> MoeArch {
+    MoeArch {
+        experts: 128,
+        top_k: 8,
+        expert_ffn,
+        shared_experts: 0,
+        shared_ffn: 0,
+        first_dense_layers: 0,
+        router: 128,
+        routing: MoeRouting::Balanced,
     }
 }
 
@@ -184,6 +343,7 @@ fn tiny_llm() -> LlmArch {
         ffn: 1024,
         vocab: 32000,
         dtype_bytes: BF16,
+        moe: None,
     }
 }
 
@@ -229,6 +389,8 @@ fn tiny_qwenvl_lm() -> ModelArch {
                 max_pixels: 12_845_056,
                 video_min_pixels: crate::QWEN_VIDEO_MIN_PIXELS,
                 video_max_pixels: crate::QWEN_VIDEO_MAX_PIXELS,
+                deepstack: Vec::new(),
+                video_bounds_per_clip: false,
             },
             layers: 4,
             hidden: 256,
@@ -290,6 +452,7 @@ fn cpu_llm() -> LlmArch {
         ffn: 768,
         vocab: 4096,
         dtype_bytes: F32,
+        moe: None,
     }
 }
 
@@ -339,6 +502,8 @@ fn tiny_video() -> ModelArch {
                 max_pixels: 50_176,
                 video_min_pixels: 3136,
                 video_max_pixels: 12_544,
+                deepstack: Vec::new(),
+                video_bounds_per_clip: false,
             },
             layers: 2,
             hidden: 256,
@@ -393,6 +558,10 @@ impl ModelArch {
             "tiny-image" => tiny_image(),
             "tiny-video" => tiny_video(),
             "tiny-audio" => tiny_audio(),
+            "qwen3-vl-8b" => qwen3_vl_8b(),
+            "qwen3-vl-32b" => qwen3_vl_32b(),
+            "qwen3-vl-30b-a3b" => qwen3_vl_30b_a3b(),
+            "qwen3-vl-235b-a22b" => qwen3_vl_235b_a22b(),
             _ => return None,
         })
     }
@@ -478,5 +647,29 @@ mod tests {
         let m = ModelArch::preset("text-lm-tiny").unwrap();
         assert_eq!(m.encoder_weight_bytes(), 0.0);
         assert!(m.llm_weight_bytes() > 0.0);
+    }
+
+    /// Total and active parameters of the MoE presets, from their configs'
+    /// shapes: Qwen3-VL-30B-A3B 30.53e9 / 3.35e9, Qwen3-VL-235B-A22B
+    /// 235.09e9 / 22.19e9 (the names' "30B"/"A3B", "235B"/"A22B").
+    #[test]
+    fn moe_presets_hold_every_expert_and_compute_top_k() {
+        let vocab = |m: &ModelArch| 2.0 * m.llm.vocab_matrix_params();
+        for (name, total, active) in [
+            ("qwen3-vl-30b-a3b", 30.53e9, 3.35e9),
+            ("qwen3-vl-235b-a22b", 235.09e9, 22.19e9),
+        ] {
+            let m = ModelArch::preset(name).unwrap();
+            let p = m.llm_params();
+            assert!((p - total).abs() < 0.01e9, "{name}: {p}");
+            let a = m.llm.active_body_params() + vocab(&m);
+            assert!((a - active).abs() < 0.01e9, "{name}: {a}");
+            assert!((m.llm_weight_bytes() - 2.0 * total).abs() < 0.02e9);
+        }
+        let dense = ModelArch::preset("qwen3-vl-8b").unwrap();
+        assert_eq!(dense.llm.active_body_params(), dense.llm.body_params());
+        // Qwen3-VL's ViT with its four mergers: ~0.41e9 + 0.12e9 (30B-A3B)
+        let e = ModelArch::preset("qwen3-vl-30b-a3b").unwrap().encoder.unwrap();
+        assert!((e.params() - 0.534e9).abs() < 0.01e9, "{}", e.params());
     }
 }

@@ -111,6 +111,43 @@ pub fn smart_resize(
     Ok((hb as u64, wb as u64))
 }
 
+/// Qwen3-VL's video `smart_resize` (HF `Qwen3VLVideoProcessor`): each frame
+/// resized to `(h', w')`, multiples of `factor`, such that the clip's pixels
+/// `t'·h'·w'` (`t'` = frames rounded up to whole temporal patches) stay within
+/// `min_pixels ..= max_pixels`; the scale `beta` is taken over the unrounded
+/// `frames·height·width`, as the processor does.
+pub fn smart_resize_clip(
+    frames: u32,
+    height: u32,
+    width: u32,
+    temporal_patch: u32,
+    factor: u32,
+    min_pixels: u64,
+    max_pixels: u64,
+) -> Result<(u64, u64), ModelError> {
+    let (h, w, f) = (f64::from(height), f64::from(width), f64::from(factor));
+    if h.max(w) / h.min(w) > QWEN_MAX_ASPECT {
+        return Err(ModelError::InvalidInput(format!(
+            "aspect ratio of {height}x{width} exceeds {QWEN_MAX_ASPECT}"
+        )));
+    }
+    let tp = temporal_patch.max(1);
+    let t = f64::from(frames.div_ceil(tp) * tp);
+    let n = f64::from(frames);
+    let mut hb = f.max((h / f).round_ties_even() * f);
+    let mut wb = f.max((w / f).round_ties_even() * f);
+    if t * hb * wb > max_pixels as f64 {
+        let beta = (n * h * w / max_pixels as f64).sqrt();
+        hb = f.max((h / beta / f).floor() * f);
+        wb = f.max((w / beta / f).floor() * f);
+    } else if t * hb * wb < min_pixels as f64 {
+        let beta = (min_pixels as f64 / (n * h * w)).sqrt();
+        hb = (h * beta / f).ceil() * f;
+        wb = (w * beta / f).ceil() * f;
+    }
+    Ok((hb as u64, wb as u64))
+}
+
 fn check_image(height: u32, width: u32) -> Result<(), ModelError> {
     if height == 0 || width == 0 {
         return Err(ModelError::InvalidInput(format!(
@@ -202,6 +239,7 @@ impl ModelArch {
                 spatial_merge,
                 video_min_pixels,
                 video_max_pixels,
+                video_bounds_per_clip,
                 ..
             } => {
                 check_image(height, width)?;
@@ -211,8 +249,19 @@ impl ModelArch {
                     ));
                 }
                 let factor = patch * spatial_merge;
-                let (h, w) =
-                    smart_resize(height, width, factor, *video_min_pixels, *video_max_pixels)?;
+                let (h, w) = if *video_bounds_per_clip {
+                    smart_resize_clip(
+                        frames,
+                        height,
+                        width,
+                        *temporal_patch,
+                        factor,
+                        *video_min_pixels,
+                        *video_max_pixels,
+                    )?
+                } else {
+                    smart_resize(height, width, factor, *video_min_pixels, *video_max_pixels)?
+                };
                 let t = u64::from(frames.div_ceil((*temporal_patch).max(1)));
                 Ok(qwen_tokens(t, h, w, *patch, *spatial_merge))
             }
@@ -416,6 +465,38 @@ mod tests {
         let m = ModelArch::preset("text-lm-tiny").unwrap();
         assert!(m.image_tokens(10, 10).is_err());
         assert!(m.video_tokens(2, 10, 10).is_err());
+        assert!(m.audio_tokens(1.0).is_err());
+    }
+
+    /// Qwen3-VL's rules, against the processors' own arithmetic
+    /// (`Qwen2VLImageProcessorFast.smart_resize` with factor 32 and
+    /// `Qwen3VLVideoProcessor.smart_resize`, replayed in Python 3.11 with
+    /// the presets' bounds): `(input, resized, encoder tokens, LLM tokens)`.
+    #[test]
+    fn qwen3_vl_tokens_follow_its_processors() {
+        let m = ModelArch::preset("qwen3-vl-30b-a3b").unwrap();
+        for ((h, w), enc, llm) in [
+            ((448, 448), 784, 196),
+            ((224, 224), 256, 64), // below 65536 pixels: scaled up to 256x256
+            ((1080, 1920), 8160, 2040),
+            ((5000, 5000), 65536, 16384), // above 16777216: down to 4096x4096
+            ((100, 300), 280, 70),
+        ] {
+            let t = m.image_tokens(h, w).unwrap();
+            assert_eq!((t.encoder_tokens, t.llm_tokens), (enc, llm), "{h}x{w}");
+            assert_eq!(t.attn_span, enc);
+        }
+        // the clip-wide bound: 64 frames of 720p exceed 25165824 pixels, so
+        // each frame shrinks to 448x832 (beta over 64*720*1280)
+        for ((f, h, w), enc, llm) in [
+            ((16, 448, 448), 6272, 1568),
+            ((64, 720, 1280), 46592, 11648),
+            ((1, 32, 32), 16, 4),
+            ((7, 360, 640), 3520, 880),
+        ] {
+            let t = m.video_tokens(f, h, w).unwrap();
+            assert_eq!((t.encoder_tokens, t.llm_tokens), (enc, llm), "{f}x{h}x{w}");
+        }
         assert!(m.audio_tokens(1.0).is_err());
     }
 }

@@ -158,14 +158,31 @@ impl ModelArch {
     /// LLM activation bytes one token moves through one decoder layer (estimate, see
     /// [`ACT_HIDDEN_RW`]; the LLM MLP is gated).
     pub(crate) fn llm_act_bytes_per_token_layer(&self) -> f64 {
-        (ACT_HIDDEN_RW * f64::from(self.llm.hidden) + ACT_FFN_RW_GATED * f64::from(self.llm.ffn))
+        (ACT_HIDDEN_RW * f64::from(self.llm.hidden) + ACT_FFN_RW_GATED * self.llm_mean_ffn())
             * f64::from(self.llm.dtype_bytes)
     }
 
-    /// Weight bytes one LLM pass streams from HBM: all layers + LM head (the embedding
-    /// table is only gathered row by row, so an untied table is not streamed).
-    pub fn llm_streamed_weight_bytes(&self) -> f64 {
-        (self.llm.body_params() + self.llm.vocab_matrix_params()) * f64::from(self.llm.dtype_bytes)
+    /// The MLP width one token passes per layer, averaged over the layers:
+    /// `ffn` for a dense model; for an MoE layer `top_k · expert_ffn` plus the
+    /// shared experts' width.
+    fn llm_mean_ffn(&self) -> f64 {
+        let l = &self.llm;
+        let Some(m) = &l.moe else {
+            return f64::from(l.ffn);
+        };
+        let (dense, moe) = l.layer_split();
+        let per_moe = f64::from(m.top_k) * f64::from(m.expert_ffn)
+            + f64::from(m.shared_experts) * f64::from(m.shared_ffn);
+        (f64::from(dense) * f64::from(l.ffn) + f64::from(moe) * per_moe) / f64::from(l.layers.max(1))
+    }
+
+    /// Weight bytes one LLM pass over `tokens` tokens streams from HBM: all
+    /// layers (of an MoE model, the experts those tokens are routed to,
+    /// [`crate::LlmArch::streamed_body_params`]) + LM head (the embedding table
+    /// is only gathered row by row, so an untied table is not streamed).
+    pub fn llm_streamed_weight_bytes(&self, tokens: u64) -> f64 {
+        (self.llm.streamed_body_params(tokens) + self.llm.vocab_matrix_params())
+            * f64::from(self.llm.dtype_bytes)
     }
 
     /// One prefill pass over a batch of sequences with these prompt lengths (tokens,
@@ -186,9 +203,10 @@ impl ModelArch {
             .map(|&l| 4.0 * layers * self.llm.q_width() * (l as f64).powi(2) / 2.0)
             .sum();
         let nseq = seq_lens.iter().filter(|&&l| l > 0).count() as f64;
-        let flops =
-            2.0 * self.llm.body_params() * t + attn + 2.0 * self.llm.vocab_matrix_params() * nseq;
-        let bytes = self.llm_streamed_weight_bytes()
+        let flops = 2.0 * self.llm.active_body_params() * t
+            + attn
+            + 2.0 * self.llm.vocab_matrix_params() * nseq;
+        let bytes = self.llm_streamed_weight_bytes(total)
             + self.kv_bytes_per_token() * t
             + layers * t * self.llm_act_bytes_per_token_layer()
             + t * self.embedding_bytes_per_token();
@@ -212,9 +230,9 @@ impl ModelArch {
         DecodeStepTerms {
             empty: batch == 0,
             b,
-            flops_fixed: 2.0 * (self.llm.body_params() + self.llm.vocab_matrix_params()) * b,
+            flops_fixed: 2.0 * (self.llm.active_body_params() + self.llm.vocab_matrix_params()) * b,
             flops_per_context_token: 4.0 * layers * self.llm.q_width(),
-            bytes_fixed: self.llm_streamed_weight_bytes(),
+            bytes_fixed: self.llm_streamed_weight_bytes(batch),
             kv_bytes_per_token: self.kv_bytes_per_token(),
             act_bytes: layers * b * self.llm_act_bytes_per_token_layer(),
         }
@@ -365,7 +383,7 @@ mod tests {
     fn decode_bytes_are_weights_plus_kv() {
         let m = m("llava-v1.6-34b");
         let w = m.decode_step_work(32, 64_000);
-        let floor = m.llm_streamed_weight_bytes() + 64_000.0 * m.kv_bytes_per_token();
+        let floor = m.llm_streamed_weight_bytes(32) + 64_000.0 * m.kv_bytes_per_token();
         assert!(w.bytes > floor && w.bytes < 1.01 * floor + 1e8);
         assert!(m.decode_step_work(32, 128_000).bytes > w.bytes);
         assert!(m.decode_step_work(32, 128_000).flops > w.flops);

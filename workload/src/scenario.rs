@@ -2024,6 +2024,9 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
     if ![1, 2, 4].contains(&l.dtype_bytes) {
         return Err("field `llm.dtype_bytes` must be 1, 2 or 4".into());
     }
+    if let Some(moe) = &l.moe {
+        check_moe(moe, l.layers)?;
+    }
     if let Some(e) = &m.encoder {
         for (name, x) in [
             ("encoder.layers", e.layers),
@@ -2045,9 +2048,48 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
             return Err("field `encoder.dtype_bytes` must be 1, 2 or 4".into());
         }
         check_encoder_kind(&e.kind)?;
+        if let easerve_model::EncoderKind::QwenVit { deepstack, .. } = &e.kind {
+            if let Some(t) = deepstack.iter().find(|&&t| t >= e.layers) {
+                return Err(format!(
+                    "field `encoder.kind.QwenVit.deepstack` names block {t}; allowed: 0 ..= {} (encoder.layers − 1)",
+                    e.layers - 1
+                ));
+            }
+        }
     }
     if m.name.trim().is_empty() {
         return Err("field `name` must not be empty".into());
+    }
+    Ok(())
+}
+
+/// The MoE fields of a model file: experts, top-k and widths ≥ 1, top-k at
+/// most the experts, the dense leading layers fewer than the layers.
+fn check_moe(m: &easerve_model::MoeArch, layers: u32) -> Result<(), String> {
+    for (name, x) in [
+        ("llm.moe.experts", m.experts),
+        ("llm.moe.top_k", m.top_k),
+        ("llm.moe.expert_ffn", m.expert_ffn),
+        ("llm.moe.router", m.router),
+    ] {
+        if x == 0 {
+            return Err(format!("field `{name}` must be ≥ 1"));
+        }
+    }
+    if m.top_k > m.experts {
+        return Err(format!(
+            "field `llm.moe.top_k` ({}) must be ≤ `llm.moe.experts` ({})",
+            m.top_k, m.experts
+        ));
+    }
+    if m.shared_experts > 0 && m.shared_ffn == 0 {
+        return Err("field `llm.moe.shared_ffn` must be ≥ 1 when `llm.moe.shared_experts` ≥ 1".into());
+    }
+    if m.first_dense_layers >= layers {
+        return Err(format!(
+            "field `llm.moe.first_dense_layers` ({}) must be < `llm.layers` ({layers}): a model whose layers are all dense has no `moe` table",
+            m.first_dense_layers
+        ));
     }
     Ok(())
 }
@@ -2217,6 +2259,8 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
             max_pixels,
             video_min_pixels,
             video_max_pixels,
+            deepstack: _,
+            video_bounds_per_clip: _,
         } => {
             if video_min_pixels > video_max_pixels {
                 return Err(
