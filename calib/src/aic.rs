@@ -624,6 +624,122 @@ impl KernelTables {
     }
 }
 
+/// One measured fused-MoE shape of `moe_perf.parquet` (all its keys but the
+/// token count and the dtype).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MoeShape {
+    /// `hidden_size`.
+    pub hidden: u32,
+    /// `inter_size`: one expert's MLP width, unsharded.
+    pub inter: u32,
+    /// `topk`.
+    pub top_k: u32,
+    /// `num_experts`.
+    pub experts: u32,
+    /// `moe_tp_size`.
+    pub moe_tp: u32,
+    /// `moe_ep_size`.
+    pub moe_ep: u32,
+    /// `distribution`.
+    pub routing: easerve_model::MoeRouting,
+}
+
+/// The fused-MoE latencies of one GPU and dtype: per measured shape, seconds
+/// per layer over `num_tokens` (a monotone 1-D grid).
+#[derive(Clone, Debug)]
+pub struct MoeTables {
+    /// The `moe_dtype` kept (`bfloat16`, `fp8`, `fp8_block`, ...).
+    pub dtype: String,
+    /// Seconds over `(num_tokens)`, by shape.
+    pub shapes: std::collections::HashMap<MoeShape, Grid>,
+    /// The most frequent `kernel_source` of the kept rows
+    /// (`vllm_unquantizedfusedmoe_triton_tritonexperts`).
+    pub kernel_source: String,
+    /// `framework version` of the table (`VLLM 0.24.0`).
+    pub version: String,
+    /// The file read.
+    pub file: String,
+}
+
+impl MoeTables {
+    /// Read `data/<system>/moe/vllm/<version>/moe_perf.parquet` under `dir`,
+    /// the rows of `dtype` (aiconfigurator's `moe_dtype` names).
+    ///
+    /// # Errors
+    /// A missing or corrupt file, a row without a needed column, a latency
+    /// that is not finite and > 0, an unknown `distribution`, or no row of
+    /// `dtype` (the error lists the dtypes the table has).
+    pub fn load(dir: &Path, system: &str, dtype: &str) -> Result<MoeTables, KernelError> {
+        let (mdir, ver) = version_dir(&dir.join("data").join(system).join("moe").join("vllm"))?;
+        let t = Table::read(mdir.join("moe_perf.parquet"))?;
+        let mut dtypes = std::collections::BTreeSet::new();
+        let mut by: std::collections::HashMap<MoeShape, Vec<(Vec<f64>, f64)>> = Default::default();
+        let int = |i: usize, c: &str| -> Result<u32, KernelError> {
+            let v = t.num(i, c)?;
+            if v.is_finite() && v >= 1.0 && v <= f64::from(u32::MAX) {
+                Ok(v as u32)
+            } else {
+                Err(err(
+                    &t.path,
+                    format!("row {i}: column `{c}` is {v} (allowed: a whole number ≥ 1)"),
+                ))
+            }
+        };
+        for i in 0..t.len() {
+            let d = t.text(i, "moe_dtype")?;
+            dtypes.insert(d.to_string());
+            if d != dtype {
+                continue;
+            }
+            let dist = t.text(i, "distribution")?;
+            let routing = easerve_model::MoeRouting::from_name(dist).ok_or_else(|| {
+                err(
+                    &t.path,
+                    format!(
+                        "row {i}: distribution `{dist}` (allowed: {})",
+                        easerve_model::MoeRouting::ALL.map(|r| r.name()).join(", ")
+                    ),
+                )
+            })?;
+            let shape = MoeShape {
+                hidden: int(i, "hidden_size")?,
+                inter: int(i, "inter_size")?,
+                top_k: int(i, "topk")?,
+                experts: int(i, "num_experts")?,
+                moe_tp: int(i, "moe_tp_size")?,
+                moe_ep: int(i, "moe_ep_size")?,
+                routing,
+            };
+            by.entry(shape)
+                .or_default()
+                .push((vec![f64::from(int(i, "num_tokens")?)], t.latency_s(i)?));
+        }
+        if by.is_empty() {
+            return Err(err(
+                &t.path,
+                format!(
+                    "no MoE rows of dtype `{dtype}` (allowed: {})",
+                    dtypes.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        let mut shapes = std::collections::HashMap::with_capacity(by.len());
+        for (shape, pts) in by {
+            let (g, _) = trie(&t.path, pts, "MoE")?;
+            shapes.insert(shape, g);
+        }
+        Ok(MoeTables {
+            dtype: dtype.to_string(),
+            shapes,
+            kernel_source: most_common(&t, "kernel_source", |i| {
+                t.text(i, "moe_dtype").is_ok_and(|d| d == dtype)
+            }),
+            version: format!("{} {ver}", t.first_text("framework")),
+            file: t.path.display().to_string(),
+        })
+    }
+}
+
 /// One value of a one-column grid at `point`, and whether the lookup left the table.
 pub fn look(g: &Grid, point: &[f64]) -> (f64, bool) {
     g.lookup_one(0, point)
@@ -726,5 +842,38 @@ pub(crate) mod tests {
         std::fs::remove_file(root.join("x_gpu.yaml")).unwrap();
         let e = KernelTables::load(root, "x_gpu", "bfloat16").unwrap_err();
         assert!(e.file.ends_with("x_gpu.yaml"), "{e}");
+    }
+
+    #[test]
+    fn moe_tables_read_measured_shapes_and_name_bad_files() {
+        let Some(dir) = data() else { return };
+        let t = MoeTables::load(&dir, "h100_sxm", "bfloat16").unwrap();
+        let qwen3_30b = MoeShape {
+            hidden: 2048,
+            inter: 768,
+            top_k: 8,
+            experts: 128,
+            moe_tp: 1,
+            moe_ep: 8,
+            routing: easerve_model::MoeRouting::PowerLaw12,
+        };
+        let (v, ext) = look(&t.shapes[&qwen3_30b], &[64.0]);
+        assert!(v > 0.0 && !ext);
+        assert!(t.kernel_source.contains("fusedmoe"), "{}", t.kernel_source);
+        let e = MoeTables::load(&dir, "h100_sxm", "fp4").unwrap_err();
+        assert!(e.file.ends_with("moe_perf.parquet"), "{e}");
+        assert!(e.message.contains("fp8_block"), "{e}");
+        // a corrupt table names its file
+        let tmp = tempfile::tempdir().unwrap();
+        let m = tmp.path().join("data/x_gpu/moe/vllm/0.1.0");
+        std::fs::create_dir_all(&m).unwrap();
+        std::fs::write(m.join("moe_perf.parquet"), b"PAR1 truncated").unwrap();
+        let e = MoeTables::load(tmp.path(), "x_gpu", "bfloat16").unwrap_err();
+        assert!(
+            e.file.ends_with("moe_perf.parquet") && e.message.contains("parquet"),
+            "{e}"
+        );
+        let e = MoeTables::load(tmp.path(), "y_gpu", "bfloat16").unwrap_err();
+        assert!(e.message.contains("missing"), "{e}");
     }
 }

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use easerve_model::{AttnKind, ItemTokens, ModelArch, Op, PrefillShape};
 
-use crate::aic::{look, KernelTables};
+use crate::aic::{look, KernelTables, MoeShape, MoeTables};
 use crate::preprocess::EncodeTerms;
 use crate::roofline::{EncodeTime, MIN_SM_SHARE};
 use crate::{Efficiency, GpuSpec, StageCost};
@@ -151,6 +151,21 @@ pub struct KernelCost {
     encode_memo: Memo<u64, FxMap<Box<[ItemTokens]>, Timed>>,
     /// Entries in the encode memo and `prefill_tail`; at most [`OPS_MEMO_MAX`].
     ops_entries: AtomicU64,
+    /// The fused-MoE table of the GPU, for an MoE model.
+    moe: Option<Arc<MoeTables>>,
+    /// MoE layers priced as grouped GEMMs (shape not measured), and from the table.
+    moe_priced: [AtomicU64; 2],
+}
+
+/// Rows per block of vLLM's fused-MoE Triton kernel: each expert's rows are
+/// padded to it (`get_default_config` in vLLM's `fused_moe.py`: `BLOCK_SIZE_M`
+/// 16 when the tokens are at most the experts, else 64).
+pub fn moe_block_rows(tokens: u64, experts: u32) -> u64 {
+    if tokens <= u64::from(experts) {
+        16
+    } else {
+        64
+    }
 }
 
 /// Which stage a priced op belongs to (all-reduce backend, counters).
@@ -202,6 +217,8 @@ impl KernelCost {
             prefill_layers: Default::default(),
             prefill_tail: Default::default(),
             ops_entries: AtomicU64::new(0),
+            moe: None,
+            moe_priced: Default::default(),
         };
         c.interference = c.derive_interference();
         c
@@ -210,6 +227,105 @@ impl KernelCost {
     /// The tables in use.
     pub fn tables(&self) -> &KernelTables {
         &self.tables
+    }
+
+    /// Price MoE layers from this fused-MoE table where it measured their shape.
+    pub fn with_moe(mut self, moe: Arc<MoeTables>) -> KernelCost {
+        self.moe = Some(moe);
+        // the co-location slowdown prices a prefill: again, from the table
+        self.interference = self.derive_interference();
+        for c in &self.moe_priced {
+            c.store(0, Ordering::Relaxed);
+        }
+        self
+    }
+
+    /// Seconds of one fused-MoE layer call from the table, `None` when its
+    /// shape (or the table) is missing.
+    pub fn moe_measured(&self, op: &Op) -> Option<(f64, bool)> {
+        let Op::Moe {
+            tokens,
+            hidden,
+            inter,
+            top_k,
+            experts,
+            moe_tp,
+            moe_ep,
+            routing,
+            ..
+        } = *op
+        else {
+            return None;
+        };
+        let key = MoeShape {
+            hidden,
+            inter,
+            top_k,
+            experts,
+            moe_tp,
+            moe_ep,
+            routing,
+        };
+        let g = self.moe.as_ref()?.shapes.get(&key)?;
+        Some(look(g, &[tokens as f64]))
+    }
+
+    /// Seconds of one fused-MoE layer call built from the GEMM table, for a
+    /// shape the MoE table lacks: the busiest rank's experts
+    /// ([`Op::moe_rank_shape`]) each padded to [`moe_block_rows`] rows, run as
+    /// one grouped GEMM per projection (gate+up `[rows, hidden] x [hidden,
+    /// 2·inter/tp]`, down `[rows, inter/tp] x [inter/tp, hidden]`) priced as the
+    /// GEMM of that many rows (same tiles, same FLOPs), but never below
+    /// streaming the touched experts' weights at the GPU's HBM bandwidth
+    /// (a single GEMM reads one weight matrix, the grouped one one per expert);
+    /// plus the activation and the gather/scatter of the routed rows as
+    /// elementwise traffic.
+    pub fn moe_grouped_gemm(&self, op: &Op) -> (f64, bool) {
+        let Op::Moe {
+            tokens,
+            hidden,
+            inter,
+            top_k,
+            experts,
+            moe_tp,
+            moe_ep,
+            routing,
+            ..
+        } = *op
+        else {
+            return (0.0, false);
+        };
+        let t = &*self.tables;
+        let ep = moe_ep.max(1) as usize;
+        let block = moe_block_rows(tokens, experts);
+        let loads = routing.expert_loads(tokens, top_k, experts);
+        let mine: Vec<u64> = loads.iter().step_by(ep).copied().collect();
+        let rows: u64 = mine
+            .iter()
+            .filter(|&&l| l > 0)
+            .map(|&l| l.div_ceil(block) * block)
+            .sum();
+        let touched = mine.iter().filter(|&&l| l > 0).count() as f64;
+        let pairs: u64 = mine.iter().sum();
+        if rows == 0 {
+            return (0.0, false);
+        }
+        let h = u64::from(hidden);
+        let n = u64::from(inter).div_ceil(u64::from(moe_tp.max(1)));
+        let bw = t.system.mem_bw * t.system.mem_bw_scaling;
+        let mut ext = false;
+        let mut seconds = 0.0;
+        for (gn, gk) in [(2 * n, h), (h, n)] {
+            let (v, e) = look(&t.gemm, &[rows as f64, gn as f64, gk as f64]);
+            ext |= e;
+            let stream = touched * (gn * gk) as f64 * 2.0 / bw + t.system.mem_latency_s;
+            seconds += v.max(stream);
+        }
+        // SiLU-and-mul over the gate/up output, the routed rows gathered in
+        // and the weighted outputs summed back (3 elementwise kernels)
+        let act = 2.0 * pairs as f64 * (3.0 * n as f64 + 2.0 * h as f64);
+        seconds += act / bw + 3.0 * t.system.mem_latency_s;
+        (seconds, ext)
     }
 
     /// HBM bytes of `op`: the tables time BF16 kernels, 2 bytes per element.
@@ -296,6 +412,24 @@ impl KernelCost {
                 };
                 let (v, e) = look(table, &[f64::from(tp), elements as f64]);
                 (v, e, None, count)
+            }
+            Op::Moe { count, .. } => {
+                let (v, e) = match self.moe_measured(op) {
+                    Some(v) => {
+                        self.moe_priced[1].fetch_add(1, Ordering::Relaxed);
+                        v
+                    }
+                    None => {
+                        self.moe_priced[0].fetch_add(1, Ordering::Relaxed);
+                        self.moe_grouped_gemm(op)
+                    }
+                };
+                // the MoE table's kernels fill the GPU like a GEMM of the
+                // routed rows: re-timed by their tiles at the SM share
+                let (pairs, _, inter) = op.moe_rank_shape();
+                let ctas =
+                    (pairs as u64).div_ceil(GEMM_TILE) * ((2.0 * inter) as u64).div_ceil(GEMM_TILE);
+                (v, e, Some(ctas.max(1)), count)
             }
             Op::Memory {
                 bytes,
@@ -508,7 +642,7 @@ impl KernelCost {
             .as_ref()
             .map(|p| format!(" via the {} proxy ({})", p.from, p.why))
             .unwrap_or_default();
-        vec![
+        let mut lines = vec![
             format!(
                 "encode: GPU phase from {k}{proxy}, SM share by output tiles/waves over {} SMs; {}",
                 self.gpu.sms,
@@ -526,7 +660,20 @@ impl KernelCost {
                 "co-location: encode slowdown next to a prefill {:.3} (derived from HBM demand), time-slicing penalty {} (assumption, EAServe §4.4)",
                 self.interference, self.eff.time_slice_penalty
             ),
-        ]
+        ];
+        if let Some(m) = &self.model.llm.moe {
+            lines.push(match &self.moe {
+                Some(t) => format!(
+                    "MoE layers ({} experts, top {}, {} routing): aiconfigurator fused-MoE table ({}, {}, {}) where the shape is measured, else grouped GEMMs from the GEMM table (derived, calib/src/kernel_cost.rs)",
+                    m.experts, m.top_k, m.routing.name(), t.dtype, t.version, t.kernel_source
+                ),
+                None => format!(
+                    "MoE layers ({} experts, top {}, {} routing): grouped GEMMs from the GEMM table (no fused-MoE table read)",
+                    m.experts, m.top_k, m.routing.name()
+                ),
+            });
+        }
+        lines
     }
 }
 
@@ -642,6 +789,16 @@ impl StageCost for KernelCost {
 
     fn notes(&self) -> Vec<String> {
         let mut notes = self.sources();
+        let (grouped, measured) = (
+            self.moe_priced[0].swap(0, Ordering::Relaxed),
+            self.moe_priced[1].swap(0, Ordering::Relaxed),
+        );
+        if grouped > 0 {
+            notes.push(format!(
+                "{grouped} of {} MoE layer shapes priced were not in the fused-MoE table: built from the GEMM table as grouped GEMMs at each expert's token count",
+                grouped + measured
+            ));
+        }
         for (i, stage) in ["encode", "prefill", "decode"].iter().enumerate() {
             let n = self.extrapolated[i].swap(0, Ordering::Relaxed);
             if n > 0 {
@@ -704,6 +861,27 @@ pub fn load_cached(
     Ok(t)
 }
 
+/// [`MoeTables::load`], read once per process for each `(dir, system, dtype)`.
+pub fn load_moe_cached(
+    dir: &std::path::Path,
+    system: &str,
+    dtype: &str,
+) -> Result<Arc<MoeTables>, crate::aic::KernelError> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<MoeTables>>>> = OnceLock::new();
+    let key = (dir.to_path_buf(), system.to_string(), dtype.to_string());
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(t) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(t);
+    }
+    let t = Arc::new(MoeTables::load(dir, system, dtype)?);
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, t.clone());
+    }
+    Ok(t)
+}
+
 impl KernelCost {
     /// The measured-kernel cost of `model` on the GPU preset `gpu` as the serving
     /// `system` (`easerve`, `passthrough`, `aggregated`) runs it: the GPU's own tables
@@ -734,14 +912,11 @@ impl KernelCost {
         let tables = load_cached(dir, sys, dtype)?;
         let eff = Efficiency::default();
         let terms = EncodeTerms::for_system(model, system, eff.encode_pass_s, host_scale);
-        Ok(Some(KernelCost::new(
-            model.clone(),
-            gpu.clone(),
-            tables,
-            proxy,
-            terms,
-            eff,
-        )))
+        let cost = KernelCost::new(model.clone(), gpu.clone(), tables, proxy, terms, eff);
+        Ok(Some(match model.llm.moe {
+            Some(_) => cost.with_moe(load_moe_cached(dir, sys, dtype)?),
+            None => cost,
+        }))
     }
 }
 
@@ -863,5 +1038,75 @@ mod tests {
                 .is_none()
         };
         assert!(f(&ada, false) && !f(&ada, true) && f(&cpu, true));
+    }
+
+    /// The grouped-GEMM build of an MoE layer against the fused-MoE table on
+    /// the measured Qwen3-30B-A3B and Qwen3-235B-A22B shapes (BF16, H100,
+    /// balanced, MoE TP 1/2/4, EP 1), every measured token count: prints the
+    /// median and worst |error|.
+    #[test]
+    fn grouped_gemm_moe_agrees_with_the_fused_moe_table() {
+        let Some(c) = cost("qwen3-vl-30b-a3b", "h100-sxm", "easerve") else {
+            return;
+        };
+        let mut errs = Vec::new();
+        let mut worst = (0.0, String::new());
+        for (hidden, inter) in [(2048, 768), (4096, 1536)] {
+            for tp in [1, 2, 4] {
+                for tokens in [1u64, 4, 16, 64, 128, 256, 1024, 4096, 16384] {
+                    let op = Op::Moe {
+                        tokens,
+                        hidden,
+                        inter,
+                        top_k: 8,
+                        experts: 128,
+                        moe_tp: tp,
+                        moe_ep: 1,
+                        routing: easerve_model::MoeRouting::Balanced,
+                        count: 1,
+                    };
+                    let (m, ext) = c.moe_measured(&op).expect("shape measured");
+                    assert!(!ext);
+                    let (g, _) = c.moe_grouped_gemm(&op);
+                    let e = (g - m) / m;
+                    if e.abs() > worst.0 {
+                        worst = (e.abs(), format!("{hidden}/{inter} TP{tp} {tokens} tokens: grouped {g:.3e} s, table {m:.3e} s"));
+                    }
+                    errs.push(e.abs());
+                }
+            }
+        }
+        errs.sort_by(f64::total_cmp);
+        let median = errs[errs.len() / 2];
+        println!(
+            "grouped GEMM vs fused-MoE table, {} shapes: median |error| {:.1} %, worst {:.1} % ({})",
+            errs.len(),
+            100.0 * median,
+            100.0 * worst.0,
+            worst.1
+        );
+        assert!(median < 0.5, "median {median}");
+    }
+
+    /// An MoE decode step reads only the routed experts: one sequence costs
+    /// far less than 128 (priced from the fused-MoE table), and the report's
+    /// notes name the table.
+    #[test]
+    fn moe_decode_is_priced_from_the_fused_moe_table() {
+        let Some(c) = cost("qwen3-vl-30b-a3b", "h100-sxm", "easerve") else {
+            return;
+        };
+        let one = c.decode_step(1, 1000, 1);
+        let many = c.decode_step(128, 128 * 1000, 1);
+        println!(
+            "Qwen3-VL-30B-A3B decode step on one H100: batch 1 {one:.4} s, batch 128 {many:.4} s"
+        );
+        assert!(one > 0.0 && many > 2.0 * one, "{one} {many}");
+        let notes = c.notes().join("\n");
+        assert!(notes.contains("fused-MoE table"), "{notes}");
+        assert!(
+            !notes.contains("were not in the fused-MoE table"),
+            "{notes}"
+        );
     }
 }

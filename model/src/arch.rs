@@ -129,7 +129,9 @@ pub struct LlmArch {
 /// How a step's tokens spread over the experts: the distributions NVIDIA
 /// aiconfigurator measured its MoE kernels with (`distribution` column of
 /// `moe_perf.parquet`: `balanced`, `power_law_1.01`, `power_law_1.2`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum MoeRouting {
     /// Every expert receives the same share of the routed tokens.
     #[default]

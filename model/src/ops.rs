@@ -419,8 +419,8 @@ impl ModelArch {
                 count: moe_layers,
             });
             if m.shared_experts > 0 {
-                let shared = (u64::from(m.shared_ffn) * u64::from(m.shared_experts))
-                    .div_ceil(u64::from(tp));
+                let shared =
+                    (u64::from(m.shared_ffn) * u64::from(m.shared_experts)).div_ceil(u64::from(tp));
                 ops.push(gemm("shared_up", tokens, 2 * shared, h, moe_layers));
                 ops.push(gemm("shared_down", tokens, h, shared, moe_layers));
             }
@@ -795,7 +795,11 @@ mod tests {
     #[test]
     fn moe_bytes_follow_the_touched_experts() {
         let a = m("qwen3-vl-30b-a3b");
-        let moe = |ops: Vec<Op>| ops.into_iter().find(|o| matches!(o, Op::Moe { .. })).unwrap();
+        let moe = |ops: Vec<Op>| {
+            ops.into_iter()
+                .find(|o| matches!(o, Op::Moe { .. }))
+                .unwrap()
+        };
         let one = moe(a.decode_ops(1, 1000, 1));
         let (pairs, touched, inter) = one.moe_rank_shape();
         assert_eq!((pairs, touched, inter), (8.0, 8.0, 768.0));
@@ -805,7 +809,10 @@ mod tests {
         assert!(one.bytes(2.0) > 8.0 * expert_bytes && one.bytes(2.0) < 8.1 * expert_bytes);
         // power-law routing concentrates the pairs: the busiest rank does more
         let mut skew = big;
-        if let Op::Moe { routing, moe_ep, .. } = &mut skew {
+        if let Op::Moe {
+            routing, moe_ep, ..
+        } = &mut skew
+        {
             *routing = MoeRouting::PowerLaw12;
             *moe_ep = 8;
         }

@@ -669,7 +669,10 @@ mod tests {
         let dense = ModelArch::preset("qwen3-vl-8b").unwrap();
         assert_eq!(dense.llm.active_body_params(), dense.llm.body_params());
         // Qwen3-VL's ViT with its four mergers: ~0.41e9 + 0.12e9 (30B-A3B)
-        let e = ModelArch::preset("qwen3-vl-30b-a3b").unwrap().encoder.unwrap();
+        let e = ModelArch::preset("qwen3-vl-30b-a3b")
+            .unwrap()
+            .encoder
+            .unwrap();
         assert!((e.params() - 0.534e9).abs() < 0.01e9, "{}", e.params());
     }
 }

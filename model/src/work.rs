@@ -173,7 +173,8 @@ impl ModelArch {
         let (dense, moe) = l.layer_split();
         let per_moe = f64::from(m.top_k) * f64::from(m.expert_ffn)
             + f64::from(m.shared_experts) * f64::from(m.shared_ffn);
-        (f64::from(dense) * f64::from(l.ffn) + f64::from(moe) * per_moe) / f64::from(l.layers.max(1))
+        (f64::from(dense) * f64::from(l.ffn) + f64::from(moe) * per_moe)
+            / f64::from(l.layers.max(1))
     }
 
     /// Weight bytes one LLM pass over `tokens` tokens streams from HBM: all

@@ -2083,7 +2083,9 @@ fn check_moe(m: &easerve_model::MoeArch, layers: u32) -> Result<(), String> {
         ));
     }
     if m.shared_experts > 0 && m.shared_ffn == 0 {
-        return Err("field `llm.moe.shared_ffn` must be ≥ 1 when `llm.moe.shared_experts` ≥ 1".into());
+        return Err(
+            "field `llm.moe.shared_ffn` must be ≥ 1 when `llm.moe.shared_experts` ≥ 1".into(),
+        );
     }
     if m.first_dense_layers >= layers {
         return Err(format!(
