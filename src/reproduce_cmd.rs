@@ -108,7 +108,7 @@ fn terms(path: &Path, o: &Overrides, b: Option<usize>) -> anyhow::Result<Terms> 
         encode_workers: sc.deployment.allocation.encode.workers as usize,
         pass: cost.encode(&items, 1.0),
         gpu_half: cost.encode(&items, 0.5).t_gpu,
-        prefill_s: cost.prefill(&[median], sc.deployment.allocation.prefill.tp, 1.0),
+        prefill_s: cost.prefill(&[median], sc.deployment.allocation.prefill.tp.into(), 1.0),
         interference: cost.bandwidth_interference(),
         penalty: cost.time_slice_penalty(),
         notes: cost.notes(),

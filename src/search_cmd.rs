@@ -63,9 +63,9 @@ fn stage1_table(study: &Study) -> String {
     let Some(c) = &study.capacities else {
         return String::new();
     };
-    let tps = |v: &[(u32, f64)]| {
+    let tps = |v: &[(easerve_model::Parallel, f64)]| {
         v.iter()
-            .map(|(t, x)| format!("TP{t} {x:.2}"))
+            .map(|(p, x)| format!("{p} {x:.2}"))
             .collect::<Vec<_>>()
             .join(", ")
     };

@@ -124,6 +124,11 @@ pub struct KernelTables {
     pub allreduce_graph: Grid,
     /// All-reduce seconds over `(num_gpus, elements)`, eager backend.
     pub allreduce_eager: Grid,
+    /// NCCL all-gather and reduce-scatter seconds over `(num_gpus, elements)`
+    /// (`comm/nccl/<version>/nccl_perf.parquet`, `half` rows; `message_size`
+    /// read as elements, as the custom all-reduce table's); `None` where the
+    /// GPU has no NCCL table.
+    pub nccl: Option<[Grid; 2]>,
     /// Points raised by the monotone envelope, per table (reported once).
     pub raised: BTreeMap<String, usize>,
 }
@@ -589,7 +594,38 @@ impl KernelTables {
         let (allreduce_eager, r2) = trie(&ct.path, eager, "all-reduce (vllm_eager)")?;
         raised.insert("allreduce".into(), r1 + r2);
 
+        // NCCL collectives (optional): all-gather and reduce-scatter, 16-bit
+        let ndir = data.join("comm").join("nccl");
+        let nccl = if ndir.is_dir() {
+            let (ndir, nver) = version_dir(&ndir)?;
+            let t = Table::read(ndir.join("nccl_perf.parquet"))?;
+            let mut by: [Vec<(Vec<f64>, f64)>; 2] = [Vec::new(), Vec::new()];
+            for i in 0..t.len() {
+                if t.text(i, "nccl_dtype")? != "half" {
+                    continue;
+                }
+                let k = match t.text(i, "op_name")? {
+                    "all_gather" => 0,
+                    "reduce_scatter" => 1,
+                    _ => continue,
+                };
+                let key = vec![t.num(i, "num_gpus")?, t.num(i, "message_size")?];
+                by[k].push((key, t.latency_s(i)?));
+            }
+            prov.versions.insert("nccl".into(), format!("NCCL {nver}"));
+            prov.kernel_sources
+                .insert("nccl".into(), "all_gather, reduce_scatter".into());
+            let [ag, rs] = by;
+            let (ag, r1) = trie(&t.path, ag, "NCCL all_gather")?;
+            let (rs, r2) = trie(&t.path, rs, "NCCL reduce_scatter")?;
+            raised.insert("nccl".into(), r1 + r2);
+            Some([ag, rs])
+        } else {
+            None
+        };
+
         Ok(KernelTables {
+            nccl,
             provenance: prov,
             system: system_spec,
             gemm,

@@ -3,34 +3,35 @@
 //! measured profile, or an imported one.
 
 use crate::EncodeTime;
-use easerve_model::ItemTokens;
+use easerve_model::{ItemTokens, Parallel};
 
 /// Durations of every stage of an EPD pipeline on one model × device.
 ///
 /// All durations are seconds. `sm_share ∈ (0, 1]` is the fraction of the GPU's SMs
-/// a pass runs on; `tp` the tensor-parallel degree of the worker.
+/// a pass runs on; `par` the worker's layout over its GPUs (TP, and EP for an
+/// MoE model; a `u32` TP degree converts with `.into()`).
 pub trait StageCost: Send + Sync {
     /// One encode pass over a micro-batch of items, split into its terms.
     fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime;
     /// One prefill batch of sequences with these prompt lengths (tokens).
-    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64;
+    fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64;
     /// One decode iteration of `batch` sequences holding `total_context_tokens`.
-    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64;
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64;
     /// A run of `steps` decode iterations over an unchanged batch, appended to
     /// `out`: the `i`-th (from 0) is [`StageCost::decode_step`]`(batch,
-    /// total_context_tokens + i · batch, tp)`, since every sequence holds one
+    /// total_context_tokens + i · batch, par)`, since every sequence holds one
     /// more token after each iteration. Sources with a memo override it to
     /// look a run up at once; the figures are the same.
     fn decode_steps(
         &self,
         batch: u64,
         total_context_tokens: u64,
-        tp: u32,
+        par: Parallel,
         steps: u64,
         out: &mut Vec<f64>,
     ) {
         out.extend(
-            (0..steps).map(|i| self.decode_step(batch, total_context_tokens + i * batch, tp)),
+            (0..steps).map(|i| self.decode_step(batch, total_context_tokens + i * batch, par)),
         );
     }
     /// Moving `bytes` once over the GPU's link (embeddings, KV cache).

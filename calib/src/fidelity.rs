@@ -175,7 +175,7 @@ impl FixtureRow {
         let enc = cost.encode(&items, 1.0);
         let mm: u64 = items.iter().map(|i| i.llm_tokens).sum();
         let prompt = self.text_tokens + mm;
-        let prefill = || cost.prefill(&[prompt.max(1)], self.tp.max(1), 1.0);
+        let prefill = || cost.prefill(&[prompt.max(1)], self.tp.max(1).into(), 1.0);
         Ok(match self.stage.as_str() {
             "encode" => (enc.t_gpu, "encode GPU".into()),
             "encode+pre" => (enc.t_gpu + enc.t_pre, "encode GPU + preprocessing".into()),

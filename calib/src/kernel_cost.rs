@@ -37,7 +37,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use easerve_model::{AttnKind, ItemTokens, ModelArch, Op, PrefillShape};
+use easerve_model::{AttnKind, ItemTokens, ModelArch, Op, Parallel, PrefillShape};
 
 use crate::aic::{look, KernelTables, MoeShape, MoeTables};
 use crate::preprocess::EncodeTerms;
@@ -80,7 +80,7 @@ type Memo<K, V> = std::sync::RwLock<FxMap<K, V>>;
 /// Seconds and whether a lookup left its table.
 type Timed = (f64, bool);
 
-/// `(tp, SM share bits, sequences, RMS length)` of a prefill batch.
+/// `(Parallel::key, SM share bits, sequences, RMS length)` of a prefill batch.
 type TailKey = (u32, u64, u64, u64);
 
 /// Dense memo rows: seconds and whether a lookup extrapolated, by a key and
@@ -338,7 +338,7 @@ impl KernelCost {
         let s = &self.tables.system;
         match op {
             Op::Memory { .. } => true,
-            Op::AllReduce { .. } => false,
+            Op::AllReduce { .. } | Op::Collective { .. } => false,
             _ => self.bytes_of(op) / s.mem_bw > op.flops() / s.bf16_flops,
         }
     }
@@ -411,6 +411,28 @@ impl KernelCost {
                     &t.allreduce_eager
                 };
                 let (v, e) = look(table, &[f64::from(tp), elements as f64]);
+                (v, e, None, count)
+            }
+            Op::Collective {
+                kind,
+                elements,
+                gpus,
+                count,
+            } => {
+                let (v, e) = match &t.nccl {
+                    Some(g) => look(
+                        &g[match kind {
+                            easerve_model::CollectiveKind::AllGather => 0,
+                            easerve_model::CollectiveKind::ReduceScatter => 1,
+                        }],
+                        &[f64::from(gpus), elements as f64],
+                    ),
+                    // an all-reduce is a reduce-scatter and an all-gather
+                    None => {
+                        let (v, e) = look(&t.allreduce_eager, &[f64::from(gpus), elements as f64]);
+                        (v / 2.0, e)
+                    }
+                };
                 (v, e, None, count)
             }
             Op::Moe { count, .. } => {
@@ -509,14 +531,14 @@ impl KernelCost {
     /// A prefill batch of this shape at `share`: the same sum, in the same
     /// order, as [`KernelCost::price_all`] of its ops, from two memos (the
     /// layers depend only on the tokens, the rest on the sequences).
-    fn prefill_seconds(&self, shape: PrefillShape, tp: u32, share: f64) -> (f64, bool) {
+    fn prefill_seconds(&self, shape: PrefillShape, par: Parallel, share: f64) -> (f64, bool) {
         let bits = share.to_bits();
-        let tail_key = (tp, bits, shape.sequences, shape.rms_len);
+        let tail_key = (par.key(), bits, shape.sequences, shape.rms_len);
         let layers = self
             .prefill_layers
             .read()
             .ok()
-            .and_then(|m| m.get((tp, bits), shape.tokens));
+            .and_then(|m| m.get((par.key(), bits), shape.tokens));
         let tail = self
             .prefill_tail
             .read()
@@ -527,12 +549,12 @@ impl KernelCost {
             (l, t) => {
                 // `prefill_shape_ops` lists the layers, then the context
                 // attention, then the LM head
-                let ops = self.model.prefill_shape_ops(shape, tp);
+                let ops = self.model.prefill_shape_ops(shape, par);
                 let (body, rest) = ops.split_at(ops.len().saturating_sub(2));
                 let l = l.unwrap_or_else(|| {
                     let v = self.price_all(body, share, Phase::Prefill);
                     if let Ok(mut m) = self.prefill_layers.write() {
-                        m.insert((tp, bits), shape.tokens, v);
+                        m.insert((par.key(), bits), shape.tokens, v);
                     }
                     v
                 });
@@ -556,8 +578,8 @@ impl KernelCost {
     /// Seconds of the context-independent ops of one decode step at `(batch,
     /// tp)`: those before the attention (summed in order), the LM head after
     /// it, and whether either left its table; computed once per key.
-    fn decode_fixed(&self, batch: u64, tp: u32) -> (f64, f64, bool) {
-        let key = (tp, batch);
+    fn decode_fixed(&self, batch: u64, par: Parallel) -> (f64, f64, bool) {
+        let key = (par.key(), batch);
         if let Some(v) = self
             .decode_memo
             .read()
@@ -566,7 +588,7 @@ impl KernelCost {
         {
             return v;
         }
-        let ops = self.model.decode_ops(batch, 1, tp);
+        let ops = self.model.decode_ops(batch, 1, par);
         let (mut before, mut after, mut ext, mut seen) = (0.0, 0.0, false, false);
         for op in &ops {
             if matches!(
@@ -691,21 +713,21 @@ impl StageCost for KernelCost {
         }
     }
 
-    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
+    fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
         let Some(shape) = PrefillShape::of(seq_lens) else {
             return 0.0;
         };
-        let (seconds, ext) = self.prefill_seconds(shape, tp, sm_share);
+        let (seconds, ext) = self.prefill_seconds(shape, par, sm_share);
         self.count_extrapolated(Phase::Prefill, ext);
         seconds + self.eff.prefill_batch_s
     }
 
-    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64 {
         if batch == 0 {
             return 0.0;
         }
         // the same sum, in the same order, as pricing `decode_ops` op by op; the
-        // ops around the attention depend only on (tp, batch) and are memoised
+        // ops around the attention depend only on (par.key(), batch) and are memoised
         // the step depends on the context only through the mean context per
         // sequence, so whole steps are memoised by (tp, batch, mean context)
         let seq = easerve_model::ops::decode_mean_context(batch, total_context_tokens);
@@ -713,14 +735,16 @@ impl StageCost for KernelCost {
             .step_memo
             .read()
             .ok()
-            .and_then(|m| m.get((tp, batch), seq));
+            .and_then(|m| m.get((par.key(), batch), seq));
         let (t, ext) = hit.unwrap_or_else(|| {
-            let fixed = self.decode_fixed(batch, tp);
-            let attn = self.model.decode_attention(batch, total_context_tokens, tp);
+            let fixed = self.decode_fixed(batch, par);
+            let attn = self
+                .model
+                .decode_attention(batch, total_context_tokens, par);
             let (a, ext) = self.price(&attn, 1.0, Phase::Decode);
             let v = (fixed.0 + a + fixed.1, ext || fixed.2);
             if let Ok(mut m) = self.step_memo.write() {
-                m.insert((tp, batch), seq, v);
+                m.insert((par.key(), batch), seq, v);
             }
             v
         });
@@ -737,7 +761,7 @@ impl StageCost for KernelCost {
         &self,
         batch: u64,
         mut context: u64,
-        tp: u32,
+        par: Parallel,
         mut steps: u64,
         out: &mut Vec<f64>,
     ) {
@@ -746,14 +770,14 @@ impl StageCost for KernelCost {
             return;
         }
         if context == 0 && steps > 0 {
-            out.push(self.decode_step(batch, 0, tp));
+            out.push(self.decode_step(batch, 0, par));
             (context, steps) = (batch, steps - 1);
         }
         let first = easerve_model::ops::decode_mean_context(batch, context);
         let mut done = 0u64;
         if let Ok(m) = self.step_memo.read() {
             let cached = m
-                .row((tp, batch))
+                .row((par.key(), batch))
                 .and_then(|row| row.get(usize::try_from(first).ok()?..))
                 .unwrap_or(&[]);
             // the priced prefix of the row: three tight passes instead of one
@@ -772,7 +796,7 @@ impl StageCost for KernelCost {
             out.extend(priced.iter().map(|&(t, _)| t + overhead));
             done = priced.len() as u64;
         }
-        out.extend((done..steps).map(|i| self.decode_step(batch, context + i * batch, tp)));
+        out.extend((done..steps).map(|i| self.decode_step(batch, context + i * batch, par)));
     }
 
     fn transfer(&self, bytes: f64) -> f64 {
@@ -968,14 +992,14 @@ mod tests {
         let fresh = cost("qwen2.5-vl-32b", "h100-sxm", "easerve").expect("loaded once");
         for (batch, context, tp) in [(7, 5000, 2), (1, 300, 1), (33, 40_000, 4), (5, 0, 1)] {
             let one_by_one: Vec<f64> = (0..60)
-                .map(|i| fresh.decode_step(batch, context + i * batch, tp))
+                .map(|i| fresh.decode_step(batch, context + i * batch, tp.into()))
                 .collect();
             // half the run priced before: the cached part, then the rest
             for i in 0..30 {
-                c.decode_step(batch, context + i * batch, tp);
+                c.decode_step(batch, context + i * batch, tp.into());
             }
             let mut run = Vec::new();
-            c.decode_steps(batch, context, tp, 60, &mut run);
+            c.decode_steps(batch, context, tp.into(), 60, &mut run);
             assert_eq!(run, one_by_one, "batch {batch}, TP{tp}");
         }
     }
@@ -985,10 +1009,10 @@ mod tests {
         let Some(c) = cost("qwen2.5-vl-32b", "h100-sxm", "passthrough") else {
             return;
         };
-        let p1 = c.prefill(&[4096], 1, 1.0);
-        let p2 = c.prefill(&[4096], 2, 1.0);
+        let p1 = c.prefill(&[4096], 1.into(), 1.0);
+        let p2 = c.prefill(&[4096], 2.into(), 1.0);
         assert!(p2 < 0.7 * p1 && p2 > 0.4 * p1, "{p1} {p2}");
-        assert!(c.decode_step(32, 32 * 8192, 2) > c.decode_step(32, 32 * 512, 2));
+        assert!(c.decode_step(32, 32 * 8192, 2.into()) > c.decode_step(32, 32 * 512, 2.into()));
         assert_eq!(c.encode(&[], 1.0), EncodeTime::default());
         let m = ModelArch::preset("qwen2.5-vl-32b").unwrap();
         assert_eq!(
@@ -1017,10 +1041,10 @@ mod tests {
         ) else {
             return;
         };
-        let step = |c: &KernelCost| c.decode_step(1, 1024, 2) - c.eff.decode_step_s;
+        let step = |c: &KernelCost| c.decode_step(1, 1024, 2.into()) - c.eff.decode_step_s;
         let r = step(&ada) / step(&l40s);
         assert!(r > 0.86 && r < 0.95, "decode {r}");
-        let pre = |c: &KernelCost| c.prefill(&[8192], 2, 1.0) - c.eff.prefill_batch_s;
+        let pre = |c: &KernelCost| c.prefill(&[8192], 2.into(), 1.0) - c.eff.prefill_batch_s;
         let r = pre(&ada) / pre(&l40s);
         assert!(r > 0.97 && r <= 1.0, "prefill {r}");
         assert!(ada.sources()[0].contains("via the l40s proxy"));
@@ -1096,8 +1120,8 @@ mod tests {
         let Some(c) = cost("qwen3-vl-30b-a3b", "h100-sxm", "easerve") else {
             return;
         };
-        let one = c.decode_step(1, 1000, 1);
-        let many = c.decode_step(128, 128 * 1000, 1);
+        let one = c.decode_step(1, 1000, 1.into());
+        let many = c.decode_step(128, 128 * 1000, 1.into());
         println!(
             "Qwen3-VL-30B-A3B decode step on one H100: batch 1 {one:.4} s, batch 128 {many:.4} s"
         );

@@ -25,7 +25,7 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use easerve_model::ItemTokens;
+use easerve_model::{ItemTokens, Parallel};
 
 use crate::gpu::{GpuSpec, LinkSpec};
 use crate::interp::{ExtrapolationCounter, Grid};
@@ -707,7 +707,12 @@ impl Profile {
         for &n in &g.prefill_tokens {
             for &tp in &g.tp {
                 for &sm in &g.sm_levels {
-                    rows.push(vec![n as f64, f64::from(tp), sm, r.prefill(&[n], tp, sm)]);
+                    rows.push(vec![
+                        n as f64,
+                        f64::from(tp),
+                        sm,
+                        r.prefill(&[n], tp.into(), sm),
+                    ]);
                 }
             }
         }
@@ -727,7 +732,7 @@ impl Profile {
                         b as f64,
                         c as f64,
                         f64::from(tp),
-                        r.decode_step(b, c, tp),
+                        r.decode_step(b, c, tp.into()),
                     ]);
                 }
             }
@@ -957,8 +962,10 @@ impl StageCost for Profile {
         }
     }
 
-    /// Prefill: looked up at the batch's total tokens.
-    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
+    /// Prefill: looked up at the batch's total tokens and the worker's TP (a
+    /// profile is measured per TP degree; an EP degree is not a key of it).
+    fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        let tp = par.tp;
         let tokens: u64 = seq_lens.iter().sum();
         if tokens == 0 {
             return 0.0;
@@ -976,7 +983,8 @@ impl StageCost for Profile {
         }
     }
 
-    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64 {
+        let tp = par.tp;
         if batch == 0 {
             return 0.0;
         }
@@ -1862,12 +1870,14 @@ mod tests {
                 for &tp in &g.tp {
                     for si in 0..g.sm_levels.len() - 1 {
                         let (n, s) = (g.prefill_tokens[ni], g.sm_levels[si]);
-                        let (got, want) =
-                            (StageCost::prefill(&p, &[n], tp, s), r.prefill(&[n], tp, s));
+                        let (got, want) = (
+                            StageCost::prefill(&p, &[n], tp.into(), s),
+                            r.prefill(&[n], tp, s),
+                        );
                         assert!(rel(got, want) < 1e-12);
                         let (n, s) = (mid(&g.prefill_tokens, ni), smid(si));
                         errs.push(rel(
-                            StageCost::prefill(&p, &[n], tp, s),
+                            StageCost::prefill(&p, &[n], tp.into(), s),
                             r.prefill(&[n], tp, s),
                         ));
                     }
@@ -1879,9 +1889,11 @@ mod tests {
                 for ci in 0..g.decode_context.len() - 1 {
                     for &tp in &g.tp {
                         let (b, c) = (g.decode_batch[bi], g.decode_context[ci]);
-                        assert!(rel(p.decode_step(b, c, tp), r.decode_step(b, c, tp)) < 1e-12);
+                        assert!(
+                            rel(p.decode_step(b, c, tp.into()), r.decode_step(b, c, tp)) < 1e-12
+                        );
                         let (b, c) = (mid(&g.decode_batch, bi), mid(&g.decode_context, ci));
-                        errs.push(rel(p.decode_step(b, c, tp), r.decode_step(b, c, tp)));
+                        errs.push(rel(p.decode_step(b, c, tp.into()), r.decode_step(b, c, tp)));
                     }
                 }
             }
@@ -1909,10 +1921,10 @@ mod tests {
             "2025-01-02",
         );
         for _ in 0..3 {
-            p.prefill(&[4096], 2, 1.0); // tokens above 1024
+            p.prefill(&[4096], 2.into(), 1.0); // tokens above 1024
         }
-        p.prefill(&[512], 2, 1.0);
-        p.decode_step(4, 4096, 8); // tp above 2
+        p.prefill(&[512], 2.into(), 1.0);
+        p.decode_step(4, 4096, 8.into()); // tp above 2
         let notes = p.notes();
         assert_eq!(notes.len(), 3, "{notes:?}");
         assert!(
@@ -1927,7 +1939,7 @@ mod tests {
             notes[2]
         );
         // extrapolating tokens extends the edge cell (grows), never clamps
-        assert!(p.prefill(&[4096], 2, 1.0) > p.prefill(&[1024], 2, 1.0));
+        assert!(p.prefill(&[4096], 2.into(), 1.0) > p.prefill(&[1024], 2.into(), 1.0));
         let _ = p.notes();
         assert_eq!(p.notes().len(), 1);
     }
@@ -1940,8 +1952,8 @@ mod tests {
             "2025-01-02",
         );
         assert_eq!(StageCost::encode(&p, &[], 1.0), EncodeTime::default());
-        assert_eq!(StageCost::prefill(&p, &[], 2, 1.0), 0.0);
-        assert_eq!(p.decode_step(0, 0, 2), 0.0);
+        assert_eq!(StageCost::prefill(&p, &[], 2.into(), 1.0), 0.0);
+        assert_eq!(p.decode_step(0, 0, 2.into()), 0.0);
         assert_eq!(StageCost::transfer(&p, 0.0), 0.0);
         let t = Profile::from_roofline(
             &roof("text-lm-tiny", "rtx-6000-ada"),
@@ -2024,7 +2036,7 @@ rows = [
         };
         let t = StageCost::encode(&p, &[item; 4], 0.5);
         assert!((t.t_gpu - 0.060).abs() < 1e-12 && t.t_pass == 0.0 && t.t_pre == 0.0);
-        assert!((p.prefill(&[512], 2, 1.0) - 0.040).abs() < 1e-12);
+        assert!((p.prefill(&[512], 2.into(), 1.0) - 0.040).abs() < 1e-12);
         assert!((StageCost::transfer(&p, 1024.0) - 15e-6).abs() < 1e-15);
         // geometric midpoint of a power law in batch: 2 items between 12 and 35 ms
         let t2 = StageCost::encode(&p, &[item; 2], 1.0).total();

@@ -10,7 +10,7 @@
 //! with TP splitting work evenly and adding ring all-reduces over the GPU's link
 //! (DESIGN.md "Cost").
 
-use easerve_model::{ItemTokens, ModelArch, Work};
+use easerve_model::{ItemTokens, ModelArch, Parallel, Work};
 
 use crate::eff::Efficiency;
 use crate::gpu::GpuSpec;
@@ -198,7 +198,11 @@ impl Roofline {
     /// with a fraction `sm_share` of each GPU's SMs: roofline of `prefill_work / tp` +
     /// `2 * layers` ring all-reduces over the GPU link + `layers * layer_overhead_s` +
     /// `prefill_batch_s`. An empty batch costs nothing.
-    pub fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
+    ///
+    /// An `EPe` layout is priced as TP over its `tp · e` GPUs (the roofline has
+    /// no term for data-parallel attention or the MoE all-to-all).
+    pub fn prefill(&self, seq_lens: &[u64], par: impl Into<Parallel>, sm_share: f64) -> f64 {
+        let tp = par.into().gpus();
         let tokens: u64 = seq_lens.iter().sum();
         if tokens == 0 {
             return 0.0;
@@ -211,7 +215,13 @@ impl Roofline {
     /// `total_context_tokens`, at TP `tp` on whole GPUs: roofline of
     /// `decode_step_work / tp` + all-reduces + per-layer overhead + `decode_step_s`.
     /// `batch == 0` costs nothing.
-    pub fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
+    pub fn decode_step(
+        &self,
+        batch: u64,
+        total_context_tokens: u64,
+        par: impl Into<Parallel>,
+    ) -> f64 {
+        let tp = par.into().gpus();
         if batch == 0 {
             return 0.0;
         }
@@ -219,20 +229,21 @@ impl Roofline {
         self.llm_pass(work, batch, tp, 1.0) + self.eff.decode_step_s
     }
 
-    /// Bytes of GPU memory left for KV cache per GPU at TP `tp`:
-    /// `memory_bytes * mem_util - llm_weight_bytes / tp - extra_weight_bytes`, where
+    /// Bytes of GPU memory left for KV cache per GPU of a worker at `par` (a TP
+    /// degree, or TP and EP): `memory_bytes * mem_util -`
+    /// [`ModelArch::llm_weight_bytes_per_gpu`] `- extra_weight_bytes`, where
     /// `extra_weight_bytes` is anything else resident (e.g. a co-located encoder's
     /// [`ModelArch::encoder_weight_bytes`]) and `mem_util` is vLLM's
     /// `gpu_memory_utilization` ([`crate::DEFAULT_MEM_UTIL`] = 0.9). Activation
     /// workspace and CUDA graphs are not subtracted. `None` when nothing is left.
     pub fn kv_bytes_free_per_gpu(
         &self,
-        tp: u32,
+        par: impl Into<Parallel>,
         extra_weight_bytes: f64,
         mem_util: f64,
     ) -> Option<f64> {
         let free = self.gpu.memory_bytes() * mem_util
-            - self.model.llm_weight_bytes() / f64::from(tp.max(1))
+            - self.model.llm_weight_bytes_per_gpu(par.into())
             - extra_weight_bytes;
         (free > 0.0).then_some(free)
     }
@@ -272,21 +283,28 @@ impl crate::StageCost for Roofline {
     fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
         Roofline::encode(self, items, sm_share)
     }
-    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
-        Roofline::prefill(self, seq_lens, tp, sm_share)
+    fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        Roofline::prefill(self, seq_lens, par, sm_share)
     }
-    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
-        Roofline::decode_step(self, batch, total_context_tokens, tp)
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64 {
+        Roofline::decode_step(self, batch, total_context_tokens, par)
     }
     /// The same figures as [`Roofline::decode_step`] one by one, with the
     /// terms that do not depend on the context computed once for the run.
-    fn decode_steps(&self, batch: u64, context: u64, tp: u32, steps: u64, out: &mut Vec<f64>) {
+    fn decode_steps(
+        &self,
+        batch: u64,
+        context: u64,
+        par: Parallel,
+        steps: u64,
+        out: &mut Vec<f64>,
+    ) {
         if batch == 0 {
             out.resize(out.len() + steps as usize, 0.0);
             return;
         }
         let work = self.model.decode_step_terms(batch);
-        let pass = self.llm_pass_terms(batch, tp, 1.0);
+        let pass = self.llm_pass_terms(batch, par.gpus(), 1.0);
         out.extend((0..steps).map(|i| {
             self.pass_time(&pass, work.work(context + i * batch)) + self.eff.decode_step_s
         }));
@@ -429,7 +447,7 @@ mod tests {
         let r = roof("llava-v1.6-34b", "rtx-6000-ada");
         for (batch, context, tp) in [(1, 700, 1), (7, 5000, 4), (64, 90_000, 2), (0, 0, 1)] {
             let mut run = Vec::new();
-            crate::StageCost::decode_steps(&r, batch, context, tp, 40, &mut run);
+            crate::StageCost::decode_steps(&r, batch, context, tp.into(), 40, &mut run);
             let one_by_one: Vec<f64> = (0..40)
                 .map(|i| r.decode_step(batch, context + i * batch, tp))
                 .collect();

@@ -154,6 +154,8 @@ pub struct Planner {
     tuning: Tuning,
     /// The workload has no media (no encode stage).
     text_only: bool,
+    /// The model's routed experts (an MoE model's workers may take EP).
+    moe_experts: Option<u32>,
     /// The scenario's own rate, requests/s.
     rate: f64,
     /// The tier's TTFT (s) and TPOT (ms) bounds.
@@ -193,6 +195,7 @@ impl Planner {
             base,
             tuning,
             text_only: sc.workload.modality == easerve_sched::Modality::Text,
+            moe_experts: sc.model.llm.moe.as_ref().map(|m| m.experts),
             rate: sc.workload.rate,
             bounds: (t.ttft_s, t.tpot_s * 1e3),
             goal,
@@ -236,8 +239,13 @@ impl Planner {
                 let raw = Scenario::raw_with(&self.path, &sets, &o).map_err(scenario_err)?;
                 let gpus =
                     u32::try_from(raw.cluster.gpus.clamp(1, i64::from(u32::MAX))).unwrap_or(1);
-                let space =
-                    crate::space::feasible_allocations_in(&raw, &file, gpus, self.text_only);
+                let space = crate::space::feasible_allocations_in(
+                    &raw,
+                    &file,
+                    gpus,
+                    self.text_only,
+                    self.moe_experts,
+                );
                 let Some(fit) = space.first() else {
                     // no allocation validates: say why when it is not the cluster
                     return match Scenario::validate(raw, &file, &name) {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// TP degrees tried for prefill and decode workers.
-pub use easerve_sim::capacity::TP_DEGREES;
+pub use easerve_sim::capacity::{worker_layouts, TP_DEGREES};
 
 /// One point of the search space.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -115,18 +115,23 @@ pub(crate) fn validate(raw: &ScenarioFile, file: &str, o: &Overrides) -> Option<
 /// prefill, decode counts and degrees (deterministic).
 pub fn feasible_allocations(sc: &Scenario) -> Vec<FeasibleAllocation> {
     let text_only = sc.workload.modality == easerve_sched::Modality::Text;
-    feasible_allocations_in(&sc.raw, &sc.file, sc.gpus, text_only)
+    let experts = sc.model.llm.moe.as_ref().map(|m| m.experts);
+    feasible_allocations_in(&sc.raw, &sc.file, sc.gpus, text_only, experts)
 }
 
 /// [`feasible_allocations`] of the scenario file `raw` (read from `file`)
 /// on a cluster of `gpus` GPUs, before it has a deployment that fits:
-/// `text_only` when its workload has no media (no encode stage).
+/// `text_only` when its workload has no media (no encode stage);
+/// `moe_experts` the model's routed experts for an MoE model (its prefill and
+/// decode workers may then take EP, [`worker_layouts`]).
 pub fn feasible_allocations_in(
     raw: &ScenarioFile,
     file: &str,
     gpus: u32,
     text_only: bool,
+    moe_experts: Option<u32>,
 ) -> Vec<FeasibleAllocation> {
+    let layouts = worker_layouts(moe_experts);
     let g = gpus.min(MAX_TERM);
     let mut raw = raw.clone();
     raw.cluster.gpus = i64::from(gpus);
@@ -135,21 +140,25 @@ pub fn feasible_allocations_in(
     // a text-only workload has no encode stage: plain prefill/decode allocations
     let encode_counts = if text_only { 0..=0 } else { 1..=g };
     for n_e in encode_counts {
-        for &tp_p in &TP_DEGREES {
+        for &(tp_p, ep_p) in &layouts {
+            let gpus_p = tp_p * ep_p;
             for n_p in 0..=g {
-                if n_p > 0 && n_p * tp_p > g {
+                if n_p > 0 && n_p * gpus_p > g {
                     break;
                 }
-                if n_p == 0 && tp_p != TP_DEGREES[0] {
+                if n_p == 0 && (tp_p, ep_p) != layouts[0] {
                     continue; // one allocation without P workers, not one per degree
                 }
-                for &tp_d in &TP_DEGREES {
-                    let used = n_e + n_p * tp_p;
-                    if used >= g || !(g - used).is_multiple_of(tp_d) {
+                for &(tp_d, ep_d) in &layouts {
+                    let gpus_d = tp_d * ep_d;
+                    let used = n_e + n_p * gpus_p;
+                    if used >= g || !(g - used).is_multiple_of(gpus_d) {
                         continue;
                     }
-                    let n_d = (g - used) / tp_d;
-                    let allocation = Allocation::new((n_e, 1), (n_p, tp_p), (n_d, tp_d));
+                    let n_d = (g - used) / gpus_d;
+                    let mut allocation = Allocation::new((n_e, 1), (n_p, tp_p), (n_d, tp_d));
+                    allocation.prefill.ep = if n_p > 0 { ep_p } else { 1 };
+                    allocation.decode.ep = ep_d;
                     let at = |s: f64| {
                         validate(
                             raw,

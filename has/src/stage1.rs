@@ -5,7 +5,9 @@
 use crate::space::FeasibleAllocation;
 use easerve_calib::StageCost;
 use easerve_sched::Allocation;
-pub use easerve_sim::capacity::{alpha, capacities, encode_capacity, Capacities, Typical, MAX_B};
+pub use easerve_sim::capacity::{
+    alpha, capacities, encode_capacity, pool_parallel, Capacities, Typical, MAX_B,
+};
 use easerve_workload::Scenario;
 use serde::{Deserialize, Serialize};
 
@@ -83,7 +85,7 @@ pub fn b_max(caps: &Capacities, n_e: u32, rate: f64) -> u32 {
 /// Load ratios, score and seeds of one allocation at rate `rate`.
 pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64) -> Stage1Row {
     let a = fa.allocation;
-    let c_p = caps.prefill_at(a.prefill.tp);
+    let c_p = caps.prefill_at(pool_parallel(&a.prefill));
     let c_remote = f64::from(a.prefill.workers) * c_p;
     let c_local = match fa.local_tp {
         Some(tp) if fa.local_workers > 0 => {
@@ -116,7 +118,7 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
     let prefill_load = ratio(s * rate, c_remote).max(ratio((1.0 - s) * rate, c_local));
     let decode_load = ratio(
         rate,
-        f64::from(a.decode.workers) * caps.decode_at(a.decode.tp),
+        f64::from(a.decode.workers) * caps.decode_at(pool_parallel(&a.decode)),
     );
     let score = encode_load.max(prefill_load).max(decode_load);
     Stage1Row {
@@ -223,8 +225,8 @@ mod tests {
             encode: 1.0,
             encode_batch: 8,
             encode_time: vec![],
-            prefill: vec![(2, 2.0), (4, 3.0)],
-            decode: vec![(2, 2.0), (4, 4.0)],
+            prefill: vec![(2.into(), 2.0), (4.into(), 3.0)],
+            decode: vec![(2.into(), 2.0), (4.into(), 4.0)],
         }
     }
 

@@ -457,6 +457,21 @@ impl ModelArch {
         self.llm_params() * f64::from(self.llm.dtype_bytes)
     }
 
+    /// Bytes of LLM weights one GPU of a worker at `par` holds: everything
+    /// but the routed experts split `tp` ways (each attention replica holds
+    /// its own copy), the routed experts split `tp · ep` ways. Dense models at
+    /// TP `t`: `llm_weight_bytes / t`. Qwen3-VL-30B-A3B at (TP1,EP8):
+    /// (30.53e9 − 28.99e9 experts + 28.99e9 / 8) · 2 = 10.3e9.
+    pub fn llm_weight_bytes_per_gpu(&self, par: crate::Parallel) -> f64 {
+        let (_, moe) = self.llm.layer_split();
+        let experts = self.llm.moe.as_ref().map_or(0.0, |m| {
+            f64::from(moe) * f64::from(m.experts) * m.expert_params(self.llm.hidden)
+        });
+        let rest = self.llm_params() - experts;
+        (rest / f64::from(par.tp) + experts / f64::from(par.gpus()))
+            * f64::from(self.llm.dtype_bytes)
+    }
+
     /// Bytes of encoder weights incl. projector and stem; 0 when there is no encoder.
     /// CLIP ViT-L/14-336 + LLaVA MLP: (0.30e9 + 0.059e9) * 2 = 0.72e9.
     pub fn encoder_weight_bytes(&self) -> f64 {

@@ -31,7 +31,7 @@ pub mod tokens;
 pub mod work;
 
 pub use arch::{EncoderArch, EncoderKind, LlmArch, ModelArch, MoeArch, MoeRouting};
-pub use ops::{AttnKind, Op, PrefillShape};
+pub use ops::{AttnKind, CollectiveKind, Op, Parallel, PrefillShape};
 pub use presets::hf_checkpoint;
 pub use tokens::{QWEN_VIDEO_MAX_PIXELS, QWEN_VIDEO_MIN_PIXELS};
 pub use work::Work;

@@ -32,6 +32,78 @@ pub enum AttnKind {
     Generation,
 }
 
+/// Which NCCL collective an [`Op::Collective`] is (aiconfigurator's
+/// `nccl_perf` `op_name`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    /// `all_gather`.
+    AllGather,
+    /// `reduce_scatter`.
+    ReduceScatter,
+}
+
+impl CollectiveKind {
+    /// The `op_name` of the NCCL table.
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllGather => "all_gather",
+            CollectiveKind::ReduceScatter => "reduce_scatter",
+        }
+    }
+}
+
+/// How one worker of a prefill or decode stage spreads over its GPUs, in the
+/// allocation notation's `(TPt,EPe)`: `e` data-parallel attention replicas,
+/// each over `t` GPUs with tensor parallelism, and the MoE layers' experts
+/// split over the `e` replicas, each expert's width over `t` (aiconfigurator's
+/// `moe_tp_size = t`, `moe_ep_size = e`); `t·e` GPUs in all. `EP1` is plain
+/// tensor parallelism. A step's sequences and tokens are shared evenly by the
+/// replicas (rounded up: the busiest replica sets the time).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Parallel {
+    /// Tensor-parallel degree of each attention replica and each expert.
+    pub tp: u32,
+    /// Expert-parallel degree (= data-parallel attention replicas).
+    pub ep: u32,
+}
+
+impl Parallel {
+    /// `(TPtp,EPep)`, each at least 1.
+    pub fn new(tp: u32, ep: u32) -> Parallel {
+        Parallel {
+            tp: tp.max(1),
+            ep: ep.max(1),
+        }
+    }
+
+    /// GPUs of one worker: `tp · ep`.
+    pub fn gpus(self) -> u32 {
+        self.tp * self.ep
+    }
+
+    /// One number per layout for memo keys (`tp` and `ep` are at most 2^16).
+    pub fn key(self) -> u32 {
+        (self.ep << 16) | (self.tp & 0xffff)
+    }
+}
+
+impl From<u32> for Parallel {
+    /// Plain tensor parallelism: `(TPtp,EP1)`.
+    fn from(tp: u32) -> Parallel {
+        Parallel::new(tp, 1)
+    }
+}
+
+impl std::fmt::Display for Parallel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.ep > 1 {
+            write!(f, "TP{},EP{}", self.tp, self.ep)
+        } else {
+            write!(f, "TP{}", self.tp)
+        }
+    }
+}
+
 /// One kernel (or a run of identical kernels) of a stage pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Op {
@@ -100,6 +172,20 @@ pub enum Op {
         /// How many times the pass runs it (MoE layers).
         count: u32,
     },
+    /// A NCCL collective over `gpus` ranks moving `elements` activation
+    /// elements (the gathered or the scattered tensor), `count` times: the
+    /// all-gather before and the reduce-scatter after an expert-parallel MoE
+    /// layer (vLLM's `allgather_reducescatter` all-to-all backend).
+    Collective {
+        /// Which collective.
+        kind: CollectiveKind,
+        /// Elements of the full tensor (`tokens * hidden`).
+        elements: u64,
+        /// Ranks taking part.
+        gpus: u32,
+        /// How many times the pass runs it.
+        count: u32,
+    },
     /// Bandwidth-bound elementwise work (norms, activation, residual adds, RoPE).
     Memory {
         /// What it is.
@@ -139,7 +225,7 @@ impl Op {
                 let (pairs, _, inter) = self.moe_rank_shape();
                 2.0 * 3.0 * pairs * inter * self.moe_hidden() * f64::from(count)
             }
-            Op::AllReduce { .. } | Op::Memory { .. } => 0.0,
+            Op::AllReduce { .. } | Op::Collective { .. } | Op::Memory { .. } => 0.0,
         }
     }
 
@@ -223,7 +309,7 @@ impl Op {
                     * (touched * 3.0 * h * inter + pairs * (2.0 * h + 3.0 * inter))
                     * f64::from(count)
             }
-            Op::AllReduce { .. } => 0.0,
+            Op::AllReduce { .. } | Op::Collective { .. } => 0.0,
             Op::Memory { bytes, count, .. } => bytes * f64::from(count),
         }
     }
@@ -381,32 +467,30 @@ impl ModelArch {
         )
     }
 
-    /// The LLM layers' kernels for `tokens` rows at TP `tp`, without attention.
-    fn llm_layer_ops(&self, tokens: u64, tp: u32, ops: &mut Vec<Op>) {
+    /// The LLM layers' kernels for `tokens` rows of the whole worker at
+    /// `par`, without attention: each attention replica's share of the rows
+    /// through the attention projections and dense MLPs, all rows through the
+    /// MoE layers (gathered from the replicas before, scattered back after).
+    fn llm_layer_ops(&self, tokens: u64, par: Parallel, ops: &mut Vec<Op>) {
         let l = &self.llm;
-        let tp = tp.max(1);
+        let tp = par.tp;
+        let rows = tokens.div_ceil(u64::from(par.ep));
         let (qh, kvh) = self.heads_per_rank(tp);
         let h = u64::from(l.hidden);
         let hd = u64::from(l.head_dim);
         let ffn = u64::from(l.ffn).div_ceil(u64::from(tp));
         let (dense, moe_layers) = l.layer_split();
-        ops.push(gemm(
-            "qkv",
-            tokens,
-            u64::from(qh + 2 * kvh) * hd,
-            h,
-            l.layers,
-        ));
-        ops.push(gemm("o", tokens, h, u64::from(qh) * hd, l.layers));
+        ops.push(gemm("qkv", rows, u64::from(qh + 2 * kvh) * hd, h, l.layers));
+        ops.push(gemm("o", rows, h, u64::from(qh) * hd, l.layers));
         if dense > 0 {
-            ops.push(gemm("mlp_up", tokens, 2 * ffn, h, dense));
-            ops.push(gemm("mlp_down", tokens, h, ffn, dense));
+            ops.push(gemm("mlp_up", rows, 2 * ffn, h, dense));
+            ops.push(gemm("mlp_down", rows, h, ffn, dense));
         }
         if let (Some(m), true) = (&l.moe, moe_layers > 0) {
             // the router is replicated on every rank; the routed experts'
-            // width is split over the TP ranks (vLLM's fused MoE without
-            // expert parallelism); shared experts split like a dense MLP
-            ops.push(gemm("router", tokens, u64::from(m.router), h, moe_layers));
+            // width is split over the TP ranks and the experts over the EP
+            // groups; shared experts split like a dense MLP
+            ops.push(gemm("router", rows, u64::from(m.router), h, moe_layers));
             ops.push(Op::Moe {
                 tokens,
                 hidden: l.hidden,
@@ -414,86 +498,112 @@ impl ModelArch {
                 top_k: m.top_k,
                 experts: m.experts,
                 moe_tp: tp,
-                moe_ep: 1,
+                moe_ep: par.ep,
                 routing: m.routing,
                 count: moe_layers,
             });
             if m.shared_experts > 0 {
                 let shared =
                     (u64::from(m.shared_ffn) * u64::from(m.shared_experts)).div_ceil(u64::from(tp));
-                ops.push(gemm("shared_up", tokens, 2 * shared, h, moe_layers));
-                ops.push(gemm("shared_down", tokens, h, shared, moe_layers));
+                ops.push(gemm("shared_up", rows, 2 * shared, h, moe_layers));
+                ops.push(gemm("shared_down", rows, h, shared, moe_layers));
+            }
+            if par.ep > 1 {
+                for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
+                    ops.push(Op::Collective {
+                        kind,
+                        elements: tokens * h,
+                        gpus: par.gpus(),
+                        count: moe_layers,
+                    });
+                }
             }
         }
         if tp > 1 {
             ops.push(Op::AllReduce {
-                elements: tokens * h,
+                elements: rows * h,
                 tp,
                 count: 2 * l.layers,
             });
         }
         ops.push(Op::Memory {
             name: "norm_act_residual",
-            bytes: tokens as f64 * self.llm_act_bytes_per_token_layer() / f64::from(tp),
+            bytes: rows as f64 * self.llm_act_bytes_per_token_layer() / f64::from(tp),
             kernels: 4,
             count: l.layers,
         });
     }
 
     /// The kernels of one prefill batch of sequences with these prompt lengths at
-    /// TP `tp`: the layers over all `Σ seq_lens` tokens, causal attention over the
-    /// sequences (at their RMS length), and the LM head over the last token of each.
-    /// Empty for an empty batch.
-    pub fn prefill_ops(&self, seq_lens: &[u64], tp: u32) -> Vec<Op> {
+    /// `par` (a TP degree, or [`Parallel`]): the layers over all `Σ seq_lens`
+    /// tokens, causal attention over the sequences (at their RMS length), and
+    /// the LM head over the last token of each. Empty for an empty batch.
+    pub fn prefill_ops(&self, seq_lens: &[u64], par: impl Into<Parallel>) -> Vec<Op> {
         match PrefillShape::of(seq_lens) {
-            Some(shape) => self.prefill_shape_ops(shape, tp),
+            Some(shape) => self.prefill_shape_ops(shape, par),
             None => Vec::new(),
         }
     }
 
     /// [`ModelArch::prefill_ops`] of a batch with this shape (everything the
     /// kernels of a prefill batch depend on): the layers' ops at `m = tokens`,
-    /// then the context attention, then the LM head, in that order.
-    pub fn prefill_shape_ops(&self, shape: PrefillShape, tp: u32) -> Vec<Op> {
-        let mut ops = Vec::with_capacity(8);
-        self.llm_layer_ops(shape.tokens, tp, &mut ops);
-        let (qh, kvh) = self.heads_per_rank(tp);
+    /// then the context attention, then the LM head, in that order. With
+    /// `EPe`, each attention replica takes `⌈sequences/e⌉` of the sequences.
+    pub fn prefill_shape_ops(&self, shape: PrefillShape, par: impl Into<Parallel>) -> Vec<Op> {
+        let par = par.into();
+        let mut ops = Vec::with_capacity(10);
+        self.llm_layer_ops(shape.tokens, par, &mut ops);
+        let (qh, kvh) = self.heads_per_rank(par.tp);
+        let seqs = shape.sequences.div_ceil(u64::from(par.ep));
         ops.push(Op::Attention {
             kind: AttnKind::Context,
-            batch: shape.sequences,
+            batch: seqs,
             seq: shape.rms_len,
             heads: qh,
             kv_heads: kvh,
             head_dim: self.llm.head_dim,
             count: self.llm.layers,
         });
-        ops.push(self.lm_head(shape.sequences, tp));
+        ops.push(self.lm_head(seqs, par.tp));
         ops
     }
 
     /// The kernels of one decode iteration of `batch` sequences holding
-    /// `total_context_tokens`, at TP `tp`: the layers at `m = batch`, generation
+    /// `total_context_tokens`, at `par`: the layers at `m = batch`, generation
     /// attention at the mean context, the LM head. Empty for `batch == 0`.
-    pub fn decode_ops(&self, batch: u64, total_context_tokens: u64, tp: u32) -> Vec<Op> {
+    pub fn decode_ops(
+        &self,
+        batch: u64,
+        total_context_tokens: u64,
+        par: impl Into<Parallel>,
+    ) -> Vec<Op> {
         if batch == 0 {
             return Vec::new();
         }
-        let mut ops = Vec::with_capacity(8);
-        self.llm_layer_ops(batch, tp, &mut ops);
-        ops.push(self.decode_attention(batch, total_context_tokens, tp));
-        ops.push(self.lm_head(batch, tp));
+        let par = par.into();
+        let mut ops = Vec::with_capacity(10);
+        self.llm_layer_ops(batch, par, &mut ops);
+        ops.push(self.decode_attention(batch, total_context_tokens, par));
+        ops.push(self.lm_head(batch.div_ceil(u64::from(par.ep)), par.tp));
         ops
     }
 
     /// The one op of [`ModelArch::decode_ops`] that depends on the context:
     /// generation attention of `batch` sequences at their mean context
-    /// `⌈total_context_tokens / batch⌉`, every layer. The ops before it in the
-    /// list depend only on `(batch, tp)`, the last (the LM head) too.
-    pub fn decode_attention(&self, batch: u64, total_context_tokens: u64, tp: u32) -> Op {
-        let (qh, kvh) = self.heads_per_rank(tp);
+    /// `⌈total_context_tokens / batch⌉`, every layer (with `EPe`, over one
+    /// replica's `⌈batch/e⌉` sequences). The ops before it in the list depend
+    /// only on `(batch, par)`, the last (the LM head) too.
+    pub fn decode_attention(
+        &self,
+        batch: u64,
+        total_context_tokens: u64,
+        par: impl Into<Parallel>,
+    ) -> Op {
+        let par = par.into();
+        let (qh, kvh) = self.heads_per_rank(par.tp);
         Op::Attention {
             kind: AttnKind::Generation,
-            batch,
+            batch: batch.div_ceil(u64::from(par.ep)),
             seq: decode_mean_context(batch, total_context_tokens),
             heads: qh,
             kv_heads: kvh,

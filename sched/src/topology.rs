@@ -19,10 +19,13 @@ pub struct TopologyWorker {
     pub wref: WorkerRef,
     /// Its label in reports and traces: `E0`, `P0`, `L0`, `D0`.
     pub label: String,
-    /// The GPUs it runs on (its TP group), in the cluster's numbering.
+    /// The GPUs it runs on (its TP group, or its `tp · ep` GPUs), in the
+    /// cluster's numbering.
     pub gpus: Vec<u32>,
-    /// Tensor-parallel degree (`gpus.len()`).
+    /// Tensor-parallel degree of each attention replica (`gpus.len() / ep`).
     pub tp: u32,
+    /// Expert-parallel degree (attention replicas), 1 without EP.
+    pub ep: u32,
     /// A prefill worker co-located on encode GPUs.
     pub local: bool,
     /// For a local prefill worker: the encode workers it shares GPUs with.
@@ -60,29 +63,38 @@ impl Topology {
             next += n;
             g
         };
-        let worker = |wref, label: String, gpus: Vec<u32>| TopologyWorker {
+        let worker = |wref, label: String, gpus: Vec<u32>, ep: u32| TopologyWorker {
             wref,
             label,
-            tp: gpus.len() as u32,
+            tp: gpus.len() as u32 / ep,
+            ep,
             gpus,
             local: false,
             encode_workers: Vec::new(),
             local_prefill: None,
         };
         let mut encode: Vec<TopologyWorker> = (0..alloc.encode.workers as usize)
-            .map(|i| worker(WorkerRef::Encode(i), format!("E{i}"), take(alloc.encode.tp)))
+            .map(|i| {
+                let gpus = take(alloc.encode.gpus_per_worker());
+                worker(WorkerRef::Encode(i), format!("E{i}"), gpus, alloc.encode.ep)
+            })
             .collect();
         let mut prefill: Vec<TopologyWorker> = (0..alloc.prefill.workers as usize)
             .map(|i| {
+                let gpus = take(alloc.prefill.gpus_per_worker());
                 worker(
                     WorkerRef::Prefill(i),
                     format!("P{i}"),
-                    take(alloc.prefill.tp),
+                    gpus,
+                    alloc.prefill.ep,
                 )
             })
             .collect();
         let decode = (0..alloc.decode.workers as usize)
-            .map(|i| worker(WorkerRef::Decode(i), format!("D{i}"), take(alloc.decode.tp)))
+            .map(|i| {
+                let gpus = take(alloc.decode.gpus_per_worker());
+                worker(WorkerRef::Decode(i), format!("D{i}"), gpus, alloc.decode.ep)
+            })
             .collect();
         let remote = prefill.len();
         if let Some(tp) = local_tp.filter(|t| *t > 0) {
@@ -97,6 +109,7 @@ impl Topology {
                     WorkerRef::Prefill(p),
                     format!("L{g}"),
                     members.iter().map(|&m| encode[m].gpu()).collect(),
+                    1,
                 );
                 w.local = true;
                 w.encode_workers = members;

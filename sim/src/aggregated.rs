@@ -300,9 +300,9 @@ impl<'a> Baseline<'a> {
         let t_prefill = if seq_lens.is_empty() {
             0.0
         } else {
-            self.cost.prefill(&seq_lens, self.tp, 1.0)
+            self.cost.prefill(&seq_lens, self.tp.into(), 1.0)
         };
-        let dur = t_enc + t_prefill + self.cost.decode_step(batch, ctx, self.tp);
+        let dur = t_enc + t_prefill + self.cost.decode_step(batch, ctx, self.tp.into());
         rep.stepping = true;
         rep.step_start = now;
         for &g in &rep.gpus {

@@ -3,7 +3,7 @@
 //! report's explanation compares offered load against.
 
 use easerve_calib::{Efficiency, Roofline, StageCost};
-use easerve_model::ItemTokens;
+use easerve_model::{ItemTokens, Parallel};
 use easerve_sched::{Request, SmSplit, TIME_SLICE_SHARE};
 use easerve_workload::generate::{generate_with_tokens, median_by_encoder_tokens, ItemTokenTable};
 use easerve_workload::Scenario;
@@ -26,29 +26,35 @@ pub struct Capacities {
     /// Encode time of a micro-batch of `B` typical requests, seconds, for
     /// `B = 1..=`[`MAX_B`]: `C_E(B) = B / T_enc(B)`.
     pub encode_time: Vec<f64>,
-    /// One remote prefill worker at TP `t` (`C_P`), as `(t, capacity)`.
-    pub prefill: Vec<(u32, f64)>,
-    /// One decode worker at TP `t` (`C_D`), as `(t, capacity)`.
-    pub decode: Vec<(u32, f64)>,
+    /// One remote prefill worker at layout `p` (a TP degree, or TP and EP)
+    /// (`C_P`), as `(p, capacity)`.
+    pub prefill: Vec<(Parallel, f64)>,
+    /// One decode worker at layout `p` (`C_D`), as `(p, capacity)`.
+    pub decode: Vec<(Parallel, f64)>,
 }
 
 impl Capacities {
-    fn at(table: &[(u32, f64)], tp: u32) -> f64 {
+    fn at(table: &[(Parallel, f64)], par: Parallel) -> f64 {
         table
             .iter()
-            .find(|(t, _)| *t == tp)
+            .find(|(p, _)| *p == par)
             .map_or(0.0, |(_, c)| *c)
     }
 
-    /// `C_P` at TP `tp` (0 when not profiled).
-    pub fn prefill_at(&self, tp: u32) -> f64 {
-        Self::at(&self.prefill, tp)
+    /// `C_P` at `par` (a TP degree, or [`Parallel`]; 0 when not profiled).
+    pub fn prefill_at(&self, par: impl Into<Parallel>) -> f64 {
+        Self::at(&self.prefill, par.into())
     }
 
-    /// `C_D` at TP `tp` (0 when not profiled).
-    pub fn decode_at(&self, tp: u32) -> f64 {
-        Self::at(&self.decode, tp)
+    /// `C_D` at `par` (0 when not profiled).
+    pub fn decode_at(&self, par: impl Into<Parallel>) -> f64 {
+        Self::at(&self.decode, par.into())
     }
+}
+
+/// The layout of one worker of a stage pool: its TP and EP.
+pub fn pool_parallel(pool: &easerve_sched::StagePool) -> Parallel {
+    Parallel::new(pool.tp, pool.ep)
 }
 
 /// The workload's typical request: the items of the median request by
@@ -95,16 +101,41 @@ fn batch_of(items: &[ItemTokens], k: u32) -> Vec<ItemTokens> {
 
 /// Requests/s of one prefill worker at TP `tp` and SM share `share`, with
 /// batches filled to the token budget at the workload's mean prompt.
-fn prefill_capacity(cost: &dyn StageCost, sc: &Scenario, t: &Typical, tp: u32, share: f64) -> f64 {
+fn prefill_capacity(
+    cost: &dyn StageCost,
+    sc: &Scenario,
+    t: &Typical,
+    par: Parallel,
+    share: f64,
+) -> f64 {
     let per = t.prefill_tokens.max(1.0);
     let n = ((sc.knobs.prefill_token_budget as f64 / per).floor() as usize)
         .clamp(1, sc.knobs.prefill_max_seqs);
-    let dur = cost.prefill(&vec![per.round() as u64; n], tp, share);
+    let dur = cost.prefill(&vec![per.round() as u64; n], par, share);
     if dur > 0.0 {
         n as f64 / dur
     } else {
         f64::INFINITY
     }
+}
+
+/// The `(TP, EP)` layouts a prefill or decode worker may take: every degree of
+/// [`TP_DEGREES`] at EP1, and for an MoE model of `moe_experts` experts each
+/// EP of 2, 4, 8 that divides them with `TP × EP` within one node
+/// ([`easerve_workload::scenario::NODE_GPUS`]).
+pub fn worker_layouts(moe_experts: Option<u32>) -> Vec<(u32, u32)> {
+    let node = easerve_workload::scenario::NODE_GPUS;
+    let mut out: Vec<(u32, u32)> = TP_DEGREES.iter().map(|&t| (t, 1)).collect();
+    if let Some(experts) = moe_experts {
+        for ep in [2u32, 4, 8] {
+            for &tp in &TP_DEGREES {
+                if tp * ep <= node && experts.is_multiple_of(ep) {
+                    out.push((tp, ep));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Per-stage capacities of the scenario's model, GPU and workload.
@@ -137,25 +168,29 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
     let mut decode = Vec::new();
     // the usual degrees plus any the scenario's own deployment uses
     let a = &sc.deployment.allocation;
-    let mut degrees: Vec<u32> = TP_DEGREES.to_vec();
-    degrees.extend([a.prefill.tp, a.decode.tp]);
-    degrees.extend(sc.knobs.local_prefill_tp);
-    degrees.sort_unstable();
-    degrees.dedup();
-    for &tp in &degrees {
-        let Some(free) = memory.kv_bytes_free_per_gpu(tp, 0.0, sc.knobs.gpu_memory_utilization)
+    let experts = sc.model.llm.moe.as_ref().map(|m| m.experts);
+    let mut layouts: Vec<Parallel> = worker_layouts(experts)
+        .into_iter()
+        .map(|(t, e)| Parallel::new(t, e))
+        .collect();
+    layouts.extend([pool_parallel(&a.prefill), pool_parallel(&a.decode)]);
+    layouts.extend(sc.knobs.local_prefill_tp.map(Parallel::from));
+    layouts.sort_unstable_by_key(|p| (p.ep, p.tp));
+    layouts.dedup();
+    for &par in &layouts {
+        let Some(free) = memory.kv_bytes_free_per_gpu(par, 0.0, sc.knobs.gpu_memory_utilization)
         else {
             continue;
         };
-        prefill.push((tp, prefill_capacity(cost, sc, t, tp, 1.0)));
+        prefill.push((par, prefill_capacity(cost, sc, t, par, 1.0)));
         let per_seq = t.prefill_tokens + t.output_tokens;
-        let kv_tokens = free * f64::from(tp) / sc.model.kv_bytes_per_token();
+        let kv_tokens = free * f64::from(par.gpus()) / sc.model.kv_bytes_per_token();
         let b = (kv_tokens / per_seq)
             .floor()
             .clamp(1.0, sc.knobs.decode_max_batch as f64);
         let ctx = b * (t.prefill_tokens + t.output_tokens / 2.0);
-        let step = cost.decode_step(b as u64, ctx as u64, tp);
-        decode.push((tp, b / (t.output_tokens.max(1.0) * step)));
+        let step = cost.decode_step(b as u64, ctx as u64, par);
+        decode.push((par, b / (t.output_tokens.max(1.0) * step)));
     }
     Capacities {
         encode,
@@ -214,11 +249,11 @@ pub fn alpha(
         None => TIME_SLICE_SHARE / (1.0 + cost.time_slice_penalty()),
     };
     let idle = split.prefill_share(None).unwrap_or(1.0);
-    let full = prefill_capacity(cost, sc, t, tp, 1.0);
+    let full = prefill_capacity(cost, sc, t, tp.into(), 1.0);
     if full <= 0.0 {
         return 0.0;
     }
-    let mean = u * prefill_capacity(cost, sc, t, tp, prefill_rest.max(1e-3))
-        + (1.0 - u) * prefill_capacity(cost, sc, t, tp, idle.max(1e-3));
+    let mean = u * prefill_capacity(cost, sc, t, tp.into(), prefill_rest.max(1e-3))
+        + (1.0 - u) * prefill_capacity(cost, sc, t, tp.into(), idle.max(1e-3));
     (mean / full).clamp(0.0, 1.0)
 }

@@ -22,7 +22,7 @@ use crate::meter::GpuMeter;
 use crate::output::{assemble, RunParts};
 use crate::timeline::Timeline;
 use easerve_calib::StageCost;
-use easerve_model::ItemTokens;
+use easerve_model::{ItemTokens, Parallel};
 use easerve_sched::{
     Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, Topology,
     WorkerRef, TIME_SLICE_SHARE,
@@ -123,7 +123,8 @@ struct PrefillJob {
 
 struct PrefillWorker {
     gpus: Vec<u32>,
-    tp: u32,
+    /// TP and EP of the worker (its cost's layout).
+    par: Parallel,
     local: bool,
     /// Encode workers whose GPUs this local worker shares.
     encode_workers: Vec<usize>,
@@ -136,7 +137,8 @@ struct PrefillWorker {
 
 struct DecodeWorker {
     gpus: Vec<u32>,
-    tp: u32,
+    /// TP and EP of the worker.
+    par: Parallel,
     /// The run in flight.
     run: Option<RunInFlight>,
     /// Seconds and end times of the run's iterations priced so far (reused
@@ -310,7 +312,7 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|t| PrefillWorker {
                 gpus: t.gpus.clone(),
-                tp: t.tp,
+                par: Parallel::new(t.tp, t.ep),
                 local: t.local,
                 encode_workers: t.encode_workers.clone(),
                 job: None,
@@ -324,7 +326,7 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|t| DecodeWorker {
                 gpus: t.gpus.clone(),
-                tp: t.tp,
+                par: Parallel::new(t.tp, t.ep),
                 run: None,
                 durs: Vec::new(),
                 ends: Vec::new(),
@@ -675,7 +677,7 @@ impl<'a> Sim<'a> {
     fn prefill_time(&self, p: usize, share: f64) -> f64 {
         if share >= MIN_PROGRESS_SHARE {
             self.cost
-                .prefill(&self.prefill[p].seq_lens, self.prefill[p].tp, share)
+                .prefill(&self.prefill[p].seq_lens, self.prefill[p].par, share)
         } else {
             f64::INFINITY
         }
@@ -880,7 +882,7 @@ impl<'a> Sim<'a> {
         self.cost.decode_steps(
             run.batch,
             run.context + priced * run.batch,
-            worker.tp,
+            worker.par,
             chunk,
             &mut worker.durs,
         );

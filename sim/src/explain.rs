@@ -2,7 +2,7 @@
 //! most loaded stage, the encode GPUs' idle time, and one plain sentence per
 //! finding.
 
-use crate::capacity::{alpha, capacities, encode_capacity, Typical};
+use crate::capacity::{alpha, capacities, encode_capacity, pool_parallel, Typical};
 use easerve_calib::StageCost;
 use easerve_workload::report::{Explanation, StageLoad};
 use easerve_workload::{Report, Scenario};
@@ -34,7 +34,7 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, t: &Typical, r: &Repo
         });
         offered = offered.min(capacity);
     }
-    let c_remote = f64::from(a.prefill.workers) * caps.prefill_at(a.prefill.tp);
+    let c_remote = f64::from(a.prefill.workers) * caps.prefill_at(pool_parallel(&a.prefill));
     let c_local = match sc.knobs.local_prefill_tp {
         Some(tp) => {
             let n_l = a.encode.workers / tp;
@@ -69,7 +69,7 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, t: &Typical, r: &Repo
         load: p_load,
     });
     offered = offered.min(c_p);
-    let c_d = f64::from(a.decode.workers) * caps.decode_at(a.decode.tp);
+    let c_d = f64::from(a.decode.workers) * caps.decode_at(pool_parallel(&a.decode));
     loads.push(StageLoad {
         stage: "decode".into(),
         offered,

@@ -88,6 +88,10 @@ pub struct ModelSection {
     /// A TOML file defining a custom model (the fields of `easerve_model::ModelArch`;
     /// example: `scenarios/custom/qwen2.5-vl-7b.toml`), relative to the scenario's folder.
     pub file: Option<String>,
+    /// How an MoE model's tokens spread over its experts: `balanced`,
+    /// `power_law_1.01` or `power_law_1.2` (the distributions aiconfigurator
+    /// measured its MoE kernels with); default the model file's, else balanced.
+    pub moe_routing: Option<String>,
 }
 
 /// `cluster.link`: a preset name or the link's figures.
@@ -808,11 +812,12 @@ impl Scenario {
     pub fn decode_schedulers(&self) -> Vec<easerve_sched::DecodeScheduler> {
         use easerve_calib::{Efficiency, Roofline};
         use easerve_sched::{DecodeScheduler, KvBlocks};
-        let tp = self.deployment.allocation.decode.tp;
+        let d = self.deployment.allocation.decode;
+        let par = easerve_model::Parallel::new(d.tp, d.ep);
         let free = Roofline::new(self.model.clone(), self.gpu.clone(), Efficiency::default())
-            .kv_bytes_free_per_gpu(tp, 0.0, self.knobs.gpu_memory_utilization)
+            .kv_bytes_free_per_gpu(par, 0.0, self.knobs.gpu_memory_utilization)
             .unwrap_or(0.0)
-            * tp as f64;
+            * par.gpus() as f64;
         let kv = KvBlocks::from_memory(
             free,
             self.model.kv_bytes_per_token(),
@@ -1097,6 +1102,7 @@ impl Scenario {
                 ),
             ));
         }
+        check_expert_parallel(&allocation, &model).map_err(|m| v.err(fa, m))?;
         if multimodal && allocation.encode.workers == 0 {
             return Err(v.err(
                 fa,
@@ -1143,9 +1149,9 @@ impl Scenario {
         let max_seq_tokens =
             trace_max + max_sequence_tokens(&model, input_len, output_len, range_ratio, &shapes);
         let kv_per_token = model.kv_bytes_per_token();
-        let fits = |tp: u32, extra: f64| -> Option<f64> {
-            roof.kv_bytes_free_per_gpu(tp, extra, mem_util)
-                .map(|free| free * tp as f64)
+        let fits = |par: easerve_model::Parallel, extra: f64| -> Option<f64> {
+            roof.kv_bytes_free_per_gpu(par, extra, mem_util)
+                .map(|free| free * par.gpus() as f64)
                 // whole blocks: the engine rounds capacity down and need up
                 .filter(|total| {
                     *total >= (max_seq_tokens + 2 * kv_block_size) as f64 * kv_per_token
@@ -1155,17 +1161,16 @@ impl Scenario {
             ("P", allocation.prefill, "prefill"),
             ("D", allocation.decode, "decode"),
         ] {
-            if pool.workers > 0 && fits(pool.tp, 0.0).is_none() {
-                let need = (model.llm_weight_bytes() / pool.tp as f64
-                    + max_seq_tokens as f64 * kv_per_token / pool.tp as f64)
-                    / 1e9;
+            let par = easerve_model::Parallel::new(pool.tp, pool.ep);
+            if pool.workers > 0 && fits(par, 0.0).is_none() {
+                let weights = model.llm_weight_bytes_per_gpu(par);
+                let need = (weights + max_seq_tokens as f64 * kv_per_token / pool.tp as f64) / 1e9;
                 return Err(v.err(
                     fa,
                     format!(
-                        "{stage} at TP{}: {}'s weights ({:.1} GB per GPU) plus the KV cache of one longest sequence ({max_seq_tokens} tokens) need {need:.1} GB per GPU, more than {:.0}% of {} GB on {}; use a larger TP for {field}",
-                        pool.tp,
+                        "{stage} at {par}: {}'s weights ({:.1} GB per GPU) plus the KV cache of one longest sequence ({max_seq_tokens} tokens) need {need:.1} GB per GPU, more than {:.0}% of {} GB on {}; use a larger TP for {field}",
                         model.name,
-                        model.llm_weight_bytes() / pool.tp as f64 / 1e9,
+                        weights / 1e9,
                         mem_util * 100.0,
                         gpu.memory_gb,
                         gpu.name
@@ -1197,7 +1202,7 @@ impl Scenario {
                     format!("{tp} is not a TP degree: use a power of two ≤ cluster.gpus ({gpus})"),
                 ));
             }
-            if fits(tp, model.encoder_weight_bytes()).is_none() {
+            if fits(tp.into(), model.encoder_weight_bytes()).is_none() {
                 return Err(v.err(
                     "deployment.aggregated_tp",
                     format!(
@@ -1211,7 +1216,7 @@ impl Scenario {
             let tp = [1u32, 2, 4, 8, 16, 32]
                 .into_iter()
                 .filter(|tp| *tp <= gpus)
-                .find(|&tp| fits(tp, model.encoder_weight_bytes()).is_some())
+                .find(|&tp| fits(tp.into(), model.encoder_weight_bytes()).is_some())
                 .ok_or_else(|| {
                     v.err(
                         "deployment.system",
@@ -1230,7 +1235,7 @@ impl Scenario {
             let tp = [1u32, 2, 4, 8, 16]
                 .into_iter()
                 .filter(|tp| *tp <= e_gpus)
-                .find(|&tp| fits(tp, model.encoder_weight_bytes()).is_some())
+                .find(|&tp| fits(tp.into(), model.encoder_weight_bytes()).is_some())
                 .ok_or_else(|| {
                     v.err(
                         "deployment.offload",
@@ -1312,7 +1317,7 @@ fn cluster_section(
     v: &V<'_>,
     dir: &Path,
 ) -> Result<(ModelArch, GpuSpec, u32), ScenarioError> {
-    let model = preset_or_file(
+    let mut model = preset_or_file(
         v,
         dir,
         ("model", "model.preset", "model.file"),
@@ -1320,6 +1325,27 @@ fn cluster_section(
         ("model", ModelArch::preset, ModelArch::preset_names()),
         check_model,
     )?;
+    if let Some(r) = raw.model.moe_routing.as_deref() {
+        let names = easerve_model::MoeRouting::ALL.map(|r| r.name()).join(", ");
+        let routing = easerve_model::MoeRouting::from_name(r).ok_or_else(|| {
+            v.err(
+                "model.moe_routing",
+                format!("`{r}` is not a routing (allowed: {names})"),
+            )
+        })?;
+        match model.llm.moe.as_mut() {
+            Some(m) => m.routing = routing,
+            None => {
+                return Err(v.err(
+                    "model.moe_routing",
+                    format!(
+                        "{} is a dense model (no `llm.moe`): leave `moe_routing` out",
+                        model.name
+                    ),
+                ))
+            }
+        }
+    }
     let mut gpu = preset_or_file(
         v,
         dir,
@@ -2063,6 +2089,59 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
     Ok(())
 }
 
+/// GPUs of one node: one worker's `TP × EP` must stay within it. Every GPU
+/// system of the aiconfigurator data is an 8-GPU node (HGX H100/H200/B200,
+/// 8-GPU A100, L40S and RTX PRO 6000 servers) and its NCCL tables stop at 8
+/// GPUs; cross-node expert parallelism is not modelled.
+pub const NODE_GPUS: u32 = 8;
+
+/// Expert parallelism in an allocation: only an MoE model's prefill and
+/// decode workers take `EP > 1`; EP must divide the experts, and one worker's
+/// `TP × EP` GPUs must fit in a node ([`NODE_GPUS`]).
+fn check_expert_parallel(a: &Allocation, model: &ModelArch) -> Result<(), String> {
+    if a.encode.ep > 1 {
+        return Err(format!(
+            "encode workers take no expert parallelism (the encoder has no experts): use {}E(TP1)",
+            a.encode.workers
+        ));
+    }
+    for (stage, letter, pool) in [("prefill", 'P', a.prefill), ("decode", 'D', a.decode)] {
+        if pool.workers == 0 {
+            continue;
+        }
+        if pool.ep > 1 {
+            let Some(moe) = &model.llm.moe else {
+                return Err(format!(
+                    "{stage} at EP{}: {} is a dense model (no experts to split); use {}{letter}(TP{})",
+                    pool.ep, model.name, pool.workers, pool.tp
+                ));
+            };
+            if !moe.experts.is_multiple_of(pool.ep) {
+                let allowed: Vec<String> = (1..=moe.experts.min(NODE_GPUS))
+                    .filter(|e| moe.experts.is_multiple_of(*e))
+                    .map(|e| e.to_string())
+                    .collect();
+                return Err(format!(
+                    "{stage} at EP{}: EP must divide the {} experts of {} (allowed up to {NODE_GPUS}: {})",
+                    pool.ep,
+                    moe.experts,
+                    model.name,
+                    allowed.join(", ")
+                ));
+            }
+        }
+        if pool.ep > 1 && pool.gpus_per_worker() > NODE_GPUS {
+            return Err(format!(
+                "{stage} at TP{} × EP{} = {} GPUs spans more than one {NODE_GPUS}-GPU node (a worker's TP × EP must be at most {NODE_GPUS})",
+                pool.tp,
+                pool.ep,
+                pool.gpus_per_worker()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The MoE fields of a model file: experts, top-k and widths ≥ 1, top-k at
 /// most the experts, the dense leading layers fewer than the layers.
 fn check_moe(m: &easerve_model::MoeArch, layers: u32) -> Result<(), String> {
@@ -2347,14 +2426,26 @@ impl easerve_calib::StageCost for WithNote {
     ) -> easerve_calib::EncodeTime {
         self.0.encode(items, sm_share)
     }
-    fn prefill(&self, seq_lens: &[u64], tp: u32, sm_share: f64) -> f64 {
-        self.0.prefill(seq_lens, tp, sm_share)
+    fn prefill(&self, seq_lens: &[u64], par: easerve_model::Parallel, sm_share: f64) -> f64 {
+        self.0.prefill(seq_lens, par, sm_share)
     }
-    fn decode_step(&self, batch: u64, total_context_tokens: u64, tp: u32) -> f64 {
-        self.0.decode_step(batch, total_context_tokens, tp)
+    fn decode_step(
+        &self,
+        batch: u64,
+        total_context_tokens: u64,
+        par: easerve_model::Parallel,
+    ) -> f64 {
+        self.0.decode_step(batch, total_context_tokens, par)
     }
-    fn decode_steps(&self, batch: u64, context: u64, tp: u32, steps: u64, out: &mut Vec<f64>) {
-        self.0.decode_steps(batch, context, tp, steps, out)
+    fn decode_steps(
+        &self,
+        batch: u64,
+        context: u64,
+        par: easerve_model::Parallel,
+        steps: u64,
+        out: &mut Vec<f64>,
+    ) {
+        self.0.decode_steps(batch, context, par, steps, out)
     }
     fn transfer(&self, bytes: f64) -> f64 {
         self.0.transfer(bytes)
