@@ -317,3 +317,87 @@ fn commands_that_run_real_models_name_the_build_they_need() {
     let text = String::from_utf8_lossy(&help.stdout);
     assert!(text.contains("not in this build"), "{text}");
 }
+
+fn moe_video_with(edit: impl Fn(String) -> String) -> tempfile::NamedTempFile {
+    let base = std::fs::read_to_string(root().join("scenarios/moe-video.toml")).unwrap();
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(edit(base).as_bytes()).unwrap();
+    f
+}
+
+/// Expert parallelism is checked against the model and the node: an EP that
+/// does not divide the experts, a TP × EP over an 8-GPU node, EP on a dense
+/// model or on encode workers, an unknown routing, a routing on a dense model.
+#[test]
+fn expert_parallel_layouts_that_cannot_run() {
+    let f = moe_video_with(|s| s.to_string());
+    rejects(
+        f.path(),
+        &["--allocation", "2E(TP1)+1P(TP1,EP3)+1D(TP2)"],
+        &["EP3", "divide the 128 experts", "1, 2, 4, 8"],
+    );
+    let big = moe_video_with(|s| s.replace("gpus = 8", "gpus = 19"));
+    rejects(
+        big.path(),
+        &["--allocation", "2E(TP1)+1P(TP1)+1D(TP4,EP4)"],
+        &["TP4 × EP4 = 16 GPUs", "8-GPU node"],
+    );
+    rejects(
+        f.path(),
+        &["--allocation", "2E(TP1,EP2)+1P(TP1)+1D(TP2)"],
+        &["encode workers take no expert parallelism"],
+    );
+    let dense = video_with(|s| s.to_string());
+    rejects(
+        dense.path(),
+        &["--allocation", "2E(TP1)+1P(TP2)+1D(TP2,EP2)"],
+        &["decode at EP2", "dense model"],
+    );
+    let f = moe_video_with(|s| s.replace("moe_routing = \"balanced\"", "moe_routing = \"zipf\""));
+    rejects(
+        f.path(),
+        &[],
+        &[
+            "model.moe_routing",
+            "balanced, power_law_1.01, power_law_1.2",
+        ],
+    );
+    let f = video_with(|s| s.replace("[model]", "[model]\nmoe_routing = \"balanced\""));
+    rejects(f.path(), &[], &["model.moe_routing", "dense model"]);
+}
+
+/// A custom MoE model whose top-k exceeds its experts, or with a zero width.
+#[test]
+fn custom_moe_model_with_bad_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = |moe: &str| {
+        format!(
+            "name = \"my-moe\"\n[llm]\nlayers = 4\nhidden = 256\nheads = 4\nkv_heads = 2\nhead_dim = 64\nffn = 512\nvocab = 1000\ndtype_bytes = 2\n[llm.moe]\n{moe}\n"
+        )
+    };
+    for (moe, needles) in [
+        (
+            "experts = 4\ntop_k = 8\nexpert_ffn = 128\nrouter = 4",
+            &["llm.moe.top_k", "≤ `llm.moe.experts`"][..],
+        ),
+        (
+            "experts = 4\ntop_k = 2\nexpert_ffn = 0\nrouter = 4",
+            &["llm.moe.expert_ffn", "≥ 1"][..],
+        ),
+        (
+            "experts = 4\ntop_k = 2\nexpert_ffn = 128\nrouter = 4\nfirst_dense_layers = 4",
+            &["llm.moe.first_dense_layers", "< `llm.layers`"][..],
+        ),
+    ] {
+        std::fs::write(dir.path().join("m.toml"), model(moe)).unwrap();
+        let sc = dir.path().join("s.toml");
+        std::fs::write(
+            &sc,
+            "[model]\nfile = \"m.toml\"\n[cluster]\ngpu = \"h100-sxm\"\ngpus = 2\n\
+             [deployment]\nallocation = \"1P(TP1)+1D(TP1)\"\nbatch = 1\noffload = 1.0\n\
+             [workload]\nrequests = 10\nrate = 1.0\nmodality = \"text\"\ninput_len = 100\noutput_len = 10\n",
+        )
+        .unwrap();
+        rejects(&sc, &[], needles);
+    }
+}

@@ -467,3 +467,46 @@ fn bench_sh_measures_the_deployment_with_the_scenarios_requests() {
         .iter()
         .all(|s| s.images.len() == 1 && shapes.contains(&s.images[0])));
 }
+
+/// An MoE deployment with expert parallelism: each engine gets its EP flags
+/// (vLLM data-parallel attention with expert parallelism, SGLang DP attention
+/// with `--ep-size`), the Dynamo workers ask for `TP × EP` GPUs, and the
+/// emitted scenario keeps the allocation.
+#[test]
+fn an_expert_parallel_deployment_writes_each_engines_ep_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = deploy(
+        &root().join("scenarios/moe-video.toml"),
+        dir.path(),
+        &["--deployment", "2E(TP1)+1P(TP1,EP2)+1D(TP2,EP2) B=4 s=1"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vllm_d = read(&dir.path().join("vllm/D0.sh"));
+    for flag in [
+        "--tensor-parallel-size 2",
+        "--data-parallel-size 2",
+        "--enable-expert-parallel",
+        "TP2,EP2",
+    ] {
+        assert!(vllm_d.contains(flag), "vllm/D0.sh lacks {flag}:\n{vllm_d}");
+    }
+    assert!(read(&dir.path().join("vllm/P0.sh")).contains("--data-parallel-size 2"));
+    let sgl_d = read(&dir.path().join("sglang/D0.sh"));
+    for flag in [
+        "--tp-size 4",
+        "--ep-size 2",
+        "--enable-dp-attention",
+        "--dp-size 2",
+    ] {
+        assert!(sgl_d.contains(flag), "sglang/D0.sh lacks {flag}:\n{sgl_d}");
+    }
+    let dynamo = read(&dir.path().join("dynamo/deployment.yaml"));
+    assert!(dynamo.contains("nvidia.com/gpu: \"4\""), "{dynamo}");
+    assert!(dynamo.contains("--enable-expert-parallel"), "{dynamo}");
+    let sc = read(&dir.path().join("scenario.toml"));
+    assert!(sc.contains("2E(TP1)+1P(TP1,EP2)+1D(TP2,EP2)"), "{sc}");
+}

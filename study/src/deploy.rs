@@ -225,6 +225,9 @@ struct Instance {
     /// Its GPUs on that node.
     local_gpus: Vec<u32>,
     tp: u32,
+    /// Expert-parallel degree: data-parallel attention replicas over which
+    /// the experts are split (1 without EP).
+    ep: u32,
     /// HTTP port.
     port: u16,
 }
@@ -237,6 +240,39 @@ impl Instance {
 
     fn cuda_visible_devices(&self) -> String {
         join(&self.local_gpus, ",")
+    }
+
+    /// `TP2`, or `TP2,EP4` with expert parallelism.
+    fn layout(&self) -> String {
+        easerve_model::Parallel::new(self.tp, self.ep).to_string()
+    }
+
+    /// vLLM's parallelism flags: `--tensor-parallel-size t`, and with EP `e`
+    /// also `--data-parallel-size e --enable-expert-parallel` (e attention
+    /// replicas; vLLM then spreads the experts over all `t·e` ranks, each
+    /// expert whole, where the twin splits each expert over `t`: the same
+    /// GPUs, another split of the expert GEMMs when `t > 1`).
+    fn vllm_parallel_flags(&self) -> Vec<String> {
+        let mut f = vec![format!("--tensor-parallel-size {}", self.tp)];
+        if self.ep > 1 {
+            f.push(format!("--data-parallel-size {}", self.ep));
+            f.push("--enable-expert-parallel".into());
+        }
+        f
+    }
+
+    /// SGLang's parallelism flags: `--tp-size` over all the instance's GPUs,
+    /// and with EP `e` `--ep-size e --enable-dp-attention --dp-size e`
+    /// (attention at TP `t` in each of `e` replicas, each expert split over
+    /// `t·e / e = t` ranks: the twin's layout).
+    fn sglang_parallel_flags(&self) -> Vec<String> {
+        let mut f = vec![format!("--tp-size {}", self.tp * self.ep)];
+        if self.ep > 1 {
+            f.push(format!("--ep-size {}", self.ep));
+            f.push("--enable-dp-attention".into());
+            f.push(format!("--dp-size {}", self.ep));
+        }
+        f
     }
 }
 
@@ -280,6 +316,7 @@ fn instances(sc: &Scenario, gpus_per_node: u32) -> Result<[Vec<Instance>; 3], De
                 node,
                 local_gpus: w.gpus.iter().map(|g| g % gpus_per_node).collect(),
                 tp: w.tp,
+                ep: w.ep,
                 port: PORT_BASE[s] + i as u16,
             });
         }
@@ -671,10 +708,10 @@ fn vllm_files(
             let mut text = script_head(
                 sc,
                 &format!(
-                    "vLLM instance {}: {}, TP{} on GPU {} of node {} (cluster GPU {}), port {}.",
+                    "vLLM instance {}: {}, {} on GPU {} of node {} (cluster GPU {}), port {}.",
                     i.label,
                     roles[s],
-                    i.tp,
+                    i.layout(),
                     i.cuda_visible_devices(),
                     i.node,
                     join(&i.gpus, ","),
@@ -683,10 +720,8 @@ fn vllm_files(
                 &VLLM,
                 Some(model),
             );
-            let mut flags: Vec<String> = vec![
-                format!("--port {}", i.port),
-                format!("--tensor-parallel-size {}", i.tp),
-            ];
+            let mut flags: Vec<String> = vec![format!("--port {}", i.port)];
+            flags.extend(i.vllm_parallel_flags());
             let mut env = format!("CUDA_VISIBLE_DEVICES={}", i.cuda_visible_devices());
             match s {
                 0 => {
@@ -793,10 +828,10 @@ fn sglang_files(
             let mut text = script_head(
                 sc,
                 &format!(
-                    "SGLang instance {}: {}, TP{} on GPU {} of node {} (cluster GPU {}), port {}.",
+                    "SGLang instance {}: {}, {} on GPU {} of node {} (cluster GPU {}), port {}.",
                     i.label,
                     roles[s],
-                    i.tp,
+                    i.layout(),
                     i.cuda_visible_devices(),
                     i.node,
                     join(&i.gpus, ","),
@@ -810,9 +845,9 @@ fn sglang_files(
                 "--model-path \"$MODEL\"".into(),
                 "--host 0.0.0.0".into(),
                 format!("--port {}", i.port),
-                format!("--tp-size {}", i.tp),
-                format!("--base-gpu-id {}", i.local_gpus[0]),
             ];
+            flags.extend(i.sglang_parallel_flags());
+            flags.push(format!("--base-gpu-id {}", i.local_gpus[0]));
             match s {
                 0 => {
                     env = format!("env SGLANG_ENCODER_MAX_BATCH_SIZE={b} ");
@@ -958,13 +993,21 @@ fn dynamo_files(
         "--max-num-batched-tokens".into(),
         encoder_budget(sc).to_string(),
     ]);
-    let tp = |s: usize| inst[s].first().map_or(1, |i| i.tp);
-    component(&mut y, "encode", "worker", inst[0].len(), tp(0), &enc);
+    // GPUs of one worker, and its vLLM parallelism flags as separate args
+    let gpus = |s: usize| inst[s].first().map_or(1, |i| i.tp * i.ep);
+    let par_args = |s: usize| -> Vec<String> {
+        inst[s].first().map_or_else(Vec::new, |i| {
+            i.vllm_parallel_flags()
+                .iter()
+                .flat_map(|f| f.split(' ').map(str::to_string).collect::<Vec<_>>())
+                .collect()
+        })
+    };
+    component(&mut y, "encode", "worker", inst[0].len(), gpus(0), &enc);
     let mut pre = model_args("prefill");
+    pre.push("--route-to-encoder".into());
+    pre.extend(par_args(1));
     pre.extend([
-        "--route-to-encoder".into(),
-        "--tensor-parallel-size".into(),
-        tp(1).to_string(),
         "--max-num-seqs".into(),
         k.prefill_max_seqs.to_string(),
         "--max-num-batched-tokens".into(),
@@ -972,15 +1015,11 @@ fn dynamo_files(
         "--kv-transfer-config".into(),
         "{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}".into(),
     ]);
-    component(&mut y, "prefill", "prefill", inst[1].len(), tp(1), &pre);
+    component(&mut y, "prefill", "prefill", inst[1].len(), gpus(1), &pre);
     let mut dec = model_args("decode");
-    dec.extend([
-        "--tensor-parallel-size".into(),
-        tp(2).to_string(),
-        "--max-num-seqs".into(),
-        k.decode_max_batch.to_string(),
-    ]);
-    component(&mut y, "decode", "decode", inst[2].len(), tp(2), &dec);
+    dec.extend(par_args(2));
+    dec.extend(["--max-num-seqs".into(), k.decode_max_batch.to_string()]);
+    component(&mut y, "decode", "decode", inst[2].len(), gpus(2), &dec);
     w.write("dynamo/deployment.yaml", &y)?;
     Ok(())
 }
