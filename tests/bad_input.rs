@@ -401,3 +401,22 @@ fn custom_moe_model_with_bad_fields() {
         rejects(&sc, &[], needles);
     }
 }
+
+/// A dtype a GPU lacks, or one that is not a dtype.
+#[test]
+fn fp8_on_a_gpu_without_fp8_units_and_unknown_dtypes() {
+    let f = moe_video_with(|s| {
+        s.replace("h100-sxm", "a100-sxm4-80gb")
+            .replace("dtype = \"bfloat16\"\nkv", "dtype = \"fp8\"\nkv")
+    });
+    rejects(
+        f.path(),
+        &[],
+        &["model.dtype", "a100-sxm4-80gb has no FP8 units", "bfloat16"],
+    );
+    let f =
+        moe_video_with(|s| s.replace("kv_cache_dtype = \"bfloat16\"", "kv_cache_dtype = \"fp4\""));
+    rejects(f.path(), &[], &["model.kv_cache_dtype", "bfloat16, fp8"]);
+    let f = moe_video_with(|s| s.replace("dtype = \"bfloat16\"\nkv", "dtype = \"int4\"\nkv"));
+    rejects(f.path(), &[], &["model.dtype", "bfloat16, fp8, fp8_block"]);
+}

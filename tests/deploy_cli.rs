@@ -510,3 +510,31 @@ fn an_expert_parallel_deployment_writes_each_engines_ep_flags() {
     let sc = read(&dir.path().join("scenario.toml"));
     assert!(sc.contains("2E(TP1)+1P(TP1,EP2)+1D(TP2,EP2)"), "{sc}");
 }
+
+/// FP8 weights and KV cache: the prefill and decode instances get the
+/// engines' dtype flags, the encoders none.
+#[test]
+fn an_fp8_deployment_writes_the_engines_dtype_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let sc = dir.path().join("fp8.toml");
+    let text = read(&root().join("scenarios/moe-video.toml"))
+        .replace("dtype = \"bfloat16\"\nkv", "dtype = \"fp8\"\nkv")
+        .replace("kv_cache_dtype = \"bfloat16\"", "kv_cache_dtype = \"fp8\"");
+    assert!(text.contains("dtype = \"fp8\""));
+    std::fs::write(&sc, text).unwrap();
+    let out_dir = dir.path().join("out");
+    let out = deploy(&sc, &out_dir, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let d = read(&out_dir.join("vllm/D0.sh"));
+    assert!(
+        d.contains("--quantization fp8") && d.contains("--kv-cache-dtype fp8"),
+        "{d}"
+    );
+    assert!(!read(&out_dir.join("vllm/E0.sh")).contains("--quantization"));
+    let d = read(&out_dir.join("sglang/D0.sh"));
+    assert!(d.contains("--kv-cache-dtype fp8_e4m3"), "{d}");
+}

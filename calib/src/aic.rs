@@ -129,6 +129,14 @@ pub struct KernelTables {
     /// read as elements, as the custom all-reduce table's); `None` where the
     /// GPU has no NCCL table.
     pub nccl: Option<[Grid; 2]>,
+    /// FP8 activation quantization seconds over `(m, k)`: the dynamic scale
+    /// (`computescale_perf`, measured as dynamic minus static quant) and the
+    /// scaled quant (`scale_matrix_perf`); read for an FP8 GEMM dtype only.
+    pub quant: Option<[Grid; 2]>,
+    /// The GEMM dtype read (`bfloat16`, `fp8`).
+    pub gemm_dtype: String,
+    /// The attention tables' KV-cache dtype read.
+    pub kv_dtype: String,
     /// Points raised by the monotone envelope, per table (reported once).
     pub raised: BTreeMap<String, usize>,
 }
@@ -397,8 +405,9 @@ fn version_dir(dir: &Path) -> Result<(PathBuf, String), KernelError> {
     Ok((v, name))
 }
 
-/// The measured points as a dense monotone grid ([`Trie::densify`]) and how many
-/// grid points the envelope raised.
+/// The measured points as a dense monotone grid ([`Trie::densify`]), after
+/// dropping outliers ([`drop_outliers`]), and how many points were dropped
+/// plus how many grid points the envelope raised.
 fn trie(
     path: &Path,
     points: Vec<(Vec<f64>, f64)>,
@@ -407,10 +416,60 @@ fn trie(
     if points.is_empty() {
         return Err(err(path, format!("no rows for {what}")));
     }
+    let (points, dropped) = drop_outliers(points);
     Trie::new(points)
         .map(|t| t.densify())
+        .map(|(g, raised)| (g, raised + dropped))
         .ok_or_else(|| err(path, format!("{what}: a key is not finite and > 0")))
 }
+
+/// A measured kernel is an outlier when the next measured point along some
+/// axis — the same kernel with more work in one dimension and no less in
+/// any — took less than half as long ([`OUTLIER_RATIO`]): more work cannot
+/// take less time, so the point is a glitch of the measurement (e.g. H100
+/// fp8 GEMM `m 17, n 2048, k 768`: 56.6 µs where `k 1024` took 8 µs). Left in,
+/// the monotone envelope would raise every larger shape to it. Returns the
+/// points kept and how many were dropped.
+fn drop_outliers(points: Vec<(Vec<f64>, f64)>) -> (Vec<(Vec<f64>, f64)>, usize) {
+    let dims = points.first().map_or(0, |(k, _)| k.len());
+    // the sorted distinct values of every axis, and each point by its key
+    let mut axes: Vec<Vec<u64>> = vec![Vec::new(); dims];
+    let mut at: std::collections::HashMap<Vec<u64>, f64> =
+        std::collections::HashMap::with_capacity(points.len());
+    for (k, v) in &points {
+        let bits: Vec<u64> = k.iter().map(|x| x.to_bits()).collect();
+        for (a, b) in axes.iter_mut().zip(&bits) {
+            a.push(*b);
+        }
+        at.insert(bits, *v);
+    }
+    for a in &mut axes {
+        a.sort_by(|x, y| f64::from_bits(*x).total_cmp(&f64::from_bits(*y)));
+        a.dedup();
+    }
+    let before = points.len();
+    let kept: Vec<(Vec<f64>, f64)> = points
+        .into_iter()
+        .filter(|(k, v)| {
+            let bits: Vec<u64> = k.iter().map(|x| x.to_bits()).collect();
+            !(0..dims).any(|d| {
+                let i = axes[d].partition_point(|x| f64::from_bits(*x) <= k[d]);
+                axes[d].get(i).is_some_and(|next| {
+                    let mut nb = bits.clone();
+                    nb[d] = *next;
+                    at.get(&nb).is_some_and(|w| *w * OUTLIER_RATIO < *v)
+                })
+            })
+        })
+        .collect();
+    let dropped = before - kept.len();
+    (kept, dropped)
+}
+
+/// How much faster a point with more work must be for the smaller one to
+/// count as an outlier ([`drop_outliers`]): 2×, well above the few-percent
+/// run-to-run noise of the tables' repeated measurements.
+pub const OUTLIER_RATIO: f64 = 2.0;
 
 /// The most frequent value of `col` among `rows` passing `keep`.
 fn most_common(t: &Table, col: &str, keep: impl Fn(usize) -> bool) -> String {
@@ -438,6 +497,23 @@ impl KernelTables {
     /// needed column or with a latency that is not finite and > 0, or a dtype the
     /// GEMM table lacks: the error names the file and what is allowed.
     pub fn load(dir: &Path, system: &str, dtype: &str) -> Result<KernelTables, KernelError> {
+        KernelTables::load_with(dir, system, dtype, "bfloat16")
+    }
+
+    /// [`KernelTables::load`] with the attention tables' rows of KV-cache dtype
+    /// `kv_dtype` (`bfloat16` or `fp8`), and, for an FP8 GEMM dtype, the FP8
+    /// activation-quantization tables (`quantize/`: `computescale_perf`,
+    /// `scale_matrix_perf`).
+    ///
+    /// # Errors
+    /// As [`KernelTables::load`]; also a KV dtype the attention tables lack, or
+    /// an FP8 GEMM dtype on a GPU without quantize tables.
+    pub fn load_with(
+        dir: &Path,
+        system: &str,
+        dtype: &str,
+        kv_dtype: &str,
+    ) -> Result<KernelTables, KernelError> {
         let known: Vec<&str> = AIC_GPUS.iter().map(|(_, s)| *s).collect();
         let data = dir.join("data").join(system);
         if !data.is_dir() {
@@ -499,7 +575,7 @@ impl KernelTables {
             let t = Table::read(adir.join(file))?;
             let windowed = t.has("window_size");
             let plain = |i: usize| {
-                t.text(i, "kv_cache_dtype").is_ok_and(|d| d == "bfloat16")
+                t.text(i, "kv_cache_dtype").is_ok_and(|d| d == kv_dtype)
                     && (!windowed || t.num(i, "window_size").is_ok_and(|w| w == 0.0))
             };
             let source = most_common(&t, "kernel_source", plain);
@@ -524,7 +600,20 @@ impl KernelTables {
             }
             prov.versions
                 .insert(name.into(), format!("{} {aver}", t.first_text("framework")));
-            prov.kernel_sources.insert(name.into(), source);
+            prov.kernel_sources.insert(
+                name.into(),
+                if kv_dtype == "bfloat16" {
+                    source
+                } else {
+                    format!("{source}, {kv_dtype} KV cache")
+                },
+            );
+            if pts.is_empty() {
+                return Err(err(
+                    &t.path,
+                    format!("no rows with a `{kv_dtype}` KV cache (kv_cache_dtype)"),
+                ));
+            }
             let (g, r) = trie(&t.path, pts, name)?;
             raised.insert(name.into(), r);
             Ok(g)
@@ -594,6 +683,44 @@ impl KernelTables {
         let (allreduce_eager, r2) = trie(&ct.path, eager, "all-reduce (vllm_eager)")?;
         raised.insert("allreduce".into(), r1 + r2);
 
+        // FP8 activation quantization (for FP8 GEMMs): dynamic scale + scaled quant
+        // (per-tensor FP8 only: the block-scaled path quantizes per token
+        // group inside its GEMM's timing)
+        let quant = if dtype == "fp8" {
+            let qdir = data.join("quantize").join("vllm");
+            if !qdir.is_dir() {
+                return Err(err(
+                    &qdir,
+                    format!("missing: `{system}` has no FP8 quantize tables (no FP8 units); use bfloat16"),
+                ));
+            }
+            let (qdir, qver) = version_dir(&qdir)?;
+            let mut grids = Vec::with_capacity(2);
+            for file in ["computescale_perf.parquet", "scale_matrix_perf.parquet"] {
+                let t = Table::read(qdir.join(file))?;
+                let mut pts = Vec::new();
+                for i in 0..t.len() {
+                    if t.text(i, "quant_dtype")? == "fp8" {
+                        pts.push((vec![t.num(i, "m")?, t.num(i, "k")?], t.latency_s(i)?));
+                    }
+                }
+                let (g, r) = trie(&t.path, pts, "FP8 quantize")?;
+                *raised.entry("quantize".into()).or_default() += r;
+                grids.push(g);
+            }
+            prov.versions
+                .insert("quantize".into(), format!("VLLM {qver}"));
+            prov.kernel_sources.insert(
+                "quantize".into(),
+                "dynamic per-token scale + static scaled FP8 quant".into(),
+            );
+            let scale_matrix = grids.pop();
+            let compute_scale = grids.pop();
+            compute_scale.zip(scale_matrix).map(|(a, b)| [a, b])
+        } else {
+            None
+        };
+
         // NCCL collectives (optional): all-gather and reduce-scatter, 16-bit
         let ndir = data.join("comm").join("nccl");
         let nccl = if ndir.is_dir() {
@@ -626,6 +753,9 @@ impl KernelTables {
 
         Ok(KernelTables {
             nccl,
+            quant,
+            gemm_dtype: dtype.to_string(),
+            kv_dtype: kv_dtype.to_string(),
             provenance: prov,
             system: system_spec,
             gemm,

@@ -130,7 +130,11 @@ impl Rows {
 pub struct KernelCost {
     model: ModelArch,
     gpu: GpuSpec,
+    /// The encoder's tables (BF16).
     tables: Arc<KernelTables>,
+    /// The LLM stages' tables: the LLM's GEMM and KV-cache dtypes (the same
+    /// tables for a BF16 model).
+    llm_tables: Arc<KernelTables>,
     proxy: Option<Proxy>,
     terms: EncodeTerms,
     eff: Efficiency,
@@ -205,6 +209,7 @@ impl KernelCost {
         let mut c = KernelCost {
             model,
             gpu,
+            llm_tables: tables.clone(),
             tables,
             proxy,
             terms,
@@ -227,6 +232,14 @@ impl KernelCost {
     /// The tables in use.
     pub fn tables(&self) -> &KernelTables {
         &self.tables
+    }
+
+    /// Price the LLM stages (prefill, decode) from these tables: the LLM's own
+    /// GEMM and KV-cache dtypes, e.g. FP8.
+    pub fn with_llm_tables(mut self, llm: Arc<KernelTables>) -> KernelCost {
+        self.llm_tables = llm;
+        self.interference = self.derive_interference();
+        self
     }
 
     /// Price MoE layers from this fused-MoE table where it measured their shape.
@@ -295,7 +308,7 @@ impl KernelCost {
         else {
             return (0.0, false);
         };
-        let t = &*self.tables;
+        let t = &*self.llm_tables;
         let ep = moe_ep.max(1) as usize;
         let block = moe_block_rows(tokens, experts);
         let loads = routing.expert_loads(tokens, top_k, experts);
@@ -345,7 +358,11 @@ impl KernelCost {
 
     /// Seconds of `op` at `share` of the SMs, and whether a lookup extrapolated.
     fn price(&self, op: &Op, share: f64, phase: Phase) -> (f64, bool) {
-        let t = &*self.tables;
+        // the encoder runs in BF16; the LLM stages at the LLM's dtypes
+        let t = match phase {
+            Phase::Encode => &*self.tables,
+            Phase::Prefill | Phase::Decode => &*self.llm_tables,
+        };
         let sms = f64::from(self.gpu.sms.max(1));
         let share = if share.is_finite() {
             share.clamp(MIN_SM_SHARE, 1.0)
@@ -361,7 +378,16 @@ impl KernelCost {
         };
         let (raw, ext, ctas, count) = match *op {
             Op::Gemm { m, n, k, count, .. } => {
-                let (v, e) = look(&t.gemm, &[m as f64, n as f64, k as f64]);
+                let (mut v, mut e) = look(&t.gemm, &[m as f64, n as f64, k as f64]);
+                // an FP8 GEMM first quantizes its [m, k] input: dynamic
+                // scale, then the scaled cast (vLLM's dynamic FP8 path)
+                if let Some([scale, cast]) = &t.quant {
+                    for g in [scale, cast] {
+                        let (q, qe) = look(g, &[m as f64, k as f64]);
+                        v += q;
+                        e |= qe;
+                    }
+                }
                 let ctas = m.div_ceil(GEMM_TILE) * n.div_ceil(GEMM_TILE);
                 (v, e, Some(ctas), count)
             }
@@ -664,6 +690,21 @@ impl KernelCost {
             .as_ref()
             .map(|p| format!(" via the {} proxy ({})", p.from, p.why))
             .unwrap_or_default();
+        let l = &self.llm_tables;
+        let dtypes = if (l.gemm_dtype.as_str(), l.kv_dtype.as_str()) == ("bfloat16", "bfloat16") {
+            String::new()
+        } else {
+            format!(
+                "; {} GEMMs{}, {} KV cache",
+                l.gemm_dtype,
+                if l.quant.is_some() {
+                    " after FP8 activation quantization (quantize tables)"
+                } else {
+                    ""
+                },
+                l.kv_dtype
+            )
+        };
         let mut lines = vec![
             format!(
                 "encode: GPU phase from {k}{proxy}, SM share by output tiles/waves over {} SMs; {}",
@@ -671,11 +712,11 @@ impl KernelCost {
                 self.terms.note()
             ),
             format!(
-                "prefill: measured kernels ({}){proxy} + {} s per batch (assumption, calib/src/eff.rs)",
+                "prefill: measured kernels ({}{dtypes}){proxy} + {} s per batch (assumption, calib/src/eff.rs)",
                 self.tables.provenance.system, self.eff.prefill_batch_s
             ),
             format!(
-                "decode: measured kernels ({}, CUDA-graph all-reduce){proxy} + {} s per step (assumption, calib/src/eff.rs)",
+                "decode: measured kernels ({}{dtypes}, CUDA-graph all-reduce){proxy} + {} s per step (assumption, calib/src/eff.rs)",
                 self.tables.provenance.system, self.eff.decode_step_s
             ),
             format!(
@@ -869,20 +910,44 @@ pub fn load_cached(
     dir: &std::path::Path,
     system: &str,
     dtype: &str,
+    kv_dtype: &str,
 ) -> Result<Arc<KernelTables>, crate::aic::KernelError> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<KernelTables>>>> = OnceLock::new();
-    let key = (dir.to_path_buf(), system.to_string(), dtype.to_string());
+    let key = (
+        dir.to_path_buf(),
+        system.to_string(),
+        format!("{dtype}/{kv_dtype}"),
+    );
     let cache = CACHE.get_or_init(Default::default);
     if let Some(t) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(t);
     }
-    let t = Arc::new(KernelTables::load(dir, system, dtype)?);
+    let t = Arc::new(KernelTables::load_with(dir, system, dtype, kv_dtype)?);
     if let Ok(mut c) = cache.lock() {
         c.insert(key, t.clone());
     }
     Ok(t)
+}
+
+/// The aiconfigurator dtypes of `model`'s LLM stages, `(GEMM and MoE, KV
+/// cache)`: `dtype` (the LLM's weight format: `bfloat16`, `fp8` per-tensor,
+/// `fp8_block` 128x128 block-scaled; `fp8` when `dtype` is `bfloat16` but the
+/// model's weights take one byte), and `fp8` where the KV cache
+/// ([`easerve_model::LlmArch::kv_bytes`]) takes one byte, else `bfloat16`.
+pub fn llm_dtypes<'a>(model: &ModelArch, dtype: &'a str) -> (&'a str, &'static str) {
+    let gemm = if model.llm.dtype_bytes == 1 && dtype == "bfloat16" {
+        "fp8"
+    } else {
+        dtype
+    };
+    let kv = if model.llm.kv_bytes() == 1 {
+        "fp8"
+    } else {
+        "bfloat16"
+    };
+    (gemm, kv)
 }
 
 /// [`MoeTables::load`], read once per process for each `(dir, system, dtype)`.
@@ -909,7 +974,7 @@ pub fn load_moe_cached(
 impl KernelCost {
     /// The measured-kernel cost of `model` on the GPU preset `gpu` as the serving
     /// `system` (`easerve`, `passthrough`, `aggregated`) runs it: the GPU's own tables
-    /// from the aiconfigurator folder `dir` (GEMMs of `dtype`), or — for the RTX 6000
+    /// from the aiconfigurator folder `dir` (the encoder's GEMMs BF16, the LLM's of `dtype` with the model's KV-cache dtype, [`llm_dtypes`]), or — for the RTX 6000
     /// Ada when `allow_proxy` — the L40S's ([`kernel_source_for`]); framework terms of
     /// the system ([`FrameworkTerms::for_system`]); the measured preprocessing of the
     /// implementation the system runs, scaled by `host_scale`; per-step terms and the
@@ -933,12 +998,17 @@ impl KernelCost {
         if proxy.is_some() && !allow_proxy {
             return Ok(None);
         }
-        let tables = load_cached(dir, sys, dtype)?;
+        let tables = load_cached(dir, sys, "bfloat16", "bfloat16")?;
         let eff = Efficiency::default();
         let terms = EncodeTerms::for_system(model, system, eff.encode_pass_s, host_scale);
-        let cost = KernelCost::new(model.clone(), gpu.clone(), tables, proxy, terms, eff);
+        let mut cost = KernelCost::new(model.clone(), gpu.clone(), tables, proxy, terms, eff);
+        // the LLM's weights and KV cache may be FP8 while the encoder stays BF16
+        let (gemm, kv) = llm_dtypes(model, dtype);
+        if (gemm, kv) != ("bfloat16", "bfloat16") {
+            cost = cost.with_llm_tables(load_cached(dir, sys, gemm, kv)?);
+        }
         Ok(Some(match model.llm.moe {
-            Some(_) => cost.with_moe(load_moe_cached(dir, sys, dtype)?),
+            Some(_) => cost.with_moe(load_moe_cached(dir, sys, gemm)?),
             None => cost,
         }))
     }
@@ -1132,5 +1202,70 @@ mod tests {
             !notes.contains("were not in the fused-MoE table"),
             "{notes}"
         );
+    }
+
+    /// FP8 weights and KV cache: the LLM's GEMMs from the fp8 rows plus the
+    /// activation-quantization kernels, attention from the fp8-KV rows; a
+    /// decode step (bandwidth-bound: half the weight and KV bytes) is faster,
+    /// the encoder unchanged, and the notes say so.
+    #[test]
+    fn fp8_llm_is_priced_from_the_fp8_rows_and_the_encoder_stays_bf16() {
+        let Some(bf16) = cost("qwen3-vl-32b", "h100-sxm", "easerve") else {
+            return;
+        };
+        let dir = data().unwrap();
+        let mut m = ModelArch::preset("qwen3-vl-32b").unwrap();
+        m.llm.dtype_bytes = 1;
+        m.llm.kv_dtype_bytes = Some(1);
+        let g = GpuSpec::preset("h100-sxm").unwrap();
+        let fp8 = KernelCost::from_data(&dir, &m, &g, "easerve", "bfloat16", 1.0, true)
+            .unwrap()
+            .unwrap();
+        let d = |c: &KernelCost| c.decode_step(32, 32 * 4000, 2.into()) - c.eff.decode_step_s;
+        let p = |c: &KernelCost| c.prefill(&[8192], 2.into(), 1.0) - c.eff.prefill_batch_s;
+        let (d16, d8, p16, p8) = (d(&bf16), d(&fp8), p(&bf16), p(&fp8));
+        println!("Qwen3-VL-32B at TP2 on H100: decode step (32 x 4000) BF16 {d16:.4} s, FP8 {d8:.4} s; prefill 8192 BF16 {p16:.4} s, FP8 {p8:.4} s");
+        assert!(d8 < 0.8 * d16, "{d8} vs {d16}");
+        assert!(p8 < p16, "{p8} vs {p16}");
+        let item = m.image_tokens(448, 448).unwrap();
+        assert_eq!(bf16.encode(&[item], 1.0), fp8.encode(&[item], 1.0));
+        let notes = fp8.notes().join("\n");
+        assert!(
+            notes.contains("fp8 GEMMs after FP8 activation quantization"),
+            "{notes}"
+        );
+        assert!(notes.contains("fp8 KV cache"), "{notes}");
+        // block-scaled FP8 (the format of Qwen's FP8 checkpoints): the fused
+        // MoE layer of Qwen3-VL-30B-A3B from the fp8_block rows, faster than BF16
+        let mut moe = ModelArch::preset("qwen3-vl-30b-a3b").unwrap();
+        let b16 = KernelCost::from_data(&dir, &moe, &g, "easerve", "bfloat16", 1.0, true)
+            .unwrap()
+            .unwrap();
+        moe.llm.dtype_bytes = 1;
+        let blk = KernelCost::from_data(&dir, &moe, &g, "easerve", "fp8_block", 1.0, true)
+            .unwrap()
+            .unwrap();
+        let layer = moe
+            .decode_ops(32, 32_000, 2)
+            .into_iter()
+            .find(|o| matches!(o, Op::Moe { .. }))
+            .unwrap();
+        let (t16, t8) = (
+            b16.moe_measured(&layer).unwrap().0,
+            blk.moe_measured(&layer).unwrap().0,
+        );
+        println!(
+            "Qwen3-VL-30B-A3B MoE layer, 32 tokens, TP2: BF16 {:.1} us, FP8 block {:.1} us",
+            t16 * 1e6,
+            t8 * 1e6
+        );
+        assert!(t8 < t16);
+        assert!(blk.notes().join(" ").contains("fp8_block"));
+        // the A100 has no FP8 units: its tables say so
+        let a100 = GpuSpec::preset("a100-sxm4-80gb").unwrap();
+        let e = KernelCost::from_data(&dir, &m, &a100, "easerve", "bfloat16", 1.0, true)
+            .err()
+            .expect("no fp8 on the A100");
+        assert!(e.message.contains("bfloat16"), "{e}");
     }
 }

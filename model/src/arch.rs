@@ -118,8 +118,13 @@ pub struct LlmArch {
     pub ffn: u32,
     /// Vocabulary size (`vocab_size`).
     pub vocab: u32,
-    /// Bytes per weight / KV element (2 = BF16).
+    /// Bytes per weight / activation element (2 = BF16, 1 = FP8 weights with
+    /// FP8 activations, vLLM's `--quantization fp8`).
     pub dtype_bytes: u32,
+    /// Bytes per KV-cache element when it differs from `dtype_bytes` (1 = an
+    /// FP8 KV cache, vLLM's `--kv-cache-dtype fp8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_dtype_bytes: Option<u32>,
     /// The mixture-of-experts layers, `None` for a dense model (every layer's MLP
     /// is the gated `ffn`-wide one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -288,6 +293,11 @@ pub struct ModelArch {
 pub const TIED_EMBEDDING_MODELS: &[&str] = &["ultravox-v0.6-27b", "tiny-whisper-lm"];
 
 impl LlmArch {
+    /// Bytes per KV-cache element: `kv_dtype_bytes`, else `dtype_bytes`.
+    pub fn kv_bytes(&self) -> u32 {
+        self.kv_dtype_bytes.unwrap_or(self.dtype_bytes)
+    }
+
     /// Query width `heads * head_dim` (elements); differs from `hidden` for Gemma-3 (4096 vs 5376).
     pub fn q_width(&self) -> f64 {
         f64::from(self.heads) * f64::from(self.head_dim)
@@ -480,13 +490,14 @@ impl ModelArch {
             .map_or(0.0, |e| e.params() * f64::from(e.dtype_bytes))
     }
 
-    /// K and V for all layers, one token: `2 * layers * kv_heads * head_dim * dtype_bytes`.
+    /// K and V for all layers, one token: `2 * layers * kv_heads * head_dim *`
+    /// [`LlmArch::kv_bytes`].
     /// Yi-34B: 2*60*8*128*2 = 245760 bytes.
     ///
     /// Gemma-3's sliding-window layers (5 of 6, window 1024) are counted as full
     /// attention, as a cache manager without sliding-window support allocates them.
     pub fn kv_bytes_per_token(&self) -> f64 {
-        2.0 * f64::from(self.llm.layers) * self.llm.kv_width() * f64::from(self.llm.dtype_bytes)
+        2.0 * f64::from(self.llm.layers) * self.llm.kv_width() * f64::from(self.llm.kv_bytes())
     }
 
     /// Feature sets the encoder hands the LLM per multimodal token: the

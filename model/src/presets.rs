@@ -86,6 +86,7 @@ fn llava_v16_34b() -> ModelArch {
             ffn: 20480,
             vocab: 64064,
             dtype_bytes: BF16,
+            kv_dtype_bytes: None,
             moe: None,
         },
     }
@@ -135,6 +136,7 @@ fn qwen25_vl_32b() -> ModelArch {
             ffn: 27648,
             vocab: 152_064,
             dtype_bytes: BF16,
+            kv_dtype_bytes: None,
             moe: None,
         },
     }
@@ -180,6 +182,7 @@ fn ultravox_v06_27b() -> ModelArch {
             ffn: 21504,
             vocab: 262_208,
             dtype_bytes: BF16,
+            kv_dtype_bytes: None,
             moe: None,
         },
     }
@@ -243,6 +246,7 @@ fn qwen3_vl_8b() -> ModelArch {
             ffn: 12288,
             vocab: 151_936,
             dtype_bytes: BF16,
+            kv_dtype_bytes: None,
             moe: None,
         },
     }
@@ -264,6 +268,7 @@ fn qwen3_vl_32b() -> ModelArch {
             ffn: 25600,
             vocab: 151_936,
             dtype_bytes: BF16,
+            kv_dtype_bytes: None,
             moe: None,
         },
     }
@@ -288,6 +293,7 @@ fn qwen3_vl_30b_a3b() -> ModelArch {
             ffn: 6144,
             vocab: 151_936,
             dtype_bytes: BF16,
+            kv_dtype_bytes: None,
             moe: Some(qwen3_moe(768)),
         },
     }
@@ -311,6 +317,7 @@ fn qwen3_vl_235b_a22b() -> ModelArch {
             ffn: 12288,
             vocab: 151_936,
             dtype_bytes: BF16,
+            kv_dtype_bytes: None,
             moe: Some(qwen3_moe(1536)),
         },
     }
@@ -343,6 +350,7 @@ fn tiny_llm() -> LlmArch {
         ffn: 1024,
         vocab: 32000,
         dtype_bytes: BF16,
+        kv_dtype_bytes: None,
         moe: None,
     }
 }
@@ -452,6 +460,7 @@ fn cpu_llm() -> LlmArch {
         ffn: 768,
         vocab: 4096,
         dtype_bytes: F32,
+        kv_dtype_bytes: None,
         moe: None,
     }
 }

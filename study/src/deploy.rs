@@ -286,6 +286,23 @@ fn join<T: ToString>(xs: &[T], sep: &str) -> String {
     xs.iter().map(T::to_string).collect::<Vec<_>>().join(sep)
 }
 
+/// The LLM's dtype flags of a prefill or decode instance (vLLM and SGLang
+/// name them alike): `--quantization fp8` for per-tensor FP8 weights (the
+/// engine quantizes a BF16 checkpoint as it loads it; a block-scaled FP8
+/// checkpoint carries its own `quantization_config`, so it takes no flag),
+/// and `--kv-cache-dtype KV` (`fp8` for vLLM, `fp8_e4m3` for SGLang) for an
+/// FP8 KV cache.
+fn llm_dtype_flags(sc: &Scenario, kv: &str) -> Vec<String> {
+    let mut f = Vec::new();
+    if sc.llm_dtype() == "fp8" {
+        f.push("--quantization fp8".to_string());
+    }
+    if sc.model.llm.kv_bytes() == 1 {
+        f.push(format!("--kv-cache-dtype {kv}"));
+    }
+    f
+}
+
 /// Ports: encoders from 8100, prefill from 8200, decode from 8300, the
 /// front door (proxy, router, frontend) 8000.
 const FRONT_PORT: u16 = 8000;
@@ -722,6 +739,9 @@ fn vllm_files(
             );
             let mut flags: Vec<String> = vec![format!("--port {}", i.port)];
             flags.extend(i.vllm_parallel_flags());
+            if s > 0 {
+                flags.extend(llm_dtype_flags(sc, "fp8"));
+            }
             let mut env = format!("CUDA_VISIBLE_DEVICES={}", i.cuda_visible_devices());
             match s {
                 0 => {
@@ -848,6 +868,9 @@ fn sglang_files(
             ];
             flags.extend(i.sglang_parallel_flags());
             flags.push(format!("--base-gpu-id {}", i.local_gpus[0]));
+            if s > 0 {
+                flags.extend(llm_dtype_flags(sc, "fp8_e4m3"));
+            }
             match s {
                 0 => {
                     env = format!("env SGLANG_ENCODER_MAX_BATCH_SIZE={b} ");
@@ -1016,8 +1039,14 @@ fn dynamo_files(
         "{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_producer\"}".into(),
     ]);
     component(&mut y, "prefill", "prefill", inst[1].len(), gpus(1), &pre);
+    let dtype_args: Vec<String> = llm_dtype_flags(sc, "fp8")
+        .iter()
+        .flat_map(|f| f.split(' ').map(str::to_string).collect::<Vec<_>>())
+        .collect();
+    pre.extend(dtype_args.iter().cloned());
     let mut dec = model_args("decode");
     dec.extend(par_args(2));
+    dec.extend(dtype_args);
     dec.extend(["--max-num-seqs".into(), k.decode_max_batch.to_string()]);
     component(&mut y, "decode", "decode", inst[2].len(), gpus(2), &dec);
     w.write("dynamo/deployment.yaml", &y)?;

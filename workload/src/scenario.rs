@@ -92,7 +92,29 @@ pub struct ModelSection {
     /// `power_law_1.01` or `power_law_1.2` (the distributions aiconfigurator
     /// measured its MoE kernels with); default the model file's, else balanced.
     pub moe_routing: Option<String>,
+    /// The LLM's weights and activations in prefill and decode: `bfloat16` or
+    /// `fp8` (vLLM's and SGLang's `--quantization fp8`: FP8 weights, dynamic
+    /// FP8 activations); the encoder stays BF16. Default: the model's.
+    pub dtype: Option<String>,
+    /// The KV cache: `bfloat16` or `fp8` (`--kv-cache-dtype fp8`). Default:
+    /// the LLM's dtype.
+    pub kv_cache_dtype: Option<String>,
 }
+
+/// The LLM dtypes a scenario may name, with their bytes per element: BF16;
+/// FP8 with per-tensor scales (vLLM's `--quantization fp8`, ModelOpt FP8
+/// checkpoints); FP8 with 128x128 block scales (the format of Qwen's and
+/// DeepSeek's FP8 checkpoints). Each is priced from its own aiconfigurator
+/// rows (`gemm_dtype`, `moe_dtype`).
+pub const LLM_DTYPES: &[(&str, u32)] = &[("bfloat16", 2), ("fp8", 1), ("fp8_block", 1)];
+
+/// The KV-cache dtypes a scenario may name, with their bytes per element.
+pub const KV_DTYPES: &[(&str, u32)] = &[("bfloat16", 2), ("fp8", 1)];
+
+/// GPU presets without FP8 tensor cores (FP8 needs compute capability 8.9 or
+/// later: Ada, Hopper, Blackwell; the A100 is 8.0, and the aiconfigurator
+/// data has no FP8 GEMM or quantize rows for it), and the host CPU.
+pub const NO_FP8_GPUS: &[&str] = &["a100-sxm4-80gb", "cpu"];
 
 /// `cluster.link`: a preset name or the link's figures.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -770,6 +792,17 @@ impl Scenario {
             .unwrap_or(self.system.name())
     }
 
+    /// The LLM's weight dtype in aiconfigurator's names (`bfloat16`, `fp8`,
+    /// `fp8_block`): `model.dtype`, else `fp8` for a model file of 1-byte
+    /// weights, else `bfloat16`.
+    pub fn llm_dtype(&self) -> &str {
+        match self.raw.model.dtype.as_deref() {
+            Some(d) => d,
+            None if self.model.llm.dtype_bytes == 1 => "fp8",
+            None => "bfloat16",
+        }
+    }
+
     /// Whether the scenario asks for the roofline by name (`cluster.kernels =
     /// "roofline"` or `profile = "roofline"`).
     fn roofline_named(&self) -> bool {
@@ -792,7 +825,7 @@ impl Scenario {
             &self.model,
             &self.gpu,
             self.framework(),
-            "bfloat16",
+            self.llm_dtype(),
             self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
             true,
         )
@@ -1346,6 +1379,42 @@ fn cluster_section(
             }
         }
     }
+    let dtype_bytes = |field: &str, value: Option<&str>| -> Result<Option<u32>, ScenarioError> {
+        let Some(d) = value else { return Ok(None) };
+        let table = if field == "model.dtype" {
+            LLM_DTYPES
+        } else {
+            KV_DTYPES
+        };
+        table
+            .iter()
+            .find(|(n, _)| *n == d)
+            .map(|(_, b)| Some(*b))
+            .ok_or_else(|| {
+                v.err(
+                    field,
+                    format!(
+                        "`{d}` is not a dtype (allowed: {})",
+                        table.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            })
+    };
+    let w = dtype_bytes("model.dtype", raw.model.dtype.as_deref())?;
+    let kv = dtype_bytes("model.kv_cache_dtype", raw.model.kv_cache_dtype.as_deref())?;
+    if let Some(b) = w {
+        model.llm.dtype_bytes = b;
+    }
+    if let Some(b) = kv {
+        model.llm.kv_dtype_bytes = Some(b);
+    }
+    let fp8_field = if model.llm.dtype_bytes == 1 {
+        Some("model.dtype")
+    } else if model.llm.kv_bytes() == 1 {
+        Some("model.kv_cache_dtype")
+    } else {
+        None
+    };
     let mut gpu = preset_or_file(
         v,
         dir,
@@ -1390,6 +1459,17 @@ fn cluster_section(
         v.real("cluster.host_cpu_scale", x, 0.0, 1000.0, true)?;
     }
     let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
+    if let Some(field) = fp8_field {
+        if NO_FP8_GPUS.contains(&gpu.name.as_str()) {
+            return Err(v.err(
+                field,
+                format!(
+                    "{} has no FP8 units (FP8 needs compute capability 8.9+: Ada, Hopper, Blackwell); its kernel tables have bfloat16 only; use bfloat16",
+                    gpu.name
+                ),
+            ));
+        }
+    }
     Ok((model, gpu, gpus))
 }
 
