@@ -420,3 +420,10 @@ fn fp8_on_a_gpu_without_fp8_units_and_unknown_dtypes() {
     let f = moe_video_with(|s| s.replace("dtype = \"bfloat16\"\nkv", "dtype = \"int4\"\nkv"));
     rejects(f.path(), &[], &["model.dtype", "bfloat16, fp8, fp8_block"]);
 }
+
+/// Pan-and-scan applies to a SigLIP (Gemma 3) encoder only.
+#[test]
+fn pan_and_scan_on_a_model_without_siglip() {
+    let f = moe_video_with(|s| s.replace("[model]", "[model]\npan_and_scan = true"));
+    rejects(f.path(), &[], &["model.pan_and_scan", "not SigLIP"]);
+}

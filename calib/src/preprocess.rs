@@ -114,6 +114,10 @@ pub fn families(model: &ModelArch) -> Option<[&'static str; 3]> {
     Some(match model.encoder.as_ref()?.kind {
         EncoderKind::ClipAnyres { .. } => ["llava-next", "", ""],
         EncoderKind::QwenVit { .. } => ["qwen2.5-vl", "qwen2.5-vl-video", ""],
+        // Gemma 3's processor resizes to a fixed side and normalizes, as the
+        // LLaVA-NeXT one does per tile: its measured terms stand in (the notes
+        // name the family measured)
+        EncoderKind::Siglip { .. } => ["llava-next", "", ""],
         EncoderKind::Whisper { .. } => ["", "", "whisper"],
     })
 }
@@ -199,6 +203,11 @@ impl Preprocess {
                     self.image.per_item_s + self.image.per_megapixel_s * frame_px / 1e6
                 }
             }
+            // every crop is resized to image_size² and normalized
+            EncoderKind::Siglip { patch, .. } => {
+                let px = item.encoder_tokens as f64 * f64::from(*patch).powi(2);
+                self.image.per_item_s + self.image.per_megapixel_s * px / 1e6
+            }
             EncoderKind::Whisper {
                 window_s,
                 frames_per_window,
@@ -283,6 +292,9 @@ pub struct EncodeTerms {
     /// Multiplier on the measured preprocessing (`cluster.host_cpu_scale`: the
     /// deployment host's CPU time per item over the build machine's).
     pub host_scale: f64,
+    /// When another family's measured terms stand in for this model's
+    /// processor: which, and why (for the notes).
+    pub stand_in: Option<&'static str>,
 }
 
 impl EncodeTerms {
@@ -292,10 +304,17 @@ impl EncodeTerms {
     pub fn for_system(model: &ModelArch, system: &str, paper_pass_s: f64, host_scale: f64) -> Self {
         let framework = FrameworkTerms::for_system(system, paper_pass_s);
         let preprocess = measured(model, framework.preprocess).unwrap_or_default();
+        let stand_in = match model.encoder.as_ref().map(|e| &e.kind) {
+            Some(EncoderKind::Siglip { .. }) => Some(
+                "LLaVA-NeXT's measured image terms per megapixel stand in for Gemma 3's resize-and-normalize processor, not measured itself",
+            ),
+            _ => None,
+        };
         EncodeTerms {
             framework,
             preprocess,
             host_scale,
+            stand_in,
         }
     }
 
@@ -320,8 +339,9 @@ impl EncodeTerms {
                 self.framework.source
             );
         }
+        let stand_in = self.stand_in.map(|s| format!("; {s}")).unwrap_or_default();
         format!(
-            "framework: {}; preprocessing: {} (measured on {}, × {} host scale)",
+            "framework: {}; preprocessing: {} (measured on {}, × {} host scale){stand_in}",
             self.framework.source,
             self.framework.preprocess.as_str(),
             self.preprocess.host,

@@ -483,6 +483,20 @@ pub fn synthetic_item(model: &easerve_model::ModelArch, n: u64) -> ItemTokens {
                 attn_span: n.min(tile),
             }
         }
+        Some(EncoderKind::Siglip {
+            image_size,
+            patch,
+            pooled_side,
+            ..
+        }) => {
+            let side = u64::from(image_size / patch.max(&1)).max(1);
+            let per = (side * side) / u64::from(*pooled_side).pow(2).max(1);
+            ItemTokens {
+                encoder_tokens: n,
+                llm_tokens: (n / per.max(1)).max(1),
+                attn_span: n.min(side * side),
+            }
+        }
         Some(EncoderKind::QwenVit { spatial_merge, .. }) => {
             let m = u64::from(*spatial_merge).pow(2).max(1);
             ItemTokens {

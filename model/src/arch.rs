@@ -56,6 +56,22 @@ pub enum EncoderKind {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         video_bounds_per_clip: bool,
     },
+    /// SigLIP at a fixed resolution with average pooling (Gemma 3, image
+    /// only): each image (and each pan-and-scan crop) is resized to
+    /// `image_size`², encoded as `(image_size/patch)²` patches with full
+    /// attention, pooled to `pooled_side²` tokens and projected to the LLM.
+    Siglip {
+        /// Input side in pixels (`vision_config.image_size`, 896).
+        image_size: u32,
+        /// Patch side in pixels (`vision_config.patch_size`, 14).
+        patch: u32,
+        /// Tokens per side after pooling: `sqrt(mm_tokens_per_image)` (16).
+        pooled_side: u32,
+        /// Pan-and-scan crops of wide or tall images (HF
+        /// `Gemma3ImageProcessor` `do_pan_and_scan`; off by default there and in vLLM).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pan_and_scan: Option<PanAndScan>,
+    },
     /// Whisper encoder + Ultravox stacking projector (audio only).
     Whisper {
         /// Log-mel bins (`num_mel_bins`, 128 for large-v3 / large-v3-turbo).
@@ -67,6 +83,33 @@ pub enum EncoderKind {
         /// Ultravox `stack_factor` (8): frames stacked into one LLM token.
         stack: u32,
     },
+}
+
+/// Gemma 3's pan-and-scan: an image whose long side is at least `min_ratio`
+/// times its short side is also cut into 2 ..= `max_crops` crops along the
+/// long side, each at least `min_crop` pixels, every crop encoded like the
+/// whole image (HF `Gemma3ImageProcessor.pan_and_scan`; defaults
+/// `pan_and_scan_min_crop_size` 256, `pan_and_scan_max_num_crops` 4,
+/// `pan_and_scan_min_ratio_to_activate` 1.2).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PanAndScan {
+    /// Smallest crop side, pixels.
+    pub min_crop: u32,
+    /// Most crops.
+    pub max_crops: u32,
+    /// Aspect ratio from which crops are made.
+    pub min_ratio: f64,
+}
+
+impl Default for PanAndScan {
+    fn default() -> Self {
+        PanAndScan {
+            min_crop: 256,
+            max_crops: 4,
+            min_ratio: 1.2,
+        }
+    }
 }
 
 fn default_video_min_pixels() -> u64 {
@@ -290,7 +333,7 @@ pub struct ModelArch {
 ///
 /// [`LlmArch`] has no field for this (the API is fixed), so it is looked up by model
 /// name here, in one table. A custom model not named here is treated as untied.
-pub const TIED_EMBEDDING_MODELS: &[&str] = &["ultravox-v0.6-27b", "tiny-whisper-lm"];
+pub const TIED_EMBEDDING_MODELS: &[&str] = &["ultravox-v0.6-27b", "gemma-3-27b", "tiny-whisper-lm"];
 
 impl LlmArch {
     /// Bytes per KV-cache element: `kv_dtype_bytes`, else `dtype_bytes`.
@@ -424,6 +467,7 @@ impl EncoderArch {
                 temporal_patch,
                 ..
             } => 3.0 * f64::from(*temporal_patch) * f64::from(*patch).powi(2) * h,
+            EncoderKind::Siglip { patch, .. } => 3.0 * f64::from(*patch).powi(2) * h,
             EncoderKind::Whisper { mel_bins, .. } => 3.0 * f64::from(*mel_bins) * h + 3.0 * h * h,
         }
     }

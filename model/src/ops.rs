@@ -328,6 +328,8 @@ pub fn projector_shapes(m: &ModelArch, e: &EncoderArch) -> (u64, u64, u64, u64) 
             let k_in = h * u64::from(*spatial_merge).pow(2);
             (k_in, k_in, k_in, d_llm)
         }
+        // one linear layer (`mm_input_projection_weight`) after the pooling: no second GEMM
+        EncoderKind::Siglip { .. } => (h, d_llm, 0, 0),
         EncoderKind::Whisper { stack, .. } => {
             let stacked = u64::from(*stack) * h;
             let mid =
@@ -426,6 +428,22 @@ impl ModelArch {
                     }
                 }
             }
+            EncoderKind::Siglip {
+                patch, pooled_side, ..
+            } => {
+                let p = u64::from(*patch);
+                let span = items[0].attn_span.max(1);
+                ops.push(gemm("patch_embed", tokens, h, 3 * p * p, 1));
+                ops.push(attn(tokens / span, span, layers));
+                // average pooling of each crop's patches to pooled_side² tokens
+                let pooled = (tokens / span) * u64::from(*pooled_side).pow(2);
+                ops.push(Op::Memory {
+                    name: "avg_pool",
+                    bytes: (tokens + pooled) as f64 * h as f64 * f64::from(e.dtype_bytes),
+                    kernels: 1,
+                    count: 1,
+                });
+            }
             EncoderKind::Whisper { mel_bins, .. } => {
                 ops.push(gemm("conv1", 2 * tokens, h, 3 * u64::from(*mel_bins), 1));
                 ops.push(gemm("conv2", tokens, h, 3 * h, 1));
@@ -453,7 +471,9 @@ impl ModelArch {
             let mergers = self.embedding_sets();
             let (k_in, n_mid, k_mid, n_out) = projector_shapes(self, e);
             ops.push(gemm("projector_fc1", rows, n_mid, k_in, mergers));
-            ops.push(gemm("projector_fc2", rows, n_out, k_mid, mergers));
+            if k_mid > 0 {
+                ops.push(gemm("projector_fc2", rows, n_out, k_mid, mergers));
+            }
         }
         ops
     }
@@ -962,5 +982,47 @@ mod tests {
         // the LLM receives four feature sets per image token
         assert_eq!(a.embedding_bytes_per_token(), 4.0 * 2048.0 * 2.0);
         assert_eq!(a.allreduce_bytes_per_layer(1), 2048.0 * 2.0);
+    }
+
+    /// Gemma 3's SigLIP: one full-attention sequence of 4096 patches per image
+    /// or crop, average pooling, one projection GEMM over the 256 pooled
+    /// tokens; the GEMMs multiply-accumulate the stem, the blocks and the
+    /// projector.
+    #[test]
+    fn siglip_encodes_each_crop_and_projects_pooled_tokens() {
+        let a = m("gemma-3-27b");
+        let e = a.encoder.as_ref().unwrap();
+        let item = a.image_tokens(1080, 1920).unwrap();
+        let ops = a.encode_ops(&[item, item]);
+        assert!(ops.contains(&Op::Attention {
+            kind: AttnKind::Encoder,
+            batch: 2,
+            seq: 4096,
+            heads: 16,
+            kv_heads: 16,
+            head_dim: 72,
+            count: 27,
+        }));
+        assert!(ops.contains(&gemm("projector_fc1", 512, 5376, 1152, 1)));
+        assert!(!ops.iter().any(|o| matches!(
+            o,
+            Op::Gemm {
+                name: "projector_fc2",
+                ..
+            }
+        )));
+        assert!(ops.iter().any(|o| matches!(
+            o,
+            Op::Memory {
+                name: "avg_pool",
+                ..
+            }
+        )));
+        let n = 2.0 * 4096.0;
+        let want = f64::from(e.layers) * e.layer_params() * n
+            + e.stem_macs_per_token() * n
+            + 512.0 * e.projector_params as f64;
+        let got = gemm_macs(&ops);
+        assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
     }
 }

@@ -15,6 +15,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "qwen3-vl-32b",
     "qwen3-vl-30b-a3b",
     "qwen3-vl-235b-a22b",
+    "gemma-3-27b",
     "tiny-vit-lm",
     "tiny-qwenvl-lm",
     "tiny-whisper-lm",
@@ -37,6 +38,7 @@ pub fn hf_checkpoint(name: &str) -> Option<&'static str> {
         "qwen3-vl-32b" => "Qwen/Qwen3-VL-32B-Instruct",
         "qwen3-vl-30b-a3b" => "Qwen/Qwen3-VL-30B-A3B-Instruct",
         "qwen3-vl-235b-a22b" => "Qwen/Qwen3-VL-235B-A22B-Instruct",
+        "gemma-3-27b" => "google/gemma-3-27b-it",
         _ => return None,
     })
 }
@@ -173,18 +175,7 @@ fn ultravox_v06_27b() -> ModelArch {
             projector_params: 10240 * 4096 + 2048 * 5376,
             dtype_bytes: BF16,
         }),
-        llm: LlmArch {
-            layers: 62,
-            hidden: 5376,
-            heads: 32,
-            kv_heads: 16,
-            head_dim: 128,
-            ffn: 21504,
-            vocab: 262_208,
-            dtype_bytes: BF16,
-            kv_dtype_bytes: None,
-            moe: None,
-        },
+        llm: gemma3_27b_llm(),
     }
 }
 
@@ -320,6 +311,59 @@ fn qwen3_vl_235b_a22b() -> ModelArch {
             kv_dtype_bytes: None,
             moe: Some(qwen3_moe(1536)),
         },
+    }
+}
+
+/// Gemma-3-27B-it (`google/gemma-3-27b-it`).
+///
+/// * Vision (`vision_config`, `siglip_vision_model`): 27 layers, hidden 1152,
+///   16 heads, intermediate 4304, GELU MLP, `image_size` 896, `patch_size` 14
+///   (64x64 = 4096 patches), `vision_use_head: false`.
+/// * `mm_tokens_per_image` 256: the 64x64 patch map average-pooled 4x4 to 16x16;
+///   projector `mm_input_projection_weight` [1152, 5376] after a soft-embedding
+///   RMSNorm: 6,193,152 weights. Pan-and-scan is off (`do_pan_and_scan` defaults
+///   to false in HF and vLLM). The image's `<start_of_image>`/`<end_of_image>`
+///   text tokens are not counted.
+/// * LLM (`text_config`): 62 layers, hidden 5376, 32 heads, 16 KV heads,
+///   head_dim 128, intermediate 21504, vocab 262208, tied embeddings; 5 of 6
+///   layers use a 1024-token sliding window, counted as full attention (as
+///   [`ModelArch::kv_bytes_per_token`] says).
+fn gemma_3_27b() -> ModelArch {
+    ModelArch {
+        name: "gemma-3-27b".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::Siglip {
+                image_size: 896,
+                patch: 14,
+                pooled_side: 16,
+                pan_and_scan: None,
+            },
+            layers: 27,
+            hidden: 1152,
+            heads: 16,
+            ffn: 4304,
+            gated_mlp: false,
+            projector_params: 1152 * 5376,
+            dtype_bytes: BF16,
+        }),
+        llm: gemma3_27b_llm(),
+    }
+}
+
+/// The Gemma-3-27B LLM (`google/gemma-3-27b-it` `text_config`), shared by
+/// [`gemma_3_27b`] and Ultravox v0.6.
+fn gemma3_27b_llm() -> LlmArch {
+    LlmArch {
+        layers: 62,
+        hidden: 5376,
+        heads: 32,
+        kv_heads: 16,
+        head_dim: 128,
+        ffn: 21504,
+        vocab: 262_208,
+        dtype_bytes: BF16,
+        kv_dtype_bytes: None,
+        moe: None,
     }
 }
 
@@ -571,6 +615,7 @@ impl ModelArch {
             "qwen3-vl-32b" => qwen3_vl_32b(),
             "qwen3-vl-30b-a3b" => qwen3_vl_30b_a3b(),
             "qwen3-vl-235b-a22b" => qwen3_vl_235b_a22b(),
+            "gemma-3-27b" => gemma_3_27b(),
             _ => return None,
         })
     }

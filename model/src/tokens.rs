@@ -111,6 +111,28 @@ pub fn smart_resize(
     Ok((hb as u64, wb as u64))
 }
 
+/// Crops Gemma 3's pan-and-scan adds to an image of `height x width` (the
+/// whole image is encoded besides): along the long side
+/// `clamp(min(⌊long/short + 0.5⌋, ⌊long/min_crop⌋), 2, max_crops)` crops, none
+/// when the aspect ratio is below `min_ratio` or a crop would be narrower
+/// than `min_crop` (HF `Gemma3ImageProcessor.pan_and_scan`).
+pub fn pan_and_scan_crops(height: u32, width: u32, p: &crate::PanAndScan) -> u64 {
+    let (long, short) = (height.max(width), height.min(width).max(1));
+    let (l, sh) = (f64::from(long), f64::from(short));
+    if l / sh < p.min_ratio {
+        return 0;
+    }
+    let n = ((l / sh + 0.5).floor() as u32)
+        .min(long / p.min_crop.max(1))
+        .max(2)
+        .min(p.max_crops);
+    let crop = long.div_ceil(n.max(1));
+    if crop.min(short) < p.min_crop {
+        return 0;
+    }
+    u64::from(n)
+}
+
 /// Qwen3-VL's video `smart_resize` (HF `Qwen3VLVideoProcessor`): each frame
 /// resized to `(h', w')`, multiples of `factor`, such that the clip's pixels
 /// `t'·h'·w'` (`t'` = frames rounded up to whole temporal patches) stay within
@@ -210,6 +232,20 @@ impl ModelArch {
                 let factor = patch * spatial_merge;
                 let (h, w) = smart_resize(height, width, factor, *min_pixels, *max_pixels)?;
                 Ok(qwen_tokens(1, h, w, *patch, *spatial_merge))
+            }
+            EncoderKind::Siglip {
+                image_size,
+                patch,
+                pooled_side,
+                pan_and_scan,
+            } => {
+                let crops = 1 + pan_and_scan.map_or(0, |p| pan_and_scan_crops(height, width, &p));
+                let side = u64::from(image_size / patch.max(&1));
+                Ok(ItemTokens {
+                    encoder_tokens: crops * side * side,
+                    llm_tokens: crops * u64::from(*pooled_side).pow(2),
+                    attn_span: side * side,
+                })
             }
             EncoderKind::Whisper { .. } => Err(self.unsupported("image")),
         }
@@ -497,6 +533,42 @@ mod tests {
             let t = m.video_tokens(f, h, w).unwrap();
             assert_eq!((t.encoder_tokens, t.llm_tokens), (enc, llm), "{f}x{h}x{w}");
         }
+        assert!(m.audio_tokens(1.0).is_err());
+    }
+
+    /// Gemma 3: 256 tokens per image whatever its size (SigLIP at 896 px,
+    /// 64x64 patches pooled 4x4), and with pan-and-scan one more image's worth
+    /// per crop, by the processor's rule (HF `Gemma3ImageProcessor.pan_and_scan`,
+    /// replayed in Python 3.11: 1800x600 -> 3 crops, 900x800 -> none below ratio
+    /// 1.2, 1000x200 -> crops 200 px high, below 256 -> none).
+    #[test]
+    fn gemma3_images_are_256_tokens_and_pan_and_scan_adds_crops() {
+        let mut m = ModelArch::preset("gemma-3-27b").unwrap();
+        for (h, w) in [(224, 224), (1080, 1920), (4000, 100)] {
+            let t = m.image_tokens(h, w).unwrap();
+            assert_eq!(
+                (t.encoder_tokens, t.llm_tokens, t.attn_span),
+                (4096, 256, 4096)
+            );
+        }
+        let p = crate::PanAndScan::default();
+        assert_eq!(pan_and_scan_crops(600, 1800, &p), 3);
+        assert_eq!(pan_and_scan_crops(1800, 600, &p), 3);
+        assert_eq!(pan_and_scan_crops(800, 900, &p), 0);
+        assert_eq!(pan_and_scan_crops(300, 1000, &p), 3);
+        assert_eq!(pan_and_scan_crops(200, 1000, &p), 0);
+        assert_eq!(pan_and_scan_crops(1000, 5000, &p), 4);
+        assert_eq!(pan_and_scan_crops(600, 1000, &p), 2);
+        if let Some(crate::EncoderArch {
+            kind: EncoderKind::Siglip { pan_and_scan, .. },
+            ..
+        }) = m.encoder.as_mut()
+        {
+            *pan_and_scan = Some(p);
+        }
+        let t = m.image_tokens(600, 1800).unwrap();
+        assert_eq!((t.encoder_tokens, t.llm_tokens), (4 * 4096, 4 * 256));
+        assert!(m.video_tokens(8, 448, 448).is_err());
         assert!(m.audio_tokens(1.0).is_err());
     }
 }

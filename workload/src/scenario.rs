@@ -99,6 +99,9 @@ pub struct ModelSection {
     /// The KV cache: `bfloat16` or `fp8` (`--kv-cache-dtype fp8`). Default:
     /// the LLM's dtype.
     pub kv_cache_dtype: Option<String>,
+    /// Gemma 3's pan-and-scan crops (`do_pan_and_scan`, with HF's default
+    /// crop rule), for a SigLIP encoder only. Default: the model's (off).
+    pub pan_and_scan: Option<bool>,
 }
 
 /// The LLM dtypes a scenario may name, with their bytes per element: BF16;
@@ -1400,6 +1403,22 @@ fn cluster_section(
                 )
             })
     };
+    if let Some(on) = raw.model.pan_and_scan {
+        match model.encoder.as_mut().map(|e| &mut e.kind) {
+            Some(easerve_model::EncoderKind::Siglip { pan_and_scan, .. }) => {
+                *pan_and_scan = on.then(easerve_model::PanAndScan::default);
+            }
+            _ => {
+                return Err(v.err(
+                    "model.pan_and_scan",
+                    format!(
+                        "{}'s encoder is not SigLIP (Gemma 3): pan-and-scan does not apply; leave it out",
+                        model.name
+                    ),
+                ))
+            }
+        }
+    }
     let w = dtype_bytes("model.dtype", raw.model.dtype.as_deref())?;
     let kv = dtype_bytes("model.kv_cache_dtype", raw.model.kv_cache_dtype.as_deref())?;
     if let Some(b) = w {
@@ -2442,6 +2461,32 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
                 ("QwenVit.fullatt_every", u64::from(*fullatt_every)),
                 ("QwenVit.max_pixels", *max_pixels),
                 ("QwenVit.video_max_pixels", *video_max_pixels),
+            ]
+        }
+        EncoderKind::Siglip {
+            image_size,
+            patch,
+            pooled_side,
+            pan_and_scan,
+        } => {
+            if image_size < patch {
+                return Err("field `encoder.kind.Siglip.image_size` must be ≥ `patch`".into());
+            }
+            if pooled_side > &(image_size / patch.max(&1)) {
+                return Err("field `encoder.kind.Siglip.pooled_side` must be at most `image_size / patch` (the patches per side)".into());
+            }
+            if let Some(p) = pan_and_scan {
+                if p.min_crop == 0
+                    || p.max_crops < 2
+                    || !(p.min_ratio.is_finite() && p.min_ratio >= 1.0)
+                {
+                    return Err("field `encoder.kind.Siglip.pan_and_scan` needs `min_crop` ≥ 1, `max_crops` ≥ 2 and `min_ratio` ≥ 1".into());
+                }
+            }
+            vec![
+                ("Siglip.image_size", u64::from(*image_size)),
+                ("Siglip.patch", u64::from(*patch)),
+                ("Siglip.pooled_side", u64::from(*pooled_side)),
             ]
         }
         EncoderKind::Whisper {

@@ -184,6 +184,11 @@ impl<B: Backend> MultimodalModel<B> {
                     );
                     encoders.qwen = Some(cfg.init(device));
                 }
+                EncoderKind::Siglip { .. } => {
+                    return Err(bad(
+                        "the SigLIP encoder family (Gemma 3) has no burn module yet: the simulator prices it, the executor cannot run it".into(),
+                    ));
+                }
                 EncoderKind::Whisper {
                     mel_bins,
                     frames_per_window,
