@@ -345,10 +345,16 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 let what = csv.display().to_string();
                 let summary = refine_encode(&mut p, &samples, tokens, &what)
                     .map_err(|e| BadInput(e.to_string()))?;
-                for (b, n, med, before, f) in &summary {
+                for (b, n, med, before, f) in &summary.per_batch {
                     sayln!(
                         "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
                         med, before, f
+                    );
+                }
+                if summary.raised > 0 {
+                    sayln!(
+                        "the factors made a larger batch faster than a smaller one: {} encode values raised to the smaller batch's (latency non-decreasing in batch)",
+                        summary.raised
                     );
                 }
             }
