@@ -72,7 +72,7 @@ fn err(file: &Path, message: impl Into<String>) -> KernelError {
 }
 
 /// Where the tables came from (into every report's notes and imported profiles).
-#[derive(Clone, Debug, PartialEq, Default)]
+#[derive(Clone, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct KernelProvenance {
     /// aiconfigurator system name (`h100_sxm`).
     pub system: String,
@@ -87,7 +87,7 @@ pub struct KernelProvenance {
 }
 
 /// The GPU's figures from `<gpu>.yaml` that the cost model uses.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SystemSpec {
     /// HBM bandwidth, bytes/s (`gpu.mem_bw`).
     pub mem_bw: f64,
@@ -105,7 +105,7 @@ pub struct SystemSpec {
 }
 
 /// Every measured table of one GPU, as tries of seconds per call.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct KernelTables {
     /// Where they came from.
     pub provenance: KernelProvenance,
@@ -792,7 +792,7 @@ impl KernelTables {
 
 /// One measured fused-MoE shape of `moe_perf.parquet` (all its keys but the
 /// token count and the dtype).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct MoeShape {
     /// `hidden_size`.
     pub hidden: u32,
@@ -812,7 +812,7 @@ pub struct MoeShape {
 
 /// The fused-MoE latencies of one GPU and dtype: per measured shape, seconds
 /// per layer over `num_tokens` (a monotone 1-D grid).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct MoeTables {
     /// The `moe_dtype` kept (`bfloat16`, `fp8`, `fp8_block`, ...).
     pub dtype: String,

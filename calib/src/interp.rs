@@ -19,7 +19,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A full grid of value columns over log-spaced axes.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Grid {
     /// Axis values, each strictly increasing and > 0.
     axes: Vec<Vec<f64>>,

@@ -905,7 +905,8 @@ pub fn kernel_source_for(gpu: &str) -> Option<(&'static str, Option<Proxy>)> {
 type CacheKey = (std::path::PathBuf, String, String);
 
 /// [`KernelTables::load`] once per process per `(dir, system, dtype)`: a search or
-/// sweep builds many scenarios on the same GPU.
+/// sweep builds many scenarios on the same GPU; across processes through the
+/// prepared-grid cache ([`crate::grid_cache`]).
 pub fn load_cached(
     dir: &std::path::Path,
     system: &str,
@@ -924,7 +925,10 @@ pub fn load_cached(
     if let Some(t) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(t);
     }
-    let t = Arc::new(KernelTables::load_with(dir, system, dtype, kv_dtype)?);
+    let cache_dir = crate::grid_cache::cache_dir();
+    let (t, _) =
+        crate::grid_cache::kernel_tables(cache_dir.as_deref(), dir, system, dtype, kv_dtype)?;
+    let t = Arc::new(t);
     if let Ok(mut c) = cache.lock() {
         c.insert(key, t.clone());
     }
@@ -950,7 +954,8 @@ pub fn llm_dtypes<'a>(model: &ModelArch, dtype: &'a str) -> (&'a str, &'static s
     (gemm, kv)
 }
 
-/// [`MoeTables::load`], read once per process for each `(dir, system, dtype)`.
+/// [`MoeTables::load`], read once per process for each `(dir, system, dtype)`,
+/// and across processes through the prepared-grid cache ([`crate::grid_cache`]).
 pub fn load_moe_cached(
     dir: &std::path::Path,
     system: &str,
@@ -964,7 +969,9 @@ pub fn load_moe_cached(
     if let Some(t) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
         return Ok(t);
     }
-    let t = Arc::new(MoeTables::load(dir, system, dtype)?);
+    let cache_dir = crate::grid_cache::cache_dir();
+    let (t, _) = crate::grid_cache::moe_tables(cache_dir.as_deref(), dir, system, dtype)?;
+    let t = Arc::new(t);
     if let Ok(mut c) = cache.lock() {
         c.insert(key, t.clone());
     }
