@@ -427,3 +427,52 @@ fn pan_and_scan_on_a_model_without_siglip() {
     let f = moe_video_with(|s| s.replace("[model]", "[model]\npan_and_scan = true"));
     rejects(f.path(), &[], &["model.pan_and_scan", "not SigLIP"]);
 }
+
+/// A custom tiled-ViT or Qwen3-Omni-audio encoder whose projector does not
+/// end at the LLM's width, whose `projector_params` disagree with its
+/// widths, or whose tiling is empty.
+#[test]
+fn custom_tiled_and_omni_encoders_with_bad_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = |encoder: &str| {
+        format!(
+            "name = \"my-vlm\"\n[encoder]\nlayers = 2\nhidden = 64\nheads = 4\nffn = 128\ngated_mlp = false\ndtype_bytes = 2\n{encoder}\n\
+             [llm]\nlayers = 2\nhidden = 256\nheads = 4\nkv_heads = 2\nhead_dim = 64\nffn = 512\nvocab = 1000\ndtype_bytes = 2\n"
+        )
+    };
+    let tiled = |projector: &str, params: u64, tiling: &str| {
+        format!(
+            "projector_params = {params}\n[encoder.kind.TiledVit]\nimage_size = 448\npatch = 14\npixel_shuffle = 2\nprojector = {projector}\ntiling = {tiling}\n"
+        )
+    };
+    let internvl = "{ InternVl = { min_tiles = 1, max_tiles = 12, thumbnail = true } }";
+    for (encoder, needles) in [
+        (
+            tiled("[256, 128]", 256 * 128, internvl),
+            &["model.file", "projector", "llm.hidden", "256"][..],
+        ),
+        (
+            tiled("[256, 256]", 1, internvl),
+            &["model.file", "encoder.projector_params", "65536"][..],
+        ),
+        (
+            tiled("[256, 256]", 65536, "{ Llama4 = { max_tiles = 0 } }"),
+            &["model.file", "TiledVit.tiling", "max_tiles"][..],
+        ),
+        (
+            "projector_params = 65536\n[encoder.kind.OmniAudio]\nmel_bins = 128\nchunk_frames = 0\nwindow_chunks = 8\nconv_channels = 32\nprojector = [256, 256]\n".to_string(),
+            &["model.file", "OmniAudio.chunk_frames", "≥ 1"][..],
+        ),
+    ] {
+        std::fs::write(dir.path().join("m.toml"), model(&encoder)).unwrap();
+        let sc = dir.path().join("s.toml");
+        std::fs::write(
+            &sc,
+            "[model]\nfile = \"m.toml\"\n[cluster]\ngpu = \"h100-sxm\"\ngpus = 3\n\
+             [deployment]\nallocation = \"1E(TP1)+1P(TP1)+1D(TP1)\"\nbatch = 1\noffload = 1.0\n\
+             [workload]\nrequests = 10\nrate = 1.0\nmodality = \"image\"\ninput_len = 100\noutput_len = 10\n",
+        )
+        .unwrap();
+        rejects(&sc, &[], needles);
+    }
+}

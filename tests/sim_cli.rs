@@ -608,3 +608,119 @@ fn sim_writes_the_decision_log_and_injects_faults() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--kill-worker `E9@1`"));
 }
+
+/// Every real-size model preset goes through `sim`, `search`, `capacity` and
+/// `deploy` on one node of 8x H200 (`2E(TP1)+1P(TP2)+1D(TP4)`, its own
+/// modality's workload), and the report's notes name the cost source of
+/// encode, prefill and decode. Qwen3-VL-235B-A22B runs with FP8 weights
+/// (470 GB in BF16 do not fit two H200s).
+#[test]
+fn every_real_size_preset_runs_in_sim_search_capacity_and_deploy() {
+    let dir = tempfile::tempdir().unwrap();
+    let names: Vec<&str> = easerve_model::presets::PRESET_NAMES
+        .iter()
+        .copied()
+        .filter(|n| easerve_model::hf_checkpoint(n).is_some())
+        .collect();
+    assert!(names.len() >= 11, "{names:?}");
+    for name in names {
+        let m = easerve_model::ModelArch::preset(name).unwrap();
+        let base = if m.audio_tokens(10.0).is_ok() {
+            "omni-audio"
+        } else if m.video_tokens(8, 448, 448).is_ok() {
+            "moe-video"
+        } else {
+            "internvl-image"
+        };
+        let mut text = std::fs::read_to_string(scenario(base))
+            .unwrap()
+            .lines()
+            .filter(|l| {
+                ![
+                    "preset =",
+                    "gpu =",
+                    "gpus =",
+                    "allocation =",
+                    "dtype =",
+                    "moe_routing =",
+                ]
+                .iter()
+                .any(|k| l.starts_with(k))
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let dtype = if name == "qwen3-vl-235b-a22b" {
+            "\ndtype = \"fp8\""
+        } else {
+            ""
+        };
+        text = text
+            .replace("[model]", &format!("[model]\npreset = \"{name}\"{dtype}"))
+            .replace("[cluster]", "[cluster]\ngpu = \"h200-sxm\"\ngpus = 8")
+            .replace(
+                "[deployment]",
+                "[deployment]\nallocation = \"2E(TP1)+1P(TP2)+1D(TP4)\"",
+            );
+        let sc = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&sc, &text).unwrap();
+        let s = sc.to_str().unwrap();
+        let v = sim_json(&sc, &["--requests", "30"]);
+        assert_eq!(num(&v, "/completed"), 30.0, "{name}");
+        let notes: Vec<&str> = v["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|n| n.as_str())
+            .collect();
+        for stage in ["encode:", "prefill:", "decode:"] {
+            assert!(
+                notes.iter().any(|n| n.starts_with(stage)),
+                "{name}: no `{stage}` cost source among {notes:?}"
+            );
+        }
+        for args in [
+            vec!["search", s, "--budget", "2", "--requests", "30"],
+            vec![
+                "capacity",
+                s,
+                "--slo",
+                "loose",
+                "--requests",
+                "30",
+                "--tolerance",
+                "0.2",
+            ],
+        ] {
+            let out = easerve(&args);
+            assert!(
+                out.status.success(),
+                "{name}: easerve {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let emit = dir.path().join(format!("{name}-deploy"));
+        let out = easerve(&[
+            "deploy",
+            s,
+            "--requests",
+            "30",
+            "--emit",
+            emit.to_str().unwrap(),
+        ]);
+        assert!(
+            out.status.success(),
+            "{name}: deploy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let d0 = std::fs::read_to_string(emit.join("vllm/D0.sh")).unwrap();
+        assert!(
+            d0.contains(easerve_model::hf_checkpoint(name).unwrap()),
+            "{name}: {d0}"
+        );
+        assert_eq!(
+            d0.contains("--trust-remote-code"),
+            m.needs_remote_code(),
+            "{name}"
+        );
+    }
+}

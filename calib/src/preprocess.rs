@@ -118,6 +118,11 @@ pub fn families(model: &ModelArch) -> Option<[&'static str; 3]> {
         // LLaVA-NeXT one does per tile: its measured terms stand in (the notes
         // name the family measured)
         EncoderKind::Siglip { .. } => ["llava-next", "", ""],
+        // InternVL and Llama 4 resize and normalize fixed-size tiles, as
+        // LLaVA-NeXT does; InternVL's video frames are such tiles too
+        EncoderKind::TiledVit { .. } => ["llava-next", "llava-next", ""],
+        // the Qwen3-Omni processor runs Whisper's feature extractor (128 bins)
+        EncoderKind::OmniAudio { .. } => ["", "", "whisper"],
         EncoderKind::Whisper { .. } => ["", "", "whisper"],
     })
 }
@@ -207,6 +212,24 @@ impl Preprocess {
             EncoderKind::Siglip { patch, .. } => {
                 let px = item.encoder_tokens as f64 * f64::from(*patch).powi(2);
                 self.image.per_item_s + self.image.per_megapixel_s * px / 1e6
+            }
+            // every tile (or frame) is resized and normalized: its pixels
+            EncoderKind::TiledVit { patch, .. } => {
+                let px = item.encoder_tokens as f64 * f64::from(*patch).powi(2);
+                self.image.per_item_s + self.image.per_megapixel_s * px / 1e6
+            }
+            EncoderKind::OmniAudio { chunk_frames, .. } => {
+                // tokens per whole chunk of `chunk_frames` 10-ms frames
+                let per_chunk = easerve_model::tokens::omni_audio_tokens(
+                    u64::from(*chunk_frames),
+                    *chunk_frames,
+                )
+                .max(1) as f64;
+                let secs = item.llm_tokens as f64 / per_chunk
+                    * f64::from(*chunk_frames)
+                    * easerve_model::tokens::OMNI_MEL_HOP as f64
+                    / easerve_model::tokens::OMNI_MEL_SAMPLE_RATE as f64;
+                self.audio.per_item_s + self.audio.per_audio_second_s * secs
             }
             EncoderKind::Whisper {
                 window_s,
@@ -307,6 +330,12 @@ impl EncodeTerms {
         let stand_in = match model.encoder.as_ref().map(|e| &e.kind) {
             Some(EncoderKind::Siglip { .. }) => Some(
                 "LLaVA-NeXT's measured image terms per megapixel stand in for Gemma 3's resize-and-normalize processor, not measured itself",
+            ),
+            Some(EncoderKind::TiledVit { .. }) => Some(
+                "LLaVA-NeXT's measured image terms per megapixel of tiles stand in for the InternVL / Llama 4 tiling processor, not measured itself",
+            ),
+            Some(EncoderKind::OmniAudio { .. }) => Some(
+                "Whisper's measured feature-extraction terms per second of audio stand in for the Qwen3-Omni processor (the same extractor at 128 bins), not measured itself",
             ),
             _ => None,
         };

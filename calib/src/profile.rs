@@ -467,7 +467,10 @@ impl Default for GridSpec {
 /// to time encode grid points from the roofline:
 /// * CLIP anyres: tiles of `(image_size/patch)^2 + 1` tokens, span one tile;
 /// * Qwen ViT: one image, span = all its tokens, `n / merge^2` LLM tokens;
-/// * Whisper: 30 s windows of `frames_per_window` frames, `n / stack` LLM tokens.
+/// * Whisper: 30 s windows of `frames_per_window` frames, `n / stack` LLM tokens;
+/// * tiled ViT: tiles of `(image_size/patch)^2 + 1` tokens, a quarter (pixel
+///   shuffle 2) of the patches as LLM tokens;
+/// * Qwen3-Omni audio: one token per LLM token, windows of 104.
 pub fn synthetic_item(model: &easerve_model::ModelArch, n: u64) -> ItemTokens {
     use easerve_model::EncoderKind;
     let n = n.max(1);
@@ -495,6 +498,34 @@ pub fn synthetic_item(model: &easerve_model::ModelArch, n: u64) -> ItemTokens {
                 encoder_tokens: n,
                 llm_tokens: (n / per.max(1)).max(1),
                 attn_span: n.min(side * side),
+            }
+        }
+        Some(EncoderKind::TiledVit {
+            image_size,
+            patch,
+            pixel_shuffle,
+            ..
+        }) => {
+            let side = u64::from(image_size / patch.max(&1)).max(1);
+            let tile = side * side + 1;
+            let per = side * side / u64::from(*pixel_shuffle).pow(2).max(1);
+            ItemTokens {
+                encoder_tokens: n,
+                llm_tokens: (n * per / tile).max(1),
+                attn_span: n.min(tile),
+            }
+        }
+        Some(EncoderKind::OmniAudio {
+            chunk_frames,
+            window_chunks,
+            ..
+        }) => {
+            let per =
+                easerve_model::tokens::omni_audio_tokens(u64::from(*chunk_frames), *chunk_frames);
+            ItemTokens {
+                encoder_tokens: n,
+                llm_tokens: n,
+                attn_span: n.min(u64::from(*window_chunks) * per).max(1),
             }
         }
         Some(EncoderKind::QwenVit { spatial_merge, .. }) => {

@@ -215,19 +215,26 @@ mod tests {
     use crate::{Efficiency, GpuSpec, GridSpec, Roofline, StageCost};
     use easerve_model::{ItemTokens, ModelArch};
 
-    #[test]
-    fn refinement_moves_the_table_to_the_measured_passes() {
+    /// LLaVA-v1.6-34B's roofline profile on the RTX 6000 Ada, and an item of
+    /// 2048 encoder tokens.
+    fn roofline_profile() -> (Roofline, Profile, ItemTokens) {
         let r = Roofline::new(
             ModelArch::preset("llava-v1.6-34b").unwrap(),
             GpuSpec::preset("rtx-6000-ada").unwrap(),
             Efficiency::default(),
         );
-        let mut p = Profile::from_roofline(&r, &GridSpec::default(), "2025-01-02");
+        let p = Profile::from_roofline(&r, &GridSpec::default(), "2025-01-02");
         let item = ItemTokens {
             encoder_tokens: 2048,
             llm_tokens: 2048,
             attn_span: 577,
         };
+        (r, p, item)
+    }
+
+    #[test]
+    fn refinement_moves_the_table_to_the_measured_passes() {
+        let (r, mut p, item) = roofline_profile();
         let t1 = StageCost::encode(&p, &[item], 1.0).total();
         let t4 = StageCost::encode(&p, &[item; 4], 1.0).total();
         // measured: B=1 passes take 1.2x the table, B=4 passes 1.5x
@@ -272,17 +279,7 @@ mod tests {
 
     #[test]
     fn factors_that_make_a_larger_batch_faster_are_enveloped() {
-        let r = Roofline::new(
-            ModelArch::preset("llava-v1.6-34b").unwrap(),
-            GpuSpec::preset("rtx-6000-ada").unwrap(),
-            Efficiency::default(),
-        );
-        let mut p = Profile::from_roofline(&r, &GridSpec::default(), "2025-01-02");
-        let item = ItemTokens {
-            encoder_tokens: 2048,
-            llm_tokens: 2048,
-            attn_span: 577,
-        };
+        let (_, mut p, item) = roofline_profile();
         let t1 = StageCost::encode(&p, &[item], 1.0).total();
         let t2 = StageCost::encode(&p, &[item; 2], 1.0).total();
         // noisy passes: batch 2 measured faster than batch 1 (as on a shared CPU)

@@ -139,7 +139,11 @@ impl Plan {
                 }
             }
             // not runnable in the executor (model/src/nn has no module for it)
-            Some(EncoderKind::Siglip { .. }) => {}
+            Some(
+                EncoderKind::Siglip { .. }
+                | EncoderKind::TiledVit { .. }
+                | EncoderKind::OmniAudio { .. },
+            ) => {}
             Some(EncoderKind::Whisper { window_s, .. }) => {
                 for w in [1.0, 2.0, 4.0] {
                     push(MmItem::Audio {

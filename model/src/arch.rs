@@ -72,6 +72,48 @@ pub enum EncoderKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pan_and_scan: Option<PanAndScan>,
     },
+    /// Fixed-size tiles through a ViT with a class token, pixel shuffle and an
+    /// MLP projector (image; video as one tile per frame for InternVL): InternVL's
+    /// InternViT with dynamic 448-px tiles and a thumbnail, Llama 4's vision
+    /// encoder with up to 16 336-px tiles and a global tile. Each tile is a
+    /// sequence of `(image_size/patch)² + 1` tokens with full attention; the
+    /// class token is dropped, every `pixel_shuffle²` neighbouring patches are
+    /// folded into one token of `pixel_shuffle² · hidden` channels, and the
+    /// projector maps it to the LLM.
+    TiledVit {
+        /// Tile side in pixels (`vision_config.image_size`: 448 InternVL, 336 Llama 4).
+        image_size: u32,
+        /// Patch side in pixels (`vision_config.patch_size`, 14).
+        patch: u32,
+        /// Patches per side folded into one token: `1 / downsample_ratio`
+        /// (InternVL 0.5 -> 2) or `1 / pixel_shuffle_ratio` (Llama 4 0.5 -> 2).
+        pixel_shuffle: u32,
+        /// How an image is cut into tiles.
+        tiling: Tiling,
+        /// Widths of the projector's linear layers, input first
+        /// (InternVL3-38B `mlp1`: [12800, 5120, 5120]; Llama 4 vision adapter and
+        /// projector: [5632, 4096, 4096, 5120]); the last is the LLM's `hidden`.
+        projector: Vec<u32>,
+    },
+    /// The Qwen3-Omni audio encoder (audio only): 128-bin log-mel frames at
+    /// 100 per second (Whisper feature extractor), cut into chunks of
+    /// `chunk_frames`; three 3x3 stride-2 Conv2d layers of `conv_channels`
+    /// over (mel, time) and a linear layer to `hidden` per remaining time step
+    /// (13 per 100-frame chunk); transformer blocks with attention within
+    /// windows of `window_chunks` chunks; an MLP projector to the LLM.
+    OmniAudio {
+        /// Log-mel bins (`audio_config.num_mel_bins`, 128).
+        mel_bins: u32,
+        /// Mel frames per conv chunk (`2 · audio_config.n_window`, 100).
+        chunk_frames: u32,
+        /// Chunks per attention window (`n_window_infer / (2 · n_window)`, 800 / 100 = 8).
+        window_chunks: u32,
+        /// Conv2d channels (`audio_config.downsample_hidden_size`, 480).
+        conv_channels: u32,
+        /// Widths of the projector's linear layers, input first (`proj1`,
+        /// `proj2`: [1280, 1280, 2048]); the last is `audio_config.output_dim`.
+        projector: Vec<u32>,
+    },
     /// Whisper encoder + Ultravox stacking projector (audio only).
     Whisper {
         /// Log-mel bins (`num_mel_bins`, 128 for large-v3 / large-v3-turbo).
@@ -82,6 +124,36 @@ pub enum EncoderKind {
         frames_per_window: u32,
         /// Ultravox `stack_factor` (8): frames stacked into one LLM token.
         stack: u32,
+    },
+}
+
+/// How a [`EncoderKind::TiledVit`] cuts an image into tiles.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub enum Tiling {
+    /// InternVL's `dynamic_preprocess`: the grid of `cols x rows` tiles
+    /// (`min_tiles ≤ cols·rows ≤ max_tiles`) whose aspect ratio is closest to
+    /// the image's (on a tie the larger grid when the image covers more than
+    /// half its pixels), plus a thumbnail tile of the whole image when
+    /// `thumbnail` and there is more than one tile (`min_dynamic_patch`,
+    /// `max_dynamic_patch`, `use_thumbnail`).
+    InternVl {
+        /// Fewest tiles (`min_dynamic_patch`, 1).
+        min_tiles: u32,
+        /// Most tiles (`max_dynamic_patch`, 12).
+        max_tiles: u32,
+        /// Whether a thumbnail tile is added (`use_thumbnail`).
+        thumbnail: bool,
+    },
+    /// Llama 4's `get_best_fit`: the canvas of `rows x cols` tiles
+    /// (`rows·cols ≤ max_tiles`) that needs the smallest upscale of the image
+    /// (or, when every canvas needs a downscale, the smallest downscale), the
+    /// smallest such canvas on a tie; a global tile of the whole image is
+    /// added when there is more than one tile (`Llama4ImageProcessorFast`
+    /// `max_patches` 16, `resize_to_max_canvas` false).
+    Llama4 {
+        /// Most tiles (`max_patches`, 16).
+        max_tiles: u32,
     },
 }
 
@@ -384,12 +456,18 @@ impl LlmArch {
     /// Qwen3-VL-30B-A3B: 48 * (attention 2*2048*4096 + 2*2048*512 + router
     /// 2048*128 + 128 experts * 3*2048*768) = 29.91e9.
     pub fn body_params(&self) -> f64 {
+        self.params_with_routed(|m| f64::from(m.experts))
+    }
+
+    /// Decoder-layer parameters with `routed(moe)` routed experts counted per
+    /// MoE layer (all, the top k, the touched ones).
+    fn params_with_routed(&self, routed: impl Fn(&MoeArch) -> f64) -> f64 {
         let (dense, moe) = self.layer_split();
         let mut p = f64::from(self.layers) * self.attention_params()
             + f64::from(dense) * self.dense_mlp_params();
         if let Some(m) = &self.moe {
             p += f64::from(moe)
-                * (f64::from(m.experts) * m.expert_params(self.hidden)
+                * (routed(m) * m.expert_params(self.hidden)
                     + m.shared_params(self.hidden)
                     + m.router_params(self.hidden));
         }
@@ -401,16 +479,7 @@ impl LlmArch {
     /// experts and `top_k` routed experts (= [`LlmArch::body_params`] for a
     /// dense model). Qwen3-VL-30B-A3B: 48 * (attention + router + 8 experts) = 2.73e9.
     pub fn active_body_params(&self) -> f64 {
-        let (dense, moe) = self.layer_split();
-        let mut p = f64::from(self.layers) * self.attention_params()
-            + f64::from(dense) * self.dense_mlp_params();
-        if let Some(m) = &self.moe {
-            p += f64::from(moe)
-                * (f64::from(m.top_k.min(m.experts)) * m.expert_params(self.hidden)
-                    + m.shared_params(self.hidden)
-                    + m.router_params(self.hidden));
-        }
-        p
+        self.params_with_routed(|m| f64::from(m.top_k.min(m.experts)))
     }
 
     /// Weight parameters a pass over `tokens` tokens reads from HBM in all
@@ -418,22 +487,13 @@ impl LlmArch {
     /// tokens are routed to ([`MoeRouting::expert_loads`] of the model's
     /// routing: an expert with at least one token is read whole).
     pub fn streamed_body_params(&self, tokens: u64) -> f64 {
-        let (dense, moe) = self.layer_split();
-        let mut p = f64::from(self.layers) * self.attention_params()
-            + f64::from(dense) * self.dense_mlp_params();
-        if let Some(m) = &self.moe {
-            let touched = m
-                .routing
+        self.params_with_routed(|m| {
+            m.routing
                 .expert_loads(tokens, m.top_k, m.experts)
                 .iter()
                 .filter(|&&l| l > 0)
-                .count() as f64;
-            p += f64::from(moe)
-                * (touched * m.expert_params(self.hidden)
-                    + m.shared_params(self.hidden)
-                    + m.router_params(self.hidden));
-        }
-        p
+                .count() as f64
+        })
     }
 
     /// Parameters of one `vocab x hidden` matrix (the embedding table or the LM head).
@@ -467,7 +527,18 @@ impl EncoderArch {
                 temporal_patch,
                 ..
             } => 3.0 * f64::from(*temporal_patch) * f64::from(*patch).powi(2) * h,
-            EncoderKind::Siglip { patch, .. } => 3.0 * f64::from(*patch).powi(2) * h,
+            EncoderKind::Siglip { patch, .. } | EncoderKind::TiledVit { patch, .. } => {
+                3.0 * f64::from(*patch).powi(2) * h
+            }
+            EncoderKind::OmniAudio {
+                mel_bins,
+                conv_channels,
+                ..
+            } => {
+                let c = f64::from(*conv_channels);
+                let f3 = f64::from(omni_conv_out(omni_conv_out(omni_conv_out(*mel_bins))));
+                9.0 * c + 2.0 * 9.0 * c * c + c * f3 * h
+            }
             EncoderKind::Whisper { mel_bins, .. } => 3.0 * f64::from(*mel_bins) * h + 3.0 * h * h,
         }
     }
@@ -479,6 +550,26 @@ impl EncoderArch {
         match &self.kind {
             EncoderKind::Whisper { mel_bins, .. } => {
                 2.0 * 3.0 * f64::from(*mel_bins) * h + 3.0 * h * h
+            }
+            EncoderKind::OmniAudio {
+                mel_bins,
+                chunk_frames,
+                conv_channels,
+                ..
+            } => {
+                // per chunk: each conv's output positions x its kernel's MACs,
+                // then the linear layer per remaining time step; per token
+                let c = f64::from(*conv_channels);
+                let (f, t) = (*mel_bins, *chunk_frames);
+                let (f1, t1) = (omni_conv_out(f), omni_conv_out(t));
+                let (f2, t2) = (omni_conv_out(f1), omni_conv_out(t1));
+                let (f3, t3) = (omni_conv_out(f2), omni_conv_out(t2));
+                let pos = |a: u32, b: u32| f64::from(a) * f64::from(b);
+                let chunk = pos(f1, t1) * 9.0 * c
+                    + pos(f2, t2) * 9.0 * c * c
+                    + pos(f3, t3) * 9.0 * c * c
+                    + f64::from(t3) * c * f64::from(f3) * h;
+                chunk / f64::from(t3.max(1))
             }
             _ => self.stem_params(),
         }
@@ -492,7 +583,28 @@ impl EncoderArch {
     }
 }
 
+/// Output length of one 3x3, stride-2, padding-1 convolution over `n`
+/// positions: `⌈n/2⌉` (the Qwen3-Omni audio encoder's Conv2d layers; 0 for 0).
+pub fn omni_conv_out(n: u32) -> u32 {
+    n.div_ceil(2)
+}
+
 impl ModelArch {
+    /// Whether serving engines load this model's Hugging Face checkpoint
+    /// with its own modeling code (`--trust-remote-code` in vLLM and
+    /// SGLang): InternVL's checkpoints (`OpenGVLab/InternVL3-*`) declare
+    /// their config and model classes in `auto_map`; the other families are
+    /// in transformers.
+    pub fn needs_remote_code(&self) -> bool {
+        matches!(
+            self.encoder.as_ref().map(|e| &e.kind),
+            Some(EncoderKind::TiledVit {
+                tiling: Tiling::InternVl { .. },
+                ..
+            })
+        )
+    }
+
     /// Whether the LM head is tied to the embedding table (see [`TIED_EMBEDDING_MODELS`]).
     pub fn tied_embeddings(&self) -> bool {
         TIED_EMBEDDING_MODELS.contains(&self.name.as_str())

@@ -30,7 +30,9 @@ pub mod presets;
 pub mod tokens;
 pub mod work;
 
-pub use arch::{EncoderArch, EncoderKind, LlmArch, ModelArch, MoeArch, MoeRouting, PanAndScan};
+pub use arch::{
+    EncoderArch, EncoderKind, LlmArch, ModelArch, MoeArch, MoeRouting, PanAndScan, Tiling,
+};
 pub use ops::{AttnKind, CollectiveKind, Op, Parallel, PrefillShape};
 pub use presets::hf_checkpoint;
 pub use tokens::{QWEN_VIDEO_MAX_PIXELS, QWEN_VIDEO_MIN_PIXELS};

@@ -18,7 +18,7 @@
 //! * norms, activations, residual adds and RoPE are one [`Op::Memory`] per layer:
 //!   the activation bytes of [`crate::work`]'s accounting, read and written once.
 
-use crate::arch::{EncoderArch, EncoderKind, ModelArch, MoeRouting};
+use crate::arch::{omni_conv_out, EncoderArch, EncoderKind, ModelArch, MoeRouting};
 use crate::ItemTokens;
 
 /// Which attention kernel an [`Op::Attention`] is.
@@ -330,6 +330,11 @@ pub fn projector_shapes(m: &ModelArch, e: &EncoderArch) -> (u64, u64, u64, u64) 
         }
         // one linear layer (`mm_input_projection_weight`) after the pooling: no second GEMM
         EncoderKind::Siglip { .. } => (h, d_llm, 0, 0),
+        // the first two layers of the chain ([`projector_gemms`] has them all)
+        EncoderKind::TiledVit { projector, .. } | EncoderKind::OmniAudio { projector, .. } => {
+            let w = |i: usize| projector.get(i).map_or(0, |&x| u64::from(x));
+            (w(0), w(1), w(1), w(2))
+        }
         EncoderKind::Whisper { stack, .. } => {
             let stacked = u64::from(*stack) * h;
             let mid =
@@ -339,6 +344,37 @@ pub fn projector_shapes(m: &ModelArch, e: &EncoderArch) -> (u64, u64, u64, u64) 
         }
     }
 }
+
+/// The projector's GEMMs `(k, n)` in order: [`projector_shapes`]' one or two
+/// for the older families, every consecutive pair of widths of the chain for
+/// [`EncoderKind::TiledVit`] and [`EncoderKind::OmniAudio`] (InternVL3-38B:
+/// 12800 -> 5120 -> 5120; Llama 4: 5632 -> 4096 -> 4096 -> 5120).
+pub fn projector_gemms(m: &ModelArch, e: &EncoderArch) -> Vec<(u64, u64)> {
+    match &e.kind {
+        EncoderKind::TiledVit { projector, .. } | EncoderKind::OmniAudio { projector, .. } => {
+            projector
+                .windows(2)
+                .map(|w| (u64::from(w[0]), u64::from(w[1])))
+                .collect()
+        }
+        _ => {
+            let (k_in, n_mid, k_mid, n_out) = projector_shapes(m, e);
+            let mut v = vec![(k_in, n_mid)];
+            if k_mid > 0 {
+                v.push((k_mid, n_out));
+            }
+            v
+        }
+    }
+}
+
+/// GEMM names of the projector's layers, in order.
+const PROJECTOR_NAMES: [&str; 4] = [
+    "projector_fc1",
+    "projector_fc2",
+    "projector_fc3",
+    "projector_fc4",
+];
 
 /// Sequences of one Qwen window layer over `item`: windows of up to
 /// `(window_px/patch)^2` patches within each attention span.
@@ -358,6 +394,12 @@ impl ModelArch {
     ///   slice (`attn_span` patches) and window blocks over windows of
     ///   `(window_px/patch)^2` patches; the stem is the 3-D patch conv
     ///   `[patches, 3*tp*p*p]`; the merger runs over `llm_tokens` rows.
+    /// * Tiled ViT (InternViT, Llama 4): each tile a sequence of `attn_span` tokens
+    ///   (patches + class token), the patch conv as a GEMM over the patches, the
+    ///   pixel shuffle as a copy, the projector chain over `llm_tokens` rows.
+    /// * Qwen3-Omni audio: the three Conv2d layers as im2col GEMMs per 100-frame
+    ///   chunk and the linear layer per time step, the blocks over windows of
+    ///   `attn_span` tokens, the projector chain over `llm_tokens` rows.
     /// * Whisper: conv1 (`mel -> hidden`, kernel 3) at twice the frame rate and conv2
     ///   (`hidden -> hidden`, kernel 3, stride 2) as GEMMs, then the blocks over
     ///   30-s windows of `attn_span` frames; the stacking projector over `llm_tokens` rows.
@@ -444,6 +486,51 @@ impl ModelArch {
                     count: 1,
                 });
             }
+            EncoderKind::TiledVit { patch, .. } => {
+                let p = u64::from(*patch);
+                let span = items[0].attn_span.max(1);
+                let tiles = tokens / span;
+                ops.push(gemm("patch_embed", tiles * (span - 1), h, 3 * p * p, 1));
+                ops.push(attn(tiles, span, layers));
+                // the class token dropped and the patches folded into
+                // pixel_shuffle² wider tokens: a copy of the features
+                ops.push(Op::Memory {
+                    name: "pixel_shuffle",
+                    bytes: 2.0 * (tiles * (span - 1)) as f64 * h as f64 * f64::from(e.dtype_bytes),
+                    kernels: 2,
+                    count: 1,
+                });
+            }
+            EncoderKind::OmniAudio {
+                mel_bins,
+                chunk_frames,
+                conv_channels,
+                ..
+            } => {
+                // three 3x3 stride-2 Conv2d layers over each (mel, time) chunk
+                // as GEMMs (im2col), then the linear layer per time step
+                let c = u64::from(*conv_channels);
+                let (f1, t1) = (omni_conv_out(*mel_bins), omni_conv_out(*chunk_frames));
+                let (f2, t2) = (omni_conv_out(f1), omni_conv_out(t1));
+                let (f3, t3) = (omni_conv_out(f2), omni_conv_out(t2));
+                let chunks = tokens.div_ceil(u64::from(t3.max(1)));
+                let pos = |f: u32, t: u32| chunks * u64::from(f) * u64::from(t);
+                ops.push(gemm("conv2d1", pos(f1, t1), c, 9, 1));
+                ops.push(gemm("conv2d2", pos(f2, t2), c, 9 * c, 1));
+                ops.push(gemm("conv2d3", pos(f3, t3), c, 9 * c, 1));
+                ops.push(gemm("conv_out", tokens, h, c * u64::from(f3), 1));
+                // each item's whole windows, then its shorter last window
+                for it in items {
+                    let span = it.attn_span.max(1);
+                    let (whole, rest) = (it.encoder_tokens / span, it.encoder_tokens % span);
+                    if whole > 0 {
+                        ops.push(attn(whole, span, layers));
+                    }
+                    if rest > 0 {
+                        ops.push(attn(1, rest, layers));
+                    }
+                }
+            }
             EncoderKind::Whisper { mel_bins, .. } => {
                 ops.push(gemm("conv1", 2 * tokens, h, 3 * u64::from(*mel_bins), 1));
                 ops.push(gemm("conv2", tokens, h, 3 * h, 1));
@@ -469,10 +556,9 @@ impl ModelArch {
         if rows > 0 {
             // the merger, and one merger of the same shape per deepstack tap
             let mergers = self.embedding_sets();
-            let (k_in, n_mid, k_mid, n_out) = projector_shapes(self, e);
-            ops.push(gemm("projector_fc1", rows, n_mid, k_in, mergers));
-            if k_mid > 0 {
-                ops.push(gemm("projector_fc2", rows, n_out, k_mid, mergers));
+            for (i, (k, n)) in projector_gemms(self, e).into_iter().enumerate() {
+                let name = PROJECTOR_NAMES[i.min(PROJECTOR_NAMES.len() - 1)];
+                ops.push(gemm(name, rows, n, k, mergers));
             }
         }
         ops
@@ -1024,5 +1110,84 @@ mod tests {
             + 512.0 * e.projector_params as f64;
         let got = gemm_macs(&ops);
         assert!((got - want).abs() < 1e-9 * want, "{got} vs {want}");
+    }
+
+    /// InternVL3-38B: 13 tiles of 1025 tokens for a 1024x768 image, each
+    /// attending within itself; the patch conv over the patches only; the
+    /// projector's two layers over the 3328 shuffled tokens.
+    #[test]
+    fn internvit_encodes_tiles_and_projects_shuffled_tokens() {
+        let a = m("internvl3-38b");
+        let e = a.encoder.as_ref().unwrap();
+        let item = a.image_tokens(768, 1024).unwrap();
+        let ops = a.encode_ops(&[item]);
+        assert!(ops.contains(&Op::Attention {
+            kind: AttnKind::Encoder,
+            batch: 13,
+            seq: 1025,
+            heads: 25,
+            kv_heads: 25,
+            head_dim: 128,
+            count: 45,
+        }));
+        assert!(ops.contains(&gemm("patch_embed", 13 * 1024, 3200, 3 * 14 * 14, 1)));
+        assert!(ops.contains(&gemm("projector_fc1", 3328, 5120, 12800, 1)));
+        assert!(ops.contains(&gemm("projector_fc2", 3328, 5120, 5120, 1)));
+        let p: u64 = projector_gemms(&a, e).iter().map(|(k, n)| k * n).sum();
+        assert_eq!(p, e.projector_params);
+    }
+
+    /// Llama 4's projector is three linear layers (vision adapter fc1, fc2,
+    /// multi-modal projector), 60,817,408 weights in all.
+    #[test]
+    fn llama4_projects_through_three_layers() {
+        let a = m("llama-4-scout-17b-16e");
+        let e = a.encoder.as_ref().unwrap();
+        assert_eq!(
+            projector_gemms(&a, e),
+            vec![(5632, 4096), (4096, 4096), (4096, 5120)]
+        );
+        let item = a.image_tokens(336, 336).unwrap();
+        let ops = a.encode_ops(&[item]);
+        assert!(ops.contains(&gemm("projector_fc3", 144, 5120, 4096, 1)));
+        assert_eq!(e.projector_params, 60_817_408);
+    }
+
+    /// Qwen3-Omni audio: 10 s = 1000 mel frames = 10 chunks; the Conv2d
+    /// layers as GEMMs over (64x50, 32x25, 16x13) positions per chunk; 130
+    /// tokens in one window of 104 and one of 26.
+    #[test]
+    fn omni_audio_runs_its_conv_front_end_and_windows() {
+        let a = m("qwen3-omni-30b-a3b");
+        let item = a.audio_tokens(10.0).unwrap();
+        assert_eq!((item.encoder_tokens, item.attn_span), (130, 104));
+        let ops = a.encode_ops(&[item]);
+        assert!(ops.contains(&gemm("conv2d1", 10 * 64 * 50, 480, 9, 1)));
+        assert!(ops.contains(&gemm("conv2d2", 10 * 32 * 25, 480, 9 * 480, 1)));
+        assert!(ops.contains(&gemm("conv2d3", 10 * 16 * 13, 480, 9 * 480, 1)));
+        assert!(ops.contains(&gemm("conv_out", 130, 1280, 480 * 16, 1)));
+        let att: Vec<_> = ops
+            .iter()
+            .filter_map(|o| match *o {
+                Op::Attention { batch, seq, .. } => Some((batch, seq)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(att, vec![(1, 104), (1, 26)]);
+        // the GEMMs multiply-accumulate what the stem's MACs per token say
+        let e = a.encoder.as_ref().unwrap();
+        let stem: f64 = ops
+            .iter()
+            .filter_map(|o| match *o {
+                Op::Gemm { name, m, n, k, .. } if name.starts_with("conv") => {
+                    Some((m * n * k) as f64)
+                }
+                _ => None,
+            })
+            .sum();
+        assert!(
+            (stem - e.stem_macs_per_token() * 130.0).abs() < 1e-6 * stem,
+            "{stem}"
+        );
     }
 }

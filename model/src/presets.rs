@@ -4,7 +4,7 @@
 //! Every real-size number comes from the named checkpoint's Hugging Face `config.json`
 //! (or `preprocessor_config.json`) unless its line says otherwise.
 
-use crate::arch::{EncoderArch, EncoderKind, LlmArch, ModelArch, MoeArch, MoeRouting};
+use crate::arch::{EncoderArch, EncoderKind, LlmArch, ModelArch, MoeArch, MoeRouting, Tiling};
 
 /// Names accepted by [`ModelArch::preset`].
 pub const PRESET_NAMES: &[&str] = &[
@@ -16,6 +16,9 @@ pub const PRESET_NAMES: &[&str] = &[
     "qwen3-vl-30b-a3b",
     "qwen3-vl-235b-a22b",
     "gemma-3-27b",
+    "internvl3-38b",
+    "llama-4-scout-17b-16e",
+    "qwen3-omni-30b-a3b",
     "tiny-vit-lm",
     "tiny-qwenvl-lm",
     "tiny-whisper-lm",
@@ -39,6 +42,9 @@ pub fn hf_checkpoint(name: &str) -> Option<&'static str> {
         "qwen3-vl-30b-a3b" => "Qwen/Qwen3-VL-30B-A3B-Instruct",
         "qwen3-vl-235b-a22b" => "Qwen/Qwen3-VL-235B-A22B-Instruct",
         "gemma-3-27b" => "google/gemma-3-27b-it",
+        "internvl3-38b" => "OpenGVLab/InternVL3-38B",
+        "llama-4-scout-17b-16e" => "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+        "qwen3-omni-30b-a3b" => "Qwen/Qwen3-Omni-30B-A3B-Instruct",
         _ => return None,
     })
 }
@@ -367,6 +373,176 @@ fn gemma3_27b_llm() -> LlmArch {
     }
 }
 
+/// InternVL3-38B (`OpenGVLab/InternVL3-38B`): InternViT-6B-448px-V2_5 and
+/// Qwen2.5-32B.
+///
+/// * Vision (`vision_config`): 45 layers, hidden 3200, 25 heads, intermediate
+///   12800, GELU MLP, `image_size` 448, `patch_size` 14 (32x32 = 1024 patches
+///   and a class token: 1025 tokens per tile); `downsample_ratio` 0.5 (pixel
+///   shuffle 2x2 -> 256 tokens per tile).
+/// * Tiles (`max_dynamic_patch` 12, `min_dynamic_patch` 1, `use_thumbnail`
+///   true; InternVL3's fine-tuning scripts and the model card's `load_image`);
+///   video: one 448-px tile per sampled frame (the model card's `load_video`).
+/// * Projector `mlp1`: LayerNorm(12800), Linear(12800, 5120), GELU,
+///   Linear(5120, 5120): 12800*5120 + 5120*5120 = 91,750,400 weights.
+/// * LLM (`llm_config`, `Qwen2ForCausalLM`): 64 layers, hidden 5120, 40 heads,
+///   8 KV heads, head_dim 128, intermediate 27648, untied; vocab 151674, the
+///   value of every InternVL3 sibling's config (the 38B file itself was not
+///   read), as are the ViT's figures, which InternVL3-78B shares.
+fn internvl3_38b() -> ModelArch {
+    ModelArch {
+        name: "internvl3-38b".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::TiledVit {
+                image_size: 448,
+                patch: 14,
+                pixel_shuffle: 2,
+                tiling: Tiling::InternVl {
+                    min_tiles: 1,
+                    max_tiles: 12,
+                    thumbnail: true,
+                },
+                projector: vec![12800, 5120, 5120],
+            },
+            layers: 45,
+            hidden: 3200,
+            heads: 25,
+            ffn: 12800,
+            gated_mlp: false,
+            projector_params: 12800 * 5120 + 5120 * 5120,
+            dtype_bytes: BF16,
+        }),
+        llm: LlmArch {
+            layers: 64,
+            hidden: 5120,
+            heads: 40,
+            kv_heads: 8,
+            head_dim: 128,
+            ffn: 27648,
+            vocab: 151_674,
+            dtype_bytes: BF16,
+            kv_dtype_bytes: None,
+            moe: None,
+        },
+    }
+}
+
+/// Llama-4-Scout-17B-16E-Instruct (`meta-llama/Llama-4-Scout-17B-16E-Instruct`).
+///
+/// * Vision (`vision_config`, `llama4_vision_model`): 34 layers, hidden 1408,
+///   16 heads, intermediate 5632, GELU MLP, `image_size` 336, `patch_size` 14
+///   (24x24 = 576 patches + class token = 577 per tile), `pixel_shuffle_ratio`
+///   0.5 (144 tokens per tile).
+/// * Tiles: `max_patches` 16, `resize_to_max_canvas` false, a global tile
+///   when there is more than one (`Llama4ImageProcessorFast`); the tile
+///   separator and `<|image|>` text tokens are not counted.
+/// * Projector: the vision adapter Linear(5632, 4096), GELU, Linear(4096,
+///   4096) (`projector_input_dim`, `projector_output_dim` 4096), then
+///   `multi_modal_projector` Linear(4096, 5120): 23,068,672 + 16,777,216 +
+///   20,971,520 = 60,817,408 weights.
+/// * LLM (`text_config`): 48 layers, hidden 5120, 40 heads, 8 KV heads,
+///   head_dim 128, vocab 202048, untied; every layer MoE
+///   (`interleave_moe_layer_step` 1): 16 experts (`num_local_experts`), top 1,
+///   expert width `intermediate_size` 8192, one shared expert of the same
+///   width; `intermediate_size_mlp` 16384 is the dense MLP width, which no
+///   layer of Scout uses. 36 of the 48 layers attend within 8192-token chunks
+///   (`attention_chunk_size`); they are counted as full attention, exact up
+///   to 8192 tokens of context and an overestimate beyond.
+fn llama4_scout() -> ModelArch {
+    ModelArch {
+        name: "llama-4-scout-17b-16e".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::TiledVit {
+                image_size: 336,
+                patch: 14,
+                pixel_shuffle: 2,
+                tiling: Tiling::Llama4 { max_tiles: 16 },
+                projector: vec![5632, 4096, 4096, 5120],
+            },
+            layers: 34,
+            hidden: 1408,
+            heads: 16,
+            ffn: 5632,
+            gated_mlp: false,
+            projector_params: 5632 * 4096 + 4096 * 4096 + 4096 * 5120,
+            dtype_bytes: BF16,
+        }),
+        llm: LlmArch {
+            layers: 48,
+            hidden: 5120,
+            heads: 40,
+            kv_heads: 8,
+            head_dim: 128,
+            ffn: 16384,
+            vocab: 202_048,
+            dtype_bytes: BF16,
+            kv_dtype_bytes: None,
+            moe: Some(MoeArch {
+                experts: 16,
+                top_k: 1,
+                expert_ffn: 8192,
+                shared_experts: 1,
+                shared_ffn: 8192,
+                first_dense_layers: 0,
+                router: 16,
+                routing: MoeRouting::Balanced,
+            }),
+        },
+    }
+}
+
+/// Qwen3-Omni-30B-A3B-Instruct (`Qwen/Qwen3-Omni-30B-A3B-Instruct`): the
+/// thinker's audio encoder and LLM (`thinker_config`).
+///
+/// * Audio (`audio_config`): 32 layers, `d_model` 1280, 20 heads,
+///   `encoder_ffn_dim` 5120, GELU MLP, 128 mel bins; `n_window` 50 (100-frame
+///   conv chunks), `n_window_infer` 800 (attention within 8 chunks = 104
+///   tokens); Conv2d front end of `downsample_hidden_size` 480 channels;
+///   projector `proj1` Linear(1280, 1280), GELU, `proj2` Linear(1280, 2048)
+///   (`output_dim`): 4,259,840 weights.
+/// * LLM (`text_config`): 48 layers, hidden 2048, 32 heads, 4 KV heads,
+///   head_dim 128, vocab 152064, untied; every layer MoE: 128 experts, top 8,
+///   `moe_intermediate_size` 768, no shared expert.
+/// * Not modelled: the thinker's vision tower (27 layers, hidden 1152, patch
+///   16: the Qwen3-VL family; a model here has one encoder, so this preset
+///   takes audio) and the talker that speaks the answer.
+///
+/// Figures from a printout of the checkpoint's config (the transformers
+/// class defaults differ: `output_dim` 3584 there).
+fn qwen3_omni_30b_a3b() -> ModelArch {
+    ModelArch {
+        name: "qwen3-omni-30b-a3b".into(),
+        encoder: Some(EncoderArch {
+            kind: EncoderKind::OmniAudio {
+                mel_bins: 128,
+                chunk_frames: 100,
+                window_chunks: 8,
+                conv_channels: 480,
+                projector: vec![1280, 1280, 2048],
+            },
+            layers: 32,
+            hidden: 1280,
+            heads: 20,
+            ffn: 5120,
+            gated_mlp: false,
+            projector_params: 1280 * 1280 + 1280 * 2048,
+            dtype_bytes: BF16,
+        }),
+        llm: LlmArch {
+            layers: 48,
+            hidden: 2048,
+            heads: 32,
+            kv_heads: 4,
+            head_dim: 128,
+            ffn: 768,
+            vocab: 152_064,
+            dtype_bytes: BF16,
+            kv_dtype_bytes: None,
+            moe: Some(qwen3_moe(768)),
+        },
+    }
+}
+
 /// The Qwen3 MoE block: 128 routed experts of `expert_ffn`, top 8, a router
 /// of 128 logits, no shared expert, no dense leading layer.
 fn qwen3_moe(expert_ffn: u32) -> MoeArch {
@@ -616,6 +792,9 @@ impl ModelArch {
             "qwen3-vl-30b-a3b" => qwen3_vl_30b_a3b(),
             "qwen3-vl-235b-a22b" => qwen3_vl_235b_a22b(),
             "gemma-3-27b" => gemma_3_27b(),
+            "internvl3-38b" => internvl3_38b(),
+            "llama-4-scout-17b-16e" => llama4_scout(),
+            "qwen3-omni-30b-a3b" => qwen3_omni_30b_a3b(),
             _ => return None,
         })
     }
@@ -659,6 +838,29 @@ mod tests {
         assert!(m.tied_embeddings());
         let p = m.llm_params();
         assert!((p - 27.01e9).abs() < 0.05e9, "{p}");
+    }
+
+    /// Published sizes: InternVL3-38B 38.4B (InternViT-6B-448px-V2_5 5.5B +
+    /// Qwen2.5-32B); Llama 4 Scout 109B total, 17B active (Meta's model
+    /// card); Qwen3-Omni-30B-A3B's thinker LLM about 30.5B of the
+    /// checkpoint's 35.3B (the rest: encoders, talker, code2wav).
+    #[test]
+    fn new_presets_have_their_published_sizes() {
+        let i = ModelArch::preset("internvl3-38b").unwrap();
+        let vit = i.encoder.as_ref().unwrap().params();
+        assert!((vit - 5.62e9).abs() < 0.05e9, "{vit}");
+        let total = vit + i.llm_params();
+        assert!((total - 38.4e9).abs() < 0.2e9, "{total}");
+        let l = ModelArch::preset("llama-4-scout-17b-16e").unwrap();
+        let total = l.llm_params() + l.encoder.as_ref().unwrap().params();
+        assert!((total - 108.6e9).abs() < 0.5e9, "{total}");
+        let active = l.llm.active_body_params() + 2.0 * l.llm.vocab_matrix_params();
+        assert!((active - 17.2e9).abs() < 0.3e9, "{active}");
+        let o = ModelArch::preset("qwen3-omni-30b-a3b").unwrap();
+        let p = o.llm_params();
+        assert!((p - 30.5e9).abs() < 0.3e9, "{p}");
+        let audio = o.encoder.as_ref().unwrap().params();
+        assert!((audio - 0.65e9).abs() < 0.05e9, "{audio}");
     }
 
     #[test]

@@ -170,6 +170,116 @@ pub fn smart_resize_clip(
     Ok((hb as u64, wb as u64))
 }
 
+/// `(cols, rows)` of InternVL's `dynamic_preprocess` grid for an image of
+/// `width x height` pixels cut into `size`-px tiles: among the grids with
+/// `min_tiles ≤ cols·rows ≤ max_tiles`, visited by area (then by columns),
+/// the one whose `cols/rows` is closest to `width/height`; on an equal
+/// distance the later (larger) grid wins when the image has more than half
+/// of its `size²·cols·rows` pixels (OpenGVLab/InternVL
+/// `find_closest_aspect_ratio`). 1024x768 -> (4, 3); 800x800 -> (2, 2).
+pub fn internvl_grid(
+    width: u32,
+    height: u32,
+    min_tiles: u32,
+    max_tiles: u32,
+    size: u32,
+) -> (u32, u32) {
+    let lo = min_tiles.max(1);
+    let hi = max_tiles.max(lo);
+    let mut grids: Vec<(u32, u32)> = (1..=hi)
+        .flat_map(|i| (1..=hi).map(move |j| (i, j)))
+        .filter(|&(i, j)| (lo..=hi).contains(&(i * j)))
+        .collect();
+    grids.sort_by_key(|&(i, j)| (i * j, i));
+    let ar = f64::from(width) / f64::from(height.max(1));
+    let area = f64::from(width) * f64::from(height);
+    let (mut best, mut best_diff) = ((1, 1), f64::INFINITY);
+    for (i, j) in grids {
+        let d = (ar - f64::from(i) / f64::from(j)).abs();
+        if d < best_diff {
+            best_diff = d;
+            best = (i, j);
+        } else if d == best_diff && area > 0.5 * f64::from(size).powi(2) * f64::from(i * j) {
+            best = (i, j);
+        }
+    }
+    best
+}
+
+/// `(rows, cols)` of Llama 4's `get_best_fit` canvas for an image of
+/// `height x width` pixels in `size`-px tiles: every `rows x cols` with
+/// `rows·cols ≤ max_tiles` is scaled by `min(rows·size/height, cols·size/width)`;
+/// the smallest scale ≥ 1 wins (no canvas upscales more than needed), else the
+/// largest scale below 1; among canvases of that scale the smallest
+/// (HF `Llama4ImageProcessorFast`, `resize_to_max_canvas` false). Scales are
+/// compared as exact fractions. 768x1024 -> (3, 4).
+pub fn llama4_canvas(height: u32, width: u32, max_tiles: u32, size: u32) -> (u32, u32) {
+    let (h, w, p) = (
+        u64::from(height.max(1)),
+        u64::from(width.max(1)),
+        u64::from(size),
+    );
+    // scale as the fraction (num, den), the smaller of the two sides' ratios
+    let scale = |r: u64, c: u64| -> (u64, u64) {
+        let (a, b) = ((r * p, h), (c * p, w));
+        if a.0 * b.1 <= b.0 * a.1 {
+            a
+        } else {
+            b
+        }
+    };
+    let lt = |x: (u64, u64), y: (u64, u64)| x.0 * y.1 < y.0 * x.1;
+    // (scale, area, (rows, cols)) of the best canvas so far
+    type Best = ((u64, u64), u64, (u32, u32));
+    let mut best: Option<Best> = None;
+    for r in 1..=max_tiles.max(1) {
+        for c in 1..=max_tiles.max(1) / r {
+            let s = scale(u64::from(r), u64::from(c));
+            let up = s.0 >= s.1;
+            let area = u64::from(r * c);
+            let better = match best {
+                None => true,
+                Some((bs, barea, _)) => {
+                    let bup = bs.0 >= bs.1;
+                    match (up, bup) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        // both upscale: the smaller scale; both down: the larger
+                        (true, true) if lt(s, bs) => true,
+                        (false, false) if lt(bs, s) => true,
+                        _ => s.0 * bs.1 == bs.0 * s.1 && area < barea,
+                    }
+                }
+            };
+            if better {
+                best = Some((s, area, (r, c)));
+            }
+        }
+    }
+    best.map_or((1, 1), |b| b.2)
+}
+
+/// Audio tokens of the Qwen3-Omni encoder for `frames` log-mel frames: each
+/// whole chunk of `chunk` frames gives `⌈⌈⌈chunk/2⌉/2⌉/2⌉` tokens (13 for
+/// 100), the remainder the same rule over its own frames (HF
+/// `Qwen3OmniMoe`'s `_get_feat_extract_output_lengths`: 1 s -> 13, 10 s -> 130).
+pub fn omni_audio_tokens(frames: u64, chunk: u32) -> u64 {
+    use crate::arch::omni_conv_out;
+    let c = u64::from(chunk.max(1));
+    let out3 = |n: u64| -> u64 {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        u64::from(omni_conv_out(omni_conv_out(omni_conv_out(n))))
+    };
+    (frames / c) * out3(c) + out3(frames % c)
+}
+
+/// Mel frames per second of the Whisper feature extractor the Qwen3-Omni
+/// processor runs: 16 kHz audio, hop 160 samples (`WhisperFeatureExtractor`
+/// `sampling_rate`, `hop_length`).
+pub const OMNI_MEL_SAMPLE_RATE: u64 = 16_000;
+/// Samples per mel frame (`hop_length`).
+pub const OMNI_MEL_HOP: u64 = 160;
+
 fn check_image(height: u32, width: u32) -> Result<(), ModelError> {
     if height == 0 || width == 0 {
         return Err(ModelError::InvalidInput(format!(
@@ -247,7 +357,35 @@ impl ModelArch {
                     attn_span: side * side,
                 })
             }
-            EncoderKind::Whisper { .. } => Err(self.unsupported("image")),
+            EncoderKind::TiledVit {
+                image_size,
+                patch,
+                pixel_shuffle,
+                tiling,
+                ..
+            } => {
+                let grid = match *tiling {
+                    crate::arch::Tiling::InternVl {
+                        min_tiles,
+                        max_tiles,
+                        thumbnail,
+                    } => {
+                        let (c, r) =
+                            internvl_grid(width, height, min_tiles, max_tiles, *image_size);
+                        let n = u64::from(c * r);
+                        n + u64::from(thumbnail && n > 1)
+                    }
+                    crate::arch::Tiling::Llama4 { max_tiles } => {
+                        let (r, c) = llama4_canvas(height, width, max_tiles, *image_size);
+                        let n = u64::from(r * c);
+                        n + u64::from(n > 1)
+                    }
+                };
+                Ok(tiled_tokens(grid, *image_size, *patch, *pixel_shuffle))
+            }
+            EncoderKind::Whisper { .. } | EncoderKind::OmniAudio { .. } => {
+                Err(self.unsupported("image"))
+            }
         }
     }
 
@@ -301,6 +439,28 @@ impl ModelArch {
                 let t = u64::from(frames.div_ceil((*temporal_patch).max(1)));
                 Ok(qwen_tokens(t, h, w, *patch, *spatial_merge))
             }
+            // InternVL: each sampled frame is one tile, resized whole (the
+            // model card's `load_video`, `max_num=1`)
+            EncoderKind::TiledVit {
+                image_size,
+                patch,
+                pixel_shuffle,
+                tiling: crate::arch::Tiling::InternVl { .. },
+                ..
+            } => {
+                check_image(height, width)?;
+                if frames == 0 {
+                    return Err(ModelError::InvalidInput(
+                        "video must have at least one frame".into(),
+                    ));
+                }
+                Ok(tiled_tokens(
+                    u64::from(frames),
+                    *image_size,
+                    *patch,
+                    *pixel_shuffle,
+                ))
+            }
             _ => Err(self.unsupported("video")),
         }
     }
@@ -337,8 +497,48 @@ impl ModelArch {
                     attn_span: fpw,
                 })
             }
+            EncoderKind::OmniAudio {
+                chunk_frames,
+                window_chunks,
+                ..
+            } => {
+                if !(seconds.is_finite() && seconds > 0.0) {
+                    return Err(ModelError::InvalidInput(format!(
+                        "audio length {seconds} s must be positive and finite"
+                    )));
+                }
+                let samples = (seconds * OMNI_MEL_SAMPLE_RATE as f64 + 1e-6).floor() as u64;
+                let frames = samples / OMNI_MEL_HOP;
+                if frames == 0 {
+                    return Err(ModelError::InvalidInput(format!(
+                        "audio of {seconds} s is shorter than one mel frame (10 ms)"
+                    )));
+                }
+                let tokens = omni_audio_tokens(frames, *chunk_frames);
+                let window = u64::from(*window_chunks)
+                    * omni_audio_tokens(u64::from(*chunk_frames), *chunk_frames);
+                Ok(ItemTokens {
+                    encoder_tokens: tokens,
+                    llm_tokens: tokens,
+                    attn_span: window.clamp(1, tokens),
+                })
+            }
             _ => Err(self.unsupported("audio")),
         }
+    }
+}
+
+/// Tokens of `tiles` tiles of a [`EncoderKind::TiledVit`]: each tile
+/// `(size/patch)² + 1` encoder tokens (patches and the class token) attending
+/// within the tile, and `(size/patch)² / shuffle²` LLM tokens (InternVL 448 px:
+/// 1025 and 256; Llama 4 336 px: 577 and 144).
+fn tiled_tokens(tiles: u64, size: u32, patch: u32, shuffle: u32) -> ItemTokens {
+    let side = u64::from(size / patch.max(1));
+    let s2 = u64::from(shuffle.max(1)).pow(2);
+    ItemTokens {
+        encoder_tokens: tiles * (side * side + 1),
+        llm_tokens: tiles * (side * side / s2),
+        attn_span: side * side + 1,
     }
 }
 
@@ -570,5 +770,91 @@ mod tests {
         assert_eq!((t.encoder_tokens, t.llm_tokens), (4 * 4096, 4 * 256));
         assert!(m.video_tokens(8, 448, 448).is_err());
         assert!(m.audio_tokens(1.0).is_err());
+    }
+
+    /// InternVL's tiles (OpenGVLab/InternVL `dynamic_preprocess`, worked
+    /// through its arithmetic): 1024x768 -> 4x3 + thumbnail = 13 tiles; 448²
+    /// -> 1 (no thumbnail); 800² -> 2x2 (the tie with 1x1 goes to the larger
+    /// grid: 640,000 px > half of 4·448²) + thumbnail; 1920x1080 -> 4x2 + 1.
+    #[test]
+    fn internvl_tiles_follow_dynamic_preprocess() {
+        assert_eq!(internvl_grid(1024, 768, 1, 12, 448), (4, 3));
+        assert_eq!(internvl_grid(800, 800, 1, 12, 448), (2, 2));
+        assert_eq!(internvl_grid(1920, 1080, 1, 12, 448), (4, 2));
+        let m = ModelArch::preset("internvl3-38b").unwrap();
+        for ((h, w), tiles) in [
+            ((768, 1024), 13),
+            ((448, 448), 1),
+            ((800, 800), 5),
+            ((1080, 1920), 9),
+        ] {
+            let t = m.image_tokens(h, w).unwrap();
+            assert_eq!(
+                (t.encoder_tokens, t.llm_tokens, t.attn_span),
+                (tiles * 1025, tiles * 256, 1025),
+                "{w}x{h}"
+            );
+        }
+        // video: one tile per frame
+        let v = m.video_tokens(8, 720, 1280).unwrap();
+        assert_eq!((v.encoder_tokens, v.llm_tokens), (8 * 1025, 8 * 256));
+        assert!(m.audio_tokens(1.0).is_err());
+    }
+
+    /// Llama 4's canvas (HF `Llama4ImageProcessorFast.get_best_fit`, worked
+    /// through): 1024x768 -> 3 rows x 4 cols (scale 1.3125 on both sides, the
+    /// smallest such canvas) + a global tile = 13 x 144 tokens; portrait
+    /// 768x1024 -> 4x3; 1920x1080 -> 3x5 + 1 = 16 tiles; 336² -> 1 tile.
+    #[test]
+    fn llama4_tiles_follow_get_best_fit() {
+        assert_eq!(llama4_canvas(768, 1024, 16, 336), (3, 4));
+        assert_eq!(llama4_canvas(1024, 768, 16, 336), (4, 3));
+        assert_eq!(llama4_canvas(1080, 1920, 16, 336), (3, 5));
+        assert_eq!(llama4_canvas(336, 336, 16, 336), (1, 1));
+        let m = ModelArch::preset("llama-4-scout-17b-16e").unwrap();
+        for ((h, w), tiles) in [
+            ((768, 1024), 13),
+            ((1024, 768), 13),
+            ((1080, 1920), 16),
+            ((336, 336), 1),
+        ] {
+            let t = m.image_tokens(h, w).unwrap();
+            assert_eq!(
+                (t.encoder_tokens, t.llm_tokens, t.attn_span),
+                (tiles * 577, tiles * 144, 577),
+                "{w}x{h}"
+            );
+        }
+        assert!(m.video_tokens(8, 336, 336).is_err());
+    }
+
+    /// Qwen3-Omni's audio tokens (HF `_get_feat_extract_output_lengths`,
+    /// evaluated with Python's floor division): 13 per whole 100-frame chunk
+    /// plus the remainder's own three halvings.
+    #[test]
+    fn omni_audio_tokens_follow_the_feature_lengths() {
+        for (frames, tokens) in [
+            (1, 1),
+            (50, 7),
+            (99, 13),
+            (100, 13),
+            (101, 14),
+            (200, 26),
+            (1000, 130),
+            (3000, 390),
+            (6000, 780),
+        ] {
+            assert_eq!(omni_audio_tokens(frames, 100), tokens, "{frames} frames");
+        }
+        let m = ModelArch::preset("qwen3-omni-30b-a3b").unwrap();
+        let t = m.audio_tokens(10.0).unwrap();
+        assert_eq!(
+            (t.encoder_tokens, t.llm_tokens, t.attn_span),
+            (130, 130, 104)
+        );
+        let short = m.audio_tokens(0.5).unwrap();
+        assert_eq!((short.llm_tokens, short.attn_span), (7, 7));
+        assert!(m.audio_tokens(0.005).is_err());
+        assert!(m.image_tokens(448, 448).is_err());
     }
 }

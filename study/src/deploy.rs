@@ -303,6 +303,17 @@ fn llm_dtype_flags(sc: &Scenario, kv: &str) -> Vec<String> {
     f
 }
 
+/// `--trust-remote-code` (vLLM, SGLang and Dynamo's vLLM workers alike) for
+/// a checkpoint that ships its own modeling code
+/// ([`easerve_model::ModelArch::needs_remote_code`]: InternVL).
+fn remote_code_flags(sc: &Scenario) -> Vec<String> {
+    if sc.model.needs_remote_code() {
+        vec!["--trust-remote-code".into()]
+    } else {
+        Vec::new()
+    }
+}
+
 /// Ports: encoders from 8100, prefill from 8200, decode from 8300, the
 /// front door (proxy, router, frontend) 8000.
 const FRONT_PORT: u16 = 8000;
@@ -402,11 +413,21 @@ pub fn check(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<String, De
 /// simulated for its prediction.
 ///
 /// # Errors
-/// [`DeployError::Input`] as [`check`] says, and for a TP group across nodes;
+/// [`DeployError::Input`] as [`check`] says, for a deployment without P
+/// workers (the engines have no local prefill), and for a TP group across nodes;
 /// [`DeployError::Io`] for a file
 /// that cannot be written.
 pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, DeployError> {
     let model_path = check(sc, dir, opts)?;
+    if sc.deployment.allocation.prefill.workers == 0 {
+        return Err(DeployError::Input(format!(
+            "{}: deployment `{} B={} s={}` has no P workers: all its prefill runs on local prefill workers beside the encoders, which none of vLLM, SGLang and Dynamo has, so their launch files would have no prefill instance; deploy one with at least one nP(TPk) (e.g. from `easerve search`'s table, with --deployment)",
+            sc.file,
+            sc.deployment.allocation,
+            sc.deployment.max_batch,
+            sc.deployment.offload
+        )));
+    }
     let inst = instances(sc, opts.gpus_per_node)?;
     let mut w = Writer {
         dir: dir.to_path_buf(),
@@ -739,6 +760,7 @@ fn vllm_files(
             );
             let mut flags: Vec<String> = vec![format!("--port {}", i.port)];
             flags.extend(i.vllm_parallel_flags());
+            flags.extend(remote_code_flags(sc));
             if s > 0 {
                 flags.extend(llm_dtype_flags(sc, "fp8"));
             }
@@ -867,6 +889,7 @@ fn sglang_files(
                 format!("--port {}", i.port),
             ];
             flags.extend(i.sglang_parallel_flags());
+            flags.extend(remote_code_flags(sc));
             flags.push(format!("--base-gpu-id {}", i.local_gpus[0]));
             if s > 0 {
                 flags.extend(llm_dtype_flags(sc, "fp8_e4m3"));
@@ -1001,13 +1024,15 @@ fn dynamo_files(
         &["--http-port".into(), FRONT_PORT.to_string()],
     );
     let model_args = |mode: &str| -> Vec<String> {
-        vec![
+        let mut a: Vec<String> = vec![
             "--model".into(),
             model.into(),
             "--disaggregation-mode".into(),
             mode.into(),
             "--enable-multimodal".into(),
-        ]
+        ];
+        a.extend(remote_code_flags(sc));
+        a
     };
     let mut enc = model_args("encode");
     enc.extend([
@@ -1132,6 +1157,7 @@ Some(model),
             format!("--max-num-seqs {}", k.decode_max_batch),
             format!("--gpu-memory-utilization {}", k.gpu_memory_utilization),
         ];
+        flags.extend(remote_code_flags(sc));
         if let Some(l) = &limit {
             flags.push(format!("--limit-mm-per-prompt {}", sh(l)));
         }

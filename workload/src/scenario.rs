@@ -2173,6 +2173,26 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
             return Err("field `encoder.dtype_bytes` must be 1, 2 or 4".into());
         }
         check_encoder_kind(&e.kind)?;
+        if let easerve_model::EncoderKind::TiledVit { projector, .. }
+        | easerve_model::EncoderKind::OmniAudio { projector, .. } = &e.kind
+        {
+            if projector.last() != Some(&l.hidden) {
+                return Err(format!(
+                    "field `encoder.kind.*.projector` must end at the LLM's width `llm.hidden` = {}, got {projector:?}",
+                    l.hidden
+                ));
+            }
+            let params: u64 = projector
+                .windows(2)
+                .map(|w| u64::from(w[0]) * u64::from(w[1]))
+                .sum();
+            if params != e.projector_params {
+                return Err(format!(
+                    "field `encoder.projector_params` ({}) must equal the projector's weights, the sum of its widths' products ({params})",
+                    e.projector_params
+                ));
+            }
+        }
         if let easerve_model::EncoderKind::QwenVit { deepstack, .. } = &e.kind {
             if let Some(t) = deepstack.iter().find(|&&t| t >= e.layers) {
                 return Err(format!(
@@ -2489,6 +2509,51 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
                 ("Siglip.pooled_side", u64::from(*pooled_side)),
             ]
         }
+        EncoderKind::TiledVit {
+            image_size,
+            patch,
+            pixel_shuffle,
+            tiling,
+            projector,
+        } => {
+            if image_size < patch {
+                return Err("field `encoder.kind.TiledVit.image_size` must be ≥ `patch`".into());
+            }
+            let (lo, hi) = match *tiling {
+                easerve_model::Tiling::InternVl {
+                    min_tiles,
+                    max_tiles,
+                    ..
+                } => (min_tiles, max_tiles),
+                easerve_model::Tiling::Llama4 { max_tiles } => (1, max_tiles),
+            };
+            if lo == 0 || lo > hi || hi > 64 {
+                return Err(
+                    "field `encoder.kind.TiledVit.tiling` needs 1 ≤ `min_tiles` ≤ `max_tiles` ≤ 64"
+                        .into(),
+                );
+            }
+            check_projector("TiledVit", projector)?;
+            vec![
+                ("TiledVit.patch", u64::from(*patch)),
+                ("TiledVit.pixel_shuffle", u64::from(*pixel_shuffle)),
+            ]
+        }
+        EncoderKind::OmniAudio {
+            mel_bins,
+            chunk_frames,
+            window_chunks,
+            conv_channels,
+            projector,
+        } => {
+            check_projector("OmniAudio", projector)?;
+            vec![
+                ("OmniAudio.mel_bins", u64::from(*mel_bins)),
+                ("OmniAudio.chunk_frames", u64::from(*chunk_frames)),
+                ("OmniAudio.window_chunks", u64::from(*window_chunks)),
+                ("OmniAudio.conv_channels", u64::from(*conv_channels)),
+            ]
+        }
         EncoderKind::Whisper {
             mel_bins,
             window_s,
@@ -2509,6 +2574,16 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
         Some((name, _)) => Err(format!("field `encoder.kind.{name}` must be ≥ 1")),
         None => Ok(()),
     }
+}
+
+/// A projector chain of `family`: at least two widths (one linear layer), none 0.
+fn check_projector(family: &str, widths: &[u32]) -> Result<(), String> {
+    if widths.len() < 2 || widths.contains(&0) {
+        return Err(format!(
+            "field `encoder.kind.{family}.projector` must list at least two widths ≥ 1 (input first, the LLM's hidden last), got {widths:?}"
+        ));
+    }
+    Ok(())
 }
 
 /// Set `path` in `node` to `value`, creating tables on the way; through an

@@ -189,6 +189,16 @@ impl<B: Backend> MultimodalModel<B> {
                         "the SigLIP encoder family (Gemma 3) has no burn module yet: the simulator prices it, the executor cannot run it".into(),
                     ));
                 }
+                EncoderKind::TiledVit { .. } => {
+                    return Err(bad(
+                        "the tiled ViT encoder family (InternVL, Llama 4) has no burn module yet: the simulator prices it, the executor cannot run it".into(),
+                    ));
+                }
+                EncoderKind::OmniAudio { .. } => {
+                    return Err(bad(
+                        "the Qwen3-Omni audio encoder family has no burn module yet: the simulator prices it, the executor cannot run it".into(),
+                    ));
+                }
                 EncoderKind::Whisper {
                     mel_bins,
                     frames_per_window,
