@@ -353,7 +353,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 }
                 if summary.raised > 0 {
                     sayln!(
-                        "the factors made a larger batch faster than a smaller one: {} encode values raised to the smaller batch's (latency non-decreasing in batch)",
+                        "{} encode values raised to the next smaller batch's (the refined table is kept non-decreasing in batch; measured factors and the table's own steps both can make a larger batch faster)",
                         summary.raised
                     );
                 }

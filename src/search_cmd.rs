@@ -191,8 +191,8 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     }
     if a.json {
         sayln!("{}", serde_json::to_string_pretty(&study)?);
-        if let (Some(dir), Some(b)) = (&a.out.emit, &study.best) {
-            emit_chosen(&a, &base, b, dir, true)?;
+        if let (Some(dir), Some(_)) = (&a.out.emit, &study.best) {
+            emit_chosen(&a, &base, &study, dir, true)?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -227,7 +227,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
                 b.candidate
             );
             if let Some(dir) = &a.out.emit {
-                emit_chosen(&a, &base, b, dir, false)?;
+                emit_chosen(&a, &base, &study, dir, false)?;
             }
         }
         None => sayln!("no trial ran"),
@@ -235,16 +235,63 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Write the chosen deployment's files (`--emit`); with `--json` the summary
-/// goes to standard error, so standard output stays one JSON document.
+/// The trial `--emit` writes: the chosen one, or, when it has no P workers
+/// (all prefill on local workers beside the encoders, which no engine's launch
+/// files can express), the best trial that has P workers, by the study's own
+/// order ([`Outcome::rank`](easerve_has::Outcome::rank)). `None` when no trial
+/// has P workers.
+pub(crate) fn deployable(study: &easerve_has::Study) -> Option<&TrialRecord> {
+    let best = study.best.as_ref()?;
+    if best.candidate.allocation.prefill.workers > 0 {
+        return Some(best);
+    }
+    study
+        .trials
+        .iter()
+        .filter(|t| t.candidate.allocation.prefill.workers > 0)
+        .max_by(|x, y| x.outcome.rank(&y.outcome).then(y.index.cmp(&x.index)))
+}
+
+/// Write the deployment files (`--emit`) of [`deployable`]'s trial, saying so
+/// when it is not the chosen one; with `--json` the summary goes to standard
+/// error, so standard output stays one JSON document.
+///
+/// # Errors
+/// [`BadInput`] when no trial has P workers; the deploy command's errors.
 fn emit_chosen(
     a: &SearchArgs,
     base: &Overrides,
-    best: &TrialRecord,
+    study: &easerve_has::Study,
     dir: &std::path::Path,
     quiet: bool,
 ) -> anyhow::Result<()> {
-    let sc = Scenario::load(&a.scenario, &best.candidate.overrides(base))
+    let Some(best) = study.best.as_ref() else {
+        return Ok(());
+    };
+    let Some(pick) = deployable(study) else {
+        return Err(BadInput(format!(
+            "--emit {}: the chosen {} has no P workers (all prefill on local workers beside the encoders), which vLLM, SGLang and Dynamo cannot run, and no trial of this search had P workers; raise --budget, or deploy an allocation with nP(TPk) via `easerve deploy --deployment`",
+            dir.display(),
+            best.candidate
+        ))
+        .into());
+    };
+    if pick.index != best.index {
+        let line = format!(
+            "--emit: the chosen {} has no P workers, which vLLM, SGLang and Dynamo cannot run; writing the best trial with P workers instead: {} (throughput {:.3} req/s against {:.3}, mean TTFT {:.2} s)",
+            best.candidate,
+            pick.candidate,
+            pick.outcome.throughput,
+            best.outcome.throughput,
+            pick.outcome.mean_ttft
+        );
+        if quiet {
+            eprintln!("{line}");
+        } else {
+            sayln!("{line}");
+        }
+    }
+    let sc = Scenario::load(&a.scenario, &pick.candidate.overrides(base))
         .map_err(|e| BadInput(e.to_string()))?;
     if quiet {
         crate::deploy_cmd::write_quiet(&sc, dir, &a.out)

@@ -456,6 +456,14 @@ fn custom_tiled_and_omni_encoders_with_bad_fields() {
             &["model.file", "encoder.projector_params", "65536"][..],
         ),
         (
+            tiled("[128, 256]", 128 * 256, internvl),
+            &["model.file", "projector", "must start at", "pixel_shuffle", "256"][..],
+        ),
+        (
+            tiled("[256, 256]", 65536, internvl).replace("patch = 14", "patch = 15"),
+            &["model.file", "TiledVit.image_size", "multiple of `patch`"][..],
+        ),
+        (
             tiled("[256, 256]", 65536, "{ Llama4 = { max_tiles = 0 } }"),
             &["model.file", "TiledVit.tiling", "max_tiles"][..],
         ),

@@ -12,6 +12,10 @@ fn root() -> PathBuf {
 
 fn easerve(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_easerve"))
+        .env(
+            "EASERVE_CACHE_DIR",
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("easerve-cache"),
+        )
         .args(args)
         .current_dir(root())
         .output()

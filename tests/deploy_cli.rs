@@ -394,7 +394,7 @@ fn a_custom_model_deploys_with_its_weights_quoted_and_its_files_read_from_anywhe
     let elsewhere = tmp.path().join("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();
     let run = |cwd: &Path| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_easerve"))
+        let out = crate::easerve_command()
             .args(["sim", dir.join("scenario.toml").to_str().unwrap(), "--json"])
             .current_dir(cwd)
             .output()
@@ -444,6 +444,7 @@ fn bench_sh_measures_the_deployment_with_the_scenarios_requests() {
         .arg(dir.join("bench.sh"))
         .arg("moderate")
         .env("EASERVE", env!("CARGO_BIN_EXE_easerve"))
+        .env("EASERVE_CACHE_DIR", crate::test_cache_dir())
         .env("BASE_URL", &server.url)
         .env("MODEL", "m")
         .env("OUT", &result)

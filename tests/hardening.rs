@@ -5,7 +5,7 @@
 use crate::{easerve, root};
 use easerve_workload::scenario::{Overrides, Scenario};
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 fn scenario_with(base: &str, edit: impl Fn(String) -> String) -> tempfile::NamedTempFile {
@@ -211,7 +211,7 @@ fn more_requests_than_the_trace_has_rows() {
 /// rate, hours at 1e6 req/s. A pass batches at most B items.
 #[test]
 fn high_rate_capacity_estimate_is_bounded_by_the_batch() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_easerve"))
+    let mut child = crate::easerve_command()
         .args([
             "sim",
             "scenarios/image.toml",
@@ -696,7 +696,7 @@ fn standard_output_on_a_full_disk() {
             .write(true)
             .open("/dev/full")
             .unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_easerve"))
+        let out = crate::easerve_command()
             .args(args)
             .current_dir(root())
             .stdout(full)

@@ -39,9 +39,23 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The kernel-grid cache the tests' `easerve` processes use
+/// (`$EASERVE_CACHE_DIR`): under the build's temporary folder, so a test run never
+/// reads or writes the user's own cache.
+pub fn test_cache_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("easerve-cache")
+}
+
+/// The `easerve` binary as a command, with [`test_cache_dir`] as its cache.
+pub fn easerve_command() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_easerve"));
+    c.env("EASERVE_CACHE_DIR", test_cache_dir());
+    c
+}
+
 /// Run `easerve` with `args` from the repository root.
 pub fn easerve(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_easerve"))
+    easerve_command()
         .args(args)
         .current_dir(root())
         .output()

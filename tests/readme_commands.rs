@@ -268,6 +268,7 @@ fn run_one(b: &Block, cmd: &str, script: &str, exe: &str, work: &Path) {
     let out = Command::new("bash")
         .args(["-e", "-o", "pipefail", "-c", script])
         .env("EASERVE", exe)
+        .env("EASERVE_CACHE_DIR", crate::test_cache_dir())
         .current_dir(work)
         .output()
         .expect("bash runs");

@@ -155,3 +155,56 @@ fn bad_search_input_exits_2() {
         "{err}"
     );
 }
+
+/// On audio, HAS chooses an allocation without P workers (prefill on the local
+/// workers beside the encoders). `--emit` then writes the best trial with P
+/// workers and says so, and `deploy` of the chosen one exits 2 naming why.
+#[test]
+fn emit_writes_the_best_trial_with_p_workers_when_the_chosen_has_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("emitted");
+    let out = easerve(&[
+        "search",
+        "scenarios/audio.toml",
+        "--requests",
+        "200",
+        "--emit",
+        out_dir.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let chosen = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("chosen: "))
+        .and_then(|l| l.split("  (").next())
+        .expect("a chosen line")
+        .to_string();
+    assert!(
+        !chosen.contains("P(TP"),
+        "this test needs a chosen allocation without P workers: {chosen}"
+    );
+    assert!(stdout.contains("has no P workers"), "{stdout}");
+    let written = std::fs::read_to_string(out_dir.join("scenario.toml")).unwrap();
+    let alloc = written
+        .lines()
+        .find_map(|l| l.strip_prefix("allocation = "))
+        .expect("an allocation line");
+    assert!(alloc.contains("P(TP"), "{alloc}");
+
+    let refused = easerve(&[
+        "deploy",
+        "scenarios/audio.toml",
+        "--deployment",
+        &chosen,
+        "--emit",
+        dir.path().join("refused").to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("has no P workers"), "{stderr}");
+    assert!(!dir.path().join("refused").join("scenario.toml").exists());
+}

@@ -21,7 +21,7 @@ struct Server {
 impl Server {
     /// Start serving `scenario` with `args`, and wait until `/health` says 200.
     fn start(scenario: &str, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_easerve"))
+        let mut child = crate::easerve_command()
             .args(["serve", scenario, "--listen", "127.0.0.1:0", "--json"])
             .args(args)
             .current_dir(root())

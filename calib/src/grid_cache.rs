@@ -12,15 +12,20 @@
 //!   shared and read-only.
 //! * **Key**: XXH3-128 over [`FORMAT`], the source of the code that prepares
 //!   the tables (`aic.rs`, `trie.rs`, `interp.rs`, embedded at build time),
-//!   what was asked (system, dtypes) and the relative path and contents of
-//!   every file under the GPU's data folder plus its system YAML. Editing a
-//!   table, the loader or the format gives a new key; the entry of the old
-//!   key is left in place and rebuilt never again.
-//! * **Entry**: `<kind>-<system>-<dtypes>-<key>.bin`, the bincode of the
-//!   prepared tables, written to a temporary file and renamed, so a reader in
-//!   another process never sees half a file. An entry that fails to decode is
-//!   rebuilt from the sources; a cache that cannot be written costs only the
-//!   rebuild.
+//!   the workspace's `Cargo.lock` (the parquet reader's and the encoder's
+//!   versions), the MoE routing names the `distribution` column maps to, what
+//!   was asked (system, dtypes), the data folder's path (the tables'
+//!   provenance names it) and the relative path and contents of every file
+//!   under the GPU's data folder plus its system YAML. Editing a table, the
+//!   loader, a dependency or the format gives a new key, and writing the new
+//!   entry removes the old one.
+//! * **Entry**: `<kind>-<system>-<dtypes>-<key>.bin`: 8 magic bytes, the
+//!   payload's length and XXH3-64, then the payload, the bincode of the
+//!   prepared tables. It is written to a temporary file and renamed, so a
+//!   reader in another process never sees half a file. An entry that is
+//!   truncated, altered, not wholly decoded or holds a grid that fails
+//!   [`Grid::is_consistent`](crate::interp::Grid::is_consistent) is rebuilt
+//!   from the sources; a cache that cannot be written costs only the rebuild.
 //!
 //! Errors in the sources are the loader's: the cache is consulted only after
 //! the sources were hashed, and a miss builds from them as before.
@@ -30,7 +35,11 @@ use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::Xxh3;
 
 /// Version of the entry format; part of every key.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
+
+/// `Cargo.lock`: the versions of the crates that read the sources and encode
+/// the entries (parquet, bincode, serde).
+const LOCKED_VERSIONS: &str = include_str!("../../Cargo.lock");
 
 /// The code that prepares the tables: a change to it changes every key.
 const LOADER_SOURCE: [&str; 3] = [
@@ -49,8 +58,8 @@ pub fn cache_dir() -> Option<PathBuf> {
     }
 }
 
-/// Feeds every regular file under `dir` (sorted, recursively) to `h`: its
-/// path relative to `root`, its length and its bytes. Unreadable entries are
+/// Feeds every folder and regular file under `dir` (sorted, recursively) to
+/// `h`: its path relative to `root`, and a file's length and bytes. Unreadable entries are
 /// skipped (the loader reports them when it reads them).
 fn hash_tree(h: &mut Xxh3, root: &Path, dir: &Path) {
     let Ok(rd) = std::fs::read_dir(dir) else {
@@ -59,10 +68,14 @@ fn hash_tree(h: &mut Xxh3, root: &Path, dir: &Path) {
     let mut entries: Vec<PathBuf> = rd.filter_map(|e| e.ok().map(|e| e.path())).collect();
     entries.sort();
     for p in entries {
+        let rel = p.strip_prefix(root).unwrap_or(&p);
         if p.is_dir() {
+            // the folder's name too: the loader picks the newest version
+            // folder, which may be empty
+            h.update(rel.to_string_lossy().as_bytes());
+            h.update(b"/");
             hash_tree(h, root, &p);
         } else if let Ok(bytes) = std::fs::read(&p) {
-            let rel = p.strip_prefix(root).unwrap_or(&p);
             h.update(rel.to_string_lossy().as_bytes());
             h.update(&(bytes.len() as u64).to_le_bytes());
             h.update(&bytes);
@@ -77,7 +90,16 @@ fn key(dir: &Path, kind: &str, system: &str, asked: &str) -> String {
     for s in LOADER_SOURCE {
         h.update(s.as_bytes());
     }
-    for s in [kind, system, asked] {
+    // the reader's and the encoder's versions (parquet, bincode, ...) and the
+    // routing names the MoE loader maps the `distribution` column to
+    h.update(LOCKED_VERSIONS.as_bytes());
+    for r in easerve_model::MoeRouting::ALL {
+        h.update(r.name().as_bytes());
+        h.update(&[0]);
+    }
+    // the folder itself: the tables' provenance names it
+    let folder = dir.display().to_string();
+    for s in [kind, system, asked, folder.as_str()] {
         h.update(s.as_bytes());
         h.update(&[0]);
     }
@@ -89,18 +111,71 @@ fn key(dir: &Path, kind: &str, system: &str, asked: &str) -> String {
     format!("{:032x}", h.digest128())
 }
 
-/// Reads the entry at `path`, `None` when absent or undecodable.
-fn read<T: serde::de::DeserializeOwned>(path: &Path) -> Option<T> {
-    let bytes = std::fs::read(path).ok()?;
-    bincode::serde::decode_from_slice(&bytes, bincode::config::standard())
-        .ok()
-        .map(|(v, _)| v)
+/// The first bytes of every entry.
+const MAGIC: &[u8; 8] = b"EASRVGC\0";
+
+/// Tables whose grids can be checked after decoding ([`Grid::is_consistent`]).
+///
+/// [`Grid::is_consistent`]: crate::interp::Grid::is_consistent
+pub(crate) trait Consistent {
+    /// Whether every grid is consistent.
+    fn consistent(&self) -> bool;
 }
 
-/// Writes `v` to `path` through a temporary file and a rename; errors are
-/// ignored (the next run rebuilds).
+impl Consistent for KernelTables {
+    fn consistent(&self) -> bool {
+        let pairs = |g: &Option<[crate::interp::Grid; 2]>| {
+            g.as_ref()
+                .is_none_or(|[a, b]| a.is_consistent() && b.is_consistent())
+        };
+        [
+            &self.gemm,
+            &self.context,
+            &self.generation,
+            &self.allreduce_graph,
+            &self.allreduce_eager,
+        ]
+        .iter()
+        .all(|g| g.is_consistent())
+            && self.encoder.as_ref().is_none_or(|g| g.is_consistent())
+            && pairs(&self.nccl)
+            && pairs(&self.quant)
+    }
+}
+
+impl Consistent for MoeTables {
+    fn consistent(&self) -> bool {
+        self.shapes.values().all(|g| g.is_consistent())
+    }
+}
+
+/// Reads the entry at `path`: `MAGIC`, the payload's length and XXH3-64 (both
+/// u64, little endian), then the payload, the bincode of the tables. `None` when
+/// absent, truncated, altered, not wholly consumed by the decoder, or holding an
+/// inconsistent grid.
+fn read<T: serde::de::DeserializeOwned + Consistent>(path: &Path) -> Option<T> {
+    let bytes = std::fs::read(path).ok()?;
+    let rest = bytes.strip_prefix(MAGIC.as_slice())?;
+    if rest.len() < 16 {
+        return None;
+    }
+    let len = u64::from_le_bytes(rest[..8].try_into().ok()?);
+    let sum = u64::from_le_bytes(rest[8..16].try_into().ok()?);
+    let payload = &rest[16..];
+    if payload.len() as u64 != len || xxhash_rust::xxh3::xxh3_64(payload) != sum {
+        return None;
+    }
+    let (v, used): (T, usize) =
+        bincode::serde::decode_from_slice(payload, bincode::config::standard()).ok()?;
+    (used == payload.len() && v.consistent()).then_some(v)
+}
+
+/// Writes `v` to `path` through a temporary file and a rename, then removes the
+/// entries of the same kind, system and dtypes under other keys (superseded by
+/// a source change). Errors are ignored (the next run rebuilds) and leave no
+/// temporary file behind.
 fn write<T: serde::Serialize>(path: &Path, v: &T) {
-    let Ok(bytes) = bincode::serde::encode_to_vec(v, bincode::config::standard()) else {
+    let Ok(payload) = bincode::serde::encode_to_vec(v, bincode::config::standard()) else {
         return;
     };
     let Some(parent) = path.parent() else {
@@ -109,16 +184,43 @@ fn write<T: serde::Serialize>(path: &Path, v: &T) {
     if std::fs::create_dir_all(parent).is_err() {
         return;
     }
+    let mut bytes = Vec::with_capacity(payload.len() + 24);
+    bytes.extend_from_slice(MAGIC);
+    bytes.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&xxhash_rust::xxh3::xxh3_64(&payload).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("entry");
     // unique per process and call: two threads may build the same entry
     static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = parent.join(format!(
-        ".{}.{}.{}.tmp",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
+        ".{name}.{}.{}.tmp",
         std::process::id(),
         WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
-    if std::fs::write(&tmp, bytes).is_ok() && std::fs::rename(&tmp, path).is_err() {
+    if std::fs::write(&tmp, bytes).is_err() || std::fs::rename(&tmp, path).is_err() {
         let _ = std::fs::remove_file(&tmp);
+        return;
+    }
+    // `<kind>-<system>-<dtypes>-<key>.bin`: the same prefix under another key
+    let Some(prefix) = name.rsplit_once('-').map(|(p, _)| format!("{p}-")) else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let other = e.file_name();
+        let Some(other) = other.to_str() else {
+            continue;
+        };
+        if other != name
+            && other.ends_with(".bin")
+            && other
+                .strip_prefix(&prefix)
+                .is_some_and(|k| k.len() == 36 && k[..32].bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -131,7 +233,7 @@ pub enum Hit {
     Built,
 }
 
-fn cached<T: serde::Serialize + serde::de::DeserializeOwned>(
+fn cached<T: serde::Serialize + serde::de::DeserializeOwned + Consistent>(
     cache: Option<&Path>,
     dir: &Path,
     kind: &str,
@@ -248,6 +350,31 @@ mod tests {
         std::fs::write(&yaml, y).unwrap();
         let (_, h3) = kernel_tables(c, dir, "a100_sxm", "bfloat16", "bfloat16").unwrap();
         assert_eq!(h3, Hit::Built);
+        // ... and the superseded entry is gone: one entry, no temporary file
+        let names = || -> Vec<String> {
+            let mut v: Vec<String> = std::fs::read_dir(cache.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names().len(), 1, "{:?}", names());
+        assert!(names()[0].starts_with("kernels-a100_sxm-bfloat16-bfloat16-"));
+        // an altered byte that still decodes is caught by the checksum
+        let entry = cache.path().join(&names()[0]);
+        let mut bytes = std::fs::read(&entry).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&entry, &bytes).unwrap();
+        let (_, h) = kernel_tables(c, dir, "a100_sxm", "bfloat16", "bfloat16").unwrap();
+        assert_eq!(h, Hit::Built);
+        // an entry with trailing bytes is not trusted either
+        let mut bytes = std::fs::read(&entry).unwrap();
+        bytes.push(0);
+        std::fs::write(&entry, &bytes).unwrap();
+        let (_, h) = kernel_tables(c, dir, "a100_sxm", "bfloat16", "bfloat16").unwrap();
+        assert_eq!(h, Hit::Built);
         // a corrupt entry is rebuilt, not trusted
         for e in std::fs::read_dir(cache.path()).unwrap() {
             std::fs::write(e.unwrap().path(), b"not bincode").unwrap();

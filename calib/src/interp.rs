@@ -107,6 +107,36 @@ impl Grid {
         }
     }
 
+    /// Whether the grid holds what [`Grid::new`] asserts, and its derived fields
+    /// (logarithms, strides) have the shapes `new` gives them: a check for a grid
+    /// that was deserialized rather than built (the startup cache,
+    /// `grid_cache.rs`), so a damaged entry is rebuilt instead of panicking in a
+    /// lookup.
+    pub fn is_consistent(&self) -> bool {
+        let n: usize = self.axes.iter().map(Vec::len).product();
+        self.axes.len() <= MAX_AXES
+            && self.axes.iter().all(|a| {
+                !a.is_empty()
+                    && a.iter().all(|x| *x > 0.0 && x.is_finite())
+                    && a.windows(2).all(|w| w[0] < w[1])
+            })
+            && self.columns.iter().all(|c| c.len() == n)
+            && self.ln_axes.len() == self.axes.len()
+            && self
+                .ln_axes
+                .iter()
+                .zip(&self.axes)
+                .all(|(l, a)| l.len() == a.len())
+            && self.ln_columns.len() == self.columns.len()
+            && self.ln_columns.iter().all(|c| c.len() == n)
+            && self.strides.len() == self.axes.len()
+            && self
+                .strides
+                .iter()
+                .enumerate()
+                .all(|(d, &s)| s == self.axes[d + 1..].iter().map(Vec::len).product::<usize>())
+    }
+
     /// The axes.
     pub fn axes(&self) -> &[Vec<f64>] {
         &self.axes

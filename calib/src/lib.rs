@@ -45,6 +45,7 @@ pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
 pub use kernel_cost::KernelCost;
 pub use profile::{
-    monotone_envelope, GridSpec, PrefillBatching, Profile, ProfileError, Provenance, Source, Stage,
+    monotone_envelope, monotone_envelope_columns, GridSpec, PrefillBatching, Profile, ProfileError,
+    Provenance, Source, Stage,
 };
 pub use roofline::{EncodeTime, Roofline};

@@ -1709,6 +1709,22 @@ impl Parser<'_> {
 /// as for [`Profile::from_measurements`]; other columns are left as measured.
 /// Returns how many values (medians and p90s) it raised.
 pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) -> usize {
+    let na = stage.axes().len();
+    envelope_at(stage, &[na, na + 1], rows)
+}
+
+/// [`monotone_envelope`] for rows laid out as `columns` (the axes first, then value
+/// columns in any order, e.g. a table read from a file): raises the `median` and
+/// `p90` columns wherever they are, and leaves every other column as measured.
+pub fn monotone_envelope_columns(stage: Stage, columns: &[String], rows: &mut [Vec<f64>]) -> usize {
+    let at: Vec<usize> = ["median", "p90"]
+        .iter()
+        .filter_map(|name| columns.iter().position(|c| c == name))
+        .collect();
+    envelope_at(stage, &at, rows)
+}
+
+fn envelope_at(stage: Stage, value_cols: &[usize], rows: &mut [Vec<f64>]) -> usize {
     let before: Vec<Vec<f64>> = rows.to_vec();
     let axes = stage.axes();
     let na = axes.len();
@@ -1732,7 +1748,7 @@ pub fn monotone_envelope(stage: Stage, rows: &mut [Vec<f64>]) -> usize {
                     (0..na).all(|d| d == a || rows[j][d] == rows[i][d]) && rows[j][a] < rows[i][a]
                 });
                 if let Some(&j) = prev {
-                    for c in [na, na + 1] {
+                    for &c in value_cols {
                         if c < rows[i].len() && rows[i][c] < rows[j][c] {
                             rows[i][c] = rows[j][c];
                         }
@@ -1803,6 +1819,30 @@ mod tests {
 
     fn rel(a: f64, b: f64) -> f64 {
         (a - b).abs() / b.abs().max(1e-300)
+    }
+
+    #[test]
+    fn the_envelope_finds_median_and_p90_by_name() {
+        // Prefill rows laid out [tokens, tp, sm_level, p90, t_extra, median]: the
+        // 1024-token point dips below the 128-token point in median and p90.
+        let columns: Vec<String> = ["tokens", "tp", "sm_level", "p90", "t_extra", "median"]
+            .iter()
+            .map(|c| c.to_string())
+            .collect();
+        let mut rows = vec![
+            vec![128.0, 1.0, 1.0, 0.012, 5.0, 0.010],
+            vec![1024.0, 1.0, 1.0, 0.011, 1.0, 0.009],
+        ];
+        let raised = monotone_envelope_columns(Stage::Prefill, &columns, &mut rows);
+        assert_eq!(raised, 2);
+        assert_eq!(rows[1], vec![1024.0, 1.0, 1.0, 0.012, 1.0, 0.010]);
+        // The positional form would have raised column 3 and 4 (p90, t_extra).
+        let mut positional = vec![
+            vec![128.0, 1.0, 1.0, 0.012, 5.0, 0.010],
+            vec![1024.0, 1.0, 1.0, 0.011, 1.0, 0.009],
+        ];
+        monotone_envelope(Stage::Prefill, &mut positional);
+        assert_eq!(positional[1][4], 5.0);
     }
 
     #[test]

@@ -16,13 +16,13 @@
 //!    smaller one (on a shared CPU, batch-1 passes measured 12 % slower than
 //!    batch-2 passes); the refined table then gets the same running-maximum
 //!    envelope along its work axes that `easerve profile` applies to fresh
-//!    measurements ([`monotone_envelope`]), and the summary counts the values
+//!    measurements ([`monotone_envelope_columns`], by column name), and the summary counts the values
 //!    it raised.
 //!
 //! The split into `t_pass`, `t_pre` and GPU time keeps its proportions; the
 //! provenance's `method` records what was folded in.
 
-use crate::profile::{monotone_envelope, Profile, ProfileError, Stage};
+use crate::profile::{monotone_envelope_columns, Profile, ProfileError, Stage};
 
 /// One measured encode pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -116,7 +116,7 @@ pub fn refine_encode(
                 .collect()
         })
         .collect();
-    let raised = monotone_envelope(Stage::Encode, &mut rows);
+    let raised = monotone_envelope_columns(Stage::Encode, table.columns(), &mut rows);
     profile.set_encode_rows(rows)?;
     let factors: Vec<String> = summary
         .iter()

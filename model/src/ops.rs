@@ -513,22 +513,31 @@ impl ModelArch {
                 let (f1, t1) = (omni_conv_out(*mel_bins), omni_conv_out(*chunk_frames));
                 let (f2, t2) = (omni_conv_out(f1), omni_conv_out(t1));
                 let (f3, t3) = (omni_conv_out(f2), omni_conv_out(t2));
-                let chunks = tokens.div_ceil(u64::from(t3.max(1)));
+                // each item's audio is cut into its own chunks
+                let chunks: u64 = items
+                    .iter()
+                    .map(|it| it.encoder_tokens.div_ceil(u64::from(t3.max(1))))
+                    .sum();
                 let pos = |f: u32, t: u32| chunks * u64::from(f) * u64::from(t);
                 ops.push(gemm("conv2d1", pos(f1, t1), c, 9, 1));
                 ops.push(gemm("conv2d2", pos(f2, t2), c, 9 * c, 1));
                 ops.push(gemm("conv2d3", pos(f3, t3), c, 9 * c, 1));
                 ops.push(gemm("conv_out", tokens, h, c * u64::from(f3), 1));
-                // each item's whole windows, then its shorter last window
+                // each item's whole windows and its shorter last window, one
+                // batched attention per window length over the pass
+                let mut windows = std::collections::BTreeMap::<u64, u64>::new();
                 for it in items {
                     let span = it.attn_span.max(1);
                     let (whole, rest) = (it.encoder_tokens / span, it.encoder_tokens % span);
                     if whole > 0 {
-                        ops.push(attn(whole, span, layers));
+                        *windows.entry(span).or_default() += whole;
                     }
                     if rest > 0 {
-                        ops.push(attn(1, rest, layers));
+                        *windows.entry(rest).or_default() += 1;
                     }
+                }
+                for (span, count) in windows {
+                    ops.push(attn(count, span, layers));
                 }
             }
             EncoderKind::Whisper { mel_bins, .. } => {
@@ -1173,7 +1182,7 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(att, vec![(1, 104), (1, 26)]);
+        assert_eq!(att, vec![(1, 26), (1, 104)]);
         // the GEMMs multiply-accumulate what the stem's MACs per token say
         let e = a.encoder.as_ref().unwrap();
         let stem: f64 = ops
@@ -1189,5 +1198,20 @@ mod tests {
             (stem - e.stem_macs_per_token() * 130.0).abs() < 1e-6 * stem,
             "{stem}"
         );
+        // two 1.1 s clips: 15 tokens each (one whole chunk, one of 10 frames),
+        // so two chunks each (four in the pass, not ceil(30 / 13) = 3), and one
+        // attention over both clips' 15-token windows
+        let short = a.audio_tokens(1.1).unwrap();
+        assert_eq!(short.encoder_tokens, 15);
+        let ops = a.encode_ops(&[short, short]);
+        assert!(ops.contains(&gemm("conv2d1", 4 * 64 * 50, 480, 9, 1)));
+        let att: Vec<_> = ops
+            .iter()
+            .filter_map(|o| match *o {
+                Op::Attention { batch, seq, .. } => Some((batch, seq)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(att, vec![(2, 15)]);
     }
 }

@@ -212,7 +212,10 @@ pub fn internvl_grid(
 /// the smallest scale ≥ 1 wins (no canvas upscales more than needed), else the
 /// largest scale below 1; among canvases of that scale the smallest
 /// (HF `Llama4ImageProcessorFast`, `resize_to_max_canvas` false). Scales are
-/// compared as exact fractions. 768x1024 -> (3, 4).
+/// compared as exact fractions. 768x1024 -> (3, 4). HF computes the scales as
+/// float32, so two different scales that round to the same float32 are a tie
+/// there (broken by the smaller canvas) and ordered by exact value here: such
+/// an image can get a different canvas than HF gives it.
 pub fn llama4_canvas(height: u32, width: u32, max_tiles: u32, size: u32) -> (u32, u32) {
     let (h, w, p) = (
         u64::from(height.max(1)),
@@ -781,6 +784,8 @@ mod tests {
         assert_eq!(internvl_grid(1024, 768, 1, 12, 448), (4, 3));
         assert_eq!(internvl_grid(800, 800, 1, 12, 448), (2, 2));
         assert_eq!(internvl_grid(1920, 1080, 1, 12, 448), (4, 2));
+        // aspect 4.44: 4x1 (4.0) is nearer than 5x1 (5.0); 9x2 would need 18 tiles
+        assert_eq!(internvl_grid(3200, 720, 1, 12, 448), (4, 1));
         let m = ModelArch::preset("internvl3-38b").unwrap();
         for ((h, w), tiles) in [
             ((768, 1024), 13),

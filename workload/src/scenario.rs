@@ -2182,6 +2182,20 @@ fn check_model(m: &ModelArch) -> Result<(), String> {
                     l.hidden
                 ));
             }
+            // what the projector's first layer reads: the encoder's features,
+            // widened by the pixel shuffle's folding
+            let (first, why) = match &e.kind {
+                easerve_model::EncoderKind::TiledVit { pixel_shuffle, .. } => (
+                    u64::from(*pixel_shuffle).pow(2) * u64::from(e.hidden),
+                    "`pixel_shuffle`² × `encoder.hidden`",
+                ),
+                _ => (u64::from(e.hidden), "`encoder.hidden`"),
+            };
+            if projector.first().map(|&w| u64::from(w)) != Some(first) {
+                return Err(format!(
+                    "field `encoder.kind.*.projector` must start at {why} = {first} (the features it reads), got {projector:?}"
+                ));
+            }
             let params: u64 = projector
                 .windows(2)
                 .map(|w| u64::from(w[0]) * u64::from(w[1]))
@@ -2518,6 +2532,16 @@ fn check_encoder_kind(kind: &easerve_model::EncoderKind) -> Result<(), String> {
         } => {
             if image_size < patch {
                 return Err("field `encoder.kind.TiledVit.image_size` must be ≥ `patch`".into());
+            }
+            if *patch > 0
+                && *pixel_shuffle > 0
+                && (!image_size.is_multiple_of(*patch)
+                    || !(image_size / patch).is_multiple_of(*pixel_shuffle))
+            {
+                return Err(format!(
+                    "field `encoder.kind.TiledVit.image_size` ({image_size}) must be a multiple of `patch` ({patch}) whose patch side {} is a multiple of `pixel_shuffle` ({pixel_shuffle})",
+                    image_size / patch
+                ));
             }
             let (lo, hi) = match *tiling {
                 easerve_model::Tiling::InternVl {
