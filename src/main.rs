@@ -25,6 +25,7 @@ mod calib_cmd;
 mod capacity_cmd;
 mod deploy_cmd;
 mod exec_cmd;
+mod model_cmd;
 mod profile_cmd;
 mod reproduce_cmd;
 mod search_cmd;
@@ -78,6 +79,10 @@ enum Command {
     /// Re-run the EAServe paper's findings in simulation and write a Markdown report with plots.
     #[command(after_help = EXIT_CODES)]
     Reproduce(reproduce_cmd::ReproduceArgs),
+    /// Model files: `easerve model import CONFIG.json -o MODEL.toml` writes one
+    /// from a Hugging Face checkpoint's config.
+    #[command(subcommand)]
+    Model(model_cmd::ModelCommand),
     /// Calibration: write, show, import, validate and refine stage-cost profiles.
     #[command(subcommand)]
     Calib(calib_cmd::CalibCommand),
@@ -390,6 +395,7 @@ impl std::error::Error for BadInput {}
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Calib(cmd) => calib_cmd::run(cmd),
+        Command::Model(cmd) => model_cmd::run(cmd),
         Command::Search(a) => search_cmd::run(a),
         Command::Sweep(a) => sweep_cmd::run(a),
         Command::Reproduce(a) => reproduce_cmd::run(a),

@@ -10,7 +10,7 @@
 //! * sizes are cut so that the whole README runs in about a minute
 //!   ([`SMALL`]): `--requests 24` where a subcommand takes it, one seed per
 //!   sweep point, the profiler's `--quick` grid with one timed run;
-//! * the folder holds `scenarios/` (a link to the repository's) and
+//! * the folder holds `scenarios/` and `model/` (links to the repository's) and
 //!   `calib/preprocess/`; `../shared/data` is the repository's neighbour, and
 //!   a command that needs it is skipped, saying so, when it is absent;
 //! * every command must exit 0, except `calib validate`, whose exit 1 means "an
@@ -208,6 +208,7 @@ fn run_blocks(file: &'static str) -> usize {
     let dir = tempfile::tempdir().expect("temp dir");
     let work = dir.path();
     std::os::unix::fs::symlink(root().join("scenarios"), work.join("scenarios")).unwrap();
+    std::os::unix::fs::symlink(root().join("model"), work.join("model")).unwrap();
     std::fs::create_dir_all(work.join("calib/preprocess")).unwrap();
     let shared: PathBuf = root().join("../shared/data");
     let mut ran = 0;

@@ -10,7 +10,8 @@
 //! 2. [`presets`]: the real-size and tiny presets, each citing its checkpoint's `config.json`.
 //! 3. [`tokens`]: how an image / video / audio clip becomes encoder and LLM tokens.
 //! 4. [`work`]: FLOPs and bytes of an encode pass, a prefill pass, a decode step.
-//! 5. `nn` (feature `nn`): burn modules with these shapes, for real execution.
+//! 5. [`import`]: a model file from a Hugging Face `config.json`.
+//! 6. `nn` (feature `nn`): burn modules with these shapes, for real execution.
 //!
 //! ```
 //! use easerve_model::ModelArch;
@@ -23,6 +24,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod arch;
+pub mod import;
 #[cfg(feature = "nn")]
 pub mod nn;
 pub mod ops;

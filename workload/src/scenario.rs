@@ -2124,7 +2124,7 @@ fn load_custom<T: serde::de::DeserializeOwned>(
 
 /// Shapes a custom model must have: every size positive, heads dividing the
 /// width, KV heads dividing the heads, 1-, 2- or 4-byte weights.
-fn check_model(m: &ModelArch) -> Result<(), String> {
+pub fn check_model(m: &ModelArch) -> Result<(), String> {
     let l = &m.llm;
     let positive = [
         ("llm.layers", l.layers),
