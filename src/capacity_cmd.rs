@@ -145,7 +145,10 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         tier: a.slo.clone(),
         attain: a.attain,
     };
-    let planner = Planner::new(&a.scenario, Vec::new(), base, goal.clone(), tuning).map_err(bad)?;
+    let planner =
+        Planner::new(&a.scenario, Vec::new(), base.clone(), goal.clone(), tuning).map_err(bad)?;
+    let own = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
+    crate::preflight(&own)?;
     let quiet = a.json;
     let mut on_probe = |p: &Probe| {
         if !quiet {

@@ -101,7 +101,7 @@ pub(crate) fn run(a: DeployArgs) -> anyhow::Result<ExitCode> {
         a.deployment.as_deref(),
     )?;
     let sc = Scenario::load(&a.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
-    crate::warn_size(&sc);
+    crate::preflight(&sc)?;
     write(&sc, &dir, &a.out)?;
     Ok(ExitCode::SUCCESS)
 }

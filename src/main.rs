@@ -205,7 +205,7 @@ impl RunArgs {
         };
         overrides = with_deployment(overrides, self.deployment.as_deref())?;
         let sc = Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
-        warn_size(&sc);
+        preflight(&sc)?;
         Ok(sc)
     }
 
@@ -296,10 +296,15 @@ pub(crate) fn emit(args: std::fmt::Arguments<'_>) -> Result<(), BadInput> {
 }
 
 /// Print the scenario's [`Scenario::size_warnings`] on stderr.
-pub(crate) fn warn_size(sc: &Scenario) {
+/// Before a run: warn of sizes that will be slow, and refuse (exit 2) a
+/// scenario whose measured kernel tables are there but unreadable
+/// ([`Scenario::check_kernel_tables`]).
+pub(crate) fn preflight(sc: &Scenario) -> Result<(), BadInput> {
     for w in sc.size_warnings() {
         eprintln!("warning: {}: {w}", sc.name);
     }
+    sc.check_kernel_tables()
+        .map_err(|e| BadInput(e.to_string()))
 }
 
 /// Write an output file named by `flag`: every failure (creating, writing,

@@ -140,7 +140,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
-    crate::warn_size(&sc);
+    crate::preflight(&sc)?;
     a.out.check(&sc)?;
     let space = easerve_has::feasible_allocations(&sc);
     if space.is_empty() {

@@ -231,7 +231,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         },
     )
     .map_err(|e| bad(e.to_string()))?;
-    crate::warn_size(&base);
+    crate::preflight(&base)?;
     let rates = match &a.rates {
         Some(r) => parse_rates(r).map_err(|e| {
             bad(format!(

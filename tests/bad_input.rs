@@ -484,3 +484,60 @@ fn custom_tiled_and_omni_encoders_with_bad_fields() {
         rejects(&sc, &[], needles);
     }
 }
+
+/// Measured tables that are there but unreadable are refused (exit 2, naming
+/// the field and the file), not silently replaced by the roofline: a corrupt
+/// fused-MoE table under a private copy of the H100's data.
+#[test]
+fn a_corrupt_moe_table_exits_2_naming_the_file() {
+    let src = root().join("../shared/data/aiconfigurator");
+    if !src.join("data/h100_sxm").is_dir() {
+        eprintln!("skipped: ../shared/data/aiconfigurator is absent");
+        return;
+    }
+    fn copy(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let p = e.unwrap().path();
+            let t = to.join(p.file_name().unwrap());
+            if p.is_dir() {
+                copy(&p, &t);
+            } else {
+                std::fs::copy(&p, &t).unwrap();
+            }
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    copy(
+        &src.join("data/h100_sxm"),
+        &dir.path().join("data/h100_sxm"),
+    );
+    std::fs::copy(src.join("h100_sxm.yaml"), dir.path().join("h100_sxm.yaml")).unwrap();
+    let moe = dir
+        .path()
+        .join("data/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet");
+    assert!(moe.is_file(), "{}", moe.display());
+    std::fs::write(&moe, b"PAR1 not a parquet file").unwrap();
+    for cmd in [
+        &["sim", "scenarios/moe-video.toml", "--requests", "10"][..],
+        &["search", "scenarios/moe-video.toml", "--requests", "10"][..],
+    ] {
+        let out = crate::easerve_command()
+            .args(cmd)
+            .current_dir(root())
+            .env("EASERVE_AICONFIGURATOR_DIR", dir.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{cmd:?}: {err}");
+        assert!(out.stdout.is_empty(), "{cmd:?} printed a report");
+        for n in [
+            "scenarios/moe-video.toml",
+            "cluster.kernels",
+            "moe_perf.parquet",
+            "roofline",
+        ] {
+            assert!(err.contains(n), "{cmd:?}: lacks {n:?}: {err}");
+        }
+    }
+}

@@ -835,6 +835,29 @@ impl Scenario {
         .transpose()
     }
 
+    /// The measured kernel tables [`Scenario::cost`] would read, checked: an
+    /// error naming `cluster.kernels` and the unreadable file when the tables
+    /// are there but cannot be read (a corrupt GEMM or fused-MoE parquet, a
+    /// table without a needed column), where [`Scenario::cost`] itself falls
+    /// back to the roofline with a note. The command line refuses such a
+    /// scenario (exit 2) rather than answer from another cost source.
+    ///
+    /// # Errors
+    /// As above; absent data or a roofline scenario is not an error.
+    pub fn check_kernel_tables(&self) -> Result<(), ScenarioError> {
+        match self.kernel_cost() {
+            Some(Err(e)) => Err(ScenarioError {
+                file: self.file.clone(),
+                field: "cluster.kernels".into(),
+                message: format!(
+                    "the measured kernel tables of {} cannot be read: {e}; restore the file, or set `cluster.kernels = \"roofline\"` to price from the roofline",
+                    self.gpu.name
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Where the deployment's workers run: GPUs, labels and local-prefill
     /// groups ([`easerve_sched::Topology`]), built from the allocation and the
     /// local prefill TP.
