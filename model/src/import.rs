@@ -1220,59 +1220,39 @@ mod tests {
         }
     }
 
+    /// [`import`] of `c` with an optional preprocessor config, named `m`.
+    fn read(c: &Value, pre: Option<&Value>) -> Result<Imported, ImportError> {
+        import(
+            "m",
+            Inputs {
+                config: c,
+                preprocessor: pre,
+                video_preprocessor: None,
+            },
+        )
+    }
+
     #[test]
     fn keys_that_cannot_be_mapped_are_named() {
         let mut c = fixture("llama-4-scout-17b-16e", "config.json").unwrap();
         c["text_config"]["interleave_moe_layer_step"] = json!(2);
-        let e = import(
-            "m",
-            Inputs {
-                config: &c,
-                preprocessor: None,
-                video_preprocessor: None,
-            },
-        )
-        .unwrap_err();
+        let e = read(&c, None).unwrap_err();
         assert_eq!(e.key, "text_config.interleave_moe_layer_step");
         assert!(e.message.contains("Maverick"), "{e}");
 
         let c = json!({"model_type": "mllama"});
-        let e = import(
-            "m",
-            Inputs {
-                config: &c,
-                preprocessor: None,
-                video_preprocessor: None,
-            },
-        )
-        .unwrap_err();
+        let e = read(&c, None).unwrap_err();
         assert_eq!(e.key, "model_type");
         assert!(e.message.contains("qwen3_vl_moe"), "{e}");
 
         let mut c = fixture("qwen2.5-vl-32b", "config.json").unwrap();
         c["vision_config"]["fullatt_block_indexes"] = json!([7, 15, 20, 31]);
         let pre = fixture("qwen2.5-vl-32b", "preprocessor_config.json").unwrap();
-        let e = import(
-            "m",
-            Inputs {
-                config: &c,
-                preprocessor: Some(&pre),
-                video_preprocessor: None,
-            },
-        )
-        .unwrap_err();
+        let e = read(&c, Some(&pre)).unwrap_err();
         assert_eq!(e.key, "vision_config.fullatt_block_indexes");
 
         let c = fixture("qwen2.5-vl-32b", "config.json").unwrap();
-        let e = import(
-            "m",
-            Inputs {
-                config: &c,
-                preprocessor: None,
-                video_preprocessor: None,
-            },
-        )
-        .unwrap_err();
+        let e = read(&c, None).unwrap_err();
         assert!(e.message.contains("--preprocessor"), "{e}");
 
         let mut c = fixture("qwen3-vl-30b-a3b", "config.json").unwrap();
@@ -1281,15 +1261,7 @@ mod tests {
             .unwrap()
             .remove("moe_intermediate_size");
         let pre = fixture("qwen3-vl-30b-a3b", "preprocessor_config.json").unwrap();
-        let e = import(
-            "m",
-            Inputs {
-                config: &c,
-                preprocessor: Some(&pre),
-                video_preprocessor: None,
-            },
-        )
-        .unwrap_err();
+        let e = read(&c, Some(&pre)).unwrap_err();
         assert_eq!(e.key, "text_config.moe_intermediate_size");
         assert!(
             e.to_string()
@@ -1300,15 +1272,7 @@ mod tests {
         let mut c = fixture("qwen3-vl-8b", "config.json").unwrap();
         c["text_config"]["num_hidden_layers"] = json!("36");
         let pre = fixture("qwen3-vl-8b", "preprocessor_config.json").unwrap();
-        let e = import(
-            "m",
-            Inputs {
-                config: &c,
-                preprocessor: Some(&pre),
-                video_preprocessor: None,
-            },
-        )
-        .unwrap_err();
+        let e = read(&c, Some(&pre)).unwrap_err();
         assert_eq!(e.key, "text_config.num_hidden_layers");
         assert!(e.message.contains("whole number"), "{e}");
     }
@@ -1317,15 +1281,7 @@ mod tests {
     fn pan_and_scan_is_read_from_the_preprocessor() {
         let c = fixture("gemma-3-27b", "config.json").unwrap();
         let pre = json!({"do_pan_and_scan": true, "pan_and_scan_max_num_crops": 3});
-        let got = import(
-            "g",
-            Inputs {
-                config: &c,
-                preprocessor: Some(&pre),
-                video_preprocessor: None,
-            },
-        )
-        .unwrap();
+        let got = read(&c, Some(&pre)).unwrap();
         match got.arch.encoder.unwrap().kind {
             EncoderKind::Siglip {
                 pan_and_scan: Some(p),

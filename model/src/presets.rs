@@ -26,6 +26,7 @@ pub const PRESET_NAMES: &[&str] = &[
     "tiny-image",
     "tiny-video",
     "tiny-audio",
+    "tiny-moe",
 ];
 
 /// The Hugging Face checkpoint a serving engine loads for a real-size preset
@@ -714,6 +715,27 @@ fn tiny_image() -> ModelArch {
     }
 }
 
+/// CPU preset for real execution of a mixture-of-experts LLM: [`tiny_image`]'s
+/// encoder and token rules, and [`cpu_llm`]'s attention with every layer's MLP
+/// replaced by a router over 8 SwiGLU experts of width 256, of which each token
+/// takes 2, plus one shared expert of width 256 (Qwen3-MoE's routing with a
+/// Llama 4-style shared expert). Made-up shapes.
+fn tiny_moe() -> ModelArch {
+    let mut m = tiny_image();
+    m.name = "tiny-moe".into();
+    m.llm.moe = Some(MoeArch {
+        experts: 8,
+        top_k: 2,
+        expert_ffn: 256,
+        shared_experts: 1,
+        shared_ffn: 256,
+        first_dense_layers: 0,
+        router: 8,
+        routing: MoeRouting::Balanced,
+    });
+    m
+}
+
 /// CPU preset for real execution, Qwen2.5-VL token rules scaled down: patch 14,
 /// temporal patch 2, 2x2 merge, 56-px windows (4x4 patches), full attention every 2nd
 /// block; images 3136..50176 px (56x56..224x224), video frames 3136..12544 px
@@ -788,6 +810,7 @@ impl ModelArch {
             "tiny-whisper-lm" => tiny_whisper_lm(),
             "text-lm-tiny" => text_lm_tiny(),
             "tiny-image" => tiny_image(),
+            "tiny-moe" => tiny_moe(),
             "tiny-video" => tiny_video(),
             "tiny-audio" => tiny_audio(),
             "qwen3-vl-8b" => qwen3_vl_8b(),

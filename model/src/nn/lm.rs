@@ -1,5 +1,5 @@
 //! Decoder-only language model (Llama / Qwen2 style): RMSNorm, RoPE, grouped-query
-//! attention, SwiGLU; the KV cache lives outside the module, preallocated and
+//! attention, SwiGLU or a mixture of experts ([`super::moe`]); the KV cache lives outside the module, preallocated and
 //! written in place ([`KvCache`]).
 
 use burn::config::Config;
@@ -11,6 +11,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use super::attention::{apply_rope, float_tensor, index_tensor, RopeAngles, MASKED};
 use super::blocks::{Mlp, MlpConfig, Norm, NormConfig, NormKind};
+use super::moe::{Moe, MoeConfig};
 
 /// Configuration of [`DecoderLm`].
 #[derive(Config, Debug)]
@@ -32,6 +33,13 @@ pub struct DecoderLmConfig {
     /// RoPE base (Llama 2: 10000; Qwen2.5: 1000000).
     #[config(default = 10000.0)]
     pub rope_theta: f64,
+    /// The mixture-of-experts layers (`None`: every layer's MLP is the dense
+    /// SwiGLU of `d_ff`).
+    #[config(default = "None")]
+    pub moe: Option<MoeConfig>,
+    /// Leading layers with the dense MLP when `moe` is set.
+    #[config(default = 0)]
+    pub first_dense_layers: usize,
 }
 
 impl DecoderLmConfig {
@@ -40,7 +48,7 @@ impl DecoderLmConfig {
         DecoderLm {
             embed: EmbeddingConfig::new(self.vocab, self.d_model).init(device),
             layers: (0..self.n_layers)
-                .map(|_| DecoderLayer {
+                .map(|li| DecoderLayer {
                     norm1: NormConfig::new(self.d_model, NormKind::Rms).init(device),
                     q: LinearConfig::new(self.d_model, self.n_heads * self.head_dim)
                         .with_bias(false)
@@ -52,10 +60,17 @@ impl DecoderLmConfig {
                         .with_bias(false)
                         .init(device),
                     norm2: NormConfig::new(self.d_model, NormKind::Rms).init(device),
-                    mlp: MlpConfig::new(self.d_model, self.d_ff)
-                        .with_gated(true)
-                        .with_bias(false)
-                        .init(device),
+                    mlp: match &self.moe {
+                        Some(m) if li >= self.first_dense_layers => {
+                            FeedForward::Moe(m.init(device))
+                        }
+                        _ => FeedForward::Dense(
+                            MlpConfig::new(self.d_model, self.d_ff)
+                                .with_gated(true)
+                                .with_bias(false)
+                                .init(device),
+                        ),
+                    },
                 })
                 .collect(),
             norm: NormConfig::new(self.d_model, NormKind::Rms).init(device),
@@ -182,6 +197,30 @@ fn write_position<B: Backend>(
     *slot = buffer.slice_assign([0..kvh, pos..pos + 1, 0..hd], value);
 }
 
+/// A decoder layer's feed-forward part: the dense SwiGLU MLP or a
+/// mixture of experts.
+#[derive(Module, Debug)]
+pub enum FeedForward<B: Backend> {
+    /// Dense SwiGLU MLP.
+    Dense(Mlp<B>),
+    /// Router, routed experts and shared experts.
+    Moe(Moe<B>),
+}
+
+impl<B: Backend> FeedForward<B> {
+    /// # Shapes
+    /// `[b, L, d]` -> `[b, L, d]`.
+    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Moe(m) => {
+                let [b, l, d] = x.dims();
+                m.forward(x.reshape([b * l, d])).reshape([b, l, d])
+            }
+        }
+    }
+}
+
 /// One decoder layer.
 #[derive(Module, Debug)]
 pub struct DecoderLayer<B: Backend> {
@@ -190,7 +229,7 @@ pub struct DecoderLayer<B: Backend> {
     kv: Linear<B>,
     o: Linear<B>,
     norm2: Norm<B>,
-    mlp: Mlp<B>,
+    mlp: FeedForward<B>,
 }
 
 /// Decoder-only LM whose forward takes input embeddings, so image / video / audio
@@ -218,6 +257,14 @@ impl<B: Backend> DecoderLm<B> {
         let e = self.embed.forward(ids);
         let [_, n, d] = e.dims();
         e.reshape([n, d])
+    }
+
+    /// Layers whose feed-forward part is a mixture of experts.
+    pub fn moe_layers(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| matches!(l.mlp, FeedForward::Moe(_)))
+            .count()
     }
 
     /// Hidden width `d`.

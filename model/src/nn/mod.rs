@@ -7,6 +7,8 @@
 //!   window + full attention, 2x2 merger).
 //! * [`whisper`]: Whisper-style audio encoder + Ultravox stacking projector.
 //! * [`lm`]: decoder LM (RMSNorm, RoPE, GQA, SwiGLU) taking input embeddings.
+//! * [`moe`]: the mixture-of-experts feed-forward layer (router, top-k experts,
+//!   shared experts) of an MoE LLM's layers.
 //!
 //! Weights are random (seeded by the caller through `B::seed`): timing does not depend
 //! on weight values. All tensors are f32 on the backend's default float type.
@@ -23,6 +25,7 @@
 pub mod attention;
 pub mod blocks;
 pub mod lm;
+pub mod moe;
 pub mod projector;
 pub mod qwen_vit;
 pub mod vit;
@@ -34,7 +37,8 @@ use burn::tensor::Tensor;
 
 use crate::arch::{EncoderKind, ModelArch};
 pub use attention::{RopeAngles, Segments};
-pub use lm::{DecoderLm, DecoderLmConfig, KvCache, KV_BLOCK};
+pub use lm::{DecoderLm, DecoderLmConfig, FeedForward, KvCache, KV_BLOCK};
+pub use moe::{Moe, MoeConfig};
 pub use projector::{Projector, ProjectorAct, ProjectorConfig};
 pub use qwen_vit::{QwenPatches, QwenVision, QwenVisionConfig};
 pub use vit::{AnyresImage, AnyresVision, AnyresVisionConfig, Vit, VitConfig};
@@ -235,6 +239,17 @@ impl<B: Backend> MultimodalModel<B> {
             l.ffn as usize,
         )
         .with_rope_theta(rope_theta(arch))
+        .with_moe(l.moe.as_ref().map(|m| {
+            MoeConfig::new(
+                d_llm,
+                m.experts as usize,
+                m.top_k as usize,
+                m.expert_ffn as usize,
+            )
+            .with_shared_experts(m.shared_experts as usize)
+            .with_shared_ffn(m.shared_ffn as usize)
+        }))
+        .with_first_dense_layers(l.moe.as_ref().map_or(0, |m| m.first_dense_layers as usize))
         .init(device);
         Ok(MultimodalModel {
             encoders,

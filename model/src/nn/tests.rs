@@ -312,3 +312,70 @@ fn grouped_query_attention_matches_repeated_key_value_heads() {
     assert_eq!(got.dims(), [b, h, l, hd]);
     assert!(max_diff(got, want) < 1e-5);
 }
+
+/// The grouped MoE layer (each expert once over its gathered rows, outputs
+/// added back in place) equals the dense computation: each token through its
+/// chosen experts alone, summed with the routing weights, plus the shared
+/// expert.
+#[test]
+fn moe_layer_equals_a_dense_computation_of_the_chosen_experts() {
+    let device = Default::default();
+    B::seed(&device, 11);
+    for (shared, top_k) in [(1, 2), (0, 1), (0, 8)] {
+        let moe = MoeConfig::new(64, 8, top_k, 32)
+            .with_shared_experts(shared)
+            .with_shared_ffn(48)
+            .init::<B>(&device);
+        let x = rand([37, 64]);
+        let grouped = moe.forward(x.clone());
+        let dense = moe.forward_dense(x.clone());
+        let d = max_diff(grouped.clone(), dense);
+        assert!(
+            d < 1e-4,
+            "shared {shared}, top {top_k}: grouped differs by {d}"
+        );
+        // the routing really spreads: several experts get tokens
+        let scores: Vec<f32> = moe.scores(x).into_data().iter::<f32>().collect();
+        let routes = moe::route(&scores, 8, top_k);
+        let used: std::collections::BTreeSet<usize> =
+            routes.iter().flatten().map(|r| r.0).collect();
+        assert!(used.len() >= 3.min(8), "{used:?}");
+        for r in &routes {
+            assert_eq!(r.len(), top_k);
+            let w: f32 = r.iter().map(|c| c.1).sum();
+            assert!((w - 1.0).abs() < 1e-5, "{r:?}");
+        }
+        assert!(grouped.abs().max().into_scalar() > 0.0);
+    }
+}
+
+/// Routing: softmax over the experts, the top k, renormalised; ties go to
+/// the lower index.
+#[test]
+fn routing_takes_the_top_k_of_the_softmax_renormalised() {
+    let r = moe::route(&[0.0, 2.0, 1.0, 2.0], 4, 2);
+    assert_eq!(r[0].iter().map(|c| c.0).collect::<Vec<_>>(), vec![1, 3]);
+    assert!((r[0][0].1 - 0.5).abs() < 1e-6 && (r[0][1].1 - 0.5).abs() < 1e-6);
+    let r = moe::route(&[(3.0f32).ln(), 0.0, f32::NEG_INFINITY], 3, 2);
+    assert!((r[0][0].1 - 0.75).abs() < 1e-6, "{r:?}");
+    assert_eq!(r[0][1].0, 1);
+}
+
+/// The tiny-moe LM: every layer is MoE and the KV-cached decode matches a
+/// full forward through the same experts.
+#[test]
+fn tiny_moe_decodes_as_its_full_forward() {
+    let m = model("tiny-moe");
+    let device = Default::default();
+    let prompt = rand([7, 256]);
+    let next = m.lm.embed_tokens(&[5, 900, 2], &device);
+    let (_, mut caches) = m.lm.prefill(std::slice::from_ref(&prompt));
+    let mut last = None;
+    for i in 0..3 {
+        last = Some(m.lm.decode(next.clone().narrow(0, i, 1), &mut caches));
+    }
+    let full = m.lm.forward_all(Tensor::cat(vec![prompt, next], 0));
+    let d = max_diff(full.narrow(0, 9, 1), last.unwrap());
+    assert!(d < 1e-3, "cached decode differs from full forward by {d}");
+    assert_eq!(m.lm.moe_layers(), 4);
+}
