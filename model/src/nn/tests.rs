@@ -339,7 +339,7 @@ fn moe_layer_equals_a_dense_computation_of_the_chosen_experts() {
         let routes = moe::route(&scores, 8, top_k);
         let used: std::collections::BTreeSet<usize> =
             routes.iter().flatten().map(|r| r.0).collect();
-        assert!(used.len() >= 3.min(8), "{used:?}");
+        assert!(used.len() >= 3, "{used:?}");
         for r in &routes {
             assert_eq!(r.len(), top_k);
             let w: f32 = r.iter().map(|c| c.1).sum();
