@@ -541,3 +541,33 @@ fn a_corrupt_moe_table_exits_2_naming_the_file() {
         }
     }
 }
+
+#[test]
+fn launch_modes_engines_and_sizes_are_checked() {
+    let with = |t: &str| video_with(|s| format!("{s}\n[deployment.launch]\n{t}\n"));
+    rejects(
+        with("encode = \"graphs\"").path(),
+        &[],
+        &["deployment.launch.encode", "allowed: eager, graph"],
+    );
+    rejects(
+        with("engine = \"tgi\"").path(),
+        &[],
+        &["deployment.launch.engine", "allowed: vllm, sglang, easerve"],
+    );
+    rejects(
+        with("graph_max_batch = 0").path(),
+        &[],
+        &["deployment.launch.graph_max_batch", "allowed 1"],
+    );
+    rejects(
+        with("per_launch_us = -1.0").path(),
+        &[],
+        &["deployment.launch.per_launch_us", "[0, 10000]"],
+    );
+    rejects(
+        with("decode = \"eager\"\ncuda_graphs = true").path(),
+        &[],
+        &["cuda_graphs", "unknown field"],
+    );
+}

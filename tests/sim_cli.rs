@@ -724,3 +724,44 @@ fn every_real_size_preset_runs_in_sim_search_capacity_and_deploy() {
         );
     }
 }
+
+/// `[deployment.launch]`: the MoE video scenario's decode steps read 3.3e9
+/// parameters, fast enough that an eager engine's launches bound them: run by
+/// easerve's eager executor, TPOT rises against vLLM's graphed decode, and the
+/// notes name the launch modes and the per-launch cost's source.
+#[test]
+fn an_eager_engine_raises_the_tpot_of_an_moe_model() {
+    if !kernel_data() {
+        println!("SKIPPED: ../shared/data/aiconfigurator not found");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(scenario("moe-video")).unwrap();
+    let write = |name: &str, extra: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("{base}\n{extra}")).unwrap();
+        p
+    };
+    let args = ["--requests", "40", "--rate", "0.5"];
+    let vllm = sim_json(&write("vllm.toml", ""), &args);
+    let eager = sim_json(
+        &write("eager.toml", "[deployment.launch]\nengine = \"easerve\"\n"),
+        &args,
+    );
+    let (g, e) = (num(&vllm, "/tpot/mean"), num(&eager, "/tpot/mean"));
+    println!(
+        "moe-video TPOT: vLLM graphed decode {:.2} ms, eager {:.2} ms",
+        g * 1e3,
+        e * 1e3
+    );
+    assert!(e > 1.2 * g, "{e} {g}");
+    let notes = eager["notes"].to_string();
+    assert!(
+        notes.contains("launch (easerve defaults): encode eager, prefill eager, decode eager")
+            && notes.contains("16.35 µs"),
+        "{notes}"
+    );
+    assert!(vllm["notes"]
+        .to_string()
+        .contains("decode graph ≤ 512 sequences"));
+}

@@ -124,6 +124,10 @@ pub struct FixtureRow {
     pub text_tokens: u64,
     /// Source link.
     pub source: String,
+    /// How the measured engine launched the pass: `eager` or `graph` (every
+    /// stage of the row); unset: vLLM's defaults ([`crate::Launch::default`]).
+    #[serde(default)]
+    pub launch: Option<String>,
 }
 
 /// The fixture file.
@@ -159,6 +163,24 @@ impl FixtureRow {
             }
             _ => Vec::new(),
         })
+    }
+
+    /// How the row's engine launched its passes: every stage eager, or every
+    /// stage graphed at any size, as its `launch` says; else vLLM's defaults.
+    ///
+    /// # Errors
+    /// A `launch` other than `eager` or `graph`.
+    pub fn launch(&self) -> Result<crate::Launch, String> {
+        use crate::launch::{LaunchMode, StageLaunch};
+        let mut l = crate::Launch::default();
+        if let Some(m) = &self.launch {
+            let stage = match LaunchMode::parse(m).map_err(|e| format!("{}: {e}", self.id))? {
+                LaunchMode::Eager => StageLaunch::EAGER,
+                LaunchMode::Graph => StageLaunch::graph(u64::MAX),
+            };
+            (l.encode, l.prefill, l.decode) = (stage, stage, stage);
+        }
+        Ok(l)
     }
 
     /// Predict the row with `cost` (a [`crate::KernelCost`] for its model and GPU):
@@ -258,7 +280,8 @@ mod tests {
             let gpu = GpuSpec::preset(&r.gpu).unwrap();
             let cost = KernelCost::from_data(&dir, &m, &gpu, "aggregated", "bfloat16", 1.0, false)
                 .unwrap()
-                .unwrap_or_else(|| panic!("{}: no tables for {}", r.id, r.gpu));
+                .unwrap_or_else(|| panic!("{}: no tables for {}", r.id, r.gpu))
+                .with_launch(r.launch().unwrap());
             let (p, what) = r.predict(&m, &cost).unwrap();
             assert!(p.is_finite() && p > 0.0, "{}: {p}", r.id);
             let e = (p * 1e3 - r.measured_ms) / r.measured_ms;

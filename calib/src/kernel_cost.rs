@@ -40,6 +40,7 @@ use std::sync::Arc;
 use easerve_model::{AttnKind, ItemTokens, ModelArch, Op, Parallel, PrefillShape};
 
 use crate::aic::{look, KernelTables, MoeShape, MoeTables};
+use crate::launch::{Launch, LaunchStage};
 use crate::preprocess::EncodeTerms;
 use crate::roofline::{EncodeTime, MIN_SM_SHARE};
 use crate::{Efficiency, GpuSpec, StageCost};
@@ -159,6 +160,12 @@ pub struct KernelCost {
     moe: Option<Arc<MoeTables>>,
     /// MoE layers priced as grouped GEMMs (shape not measured), and from the table.
     moe_priced: [AtomicU64; 2],
+    /// How the engine runs each stage's passes (the eager launch floor).
+    launch: Launch,
+    /// Kernel launches of a prefill batch (all but its context attention and
+    /// LM head repeat per layer, so the count depends only on the
+    /// parallelism) and of a decode step, by [`Parallel::key`].
+    launches: Memo<(u8, u32), u64>,
 }
 
 /// Rows per block of vLLM's fused-MoE Triton kernel: each expert's rows are
@@ -224,9 +231,53 @@ impl KernelCost {
             ops_entries: AtomicU64::new(0),
             moe: None,
             moe_priced: Default::default(),
+            launch: Launch::default(),
+            launches: Default::default(),
         };
         c.interference = c.derive_interference();
         c
+    }
+
+    /// Run the stages' passes as `launch` says (eager or graphed, and the
+    /// per-launch cost); [`Launch::default`] (vLLM's) until set.
+    pub fn with_launch(mut self, launch: Launch) -> KernelCost {
+        self.launch = launch;
+        self.clear_memos();
+        self
+    }
+
+    /// How the stages' passes are launched.
+    pub fn launch(&self) -> &Launch {
+        &self.launch
+    }
+
+    /// Empties the priced-pass memos (after a change of what prices them).
+    fn clear_memos(&mut self) {
+        self.decode_memo = Default::default();
+        self.step_memo = Default::default();
+        self.encode_memo = Default::default();
+        self.prefill_layers = Default::default();
+        self.prefill_tail = Default::default();
+        self.launches = Default::default();
+        self.ops_entries = AtomicU64::new(0);
+    }
+
+    /// Kernel launches of a prefill batch (`0`) or a decode step (`1`) at `par`.
+    fn launches_of(&self, which: u8, par: Parallel) -> u64 {
+        let key = (which, par.key());
+        if let Some(n) = self.launches.read().ok().and_then(|m| m.get(&key).copied()) {
+            return n;
+        }
+        let ops = if which == 0 {
+            self.model.prefill_ops(&[1], par)
+        } else {
+            self.model.decode_ops(1, 1, par)
+        };
+        let n = ops.iter().map(Op::launches).sum();
+        if let Ok(mut m) = self.launches.write() {
+            m.insert(key, n);
+        }
+        n
     }
 
     /// The tables in use.
@@ -545,7 +596,13 @@ impl KernelCost {
         if let Some(v) = hit {
             return v;
         }
-        let v = self.price_all(&self.model.encode_ops(items), share, Phase::Encode);
+        let ops = self.model.encode_ops(items);
+        let (t, ext) = self.price_all(&ops, share, Phase::Encode);
+        let tokens = items.iter().map(|i| i.encoder_tokens).sum();
+        let v = (
+            t.max(self.launch.floor_of(LaunchStage::Encode, tokens, &ops)),
+            ext,
+        );
         if self.ops_memo_has_room() {
             if let Ok(mut m) = self.encode_memo.write() {
                 m.entry(bits).or_default().insert(items.into(), v);
@@ -598,7 +655,16 @@ impl KernelCost {
                 (l, t)
             }
         };
-        (layers.0 + attn + head, layers.1 || tail_ext)
+        let floor = self.launch.floor(
+            LaunchStage::Prefill,
+            shape.tokens,
+            if self.launch.prefill.eager(shape.tokens) {
+                self.launches_of(0, par)
+            } else {
+                0
+            },
+        );
+        ((layers.0 + attn + head).max(floor), layers.1 || tail_ext)
     }
 
     /// Seconds of the context-independent ops of one decode step at `(batch,
@@ -719,6 +785,7 @@ impl KernelCost {
                 "decode: measured kernels ({}{dtypes}, CUDA-graph all-reduce){proxy} + {} s per step (assumption, calib/src/eff.rs)",
                 self.tables.provenance.system, self.eff.decode_step_s
             ),
+            self.launch.note(),
             format!(
                 "co-location: encode slowdown next to a prefill {:.3} (derived from HBM demand), time-slicing penalty {} (assumption, EAServe §4.4)",
                 self.interference, self.eff.time_slice_penalty
@@ -783,7 +850,13 @@ impl StageCost for KernelCost {
                 .model
                 .decode_attention(batch, total_context_tokens, par);
             let (a, ext) = self.price(&attn, 1.0, Phase::Decode);
-            let v = (fixed.0 + a + fixed.1, ext || fixed.2);
+            let floor = if self.launch.decode.eager(batch) {
+                self.launch
+                    .floor(LaunchStage::Decode, batch, self.launches_of(1, par))
+            } else {
+                0.0
+            };
+            let v = ((fixed.0 + a + fixed.1).max(floor), ext || fixed.2);
             if let Ok(mut m) = self.step_memo.write() {
                 m.insert((par.key(), batch), seq, v);
             }
@@ -1057,6 +1130,72 @@ mod tests {
         assert!(rb > 3.5 && rb < 5.5 && rb > 1.5 * rs, "{rb}");
         let t = c.encode(&big, 1.0);
         assert!(t.t_pre > 0.0 && t.t_pass == crate::preprocess::EASERVE_PASS_S);
+    }
+
+    /// The launch floor (`crate::launch`): a small eager encode pass costs its
+    /// launches × the per-launch cost, not its kernels; graphed it is its
+    /// kernels; a large pass is its kernels either way. vLLM's graphed decode
+    /// has no floor; easerve's eager one has, and it binds at a small batch.
+    #[test]
+    fn an_eager_pass_takes_at_least_its_launches() {
+        use crate::launch::{Engine, Launch, StageLaunch, EAGER_LAUNCH_S};
+        let Some(eager) = cost("qwen2.5-vl-32b", "h100-sxm", "aggregated") else {
+            return;
+        };
+        let mut g = Launch::of_engine(Engine::Vllm);
+        g.encode = StageLaunch::graph(1 << 20);
+        let graph = cost("qwen2.5-vl-32b", "h100-sxm", "aggregated")
+            .unwrap()
+            .with_launch(g);
+        let m = ModelArch::preset("qwen2.5-vl-32b").unwrap();
+        let small = [m.image_tokens(112, 112).unwrap()];
+        let big = vec![m.image_tokens(1344, 1344).unwrap(); 4];
+        let launches: u64 = m.encode_ops(&small).iter().map(Op::launches).sum();
+        let (e, k) = (
+            eager.encode(&small, 1.0).t_gpu,
+            graph.encode(&small, 1.0).t_gpu,
+        );
+        println!(
+            "112² image: eager {:.2} ms ({launches} launches), graph {:.2} ms",
+            e * 1e3,
+            k * 1e3
+        );
+        assert!(k < e, "{k} {e}");
+        assert!((e - launches as f64 * EAGER_LAUNCH_S).abs() < 1e-12, "{e}");
+        // the kernels of a small pass finish faster than they can be launched
+        assert!(k < 0.5 * e, "{k} {e}");
+        let (eb, kb) = (eager.encode(&big, 1.0).t_gpu, graph.encode(&big, 1.0).t_gpu);
+        assert_eq!(eb, kb);
+        // the floor does not scale with the SM share: a small eager pass
+        // costs the same on a fifth of the SMs
+        assert_eq!(eager.encode(&small, 0.2).t_gpu, e);
+
+        let par = Parallel::from(1);
+        // a prefill of 512 tokens replays a graph under vLLM; easerve's runs eagerly
+        let p = |c: &KernelCost, n: u64| c.prefill(&[n], par, 1.0);
+        assert_eq!(p(&eager, 512), p(&graph, 512));
+        // an MoE model reads 3.3e9 parameters a step: its eager decode step is
+        // launch-bound, its graphed one is not
+        let m = ModelArch::preset("qwen3-vl-30b-a3b").unwrap();
+        let vllm = cost("qwen3-vl-30b-a3b", "h100-sxm", "aggregated").unwrap();
+        let easerve = cost("qwen3-vl-30b-a3b", "h100-sxm", "aggregated")
+            .unwrap()
+            .with_launch(Launch::of_engine(Engine::Easerve));
+        assert!(p(&easerve, 1) > p(&vllm, 1));
+        let (dv, de) = (
+            vllm.decode_step(1, 512, par),
+            easerve.decode_step(1, 512, par),
+        );
+        let step_launches: u64 = m.decode_ops(1, 1, par).iter().map(Op::launches).sum();
+        println!(
+            "decode step, batch 1: vLLM graph {:.2} ms, eager {:.2} ms ({step_launches} launches)",
+            dv * 1e3,
+            de * 1e3
+        );
+        assert!(de > dv);
+        assert!(
+            (de - easerve.eff.decode_step_s - step_launches as f64 * EAGER_LAUNCH_S).abs() < 1e-9
+        );
     }
 
     /// A decode run reads its memo row at once; its figures are the steps'

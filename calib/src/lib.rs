@@ -32,6 +32,7 @@ pub mod gpu;
 pub mod grid_cache;
 pub mod interp;
 pub mod kernel_cost;
+pub mod launch;
 pub mod preprocess;
 pub mod profile;
 pub mod refine;
@@ -44,6 +45,7 @@ pub use cost::StageCost;
 pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
 pub use kernel_cost::KernelCost;
+pub use launch::{Engine, Launch, LaunchMode, LaunchStage, StageLaunch};
 pub use profile::{
     monotone_envelope, monotone_envelope_columns, GridSpec, PrefillBatching, Profile, ProfileError,
     Provenance, Source, Stage,

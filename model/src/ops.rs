@@ -199,6 +199,13 @@ pub enum Op {
     },
 }
 
+/// Kernel launches of one fused MoE layer as vLLM's Triton `fused_moe` path
+/// runs it (`vllm/model_executor/layers/fused_moe/fused_moe.py`): the top-k
+/// softmax of the router logits, `moe_align_block_size`, the gate/up expert
+/// GEMM, the SiLU-and-multiply, the down expert GEMM and the weighted sum over
+/// the top k — six.
+pub const MOE_LAUNCHES: u64 = 6;
+
 impl Op {
     /// FLOPs of the op, all `count` calls, per rank (2 per multiply-accumulate; the
     /// attention term counts QK^T and AV, halved for causal prefill).
@@ -259,6 +266,22 @@ impl Op {
             touched as f64,
             f64::from(inter) / f64::from(moe_tp.max(1)),
         )
+    }
+
+    /// Kernel launches of the op, all `count` calls: one per GEMM, attention,
+    /// all-reduce and collective call; `kernels` per elementwise call; and
+    /// [`MOE_LAUNCHES`] per fused MoE layer. An engine that runs a pass eagerly
+    /// dispatches each from the host (`easerve_calib::launch`).
+    pub fn launches(&self) -> u64 {
+        let (per, count) = match *self {
+            Op::Gemm { count, .. }
+            | Op::Attention { count, .. }
+            | Op::AllReduce { count, .. }
+            | Op::Collective { count, .. } => (1, count),
+            Op::Moe { count, .. } => (MOE_LAUNCHES, count),
+            Op::Memory { kernels, count, .. } => (u64::from(kernels), count),
+        };
+        per * u64::from(count)
     }
 
     fn moe_hidden(&self) -> f64 {

@@ -201,6 +201,34 @@ pub struct DeploymentSection {
     /// smallest that holds the LLM, its encoder and one longest sequence);
     /// the cluster runs `gpus / aggregated_tp` replicas.
     pub aggregated_tp: Option<i64>,
+    /// How the engine launches each stage's passes: eagerly or from captured
+    /// CUDA graphs (`[deployment.launch]`; default: vLLM's).
+    pub launch: Option<LaunchSection>,
+}
+
+/// `[deployment.launch]`: the engine's launch mode per stage
+/// ([`easerve_calib::launch`]). Applies to the measured-kernel cost source; a
+/// measured profile already holds its engine's launches.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaunchSection {
+    /// Whose defaults: `vllm` (default), `sglang` or `easerve`.
+    pub engine: Option<String>,
+    /// Encode stage: `eager` or `graph`.
+    pub encode: Option<String>,
+    /// Prefill stage: `eager` or `graph`.
+    pub prefill: Option<String>,
+    /// Decode stage: `eager` or `graph`.
+    pub decode: Option<String>,
+    /// The largest encode or prefill pass, tokens, that captured graphs cover
+    /// (1 ..= 1,048,576; default: the engine's).
+    pub graph_max_tokens: Option<i64>,
+    /// The largest decode step, sequences, that captured graphs cover
+    /// (1 ..= 65,536; default: the engine's).
+    pub graph_max_batch: Option<i64>,
+    /// Host microseconds per eagerly launched kernel (0 ..= 10,000; default
+    /// 16.35, measured: [`easerve_calib::launch::EAGER_LAUNCH_S`]).
+    pub per_launch_us: Option<f64>,
 }
 
 /// `[workload]`
@@ -418,6 +446,8 @@ pub struct Scenario {
     pub workload: Workload,
     /// SLO tiers, strict → relaxed.
     pub slo: Vec<SloTier>,
+    /// How the engine launches each stage's passes (`[deployment.launch]`).
+    pub launch: easerve_calib::Launch,
     /// The raw file (kept so overrides can be re-validated).
     pub raw: ScenarioFile,
 }
@@ -832,6 +862,7 @@ impl Scenario {
             self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
             true,
         )
+        .map(|k| k.map(|k| k.with_launch(self.launch.clone())))
         .transpose()
     }
 
@@ -1322,6 +1353,7 @@ impl Scenario {
         let profile = profile_section(&raw, &v, file, &model, &gpu)?;
 
         let slo = slo_section(&raw, &v)?;
+        let launch = launch_section(&raw, &v)?;
 
         let deployment = Deployment {
             allocation,
@@ -1363,9 +1395,55 @@ impl Scenario {
                 shapes,
             },
             slo,
+            launch,
             raw,
         })
     }
+}
+
+/// `[deployment.launch]` checked: names from [`easerve_calib::launch`], sizes and
+/// the per-launch cost in range.
+fn launch_section(raw: &ScenarioFile, v: &V) -> Result<easerve_calib::Launch, ScenarioError> {
+    use easerve_calib::{Engine, Launch, LaunchMode};
+    let Some(l) = &raw.deployment.launch else {
+        return Ok(Launch::default());
+    };
+    let engine = match &l.engine {
+        Some(e) => Engine::parse(e).map_err(|m| v.err("deployment.launch.engine", m))?,
+        None => Engine::Vllm,
+    };
+    let mut out = Launch::of_engine(engine);
+    let tokens = l
+        .graph_max_tokens
+        .map(|t| v.int("deployment.launch.graph_max_tokens", t, 1, 1 << 20))
+        .transpose()?;
+    let batch = l
+        .graph_max_batch
+        .map(|t| v.int("deployment.launch.graph_max_batch", t, 1, 1 << 16))
+        .transpose()?;
+    use easerve_calib::LaunchStage as S;
+    for (name, given, stage, max, which) in [
+        ("encode", &l.encode, &mut out.encode, tokens, S::Encode),
+        ("prefill", &l.prefill, &mut out.prefill, tokens, S::Prefill),
+        ("decode", &l.decode, &mut out.decode, batch, S::Decode),
+    ] {
+        if let Some(m) = given {
+            stage.mode =
+                LaunchMode::parse(m).map_err(|e| v.err(&format!("deployment.launch.{name}"), e))?;
+        }
+        if let Some(max) = max {
+            stage.graph_max = max as u64;
+        } else if stage.mode == LaunchMode::Graph && stage.graph_max == 0 {
+            // graphed where the engine's default is eager
+            stage.graph_max = easerve_calib::launch::default_graph_max(which);
+        }
+    }
+    if let Some(us) = l.per_launch_us {
+        out.per_launch_s =
+            v.real("deployment.launch.per_launch_us", us, 0.0, 10_000.0, false)? * 1e-6;
+        out.per_launch_source = format!("{us} µs, given by the scenario");
+    }
+    Ok(out)
 }
 
 /// The `[model]` and `[cluster]` sections: the model and GPU (presets or
