@@ -125,7 +125,8 @@ pub struct FixtureRow {
     /// Source link.
     pub source: String,
     /// How the measured engine launched the pass: `eager` or `graph` (every
-    /// stage of the row); unset: vLLM's defaults ([`crate::Launch::default`]).
+    /// stage of the row), or an engine's defaults by name (`vllm`, `sglang`,
+    /// `easerve`); unset: vLLM's defaults ([`crate::Launch::default`]).
     #[serde(default)]
     pub launch: Option<String>,
 }
@@ -166,15 +167,21 @@ impl FixtureRow {
     }
 
     /// How the row's engine launched its passes: every stage eager, or every
-    /// stage graphed at any size, as its `launch` says; else vLLM's defaults.
+    /// stage graphed at any size, or an engine's defaults, as its `launch`
+    /// says; else vLLM's defaults.
     ///
     /// # Errors
-    /// A `launch` other than `eager` or `graph`.
+    /// A `launch` other than `eager`, `graph` or an engine name.
     pub fn launch(&self) -> Result<crate::Launch, String> {
-        use crate::launch::{LaunchMode, StageLaunch};
+        use crate::launch::{Engine, LaunchMode, StageLaunch};
         let mut l = crate::Launch::default();
         if let Some(m) = &self.launch {
-            let stage = match LaunchMode::parse(m).map_err(|e| format!("{}: {e}", self.id))? {
+            if let Ok(engine) = Engine::parse(m) {
+                return Ok(crate::Launch::of_engine(engine));
+            }
+            let stage = match LaunchMode::parse(m)
+                .map_err(|e| format!("{}: {e}, or an engine: vllm, sglang, easerve", self.id))?
+            {
                 LaunchMode::Eager => StageLaunch::EAGER,
                 LaunchMode::Graph => StageLaunch::graph(u64::MAX),
             };
