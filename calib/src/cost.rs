@@ -13,6 +13,14 @@ use easerve_model::{ItemTokens, Parallel};
 pub trait StageCost: Send + Sync {
     /// One encode pass over a micro-batch of items, split into its terms.
     fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime;
+    /// Host seconds, on one thread, to preprocess `items`: the `t_pre` of
+    /// [`StageCost::encode`], which a pipelined preprocessing stage charges
+    /// item by item on the encode worker's threads instead of in the pass.
+    /// Sources that price it without the GPU phase override it; the figure is
+    /// the same.
+    fn preprocess(&self, items: &[ItemTokens]) -> f64 {
+        self.encode(items, 1.0).t_pre
+    }
     /// One prefill batch of sequences with these prompt lengths (tokens).
     fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64;
     /// One decode iteration of `batch` sequences holding `total_context_tokens`.

@@ -821,6 +821,13 @@ impl StageCost for KernelCost {
         }
     }
 
+    fn preprocess(&self, items: &[ItemTokens]) -> f64 {
+        if self.model.encoder.is_none() {
+            return 0.0;
+        }
+        self.terms.pre_s(&self.model, items)
+    }
+
     fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
         let Some(shape) = PrefillShape::of(seq_lens) else {
             return 0.0;

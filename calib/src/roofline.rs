@@ -36,6 +36,19 @@ impl EncodeTime {
     pub fn total(&self) -> f64 {
         self.t_pass + self.t_pre + self.t_gpu
     }
+
+    /// Seconds between the starts of back-to-back passes of this size on one
+    /// encode worker, which bound its throughput: [`EncodeTime::total`] when
+    /// each pass preprocesses its own micro-batch (`preprocess_threads` =
+    /// `None`); with preprocessing pipelined on `n` host threads, the slower of
+    /// the GPU side (`t_pass + t_gpu`) and the host side (`t_pre / n`: the
+    /// next micro-batch is preprocessed while this one encodes).
+    pub fn cycle(&self, preprocess_threads: Option<u32>) -> f64 {
+        match preprocess_threads {
+            Some(n) => (self.t_pass + self.t_gpu).max(self.t_pre / f64::from(n.max(1))),
+            None => self.total(),
+        }
+    }
 }
 
 /// Roofline profile of one model on one GPU kind with one set of efficiencies.

@@ -871,6 +871,7 @@ fn carry_out(
         }
     };
     match cmd {
+        Command::Preprocess { .. } => {}
         Command::Encode { worker, sm_share } => {
             let requests = ctrl
                 .encode_batch(worker)

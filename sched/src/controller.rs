@@ -255,6 +255,18 @@ pub enum Decision {
 /// the accessors named on each variant.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Command {
+    /// Request `id` was placed on encode worker `worker`: start preprocessing
+    /// its media on the worker's host threads now, ahead of the pass that will
+    /// encode it, while earlier passes hold the GPU (only when
+    /// [`ControllerConfig::preprocess_ahead`] is set). The pass that takes the
+    /// request ([`Command::Encode`]) enters its GPU phase once the request's
+    /// preprocessing is done; nothing is reported back for this command.
+    Preprocess {
+        /// Encode worker.
+        worker: usize,
+        /// Request placed there.
+        id: RequestId,
+    },
     /// Run an encode pass on encode worker `worker` with SM share `sm_share`
     /// over [`Controller::encode_batch`]`(worker)`; report its GPU phase with
     /// [`Event::EncodeGpuStarted`] and its end with [`Event::EncodeDone`].
@@ -365,6 +377,12 @@ pub struct ControllerConfig {
     pub admission_limit: Option<usize>,
     /// Keep the [`Decision`] log ([`Controller::decisions`]).
     pub log_decisions: bool,
+    /// Preprocessing is a pipelined host stage: each request placed on an
+    /// encode worker is handed to it at once ([`Command::Preprocess`]), so its
+    /// media are preprocessed while the worker's earlier passes run. Off: an
+    /// encode pass preprocesses its own micro-batch first, in series with its
+    /// GPU phase.
+    pub preprocess_ahead: bool,
 }
 
 /// Where a request is.
@@ -466,6 +484,7 @@ pub struct Controller {
     commands: VecDeque<Command>,
     /// Routing scratch (destination, ids), reused by every pass.
     groups: Vec<(usize, Vec<RequestId>)>,
+    preprocess_ahead: bool,
 }
 
 impl Controller {
@@ -539,6 +558,7 @@ impl Controller {
             log: cfg.log_decisions.then(Vec::new),
             commands: VecDeque::new(),
             groups: Vec::new(),
+            preprocess_ahead: cfg.preprocess_ahead,
         }
     }
 
@@ -842,6 +862,10 @@ impl Controller {
             self.fail(id, &format!("encode worker E{w} is down"));
             self.encode_place.complete(w, enc);
             return;
+        }
+        if self.preprocess_ahead {
+            self.commands
+                .push_back(Command::Preprocess { worker: w, id });
         }
         self.encode[w].batcher.on_arrival(now, id);
         self.try_dispatch(now, w);

@@ -436,6 +436,9 @@ impl<S: Service> Cluster<S> {
         let now = self.now;
         while let Some(cmd) = self.ctrl.poll_command() {
             match cmd {
+                // the host phase a pass reports ([`Service::encode`]) holds
+                // whatever preprocessing it still waited for
+                Command::Preprocess { .. } => {}
                 Command::Encode { worker, sm_share } => {
                     let (host, gpu) =
                         self.service
@@ -575,6 +578,7 @@ pub fn controller_for(
         split,
         admission_limit,
         log_decisions: true,
+        preprocess_ahead: false,
     };
     Controller::new(requests, cfg)
 }

@@ -23,8 +23,11 @@ pub struct Capacities {
     pub encode: f64,
     /// The batch at which `encode` was reached.
     pub encode_batch: u32,
-    /// Encode time of a micro-batch of `B` typical requests, seconds, for
-    /// `B = 1..=`[`MAX_B`]: `C_E(B) = B / T_enc(B)`.
+    /// Seconds between back-to-back passes of `B` typical requests on one
+    /// encode worker, for `B = 1..=`[`MAX_B`]: `C_E(B) = B / T_enc(B)`. The
+    /// pass's whole time when it preprocesses its own micro-batch; with
+    /// preprocessing pipelined, the slower of its GPU side and its host side
+    /// ([`easerve_calib::EncodeTime::cycle`]).
     pub encode_time: Vec<f64>,
     /// One remote prefill worker at layout `p` (a TP degree, or TP and EP)
     /// (`C_P`), as `(p, capacity)`.
@@ -140,12 +143,13 @@ pub fn worker_layouts(moe_experts: Option<u32>) -> Vec<(u32, u32)> {
 
 /// Per-stage capacities of the scenario's model, GPU and workload.
 pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacities {
+    let threads = sc.knobs.preprocess_threads;
     // C_E: double B until throughput gains < 5 %
     let (mut encode, mut encode_batch) = (0.0, 1);
     if !t.items.is_empty() {
         let mut b = 1u32;
         loop {
-            let thr = f64::from(b) / cost.encode(&batch_of(&t.items, b), 1.0).total();
+            let thr = f64::from(b) / cost.encode(&batch_of(&t.items, b), 1.0).cycle(threads);
             if thr < encode * 1.05 || b > 1024 {
                 if thr > encode {
                     (encode, encode_batch) = (thr, b);
@@ -160,7 +164,7 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
         Vec::new()
     } else {
         (1..=MAX_B)
-            .map(|b| cost.encode(&batch_of(&t.items, b), 1.0).total())
+            .map(|b| cost.encode(&batch_of(&t.items, b), 1.0).cycle(threads))
             .collect()
     };
     let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());
@@ -239,8 +243,8 @@ pub fn alpha(
         cost.encode(&batch_of(&t.items, k as u32), f).total()
     });
     let f = split.encode_share(b as usize).unwrap_or(TIME_SLICE_SHARE);
-    let t_gpu = cost.encode(&items, f).t_gpu;
-    let t_pass = cost.encode(&items, f).total();
+    let pass = cost.encode(&items, f);
+    let (t_gpu, t_pass) = (pass.t_gpu, pass.cycle(sc.knobs.preprocess_threads));
     // passes per second per worker, at most back to back
     let passes = (rate / f64::from(n_e) / f64::from(b)).min(1.0 / t_pass.max(1e-9));
     let u = (passes * t_gpu).clamp(0.0, 1.0);

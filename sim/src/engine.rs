@@ -104,6 +104,10 @@ struct EncodeWorker {
     link_free_at: f64,
     /// Generation of the pending phase or completion event, never reset.
     gen: u64,
+    /// When each of the worker's preprocessing threads is free, when
+    /// preprocessing is a pipelined host stage (empty when each pass
+    /// preprocesses its own micro-batch).
+    pre_free: Vec<f64>,
 }
 
 /// A prefill batch in flight; its progress is tracked as the fraction done so
@@ -250,6 +254,9 @@ struct Sim<'a> {
     /// Workers that died (fault injection): transfers to them land at once,
     /// as the executor's do.
     dead: Vec<WorkerRef>,
+    /// When each request's preprocessing ends, by request id, when
+    /// preprocessing is pipelined ([`Command::Preprocess`]; empty otherwise).
+    pre_ready: Vec<f64>,
 }
 
 /// Run the scenario's workload through its deployment and report, with the
@@ -305,6 +312,7 @@ impl<'a> Sim<'a> {
                 pass: None,
                 link_free_at: 0.0,
                 gen: 0,
+                pre_free: vec![0.0; sc.knobs.preprocess_threads.unwrap_or(0) as usize],
             })
             .collect();
         let prefill = topology
@@ -355,6 +363,7 @@ impl<'a> Sim<'a> {
             items: Vec::new(),
             service: None,
             dead: Vec::new(),
+            pre_ready: Vec::new(),
         }
     }
 
@@ -472,6 +481,7 @@ impl<'a> Sim<'a> {
     fn carry_out(&mut self) {
         while let Some(cmd) = self.ctrl.poll_command() {
             match cmd {
+                Command::Preprocess { worker, id } => self.preprocess(worker, id),
                 Command::Encode { worker, sm_share } => self.start_pass(worker, sm_share),
                 Command::Embeddings {
                     envelope,
@@ -499,16 +509,67 @@ impl<'a> Sim<'a> {
 
     // ------------------------------------------------------------- encode
 
-    /// A pass starts: first its host phase (the fixed per-pass overhead and
-    /// preprocessing, `t_pass + Σ t_pre`), during which the GPU is free for
-    /// local prefill; then its GPU phase ([`Ev::EncodeGpuPhase`]).
+    /// Request `id` was placed on encode worker `w` and preprocessing is a
+    /// pipelined host stage: each of its items goes, in order, to the
+    /// worker's thread that is free first (items of one request spread over
+    /// threads, as rayon's map over them does), and the request is ready when
+    /// its last item is.
+    fn preprocess(&mut self, w: usize, id: RequestId) {
+        let now = self.now;
+        let i = id as usize;
+        if self.pre_ready.len() <= i {
+            self.pre_ready.resize(self.ctrl.requests().len().max(i + 1), 0.0);
+        }
+        let mut ready = now;
+        for (k, item) in self.tokens[i].iter().enumerate() {
+            let t = self.cost.preprocess(std::slice::from_ref(item));
+            let threads = &mut self.encode[w].pre_free;
+            let Some((thread, free)) = threads
+                .iter_mut()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+            else {
+                return;
+            };
+            let start = free.max(now);
+            *free = start + t;
+            ready = ready.max(start + t);
+            if let Some(tl) = self.timeline.as_mut() {
+                let args = json!({ "request": id, "item": k });
+                tl.slice(
+                    &format!("E{w} preprocess {thread}"),
+                    "preprocess",
+                    start,
+                    start + t,
+                    args,
+                );
+            }
+        }
+        self.pre_ready[i] = ready;
+    }
+
+    /// A pass starts: first its host phase, during which the GPU is free for
+    /// local prefill: the fixed per-pass overhead and preprocessing — of its
+    /// own micro-batch, `t_pass + Σ t_pre` on one thread, or with
+    /// preprocessing pipelined ([`Sim::preprocess`]) what is left of its
+    /// requests' preprocessing, then `t_pass`; then its GPU phase
+    /// ([`Ev::EncodeGpuPhase`]).
     fn start_pass(&mut self, w: usize, share: f64) {
         let now = self.now;
         self.items.clear();
+        let mut pre_done = now;
         for &id in self.ctrl.encode_batch(w) {
             self.items.extend_from_slice(&self.tokens[id as usize]);
+            if let Some(&r) = self.pre_ready.get(id as usize) {
+                pre_done = pre_done.max(r);
+            }
         }
         let t = self.cost.encode(&self.items, 1.0);
+        let host_end = if self.encode[w].pre_free.is_empty() {
+            now + t.t_pass + t.t_pre
+        } else {
+            pre_done + t.t_pass
+        };
         let t_gpu = if share == 1.0 {
             t.t_gpu
         } else {
@@ -530,7 +591,7 @@ impl<'a> Sim<'a> {
         });
         let gen = worker.gen;
         self.events.push(
-            now + t.t_pass + t.t_pre,
+            host_end,
             Priority::Completion,
             Ev::EncodeGpuPhase { worker: w, gen },
         );

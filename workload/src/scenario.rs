@@ -151,6 +151,12 @@ pub struct ClusterSection {
     /// Seconds of preprocessing on this deployment's host per second on the machine
     /// that measured it (`calib/preprocess/`); default 1.
     pub host_cpu_scale: Option<f64>,
+    /// CPU cores of the hosts serving the cluster, all nodes together (default:
+    /// 6 per GPU, the EAServe paper's testbed of 48 cores for 8 GPUs; 1 per
+    /// worker on the `cpu` device, whose cores are the device). An encode
+    /// worker preprocesses on `host_cores / gpus` threads
+    /// (`deployment.preprocess_threads` overrides).
+    pub host_cores: Option<i64>,
 }
 
 /// `[deployment]`
@@ -204,6 +210,18 @@ pub struct DeploymentSection {
     /// How the engine launches each stage's passes: eagerly or from captured
     /// CUDA graphs (`[deployment.launch]`; default: vLLM's).
     pub launch: Option<LaunchSection>,
+    /// Host preprocessing of the encode stage: `pipelined` (its own CPU
+    /// stage: each request is preprocessed on the encode worker's threads as
+    /// soon as it is placed there, while earlier passes hold the GPU) or
+    /// `serial` (each pass preprocesses its micro-batch on one thread, then
+    /// runs its GPU phase). Default: `pipelined` for the easerve framework on a
+    /// GPU, `serial` for the pass-through framework (its calibration charged
+    /// preprocessing in series) and on the `cpu` device (the cores that would
+    /// preprocess are the ones that encode).
+    pub preprocess: Option<String>,
+    /// Preprocessing threads per encode worker when pipelined (1 ..= 1,024;
+    /// default `cluster.host_cores / cluster.gpus`, at least 1).
+    pub preprocess_threads: Option<i64>,
 }
 
 /// `[deployment.launch]`: the engine's launch mode per stage
@@ -417,6 +435,12 @@ pub struct ServingKnobs {
     pub local_prefill_tp: Option<u32>,
     /// TP degree of each replica of the `aggregated` system (`None` otherwise).
     pub aggregated_tp: Option<u32>,
+    /// Preprocessing threads of each encode worker when preprocessing is a
+    /// pipelined host stage (`deployment.preprocess = "pipelined"`); `None`
+    /// when each pass preprocesses its own micro-batch on one thread, in
+    /// series with its GPU phase.
+    #[serde(default)]
+    pub preprocess_threads: Option<u32>,
 }
 
 /// A validated scenario, ready to be simulated or executed.
@@ -987,6 +1011,7 @@ impl Scenario {
             split,
             admission_limit: self.knobs.admission_limit,
             log_decisions,
+            preprocess_ahead: self.knobs.preprocess_threads.is_some(),
         }
     }
 
@@ -1349,6 +1374,8 @@ impl Scenario {
             None
         };
 
+        let preprocess_threads = preprocess_section(&raw, &v, system, &gpu, gpus)?;
+
         // --- cost source ---
         let profile = profile_section(&raw, &v, file, &model, &gpu)?;
 
@@ -1383,6 +1410,7 @@ impl Scenario {
                 admission_limit,
                 local_prefill_tp,
                 aggregated_tp,
+                preprocess_threads,
             },
             workload: Workload {
                 requests,
@@ -1399,6 +1427,53 @@ impl Scenario {
             raw,
         })
     }
+}
+
+/// Default host cores per GPU: the EAServe paper's testbed, two AMD EPYC 9254
+/// (48 cores) for eight RTX 6000 Ada GPUs (PAPER.txt, "Testbed and
+/// baselines").
+pub const HOST_CORES_PER_GPU: i64 = 6;
+
+/// `deployment.preprocess`, `deployment.preprocess_threads` and
+/// `cluster.host_cores` checked: the preprocessing threads of each encode
+/// worker when preprocessing is pipelined, `None` when it is serial.
+fn preprocess_section(
+    raw: &ScenarioFile,
+    v: &V<'_>,
+    system: System,
+    gpu: &GpuSpec,
+    gpus: u32,
+) -> Result<Option<u32>, ScenarioError> {
+    let d = &raw.deployment;
+    let on_cpu = gpu.name == "cpu";
+    let host_cores = match raw.cluster.host_cores {
+        Some(n) => v.int("cluster.host_cores", n, 1, 1 << 20)?,
+        None if on_cpu => i64::from(gpus),
+        None => HOST_CORES_PER_GPU * i64::from(gpus),
+    };
+    let framework = d.framework.as_deref().unwrap_or(system.name());
+    let pipelined = match d.preprocess.as_deref() {
+        Some("pipelined") => true,
+        Some("serial") => false,
+        Some(other) => {
+            return Err(v.err(
+                "deployment.preprocess",
+                format!("unknown preprocessing `{other}`; allowed: pipelined, serial"),
+            ))
+        }
+        None => framework == "easerve" && !on_cpu,
+    };
+    let threads = match d.preprocess_threads {
+        Some(n) => v.int("deployment.preprocess_threads", n, 1, 1024)? as u32,
+        None => (host_cores / i64::from(gpus.max(1))).clamp(1, 1024) as u32,
+    };
+    if d.preprocess_threads.is_some() && !pipelined {
+        return Err(v.err(
+            "deployment.preprocess_threads",
+            "only used with deployment.preprocess = \"pipelined\" (a serial pass preprocesses on one thread)",
+        ));
+    }
+    Ok(pipelined.then_some(threads))
 }
 
 /// `[deployment.launch]` checked: names from [`easerve_calib::launch`], sizes and
@@ -2018,6 +2093,7 @@ fn deployment_section(
             admission_limit,
             local_prefill_tp: None,
             aggregated_tp: None,
+            preprocess_threads: None,
         },
     ))
 }
@@ -2750,6 +2826,9 @@ impl easerve_calib::StageCost for WithNote {
         sm_share: f64,
     ) -> easerve_calib::EncodeTime {
         self.0.encode(items, sm_share)
+    }
+    fn preprocess(&self, items: &[easerve_model::ItemTokens]) -> f64 {
+        self.0.preprocess(items)
     }
     fn prefill(&self, seq_lens: &[u64], par: easerve_model::Parallel, sm_share: f64) -> f64 {
         self.0.prefill(seq_lens, par, sm_share)
