@@ -79,6 +79,9 @@ struct Terms {
     penalty: f64,
     /// The cost model's per-stage sources.
     notes: Vec<String>,
+    /// Preprocessing threads per encode worker when preprocessing is a
+    /// pipelined host stage; `None` when each pass preprocesses in series.
+    threads: Option<u32>,
 }
 
 impl Terms {
@@ -112,6 +115,7 @@ fn terms(path: &Path, o: &Overrides, b: Option<usize>) -> anyhow::Result<Terms> 
         interference: cost.bandwidth_interference(),
         penalty: cost.time_slice_penalty(),
         notes: cost.notes(),
+        threads: sc.knobs.preprocess_threads,
     })
 }
 
@@ -157,19 +161,23 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         req.map_or("the scenario's 500".to_string(), |n| n.to_string())
     );
     let _ = writeln!(md, "## Cost sources and encode terms\n");
-    let _ = writeln!(md, "One encode pass of B typical requests of each scenario (its own B), as easerve prices it, and one typical request's prefill at the scenario's prefill TP:\n");
-    let _ = writeln!(md, "| modality | B | framework | CPU preprocessing | GPU, all SMs | GPU, half the SMs | prefill | encode slowdown beside a prefill | time-slicing penalty |\n|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "One encode pass of B typical requests of each scenario (its own B), as easerve prices it, and one typical request's prefill at the scenario's prefill TP. CPU preprocessing is one thread's time; with preprocessing pipelined on n threads per encode worker, the host side of a pass is that over n, overlapped with the previous pass's GPU phase, and back-to-back passes start every max(framework + GPU, preprocessing / n):\n");
+    let _ = writeln!(md, "| modality | B | framework | CPU preprocessing | preprocessing | GPU, all SMs | GPU, half the SMs | back-to-back passes every | prefill | encode slowdown beside a prefill | time-slicing penalty |\n|---|---|---|---|---|---|---|---|---|---|---|");
     let mut all_terms = Vec::new();
     for name in ["image", "video", "audio"] {
         let t = terms(&scn(name), &base, None)?;
         let _ = writeln!(
             md,
-            "| {name} | {} | {} | {} | {} | {} | {} | {:.1} % | {:.0} % |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {:.1} % | {:.0} % |",
             t.b,
             ms(t.pass.t_pass),
             ms(t.pass.t_pre),
+            t.threads.map_or("in series".to_string(), |n| format!(
+                "pipelined, {n} threads"
+            )),
             ms(t.pass.t_gpu),
             ms(t.gpu_half),
+            ms(t.pass.cycle(t.threads)),
             ms(t.prefill_s),
             t.interference * 100.0,
             t.penalty * 100.0
@@ -466,13 +474,16 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         } else {
             let t = &abl_terms;
             format!(
-                " on the order. Why: a pass of {} typical audio requests spends {} in framework terms and {} in CPU preprocessing, which hold no SMs, and {} on the GPU with all SMs ({} with half); the GPU-phase contention that SM partitioning controls is {:.0} % of the pass. Time-slicing costs both passes {:.0} % while partitioning costs encode {:.1} % (source: {}), so which policy wins turns on the GPU phases that overlap. At this rate the run's bottleneck is {}, which no SM policy on the encode GPUs relieves; TPOT barely moves because decode runs on its own GPUs",
+                " on the order. Why: a pass of {} typical audio requests spends {} in framework terms and {} in CPU preprocessing ({}), which hold no SMs, and {} on the GPU with all SMs ({} with half); the GPU-phase contention that SM partitioning controls is {:.0} % of the time between back-to-back passes. Time-slicing costs both passes {:.0} % while partitioning costs encode {:.1} % (source: {}), so which policy wins turns on the GPU phases that overlap. At this rate the run's bottleneck is {}, which no SM policy on the encode GPUs relieves; TPOT barely moves because decode runs on its own GPUs",
                 t.b,
                 ms(t.pass.t_pass),
                 ms(t.pass.t_pre),
+                t.threads.map_or("in series with the GPU phase".to_string(), |n| {
+                    format!("pipelined on {n} threads: {} of host time a pass, overlapped with the previous pass", ms(t.pass.t_pre / f64::from(n)))
+                }),
                 ms(t.pass.t_gpu),
                 ms(t.gpu_half),
-                100.0 * t.pass.t_gpu / t.pass.total().max(1e-12),
+                100.0 * t.pass.t_gpu / t.pass.cycle(t.threads).max(1e-12),
                 t.penalty * 100.0,
                 t.interference * 100.0,
                 t.colocation_source(),
@@ -528,6 +539,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         stage_queue(&bur[2], &bur[2].bottleneck),
         stage_queue(&bur[1], &bur[2].bottleneck)
     );
+    preprocessing_section(&mut md, &scn, req)?;
     let _ = writeln!(
         md,
         "---\nGenerated by `easerve reproduce` in {:.1} s.",
@@ -539,4 +551,49 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         a.out.join("report.md").display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Preprocessing as a pipelined host stage against preprocessing in series
+/// within each pass: each modality's own deployment at Λ = 5 req/s, and the
+/// SM-partitioning ablation of finding 4, run both ways.
+fn preprocessing_section(
+    md: &mut String,
+    scn: &dyn Fn(&str) -> std::path::PathBuf,
+    req: Option<i64>,
+) -> anyhow::Result<()> {
+    let _ = writeln!(
+        md,
+        "## Preprocessing: in series within each pass, or a pipelined host stage\n"
+    );
+    let _ = writeln!(md, "Each scenario's own deployment at Λ = 5 req/s with `deployment.preprocess = \"serial\"` (one thread, before each pass's GPU phase) and `\"pipelined\"` (the default: the scenario's threads per encode worker, from `cluster.host_cores`, preprocessing each request as it is placed):\n");
+    let _ = writeln!(md, "| modality | preprocessing | throughput | mean TTFT (s) | P99 TTFT (s) | mean encode service (ms) | encode stage capacity (req/s) | bottleneck |\n|---|---|---|---|---|---|---|---|");
+    let o = Overrides {
+        rate: Some(5.0),
+        requests: req,
+        ..Default::default()
+    };
+    for name in ["image", "video", "audio"] {
+        for mode in ["serial", "pipelined"] {
+            let r = sim(&scn(name), &[("deployment.preprocess", mode)], &o)?;
+            let enc = r.stages.iter().find(|s| s.stage == "encode");
+            let cap = r
+                .explanation
+                .loads
+                .iter()
+                .find(|s| s.stage == "encode")
+                .map_or(f64::NAN, |s| s.capacity);
+            let _ = writeln!(
+                md,
+                "| {name} | {mode} | {:.2} | {:.2} | {:.2} | {:.1} | {:.2} | {} |",
+                r.request_throughput,
+                r.ttft.mean,
+                r.ttft.p99,
+                enc.map_or(f64::NAN, |s| s.service.mean * 1e3),
+                cap,
+                r.bottleneck
+            );
+        }
+    }
+    let _ = writeln!(md);
+    Ok(())
 }

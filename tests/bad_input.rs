@@ -571,3 +571,28 @@ fn launch_modes_engines_and_sizes_are_checked() {
         &["cuda_graphs", "unknown field"],
     );
 }
+
+#[test]
+fn unknown_preprocessing_mode_and_threads_without_a_pipeline() {
+    let f = video_with(|s| s.replace("batch = 8", "batch = 8\npreprocess = \"parallel\""));
+    rejects(
+        f.path(),
+        &[],
+        &["deployment.preprocess", "parallel", "pipelined, serial"],
+    );
+    let f = video_with(|s| {
+        s.replace(
+            "batch = 8",
+            "batch = 8\npreprocess = \"serial\"\npreprocess_threads = 4",
+        )
+    });
+    rejects(
+        f.path(),
+        &[],
+        &["deployment.preprocess_threads", "pipelined"],
+    );
+    let f = video_with(|s| s.replace("batch = 8", "batch = 8\npreprocess_threads = 0"));
+    rejects(f.path(), &[], &["deployment.preprocess_threads"]);
+    let f = video_with(|s| s.replace("gpus = 8", "gpus = 8\nhost_cores = 0"));
+    rejects(f.path(), &[], &["cluster.host_cores"]);
+}

@@ -474,6 +474,22 @@ fn scenario_bounds_match_the_readme() {
             "1000.5",
             &base,
         ),
+        (
+            "cluster",
+            "host_cores",
+            "1 ..= 2^20",
+            "1048576",
+            "1048577",
+            &base,
+        ),
+        (
+            "deployment",
+            "preprocess_threads",
+            "1 ..= 1024",
+            "1024",
+            "1025",
+            &base,
+        ),
         ("deployment", "batch", "1 ..= 4096", "4096", "4097", &base),
         ("deployment", "offload", "[0, 1]", "1.0", "1.01", &base),
         (

@@ -156,8 +156,8 @@ fn bad_search_input_exits_2() {
     );
 }
 
-/// On audio, HAS chooses an allocation without P workers (prefill on the local
-/// workers beside the encoders). `--emit` then writes the best trial with P
+/// On Gemma 3 images, HAS chooses an allocation without P workers (prefill on
+/// the local workers beside the encoders). `--emit` then writes the best trial with P
 /// workers and says so, and `deploy` of the chosen one exits 2 naming why.
 #[test]
 fn emit_writes_the_best_trial_with_p_workers_when_the_chosen_has_none() {
@@ -165,7 +165,7 @@ fn emit_writes_the_best_trial_with_p_workers_when_the_chosen_has_none() {
     let out_dir = dir.path().join("emitted");
     let out = easerve(&[
         "search",
-        "scenarios/audio.toml",
+        "scenarios/gemma-image.toml",
         "--requests",
         "200",
         "--emit",
@@ -197,7 +197,7 @@ fn emit_writes_the_best_trial_with_p_workers_when_the_chosen_has_none() {
 
     let refused = easerve(&[
         "deploy",
-        "scenarios/audio.toml",
+        "scenarios/gemma-image.toml",
         "--deployment",
         &chosen,
         "--emit",

@@ -559,8 +559,21 @@ pub fn controller_for(
     kv: crate::KvBlocks,
     admission_limit: Option<usize>,
 ) -> Controller {
+    let cfg = config_for(alloc, local_tp, split, kv, admission_limit);
+    Controller::new(requests, cfg)
+}
+
+/// The layout and policies of [`controller_for`], for a test that changes one
+/// of them before building its controller.
+pub fn config_for(
+    alloc: &crate::Allocation,
+    local_tp: Option<u32>,
+    split: SmSplit,
+    kv: crate::KvBlocks,
+    admission_limit: Option<usize>,
+) -> ControllerConfig {
     let topology = crate::Topology::new(alloc, local_tp);
-    let cfg = ControllerConfig {
+    ControllerConfig {
         batchers: (0..alloc.encode.workers)
             .map(|_| Batcher::new(&DispatchPolicy::Immediate, 4, |k| 0.01 * k as f64))
             .collect(),
@@ -579,8 +592,7 @@ pub fn controller_for(
         admission_limit,
         log_decisions: true,
         preprocess_ahead: false,
-    };
-    Controller::new(requests, cfg)
+    }
 }
 
 #[cfg(test)]
@@ -718,6 +730,51 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// With preprocessing pipelined, every admitted request placed on an
+    /// encode worker is handed to it at once, before (and whether or not) a
+    /// pass takes it; without, no such command is issued.
+    #[test]
+    fn placement_hands_each_request_to_its_encode_worker_for_preprocessing() {
+        let alloc: crate::Allocation = "2E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+        for ahead in [true, false] {
+            let mut cfg = config_for(
+                &alloc,
+                None,
+                SmSplit::Static(1.0),
+                KvBlocks::new(1 << 20, 16),
+                Some(4),
+            );
+            cfg.preprocess_ahead = ahead;
+            // six arrivals at once: four admitted, the rest rejected
+            let reqs = (0..6).map(|i| test_request(i, 0.0)).collect();
+            let mut ctrl = Controller::new(reqs, cfg);
+            let mut handed = Vec::new();
+            let mut encoded = Vec::new();
+            for id in 0..6 {
+                ctrl.handle(0.0, Event::Arrival { id });
+                while let Some(cmd) = ctrl.poll_command() {
+                    match cmd {
+                        Command::Preprocess { worker, id } => {
+                            assert!(
+                                !encoded.contains(&id),
+                                "request {id} preprocessed after its pass"
+                            );
+                            assert_eq!(ctrl.records()[id as usize].encode_worker, Some(worker));
+                            handed.push(id);
+                        }
+                        Command::Encode { worker, .. } => {
+                            encoded.extend_from_slice(ctrl.encode_batch(worker));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            let want: Vec<RequestId> = if ahead { (0..4).collect() } else { Vec::new() };
+            assert_eq!(handed, want, "preprocess_ahead = {ahead}");
+            assert!(encoded.iter().all(|id| !ahead || handed.contains(id)));
+        }
     }
 
     #[test]

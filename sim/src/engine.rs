@@ -259,6 +259,16 @@ struct Sim<'a> {
     pre_ready: Vec<f64>,
 }
 
+/// How the run charges an encode pass's host preprocessing, for the notes.
+fn preprocess_note(sc: &Scenario) -> String {
+    match sc.knobs.preprocess_threads {
+        Some(n) => format!(
+            "encode preprocessing: a pipelined host stage, {n} thread(s) per encode worker (deployment.preprocess_threads, else cluster.host_cores / cluster.gpus); requests are preprocessed as they are placed, and a pass's GPU phase starts once its requests' preprocessing and the per-pass overhead are done"
+        ),
+        None => "encode preprocessing: in series within each pass, on one thread, before its GPU phase (deployment.preprocess = \"serial\")".into(),
+    }
+}
+
 /// Run the scenario's workload through its deployment and report, with the
 /// stage costs the scenario names ([`scenario_cost`]).
 pub fn simulate(sc: &Scenario) -> SimOutput {
@@ -518,7 +528,8 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let i = id as usize;
         if self.pre_ready.len() <= i {
-            self.pre_ready.resize(self.ctrl.requests().len().max(i + 1), 0.0);
+            self.pre_ready
+                .resize(self.ctrl.requests().len().max(i + 1), 0.0);
         }
         let mut ready = now;
         for (k, item) in self.tokens[i].iter().enumerate() {
@@ -1175,6 +1186,7 @@ impl<'a> Sim<'a> {
             },
         };
         let mut notes = cost.notes();
+        notes.push(preprocess_note(sc));
         notes.extend(ctrl.split().table_note());
         let roles = (0..sc.gpus)
             .map(|g| {

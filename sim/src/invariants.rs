@@ -1,5 +1,6 @@
 //! Property tests of the whole simulator over 256 small random scenarios (all
-//! three systems, every dispatch and SM policy, offload ratios, transfer caps):
+//! three systems, every dispatch and SM policy, offload ratios, transfer caps,
+//! preprocessing in series or pipelined on one or more threads):
 //! every request completes; each request's lifecycle timestamps never go back;
 //! SM shares on one GPU never sum above 1; a worker or link never runs two
 //! batches at once; busy fractions stay within [0, 1]. KV-block capacity is
@@ -20,6 +21,7 @@ fn scenario(
     modality: &str,
     system: &str,
     cap: u32,
+    pre: &str,
 ) -> Scenario {
     let shapes = match modality {
         "image" => "[workload.image]\nbuckets = [{ height = 224, width = 224, probability = 1.0 }, { height = 448, width = 448, probability = 1.0 }]",
@@ -46,6 +48,7 @@ offload = {s}
 sm_policy = "{sm}"
 dispatch = "{dispatch}"
 max_inflight_transfers = {cap}
+{pre}
 [workload]
 requests = 60
 rate = {rate}
@@ -73,12 +76,13 @@ proptest! {
         modality in prop::sample::select(vec!["image", "audio"]),
         system in prop::sample::select(vec!["easerve", "passthrough", "aggregated"]),
         cap in 1u32..4,
+        pre in prop::sample::select(vec!["", "preprocess = \"serial\"", "preprocess = \"pipelined\"\npreprocess_threads = 1", "preprocess = \"pipelined\"\npreprocess_threads = 3"]),
     ) {
         // an allocation without P workers needs s = 0
         let s = if alloc.contains("P(") { s } else { 0.0 };
         // pass-through needs remote prefill workers
         let system = if system == "passthrough" && !alloc.contains("P(") { "easerve" } else { system };
-        let sc = scenario(alloc, b, s, rate, sm, dispatch, modality, system, cap);
+        let sc = scenario(alloc, b, s, rate, sm, dispatch, modality, system, cap, pre);
         let out = simulate_with(&sc, scenario_cost(&sc), &SimOptions {
                 timeline: true,
                 decisions: true,
