@@ -470,6 +470,7 @@ fn refine_from_latencies(
 /// One sample per encode pass (requests of one pass share worker and start).
 fn read_encode_passes(path: &PathBuf, items_per_request: u64) -> anyhow::Result<Vec<EncodeSample>> {
     let file = path.display().to_string();
+    easerve_calib::input::check_regular(path).map_err(|e| BadInput(format!("{file}: {e}")))?;
     let mut r = csv::Reader::from_path(path).map_err(|e| BadInput(format!("{file}: {e}")))?;
     let header = r
         .headers()

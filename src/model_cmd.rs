@@ -37,7 +37,7 @@ pub(crate) struct ImportArgs {
 }
 
 fn read_json(flag: &str, path: &Path) -> Result<serde_json::Value, BadInput> {
-    let text = std::fs::read_to_string(path)
+    let text = easerve_calib::input::read_text(path)
         .map_err(|e| BadInput(format!("{flag} {}: cannot read: {e}", path.display())))?;
     serde_json::from_str(&text).map_err(|e| {
         BadInput(format!(

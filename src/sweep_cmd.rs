@@ -112,13 +112,16 @@ fn variants(sets: &[String]) -> Result<Vec<Variant>, String> {
         let (key, values) = s
             .split_once('=')
             .ok_or_else(|| format!("--set {s}: expected KEY=V1,V2"))?;
-        let values: Vec<&str> = values
-            .split(',')
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .collect();
-        if key.trim().is_empty() || values.is_empty() {
+        let values: Vec<&str> = values.split(',').map(str::trim).collect();
+        if key.trim().is_empty() {
             return Err(format!("--set {s}: expected KEY=V1,V2"));
+        }
+        if let Some(i) = values.iter().position(|v| v.is_empty()) {
+            return Err(format!(
+                "--set {s}: value {} of {} is empty; expected KEY=V1,V2 with a value between every two commas",
+                i + 1,
+                values.len()
+            ));
         }
         out = out
             .into_iter()
@@ -200,7 +203,7 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
     if let Some(SweepSub::Merge { parts, out }) = a.cmd {
         let mut loaded = Vec::new();
         for p in &parts {
-            let text = std::fs::read_to_string(p)
+            let text = easerve_calib::input::read_text(p)
                 .map_err(|e| bad(format!("{}: cannot read: {e}", p.display())))?;
             let part: SweepPart = serde_json::from_str(&text)
                 .map_err(|e| bad(format!("{}: not a sweep part: {e}", p.display())))?;

@@ -9,6 +9,7 @@ mod drivers_agree;
 #[cfg(feature = "exec")]
 mod exec_cli;
 mod hardening;
+mod hardening_inputs;
 mod model_cli;
 #[cfg(feature = "exec")]
 mod profile_cli;

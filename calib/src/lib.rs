@@ -29,6 +29,7 @@ pub mod eff;
 pub mod fidelity;
 pub mod fitted;
 pub mod gpu;
+pub mod input;
 pub mod grid_cache;
 pub mod interp;
 pub mod kernel_cost;

@@ -558,7 +558,7 @@ impl Profile {
     pub fn load(path: impl AsRef<Path>) -> Result<Profile, ProfileError> {
         let path = path.as_ref();
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ProfileError {
+        let text = crate::input::read_text(path).map_err(|e| ProfileError {
             file: file.clone(),
             table: None,
             row: None,

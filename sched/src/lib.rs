@@ -63,5 +63,5 @@ pub use placement::LeastOutstanding;
 pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
 pub use router::{Route, Router};
-pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS};
+pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE};
 pub use topology::{Topology, TopologyWorker};

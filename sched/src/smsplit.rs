@@ -8,6 +8,12 @@ use serde::{Deserialize, Serialize};
 /// SMs (EAServe §3.4 profiles "5 in our deployment").
 pub const DEFAULT_SM_LEVELS: [f64; 5] = [0.2, 0.4, 0.6, 0.8, 1.0];
 
+/// The smallest SM share either side of a split may hold: below it a pass
+/// makes no progress that a run can wait for (the simulator stalls work
+/// there), so `static:F` must leave both the encode pass and its co-located
+/// prefill worker at least this much (F ∈ [0.001, 0.999]).
+pub const MIN_SM_SHARE: f64 = 1e-3;
+
 /// Default tolerance ε: a level is safe for a batch when encode latency there is
 /// within `(1+ε)` of exclusive access. 10 % keeps encode near its exclusive
 /// latency (the paper's "close to the exclusive-access baseline") while letting

@@ -34,7 +34,7 @@ use easerve_workload::{Report, Scenario};
 use serde_json::json;
 
 /// Progress below this SM share counts as stalled (no completion scheduled).
-const MIN_PROGRESS_SHARE: f64 = 1e-3;
+const MIN_PROGRESS_SHARE: f64 = easerve_sched::MIN_SM_SHARE;
 
 /// Iterations of a decode run priced at its start; each later chunk doubles
 /// what is priced (see `Sim::price_decode_chunk`).

@@ -1055,7 +1055,7 @@ impl Scenario {
         overrides: &Overrides,
     ) -> Result<ScenarioFile, ScenarioError> {
         let file = path.display().to_string();
-        let mut text = std::fs::read_to_string(path).map_err(|e| ScenarioError {
+        let mut text = easerve_calib::input::read_text(path).map_err(|e| ScenarioError {
             file: file.clone(),
             field: "(file)".into(),
             message: format!("cannot read the scenario file: {e}"),
@@ -1145,15 +1145,9 @@ impl Scenario {
         }
         if system == System::Passthrough {
             // the same allocation, run as a pass-through EPD framework runs it;
-            // what the user gave is still checked before it is replaced
-            v.int("deployment.batch", raw.deployment.batch, 1, MAX_BATCH)?;
-            v.real(
-                "deployment.offload",
-                raw.deployment.offload,
-                0.0,
-                1.0,
-                false,
-            )?;
+            // what the user gave (B, s, the dispatch rule, …) is still checked
+            // before it is replaced
+            deployment_section(&raw, &v)?;
             raw.deployment.batch = 1;
             raw.deployment.dispatch = Some("immediate".into());
             raw.deployment.offload = 1.0;
@@ -1737,6 +1731,21 @@ fn workload_section(
             let mut rows = crate::trace::read_azure(&path, requests)
                 .map_err(|e| v.err("workload.trace", format!("{}: {e}", path.display())))?;
             let native = crate::trace::mean_rate(&rows);
+            let one_instant = rows.len() > 1 && rows.last().is_some_and(|r| r.t <= 0.0);
+            if one_instant && (given_rate.is_some() || w.rate_scale.is_some()) {
+                let field = if given_rate.is_some() {
+                    "workload.rate"
+                } else {
+                    "workload.rate_scale"
+                };
+                return Err(v.err(
+                    field,
+                    format!(
+                        "the trace's first {} rows all arrive at one instant, so it has no rate to rescale; leave out workload.rate and workload.rate_scale to replay it as it is, or give a trace whose timestamps differ",
+                        rows.len()
+                    ),
+                ));
+            }
             let scale = match (given_rate, w.rate_scale) {
                 (Some(_), Some(_)) => {
                     return Err(v.err("workload.rate_scale", "give either workload.rate (a target mean rate) or workload.rate_scale, not both"))
@@ -1772,8 +1781,12 @@ fn workload_section(
             ));
         }
     }
-    // the arrivals must span a time the simulator can resolve
-    let horizon = requests as f64 / rate;
+    // the arrivals must span a time the simulator can resolve: a trace's own
+    // span (its mean rate counts gaps, so requests / rate would overstate it)
+    let horizon = match &arrival {
+        Arrival::Trace { rows, .. } => rows.get(requests.saturating_sub(1)).map_or(0.0, |r| r.t),
+        _ => requests as f64 / rate,
+    };
     if horizon.is_nan() || horizon > MAX_HORIZON_S {
         return Err(v.err(
             "workload.rate",
@@ -2023,11 +2036,13 @@ fn deployment_section(
         ("static", Some(f)) => SmPolicy::Static(
             f.parse::<f64>()
                 .ok()
-                .filter(|f| *f > 0.0 && *f < 1.0)
+                .filter(|f| {
+                    (easerve_sched::MIN_SM_SHARE..=1.0 - easerve_sched::MIN_SM_SHARE).contains(f)
+                })
                 .ok_or_else(|| {
                     v.err(
                         "deployment.sm_policy",
-                        format!("`{f}` is not an SM share in (0, 1)"),
+                        format!("`{f}` is not an SM share in [0.001, 0.999] (each side of the split needs at least 0.001 of the SMs to progress)"),
                     )
                 })?,
         ),
@@ -2115,7 +2130,7 @@ fn profile_section(
                 .parent()
                 .unwrap_or(Path::new("."))
                 .join(name);
-            let text = std::fs::read_to_string(&path)
+            let text = easerve_calib::input::read_text(&path)
                 .map_err(|e| v.err("profile", format!("cannot read {}: {e}", path.display())))?;
             // a custom GPU (cluster.gpu_file) is a known device for its own profiles
             let p = easerve_calib::Profile::from_toml_str_with_devices(
@@ -2141,11 +2156,53 @@ fn profile_section(
                     ),
                 ));
             }
+            check_profile_tables(&p, raw, v, &path)?;
             Some(p)
         }
     };
 
     Ok(profile)
+}
+
+/// A profile that would make a stage free is refused: an encode table is
+/// needed by a multimodal workload, and a table whose `median` latencies are
+/// all 0 prices every batch of its stage at nothing.
+fn check_profile_tables(
+    p: &easerve_calib::Profile,
+    raw: &ScenarioFile,
+    v: &V<'_>,
+    path: &Path,
+) -> Result<(), ScenarioError> {
+    let modality = raw.workload.modality.as_str();
+    if modality != "text" && p.encode_table().is_none() {
+        return Err(v.err(
+            "profile",
+            format!(
+                "{} has no encode table, which a {modality} workload needs (every encode pass would be free); measure one with `easerve profile`, or write its [[encode]] rows",
+                path.display()
+            ),
+        ));
+    }
+    let tables = p
+        .encode_table()
+        .into_iter()
+        .chain([p.prefill_table(), p.decode_table()]);
+    for t in tables {
+        let Some(m) = t.columns().iter().position(|c| c == "median") else {
+            continue;
+        };
+        if !t.rows().is_empty() && t.rows().iter().all(|r| r.get(m).is_some_and(|x| *x <= 0.0)) {
+            return Err(v.err(
+                "profile",
+                format!(
+                    "{}: every `median` of its {} table is 0, which would make that stage free; give the measured latencies",
+                    path.display(),
+                    t.stage().name()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The `[[slo]]` tiers: names and TTFT / TPOT bounds (seconds).
@@ -2277,7 +2334,7 @@ fn load_custom<T: serde::de::DeserializeOwned>(
     field: &str,
     path: &Path,
 ) -> Result<T, ScenarioError> {
-    let text = std::fs::read_to_string(path)
+    let text = easerve_calib::input::read_text(path)
         .map_err(|e| v.err(field, format!("cannot read {}: {e}", path.display())))?;
     serde_path_to_error::deserialize(toml::Deserializer::new(&text)).map_err(|e| {
         let inner_field = e.path().to_string();

@@ -61,6 +61,8 @@ pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError
             "is a folder; give the trace's CSV file (Azure LLM inference trace format)".into(),
         ));
     }
+    // a device or FIFO would be read without end; a regular file streams
+    easerve_calib::input::check_regular(path).map_err(|e| whole(format!("cannot read: {e}")))?;
     let mut reader =
         csv::Reader::from_path(path).map_err(|e| whole(format!("cannot read: {e}")))?;
     let mut rows = Vec::new();

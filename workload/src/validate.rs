@@ -82,7 +82,7 @@ pub enum ReportLoadError {
 pub fn load_report(path: impl AsRef<Path>) -> Result<Report, ReportLoadError> {
     let path = path.as_ref();
     let file = path.display().to_string();
-    let mut text = std::fs::read_to_string(path).map_err(|source| ReportLoadError::Io {
+    let mut text = easerve_calib::input::read_text(path).map_err(|source| ReportLoadError::Io {
         file: file.clone(),
         source,
     })?;
@@ -136,7 +136,7 @@ pub fn load_measured(
 ) -> Result<Report, ReportLoadError> {
     let path = path.as_ref();
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ReportLoadError::Io {
+    let text = easerve_calib::input::read_text(path).map_err(|source| ReportLoadError::Io {
         file: file.clone(),
         source,
     })?;
