@@ -193,19 +193,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                     GpuSpec::preset_names().join(", ")
                 ))
             })?;
-            let date = date.unwrap_or_else(today_utc);
-            let valid_date = {
-                let f: Vec<&str> = date.split('-').collect();
-                let n = |i: usize, lo: u32, hi: u32| {
-                    f.get(i)
-                        .and_then(|x| x.parse::<u32>().ok())
-                        .is_some_and(|v| (lo..=hi).contains(&v))
-                };
-                f.len() == 3 && f[0].len() == 4 && n(0, 1900, 9999) && n(1, 1, 12) && n(2, 1, 31)
-            };
-            if !valid_date {
-                return Err(BadInput(format!("--date {date}: expected a date YYYY-MM-DD")).into());
-            }
+            let date = checked_date(date)?;
             let eff = Efficiency::default();
             let terms = easerve_calib::preprocess::EncodeTerms::for_system(
                 &m,
@@ -299,6 +287,8 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             easerve_workload::validate::comparable(&s, &m).map_err(|e| {
                 BadInput(format!("{} vs {}: {e}", sim.display(), measured.display()))
             })?;
+            easerve_workload::validate::measurable(&m)
+                .map_err(|e| BadInput(format!("--measured {}: {e}", measured.display())))?;
             let v = Validation::compare(&s, &m);
             if json {
                 sayln!("{}", serde_json::to_string_pretty(&v)?);
@@ -340,8 +330,24 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 )
                 .into());
             }
+            if let Some(t) = encoder_tokens {
+                let max = easerve_calib::refine::MAX_ENCODER_TOKENS;
+                if !(1.0..=max).contains(&t) {
+                    return Err(BadInput(format!(
+                        "--encoder-tokens {t}: expected the run's typical encoder tokens per item, 1 ..= {max:e}"
+                    ))
+                    .into());
+                }
+            }
             if let (Some(csv), Some(tokens)) = (&measured_csv, encoder_tokens) {
                 let samples = read_encode_passes(csv, items_per_request)?;
+                if !samples.iter().any(|s| s.items > 0 && s.seconds > 0.0) {
+                    return Err(BadInput(format!(
+                        "--measured-csv {}: no encode pass with items and a positive duration (a header alone, or no request with both encode times)",
+                        csv.display()
+                    ))
+                    .into());
+                }
                 let what = csv.display().to_string();
                 let summary = refine_encode(&mut p, &samples, tokens, &what)
                     .map_err(|e| BadInput(e.to_string()))?;
@@ -361,6 +367,25 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             if let (Some(sim), Some(measured)) = (&sim, &measured) {
                 let s = load_report(sim).map_err(|e| BadInput(e.to_string()))?;
                 let m = load_measured(measured, &s).map_err(|e| BadInput(e.to_string()))?;
+                easerve_workload::validate::comparable(&s, &m).map_err(|e| {
+                    BadInput(format!(
+                        "--sim {} vs --measured {}: {e}",
+                        sim.display(),
+                        measured.display()
+                    ))
+                })?;
+                if s.meta.model != p.provenance.model {
+                    return Err(BadInput(format!(
+                        "--sim {} is a run of `{}`, but {} profiles `{}`; refine a profile from runs of its own model",
+                        sim.display(),
+                        s.meta.model,
+                        profile.display(),
+                        p.provenance.model
+                    ))
+                    .into());
+                }
+                easerve_workload::validate::measurable(&m)
+                    .map_err(|e| BadInput(format!("--measured {}: {e}", measured.display())))?;
                 let what = format!(
                     "measured {} over simulated {}",
                     measured.display(),
@@ -733,6 +758,22 @@ fn cell(x: f64) -> String {
 
 /// `easerve calib import-aiconfigurator`.
 #[allow(clippy::too_many_arguments)]
+/// `--date`, or today (UTC): a real calendar date written `YYYY-MM-DD`
+/// (years 1900 ..= 9999), as a profile's provenance holds it.
+fn checked_date(date: Option<String>) -> Result<String, BadInput> {
+    let date = date.unwrap_or_else(today_utc);
+    let real = date.len() == 10
+        && chrono::NaiveDate::parse_from_str(&date, "%Y-%m-%d")
+            .is_ok_and(|d| (1900..=9999).contains(&chrono::Datelike::year(&d)));
+    if real {
+        Ok(date)
+    } else {
+        Err(BadInput(format!(
+            "--date {date:?}: expected a calendar date YYYY-MM-DD (years 1900 ..= 9999), e.g. 2026-12-04"
+        )))
+    }
+}
+
 fn import_aiconfigurator(
     dir: &std::path::Path,
     gpu: &str,
@@ -745,6 +786,14 @@ fn import_aiconfigurator(
     date: Option<String>,
 ) -> anyhow::Result<ExitCode> {
     use easerve_calib::{KernelCost, Provenance, Source, StageCost};
+    // checked before anything is read or written
+    let date = checked_date(date)?;
+    if version.is_some_and(|v| v.trim().is_empty()) {
+        return Err(BadInput(
+            "--version '': give a framework version directory of the tables (e.g. 0.24.0), or leave the flag out for the newest".into(),
+        )
+        .into());
+    }
     if framework != "vllm" {
         return Err(BadInput(format!(
             "--framework {framework}: the tables hold vLLM kernels only (allowed: vllm)"
@@ -802,7 +851,7 @@ fn import_aiconfigurator(
         backend: describe,
         driver: "as measured by aiconfigurator".into(),
         libraries: vec![format!("easerve-calib {}", env!("CARGO_PKG_VERSION"))],
-        date: date.unwrap_or_else(today_utc),
+        date,
         method: format!(
             "operator lists (easerve_model::ops) priced from measured kernels, interpolated on log axes; {}",
             cost.sources().join("; ")

@@ -227,3 +227,156 @@ fn a_profile_that_would_make_a_stage_free_is_refused() {
         refused(&["sim", path(&f)], &needles);
     }
 }
+
+#[test]
+fn an_impossible_date_or_empty_version_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("p.toml");
+    let o = out.to_str().unwrap();
+    for bad in ["abc", "", "2026-1-1", "99999-01-01", "2026-02-30"] {
+        refused(
+            &[
+                "calib",
+                "import-aiconfigurator",
+                "../shared/data/aiconfigurator",
+                "--gpu",
+                "h100-sxm",
+                "--model",
+                "qwen2.5-vl-32b",
+                "-o",
+                o,
+                "--date",
+                bad,
+            ],
+            &["--date", "YYYY-MM-DD"],
+        );
+        refused(
+            &[
+                "calib",
+                "roofline",
+                "--model",
+                "qwen2.5-vl-32b",
+                "--gpu",
+                "h100-sxm",
+                "-o",
+                o,
+                "--date",
+                bad,
+            ],
+            &["--date", "YYYY-MM-DD"],
+        );
+        assert!(!out.exists(), "--date {bad:?} left {o}");
+    }
+    refused(
+        &[
+            "calib",
+            "import-aiconfigurator",
+            "../shared/data/aiconfigurator",
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "qwen2.5-vl-32b",
+            "-o",
+            o,
+            "--version",
+            "",
+        ],
+        &["--version"],
+    );
+    assert!(!out.exists());
+}
+
+/// The golden video report with `edit` applied to its JSON, in a temp file.
+fn golden_with(edit: impl Fn(&mut serde_json::Value)) -> tempfile::NamedTempFile {
+    let text = std::fs::read_to_string(root().join("tests/golden/video-40.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut v);
+    let mut f = tempfile::Builder::new().suffix(".json").tempfile().unwrap();
+    f.write_all(v.to_string().as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn a_measured_run_with_nothing_to_compare_is_refused() {
+    let none = golden_with(|v| v["completed"] = 0.into());
+    let zero_ttft = golden_with(|v| {
+        for k in ["mean", "p50", "p90", "p99", "max"] {
+            v["ttft"][k] = 0.0.into();
+        }
+    });
+    for (m, needle) in [
+        (&none, "no completed request"),
+        (&zero_ttft, "TTFTs are all 0"),
+    ] {
+        refused(
+            &[
+                "calib",
+                "validate",
+                "--sim",
+                "tests/golden/video-40.json",
+                "--measured",
+                path(m),
+            ],
+            &["--measured", needle],
+        );
+    }
+}
+
+#[test]
+fn refine_names_the_input_at_fault_and_refuses_absurd_factors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("refined.toml");
+    let o = out.to_str().unwrap();
+    let profile = "scenarios/profiles/tiny-image.cpu.toml";
+    refused(
+        &[
+            "calib",
+            "refine",
+            "--profile",
+            profile,
+            "--measured-csv",
+            "tests/golden/video-40.json",
+            "--encoder-tokens",
+            "0",
+            "-o",
+            o,
+        ],
+        &["--encoder-tokens"],
+    );
+    let header_only = file_in_scenarios(
+        "id,encode_worker,encode_batch,encode_start,encode_end\n",
+        ".csv",
+    );
+    refused(
+        &[
+            "calib",
+            "refine",
+            "--profile",
+            profile,
+            "--measured-csv",
+            path(&header_only),
+            "--encoder-tokens",
+            "195",
+            "-o",
+            o,
+        ],
+        &["--measured-csv", "no encode pass"],
+    );
+    // reports of another model than the profile's
+    refused(
+        &[
+            "calib",
+            "refine",
+            "--profile",
+            profile,
+            "--sim",
+            "tests/golden/video-40.json",
+            "--measured",
+            "tests/golden/video-40.json",
+            "-o",
+            o,
+        ],
+        &["--sim", "qwen2.5-vl-32b", "tiny-image"],
+    );
+    assert!(!out.exists(), "a refused refine wrote {o}");
+}

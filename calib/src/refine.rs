@@ -24,6 +24,28 @@
 
 use crate::profile::{monotone_envelope_columns, Profile, ProfileError, Stage};
 
+/// The refine factors accepted, measured over profiled (or simulated):
+/// `[0.001, 1000]`. A measurement a thousand times off the profile is not a
+/// calibration of it — another model or device, or another unit — and folding
+/// it in would price a run in centuries or in nanoseconds.
+pub const FACTOR_RANGE: (f64, f64) = (1e-3, 1e3);
+
+/// The encoder tokens per item [`refine_encode`] accepts: `1 ..= 10^7`, the
+/// bound a scenario puts on a request's tokens.
+pub const MAX_ENCODER_TOKENS: f64 = 1e7;
+
+/// `Err` naming `factor` when it is outside [`FACTOR_RANGE`].
+fn check_factor(factor: f64, what: &str) -> Result<(), String> {
+    let (lo, hi) = FACTOR_RANGE;
+    if factor.is_finite() && (lo..=hi).contains(&factor) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what}: the measured/profiled factor {factor:.4e} is outside [{lo}, {hi}]; a measurement that far off is not of this profile's model and device (or its times are in another unit), so it is not folded in"
+        ))
+    }
+}
+
 /// One measured encode pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EncodeSample {
@@ -61,9 +83,9 @@ pub fn refine_encode(
     let Some(table) = profile.encode_table() else {
         return Err(err("the profile has no encode table to refine".into()));
     };
-    if !(encoder_tokens >= 1.0 && encoder_tokens.is_finite()) {
+    if !(1.0..=MAX_ENCODER_TOKENS).contains(&encoder_tokens) {
         return Err(err(format!(
-            "encoder tokens per item must be ≥ 1, got {encoder_tokens}"
+            "encoder tokens per item must be in 1 ..= {MAX_ENCODER_TOKENS:e}, got {encoder_tokens}"
         )));
     }
     let mut sizes: Vec<u64> = samples
@@ -88,6 +110,7 @@ pub fn refine_encode(
         let n = xs.len();
         let med = median(&mut xs);
         let before: f64 = table.lookup(&[b as f64, encoder_tokens, 1.0]).iter().sum();
+        check_factor(med / before, &format!("batch {b}")).map_err(err)?;
         summary.push((b, n, med, before, med / before));
     }
     let factor = |b: f64| -> f64 {
@@ -148,7 +171,7 @@ pub fn refine_encode(
 /// token) in two runs of one scenario. `what` names the source for the
 /// provenance's `method`.
 ///
-/// Errors: `factor` not finite and positive, or the stage has no table.
+/// Errors: `factor` outside [`FACTOR_RANGE`], or the stage has no table.
 pub fn scale_stage(
     profile: &mut Profile,
     stage: Stage,
@@ -162,9 +185,7 @@ pub fn scale_stage(
         row: None,
         message: m,
     };
-    if !(factor.is_finite() && factor > 0.0) {
-        return Err(err(format!("scale factor must be positive, got {factor}")));
-    }
+    check_factor(factor, name).map_err(err)?;
     let table = match stage {
         Stage::Encode => profile
             .encode_table()
@@ -230,6 +251,25 @@ mod tests {
             attn_span: 577,
         };
         (r, p, item)
+    }
+
+    #[test]
+    fn factors_beyond_a_thousandfold_are_refused_and_the_profile_kept() {
+        let (_, mut p, item) = roofline_profile();
+        let before = p.clone();
+        for f in [1e6, 1e-6, f64::INFINITY, 0.0] {
+            let e = scale_stage(&mut p, Stage::Decode, f, "test").unwrap_err();
+            assert!(e.to_string().contains("outside [0.001, 1000]"), "{e}");
+        }
+        let t1 = StageCost::encode(&p, &[item], 1.0).total();
+        let far = [EncodeSample {
+            items: 1,
+            seconds: 5e3 * t1,
+        }];
+        assert!(refine_encode(&mut p, &far, 2048.0, "test").is_err());
+        assert!(refine_encode(&mut p, &far, 1e308, "test").is_err());
+        assert!(p == before, "a refused refinement changed the profile");
+        scale_stage(&mut p, Stage::Decode, 999.0, "test").unwrap();
     }
 
     #[test]

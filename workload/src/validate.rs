@@ -345,6 +345,34 @@ pub fn comparable(simulated: &Report, measured: &Report) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a measured run has something to compare against: at least one
+/// completed request, with a positive mean TTFT, and a positive mean TPOT when
+/// its requests generated more than one token each (by its output token rate
+/// over its duration).
+///
+/// # Errors
+/// What the run lacks, in words.
+pub fn measurable(measured: &Report) -> Result<(), String> {
+    if measured.completed == 0 {
+        return Err("the measured run has no completed request, so nothing to compare".into());
+    }
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(measured.ttft.mean) {
+        return Err(format!(
+            "the measured run's TTFTs are all 0 (or missing) over its {} completed requests; a TTFT is the time from a request's arrival to its first token",
+            measured.completed
+        ));
+    }
+    // output tokens per request, from the run's token rate over its duration
+    let tokens_each = measured.output_throughput * measured.duration_s / measured.completed as f64;
+    if tokens_each > 1.0 && !positive(measured.tpot.mean) {
+        return Err(format!(
+            "the measured run's TPOTs are all 0 (or missing) though its requests generated {tokens_each:.1} tokens each"
+        ));
+    }
+    Ok(())
+}
+
 /// `(simulated − measured) / measured` with the conventions of [`Row::rel_error`].
 pub fn rel_error(measured: f64, simulated: f64) -> f64 {
     if measured == 0.0 {
