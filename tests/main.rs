@@ -8,6 +8,7 @@ mod deploy_cli;
 mod drivers_agree;
 #[cfg(feature = "exec")]
 mod exec_cli;
+mod fuzz_cli;
 mod hardening;
 mod hardening_inputs;
 mod model_cli;
