@@ -186,9 +186,15 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
             )))
         }
     };
+    if a.random_output_len == 0 {
+        return Err(bad(
+            "--random-output-len 0: at least 1 output token (the server generates exactly this many)"
+                .into(),
+        ));
+    }
     let d = RandomMm {
         input_len: a.random_input_len,
-        output_len: a.random_output_len.max(1),
+        output_len: a.random_output_len,
         range_ratio: a.random_range_ratio,
         base_items,
         items_range_ratio: a.random_mm_num_mm_items_range_ratio,
@@ -219,6 +225,22 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             a.timeout
         )));
     }
+    if a.model.trim().is_empty() {
+        return Err(bad(format!(
+            "--model `{}`: empty; give the model name the server serves (what its /v1/models lists)",
+            a.model
+        )));
+    }
+    if a.endpoint.is_empty()
+        || a.endpoint
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(bad(format!(
+            "--endpoint `{}`: a URL path such as /v1/chat/completions, without spaces or control characters",
+            a.endpoint.escape_debug()
+        )));
+    }
     if a.max_concurrency == Some(0) {
         return Err(bad(
             "--max-concurrency 0: at least 1 request in flight".into()
@@ -247,15 +269,6 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             last.arrival
         )));
     }
-    let csv = match &a.requests_csv {
-        Some(path) => Some(std::fs::File::create(path).map_err(|e| {
-            bad(format!(
-                "--requests-csv {}: cannot write: {e}",
-                path.display()
-            ))
-        })?),
-        None => None,
-    };
     if let Some(tier) = &a.slo {
         let t = slo.iter().find(|t| &t.name == tier).ok_or_else(|| {
             let names: Vec<&str> = slo.iter().map(|t| t.name.as_str()).collect();
@@ -269,6 +282,12 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             GoodputBound::Tpot(t.tpot_s * 1e3),
         ];
     }
+    // the results file is opened, and its header written, before the first
+    // request: a file that cannot be written fails now, not after the run
+    let csv = match &a.requests_csv {
+        Some(path) => Some(open_csv(path)?),
+        None => None,
+    };
     let seed = meta.seed;
     let cfg = ClientConfig {
         base_url: a.base_url.clone(),
@@ -295,18 +314,38 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
         };
     }
     let result = BenchResult::new(outcomes, duration, &bounds, &slo, meta);
-    if let (Some(path), Some(f)) = (&a.requests_csv, csv) {
-        result.write_csv(f).map_err(|e| {
-            bad(format!(
-                "--requests-csv {}: cannot write: {e}",
-                path.display()
-            ))
-        })?;
-    }
+    // the result first: a CSV that fails late (a disk that fills) loses the
+    // rows, not the measurement
     if a.json {
         sayln!("{}", serde_json::to_string_pretty(&result.to_json())?);
     } else {
         say!("{}", result.render_text());
     }
+    if let (Some(path), Some(f)) = (&a.requests_csv, csv) {
+        result
+            .write_csv_rows(f, false)
+            .map_err(|e| cannot_write_csv(path, &e))?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn cannot_write_csv(path: &std::path::Path, e: &dyn std::fmt::Display) -> anyhow::Error {
+    bad(format!(
+        "--requests-csv {}: cannot write: {e}",
+        path.display()
+    ))
+}
+
+/// `--requests-csv`: created, its header written and flushed, so a path that
+/// cannot be written (a folder, a full disk, no permission) fails before
+/// anything is sent.
+fn open_csv(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::io::Write as _;
+    let mut f = std::fs::File::create(path).map_err(|e| cannot_write_csv(path, &e))?;
+    let mut line = easerve_bench::result::CSV_HEADER.join(",");
+    line.push('\n');
+    f.write_all(line.as_bytes())
+        .and_then(|()| f.flush())
+        .map_err(|e| cannot_write_csv(path, &e))?;
+    Ok(f)
 }

@@ -203,8 +203,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             );
             let r = Roofline::new(m, g, eff).with_terms(terms);
             let p = Profile::from_roofline(&r, &GridSpec::default(), &date);
-            p.save(&output)
-                .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
+            save_profile(&p, &output)?;
             // what was written must read back
             Profile::load(&output).map_err(|e| anyhow::anyhow!("written profile invalid: {e}"))?;
             eprintln!(
@@ -421,8 +420,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                     );
                 }
             }
-            p.save(&output)
-                .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
+            save_profile(&p, &output)?;
             eprintln!("wrote {}", output.display());
             Ok(ExitCode::SUCCESS)
         }
@@ -757,7 +755,21 @@ fn cell(x: f64) -> String {
 }
 
 /// `easerve calib import-aiconfigurator`.
-#[allow(clippy::too_many_arguments)]
+/// Write `p` to `-o PATH`, which must be (or become) a regular file: a
+/// device or folder there is bad input, as is any failure to write.
+fn save_profile(p: &Profile, path: &std::path::Path) -> Result<(), BadInput> {
+    if path.exists() && !path.is_file() {
+        return Err(BadInput(format!(
+            "-o {}: not a regular file (a device, FIFO or folder); a profile is written to a file",
+            path.display()
+        )));
+    }
+    crate::write_output("-o", path, |w| {
+        w.write_all(p.to_toml_string().as_bytes())?;
+        Ok(())
+    })
+}
+
 /// `--date`, or today (UTC): a real calendar date written `YYYY-MM-DD`
 /// (years 1900 ..= 9999), as a profile's provenance holds it.
 fn checked_date(date: Option<String>) -> Result<String, BadInput> {
@@ -774,6 +786,7 @@ fn checked_date(date: Option<String>) -> Result<String, BadInput> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn import_aiconfigurator(
     dir: &std::path::Path,
     gpu: &str,
@@ -871,8 +884,7 @@ fn import_aiconfigurator(
             note,
         ),
     );
-    p.save(output)
-        .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", output.display())))?;
+    save_profile(&p, output)?;
     Profile::load(output).map_err(|e| anyhow::anyhow!("written profile invalid: {e}"))?;
     eprintln!(
         "wrote {} (measured kernels of {model} on {gpu})",

@@ -131,11 +131,28 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
+    if let Some(types) = &a.gpus {
+        check_gpu_types(types)?;
+    }
     let base = Overrides {
         seed: a.seed,
         requests: a.requests,
         ..Default::default()
     };
+    if let Some(r) = a.target_rate {
+        // the rate the runs take must validate with this scenario's workload
+        // (e.g. its requests must span a time the simulator resolves): blame
+        // the flag, not the file's own rate
+        let o = Overrides {
+            rate: Some(r),
+            ..base.clone()
+        };
+        if let Err(e) = Scenario::load(&a.scenario, &o) {
+            if e.field.ends_with("workload.rate") {
+                return Err(BadInput(format!("--target-rate {}: {}", num(r), e.message)).into());
+            }
+        }
+    }
     let tuning = if a.tune || a.gpus.is_some() {
         Tuning::Has
     } else {
@@ -167,17 +184,18 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
             .fewest_gpus(rate, a.max_gpus, &mut on_probe)
             .map_err(bad)?;
         if let Some(path) = &a.plot {
-            let pts = ans
+            let mut pts: Vec<(f64, f64)> = ans
                 .probes
                 .iter()
                 .map(|p| (f64::from(p.gpus), p.goodput))
                 .collect();
+            pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let lo = pts.first().map_or(1.0, |p| p.0);
+            let hi = pts.last().map_or(1.0, |p| p.0);
             let mut series = vec![Series {
                 name: format!("goodput ({})", goal.tier),
                 points: pts,
             }];
-            let lo = ans.probes.first().map_or(1.0, |p| f64::from(p.gpus));
-            let hi = ans.probes.last().map_or(1.0, |p| f64::from(p.gpus));
             series.push(Series {
                 name: format!("{} × {rate} req/s", num(goal.attain)),
                 points: vec![(lo, goal.attain * rate), (hi, goal.attain * rate)],
@@ -220,8 +238,28 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
                 f.deployment,
                 f.goodput
             ),
+            None if ans.stalled => {
+                let last: Vec<&easerve_has::capacity::Probe> = {
+                    let mut by_size: Vec<_> = ans.probes.iter().collect();
+                    by_size.sort_by_key(|p| p.gpus);
+                    by_size.into_iter().rev().take(2).collect()
+                };
+                let (big, small) = (last[0], last.get(1).copied().unwrap_or(last[0]));
+                sayln!(
+                    "not met up to {} GPUs: no cluster size probed meets {what} at {rate} req/s, and doubling from {} to {} GPUs raised neither goodput ({:.4} → {:.4} req/s) nor throughput ({:.4} → {:.4} req/s) by {} %, so larger clusters (up to --max-gpus {}) were not tried",
+                    ans.tried_up_to,
+                    small.gpus,
+                    big.gpus,
+                    small.goodput,
+                    big.goodput,
+                    small.throughput,
+                    big.throughput,
+                    num(easerve_has::capacity::MIN_GAIN * 1e2),
+                    ans.max_gpus
+                )
+            }
             None => sayln!(
-                "not reachable with up to {} GPUs: no cluster size from 1 to {} meets {what} at {rate} req/s",
+                "not reachable with up to {} GPUs: no cluster size probed from 1 to {} meets {what} at {rate} req/s",
                 ans.max_gpus,
                 ans.max_gpus
             ),
@@ -421,11 +459,12 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
             ans.probes.len()
         ),
         None => sayln!(
-            "{what} holds on {} × {} ({deployment}) up to {:.4} req/s, the highest rate probed ({}× the scenario's): the cluster is not the limit there",
+            "{what} holds on {} × {} ({deployment}) up to {:.4} req/s, the highest rate probed (probes stop at {}× the cluster's estimated capacity, and at {} req/s): the cluster is not the limit there",
             ans.gpus,
             ans.gpu,
             ans.rate,
-            num(easerve_has::capacity::MAX_GROWTH)
+            num(easerve_has::capacity::CAPACITY_MARGIN),
+            num(MAX_RATE)
         ),
     }
     Ok(ExitCode::SUCCESS)
@@ -480,6 +519,27 @@ fn parse_prices(items: &[String]) -> Result<Vec<(String, f64)>, BadInput> {
             Ok((t.trim().to_string(), p))
         })
         .collect()
+}
+
+/// `--gpus`: every entry a GPU preset (the names `cluster.gpu` takes), checked
+/// before any run.
+fn check_gpu_types(types: &[String]) -> Result<(), BadInput> {
+    let known = easerve_calib::GpuSpec::preset_names();
+    for t in types {
+        if easerve_calib::GpuSpec::preset(t).is_none() {
+            let hint = if t.is_empty() {
+                "an empty name (a stray comma?)".to_string()
+            } else {
+                format!("unknown GPU type `{t}`")
+            };
+            return Err(BadInput(format!(
+                "--gpus `{}`: {hint}; allowed GPU types (comma-separated): {}",
+                types.join(","),
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn price_of(prices: &[(String, f64)], gpu: &str) -> Option<f64> {

@@ -235,16 +235,10 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The trial `--emit` writes: the chosen one, or, when it has no P workers
-/// (all prefill on local workers beside the encoders, which no engine's launch
-/// files can express), the best trial that has P workers, by the study's own
-/// order ([`Outcome::rank`](easerve_has::Outcome::rank)). `None` when no trial
-/// has P workers.
-pub(crate) fn deployable(study: &easerve_has::Study) -> Option<&TrialRecord> {
-    let best = study.best.as_ref()?;
-    if best.candidate.allocation.prefill.workers > 0 {
-        return Some(best);
-    }
+/// The best trial that has P workers, by the study's own order
+/// ([`Outcome::rank`](easerve_has::Outcome::rank)): what the engines can run
+/// when the chosen one has none. `None` when no trial has P workers.
+fn best_with_p_workers(study: &easerve_has::Study) -> Option<&TrialRecord> {
     study
         .trials
         .iter()
@@ -252,12 +246,15 @@ pub(crate) fn deployable(study: &easerve_has::Study) -> Option<&TrialRecord> {
         .max_by(|x, y| x.outcome.rank(&y.outcome).then(y.index.cmp(&x.index)))
 }
 
-/// Write the deployment files (`--emit`) of [`deployable`]'s trial, saying so
-/// when it is not the chosen one; with `--json` the summary goes to standard
-/// error, so standard output stays one JSON document.
+/// Write the deployment files (`--emit`) of the chosen trial. When it has no
+/// P workers (all prefill on local workers beside the encoders), no engine
+/// can run it: its engine folders are not written (README.md says why), and
+/// the best trial with P workers is named with the command that deploys it.
+/// With `--json` the summary goes to standard error, so standard output stays
+/// one JSON document.
 ///
 /// # Errors
-/// [`BadInput`] when no trial has P workers; the deploy command's errors.
+/// The deploy command's errors.
 fn emit_chosen(
     a: &SearchArgs,
     base: &Overrides,
@@ -265,25 +262,29 @@ fn emit_chosen(
     dir: &std::path::Path,
     quiet: bool,
 ) -> anyhow::Result<()> {
-    let Some(best) = study.best.as_ref() else {
+    let Some(pick) = study.best.as_ref() else {
         return Ok(());
     };
-    let Some(pick) = deployable(study) else {
-        return Err(BadInput(format!(
-            "--emit {}: the chosen {} has no P workers (all prefill on local workers beside the encoders), which vLLM, SGLang and Dynamo cannot run, and no trial of this search had P workers; raise --budget, or deploy an allocation with nP(TPk) via `easerve deploy --deployment`",
-            dir.display(),
-            best.candidate
-        ))
-        .into());
-    };
-    if pick.index != best.index {
+    if pick.candidate.allocation.prefill.workers == 0 {
+        let alternative = match best_with_p_workers(study) {
+            Some(t) => format!(
+                "; the best trial with P workers is {} (throughput {:.3} req/s against {:.3}, mean TTFT {:.2} s): `easerve deploy {} --rate {}{}{} --deployment '{}' --emit DIR` writes it for them",
+                t.candidate,
+                t.outcome.throughput,
+                pick.outcome.throughput,
+                t.outcome.mean_ttft,
+                a.scenario.display(),
+                study.rate,
+                a.seed.map_or(String::new(), |x| format!(" --seed {x}")),
+                a.requests
+                    .map_or(String::new(), |n| format!(" --requests {n}")),
+                t.candidate
+            ),
+            None => "; no trial of this search had P workers (raise --budget, or deploy an allocation with nP(TPk) via `easerve deploy --deployment`)".into(),
+        };
         let line = format!(
-            "--emit: the chosen {} has no P workers, which vLLM, SGLang and Dynamo cannot run; writing the best trial with P workers instead: {} (throughput {:.3} req/s against {:.3}, mean TTFT {:.2} s)",
-            best.candidate,
-            pick.candidate,
-            pick.outcome.throughput,
-            best.outcome.throughput,
-            pick.outcome.mean_ttft
+            "--emit: the chosen {} has no P workers, which vLLM, SGLang and Dynamo cannot run: their folders are not written (README.md says why){alternative}",
+            pick.candidate
         );
         if quiet {
             eprintln!("{line}");

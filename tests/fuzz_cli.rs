@@ -187,7 +187,15 @@ const TEMPLATES: &[Template] = &[
         ],
     },
     Template {
-        args: &["reproduce", "--requests", "10", "--out", "{out}"],
+        args: &[
+            "reproduce",
+            "--scenarios",
+            "scenarios/.",
+            "--requests",
+            "10",
+            "--out",
+            "{out}",
+        ],
         flags: &["--requests", "--out"],
     },
 ];
@@ -225,17 +233,33 @@ fn newer_commands_survive_hostile_flags() {
         };
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
+        // files of the checkout by absolute path: the case runs in its own
+        // folder, so a hostile output path lands there, not in the checkout
         let base: Vec<String> = t
             .args
             .iter()
-            .map(|a| a.replace("{out}", out.to_str().unwrap()))
+            .map(|a| {
+                if a.starts_with("scenarios/") || a.starts_with("tests/") || a.starts_with("../") {
+                    root().join(a).display().to_string()
+                } else {
+                    a.replace("{out}", out.to_str().unwrap())
+                }
+            })
             .collect();
         let args = with_flag(&base, flag, value);
         let shown = format!("case {case}: easerve {}", args.join(" "));
         let started = Instant::now();
-        let mut child = easerve_command()
+        let mut cmd = easerve_command();
+        if let Some(d) = easerve_calib::aic::find_data_dir() {
+            // the checkout's kernel tables, found from its folder
+            cmd.env(
+                "EASERVE_AICONFIGURATOR_DIR",
+                std::fs::canonicalize(d).unwrap(),
+            );
+        }
+        let mut child = cmd
             .args(&args)
-            .current_dir(root())
+            .current_dir(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

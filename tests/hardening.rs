@@ -817,3 +817,336 @@ fn integer_beyond_64_bits_in_a_bucket_names_its_field() {
     let path = f.path().to_str().unwrap();
     exits_2(&["sim", path], &[path, "`workload.image.buckets.height`"]);
 }
+
+// --- issue 32: the newer commands (bench, capacity, deploy, search --emit,
+// reproduce), tried as a new user would ---
+
+/// `easerve ARGS`, killed (and the test failed) if it runs past `limit`;
+/// returns its output and how long it took.
+fn easerve_within(args: &[&str], limit: Duration) -> (std::process::Output, Duration) {
+    let mut child = crate::easerve_command()
+        .args(args)
+        .current_dir(root())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if child.try_wait().unwrap().is_some() {
+            let took = start.elapsed();
+            return (child.wait_with_output().unwrap(), took);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("{args:?} still running after {limit:?}");
+}
+
+/// Issue 32: bucket weights whose sum overflows panicked in `Uniform::new`.
+#[test]
+fn bench_bucket_weights_whose_sum_overflows() {
+    exits_2(
+        &[
+            "bench",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--num-prompts",
+            "1",
+            "--random-mm-bucket-config",
+            "{(256, 256, 1): 1e308, (512, 512, 1): 1e308}",
+        ],
+        &["--random-mm-bucket-config", "sum to inf", "finite"],
+    );
+}
+
+/// Issue 32: `--requests-csv /dev/full` sent every request, then exited 2 and
+/// lost the measurement; the file is now checked before the first request.
+#[test]
+fn bench_results_file_that_cannot_be_written_fails_before_any_request() {
+    let server = crate::bench_cli::fake_server(Duration::ZERO, Duration::ZERO, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let under_a_file = file.join("requests.csv");
+    let mut paths = vec![
+        under_a_file.to_str().unwrap().to_string(),
+        dir.path().to_str().unwrap().to_string(),
+    ];
+    if std::path::Path::new("/dev/full").exists() {
+        paths.push("/dev/full".into());
+    }
+    for path in &paths {
+        exits_2(
+            &[
+                "bench",
+                "--base-url",
+                &server.url,
+                "--model",
+                "m",
+                "--num-prompts",
+                "3",
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                "5",
+                "--random-output-len",
+                "2",
+                "--requests-csv",
+                path,
+            ],
+            &[&format!("--requests-csv {path}"), "cannot write"],
+        );
+    }
+    assert_eq!(server.seen.lock().unwrap().len(), 0, "requests were sent");
+}
+
+/// Issue 32: accepted without a word: `--random-output-len 0` (sent as 1),
+/// an endpoint with a space, an empty model name.
+#[test]
+fn bench_output_len_endpoint_and_model_are_checked() {
+    let cases: [(&str, &str, &[&str]); 3] = [
+        (
+            "--random-output-len",
+            "0",
+            &["--random-output-len 0", "at least 1"],
+        ),
+        (
+            "--endpoint",
+            "/v1/chat completions",
+            &["--endpoint", "without spaces"],
+        ),
+        ("--model", "", &["--model", "empty", "/v1/models"]),
+    ];
+    for (flag, value, needles) in cases {
+        let mut args = vec![
+            "bench",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--num-prompts",
+            "1",
+            flag,
+            value,
+        ];
+        if flag != "--model" {
+            args.extend(["--model", "m"]);
+        }
+        exits_2(&args, needles);
+    }
+}
+
+/// Issue 32: `--target-rate` on a tier no cluster size reaches probed every
+/// size 4, 5, 6, … (300 probes in 435 s without an answer). The sizes now
+/// double and the search stops when a doubling brings no gain.
+#[test]
+fn capacity_fewest_gpus_is_bounded_when_the_tier_is_out_of_reach() {
+    let (out, took) = easerve_within(
+        &[
+            "capacity",
+            "scenarios/image.toml",
+            "--slo",
+            "strict",
+            "--target-rate",
+            "1",
+            "--max-gpus",
+            "4096",
+        ],
+        Duration::from_secs(300),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let probes = text.lines().filter(|l| l.starts_with("probe")).count();
+    assert!(probes <= 12, "{probes} probes in {took:?}: {text}");
+    let answer = text.lines().last().unwrap_or_default();
+    assert!(
+        answer.starts_with("not met up to ") || answer.starts_with("fewest GPUs"),
+        "{text}"
+    );
+}
+
+/// Issue 32: `--gpus bogus` exited 0 with the error as a table row.
+#[test]
+fn capacity_unknown_gpu_types_exit_2_before_any_run() {
+    for gpus in ["bogus", "", "H100-SXM", "h100-sxm,"] {
+        exits_2(
+            &[
+                "capacity",
+                "scenarios/image.toml",
+                "--slo",
+                "moderate",
+                "--requests",
+                "40",
+                "--gpus",
+                gpus,
+            ],
+            &[
+                &format!("--gpus `{gpus}`"),
+                "allowed GPU types",
+                "h100-sxm, h200-sxm",
+            ],
+        );
+    }
+}
+
+/// Issue 32: a target rate too low for the clock blamed the file's
+/// `workload.rate`.
+#[test]
+fn capacity_target_rate_too_low_blames_the_flag() {
+    let out = easerve(&[
+        "capacity",
+        "scenarios/image.toml",
+        "--slo",
+        "moderate",
+        "--target-rate",
+        "1e-9",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--target-rate 1e-9"), "{err}");
+    assert!(err.contains("at least"), "{err}");
+    assert!(!err.contains("workload.rate"), "blames the file: {err}");
+}
+
+/// Issue 32: probes stopped at 2^20 × the scenario's rate, so a scenario at a
+/// tiny rate reported the cluster "not the limit" at 0.52 req/s on a cluster
+/// that fails near 1 req/s with these requests. The cluster bounds them now.
+#[test]
+fn capacity_probes_are_bounded_by_the_cluster_not_the_scenario_rate() {
+    let f = scenario_with("image.toml", |s| s.replace("rate = 2.0", "rate = 5e-7"));
+    let v = crate::report_json(
+        "capacity",
+        f.path(),
+        &["--slo", "moderate", "--requests", "60"],
+    );
+    let ans = &v["answer"];
+    assert!(ans["fails_at"].is_number(), "no failing rate found: {ans}");
+    let rate = crate::num(ans, "/rate");
+    assert!(rate > 0.6, "highest rate {rate} req/s");
+}
+
+/// Issue 32: `deploy --seed 18446744073709551615` exited 1 ("out-of-range
+/// value for u64") while writing scenario.toml.
+#[test]
+fn deploy_seed_beyond_a_toml_integer_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("deploy");
+    for cmd in ["deploy", "search"] {
+        exits_2(
+            &[
+                cmd,
+                "scenarios/image.toml",
+                "--seed",
+                "18446744073709551615",
+                "--emit",
+                out.to_str().unwrap(),
+            ],
+            &["--seed 18446744073709551615", "0 ..= 9223372036854775807"],
+        );
+        assert!(!out.exists(), "{cmd} wrote files");
+    }
+}
+
+/// Issue 32: a deployment without P workers exited 1 (then 2) after writing
+/// scenario.toml; it is written now, and its README says no engine runs it.
+#[test]
+fn deployment_without_p_workers_is_emitted_with_the_reason_per_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let deployed = dir.path().join("deploy");
+    let searched = dir.path().join("search");
+    for (args, out) in [
+        (
+            vec![
+                "deploy",
+                "scenarios/audio.toml",
+                "--deployment",
+                "2E(TP1)+3D(TP2) B=2 s=0",
+                "--emit",
+                deployed.to_str().unwrap(),
+            ],
+            &deployed,
+        ),
+        (
+            vec![
+                "search",
+                "scenarios/audio.toml",
+                "--emit",
+                searched.to_str().unwrap(),
+            ],
+            &searched,
+        ),
+    ] {
+        let run = easerve(&args);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(0), "{args:?}: {err}");
+        let scenario = std::fs::read_to_string(out.join("scenario.toml")).unwrap();
+        let readme = std::fs::read_to_string(out.join("README.md")).unwrap();
+        if scenario.contains("P(TP") {
+            continue; // the search chose P workers: nothing to say
+        }
+        for engine in ["vllm", "sglang", "dynamo"] {
+            assert!(!out.join(engine).exists(), "{args:?}: {engine}/ written");
+            assert!(
+                readme.contains(&format!("* `{engine}/` — not written:"))
+                    && readme.contains("has no P workers"),
+                "{args:?}: {engine}: {readme}"
+            );
+        }
+    }
+    // the deploy case above has no P workers by construction
+    assert!(!deployed.join("vllm").exists());
+}
+
+/// Issue 32: `reproduce --out` on a file, /dev/full or a path under a file
+/// gave a bare `File exists (os error 17)`.
+#[test]
+fn reproduce_out_that_cannot_be_a_folder_names_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let under = file.join("out");
+    let mut outs = vec![
+        file.to_str().unwrap().to_string(),
+        under.to_str().unwrap().to_string(),
+    ];
+    if std::path::Path::new("/dev/full").exists() {
+        outs.push("/dev/full".into());
+    }
+    for out in &outs {
+        exits_2(
+            &["reproduce", "--out", out, "--requests", "20"],
+            &[&format!("--out {out}")],
+        );
+    }
+}
+
+/// Issue 32: report.md carried its own wall time ("in 0.8 s" against
+/// "0.7 s"), so two runs differed.
+#[test]
+fn reproduce_report_is_byte_identical_across_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut reports = Vec::new();
+    for run in ["a", "b"] {
+        let out = dir.path().join(run);
+        let r = easerve(&[
+            "reproduce",
+            "--out",
+            out.to_str().unwrap(),
+            "--requests",
+            "20",
+        ]);
+        let err = String::from_utf8_lossy(&r.stderr);
+        assert!(r.status.success(), "{err}");
+        assert!(err.contains("reproduce took"), "{err}");
+        reports.push(std::fs::read_to_string(out.join("report.md")).unwrap());
+    }
+    assert!(
+        !reports[0].contains("Generated by `easerve reproduce` in"),
+        "wall time in the report"
+    );
+    assert!(reports[0] == reports[1], "the two reports differ");
+}

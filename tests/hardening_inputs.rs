@@ -380,3 +380,20 @@ fn refine_names_the_input_at_fault_and_refuses_absurd_factors() {
     );
     assert!(!out.exists(), "a refused refine wrote {o}");
 }
+
+/// At 2e-7 req/s the passes run 1e8 s into the run, where an f64 second
+/// resolves ~1e-8 s: the simulator's own consistency checks allow for it.
+#[test]
+fn a_very_slow_rate_runs_to_the_end() {
+    let out = easerve(&[
+        "sim",
+        "scenarios/image.toml",
+        "--rate",
+        "2e-7",
+        "--requests",
+        "60",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

@@ -157,10 +157,13 @@ fn bad_search_input_exits_2() {
 }
 
 /// On Gemma 3 images, HAS chooses an allocation without P workers (prefill on
-/// the local workers beside the encoders). `--emit` then writes the best trial with P
-/// workers and says so, and `deploy` of the chosen one exits 2 naming why.
+/// the local workers beside the encoders), which no engine can run. `--emit`
+/// writes it all the same (exit 0, issue 32): its scenario, without the
+/// engines' folders, README.md saying why for each, and the best trial with P
+/// workers named with the `deploy` command that writes it; `deploy` of the
+/// chosen one does the same.
 #[test]
-fn emit_writes_the_best_trial_with_p_workers_when_the_chosen_has_none() {
+fn emit_writes_the_chosen_deployment_without_p_workers_and_says_no_engine_runs_it() {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("emitted");
     let out = easerve(&[
@@ -188,23 +191,49 @@ fn emit_writes_the_best_trial_with_p_workers_when_the_chosen_has_none() {
         "this test needs a chosen allocation without P workers: {chosen}"
     );
     assert!(stdout.contains("has no P workers"), "{stdout}");
+    assert!(
+        stdout.contains("the best trial with P workers is") && stdout.contains("easerve deploy"),
+        "{stdout}"
+    );
     let written = std::fs::read_to_string(out_dir.join("scenario.toml")).unwrap();
     let alloc = written
         .lines()
         .find_map(|l| l.strip_prefix("allocation = "))
         .expect("an allocation line");
-    assert!(alloc.contains("P(TP"), "{alloc}");
+    assert!(
+        chosen.starts_with(alloc.trim_matches('"')),
+        "{alloc} is not the chosen {chosen}"
+    );
+    let no_engine = |dir: &std::path::Path| {
+        let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+        for engine in ["vllm", "sglang", "dynamo"] {
+            assert!(!dir.join(engine).exists(), "{engine}/ written");
+            assert!(
+                readme.contains(&format!("* `{engine}/` — not written: the deployment")),
+                "{engine}: {readme}"
+            );
+        }
+        assert!(readme.contains("has no P workers"), "{readme}");
+    };
+    no_engine(&out_dir);
 
-    let refused = easerve(&[
+    let deployed = dir.path().join("deployed");
+    let out = easerve(&[
         "deploy",
         "scenarios/gemma-image.toml",
         "--deployment",
         &chosen,
         "--emit",
-        dir.path().join("refused").to_str().unwrap(),
+        deployed.to_str().unwrap(),
     ]);
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("has no P workers"), "{stderr}");
-    assert!(!dir.path().join("refused").join("scenario.toml").exists());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("vllm/: not written"), "{stdout}");
+    no_engine(&deployed);
+    assert!(deployed.join("scenario.toml").exists());
 }

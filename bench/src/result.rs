@@ -89,6 +89,19 @@ impl MsStats {
     }
 }
 
+/// The columns of [`BenchResult::write_csv`].
+pub const CSV_HEADER: [&str; 9] = [
+    "id",
+    "scheduled_s",
+    "sent_s",
+    "ttft_s",
+    "tpot_s",
+    "e2el_s",
+    "prompt_tokens",
+    "output_tokens",
+    "error",
+];
+
 /// The measured figures of a run.
 #[derive(Clone, Debug)]
 pub struct BenchResult {
@@ -376,23 +389,24 @@ impl BenchResult {
     }
 
     /// One CSV row per request: id, scheduled and send time, TTFT, TPOT and
-    /// E2EL (s), prompt and output tokens, error.
+    /// E2EL (s), prompt and output tokens, error; [`CSV_HEADER`] first.
     ///
     /// # Errors
     /// A write that fails.
     pub fn write_csv<W: std::io::Write>(&self, w: W) -> Result<(), csv::Error> {
+        self.write_csv_rows(w, true)
+    }
+
+    /// [`Self::write_csv`] without the header when `header` is false (for a
+    /// file whose header was written, and so checked, before the run).
+    ///
+    /// # Errors
+    /// A write that fails.
+    pub fn write_csv_rows<W: std::io::Write>(&self, w: W, header: bool) -> Result<(), csv::Error> {
         let mut out = csv::Writer::from_writer(w);
-        out.write_record([
-            "id",
-            "scheduled_s",
-            "sent_s",
-            "ttft_s",
-            "tpot_s",
-            "e2el_s",
-            "prompt_tokens",
-            "output_tokens",
-            "error",
-        ])?;
+        if header {
+            out.write_record(CSV_HEADER)?;
+        }
         for o in &self.outcomes {
             let lat = latencies(o);
             let f = |x: Option<f64>| x.map_or(String::new(), |v| v.to_string());

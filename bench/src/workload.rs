@@ -98,7 +98,8 @@ impl RandomMm {
     /// `seed`, as the scenario generator draws them.
     ///
     /// # Panics
-    /// Never for buckets from [`parse_bucket_config`] (positive weights).
+    /// Never for buckets from [`parse_bucket_config`] (weights ≥ 0, one > 0,
+    /// a finite sum).
     pub fn requests(&self, arrivals: &[f64], seed: u64) -> Vec<BenchRequest> {
         let mut lengths = stream(seed, "lengths");
         let mut shapes = stream(seed, "shapes");
@@ -167,7 +168,8 @@ pub fn send_times(rate: f64, burstiness: f64, n: usize, seed: u64) -> Vec<f64> {
 
 /// Parse `--random-mm-bucket-config` as `vllm bench serve` writes it:
 /// `{(256, 256, 1): 0.5, (720, 1280, 1): 0.4}` (spaces optional). Probabilities
-/// need not sum to 1 (they are normalised), but each must be ≥ 0 and one > 0.
+/// need not sum to 1 (they are normalised), but each must be ≥ 0, one > 0,
+/// and their sum finite.
 ///
 /// # Errors
 /// Says what is malformed.
@@ -222,6 +224,12 @@ pub fn parse_bucket_config(text: &str) -> Result<Vec<Bucket>, String> {
             "`{text}`: at least one bucket needs a probability > 0"
         ));
     }
+    let sum: f64 = out.iter().map(|b| b.1).sum();
+    if !sum.is_finite() {
+        return Err(format!(
+            "`{text}`: the probabilities sum to {sum}; give finite probabilities whose sum is finite too (they are normalised, e.g. 0.5 and 0.5)"
+        ));
+    }
     Ok(out)
 }
 
@@ -248,6 +256,7 @@ mod tests {
             "{(0, 1, 1): 1}",
             "{(1, 1, 1): -1}",
             "{(1, 1, 1): 0}",
+            "{(256, 256, 1): 1e308, (512, 512, 1): 1e308}",
         ] {
             assert!(parse_bucket_config(bad).is_err(), "{bad}");
         }

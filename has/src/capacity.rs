@@ -17,22 +17,39 @@
 //!
 //! * [`Planner::max_rate`]: from the scenario's rate, double (or halve) until
 //!   the goal's verdict flips, then bisect geometrically until the bracket
-//!   `[meets, fails]` is narrower than the tolerance. Goodput need not be
+//!   `[meets, fails]` is narrower than the tolerance. Each run's cost model
+//!   also estimates the rate at which its busiest stage is fully loaded; the
+//!   search jumps to that estimate when it is more than a doubling (or
+//!   halving) away, and never probes above [`CAPACITY_MARGIN`] × it, so the
+//!   cluster, not the scenario's rate, bounds the probes. Goodput need not be
 //!   monotone in the rate (a run is one sample); the answer is the highest
 //!   probed rate that met the goal below the lowest one that failed above it,
 //!   and the probes are returned so the user can see the shape.
-//! * [`Planner::fewest_gpus`]: cluster sizes from the smallest that fits the
-//!   model upward, each tuned by HAS at the target rate; the first that meets
-//!   the goal is the answer, and "none up to N" is an answer too.
+//! * [`Planner::fewest_gpus`]: the smallest cluster size that fits the model
+//!   (doubling, then bisecting, on a fit check that runs nothing), then sizes
+//!   doubling from it, each tuned by HAS at the target rate, until one meets
+//!   the goal (then bisecting down to the fewest that met), `--max-gpus` is
+//!   reached, or a doubling brings neither goodput nor throughput up by
+//!   [`MIN_GAIN`]; "not met up to N GPUs" is an answer too.
 
-use easerve_workload::scenario::{Overrides, Scenario, MAX_RATE};
+use crate::space::FeasibleAllocation;
+use easerve_workload::scenario::{Overrides, Scenario, ScenarioError, ScenarioFile, MAX_RATE};
+use easerve_workload::Report;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
-/// Rates probed at most above the scenario's rate, as a factor (2^20), and
-/// never above the scenario bound [`MAX_RATE`]: a cluster that meets the goal
+/// Rates probed at most, as a multiple of the highest capacity the probes'
+/// cost model estimated for the cluster (the rate at which its busiest stage
+/// is fully loaded), and never above the scenario bound [`MAX_RATE`] (the
+/// only bound when no probe has an estimate): a cluster that meets the goal
 /// there is reported as not the limit, not searched on.
-pub const MAX_GROWTH: f64 = 1_048_576.0;
+pub const CAPACITY_MARGIN: f64 = 16.0;
+
+/// Relative gain in goodput or in throughput that doubling the cluster must
+/// bring for [`Planner::fewest_gpus`] to keep doubling: below it, more GPUs of
+/// this type are not what the goal lacks (its bounds are below what the
+/// deployments achieve, or the target is already served, just not in time).
+pub const MIN_GAIN: f64 = 0.05;
 
 /// Narrowest relative bracket [`Planner::max_rate`] bisects to (below it,
 /// neighbouring rates round to the same float).
@@ -78,6 +95,13 @@ pub struct Probe {
     pub ratio: f64,
     /// Whether `ratio ≥ attain`.
     pub meets: bool,
+    /// Completed requests per second of the run (every request, in its
+    /// bounds or not).
+    pub throughput: f64,
+    /// The rate at which this deployment's busiest stage is fully loaded,
+    /// requests/s: the offered rate over that stage's load (the cost model's
+    /// estimate, from the report's explanation); `None` when it has none.
+    pub capacity: Option<f64>,
 }
 
 /// The answer of [`Planner::max_rate`].
@@ -90,8 +114,11 @@ pub struct MaxRate {
     /// The highest rate that met the goal, requests/s.
     pub rate: f64,
     /// The lowest rate above it that failed (`None` when none failed up to
-    /// [`MAX_GROWTH`] × the start: the cluster is not the limit).
+    /// `ceiling`: the cluster is not the limit).
     pub fails_at: Option<f64>,
+    /// The highest rate the search would probe: [`CAPACITY_MARGIN`] × the
+    /// highest capacity estimated (at least the start), at most [`MAX_RATE`].
+    pub ceiling: f64,
     /// The probes, in the order they ran.
     pub probes: Vec<Probe>,
 }
@@ -101,15 +128,20 @@ pub struct MaxRate {
 pub struct FewestGpus {
     /// Target rate, requests/s.
     pub rate: f64,
-    /// The fewest GPUs that met the goal, with the probe that did; `None`
-    /// when no cluster size up to `max_gpus` did.
+    /// The fewest GPUs that met the goal among the sizes probed, with the
+    /// probe that did; `None` when no size probed did.
     pub found: Option<Probe>,
-    /// Largest cluster tried.
+    /// Largest cluster the search may try (`--max-gpus`).
     pub max_gpus: u32,
-    /// Cluster sizes no allocation fits (the model's weights, or no GPU left
-    /// for an encode worker), skipped.
+    /// Largest cluster probed (0 when no size up to `max_gpus` fits).
+    pub tried_up_to: u32,
+    /// Whether the doubling stopped below `max_gpus` because the last
+    /// doubling raised neither goodput nor throughput by [`MIN_GAIN`].
+    pub stalled: bool,
+    /// Cluster sizes checked that no allocation fits (the model's weights, or
+    /// no GPU left for an encode worker), smallest first.
     pub unfit: Vec<u32>,
-    /// One probe per cluster size that fits the model, smallest first.
+    /// The probes, in the order they ran.
     pub probes: Vec<Probe>,
 }
 
@@ -225,8 +257,6 @@ impl Planner {
         rate: f64,
         tuning: Tuning,
     ) -> Result<Option<Probe>, CapacityError> {
-        let scenario_err =
-            |e: easerve_workload::scenario::ScenarioError| CapacityError::Scenario(e.to_string());
         let mut sets = self.sets.clone();
         sets.extend_from_slice(extra);
         let mut o = self.base.clone();
@@ -236,26 +266,9 @@ impl Planner {
             Tuning::Has => {
                 let file = self.path.display().to_string();
                 let name = Scenario::default_name(&self.path);
-                let raw = Scenario::raw_with(&self.path, &sets, &o).map_err(scenario_err)?;
-                let gpus =
-                    u32::try_from(raw.cluster.gpus.clamp(1, i64::from(u32::MAX))).unwrap_or(1);
-                let space = crate::space::feasible_allocations_in(
-                    &raw,
-                    &file,
-                    gpus,
-                    self.text_only,
-                    self.moe_experts,
-                );
+                let (raw, space) = self.feasible(&sets, &o)?;
                 let Some(fit) = space.first() else {
-                    // no allocation validates: say why when it is not the cluster
-                    return match Scenario::validate(raw, &file, &name) {
-                        Err(e)
-                            if !e.field.starts_with("deployment") && e.field != "cluster.gpus" =>
-                        {
-                            Err(scenario_err(e))
-                        }
-                        _ => Ok(None),
-                    };
+                    return Ok(None);
                 };
                 // a deployment that fits (as the fit check ran it, B = 1), so
                 // that the cluster validates; HAS then chooses the deployment
@@ -291,7 +304,51 @@ impl Planner {
             goodput,
             ratio,
             meets: ratio >= self.goal.attain,
+            throughput: out.report.request_throughput,
+            capacity: estimated_capacity(&out.report, rate),
         }))
+    }
+
+    /// The scenario file with `sets` and `o` applied, and every allocation
+    /// of its cluster that can serve the model (empty when none can).
+    ///
+    /// Errors: the scenario does not validate for a reason other than its
+    /// deployment or cluster size.
+    fn feasible(
+        &self,
+        sets: &[(String, String)],
+        o: &Overrides,
+    ) -> Result<(ScenarioFile, Vec<FeasibleAllocation>), CapacityError> {
+        let file = self.path.display().to_string();
+        let raw = Scenario::raw_with(&self.path, sets, o).map_err(scenario_err)?;
+        let gpus = u32::try_from(raw.cluster.gpus.clamp(1, i64::from(u32::MAX))).unwrap_or(1);
+        let space = crate::space::feasible_allocations_in(
+            &raw,
+            &file,
+            gpus,
+            self.text_only,
+            self.moe_experts,
+        );
+        if space.is_empty() {
+            // no allocation validates: say why when it is not the cluster
+            let name = Scenario::default_name(&self.path);
+            if let Err(e) = Scenario::validate(raw.clone(), &file, &name) {
+                if !e.field.starts_with("deployment") && e.field != "cluster.gpus" {
+                    return Err(scenario_err(e));
+                }
+            }
+        }
+        Ok((raw, space))
+    }
+
+    /// Whether some allocation of `gpus` GPUs can serve the model at `rate`
+    /// (nothing is run).
+    fn fits(&self, gpus: u32, rate: f64) -> Result<bool, CapacityError> {
+        let mut sets = self.sets.clone();
+        sets.push(("cluster.gpus".to_string(), gpus.to_string()));
+        let mut o = self.base.clone();
+        o.rate = Some(rate);
+        Ok(!self.feasible(&sets, &o)?.1.is_empty())
     }
 
     /// The highest rate that meets the goal on the cluster the planner's sets
@@ -323,15 +380,26 @@ impl Planner {
             Ok(p)
         };
         let tolerance = tolerance.max(MIN_TOLERANCE);
-        let ceiling = (start * MAX_GROWTH).min(MAX_RATE);
+        // the cluster bounds the probes: CAPACITY_MARGIN × the highest
+        // capacity its runs estimated (MAX_RATE when none did)
+        let ceiling_of = |estimate: Option<f64>| {
+            estimate
+                .map_or(MAX_RATE, |c| (c * CAPACITY_MARGIN).min(MAX_RATE))
+                .max(start)
+        };
         let first = run(start, &mut probes)?;
         let (gpu, gpus) = (first.gpu.clone(), first.gpus);
+        let mut estimate = first.capacity;
         let (mut lo, mut hi) = if first.meets {
             let mut lo = start;
             let mut hi = None;
-            while lo < ceiling {
-                let next = (lo * 2.0).min(ceiling);
+            while lo < ceiling_of(estimate) {
+                // double, or jump to the estimate when it is further up
+                let next = estimate
+                    .map_or(lo * 2.0, |c| c.max(lo * 2.0))
+                    .min(ceiling_of(estimate));
                 let p = run(next, &mut probes)?;
+                estimate = max_estimate(estimate, p.capacity);
                 if p.meets {
                     lo = next;
                 } else {
@@ -347,6 +415,7 @@ impl Planner {
                         gpus,
                         rate: lo,
                         fails_at: None,
+                        ceiling: ceiling_of(estimate),
                         probes,
                     })
                 }
@@ -356,12 +425,15 @@ impl Planner {
             let mut lo = None;
             let mut last = first;
             for _ in 0..MAX_HALVINGS {
-                let p = run(hi / 2.0, &mut probes)?;
+                // halve, or jump to the estimate when it is further down
+                let next = last.capacity.filter(|c| *c < hi / 2.0).unwrap_or(hi / 2.0);
+                let p = run(next, &mut probes)?;
+                estimate = max_estimate(estimate, p.capacity);
                 if p.meets {
-                    lo = Some(hi / 2.0);
+                    lo = Some(next);
                     break;
                 }
-                hi /= 2.0;
+                hi = next;
                 last = p;
             }
             match lo {
@@ -394,13 +466,20 @@ impl Planner {
             gpus,
             rate: lo,
             fails_at: Some(hi),
+            ceiling: ceiling_of(estimate),
             probes,
         })
     }
 
     /// The fewest GPUs of the scenario's type (with HAS choosing the
-    /// deployment of each size at `rate`) that meet the goal at `rate`, trying
-    /// every size from 1 to `max_gpus`; sizes no allocation fits are skipped.
+    /// deployment of each size at `rate`) that meet the goal at `rate`, up to
+    /// `max_gpus`: the smallest size that fits the model (found by doubling
+    /// and bisecting on a fit check that runs nothing), then sizes doubling
+    /// from it until one meets the goal, `max_gpus` is reached, or a doubling
+    /// raises neither goodput nor throughput by [`MIN_GAIN`]; then a bisection
+    /// between the largest size that failed and the smallest that met. Goodput
+    /// need not be monotone in the size: the answer is the fewest GPUs among
+    /// the sizes probed, every smaller size probed having failed.
     ///
     /// Errors: the scenario does not validate at some size.
     pub fn fewest_gpus(
@@ -409,33 +488,127 @@ impl Planner {
         max_gpus: u32,
         on_probe: &mut dyn FnMut(&Probe),
     ) -> Result<FewestGpus, CapacityError> {
+        let max_gpus = max_gpus.max(1);
         let mut probes = Vec::new();
         let mut unfit = Vec::new();
-        for n in 1..=max_gpus {
-            let extra = [("cluster.gpus".to_string(), n.to_string())];
-            let Some(p) = self.probe(&extra, rate, Tuning::Has)? else {
-                unfit.push(n);
-                continue;
-            };
-            on_probe(&p);
-            probes.push(p.clone());
-            if p.meets {
-                return Ok(FewestGpus {
-                    rate,
-                    found: Some(p),
-                    max_gpus,
-                    unfit,
-                    probes,
-                });
+        let answer = |found, tried_up_to, stalled, mut unfit: Vec<u32>, probes| {
+            unfit.sort_unstable();
+            unfit.dedup();
+            FewestGpus {
+                rate,
+                found,
+                max_gpus,
+                tried_up_to,
+                stalled,
+                unfit,
+                probes,
+            }
+        };
+        // the smallest size that fits: double, then bisect (no runs)
+        let mut below = 0; // the largest size known not to fit (0: none)
+        let mut n = 1;
+        let smallest = loop {
+            if self.fits(n, rate)? {
+                break n;
+            }
+            unfit.push(n);
+            below = n;
+            if n >= max_gpus {
+                return Ok(answer(None, 0, false, unfit, probes));
+            }
+            n = n.saturating_mul(2).min(max_gpus);
+        };
+        let mut smallest = smallest;
+        while smallest - below > 1 {
+            let mid = below + (smallest - below) / 2;
+            if self.fits(mid, rate)? {
+                smallest = mid;
+            } else {
+                unfit.push(mid);
+                below = mid;
             }
         }
-        Ok(FewestGpus {
-            rate,
-            found: None,
-            max_gpus,
-            unfit,
-            probes,
-        })
+        let mut run = |n: u32, probes: &mut Vec<Probe>, unfit: &mut Vec<u32>| {
+            let extra = [("cluster.gpus".to_string(), n.to_string())];
+            let p = self.probe(&extra, rate, Tuning::Has)?;
+            match &p {
+                Some(p) => {
+                    on_probe(p);
+                    probes.push(p.clone());
+                }
+                None => unfit.push(n),
+            }
+            Ok::<_, CapacityError>(p)
+        };
+        // double from it until a size meets the goal, gains stop, or max_gpus
+        let mut failed = below; // the largest size that failed or does not fit
+        let mut previous: Option<Probe> = None;
+        let mut n = smallest;
+        let mut met = None;
+        let mut stalled = false;
+        loop {
+            if let Some(p) = run(n, &mut probes, &mut unfit)? {
+                if p.meets {
+                    met = Some(p);
+                    break;
+                }
+                let gained = previous.as_ref().is_none_or(|q| gains(q, &p));
+                previous = Some(p);
+                if !gained {
+                    failed = n;
+                    stalled = n < max_gpus;
+                    break;
+                }
+            }
+            failed = n;
+            if n >= max_gpus {
+                break;
+            }
+            n = n.saturating_mul(2).min(max_gpus);
+        }
+        let tried_up_to = n;
+        let Some(mut best) = met else {
+            return Ok(answer(None, tried_up_to, stalled, unfit, probes));
+        };
+        // the fewest that meet: bisect between the largest failing size and it
+        while best.gpus - failed > 1 {
+            let mid = failed + (best.gpus - failed) / 2;
+            match run(mid, &mut probes, &mut unfit)? {
+                Some(p) if p.meets => best = p,
+                _ => failed = mid,
+            }
+        }
+        Ok(answer(Some(best), tried_up_to, false, unfit, probes))
+    }
+}
+
+/// Whether `p` (twice `q`'s GPUs) raised goodput or throughput by [`MIN_GAIN`].
+fn gains(q: &Probe, p: &Probe) -> bool {
+    p.goodput > q.goodput * (1.0 + MIN_GAIN) || p.throughput > q.throughput * (1.0 + MIN_GAIN)
+}
+
+fn scenario_err(e: ScenarioError) -> CapacityError {
+    CapacityError::Scenario(e.to_string())
+}
+
+/// The offered rate at which `report`'s busiest stage is fully loaded: the
+/// run's `rate` over that stage's load ratio (`None` without a finite one).
+fn estimated_capacity(report: &Report, rate: f64) -> Option<f64> {
+    let busiest = report
+        .explanation
+        .loads
+        .iter()
+        .map(|l| l.load)
+        .filter(|l| l.is_finite() && *l > 0.0)
+        .fold(0.0, f64::max);
+    Some(rate / busiest).filter(|c| busiest > 0.0 && c.is_finite() && *c > 0.0)
+}
+
+/// The higher of two capacity estimates.
+fn max_estimate(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
     }
 }
 

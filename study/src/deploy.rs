@@ -209,7 +209,8 @@ pub struct Emitted {
     pub files: Vec<PathBuf>,
     /// easerve's deployment first, then each engine's approximation.
     pub predictions: Vec<Prediction>,
-    /// Folders not written (`sglang`, `aggregated`), and why.
+    /// Folders not written (an engine's, e.g. every engine's for a
+    /// deployment without P workers; `aggregated`), and why.
     pub skipped: Vec<(String, String)>,
 }
 
@@ -358,9 +359,9 @@ fn instances(sc: &Scenario, gpus_per_node: u32) -> Result<[Vec<Instance>; 3], De
 ///
 /// # Errors
 /// [`DeployError::Input`], naming the field or flag: a system other than
-/// `easerve`, `--gpus-per-node` 0, an empty `--model-path` or a model with no
-/// known checkpoint and none given, an
-/// `--aggregated-tp` above `--gpus-per-node`, or a `dir` that holds files
+/// `easerve`, a `--seed` above `i64::MAX` (a TOML integer), `--gpus-per-node`
+/// 0, an empty `--model-path` or a model with no known checkpoint and none
+/// given, an `--aggregated-tp` above `--gpus-per-node`, or a `dir` that holds files
 /// (files of another deployment left beside the new ones would launch on the
 /// wrong GPUs).
 pub fn check(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<String, DeployError> {
@@ -369,6 +370,15 @@ pub fn check(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<String, De
             "{}: deployment.system is `{}`; launch files are written for an easerve EPD deployment (system `easerve`)",
             sc.file,
             sc.system.name()
+        )));
+    }
+    if i64::try_from(sc.seed).is_err() {
+        // a scenario file holds it as a TOML integer (a file's own seed
+        // cannot get here: it was read as one)
+        return Err(DeployError::Input(format!(
+            "--seed {}: the emitted scenario.toml holds the seed as a TOML integer, 0 ..= {}; give a seed in that range",
+            sc.seed,
+            i64::MAX
         )));
     }
     if opts.gpus_per_node == 0 {
@@ -410,24 +420,17 @@ pub fn check(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<String, De
 /// Write the deployment of `sc` (an `easerve` system scenario) under `dir`:
 /// `scenario.toml`, per engine a variant scenario and its launch files,
 /// `bench.sh`, `predictions.json` and `README.md`. Each scenario is
-/// simulated for its prediction.
+/// simulated for its prediction. A deployment without P workers (all
+/// prefill on local workers beside the encoders) has no counterpart in any
+/// engine: its engine folders are not written, and README.md and
+/// [`Emitted::skipped`] say why.
 ///
 /// # Errors
-/// [`DeployError::Input`] as [`check`] says, for a deployment without P
-/// workers (the engines have no local prefill), and for a TP group across nodes;
+/// [`DeployError::Input`] as [`check`] says, and for a TP group across nodes;
 /// [`DeployError::Io`] for a file
 /// that cannot be written.
 pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, DeployError> {
     let model_path = check(sc, dir, opts)?;
-    if sc.deployment.allocation.prefill.workers == 0 {
-        return Err(DeployError::Input(format!(
-            "{}: deployment `{} B={} s={}` has no P workers: all its prefill runs on local prefill workers beside the encoders, which none of vLLM, SGLang and Dynamo has, so their launch files would have no prefill instance; deploy one with at least one nP(TPk) (e.g. from `easerve search`'s table, with --deployment)",
-            sc.file,
-            sc.deployment.allocation,
-            sc.deployment.max_batch,
-            sc.deployment.offload
-        )));
-    }
     let inst = instances(sc, opts.gpus_per_node)?;
     let mut w = Writer {
         dir: dir.to_path_buf(),
@@ -447,7 +450,15 @@ pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, De
     )?;
     let mut predictions = vec![predict(sc, "easerve", None, "scenario.toml")];
     let mut skipped = Vec::new();
+    // every engine's prefill runs on prefill instances: without P workers
+    // (all prefill local, beside the encoders) none of them can run the
+    // deployment as chosen, and its folder says so instead
+    let no_p = sc.deployment.allocation.prefill.workers == 0;
     for engine in Engine::ALL {
+        if no_p {
+            skipped.push((engine.dir().to_string(), no_prefill_instances(sc, engine)));
+            continue;
+        }
         if engine == Engine::Sglang {
             if let Err(why) = sglang_accepts(sc) {
                 skipped.push((engine.dir().to_string(), why));
@@ -510,6 +521,18 @@ pub fn emit(sc: &Scenario, dir: &Path, opts: &EmitOptions) -> Result<Emitted, De
         predictions,
         skipped,
     })
+}
+
+/// Why `engine` cannot run `sc`'s deployment, which has no P workers.
+fn no_prefill_instances(sc: &Scenario, engine: Engine) -> String {
+    format!(
+        "the deployment {} B={} s={} has no P workers: all its prefill runs on local prefill workers beside the encoders, which {} has no counterpart for, so its launch files would have no prefill instance; to run it on {}, deploy an allocation with at least one nP(TPk) (`easerve search` lists them; `easerve deploy --deployment`)",
+        sc.deployment.allocation,
+        sc.deployment.max_batch,
+        sc.deployment.offload,
+        engine.release().engine,
+        engine.release().engine
+    )
 }
 
 struct Writer {
@@ -1285,7 +1308,11 @@ fn readme(
         }
         let _ = writeln!(s, " {} |", p.bottleneck);
     }
-    s += "\nThe engines' rows run the same allocation with encode batches formed as an engine forms them (when the encoder is free it takes what is queued, up to B: dispatch `queue-length:1`), every prefill remote (s = 1), and the engine's encode framework terms: vLLM and SGLang preprocess in Python inside the engine (framework `aggregated`, no per-pass term); Dynamo's pass-through encode worker is charged the per-pass overhead calibrated from the EAServe paper's Dynamo measurements (framework `passthrough`). Neither figure was measured on these engines: `bench.sh` measures a deployment.\n\n";
+    if sc.deployment.allocation.prefill.workers == 0 {
+        s += "\nNo engine runs this deployment, so none has a row here (the aggregated baseline aside): it has no P workers (all its prefill runs on local prefill workers beside the encoders), which none of vLLM, SGLang and Dynamo can run; see Files.\n\n";
+    } else {
+        s += "\nThe engines' rows run the same allocation with encode batches formed as an engine forms them (when the encoder is free it takes what is queued, up to B: dispatch `queue-length:1`), every prefill remote (s = 1), and the engine's encode framework terms: vLLM and SGLang preprocess in Python inside the engine (framework `aggregated`, no per-pass term); Dynamo's pass-through encode worker is charged the per-pass overhead calibrated from the EAServe paper's Dynamo measurements (framework `passthrough`). Neither figure was measured on these engines: `bench.sh` measures a deployment.\n\n";
+    }
     s += "## easerve's knobs per engine\n\n| knob | vLLM | SGLang | Dynamo |\n|---|---|---|---|\n";
     let b = sc.deployment.max_batch;
     let k = &sc.knobs;
@@ -1337,11 +1364,18 @@ fn readme(
     s += "\nNot modelled for any engine: how its proxy or router spreads requests over several encode or prefill instances (vLLM's proxy sends each item round-robin, SGLang's prefill servers call their encoders, Dynamo splits a request's items over the encoders; the simulator places whole requests on the least-loaded worker).\n\n";
     s += "## Files\n\n";
     s += "* `scenario.toml` — the scenario with this deployment: `easerve sim scenario.toml` gives the easerve row above, `easerve exec scenario.toml` runs it on easerve's executor.\n";
-    let _ = writeln!(
-        s,
-        "* `vllm/` — vLLM {}: `E*.sh`, `P*.sh`, `D*.sh` start each instance on its node (encoders first, then prefill and decode), then `proxy.sh` the front door. The encoder cache goes through `EC_PATH` (default /tmp/easerve-ec-cache), which every instance must share (a shared file system across nodes); KV caches move with NIXL. vLLM's EPD example calls only the 1E+1P+1D layout stable, and runs TP1 everywhere: other layouts were not confirmed. `vllm/scenario.toml` is the simulator's version of it.",
-        VLLM.version
-    );
+    match skipped.iter().find(|(d, _)| d == "vllm") {
+        Some((_, why)) => {
+            let _ = writeln!(s, "* `vllm/` — not written: {why}.");
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "* `vllm/` — vLLM {}: `E*.sh`, `P*.sh`, `D*.sh` start each instance on its node (encoders first, then prefill and decode), then `proxy.sh` the front door. The encoder cache goes through `EC_PATH` (default /tmp/easerve-ec-cache), which every instance must share (a shared file system across nodes); KV caches move with NIXL. vLLM's EPD example calls only the 1E+1P+1D layout stable, and runs TP1 everywhere: other layouts were not confirmed. `vllm/scenario.toml` is the simulator's version of it.",
+                VLLM.version
+            );
+        }
+    }
     match skipped.iter().find(|(d, _)| d == "sglang") {
         Some((_, why)) => {
             let _ = writeln!(s, "* `sglang/` — not written: {why}.");
@@ -1354,11 +1388,18 @@ fn readme(
             );
         }
     }
-    let _ = writeln!(
-        s,
-        "* `dynamo/deployment.yaml` — NVIDIA Dynamo {}: a DynamoGraphDeployment for its Kubernetes operator (`kubectl apply -f`). Not confirmed: the encode workers' component type (the v1beta1 type enum has no encode value; `worker` is used), and whether the decode worker needs `--kv-transfer-config`.",
-        DYNAMO.version
-    );
+    match skipped.iter().find(|(d, _)| d == "dynamo") {
+        Some((_, why)) => {
+            let _ = writeln!(s, "* `dynamo/` — not written: {why}.");
+        }
+        None => {
+            let _ = writeln!(
+                s,
+                "* `dynamo/deployment.yaml` — NVIDIA Dynamo {}: a DynamoGraphDeployment for its Kubernetes operator (`kubectl apply -f`). Not confirmed: the encode workers' component type (the v1beta1 type enum has no encode value; `worker` is used), and whether the decode worker needs `--kv-transfer-config`.",
+                DYNAMO.version
+            );
+        }
+    }
     s += "* `bench.sh [TIER]` — `easerve bench` with this scenario's own requests (the simulator's generator and seed: the same prompts' lengths, media shapes and send times) against `BASE_URL`, the tier's TTFT and TPOT bounds as goodput; it writes `bench-result.json` (vllm bench serve's keys, easerve's report under `easerve`) and a CSV row per request. Images and audio go as OpenAI's `image_url` and `input_audio` parts, video as vLLM's frames form (`video_url` with `data:video/jpeg;base64,F1,F2,…`; SGLang's and Dynamo's handling of it was not checked).\n";
     match predictions.iter().find(|p| p.system == "aggregated") {
         Some(p) => {
