@@ -255,6 +255,10 @@ pub(crate) struct WorkerArgs {
     /// cores with a local prefill worker) or high (that prefill worker).
     #[arg(long, default_value = "any")]
     cores: String,
+    /// Preprocessing threads of an encode worker whose requests are sent
+    /// ahead of their passes (pipelined preprocessing); 0: serial.
+    #[arg(long, default_value_t = 0)]
+    preprocess_threads: usize,
 }
 
 #[cfg(feature = "exec")]
@@ -288,6 +292,7 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         device,
         gpu: a.gpu,
         cores,
+        preprocess_threads: a.preprocess_threads,
     };
     run_worker(&opts).map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)

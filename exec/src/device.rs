@@ -186,6 +186,26 @@ pub fn allowed_cores() -> Vec<usize> {
 /// Errors: `cpus` empty, or the kernel refused a thread's mask (the message
 /// names the thread and the errno).
 pub fn pin_process(cpus: &[usize]) -> Result<(), DeviceError> {
+    pin_process_except(cpus, &[])
+}
+
+/// This thread's kernel id (Linux; 0 elsewhere), as [`pin_process_except`]
+/// takes it.
+pub fn thread_id() -> i32 {
+    #[cfg(target_os = "linux")]
+    // SAFETY: gettid(2) has no arguments and cannot fail.
+    unsafe {
+        libc::gettid()
+    }
+    #[cfg(not(target_os = "linux"))]
+    0
+}
+
+/// [`pin_process`] for every thread but those in `keep` (ids from
+/// [`thread_id`]), whose masks stay as they are.
+///
+/// Errors: as [`pin_process`].
+pub fn pin_process_except(cpus: &[usize], keep: &[i32]) -> Result<(), DeviceError> {
     if cpus.is_empty() {
         return Err(DeviceError("cannot pin a worker to no cores".into()));
     }
@@ -205,6 +225,9 @@ pub fn pin_process(cpus: &[usize]) -> Result<(), DeviceError> {
             let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
+            if keep.contains(&tid) {
+                continue;
+            }
             // SAFETY: sched_setaffinity on a thread id of this process.
             let rc = unsafe {
                 libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
@@ -297,9 +320,14 @@ mod tests {
             .contains("any, low or high"));
     }
 
+    /// The pinning tests change the whole test process's mask: one at a time.
+    #[cfg(target_os = "linux")]
+    static PINNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[cfg(target_os = "linux")]
     #[test]
     fn pinning_the_process_sets_every_thread_and_can_be_undone() {
+        let _one = PINNING.lock().unwrap_or_else(|p| p.into_inner());
         let before = allowed_cores();
         let first = before[..1].to_vec();
         let helper =
@@ -310,6 +338,30 @@ mod tests {
         assert_eq!(allowed_cores(), before);
         helper.join().unwrap();
         assert!(pin_process(&[]).is_err());
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn pinning_the_process_leaves_the_kept_threads_alone() {
+        let _one = PINNING.lock().unwrap_or_else(|p| p.into_inner());
+        let before = allowed_cores();
+        if before.len() < 2 {
+            eprintln!("skipping: one core allowed");
+            return;
+        }
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let kept = std::thread::spawn(move || {
+            tid_tx.send(thread_id()).unwrap();
+            go_rx.recv().unwrap();
+            allowed_cores()
+        });
+        let tid = tid_rx.recv().unwrap();
+        pin_process_except(&before[..1], &[tid]).unwrap();
+        assert_eq!(allowed_cores(), before[..1].to_vec());
+        go_tx.send(()).unwrap();
+        assert_eq!(kept.join().unwrap(), before);
+        pin_process(&before).unwrap();
     }
 
     #[test]

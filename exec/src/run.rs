@@ -300,6 +300,16 @@ pub(crate) async fn start_workers(
         }
     };
 
+    // an encode worker's preprocessing threads when preprocessing is
+    // pipelined (the controller then sends `Preprocess` frames); 0: each pass
+    // preprocesses its own micro-batch
+    let preprocess_threads = |w: &Worker| -> u32 {
+        match (w.role, sc.knobs.preprocess_threads) {
+            (Role::Encode, Some(n)) => n,
+            _ => 0,
+        }
+    };
+
     // start the processes
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -316,6 +326,7 @@ pub(crate) async fn start_workers(
             .args(["--device", opts.device.as_str()])
             .args(["--gpu", &w.gpu.to_string()])
             .args(["--cores", core_side(w, local_peer[k]).as_str()])
+            .args(["--preprocess-threads", &preprocess_threads(w).to_string()])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -871,7 +882,21 @@ fn carry_out(
         }
     };
     match cmd {
-        Command::Preprocess { .. } => {}
+        // the request and its media go to the worker now; its pass's
+        // `Encode` names it again with no media, and the worker takes the
+        // items it prepared
+        Command::Preprocess { worker, id } => {
+            let requests = vec![EncodeRequest {
+                id,
+                items: ctrl.requests()[id as usize].items.clone(),
+                media: links.media.remove(&id).unwrap_or_default(),
+            }];
+            send(
+                workers,
+                WorkerRef::Encode(worker),
+                &ToWorker::Preprocess { requests },
+            );
+        }
         Command::Encode { worker, sm_share } => {
             let requests = ctrl
                 .encode_batch(worker)

@@ -72,8 +72,10 @@ pub struct KvData {
 pub struct EncodeRequest {
     /// Request.
     pub id: RequestId,
-    /// Its items; when `media` is empty the worker synthesises media of
-    /// these shapes (seeded by the run's seed and the request id), and it
+    /// Its items; when `media` is empty (and the request was not sent ahead
+    /// in a [`ToWorker::Preprocess`] frame, whose prepared items the pass
+    /// takes instead) the worker synthesises media of these shapes (seeded by
+    /// the run's seed, the request id and the item index), and it
     /// preprocesses them for real either way.
     pub items: Vec<MmItem>,
     /// The request's own decoded media, one per item (`easerve serve`), or
@@ -170,6 +172,18 @@ pub enum ToWorker {
         requests: Vec<EncodeRequest>,
         /// Share in (0, 1].
         sm_share: f64,
+    },
+    /// Start preprocessing these requests' media now, on the worker's
+    /// preprocessing threads, ahead of the pass that will encode them
+    /// (`deployment.preprocess = "pipelined"`): each request's items are
+    /// prepared in parallel and held by request id. A later
+    /// [`ToWorker::Encode`] names the same requests with empty `media` (they
+    /// came here) and takes the prepared items, waiting for those still in
+    /// progress; nothing is answered for this frame.
+    Preprocess {
+        /// Requests placed on this worker, with their media (or none, for
+        /// synthetic media).
+        requests: Vec<EncodeRequest>,
     },
     /// One envelope of embeddings (one micro-batch's requests bound for this
     /// prefill worker): hold them and answer [`FromWorker::EmbeddingsLanded`].

@@ -7,12 +7,18 @@
 //! LM), warms it up, says [`FromWorker::Ready`], then serves [`ToWorker`]
 //! frames one at a time until [`ToWorker::Shutdown`] or the end of the stream.
 //! Any failure is reported as [`FromWorker::Error`] before exiting non-zero.
+//!
+//! Preprocessing ahead of the pass (`deployment.preprocess = "pipelined"`):
+//! a [`ToWorker::Preprocess`] frame goes from the receiver thread straight to
+//! the [`Preprocessor`]'s own thread pool, which prepares the request's items
+//! in parallel while earlier passes compute; the pass that encodes the
+//! request takes its prepared items, waiting for those still in progress.
 
 use crate::device::DeviceKind;
-use crate::input::{prepare, Media};
+use crate::input::{prepare, HostItem, Media};
 use crate::wire::{
     read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, Role,
-    ToWorker,
+    ToWorker, WireMedia,
 };
 use burn::prelude::*;
 use burn::tensor::TensorData;
@@ -21,7 +27,7 @@ use easerve_model::ModelArch;
 use easerve_sched::RequestId;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Instant;
 
 use crate::device::CoreSide;
@@ -49,6 +55,10 @@ pub struct WorkerOptions {
     /// and its co-located prefill worker's at the high end, so their shares
     /// run on disjoint cores.
     pub cores: CoreSide,
+    /// Preprocessing threads of an encode worker whose requests come ahead
+    /// of their passes ([`ToWorker::Preprocess`]); 0: each pass preprocesses
+    /// its own micro-batch on the compute thread (serial).
+    pub preprocess_threads: usize,
 }
 
 /// Serve as a worker until shutdown. Errors are strings for the process's
@@ -198,16 +208,19 @@ struct Pools {
     allowed: Vec<usize>,
     /// The cores the process is pinned to now.
     pinned: Option<Vec<usize>>,
+    /// Threads a pass's pinning leaves alone: the preprocessing pool's.
+    keep: Vec<i32>,
 }
 
 impl Pools {
-    fn new(threads: usize, side: CoreSide) -> Pools {
+    fn new(threads: usize, side: CoreSide, keep: Vec<i32>) -> Pools {
         Pools {
             threads: threads.max(1),
             pools: HashMap::new(),
             side,
             allowed: crate::device::allowed_cores(),
             pinned: None,
+            keep,
         }
     }
 
@@ -217,7 +230,7 @@ impl Pools {
             let cores = crate::device::core_set(&self.allowed, n, self.side);
             if self.pinned.as_ref() != Some(&cores) {
                 // best effort: a refused mask leaves the pool-size bound only
-                if let Err(e) = crate::device::pin_process(&cores) {
+                if let Err(e) = crate::device::pin_process_except(&cores, &self.keep) {
                     eprintln!("warning: {e}");
                 }
                 self.pinned = Some(cores);
@@ -262,6 +275,7 @@ fn receive(
     writer: Shared<TcpStream>,
     embeddings: Shared<HashMap<RequestId, Matrix>>,
     kv: Shared<HashMap<RequestId, (u32, KvData)>>,
+    preprocessor: Arc<Preprocessor>,
     jobs: mpsc::Sender<Result<Job, String>>,
 ) {
     loop {
@@ -292,6 +306,14 @@ fn receive(
                 }
                 continue;
             }
+            // registered before the next frame is read, so the pass that
+            // names these requests (a later frame) finds them
+            ToWorker::Preprocess { requests } => {
+                for r in requests {
+                    preprocessor.submit(r);
+                }
+                continue;
+            }
             ToWorker::Encode { requests, sm_share } => Job::Encode(requests, sm_share),
             ToWorker::Prefill { requests, sm_share } => Job::Prefill(requests, sm_share),
             ToWorker::DecodeStep { ids } => Job::DecodeStep(ids),
@@ -314,7 +336,14 @@ fn serve<B: Backend>(
     B::seed(device, opts.seed);
     let model = MultimodalModel::<B>::from_arch(arch, device).map_err(|e| e.to_string())?;
     let vocab = arch.llm.vocab;
-    let mut pools = Pools::new(opts.threads, opts.cores);
+    // built before any pass pins the process, so its threads start with the
+    // worker's whole mask and keep it (see `Preprocessor::new`)
+    let preprocessor = Arc::new(Preprocessor::new(
+        arch.clone(),
+        opts.seed,
+        opts.preprocess_threads,
+    )?);
+    let mut pools = Pools::new(opts.threads, opts.cores, preprocessor.thread_ids.clone());
     // warm-up: one small forward of the stage's model
     if opts.role != Role::Encode {
         let x = model.lm.embed_tokens(&[1, 2, 3], device);
@@ -334,10 +363,15 @@ fn serve<B: Backend>(
     let kv: Shared<HashMap<RequestId, (u32, KvData)>> = Arc::default();
     let (tx, rx) = mpsc::channel();
     {
-        let (w, e, k) = (writer.clone(), embeddings.clone(), kv.clone());
+        let (w, e, k, p) = (
+            writer.clone(),
+            embeddings.clone(),
+            kv.clone(),
+            preprocessor.clone(),
+        );
         std::thread::Builder::new()
             .name("receiver".into())
-            .spawn(move || receive(reader, w, e, k, tx))
+            .spawn(move || receive(reader, w, e, k, p, tx))
             .map_err(|e| format!("cannot start the receiver thread: {e}"))?;
     }
     let mut seqs: HashMap<RequestId, Sequence<B>> = HashMap::new();
@@ -347,7 +381,7 @@ fn serve<B: Backend>(
             Job::Encode(requests, share) => {
                 let on_device = || send(&writer, &FromWorker::EncodeGpuStarted);
                 Some(pools.run(share, || {
-                    encode(arch, &model, opts.seed, &requests, device, on_device)
+                    encode(&model, &preprocessor, &requests, device, on_device)
                 })?)
             }
             Job::Prefill(requests, share) => {
@@ -388,10 +422,155 @@ fn serve<B: Backend>(
     Ok(())
 }
 
-fn encode<B: Backend>(
+/// Request `id`'s item `j` (of shape `item`) prepared for the encoder: its
+/// own media, or synthetic media when none came.
+fn prepare_item(
     arch: &ModelArch,
-    model: &MultimodalModel<B>,
     seed: u64,
+    id: RequestId,
+    j: usize,
+    item: &easerve_sched::MmItem,
+    media: Option<WireMedia>,
+) -> Result<HostItem, String> {
+    let media = match media {
+        Some(m) => m.into_media().map_err(|e| format!("request {id}: {e}"))?,
+        None => Media::synthetic(item, media_seed(seed, id, j)),
+    };
+    prepare(arch, &media)
+        .map(|p| p.item)
+        .map_err(|e| format!("request {id}: {e}"))
+}
+
+/// What became of a request sent ahead of its pass.
+enum Slot {
+    /// Queued or being prepared on the preprocessing pool.
+    Pending,
+    /// Its items prepared, in order (or why they could not be).
+    Ready(Result<Vec<HostItem>, String>),
+    /// Held for its pass to prepare (a worker without preprocessing threads).
+    Held(EncodeRequest),
+}
+
+/// An encode worker's preprocessing ahead of its passes: requests sent by
+/// [`ToWorker::Preprocess`] are prepared on a pool of their own (each
+/// request's items in parallel, queued requests concurrently) and held by
+/// request id until their pass takes them ([`Preprocessor::take`]).
+///
+/// Affinity: the pool's threads keep the worker's whole allowed core set.
+/// They are started before any pass pins the process, so they inherit that
+/// mask, and a pass pins every thread but these ([`Pools`]). Preprocessing is
+/// host work beside the device, as the twin prices it (threads of their own,
+/// not the pass's SM share); pinning it to the pass's cores would charge it to
+/// the encode share, and to the other side would take cores from the local
+/// prefill worker. Left to the OS, it runs wherever a core is free.
+struct Preprocessor {
+    arch: ModelArch,
+    seed: u64,
+    /// `None`: no preprocessing threads; requests sent ahead are held and
+    /// their pass prepares them (serial).
+    pool: Option<rayon::ThreadPool>,
+    /// Kernel ids of the pool's threads.
+    thread_ids: Vec<i32>,
+    slots: Mutex<HashMap<RequestId, Slot>>,
+    ready: Condvar,
+}
+
+impl Preprocessor {
+    fn new(arch: ModelArch, seed: u64, threads: usize) -> Result<Preprocessor, String> {
+        let pool = if threads == 0 {
+            None
+        } else {
+            Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|k| format!("preprocess-{k}"))
+                    .build()
+                    .map_err(|e| format!("cannot start {threads} preprocessing threads: {e}"))?,
+            )
+        };
+        // every thread has started once a broadcast has run on each
+        let thread_ids = pool
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.broadcast(|_| crate::device::thread_id()));
+        Ok(Preprocessor {
+            arch,
+            seed,
+            pool,
+            thread_ids,
+            slots: Mutex::new(HashMap::new()),
+            ready: Condvar::new(),
+        })
+    }
+
+    /// Start preparing `r`'s items (or hold `r`, without a pool). Returns
+    /// at once; the slot exists before it does.
+    fn submit(self: &Arc<Self>, r: EncodeRequest) {
+        let id = r.id;
+        let Some(pool) = &self.pool else {
+            lock(&self.slots).insert(id, Slot::Held(r));
+            return;
+        };
+        lock(&self.slots).insert(id, Slot::Pending);
+        let me = self.clone();
+        pool.spawn(move || {
+            use rayon::prelude::*;
+            let EncodeRequest { id, items, media } = r;
+            let mut media = media.into_iter();
+            let work: Vec<(usize, &easerve_sched::MmItem, Option<WireMedia>)> = items
+                .iter()
+                .enumerate()
+                .map(|(j, it)| (j, it, media.next()))
+                .collect();
+            let out = work
+                .into_par_iter()
+                .map(|(j, it, m)| prepare_item(&me.arch, me.seed, id, j, it, m))
+                .collect::<Result<Vec<_>, _>>();
+            lock(&me.slots).insert(id, Slot::Ready(out));
+            me.ready.notify_all();
+        });
+    }
+
+    /// Request `r`'s prepared items: those sent ahead (waiting while they are
+    /// in progress), else prepared here and now from `r`'s own media.
+    fn take(&self, r: &EncodeRequest) -> Result<Vec<HostItem>, String> {
+        let mut slots = lock(&self.slots);
+        loop {
+            match slots.remove(&r.id) {
+                Some(Slot::Pending) => {
+                    slots.insert(r.id, Slot::Pending);
+                    slots = self.ready.wait(slots).unwrap_or_else(|p| p.into_inner());
+                }
+                Some(Slot::Ready(items)) => return items,
+                Some(Slot::Held(held)) => {
+                    drop(slots);
+                    return self.prepare_here(held);
+                }
+                None => {
+                    drop(slots);
+                    return self.prepare_here(r.clone());
+                }
+            }
+        }
+    }
+
+    /// Prepare `r`'s items one after another on this thread.
+    fn prepare_here(&self, r: EncodeRequest) -> Result<Vec<HostItem>, String> {
+        let mut media = r.media.into_iter();
+        r.items
+            .iter()
+            .enumerate()
+            .map(|(j, it)| prepare_item(&self.arch, self.seed, r.id, j, it, media.next()))
+            .collect()
+    }
+}
+
+/// One encode pass over `requests`: their items (prepared ahead, or here),
+/// then the encoder. `preprocess_s` is the time from the pass's start until
+/// its items are ready on the device: what it waited for and spent on
+/// preprocessing.
+fn encode<B: Backend>(
+    model: &MultimodalModel<B>,
+    preprocessor: &Preprocessor,
     requests: &[EncodeRequest],
     device: &B::Device,
     on_device: impl FnOnce() -> Result<(), String>,
@@ -400,17 +579,16 @@ fn encode<B: Backend>(
     let mut items = Vec::new();
     let mut counts = Vec::with_capacity(requests.len());
     for r in requests {
-        for (j, it) in r.items.iter().enumerate() {
-            let media = match r.media.get(j) {
-                Some(m) => m
-                    .clone()
-                    .into_media()
-                    .map_err(|e| format!("request {}: {e}", r.id))?,
-                None => Media::synthetic(it, media_seed(seed, r.id, j)),
-            };
-            let p = prepare(arch, &media).map_err(|e| format!("request {}: {e}", r.id))?;
-            items.push(p.item.to_device::<B>(device));
+        let host = preprocessor.take(r)?;
+        if host.len() != r.items.len() {
+            return Err(format!(
+                "request {}: {} items prepared for {} in the pass",
+                r.id,
+                host.len(),
+                r.items.len()
+            ));
         }
+        items.extend(host.iter().map(|h| h.to_device::<B>(device)));
         counts.push(r.items.len());
     }
     let preprocess_s = t0.elapsed().as_secs_f64();
@@ -515,4 +693,176 @@ fn decode_step<B: Backend>(
         tokens,
         compute_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+    use easerve_sched::MmItem;
+    use std::time::Duration;
+
+    const SEED: u64 = 11;
+
+    fn arch() -> ModelArch {
+        ModelArch::preset("tiny-image").unwrap()
+    }
+
+    /// Three requests of two images each, with media of their own (unlike
+    /// the synthetic media the worker would make for them), or none.
+    fn requests(with_media: bool) -> Vec<EncodeRequest> {
+        let shapes = [(224, 224), (112, 224), (240, 320)];
+        (0..3u64)
+            .map(|k| {
+                let items: Vec<MmItem> = (0..2)
+                    .map(|j| {
+                        let (height, width) = shapes[(k as usize + j) % shapes.len()];
+                        MmItem::Image { height, width }
+                    })
+                    .collect();
+                let media = if with_media {
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(j, it)| {
+                            WireMedia::of(&Media::synthetic(it, 1000 + 10 * k + j as u64))
+                        })
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                EncodeRequest {
+                    id: 5 + k,
+                    items,
+                    media,
+                }
+            })
+            .collect()
+    }
+
+    fn without_media(rs: &[EncodeRequest]) -> Vec<EncodeRequest> {
+        rs.iter()
+            .map(|r| EncodeRequest {
+                media: Vec::new(),
+                ..r.clone()
+            })
+            .collect()
+    }
+
+    /// A pass's embeddings and preprocessing seconds.
+    fn pass(
+        model: &MultimodalModel<NdArray>,
+        pre: &Preprocessor,
+        rs: &[EncodeRequest],
+    ) -> (Vec<(RequestId, Matrix)>, f64) {
+        match encode(model, pre, rs, &Default::default(), || Ok(())).unwrap() {
+            FromWorker::EncodeDone {
+                embeddings,
+                preprocess_s,
+                ..
+            } => (embeddings, preprocess_s),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn model() -> MultimodalModel<NdArray> {
+        let device = Default::default();
+        <NdArray as Backend>::seed(&device, SEED);
+        MultimodalModel::from_arch(&arch(), &device).unwrap()
+    }
+
+    #[test]
+    fn a_pass_sent_ahead_encodes_exactly_what_the_serial_pass_does() {
+        let model = model();
+        let rs = requests(true);
+        let serial = Arc::new(Preprocessor::new(arch(), SEED, 0).unwrap());
+        let (want, _) = pass(&model, &serial, &rs);
+        assert_eq!(
+            want.iter().map(|(id, _)| *id).collect::<Vec<_>>(),
+            [5, 6, 7]
+        );
+        // the media matter: synthetic media of the same shapes encode otherwise,
+        // so a pass that fell back to them would be caught
+        let (synthetic, _) = pass(&model, &serial, &without_media(&rs));
+        assert_ne!(synthetic, want);
+
+        for threads in [0, 1, 3] {
+            let pre = Arc::new(Preprocessor::new(arch(), SEED, threads).unwrap());
+            assert_eq!(pre.thread_ids.len(), threads);
+            for r in rs.clone() {
+                pre.submit(r);
+            }
+            // the pass names the requests again without their media
+            let (got, _) = pass(&model, &pre, &without_media(&rs));
+            assert_eq!(got, want, "{threads} preprocessing threads");
+            assert!(lock(&pre.slots).is_empty(), "the pass took every request");
+        }
+
+        // a request never sent ahead is still prepared by its pass
+        let pre = Arc::new(Preprocessor::new(arch(), SEED, 2).unwrap());
+        pre.submit(rs[0].clone());
+        let mixed = [without_media(&rs[..1]), rs[1..].to_vec()].concat();
+        assert_eq!(pass(&model, &pre, &mixed).0, want);
+    }
+
+    #[test]
+    fn a_pass_waits_for_preprocessing_still_in_progress() {
+        let model = model();
+        let rs = requests(true);
+        let (want, _) = pass(
+            &model,
+            &Arc::new(Preprocessor::new(arch(), SEED, 0).unwrap()),
+            &rs,
+        );
+        let pre = Arc::new(Preprocessor::new(arch(), SEED, 1).unwrap());
+        // the only preprocessing thread is busy until the gate opens, so the
+        // requests wait in its queue when their pass starts
+        let (open, gate) = mpsc::channel::<()>();
+        pre.pool.as_ref().unwrap().spawn(move || {
+            let _ = gate.recv();
+        });
+        for r in rs.clone() {
+            pre.submit(r);
+        }
+        assert!(lock(&pre.slots)
+            .values()
+            .all(|s| matches!(s, Slot::Pending)));
+        let hold = Duration::from_millis(300);
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(hold);
+            let at = Instant::now();
+            open.send(()).unwrap();
+            at
+        });
+        let mut on_device_at = None;
+        let done = encode(
+            &model,
+            &pre,
+            &without_media(&rs),
+            &Default::default(),
+            || {
+                on_device_at = Some(Instant::now());
+                Ok(())
+            },
+        )
+        .unwrap();
+        let opened_at = opener.join().unwrap();
+        assert!(
+            on_device_at.unwrap() >= opened_at,
+            "the pass went to the device before its items were prepared"
+        );
+        let FromWorker::EncodeDone {
+            embeddings,
+            preprocess_s,
+            compute_s,
+        } = done
+        else {
+            panic!("{done:?}")
+        };
+        assert_eq!(embeddings, want);
+        // the wait counts as the pass's preprocessing
+        assert!(preprocess_s >= hold.as_secs_f64() * 0.9, "{preprocess_s}");
+        assert!(compute_s > preprocess_s);
+        assert!(lock(&pre.slots).is_empty());
+    }
 }
