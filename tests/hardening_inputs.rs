@@ -44,6 +44,14 @@ fn refused(args: &[&str], needles: &[&str]) {
     }
 }
 
+/// `easerve ARGS` succeeds, without a panic.
+fn runs(args: &[&str]) {
+    let out = easerve(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+}
+
 fn path(f: &tempfile::NamedTempFile) -> &str {
     f.path().to_str().unwrap()
 }
@@ -152,12 +160,7 @@ fn a_trace_at_one_instant_has_no_rate_to_rescale() {
     refused(&["sim", path(&f)], &["workload.rate", "one instant"]);
     // as it is, it replays
     let f = file_in_scenarios(&scenario(""), ".toml");
-    let out = easerve(&["sim", path(&f)]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    runs(&["sim", path(&f)]);
 }
 
 #[test]
@@ -168,7 +171,7 @@ fn a_trace_rescaled_to_the_lowest_rate_its_span_allows_runs() {
         return;
     }
     // 10 requests at 1e-8 req/s span 9e8 s, within the clock's 1e9 s
-    let out = easerve(&[
+    runs(&[
         "sim",
         "scenarios/azure-conv.toml",
         "--requests",
@@ -176,11 +179,6 @@ fn a_trace_rescaled_to_the_lowest_rate_its_span_allows_runs() {
         "--rate",
         "1e-8",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 #[test]
@@ -233,56 +231,45 @@ fn an_impossible_date_or_empty_version_is_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("p.toml");
     let o = out.to_str().unwrap();
-    for bad in ["abc", "", "2026-1-1", "99999-01-01", "2026-02-30"] {
-        refused(
-            &[
-                "calib",
-                "import-aiconfigurator",
-                "../shared/data/aiconfigurator",
-                "--gpu",
-                "h100-sxm",
-                "--model",
-                "qwen2.5-vl-32b",
-                "-o",
-                o,
-                "--date",
-                bad,
-            ],
-            &["--date", "YYYY-MM-DD"],
-        );
-        refused(
-            &[
-                "calib",
-                "roofline",
-                "--model",
-                "qwen2.5-vl-32b",
-                "--gpu",
-                "h100-sxm",
-                "-o",
-                o,
-                "--date",
-                bad,
-            ],
-            &["--date", "YYYY-MM-DD"],
-        );
-        assert!(!out.exists(), "--date {bad:?} left {o}");
-    }
-    refused(
-        &[
+    // the commands that write a profile, each with one flag's value to add
+    let import = |flag: &'static str, value: &'static str| {
+        let mut a = vec![
             "calib",
             "import-aiconfigurator",
             "../shared/data/aiconfigurator",
+        ];
+        a.extend([
             "--gpu",
             "h100-sxm",
             "--model",
             "qwen2.5-vl-32b",
             "-o",
             o,
-            "--version",
-            "",
-        ],
-        &["--version"],
-    );
+            flag,
+            value,
+        ]);
+        a
+    };
+    let roofline = |flag: &'static str, value: &'static str| {
+        let mut a = vec!["calib", "roofline"];
+        a.extend([
+            "--gpu",
+            "h100-sxm",
+            "--model",
+            "qwen2.5-vl-32b",
+            "-o",
+            o,
+            flag,
+            value,
+        ]);
+        a
+    };
+    for bad in ["abc", "", "2026-1-1", "99999-01-01", "2026-02-30"] {
+        refused(&import("--date", bad), &["--date", "YYYY-MM-DD"]);
+        refused(&roofline("--date", bad), &["--date", "YYYY-MM-DD"]);
+        assert!(!out.exists(), "--date {bad:?} left {o}");
+    }
+    refused(&import("--version", ""), &["--version"]);
     assert!(!out.exists());
 }
 
@@ -385,7 +372,7 @@ fn refine_names_the_input_at_fault_and_refuses_absurd_factors() {
 /// resolves ~1e-8 s: the simulator's own consistency checks allow for it.
 #[test]
 fn a_very_slow_rate_runs_to_the_end() {
-    let out = easerve(&[
+    runs(&[
         "sim",
         "scenarios/image.toml",
         "--rate",
@@ -393,7 +380,4 @@ fn a_very_slow_rate_runs_to_the_end() {
         "--requests",
         "60",
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
 }
