@@ -282,6 +282,8 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             GoodputBound::Tpot(t.tpot_s * 1e3),
         ];
     }
+    // the server's address is checked before the results file is touched
+    easerve_bench::client::check_base_url(&a.base_url).map_err(|e| bad(e.to_string()))?;
     // the results file is opened, and its header written, before the first
     // request: a file that cannot be written fails now, not after the run
     let csv = match &a.requests_csv {
@@ -341,6 +343,13 @@ fn cannot_write_csv(path: &std::path::Path, e: &dyn std::fmt::Display) -> anyhow
 /// anything is sent.
 fn open_csv(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::io::Write as _;
+    if path.exists() && !path.is_file() {
+        // a FIFO would block the open; a device or folder is no results file
+        return Err(cannot_write_csv(
+            path,
+            &"not a regular file (a device, FIFO or folder); give a file path",
+        ));
+    }
     let mut f = std::fs::File::create(path).map_err(|e| cannot_write_csv(path, &e))?;
     let mut line = easerve_bench::result::CSV_HEADER.join(",");
     line.push('\n');

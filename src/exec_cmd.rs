@@ -153,6 +153,12 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         }
     }
     if device == DeviceKind::Cpu {
+        if let (Some(n), false) = (sc.knobs.preprocess_threads, sc.gpu.name == "cpu") {
+            eprintln!(
+                "warning: {}: preprocessing is pipelined on {n} thread(s) per encode worker (the default on a GPU); on --device cpu those threads share the host's cores with the passes; set deployment.preprocess = \"serial\" to preprocess within each pass",
+                a.run.scenario.display()
+            );
+        }
         let workers = (alloc.encode.workers + alloc.prefill.workers + alloc.decode.workers) as f64
             + if sc.deployment.has_local_prefill() {
                 alloc.encode.workers as f64

@@ -567,8 +567,8 @@ fn out_dir(dir: &Path) -> Result<(), BadInput> {
 }
 
 /// Preprocessing as a pipelined host stage against preprocessing in series
-/// within each pass: each modality's own deployment at Λ = 5 req/s, and the
-/// SM-partitioning ablation of finding 4, run both ways.
+/// within each pass: each modality's own deployment at Λ = 5 req/s, run
+/// both ways.
 fn preprocessing_section(
     md: &mut String,
     scn: &dyn Fn(&str) -> std::path::PathBuf,

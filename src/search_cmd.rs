@@ -255,6 +255,22 @@ fn best_with_p_workers(study: &easerve_has::Study) -> Option<&TrialRecord> {
 ///
 /// # Errors
 /// The deploy command's errors.
+/// The `deploy` flags of `out` other than `--emit`, as a command line
+/// repeats them (values quoted).
+fn emit_flags(out: &crate::deploy_cmd::EmitArgs) -> String {
+    let mut s = String::new();
+    if let Some(p) = &out.model_path {
+        s += &format!(" --model-path '{p}'");
+    }
+    if out.gpus_per_node != 8 {
+        s += &format!(" --gpus-per-node {}", out.gpus_per_node);
+    }
+    if let Some(tp) = out.aggregated_tp {
+        s += &format!(" --aggregated-tp {tp}");
+    }
+    s
+}
+
 fn emit_chosen(
     a: &SearchArgs,
     base: &Overrides,
@@ -268,7 +284,7 @@ fn emit_chosen(
     if pick.candidate.allocation.prefill.workers == 0 {
         let alternative = match best_with_p_workers(study) {
             Some(t) => format!(
-                "; the best trial with P workers is {} (throughput {:.3} req/s against {:.3}, mean TTFT {:.2} s): `easerve deploy {} --rate {}{}{} --deployment '{}' --emit DIR` writes it for them",
+                "; the best trial with P workers is {} (throughput {:.3} req/s against {:.3}, mean TTFT {:.2} s): `easerve deploy '{}' --rate {}{}{}{} --deployment '{}' --emit DIR` writes it for them",
                 t.candidate,
                 t.outcome.throughput,
                 pick.outcome.throughput,
@@ -278,6 +294,7 @@ fn emit_chosen(
                 a.seed.map_or(String::new(), |x| format!(" --seed {x}")),
                 a.requests
                     .map_or(String::new(), |n| format!(" --requests {n}")),
+                emit_flags(&a.out),
                 t.candidate
             ),
             None => "; no trial of this search had P workers (raise --budget, or deploy an allocation with nP(TPk) via `easerve deploy --deployment`)".into(),

@@ -539,3 +539,30 @@ fn an_fp8_deployment_writes_the_engines_dtype_flags() {
     let d = read(&out_dir.join("sglang/D0.sh"));
     assert!(d.contains("--kv-cache-dtype fp8_e4m3"), "{d}");
 }
+
+/// easerve's preprocessing settings belong to its own deployment: the engine
+/// variants (and the aggregated baseline) run their engines' own, so a
+/// scenario that sets them deploys, and the variants carry none of them.
+#[test]
+fn a_scenario_with_its_own_preprocessing_threads_deploys() {
+    let dir = tempfile::tempdir().unwrap();
+    let sc = scenario_with_kernels(dir.path(), "image", "roofline");
+    let text = read(&sc).replace(
+        "sm_policy = \"dynamic\"",
+        "sm_policy = \"dynamic\"\npreprocess_threads = 4",
+    );
+    assert!(text.contains("preprocess_threads = 4"));
+    std::fs::write(&sc, text).unwrap();
+    let out_dir = dir.path().join("out");
+    let out = deploy(&sc, &out_dir, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(read(&out_dir.join("scenario.toml")).contains("preprocess_threads = 4"));
+    for variant in ["vllm", "dynamo", "aggregated"] {
+        let v = read(&out_dir.join(variant).join("scenario.toml"));
+        assert!(!v.contains("preprocess"), "{variant}: {v}");
+    }
+}

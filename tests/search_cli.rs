@@ -156,7 +156,7 @@ fn bad_search_input_exits_2() {
     );
 }
 
-/// On Gemma 3 images, HAS chooses an allocation without P workers (prefill on
+/// On Qwen3-Omni audio, HAS chooses an allocation without P workers (prefill on
 /// the local workers beside the encoders), which no engine can run. `--emit`
 /// writes it all the same (exit 0, issue 32): its scenario, without the
 /// engines' folders, README.md saying why for each, and the best trial with P
@@ -168,7 +168,7 @@ fn emit_writes_the_chosen_deployment_without_p_workers_and_says_no_engine_runs_i
     let out_dir = dir.path().join("emitted");
     let out = easerve(&[
         "search",
-        "scenarios/gemma-image.toml",
+        "scenarios/omni-audio.toml",
         "--requests",
         "200",
         "--emit",
@@ -220,7 +220,7 @@ fn emit_writes_the_chosen_deployment_without_p_workers_and_says_no_engine_runs_i
     let deployed = dir.path().join("deployed");
     let out = easerve(&[
         "deploy",
-        "scenarios/gemma-image.toml",
+        "scenarios/omni-audio.toml",
         "--deployment",
         &chosen,
         "--emit",

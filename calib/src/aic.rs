@@ -203,6 +203,7 @@ fn spread<T: Copy>(values: &[T], defs: &[i16], max_def: i16, n: usize) -> Vec<Op
 impl Table {
     fn read(path: PathBuf) -> Result<Table, KernelError> {
         use parquet::column::reader::ColumnReader;
+        crate::input::check_regular(&path).map_err(|e| err(&path, format!("cannot open: {e}")))?;
         let file = File::open(&path).map_err(|e| err(&path, format!("cannot open: {e}")))?;
         let reader = SerializedFileReader::new(file)
             .map_err(|e| err(&path, format!("not a readable parquet file: {e}")))?;
@@ -912,7 +913,7 @@ pub fn look(g: &Grid, point: &[f64]) -> (f64, bool) {
 }
 
 fn read_system_yaml(path: &Path) -> Result<SystemSpec, KernelError> {
-    let text = std::fs::read_to_string(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+    let text = crate::input::read_text(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
     let v: serde_yaml::Value =
         serde_yaml::from_str(&text).map_err(|e| err(path, format!("not valid YAML: {e}")))?;
     let get = |key: &str| -> Result<f64, KernelError> {

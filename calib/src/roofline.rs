@@ -37,6 +37,18 @@ impl EncodeTime {
         self.t_pass + self.t_pre + self.t_gpu
     }
 
+    /// Seconds a pass holds its encode worker once dispatched: its whole
+    /// time when it preprocesses its own micro-batch (`preprocess_threads` =
+    /// `None`); with preprocessing pipelined, `t_pass + t_gpu` (its requests
+    /// were preprocessed while they queued). What the encode policies are
+    /// priced with: the batcher's `T_enc(k)` and the SM split's latencies.
+    pub fn pass(&self, preprocess_threads: Option<u32>) -> f64 {
+        match preprocess_threads {
+            Some(_) => self.t_pass + self.t_gpu,
+            None => self.total(),
+        }
+    }
+
     /// Seconds between the starts of back-to-back passes of this size on one
     /// encode worker, which bound its throughput: [`EncodeTime::total`] when
     /// each pass preprocesses its own micro-batch (`preprocess_threads` =

@@ -258,7 +258,9 @@ pub enum FromWorker {
     EncodeDone {
         /// Embeddings per request, in pass order.
         embeddings: Vec<(RequestId, Matrix)>,
-        /// Seconds of host preprocessing.
+        /// Seconds from the pass's start until its items were prepared: its
+        /// own preprocessing when serial; when its requests came ahead
+        /// ([`ToWorker::Preprocess`]), the wait for those still in progress.
         preprocess_s: f64,
         /// Seconds of the whole pass in the worker.
         compute_s: f64,

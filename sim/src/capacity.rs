@@ -240,7 +240,8 @@ pub fn alpha(
     let b = (rate / f64::from(n_e)).ceil().clamp(1.0, b_max) as u32;
     let items = batch_of(&t.items, b);
     let split = SmSplit::new(&sc.deployment.sm_policy, b as usize, |k, f| {
-        cost.encode(&batch_of(&t.items, k as u32), f).total()
+        cost.encode(&batch_of(&t.items, k as u32), f)
+            .pass(sc.knobs.preprocess_threads)
     });
     let f = split.encode_share(b as usize).unwrap_or(TIME_SLICE_SHARE);
     let pass = cost.encode(&items, f);

@@ -1189,7 +1189,9 @@ impl<'a> Sim<'a> {
             },
         };
         let mut notes = cost.notes();
-        notes.push(preprocess_note(sc));
+        if sc.workload.modality != easerve_sched::Modality::Text {
+            notes.push(preprocess_note(sc));
+        }
         notes.extend(ctrl.split().table_note());
         let roles = (0..sc.gpus)
             .map(|g| {

@@ -573,6 +573,9 @@ fn engine_variant(base: &ScenarioFile, engine: Engine, name: &str) -> ScenarioFi
     d.router = None;
     d.sm_policy = None;
     d.framework = Some(engine.framework().into());
+    // the engine's own preprocessing (its framework's default), not easerve's
+    d.preprocess = None;
+    d.preprocess_threads = None;
     r
 }
 
@@ -1121,6 +1124,9 @@ fn aggregated_files(
     raw.name = Some(format!("{}-aggregated", sc.name));
     raw.deployment.system = Some("aggregated".into());
     raw.deployment.framework = None;
+    // preprocessing in its API server at arrival: easerve's settings do not apply
+    raw.deployment.preprocess = None;
+    raw.deployment.preprocess_threads = None;
     if let Some(tp) = opts.aggregated_tp {
         raw.deployment.aggregated_tp = Some(i64::from(tp));
     }

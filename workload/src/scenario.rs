@@ -153,7 +153,7 @@ pub struct ClusterSection {
     pub host_cpu_scale: Option<f64>,
     /// CPU cores of the hosts serving the cluster, all nodes together (default:
     /// 6 per GPU, the EAServe paper's testbed of 48 cores for 8 GPUs; 1 per
-    /// worker on the `cpu` device, whose cores are the device). An encode
+    /// GPU on the `cpu` device, whose cores are the device). An encode
     /// worker preprocesses on `host_cores / gpus` threads
     /// (`deployment.preprocess_threads` overrides).
     pub host_cores: Option<i64>,
@@ -946,7 +946,9 @@ impl Scenario {
     /// [`easerve_sched::Batcher`] per encode worker and the SM split. A
     /// typical request's items (median encoder tokens, over `requests` with
     /// their per-item `tokens`) stand for "a request" in the batcher's
-    /// `W(k) = T_enc(k)` and in the SM table, both from `cost` (seconds).
+    /// `W(k) = T_enc(k)` and in the SM table, both from `cost` (seconds):
+    /// the time a pass holds its worker ([`easerve_calib::EncodeTime::pass`]),
+    /// which leaves preprocessing out when it is pipelined.
     pub fn encode_policies(
         &self,
         requests: &[easerve_sched::Request],
@@ -958,7 +960,11 @@ impl Scenario {
         let dep = &self.deployment;
         let b = dep.max_batch;
         let typical = typical_items(requests, tokens);
-        let t_enc = |k: usize, share: f64| cost.encode(&typical_batch(&typical, k), share).total();
+        let threads = self.knobs.preprocess_threads;
+        let t_enc = |k: usize, share: f64| {
+            cost.encode(&typical_batch(&typical, k), share)
+                .pass(threads)
+        };
         let split = if dep.has_local_prefill() {
             SmSplit::new(&dep.sm_policy, b, t_enc)
         } else {
@@ -1462,9 +1468,14 @@ fn preprocess_section(
         None => (host_cores / i64::from(gpus.max(1))).clamp(1, 1024) as u32,
     };
     if d.preprocess_threads.is_some() && !pipelined {
+        let why = match d.preprocess.as_deref() {
+            Some(_) => "deployment.preprocess is \"serial\"".to_string(),
+            None if on_cpu => "preprocessing is serial by default on the `cpu` device".to_string(),
+            None => format!("preprocessing is serial by default for framework `{framework}`"),
+        };
         return Err(v.err(
             "deployment.preprocess_threads",
-            "only used with deployment.preprocess = \"pipelined\" (a serial pass preprocesses on one thread)",
+            format!("only used with deployment.preprocess = \"pipelined\", and {why} (a serial pass preprocesses on one thread); set preprocess = \"pipelined\" or leave preprocess_threads out"),
         ));
     }
     Ok(pipelined.then_some(threads))
