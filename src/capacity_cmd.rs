@@ -16,9 +16,10 @@ use std::process::ExitCode;
 pub(crate) struct CapacityArgs {
     /// Scenario file (its model, cluster, workload shape and SLO tiers).
     scenario: PathBuf,
-    /// The SLO tier that must hold (one of the scenario's `[[slo]]` names).
+    /// The SLO tier that must hold (one of the scenario's `[[slo]]` names;
+    /// required: without it the command lists them).
     #[arg(long, value_name = "TIER")]
-    slo: String,
+    slo: Option<String>,
     /// Fraction of the offered rate the tier's goodput must reach, in (0, 1].
     #[arg(long, value_name = "FRACTION", default_value_t = 0.9)]
     attain: f64,
@@ -158,8 +159,22 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
     } else {
         Tuning::Fixed
     };
+    let Some(tier) = a.slo.clone() else {
+        let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
+        let names: Vec<&str> = sc.slo.iter().map(|t| t.name.as_str()).collect();
+        let tiers = if names.is_empty() {
+            "it has none: add [[slo]] tiers (scenarios/README.md)".to_string()
+        } else {
+            format!("its tiers are {}", names.join(", "))
+        };
+        return Err(BadInput(format!(
+            "--slo TIER is required: the SLO tier of {} that must hold; {tiers}",
+            a.scenario.display()
+        ))
+        .into());
+    };
     let goal = Goal {
-        tier: a.slo.clone(),
+        tier,
         attain: a.attain,
     };
     let planner =

@@ -381,3 +381,13 @@ fn a_very_slow_rate_runs_to_the_end() {
         "60",
     ]);
 }
+
+/// `capacity` without `--slo` lists the scenario's tiers instead of clap's
+/// bare "required" error.
+#[test]
+fn capacity_without_a_tier_lists_the_scenarios_tiers() {
+    refused(
+        &["capacity", "scenarios/image.toml"],
+        &["--slo", "strict", "tight", "moderate", "loose", "relaxed"],
+    );
+}
