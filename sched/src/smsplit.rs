@@ -125,8 +125,8 @@ impl SmSplit {
             .map(|(f, b)| format!("{:.0}%→B≤{}", f * 100.0, b))
             .collect();
         Some(format!(
-            "dynamic SM table (ε = {}): {}",
-            t.epsilon,
+            "dynamic SM split: an encode pass of B requests takes the smallest share of the encode GPU's SMs at which it runs within {:.0} % of its time on all of them, the rest going to the co-located prefill worker (share → largest such B: {})",
+            t.epsilon * 100.0,
             levels.join(", ")
         ))
     }

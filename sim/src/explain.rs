@@ -7,11 +7,17 @@ use easerve_calib::StageCost;
 use easerve_workload::report::{Explanation, StageLoad};
 use easerve_workload::{Report, Scenario};
 
-fn remedy(stage: &str) -> &'static str {
+/// What would relieve a saturated `stage`; for encode, raising B only while
+/// its passes run below the bound (`mean_batch` of `max_batch`: within 10 %
+/// of it the passes are already full).
+fn remedy(stage: &str, mean_batch: f64, max_batch: usize) -> String {
     match stage {
-        "encode" => "raising B or adding an encode worker would relieve it",
-        "prefill" => "another prefill worker, a larger prefill TP, or (where the LLM fits beside the encoder) a lower s that moves prefill onto the encode GPUs would relieve it",
-        _ => "more decode workers or a larger decode TP (more KV cache, bigger batches) would relieve it",
+        "encode" if mean_batch >= 0.9 * max_batch as f64 => format!(
+            "its passes already run nearly full (mean micro-batch {mean_batch:.2} of B = {max_batch}), so adding an encode worker would relieve it"
+        ),
+        "encode" => "raising B or adding an encode worker would relieve it".into(),
+        "prefill" => "another prefill worker, a larger prefill TP, or (where the LLM fits beside the encoder) a lower s that moves prefill onto the encode GPUs would relieve it".into(),
+        _ => "more decode workers or a larger decode TP (more KV cache, bigger batches) would relieve it".into(),
     }
 }
 
@@ -110,7 +116,7 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, t: &Typical, r: &Repo
                 l.load,
                 queue(&l.stage),
                 l.stage,
-                remedy(&l.stage)
+                remedy(&l.stage, r.encode.mean_batch, d.max_batch)
             ));
         }
     }
@@ -155,5 +161,22 @@ pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, t: &Typical, r: &Repo
         lead,
         encode_gpu_idle,
         findings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::remedy;
+
+    #[test]
+    fn raising_b_is_advised_only_while_passes_run_below_it() {
+        assert!(remedy("encode", 2.5, 8).contains("raising B"));
+        let full = remedy("encode", 7.69, 8);
+        assert!(!full.contains("raising B"), "{full}");
+        assert!(
+            full.contains("7.69 of B = 8") && full.contains("encode worker"),
+            "{full}"
+        );
+        assert!(remedy("prefill", 7.69, 8).contains("prefill worker"));
     }
 }
