@@ -391,3 +391,20 @@ fn capacity_without_a_tier_lists_the_scenarios_tiers() {
         &["--slo", "strict", "tight", "moderate", "loose", "relaxed"],
     );
 }
+
+/// A scenario without `[[slo]]` tiers gets a goodput table that says why it
+/// is empty rather than a bare header.
+#[test]
+fn a_scenario_without_tiers_says_why_its_goodput_table_is_empty() {
+    let text = std::fs::read_to_string(root().join("scenarios/cpu-image.toml")).unwrap();
+    let cut = text.find("[[slo]]").expect("cpu-image has tiers");
+    let f = file_in_scenarios(&text[..cut], ".toml");
+    let out = easerve(&["sim", path(&f), "--requests", "5"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("no [[slo]] tiers"), "{stdout}");
+}

@@ -568,6 +568,12 @@ impl Report {
             "{:<12}{:>10}{:>10}{:>8}{:>16}",
             "tier", "TTFT≤(s)", "TPOT≤(ms)", "good", "goodput(req/s)"
         );
+        if self.goodput.is_empty() {
+            let _ = writeln!(
+                s,
+                "(none: the scenario has no [[slo]] tiers; scenarios/README.md says how to add them)"
+            );
+        }
         for t in &self.goodput {
             let _ = writeln!(
                 s,
