@@ -1192,6 +1192,16 @@ impl<'a> Sim<'a> {
         if sc.workload.modality != easerve_sched::Modality::Text {
             notes.push(preprocess_note(sc));
         }
+        if sc.profile.is_none() {
+            // a profile prices transfers from its own measured table
+            let l = &sc.gpu.link;
+            notes.push(format!(
+                "transfers (embeddings, KV caches): link `{}`, {} GB/s per direction and {:.0} µs a transfer (calib/src/gpu.rs, or the scenario's own link)",
+                l.name,
+                l.bandwidth_gbs,
+                l.latency_s * 1e6
+            ));
+        }
         notes.extend(ctrl.split().table_note());
         let roles = (0..sc.gpus)
             .map(|g| {
