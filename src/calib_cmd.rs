@@ -281,13 +281,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                     .into());
                 }
             }
-            let s = load_report(&sim).map_err(|e| BadInput(e.to_string()))?;
-            let m = load_measured(&measured, &s).map_err(|e| BadInput(e.to_string()))?;
-            easerve_workload::validate::comparable(&s, &m).map_err(|e| {
-                BadInput(format!("{} vs {}: {e}", sim.display(), measured.display()))
-            })?;
-            easerve_workload::validate::measurable(&m)
-                .map_err(|e| BadInput(format!("--measured {}: {e}", measured.display())))?;
+            let (s, m) = load_runs(&sim, &measured)?;
             let v = Validation::compare(&s, &m);
             if json {
                 sayln!("{}", serde_json::to_string_pretty(&v)?);
@@ -364,15 +358,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                 }
             }
             if let (Some(sim), Some(measured)) = (&sim, &measured) {
-                let s = load_report(sim).map_err(|e| BadInput(e.to_string()))?;
-                let m = load_measured(measured, &s).map_err(|e| BadInput(e.to_string()))?;
-                easerve_workload::validate::comparable(&s, &m).map_err(|e| {
-                    BadInput(format!(
-                        "--sim {} vs --measured {}: {e}",
-                        sim.display(),
-                        measured.display()
-                    ))
-                })?;
+                let (s, m) = load_runs(sim, measured)?;
                 if s.meta.model != p.provenance.model {
                     return Err(BadInput(format!(
                         "--sim {} is a run of `{}`, but {} profiles `{}`; refine a profile from runs of its own model",
@@ -383,8 +369,6 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
                     ))
                     .into());
                 }
-                easerve_workload::validate::measurable(&m)
-                    .map_err(|e| BadInput(format!("--measured {}: {e}", measured.display())))?;
                 let what = format!(
                     "measured {} over simulated {}",
                     measured.display(),
@@ -755,6 +739,27 @@ fn cell(x: f64) -> String {
 }
 
 /// `easerve calib import-aiconfigurator`.
+/// The simulated report `--sim` and the measured run `--measured` of one
+/// scenario, checked to be runs of the same model and cluster and to hold
+/// something to compare (`calib validate` and `calib refine` alike).
+fn load_runs(
+    sim: &std::path::Path,
+    measured: &std::path::Path,
+) -> Result<(easerve_workload::Report, easerve_workload::Report), BadInput> {
+    let s = load_report(sim).map_err(|e| BadInput(e.to_string()))?;
+    let m = load_measured(measured, &s).map_err(|e| BadInput(e.to_string()))?;
+    easerve_workload::validate::comparable(&s, &m).map_err(|e| {
+        BadInput(format!(
+            "--sim {} vs --measured {}: {e}",
+            sim.display(),
+            measured.display()
+        ))
+    })?;
+    easerve_workload::validate::measurable(&m)
+        .map_err(|e| BadInput(format!("--measured {}: {e}", measured.display())))?;
+    Ok((s, m))
+}
+
 /// Write `p` to `-o PATH`, which must be (or become) a regular file: a
 /// device or folder there is bad input, as is any failure to write.
 fn save_profile(p: &Profile, path: &std::path::Path) -> Result<(), BadInput> {

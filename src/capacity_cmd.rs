@@ -101,78 +101,90 @@ fn probe_line(p: &Probe) -> String {
     )
 }
 
-pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
+/// The flags' own ranges, before any scenario is read.
+fn check_flags(a: &CapacityArgs) -> Result<(), BadInput> {
     if !(a.attain > 0.0 && a.attain <= 1.0) {
         return Err(BadInput(format!(
             "--attain {}: the fraction of the offered rate must be in (0, 1]",
             a.attain
-        ))
-        .into());
+        )));
     }
     if !(a.tolerance >= MIN_TOLERANCE && a.tolerance <= 1.0) {
         return Err(BadInput(format!(
             "--tolerance {}: the bracket's relative width must be in [{MIN_TOLERANCE}, 1]",
             a.tolerance
-        ))
-        .into());
+        )));
     }
     if let Some(r) = a.target_rate {
         if !(r > 0.0 && r <= MAX_RATE) {
             return Err(BadInput(format!(
                 "--target-rate {r}: a rate in (0, {}] requests/s (the bound of workload.rate)",
                 num(MAX_RATE)
-            ))
-            .into());
+            )));
         }
     }
     if !(1..=MAX_GPUS).contains(&a.max_gpus) {
         return Err(BadInput(format!(
             "--max-gpus {}: allowed 1..=4096 (the bound of cluster.gpus)",
             a.max_gpus
-        ))
-        .into());
+        )));
     }
     if let Some(types) = &a.gpus {
         check_gpu_types(types)?;
     }
-    let base = Overrides {
-        seed: a.seed,
-        requests: a.requests,
-        ..Default::default()
-    };
+    Ok(())
+}
+
+/// `--target-rate` must validate with the scenario's workload (e.g. its
+/// requests must span a time the simulator resolves): blame the flag, not
+/// the file's own rate.
+fn check_target_rate(a: &CapacityArgs, base: &Overrides) -> Result<(), BadInput> {
     if let Some(r) = a.target_rate {
-        // the rate the runs take must validate with this scenario's workload
-        // (e.g. its requests must span a time the simulator resolves): blame
-        // the flag, not the file's own rate
         let o = Overrides {
             rate: Some(r),
             ..base.clone()
         };
         if let Err(e) = Scenario::load(&a.scenario, &o) {
             if e.field.ends_with("workload.rate") {
-                return Err(BadInput(format!("--target-rate {}: {}", num(r), e.message)).into());
+                return Err(BadInput(format!("--target-rate {}: {}", num(r), e.message)));
             }
         }
     }
+    Ok(())
+}
+
+/// `--slo`, or bad input that lists the scenario's tiers.
+fn required_tier(a: &CapacityArgs, base: &Overrides) -> Result<String, BadInput> {
+    if let Some(tier) = &a.slo {
+        return Ok(tier.clone());
+    }
+    let sc = Scenario::load(&a.scenario, base).map_err(|e| BadInput(e.to_string()))?;
+    let names: Vec<&str> = sc.slo.iter().map(|t| t.name.as_str()).collect();
+    let tiers = if names.is_empty() {
+        "it has none: add [[slo]] tiers (scenarios/README.md)".to_string()
+    } else {
+        format!("its tiers are {}", names.join(", "))
+    };
+    Err(BadInput(format!(
+        "--slo TIER is required: the SLO tier of {} that must hold; {tiers}",
+        a.scenario.display()
+    )))
+}
+
+pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
+    check_flags(&a)?;
+    let base = Overrides {
+        seed: a.seed,
+        requests: a.requests,
+        ..Default::default()
+    };
+    check_target_rate(&a, &base)?;
     let tuning = if a.tune || a.gpus.is_some() {
         Tuning::Has
     } else {
         Tuning::Fixed
     };
-    let Some(tier) = a.slo.clone() else {
-        let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
-        let names: Vec<&str> = sc.slo.iter().map(|t| t.name.as_str()).collect();
-        let tiers = if names.is_empty() {
-            "it has none: add [[slo]] tiers (scenarios/README.md)".to_string()
-        } else {
-            format!("its tiers are {}", names.join(", "))
-        };
-        return Err(BadInput(format!(
-            "--slo TIER is required: the SLO tier of {} that must hold; {tiers}",
-            a.scenario.display()
-        ))
-        .into());
-    };
+    let tier = required_tier(&a, &base)?;
     let goal = Goal {
         tier,
         attain: a.attain,

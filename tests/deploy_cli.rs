@@ -35,6 +35,16 @@ fn deploy(scenario: &Path, dir: &Path, extra: &[&str]) -> std::process::Output {
     easerve(&args)
 }
 
+/// `deploy SCENARIO --emit DIR` succeeds.
+fn deployed(scenario: &Path, dir: &Path) {
+    let out = deploy(scenario, dir, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
@@ -524,12 +534,7 @@ fn an_fp8_deployment_writes_the_engines_dtype_flags() {
     assert!(text.contains("dtype = \"fp8\""));
     std::fs::write(&sc, text).unwrap();
     let out_dir = dir.path().join("out");
-    let out = deploy(&sc, &out_dir, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    deployed(&sc, &out_dir);
     let d = read(&out_dir.join("vllm/D0.sh"));
     assert!(
         d.contains("--quantization fp8") && d.contains("--kv-cache-dtype fp8"),
@@ -554,12 +559,7 @@ fn a_scenario_with_its_own_preprocessing_threads_deploys() {
     assert!(text.contains("preprocess_threads = 4"));
     std::fs::write(&sc, text).unwrap();
     let out_dir = dir.path().join("out");
-    let out = deploy(&sc, &out_dir, &[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    deployed(&sc, &out_dir);
     assert!(read(&out_dir.join("scenario.toml")).contains("preprocess_threads = 4"));
     for variant in ["vllm", "dynamo", "aggregated"] {
         let v = read(&out_dir.join(variant).join("scenario.toml"));

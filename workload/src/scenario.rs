@@ -1429,6 +1429,62 @@ impl Scenario {
     }
 }
 
+/// `deployment.sm_policy` checked: `dynamic` (default), `none` or
+/// `static:F` with both sides of the split at least
+/// [`easerve_sched::MIN_SM_SHARE`].
+fn sm_policy_of(text: Option<&str>, v: &V<'_>) -> Result<SmPolicy, ScenarioError> {
+    let sm_text = text.unwrap_or("dynamic");
+    Ok(match split_arg(sm_text) {
+        ("dynamic", None) => SmPolicy::Dynamic,
+        ("none", None) => SmPolicy::None,
+        ("static", Some(f)) => SmPolicy::Static(
+            f.parse::<f64>()
+                .ok()
+                .filter(|f| {
+                    (easerve_sched::MIN_SM_SHARE..=1.0 - easerve_sched::MIN_SM_SHARE).contains(f)
+                })
+                .ok_or_else(|| {
+                    v.err(
+                        "deployment.sm_policy",
+                        format!("`{f}` is not an SM share in [0.001, 0.999] (each side of the split needs at least 0.001 of the SMs to progress)"),
+                    )
+                })?,
+        ),
+        _ => {
+            return Err(v.err(
+                "deployment.sm_policy",
+                format!("unknown SM policy `{sm_text}`; allowed: dynamic, none, static:F"),
+            ))
+        }
+    })
+}
+
+/// A trace whose first `rows` all arrive at one instant has no rate to
+/// rescale: `workload.rate` or `workload.rate_scale` on it is bad input.
+fn check_rescalable(
+    rows: &[crate::trace::TraceRow],
+    rate_given: bool,
+    scale_given: bool,
+    v: &V<'_>,
+) -> Result<(), ScenarioError> {
+    let one_instant = rows.len() > 1 && rows.last().is_some_and(|r| r.t <= 0.0);
+    if one_instant && (rate_given || scale_given) {
+        let field = if rate_given {
+            "workload.rate"
+        } else {
+            "workload.rate_scale"
+        };
+        return Err(v.err(
+            field,
+            format!(
+        "the trace's first {} rows all arrive at one instant, so it has no rate to rescale; leave out workload.rate and workload.rate_scale to replay it as it is, or give a trace whose timestamps differ",
+        rows.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Default host cores per GPU: the EAServe paper's testbed, two AMD EPYC 9254
 /// (48 cores) for eight RTX 6000 Ada GPUs (PAPER.txt, "Testbed and
 /// baselines").
@@ -1742,21 +1798,7 @@ fn workload_section(
             let mut rows = crate::trace::read_azure(&path, requests)
                 .map_err(|e| v.err("workload.trace", format!("{}: {e}", path.display())))?;
             let native = crate::trace::mean_rate(&rows);
-            let one_instant = rows.len() > 1 && rows.last().is_some_and(|r| r.t <= 0.0);
-            if one_instant && (given_rate.is_some() || w.rate_scale.is_some()) {
-                let field = if given_rate.is_some() {
-                    "workload.rate"
-                } else {
-                    "workload.rate_scale"
-                };
-                return Err(v.err(
-                    field,
-                    format!(
-                        "the trace's first {} rows all arrive at one instant, so it has no rate to rescale; leave out workload.rate and workload.rate_scale to replay it as it is, or give a trace whose timestamps differ",
-                        rows.len()
-                    ),
-                ));
-            }
+            check_rescalable(&rows, given_rate.is_some(), w.rate_scale.is_some(), v)?;
             let scale = match (given_rate, w.rate_scale) {
                 (Some(_), Some(_)) => {
                     return Err(v.err("workload.rate_scale", "give either workload.rate (a target mean rate) or workload.rate_scale, not both"))
@@ -2040,30 +2082,7 @@ fn deployment_section(
                 ))
             }
         };
-    let sm_text = d.sm_policy.as_deref().unwrap_or("dynamic");
-    let sm_policy = match split_arg(sm_text) {
-        ("dynamic", None) => SmPolicy::Dynamic,
-        ("none", None) => SmPolicy::None,
-        ("static", Some(f)) => SmPolicy::Static(
-            f.parse::<f64>()
-                .ok()
-                .filter(|f| {
-                    (easerve_sched::MIN_SM_SHARE..=1.0 - easerve_sched::MIN_SM_SHARE).contains(f)
-                })
-                .ok_or_else(|| {
-                    v.err(
-                        "deployment.sm_policy",
-                        format!("`{f}` is not an SM share in [0.001, 0.999] (each side of the split needs at least 0.001 of the SMs to progress)"),
-                    )
-                })?,
-        ),
-        _ => {
-            return Err(v.err(
-                "deployment.sm_policy",
-                format!("unknown SM policy `{sm_text}`; allowed: dynamic, none, static:F"),
-            ))
-        }
-    };
+    let sm_policy = sm_policy_of(d.sm_policy.as_deref(), v)?;
     // optional positive integer knob: `deployment.NAME`, default, upper bound
     let knob = |name: &str, value: Option<i64>, default: i64, max: i64| {
         v.int(
