@@ -5,20 +5,23 @@
 //! * [`stage1`] — per-stage capacities, load ratios at the target rate Λ, the
 //!   bottleneck-balance score, pruning to the top K, `B_max = ⌈Λ/nE⌉` and
 //!   `s* = C_remote/(C_remote + C_local)` with a ±0.2 window.
-//! * [`search`] — Stage 2, one TPE study (the `tpe` crate) over (survivor, B,
+//! * [`search`] — Stage 2, one TPE study ([`tpe`]) over (survivor, B,
 //!   s) seeded with each survivor's analytical optimum and stopped when the
 //!   best three are within 1 % or five trials bring no gain; plus the
 //!   `random`, `coordinate` and `exhaustive` baselines.
 //! * [`capacity`] — capacity planning: the highest rate a cluster sustains
 //!   under an SLO tier (bisection on the simulator), the fewest GPUs for a rate.
+//! * [`tpe`] — the Tree-structured Parzen Estimator Stage 2 asks (Bergstra
+//!   et al., 2011), one univariate optimiser per dimension.
 //! * [`trial`] — the [`Trial`] trait: one end-to-end run of a candidate. The
-//!   simulator implements it ([`SimTrial`]); the real executor will too.
+//!   simulator implements it ([`SimTrial`]).
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod capacity;
 pub mod search;
 pub mod space;
 pub mod stage1;
+pub mod tpe;
 pub mod trial;
 
 pub use search::{

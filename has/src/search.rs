@@ -302,27 +302,21 @@ pub fn search(
     }
 }
 
-/// The three TPE optimisers of HAS's Stage 2: the allocation (categorical
-/// over Stage 1's survivors), and `B` and `s` as fractions of their ranges.
+/// The three TPE optimisers of HAS's Stage 2 ([`crate::tpe`]): the
+/// allocation (categorical over Stage 1's survivors), and `B` and `s` as
+/// fractions of their ranges.
 struct Tpe {
-    alloc: tpe::TpeOptimizer,
-    b: tpe::TpeOptimizer,
-    s: tpe::TpeOptimizer,
+    alloc: crate::tpe::Tpe,
+    b: crate::tpe::Tpe,
+    s: crate::tpe::Tpe,
 }
 
 impl Tpe {
     fn new(survivors: usize) -> Tpe {
-        let unit = || {
-            tpe::TpeOptimizer::new(
-                tpe::parzen_estimator(),
-                tpe::range(0.0, 1.0).expect("valid range"),
-            )
-        };
+        use crate::tpe::Domain;
+        let unit = || crate::tpe::Tpe::new(Domain::Range { lo: 0.0, hi: 1.0 });
         Tpe {
-            alloc: tpe::TpeOptimizer::new(
-                tpe::histogram_estimator(),
-                tpe::categorical_range(survivors).expect("≥ 1 survivor"),
-            ),
+            alloc: crate::tpe::Tpe::new(Domain::Categorical(survivors)),
             b: unit(),
             s: unit(),
         }
@@ -330,7 +324,7 @@ impl Tpe {
 
     /// Tell all three what `(i, ub, us)` scored.
     fn tell(&mut self, (i, ub, us): (usize, f64, f64), v: f64) -> Result<(), StopReason> {
-        let refused = |what: &str, e: tpe::TellError| {
+        let refused = |what: &str, e: crate::tpe::TellError| {
             StopReason::TpeRejected(format!("{what}: {e} (ranking value {v})"))
         };
         self.alloc
@@ -379,11 +373,11 @@ fn has(
             };
             (asked, 0.999_999, us)
         } else {
-            let i = opt.alloc.ask(&mut *rng).expect("categorical ask") as usize;
+            let i = opt.alloc.ask(&mut *rng) as usize;
             (
                 i.min(survivors.len() - 1),
-                opt.b.ask(&mut *rng).expect("ask B"),
-                opt.s.ask(&mut *rng).expect("ask s"),
+                opt.b.ask(&mut *rng),
+                opt.s.ask(&mut *rng),
             )
         };
         asked += 1;
