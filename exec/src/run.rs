@@ -1107,5 +1107,7 @@ pub(crate) fn build_report(
     };
     let mut report = Report::build(meta, records, &sc.slo, gpus, encode, notes);
     report.measured = true;
+    // the simulator's rule, on the measured stage times
+    easerve_sim::name_bottleneck(sc, &*sc.cost(), None, &mut report);
     report
 }

@@ -323,7 +323,8 @@ impl<'a> Baseline<'a> {
                 },
             )
             .collect();
-        let mut notes = self.cost.notes();
+        let cost = self.cost;
+        let mut notes = cost.notes();
         notes.push(format!(
             "aggregated baseline: {n} replicas at TP{tp}, encode inline before prefill in each iteration (no separate per-pass encode overhead)"
         ));
@@ -351,21 +352,7 @@ impl<'a> Baseline<'a> {
                 timeline: self.timeline,
             },
         );
-        // one engine per replica runs every stage: name it, with where requests wait
-        let r = &mut out.report;
-        let wait = r
-            .stages
-            .iter()
-            .filter(|st| st.stage == "encode" || st.stage == "prefill")
-            .map(|st| st.queue.mean)
-            .fold(0.0, f64::max); // multimodal requests wait before their inline encode
-        let busy = r.gpus.iter().map(|g| g.busy_fraction).sum::<f64>() / r.gpus.len().max(1) as f64;
-        r.bottleneck = "aggregated".into();
-        r.bottleneck_reason = format!(
-            "every stage runs inline on the same replicas; requests wait {:.1} ms on average before the iteration that starts them, replica GPUs {:.0}% busy",
-            wait * 1e3,
-            busy * 100.0
-        );
+        crate::verdict::name_bottleneck(sc, &*cost, None, &mut out.report);
         out
     }
 }

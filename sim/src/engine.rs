@@ -1229,25 +1229,7 @@ impl<'a> Sim<'a> {
         );
         out.queue_events = processed;
         out.inline_steps = inline_steps;
-        let x = crate::explain::explain(sc, &*cost, &typical, &out.report);
-        // one verdict: the bottleneck is the stage with the highest load ratio
-        if let Some(l) = x.loads.iter().find(|l| l.stage == x.most_loaded) {
-            let q = out
-                .report
-                .stages
-                .iter()
-                .find(|st| st.stage == l.stage)
-                .map_or(0.0, |st| st.queue.mean);
-            out.report.bottleneck = l.stage.clone();
-            out.report.bottleneck_reason = format!(
-                "highest offered load / capacity: {:.2}{}; mean queueing there {:.1} ms",
-                l.load,
-                x.lead
-                    .map_or(String::new(), |l| format!(" ({l:.1}× the next stage)")),
-                q * 1e3
-            );
-        }
-        out.report.explanation = x;
+        crate::verdict::name_bottleneck(sc, &*cost, Some(&typical), &mut out.report);
         out.decisions = decisions;
         out.service = service;
         out

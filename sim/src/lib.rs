@@ -58,8 +58,10 @@ mod explain;
 mod meter;
 mod output;
 mod timeline;
+mod verdict;
 
 pub use engine::{scenario_cost, simulate, simulate_with, ServiceLog, SimOptions, SimOutput};
+pub use verdict::name_bottleneck;
 
 #[cfg(test)]
 mod invariants;

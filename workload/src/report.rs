@@ -254,9 +254,10 @@ pub struct Report {
     pub gpus: Vec<GpuReport>,
     /// Encode summary.
     pub encode: EncodeSummary,
-    /// The stage where work piles up: with an explanation, the stage of the
-    /// highest offered load / capacity; otherwise the one with the longest
-    /// mean queueing (or the busiest GPUs when nothing queues).
+    /// The stage where work piles up, named for a run of a scenario by one
+    /// rule (`easerve_sim::name_bottleneck`): the stage of the highest offered
+    /// load / capacity, or `aggregated` for the aggregated baseline; `none`
+    /// with [`NOT_NAMED`] in a report read from outside a run (no stage times).
     pub bottleneck: String,
     /// Why it was named the bottleneck.
     pub bottleneck_reason: String,
@@ -314,6 +315,11 @@ pub struct RunMeta {
     /// Requests offered.
     pub requests: usize,
 }
+
+/// The reason beside `none` in a report no run of a scenario named a
+/// bottleneck for (see [`Report::bottleneck`]).
+pub const NOT_NAMED: &str =
+    "not named: the report holds no stage loads (measured from outside the serving system)";
 
 impl Report {
     /// Build the report from per-request records.
@@ -438,7 +444,6 @@ impl Report {
             })
             .collect();
         let e2e = Stats::of(e2es);
-        let (bottleneck, bottleneck_reason) = bottleneck(&stages, e2e.mean);
         failures.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
         Report {
             schema_version: REPORT_SCHEMA_VERSION,
@@ -455,8 +460,8 @@ impl Report {
             stages,
             gpus,
             encode,
-            bottleneck,
-            bottleneck_reason,
+            bottleneck: "none".into(),
+            bottleneck_reason: NOT_NAMED.into(),
             notes,
             events: 0,
             explanation: Explanation::default(),
@@ -679,46 +684,6 @@ impl Report {
         }
         let _ = writeln!(s, "{:=^56}", "");
         s
-    }
-}
-
-/// The compute stage where work piles up: the one with the longest mean
-/// queueing time; when no stage queues for more than 5 % of the mean E2E, the
-/// one whose GPUs are busiest.
-fn bottleneck(stages: &[StageReport], mean_e2e: f64) -> (String, String) {
-    let compute: Vec<&StageReport> = stages
-        .iter()
-        .filter(|s| matches!(s.stage.as_str(), "encode" | "prefill" | "decode") && s.requests > 0)
-        .collect();
-    let Some(by_queue) = compute
-        .iter()
-        .max_by(|a, b| a.queue.mean.total_cmp(&b.queue.mean))
-    else {
-        return ("none".into(), "no request completed".into());
-    };
-    let busy = |s: &StageReport| s.busy_fraction.unwrap_or(0.0);
-    if by_queue.queue.mean > 0.05 * mean_e2e {
-        (
-            by_queue.stage.clone(),
-            format!(
-                "longest mean queueing: {:.1} ms ({:.0}% of mean E2E), its GPUs {:.0}% busy",
-                by_queue.queue.mean * 1e3,
-                100.0 * by_queue.queue.mean / mean_e2e.max(1e-12),
-                busy(by_queue) * 100.0
-            ),
-        )
-    } else {
-        let by_busy = compute
-            .iter()
-            .max_by(|a, b| busy(a).total_cmp(&busy(b)))
-            .unwrap_or(by_queue);
-        (
-            by_busy.stage.clone(),
-            format!(
-                "no stage queues for more than 5% of mean E2E; busiest GPUs: {:.0}% busy",
-                busy(by_busy) * 100.0
-            ),
-        )
     }
 }
 
