@@ -3,13 +3,25 @@
 //! what it measured (`easerve_bench`), with `vllm bench serve`'s flags, text
 //! layout and JSON keys.
 
+//!
+//! The client is the cargo feature `bench` (on with `exec`); a build without
+//! it keeps the flags (`--help`) and exits 2 saying how to build it.
+
+#[cfg(feature = "bench")]
 use crate::BadInput;
+#[cfg(feature = "bench")]
 use easerve_bench::client::{run as send, ClientConfig, ClientError};
+#[cfg(feature = "bench")]
 use easerve_bench::media::{check_item, ImageCodec};
+#[cfg(feature = "bench")]
 use easerve_bench::result::{parse_goodput, BenchResult, GoodputBound};
+#[cfg(feature = "bench")]
 use easerve_bench::workload::{parse_bucket_config, send_times, BenchRequest, RandomMm};
+#[cfg(feature = "bench")]
 use easerve_workload::report::{RunMeta, SloTier};
+#[cfg(feature = "bench")]
 use easerve_workload::scenario::{Overrides, Scenario};
+#[cfg(feature = "bench")]
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,6 +29,7 @@ use std::process::ExitCode;
 /// Arguments of `easerve bench` (names and defaults of `vllm bench serve`).
 #[derive(clap::Args, Debug)]
 #[command(allow_negative_numbers = true)]
+#[cfg_attr(not(feature = "bench"), allow(dead_code))]
 pub(crate) struct BenchArgs {
     /// Server root, e.g. http://127.0.0.1:8000 (plain HTTP).
     #[arg(long)]
@@ -101,16 +114,20 @@ pub(crate) struct BenchArgs {
 }
 
 /// Longest `--timeout`, seconds (6 hours).
+#[cfg(feature = "bench")]
 const MAX_TIMEOUT_S: f64 = 21_600.0;
 
 /// Latest send time of a run, seconds after its start (a week).
+#[cfg(feature = "bench")]
 const MAX_SPAN_S: f64 = 604_800.0;
 
+#[cfg(feature = "bench")]
 fn bad(msg: String) -> anyhow::Error {
     BadInput(msg).into()
 }
 
 /// The requests, SLO tiers and run description the arguments ask for.
+#[cfg(feature = "bench")]
 fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
     if let Some(r) = a.request_rate {
         if r.is_nan() || r <= 0.0 {
@@ -213,6 +230,7 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
     Ok((reqs, Vec::new(), meta))
 }
 
+#[cfg(feature = "bench")]
 pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     let codec = match a.image_format.as_str() {
         "png" => ImageCodec::Png,
@@ -331,6 +349,7 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+#[cfg(feature = "bench")]
 fn cannot_write_csv(path: &std::path::Path, e: &dyn std::fmt::Display) -> anyhow::Error {
     bad(format!(
         "--requests-csv {}: cannot write: {e}",
@@ -341,6 +360,7 @@ fn cannot_write_csv(path: &std::path::Path, e: &dyn std::fmt::Display) -> anyhow
 /// `--requests-csv`: created, its header written and flushed, so a path that
 /// cannot be written (a folder, a full disk, no permission) fails before
 /// anything is sent.
+#[cfg(feature = "bench")]
 fn open_csv(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
     use std::io::Write as _;
     if path.exists() && !path.is_file() {
@@ -357,4 +377,16 @@ fn open_csv(path: &std::path::Path) -> anyhow::Result<std::fs::File> {
         .and_then(|()| f.flush())
         .map_err(|e| cannot_write_csv(path, &e))?;
     Ok(f)
+}
+
+/// `easerve bench` in a build without the client: what to build.
+#[cfg(not(feature = "bench"))]
+pub(crate) fn run(_a: BenchArgs) -> anyhow::Result<ExitCode> {
+    Err(crate::BadInput(
+        "`easerve bench` is the HTTP load generator, and this easerve was built without it; \
+         build it with `cargo build --release --features bench` (`--features exec` has it too), \
+         or run `cargo run --release --features bench -- bench …`"
+            .into(),
+    )
+    .into())
 }

@@ -70,6 +70,12 @@ enum Command {
     /// random multimodal dataset and report TTFT, TPOT, ITL, E2EL and goodput
     /// (`vllm bench serve`'s flags and JSON keys, easerve's report).
     #[command(after_help = EXIT_CODES)]
+    #[cfg_attr(
+        not(feature = "bench"),
+        command(
+            about = "Load any OpenAI-compatible endpoint and report TTFT, TPOT, ITL, E2EL and goodput (not in this build: build with `--features bench`)"
+        )
+    )]
     Bench(bench_cmd::BenchArgs),
     /// Write a deployment's launch files for vLLM, SGLang and NVIDIA Dynamo, the
     /// scenario that reproduces it, a benchmark script, and the simulator's

@@ -425,6 +425,7 @@ fn a_custom_model_deploys_with_its_weights_quoted_and_its_files_read_from_anywhe
 }
 
 #[test]
+#[cfg(feature = "bench")]
 fn bench_sh_measures_the_deployment_with_the_scenarios_requests() {
     let tmp = tempfile::tempdir().unwrap();
     let sc = scenario_with_kernels(tmp.path(), "image", "roofline");

@@ -846,6 +846,7 @@ fn easerve_within(args: &[&str], limit: Duration) -> (std::process::Output, Dura
 
 /// Issue 32: bucket weights whose sum overflows panicked in `Uniform::new`.
 #[test]
+#[cfg(feature = "bench")]
 fn bench_bucket_weights_whose_sum_overflows() {
     exits_2(
         &[
@@ -866,6 +867,7 @@ fn bench_bucket_weights_whose_sum_overflows() {
 /// Issue 32: `--requests-csv /dev/full` sent every request, then exited 2 and
 /// lost the measurement; the file is now checked before the first request.
 #[test]
+#[cfg(feature = "bench")]
 fn bench_results_file_that_cannot_be_written_fails_before_any_request() {
     let server = crate::bench_cli::fake_server(Duration::ZERO, Duration::ZERO, 0);
     let dir = tempfile::tempdir().unwrap();
@@ -907,6 +909,7 @@ fn bench_results_file_that_cannot_be_written_fails_before_any_request() {
 /// Issue 32: accepted without a word: `--random-output-len 0` (sent as 1),
 /// an endpoint with a space, an empty model name.
 #[test]
+#[cfg(feature = "bench")]
 fn bench_output_len_endpoint_and_model_are_checked() {
     let cases: [(&str, &str, &[&str]); 3] = [
         (
@@ -1149,4 +1152,18 @@ fn reproduce_report_is_byte_identical_across_runs() {
         "wall time in the report"
     );
     assert!(reports[0] == reports[1], "the two reports differ");
+}
+
+/// A build without the `bench` feature keeps `easerve bench`'s flags and
+/// exits 2 saying which build has the client.
+#[test]
+#[cfg(not(feature = "bench"))]
+fn bench_without_the_client_says_how_to_build_it() {
+    exits_2(
+        &["bench", "--base-url", "http://127.0.0.1:9", "--model", "m"],
+        &["built without it", "--features bench"],
+    );
+    let help = crate::easerve(&["bench", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(text.contains("--base-url") && text.contains("--request-rate"), "{text}");
 }

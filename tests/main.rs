@@ -2,6 +2,7 @@
 //! One integration-test binary (modules below).
 
 mod bad_input;
+#[cfg(feature = "bench")]
 mod bench_cli;
 mod capacity_cli;
 mod deploy_cli;
