@@ -1,0 +1,189 @@
+//! Where a scenario's stage costs come from ([`Scenario::cost`]): its
+//! profile; else measured kernels (aiconfigurator tables) where its GPU has
+//! them and the data is found; else the roofline, with a note saying why
+//! when a fallback was taken. Each carries the serving framework's encode
+//! terms ([`Scenario::encode_terms`]).
+
+use super::{Scenario, ScenarioError};
+
+impl Scenario {
+    /// The stage costs the scenario names: its `profile`; else measured kernels
+    /// when its GPU is a preset with aiconfigurator tables, or the RTX 6000 Ada
+    /// (priced from the L40S's tables, same AD102 die), and the data is found
+    /// ([`easerve_calib::aic::find_data_dir`]; `cluster.kernels = "roofline"` opts
+    /// out); else the roofline of its model and GPU. Either carries the serving
+    /// system's own framework and measured preprocessing terms
+    /// ([`easerve_calib::preprocess::EncodeTerms`]). When the tables cannot be
+    /// read, or the GPU has tables but the data is absent, the roofline is used
+    /// and its notes say why.
+    pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
+        use easerve_calib::{Efficiency, Roofline};
+        if let Some(p) = &self.profile {
+            return Box::new(p.clone());
+        }
+        let roofline = || {
+            Box::new(
+                Roofline::new(self.model.clone(), self.gpu.clone(), Efficiency::default())
+                    .with_terms(self.encode_terms()),
+            )
+        };
+        match self.kernel_cost() {
+            Some(Ok(k)) => Box::new(k),
+            Some(Err(e)) => Box::new(WithNote(
+                roofline(),
+                format!("measured kernels unusable, roofline used instead: {e}"),
+            )),
+            None if !self.roofline_named()
+                && self.raw.cluster.gpu.is_some()
+                && easerve_calib::kernel_cost::kernel_source_for(&self.gpu.name).is_some()
+                && easerve_calib::aic::find_data_dir().is_none() =>
+            {
+                Box::new(WithNote(
+                    roofline(),
+                    format!(
+                        "{} has measured kernel tables, but no aiconfigurator data was found ($EASERVE_AICONFIGURATOR_DIR, ../shared/data/aiconfigurator): roofline used instead",
+                        self.gpu.name
+                    ),
+                ))
+            }
+            None => roofline(),
+        }
+    }
+
+    /// The serving system's encode terms on this deployment's host: framework
+    /// terms and measured preprocessing ([`easerve_calib::preprocess::EncodeTerms`]),
+    /// preprocessing scaled by `cluster.host_cpu_scale`.
+    pub fn encode_terms(&self) -> easerve_calib::preprocess::EncodeTerms {
+        easerve_calib::preprocess::EncodeTerms::for_system(
+            &self.model,
+            self.framework(),
+            easerve_calib::Efficiency::default().encode_pass_s,
+            self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
+        )
+    }
+
+    /// The serving framework whose encode terms apply: `deployment.framework`, or
+    /// the system's own.
+    pub fn framework(&self) -> &str {
+        self.raw
+            .deployment
+            .framework
+            .as_deref()
+            .unwrap_or(self.system.name())
+    }
+
+    /// The LLM's weight dtype in aiconfigurator's names (`bfloat16`, `fp8`,
+    /// `fp8_block`): `model.dtype`, else `fp8` for a model file of 1-byte
+    /// weights, else `bfloat16`.
+    pub fn llm_dtype(&self) -> &str {
+        match self.raw.model.dtype.as_deref() {
+            Some(d) => d,
+            None if self.model.llm.dtype_bytes == 1 => "fp8",
+            None => "bfloat16",
+        }
+    }
+
+    /// Whether the scenario asks for the roofline by name (`cluster.kernels =
+    /// "roofline"` or `profile = "roofline"`).
+    fn roofline_named(&self) -> bool {
+        self.raw.cluster.kernels.as_deref() == Some("roofline")
+            || self.raw.profile.as_deref() == Some("roofline")
+    }
+
+    /// The measured-kernel cost of this scenario, if its GPU and `cluster.kernels`
+    /// select one and the data directory exists; `Some(Err)` when the tables are
+    /// there but cannot be read.
+    pub fn kernel_cost(
+        &self,
+    ) -> Option<Result<easerve_calib::KernelCost, easerve_calib::KernelError>> {
+        if self.roofline_named() || self.raw.cluster.gpu.is_none() {
+            return None;
+        }
+        let dir = easerve_calib::aic::find_data_dir()?;
+        easerve_calib::KernelCost::from_data(
+            &dir,
+            &self.model,
+            &self.gpu,
+            self.framework(),
+            self.llm_dtype(),
+            self.raw.cluster.host_cpu_scale.unwrap_or(1.0),
+            true,
+        )
+        .map(|k| k.map(|k| k.with_launch(self.launch.clone())))
+        .transpose()
+    }
+
+    /// The measured kernel tables [`Scenario::cost`] would read, checked: an
+    /// error naming `cluster.kernels` and the unreadable file when the tables
+    /// are there but cannot be read (a corrupt GEMM or fused-MoE parquet, a
+    /// table without a needed column), where [`Scenario::cost`] itself falls
+    /// back to the roofline with a note. The command line refuses such a
+    /// scenario (exit 2) rather than answer from another cost source.
+    ///
+    /// # Errors
+    /// As above; absent data or a roofline scenario is not an error.
+    pub fn check_kernel_tables(&self) -> Result<(), ScenarioError> {
+        match self.kernel_cost() {
+            Some(Err(e)) => Err(ScenarioError {
+                file: self.file.clone(),
+                field: "cluster.kernels".into(),
+                message: format!(
+                    "the measured kernel tables of {} cannot be read: {e}; restore the file, or set `cluster.kernels = \"roofline\"` to price from the roofline",
+                    self.gpu.name
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A stage cost with one more note (why a fallback was taken).
+struct WithNote(Box<dyn easerve_calib::StageCost>, String);
+
+impl easerve_calib::StageCost for WithNote {
+    fn encode(
+        &self,
+        items: &[easerve_model::ItemTokens],
+        sm_share: f64,
+    ) -> easerve_calib::EncodeTime {
+        self.0.encode(items, sm_share)
+    }
+    fn preprocess(&self, items: &[easerve_model::ItemTokens]) -> f64 {
+        self.0.preprocess(items)
+    }
+    fn prefill(&self, seq_lens: &[u64], par: easerve_model::Parallel, sm_share: f64) -> f64 {
+        self.0.prefill(seq_lens, par, sm_share)
+    }
+    fn decode_step(
+        &self,
+        batch: u64,
+        total_context_tokens: u64,
+        par: easerve_model::Parallel,
+    ) -> f64 {
+        self.0.decode_step(batch, total_context_tokens, par)
+    }
+    fn decode_steps(
+        &self,
+        batch: u64,
+        context: u64,
+        par: easerve_model::Parallel,
+        steps: u64,
+        out: &mut Vec<f64>,
+    ) {
+        self.0.decode_steps(batch, context, par, steps, out)
+    }
+    fn transfer(&self, bytes: f64) -> f64 {
+        self.0.transfer(bytes)
+    }
+    fn time_slice_penalty(&self) -> f64 {
+        self.0.time_slice_penalty()
+    }
+    fn bandwidth_interference(&self) -> f64 {
+        self.0.bandwidth_interference()
+    }
+    fn notes(&self) -> Vec<String> {
+        let mut n = vec![self.1.clone()];
+        n.extend(self.0.notes());
+        n
+    }
+}

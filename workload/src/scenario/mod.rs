@@ -1,0 +1,279 @@
+//! Scenario files: parse → validate → resolve.
+//!
+//! A scenario is a TOML file (documented field by field in
+//! `scenarios/README.md`). [`Scenario::load`] parses it into plain data
+//! ([`ScenarioFile`], unknown fields rejected), validates every value, resolves
+//! the model and GPU presets and checks memory feasibility, and only then
+//! returns a [`Scenario`]. Every error names the file, the field and what is
+//! allowed ([`ScenarioError`]).
+//!
+//! Where each step lives:
+//!
+//! * this file — the validated [`Scenario`] and what it holds ([`Workload`],
+//!   [`Arrival`], [`Shapes`], [`ServingKnobs`]), the [`ScenarioError`], and
+//!   loading: [`Scenario::load`], [`Scenario::load_with`] (with `--set`
+//!   fields) and [`Scenario::raw_with`] (read, set and override without
+//!   validating);
+//! * `file.rs` — the file as written: [`ScenarioFile`] and its sections,
+//!   the command-line [`Overrides`] and the [`System`] they may name, TOML
+//!   parsing with errors that name the field, `--set` paths;
+//! * `validate/` — [`Scenario::validate`], one module per section (`model`,
+//!   `cluster`, `workload`, `deployment`, `profile`, `slo`) and the checks of
+//!   the allocation against the cluster and the model (`feasibility`), with
+//!   every bound a field has ([`MAX_BATCH`], [`MAX_RATE`], …), and the size
+//!   warnings of a valid but large run;
+//! * `cost.rs` — the cost source a scenario names ([`Scenario::cost`]:
+//!   a profile, measured kernels or the roofline);
+//! * `controller.rs` — the controller a scenario lays out
+//!   ([`Scenario::controller`]: topology, batchers and SM split, decode
+//!   schedulers, dispatch).
+
+mod controller;
+mod cost;
+mod file;
+mod validate;
+
+pub use file::{
+    AudioSection, ClusterSection, DeploymentSection, ImageBucket, ItemsSection, LaunchSection,
+    LinkChoice, ModelSection, Overrides, ScenarioFile, SloSection, System, VideoBucket,
+    WorkloadSection,
+};
+pub use validate::{
+    check_model, num, HARDWARE_MIN, HOST_CORES_PER_GPU, KV_DTYPES, LLM_DTYPES, MAX_BATCH,
+    MAX_HORIZON_S, MAX_RATE, MAX_TIER_NAME, MAX_WAIT_S, NODE_GPUS, NO_FP8_GPUS,
+    SIM_BYTES_PER_REQUEST, SIM_STEPS_PER_SECOND,
+};
+
+use crate::report::SloTier;
+use easerve_calib::GpuSpec;
+use easerve_model::ModelArch;
+use easerve_sched::{Deployment, MmItem, Modality};
+use file::{expand_link_preset, set_path};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// A scenario that cannot be used: which file, which field, what is allowed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{file}: `{field}`: {message}")]
+pub struct ScenarioError {
+    /// The scenario file (or `<cli>` for a command-line override).
+    pub file: String,
+    /// Dotted path of the offending field, e.g. `deployment.batch`.
+    pub field: String,
+    /// What is wrong and what is allowed.
+    pub message: String,
+}
+
+/// A validated scenario, ready to be simulated or executed.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Name.
+    pub name: String,
+    /// The file it came from.
+    pub file: String,
+    /// Master seed.
+    pub seed: u64,
+    /// The model.
+    pub model: ModelArch,
+    /// GPU spec (with the link in force).
+    pub gpu: GpuSpec,
+    /// GPUs in the cluster.
+    pub gpus: u32,
+    /// Deployment.
+    pub deployment: Deployment,
+    /// Knobs.
+    pub knobs: ServingKnobs,
+    /// The serving system that runs it.
+    pub system: System,
+    /// The measured (or written) profile its costs come from; `None` = roofline.
+    pub profile: Option<easerve_calib::Profile>,
+    /// Workload.
+    pub workload: Workload,
+    /// SLO tiers, strict → relaxed.
+    pub slo: Vec<SloTier>,
+    /// How the engine launches each stage's passes (`[deployment.launch]`).
+    pub launch: easerve_calib::Launch,
+    /// The raw file (kept so overrides can be re-validated).
+    pub raw: ScenarioFile,
+}
+
+/// The workload, validated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Requests in the run.
+    pub requests: usize,
+    /// Mean rate, requests/s.
+    pub rate: f64,
+    /// Arrival process.
+    pub arrival: Arrival,
+    /// Mean text prompt tokens.
+    pub input_len: u32,
+    /// Mean output tokens.
+    pub output_len: u32,
+    /// Range ratio of lengths.
+    pub range_ratio: f64,
+    /// Modality.
+    pub modality: Modality,
+    /// Item shapes.
+    pub shapes: Shapes,
+}
+
+/// Arrival process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Arrival {
+    /// Exponential gaps.
+    Poisson,
+    /// Gamma gaps with this coefficient of variation.
+    Gamma {
+        /// CV of gaps.
+        cv: f64,
+    },
+    /// Replay of a trace: arrival times and token counts per request.
+    Trace {
+        /// The trace file.
+        path: String,
+        /// Its first `requests` rows, rescaled.
+        rows: Vec<crate::trace::TraceRow>,
+    },
+}
+
+/// Request shapes, validated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Shapes {
+    /// Images or videos from a bucket table of shapes with probabilities.
+    Items {
+        /// Mean items per request.
+        items: u32,
+        /// Range ratio of items.
+        items_range_ratio: f64,
+        /// `(item shape, probability)`; probabilities are relative weights.
+        buckets: Vec<(MmItem, f64)>,
+    },
+    /// Audio clips with log-normal duration.
+    Audio {
+        /// Mean seconds.
+        mean_s: f64,
+        /// Log-normal σ.
+        sigma: f64,
+        /// Cap, seconds.
+        max_s: f64,
+    },
+    /// No multimodal items.
+    Text,
+}
+
+/// Serving knobs beyond the deployment, validated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServingKnobs {
+    /// Prefill token budget per batch.
+    pub prefill_token_budget: u64,
+    /// Prefill sequences per batch.
+    pub prefill_max_seqs: usize,
+    /// Decode running-batch cap.
+    pub decode_max_batch: usize,
+    /// Embedding envelopes in flight per encode worker before backpressure.
+    pub max_inflight_transfers: usize,
+    /// KV block size, tokens.
+    pub kv_block_size: u64,
+    /// Usable fraction of GPU memory.
+    pub gpu_memory_utilization: f64,
+    /// Requests in the system (admitted, not finished) beyond which arrivals
+    /// are rejected; `None` admits all.
+    #[serde(default)]
+    pub admission_limit: Option<usize>,
+    /// TP degree of each local prefill worker (spanning that many encode GPUs);
+    /// `None` when `s = 1`.
+    pub local_prefill_tp: Option<u32>,
+    /// TP degree of each replica of the `aggregated` system (`None` otherwise).
+    pub aggregated_tp: Option<u32>,
+    /// Preprocessing threads of each encode worker when preprocessing is a
+    /// pipelined host stage (`deployment.preprocess = "pipelined"`); `None`
+    /// when each pass preprocesses its own micro-batch on one thread, in
+    /// series with its GPU phase.
+    #[serde(default)]
+    pub preprocess_threads: Option<u32>,
+}
+
+impl Scenario {
+    /// Read, parse, validate and resolve a scenario file.
+    pub fn load(path: &Path, overrides: &Overrides) -> Result<Scenario, ScenarioError> {
+        Scenario::load_with(path, &[], overrides)
+    }
+
+    /// Read a scenario file, set fields by dotted path (`sets`, e.g.
+    /// `("cluster.gpu", "h100-sxm")`; a value that parses as a TOML number or
+    /// boolean is one, anything else a string) and apply `overrides`, without
+    /// validating: for callers that change the cluster and must choose a
+    /// deployment that fits before the scenario can validate.
+    ///
+    /// # Errors
+    /// The file cannot be read or parsed; a path through a non-table names the
+    /// `--set` key.
+    pub fn raw_with(
+        path: &Path,
+        sets: &[(String, String)],
+        overrides: &Overrides,
+    ) -> Result<ScenarioFile, ScenarioError> {
+        let file = path.display().to_string();
+        let mut text = easerve_calib::input::read_text(path).map_err(|e| ScenarioError {
+            file: file.clone(),
+            field: "(file)".into(),
+            message: format!("cannot read the scenario file: {e}"),
+        })?;
+        if !sets.is_empty() {
+            let set_err = |key: &str, message: String| ScenarioError {
+                file: format!("{file} (with --set {key})"),
+                field: key.to_string(),
+                message,
+            };
+            let mut doc: toml::Value = toml::from_str(&text).map_err(|e| ScenarioError {
+                file: file.clone(),
+                field: "<top level>".into(),
+                message: e.message().to_string(),
+            })?;
+            for (key, value) in sets {
+                let parts: Vec<&str> = key.split('.').collect();
+                if parts.len() == 3 && parts[..2] == ["cluster", "link"] {
+                    expand_link_preset(&mut doc);
+                }
+                let parsed = value
+                    .parse::<i64>()
+                    .map(toml::Value::Integer)
+                    .or_else(|_| value.parse::<f64>().map(toml::Value::Float))
+                    .or_else(|_| value.parse::<bool>().map(toml::Value::Boolean))
+                    .unwrap_or_else(|_| toml::Value::String(value.clone()));
+                set_path(&mut doc, &parts, &parsed).map_err(|m| set_err(key, m))?;
+            }
+            text = toml::to_string(&doc).map_err(|e| set_err("(all)", e.to_string()))?;
+        }
+        let mut raw = ScenarioFile::parse(&text, &file)?;
+        raw.apply(overrides);
+        Ok(raw)
+    }
+
+    /// Load, apply `sets` then `overrides`, and validate: [`Scenario::raw_with`]
+    /// followed by [`Scenario::validate`] (the file stem is the default name).
+    ///
+    /// Errors: as [`Scenario::raw_with`], then any field that does not
+    /// validate (attributed to the override that set it).
+    pub fn load_with(
+        path: &Path,
+        sets: &[(String, String)],
+        overrides: &Overrides,
+    ) -> Result<Scenario, ScenarioError> {
+        let raw = Scenario::raw_with(path, sets, overrides)?;
+        Scenario::validate(
+            raw,
+            &path.display().to_string(),
+            &Scenario::default_name(path),
+        )
+        .map_err(|e| overrides.attribute(e))
+    }
+
+    /// The name a scenario file without a `name` field gets: its file stem.
+    pub fn default_name(path: &Path) -> String {
+        path.file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "scenario".into())
+    }
+}

@@ -1,0 +1,148 @@
+//! The `[cluster]` section: the GPU (a preset or a custom file), its link,
+//! the cost-source choice and the host's preprocessing speed, with the
+//! figures a custom GPU or link must have; the `[model]` section is read
+//! first (`model.rs`).
+
+use super::model::model_section;
+use super::{preset_or_file, V};
+use crate::scenario::{num, LinkChoice, ScenarioError, ScenarioFile};
+use easerve_calib::{GpuSpec, LinkSpec};
+use easerve_model::ModelArch;
+use std::path::Path;
+
+/// Smallest hardware figure accepted (TFLOPS, GB/s, GB): a thousandth of a
+/// unit. Below it service times leave the span the clock resolves
+/// ([`MAX_HORIZON_S`](crate::scenario::MAX_HORIZON_S)); the upper bounds are far above any device.
+pub const HARDWARE_MIN: f64 = 1e-3;
+
+const HARDWARE_WHY: &str =
+    "far outside any device, service times would leave the span the simulator's clock resolves";
+
+/// GPU presets without FP8 tensor cores (FP8 needs compute capability 8.9 or
+/// later: Ada, Hopper, Blackwell; the A100 is 8.0, and the aiconfigurator
+/// data has no FP8 GEMM or quantize rows for it), and the host CPU.
+pub const NO_FP8_GPUS: &[&str] = &["a100-sxm4-80gb", "cpu"];
+
+/// The `[model]` and `[cluster]` sections: the model and GPU (presets or
+/// custom files next to the scenario, in `dir`), the link and cost-source
+/// choices, and the GPU count.
+pub(super) fn cluster_section(
+    raw: &ScenarioFile,
+    v: &V<'_>,
+    dir: &Path,
+) -> Result<(ModelArch, GpuSpec, u32), ScenarioError> {
+    let model = model_section(raw, v, dir)?;
+    let fp8_field = if model.llm.dtype_bytes == 1 {
+        Some("model.dtype")
+    } else if model.llm.kv_bytes() == 1 {
+        Some("model.kv_cache_dtype")
+    } else {
+        None
+    };
+    let mut gpu = preset_or_file(
+        v,
+        dir,
+        ("cluster", "cluster.gpu", "cluster.gpu_file"),
+        (raw.cluster.gpu.as_deref(), raw.cluster.gpu_file.as_deref()),
+        ("GPU", GpuSpec::preset, GpuSpec::preset_names()),
+        check_gpu,
+    )?;
+    match &raw.cluster.link {
+        Some(LinkChoice::Preset(link)) => {
+            gpu.link = LinkSpec::preset(link).ok_or_else(|| {
+                v.err(
+                    "cluster.link",
+                    format!(
+                        "unknown link `{link}`; allowed: {}, or a table {{ name, bandwidth_gbs, latency_s }}",
+                        LinkSpec::preset_names().join(", ")
+                    ),
+                )
+            })?;
+        }
+        Some(LinkChoice::Inline(link)) => {
+            check_link(link).map_err(|(f, m)| v.err(&format!("cluster.link.{f}"), m))?;
+            gpu.link = link.clone();
+        }
+        None => {}
+    }
+    if let Some(k) = &raw.cluster.kernels {
+        if !["auto", "roofline", "l40s-proxy"].contains(&k.as_str()) {
+            return Err(v.err(
+                "cluster.kernels",
+                format!("unknown cost source `{k}`; allowed: auto, roofline, l40s-proxy"),
+            ));
+        }
+        if k == "l40s-proxy" && raw.cluster.gpu.as_deref() != Some("rtx-6000-ada") {
+            return Err(v.err(
+                "cluster.kernels",
+                "`l40s-proxy` prices only `cluster.gpu = \"rtx-6000-ada\"` (same AD102 die as the L40S)",
+            ));
+        }
+    }
+    if let Some(x) = raw.cluster.host_cpu_scale {
+        v.real("cluster.host_cpu_scale", x, 0.0, 1000.0, true)?;
+    }
+    let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
+    if let Some(field) = fp8_field {
+        if NO_FP8_GPUS.contains(&gpu.name.as_str()) {
+            return Err(v.err(
+                field,
+                format!(
+                    "{} has no FP8 units (FP8 needs compute capability 8.9+: Ada, Hopper, Blackwell); its kernel tables have bfloat16 only; use bfloat16",
+                    gpu.name
+                ),
+            ));
+        }
+    }
+    Ok((model, gpu, gpus))
+}
+
+/// A link's figures: a name (it names the link in reports and profiles),
+/// bandwidth positive and finite, latency finite and ≥ 0; else the field and
+/// what is wrong.
+fn check_link(l: &LinkSpec) -> Result<(), (&'static str, String)> {
+    if l.name.trim().is_empty() {
+        return Err(("name", "must not be empty".into()));
+    }
+    if !(HARDWARE_MIN..=1e5).contains(&l.bandwidth_gbs) {
+        return Err((
+            "bandwidth_gbs",
+            format!(
+                "{} GB/s is not a plausible link: allowed [{HARDWARE_MIN}, 1e5] ({HARDWARE_WHY})",
+                num(l.bandwidth_gbs)
+            ),
+        ));
+    }
+    if !(0.0..=1.0).contains(&l.latency_s) {
+        return Err((
+            "latency_s",
+            format!(
+                "{} s per transfer is not a plausible link: allowed [0, 1]",
+                num(l.latency_s)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A custom GPU's figures must be positive and finite.
+fn check_gpu(g: &GpuSpec) -> Result<(), String> {
+    for (name, x, hi) in [
+        ("bf16_tflops", g.bf16_tflops, 1e5),
+        ("mem_bandwidth_gbs", g.mem_bandwidth_gbs, 1e6),
+        ("memory_gb", g.memory_gb, 1e6),
+    ] {
+        if !(HARDWARE_MIN..=hi).contains(&x) {
+            return Err(format!(
+                "field `{name}` = {} is not a plausible figure: allowed [{HARDWARE_MIN}, {}] ({HARDWARE_WHY})",
+                num(x),
+                num(hi)
+            ));
+        }
+    }
+    check_link(&g.link).map_err(|(f, m)| format!("field `link.{f}`: {m}"))?;
+    if g.sms == 0 {
+        return Err("field `sms` must be ≥ 1".into());
+    }
+    Ok(())
+}
