@@ -49,6 +49,7 @@ mod prefill;
 mod request;
 mod router;
 mod smsplit;
+mod system;
 mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
@@ -64,4 +65,5 @@ pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
 pub use router::{Route, Router};
 pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE};
+pub use system::{System, UnknownSystem};
 pub use topology::{Topology, TopologyWorker};

@@ -310,46 +310,7 @@ pub struct Overrides {
     pub profile: Option<std::path::PathBuf>,
 }
 
-/// Which serving system runs the scenario's allocation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum System {
-    /// The scenario's own deployment: adaptive micro-batching with its B, its s,
-    /// its dispatch, router and SM policies.
-    Easerve,
-    /// How a pass-through EPD framework (e.g. Dynamo) runs the same allocation:
-    /// encode one request per pass (B = 1, `immediate`), every prefill remote (s = 1).
-    Passthrough,
-    /// How a single-engine server (e.g. vLLM) runs the cluster: replicas of TP
-    /// GPUs (`GPUs / TP` of them, TP the smallest degree at which the LLM, its
-    /// encoder and one longest sequence fit), each running encode inline before
-    /// prefill, with continuous batching. The allocation is ignored.
-    Aggregated,
-}
-
-impl System {
-    /// The name used in scenarios and on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            System::Easerve => "easerve",
-            System::Passthrough => "passthrough",
-            System::Aggregated => "aggregated",
-        }
-    }
-}
-
-impl std::str::FromStr for System {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "easerve" => Ok(System::Easerve),
-            "passthrough" => Ok(System::Passthrough),
-            "aggregated" => Ok(System::Aggregated),
-            _ => Err(format!(
-                "unknown system `{s}`; allowed: easerve, passthrough, aggregated"
-            )),
-        }
-    }
-}
+pub use easerve_sched::System;
 
 impl Overrides {
     /// The command-line flag that set `field`, if one did.

@@ -38,7 +38,7 @@ pub(super) fn system_of(raw: &ScenarioFile, v: &V<'_>) -> Result<System, Scenari
         .as_deref()
         .unwrap_or("easerve")
         .parse()
-        .map_err(|e: String| v.err("deployment.system", e))?;
+        .map_err(|e: easerve_sched::UnknownSystem| v.err("deployment.system", e.to_string()))?;
     if let Some(f) = &raw.deployment.framework {
         use easerve_calib::preprocess::FRAMEWORKS;
         if !FRAMEWORKS.contains(&f.as_str()) {

@@ -36,25 +36,22 @@ use workload::workload_section;
 impl Scenario {
     /// Validate raw data into a scenario.
     pub fn validate(
-        mut raw: ScenarioFile,
+        raw: ScenarioFile,
         file: &str,
         default_name: &str,
     ) -> Result<Scenario, ScenarioError> {
         let v = V { file };
         let system = system_of(&raw, &v)?;
         if system == System::Passthrough {
-            // the same allocation, run as a pass-through EPD framework runs it;
-            // what the user gave (B, s, the dispatch rule, …) is still checked
-            // before it is replaced
+            // what the user gave (B, s, the dispatch rule, …) is checked first,
+            // as for every system, before the system's policy set replaces it
             deployment_section(&raw, &v)?;
-            raw.deployment.batch = 1;
-            raw.deployment.dispatch = Some("immediate".into());
-            raw.deployment.offload = 1.0;
         }
         let dir = Path::new(file).parent().unwrap_or(Path::new("."));
         let (model, gpu, gpus) = cluster_section(&raw, &v, dir)?;
         let workload = workload_section(&raw, &v, file, &model)?;
         let (deployment, knobs) = deployment_section(&raw, &v)?;
+        let deployment = system.deployment(deployment);
 
         // --- feasibility against the cluster and the model ---
         check_allocation(&v, system, gpus, &model, workload.modality, &deployment)?;
