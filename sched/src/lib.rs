@@ -39,29 +39,27 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod allocation;
-mod batcher;
 pub mod controller;
-mod decode;
 mod deployment;
 pub mod harness;
 mod placement;
+mod policy;
 mod prefill;
 mod request;
-mod router;
-mod smsplit;
 mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
-pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
 pub use controller::{
     Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
     WorkerRef, TIME_SLICE_SHARE,
 };
-pub use decode::{DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;
+pub use policy::{
+    Batcher, BatcherParams, DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks, RateEstimator,
+    Route, Router, SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE,
+    RATE_WINDOW,
+};
 pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
-pub use router::{Route, Router};
-pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE};
 pub use topology::{Topology, TopologyWorker};
