@@ -29,9 +29,10 @@
 //!   `handle_timeout`), [`Command`]s and an optional [`Decision`] log out
 //!   (`poll_command`, `poll_timeout`); the simulator and the executor are its
 //!   two drivers. Its module doc gives the call order.
-//! * [`harness`] — virtual-clock drivers for tests: [`harness::Cluster`] runs the
-//!   controller against fake workers (faults, interruption, share changes), and
-//!   [`harness::EncodeHarness`] the encode policies alone.
+//! * `harness` (cargo feature `harness`, off by default; tests turn it on) —
+//!   virtual-clock drivers for tests: `harness::Cluster` runs the controller
+//!   against fake workers (faults, interruption, share changes), and
+//!   `harness::EncodeHarness` the encode policies alone.
 //!
 //! Where a policy needs a cost (the batcher needs `T_enc(k)`, the SM split needs
 //! encode latency per SM level) it takes a closure or a table; this crate never
@@ -41,6 +42,7 @@
 mod allocation;
 pub mod controller;
 mod deployment;
+#[cfg(feature = "harness")]
 pub mod harness;
 mod placement;
 mod policy;

@@ -4,6 +4,12 @@
 use super::{Controller, EnvelopeId, Place, WorkerRef};
 use crate::RequestId;
 
+/// Why an injected kill at `at` seconds fails a worker's requests: one
+/// wording for every driver that injects faults (the harness, the simulator).
+pub fn kill_reason(at: f64) -> String {
+    format!("killed {at:.3} s into the run (fault injection)")
+}
+
 impl Controller {
     pub(super) fn on_worker_failed(&mut self, now: f64, w: WorkerRef, reason: &str) {
         let label = self.label(w);

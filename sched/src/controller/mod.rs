@@ -69,7 +69,8 @@
 //!   prefill routing.
 //! * `prefill.rs`: embeddings landing, prefill batching, the end of a batch.
 //! * `decode.rs`: KV caches landing, decode runs and their ends.
-//! * `faults.rs`: a worker's death and the run's interruption.
+//! * `faults.rs`: a worker's death and the run's interruption, and the
+//!   wording of an injected kill ([`kill_reason`]).
 
 mod command;
 mod decode;
@@ -81,6 +82,7 @@ mod prefill;
 pub use command::{Command, Decision};
 pub use encode::TIME_SLICE_SHARE;
 pub use event::{EnvelopeId, Event, WorkerRef};
+pub use faults::kill_reason;
 
 use crate::{
     Batcher, DecodeScheduler, LeastOutstanding, PrefillItem, PrefillQueue, Request, RequestId,
