@@ -113,7 +113,7 @@ pub enum Command {
     /// Request `id` was placed on encode worker `worker`: start preprocessing
     /// its media on the worker's host threads now, ahead of the pass that will
     /// encode it, while earlier passes hold the GPU (only when
-    /// [`ControllerConfig::preprocess_ahead`] is set). The pass that takes the
+    /// [`ControllerConfig::preprocess_ahead`](super::ControllerConfig::preprocess_ahead) is set). The pass that takes the
     /// request ([`Command::Encode`]) enters its GPU phase once the request's
     /// preprocessing is done; nothing is reported back for this command.
     Preprocess {
@@ -123,17 +123,17 @@ pub enum Command {
         id: RequestId,
     },
     /// Run an encode pass on encode worker `worker` with SM share `sm_share`
-    /// over [`Controller::encode_batch`]`(worker)`; report its GPU phase with
-    /// [`Event::EncodeGpuStarted`] and its end with [`Event::EncodeDone`].
+    /// over [`Controller::encode_batch`](super::Controller::encode_batch)`(worker)`; report its GPU phase with
+    /// [`Event::EncodeGpuStarted`](super::Event::EncodeGpuStarted) and its end with [`Event::EncodeDone`](super::Event::EncodeDone).
     Encode {
         /// Encode worker.
         worker: usize,
         /// SM (or thread) share for the pass: a fraction in (0, 1].
         sm_share: f64,
     },
-    /// Move the embeddings of [`Controller::envelope`]`(envelope)` from encode
+    /// Move the embeddings of [`Controller::envelope`](super::Controller::envelope)`(envelope)` from encode
     /// worker `from` to prefill worker `to`; report the landing with
-    /// [`Event::EmbeddingsLanded`]. `local` envelopes stay on the encode GPU
+    /// [`Event::EmbeddingsLanded`](super::Event::EmbeddingsLanded). `local` envelopes stay on the encode GPU
     /// (they land at once).
     Embeddings {
         /// The envelope.
@@ -145,13 +145,13 @@ pub enum Command {
         /// Whether the destination is the co-located local prefill worker.
         local: bool,
     },
-    /// Run a prefill batch, [`Controller::prefill_batch`]`(worker)`, on prefill
-    /// worker `worker` at SM share `sm_share`; report [`Event::PrefillDone`].
+    /// Run a prefill batch, [`Controller::prefill_batch`](super::Controller::prefill_batch)`(worker)`, on prefill
+    /// worker `worker` at SM share `sm_share`; report [`Event::PrefillDone`](super::Event::PrefillDone).
     Prefill {
         /// Prefill worker.
         worker: usize,
         /// SM share, a fraction in [0, 1] (1 for a remote prefill worker;
-        /// under time-slicing ([`Controller::time_sliced`]) a share of time).
+        /// under time-slicing ([`Controller::time_sliced`](super::Controller::time_sliced)) a share of time).
         sm_share: f64,
     },
     /// The batch running on local prefill worker `worker` now has SM share
@@ -165,7 +165,7 @@ pub enum Command {
         sm_share: f64,
     },
     /// Move request `id`'s KV cache from prefill worker `from` to decode
-    /// worker `to`; report [`Event::KvLanded`].
+    /// worker `to`; report [`Event::KvLanded`](super::Event::KvLanded).
     Kv {
         /// Prefill worker.
         from: usize,
@@ -175,9 +175,9 @@ pub enum Command {
         id: RequestId,
     },
     /// Run up to `steps` decode iterations on `worker` over its running
-    /// sequences ([`Controller::decode_batch`], unchanged through the run),
+    /// sequences ([`Controller::decode_batch`](super::Controller::decode_batch), unchanged through the run),
     /// the `i`-th (from 0) over `context + i · batch` context tokens; report
-    /// the end with [`Event::DecodeRunDone`]. No sequence finishes before the
+    /// the end with [`Event::DecodeRunDone`](super::Event::DecodeRunDone). No sequence finishes before the
     /// last iteration, so nothing the controller decides depends on the
     /// iterations in between; a driver may time them one by one (the
     /// executor) or all at once (the simulator).
@@ -193,7 +193,7 @@ pub enum Command {
     },
     /// End decode worker `worker`'s run after the iteration in progress (the
     /// first whose end is strictly after now) and report the iterations run
-    /// with [`Event::DecodeRunDone`]: a sequence that can join the batch has
+    /// with [`Event::DecodeRunDone`](super::Event::DecodeRunDone): a sequence that can join the batch has
     /// arrived. A run that ends there anyway is unaffected.
     DecodeYield {
         /// Decode worker.

@@ -22,7 +22,7 @@ pub enum WorkerRef {
 /// later envelope in the same slot.
 pub type EnvelopeId = u64;
 
-/// Something that happened, reported by the driver with [`Controller::handle`].
+/// Something that happened, reported by the driver with [`Controller::handle`](super::Controller::handle).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
     /// Request `id` arrived (open loop, at its scheduled time).
@@ -43,7 +43,7 @@ pub enum Event {
     },
     /// An embeddings envelope is held by its prefill worker.
     EmbeddingsLanded {
-        /// The envelope ([`Command::Embeddings`]).
+        /// The envelope ([`Command::Embeddings`](super::Command::Embeddings)).
         envelope: EnvelopeId,
         /// When it left the encode worker (after waiting for the link), seconds.
         sent_at: f64,
@@ -60,9 +60,9 @@ pub enum Event {
         /// When it left the prefill worker (after waiting for the link), seconds.
         sent_at: f64,
     },
-    /// Decode worker `worker` ended its run ([`Command::DecodeRun`]) after
+    /// Decode worker `worker` ended its run ([`Command::DecodeRun`](super::Command::DecodeRun)) after
     /// `steps` iterations: all of them, or fewer when it was told to yield
-    /// ([`Command::DecodeYield`]). A driver may end a run earlier still (the
+    /// ([`Command::DecodeYield`](super::Command::DecodeYield)). A driver may end a run earlier still (the
     /// controller then starts the next at once): `harness::Cluster` does, to
     /// check runs against one decision per iteration.
     DecodeRunDone {
