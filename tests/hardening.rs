@@ -1165,5 +1165,8 @@ fn bench_without_the_client_says_how_to_build_it() {
     );
     let help = crate::easerve(&["bench", "--help"]);
     let text = String::from_utf8_lossy(&help.stdout);
-    assert!(text.contains("--base-url") && text.contains("--request-rate"), "{text}");
+    assert!(
+        text.contains("--base-url") && text.contains("--request-rate"),
+        "{text}"
+    );
 }

@@ -70,7 +70,7 @@ impl Grid {
     /// When there are more than [`MAX_AXES`] axes, an axis is empty, not strictly
     /// increasing or not > 0, or a column's
     /// length is not the product of the axis lengths. Callers validate user input
-    /// first (see `profile.rs`) and report errors there.
+    /// first (see `profile/parse.rs`) and report errors there.
     pub fn new(axes: Vec<Vec<f64>>, columns: Vec<Vec<f64>>) -> Grid {
         let n: usize = axes.iter().map(Vec::len).product();
         assert!(axes.len() <= MAX_AXES, "more than {MAX_AXES} axes");

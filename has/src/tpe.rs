@@ -108,7 +108,10 @@ impl Tpe {
     pub fn new(domain: Domain) -> Tpe {
         match domain {
             Domain::Range { lo, hi } => {
-                assert!(lo.is_finite() && hi.is_finite() && lo < hi, "empty range {domain}");
+                assert!(
+                    lo.is_finite() && hi.is_finite() && lo < hi,
+                    "empty range {domain}"
+                );
             }
             Domain::Categorical(k) => assert!(k >= 1, "no category"),
         }
@@ -275,10 +278,7 @@ mod tests {
         let mut t = Tpe::new(Domain::Range { lo: 0.0, hi: 1.0 });
         assert_eq!(t.tell(0.5, f64::NAN), Err(TellError::NanValue));
         let e = t.tell(1.5, 0.0).unwrap_err();
-        assert!(
-            e.to_string().starts_with("the parameter value 1.5"),
-            "{e}"
-        );
+        assert!(e.to_string().starts_with("the parameter value 1.5"), "{e}");
         let mut c = Tpe::new(Domain::Categorical(3));
         assert!(c.tell(3.0, 0.0).is_err());
         assert!(c.tell(0.5, 0.0).is_err());
@@ -322,7 +322,11 @@ mod tests {
             t.tell(x, f(x)).unwrap();
             xs.push(x);
         }
-        let best = xs.iter().copied().min_by(|a, b| f(*a).total_cmp(&f(*b))).unwrap();
+        let best = xs
+            .iter()
+            .copied()
+            .min_by(|a, b| f(*a).total_cmp(&f(*b)))
+            .unwrap();
         assert!((best - 0.3).abs() < 0.01, "best {best}");
         let late: f64 = xs[40..].iter().map(|x| (x - 0.3).abs()).sum::<f64>() / 20.0;
         assert!(late < 0.15, "late asks' mean distance {late}");

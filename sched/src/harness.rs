@@ -26,6 +26,10 @@ use crate::{
 };
 use std::collections::{BinaryHeap, VecDeque};
 
+// the wording of an injected kill lives with the controller's fault handling,
+// shared with the simulator
+pub use crate::controller::kill_reason;
+
 /// One encode pass started by the harness.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DispatchRecord {
@@ -505,12 +509,6 @@ impl<S: Service> Cluster<S> {
     pub fn drive(&mut self) {
         while self.step() {}
     }
-}
-
-/// Why an injected kill at `at` seconds fails a worker's requests: one
-/// wording for every driver that injects faults (this harness, the simulator).
-pub fn kill_reason(at: f64) -> String {
-    format!("killed {at:.3} s into the run (fault injection)")
 }
 
 /// A small controller for tests and examples: `n` image requests arriving at

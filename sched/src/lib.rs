@@ -14,6 +14,8 @@
 //! * [`Request`] — one multimodal request and its [`RequestRecord`] (lifecycle times).
 //! * [`Allocation`] / [`Deployment`] — the paper's `2E(TP1)+1P(TP2)+1D(TP4)` plus
 //!   the runtime knobs `B` (encode batch bound) and `s` (offload ratio).
+//! * [`System`] — the serving systems (`easerve`, `passthrough`,
+//!   `aggregated`), each a policy set applied to a [`Deployment`].
 //! * [`LeastOutstanding`] — placement across replicas of one stage.
 //! * [`Batcher`] — when an encode worker dispatches a micro-batch
 //!   (`Immediate`, `FixedTimeout`, `QueueLength`, `PoissonGap`).
@@ -29,9 +31,10 @@
 //!   `handle_timeout`), [`Command`]s and an optional [`Decision`] log out
 //!   (`poll_command`, `poll_timeout`); the simulator and the executor are its
 //!   two drivers. Its module doc gives the call order.
-//! * [`harness`] — virtual-clock drivers for tests: [`harness::Cluster`] runs the
-//!   controller against fake workers (faults, interruption, share changes), and
-//!   [`harness::EncodeHarness`] the encode policies alone.
+//! * `harness` (cargo feature `harness`, off by default; tests turn it on) —
+//!   virtual-clock drivers for tests: `harness::Cluster` runs the controller
+//!   against fake workers (faults, interruption, share changes), and
+//!   `harness::EncodeHarness` the encode policies alone.
 //!
 //! Where a policy needs a cost (the batcher needs `T_enc(k)`, the SM split needs
 //! encode latency per SM level) it takes a closure or a table; this crate never
@@ -39,31 +42,30 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod allocation;
-mod batcher;
 pub mod controller;
-mod decode;
 mod deployment;
+#[cfg(feature = "harness")]
 pub mod harness;
 mod placement;
+mod policy;
 mod prefill;
 mod request;
-mod router;
-mod smsplit;
 mod system;
 mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
-pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
 pub use controller::{
     Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
     WorkerRef, TIME_SLICE_SHARE,
 };
-pub use decode::{DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks};
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;
+pub use policy::{
+    Batcher, BatcherParams, DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks, RateEstimator,
+    Route, Router, SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE,
+    RATE_WINDOW,
+};
 pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
-pub use router::{Route, Router};
-pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE};
 pub use system::{System, UnknownSystem};
 pub use topology::{Topology, TopologyWorker};

@@ -480,7 +480,7 @@ impl<'a> Sim<'a> {
             }
             Ev::Fault(w) => {
                 self.lose_work(w);
-                let reason = easerve_sched::harness::kill_reason(now);
+                let reason = easerve_sched::controller::kill_reason(now);
                 self.ctrl
                     .handle(now, Event::WorkerFailed { worker: w, reason });
             }

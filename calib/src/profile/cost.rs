@@ -1,0 +1,338 @@
+//! `impl StageCost for Profile`: encode, prefill, decode and transfer
+//! durations looked up in the tables (SM shares clamped into the tables'
+//! range), and notes that name the profile and count the lookups that had to
+//! extrapolate.
+
+use easerve_model::{ItemTokens, Parallel};
+
+use super::{PrefillBatching, Profile, Table};
+use crate::roofline::{EncodeTime, MIN_SM_SHARE};
+use crate::StageCost;
+
+fn clamp_share(sm_share: f64) -> f64 {
+    if sm_share.is_finite() {
+        sm_share.clamp(MIN_SM_SHARE, 1.0)
+    } else {
+        1.0
+    }
+}
+
+impl Profile {
+    /// The transfer table [`StageCost::transfer`] uses (the provenance's link).
+    fn link_table(&self) -> &Table {
+        self.transfer
+            .iter()
+            .find(|t| t.link.as_deref() == Some(self.provenance.link.as_str()))
+            .unwrap_or(&self.transfer[0])
+    }
+
+    /// All tables, for reports.
+    fn tables(&self) -> impl Iterator<Item = &Table> {
+        self.encode
+            .iter()
+            .chain([&self.prefill, &self.decode])
+            .chain(self.transfer.iter())
+    }
+}
+
+impl StageCost for Profile {
+    /// Encode: `batch = items.len()`, `encoder_tokens` = their mean; `t_gpu` is
+    /// the table's `median − t_pass − t_pre` (all of `median` when the split is
+    /// unknown). Empty batches cost nothing.
+    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+        let Some(t) = self.encode.as_ref() else {
+            return EncodeTime::default();
+        };
+        if items.is_empty() {
+            return EncodeTime::default();
+        }
+        let total: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        let per_item = (total as f64 / items.len() as f64).max(1.0);
+        let v = t.lookup(&[items.len() as f64, per_item, clamp_share(sm_share)]);
+        EncodeTime {
+            t_gpu: v[0],
+            t_pass: v[1],
+            t_pre: v[2],
+        }
+    }
+
+    /// Prefill: looked up at the batch's total tokens and the worker's TP (a
+    /// profile is measured per TP degree; an EP degree is not a key of it).
+    fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        let tp = par.tp;
+        let tokens: u64 = seq_lens.iter().sum();
+        if tokens == 0 {
+            return 0.0;
+        }
+        let at = |n: u64| {
+            self.prefill
+                .lookup(&[n as f64, f64::from(tp.max(1)), clamp_share(sm_share)])[0]
+        };
+        match self.prefill_batching {
+            PrefillBatching::Packed => at(tokens),
+            PrefillBatching::Padded => {
+                let longest = seq_lens.iter().copied().max().unwrap_or(0);
+                seq_lens.iter().filter(|&&l| l > 0).count() as f64 * at(longest)
+            }
+        }
+    }
+
+    fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64 {
+        let tp = par.tp;
+        if batch == 0 {
+            return 0.0;
+        }
+        self.decode.lookup(&[
+            batch as f64,
+            total_context_tokens.max(1) as f64,
+            f64::from(tp.max(1)),
+        ])[0]
+    }
+
+    fn transfer(&self, bytes: f64) -> f64 {
+        if bytes.is_nan() || bytes <= 0.0 {
+            return 0.0;
+        }
+        self.link_table().lookup(&[bytes])[0]
+    }
+
+    fn time_slice_penalty(&self) -> f64 {
+        self.time_slice_penalty
+    }
+
+    fn bandwidth_interference(&self) -> f64 {
+        self.bandwidth_interference
+    }
+
+    /// The profile's provenance, then one line per table whose lookups left the
+    /// table since the previous call (counters are reset by this call).
+    fn notes(&self) -> Vec<String> {
+        let p = &self.provenance;
+        let mut notes = vec![format!(
+            "costs from profile {} ({} {} on {}, {}; backend {}; driver {}; {} repetitions; {}); contention scalars: {}",
+            self.origin,
+            p.source.as_str(),
+            p.model,
+            p.device,
+            p.date,
+            p.backend,
+            p.driver,
+            p.repetitions,
+            p.method,
+            self.scalars_note
+        )];
+        for t in self.tables() {
+            let c = t.counter.take();
+            if c.extrapolated == 0 {
+                continue;
+            }
+            let mut parts = Vec::new();
+            for (d, &(below, above)) in c.per_axis.iter().enumerate() {
+                let name = t.stage.axes()[d];
+                let axis = &t.axes()[d];
+                if below > 0 {
+                    parts.push(format!("{name} below {} ({below})", axis[0]));
+                }
+                if above > 0 {
+                    parts.push(format!("{name} above {} ({above})", axis[axis.len() - 1]));
+                }
+            }
+            notes.push(format!(
+                "profile {}: {} of {} {} lookups ({:.1} %) extrapolated beyond the table: {}",
+                self.origin,
+                c.extrapolated,
+                c.lookups,
+                t.label(),
+                100.0 * c.extrapolated as f64 / c.lookups.max(1) as f64,
+                parts.join(", ")
+            ));
+        }
+        notes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::tests::{roof, small_grid};
+    use crate::profile::{synthetic_item, GridSpec};
+
+    fn rel(a: f64, b: f64) -> f64 {
+        (a - b).abs() / b.abs().max(1e-300)
+    }
+
+    /// Errors between grid points: the median must stay under 1 % and the worst
+    /// under `max_allowed`. The worst cases sit where the roofline has a kink
+    /// inside a cell (no smooth measured curve has one): `max(compute, memory)`
+    /// switching, e.g. a ~100-token prefill at 28 % of the SMs (up to ~17 % with
+    /// the fitted GEMM efficiency), and the
+    /// encode SM-share knee `min(share, tokens / tokens_to_fill_gpu)`, which
+    /// moves `t_gpu` alone by up to ~21 % (the pass total, dominated by `t_pass`,
+    /// far less).
+    fn check_between(what: &str, mut errs: Vec<f64>, max_allowed: f64) {
+        errs.sort_by(f64::total_cmp);
+        let med = errs[errs.len() / 2];
+        let max = errs[errs.len() - 1];
+        println!(
+            "{what}: {} points between the grid, median error {:.3} %, max {:.2} %",
+            errs.len(),
+            med * 100.0,
+            max * 100.0
+        );
+        assert!(
+            med < 0.01 && max < max_allowed,
+            "{what}: median {med}, max {max}"
+        );
+    }
+
+    /// At grid points the profile returns the roofline's figures (to rounding);
+    /// at the geometric midpoints of every cell within a few % ([`check_between`]).
+    #[test]
+    fn roofline_profile_agrees_with_roofline() {
+        let g = GridSpec::default();
+        for (model, gpu) in [
+            ("llava-v1.6-34b", "rtx-6000-ada"),
+            ("qwen2.5-vl-32b", "h100-sxm"),
+            ("ultravox-v0.6-27b", "a100-sxm4-80gb"),
+        ] {
+            let r = roof(model, gpu);
+            let p = Profile::from_roofline(&r, &g, "2025-01-02");
+            let mid = |v: &[u64], i: usize| ((v[i] as f64 * v[i + 1] as f64).sqrt()).round() as u64;
+            let smid = |i: usize| (g.sm_levels[i] * g.sm_levels[i + 1]).sqrt();
+            let (mut errs, mut gpu_errs) = (Vec::new(), Vec::new());
+            for bi in 0..g.encode_batch.len() - 1 {
+                for ti in 0..g.encode_tokens.len() - 1 {
+                    for si in 0..g.sm_levels.len() - 1 {
+                        let (b, n, s) = (g.encode_batch[bi], g.encode_tokens[ti], g.sm_levels[si]);
+                        let items = vec![synthetic_item(&r.model, n); b as usize];
+                        let want = r.encode(&items, s);
+                        let got = StageCost::encode(&p, &items, s);
+                        assert!(
+                            rel(got.total(), want.total()) < 1e-9,
+                            "{model} encode {b} {n} {s}"
+                        );
+                        assert!(
+                            rel(got.t_gpu, want.t_gpu) < 1e-9,
+                            "{model} encode {b} {n} {s}"
+                        );
+                        assert!(rel(got.t_pre, want.t_pre) < 1e-12);
+                        assert_eq!(got.t_pass, want.t_pass);
+                        let (b, n, s) = (
+                            mid(&g.encode_batch, bi),
+                            mid(&g.encode_tokens, ti),
+                            smid(si),
+                        );
+                        let items = vec![synthetic_item(&r.model, n); b as usize];
+                        let want = r.encode(&items, s);
+                        let got = StageCost::encode(&p, &items, s);
+                        errs.push(rel(got.total(), want.total()));
+                        gpu_errs.push(rel(got.t_gpu, want.t_gpu));
+                    }
+                }
+            }
+            check_between(&format!("{model} encode"), errs, 0.10);
+            check_between(&format!("{model} encode t_gpu"), gpu_errs, 0.25);
+            let mut errs = Vec::new();
+            for ni in 0..g.prefill_tokens.len() - 1 {
+                for &tp in &g.tp {
+                    for si in 0..g.sm_levels.len() - 1 {
+                        let (n, s) = (g.prefill_tokens[ni], g.sm_levels[si]);
+                        let (got, want) = (
+                            StageCost::prefill(&p, &[n], tp.into(), s),
+                            r.prefill(&[n], tp, s),
+                        );
+                        assert!(rel(got, want) < 1e-12);
+                        let (n, s) = (mid(&g.prefill_tokens, ni), smid(si));
+                        errs.push(rel(
+                            StageCost::prefill(&p, &[n], tp.into(), s),
+                            r.prefill(&[n], tp, s),
+                        ));
+                    }
+                }
+            }
+            check_between(&format!("{model} prefill"), errs, 0.20);
+            let mut errs = Vec::new();
+            for bi in 0..g.decode_batch.len() - 1 {
+                for ci in 0..g.decode_context.len() - 1 {
+                    for &tp in &g.tp {
+                        let (b, c) = (g.decode_batch[bi], g.decode_context[ci]);
+                        assert!(
+                            rel(p.decode_step(b, c, tp.into()), r.decode_step(b, c, tp)) < 1e-12
+                        );
+                        let (b, c) = (mid(&g.decode_batch, bi), mid(&g.decode_context, ci));
+                        errs.push(rel(p.decode_step(b, c, tp.into()), r.decode_step(b, c, tp)));
+                    }
+                }
+            }
+            check_between(&format!("{model} decode"), errs, 0.15);
+            let mut errs = Vec::new();
+            for i in 0..g.transfer_bytes.len() - 1 {
+                let b = g.transfer_bytes[i] as f64;
+                assert!(rel(StageCost::transfer(&p, b), r.transfer(b)) < 1e-12);
+                let b = mid(&g.transfer_bytes, i) as f64;
+                errs.push(rel(StageCost::transfer(&p, b), r.transfer(b)));
+            }
+            check_between(&format!("{model} transfer"), errs, 0.10);
+            assert_eq!(p.time_slice_penalty(), r.eff.time_slice_penalty);
+            assert_eq!(p.bandwidth_interference(), r.eff.bandwidth_interference);
+            // nothing above extrapolated: only the provenance note
+            assert_eq!(p.notes().len(), 1, "{:?}", p.notes());
+        }
+    }
+
+    #[test]
+    fn extrapolation_is_reported_once_with_counts_and_then_reset() {
+        let p = Profile::from_roofline(
+            &roof("llava-v1.6-34b", "rtx-6000-ada"),
+            &small_grid(),
+            "2025-01-02",
+        );
+        for _ in 0..3 {
+            p.prefill(&[4096], 2.into(), 1.0); // tokens above 1024
+        }
+        p.prefill(&[512], 2.into(), 1.0);
+        p.decode_step(4, 4096, 8.into()); // tp above 2
+        let notes = p.notes();
+        assert_eq!(notes.len(), 3, "{notes:?}");
+        assert!(
+            notes[1].contains("3 of 4 prefill lookups")
+                && notes[1].contains("tokens above 1024 (3)"),
+            "{}",
+            notes[1]
+        );
+        assert!(
+            notes[2].contains("1 of 1 decode lookups") && notes[2].contains("tp above 2 (1)"),
+            "{}",
+            notes[2]
+        );
+        // extrapolating tokens extends the edge cell (grows), never clamps
+        assert!(p.prefill(&[4096], 2.into(), 1.0) > p.prefill(&[1024], 2.into(), 1.0));
+        let _ = p.notes();
+        assert_eq!(p.notes().len(), 1);
+    }
+
+    #[test]
+    fn empty_work_costs_nothing() {
+        let p = Profile::from_roofline(
+            &roof("llava-v1.6-34b", "rtx-6000-ada"),
+            &small_grid(),
+            "2025-01-02",
+        );
+        assert_eq!(StageCost::encode(&p, &[], 1.0), EncodeTime::default());
+        assert_eq!(StageCost::prefill(&p, &[], 2.into(), 1.0), 0.0);
+        assert_eq!(p.decode_step(0, 0, 2.into()), 0.0);
+        assert_eq!(StageCost::transfer(&p, 0.0), 0.0);
+        let t = Profile::from_roofline(
+            &roof("text-lm-tiny", "rtx-6000-ada"),
+            &small_grid(),
+            "2025-01-02",
+        );
+        assert!(t.encode_table().is_none());
+        let item = ItemTokens {
+            encoder_tokens: 100,
+            llm_tokens: 10,
+            attn_span: 100,
+        };
+        assert_eq!(StageCost::encode(&t, &[item], 1.0), EncodeTime::default());
+    }
+}

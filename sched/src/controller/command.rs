@@ -1,0 +1,210 @@
+//! What the controller says: the [`Command`]s its driver drains with
+//! [`Controller::poll_command`](super::Controller::poll_command), and the
+//! [`Decision`] log ([`Controller::decisions`](super::Controller::decisions)).
+
+use super::EnvelopeId;
+use crate::RequestId;
+use serde::{Deserialize, Serialize};
+
+/// One scheduling decision, in the order it was taken. Two drivers that feed
+/// the same events at the same times get the same log (the simulator and
+/// `harness::Cluster` are checked to, `tests/drivers_agree.rs`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Decision {
+    /// Arrival `id` was turned away: the admission queue was full.
+    Reject {
+        /// Request.
+        id: RequestId,
+    },
+    /// Arrival `id` goes to encode worker `worker` (placement).
+    PlaceEncode {
+        /// Request.
+        id: RequestId,
+        /// Encode worker.
+        worker: usize,
+    },
+    /// Encode worker `worker` starts a micro-batch of `ids` at SM share `sm_share`.
+    Dispatch {
+        /// Time of the decision.
+        at: f64,
+        /// Encode worker.
+        worker: usize,
+        /// Requests, FCFS.
+        ids: Vec<RequestId>,
+        /// SM share of the pass (1 without a co-located prefill worker).
+        sm_share: f64,
+    },
+    /// Request `id`'s prefill goes to prefill worker `worker` (deficit router
+    /// and placement).
+    Route {
+        /// Request.
+        id: RequestId,
+        /// Prefill worker (remote first, then local).
+        worker: usize,
+        /// Whether it stays on the encode GPU's local prefill worker.
+        local: bool,
+    },
+    /// Prefill worker `worker` starts a batch of `ids` at SM share `sm_share`.
+    Prefill {
+        /// Time of the decision.
+        at: f64,
+        /// Prefill worker.
+        worker: usize,
+        /// Requests in the batch.
+        ids: Vec<RequestId>,
+        /// SM share (1 for a remote worker; for a local one, what the encode
+        /// pass on its GPU leaves).
+        sm_share: f64,
+    },
+    /// The running batch of local prefill worker `worker` changes SM share
+    /// because an encode pass on its GPU entered or left its GPU phase.
+    Share {
+        /// Time of the decision.
+        at: f64,
+        /// Prefill worker.
+        worker: usize,
+        /// The new share.
+        sm_share: f64,
+    },
+    /// Request `id`'s KV cache goes to decode worker `worker`.
+    PlaceDecode {
+        /// Request.
+        id: RequestId,
+        /// Decode worker.
+        worker: usize,
+    },
+    /// Decode worker `worker` runs up to `steps` iterations over `batch`
+    /// sequences holding `context` tokens at the first (`context + i · batch`
+    /// at the `i`-th): the iterations until a sequence finishes.
+    DecodeRun {
+        /// Time of the decision.
+        at: f64,
+        /// Decode worker.
+        worker: usize,
+        /// Running sequences.
+        batch: u64,
+        /// Total context tokens at the first iteration.
+        context: u64,
+        /// Iterations until the first sequence generates its last token.
+        steps: u64,
+    },
+    /// Decode worker `worker`'s run ends after the iteration in progress: a
+    /// KV cache landed that can join the batch now.
+    DecodeYield {
+        /// Time of the decision.
+        at: f64,
+        /// Decode worker.
+        worker: usize,
+    },
+    /// Request `id` failed (a worker died, its KV cache can never fit, the run
+    /// was interrupted).
+    Fail {
+        /// Request.
+        id: RequestId,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// What the controller asks its driver to do. No command owns a vector; see
+/// the accessors named on each variant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Command {
+    /// Request `id` was placed on encode worker `worker`: start preprocessing
+    /// its media on the worker's host threads now, ahead of the pass that will
+    /// encode it, while earlier passes hold the GPU (only when
+    /// [`ControllerConfig::preprocess_ahead`](super::ControllerConfig::preprocess_ahead) is set). The pass that takes the
+    /// request ([`Command::Encode`]) enters its GPU phase once the request's
+    /// preprocessing is done; nothing is reported back for this command.
+    Preprocess {
+        /// Encode worker.
+        worker: usize,
+        /// Request placed there.
+        id: RequestId,
+    },
+    /// Run an encode pass on encode worker `worker` with SM share `sm_share`
+    /// over [`Controller::encode_batch`](super::Controller::encode_batch)`(worker)`; report its GPU phase with
+    /// [`Event::EncodeGpuStarted`](super::Event::EncodeGpuStarted) and its end with [`Event::EncodeDone`](super::Event::EncodeDone).
+    Encode {
+        /// Encode worker.
+        worker: usize,
+        /// SM (or thread) share for the pass: a fraction in (0, 1].
+        sm_share: f64,
+    },
+    /// Move the embeddings of [`Controller::envelope`](super::Controller::envelope)`(envelope)` from encode
+    /// worker `from` to prefill worker `to`; report the landing with
+    /// [`Event::EmbeddingsLanded`](super::Event::EmbeddingsLanded). `local` envelopes stay on the encode GPU
+    /// (they land at once).
+    Embeddings {
+        /// The envelope.
+        envelope: EnvelopeId,
+        /// Encode worker.
+        from: usize,
+        /// Prefill worker.
+        to: usize,
+        /// Whether the destination is the co-located local prefill worker.
+        local: bool,
+    },
+    /// Run a prefill batch, [`Controller::prefill_batch`](super::Controller::prefill_batch)`(worker)`, on prefill
+    /// worker `worker` at SM share `sm_share`; report [`Event::PrefillDone`](super::Event::PrefillDone).
+    Prefill {
+        /// Prefill worker.
+        worker: usize,
+        /// SM share, a fraction in [0, 1] (1 for a remote prefill worker;
+        /// under time-slicing ([`Controller::time_sliced`](super::Controller::time_sliced)) a share of time).
+        sm_share: f64,
+    },
+    /// The batch running on local prefill worker `worker` now has SM share
+    /// `sm_share` (an encode pass on its GPU entered or left its GPU phase).
+    /// The simulator re-rates the batch; the executor applies it at the next
+    /// batch.
+    PrefillShare {
+        /// Prefill worker.
+        worker: usize,
+        /// The new share.
+        sm_share: f64,
+    },
+    /// Move request `id`'s KV cache from prefill worker `from` to decode
+    /// worker `to`; report [`Event::KvLanded`](super::Event::KvLanded).
+    Kv {
+        /// Prefill worker.
+        from: usize,
+        /// Decode worker.
+        to: usize,
+        /// Request.
+        id: RequestId,
+    },
+    /// Run up to `steps` decode iterations on `worker` over its running
+    /// sequences ([`Controller::decode_batch`](super::Controller::decode_batch), unchanged through the run),
+    /// the `i`-th (from 0) over `context + i · batch` context tokens; report
+    /// the end with [`Event::DecodeRunDone`](super::Event::DecodeRunDone). No sequence finishes before the
+    /// last iteration, so nothing the controller decides depends on the
+    /// iterations in between; a driver may time them one by one (the
+    /// executor) or all at once (the simulator).
+    DecodeRun {
+        /// Decode worker.
+        worker: usize,
+        /// Running sequences.
+        batch: u64,
+        /// Their total context tokens at the first iteration.
+        context: u64,
+        /// Iterations in the run, at least 1.
+        steps: u64,
+    },
+    /// End decode worker `worker`'s run after the iteration in progress (the
+    /// first whose end is strictly after now) and report the iterations run
+    /// with [`Event::DecodeRunDone`](super::Event::DecodeRunDone): a sequence that can join the batch has
+    /// arrived. A run that ends there anyway is unaffected.
+    DecodeYield {
+        /// Decode worker.
+        worker: usize,
+    },
+    /// Request `id` generated its last token: decode worker `worker` may free
+    /// its KV cache.
+    Release {
+        /// Decode worker.
+        worker: usize,
+        /// Finished request.
+        id: RequestId,
+    },
+}

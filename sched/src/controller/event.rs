@@ -1,0 +1,89 @@
+//! What the controller hears: the [`Event`]s a driver hands to
+//! [`Controller::handle`](super::Controller::handle), and the names they use
+//! for workers ([`WorkerRef`]) and embeddings envelopes ([`EnvelopeId`]).
+
+use crate::RequestId;
+use serde::{Deserialize, Serialize};
+
+/// A stage's worker, as the controller names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum WorkerRef {
+    /// Encode worker `i` (`E{i}`).
+    Encode(usize),
+    /// Prefill worker `i`: remote workers first (`P{i}`), then local ones
+    /// co-located on encode GPUs (`L{i - remote}`).
+    Prefill(usize),
+    /// Decode worker `i` (`D{i}`).
+    Decode(usize),
+}
+
+/// One embeddings envelope in flight: a slot index in its low 32 bits and the
+/// slot's generation in its high 32 bits, so a stale landing never matches a
+/// later envelope in the same slot.
+pub type EnvelopeId = u64;
+
+/// Something that happened, reported by the driver with [`Controller::handle`](super::Controller::handle).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// Request `id` arrived (open loop, at its scheduled time).
+    Arrival {
+        /// Request.
+        id: RequestId,
+    },
+    /// Encode worker `worker`'s pass finished its host phase (the fixed
+    /// per-pass overhead and preprocessing) and now holds the GPU's SMs.
+    EncodeGpuStarted {
+        /// Encode worker.
+        worker: usize,
+    },
+    /// Encode worker `worker` finished its pass.
+    EncodeDone {
+        /// Encode worker.
+        worker: usize,
+    },
+    /// An embeddings envelope is held by its prefill worker.
+    EmbeddingsLanded {
+        /// The envelope ([`Command::Embeddings`](super::Command::Embeddings)).
+        envelope: EnvelopeId,
+        /// When it left the encode worker (after waiting for the link), seconds.
+        sent_at: f64,
+    },
+    /// Prefill worker `worker` finished its batch (first tokens emitted).
+    PrefillDone {
+        /// Prefill worker.
+        worker: usize,
+    },
+    /// Request `id`'s KV cache is held by the decode worker it was sent to.
+    KvLanded {
+        /// Request.
+        id: RequestId,
+        /// When it left the prefill worker (after waiting for the link), seconds.
+        sent_at: f64,
+    },
+    /// Decode worker `worker` ended its run ([`Command::DecodeRun`](super::Command::DecodeRun)) after
+    /// `steps` iterations: all of them, or fewer when it was told to yield
+    /// ([`Command::DecodeYield`](super::Command::DecodeYield)). A driver may end a run earlier still (the
+    /// controller then starts the next at once): `harness::Cluster` does, to
+    /// check runs against one decision per iteration.
+    DecodeRunDone {
+        /// Decode worker.
+        worker: usize,
+        /// Iterations run, at least 1 and at most the run's `steps`.
+        steps: u64,
+    },
+    /// A worker died (it exited, was killed, or its connection broke): every
+    /// request it holds fails with `reason`, and requests later sent to it fail
+    /// on arrival there. Nothing is retried.
+    WorkerFailed {
+        /// The worker.
+        worker: WorkerRef,
+        /// Why.
+        reason: String,
+    },
+    /// The run is cut short (Ctrl-C or a deadline): every request not at an
+    /// end yet, arrived or not, fails with `reason`; nothing more starts.
+    Interrupt {
+        /// Why.
+        reason: String,
+    },
+}

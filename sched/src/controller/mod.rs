@@ -1,0 +1,561 @@
+//! The EPD controller: every orchestration decision of one run — admission,
+//! placement, encode dispatch, the SM share of each micro-batch and of the
+//! co-located prefill worker, prefill routing, prefill batching, KV placement
+//! and decode runs — as a sans-IO state machine, in the shape of
+//! quinn-proto's `Connection`.
+//!
+//! Two drivers run it: the simulator (`easerve-sim`, which adds the physics:
+//! how long a pass, a batch, a step or a transfer takes) and the executor
+//! (`easerve exec`, whose worker processes do the work for real). Neither
+//! decides anything itself.
+//!
+//! # Inputs
+//! * [`Controller::handle`]`(now, `[`Event`]`)`: something happened at `now` —
+//!   a request arrived, an encode pass reached its GPU phase or ended, an
+//!   embeddings envelope or a KV cache landed, a prefill batch or a decode
+//!   run ended, a worker died, or the run is being cut short.
+//! * [`Controller::handle_timeout`]`(now)`: the time [`Controller::poll_timeout`]
+//!   returned has come. A spurious or early call is a no-op.
+//!
+//! # Outputs
+//! * [`Controller::poll_command`]: the next [`Command`] for the driver to carry
+//!   out (run a pass, move embeddings, change a running batch's SM share, …).
+//!   Commands carry no vectors: the requests of a pass, a batch, an envelope or
+//!   a decode run are read with [`Controller::encode_batch`],
+//!   [`Controller::prefill_batch`], [`Controller::envelope`] and
+//!   [`Controller::decode_batch`] when the driver needs them.
+//! * [`Controller::poll_timeout`]: the earliest time the controller wants to be
+//!   woken (a batcher's deadline), if any. The controller owns every timer; a
+//!   driver keeps no generation counters.
+//! * [`Controller::decisions`]: the [`Decision`] log, kept only when
+//!   [`ControllerConfig::log_decisions`] is set (off in the simulator's hot path,
+//!   on for tests and `--decisions FILE`).
+//!
+//! # Call order
+//! 1. For each input: `handle(now, event)` (or `handle_timeout(now)`), with `now`
+//!    never going back.
+//! 2. Drain `poll_command()` until it returns `None`, carrying out each command
+//!    in order. A command's effects are reported back later as events (a pass
+//!    ends with [`Event::EncodeDone`], and so on). Every [`Command::Embeddings`]
+//!    and [`Command::Kv`] must get its landing event, even when the destination
+//!    is dead (then at once): an encode worker's envelopes in flight count
+//!    against its cap until they land.
+//! 3. Read `poll_timeout()` and arrange to call `handle_timeout` then, or sooner
+//!    when another event comes.
+//!
+//! Decode goes in runs ([`Command::DecodeRun`]): the iterations until the
+//! first running sequence finishes, over a batch that does not change, so the
+//! controller hears of decode once per run rather than once per token. When
+//! a KV cache lands that can join the batch at once, the controller ends the
+//! run early ([`Command::DecodeYield`]) at the end of the iteration in
+//! progress, where deciding iteration by iteration would have admitted it:
+//! the outcome is the same as one decision per iteration.
+//!
+//! Ties at one instant are the driver's to order; the simulator delivers
+//! completions, then transfers, then arrivals, then the timeout.
+//!
+//! Times are seconds since the start of the run (`f64`), as everywhere in
+//! easerve. Request ids are their index in the request list.
+//!
+//! # Where it is
+//! * `mod.rs` (here): the [`Controller`], its [`ControllerConfig`], the
+//!   constructor, the entry points (`handle`, `handle_timeout`,
+//!   `poll_command`, `poll_timeout`), the accessors and the bookkeeping every
+//!   stage shares (the decision log, a request's end, envelope slots).
+//! * `event.rs`: the inputs — [`Event`], [`WorkerRef`], [`EnvelopeId`].
+//! * `command.rs`: the outputs — [`Command`] and the [`Decision`] log.
+//! * `encode.rs`: arrival and admission, encode placement and dispatch, the
+//!   SM share of a co-located prefill worker, the end of a pass and its
+//!   prefill routing.
+//! * `prefill.rs`: embeddings landing, prefill batching, the end of a batch.
+//! * `decode.rs`: KV caches landing, decode runs and their ends.
+//! * `faults.rs`: a worker's death and the run's interruption, and the
+//!   wording of an injected kill ([`kill_reason`]).
+
+mod command;
+mod decode;
+mod encode;
+mod event;
+mod faults;
+mod prefill;
+
+pub use command::{Command, Decision};
+pub use encode::TIME_SLICE_SHARE;
+pub use event::{EnvelopeId, Event, WorkerRef};
+pub use faults::kill_reason;
+
+use crate::{
+    Batcher, DecodeScheduler, LeastOutstanding, PrefillItem, PrefillQueue, Request, RequestId,
+    RequestRecord, Router, RouterPolicy, SmSplit, Topology,
+};
+use std::collections::VecDeque;
+
+/// How a [`Controller`] is laid out: the deployment's workers and knobs.
+pub struct ControllerConfig {
+    /// One batcher per encode worker.
+    pub batchers: Vec<Batcher>,
+    /// The workers and where they run (remote prefill, local prefill groups).
+    pub topology: Topology,
+    /// One decode scheduler per decode worker.
+    pub decode: Vec<DecodeScheduler>,
+    /// Prefill token budget per batch.
+    pub prefill_token_budget: u64,
+    /// Prefill sequences per batch.
+    pub prefill_max_seqs: usize,
+    /// Embedding envelopes one encode worker may have in flight.
+    pub max_inflight_transfers: usize,
+    /// Prefill routing policy and offload ratio `s`.
+    pub router: (RouterPolicy, f64),
+    /// SM split between an encode pass and its co-located prefill worker.
+    pub split: SmSplit,
+    /// Admission bound: requests admitted and not yet finished; an arrival
+    /// beyond it is rejected. `None` admits everything.
+    pub admission_limit: Option<usize>,
+    /// Keep the [`Decision`] log ([`Controller::decisions`]).
+    pub log_decisions: bool,
+    /// Preprocessing is a pipelined host stage: each request placed on an
+    /// encode worker is handed to it at once ([`Command::Preprocess`]), so its
+    /// media are preprocessed while the worker's earlier passes run. Off: an
+    /// encode pass preprocesses its own micro-batch first, in series with its
+    /// GPU phase.
+    pub preprocess_ahead: bool,
+}
+
+/// Where a request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Place {
+    NotArrived,
+    Encode(usize),
+    Prefill(usize),
+    Decode(usize),
+    Done,
+}
+
+struct EncodeSlot {
+    batcher: Batcher,
+    /// The pass running, FCFS; empty when idle.
+    pass: Vec<RequestId>,
+    busy: bool,
+    /// Whether the pass holds the GPU's SMs (its host phase is over).
+    gpu_phase: bool,
+    /// The batcher's wake-up, when it waits on a timer.
+    timer: Option<f64>,
+    inflight: usize,
+    local: Option<usize>,
+    alive: bool,
+}
+
+struct PrefillSlot {
+    queue: PrefillQueue,
+    batch: Vec<PrefillItem>,
+    busy: bool,
+    /// SM share of the running batch.
+    share: f64,
+    encode_workers: Vec<usize>,
+    local: bool,
+    alive: bool,
+}
+
+struct DecodeSlot {
+    sched: DecodeScheduler,
+    /// A run is in flight.
+    in_run: bool,
+    /// Iterations of the run in flight.
+    run_steps: u64,
+    /// The run in flight was told to yield.
+    yielded: bool,
+    alive: bool,
+}
+
+struct Envelope {
+    gen: u32,
+    from: usize,
+    to: usize,
+    local: bool,
+    ids: Vec<RequestId>,
+    in_flight: bool,
+}
+
+/// Counters for the report's encode summary.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ControllerCounters {
+    /// Encode passes started.
+    pub passes: usize,
+    /// Requests in those passes.
+    pub passed_requests: usize,
+    /// Prefill routing decisions.
+    pub routed: usize,
+    /// Of which remote.
+    pub remote_routed: usize,
+    /// Arrivals rejected by admission.
+    pub rejected: usize,
+    /// Requests that failed (a worker died, their KV cache can never fit, or
+    /// the run was interrupted).
+    pub failed: usize,
+}
+
+/// The controller (module doc).
+pub struct Controller {
+    requests: Vec<Request>,
+    records: Vec<RequestRecord>,
+    place: Vec<Place>,
+    encode: Vec<EncodeSlot>,
+    encode_place: LeastOutstanding,
+    router: Router,
+    split: SmSplit,
+    prefill: Vec<PrefillSlot>,
+    topology: Topology,
+    remote_place: LeastOutstanding,
+    decode: Vec<DecodeSlot>,
+    decode_place: LeastOutstanding,
+    envelopes: Vec<Envelope>,
+    free_envelopes: Vec<u32>,
+    max_inflight: usize,
+    admission_limit: Option<usize>,
+    in_system: usize,
+    /// Requests finished, and the latest finish time (seconds; 0 before one).
+    finished: (usize, f64),
+    counters: ControllerCounters,
+    log: Option<Vec<Decision>>,
+    commands: VecDeque<Command>,
+    /// Routing scratch (destination, ids), reused by every pass.
+    groups: Vec<(usize, Vec<RequestId>)>,
+    preprocess_ahead: bool,
+}
+
+impl Controller {
+    /// A controller for `requests` (ids = indices, ascending arrival) laid out
+    /// as `cfg` says.
+    pub fn new(requests: Vec<Request>, cfg: ControllerConfig) -> Controller {
+        let records = requests.iter().map(RequestRecord::new).collect();
+        let mut encode: Vec<EncodeSlot> = cfg
+            .batchers
+            .into_iter()
+            .map(|batcher| EncodeSlot {
+                batcher,
+                pass: Vec::new(),
+                busy: false,
+                gpu_phase: false,
+                timer: None,
+                inflight: 0,
+                local: None,
+                alive: true,
+            })
+            .collect();
+        let queue = || PrefillQueue::new(cfg.prefill_token_budget, cfg.prefill_max_seqs);
+        let prefill: Vec<PrefillSlot> = cfg
+            .topology
+            .prefill()
+            .iter()
+            .map(|w| PrefillSlot {
+                queue: queue(),
+                batch: Vec::new(),
+                busy: false,
+                share: 1.0,
+                encode_workers: w.encode_workers.clone(),
+                local: w.local,
+                alive: true,
+            })
+            .collect();
+        for (slot, w) in encode.iter_mut().zip(cfg.topology.encode()) {
+            slot.local = w.local_prefill;
+        }
+        let decode: Vec<DecodeSlot> = cfg
+            .decode
+            .into_iter()
+            .map(|sched| DecodeSlot {
+                sched,
+                in_run: false,
+                run_steps: 0,
+                yielded: false,
+                alive: true,
+            })
+            .collect();
+        Controller {
+            place: vec![Place::NotArrived; requests.len()],
+            records,
+            requests,
+            encode_place: LeastOutstanding::new(encode.len()),
+            remote_place: LeastOutstanding::new(cfg.topology.remote_prefill()),
+            decode_place: LeastOutstanding::new(decode.len()),
+            router: Router::new(&cfg.router.0, cfg.router.1),
+            split: cfg.split,
+            topology: cfg.topology,
+            encode,
+            prefill,
+            decode,
+            envelopes: Vec::new(),
+            free_envelopes: Vec::new(),
+            max_inflight: cfg.max_inflight_transfers.max(1),
+            admission_limit: cfg.admission_limit,
+            in_system: 0,
+            finished: (0, 0.0),
+            counters: ControllerCounters::default(),
+            log: cfg.log_decisions.then(Vec::new),
+            commands: VecDeque::new(),
+            groups: Vec::new(),
+            preprocess_ahead: cfg.preprocess_ahead,
+        }
+    }
+
+    // ----------------------------------------------------------- the API
+
+    /// Append a request that was not known when the controller was built (a
+    /// server learns of its requests as they come): it takes the next id,
+    /// `requests().len()`, which this returns, whatever `req.id` said. Its
+    /// arrival is still an input: hand [`Event::Arrival`] with that id.
+    pub fn add_request(&mut self, mut req: Request) -> RequestId {
+        let id = self.requests.len() as RequestId;
+        req.id = id;
+        self.records.push(RequestRecord::new(&req));
+        self.place.push(Place::NotArrived);
+        self.requests.push(req);
+        id
+    }
+
+    /// Hand the controller something that happened at `now` (module doc).
+    /// Events that no longer apply (a pass that ended already, an envelope
+    /// that landed, a worker that died) are no-ops.
+    ///
+    /// # Panics
+    /// If the event names a worker or request the controller does not have
+    /// (an index beyond the topology or the request list): a driver bug.
+    pub fn handle(&mut self, now: f64, event: Event) {
+        match event {
+            Event::Arrival { id } => self.on_arrival(now, id),
+            Event::EncodeGpuStarted { worker } => self.on_encode_gpu(now, worker),
+            Event::EncodeDone { worker } => self.on_encode_done(now, worker),
+            Event::EmbeddingsLanded { envelope, sent_at } => {
+                self.on_embeddings(now, envelope, sent_at)
+            }
+            Event::PrefillDone { worker } => self.on_prefill_done(now, worker),
+            Event::KvLanded { id, sent_at } => self.on_kv(now, id, sent_at),
+            Event::DecodeRunDone { worker, steps } => {
+                self.complete_decode_run(now, worker, steps);
+                self.try_decode(now, worker);
+            }
+            Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
+            Event::Interrupt { reason } => self.interrupt(&reason),
+        }
+    }
+
+    /// The earliest time the controller wants [`Controller::handle_timeout`]
+    /// called (absolute, seconds since the start of the run), if any.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<f64> {
+        let mut t: Option<f64> = None;
+        for e in &self.encode {
+            if let Some(at) = e.timer {
+                t = Some(t.map_or(at, |x| x.min(at)));
+            }
+        }
+        t
+    }
+
+    /// A timer the controller asked for may be due at `now`: every batcher
+    /// whose wake-up has come is re-examined. Spurious calls are no-ops.
+    pub fn handle_timeout(&mut self, now: f64) {
+        for w in 0..self.encode.len() {
+            if self.encode[w].timer.is_some_and(|at| at <= now) {
+                self.encode[w].timer = None;
+                self.try_dispatch(now, w);
+            }
+        }
+    }
+
+    /// The next command to carry out, in order; `None` when there is none.
+    #[must_use]
+    pub fn poll_command(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// The requests of the pass running on encode worker `w`, FCFS (empty when idle).
+    pub fn encode_batch(&self, w: usize) -> &[RequestId] {
+        &self.encode[w].pass
+    }
+
+    /// The batch running on prefill worker `p` (empty when idle).
+    pub fn prefill_batch(&self, p: usize) -> &[PrefillItem] {
+        &self.prefill[p].batch
+    }
+
+    /// The requests of an envelope in flight (empty once it landed or is unknown).
+    pub fn envelope(&self, e: EnvelopeId) -> &[RequestId] {
+        self.live_envelope(e).map_or(&[], |x| &x.ids)
+    }
+
+    /// The sequences of decode worker `d`'s running batch, in no particular order.
+    pub fn decode_batch(&self, d: usize) -> impl Iterator<Item = RequestId> + '_ {
+        self.decode[d].sched.batch()
+    }
+
+    /// Shape of decode worker `d`'s running batch: (sequences, context tokens).
+    pub fn decode_shape(&self, d: usize) -> (u64, u64) {
+        self.decode[d].sched.step_shape()
+    }
+
+    /// Sequences at decode worker `d` waiting for KV blocks.
+    pub fn decode_waiting(&self, d: usize) -> usize {
+        self.decode[d].sched.waiting()
+    }
+
+    /// Whether an encode GPU and its local prefill worker share the SMs by
+    /// time-slicing (no partition): both then run on every SM and slow each
+    /// other, and a share below 1 is a share of time.
+    pub fn time_sliced(&self) -> bool {
+        self.split.encode_share(1).is_none()
+    }
+
+    /// The SM split in force (for the report's notes).
+    pub fn split(&self) -> &SmSplit {
+        &self.split
+    }
+
+    // --------------------------------------------------------- inspection
+
+    /// The requests of the run.
+    pub fn requests(&self) -> &[Request] {
+        &self.requests
+    }
+
+    /// Lifecycle records so far, by request id.
+    pub fn records(&self) -> &[RequestRecord] {
+        &self.records
+    }
+
+    /// Requests that finished (their last token emitted) so far, and the
+    /// latest of their finish times (seconds; 0 before any): what a report's
+    /// span needs without another pass over the records.
+    pub fn finished(&self) -> (usize, f64) {
+        self.finished
+    }
+
+    /// Hand over the records at the end of the run.
+    pub fn into_records(self) -> Vec<RequestRecord> {
+        self.records
+    }
+
+    /// Every decision so far (empty unless [`ControllerConfig::log_decisions`]).
+    pub fn decisions(&self) -> &[Decision] {
+        self.log.as_deref().unwrap_or(&[])
+    }
+
+    /// Take the decision log.
+    pub fn take_decisions(&mut self) -> Vec<Decision> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Counters for the report.
+    pub fn counters(&self) -> ControllerCounters {
+        self.counters
+    }
+
+    /// Resolved batcher parameters of encode worker 0 (for the report).
+    pub fn batcher_params(&self) -> Option<&crate::BatcherParams> {
+        self.encode.first().map(|w| w.batcher.params())
+    }
+
+    /// Worker label as the report writes it: `E0`, `P0`, `L0`, `D0`.
+    pub fn label(&self, w: WorkerRef) -> &str {
+        self.topology.label(w)
+    }
+
+    /// The workers and where they run.
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    /// Whether prefill worker `p` is co-located on an encode GPU.
+    pub fn is_local_prefill(&self, p: usize) -> bool {
+        self.prefill[p].local
+    }
+
+    /// Whether every request has arrived and reached an end (finished, failed
+    /// or rejected).
+    pub fn is_finished(&self) -> bool {
+        self.place.iter().all(|p| *p == Place::Done)
+    }
+
+    /// Requests admitted and not yet at an end.
+    pub fn in_system(&self) -> usize {
+        self.in_system
+    }
+
+    /// Requests queued at encode worker `w`.
+    pub fn encode_queue_len(&self, w: usize) -> usize {
+        self.encode[w].batcher.len()
+    }
+
+    /// Requests queued at prefill worker `p`.
+    pub fn prefill_queue_len(&self, p: usize) -> usize {
+        self.prefill[p].queue.len()
+    }
+
+    // ------------------------------------------------------------ helpers
+
+    fn decide(&mut self, d: impl FnOnce() -> Decision) {
+        if let Some(log) = self.log.as_mut() {
+            log.push(d());
+        }
+    }
+
+    fn fail(&mut self, id: RequestId, reason: &str) {
+        let i = id as usize;
+        if self.place[i] == Place::Done {
+            return;
+        }
+        if self.place[i] != Place::NotArrived {
+            self.in_system -= 1;
+        }
+        self.place[i] = Place::Done;
+        self.records[i].failure = Some(reason.to_string());
+        self.counters.failed += 1;
+        self.decide(|| Decision::Fail {
+            id,
+            reason: reason.to_string(),
+        });
+    }
+
+    fn done(&mut self, id: RequestId, at: f64) {
+        let i = id as usize;
+        if self.place[i] != Place::Done {
+            self.records[i].finish = Some(at);
+            self.place[i] = Place::Done;
+            self.in_system -= 1;
+            self.finished = (self.finished.0 + 1, self.finished.1.max(at));
+        }
+    }
+
+    fn live_envelope(&self, e: EnvelopeId) -> Option<&Envelope> {
+        let slot = (e & 0xffff_ffff) as usize;
+        let gen = (e >> 32) as u32;
+        self.envelopes
+            .get(slot)
+            .filter(|x| x.gen == gen && x.in_flight)
+    }
+
+    fn new_envelope(&mut self, from: usize, to: usize, local: bool) -> (EnvelopeId, usize) {
+        let slot = match self.free_envelopes.pop() {
+            Some(s) => s as usize,
+            None => {
+                self.envelopes.push(Envelope {
+                    gen: 0,
+                    from,
+                    to,
+                    local,
+                    ids: Vec::new(),
+                    in_flight: false,
+                });
+                self.envelopes.len() - 1
+            }
+        };
+        let e = &mut self.envelopes[slot];
+        e.gen = e.gen.wrapping_add(1);
+        e.from = from;
+        e.to = to;
+        e.local = local;
+        e.in_flight = true;
+        e.ids.clear();
+        ((e.gen as u64) << 32 | slot as u64, slot)
+    }
+}
