@@ -2,9 +2,9 @@
 //! in simulation on its testbed scenarios, written as a Markdown report with
 //! plots, saying next to each finding whether the simulation agrees.
 
-use crate::sweep_cmd::{sweep_whole, write_outputs};
+use crate::sweep_cmd::{sweep_err, write_outputs};
 use crate::BadInput;
-use easerve_study::sweep::aggregate;
+use easerve_study::sweep::{aggregate, Shard, SweepPlan, SweptSystem};
 use easerve_workload::scenario::{Overrides, Scenario, System};
 use easerve_workload::Report;
 use std::fmt::Write as _;
@@ -202,14 +202,15 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
 
     // --- rate sweeps (Figure 9/10 analogues) and finding 1 ---
     let rates = [1.0, 2.0, 3.0, 4.0, 5.0];
-    let systems = ["passthrough", "aggregated", "easerve-s1", "easerve"];
     let _ = writeln!(
         md,
         "## Goodput by SLO tier and rate sweeps (cf. Figures 9 and 10)\n"
     );
     let mut saturation = Vec::new();
     for name in ["image", "video", "audio"] {
-        let part = sweep_whole(&scn(name), &rates, &systems, 1, req)?;
+        let part = SweepPlan::whole(&scn(name), &rates, &SweptSystem::ALL, 1, req)
+            .run(Shard::WHOLE, &|| {})
+            .map_err(sweep_err)?;
         write_outputs(&part, &a.out.join(name))?;
         let points = aggregate(&part.rows);
         let _ = writeln!(md, "### {name}\n");
@@ -248,13 +249,13 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
                 .join(" | ")
         );
         let _ = writeln!(md, "|---|{}", "---|".repeat(rates.len()));
-        for s in systems {
+        for s in SweptSystem::ALL {
             let row: Vec<String> = rates
                 .iter()
                 .map(|r| {
                     points
                         .iter()
-                        .find(|p| p.system == s && p.rate == *r)
+                        .find(|p| p.system == s.name() && p.rate == *r)
                         .map_or("-".into(), |p| format!("{:.2}", p.median.throughput))
                 })
                 .collect();
