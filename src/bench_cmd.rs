@@ -130,34 +130,48 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
             return Err(bad(format!("--num-prompts {n}: allowed 1 ..= 10000000")));
         }
     }
-    if let Some(path) = &a.scenario {
-        let o = Overrides {
-            seed: a.seed,
-            rate: a.request_rate.filter(|r| r.is_finite()),
-            requests: a.num_prompts,
-            ..Default::default()
-        };
-        let sc = Scenario::load(path, &o).map_err(|e| bad(e.to_string()))?;
-        let mut reqs: Vec<BenchRequest> = easerve_workload::generate::generate_requests(&sc)
-            .iter()
-            .map(BenchRequest::from_request)
-            .collect();
-        if a.request_rate.is_some_and(f64::is_infinite) {
-            reqs.iter_mut().for_each(|r| r.arrival = 0.0);
-        }
-        // the scenario's model and cluster, as `easerve sim` names them, so
-        // `calib validate` compares the two
-        let meta = RunMeta {
-            scenario: sc.name.clone(),
-            deployment: format!("measured at {}", a.base_url),
-            model: sc.model.name.clone(),
-            cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
-            seed: sc.seed,
-            offered_rate: a.request_rate.unwrap_or(sc.workload.rate),
-            requests: reqs.len(),
-        };
-        return Ok((reqs, sc.slo, meta));
+    match &a.scenario {
+        Some(path) => scenario_workload(a, path),
+        None => random_workload(a),
     }
+}
+
+/// `--scenario`'s requests (with `--seed`, `--request-rate` and
+/// `--num-prompts` applied), its SLO tiers, and its model and cluster.
+fn scenario_workload(
+    a: &BenchArgs,
+    path: &std::path::Path,
+) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
+    let o = Overrides {
+        seed: a.seed,
+        rate: a.request_rate.filter(|r| r.is_finite()),
+        requests: a.num_prompts,
+        ..Default::default()
+    };
+    let sc = Scenario::load(path, &o).map_err(|e| bad(e.to_string()))?;
+    let mut reqs: Vec<BenchRequest> = easerve_workload::generate::generate_requests(&sc)
+        .iter()
+        .map(BenchRequest::from_request)
+        .collect();
+    if a.request_rate.is_some_and(f64::is_infinite) {
+        reqs.iter_mut().for_each(|r| r.arrival = 0.0);
+    }
+    // the scenario's model and cluster, as `easerve sim` names them, so
+    // `calib validate` compares the two
+    let meta = RunMeta {
+        scenario: sc.name.clone(),
+        deployment: format!("measured at {}", a.base_url),
+        model: sc.model.name.clone(),
+        cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+        seed: sc.seed,
+        offered_rate: a.request_rate.unwrap_or(sc.workload.rate),
+        requests: reqs.len(),
+    };
+    Ok((reqs, sc.slo, meta))
+}
+
+/// A random (or random-mm) dataset's requests, vLLM's way.
+fn random_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
     let n = a.num_prompts.unwrap_or(1000) as usize;
     let rate = a.request_rate.unwrap_or(f64::INFINITY);
     let seed = a.seed.unwrap_or(0);
@@ -213,7 +227,8 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
     Ok((reqs, Vec::new(), meta))
 }
 
-pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+/// The flags' own ranges, before any request is built; the image codec.
+fn check_flags(a: &BenchArgs) -> anyhow::Result<ImageCodec> {
     let codec = match a.image_format.as_str() {
         "png" => ImageCodec::Png,
         "jpeg" | "jpg" => ImageCodec::Jpeg,
@@ -246,19 +261,17 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             "--max-concurrency 0: at least 1 request in flight".into()
         ));
     }
-    let mut bounds: Vec<GoodputBound> = a
-        .goodput
-        .iter()
-        .map(|g| parse_goodput(g).map_err(|e| bad(format!("--goodput {e}"))))
-        .collect::<anyhow::Result<_>>()?;
-    let (requests, slo, meta) = workload(&a)?;
-    // every request can be built and sent in time, before anything is sent
+    Ok(codec)
+}
+
+/// Every request can be built and sent in time, before anything is sent.
+fn check_requests(a: &BenchArgs, requests: &[BenchRequest]) -> anyhow::Result<()> {
     let source = if a.scenario.is_some() {
         "--scenario"
     } else {
         "--random-mm-bucket-config"
     };
-    for r in &requests {
+    for r in requests {
         for item in &r.items {
             check_item(item).map_err(|e| bad(format!("{source}: request {}: {e}", r.id)))?;
         }
@@ -269,6 +282,18 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             last.arrival
         )));
     }
+    Ok(())
+}
+
+pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let codec = check_flags(&a)?;
+    let mut bounds: Vec<GoodputBound> = a
+        .goodput
+        .iter()
+        .map(|g| parse_goodput(g).map_err(|e| bad(format!("--goodput {e}"))))
+        .collect::<anyhow::Result<_>>()?;
+    let (requests, slo, meta) = workload(&a)?;
+    check_requests(&a, &requests)?;
     if let Some(tier) = &a.slo {
         let t = slo.iter().find(|t| &t.name == tier).ok_or_else(|| {
             let names: Vec<&str> = slo.iter().map(|t| t.name.as_str()).collect();

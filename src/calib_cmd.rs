@@ -463,7 +463,7 @@ fn roofline(
     let date = checked_date(date)?;
     let eff = Efficiency::default();
     let terms =
-        easerve_calib::preprocess::EncodeTerms::for_system(&m, &system, eff.encode_pass_s, 1.0);
+        easerve_calib::preprocess::EncodeTerms::for_system(&m, system, eff.encode_pass_s, 1.0);
     let r = Roofline::new(m, g, eff).with_terms(terms);
     let p = Profile::from_roofline(&r, &GridSpec::default(), &date);
     save_profile(&p, output)?;

@@ -78,6 +78,9 @@ struct Study {
 /// bottleneck (`None`: it keeps up at every rate).
 type Saturation = Vec<(&'static str, Option<(f64, f64, String)>)>;
 
+/// Per modality, its rate sweep ([`Reproduction::sweeps`]).
+type Sweeps = Vec<(&'static str, SweepPart)>;
+
 impl Study {
     /// The scenario file of modality `name`.
     fn scn(&self, name: &str) -> PathBuf {
@@ -152,10 +155,7 @@ impl Study {
     /// Rate sweeps (Figure 9/10 analogues): per modality, goodput by tier at
     /// Λ = 2 and throughput against the offered rate; returns pass-through's
     /// saturation (for finding 1) and the sweeps.
-    fn rate_sweeps(
-        &self,
-        md: &mut String,
-    ) -> Result<(Saturation, Vec<(&'static str, SweepPart)>), ReproduceError> {
+    fn rate_sweeps(&self, md: &mut String) -> Result<(Saturation, Sweeps), ReproduceError> {
         let rates = [1.0, 2.0, 3.0, 4.0, 5.0];
         let _ = writeln!(
             md,
