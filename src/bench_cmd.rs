@@ -2,7 +2,6 @@
 //! scenario's workload or `vllm bench serve`'s `random-mm` dataset and report
 //! what it measured (`easerve_bench`), with `vllm bench serve`'s flags, text
 //! layout and JSON keys.
-
 //!
 //! The client is the cargo feature `bench` (on with `exec`); a build without
 //! it keeps the flags (`--help`) and exits 2 saying how to build it.
@@ -147,34 +146,50 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
             return Err(bad(format!("--num-prompts {n}: allowed 1 ..= 10000000")));
         }
     }
-    if let Some(path) = &a.scenario {
-        let o = Overrides {
-            seed: a.seed,
-            rate: a.request_rate.filter(|r| r.is_finite()),
-            requests: a.num_prompts,
-            ..Default::default()
-        };
-        let sc = Scenario::load(path, &o).map_err(|e| bad(e.to_string()))?;
-        let mut reqs: Vec<BenchRequest> = easerve_workload::generate::generate_requests(&sc)
-            .iter()
-            .map(BenchRequest::from_request)
-            .collect();
-        if a.request_rate.is_some_and(f64::is_infinite) {
-            reqs.iter_mut().for_each(|r| r.arrival = 0.0);
-        }
-        // the scenario's model and cluster, as `easerve sim` names them, so
-        // `calib validate` compares the two
-        let meta = RunMeta {
-            scenario: sc.name.clone(),
-            deployment: format!("measured at {}", a.base_url),
-            model: sc.model.name.clone(),
-            cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
-            seed: sc.seed,
-            offered_rate: a.request_rate.unwrap_or(sc.workload.rate),
-            requests: reqs.len(),
-        };
-        return Ok((reqs, sc.slo, meta));
+    match &a.scenario {
+        Some(path) => scenario_workload(a, path),
+        None => random_workload(a),
     }
+}
+
+/// `--scenario`'s requests (with `--seed`, `--request-rate` and
+/// `--num-prompts` applied), its SLO tiers, and its model and cluster.
+#[cfg(feature = "bench")]
+fn scenario_workload(
+    a: &BenchArgs,
+    path: &std::path::Path,
+) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
+    let o = Overrides {
+        seed: a.seed,
+        rate: a.request_rate.filter(|r| r.is_finite()),
+        requests: a.num_prompts,
+        ..Default::default()
+    };
+    let sc = Scenario::load(path, &o).map_err(|e| bad(e.to_string()))?;
+    let mut reqs: Vec<BenchRequest> = easerve_workload::generate::generate_requests(&sc)
+        .iter()
+        .map(BenchRequest::from_request)
+        .collect();
+    if a.request_rate.is_some_and(f64::is_infinite) {
+        reqs.iter_mut().for_each(|r| r.arrival = 0.0);
+    }
+    // the scenario's model and cluster, as `easerve sim` names them, so
+    // `calib validate` compares the two
+    let meta = RunMeta {
+        scenario: sc.name.clone(),
+        deployment: format!("measured at {}", a.base_url),
+        model: sc.model.name.clone(),
+        cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+        seed: sc.seed,
+        offered_rate: a.request_rate.unwrap_or(sc.workload.rate),
+        requests: reqs.len(),
+    };
+    Ok((reqs, sc.slo, meta))
+}
+
+/// A random (or random-mm) dataset's requests, vLLM's way.
+#[cfg(feature = "bench")]
+fn random_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
     let n = a.num_prompts.unwrap_or(1000) as usize;
     let rate = a.request_rate.unwrap_or(f64::INFINITY);
     let seed = a.seed.unwrap_or(0);
@@ -230,8 +245,9 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
     Ok((reqs, Vec::new(), meta))
 }
 
+/// The flags' own ranges, before any request is built; the image codec.
 #[cfg(feature = "bench")]
-pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+fn check_flags(a: &BenchArgs) -> anyhow::Result<ImageCodec> {
     let codec = match a.image_format.as_str() {
         "png" => ImageCodec::Png,
         "jpeg" | "jpg" => ImageCodec::Jpeg,
@@ -264,19 +280,18 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             "--max-concurrency 0: at least 1 request in flight".into()
         ));
     }
-    let mut bounds: Vec<GoodputBound> = a
-        .goodput
-        .iter()
-        .map(|g| parse_goodput(g).map_err(|e| bad(format!("--goodput {e}"))))
-        .collect::<anyhow::Result<_>>()?;
-    let (requests, slo, meta) = workload(&a)?;
-    // every request can be built and sent in time, before anything is sent
+    Ok(codec)
+}
+
+/// Every request can be built and sent in time, before anything is sent.
+#[cfg(feature = "bench")]
+fn check_requests(a: &BenchArgs, requests: &[BenchRequest]) -> anyhow::Result<()> {
     let source = if a.scenario.is_some() {
         "--scenario"
     } else {
         "--random-mm-bucket-config"
     };
-    for r in &requests {
+    for r in requests {
         for item in &r.items {
             check_item(item).map_err(|e| bad(format!("{source}: request {}: {e}", r.id)))?;
         }
@@ -287,6 +302,19 @@ pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
             last.arrival
         )));
     }
+    Ok(())
+}
+
+#[cfg(feature = "bench")]
+pub(crate) fn run(a: BenchArgs) -> anyhow::Result<ExitCode> {
+    let codec = check_flags(&a)?;
+    let mut bounds: Vec<GoodputBound> = a
+        .goodput
+        .iter()
+        .map(|g| parse_goodput(g).map_err(|e| bad(format!("--goodput {e}"))))
+        .collect::<anyhow::Result<_>>()?;
+    let (requests, slo, meta) = workload(&a)?;
+    check_requests(&a, &requests)?;
     if let Some(tier) = &a.slo {
         let t = slo.iter().find(|t| &t.name == tier).ok_or_else(|| {
             let names: Vec<&str> = slo.iter().map(|t| t.name.as_str()).collect();

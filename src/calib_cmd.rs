@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use easerve_calib::profile::today_utc;
-use easerve_calib::refine::{refine_encode, scale_stage, EncodeSample};
+use easerve_calib::refine::{
+    refine_encode, refine_from_latencies, scale_stage, ClientLatencies, DecodeStep, EncodeSample,
+    LatencyRefineError,
+};
 use easerve_calib::Stage;
 use easerve_calib::{vidur, Efficiency, GpuSpec, GridSpec, Profile, Roofline};
 use easerve_model::ModelArch;
@@ -179,42 +182,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             system,
             output,
             date,
-        } => {
-            check_system(&system)?;
-            let m = ModelArch::preset(&model).ok_or_else(|| {
-                BadInput(format!(
-                    "--model: unknown model `{model}` (known: {})",
-                    ModelArch::preset_names().join(", ")
-                ))
-            })?;
-            let g = GpuSpec::preset(&gpu).ok_or_else(|| {
-                BadInput(format!(
-                    "--gpu: unknown GPU `{gpu}` (known: {})",
-                    GpuSpec::preset_names().join(", ")
-                ))
-            })?;
-            let date = checked_date(date)?;
-            let eff = Efficiency::default();
-            let terms = easerve_calib::preprocess::EncodeTerms::for_system(
-                &m,
-                &system,
-                eff.encode_pass_s,
-                1.0,
-            );
-            let r = Roofline::new(m, g, eff).with_terms(terms);
-            let p = Profile::from_roofline(&r, &GridSpec::default(), &date);
-            save_profile(&p, &output)?;
-            // what was written must read back
-            Profile::load(&output).map_err(|e| anyhow::anyhow!("written profile invalid: {e}"))?;
-            eprintln!(
-                "wrote {} ({} of {} on {})",
-                output.display(),
-                p.provenance.source.as_str(),
-                model,
-                gpu
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        } => roofline(&model, &gpu, &system, &output, date),
         CalibCommand::ImportAiconfigurator {
             dir,
             gpu,
@@ -257,53 +225,13 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             say!("{}", render_profile(&p, rows));
             Ok(ExitCode::SUCCESS)
         }
-        CalibCommand::ImportVidur { dir, output } => {
-            let imp = vidur::import_dir(&dir).map_err(|e| BadInput(e.to_string()))?;
-            say!("{}", render_import(&imp, &dir));
-            if let Some(out) = output {
-                std::fs::write(&out, rust_constants(&imp, &dir))
-                    .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
-                eprintln!("wrote {}", out.display());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        CalibCommand::ImportVidur { dir, output } => import_vidur(&dir, output.as_deref()),
         CalibCommand::Validate {
             sim,
             measured,
             max_error,
             json,
-        } => {
-            if let Some(e) = max_error {
-                if !(e.is_finite() && e >= 0.0) {
-                    return Err(BadInput(format!(
-                        "--max-error: {e} must be a finite fraction ≥ 0 (0.1 = 10 %)"
-                    ))
-                    .into());
-                }
-            }
-            let (s, m) = load_runs(&sim, &measured)?;
-            let v = Validation::compare(&s, &m);
-            if json {
-                sayln!("{}", serde_json::to_string_pretty(&v)?);
-            } else {
-                say!("{}", v.render_text());
-            }
-            if let Some(e) = max_error {
-                let over = v.exceeding(e);
-                if !over.is_empty() {
-                    let names: Vec<&str> = over.iter().map(|r| r.metric.as_str()).collect();
-                    eprintln!(
-                        "{} of {} metrics exceed --max-error {:.1} %: {}",
-                        over.len(),
-                        v.rows.len(),
-                        e * 100.0,
-                        names.join(", ")
-                    );
-                    return Ok(ExitCode::from(1));
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => validate(&sim, &measured, max_error, json),
         CalibCommand::Refine {
             profile,
             measured_csv,
@@ -312,156 +240,189 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             measured,
             items_per_request,
             output,
-        } => {
-            let mut p = Profile::load(&profile).map_err(|e| BadInput(e.to_string()))?;
-            if items_per_request == 0 {
-                return Err(BadInput("--items-per-request must be ≥ 1".into()).into());
-            }
-            if measured_csv.is_none() && sim.is_none() {
-                return Err(BadInput(
-                    "nothing to refine from: give --measured-csv (with --encoder-tokens) and/or --sim with --measured".into(),
-                )
-                .into());
-            }
-            if let Some(t) = encoder_tokens {
-                let max = easerve_calib::refine::MAX_ENCODER_TOKENS;
-                if !(1.0..=max).contains(&t) {
-                    return Err(BadInput(format!(
-                        "--encoder-tokens {t}: expected the run's typical encoder tokens per item, 1 ..= {max:e}"
-                    ))
-                    .into());
-                }
-            }
-            if let (Some(csv), Some(tokens)) = (&measured_csv, encoder_tokens) {
-                let samples = read_encode_passes(csv, items_per_request)?;
-                if !samples.iter().any(|s| s.items > 0 && s.seconds > 0.0) {
-                    return Err(BadInput(format!(
-                        "--measured-csv {}: no encode pass with items and a positive duration (a header alone, or no request with both encode times)",
-                        csv.display()
-                    ))
-                    .into());
-                }
-                let what = csv.display().to_string();
-                let summary = refine_encode(&mut p, &samples, tokens, &what)
-                    .map_err(|e| BadInput(e.to_string()))?;
-                for (b, n, med, before, f) in &summary.per_batch {
-                    sayln!(
-                        "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
-                        med, before, f
-                    );
-                }
-                if summary.raised > 0 {
-                    sayln!(
-                        "{} encode values raised to the next smaller batch's (the refined table is kept non-decreasing in batch; measured factors and the table's own steps both can make a larger batch faster)",
-                        summary.raised
-                    );
-                }
-            }
-            if let (Some(sim), Some(measured)) = (&sim, &measured) {
-                let (s, m) = load_runs(sim, measured)?;
-                if s.meta.model != p.provenance.model {
-                    return Err(BadInput(format!(
-                        "--sim {} is a run of `{}`, but {} profiles `{}`; refine a profile from runs of its own model",
-                        sim.display(),
-                        s.meta.model,
-                        profile.display(),
-                        p.provenance.model
-                    ))
-                    .into());
-                }
-                let what = format!(
-                    "measured {} over simulated {}",
-                    measured.display(),
-                    sim.display()
-                );
-                let mut stages = vec![(Stage::Prefill, "prefill"), (Stage::Decode, "decode")];
-                if measured_csv.is_none() && p.encode_table().is_some() {
-                    stages.insert(0, (Stage::Encode, "encode"));
-                }
-                if m.stages.iter().all(|st| st.service.mean <= 0.0) {
-                    // a client's measurement (easerve bench, vllm bench serve):
-                    // TTFT and TPOT only
-                    refine_from_latencies(&mut p, &s, &m, measured_csv.is_none(), &what)?;
-                    stages.clear();
-                }
-                for (stage, name) in stages {
-                    let mean = |r: &easerve_workload::Report| {
-                        r.stages
-                            .iter()
-                            .find(|st| st.stage == name)
-                            .map_or(0.0, |st| st.service.mean)
-                    };
-                    let (ms, ss) = (mean(&m), mean(&s));
-                    if !(ms > 0.0 && ss > 0.0) {
-                        eprintln!("{name}: no service time in both reports; left as is");
-                        continue;
-                    }
-                    scale_stage(&mut p, stage, ms / ss, &what)
-                        .map_err(|e| BadInput(e.to_string()))?;
-                    sayln!(
-                        "{name:<8} measured mean service {ms:.4} s, simulated {ss:.4} s, factor {:.3}",
-                        ms / ss
-                    );
-                }
-            }
-            save_profile(&p, &output)?;
-            eprintln!("wrote {}", output.display());
-            Ok(ExitCode::SUCCESS)
-        }
+        } => refine(
+            &profile,
+            measured_csv.as_deref(),
+            encoder_tokens,
+            sim.as_deref().zip(measured.as_deref()),
+            items_per_request,
+            &output,
+        ),
     }
 }
 
-/// Refine from what a client measures, mean TTFT and TPOT, against the
-/// simulation of the same workload:
-/// * decode: TPOT is decode iterations only, so the decode table is scaled
-///   by measured over simulated mean TPOT;
-/// * encode and prefill (encode only when `with_encode`): TTFT is the sum of
-///   front-end time, encode, prefill, their queues and the transfers, and one
-///   mean cannot tell these apart, so both tables are scaled by measured over
-///   simulated mean TTFT. Queueing grows faster than service time, so at a
-///   loaded rate this over-corrects: refine at a light rate, simulate again
-///   and validate.
-///
-/// What it cannot identify is printed: a per-request front-end overhead
-/// apart from compute, encode apart from prefill, transfers.
-fn refine_from_latencies(
+/// `easerve calib refine`: the flags checked, then encode from the CSV's
+/// passes and/or the stages from the two reports (`runs`: `--sim`,
+/// `--measured`), then the profile written.
+fn refine(
+    profile: &std::path::Path,
+    measured_csv: Option<&std::path::Path>,
+    encoder_tokens: Option<f64>,
+    runs: Option<(&std::path::Path, &std::path::Path)>,
+    items_per_request: u64,
+    output: &std::path::Path,
+) -> anyhow::Result<ExitCode> {
+    let mut p = Profile::load(profile).map_err(|e| BadInput(e.to_string()))?;
+    if items_per_request == 0 {
+        return Err(BadInput("--items-per-request must be ≥ 1".into()).into());
+    }
+    if measured_csv.is_none() && runs.is_none() {
+        return Err(BadInput(
+            "nothing to refine from: give --measured-csv (with --encoder-tokens) and/or --sim with --measured".into(),
+        )
+        .into());
+    }
+    if let Some(t) = encoder_tokens {
+        let max = easerve_calib::refine::MAX_ENCODER_TOKENS;
+        if !(1.0..=max).contains(&t) {
+            return Err(BadInput(format!(
+                "--encoder-tokens {t}: expected the run's typical encoder tokens per item, 1 ..= {max:e}"
+            ))
+            .into());
+        }
+    }
+    if let (Some(csv), Some(tokens)) = (measured_csv, encoder_tokens) {
+        refine_passes(&mut p, csv, tokens, items_per_request)?;
+    }
+    if let Some((sim, measured)) = runs {
+        refine_runs(&mut p, profile, sim, measured, measured_csv.is_none())?;
+    }
+    save_profile(&p, output)?;
+    eprintln!("wrote {}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Encode from the measured passes of a per-request CSV
+/// ([`refine_encode`]), with what it did printed.
+fn refine_passes(
     p: &mut Profile,
-    sim: &easerve_workload::Report,
-    measured: &easerve_workload::Report,
-    with_encode: bool,
-    what: &str,
+    csv: &std::path::Path,
+    tokens: f64,
+    items_per_request: u64,
 ) -> anyhow::Result<()> {
-    if !(measured.ttft.mean > 0.0 && sim.ttft.mean > 0.0) {
+    let samples = read_encode_passes(csv, items_per_request)?;
+    if !samples.iter().any(|s| s.items > 0 && s.seconds > 0.0) {
         return Err(BadInput(format!(
-            "TTFT: the measured ({}) and simulated ({}) means must both be positive to refine from a client's measurement",
-            measured.ttft.mean, sim.ttft.mean
+            "--measured-csv {}: no encode pass with items and a positive duration (a header alone, or no request with both encode times)",
+            csv.display()
         ))
         .into());
     }
-    let what = format!("{what}, client-side TTFT/TPOT");
-    if measured.tpot.mean > 0.0 && sim.tpot.mean > 0.0 {
-        let tpot = measured.tpot.mean / sim.tpot.mean;
-        scale_stage(p, Stage::Decode, tpot, &what).map_err(|e| BadInput(e.to_string()))?;
+    let what = csv.display().to_string();
+    let summary = refine_encode(p, &samples, tokens, &what).map_err(|e| BadInput(e.to_string()))?;
+    for (b, n, med, before, f) in &summary.per_batch {
         sayln!(
-            "decode   measured mean TPOT {:.4} s, simulated {:.4} s, factor {tpot:.3}",
-            measured.tpot.mean,
-            sim.tpot.mean
+            "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
+            med, before, f
         );
-    } else {
-        sayln!("decode   no TPOT in both runs (one output token each?); left as is");
     }
-    let ttft = measured.ttft.mean / sim.ttft.mean;
-    let mut scaled = vec!["prefill"];
-    scale_stage(p, Stage::Prefill, ttft, &what).map_err(|e| BadInput(e.to_string()))?;
+    if summary.raised > 0 {
+        sayln!(
+            "{} encode values raised to the next smaller batch's (the refined table is kept non-decreasing in batch; measured factors and the table's own steps both can make a larger batch faster)",
+            summary.raised
+        );
+    }
+    Ok(())
+}
+
+/// The stages from a simulated and a measured report of one scenario: each
+/// stage's table ([`scale_stage`]) by measured over simulated mean service
+/// time (encode too when `with_encode` and the profile has its table), or,
+/// from a client's measurement (no service times), by TTFT and TPOT
+/// ([`refine_from_latencies`]); what it did printed.
+fn refine_runs(
+    p: &mut Profile,
+    profile: &std::path::Path,
+    sim: &std::path::Path,
+    measured: &std::path::Path,
+    with_encode: bool,
+) -> anyhow::Result<()> {
+    let (s, m) = load_runs(sim, measured)?;
+    if s.meta.model != p.provenance.model {
+        return Err(BadInput(format!(
+            "--sim {} is a run of `{}`, but {} profiles `{}`; refine a profile from runs of its own model",
+            sim.display(),
+            s.meta.model,
+            profile.display(),
+            p.provenance.model
+        ))
+        .into());
+    }
+    let what = format!(
+        "measured {} over simulated {}",
+        measured.display(),
+        sim.display()
+    );
+    if m.stages.iter().all(|st| st.service.mean <= 0.0) {
+        // a client's measurement (easerve bench, vllm bench serve):
+        // TTFT and TPOT only
+        return refine_latencies(p, &s, &m, with_encode, &what);
+    }
+    let mut stages = vec![(Stage::Prefill, "prefill"), (Stage::Decode, "decode")];
     if with_encode && p.encode_table().is_some() {
-        scale_stage(p, Stage::Encode, ttft, &what).map_err(|e| BadInput(e.to_string()))?;
-        scaled.insert(0, "encode");
+        stages.insert(0, (Stage::Encode, "encode"));
     }
+    for (stage, name) in stages {
+        let mean = |r: &easerve_workload::Report| {
+            r.stages
+                .iter()
+                .find(|st| st.stage == name)
+                .map_or(0.0, |st| st.service.mean)
+        };
+        let (ms, ss) = (mean(&m), mean(&s));
+        if !(ms > 0.0 && ss > 0.0) {
+            eprintln!("{name}: no service time in both reports; left as is");
+            continue;
+        }
+        scale_stage(p, stage, ms / ss, &what).map_err(|e| BadInput(e.to_string()))?;
+        sayln!(
+            "{name:<8} measured mean service {ms:.4} s, simulated {ss:.4} s, factor {:.3}",
+            ms / ss
+        );
+    }
+    Ok(())
+}
+
+/// [`refine_from_latencies`] on the mean TTFT and TPOT of the simulated
+/// report `s` and the measured `m`, with what it did and what it cannot
+/// identify printed.
+fn refine_latencies(
+    p: &mut Profile,
+    s: &easerve_workload::Report,
+    m: &easerve_workload::Report,
+    with_encode: bool,
+    what: &str,
+) -> anyhow::Result<()> {
+    let lat = |r: &easerve_workload::Report| ClientLatencies {
+        ttft_mean: r.ttft.mean,
+        tpot_mean: r.tpot.mean,
+    };
+    let decode_line = |d: DecodeStep| match d {
+        DecodeStep::Scaled(f) => format!(
+            "decode   measured mean TPOT {:.4} s, simulated {:.4} s, factor {f:.3}",
+            m.tpot.mean, s.tpot.mean
+        ),
+        DecodeStep::NoTpot => {
+            "decode   no TPOT in both runs (one output token each?); left as is".to_string()
+        }
+    };
+    let r = match refine_from_latencies(p, &lat(s), &lat(m), with_encode, what) {
+        Ok(r) => r,
+        Err(LatencyRefineError::Ttft { decode, source }) => {
+            // decode was refined (and said so) before TTFT failed
+            sayln!("{}", decode_line(decode));
+            return Err(BadInput(source.to_string()).into());
+        }
+        Err(e) => return Err(BadInput(e.to_string()).into()),
+    };
+    sayln!("{}", decode_line(r.decode));
+    let scaled: Vec<&str> = r.ttft_stages.iter().map(|st| st.name()).collect();
     sayln!(
-        "{:<8} measured mean TTFT {:.4} s, simulated {:.4} s, factor {ttft:.3}",
+        "{:<8} measured mean TTFT {:.4} s, simulated {:.4} s, factor {:.3}",
         scaled.join("+"),
-        measured.ttft.mean,
-        sim.ttft.mean
+        m.ttft.mean,
+        s.ttft.mean,
+        r.ttft_factor
     );
     sayln!(
         "not identified from TTFT and TPOT: a per-request front-end overhead apart from compute, encode apart from prefill, transfers, queueing apart from service (refine at a light rate; give --measured-csv for encode passes where the server reports them)"
@@ -474,8 +435,94 @@ fn refine_from_latencies(
     Ok(())
 }
 
+/// `easerve calib import-vidur`.
+fn import_vidur(
+    dir: &std::path::Path,
+    output: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    let imp = vidur::import_dir(dir).map_err(|e| BadInput(e.to_string()))?;
+    say!("{}", render_import(&imp, dir));
+    if let Some(out) = output {
+        std::fs::write(out, rust_constants(&imp, dir))
+            .map_err(|e| BadInput(format!("-o {}: cannot write: {e}", out.display())))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `easerve calib roofline`.
+fn roofline(
+    model: &str,
+    gpu: &str,
+    system: &str,
+    output: &std::path::Path,
+    date: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    check_system(system)?;
+    let (m, g) = presets(model, gpu)?;
+    let date = checked_date(date)?;
+    let eff = Efficiency::default();
+    let terms =
+        easerve_calib::preprocess::EncodeTerms::for_system(&m, system, eff.encode_pass_s, 1.0);
+    let r = Roofline::new(m, g, eff).with_terms(terms);
+    let p = Profile::from_roofline(&r, &GridSpec::default(), &date);
+    save_profile(&p, output)?;
+    // what was written must read back
+    Profile::load(output).map_err(|e| anyhow::anyhow!("written profile invalid: {e}"))?;
+    eprintln!(
+        "wrote {} ({} of {} on {})",
+        output.display(),
+        p.provenance.source.as_str(),
+        model,
+        gpu
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `easerve calib validate`.
+fn validate(
+    sim: &std::path::Path,
+    measured: &std::path::Path,
+    max_error: Option<f64>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if let Some(e) = max_error {
+        if !(e.is_finite() && e >= 0.0) {
+            return Err(BadInput(format!(
+                "--max-error: {e} must be a finite fraction ≥ 0 (0.1 = 10 %)"
+            ))
+            .into());
+        }
+    }
+    let (s, m) = load_runs(sim, measured)?;
+    let v = Validation::compare(&s, &m);
+    if json {
+        sayln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        say!("{}", v.render_text());
+    }
+    if let Some(e) = max_error {
+        let over = v.exceeding(e);
+        if !over.is_empty() {
+            let names: Vec<&str> = over.iter().map(|r| r.metric.as_str()).collect();
+            eprintln!(
+                "{} of {} metrics exceed --max-error {:.1} %: {}",
+                over.len(),
+                v.rows.len(),
+                e * 100.0,
+                names.join(", ")
+            );
+            return Ok(ExitCode::from(1));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// One sample per encode pass (requests of one pass share worker and start).
-fn read_encode_passes(path: &PathBuf, items_per_request: u64) -> anyhow::Result<Vec<EncodeSample>> {
+fn read_encode_passes(
+    path: &std::path::Path,
+    items_per_request: u64,
+) -> anyhow::Result<Vec<EncodeSample>> {
     let file = path.display().to_string();
     easerve_calib::input::check_regular(path).map_err(|e| BadInput(format!("{file}: {e}")))?;
     let mut r = csv::Reader::from_path(path).map_err(|e| BadInput(format!("{file}: {e}")))?;
@@ -738,7 +785,6 @@ fn cell(x: f64) -> String {
     text.trim_end_matches('.').to_string()
 }
 
-/// `easerve calib import-aiconfigurator`.
 /// The simulated report `--sim` and the measured run `--measured` of one
 /// scenario, checked to be runs of the same model and cluster and to hold
 /// something to compare (`calib validate` and `calib refine` alike).
@@ -791,6 +837,7 @@ fn checked_date(date: Option<String>) -> Result<String, BadInput> {
     }
 }
 
+/// `easerve calib import-aiconfigurator`.
 #[allow(clippy::too_many_arguments)]
 fn import_aiconfigurator(
     dir: &std::path::Path,
@@ -803,7 +850,7 @@ fn import_aiconfigurator(
     output: &std::path::Path,
     date: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    use easerve_calib::{KernelCost, Provenance, Source, StageCost};
+    use easerve_calib::{Provenance, Source, StageCost};
     // checked before anything is read or written
     let date = checked_date(date)?;
     if version.is_some_and(|v| v.trim().is_empty()) {
@@ -819,47 +866,9 @@ fn import_aiconfigurator(
         .into());
     }
     check_system(system)?;
-    let m = ModelArch::preset(model).ok_or_else(|| {
-        BadInput(format!(
-            "--model: unknown model `{model}` (known: {})",
-            ModelArch::preset_names().join(", ")
-        ))
-    })?;
-    let g = GpuSpec::preset(gpu).ok_or_else(|| {
-        BadInput(format!(
-            "--gpu: unknown GPU `{gpu}` (known: {})",
-            GpuSpec::preset_names().join(", ")
-        ))
-    })?;
-    let no_tables = || {
-        BadInput(format!(
-            "--gpu {gpu}: no measured kernel tables (GPUs with tables: {}, and rtx-6000-ada via the L40S)",
-            easerve_calib::aic::AIC_GPUS
-                .iter()
-                .map(|(g, _)| *g)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-    };
-    let cost = KernelCost::from_data(dir, &m, &g, system, dtype, 1.0, true)
-        .map_err(|e| BadInput(e.to_string()))?
-        .ok_or_else(no_tables)?;
+    let (m, g) = presets(model, gpu)?;
+    let cost = kernel_cost(dir, (&m, &g, gpu), system, dtype, version)?;
     let tables = cost.tables();
-    if let Some(v) = version {
-        let have = tables
-            .provenance
-            .versions
-            .get("gemm")
-            .cloned()
-            .unwrap_or_default();
-        if !have.ends_with(v) {
-            return Err(BadInput(format!(
-                "--version {v}: the tables of {} are {have} (allowed: that version)",
-                tables.provenance.system
-            ))
-            .into());
-        }
-    }
     let describe = tables.describe();
     let provenance = Provenance {
         model: m.name.clone(),
@@ -896,6 +905,66 @@ fn import_aiconfigurator(
         output.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The measured kernels of `m` on `g` (named `gpu` on the command line) in
+/// the tables at `dir` (the newest
+/// framework version, which must end with `version` when one is given).
+fn kernel_cost(
+    dir: &std::path::Path,
+    (m, g, gpu): (&ModelArch, &GpuSpec, &str),
+    system: &str,
+    dtype: &str,
+    version: Option<&str>,
+) -> anyhow::Result<easerve_calib::KernelCost> {
+    use easerve_calib::KernelCost;
+    let no_tables = || {
+        BadInput(format!(
+            "--gpu {gpu}: no measured kernel tables (GPUs with tables: {}, and rtx-6000-ada via the L40S)",
+            easerve_calib::aic::AIC_GPUS
+                .iter()
+                .map(|(g, _)| *g)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    };
+    let cost = KernelCost::from_data(dir, m, g, system, dtype, 1.0, true)
+        .map_err(|e| BadInput(e.to_string()))?
+        .ok_or_else(no_tables)?;
+    let tables = cost.tables();
+    if let Some(v) = version {
+        let have = tables
+            .provenance
+            .versions
+            .get("gemm")
+            .cloned()
+            .unwrap_or_default();
+        if !have.ends_with(v) {
+            return Err(BadInput(format!(
+                "--version {v}: the tables of {} are {have} (allowed: that version)",
+                tables.provenance.system
+            ))
+            .into());
+        }
+    }
+    Ok(cost)
+}
+
+/// The model and GPU presets `--model` and `--gpu` name.
+fn presets(model: &str, gpu: &str) -> Result<(ModelArch, GpuSpec), BadInput> {
+    let m = ModelArch::preset(model).ok_or_else(|| {
+        BadInput(format!(
+            "--model: unknown model `{model}` (known: {})",
+            ModelArch::preset_names().join(", ")
+        ))
+    })?;
+    let g = GpuSpec::preset(gpu).ok_or_else(|| {
+        BadInput(format!(
+            "--gpu: unknown GPU `{gpu}` (known: {})",
+            GpuSpec::preset_names().join(", ")
+        ))
+    })?;
+    Ok((m, g))
 }
 
 /// `--system` names a serving system with encode terms.

@@ -3,10 +3,12 @@
 //! equal cost (all on the simulator; `easerve_has::capacity`).
 
 use crate::BadInput;
-use easerve_has::capacity::{CapacityError, Goal, MaxRate, Planner, Probe, Tuning, MIN_TOLERANCE};
+use easerve_has::capacity::{
+    CapacityError, Comparison, FewestGpus, Goal, MaxRate, Planner, Probe, Tuning, MAX_GPUS,
+    MIN_TOLERANCE,
+};
 use easerve_study::plot::{LineChart, Scale, Series};
 use easerve_workload::scenario::{num, Overrides, Scenario, MAX_RATE};
-use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -66,23 +68,6 @@ pub(crate) struct CapacityArgs {
     #[arg(long, value_name = "FILE")]
     plot: Option<PathBuf>,
 }
-
-#[derive(Serialize)]
-struct Comparison {
-    gpu: String,
-    /// `equal count` or `equal cost`.
-    basis: &'static str,
-    /// GPUs of this type in the comparison.
-    gpus: u32,
-    price_per_gpu_hour: Option<f64>,
-    /// `None` with `note` when this type has no answer (the model does not
-    /// fit, the tier is met at no rate, the budget buys no GPU).
-    answer: Option<MaxRate>,
-    note: Option<String>,
-}
-
-/// Most GPUs an equal-cost cluster may have (the bound of `cluster.gpus`).
-const MAX_GPUS: u32 = 4096;
 
 fn bad(e: CapacityError) -> anyhow::Error {
     BadInput(e.to_string()).into()
@@ -206,229 +191,203 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         goal.tier,
         num(goal.attain * 1e2)
     );
+    let asked = Asked {
+        a: &a,
+        goal: &goal,
+        what: &what,
+    };
     if let Some(rate) = a.target_rate {
         let ans = planner
             .fewest_gpus(rate, a.max_gpus, &mut on_probe)
             .map_err(bad)?;
-        if let Some(path) = &a.plot {
-            let mut pts: Vec<(f64, f64)> = ans
-                .probes
-                .iter()
-                .map(|p| (f64::from(p.gpus), p.goodput))
-                .collect();
-            pts.sort_by(|x, y| x.0.total_cmp(&y.0));
-            let lo = pts.first().map_or(1.0, |p| p.0);
-            let hi = pts.last().map_or(1.0, |p| p.0);
-            let mut series = vec![Series {
-                name: format!("goodput ({})", goal.tier),
-                points: pts,
-            }];
-            series.push(Series {
-                name: format!("{} × {rate} req/s", num(goal.attain)),
-                points: vec![(lo, goal.attain * rate), (hi, goal.attain * rate)],
-            });
-            if let Some(f) = &ans.found {
-                series.push(Series {
-                    name: format!("fewest: {} GPUs", f.gpus),
-                    points: vec![(f64::from(f.gpus), f.goodput)],
-                });
-            }
-            plot(
-                path,
-                &format!(
-                    "{}: goodput at {rate} req/s by cluster size",
-                    planner_name(&a)
-                ),
-                "GPUs",
-                series,
-            )?;
-        }
-        if a.json {
-            print_json(serde_json::json!({"goal": goal, "answer": ans}))?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        if !ans.unfit.is_empty() {
-            sayln!(
-                "no allocation fits {} GPU(s) of this type (the model's weights, or no GPU left for an encode worker)",
-                ans.unfit
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        match &ans.found {
-            Some(f) => sayln!(
-                "fewest GPUs meeting {what} at {rate} req/s: {} × {} with {} (goodput {:.4} req/s)",
-                f.gpus,
-                f.gpu,
-                f.deployment,
-                f.goodput
-            ),
-            None if ans.stalled => {
-                let last: Vec<&easerve_has::capacity::Probe> = {
-                    let mut by_size: Vec<_> = ans.probes.iter().collect();
-                    by_size.sort_by_key(|p| p.gpus);
-                    by_size.into_iter().rev().take(2).collect()
-                };
-                let (big, small) = (last[0], last.get(1).copied().unwrap_or(last[0]));
-                sayln!(
-                    "not met up to {} GPUs: no cluster size probed meets {what} at {rate} req/s, and doubling from {} to {} GPUs raised neither goodput ({:.4} → {:.4} req/s) nor throughput ({:.4} → {:.4} req/s) by {} %, so larger clusters (up to --max-gpus {}) were not tried",
-                    ans.tried_up_to,
-                    small.gpus,
-                    big.gpus,
-                    small.goodput,
-                    big.goodput,
-                    small.throughput,
-                    big.throughput,
-                    num(easerve_has::capacity::MIN_GAIN * 1e2),
-                    ans.max_gpus
-                )
-            }
-            None => sayln!(
-                "not reachable with up to {} GPUs: no cluster size probed from 1 to {} meets {what} at {rate} req/s",
-                ans.max_gpus,
-                ans.max_gpus
-            ),
-        }
-        return Ok(ExitCode::SUCCESS);
+        return fewest_gpus(&asked, rate, &ans);
     }
     let start = planner.scenario_rate();
     if let Some(types) = &a.gpus {
         let prices = parse_prices(a.cost_per_gpu_hour.as_deref().unwrap_or(&[]))?;
-        let own = Scenario::load(&a.scenario, &Overrides::default())
-            .map_err(|e| BadInput(e.to_string()))?;
-        let budget = if prices.is_empty() {
-            None
-        } else {
-            let p = price_of(&prices, &own.gpu.name).ok_or_else(|| {
-                BadInput(format!(
-                    "--cost-per-gpu-hour: give a price for the scenario's own GPU `{}` too: its {} GPUs set the hourly budget",
-                    own.gpu.name, own.gpus
-                ))
-            })?;
-            for t in types {
-                if price_of(&prices, t).is_none() {
-                    return Err(BadInput(format!(
-                        "--cost-per-gpu-hour: no price for `{t}` (one of --gpus)"
-                    ))
-                    .into());
-                }
-            }
-            Some(p * f64::from(own.gpus))
-        };
-        let mut types = types.clone();
-        if !types.contains(&own.gpu.name) {
-            types.insert(0, own.gpu.name.clone());
-        }
-        let mut rows = Vec::new();
-        let mut row =
-            |gpu: &str, basis, gpus: u32, sets: &[(String, String)], on: &mut dyn FnMut(&Probe)| {
-                let (answer, note) = match planner.max_rate(sets, start, a.tolerance, on) {
-                    Ok(m) => (Some(m), None),
-                    Err(e @ (CapacityError::Scenario(_) | CapacityError::Unreachable { .. })) => {
-                        (None, Some(e.to_string()))
-                    }
-                    Err(e) => return Err(bad(e)),
-                };
-                rows.push(Comparison {
-                    gpu: gpu.to_string(),
-                    basis,
-                    gpus,
-                    price_per_gpu_hour: price_of(&prices, gpu),
-                    answer,
-                    note,
-                });
-                Ok::<(), anyhow::Error>(())
-            };
-        for t in &types {
-            let gpu = ("cluster.gpu".to_string(), t.clone());
-            row(
-                t,
-                "equal count",
-                own.gpus,
-                std::slice::from_ref(&gpu),
-                &mut on_probe,
-            )?;
-            if let (Some(budget), Some(price)) = (budget, price_of(&prices, t)) {
-                let n = (budget / price * (1.0 + 1e-12)).floor();
-                if n > f64::from(MAX_GPUS) {
-                    return Err(BadInput(format!(
-                        "--cost-per-gpu-hour: the budget of {} × {} buys {} × {t}, more than the {MAX_GPUS} GPUs a cluster may have",
-                        own.gpus,
-                        own.gpu.name,
-                        num(n)
-                    ))
-                    .into());
-                }
-                let n = n as u32;
-                if n == own.gpus {
-                    continue;
-                }
-                let sets = [gpu, ("cluster.gpus".to_string(), n.to_string())];
-                row(t, "equal cost", n, &sets, &mut on_probe)?;
-            }
-        }
-        if let Some(path) = &a.plot {
-            let series = rows
-                .iter()
-                .filter_map(|r| {
-                    r.answer.as_ref().map(|m| Series {
-                        name: format!("{} × {}", r.gpus, r.gpu),
-                        points: sorted_points(&m.probes),
-                    })
-                })
-                .collect();
-            plot(
-                path,
-                &format!("{}: goodput ({}) by GPU type", planner_name(&a), goal.tier),
-                "offered rate (req/s)",
-                series,
-            )?;
-        }
-        if a.json {
-            print_json(serde_json::json!({"goal": goal, "comparison": rows}))?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        sayln!("highest rate meeting {what}, each GPU type tuned by HAS:");
-        sayln!(
-            "{:<18}{:>6}  {:<12}{:>14}{:>16}{:>14}{:>16}",
-            "gpu",
-            "count",
-            "basis",
-            "rate (req/s)",
-            "fails at",
-            "cost/hour",
-            "requests/cost"
-        );
-        for r in &rows {
-            let cost = r.price_per_gpu_hour.map(|p| p * f64::from(r.gpus));
-            let Some(m) = &r.answer else {
-                sayln!(
-                    "{:<18}{:>6}  {:<12}  {}",
-                    r.gpu,
-                    r.gpus,
-                    r.basis,
-                    r.note.as_deref().unwrap_or("no answer")
-                );
-                continue;
-            };
-            sayln!(
-                "{:<18}{:>6}  {:<12}{:>14.4}{:>16}{:>14}{:>16}",
-                r.gpu,
-                r.gpus,
-                r.basis,
-                m.rate,
-                m.fails_at.map_or("not found".into(), |f| format!("{f:.4}")),
-                cost.map_or("-".into(), |c| format!("{c:.2}")),
-                cost.map_or("-".into(), |c| format!("{:.0}", m.rate * 3600.0 / c))
-            );
-        }
-        return Ok(ExitCode::SUCCESS);
+        let rows = planner
+            .compare_gpus(types, &prices, start, a.tolerance, &mut on_probe)
+            .map_err(bad)?;
+        return comparison(&asked, &rows);
     }
     let ans = planner
         .max_rate(&[], start, a.tolerance, &mut on_probe)
         .map_err(bad)?;
+    max_rate(&asked, tuning, start, &ans)
+}
+
+/// What was asked, for rendering an answer: the flags, the goal and the
+/// goal in words.
+struct Asked<'a> {
+    a: &'a CapacityArgs,
+    goal: &'a Goal,
+    what: &'a str,
+}
+
+/// `--target-rate`'s answer: the plot, then JSON or text.
+fn fewest_gpus(q: &Asked<'_>, rate: f64, ans: &FewestGpus) -> anyhow::Result<ExitCode> {
+    let (a, goal, what) = (q.a, q.goal, q.what);
+    if let Some(path) = &a.plot {
+        fewest_plot(q, path, rate, ans)?;
+    }
+    if a.json {
+        print_json(serde_json::json!({"goal": goal, "answer": ans}))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !ans.unfit.is_empty() {
+        sayln!(
+            "no allocation fits {} GPU(s) of this type (the model's weights, or no GPU left for an encode worker)",
+            ans.unfit
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    match &ans.found {
+        Some(f) => sayln!(
+            "fewest GPUs meeting {what} at {rate} req/s: {} × {} with {} (goodput {:.4} req/s)",
+            f.gpus,
+            f.gpu,
+            f.deployment,
+            f.goodput
+        ),
+        None if ans.stalled => {
+            let last: Vec<&easerve_has::capacity::Probe> = {
+                let mut by_size: Vec<_> = ans.probes.iter().collect();
+                by_size.sort_by_key(|p| p.gpus);
+                by_size.into_iter().rev().take(2).collect()
+            };
+            let (big, small) = (last[0], last.get(1).copied().unwrap_or(last[0]));
+            sayln!(
+                "not met up to {} GPUs: no cluster size probed meets {what} at {rate} req/s, and doubling from {} to {} GPUs raised neither goodput ({:.4} → {:.4} req/s) nor throughput ({:.4} → {:.4} req/s) by {} %, so larger clusters (up to --max-gpus {}) were not tried",
+                ans.tried_up_to,
+                small.gpus,
+                big.gpus,
+                small.goodput,
+                big.goodput,
+                small.throughput,
+                big.throughput,
+                num(easerve_has::capacity::MIN_GAIN * 1e2),
+                ans.max_gpus
+            )
+        }
+        None => sayln!(
+            "not reachable with up to {} GPUs: no cluster size probed from 1 to {} meets {what} at {rate} req/s",
+            ans.max_gpus,
+            ans.max_gpus
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--plot` of `--target-rate`: the tier's goodput by cluster size, the
+/// goal's line and the fewest GPUs found.
+fn fewest_plot(
+    q: &Asked<'_>,
+    path: &std::path::Path,
+    rate: f64,
+    ans: &FewestGpus,
+) -> anyhow::Result<()> {
+    let goal = q.goal;
+    let mut pts: Vec<(f64, f64)> = ans
+        .probes
+        .iter()
+        .map(|p| (f64::from(p.gpus), p.goodput))
+        .collect();
+    pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+    let lo = pts.first().map_or(1.0, |p| p.0);
+    let hi = pts.last().map_or(1.0, |p| p.0);
+    let mut series = vec![Series {
+        name: format!("goodput ({})", goal.tier),
+        points: pts,
+    }];
+    series.push(Series {
+        name: format!("{} × {rate} req/s", num(goal.attain)),
+        points: vec![(lo, goal.attain * rate), (hi, goal.attain * rate)],
+    });
+    if let Some(f) = &ans.found {
+        series.push(Series {
+            name: format!("fewest: {} GPUs", f.gpus),
+            points: vec![(f64::from(f.gpus), f.goodput)],
+        });
+    }
+    plot(
+        path,
+        &format!(
+            "{}: goodput at {rate} req/s by cluster size",
+            planner_name(q.a)
+        ),
+        "GPUs",
+        series,
+    )
+}
+
+/// `--gpus`'s answer: the plot, then JSON or a table.
+fn comparison(q: &Asked<'_>, rows: &[Comparison]) -> anyhow::Result<ExitCode> {
+    let (a, goal, what) = (q.a, q.goal, q.what);
+    if let Some(path) = &a.plot {
+        let series = rows
+            .iter()
+            .filter_map(|r| {
+                r.answer.as_ref().map(|m| Series {
+                    name: format!("{} × {}", r.gpus, r.gpu),
+                    points: sorted_points(&m.probes),
+                })
+            })
+            .collect();
+        plot(
+            path,
+            &format!("{}: goodput ({}) by GPU type", planner_name(a), goal.tier),
+            "offered rate (req/s)",
+            series,
+        )?;
+    }
+    if a.json {
+        print_json(serde_json::json!({"goal": goal, "comparison": rows}))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    sayln!("highest rate meeting {what}, each GPU type tuned by HAS:");
+    sayln!(
+        "{:<18}{:>6}  {:<12}{:>14}{:>16}{:>14}{:>16}",
+        "gpu",
+        "count",
+        "basis",
+        "rate (req/s)",
+        "fails at",
+        "cost/hour",
+        "requests/cost"
+    );
+    for r in rows {
+        let cost = r.price_per_gpu_hour.map(|p| p * f64::from(r.gpus));
+        let Some(m) = &r.answer else {
+            sayln!(
+                "{:<18}{:>6}  {:<12}  {}",
+                r.gpu,
+                r.gpus,
+                r.basis,
+                r.note.as_deref().unwrap_or("no answer")
+            );
+            continue;
+        };
+        sayln!(
+            "{:<18}{:>6}  {:<12}{:>14.4}{:>16}{:>14}{:>16}",
+            r.gpu,
+            r.gpus,
+            r.basis,
+            m.rate,
+            m.fails_at.map_or("not found".into(), |f| format!("{f:.4}")),
+            cost.map_or("-".into(), |c| format!("{c:.2}")),
+            cost.map_or("-".into(), |c| format!("{:.0}", m.rate * 3600.0 / c))
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The highest rate's answer (`start` the scenario's rate, req/s): the
+/// plot, then JSON or text.
+fn max_rate(q: &Asked<'_>, tuning: Tuning, start: f64, ans: &MaxRate) -> anyhow::Result<ExitCode> {
+    let (a, goal, what) = (q.a, q.goal, q.what);
     if let Some(path) = &a.plot {
         let pts = sorted_points(&ans.probes);
         let (lo, hi) = (
@@ -459,7 +418,7 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
             path,
             &format!(
                 "{}: goodput ({}) against offered rate",
-                planner_name(&a),
+                planner_name(a),
                 goal.tier
             ),
             "offered rate (req/s)",
@@ -567,8 +526,4 @@ fn check_gpu_types(types: &[String]) -> Result<(), BadInput> {
         }
     }
     Ok(())
-}
-
-fn price_of(prices: &[(String, f64)], gpu: &str) -> Option<f64> {
-    prices.iter().find(|(t, _)| t == gpu).map(|(_, p)| *p)
 }

@@ -118,21 +118,7 @@ fn stage1_table(study: &Study) -> String {
 }
 
 pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
-    if a.budget < 1 {
-        return Err(BadInput(format!(
-            "--budget {}: a search needs at least 1 trial",
-            a.budget
-        ))
-        .into());
-    }
-    if let Some(r) = a.rate {
-        if !(r.is_finite() && r > 0.0) {
-            return Err(BadInput(format!(
-                "--rate {r}: the target rate must be a number > 0 (requests/s)"
-            ))
-            .into());
-        }
-    }
+    check_flags(&a)?;
     let base = Overrides {
         seed: a.seed,
         rate: a.rate,
@@ -196,7 +182,38 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    say!("{}", stage1_table(&study));
+    render(&a, &sc, &base, &study, started.elapsed().as_secs_f64())
+}
+
+/// The flags' own ranges, before the scenario is read.
+fn check_flags(a: &SearchArgs) -> Result<(), BadInput> {
+    if a.budget < 1 {
+        return Err(BadInput(format!(
+            "--budget {}: a search needs at least 1 trial",
+            a.budget
+        )));
+    }
+    if let Some(r) = a.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(BadInput(format!(
+                "--rate {r}: the target rate must be a number > 0 (requests/s)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The study as text: the stage-1 table, a summary (`elapsed_s` the
+/// search's wall time, seconds), the chosen deployment and how to run it;
+/// with `--emit`, its launch files.
+fn render(
+    a: &SearchArgs,
+    sc: &Scenario,
+    base: &Overrides,
+    study: &easerve_has::Study,
+    elapsed_s: f64,
+) -> anyhow::Result<ExitCode> {
+    say!("{}", stage1_table(study));
     sayln!(
         "{} feasible allocations of {}× {}; method {}, Λ = {} req/s; {} trials in {:.2} s ({})",
         study.space.len(),
@@ -205,7 +222,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         study.method,
         study.rate,
         study.trials.len(),
-        started.elapsed().as_secs_f64(),
+        elapsed_s,
         study.stopped
     );
     match &study.best {
@@ -227,7 +244,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
                 b.candidate
             );
             if let Some(dir) = &a.out.emit {
-                emit_chosen(&a, &base, &study, dir, false)?;
+                emit_chosen(a, base, study, dir, false)?;
             }
         }
         None => sayln!("no trial ran"),

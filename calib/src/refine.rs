@@ -1,4 +1,5 @@
-//! Folding measured encode passes back into a profile (`easerve calib refine`).
+//! Folding measured runs back into a profile (`easerve calib refine`): encode
+//! passes by batch size, stage tables by service time or by client latencies.
 //!
 //! Deliberately simple: a measured run tells, per micro-batch size, how long
 //! whole encode passes took; it does not tell the SM share or each item's
@@ -21,6 +22,11 @@
 //!
 //! The split into `t_pass`, `t_pre` and GPU time keeps its proportions; the
 //! provenance's `method` records what was folded in.
+//!
+//! Two coarser refinements scale whole stage tables by one factor each:
+//! [`scale_stage`] by measured over simulated mean service time (two reports
+//! of one scenario), and [`refine_from_latencies`] from what a client
+//! measures, mean TTFT and TPOT, when no per-stage times are known.
 
 use crate::profile::{monotone_envelope_columns, Profile, ProfileError, Stage};
 
@@ -214,6 +220,111 @@ pub fn scale_stage(
     Ok(())
 }
 
+/// The mean latencies a client sees of one run (what `easerve bench` or
+/// `vllm bench serve` measure, or a simulated report's), seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClientLatencies {
+    /// Mean time to first token, s.
+    pub ttft_mean: f64,
+    /// Mean time per output token, s.
+    pub tpot_mean: f64,
+}
+
+/// What [`refine_from_latencies`] did to decode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DecodeStep {
+    /// The decode table was scaled by this factor (measured over simulated mean TPOT).
+    Scaled(f64),
+    /// A run has no TPOT (one output token each?): decode left as is.
+    NoTpot,
+}
+
+/// What [`refine_from_latencies`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatencyRefinement {
+    /// Decode: scaled by TPOT, or left as is.
+    pub decode: DecodeStep,
+    /// The factor measured over simulated mean TTFT.
+    pub ttft_factor: f64,
+    /// The stages scaled by `ttft_factor`: encode (when asked for and the
+    /// profile has an encode table), then prefill.
+    pub ttft_stages: Vec<Stage>,
+}
+
+/// Why [`refine_from_latencies`] could not refine.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LatencyRefineError {
+    /// A mean TTFT is not positive.
+    #[error("TTFT: the measured ({measured}) and simulated ({simulated}) means must both be positive to refine from a client's measurement")]
+    NoTtft {
+        /// Measured mean TTFT, s.
+        measured: f64,
+        /// Simulated mean TTFT, s.
+        simulated: f64,
+    },
+    /// Scaling decode failed ([`scale_stage`]); nothing was changed.
+    #[error("{0}")]
+    Decode(ProfileError),
+    /// Scaling by TTFT failed ([`scale_stage`]) after `decode` was done.
+    #[error("{source}")]
+    Ttft {
+        /// What was done to decode before.
+        decode: DecodeStep,
+        /// The failure.
+        source: ProfileError,
+    },
+}
+
+/// Refine from what a client measures, mean TTFT and TPOT, against the
+/// simulation of the same workload:
+/// * decode: TPOT is decode iterations only, so the decode table is scaled
+///   by measured over simulated mean TPOT;
+/// * encode and prefill (encode only when `with_encode`): TTFT is the sum of
+///   front-end time, encode, prefill, their queues and the transfers, and one
+///   mean cannot tell these apart, so both tables are scaled by measured over
+///   simulated mean TTFT. Queueing grows faster than service time, so at a
+///   loaded rate this over-corrects: refine at a light rate, simulate again
+///   and validate.
+///
+/// What it cannot identify: a per-request front-end overhead apart from
+/// compute, encode apart from prefill, transfers. `what` names the source
+/// for the provenance (`, client-side TTFT/TPOT` is appended).
+pub fn refine_from_latencies(
+    p: &mut Profile,
+    sim: &ClientLatencies,
+    measured: &ClientLatencies,
+    with_encode: bool,
+    what: &str,
+) -> Result<LatencyRefinement, LatencyRefineError> {
+    if !(measured.ttft_mean > 0.0 && sim.ttft_mean > 0.0) {
+        return Err(LatencyRefineError::NoTtft {
+            measured: measured.ttft_mean,
+            simulated: sim.ttft_mean,
+        });
+    }
+    let what = format!("{what}, client-side TTFT/TPOT");
+    let decode = if measured.tpot_mean > 0.0 && sim.tpot_mean > 0.0 {
+        let tpot = measured.tpot_mean / sim.tpot_mean;
+        scale_stage(p, Stage::Decode, tpot, &what).map_err(LatencyRefineError::Decode)?;
+        DecodeStep::Scaled(tpot)
+    } else {
+        DecodeStep::NoTpot
+    };
+    let ttft = measured.ttft_mean / sim.ttft_mean;
+    let failed = |source| LatencyRefineError::Ttft { decode, source };
+    let mut ttft_stages = vec![Stage::Prefill];
+    scale_stage(p, Stage::Prefill, ttft, &what).map_err(failed)?;
+    if with_encode && p.encode_table().is_some() {
+        scale_stage(p, Stage::Encode, ttft, &what).map_err(failed)?;
+        ttft_stages.insert(0, Stage::Encode);
+    }
+    Ok(LatencyRefinement {
+        decode,
+        ttft_factor: ttft,
+        ttft_stages,
+    })
+}
+
 use std::fmt::Write as _;
 
 /// Median of `xs` (mean of the two middle values for an even count); sorts `xs`.
@@ -251,6 +362,46 @@ mod tests {
             attn_span: 577,
         };
         (r, p, item)
+    }
+
+    #[test]
+    fn client_latencies_scale_decode_by_tpot_and_prefill_and_encode_by_ttft() {
+        let (_, mut p, item) = roofline_profile();
+        let before = p.clone();
+        let lat = |ttft_mean, tpot_mean| ClientLatencies {
+            ttft_mean,
+            tpot_mean,
+        };
+        // no TTFT: refused, nothing changed
+        let e = refine_from_latencies(&mut p, &lat(0.0, 0.1), &lat(1.0, 0.1), true, "t");
+        assert!(matches!(e, Err(LatencyRefineError::NoTtft { .. })), "{e:?}");
+        assert!(p == before);
+        let r = refine_from_latencies(&mut p, &lat(1.0, 0.1), &lat(2.0, 0.25), true, "t").unwrap();
+        assert_eq!(r.decode, DecodeStep::Scaled(2.5));
+        assert_eq!(r.ttft_factor, 2.0);
+        assert_eq!(r.ttft_stages, vec![Stage::Encode, Stage::Prefill]);
+        let e0 = StageCost::encode(&before, &[item], 1.0).total();
+        assert!((StageCost::encode(&p, &[item], 1.0).total() - 2.0 * e0).abs() < 1e-9 * e0);
+        assert!(p.provenance.method.contains("client-side TTFT/TPOT"));
+        // without TPOT decode is left as is; without encode only prefill moves
+        let mut q = before.clone();
+        let r = refine_from_latencies(&mut q, &lat(1.0, 0.0), &lat(2.0, 0.0), false, "t").unwrap();
+        assert_eq!(r.decode, DecodeStep::NoTpot);
+        assert_eq!(r.ttft_stages, vec![Stage::Prefill]);
+        assert!(q.decode_table() == before.decode_table());
+        // a TTFT factor out of range fails after decode was scaled
+        let mut q = before.clone();
+        let e = refine_from_latencies(&mut q, &lat(1.0, 0.1), &lat(1e6, 0.1), true, "t");
+        assert!(
+            matches!(
+                e,
+                Err(LatencyRefineError::Ttft {
+                    decode: DecodeStep::Scaled(_),
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -31,9 +31,12 @@
 //!   the goal (then bisecting down to the fewest that met), `--max-gpus` is
 //!   reached, or a doubling brings neither goodput nor throughput up by
 //!   [`MIN_GAIN`]; "not met up to N GPUs" is an answer too.
+//! * [`Planner::compare_gpus`]: GPU types side by side, each with the
+//!   highest rate of [`Planner::max_rate`], at the scenario's GPU count and,
+//!   given prices per GPU-hour, at the scenario cluster's hourly cost.
 
 use crate::space::FeasibleAllocation;
-use easerve_workload::scenario::{Overrides, Scenario, ScenarioError, ScenarioFile, MAX_RATE};
+use easerve_workload::scenario::{num, Overrides, Scenario, ScenarioError, ScenarioFile, MAX_RATE};
 use easerve_workload::Report;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -58,6 +61,32 @@ pub const MIN_TOLERANCE: f64 = 1e-6;
 /// Halvings below the scenario's rate before the goal is declared unreachable
 /// at any rate (2^-10 of it).
 pub const MAX_HALVINGS: u32 = 10;
+
+/// Most GPUs an equal-cost cluster may have (the bound of `cluster.gpus`).
+pub const MAX_GPUS: u32 = 4096;
+
+/// One GPU type's answer in [`Planner::compare_gpus`].
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    /// GPU type (a `cluster.gpu` preset).
+    pub gpu: String,
+    /// `equal count` or `equal cost`.
+    pub basis: &'static str,
+    /// GPUs of this type in the comparison.
+    pub gpus: u32,
+    /// Its price per GPU-hour (any currency), where prices were given.
+    pub price_per_gpu_hour: Option<f64>,
+    /// `None` with `note` when this type has no answer (the model does not
+    /// fit, the tier is met at no rate, the budget buys no GPU).
+    pub answer: Option<MaxRate>,
+    /// Why there is no answer.
+    pub note: Option<String>,
+}
+
+/// The price of `gpu` among `prices` (`(type, price per GPU-hour)`).
+pub fn price_of(prices: &[(String, f64)], gpu: &str) -> Option<f64> {
+    prices.iter().find(|(t, _)| t == gpu).map(|(_, p)| *p)
+}
 
 /// What a rate must achieve.
 #[derive(Clone, Debug, Serialize)]
@@ -174,6 +203,30 @@ pub enum CapacityError {
         rate: f64,
         /// The tier's goodput there.
         goodput: f64,
+    },
+    /// `--cost-per-gpu-hour` lacks the scenario's own GPU type.
+    #[error("--cost-per-gpu-hour: give a price for the scenario's own GPU `{gpu}` too: its {gpus} GPUs set the hourly budget")]
+    NoOwnPrice {
+        /// The scenario's GPU type.
+        gpu: String,
+        /// Its GPUs.
+        gpus: u32,
+    },
+    /// `--cost-per-gpu-hour` lacks a compared GPU type.
+    #[error("--cost-per-gpu-hour: no price for `{gpu}` (one of --gpus)")]
+    NoPrice {
+        /// The type without a price.
+        gpu: String,
+    },
+    /// The scenario cluster's hourly cost buys more GPUs of a type than a cluster may have.
+    #[error("--cost-per-gpu-hour: the budget of {own} buys {buys} × {gpu}, more than the {MAX_GPUS} GPUs a cluster may have")]
+    OverBudget {
+        /// The scenario's cluster, `N × TYPE`.
+        own: String,
+        /// GPUs of `gpu` the budget buys.
+        buys: String,
+        /// The GPU type.
+        gpu: String,
     },
 }
 
@@ -580,6 +633,81 @@ impl Planner {
         }
         Ok(answer(Some(best), tried_up_to, false, unfit, probes))
     }
+
+    /// GPU types compared, each tuned as the planner says: the highest rate
+    /// meeting the goal (as [`Planner::max_rate`] from `start` requests/s to
+    /// `tolerance`) on the scenario's GPU count of each of `types` (the
+    /// scenario's own type first when `types` lacks it) and, with `prices`
+    /// (`(type, price per GPU-hour)`, any currency), on as many GPUs of each
+    /// type as the scenario cluster's hourly cost buys. A type without an
+    /// answer (its scenario does not validate, the goal is unreachable) has
+    /// a note instead. `on_probe` sees every probe as it finishes.
+    ///
+    /// Errors: the scenario does not validate; `prices` lacks the scenario's
+    /// own type or one of `types`; the budget buys more than [`MAX_GPUS`] of
+    /// a type (found when that type's turn comes).
+    pub fn compare_gpus(
+        &self,
+        types: &[String],
+        prices: &[(String, f64)],
+        start: f64,
+        tolerance: f64,
+        on_probe: &mut dyn FnMut(&Probe),
+    ) -> Result<Vec<Comparison>, CapacityError> {
+        let own = Scenario::load(&self.path, &Overrides::default()).map_err(scenario_err)?;
+        let budget = budget(prices, types, &own.gpu.name, own.gpus)?;
+        let mut types = types.to_vec();
+        if !types.contains(&own.gpu.name) {
+            types.insert(0, own.gpu.name.clone());
+        }
+        let mut rows = Vec::new();
+        let mut row =
+            |gpu: &str, basis, gpus: u32, sets: &[(String, String)], on: &mut dyn FnMut(&Probe)| {
+                let (answer, note) = match self.max_rate(sets, start, tolerance, on) {
+                    Ok(m) => (Some(m), None),
+                    Err(e @ (CapacityError::Scenario(_) | CapacityError::Unreachable { .. })) => {
+                        (None, Some(e.to_string()))
+                    }
+                    Err(e) => return Err(e),
+                };
+                rows.push(Comparison {
+                    gpu: gpu.to_string(),
+                    basis,
+                    gpus,
+                    price_per_gpu_hour: price_of(prices, gpu),
+                    answer,
+                    note,
+                });
+                Ok(())
+            };
+        for t in &types {
+            let gpu = ("cluster.gpu".to_string(), t.clone());
+            row(
+                t,
+                "equal count",
+                own.gpus,
+                std::slice::from_ref(&gpu),
+                on_probe,
+            )?;
+            if let (Some(budget), Some(price)) = (budget, price_of(prices, t)) {
+                let n = (budget / price * (1.0 + 1e-12)).floor();
+                if n > f64::from(MAX_GPUS) {
+                    return Err(CapacityError::OverBudget {
+                        own: format!("{} × {}", own.gpus, own.gpu.name),
+                        buys: num(n),
+                        gpu: t.clone(),
+                    });
+                }
+                let n = n as u32;
+                if n == own.gpus {
+                    continue;
+                }
+                let sets = [gpu, ("cluster.gpus".to_string(), n.to_string())];
+                row(t, "equal cost", n, &sets, on_probe)?;
+            }
+        }
+        Ok(rows)
+    }
 }
 
 /// Whether `p` (twice `q`'s GPUs) raised goodput or throughput by [`MIN_GAIN`].
@@ -610,6 +738,27 @@ fn max_estimate(a: Option<f64>, b: Option<f64>) -> Option<f64> {
         (Some(x), Some(y)) => Some(x.max(y)),
         (x, y) => x.or(y),
     }
+}
+
+/// The hourly budget of the scenario's cluster (`own_gpus` × `own_gpu`'s
+/// price), `None` without prices; every type of `types` must have a price.
+fn budget(
+    prices: &[(String, f64)],
+    types: &[String],
+    own_gpu: &str,
+    own_gpus: u32,
+) -> Result<Option<f64>, CapacityError> {
+    if prices.is_empty() {
+        return Ok(None);
+    }
+    let p = price_of(prices, own_gpu).ok_or_else(|| CapacityError::NoOwnPrice {
+        gpu: own_gpu.to_string(),
+        gpus: own_gpus,
+    })?;
+    if let Some(t) = types.iter().find(|t| price_of(prices, t).is_none()) {
+        return Err(CapacityError::NoPrice { gpu: t.clone() });
+    }
+    Ok(Some(p * f64::from(own_gpus)))
 }
 
 fn describe_sets(extra: &[(String, String)]) -> String {

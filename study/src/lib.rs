@@ -2,7 +2,10 @@
 //! become (one row per scenario variant × system × rate × seed, medians over
 //! seeds, CSV, merging of shard files) and the SVG plots drawn from them.
 //!
-//! * [`sweep`] — sweep rows and points, medians, CSV, shard merging.
+//! * [`sweep`] — sweep plans and runs (systems, `--set` variants, shards, in
+//!   parallel), rows and points, medians, CSV, shard merging, and the charts.
+//! * [`reproduce`] — the EAServe paper's findings re-run in simulation: the
+//!   report of `easerve reproduce` and the rate sweeps behind its plots.
 //! * [`plot`] — line charts (throughput, goodput, TTFT CDF, busy timeline) as SVG.
 //! * [`deploy`] — a chosen deployment as launch files for vLLM, SGLang and
 //!   NVIDIA Dynamo, with a benchmark script and the simulator's prediction
@@ -14,4 +17,5 @@
 
 pub mod deploy;
 pub mod plot;
+pub mod reproduce;
 pub mod sweep;

@@ -1,5 +1,16 @@
-//! Sweep results: one row per simulated point (scenario variant × system ×
-//! rate × seed), medians over seeds, CSV, and merging of shard files.
+//! Sweeps: the plan (scenario variants × systems × rates × seeds, in a fixed
+//! order, and shards of it), its runs (in parallel; `easerve` tuned by HAS at
+//! each point), one row per simulated point, medians over seeds, CSV, merging
+//! of shard files, and the charts of a whole sweep.
+//!
+//! * [`plan`] — [`SweptSystem`], [`Variant`], [`SweepPlan`]: what runs, and running it.
+//! * [`charts`] — the plots of a whole sweep ([`charts()`]).
+
+pub mod charts;
+pub mod plan;
+
+pub use charts::{charts, NamedChart};
+pub use plan::{Point, Shard, SweepError, SweepPlan, SweptSystem, UnknownSystem, Variant};
 
 use easerve_workload::Report;
 use serde::{Deserialize, Serialize};
@@ -17,7 +28,7 @@ pub struct SweepRow {
     pub index: usize,
     /// The `--set` values of this variant, `key=value` joined by `, ` (empty without `--set`).
     pub variant: String,
-    /// Serving system.
+    /// Serving system ([`SweptSystem::name`]).
     pub system: String,
     /// Offered rate, requests/s.
     pub rate: f64,
@@ -44,38 +55,9 @@ pub struct SweepRow {
     /// Bottleneck stage.
     pub bottleneck: String,
     /// `--set` fields of the variant that the system chooses itself, so their
-    /// values did not change this run ([`fixed_by`]).
+    /// values did not change this run ([`SweptSystem::fixed_fields`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignored: Vec<String>,
-}
-
-/// The scenario fields a swept system chooses itself: `passthrough` runs
-/// B = 1, `immediate` dispatch and s = 1; `easerve-s1` runs s = 1; `easerve`
-/// takes its allocation, B and s from a search at each point; `aggregated`
-/// runs whole replicas with encode inline, so no EPD knob applies.
-pub fn fixed_by(system: &str) -> &'static [&'static str] {
-    match system {
-        "passthrough" => &[
-            "deployment.batch",
-            "deployment.offload",
-            "deployment.dispatch",
-        ],
-        "easerve-s1" => &["deployment.offload"],
-        "easerve" => &[
-            "deployment.allocation",
-            "deployment.batch",
-            "deployment.offload",
-        ],
-        "aggregated" => &[
-            "deployment.allocation",
-            "deployment.batch",
-            "deployment.offload",
-            "deployment.dispatch",
-            "deployment.sm_policy",
-            "deployment.router",
-        ],
-        _ => &[],
-    }
 }
 
 impl SweepRow {
@@ -83,7 +65,7 @@ impl SweepRow {
     pub fn new(
         index: usize,
         variant: &str,
-        system: &str,
+        system: SweptSystem,
         rate: f64,
         seed: u64,
         report: &Report,
@@ -102,7 +84,7 @@ impl SweepRow {
         SweepRow {
             index,
             variant: variant.to_string(),
-            system: system.to_string(),
+            system: system.name().to_string(),
             rate,
             seed,
             deployment: report.meta.deployment.clone(),

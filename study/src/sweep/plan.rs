@@ -1,0 +1,398 @@
+//! Planning and running a sweep: the serving systems it compares, the
+//! scenario variants of `--set`, the points (variant × system × rate × seed)
+//! in their fixed order, a shard of them, and the runs (in parallel, rayon),
+//! `easerve` tuned by a HAS search at each point.
+
+use super::{SweepPart, SweepRow};
+use easerve_workload::scenario::{num, Overrides, Scenario, ScenarioError, System};
+use easerve_workload::Report;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+
+/// A serving system a sweep compares (`--systems`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SweptSystem {
+    /// The scenario's allocation run as a pass-through EPD framework does
+    /// ([`System::Passthrough`]).
+    Passthrough,
+    /// Replicas running encode inline ([`System::Aggregated`]).
+    Aggregated,
+    /// The scenario's own deployment with s = 1 (every prefill remote).
+    EaserveS1,
+    /// easerve with its allocation, B and s chosen by a HAS search at each
+    /// point ([`easerve_has::tune`]).
+    Easerve,
+}
+
+impl SweptSystem {
+    /// Every system, in the order `--systems` lists them by default.
+    pub const ALL: [SweptSystem; 4] = [
+        SweptSystem::Passthrough,
+        SweptSystem::Aggregated,
+        SweptSystem::EaserveS1,
+        SweptSystem::Easerve,
+    ];
+
+    /// The name on the command line and in the sweep's rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            SweptSystem::Passthrough => "passthrough",
+            SweptSystem::Aggregated => "aggregated",
+            SweptSystem::EaserveS1 => "easerve-s1",
+            SweptSystem::Easerve => "easerve",
+        }
+    }
+
+    /// The scenario fields this system chooses itself: `passthrough` runs
+    /// B = 1, `immediate` dispatch and s = 1; `easerve-s1` runs s = 1;
+    /// `easerve` takes its allocation, B and s from a search at each point;
+    /// `aggregated` runs whole replicas with encode inline, so no EPD knob
+    /// applies.
+    pub fn fixed_fields(self) -> &'static [&'static str] {
+        match self {
+            SweptSystem::Passthrough => &[
+                "deployment.batch",
+                "deployment.offload",
+                "deployment.dispatch",
+            ],
+            SweptSystem::EaserveS1 => &["deployment.offload"],
+            SweptSystem::Easerve => &[
+                "deployment.allocation",
+                "deployment.batch",
+                "deployment.offload",
+            ],
+            SweptSystem::Aggregated => &[
+                "deployment.allocation",
+                "deployment.batch",
+                "deployment.offload",
+                "deployment.dispatch",
+                "deployment.sm_policy",
+                "deployment.router",
+            ],
+        }
+    }
+
+    /// The overrides of one run of this system: `rate` (requests/s), `seed`,
+    /// `requests` (`None`: the scenario's), the system, and s = 1 for
+    /// `easerve-s1`.
+    pub fn overrides(self, rate: f64, seed: u64, requests: Option<i64>) -> Overrides {
+        let mut o = Overrides {
+            rate: Some(rate),
+            seed: Some(seed),
+            requests,
+            ..Default::default()
+        };
+        match self {
+            SweptSystem::Passthrough => o.system = Some(System::Passthrough),
+            SweptSystem::Aggregated => o.system = Some(System::Aggregated),
+            SweptSystem::EaserveS1 => {
+                o.system = Some(System::Easerve);
+                o.offload = Some(1.0);
+            }
+            SweptSystem::Easerve => o.system = Some(System::Easerve),
+        }
+        o
+    }
+}
+
+impl std::fmt::Display for SweptSystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A system name that is none of [`SweptSystem::ALL`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("unknown system `{0}`; allowed: passthrough, aggregated, easerve-s1, easerve")]
+pub struct UnknownSystem(pub String);
+
+impl std::str::FromStr for SweptSystem {
+    type Err = UnknownSystem;
+    fn from_str(s: &str) -> Result<Self, UnknownSystem> {
+        SweptSystem::ALL
+            .into_iter()
+            .find(|x| x.name() == s)
+            .ok_or_else(|| UnknownSystem(s.to_string()))
+    }
+}
+
+/// A scenario variant: its label (`key=value` joined by `, `; empty for the
+/// scenario as it is) and the dotted-path fields it sets.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Variant {
+    /// `key=value` of each field it sets, joined by `, `.
+    pub label: String,
+    /// `(dotted key, value)` of each field it sets, as [`Scenario::load_with`] takes them.
+    pub sets: Vec<(String, String)>,
+}
+
+/// One run of a sweep.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Point {
+    /// Index of its variant in [`SweepPlan::variants`].
+    pub variant: usize,
+    /// Serving system.
+    pub system: SweptSystem,
+    /// Offered rate, requests/s.
+    pub rate: f64,
+    /// Master seed.
+    pub seed: u64,
+}
+
+/// The `index`-th of `count` disjoint parts of a sweep (0-based): the points
+/// whose position modulo `count` is `index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// Which part, `0 ..count`.
+    pub index: usize,
+    /// Parts in all, ≥ 1.
+    pub count: usize,
+}
+
+impl Shard {
+    /// The whole sweep as one part (`0/1`).
+    pub const WHOLE: Shard = Shard { index: 0, count: 1 };
+}
+
+/// Why a sweep cannot run, or a point of it failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SweepError {
+    /// The scenario (with the sweep's requests) does not load.
+    #[error("{0}")]
+    Scenario(#[from] ScenarioError),
+    /// A variant × system × rate is not a valid scenario (checked before any
+    /// run); the message names the rate, and the variant and system where
+    /// the sweep has variants.
+    #[error("{message}")]
+    Invalid {
+        /// The scenario error with the rate (and variant, system) appended.
+        message: String,
+    },
+    /// A point failed while the sweep ran.
+    #[error("a sweep point failed: {0}")]
+    Point(ScenarioError),
+}
+
+/// A sweep: a scenario file over rates × variants × systems × seeds `1..=seeds`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepPlan {
+    /// The scenario file.
+    pub scenario: PathBuf,
+    /// Offered rates, requests/s.
+    pub rates: Vec<f64>,
+    /// The scenario variants (one, empty, without `--set`).
+    pub variants: Vec<Variant>,
+    /// Systems compared.
+    pub systems: Vec<SweptSystem>,
+    /// Seeds per point, `1..=seeds`.
+    pub seeds: u64,
+    /// Requests per run (`None`: the scenario's).
+    pub requests: Option<i64>,
+    /// What parts must agree on to merge ([`SweepPart::fingerprint`]).
+    pub fingerprint: String,
+}
+
+impl SweepPlan {
+    /// A sweep over the variants of `--set` (`sets` as given, for the
+    /// fingerprint; `variants` the grid they make).
+    pub fn new(
+        scenario: &Path,
+        rates: Vec<f64>,
+        sets: &[String],
+        variants: Vec<Variant>,
+        systems: Vec<SweptSystem>,
+        seeds: u64,
+        requests: Option<i64>,
+    ) -> Self {
+        let fingerprint = format!(
+            "rates={:?} sets={:?} systems={:?} seeds={}",
+            rates,
+            sets,
+            names(&systems),
+            seeds
+        );
+        SweepPlan {
+            scenario: scenario.to_path_buf(),
+            rates,
+            variants,
+            systems,
+            seeds,
+            requests,
+            fingerprint,
+        }
+    }
+
+    /// A sweep of the scenario as it is, without variants (`easerve reproduce`).
+    pub fn whole(
+        scenario: &Path,
+        rates: &[f64],
+        systems: &[SweptSystem],
+        seeds: u64,
+        requests: Option<i64>,
+    ) -> Self {
+        let fingerprint = format!("rates={rates:?} systems={:?} seeds={seeds}", names(systems));
+        SweepPlan {
+            scenario: scenario.to_path_buf(),
+            rates: rates.to_vec(),
+            variants: vec![Variant::default()],
+            systems: systems.to_vec(),
+            seeds,
+            requests,
+            fingerprint,
+        }
+    }
+
+    /// Every variant × system must be a valid scenario before anything runs
+    /// (at every rate: a rate can be out of range for the workload's size).
+    pub fn check(&self) -> Result<(), SweepError> {
+        for v in &self.variants {
+            for &s in &self.systems {
+                for &rate in &self.rates {
+                    let o = s.overrides(rate, 1, self.requests);
+                    Scenario::load_with(&self.scenario, &v.sets, &o).map_err(|e| {
+                        // the sweep's rate comes from --rates
+                        let e = e.to_string().replace("--rate /", "--rates /");
+                        SweepError::Invalid {
+                            message: format!(
+                                "{e} (rate {}{})",
+                                num(rate),
+                                if v.label.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!(", variant {}, system {s}", v.label)
+                                }
+                            ),
+                        }
+                    })?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every point of the whole sweep, in order: variant, then system, then
+    /// rate, then seed.
+    pub fn points(&self) -> Vec<Point> {
+        let mut points = Vec::new();
+        for variant in 0..self.variants.len() {
+            for &system in &self.systems {
+                for &rate in &self.rates {
+                    for seed in 1..=self.seeds {
+                        points.push(Point {
+                            variant,
+                            system,
+                            rate,
+                            seed,
+                        });
+                    }
+                }
+            }
+        }
+        points
+    }
+
+    /// The points of `shard`, with their positions in the whole sweep.
+    pub fn shard_points(&self, shard: Shard) -> Vec<(usize, Point)> {
+        self.points()
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| i % shard.count == shard.index)
+            .collect()
+    }
+
+    /// Run the points of `shard` in parallel (rayon) and return its part;
+    /// `on_point` is called as each point ends (from any thread).
+    pub fn run(&self, shard: Shard, on_point: &(dyn Fn() + Sync)) -> Result<SweepPart, SweepError> {
+        let base = Scenario::load(
+            &self.scenario,
+            &Overrides {
+                requests: self.requests,
+                ..Default::default()
+            },
+        )?;
+        let total = self.points().len();
+        let mine = self.shard_points(shard);
+        let rows: Vec<Result<SweepRow, SweepError>> = mine
+            .par_iter()
+            .map(|&(i, p)| {
+                let r = self.row(i, &p);
+                on_point();
+                r
+            })
+            .collect();
+        let rows = rows.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(SweepPart {
+            scenario: std::fs::canonicalize(&self.scenario)
+                .unwrap_or(self.scenario.clone())
+                .display()
+                .to_string(),
+            fingerprint: self.fingerprint.clone(),
+            tiers: base.slo.iter().map(|t| t.name.clone()).collect(),
+            total,
+            requests: self.requests,
+            shard: (shard.index, shard.count),
+            rows,
+        })
+    }
+
+    /// The row of point `p`, at position `index` of the whole sweep.
+    fn row(&self, index: usize, p: &Point) -> Result<SweepRow, SweepError> {
+        let variant = &self.variants[p.variant];
+        let (report, ttfts) = run_point(&self.scenario, &variant.sets, p, self.requests)
+            .map_err(SweepError::Point)?;
+        let mut row = SweepRow::new(
+            index,
+            &variant.label,
+            p.system,
+            p.rate,
+            p.seed,
+            &report,
+            ttfts,
+        );
+        // the system chose these itself: the variant's values were ignored
+        let fixed = p.system.fixed_fields();
+        row.ignored = variant
+            .sets
+            .iter()
+            .filter(|(k, _)| fixed.contains(&k.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        Ok(row)
+    }
+}
+
+fn names(systems: &[SweptSystem]) -> Vec<&'static str> {
+    systems.iter().map(|s| s.name()).collect()
+}
+
+/// Run one point: simulate (for `easerve`, after a HAS search at that
+/// point); its report and its requests' TTFTs, seconds.
+fn run_point(
+    path: &Path,
+    sets: &[(String, String)],
+    p: &Point,
+    requests: Option<i64>,
+) -> Result<(Report, Vec<f64>), ScenarioError> {
+    let sc = point_scenario(path, sets, p, requests)?;
+    let out = easerve_sim::simulate(&sc);
+    let ttfts = out.records.iter().filter_map(|r| r.ttft()).collect();
+    Ok((out.report, ttfts))
+}
+
+/// The scenario one point runs: the system's overrides, and for `easerve`
+/// the deployment a HAS search at that point chose.
+pub fn point_scenario(
+    path: &Path,
+    sets: &[(String, String)],
+    p: &Point,
+    requests: Option<i64>,
+) -> Result<Scenario, ScenarioError> {
+    let mut o = p.system.overrides(p.rate, p.seed, requests);
+    if p.system == SweptSystem::Easerve {
+        let sc = Scenario::load_with(path, sets, &o)?;
+        if let Some(best) = easerve_has::tune(&sc, &o, p.rate, p.seed) {
+            o = best.candidate.overrides(&o);
+        }
+    }
+    Scenario::load_with(path, sets, &o)
+}
