@@ -385,7 +385,7 @@ pub(crate) fn with_deployment(
         Some(d) => {
             let c: easerve_has::Candidate = d
                 .parse()
-                .map_err(|e: String| BadInput(format!("--deployment: {e}")))?;
+                .map_err(|e: easerve_has::CandidateError| BadInput(format!("--deployment: {e}")))?;
             Ok(c.overrides(&overrides))
         }
         None => Ok(overrides),

@@ -1,6 +1,8 @@
-//! The one interface through which the simulator (and later the executor's
-//! planner) asks for stage durations, whatever their source: the roofline, a
-//! measured profile, or an imported one.
+//! The one interface through which the simulator and the executor's
+//! controller (its batcher and SM policy, in `easerve exec` and `easerve
+//! serve`) ask for stage durations, whatever their source: the roofline
+//! ([`crate::Roofline`]), a profile, measured or imported ([`crate::Profile`]),
+//! or measured kernel tables ([`crate::KernelCost`]).
 
 use crate::EncodeTime;
 use easerve_model::{ItemTokens, Parallel};

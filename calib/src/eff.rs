@@ -1,8 +1,15 @@
 //! Every efficiency / overhead constant of the roofline in one place.
 //!
-//! Until the calibration issue fits them to measured profiles, every value here is an
-//! **assumption** (or, for `encode_pass_s`, an input taken from the EAServe paper);
-//! each field's doc says which.
+//! Each value here is an **assumption**, except `encode_pass_s` (an input taken
+//! from the EAServe paper) and the GEMM efficiency `gemm_eff_from_fit` selects
+//! (fitted on Vidur's A100 timings, [`crate::fitted`]); each field's doc says
+//! which. Measurements do not refit them: a measured or imported profile
+//! ([`crate::Profile`]) or the measured kernel tables ([`crate::KernelCost`])
+//! price the stages in place of the roofline. The kernel tables still take
+//! `encode_pass_s` (the pass-through system's cost per encode pass), the fixed
+//! per-batch and per-step overheads and the time-slicing penalty from here,
+//! and a profile made by `easerve profile` records the two contention figures
+//! (`time_slice_penalty`, `bandwidth_interference`) it was made with.
 
 /// Efficiency factors and fixed overheads that turn [`easerve_model::Work`] into seconds.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -58,7 +65,7 @@ pub struct Efficiency {
 }
 
 impl Default for Efficiency {
-    /// The assumed values listed on each field (none fitted yet).
+    /// The values listed on each field.
     fn default() -> Self {
         Efficiency {
             gemm_eff: 0.65,

@@ -144,10 +144,42 @@ pub const FIXTURE: &str = include_str!("../fidelity/measurements.toml");
 /// A prediction for one row: `(predicted seconds, what was summed)`.
 pub type Prediction = (f64, String);
 
+/// Why a fixture row cannot be predicted; each message starts with the row's id.
+#[derive(Debug, thiserror::Error)]
+pub enum FidelityError {
+    /// The model cannot count the tokens of the row's input.
+    #[error("{id}: {error}")]
+    Tokens {
+        /// The row.
+        id: String,
+        /// Why not.
+        error: easerve_model::ModelError,
+    },
+    /// A `launch` that is neither a launch mode nor an engine.
+    #[error("{id}: {error}, or an engine: vllm, sglang, easerve")]
+    Launch {
+        /// The row.
+        id: String,
+        /// The launch-mode error, which lists the modes.
+        error: crate::LaunchError,
+    },
+    /// A `stage` other than `encode`, `encode+pre`, `prefill` or `ttft`.
+    #[error("{id}: unknown stage `{stage}`")]
+    Stage {
+        /// The row.
+        id: String,
+        /// The stage given.
+        stage: String,
+    },
+}
+
 impl FixtureRow {
     /// The row's items (one per image / video / audio clip), token counts by `model`.
-    pub fn items(&self, model: &ModelArch) -> Result<Vec<ItemTokens>, String> {
-        let e = |e: easerve_model::ModelError| format!("{}: {e}", self.id);
+    pub fn items(&self, model: &ModelArch) -> Result<Vec<ItemTokens>, FidelityError> {
+        let e = |error| FidelityError::Tokens {
+            id: self.id.clone(),
+            error,
+        };
         Ok(match self.modality.as_str() {
             "image" => {
                 let one = model.image_tokens(self.height, self.width).map_err(e)?;
@@ -172,16 +204,17 @@ impl FixtureRow {
     ///
     /// # Errors
     /// A `launch` other than `eager`, `graph` or an engine name.
-    pub fn launch(&self) -> Result<crate::Launch, String> {
+    pub fn launch(&self) -> Result<crate::Launch, FidelityError> {
         use crate::launch::{Engine, LaunchMode, StageLaunch};
         let mut l = crate::Launch::default();
         if let Some(m) = &self.launch {
             if let Ok(engine) = Engine::parse(m) {
                 return Ok(crate::Launch::of_engine(engine));
             }
-            let stage = match LaunchMode::parse(m)
-                .map_err(|e| format!("{}: {e}, or an engine: vllm, sglang, easerve", self.id))?
-            {
+            let stage = match LaunchMode::parse(m).map_err(|error| FidelityError::Launch {
+                id: self.id.clone(),
+                error,
+            })? {
                 LaunchMode::Eager => StageLaunch::EAGER,
                 LaunchMode::Graph => StageLaunch::graph(u64::MAX),
             };
@@ -198,7 +231,7 @@ impl FixtureRow {
         &self,
         model: &ModelArch,
         cost: &crate::KernelCost,
-    ) -> Result<Prediction, String> {
+    ) -> Result<Prediction, FidelityError> {
         use crate::StageCost;
         let items = self.items(model)?;
         let enc = cost.encode(&items, 1.0);
@@ -213,7 +246,12 @@ impl FixtureRow {
                 enc.t_pre + enc.t_gpu + prefill(),
                 format!("preprocessing + encode GPU + prefill of {prompt} tokens"),
             ),
-            s => return Err(format!("{}: unknown stage `{s}`", self.id)),
+            s => {
+                return Err(FidelityError::Stage {
+                    id: self.id.clone(),
+                    stage: s.to_string(),
+                })
+            }
         })
     }
 }

@@ -48,6 +48,18 @@ use easerve_model::Op;
 
 use crate::aic::{look, KernelTables};
 
+/// A launch mode or engine name that is not one (the message lists what is
+/// allowed).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchError {
+    /// Not `eager` or `graph` ([`LaunchMode::parse`]).
+    #[error("unknown launch mode `{0}`; allowed: eager, graph")]
+    UnknownMode(String),
+    /// Not one of [`ENGINES`] ([`Engine::parse`]).
+    #[error("unknown engine `{0}`; allowed: {}", ENGINES.join(", "))]
+    UnknownEngine(String),
+}
+
 /// Whether a stage's engine replays captured CUDA graphs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LaunchMode {
@@ -70,11 +82,11 @@ impl LaunchMode {
     ///
     /// # Errors
     /// Anything but `eager` or `graph`.
-    pub fn parse(s: &str) -> Result<LaunchMode, String> {
+    pub fn parse(s: &str) -> Result<LaunchMode, LaunchError> {
         match s {
             "eager" => Ok(LaunchMode::Eager),
             "graph" => Ok(LaunchMode::Graph),
-            _ => Err(format!("unknown launch mode `{s}`; allowed: eager, graph")),
+            _ => Err(LaunchError::UnknownMode(s.to_string())),
         }
     }
 }
@@ -146,15 +158,12 @@ impl Engine {
     ///
     /// # Errors
     /// An unknown name.
-    pub fn parse(s: &str) -> Result<Engine, String> {
+    pub fn parse(s: &str) -> Result<Engine, LaunchError> {
         match s {
             "vllm" => Ok(Engine::Vllm),
             "sglang" => Ok(Engine::Sglang),
             "easerve" => Ok(Engine::Easerve),
-            _ => Err(format!(
-                "unknown engine `{s}`; allowed: {}",
-                ENGINES.join(", ")
-            )),
+            _ => Err(LaunchError::UnknownEngine(s.to_string())),
         }
     }
 }
@@ -346,9 +355,11 @@ mod tests {
         assert_eq!(v.floor(LaunchStage::Decode, 8, 1000), 0.0);
         assert!(Engine::parse("tgi")
             .unwrap_err()
+            .to_string()
             .contains("vllm, sglang, easerve"));
         assert!(LaunchMode::parse("graphs")
             .unwrap_err()
+            .to_string()
             .contains("eager, graph"));
         assert!(v.note().contains("16.35 µs"));
     }

@@ -46,7 +46,7 @@ pub use cost::StageCost;
 pub use eff::{Efficiency, DEFAULT_MEM_UTIL};
 pub use gpu::{GpuSpec, LinkSpec};
 pub use kernel_cost::KernelCost;
-pub use launch::{Engine, Launch, LaunchMode, LaunchStage, StageLaunch};
+pub use launch::{Engine, Launch, LaunchError, LaunchMode, LaunchStage, StageLaunch};
 pub use profile::{
     monotone_envelope, monotone_envelope_columns, GridSpec, PrefillBatching, Profile, ProfileError,
     Provenance, Source, Stage,

@@ -27,6 +27,25 @@ pub type Gpu = Cuda<bf16>;
 /// SM levels measured when libsmctrl is available.
 pub const SM_LEVELS: [f64; 5] = [0.2, 0.4, 0.6, 0.8, 1.0];
 
+/// Why libsmctrl cannot be used, or a CUDA profile not made.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// `libsmctrl.so` is not on the loader path.
+    #[error(
+        "libsmctrl.so not found ({0}): build libsmctrl (http://rtsrv.cs.unc.edu/cgit/cgit.cgi/libsmctrl.git) and put its folder on LD_LIBRARY_PATH"
+    )]
+    NoSmctrl(libloading::Error),
+    /// A libsmctrl entry point cannot be found (the loader's message).
+    #[error("{0}")]
+    Symbol(libloading::Error),
+    /// libsmctrl cannot read the GPU's TPC count.
+    #[error("libsmctrl_get_tpc_info failed (rc {0})")]
+    TpcInfo(i32),
+    /// A measurement or the assembled profile failed (the profiler's message).
+    #[error("{0}")]
+    Measure(String),
+}
+
 /// libsmctrl, loaded at run time.
 pub struct SmCtrl {
     lib: libloading::Library,
@@ -39,21 +58,20 @@ impl SmCtrl {
     /// Errors: the library is not on the loader path (build it from
     /// <http://rtsrv.cs.unc.edu/cgit/cgit.cgi/libsmctrl.git> and add its folder to
     /// `LD_LIBRARY_PATH`), or it cannot read the TPC count.
-    pub fn load() -> Result<SmCtrl, String> {
+    pub fn load() -> Result<SmCtrl, CudaError> {
         // SAFETY: loading a C library whose initialisers only register CUDA callbacks.
-        let lib = unsafe { libloading::Library::new("libsmctrl.so") }.map_err(|e| {
-            format!("libsmctrl.so not found ({e}): build libsmctrl (http://rtsrv.cs.unc.edu/cgit/cgit.cgi/libsmctrl.git) and put its folder on LD_LIBRARY_PATH")
-        })?;
+        let lib =
+            unsafe { libloading::Library::new("libsmctrl.so") }.map_err(CudaError::NoSmctrl)?;
         let mut tpcs = 0u32;
         // SAFETY: signature from libsmctrl.h: int libsmctrl_get_tpc_info(uint32_t*, int).
         let rc = unsafe {
             let f: libloading::Symbol<unsafe extern "C" fn(*mut u32, i32) -> i32> = lib
                 .get(b"libsmctrl_get_tpc_info")
-                .map_err(|e| e.to_string())?;
+                .map_err(CudaError::Symbol)?;
             f(&mut tpcs, 0)
         };
         if rc != 0 || tpcs == 0 {
-            return Err(format!("libsmctrl_get_tpc_info failed (rc {rc})"));
+            return Err(CudaError::TpcInfo(rc));
         }
         Ok(SmCtrl { lib, tpcs })
     }
@@ -61,7 +79,7 @@ impl SmCtrl {
     /// Enable about `level * tpcs` TPCs for kernels launched from now on; returns
     /// the share actually enabled. The mask has 64 bits, so on GPUs with more TPCs
     /// (H100/H200: 66) the TPCs past 64 stay enabled and count in the share.
-    pub fn set_level(&self, level: f64) -> Result<f64, String> {
+    pub fn set_level(&self, level: f64) -> Result<f64, CudaError> {
         let n = self.tpcs.min(64);
         let always = self.tpcs - n;
         let want = (level * f64::from(self.tpcs)).ceil() as u32;
@@ -74,7 +92,7 @@ impl SmCtrl {
             let f: libloading::Symbol<unsafe extern "C" fn(u64)> = self
                 .lib
                 .get(b"libsmctrl_set_global_mask")
-                .map_err(|e| e.to_string())?;
+                .map_err(CudaError::Symbol)?;
             f(mask);
         }
         Ok(f64::from(on + always) / f64::from(self.tpcs))
@@ -102,7 +120,7 @@ pub fn visible_ordinal(gpu: usize) -> usize {
 /// The green-context partition of GPU 0 at [`SM_LEVELS`], as one line per
 /// level (`level 0.20: 24 of 132 SMs (share 0.182), remainder 108`), or why
 /// none could be made.
-pub fn green_partition_report() -> Result<String, String> {
+pub fn green_partition_report() -> Result<String, crate::green::GreenError> {
     let g = crate::green::GreenContexts::create(0, &SM_LEVELS)?;
     let mut out = format!(
         "green contexts on GPU 0: {} SMs, compute capability {}.x, groups of at least {} SMs in multiples of {}\n",
@@ -124,7 +142,7 @@ pub fn profile_cuda(
     opts: &ProfileOptions,
     date: &str,
     progress: &mut dyn FnMut(&str),
-) -> Result<Profile, String> {
+) -> Result<Profile, CudaError> {
     let plan = Plan::for_model(arch, opts.quick);
     let device = burn::backend::cuda::CudaDevice::default();
     // the partition green contexts give each level (burn's kernels cannot run
@@ -153,17 +171,14 @@ pub fn profile_cuda(
             Ok(s) => s.set_level(level)?,
             Err(_) => level,
         };
-        rows.push(measure_level::<Gpu>(
-            arch,
-            &plan,
-            opts,
-            share,
-            level == 1.0,
-            &device,
-            &mut |p| progress(&format!("SM level {share:.2}: {p}")),
-        )?);
+        rows.push(
+            measure_level::<Gpu>(arch, &plan, opts, share, level == 1.0, &device, &mut |p| {
+                progress(&format!("SM level {share:.2}: {p}"))
+            })
+            .map_err(CudaError::Measure)?,
+        );
     }
-    let transfer = measure_loopback(&plan, opts, progress)?;
+    let transfer = measure_loopback(&plan, opts, progress).map_err(CudaError::Measure)?;
     let eff = Efficiency::default();
     let provenance = Provenance {
         model: arch.name.clone(),
@@ -191,4 +206,5 @@ pub fn profile_cuda(
         rows,
         transfer,
     )
+    .map_err(CudaError::Measure)
 }

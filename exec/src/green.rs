@@ -100,7 +100,7 @@ pub fn mps_thread_percentage(share: f64) -> u32 {
 }
 
 #[cfg(feature = "cuda")]
-pub use driver::{GreenContexts, GreenLevel};
+pub use driver::{GreenContexts, GreenError, GreenLevel};
 
 #[cfg(feature = "cuda")]
 mod driver {
@@ -133,6 +133,44 @@ mod driver {
         }
     }
 
+    /// Why green contexts could not be made ([`GreenContexts::create`]).
+    #[derive(Debug, thiserror::Error)]
+    pub enum GreenError {
+        /// No NVIDIA driver library on the loader path.
+        #[error("libcuda.so.1 not found ({0}): install the NVIDIA driver")]
+        NoDriver(libloading::Error),
+        /// A driver without a green-context entry point (older than CUDA 12.4).
+        #[error(
+            "the NVIDIA driver lacks {symbol} ({error}): green contexts need a CUDA 12.4 or newer driver"
+        )]
+        OldDriver {
+            /// The missing entry point, e.g. `cuGreenCtxCreate`.
+            symbol: String,
+            /// The loader's message.
+            error: libloading::Error,
+        },
+        /// A driver call that returned an error code.
+        #[error("{call} failed (CUresult {rc}, {name})")]
+        Call {
+            /// The call, e.g. `cuGreenCtxCreate`.
+            call: &'static str,
+            /// Its `CUresult`.
+            rc: CuResult,
+            /// The code's name (`cuGetErrorName`), or `unknown`.
+            name: String,
+        },
+        /// A split that did not make exactly one group.
+        #[error("cuDevSmResourceSplitByCount made {groups} groups of {sms} SMs out of {total}")]
+        Split {
+            /// Groups made.
+            groups: c_uint,
+            /// SMs asked per group.
+            sms: u32,
+            /// The device's SMs.
+            total: u32,
+        },
+    }
+
     const CU_DEV_RESOURCE_TYPE_SM: c_int = 1;
     const CU_GREEN_CTX_DEFAULT_STREAM: c_uint = 1;
     const CU_STREAM_NON_BLOCKING: c_uint = 1;
@@ -161,22 +199,20 @@ mod driver {
     }
 
     impl Api {
-        fn load() -> Result<Api, String> {
+        fn load() -> Result<Api, GreenError> {
             // SAFETY: loading the NVIDIA driver library, whose initialisers
             // have no preconditions.
             let lib = unsafe { libloading::Library::new("libcuda.so.1") }
-                .map_err(|e| format!("libcuda.so.1 not found ({e}): install the NVIDIA driver"))?;
+                .map_err(GreenError::NoDriver)?;
             macro_rules! sym {
                 ($name:literal) => {
                     // SAFETY: the declared signature is the driver API's
                     // (cuda.h, CUDA 12.4), and the library outlives the
                     // pointer (kept in `_lib`).
                     unsafe {
-                        *lib.get($name).map_err(|e| {
-                            format!(
-                                "the NVIDIA driver lacks {} ({e}): green contexts need a CUDA 12.4 or newer driver",
-                                String::from_utf8_lossy($name)
-                            )
+                        *lib.get($name).map_err(|error| GreenError::OldDriver {
+                            symbol: String::from_utf8_lossy($name).into_owned(),
+                            error,
                         })?
                     }
                 };
@@ -201,7 +237,7 @@ mod driver {
     impl Api {
         /// `Err` naming the call, the `CUresult` and its name
         /// (`cuGetErrorName`, e.g. `CUDA_ERROR_INVALID_VALUE`) unless `rc` is 0.
-        fn check(&self, what: &str, rc: CuResult) -> Result<(), String> {
+        fn check(&self, call: &'static str, rc: CuResult) -> Result<(), GreenError> {
             if rc == 0 {
                 return Ok(());
             }
@@ -217,7 +253,7 @@ mod driver {
             } else {
                 "unknown".to_string()
             };
-            Err(format!("{what} failed (CUresult {rc}, {name})"))
+            Err(GreenError::Call { call, rc, name })
         }
 
         /// Destroy a stream, then its green context (each once).
@@ -265,7 +301,7 @@ mod driver {
         ///
         /// Errors: no driver, a driver older than CUDA 12.4, no such GPU, or a
         /// driver call failing (the message names it and its `CUresult`).
-        pub fn create(ordinal: usize, levels: &[f64]) -> Result<GreenContexts, String> {
+        pub fn create(ordinal: usize, levels: &[f64]) -> Result<GreenContexts, GreenError> {
             let api = Api::load()?;
             let mut out = GreenContexts {
                 total_sms: 0,
@@ -309,7 +345,7 @@ mod driver {
             &self,
             dev: CuDevice,
             res: &mut DevResource,
-        ) -> Result<(Handle, Handle), String> {
+        ) -> Result<(Handle, Handle), GreenError> {
             let a = &self.api;
             let (mut desc, mut ctx, mut stream): (Handle, Handle, Handle) = (
                 std::ptr::null_mut(),
@@ -341,7 +377,7 @@ mod driver {
             dev: CuDevice,
             whole: &DevResource,
             plan: Partition,
-        ) -> Result<GreenLevel, String> {
+        ) -> Result<GreenLevel, GreenError> {
             if plan.rest == 0 {
                 let mut all = *whole;
                 let (context, stream) = self.context(dev, &mut all)?;
@@ -363,10 +399,11 @@ mod driver {
                 )?;
             }
             if groups != 1 {
-                return Err(format!(
-                    "cuDevSmResourceSplitByCount made {groups} groups of {} SMs out of {}",
-                    plan.sms, self.total_sms
-                ));
+                return Err(GreenError::Split {
+                    groups,
+                    sms: plan.sms,
+                    total: self.total_sms,
+                });
             }
             let sms = group.sm_count();
             let partition = Partition {

@@ -48,6 +48,27 @@ pub enum InputError {
     Model(String),
 }
 
+/// What is wrong with media bytes: a request's WAV or image data
+/// ([`Media::wav_bytes`], [`Media::rgb_bytes`]), or a WAV file's samples.
+#[derive(Debug, thiserror::Error)]
+pub enum MediaBytesError {
+    /// Not a readable WAV stream (hound's message).
+    #[error("{0}")]
+    Wav(hound::Error),
+    /// A WAV stream's sample rate outside 1000..384000 Hz.
+    #[error("sample rate {0} Hz is outside 1000..384000 Hz")]
+    SampleRate(u32),
+    /// A WAV stream without samples.
+    #[error("no samples")]
+    NoSamples,
+    /// Image bytes whose format cannot be told (the reader's message).
+    #[error("{0}")]
+    Format(std::io::Error),
+    /// Image bytes that do not decode (the image crate's message).
+    #[error("{0}")]
+    Image(image::ImageError),
+}
+
 fn file_err(path: &Path, message: impl ToString) -> InputError {
     InputError::File {
         path: path.to_path_buf(),
@@ -110,20 +131,20 @@ impl Media {
 
     /// [`Media::wav`] of WAV bytes held in memory (a request's `input_audio`);
     /// the error says what is wrong with them.
-    pub fn wav_bytes(bytes: &[u8]) -> Result<Media, String> {
-        let r = hound::WavReader::new(std::io::Cursor::new(bytes)).map_err(|e| e.to_string())?;
+    pub fn wav_bytes(bytes: &[u8]) -> Result<Media, MediaBytesError> {
+        let r = hound::WavReader::new(std::io::Cursor::new(bytes)).map_err(MediaBytesError::Wav)?;
         wav_samples(r)
     }
 
     /// An image (PNG or JPEG, told by its bytes) held in memory, as RGB; the
     /// error says what is wrong with it.
-    pub fn rgb_bytes(bytes: &[u8]) -> Result<RgbImage, String> {
+    pub fn rgb_bytes(bytes: &[u8]) -> Result<RgbImage, MediaBytesError> {
         image::ImageReader::new(std::io::Cursor::new(bytes))
             .with_guessed_format()
-            .map_err(|e| e.to_string())?
+            .map_err(MediaBytesError::Format)?
             .decode()
             .map(|img| img.to_rgb8())
-            .map_err(|e| e.to_string())
+            .map_err(MediaBytesError::Image)
     }
 
     /// The shape of this input as the scheduler sees it: an image's pixels, a
@@ -207,26 +228,23 @@ impl Media {
 
 /// Samples of a WAV stream (PCM integer or float), mixed to mono and
 /// resampled to 16 kHz.
-fn wav_samples<R: std::io::Read>(mut r: hound::WavReader<R>) -> Result<Media, String> {
+fn wav_samples<R: std::io::Read>(mut r: hound::WavReader<R>) -> Result<Media, MediaBytesError> {
     let spec = r.spec();
     if !(1_000..=384_000).contains(&spec.sample_rate) {
-        return Err(format!(
-            "sample rate {} Hz is outside 1000..384000 Hz",
-            spec.sample_rate
-        ));
+        return Err(MediaBytesError::SampleRate(spec.sample_rate));
     }
     let ch = usize::from(spec.channels.max(1));
     let raw: Vec<f32> = match spec.sample_format {
         hound::SampleFormat::Float => r
             .samples::<f32>()
             .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?,
+            .map_err(MediaBytesError::Wav)?,
         hound::SampleFormat::Int => {
             let scale = 1.0 / (1u64 << (spec.bits_per_sample.clamp(1, 32) - 1)) as f32;
             r.samples::<i32>()
                 .map(|s| s.map(|v| v as f32 * scale))
                 .collect::<Result<_, _>>()
-                .map_err(|e| e.to_string())?
+                .map_err(MediaBytesError::Wav)?
         }
     };
     let mono: Vec<f32> = raw
@@ -234,7 +252,7 @@ fn wav_samples<R: std::io::Read>(mut r: hound::WavReader<R>) -> Result<Media, St
         .map(|c| c.iter().sum::<f32>() / ch as f32)
         .collect();
     if mono.is_empty() {
-        return Err("no samples".into());
+        return Err(MediaBytesError::NoSamples);
     }
     Ok(Media::Audio(resample(&mono, spec.sample_rate, SAMPLE_RATE)))
 }

@@ -13,12 +13,31 @@
 //! TOML format of `calib/preprocess/` (read by `easerve_calib::preprocess`).
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use easerve_model::ModelArch;
 use easerve_sched::MmItem;
 
-use crate::input::{prepare, Media};
+use crate::input::{prepare, InputError, Media};
+
+/// Why the preprocessing could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum PreprocessCostError {
+    /// The temporary folder, or an input in it, cannot be written.
+    #[error("{}: {error}", .dir.display())]
+    Temp {
+        /// The temporary folder.
+        dir: PathBuf,
+        /// Why not.
+        error: std::io::Error,
+    },
+    /// A model the measurement times is not a preset of this build.
+    #[error("no preset {0}")]
+    NoPreset(String),
+    /// An input cannot be decoded or prepared.
+    #[error("{0}")]
+    Input(InputError),
+}
 
 /// CPU seconds used by this process so far (user + system).
 fn cpu_seconds() -> f64 {
@@ -76,11 +95,11 @@ fn write_item(dir: &Path, item: &MmItem, tag: &str) -> std::io::Result<std::path
 }
 
 /// Median CPU seconds of decode + prepare of the file at `path` for `arch`.
-fn time_path(arch: &ModelArch, path: &Path, reps: usize) -> Result<f64, String> {
-    let once = || -> Result<f64, String> {
+fn time_path(arch: &ModelArch, path: &Path, reps: usize) -> Result<f64, PreprocessCostError> {
+    let once = || -> Result<f64, PreprocessCostError> {
         let t0 = cpu_seconds();
-        let media = Media::open(path).map_err(|e| e.to_string())?;
-        prepare(arch, &media).map_err(|e| e.to_string())?;
+        let media = Media::open(path).map_err(PreprocessCostError::Input)?;
+        prepare(arch, &media).map_err(PreprocessCostError::Input)?;
         Ok(cpu_seconds() - t0)
     };
     once()?;
@@ -95,16 +114,21 @@ fn time_path(arch: &ModelArch, path: &Path, reps: usize) -> Result<f64, String> 
 ///
 /// # Errors
 /// A temporary folder that cannot be written, or a preprocessing error.
-pub fn measure(reps: usize, date: &str) -> Result<String, String> {
+pub fn measure(reps: usize, date: &str) -> Result<String, PreprocessCostError> {
     let tmp = std::env::temp_dir().join(format!("easerve-preprocess-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    let temp = |error| PreprocessCostError::Temp {
+        dir: tmp.clone(),
+        error,
+    };
+    std::fs::create_dir_all(&tmp).map_err(temp)?;
     let cpu = crate::profile::cpu_name();
     let mut out = String::new();
     let _ = writeln!(
         out,
         "# measured by `easerve calib measure-preprocess` (exec/src/preprocess_cost.rs)\n\n[host]\ncpu = {cpu:?}\nthreads = 1\ndate = {date:?}\nclock = \"process CPU time (getrusage), median of {reps} after 1 warm-up\"\n"
     );
-    let preset = |n: &str| ModelArch::preset(n).ok_or_else(|| format!("no preset {n}"));
+    let preset =
+        |n: &str| ModelArch::preset(n).ok_or_else(|| PreprocessCostError::NoPreset(n.to_string()));
     let families: [(&str, ModelArch, Vec<MmItem>, &str); 4] = [
         (
             "llava-next",
@@ -156,8 +180,7 @@ pub fn measure(reps: usize, date: &str) -> Result<String, String> {
     for (i, (family, arch, items, what)) in families.iter().enumerate() {
         let mut pts = Vec::new();
         for (j, it) in items.iter().enumerate() {
-            let p = write_item(&tmp, it, &format!("f{i}-{j}"))
-                .map_err(|e| format!("{}: {e}", tmp.display()))?;
+            let p = write_item(&tmp, it, &format!("f{i}-{j}")).map_err(temp)?;
             let t = time_path(arch, &p, reps)?;
             let x = match *it {
                 MmItem::Image { height, width } => f64::from(height) * f64::from(width) / 1e6,

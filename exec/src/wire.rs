@@ -115,11 +115,20 @@ impl WireImage {
         }
     }
 
-    fn into_rgb(self) -> Result<image::RgbImage, String> {
-        let (w, h) = (self.width, self.height);
-        image::RgbImage::from_raw(w, h, self.rgb)
-            .ok_or_else(|| format!("an image of {w}×{h} pixels came with the wrong byte count"))
+    fn into_rgb(self) -> Result<image::RgbImage, WireMediaError> {
+        let (width, height) = (self.width, self.height);
+        image::RgbImage::from_raw(width, height, self.rgb).ok_or(WireMediaError { width, height })
     }
+}
+
+/// An image whose pixel bytes do not match its size ([`WireMedia::into_media`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("an image of {width}×{height} pixels came with the wrong byte count")]
+pub struct WireMediaError {
+    /// Its width, pixels.
+    pub width: u32,
+    /// Its height, pixels.
+    pub height: u32,
 }
 
 impl WireMedia {
@@ -137,7 +146,7 @@ impl WireMedia {
     ///
     /// # Errors
     /// When an image's byte count does not match its size.
-    pub fn into_media(self) -> Result<crate::input::Media, String> {
+    pub fn into_media(self) -> Result<crate::input::Media, WireMediaError> {
         use crate::input::Media;
         Ok(match self {
             WireMedia::Image(img) => Media::Image(img.into_rgb()?),

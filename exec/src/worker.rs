@@ -14,15 +14,16 @@
 //! in parallel while earlier passes compute; the pass that encodes the
 //! request takes its prepared items, waiting for those still in progress.
 
-use crate::device::DeviceKind;
-use crate::input::{prepare, HostItem, Media};
+use crate::device::{DeviceError, DeviceKind};
+use crate::input::{prepare, HostItem, InputError, Media};
 use crate::wire::{
     read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, Role,
-    ToWorker, WireMedia,
+    ToWorker, WireMedia, WireMediaError,
 };
 use burn::prelude::*;
-use burn::tensor::TensorData;
-use easerve_model::nn::{KvCache, MultimodalModel};
+use burn::tensor::backend::ExecutionError;
+use burn::tensor::{DataError, TensorData};
+use easerve_model::nn::{KvCache, MultimodalModel, NnError};
 use easerve_model::ModelArch;
 use easerve_sched::RequestId;
 use std::collections::HashMap;
@@ -61,17 +62,119 @@ pub struct WorkerOptions {
     pub preprocess_threads: usize,
 }
 
-/// Serve as a worker until shutdown. Errors are strings for the process's
-/// stderr; the controller also gets them as [`FromWorker::Error`].
-pub fn run_worker(opts: &WorkerOptions) -> Result<(), String> {
+/// Why a worker stopped. Its message goes to the process's stderr, and to
+/// the controller as [`FromWorker::Error`].
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// `--model` names no preset.
+    #[error("--model: unknown model `{0}`")]
+    UnknownModel(String),
+    /// The controller cannot be reached.
+    #[error("cannot connect to the controller at {addr}: {error}")]
+    Connect {
+        /// The controller's address.
+        addr: SocketAddr,
+        /// Why not.
+        error: std::io::Error,
+    },
+    /// The socket cannot be cloned for the receiver thread.
+    #[error("socket clone failed: {0}")]
+    SocketClone(std::io::Error),
+    /// A frame cannot be written to the controller.
+    #[error("cannot write to the controller: {0}")]
+    Write(std::io::Error),
+    /// The worker's CPU threads cannot be bounded.
+    #[error("{0}")]
+    Device(DeviceError),
+    /// A CUDA worker in a build without the `cuda` feature.
+    #[error("this build has no CUDA support (build with --features cuda)")]
+    NoCuda,
+    /// The model cannot be built, or cannot encode the items given.
+    #[error("{0}")]
+    Model(NnError),
+    /// The preprocessing pool cannot start.
+    #[error("cannot start {threads} preprocessing threads: {error}")]
+    PreprocessPool {
+        /// The threads asked for.
+        threads: usize,
+        /// Why not.
+        error: rayon::ThreadPoolBuildError,
+    },
+    /// The receiver thread cannot start.
+    #[error("cannot start the receiver thread: {0}")]
+    ReceiverThread(std::io::Error),
+    /// The device cannot be synchronised.
+    #[error("device sync failed: {0:?}")]
+    Sync(ExecutionError),
+    /// A result tensor cannot be read back to the host.
+    #[error("tensor read-back failed: {0:?}")]
+    ReadBack(DataError),
+    /// A decode step names a request whose KV cache has not landed here.
+    #[error("decode step for request {0}, whose KV cache is not here")]
+    NoKv(RequestId),
+    /// A KV cache whose keys and values do not fill its layers.
+    #[error("KV cache of {layers} layers × {per} values has {keys} keys and {values} values")]
+    KvShape {
+        /// Its layers.
+        layers: u32,
+        /// Values per layer (KV heads × positions × head width).
+        per: usize,
+        /// The keys that came.
+        keys: usize,
+        /// The values that came.
+        values: usize,
+    },
+    /// A request's media that came malformed.
+    #[error("request {id}: {error}")]
+    Media {
+        /// The request.
+        id: RequestId,
+        /// What is wrong.
+        error: WireMediaError,
+    },
+    /// A request's item that cannot be prepared for the encoder.
+    #[error("request {id}: {error}")]
+    Input {
+        /// The request.
+        id: RequestId,
+        /// Why not.
+        error: InputError,
+    },
+    /// Prepared items other than the pass's items of a request.
+    #[error("request {id}: {prepared} items prepared for {items} in the pass")]
+    ItemCount {
+        /// The request.
+        id: RequestId,
+        /// Items prepared.
+        prepared: usize,
+        /// Items the pass names.
+        items: usize,
+    },
+    /// A request's embeddings that do not fit the LM's width.
+    #[error("request {id}: embeddings {rows}×{cols} do not fit the LM's width {width}")]
+    EmbeddingsWidth {
+        /// The request.
+        id: RequestId,
+        /// Rows of the embeddings.
+        rows: u32,
+        /// Their columns.
+        cols: u32,
+        /// The LM's width.
+        width: usize,
+    },
+}
+
+/// Serve as a worker until shutdown. Errors go to the process's stderr; the
+/// controller also gets them as [`FromWorker::Error`].
+pub fn run_worker(opts: &WorkerOptions) -> Result<(), WorkerError> {
     let arch = ModelArch::preset(&opts.model)
-        .ok_or_else(|| format!("--model: unknown model `{}`", opts.model))?;
-    let stream = TcpStream::connect(opts.connect)
-        .map_err(|e| format!("cannot connect to the controller at {}: {e}", opts.connect))?;
+        .ok_or_else(|| WorkerError::UnknownModel(opts.model.clone()))?;
+    let stream = TcpStream::connect(opts.connect).map_err(|error| WorkerError::Connect {
+        addr: opts.connect,
+        error,
+    })?;
     stream.set_nodelay(true).ok();
-    let reader = stream
-        .try_clone()
-        .map_err(|e| format!("socket clone failed: {e}"))?;
+    let reader = stream.try_clone().map_err(WorkerError::SocketClone)?;
     let writer = Arc::new(Mutex::new(stream));
     send(
         &writer,
@@ -90,7 +193,7 @@ pub fn run_worker(opts: &WorkerOptions) -> Result<(), String> {
                 reader,
                 writer.clone(),
             ),
-            Err(e) => Err(e.0),
+            Err(e) => Err(WorkerError::Device(e)),
         },
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => serve::<crate::cuda::Gpu>(
@@ -103,11 +206,12 @@ pub fn run_worker(opts: &WorkerOptions) -> Result<(), String> {
         #[cfg(not(feature = "cuda"))]
         DeviceKind::Cuda => {
             drop(reader);
-            Err("this build has no CUDA support (build with --features cuda)".into())
+            Err(WorkerError::NoCuda)
         }
     };
     if let Err(e) = &res {
-        let _ = send(&writer, &FromWorker::Error { message: e.clone() });
+        let message = e.to_string();
+        let _ = send(&writer, &FromWorker::Error { message });
     }
     res
 }
@@ -129,26 +233,26 @@ fn prompt_ids(id: RequestId, n: u32, vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-fn to_vec_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, String> {
+fn to_vec_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, WorkerError> {
     t.into_data()
         .convert::<f32>()
         .into_vec::<f32>()
-        .map_err(|e| format!("tensor read-back failed: {e:?}"))
+        .map_err(WorkerError::ReadBack)
 }
 
-fn argmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<u32>, String> {
+fn argmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<u32>, WorkerError> {
     let ids = logits.argmax(1);
     Ok(ids
         .into_data()
         .convert::<i64>()
         .into_vec::<i64>()
-        .map_err(|e| format!("tensor read-back failed: {e:?}"))?
+        .map_err(WorkerError::ReadBack)?
         .into_iter()
         .map(|i| i.max(0) as u32)
         .collect())
 }
 
-fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, String> {
+fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, WorkerError> {
     let layers = c.k.len();
     let [kv_heads, len, head_dim] = if layers == 0 {
         [0, 0, 0]
@@ -171,15 +275,15 @@ fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, String> {
     })
 }
 
-fn kv_from_wire<B: Backend>(kv: KvData, device: &B::Device) -> Result<KvCache<B>, String> {
+fn kv_from_wire<B: Backend>(kv: KvData, device: &B::Device) -> Result<KvCache<B>, WorkerError> {
     let per = (kv.kv_heads * kv.len * kv.head_dim) as usize;
     if kv.k.len() != per * kv.layers as usize || kv.v.len() != kv.k.len() {
-        return Err(format!(
-            "KV cache of {} layers × {per} values has {} keys and {} values",
-            kv.layers,
-            kv.k.len(),
-            kv.v.len()
-        ));
+        return Err(WorkerError::KvShape {
+            layers: kv.layers,
+            per,
+            keys: kv.k.len(),
+            values: kv.v.len(),
+        });
     }
     let shape = [kv.kv_heads as usize, kv.len as usize, kv.head_dim as usize];
     let split = |all: &[f32]| -> Vec<Tensor<B, 3>> {
@@ -263,8 +367,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn send(writer: &Mutex<TcpStream>, m: &FromWorker) -> Result<(), String> {
-    write_frame(&mut *lock(writer), m).map_err(|e| format!("cannot write to the controller: {e}"))
+fn send(writer: &Mutex<TcpStream>, m: &FromWorker) -> Result<(), WorkerError> {
+    write_frame(&mut *lock(writer), m).map_err(WorkerError::Write)
 }
 
 /// The receiver thread: stores embeddings envelopes and KV caches as they
@@ -276,7 +380,7 @@ fn receive(
     embeddings: Shared<HashMap<RequestId, Matrix>>,
     kv: Shared<HashMap<RequestId, (u32, KvData)>>,
     preprocessor: Arc<Preprocessor>,
-    jobs: mpsc::Sender<Result<Job, String>>,
+    jobs: mpsc::Sender<Result<Job, WorkerError>>,
 ) {
     loop {
         let msg = match read_frame::<_, ToWorker>(&mut reader) {
@@ -331,10 +435,10 @@ fn serve<B: Backend>(
     device: &B::Device,
     reader: TcpStream,
     writer: Shared<TcpStream>,
-) -> Result<(), String> {
+) -> Result<(), WorkerError> {
     let t0 = Instant::now();
     B::seed(device, opts.seed);
-    let model = MultimodalModel::<B>::from_arch(arch, device).map_err(|e| e.to_string())?;
+    let model = MultimodalModel::<B>::from_arch(arch, device).map_err(WorkerError::Model)?;
     let vocab = arch.llm.vocab;
     // built before any pass pins the process, so its threads start with the
     // worker's whole mask and keep it (see `Preprocessor::new`)
@@ -351,7 +455,7 @@ fn serve<B: Backend>(
         let x = model.lm.embed_tokens(&[4], device);
         let _ = model.lm.decode(x, &mut caches);
     }
-    let sync = || B::sync(device).map_err(|e| format!("device sync failed: {e:?}"));
+    let sync = || B::sync(device).map_err(WorkerError::Sync);
     sync()?;
     send(
         &writer,
@@ -372,7 +476,7 @@ fn serve<B: Backend>(
         std::thread::Builder::new()
             .name("receiver".into())
             .spawn(move || receive(reader, w, e, k, p, tx))
-            .map_err(|e| format!("cannot start the receiver thread: {e}"))?;
+            .map_err(WorkerError::ReceiverThread)?;
     }
     let mut seqs: HashMap<RequestId, Sequence<B>> = HashMap::new();
     // the receiver drops its sender at shutdown or EOF, which ends this loop
@@ -398,9 +502,7 @@ fn serve<B: Backend>(
             Job::DecodeStep(ids) => {
                 for id in &ids {
                     if !seqs.contains_key(id) {
-                        let (last, k) = lock(&kv).remove(id).ok_or_else(|| {
-                            format!("decode step for request {id}, whose KV cache is not here")
-                        })?;
+                        let (last, k) = lock(&kv).remove(id).ok_or(WorkerError::NoKv(*id))?;
                         let cache = kv_from_wire::<B>(k, device)?;
                         seqs.insert(*id, Sequence { cache, last });
                     }
@@ -431,14 +533,16 @@ fn prepare_item(
     j: usize,
     item: &easerve_sched::MmItem,
     media: Option<WireMedia>,
-) -> Result<HostItem, String> {
+) -> Result<HostItem, WorkerError> {
     let media = match media {
-        Some(m) => m.into_media().map_err(|e| format!("request {id}: {e}"))?,
+        Some(m) => m
+            .into_media()
+            .map_err(|error| WorkerError::Media { id, error })?,
         None => Media::synthetic(item, media_seed(seed, id, j)),
     };
     prepare(arch, &media)
         .map(|p| p.item)
-        .map_err(|e| format!("request {id}: {e}"))
+        .map_err(|error| WorkerError::Input { id, error })
 }
 
 /// What became of a request sent ahead of its pass.
@@ -446,7 +550,7 @@ enum Slot {
     /// Queued or being prepared on the preprocessing pool.
     Pending,
     /// Its items prepared, in order (or why they could not be).
-    Ready(Result<Vec<HostItem>, String>),
+    Ready(Result<Vec<HostItem>, WorkerError>),
     /// Held for its pass to prepare (a worker without preprocessing threads).
     Held(EncodeRequest),
 }
@@ -476,7 +580,7 @@ struct Preprocessor {
 }
 
 impl Preprocessor {
-    fn new(arch: ModelArch, seed: u64, threads: usize) -> Result<Preprocessor, String> {
+    fn new(arch: ModelArch, seed: u64, threads: usize) -> Result<Preprocessor, WorkerError> {
         let pool = if threads == 0 {
             None
         } else {
@@ -485,7 +589,7 @@ impl Preprocessor {
                     .num_threads(threads)
                     .thread_name(|k| format!("preprocess-{k}"))
                     .build()
-                    .map_err(|e| format!("cannot start {threads} preprocessing threads: {e}"))?,
+                    .map_err(|error| WorkerError::PreprocessPool { threads, error })?,
             )
         };
         // every thread has started once a broadcast has run on each
@@ -532,7 +636,7 @@ impl Preprocessor {
 
     /// Request `r`'s prepared items: those sent ahead (waiting while they are
     /// in progress), else prepared here and now from `r`'s own media.
-    fn take(&self, r: &EncodeRequest) -> Result<Vec<HostItem>, String> {
+    fn take(&self, r: &EncodeRequest) -> Result<Vec<HostItem>, WorkerError> {
         let mut slots = lock(&self.slots);
         loop {
             match slots.remove(&r.id) {
@@ -554,7 +658,7 @@ impl Preprocessor {
     }
 
     /// Prepare `r`'s items one after another on this thread.
-    fn prepare_here(&self, r: EncodeRequest) -> Result<Vec<HostItem>, String> {
+    fn prepare_here(&self, r: EncodeRequest) -> Result<Vec<HostItem>, WorkerError> {
         let mut media = r.media.into_iter();
         r.items
             .iter()
@@ -573,27 +677,29 @@ fn encode<B: Backend>(
     preprocessor: &Preprocessor,
     requests: &[EncodeRequest],
     device: &B::Device,
-    on_device: impl FnOnce() -> Result<(), String>,
-) -> Result<FromWorker, String> {
+    on_device: impl FnOnce() -> Result<(), WorkerError>,
+) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
     let mut items = Vec::new();
     let mut counts = Vec::with_capacity(requests.len());
     for r in requests {
         let host = preprocessor.take(r)?;
         if host.len() != r.items.len() {
-            return Err(format!(
-                "request {}: {} items prepared for {} in the pass",
-                r.id,
-                host.len(),
-                r.items.len()
-            ));
+            return Err(WorkerError::ItemCount {
+                id: r.id,
+                prepared: host.len(),
+                items: r.items.len(),
+            });
         }
         items.extend(host.iter().map(|h| h.to_device::<B>(device)));
         counts.push(r.items.len());
     }
     let preprocess_s = t0.elapsed().as_secs_f64();
     on_device()?;
-    let mut out = model.encode(&items).map_err(|e| e.to_string())?.into_iter();
+    let mut out = model
+        .encode(&items)
+        .map_err(WorkerError::Model)?
+        .into_iter();
     let mut embeddings = Vec::with_capacity(requests.len());
     for (r, n) in requests.iter().zip(counts) {
         let parts: Vec<Tensor<B, 2>> = out.by_ref().take(n).collect();
@@ -620,7 +726,7 @@ fn prefill<B: Backend>(
     vocab: u32,
     batch: &[(PrefillRequest, Option<Matrix>)],
     device: &B::Device,
-) -> Result<FromWorker, String> {
+) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
     let d = model.lm.d_model();
     let mut seqs = Vec::with_capacity(batch.len());
@@ -628,10 +734,12 @@ fn prefill<B: Backend>(
         let mut parts = Vec::new();
         if let Some(m) = emb {
             if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize {
-                return Err(format!(
-                    "request {}: embeddings {}×{} do not fit the LM's width {d}",
-                    r.id, m.rows, m.cols
-                ));
+                return Err(WorkerError::EmbeddingsWidth {
+                    id: r.id,
+                    rows: m.rows,
+                    cols: m.cols,
+                    width: d,
+                });
             }
             if m.rows > 0 {
                 parts.push(Tensor::<B, 2>::from_data(
@@ -667,13 +775,11 @@ fn decode_step<B: Backend>(
     seqs: &mut HashMap<RequestId, Sequence<B>>,
     ids: &[RequestId],
     device: &B::Device,
-) -> Result<FromWorker, String> {
+) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
     let mut batch = Vec::with_capacity(ids.len());
     for id in ids {
-        let s = seqs
-            .remove(id)
-            .ok_or_else(|| format!("decode step for request {id}, whose KV cache is not here"))?;
+        let s = seqs.remove(id).ok_or(WorkerError::NoKv(*id))?;
         batch.push((*id, s));
     }
     let last: Vec<u32> = batch.iter().map(|(_, s)| s.last).collect();

@@ -25,7 +25,8 @@ pub mod tpe;
 pub mod trial;
 
 pub use search::{
-    search, tune, Method, SearchConfig, StopReason, Study, TrialRecord, DEFAULT_BUDGET,
+    search, tune, Method, SearchConfig, StopReason, Study, TrialRecord, UnknownMethod,
+    DEFAULT_BUDGET,
 };
-pub use space::{feasible_allocations, Candidate, FeasibleAllocation};
+pub use space::{feasible_allocations, Candidate, CandidateError, FeasibleAllocation};
 pub use trial::{Outcome, SimTrial, Trial};

@@ -38,17 +38,20 @@ pub enum Method {
     Exhaustive,
 }
 
+/// A name that is not a [`Method`] (the message lists the methods).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown method `{0}`; allowed: has, random, coordinate, exhaustive")]
+pub struct UnknownMethod(pub String);
+
 impl FromStr for Method {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownMethod;
+    fn from_str(s: &str) -> Result<Self, UnknownMethod> {
         match s {
             "has" => Ok(Method::Has),
             "random" => Ok(Method::Random),
             "coordinate" => Ok(Method::Coordinate),
             "exhaustive" => Ok(Method::Exhaustive),
-            _ => Err(format!(
-                "unknown method `{s}`; allowed: has, random, coordinate, exhaustive"
-            )),
+            _ => Err(UnknownMethod(s.to_string())),
         }
     }
 }

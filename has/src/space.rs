@@ -26,19 +26,43 @@ impl fmt::Display for Candidate {
     }
 }
 
+/// What a candidate's text must look like (every [`CandidateError`] but a bad
+/// allocation ends with it).
+const SHAPE: &str = "expected `ALLOCATION B=<integer ≥ 1> s=<number in [0, 1]>`, e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`";
+
+/// Why a text is not a [`Candidate`] (`--deployment`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CandidateError {
+    /// Nothing but blanks.
+    #[error("empty deployment; {SHAPE}")]
+    Empty,
+    /// The allocation does not parse.
+    #[error("{0}")]
+    Allocation(easerve_sched::AllocationError),
+    /// A `B=` that is not an integer ≥ 1, or an `s=` that is not a number in
+    /// `[0, 1]`.
+    #[error("`{0}`: {SHAPE}")]
+    Value(String),
+    /// A part that is neither `B=` nor `s=`.
+    #[error("unexpected `{0}`; {SHAPE}")]
+    Unexpected(String),
+    /// `B=` or `s=` missing.
+    #[error("`{0}` lacks B= or s=; {SHAPE}")]
+    Incomplete(String),
+}
+
 impl std::str::FromStr for Candidate {
-    type Err = String;
+    type Err = CandidateError;
 
     /// Parse what [`fmt::Display`] prints: `ALLOCATION B=<int> s=<float>`, e.g.
     /// `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`.
-    fn from_str(text: &str) -> Result<Self, String> {
-        let shape = "expected `ALLOCATION B=<integer ≥ 1> s=<number in [0, 1]>`, e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`";
+    fn from_str(text: &str) -> Result<Self, CandidateError> {
         let mut parts = text.split_whitespace();
         let allocation: Allocation = parts
             .next()
-            .ok_or_else(|| format!("empty deployment; {shape}"))?
+            .ok_or(CandidateError::Empty)?
             .parse()
-            .map_err(|e: easerve_sched::AllocationError| e.to_string())?;
+            .map_err(CandidateError::Allocation)?;
         let (mut batch, mut offload) = (None, None);
         for p in parts {
             match p.split_once('=') {
@@ -47,7 +71,7 @@ impl std::str::FromStr for Candidate {
                         v.parse::<u32>()
                             .ok()
                             .filter(|b| *b >= 1)
-                            .ok_or_else(|| format!("`{p}`: {shape}"))?,
+                            .ok_or_else(|| CandidateError::Value(p.to_string()))?,
                     )
                 }
                 Some(("s", v)) => {
@@ -55,10 +79,10 @@ impl std::str::FromStr for Candidate {
                         v.parse::<f64>()
                             .ok()
                             .filter(|s| (0.0..=1.0).contains(s))
-                            .ok_or_else(|| format!("`{p}`: {shape}"))?,
+                            .ok_or_else(|| CandidateError::Value(p.to_string()))?,
                     )
                 }
-                _ => return Err(format!("unexpected `{p}`; {shape}")),
+                _ => return Err(CandidateError::Unexpected(p.to_string())),
             }
         }
         match (batch, offload) {
@@ -67,7 +91,7 @@ impl std::str::FromStr for Candidate {
                 batch,
                 offload,
             }),
-            _ => Err(format!("`{text}` lacks B= or s=; {shape}")),
+            _ => Err(CandidateError::Incomplete(text.to_string())),
         }
     }
 }

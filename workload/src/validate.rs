@@ -1,9 +1,9 @@
 //! Sim-vs-measured validation: compare two [`Report`]s metric by metric.
 //!
 //! The measured run's JSON **is** a [`Report`] (DESIGN.md "Metrics": the same
-//! report type comes out of sim and exec), as `easerve sim --json` writes it;
-//! the executor will write the same. So a simulated report is a valid stand-in
-//! for a measured one in tests.
+//! report type comes out of sim and exec), as `easerve sim --json` writes it
+//! and `easerve exec --json` writes the same. So a simulated report is a valid
+//! stand-in for a measured one in tests.
 //!
 //! Compared, each as measured value, simulated value and relative error
 //! `(simulated − measured) / measured` (0 when both are 0, ±∞ when only the
@@ -326,21 +326,63 @@ fn check_report(r: &Report) -> Result<(), (String, String)> {
     }
 }
 
+/// Why two runs cannot be compared ([`comparable`]), or why a measured run
+/// has nothing to compare against ([`measurable`]).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CompareError {
+    /// The runs are of different models.
+    #[error("the runs are of different models: simulated `{simulated}`, measured `{measured}`")]
+    Models {
+        /// The simulated run's model.
+        simulated: String,
+        /// The measured run's model.
+        measured: String,
+    },
+    /// The runs are on different clusters.
+    #[error("the runs are on different clusters: simulated `{simulated}`, measured `{measured}`")]
+    Clusters {
+        /// The simulated run's cluster.
+        simulated: String,
+        /// The measured run's cluster.
+        measured: String,
+    },
+    /// The measured run completed no request.
+    #[error("the measured run has no completed request, so nothing to compare")]
+    NoneCompleted,
+    /// The measured run's mean TTFT is 0, missing or not finite.
+    #[error(
+        "the measured run's TTFTs are all 0 (or missing) over its {completed} completed requests; a TTFT is the time from a request's arrival to its first token"
+    )]
+    NoTtft {
+        /// Its completed requests.
+        completed: usize,
+    },
+    /// The measured run's mean TPOT is 0, missing or not finite though its
+    /// requests generated more than one token each.
+    #[error(
+        "the measured run's TPOTs are all 0 (or missing) though its requests generated {tokens_each:.1} tokens each"
+    )]
+    NoTpot {
+        /// Output tokens per request, by the run's token rate over its duration.
+        tokens_each: f64,
+    },
+}
+
 /// Whether two reports describe runs that can be compared: the same model
 /// on the same cluster (GPU type, count and link). The error names both.
-pub fn comparable(simulated: &Report, measured: &Report) -> Result<(), String> {
+pub fn comparable(simulated: &Report, measured: &Report) -> Result<(), CompareError> {
     let (s, m) = (&simulated.meta, &measured.meta);
     if s.model != m.model {
-        return Err(format!(
-            "the runs are of different models: simulated `{}`, measured `{}`",
-            s.model, m.model
-        ));
+        return Err(CompareError::Models {
+            simulated: s.model.clone(),
+            measured: m.model.clone(),
+        });
     }
     if s.cluster != m.cluster {
-        return Err(format!(
-            "the runs are on different clusters: simulated `{}`, measured `{}`",
-            s.cluster, m.cluster
-        ));
+        return Err(CompareError::Clusters {
+            simulated: s.cluster.clone(),
+            measured: m.cluster.clone(),
+        });
     }
     Ok(())
 }
@@ -352,23 +394,20 @@ pub fn comparable(simulated: &Report, measured: &Report) -> Result<(), String> {
 ///
 /// # Errors
 /// What the run lacks, in words.
-pub fn measurable(measured: &Report) -> Result<(), String> {
+pub fn measurable(measured: &Report) -> Result<(), CompareError> {
     if measured.completed == 0 {
-        return Err("the measured run has no completed request, so nothing to compare".into());
+        return Err(CompareError::NoneCompleted);
     }
     let positive = |x: f64| x.is_finite() && x > 0.0;
     if !positive(measured.ttft.mean) {
-        return Err(format!(
-            "the measured run's TTFTs are all 0 (or missing) over its {} completed requests; a TTFT is the time from a request's arrival to its first token",
-            measured.completed
-        ));
+        return Err(CompareError::NoTtft {
+            completed: measured.completed,
+        });
     }
     // output tokens per request, from the run's token rate over its duration
     let tokens_each = measured.output_throughput * measured.duration_s / measured.completed as f64;
     if tokens_each > 1.0 && !positive(measured.tpot.mean) {
-        return Err(format!(
-            "the measured run's TPOTs are all 0 (or missing) though its requests generated {tokens_each:.1} tokens each"
-        ));
+        return Err(CompareError::NoTpot { tokens_each });
     }
     Ok(())
 }

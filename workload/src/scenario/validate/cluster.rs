@@ -60,7 +60,7 @@ pub(super) fn cluster_section(
             })?;
         }
         Some(LinkChoice::Inline(link)) => {
-            check_link(link).map_err(|(f, m)| v.err(&format!("cluster.link.{f}"), m))?;
+            check_link(link).map_err(|e| v.err(&format!("cluster.link.{}", e.field()), e))?;
             gpu.link = link.clone();
         }
         None => {}
@@ -97,52 +97,90 @@ pub(super) fn cluster_section(
     Ok((model, gpu, gpus))
 }
 
+/// What is wrong with a link's figures (an inline `cluster.link`, or a
+/// custom GPU's `link`); [`LinkError::field`] names the field at fault.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(super) enum LinkError {
+    /// The name is empty or blank (it names the link in reports and profiles).
+    #[error("must not be empty")]
+    EmptyName,
+    /// The bandwidth, GB/s, is outside `[HARDWARE_MIN, 1e5]` or not finite.
+    #[error(
+        "{} GB/s is not a plausible link: allowed [{HARDWARE_MIN}, 1e5] ({HARDWARE_WHY})",
+        num(*.0)
+    )]
+    Bandwidth(f64),
+    /// The latency, seconds per transfer, is outside `[0, 1]` or not finite.
+    #[error("{} s per transfer is not a plausible link: allowed [0, 1]", num(*.0))]
+    Latency(f64),
+}
+
+impl LinkError {
+    /// The link's field at fault (`name`, `bandwidth_gbs`, `latency_s`).
+    pub(super) fn field(&self) -> &'static str {
+        match self {
+            LinkError::EmptyName => "name",
+            LinkError::Bandwidth(_) => "bandwidth_gbs",
+            LinkError::Latency(_) => "latency_s",
+        }
+    }
+}
+
+/// What is wrong with a custom GPU file's figures.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(super) enum GpuError {
+    /// A throughput, bandwidth or memory figure outside `[HARDWARE_MIN, hi]`
+    /// or not finite.
+    #[error(
+        "field `{field}` = {} is not a plausible figure: allowed [{HARDWARE_MIN}, {}] ({HARDWARE_WHY})",
+        num(*.value),
+        num(*.hi)
+    )]
+    Implausible {
+        /// The field (`bf16_tflops`, `mem_bandwidth_gbs`, `memory_gb`).
+        field: &'static str,
+        /// Its value.
+        value: f64,
+        /// The largest value allowed.
+        hi: f64,
+    },
+    /// The GPU's `link` is not a plausible link.
+    #[error("field `link.{}`: {0}", .0.field())]
+    Link(LinkError),
+    /// `sms` is 0.
+    #[error("field `sms` must be ≥ 1")]
+    NoSms,
+}
+
 /// A link's figures: a name (it names the link in reports and profiles),
-/// bandwidth positive and finite, latency finite and ≥ 0; else the field and
-/// what is wrong.
-fn check_link(l: &LinkSpec) -> Result<(), (&'static str, String)> {
+/// bandwidth positive and finite, latency finite and ≥ 0.
+fn check_link(l: &LinkSpec) -> Result<(), LinkError> {
     if l.name.trim().is_empty() {
-        return Err(("name", "must not be empty".into()));
+        return Err(LinkError::EmptyName);
     }
     if !(HARDWARE_MIN..=1e5).contains(&l.bandwidth_gbs) {
-        return Err((
-            "bandwidth_gbs",
-            format!(
-                "{} GB/s is not a plausible link: allowed [{HARDWARE_MIN}, 1e5] ({HARDWARE_WHY})",
-                num(l.bandwidth_gbs)
-            ),
-        ));
+        return Err(LinkError::Bandwidth(l.bandwidth_gbs));
     }
     if !(0.0..=1.0).contains(&l.latency_s) {
-        return Err((
-            "latency_s",
-            format!(
-                "{} s per transfer is not a plausible link: allowed [0, 1]",
-                num(l.latency_s)
-            ),
-        ));
+        return Err(LinkError::Latency(l.latency_s));
     }
     Ok(())
 }
 
 /// A custom GPU's figures must be positive and finite.
-fn check_gpu(g: &GpuSpec) -> Result<(), String> {
-    for (name, x, hi) in [
+fn check_gpu(g: &GpuSpec) -> Result<(), GpuError> {
+    for (field, value, hi) in [
         ("bf16_tflops", g.bf16_tflops, 1e5),
         ("mem_bandwidth_gbs", g.mem_bandwidth_gbs, 1e6),
         ("memory_gb", g.memory_gb, 1e6),
     ] {
-        if !(HARDWARE_MIN..=hi).contains(&x) {
-            return Err(format!(
-                "field `{name}` = {} is not a plausible figure: allowed [{HARDWARE_MIN}, {}] ({HARDWARE_WHY})",
-                num(x),
-                num(hi)
-            ));
+        if !(HARDWARE_MIN..=hi).contains(&value) {
+            return Err(GpuError::Implausible { field, value, hi });
         }
     }
-    check_link(&g.link).map_err(|(f, m)| format!("field `link.{f}`: {m}"))?;
+    check_link(&g.link).map_err(GpuError::Link)?;
     if g.sms == 0 {
-        return Err("field `sms` must be ≥ 1".into());
+        return Err(GpuError::NoSms);
     }
     Ok(())
 }

@@ -19,7 +19,7 @@ mod workload;
 
 pub use cluster::{HARDWARE_MIN, NO_FP8_GPUS};
 pub use deployment::{HOST_CORES_PER_GPU, MAX_BATCH, MAX_WAIT_S};
-pub use model::{check_model, KV_DTYPES, LLM_DTYPES, NODE_GPUS};
+pub use model::{check_model, ModelError, KV_DTYPES, LLM_DTYPES, NODE_GPUS};
 pub use slo::MAX_TIER_NAME;
 pub use workload::{MAX_HORIZON_S, MAX_RATE};
 
@@ -98,11 +98,11 @@ struct V<'a> {
 }
 
 impl V<'_> {
-    fn err(&self, field: &str, message: impl Into<String>) -> ScenarioError {
+    fn err(&self, field: &str, message: impl std::fmt::Display) -> ScenarioError {
         ScenarioError {
             file: self.file.to_string(),
             field: field.to_string(),
-            message: message.into(),
+            message: message.to_string(),
         }
     }
 
@@ -177,13 +177,13 @@ type Presets<'a, T> = (&'a str, fn(&str) -> Option<T>, &'a [&'a str]);
 /// to the scenario (in `dir`), exactly one of the two. `fields` names the
 /// section and its preset and file fields; `presets` names what it is, looks
 /// a preset up and lists the allowed names; `check` validates a custom file.
-fn preset_or_file<T: serde::de::DeserializeOwned>(
+fn preset_or_file<T: serde::de::DeserializeOwned, E: std::fmt::Display>(
     v: &V,
     dir: &Path,
     (section, preset_field, file_field): (&str, &str, &str),
     given: (Option<&str>, Option<&str>),
     (what, preset, names): Presets<'_, T>,
-    check: fn(&T) -> Result<(), String>,
+    check: fn(&T) -> Result<(), E>,
 ) -> Result<T, ScenarioError> {
     let key = |f: &str| f.rsplit('.').next().unwrap_or(f).to_string();
     match given {
