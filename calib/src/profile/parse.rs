@@ -102,6 +102,17 @@ struct Parser<'a> {
 type Res<T> = Result<T, ProfileError>;
 
 impl Parser<'_> {
+    /// The array `key` of table `table` as strings.
+    fn strings(&self, table: &str, a: &[toml::Value], key: &str) -> Res<Vec<String>> {
+        a.iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| self.err(Some(table), None, format!("`{key}` must be strings")))
+            })
+            .collect()
+    }
+
     fn err(&self, table: Option<&str>, row: Option<usize>, message: String) -> ProfileError {
         ProfileError {
             file: self.file.to_string(),
@@ -332,14 +343,7 @@ impl Parser<'_> {
         })?;
         let libraries = match t.get("libraries") {
             None => Vec::new(),
-            Some(toml::Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_str().map(str::to_string).ok_or_else(|| {
-                        self.err(Some(n), None, "`libraries` must be strings".into())
-                    })
-                })
-                .collect::<Res<_>>()?,
+            Some(toml::Value::Array(a)) => self.strings(n, a, "libraries")?,
             Some(_) => {
                 return Err(self.err(
                     Some(n),
@@ -430,14 +434,7 @@ impl Parser<'_> {
             )
         })?;
         let columns: Vec<String> = match t.get("columns") {
-            Some(toml::Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_str().map(str::to_string).ok_or_else(|| {
-                        self.err(Some(name), None, "`columns` must be strings".into())
-                    })
-                })
-                .collect::<Res<_>>()?,
+            Some(toml::Value::Array(a)) => self.strings(name, a, "columns")?,
             _ => {
                 return Err(self.err(
                     Some(name),
