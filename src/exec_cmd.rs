@@ -153,31 +153,7 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         }
     }
     if device == DeviceKind::Cpu {
-        if let (Some(n), false) = (sc.knobs.preprocess_threads, sc.gpu.name == "cpu") {
-            eprintln!(
-                "warning: {}: preprocessing is pipelined on {n} thread(s) per encode worker (the default on a GPU); on --device cpu those threads share the host's cores with the passes; set deployment.preprocess = \"serial\" to preprocess within each pass",
-                a.run.scenario.display()
-            );
-        }
-        let workers = (alloc.encode.workers + alloc.prefill.workers + alloc.decode.workers) as f64
-            + if sc.deployment.has_local_prefill() {
-                alloc.encode.workers as f64
-            } else {
-                0.0
-            };
-        let need = f32_weight_bytes(&sc.model) * workers;
-        if let Some(avail) = available_memory() {
-            if need > 0.8 * avail {
-                return Err(BadInput(format!(
-                    "{}: model `{}` in f32 on {workers} CPU workers needs {:.1} GB, more than the {:.1} GB available; use a tiny-* preset on CPU (scenarios/cpu-*.toml) or --device cuda",
-                    a.run.scenario.display(),
-                    sc.model.name,
-                    need / 1e9,
-                    avail / 1e9
-                ))
-                .into());
-            }
-        }
+        check_cpu_workers(a, &sc)?;
     }
     if !(a.startup_timeout > 0.0 && a.startup_timeout <= 86_400.0) {
         return Err(BadInput(format!(
@@ -201,22 +177,7 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
     }
     let kill = a.run.kill(&sc)?;
     if let Some(share) = a.mps_encode_share {
-        if !(share > 0.0 && share < 1.0) {
-            return Err(BadInput(format!(
-                "--mps-encode-share: {share} is not a share in (0, 1)"
-            ))
-            .into());
-        }
-        if !sc.deployment.has_local_prefill() {
-            return Err(BadInput(format!(
-                "--mps-encode-share splits a GPU between an encode worker and its local prefill worker; {}'s deployment has none (offload s = 1)",
-                sc.file
-            ))
-            .into());
-        }
-        if device != DeviceKind::Cuda {
-            return Err(BadInput("--mps-encode-share applies to --device cuda only".into()).into());
-        }
+        check_mps_share(&sc, device, share)?;
     }
     let opts = ExecOptions {
         device,
@@ -228,6 +189,65 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         mps_encode_share: a.mps_encode_share,
     };
     Ok((sc, opts))
+}
+
+/// On `--device cpu`: warn when preprocessing is pipelined, and refuse a model
+/// whose f32 weights on every CPU worker exceed 80 % of the available memory.
+#[cfg(feature = "exec")]
+fn check_cpu_workers(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), BadInput> {
+    let alloc = sc.deployment.allocation;
+    if let (Some(n), false) = (sc.knobs.preprocess_threads, sc.gpu.name == "cpu") {
+        eprintln!(
+            "warning: {}: preprocessing is pipelined on {n} thread(s) per encode worker (the default on a GPU); on --device cpu those threads share the host's cores with the passes; set deployment.preprocess = \"serial\" to preprocess within each pass",
+            a.run.scenario.display()
+        );
+    }
+    let workers = (alloc.encode.workers + alloc.prefill.workers + alloc.decode.workers) as f64
+        + if sc.deployment.has_local_prefill() {
+            alloc.encode.workers as f64
+        } else {
+            0.0
+        };
+    let need = f32_weight_bytes(&sc.model) * workers;
+    if let Some(avail) = available_memory() {
+        if need > 0.8 * avail {
+            return Err(BadInput(format!(
+                "{}: model `{}` in f32 on {workers} CPU workers needs {:.1} GB, more than the {:.1} GB available; use a tiny-* preset on CPU (scenarios/cpu-*.toml) or --device cuda",
+                a.run.scenario.display(),
+                sc.model.name,
+                need / 1e9,
+                avail / 1e9
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `--mps-encode-share` `share`: a share in (0, 1), of a deployment with local
+/// prefill workers, on `--device cuda`.
+#[cfg(feature = "exec")]
+fn check_mps_share(
+    sc: &easerve_workload::Scenario,
+    device: DeviceKind,
+    share: f64,
+) -> Result<(), BadInput> {
+    if !(share > 0.0 && share < 1.0) {
+        return Err(BadInput(format!(
+            "--mps-encode-share: {share} is not a share in (0, 1)"
+        )));
+    }
+    if !sc.deployment.has_local_prefill() {
+        return Err(BadInput(format!(
+            "--mps-encode-share splits a GPU between an encode worker and its local prefill worker; {}'s deployment has none (offload s = 1)",
+            sc.file
+        )));
+    }
+    if device != DeviceKind::Cuda {
+        return Err(BadInput(
+            "--mps-encode-share applies to --device cuda only".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[derive(clap::Args, Debug)]

@@ -60,31 +60,7 @@ pub(crate) fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
         .as_deref()
         .map(|p| read_json("--video-preprocessor", p))
         .transpose()?;
-    let name = match &a.name {
-        Some(n) if !n.trim().is_empty() => n.trim().to_string(),
-        Some(_) => return Err(BadInput("--name: must not be empty".into()).into()),
-        None => config
-            .get("_name_or_path")
-            .and_then(|v| v.as_str())
-            .and_then(|s| s.trim_end_matches('/').rsplit('/').next())
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .or_else(|| {
-                a.output
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-            })
-            .unwrap_or_else(|| "imported".into())
-            .to_lowercase(),
-    };
-    let path_of = |s: Source| -> String {
-        let p = match s {
-            Source::Config => Some(&a.config),
-            Source::Preprocessor => a.preprocessor.as_ref(),
-            Source::VideoPreprocessor => a.video_preprocessor.as_ref(),
-        };
-        p.map_or_else(|| s.file_name().to_string(), |p| p.display().to_string())
-    };
+    let name = model_name(&a, &config)?;
     let got = import(
         &name,
         Inputs {
@@ -96,7 +72,7 @@ pub(crate) fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
     .map_err(|e| {
         BadInput(format!(
             "{}: key `{}`: {}",
-            path_of(e.file),
+            source_path(&a, e.file),
             e.key,
             e.message
         ))
@@ -137,4 +113,36 @@ pub(crate) fn run(cmd: ModelCommand) -> anyhow::Result<ExitCode> {
         }
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model's name in reports: `--name`, else the last part of the config's
+/// `_name_or_path`, else the output file's stem, lowercased.
+fn model_name(a: &ImportArgs, config: &serde_json::Value) -> Result<String, BadInput> {
+    Ok(match &a.name {
+        Some(n) if !n.trim().is_empty() => n.trim().to_string(),
+        Some(_) => return Err(BadInput("--name: must not be empty".into())),
+        None => config
+            .get("_name_or_path")
+            .and_then(|v| v.as_str())
+            .and_then(|s| s.trim_end_matches('/').rsplit('/').next())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .or_else(|| {
+                a.output
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "imported".into())
+            .to_lowercase(),
+    })
+}
+
+/// The path given for input `s` (its usual file name when none was given).
+fn source_path(a: &ImportArgs, s: Source) -> String {
+    let p = match s {
+        Source::Config => Some(&a.config),
+        Source::Preprocessor => a.preprocessor.as_ref(),
+        Source::VideoPreprocessor => a.video_preprocessor.as_ref(),
+    };
+    p.map_or_else(|| s.file_name().to_string(), |p| p.display().to_string())
 }

@@ -100,18 +100,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     if kind == DeviceKind::Cuda {
         return cuda_profile(&arch, &opts, &a);
     }
-    let need = f32_weight_bytes(&arch);
-    if let Some(avail) = available_memory() {
-        if need > 0.8 * avail {
-            return Err(BadInput(format!(
-                "--model {}: its f32 weights need {:.1} GB, more than this machine's {:.1} GB available; use a tiny-* preset on CPU or --device cuda",
-                arch.name,
-                need / 1e9,
-                avail / 1e9
-            ))
-            .into());
-        }
-    }
+    check_cpu_memory(&arch)?;
     crate::warn_if_host_busy("profile");
     let plan = Plan::for_model(&arch, opts.quick);
     let total = cpu_levels(cores)
@@ -119,32 +108,9 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
         .map(|t| plan.points_per_level(t == cores))
         .sum::<usize>()
         + plan.transfer_bytes.len();
-    let bar = if std::io::stderr().is_terminal() {
-        ProgressBar::new(total as u64)
-    } else {
-        ProgressBar::hidden()
-    };
-    bar.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
+    let bar = progress_bar(total as u64);
     let exe = std::env::current_exe()?;
-    let spawn = |threads: usize| {
-        let mut c = Command::new(&exe);
-        c.args(["profile", "--model", &a.model, "--device", "cpu"])
-            .args(["--repetitions", &a.repetitions.to_string()])
-            .args(["--warmup", &a.warmup.to_string()])
-            .args(["--seed", &a.seed.to_string()])
-            .args(["--level-threads", &threads.to_string()])
-            .args(["--cores", &cores.to_string()]);
-        if a.quick {
-            c.arg("--quick");
-        }
-        c.env("MATMUL_NUM_THREADS", threads.to_string())
-            .env("RAYON_NUM_THREADS", threads.to_string());
-        c
-    };
+    let spawn = |threads: usize| level_command(&a, &exe, threads, cores);
     let profile = profile_cpu(
         &arch,
         &opts,
@@ -159,6 +125,69 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     .map_err(anyhow::Error::msg)?;
     bar.finish_and_clear();
     let text = profile.to_toml_string();
+    write_profile(&a, &arch, cores, text)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuse a model whose f32 weights exceed 80 % of the available memory.
+#[cfg(feature = "exec")]
+fn check_cpu_memory(arch: &ModelArch) -> Result<(), BadInput> {
+    let need = f32_weight_bytes(arch);
+    if let Some(avail) = available_memory() {
+        if need > 0.8 * avail {
+            return Err(BadInput(format!(
+                "--model {}: its f32 weights need {:.1} GB, more than this machine's {:.1} GB available; use a tiny-* preset on CPU or --device cuda",
+                arch.name,
+                need / 1e9,
+                avail / 1e9
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The progress bar of `total` points (hidden when stderr is not a terminal).
+#[cfg(feature = "exec")]
+fn progress_bar(total: u64) -> ProgressBar {
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new(total)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// The command measuring one level of `threads` CPU threads (a child `easerve profile`).
+#[cfg(feature = "exec")]
+fn level_command(a: &ProfileArgs, exe: &std::path::Path, threads: usize, cores: usize) -> Command {
+    let mut c = Command::new(exe);
+    c.args(["profile", "--model", &a.model, "--device", "cpu"])
+        .args(["--repetitions", &a.repetitions.to_string()])
+        .args(["--warmup", &a.warmup.to_string()])
+        .args(["--seed", &a.seed.to_string()])
+        .args(["--level-threads", &threads.to_string()])
+        .args(["--cores", &cores.to_string()]);
+    if a.quick {
+        c.arg("--quick");
+    }
+    c.env("MATMUL_NUM_THREADS", threads.to_string())
+        .env("RAYON_NUM_THREADS", threads.to_string());
+    c
+}
+
+/// Write the profile to `-o`, or print it.
+#[cfg(feature = "exec")]
+fn write_profile(
+    a: &ProfileArgs,
+    arch: &ModelArch,
+    cores: usize,
+    text: String,
+) -> anyhow::Result<()> {
     match &a.output {
         Some(out) => {
             std::fs::write(out, text)
@@ -173,7 +202,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
         }
         None => say!("{text}"),
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 #[cfg(all(feature = "exec", not(feature = "cuda")))]

@@ -489,6 +489,259 @@ fn most_common(t: &Table, col: &str, keep: impl Fn(usize) -> bool) -> String {
         .unwrap_or_default()
 }
 
+/// The state of one [`KernelTables::load_with`]: the GPU's data folder, the
+/// dtypes asked for, and the provenance and raised-row counts gathered so far.
+struct Loader<'a> {
+    data: PathBuf,
+    dtype: &'a str,
+    kv_dtype: &'a str,
+    prov: KernelProvenance,
+    raised: BTreeMap<String, usize>,
+}
+
+impl Loader<'_> {
+    /// The GEMM table's rows of the asked dtype (also records the device).
+    fn gemm(&mut self) -> Result<Grid, KernelError> {
+        let dtype = self.dtype;
+        let (gdir, gver) = version_dir(&self.data.join("gemm").join("vllm"))?;
+        let gt = Table::read(gdir.join("gemm_perf.parquet"))?;
+        let mut dtypes = std::collections::BTreeSet::new();
+        let mut pts = Vec::new();
+        for i in 0..gt.len() {
+            let d = gt.text(i, "gemm_dtype")?;
+            if d == dtype {
+                let key = vec![gt.num(i, "m")?, gt.num(i, "n")?, gt.num(i, "k")?];
+                pts.push((key, gt.latency_s(i)?));
+            }
+            dtypes.insert(d);
+        }
+        if pts.is_empty() {
+            return Err(err(
+                &gt.path,
+                format!(
+                    "no GEMMs of dtype `{dtype}` (allowed: {})",
+                    dtypes.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+            ));
+        }
+        let prov = &mut self.prov;
+        prov.device = gt.first_text("device");
+        prov.versions.insert(
+            "gemm".into(),
+            format!("{} {gver}", gt.first_text("framework")),
+        );
+        prov.kernel_sources.insert(
+            "gemm".into(),
+            most_common(&gt, "kernel_source", |i| {
+                gt.text(i, "gemm_dtype").is_ok_and(|d| d == dtype)
+            }),
+        );
+        let (gemm, r) = trie(&gt.path, pts, "GEMM")?;
+        self.raised.insert("gemm".into(), r);
+        Ok(gemm)
+    }
+
+    /// One attention table (`file` in `adir`, of version `aver`): the rows of
+    /// the asked KV dtype, no window, and the most common kernel source;
+    /// `generation` keys by `isl + step` rather than `isl`.
+    fn attention(
+        &mut self,
+        adir: &Path,
+        aver: &str,
+        file: &str,
+        name: &str,
+        generation: bool,
+    ) -> Result<Grid, KernelError> {
+        let kv_dtype = self.kv_dtype;
+        let t = Table::read(adir.join(file))?;
+        let windowed = t.has("window_size");
+        let plain = |i: usize| {
+            t.text(i, "kv_cache_dtype").is_ok_and(|d| d == kv_dtype)
+                && (!windowed || t.num(i, "window_size").is_ok_and(|w| w == 0.0))
+        };
+        let source = most_common(&t, "kernel_source", plain);
+        let mut pts = Vec::new();
+        for i in 0..t.len() {
+            if !plain(i) || t.text(i, "kernel_source")? != source {
+                continue;
+            }
+            let len = if generation {
+                t.num(i, "isl")? + t.num(i, "step")?
+            } else {
+                t.num(i, "isl")?
+            };
+            let key = vec![
+                t.num(i, "head_dim")?,
+                t.num(i, "num_key_value_heads")?,
+                t.num(i, "num_heads")?,
+                t.num(i, "batch_size")?,
+                len,
+            ];
+            pts.push((key, t.latency_s(i)?));
+        }
+        self.prov
+            .versions
+            .insert(name.into(), format!("{} {aver}", t.first_text("framework")));
+        self.prov.kernel_sources.insert(
+            name.into(),
+            if kv_dtype == "bfloat16" {
+                source
+            } else {
+                format!("{source}, {kv_dtype} KV cache")
+            },
+        );
+        if pts.is_empty() {
+            return Err(err(
+                &t.path,
+                format!("no rows with a `{kv_dtype}` KV cache (kv_cache_dtype)"),
+            ));
+        }
+        let (g, r) = trie(&t.path, pts, name)?;
+        self.raised.insert(name.into(), r);
+        Ok(g)
+    }
+
+    /// The encoder-attention table's BF16 rows, if the GPU has one.
+    fn encoder(&mut self) -> Result<Option<Grid>, KernelError> {
+        let edir = self.data.join("encoder_attention").join("vllm");
+        if !edir.is_dir() {
+            return Ok(None);
+        }
+        let (edir, ever) = version_dir(&edir)?;
+        let t = Table::read(edir.join("encoder_attention_perf.parquet"))?;
+        let mut pts = Vec::new();
+        for i in 0..t.len() {
+            if t.text(i, "attn_dtype")? != "bfloat16" {
+                continue;
+            }
+            let key = vec![
+                t.num(i, "head_dim")?,
+                t.num(i, "num_heads")?,
+                t.num(i, "batch_size")?,
+                t.num(i, "isl")?,
+            ];
+            pts.push((key, t.latency_s(i)?));
+        }
+        self.prov.versions.insert(
+            "encoder_attention".into(),
+            format!("{} {ever}", t.first_text("framework")),
+        );
+        self.prov
+            .kernel_sources
+            .insert("encoder_attention".into(), t.first_text("kernel_source"));
+        let (g, r) = trie(&t.path, pts, "encoder attention")?;
+        self.raised.insert("encoder_attention".into(), r);
+        Ok(Some(g))
+    }
+
+    /// vLLM's custom all-reduce, BF16: the graph-mode and eager grids.
+    fn allreduce(&mut self) -> Result<(Grid, Grid), KernelError> {
+        let (cdir, cver) = version_dir(&self.data.join("comm").join("vllm"))?;
+        let ct = Table::read(cdir.join("custom_allreduce_perf.parquet"))?;
+        let mut graph = Vec::new();
+        let mut eager = Vec::new();
+        for i in 0..ct.len() {
+            if ct.text(i, "allreduce_dtype")? != "bfloat16" {
+                continue;
+            }
+            let key = vec![ct.num(i, "num_gpus")?, ct.num(i, "message_size")?];
+            let v = ct.latency_s(i)?;
+            match ct.text(i, "backend")? {
+                "vllm_graph" => graph.push((key, v)),
+                "vllm_eager" => eager.push((key, v)),
+                _ => {}
+            }
+        }
+        self.prov.versions.insert(
+            "allreduce".into(),
+            format!("{} {cver}", ct.first_text("framework")),
+        );
+        self.prov
+            .kernel_sources
+            .insert("allreduce".into(), "vLLM custom all-reduce".into());
+        let (allreduce_graph, r1) = trie(&ct.path, graph, "all-reduce (vllm_graph)")?;
+        let (allreduce_eager, r2) = trie(&ct.path, eager, "all-reduce (vllm_eager)")?;
+        self.raised.insert("allreduce".into(), r1 + r2);
+        Ok((allreduce_graph, allreduce_eager))
+    }
+
+    /// FP8 activation quantization (for FP8 GEMMs): dynamic scale + scaled quant
+    /// (per-tensor FP8 only: the block-scaled path quantizes per token
+    /// group inside its GEMM's timing); `None` for other GEMM dtypes.
+    fn quant(&mut self, system: &str) -> Result<Option<[Grid; 2]>, KernelError> {
+        if self.dtype != "fp8" {
+            return Ok(None);
+        }
+        let qdir = self.data.join("quantize").join("vllm");
+        if !qdir.is_dir() {
+            return Err(err(
+                &qdir,
+                format!(
+                    "missing: `{system}` has no FP8 quantize tables (no FP8 units); use bfloat16"
+                ),
+            ));
+        }
+        let (qdir, qver) = version_dir(&qdir)?;
+        let mut grids = Vec::with_capacity(2);
+        for file in ["computescale_perf.parquet", "scale_matrix_perf.parquet"] {
+            let t = Table::read(qdir.join(file))?;
+            let mut pts = Vec::new();
+            for i in 0..t.len() {
+                if t.text(i, "quant_dtype")? == "fp8" {
+                    pts.push((vec![t.num(i, "m")?, t.num(i, "k")?], t.latency_s(i)?));
+                }
+            }
+            let (g, r) = trie(&t.path, pts, "FP8 quantize")?;
+            *self.raised.entry("quantize".into()).or_default() += r;
+            grids.push(g);
+        }
+        self.prov
+            .versions
+            .insert("quantize".into(), format!("VLLM {qver}"));
+        self.prov.kernel_sources.insert(
+            "quantize".into(),
+            "dynamic per-token scale + static scaled FP8 quant".into(),
+        );
+        let scale_matrix = grids.pop();
+        let compute_scale = grids.pop();
+        Ok(compute_scale.zip(scale_matrix).map(|(a, b)| [a, b]))
+    }
+
+    /// NCCL collectives (optional): all-gather and reduce-scatter, 16-bit.
+    fn nccl(&mut self) -> Result<Option<[Grid; 2]>, KernelError> {
+        let ndir = self.data.join("comm").join("nccl");
+        if !ndir.is_dir() {
+            return Ok(None);
+        }
+        let (ndir, nver) = version_dir(&ndir)?;
+        let t = Table::read(ndir.join("nccl_perf.parquet"))?;
+        let mut by: [Vec<(Vec<f64>, f64)>; 2] = [Vec::new(), Vec::new()];
+        for i in 0..t.len() {
+            if t.text(i, "nccl_dtype")? != "half" {
+                continue;
+            }
+            let k = match t.text(i, "op_name")? {
+                "all_gather" => 0,
+                "reduce_scatter" => 1,
+                _ => continue,
+            };
+            let key = vec![t.num(i, "num_gpus")?, t.num(i, "message_size")?];
+            by[k].push((key, t.latency_s(i)?));
+        }
+        self.prov
+            .versions
+            .insert("nccl".into(), format!("NCCL {nver}"));
+        self.prov
+            .kernel_sources
+            .insert("nccl".into(), "all_gather, reduce_scatter".into());
+        let [ag, rs] = by;
+        let (ag, r1) = trie(&t.path, ag, "NCCL all_gather")?;
+        let (rs, r2) = trie(&t.path, rs, "NCCL reduce_scatter")?;
+        self.raised.insert("nccl".into(), r1 + r2);
+        Ok(Some([ag, rs]))
+    }
+}
+
 impl KernelTables {
     /// Read the tables of `system` (an aiconfigurator system name, e.g. `h100_sxm`)
     /// from `dir` (the folder holding `data/` and the system YAMLs), GEMMs of `dtype`.
@@ -527,237 +780,44 @@ impl KernelTables {
             ));
         }
         let system_spec = read_system_yaml(&dir.join(format!("{system}.yaml")))?;
-        let mut prov = KernelProvenance {
-            system: system.to_string(),
-            dir: dir.display().to_string(),
-            ..Default::default()
+        let mut l = Loader {
+            data,
+            dtype,
+            kv_dtype,
+            prov: KernelProvenance {
+                system: system.to_string(),
+                dir: dir.display().to_string(),
+                ..Default::default()
+            },
+            raised: BTreeMap::new(),
         };
-        let mut raised = BTreeMap::new();
-
-        // GEMM
-        let (gdir, gver) = version_dir(&data.join("gemm").join("vllm"))?;
-        let gt = Table::read(gdir.join("gemm_perf.parquet"))?;
-        let mut dtypes = std::collections::BTreeSet::new();
-        let mut pts = Vec::new();
-        for i in 0..gt.len() {
-            let d = gt.text(i, "gemm_dtype")?;
-            if d == dtype {
-                let key = vec![gt.num(i, "m")?, gt.num(i, "n")?, gt.num(i, "k")?];
-                pts.push((key, gt.latency_s(i)?));
-            }
-            dtypes.insert(d);
-        }
-        if pts.is_empty() {
-            return Err(err(
-                &gt.path,
-                format!(
-                    "no GEMMs of dtype `{dtype}` (allowed: {})",
-                    dtypes.into_iter().collect::<Vec<_>>().join(", ")
-                ),
-            ));
-        }
-        prov.device = gt.first_text("device");
-        prov.versions.insert(
-            "gemm".into(),
-            format!("{} {gver}", gt.first_text("framework")),
-        );
-        prov.kernel_sources.insert(
-            "gemm".into(),
-            most_common(&gt, "kernel_source", |i| {
-                gt.text(i, "gemm_dtype").is_ok_and(|d| d == dtype)
-            }),
-        );
-        let (gemm, r) = trie(&gt.path, pts, "GEMM")?;
-        raised.insert("gemm".into(), r);
-
-        // attention
-        let (adir, aver) = version_dir(&data.join("attention").join("vllm"))?;
-        let mut attn = |file: &str, name: &str, generation: bool| -> Result<Grid, KernelError> {
-            let t = Table::read(adir.join(file))?;
-            let windowed = t.has("window_size");
-            let plain = |i: usize| {
-                t.text(i, "kv_cache_dtype").is_ok_and(|d| d == kv_dtype)
-                    && (!windowed || t.num(i, "window_size").is_ok_and(|w| w == 0.0))
-            };
-            let source = most_common(&t, "kernel_source", plain);
-            let mut pts = Vec::new();
-            for i in 0..t.len() {
-                if !plain(i) || t.text(i, "kernel_source")? != source {
-                    continue;
-                }
-                let len = if generation {
-                    t.num(i, "isl")? + t.num(i, "step")?
-                } else {
-                    t.num(i, "isl")?
-                };
-                let key = vec![
-                    t.num(i, "head_dim")?,
-                    t.num(i, "num_key_value_heads")?,
-                    t.num(i, "num_heads")?,
-                    t.num(i, "batch_size")?,
-                    len,
-                ];
-                pts.push((key, t.latency_s(i)?));
-            }
-            prov.versions
-                .insert(name.into(), format!("{} {aver}", t.first_text("framework")));
-            prov.kernel_sources.insert(
-                name.into(),
-                if kv_dtype == "bfloat16" {
-                    source
-                } else {
-                    format!("{source}, {kv_dtype} KV cache")
-                },
-            );
-            if pts.is_empty() {
-                return Err(err(
-                    &t.path,
-                    format!("no rows with a `{kv_dtype}` KV cache (kv_cache_dtype)"),
-                ));
-            }
-            let (g, r) = trie(&t.path, pts, name)?;
-            raised.insert(name.into(), r);
-            Ok(g)
-        };
-        let context = attn("context_attention_perf.parquet", "context_attention", false)?;
-        let generation = attn(
+        let gemm = l.gemm()?;
+        let (adir, aver) = version_dir(&l.data.join("attention").join("vllm"))?;
+        let context = l.attention(
+            &adir,
+            &aver,
+            "context_attention_perf.parquet",
+            "context_attention",
+            false,
+        )?;
+        let generation = l.attention(
+            &adir,
+            &aver,
             "generation_attention_perf.parquet",
             "generation_attention",
             true,
         )?;
-
-        // encoder attention (optional)
-        let edir = data.join("encoder_attention").join("vllm");
-        let encoder = if edir.is_dir() {
-            let (edir, ever) = version_dir(&edir)?;
-            let t = Table::read(edir.join("encoder_attention_perf.parquet"))?;
-            let mut pts = Vec::new();
-            for i in 0..t.len() {
-                if t.text(i, "attn_dtype")? != "bfloat16" {
-                    continue;
-                }
-                let key = vec![
-                    t.num(i, "head_dim")?,
-                    t.num(i, "num_heads")?,
-                    t.num(i, "batch_size")?,
-                    t.num(i, "isl")?,
-                ];
-                pts.push((key, t.latency_s(i)?));
-            }
-            prov.versions.insert(
-                "encoder_attention".into(),
-                format!("{} {ever}", t.first_text("framework")),
-            );
-            prov.kernel_sources
-                .insert("encoder_attention".into(), t.first_text("kernel_source"));
-            let (g, r) = trie(&t.path, pts, "encoder attention")?;
-            raised.insert("encoder_attention".into(), r);
-            Some(g)
-        } else {
-            None
-        };
-
-        // all-reduce
-        let (cdir, cver) = version_dir(&data.join("comm").join("vllm"))?;
-        let ct = Table::read(cdir.join("custom_allreduce_perf.parquet"))?;
-        let mut graph = Vec::new();
-        let mut eager = Vec::new();
-        for i in 0..ct.len() {
-            if ct.text(i, "allreduce_dtype")? != "bfloat16" {
-                continue;
-            }
-            let key = vec![ct.num(i, "num_gpus")?, ct.num(i, "message_size")?];
-            let v = ct.latency_s(i)?;
-            match ct.text(i, "backend")? {
-                "vllm_graph" => graph.push((key, v)),
-                "vllm_eager" => eager.push((key, v)),
-                _ => {}
-            }
-        }
-        prov.versions.insert(
-            "allreduce".into(),
-            format!("{} {cver}", ct.first_text("framework")),
-        );
-        prov.kernel_sources
-            .insert("allreduce".into(), "vLLM custom all-reduce".into());
-        let (allreduce_graph, r1) = trie(&ct.path, graph, "all-reduce (vllm_graph)")?;
-        let (allreduce_eager, r2) = trie(&ct.path, eager, "all-reduce (vllm_eager)")?;
-        raised.insert("allreduce".into(), r1 + r2);
-
-        // FP8 activation quantization (for FP8 GEMMs): dynamic scale + scaled quant
-        // (per-tensor FP8 only: the block-scaled path quantizes per token
-        // group inside its GEMM's timing)
-        let quant = if dtype == "fp8" {
-            let qdir = data.join("quantize").join("vllm");
-            if !qdir.is_dir() {
-                return Err(err(
-                    &qdir,
-                    format!("missing: `{system}` has no FP8 quantize tables (no FP8 units); use bfloat16"),
-                ));
-            }
-            let (qdir, qver) = version_dir(&qdir)?;
-            let mut grids = Vec::with_capacity(2);
-            for file in ["computescale_perf.parquet", "scale_matrix_perf.parquet"] {
-                let t = Table::read(qdir.join(file))?;
-                let mut pts = Vec::new();
-                for i in 0..t.len() {
-                    if t.text(i, "quant_dtype")? == "fp8" {
-                        pts.push((vec![t.num(i, "m")?, t.num(i, "k")?], t.latency_s(i)?));
-                    }
-                }
-                let (g, r) = trie(&t.path, pts, "FP8 quantize")?;
-                *raised.entry("quantize".into()).or_default() += r;
-                grids.push(g);
-            }
-            prov.versions
-                .insert("quantize".into(), format!("VLLM {qver}"));
-            prov.kernel_sources.insert(
-                "quantize".into(),
-                "dynamic per-token scale + static scaled FP8 quant".into(),
-            );
-            let scale_matrix = grids.pop();
-            let compute_scale = grids.pop();
-            compute_scale.zip(scale_matrix).map(|(a, b)| [a, b])
-        } else {
-            None
-        };
-
-        // NCCL collectives (optional): all-gather and reduce-scatter, 16-bit
-        let ndir = data.join("comm").join("nccl");
-        let nccl = if ndir.is_dir() {
-            let (ndir, nver) = version_dir(&ndir)?;
-            let t = Table::read(ndir.join("nccl_perf.parquet"))?;
-            let mut by: [Vec<(Vec<f64>, f64)>; 2] = [Vec::new(), Vec::new()];
-            for i in 0..t.len() {
-                if t.text(i, "nccl_dtype")? != "half" {
-                    continue;
-                }
-                let k = match t.text(i, "op_name")? {
-                    "all_gather" => 0,
-                    "reduce_scatter" => 1,
-                    _ => continue,
-                };
-                let key = vec![t.num(i, "num_gpus")?, t.num(i, "message_size")?];
-                by[k].push((key, t.latency_s(i)?));
-            }
-            prov.versions.insert("nccl".into(), format!("NCCL {nver}"));
-            prov.kernel_sources
-                .insert("nccl".into(), "all_gather, reduce_scatter".into());
-            let [ag, rs] = by;
-            let (ag, r1) = trie(&t.path, ag, "NCCL all_gather")?;
-            let (rs, r2) = trie(&t.path, rs, "NCCL reduce_scatter")?;
-            raised.insert("nccl".into(), r1 + r2);
-            Some([ag, rs])
-        } else {
-            None
-        };
+        let encoder = l.encoder()?;
+        let (allreduce_graph, allreduce_eager) = l.allreduce()?;
+        let quant = l.quant(system)?;
+        let nccl = l.nccl()?;
 
         Ok(KernelTables {
             nccl,
             quant,
             gemm_dtype: dtype.to_string(),
             kv_dtype: kv_dtype.to_string(),
-            provenance: prov,
+            provenance: l.prov,
             system: system_spec,
             gemm,
             context,
@@ -765,7 +825,7 @@ impl KernelTables {
             encoder,
             allreduce_graph,
             allreduce_eager,
-            raised,
+            raised: l.raised,
         })
     }
 

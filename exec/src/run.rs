@@ -240,7 +240,83 @@ pub(crate) async fn start_workers(
     opts: &ExecOptions,
 ) -> Result<Pool, ExecError> {
     // workers and their first device, in the simulator's GPU order
-    let mut workers: Vec<Worker> = topology
+    let mut workers = new_workers(topology);
+    let by_ref: HashMap<WorkerRef, usize> = workers
+        .iter()
+        .enumerate()
+        .map(|(k, w)| (w.wref, k))
+        .collect();
+    // per worker (the topology's order): an encode worker with a local
+    // prefill worker on its GPU
+    let local_peer: Vec<bool> = topology
+        .workers()
+        .map(|t| t.local_prefill.is_some())
+        .collect();
+    let threads = worker_threads(&workers, opts);
+
+    // start the processes
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let (tx, mut rx) = mpsc::unbounded_channel::<Incoming>();
+    for (k, w) in workers.iter_mut().enumerate() {
+        let mut cmd = worker_command(sc, opts, w, threads[k], local_peer[k], addr);
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| ExecError::Startup(format!("cannot start {}: {e}", opts.exe.display())))?;
+        w.pid = child.id();
+        if let Some(err) = child.stderr.take() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(err).lines();
+                while let Ok(Some(l)) = lines.next_line().await {
+                    let _ = tx.send(Incoming::Stderr(k, l));
+                }
+            });
+        }
+        w.child = Some(child);
+    }
+
+    // accept and hear every worker's hello and ready
+    let startup = Duration::from_secs_f64(opts.startup_timeout_s.max(1.0));
+    let deadline = tokio::time::Instant::now() + startup;
+    let mut waiting = Waiting {
+        startup,
+        deadline,
+        ready: 0,
+        early: Vec::new(),
+        last_err: HashMap::new(),
+    };
+    waiting
+        .accept(&listener, &mut workers, &by_ref, &mut rx, &tx)
+        .await?;
+    waiting.ready(&workers, &mut rx).await?;
+    // child exits are watched from here on (a killed worker also closes its socket)
+    for (k, w) in workers.iter_mut().enumerate() {
+        if let Some(mut child) = w.child.take() {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let why = match child.wait().await {
+                    Ok(status) => format!("process exited ({status})"),
+                    Err(e) => format!("process lost: {e}"),
+                };
+                let _ = tx.send(Incoming::Down(k, why));
+            });
+        }
+    }
+
+    Ok(Pool {
+        workers,
+        by_ref,
+        rx,
+        _tx: tx,
+        last_err: waiting.last_err,
+        threads,
+    })
+}
+
+/// One [`Worker`] per worker of `topology`, not yet started.
+fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
+    topology
         .workers()
         .map(|t| {
             let (role, index) = match t.wref {
@@ -265,19 +341,13 @@ pub(crate) async fn start_workers(
                 decode_run: None,
             }
         })
-        .collect();
-    let by_ref: HashMap<WorkerRef, usize> = workers
-        .iter()
-        .enumerate()
-        .map(|(k, w)| (w.wref, k))
-        .collect();
+        .collect()
+}
+
+/// CPU threads of each worker: `opts.threads`, or all the host's cores for an
+/// encode or local prefill worker, and an even share of them for the others.
+fn worker_threads(workers: &[Worker], opts: &ExecOptions) -> Vec<usize> {
     let cores = cpu_cores();
-    // per worker (the topology's order): an encode worker with a local
-    // prefill worker on its GPU
-    let local_peer: Vec<bool> = topology
-        .workers()
-        .map(|t| t.local_prefill.is_some())
-        .collect();
     let others = workers
         .iter()
         .filter(|w| w.role == Role::Decode || (w.role == Role::Prefill && !w.local))
@@ -289,207 +359,210 @@ pub(crate) async fn start_workers(
             None => (cores / others.max(1)).max(1),
         }
     };
-    let threads: Vec<usize> = workers.iter().map(threads_of).collect();
+    workers.iter().map(threads_of).collect()
+}
+
+/// The command that starts worker `w` (with `threads` CPU threads; `peer`: an
+/// encode worker with a local prefill worker on its GPU) connecting to `addr`.
+fn worker_command(
+    sc: &Scenario,
+    opts: &ExecOptions,
+    w: &Worker,
+    threads: usize,
+    peer: bool,
+    addr: std::net::SocketAddr,
+) -> tokio::process::Command {
     // an encode worker and its local prefill worker split the host's cores
     // at their SM shares, from opposite ends (CPU only; a GPU splits SMs)
-    let core_side = |w: &Worker, peer: bool| -> CoreSide {
-        match (opts.device, w.role) {
-            (DeviceKind::Cpu, Role::Encode) if peer => CoreSide::Low,
-            (DeviceKind::Cpu, Role::Prefill) if w.local => CoreSide::High,
-            _ => CoreSide::Any,
-        }
+    let core_side = match (opts.device, w.role) {
+        (DeviceKind::Cpu, Role::Encode) if peer => CoreSide::Low,
+        (DeviceKind::Cpu, Role::Prefill) if w.local => CoreSide::High,
+        _ => CoreSide::Any,
     };
-
     // an encode worker's preprocessing threads when preprocessing is
     // pipelined (the controller then sends `Preprocess` frames); 0: each pass
     // preprocesses its own micro-batch
-    let preprocess_threads = |w: &Worker| -> u32 {
-        match (w.role, sc.knobs.preprocess_threads) {
-            (Role::Encode, Some(n)) => n,
-            _ => 0,
-        }
+    let preprocess_threads: u32 = match (w.role, sc.knobs.preprocess_threads) {
+        (Role::Encode, Some(n)) => n,
+        _ => 0,
     };
+    let mut cmd = tokio::process::Command::new(&opts.exe);
+    cmd.arg("worker")
+        .args(["--role", w.role.as_str()])
+        .args(["--index", &w.index.to_string()])
+        .args(["--connect", &addr.to_string()])
+        .args(["--model", &sc.model.name])
+        .args(["--threads", &threads.to_string()])
+        .args(["--seed", &sc.seed.to_string()])
+        .args(["--device", opts.device.as_str()])
+        .args(["--gpu", &w.gpu.to_string()])
+        .args(["--cores", core_side.as_str()])
+        .args(["--preprocess-threads", &preprocess_threads.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    if let (DeviceKind::Cuda, Some(share)) = (opts.device, opts.mps_encode_share) {
+        let side = if w.role == Role::Encode && peer {
+            Some(share)
+        } else if w.role == Role::Prefill && w.local {
+            Some(1.0 - share)
+        } else {
+            None
+        };
+        if let Some(s) = side {
+            cmd.env(
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                crate::green::mps_thread_percentage(s).to_string(),
+            );
+        }
+    }
+    // its own process group: a terminal's Ctrl-C reaches the controller
+    // only, which then shuts the workers down in order
+    #[cfg(unix)]
+    cmd.process_group(0);
+    cmd
+}
 
-    // start the processes
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let (tx, mut rx) = mpsc::unbounded_channel::<Incoming>();
-    for (k, w) in workers.iter_mut().enumerate() {
-        let mut cmd = tokio::process::Command::new(&opts.exe);
-        cmd.arg("worker")
-            .args(["--role", w.role.as_str()])
-            .args(["--index", &w.index.to_string()])
-            .args(["--connect", &addr.to_string()])
-            .args(["--model", &sc.model.name])
-            .args(["--threads", &threads[k].to_string()])
-            .args(["--seed", &sc.seed.to_string()])
-            .args(["--device", opts.device.as_str()])
-            .args(["--gpu", &w.gpu.to_string()])
-            .args(["--cores", core_side(w, local_peer[k]).as_str()])
-            .args(["--preprocess-threads", &preprocess_threads(w).to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        if let (DeviceKind::Cuda, Some(share)) = (opts.device, opts.mps_encode_share) {
-            let side = if w.role == Role::Encode && local_peer[k] {
-                Some(share)
-            } else if w.role == Role::Prefill && w.local {
-                Some(1.0 - share)
-            } else {
-                None
+/// The startup of [`start_workers`] while it waits for the workers: its
+/// timeout and deadline, the `Ready`s heard so far, the events heard before
+/// every worker connected, and each worker's last stderr line.
+struct Waiting {
+    startup: Duration,
+    deadline: tokio::time::Instant,
+    ready: usize,
+    early: Vec<Incoming>,
+    last_err: HashMap<usize, String>,
+}
+
+impl Waiting {
+    /// Accept every worker's connection and hello, giving each its writer
+    /// task and reader; fails when a worker exits first or the deadline passes.
+    async fn accept(
+        &mut self,
+        listener: &TcpListener,
+        workers: &mut [Worker],
+        by_ref: &HashMap<WorkerRef, usize>,
+        rx: &mut mpsc::UnboundedReceiver<Incoming>,
+        tx: &mpsc::UnboundedSender<Incoming>,
+    ) -> Result<(), ExecError> {
+        let (startup, deadline) = (self.startup, self.deadline);
+        let mut connected = 0;
+        while connected < workers.len() {
+            let accepted = tokio::select! {
+                a = listener.accept() => a?,
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(ExecError::Startup(format!(
+                        "{connected} of {} workers connected within {:.0} s",
+                        workers.len(), startup.as_secs_f64()
+                    )));
+                }
+                Some(ev) = rx.recv() => {
+                    match ev {
+                        Incoming::Stderr(k, l) => {
+                            self.last_err.insert(k, l);
+                        }
+                        Incoming::Msg(_, FromWorker::Ready { .. }) => self.ready += 1,
+                        other => self.early.push(other),
+                    }
+                    for w in workers.iter_mut() {
+                        if let Some(Ok(Some(status))) = w.child.as_mut().map(|c| c.try_wait()) {
+                            let k = by_ref[&w.wref];
+                            return Err(ExecError::Startup(format!(
+                                "worker {} exited ({status}) before connecting{}",
+                                w.label,
+                                self.last_err.get(&k).map_or(String::new(), |l| format!(": {l}"))
+                            )));
+                        }
+                    }
+                    continue;
+                }
             };
-            if let Some(s) = side {
-                cmd.env(
-                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-                    crate::green::mps_thread_percentage(s).to_string(),
-                );
-            }
-        }
-        // its own process group: a terminal's Ctrl-C reaches the controller
-        // only, which then shuts the workers down in order
-        #[cfg(unix)]
-        cmd.process_group(0);
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| ExecError::Startup(format!("cannot start {}: {e}", opts.exe.display())))?;
-        w.pid = child.id();
-        if let Some(err) = child.stderr.take() {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(err).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    let _ = tx.send(Incoming::Stderr(k, l));
-                }
-            });
-        }
-        w.child = Some(child);
-    }
-
-    // accept and hear every worker's hello and ready
-    let startup = Duration::from_secs_f64(opts.startup_timeout_s.max(1.0));
-    let deadline = tokio::time::Instant::now() + startup;
-    let mut connected = 0;
-    let mut ready = 0;
-    let mut early: Vec<Incoming> = Vec::new();
-    let mut last_err: HashMap<usize, String> = HashMap::new();
-    while connected < workers.len() {
-        let accepted = tokio::select! {
-            a = listener.accept() => a?,
-            _ = tokio::time::sleep_until(deadline) => {
+            let (stream, _) = accepted;
+            stream.set_nodelay(true)?;
+            let (mut rd, mut wr) = stream.into_split();
+            let hello =
+                tokio::time::timeout_at(deadline, read_frame_async::<_, FromWorker>(&mut rd))
+                    .await
+                    .map_err(|_| {
+                        ExecError::Startup("a worker connected but said nothing".into())
+                    })??;
+            let Some(FromWorker::Hello { role, index, .. }) = hello else {
+                return Err(ExecError::Startup(
+                    "a worker connected without saying hello".into(),
+                ));
+            };
+            let Some(&k) = by_ref.get(&role_ref(role, index)) else {
                 return Err(ExecError::Startup(format!(
-                    "{connected} of {} workers connected within {:.0} s",
-                    workers.len(), startup.as_secs_f64()
+                    "unexpected worker {} {index}",
+                    role.as_str()
                 )));
-            }
-            Some(ev) = rx.recv() => {
-                match ev {
-                    Incoming::Stderr(k, l) => {
-                        last_err.insert(k, l);
-                    }
-                    Incoming::Msg(_, FromWorker::Ready { .. }) => ready += 1,
-                    other => early.push(other),
-                }
-                for w in workers.iter_mut() {
-                    if let Some(Ok(Some(status))) = w.child.as_mut().map(|c| c.try_wait()) {
-                        let k = by_ref[&w.wref];
-                        return Err(ExecError::Startup(format!(
-                            "worker {} exited ({status}) before connecting{}",
-                            w.label,
-                            last_err.get(&k).map_or(String::new(), |l| format!(": {l}"))
-                        )));
+            };
+            let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
+            tokio::spawn(async move {
+                while let Some(frame) = wrx.recv().await {
+                    if write_bytes_async(&mut wr, &frame).await.is_err() {
+                        break;
                     }
                 }
-                continue;
-            }
-        };
-        let (stream, _) = accepted;
-        stream.set_nodelay(true)?;
-        let (mut rd, mut wr) = stream.into_split();
-        let hello = tokio::time::timeout_at(deadline, read_frame_async::<_, FromWorker>(&mut rd))
-            .await
-            .map_err(|_| ExecError::Startup("a worker connected but said nothing".into()))??;
-        let Some(FromWorker::Hello { role, index, .. }) = hello else {
-            return Err(ExecError::Startup(
-                "a worker connected without saying hello".into(),
-            ));
-        };
-        let Some(&k) = by_ref.get(&role_ref(role, index)) else {
-            return Err(ExecError::Startup(format!(
-                "unexpected worker {} {index}",
-                role.as_str()
-            )));
-        };
-        let (wtx, mut wrx) = mpsc::unbounded_channel::<Vec<u8>>();
-        tokio::spawn(async move {
-            while let Some(frame) = wrx.recv().await {
-                if write_bytes_async(&mut wr, &frame).await.is_err() {
-                    break;
-                }
-            }
-        });
-        workers[k].tx = Some(wtx);
-        let tx = tx.clone();
-        tokio::spawn(reader(k, rd, tx));
-        connected += 1;
-    }
-    let mut early = early.into_iter();
-    while ready < workers.len() {
-        let ev = tokio::select! {
-            ev = async { match early.next() { Some(e) => Some(e), None => rx.recv().await } } => ev,
-            _ = tokio::time::sleep_until(deadline) => {
-                return Err(ExecError::Startup(format!(
-                    "{ready} of {} workers loaded their model within {:.0} s",
-                    workers.len(), startup.as_secs_f64()
-                )));
-            }
-        };
-        match ev {
-            Some(Incoming::Msg(_, FromWorker::Ready { .. })) => ready += 1,
-            Some(Incoming::Msg(k, FromWorker::Error { message })) => {
-                return Err(ExecError::Startup(format!(
-                    "worker {}: {message}",
-                    workers[k].label
-                )))
-            }
-            Some(Incoming::Down(k, why)) => {
-                return Err(ExecError::Startup(format!(
-                    "worker {} went away while loading: {why}{}",
-                    workers[k].label,
-                    last_err
-                        .get(&k)
-                        .map_or(String::new(), |l| format!(" ({l})"))
-                )))
-            }
-            Some(Incoming::Stderr(k, l)) => {
-                last_err.insert(k, l);
-            }
-            Some(_) => {}
-            None => return Err(ExecError::Startup("event channel closed".into())),
-        }
-    }
-    // child exits are watched from here on (a killed worker also closes its socket)
-    for (k, w) in workers.iter_mut().enumerate() {
-        if let Some(mut child) = w.child.take() {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let why = match child.wait().await {
-                    Ok(status) => format!("process exited ({status})"),
-                    Err(e) => format!("process lost: {e}"),
-                };
-                let _ = tx.send(Incoming::Down(k, why));
             });
+            workers[k].tx = Some(wtx);
+            let tx = tx.clone();
+            tokio::spawn(reader(k, rd, tx));
+            connected += 1;
         }
+        Ok(())
     }
 
-    Ok(Pool {
-        workers,
-        by_ref,
-        rx,
-        _tx: tx,
-        last_err,
-        threads,
-    })
+    /// Wait until every worker has loaded its model (said `Ready`), first
+    /// replaying the events heard while accepting; fails on a worker's error
+    /// or exit, or when the deadline passes.
+    async fn ready(
+        &mut self,
+        workers: &[Worker],
+        rx: &mut mpsc::UnboundedReceiver<Incoming>,
+    ) -> Result<(), ExecError> {
+        let (startup, deadline) = (self.startup, self.deadline);
+        let mut ready = self.ready;
+        let last_err = &mut self.last_err;
+        let mut early = std::mem::take(&mut self.early).into_iter();
+        while ready < workers.len() {
+            let ev = tokio::select! {
+                ev = async { match early.next() { Some(e) => Some(e), None => rx.recv().await } } => ev,
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(ExecError::Startup(format!(
+                        "{ready} of {} workers loaded their model within {:.0} s",
+                        workers.len(), startup.as_secs_f64()
+                    )));
+                }
+            };
+            match ev {
+                Some(Incoming::Msg(_, FromWorker::Ready { .. })) => ready += 1,
+                Some(Incoming::Msg(k, FromWorker::Error { message })) => {
+                    return Err(ExecError::Startup(format!(
+                        "worker {}: {message}",
+                        workers[k].label
+                    )))
+                }
+                Some(Incoming::Down(k, why)) => {
+                    return Err(ExecError::Startup(format!(
+                        "worker {} went away while loading: {why}{}",
+                        workers[k].label,
+                        last_err
+                            .get(&k)
+                            .map_or(String::new(), |l| format!(" ({l})"))
+                    )))
+                }
+                Some(Incoming::Stderr(k, l)) => {
+                    last_err.insert(k, l);
+                }
+                Some(_) => {}
+                None => return Err(ExecError::Startup("event channel closed".into())),
+            }
+        }
+        self.ready = ready;
+        Ok(())
+    }
 }
 
 /// Offer the workload open-loop and carry out the controller's commands until

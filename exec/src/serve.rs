@@ -400,6 +400,8 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
+/// `POST /v1/chat/completions`: read and parse the request, submit it, then
+/// answer with the whole completion or, when asked to stream, with server-sent events.
 async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
     let received = Instant::now();
     // counted before the state is read, so a drain that starts now waits
@@ -409,29 +411,9 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
     if let Some(e) = unavailable(&app) {
         return error_response(&e);
     }
-    let body: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(b) => b,
-        Err(e) => {
-            return error_response(&ApiError {
-                status: 413,
-                message: format!(
-                    "the request body could not be read whole ({e}); at most {MAX_BODY_BYTES} bytes are read"
-                ),
-            })
-        }
-    };
-    // decoding media is CPU work: off the runtime's threads
-    let model = app.model.clone();
-    let parsed = tokio::task::spawn_blocking(move || openai::parse_chat(&body, &model)).await;
-    let chat = match parsed {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return error_response(&e),
-        Err(e) => {
-            return error_response(&ApiError {
-                status: 500,
-                message: format!("reading the request failed: {e}"),
-            })
-        }
+    let chat = match read_chat(&app, body).await {
+        Ok(c) => c,
+        Err(e) => return error_response(&e),
     };
     let (stream, include_usage) = (chat.stream, chat.include_usage);
     let prompt = u64::from(chat.request.prompt_tokens) + chat.request.mm_tokens;
@@ -463,34 +445,85 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
     let created = unix_now();
     let model = app.model.name.clone();
     if !stream {
-        let mut text = String::new();
-        let mut n = 0u64;
-        loop {
-            match rx.recv().await {
-                Some(Out::Token(t)) => {
-                    text.push_str(&openai::token_text(t));
-                    n += 1;
-                }
-                Some(Out::Done) => break,
-                Some(Out::Failed(why)) => {
-                    return error_response(&ApiError {
-                        status: 500,
-                        message: why,
-                    })
-                }
-                Some(Out::Accepted | Out::Rejected(_)) => {}
-                None => {
-                    return error_response(&ApiError {
-                        status: 500,
-                        message: "the request was lost in the server".into(),
-                    })
-                }
+        return complete(rx, &id, created, &model, prompt).await;
+    }
+    stream_chunks(rx, id, created, model, prompt, include_usage)
+}
+
+/// The request body, read whole and parsed (decoding media off the runtime's threads).
+async fn read_chat(app: &App, body: Body) -> Result<ChatRequest, ApiError> {
+    let body: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
+        Ok(b) => b,
+        Err(e) => {
+            return Err(ApiError {
+                status: 413,
+                message: format!(
+                    "the request body could not be read whole ({e}); at most {MAX_BODY_BYTES} bytes are read"
+                ),
+            })
+        }
+    };
+    // decoding media is CPU work: off the runtime's threads
+    let model = app.model.clone();
+    let parsed = tokio::task::spawn_blocking(move || openai::parse_chat(&body, &model)).await;
+    let chat = match parsed {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(e),
+        Err(e) => {
+            return Err(ApiError {
+                status: 500,
+                message: format!("reading the request failed: {e}"),
+            })
+        }
+    };
+    Ok(chat)
+}
+
+/// The whole completion of a non-streamed request, once its last token is out.
+async fn complete(
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    id: &str,
+    created: u64,
+    model: &str,
+    prompt: u64,
+) -> Response {
+    let mut text = String::new();
+    let mut n = 0u64;
+    loop {
+        match rx.recv().await {
+            Some(Out::Token(t)) => {
+                text.push_str(&openai::token_text(t));
+                n += 1;
+            }
+            Some(Out::Done) => break,
+            Some(Out::Failed(why)) => {
+                return error_response(&ApiError {
+                    status: 500,
+                    message: why,
+                })
+            }
+            Some(Out::Accepted | Out::Rejected(_)) => {}
+            None => {
+                return error_response(&ApiError {
+                    status: 500,
+                    message: "the request was lost in the server".into(),
+                })
             }
         }
-        return Json(openai::completion(&id, created, &model, &text, prompt, n)).into_response();
     }
-    // server-sent events: a role chunk, a chunk per token, a finishing chunk,
-    // the usage chunk when asked for, then [DONE]
+    Json(openai::completion(id, created, model, &text, prompt, n)).into_response()
+}
+
+/// Server-sent events: a role chunk, a chunk per token, a finishing chunk,
+/// the usage chunk when asked for, then [DONE].
+fn stream_chunks(
+    rx: mpsc::UnboundedReceiver<Out>,
+    id: String,
+    created: u64,
+    model: String,
+    prompt: u64,
+    include_usage: bool,
+) -> Response {
     let first = openai::chunk(
         &id,
         created,

@@ -600,119 +600,8 @@ fn qwen_vl(r: &mut Reader<'_>, qwen3: bool) -> Result<Parts, ImportError> {
         "vision_config.spatial_merge_size",
     )?;
     let out = c.u32("vision_config.out_hidden_size", "encoder.projector_params")?;
-    let (window_px, fullatt_every, deepstack) = if qwen3 {
-        r.note(
-            &format!("{v}window_px"),
-            "Qwen3-VL has no window attention: the patch size (unused)",
-        );
-        r.note(
-            &format!("{v}fullatt_every"),
-            "Qwen3-VL attends fully in every block: 1",
-        );
-        let taps = c.u32_list(
-            "vision_config.deepstack_visual_indexes",
-            "encoder.kind.QwenVit.deepstack",
-        )?;
-        r.note(
-            &format!("{v}deepstack"),
-            "config.json `vision_config.deepstack_visual_indexes`",
-        );
-        (patch, 1, taps)
-    } else {
-        let w = r.u32(&format!("{v}window_px"), c, "vision_config.window_size")?;
-        let key = "vision_config.fullatt_block_indexes";
-        let full = c.u32_list(key, "encoder.kind.QwenVit.fullatt_every")?;
-        // evenly spaced k-1, 2k-1, ... through the last block
-        let every = full.first().map_or(0, |f| f + 1);
-        let even = every > 0
-            && full
-                .iter()
-                .enumerate()
-                .all(|(i, &b)| b + 1 == every * (i as u32 + 1))
-            && (full.len() as u32) * every == t[0];
-        if !even {
-            return Err(c.err(key, format!("{full:?}: full-attention blocks must be evenly spaced k-1, 2k-1, ... through the last of `vision_config.depth` ({}) blocks; other layouts are not representable", t[0])));
-        }
-        r.note(
-            &format!("{v}fullatt_every"),
-            format!("config.json `{key}` ({full:?}: every {every}th block)"),
-        );
-        (w, every, Vec::new())
-    };
-    // the image processor's pixel bounds: `min_pixels`/`max_pixels`, or
-    // `size.shortest_edge`/`size.longest_edge` (pixels, not edges, in these files)
-    let Some(pre) = r.inputs.preprocessor else {
-        return Err(c.err("model_type", "Qwen's token rule needs the image processor's pixel bounds: give --preprocessor preprocessor_config.json (its `min_pixels`/`max_pixels` or `size`)"));
-    };
-    let pre = Json {
-        v: pre,
-        file: Source::Preprocessor,
-    };
-    let bound = |r: &mut Reader<'_>,
-                 j: Json<'_>,
-                 field: &str,
-                 keys: [&str; 2]|
-     -> Result<u64, ImportError> {
-        match keys.iter().find(|k| j.get(k).is_some()) {
-            Some(k) => {
-                let x = j
-                    .get(k)
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| j.err(k, "must be a whole number of pixels"))?;
-                r.note(field, format!("{} `{k}`", j.file.file_name()));
-                Ok(x)
-            }
-            None => Err(j.err(
-                keys[0],
-                format!("missing (nor `{}`); needed for {field}", keys[1]),
-            )),
-        }
-    };
-    let min_pixels = bound(
-        r,
-        pre,
-        &format!("{v}min_pixels"),
-        ["min_pixels", "size.shortest_edge"],
-    )?;
-    let max_pixels = bound(
-        r,
-        pre,
-        &format!("{v}max_pixels"),
-        ["max_pixels", "size.longest_edge"],
-    )?;
-    let (video_min_pixels, video_max_pixels) = match r.inputs.video_preprocessor {
-        Some(vp) => {
-            let vp = Json {
-                v: vp,
-                file: Source::VideoPreprocessor,
-            };
-            (
-                bound(
-                    r,
-                    vp,
-                    &format!("{v}video_min_pixels"),
-                    ["min_pixels", "size.shortest_edge"],
-                )?,
-                bound(
-                    r,
-                    vp,
-                    &format!("{v}video_max_pixels"),
-                    ["max_pixels", "size.longest_edge"],
-                )?,
-            )
-        }
-        None if qwen3 => {
-            // the values of every Qwen3-VL checkpoint's file, as the presets cite
-            r.note(&format!("{v}video_min_pixels"), "the Qwen3-VL checkpoints' video_preprocessor_config.json `size.shortest_edge` (no --video-preprocessor given)");
-            r.note(&format!("{v}video_max_pixels"), "the Qwen3-VL checkpoints' video_preprocessor_config.json `size.longest_edge` (no --video-preprocessor given)");
-            (4096, 25_165_824)
-        }
-        None => {
-            r.note(&format!("{v}video_min_pixels"), "Qwen2.5-VL's video processor (qwen-vl-utils VIDEO_MIN_PIXELS; no --video-preprocessor given)");
-            r.note(&format!("{v}video_max_pixels"), "Qwen2.5-VL's video processor (qwen-vl-utils VIDEO_MAX_PIXELS; no --video-preprocessor given)");
-            (crate::QWEN_VIDEO_MIN_PIXELS, crate::QWEN_VIDEO_MAX_PIXELS)
-        }
-    };
+    let (window_px, fullatt_every, deepstack) = qwen_attention_layout(r, qwen3, patch, t[0])?;
+    let [min_pixels, max_pixels, video_min_pixels, video_max_pixels] = qwen_pixel_bounds(r, qwen3)?;
     if qwen3 {
         r.note(
             &format!("{v}video_bounds_per_clip"),
@@ -748,6 +637,142 @@ fn qwen_vl(r: &mut Reader<'_>, qwen3: bool) -> Result<Parts, ImportError> {
     };
     let params = mergers * (merged * merged + merged * u64::from(out));
     Ok((encoder(kind, t, g, params, dtype), llm))
+}
+
+/// Qwen-VL's attention layout: the window (pixels), the full-attention
+/// stride and the deepstack taps; `depth` is `vision_config.depth`.
+fn qwen_attention_layout(
+    r: &mut Reader<'_>,
+    qwen3: bool,
+    patch: u32,
+    depth: u32,
+) -> Result<(u32, u32, Vec<u32>), ImportError> {
+    let c = r.config();
+    let v = "encoder.kind.QwenVit.";
+    Ok(if qwen3 {
+        r.note(
+            &format!("{v}window_px"),
+            "Qwen3-VL has no window attention: the patch size (unused)",
+        );
+        r.note(
+            &format!("{v}fullatt_every"),
+            "Qwen3-VL attends fully in every block: 1",
+        );
+        let taps = c.u32_list(
+            "vision_config.deepstack_visual_indexes",
+            "encoder.kind.QwenVit.deepstack",
+        )?;
+        r.note(
+            &format!("{v}deepstack"),
+            "config.json `vision_config.deepstack_visual_indexes`",
+        );
+        (patch, 1, taps)
+    } else {
+        let w = r.u32(&format!("{v}window_px"), c, "vision_config.window_size")?;
+        let key = "vision_config.fullatt_block_indexes";
+        let full = c.u32_list(key, "encoder.kind.QwenVit.fullatt_every")?;
+        // evenly spaced k-1, 2k-1, ... through the last block
+        let every = full.first().map_or(0, |f| f + 1);
+        let even = every > 0
+            && full
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b + 1 == every * (i as u32 + 1))
+            && (full.len() as u32) * every == depth;
+        if !even {
+            return Err(c.err(key, format!("{full:?}: full-attention blocks must be evenly spaced k-1, 2k-1, ... through the last of `vision_config.depth` ({depth}) blocks; other layouts are not representable")));
+        }
+        r.note(
+            &format!("{v}fullatt_every"),
+            format!("config.json `{key}` ({full:?}: every {every}th block)"),
+        );
+        (w, every, Vec::new())
+    })
+}
+
+/// Qwen-VL's image and video pixel bounds (`min_pixels`, `max_pixels`,
+/// `video_min_pixels`, `video_max_pixels`): the image processor's pixel bounds,
+/// `min_pixels`/`max_pixels`, or `size.shortest_edge`/`size.longest_edge`
+/// (pixels, not edges, in these files).
+fn qwen_pixel_bounds(r: &mut Reader<'_>, qwen3: bool) -> Result<[u64; 4], ImportError> {
+    let c = r.config();
+    let v = "encoder.kind.QwenVit.";
+    let Some(pre) = r.inputs.preprocessor else {
+        return Err(c.err("model_type", "Qwen's token rule needs the image processor's pixel bounds: give --preprocessor preprocessor_config.json (its `min_pixels`/`max_pixels` or `size`)"));
+    };
+    let pre = Json {
+        v: pre,
+        file: Source::Preprocessor,
+    };
+    let min_pixels = pixel_bound(
+        r,
+        pre,
+        &format!("{v}min_pixels"),
+        ["min_pixels", "size.shortest_edge"],
+    )?;
+    let max_pixels = pixel_bound(
+        r,
+        pre,
+        &format!("{v}max_pixels"),
+        ["max_pixels", "size.longest_edge"],
+    )?;
+    let (video_min_pixels, video_max_pixels) = match r.inputs.video_preprocessor {
+        Some(vp) => {
+            let vp = Json {
+                v: vp,
+                file: Source::VideoPreprocessor,
+            };
+            (
+                pixel_bound(
+                    r,
+                    vp,
+                    &format!("{v}video_min_pixels"),
+                    ["min_pixels", "size.shortest_edge"],
+                )?,
+                pixel_bound(
+                    r,
+                    vp,
+                    &format!("{v}video_max_pixels"),
+                    ["max_pixels", "size.longest_edge"],
+                )?,
+            )
+        }
+        None if qwen3 => {
+            // the values of every Qwen3-VL checkpoint's file, as the presets cite
+            r.note(&format!("{v}video_min_pixels"), "the Qwen3-VL checkpoints' video_preprocessor_config.json `size.shortest_edge` (no --video-preprocessor given)");
+            r.note(&format!("{v}video_max_pixels"), "the Qwen3-VL checkpoints' video_preprocessor_config.json `size.longest_edge` (no --video-preprocessor given)");
+            (4096, 25_165_824)
+        }
+        None => {
+            r.note(&format!("{v}video_min_pixels"), "Qwen2.5-VL's video processor (qwen-vl-utils VIDEO_MIN_PIXELS; no --video-preprocessor given)");
+            r.note(&format!("{v}video_max_pixels"), "Qwen2.5-VL's video processor (qwen-vl-utils VIDEO_MAX_PIXELS; no --video-preprocessor given)");
+            (crate::QWEN_VIDEO_MIN_PIXELS, crate::QWEN_VIDEO_MAX_PIXELS)
+        }
+    };
+    Ok([min_pixels, max_pixels, video_min_pixels, video_max_pixels])
+}
+
+/// The first of `keys` present in `j`, a whole number of pixels, for `field`.
+fn pixel_bound(
+    r: &mut Reader<'_>,
+    j: Json<'_>,
+    field: &str,
+    keys: [&str; 2],
+) -> Result<u64, ImportError> {
+    match keys.iter().find(|k| j.get(k).is_some()) {
+        Some(k) => {
+            let x = j
+                .get(k)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| j.err(k, "must be a whole number of pixels"))?;
+            r.note(field, format!("{} `{k}`", j.file.file_name()));
+            Ok(x)
+        }
+        None => Err(j.err(
+            keys[0],
+            format!("missing (nor `{}`); needed for {field}", keys[1]),
+        )),
+    }
 }
 
 fn gemma3(r: &mut Reader<'_>) -> Result<Parts, ImportError> {

@@ -405,6 +405,200 @@ fn qwen_window(span: u64, window_tokens: u64) -> u64 {
     span.min(window_tokens).max(1)
 }
 
+/// One encoder attention op: `count` layers of `batch` sequences of `seq` tokens.
+fn encoder_attn(e: &EncoderArch, batch: u64, seq: u64, count: u32) -> Op {
+    Op::Attention {
+        kind: AttnKind::Encoder,
+        batch,
+        seq,
+        heads: e.heads,
+        kv_heads: e.heads,
+        head_dim: e.hidden / e.heads.max(1),
+        count,
+    }
+}
+
+/// The encoder kind's own ops: its patch embedding or convolutions, its
+/// attention over each item's spans, and any pooling or pixel shuffle.
+fn encoder_stem_ops(e: &EncoderArch, items: &[ItemTokens], tokens: u64, ops: &mut Vec<Op>) {
+    let h = u64::from(e.hidden);
+    let layers = e.layers;
+    let attn = |batch: u64, seq: u64, count: u32| encoder_attn(e, batch, seq, count);
+    match &e.kind {
+        EncoderKind::ClipAnyres { patch, .. } => {
+            let tiles: u64 = items
+                .iter()
+                .map(|i| i.encoder_tokens / i.attn_span.max(1))
+                .sum();
+            let span = items[0].attn_span.max(1);
+            let patches = tiles * (span - 1);
+            let p = u64::from(*patch);
+            ops.push(gemm("patch_embed", patches, h, 3 * p * p, 1));
+            ops.push(attn(tiles, span, layers));
+        }
+        EncoderKind::QwenVit {
+            patch,
+            temporal_patch,
+            window_px,
+            fullatt_every,
+            ..
+        } => {
+            ops.extend(qwen_vit_stem_ops(
+                e,
+                items,
+                tokens,
+                *patch,
+                *temporal_patch,
+                *window_px,
+                *fullatt_every,
+            ));
+        }
+        EncoderKind::Siglip {
+            patch, pooled_side, ..
+        } => {
+            let p = u64::from(*patch);
+            let span = items[0].attn_span.max(1);
+            ops.push(gemm("patch_embed", tokens, h, 3 * p * p, 1));
+            ops.push(attn(tokens / span, span, layers));
+            // average pooling of each crop's patches to pooled_side² tokens
+            let pooled = (tokens / span) * u64::from(*pooled_side).pow(2);
+            ops.push(Op::Memory {
+                name: "avg_pool",
+                bytes: (tokens + pooled) as f64 * h as f64 * f64::from(e.dtype_bytes),
+                kernels: 1,
+                count: 1,
+            });
+        }
+        EncoderKind::TiledVit { patch, .. } => {
+            let p = u64::from(*patch);
+            let span = items[0].attn_span.max(1);
+            let tiles = tokens / span;
+            ops.push(gemm("patch_embed", tiles * (span - 1), h, 3 * p * p, 1));
+            ops.push(attn(tiles, span, layers));
+            // the class token dropped and the patches folded into
+            // pixel_shuffle² wider tokens: a copy of the features
+            ops.push(Op::Memory {
+                name: "pixel_shuffle",
+                bytes: 2.0 * (tiles * (span - 1)) as f64 * h as f64 * f64::from(e.dtype_bytes),
+                kernels: 2,
+                count: 1,
+            });
+        }
+        EncoderKind::OmniAudio {
+            mel_bins,
+            chunk_frames,
+            conv_channels,
+            ..
+        } => {
+            ops.extend(omni_audio_stem_ops(
+                e,
+                items,
+                tokens,
+                *mel_bins,
+                *chunk_frames,
+                *conv_channels,
+            ));
+        }
+        EncoderKind::Whisper { mel_bins, .. } => {
+            ops.push(gemm("conv1", 2 * tokens, h, 3 * u64::from(*mel_bins), 1));
+            ops.push(gemm("conv2", tokens, h, 3 * h, 1));
+            let span = items[0].attn_span.max(1);
+            ops.push(attn(tokens / span, span, layers));
+        }
+    }
+}
+
+/// Qwen-VL's stem: the patch embedding over all tokens, then per item its
+/// full-attention blocks over whole spans and its window-attention blocks.
+fn qwen_vit_stem_ops(
+    e: &EncoderArch,
+    items: &[ItemTokens],
+    tokens: u64,
+    patch: u32,
+    temporal_patch: u32,
+    window_px: u32,
+    fullatt_every: u32,
+) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let h = u64::from(e.hidden);
+    let layers = e.layers;
+    let attn = |batch: u64, seq: u64, count: u32| encoder_attn(e, batch, seq, count);
+    let p = u64::from(patch);
+    ops.push(gemm(
+        "patch_embed",
+        tokens,
+        h,
+        3 * u64::from(temporal_patch) * p * p,
+        1,
+    ));
+    let full = layers / fullatt_every.max(1);
+    let side = u64::from(window_px / patch.max(1));
+    let win = side * side;
+    // items in a batch share the encoder call: group them by span
+    for it in items {
+        let span = it.attn_span.max(1);
+        let slices = it.encoder_tokens / span;
+        if full > 0 {
+            ops.push(attn(slices, span, full));
+        }
+        if layers > full {
+            let w = qwen_window(span, win);
+            ops.push(attn(it.encoder_tokens.div_ceil(w), w, layers - full));
+        }
+    }
+    ops
+}
+
+/// Qwen3-Omni audio's stem: three 3x3 stride-2 Conv2d layers over each
+/// (mel, time) chunk as GEMMs (im2col), the linear layer per time step, then
+/// one batched attention per window length.
+fn omni_audio_stem_ops(
+    e: &EncoderArch,
+    items: &[ItemTokens],
+    tokens: u64,
+    mel_bins: u32,
+    chunk_frames: u32,
+    conv_channels: u32,
+) -> Vec<Op> {
+    let mut ops = Vec::new();
+    let h = u64::from(e.hidden);
+    let layers = e.layers;
+    let attn = |batch: u64, seq: u64, count: u32| encoder_attn(e, batch, seq, count);
+    // three 3x3 stride-2 Conv2d layers over each (mel, time) chunk
+    // as GEMMs (im2col), then the linear layer per time step
+    let c = u64::from(conv_channels);
+    let (f1, t1) = (omni_conv_out(mel_bins), omni_conv_out(chunk_frames));
+    let (f2, t2) = (omni_conv_out(f1), omni_conv_out(t1));
+    let (f3, t3) = (omni_conv_out(f2), omni_conv_out(t2));
+    // each item's audio is cut into its own chunks
+    let chunks: u64 = items
+        .iter()
+        .map(|it| it.encoder_tokens.div_ceil(u64::from(t3.max(1))))
+        .sum();
+    let pos = |f: u32, t: u32| chunks * u64::from(f) * u64::from(t);
+    ops.push(gemm("conv2d1", pos(f1, t1), c, 9, 1));
+    ops.push(gemm("conv2d2", pos(f2, t2), c, 9 * c, 1));
+    ops.push(gemm("conv2d3", pos(f3, t3), c, 9 * c, 1));
+    ops.push(gemm("conv_out", tokens, h, c * u64::from(f3), 1));
+    // each item's whole windows and its shorter last window, one
+    // batched attention per window length over the pass
+    let mut windows = std::collections::BTreeMap::<u64, u64>::new();
+    for it in items {
+        let span = it.attn_span.max(1);
+        let (whole, rest) = (it.encoder_tokens / span, it.encoder_tokens % span);
+        if whole > 0 {
+            *windows.entry(span).or_default() += whole;
+        }
+        if rest > 0 {
+            *windows.entry(rest).or_default() += 1;
+        }
+    }
+    for (span, count) in windows {
+        ops.push(attn(count, span, layers));
+    }
+    ops
+}
+
 impl ModelArch {
     /// The kernels of one encoder pass over a micro-batch of `items` on one GPU
     /// (encoders run at TP 1): stem, `layers` transformer blocks, projector.
@@ -437,139 +631,10 @@ impl ModelArch {
             return Vec::new();
         }
         let h = u64::from(e.hidden);
-        let hd = e.hidden / e.heads.max(1);
         let layers = e.layers;
         let rows: u64 = items.iter().map(|i| self.projector_rows(i)).sum();
         let mut ops = Vec::with_capacity(12);
-        let attn = |batch: u64, seq: u64, count: u32| Op::Attention {
-            kind: AttnKind::Encoder,
-            batch,
-            seq,
-            heads: e.heads,
-            kv_heads: e.heads,
-            head_dim: hd,
-            count,
-        };
-        match &e.kind {
-            EncoderKind::ClipAnyres { patch, .. } => {
-                let tiles: u64 = items
-                    .iter()
-                    .map(|i| i.encoder_tokens / i.attn_span.max(1))
-                    .sum();
-                let span = items[0].attn_span.max(1);
-                let patches = tiles * (span - 1);
-                let p = u64::from(*patch);
-                ops.push(gemm("patch_embed", patches, h, 3 * p * p, 1));
-                ops.push(attn(tiles, span, layers));
-            }
-            EncoderKind::QwenVit {
-                patch,
-                temporal_patch,
-                window_px,
-                fullatt_every,
-                ..
-            } => {
-                let p = u64::from(*patch);
-                ops.push(gemm(
-                    "patch_embed",
-                    tokens,
-                    h,
-                    3 * u64::from(*temporal_patch) * p * p,
-                    1,
-                ));
-                let full = layers / (*fullatt_every).max(1);
-                let side = u64::from(window_px / patch.max(&1));
-                let win = side * side;
-                // items in a batch share the encoder call: group them by span
-                for it in items {
-                    let span = it.attn_span.max(1);
-                    let slices = it.encoder_tokens / span;
-                    if full > 0 {
-                        ops.push(attn(slices, span, full));
-                    }
-                    if layers > full {
-                        let w = qwen_window(span, win);
-                        ops.push(attn(it.encoder_tokens.div_ceil(w), w, layers - full));
-                    }
-                }
-            }
-            EncoderKind::Siglip {
-                patch, pooled_side, ..
-            } => {
-                let p = u64::from(*patch);
-                let span = items[0].attn_span.max(1);
-                ops.push(gemm("patch_embed", tokens, h, 3 * p * p, 1));
-                ops.push(attn(tokens / span, span, layers));
-                // average pooling of each crop's patches to pooled_side² tokens
-                let pooled = (tokens / span) * u64::from(*pooled_side).pow(2);
-                ops.push(Op::Memory {
-                    name: "avg_pool",
-                    bytes: (tokens + pooled) as f64 * h as f64 * f64::from(e.dtype_bytes),
-                    kernels: 1,
-                    count: 1,
-                });
-            }
-            EncoderKind::TiledVit { patch, .. } => {
-                let p = u64::from(*patch);
-                let span = items[0].attn_span.max(1);
-                let tiles = tokens / span;
-                ops.push(gemm("patch_embed", tiles * (span - 1), h, 3 * p * p, 1));
-                ops.push(attn(tiles, span, layers));
-                // the class token dropped and the patches folded into
-                // pixel_shuffle² wider tokens: a copy of the features
-                ops.push(Op::Memory {
-                    name: "pixel_shuffle",
-                    bytes: 2.0 * (tiles * (span - 1)) as f64 * h as f64 * f64::from(e.dtype_bytes),
-                    kernels: 2,
-                    count: 1,
-                });
-            }
-            EncoderKind::OmniAudio {
-                mel_bins,
-                chunk_frames,
-                conv_channels,
-                ..
-            } => {
-                // three 3x3 stride-2 Conv2d layers over each (mel, time) chunk
-                // as GEMMs (im2col), then the linear layer per time step
-                let c = u64::from(*conv_channels);
-                let (f1, t1) = (omni_conv_out(*mel_bins), omni_conv_out(*chunk_frames));
-                let (f2, t2) = (omni_conv_out(f1), omni_conv_out(t1));
-                let (f3, t3) = (omni_conv_out(f2), omni_conv_out(t2));
-                // each item's audio is cut into its own chunks
-                let chunks: u64 = items
-                    .iter()
-                    .map(|it| it.encoder_tokens.div_ceil(u64::from(t3.max(1))))
-                    .sum();
-                let pos = |f: u32, t: u32| chunks * u64::from(f) * u64::from(t);
-                ops.push(gemm("conv2d1", pos(f1, t1), c, 9, 1));
-                ops.push(gemm("conv2d2", pos(f2, t2), c, 9 * c, 1));
-                ops.push(gemm("conv2d3", pos(f3, t3), c, 9 * c, 1));
-                ops.push(gemm("conv_out", tokens, h, c * u64::from(f3), 1));
-                // each item's whole windows and its shorter last window, one
-                // batched attention per window length over the pass
-                let mut windows = std::collections::BTreeMap::<u64, u64>::new();
-                for it in items {
-                    let span = it.attn_span.max(1);
-                    let (whole, rest) = (it.encoder_tokens / span, it.encoder_tokens % span);
-                    if whole > 0 {
-                        *windows.entry(span).or_default() += whole;
-                    }
-                    if rest > 0 {
-                        *windows.entry(rest).or_default() += 1;
-                    }
-                }
-                for (span, count) in windows {
-                    ops.push(attn(count, span, layers));
-                }
-            }
-            EncoderKind::Whisper { mel_bins, .. } => {
-                ops.push(gemm("conv1", 2 * tokens, h, 3 * u64::from(*mel_bins), 1));
-                ops.push(gemm("conv2", tokens, h, 3 * h, 1));
-                let span = items[0].attn_span.max(1);
-                ops.push(attn(tokens / span, span, layers));
-            }
-        }
+        encoder_stem_ops(e, items, tokens, &mut ops);
         let up = if e.gated_mlp {
             2 * u64::from(e.ffn)
         } else {

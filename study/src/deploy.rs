@@ -1250,6 +1250,8 @@ fn fmt_s(x: f64) -> String {
     }
 }
 
+/// The deployment's README: its instances, the predictions, easerve's knobs per
+/// engine and the files written.
 fn readme(
     sc: &Scenario,
     deployment: &str,
@@ -1257,13 +1259,23 @@ fn readme(
     predictions: &[Prediction],
     skipped: &[(String, String)],
 ) -> String {
-    let mut s = format!("# Deployment {deployment} of `{}`\n\n", sc.name);
+    let mut s = String::new();
+    readme_instances(&mut s, sc, deployment, inst);
+    readme_predictions(&mut s, sc, predictions);
+    readme_knobs(&mut s, sc);
+    readme_files(&mut s, predictions, skipped);
+    s
+}
+
+/// The README's title, scenario line, instance table and front-door paragraph.
+fn readme_instances(s: &mut String, sc: &Scenario, deployment: &str, inst: &[Vec<Instance>; 3]) {
+    *s += &format!("# Deployment {deployment} of `{}`\n\n", sc.name);
     let _ = writeln!(
         s,
         "{} × {} serving {} at {} req/s ({} requests, seed {}). Written by `easerve deploy`.\n",
         sc.gpus, sc.gpu.name, sc.model.name, sc.workload.rate, sc.workload.requests, sc.seed
     );
-    s += "## Instances\n\n| instance | role | TP | cluster GPUs | node | GPUs on the node | port |\n|---|---|---|---|---|---|---|\n";
+    *s += "## Instances\n\n| instance | role | TP | cluster GPUs | node | GPUs on the node | port |\n|---|---|---|---|---|---|---|\n";
     let roles = ["encode", "prefill", "decode"];
     for (st, stage) in inst.iter().enumerate() {
         for i in stage {
@@ -1284,20 +1296,24 @@ fn readme(
         s,
         "\nThe front door (proxy, router or frontend) listens on port {FRONT_PORT}. Node `k`'s address is the shell variable `NODEk_HOST` (default 127.0.0.1). easerve's local prefill workers (co-located on the encode GPUs when s < 1) have no counterpart in any engine and are not launched.\n"
     );
-    s += "## Predictions\n\nThe simulator's figures for the deployment as easerve runs it and as each engine can run it (`predictions.json` has them all; each row's scenario reproduces it with `easerve sim`):\n\n";
+}
+
+/// The README's predictions table: one row per system, with a paragraph on what the engines' rows assume.
+fn readme_predictions(s: &mut String, sc: &Scenario, predictions: &[Prediction]) {
+    *s += "## Predictions\n\nThe simulator's figures for the deployment as easerve runs it and as each engine can run it (`predictions.json` has them all; each row's scenario reproduces it with `easerve sim`):\n\n";
     let tiers: Vec<&str> = predictions
         .first()
         .map(|p| p.goodput.iter().map(|t| t.name.as_str()).collect())
         .unwrap_or_default();
-    s += "| system | scenario | throughput (req/s) | mean TTFT (s) | P99 TTFT (s) | mean TPOT (ms) |";
+    *s += "| system | scenario | throughput (req/s) | mean TTFT (s) | P99 TTFT (s) | mean TPOT (ms) |";
     for t in &tiers {
         let _ = write!(s, " goodput {t} (req/s) |");
     }
-    s += " bottleneck |\n|---|---|---|---|---|---|";
+    *s += " bottleneck |\n|---|---|---|---|---|---|";
     for _ in &tiers {
-        s += "---|";
+        *s += "---|";
     }
-    s += "---|\n";
+    *s += "---|\n";
     for p in predictions {
         let _ = write!(
             s,
@@ -1315,11 +1331,15 @@ fn readme(
         let _ = writeln!(s, " {} |", p.bottleneck);
     }
     if sc.deployment.allocation.prefill.workers == 0 {
-        s += "\nNo engine runs this deployment, so none has a row here (the aggregated baseline aside): it has no P workers (all its prefill runs on local prefill workers beside the encoders), which none of vLLM, SGLang and Dynamo can run; see Files.\n\n";
+        *s += "\nNo engine runs this deployment, so none has a row here (the aggregated baseline aside): it has no P workers (all its prefill runs on local prefill workers beside the encoders), which none of vLLM, SGLang and Dynamo can run; see Files.\n\n";
     } else {
-        s += "\nThe engines' rows run the same allocation with encode batches formed as an engine forms them (when the encoder is free it takes what is queued, up to B: dispatch `queue-length:1`), every prefill remote (s = 1), and the engine's encode framework terms: vLLM and SGLang preprocess in Python inside the engine (framework `aggregated`, no per-pass term); Dynamo's pass-through encode worker is charged the per-pass overhead calibrated from the EAServe paper's Dynamo measurements (framework `passthrough`). Neither figure was measured on these engines: `bench.sh` measures a deployment.\n\n";
+        *s += "\nThe engines' rows run the same allocation with encode batches formed as an engine forms them (when the encoder is free it takes what is queued, up to B: dispatch `queue-length:1`), every prefill remote (s = 1), and the engine's encode framework terms: vLLM and SGLang preprocess in Python inside the engine (framework `aggregated`, no per-pass term); Dynamo's pass-through encode worker is charged the per-pass overhead calibrated from the EAServe paper's Dynamo measurements (framework `passthrough`). Neither figure was measured on these engines: `bench.sh` measures a deployment.\n\n";
     }
-    s += "## easerve's knobs per engine\n\n| knob | vLLM | SGLang | Dynamo |\n|---|---|---|---|\n";
+}
+
+/// The README's table of how each engine keeps, approximates or drops easerve's knobs.
+fn readme_knobs(s: &mut String, sc: &Scenario) {
+    *s += "## easerve's knobs per engine\n\n| knob | vLLM | SGLang | Dynamo |\n|---|---|---|---|\n";
     let b = sc.deployment.max_batch;
     let k = &sc.knobs;
     let rows: [(&str, [String; 3]); 8] = [
@@ -1367,9 +1387,13 @@ fn readme(
     for (knob, cells) in rows {
         let _ = writeln!(s, "| {knob} | {} | {} | {} |", cells[0], cells[1], cells[2]);
     }
-    s += "\nNot modelled for any engine: how its proxy or router spreads requests over several encode or prefill instances (vLLM's proxy sends each item round-robin, SGLang's prefill servers call their encoders, Dynamo splits a request's items over the encoders; the simulator places whole requests on the least-loaded worker).\n\n";
-    s += "## Files\n\n";
-    s += "* `scenario.toml` — the scenario with this deployment: `easerve sim scenario.toml` gives the easerve row above, `easerve exec scenario.toml` runs it on easerve's executor.\n";
+    *s += "\nNot modelled for any engine: how its proxy or router spreads requests over several encode or prefill instances (vLLM's proxy sends each item round-robin, SGLang's prefill servers call their encoders, Dynamo splits a request's items over the encoders; the simulator places whole requests on the least-loaded worker).\n\n";
+}
+
+/// The README's list of the files written (or why an engine's were not).
+fn readme_files(s: &mut String, predictions: &[Prediction], skipped: &[(String, String)]) {
+    *s += "## Files\n\n";
+    *s += "* `scenario.toml` — the scenario with this deployment: `easerve sim scenario.toml` gives the easerve row above, `easerve exec scenario.toml` runs it on easerve's executor.\n";
     match skipped.iter().find(|(d, _)| d == "vllm") {
         Some((_, why)) => {
             let _ = writeln!(s, "* `vllm/` — not written: {why}.");
@@ -1406,7 +1430,7 @@ fn readme(
             );
         }
     }
-    s += "* `bench.sh [TIER]` — `easerve bench` with this scenario's own requests (the simulator's generator and seed: the same prompts' lengths, media shapes and send times) against `BASE_URL`, the tier's TTFT and TPOT bounds as goodput; it writes `bench-result.json` (vllm bench serve's keys, easerve's report under `easerve`) and a CSV row per request. Images and audio go as OpenAI's `image_url` and `input_audio` parts, video as vLLM's frames form (`video_url` with `data:video/jpeg;base64,F1,F2,…`; SGLang's and Dynamo's handling of it was not checked).\n";
+    *s += "* `bench.sh [TIER]` — `easerve bench` with this scenario's own requests (the simulator's generator and seed: the same prompts' lengths, media shapes and send times) against `BASE_URL`, the tier's TTFT and TPOT bounds as goodput; it writes `bench-result.json` (vllm bench serve's keys, easerve's report under `easerve`) and a CSV row per request. Images and audio go as OpenAI's `image_url` and `input_audio` parts, video as vLLM's frames form (`video_url` with `data:video/jpeg;base64,F1,F2,…`; SGLang's and Dynamo's handling of it was not checked).\n";
     match predictions.iter().find(|p| p.system == "aggregated") {
         Some(p) => {
             let _ = writeln!(
@@ -1421,6 +1445,5 @@ fn readme(
             }
         }
     }
-    s += "* `predictions.json` — the table above.\n";
-    s
+    *s += "* `predictions.json` — the table above.\n";
 }

@@ -321,6 +321,16 @@ pub struct RunMeta {
 pub const NOT_NAMED: &str =
     "not named: the report holds no stage loads (measured from outside the serving system)";
 
+/// One `key value` line of the text report, the key padded to 42 columns.
+fn line(s: &mut String, k: &str, v: String) {
+    let _ = writeln!(s, "{k:<42}{v}");
+}
+
+/// A section heading of the text report, centred in dashes.
+fn head(s: &mut String, title: &str) {
+    let _ = writeln!(s, "{:-^56}", title);
+}
+
 impl Report {
     /// Build the report from per-request records.
     pub fn build(
@@ -475,67 +485,78 @@ impl Report {
     /// The report as text, laid out like `vllm bench serve`'s summary.
     pub fn render_text(&self) -> String {
         let mut s = String::new();
-        let ms = |x: f64| x * 1e3;
-        let line = |s: &mut String, k: &str, v: String| {
-            let _ = writeln!(s, "{k:<42}{v}");
-        };
-        let head = |s: &mut String, title: &str| {
-            let _ = writeln!(s, "{:-^56}", title);
-        };
+        self.text_summary(&mut s);
+        self.text_latencies(&mut s);
+        self.text_goodput(&mut s);
+        self.text_stages(&mut s);
+        self.text_encode(&mut s);
+        self.text_gpus(&mut s);
+        self.text_explanation(&mut s);
+        self.text_footer(&mut s);
+        s
+    }
+
+    /// The title, the run's identity, request counts and throughputs.
+    fn text_summary(&self, s: &mut String) {
         let source = if self.measured {
             " Serving Benchmark Result (measured) "
         } else {
             " Serving Benchmark Result (simulated) "
         };
         let _ = writeln!(s, "{:=^56}", source);
-        line(&mut s, "Scenario:", self.meta.scenario.clone());
-        line(&mut s, "Model:", self.meta.model.clone());
-        line(&mut s, "Cluster:", self.meta.cluster.clone());
-        line(&mut s, "Deployment:", self.meta.deployment.clone());
-        line(&mut s, "Seed:", self.meta.seed.to_string());
+        line(s, "Scenario:", self.meta.scenario.clone());
+        line(s, "Model:", self.meta.model.clone());
+        line(s, "Cluster:", self.meta.cluster.clone());
+        line(s, "Deployment:", self.meta.deployment.clone());
+        line(s, "Seed:", self.meta.seed.to_string());
         line(
-            &mut s,
+            s,
             "Offered rate (req/s):",
             format!("{:.2}", self.meta.offered_rate),
         );
         line(
-            &mut s,
+            s,
             "Successful requests:",
             format!("{} / {}", self.completed, self.meta.requests),
         );
         if self.rejected > 0 {
             line(
-                &mut s,
+                s,
                 "Rejected by admission (queue full):",
                 self.rejected.to_string(),
             );
         }
         if self.failed > 0 {
-            line(&mut s, "Failed requests:", self.failed.to_string());
+            line(s, "Failed requests:", self.failed.to_string());
             for f in &self.failures {
-                line(&mut s, &format!("  {}", f.count), f.reason.clone());
+                line(s, &format!("  {}", f.count), f.reason.clone());
             }
         }
         line(
-            &mut s,
+            s,
             "Benchmark duration (s):",
             format!("{:.2}", self.duration_s),
         );
         line(
-            &mut s,
+            s,
             "Request throughput (req/s):",
             format!("{:.2}", self.request_throughput),
         );
         line(
-            &mut s,
+            s,
             "Output token throughput (tok/s):",
             format!("{:.2}", self.output_throughput),
         );
         line(
-            &mut s,
+            s,
             "Total token throughput (tok/s, incl. mm):",
             format!("{:.2}", self.total_token_throughput),
         );
+    }
+
+    /// Mean, median, P90 and P99 of TTFT, TPOT and end-to-end latency.
+    fn text_latencies(&self, s: &mut String) {
+        let ms = |x: f64| x * 1e3;
         for (title, abbr, st) in [
             (" Time to First Token ", "TTFT", &self.ttft),
             (
@@ -545,29 +566,33 @@ impl Report {
             ),
             (" End-to-end Latency ", "E2EL", &self.e2e),
         ] {
-            head(&mut s, title);
+            head(s, title);
             line(
-                &mut s,
+                s,
                 &format!("Mean {abbr} (ms):"),
                 format!("{:.2}", ms(st.mean)),
             );
             line(
-                &mut s,
+                s,
                 &format!("Median {abbr} (ms):"),
                 format!("{:.2}", ms(st.p50)),
             );
             line(
-                &mut s,
+                s,
                 &format!("P90 {abbr} (ms):"),
                 format!("{:.2}", ms(st.p90)),
             );
             line(
-                &mut s,
+                s,
                 &format!("P99 {abbr} (ms):"),
                 format!("{:.2}", ms(st.p99)),
             );
         }
-        head(&mut s, " Goodput per SLO tier ");
+    }
+
+    /// The goodput table, one row per SLO tier.
+    fn text_goodput(&self, s: &mut String) {
+        head(s, " Goodput per SLO tier ");
         let _ = writeln!(
             s,
             "{:<12}{:>10}{:>10}{:>8}{:>16}",
@@ -590,7 +615,12 @@ impl Report {
                 t.goodput
             );
         }
-        head(&mut s, " Stages (ms) ");
+    }
+
+    /// The per-stage queue and service table.
+    fn text_stages(&self, s: &mut String) {
+        let ms = |x: f64| x * 1e3;
+        head(s, " Stages (ms) ");
         let _ = writeln!(
             s,
             "{:<20}{:>9}{:>9}{:>10}{:>9}{:>13}",
@@ -621,9 +651,13 @@ impl Report {
                 busy
             );
         }
+    }
+
+    /// Encode passes, the encode dispatch and the remote prefill fraction.
+    fn text_encode(&self, s: &mut String) {
         let e = &self.encode;
         line(
-            &mut s,
+            s,
             "Encode passes / mean micro-batch:",
             format!("{} / {:.2}", e.passes, e.mean_batch),
         );
@@ -632,14 +666,18 @@ impl Report {
             if let Some(a) = b.max_age_s {
                 let _ = write!(d, ", max_age {:.0} ms", a * 1e3);
             }
-            line(&mut s, "Encode dispatch:", d);
+            line(s, "Encode dispatch:", d);
         }
         line(
-            &mut s,
+            s,
             "Remote prefill fraction:",
             format!("{:.3}", e.remote_fraction),
         );
-        head(&mut s, " GPUs ");
+    }
+
+    /// One line per GPU: its worker, stage, time with work and SM time.
+    fn text_gpus(&self, s: &mut String) {
+        head(s, " GPUs ");
         for g in &self.gpus {
             let _ = writeln!(
                 s,
@@ -651,9 +689,13 @@ impl Report {
                 g.sm_utilization * 100.0
             );
         }
+    }
+
+    /// The stage loads and findings, if any.
+    fn text_explanation(&self, s: &mut String) {
         let x = &self.explanation;
         if !x.loads.is_empty() || !x.findings.is_empty() {
-            head(&mut s, " Explanation ");
+            head(s, " Explanation ");
             if !x.loads.is_empty() {
                 let _ = writeln!(
                     s,
@@ -676,14 +718,17 @@ impl Report {
                 let _ = writeln!(s, "- {f}");
             }
         }
-        head(&mut s, "");
-        line(&mut s, "Bottleneck stage:", self.bottleneck.clone());
+    }
+
+    /// The bottleneck, its reason and the notes.
+    fn text_footer(&self, s: &mut String) {
+        head(s, "");
+        line(s, "Bottleneck stage:", self.bottleneck.clone());
         let _ = writeln!(s, "  {}", self.bottleneck_reason);
         for n in &self.notes {
             let _ = writeln!(s, "note: {n}");
         }
         let _ = writeln!(s, "{:=^56}", "");
-        s
     }
 }
 
