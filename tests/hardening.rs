@@ -1169,4 +1169,5 @@ fn bench_without_the_client_says_how_to_build_it() {
         text.contains("--base-url") && text.contains("--request-rate"),
         "{text}"
     );
+    assert!(text.contains("not in this build"), "{text}");
 }

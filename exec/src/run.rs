@@ -1180,7 +1180,9 @@ pub(crate) fn build_report(
     };
     let mut report = Report::build(meta, records, &sc.slo, gpus, encode, notes);
     report.measured = true;
-    // the simulator's rule, on the measured stage times
-    easerve_sim::name_bottleneck(sc, &*sc.cost(), None, &mut report);
+    // the simulator's rule (the cost model's load ratios at the rate offered
+    // and the run's typical request), with the measured queueing
+    let typical = easerve_sim::typical_of(sc, ctrl.requests());
+    easerve_sim::name_bottleneck(sc, &*sc.cost(), Some(&typical), offered_rate, &mut report);
     report
 }

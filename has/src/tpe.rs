@@ -12,11 +12,13 @@
 //! * **Densities.** `l(x)` is a Parzen estimator over the good parameters,
 //!   `g(x)` over the rest. Each is a mixture of one prior component (weight
 //!   [`PRIOR_WEIGHT`]) and one kernel per observation (weight 1):
-//!   * on a continuous range `[lo, hi]`, the prior is uniform over the range
-//!     and the kernels are Gaussians truncated to it; a kernel's bandwidth is
-//!     the larger distance to its sorted neighbours (the range's ends count as
-//!     neighbours), clipped to `[(hi − lo)/min(100, n + 1), hi − lo]`
-//!     (Bergstra et al.'s rule);
+//!   * on a continuous range `[lo, hi]` (both ends included), the prior is
+//!     uniform over the range and the kernels are Gaussians truncated to it; a
+//!     kernel's bandwidth is the larger distance to its sorted neighbours,
+//!     clipped to `[(hi − lo)/min(100, n + 1), hi − lo]`: Bergstra et al.'s
+//!     neighbour rule and clip, with the range's ends counted as neighbours
+//!     (as Optuna's `consider_endpoints`) and a uniform prior in place of
+//!     hyperopt's and Optuna's wide Gaussian — this module's choices;
 //!   * on `k` categories, the prior spreads its weight evenly, and each
 //!     observation puts its weight on its category.
 //! * **Acquisition.** [`CANDIDATES`] draws from `l` compete; the one with the
@@ -40,7 +42,7 @@ pub const MAX_GOOD: usize = 25;
 pub const CANDIDATES: usize = 24;
 /// Weight of the prior component of each Parzen estimator, in observations.
 pub const PRIOR_WEIGHT: f64 = 1.0;
-/// Draws a truncated kernel makes before it takes the nearest end of the range.
+/// Draws a truncated kernel makes before it takes the kernel's centre.
 const MAX_REJECTIONS: usize = 64;
 
 /// The domain of one dimension.

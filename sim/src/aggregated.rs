@@ -323,8 +323,7 @@ impl<'a> Baseline<'a> {
                 },
             )
             .collect();
-        let cost = self.cost;
-        let mut notes = cost.notes();
+        let mut notes = self.cost.notes();
         notes.push(format!(
             "aggregated baseline: {n} replicas at TP{tp}, encode inline before prefill in each iteration (no separate per-pass encode overhead)"
         ));
@@ -352,7 +351,7 @@ impl<'a> Baseline<'a> {
                 timeline: self.timeline,
             },
         );
-        crate::verdict::name_bottleneck(sc, &*cost, None, &mut out.report);
+        crate::verdict::name_bottleneck(sc, &*self.cost, None, sc.workload.rate, &mut out.report);
         out
     }
 }

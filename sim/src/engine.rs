@@ -1229,7 +1229,13 @@ impl<'a> Sim<'a> {
         );
         out.queue_events = processed;
         out.inline_steps = inline_steps;
-        crate::verdict::name_bottleneck(sc, &*cost, Some(&typical), &mut out.report);
+        crate::verdict::name_bottleneck(
+            sc,
+            &*cost,
+            Some(&typical),
+            sc.workload.rate,
+            &mut out.report,
+        );
         out.decisions = decisions;
         out.service = service;
         out

@@ -21,12 +21,18 @@ fn remedy(stage: &str, mean_batch: f64, max_batch: usize) -> String {
     }
 }
 
-/// Explain an EPD run of `sc` whose report is `r` and whose typical request is `t`.
-pub(crate) fn explain(sc: &Scenario, cost: &dyn StageCost, t: &Typical, r: &Report) -> Explanation {
+/// Explain an EPD run of `sc` offered `rate` requests/s, whose report is `r`
+/// and whose typical request is `t`.
+pub(crate) fn explain(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    t: &Typical,
+    rate: f64,
+    r: &Report,
+) -> Explanation {
     let caps = capacities(sc, cost, t);
     let d = &sc.deployment;
     let a = d.allocation;
-    let rate = sc.workload.rate;
     let mut loads = Vec::new();
     // a stage is offered what the stage before it can pass on
     let mut offered = rate;

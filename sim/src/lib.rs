@@ -61,7 +61,7 @@ mod timeline;
 mod verdict;
 
 pub use engine::{scenario_cost, simulate, simulate_with, ServiceLog, SimOptions, SimOutput};
-pub use verdict::name_bottleneck;
+pub use verdict::{name_bottleneck, typical_of};
 
 #[cfg(test)]
 mod invariants;

@@ -16,16 +16,22 @@
 use crate::capacity::Typical;
 use crate::explain::explain;
 use easerve_calib::StageCost;
+use easerve_sched::Request;
+use easerve_workload::generate::{item_tokens, ItemTokenTable};
 use easerve_workload::scenario::System;
 use easerve_workload::{Report, Scenario};
 
-/// Name the bottleneck of `report`, a run of `sc` priced by `cost` whose
-/// typical request is `typical` (`None`: the scenario's generated workload's,
-/// [`Typical::of_scenario`]); for an EPD system, also fill its explanation.
+/// Name the bottleneck of `report`, a run of `sc` priced by `cost`, offered
+/// `rate` requests/s, whose typical request is `typical` (`None`: the
+/// scenario's generated workload's, [`Typical::of_scenario`]); for an EPD
+/// system, also fill its explanation. The stage is the one whose offered load
+/// over capacity (the cost model's, at this rate and typical request) is
+/// highest; the queueing quoted beside it is the run's, simulated or measured.
 pub fn name_bottleneck(
     sc: &Scenario,
     cost: &dyn StageCost,
     typical: Option<&Typical>,
+    rate: f64,
     report: &mut Report,
 ) {
     if sc.system == System::Aggregated {
@@ -33,8 +39,8 @@ pub fn name_bottleneck(
         return;
     }
     let x = match typical {
-        Some(t) => explain(sc, cost, t, report),
-        None => explain(sc, cost, &Typical::of_scenario(sc), report),
+        Some(t) => explain(sc, cost, t, rate, report),
+        None => explain(sc, cost, &Typical::of_scenario(sc), rate, report),
     };
     if let Some(l) = x.loads.iter().find(|l| l.stage == x.most_loaded) {
         let q = report
@@ -69,4 +75,20 @@ fn name_aggregated(r: &mut Report) {
         wait * 1e3,
         busy * 100.0
     );
+}
+
+/// The typical request of `reqs`, requests of a run of `sc` (the executor's,
+/// or the server's, whose requests came over HTTP); an item the model cannot
+/// price (none, for requests that passed admission) is left out.
+pub fn typical_of(sc: &Scenario, reqs: &[Request]) -> Typical {
+    let tokens = reqs
+        .iter()
+        .map(|r| {
+            r.items
+                .iter()
+                .filter_map(|it| item_tokens(&sc.model, it).ok())
+                .collect::<Vec<_>>()
+        })
+        .collect::<ItemTokenTable>();
+    Typical::of(reqs, &tokens)
 }

@@ -1214,7 +1214,7 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
     let mut s = script_head(
 sc,
 &format!(
-            "Measure the deployment with the scenario's own requests ({} at {} req/s: the simulator's generator and seed) against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: the scenario's first SLO tier). The result (vllm bench serve's keys, easerve's report under `easerve`) goes to OUT (default bench-result.json) and one row per request beside it.",
+            "Measure the deployment with the scenario's own requests ({} at {} req/s: the simulator's generator and seed) against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: the scenario's first SLO tier). The result (vllm bench serve's keys, easerve's report under `easerve`) goes to OUT (default bench-result.json) and one row per request beside it. EASERVE (default easerve) must be a build with the bench client: `cargo build --release --features bench`.",
             wl.requests, wl.rate
         ),
 &EASERVE_BENCH,
