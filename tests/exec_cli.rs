@@ -42,7 +42,11 @@ fn exec_runs_a_scenario_and_reports_like_sim() {
     assert_eq!(stages(&s), stages(&r));
     // one bottleneck rule: the same stage named for the same deployment,
     // workload and rate, and the same load ratios behind it
-    assert_eq!(s["bottleneck"], r["bottleneck"], "{}", r["bottleneck_reason"]);
+    assert_eq!(
+        s["bottleneck"], r["bottleneck"],
+        "{}",
+        r["bottleneck_reason"]
+    );
     assert_eq!(s["explanation"]["loads"], r["explanation"]["loads"]);
     // the text layout too
     let out = easerve(&[
