@@ -184,10 +184,11 @@ pub(crate) struct RunArgs {
     /// Also write every scheduling decision of the controller, in order, as
     /// JSON Lines (one `Decision` per line: placements, micro-batches with
     /// their SM shares, routes, prefill batches, share changes, decode runs
-    /// and yields, failures).
+    /// and yields, an aggregated replica's iterations, failures).
     #[arg(long, value_name = "FILE")]
     pub(crate) decisions: Option<PathBuf>,
-    /// Fault injection: worker LABEL (E0, P0, L0, D0) dies SECONDS into the
+    /// Fault injection: worker LABEL (E0, P0, L0, D0; R0 for an aggregated
+    /// replica) dies SECONDS into the
     /// run (`sim`: its work in progress is lost; `exec`: its process is killed).
     #[arg(long, value_name = "LABEL@SECONDS")]
     pub(crate) kill_worker: Option<String>,
@@ -220,20 +221,7 @@ impl RunArgs {
         let Some(k) = &self.kill_worker else {
             return Ok(None);
         };
-        if sc.system == System::Aggregated {
-            return Err(BadInput(format!(
-                "--kill-worker `{k}`: the aggregated baseline runs no E/P/D workers to kill; use system `easerve` or `passthrough`"
-            ))
-            .into());
-        }
-        let t = sc.topology();
-        let counts = [
-            t.encode().len(),
-            t.remote_prefill(),
-            t.prefill().len() - t.remote_prefill(),
-            t.decode().len(),
-        ];
-        Ok(Some(parse_kill(k, counts).map_err(BadInput)?))
+        Ok(Some(parse_kill(k, &sc.topology()).map_err(BadInput)?))
     }
 
     /// Write the per-request CSV and the decision log (if asked) and print
@@ -330,25 +318,15 @@ pub(crate) fn write_output(
     w.flush().map_err(|e| cannot(&e))
 }
 
-/// `LABEL@SECONDS` of a worker that exists in the deployment: `counts` are
-/// the encode, remote prefill, local prefill and decode workers.
-fn parse_kill(s: &str, counts: [usize; 4]) -> Result<(WorkerRef, f64), String> {
-    let [e, p, l, d] = counts;
-    let range = |c: char, n: usize| {
-        if n > 0 {
-            format!("{c}0..{c}{}", n - 1)
-        } else {
-            String::new()
-        }
-    };
-    let labels: Vec<String> = [range('E', e), range('P', p), range('L', l), range('D', d)]
-        .into_iter()
-        .filter(|x| !x.is_empty())
-        .collect();
+/// `LABEL@SECONDS` of a worker that exists in the deployment `t` (`E0`,
+/// `P0`, `L0`, `D0`; `R0` for an aggregated replica).
+fn parse_kill(s: &str, t: &easerve_sched::Topology) -> Result<(WorkerRef, f64), String> {
     let bad = || {
+        let labels: Vec<&str> = t.workers().map(|w| w.label.as_str()).collect();
         format!(
-            "--kill-worker `{s}`: expected LABEL@SECONDS with LABEL one of {} and SECONDS ≥ 0, e.g. E0@2.5",
-            labels.join(", ")
+            "--kill-worker `{s}`: expected LABEL@SECONDS with LABEL one of {} and SECONDS ≥ 0, e.g. {}@2.5",
+            labels.join(", "),
+            labels.first().unwrap_or(&"E0")
         )
     };
     let (label, at) = s.split_once('@').ok_or_else(bad)?;
@@ -356,20 +334,8 @@ fn parse_kill(s: &str, counts: [usize; 4]) -> Result<(WorkerRef, f64), String> {
     if !(at >= 0.0 && at.is_finite()) {
         return Err(bad());
     }
-    let mut chars = label.chars();
-    let kind = chars.next().ok_or_else(bad)?;
-    let i: usize = chars.as_str().parse().map_err(|_| bad())?;
-    let (w, n) = match kind {
-        'E' => (WorkerRef::Encode(i), e),
-        'P' => (WorkerRef::Prefill(i), p),
-        'L' => (WorkerRef::Prefill(p + i), l),
-        'D' => (WorkerRef::Decode(i), d),
-        _ => return Err(bad()),
-    };
-    if i >= n {
-        return Err(bad());
-    }
-    Ok((w, at))
+    let w = t.workers().find(|w| w.label == label).ok_or_else(bad)?;
+    Ok((w.wref, at))
 }
 
 /// `overrides` with the whole deployment of `--deployment` applied (as
@@ -417,15 +383,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Profile(a) => profile_cmd::run(a),
         Command::Sim(a) => {
             let sc = a.run.scenario()?;
-            if sc.system == System::Aggregated {
-                if let Some(path) = &a.run.decisions {
-                    return Err(BadInput(format!(
-                        "--decisions {}: the aggregated baseline is not driven by the controller, so it has no decision log; use system `easerve` or `passthrough`",
-                        path.display()
-                    ))
-                    .into());
-                }
-            }
             let opts = easerve_sim::SimOptions {
                 timeline: a.trace.is_some(),
                 decisions: a.run.decisions.is_some(),

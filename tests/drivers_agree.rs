@@ -18,7 +18,7 @@ use std::io::Write;
 /// Hands back what the simulated hardware took, unit by unit, per worker.
 struct Replay {
     log: ServiceLog,
-    next: [Vec<usize>; 5],
+    next: [Vec<usize>; 7],
 }
 
 impl Replay {
@@ -29,13 +29,15 @@ impl Replay {
             vec![0; log.decode.len()],
             vec![0; log.embeddings.len()],
             vec![0; log.kv.len()],
+            vec![0; 1],
+            vec![0; log.replica.len()],
         ];
         Replay { log, next }
     }
 
     /// The next unit of `kind` on worker `w`; work the simulator never
     /// finished (lost to a fault) never ends.
-    fn take<T: Copy>(next: &mut [Vec<usize>; 5], kind: usize, w: usize, log: &[T]) -> Option<T> {
+    fn take<T: Copy>(next: &mut [Vec<usize>; 7], kind: usize, w: usize, log: &[T]) -> Option<T> {
         let i = next[kind][w];
         next[kind][w] += 1;
         log.get(i).copied()
@@ -57,6 +59,13 @@ impl Service for Replay {
     }
     fn kv(&mut self, from: usize, _: RequestId) -> f64 {
         Self::take(&mut self.next, 4, from, &self.log.kv[from]).unwrap_or(f64::INFINITY)
+    }
+    fn front_end(&mut self, _: RequestId) -> f64 {
+        Self::take(&mut self.next, 5, 0, &self.log.front_end).unwrap_or(f64::INFINITY)
+    }
+    fn replica_step(&mut self, r: usize, _: &[RequestId], _: u64, _: u64) -> (f64, f64) {
+        Self::take(&mut self.next, 6, r, &self.log.replica[r])
+            .unwrap_or((f64::INFINITY, f64::INFINITY))
     }
 }
 
@@ -129,14 +138,31 @@ fn same(a: &Decision, b: &Decision) -> bool {
             Decision::DecodeYield { at: t1, worker: w1 },
             Decision::DecodeYield { at: t2, worker: w2 },
         ) => close(*t1, *t2) && w1 == w2,
+        (
+            Decision::ReplicaStep {
+                at: t1,
+                replica: r1,
+                ids: i1,
+                batch: b1,
+                context: c1,
+            },
+            Decision::ReplicaStep {
+                at: t2,
+                replica: r2,
+                ids: i2,
+                batch: b2,
+                context: c2,
+            },
+        ) => close(*t1, *t2) && r1 == r2 && i1 == i2 && b1 == b2 && c1 == c2,
         _ => a == b,
     }
 }
 
 /// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
-/// prefill, share, place-decode, decode run, fail, decode yield.
-fn kinds(log: &[Decision]) -> [usize; 10] {
-    let mut n = [0usize; 10];
+/// prefill, share, place-decode, decode run, fail, decode yield,
+/// place-replica, replica step.
+fn kinds(log: &[Decision]) -> [usize; 12] {
+    let mut n = [0usize; 12];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -149,6 +175,8 @@ fn kinds(log: &[Decision]) -> [usize; 10] {
             Decision::DecodeRun { .. } => 7,
             Decision::Fail { .. } => 8,
             Decision::DecodeYield { .. } => 9,
+            Decision::PlaceReplica { .. } => 10,
+            Decision::ReplicaStep { .. } => 11,
         }] += 1;
     }
     n
@@ -157,7 +185,7 @@ fn kinds(log: &[Decision]) -> [usize; 10] {
 /// Run `toml` in the simulator and replay its service times through the
 /// executor-shaped driver (with worker `kill` dying at the same time in
 /// both); the decision logs and records must agree. Returns the log's kinds.
-fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 10] {
+fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 12] {
     let sc = scenario(toml);
     let sim = simulate_with(
         &sc,
@@ -179,7 +207,7 @@ fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 
     let exec = driver.ctrl.decisions();
     let n = kinds(&sim.decisions);
     assert!(
-        n[2] > 10 && n[4] > 10 && n[7] > 100,
+        (n[2] > 10 && n[4] > 10 && n[7] > 100) || n[11] > 100,
         "too few decisions to compare: {n:?}"
     );
     if let Some(i) =
@@ -211,7 +239,11 @@ fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 
                 a.id
             );
         }
-        for (x, y) in [(a.kv_sent, b.kv_sent), (a.embedding_sent, b.embedding_sent)] {
+        for (x, y) in [
+            (a.kv_sent, b.kv_sent),
+            (a.embedding_sent, b.embedding_sent),
+            (a.prefill_start, b.prefill_start),
+        ] {
             assert_eq!(x.is_some(), y.is_some(), "request {}", a.id);
             if let (Some(x), Some(y)) = (x, y) {
                 assert!(
@@ -298,4 +330,20 @@ fn the_drivers_fail_the_same_requests_when_a_worker_dies() {
         let n = assert_same_decisions(IMAGE, Some((w, 40.0)));
         assert_eq!(n[8] > 0, fails, "{w:?}: {n:?}");
     }
+}
+
+/// The aggregated system is the same controller: both drivers place every
+/// request on the same replica and run the same iterations, and a replica
+/// that dies fails the same requests.
+#[test]
+fn the_drivers_decide_the_same_for_the_aggregated_system() {
+    let toml = IMAGE.replace(
+        "dispatch = \"poisson-gap\"",
+        "dispatch = \"poisson-gap\"\nsystem = \"aggregated\"\naggregated_tp = 4",
+    );
+    let n = assert_same_decisions(&toml, None);
+    assert_eq!(n[10], 300, "{n:?}");
+    assert_eq!(n[1] + n[2] + n[4] + n[7], 0, "no EPD decision: {n:?}");
+    let n = assert_same_decisions(&toml, Some((WorkerRef::Replica(1), 30.0)));
+    assert!(n[8] > 0, "the dead replica fails requests: {n:?}");
 }

@@ -609,6 +609,82 @@ fn sim_writes_the_decision_log_and_injects_faults() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--kill-worker `E9@1`"));
 }
 
+/// The aggregated system is driven by the same controller: its decision log
+/// holds every placement on a replica and every iteration, and a replica can
+/// be killed like any worker.
+#[test]
+fn the_aggregated_system_writes_its_decisions_and_loses_a_killed_replica() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("decisions.jsonl");
+    let args = [
+        "sim",
+        "scenarios/image.toml",
+        "--json",
+        "--requests",
+        "200",
+        "--system",
+        "aggregated",
+        "--decisions",
+        log.to_str().unwrap(),
+    ];
+    let out = easerve(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(num(&r, "/completed"), 200.0);
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .expect("decision log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one decision per line"))
+        .collect();
+    let count = |k: &str| lines.iter().filter(|d| d.get(k).is_some()).count();
+    assert_eq!(count("PlaceReplica"), 200);
+    // every request is admitted by exactly one iteration
+    let admitted: usize = lines
+        .iter()
+        .filter_map(|d| d.get("ReplicaStep"))
+        .map(|s| s["ids"].as_array().expect("ids").len())
+        .sum();
+    assert_eq!(admitted, 200);
+    assert_eq!(
+        count("Dispatch") + count("PlaceEncode") + count("DecodeRun"),
+        0
+    );
+    // kill replica R1 of the two (8 GPUs at TP4)
+    let mut killed = args.to_vec();
+    killed.extend(["--kill-worker", "R1@20"]);
+    let out = easerve(&killed);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let failed = num(&r, "/failed");
+    assert!(
+        failed > 0.0 && num(&r, "/completed") > 100.0,
+        "{failed} failed"
+    );
+    assert_eq!(num(&r, "/completed") + failed, 200.0);
+    let bad = easerve(&[
+        "sim",
+        "scenarios/image.toml",
+        "--system",
+        "aggregated",
+        "--kill-worker",
+        "E0@1",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--kill-worker `E0@1`") && err.contains("R0, R1"),
+        "{err}"
+    );
+}
+
 /// Every real-size model preset goes through `sim`, `search`, `capacity` and
 /// `deploy` on one node of 8x H200 (`2E(TP1)+1P(TP2)+1D(TP4)`, its own
 /// modality's workload), and the report's notes name the cost source of

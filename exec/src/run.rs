@@ -323,6 +323,9 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
                 WorkerRef::Encode(i) => (Role::Encode, i),
                 WorkerRef::Prefill(p) => (Role::Prefill, p),
                 WorkerRef::Decode(d) => (Role::Decode, d),
+                WorkerRef::Replica(_) => {
+                    unreachable!("the executor refuses the aggregated system (exec_cmd)")
+                }
             };
             Worker {
                 wref: t.wref,
@@ -1077,6 +1080,9 @@ fn carry_out(
                 WorkerRef::Decode(worker),
                 &ToWorker::Release { ids: vec![id] },
             );
+        }
+        Command::FrontEndPreprocess { .. } | Command::ReplicaStep { .. } => {
+            unreachable!("the executor refuses the aggregated system (exec_cmd)")
         }
     }
     None

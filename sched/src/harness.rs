@@ -202,6 +202,19 @@ pub trait Service {
     fn embeddings(&mut self, from: usize, ids: &[RequestId]) -> f64;
     /// Moving request `id`'s KV cache off prefill worker `from` (serialised).
     fn kv(&mut self, from: usize, id: RequestId) -> f64;
+    /// Preprocessing request `id` in the server's front end (the aggregated
+    /// system).
+    fn front_end(&mut self, id: RequestId) -> f64;
+    /// One iteration of aggregated replica `r` that admits `admitted` and
+    /// runs `batch` sequences over `context` tokens: (its inline encode, the
+    /// whole iteration).
+    fn replica_step(
+        &mut self,
+        r: usize,
+        admitted: &[RequestId],
+        batch: u64,
+        context: u64,
+    ) -> (f64, f64);
 }
 
 #[derive(Debug)]
@@ -213,6 +226,9 @@ enum ClusterEvent {
     PrefillDone(usize, u64),
     Kv(RequestId, f64),
     DecodeDone(usize, u64),
+    Preprocessed(RequestId),
+    /// A replica's iteration ends: (replica, generation, when its prefill began).
+    ReplicaDone(usize, u64, f64),
     Fail(WorkerRef),
     Interrupt,
 }
@@ -267,6 +283,10 @@ impl Ord for Due {
 ///     fn decode(&mut self, _: usize, _: u64, _: u64) -> f64 { 0.005 }
 ///     fn embeddings(&mut self, _: usize, _: &[RequestId]) -> f64 { 0.001 }
 ///     fn kv(&mut self, _: usize, _: RequestId) -> f64 { 0.001 }
+///     fn front_end(&mut self, _: RequestId) -> f64 { 0.002 }
+///     fn replica_step(&mut self, _: usize, a: &[RequestId], _: u64, _: u64) -> (f64, f64) {
+///         (0.02 * a.len() as f64, 0.005 + 0.03 * a.len() as f64)
+///     }
 /// }
 /// let mut c = Cluster::new(easerve_sched::harness::small_controller(20, 4.0, None), Fixed);
 /// c.drive();
@@ -294,6 +314,7 @@ pub struct Cluster<S: Service> {
     prefill_gen: Vec<u64>,
     decode_gen: Vec<u64>,
     decode_run: Vec<DecodeRunProgress>,
+    replica_gen: Vec<u64>,
     encode_link: Vec<f64>,
     prefill_link: Vec<f64>,
     /// Workers that died: transfers to them land at once.
@@ -309,6 +330,7 @@ impl<S: Service> Cluster<S> {
     pub fn new(ctrl: Controller, service: S) -> Self {
         let t = ctrl.topology();
         let (ne, np, nd) = (t.encode().len(), t.prefill().len(), t.decode().len());
+        let nr = t.replica().len();
         let mut c = Cluster {
             service,
             now: 0.0,
@@ -321,6 +343,7 @@ impl<S: Service> Cluster<S> {
             prefill_gen: vec![0; np],
             decode_gen: vec![0; nd],
             decode_run: vec![DecodeRunProgress::default(); nd],
+            replica_gen: vec![0; nr],
             encode_link: vec![0.0; ne],
             prefill_link: vec![0.0; np],
             dead: Vec::new(),
@@ -406,6 +429,13 @@ impl<S: Service> Cluster<S> {
                 };
                 Event::DecodeRunDone { worker: d, steps }
             }
+            ClusterEvent::Preprocessed(id) => Event::Preprocessed { id },
+            ClusterEvent::ReplicaDone(r, g, prefill_start) if g == self.replica_gen[r] => {
+                Event::ReplicaStepDone {
+                    replica: r,
+                    prefill_start,
+                }
+            }
             ClusterEvent::Fail(w) => {
                 self.dead.push(w);
                 // whatever it was doing never ends
@@ -413,6 +443,7 @@ impl<S: Service> Cluster<S> {
                     WorkerRef::Encode(i) => self.encode_gen[i] += 1,
                     WorkerRef::Prefill(i) => self.prefill_gen[i] += 1,
                     WorkerRef::Decode(i) => self.decode_gen[i] += 1,
+                    WorkerRef::Replica(i) => self.replica_gen[i] += 1,
                 }
                 Event::WorkerFailed {
                     worker: w,
@@ -421,7 +452,7 @@ impl<S: Service> Cluster<S> {
             }
             ClusterEvent::Interrupt => {
                 // decode runs in flight go no further
-                for g in &mut self.decode_gen {
+                for g in self.decode_gen.iter_mut().chain(&mut self.replica_gen) {
                     *g += 1;
                 }
                 Event::Interrupt {
@@ -501,6 +532,22 @@ impl<S: Service> Cluster<S> {
                 }
                 Command::DecodeYield { worker } => self.decode_run[worker].yield_now(),
                 Command::Release { .. } => {}
+                Command::FrontEndPreprocess { id } => {
+                    let t = self.service.front_end(id);
+                    self.push(now + t, LANDED, ClusterEvent::Preprocessed(id));
+                }
+                Command::ReplicaStep {
+                    replica,
+                    batch,
+                    context,
+                } => {
+                    let admitted = self.ctrl.replica_admitted(replica);
+                    let (t_enc, t) = self.service.replica_step(replica, admitted, batch, context);
+                    self.replica_gen[replica] += 1;
+                    let g = self.replica_gen[replica];
+                    let ev = ClusterEvent::ReplicaDone(replica, g, now + t_enc);
+                    self.push(now + t, DONE, ev);
+                }
             }
         }
     }
@@ -578,6 +625,7 @@ pub fn config_for(
         decode: (0..alloc.decode.workers)
             .map(|_| crate::DecodeScheduler::new(kv, 64))
             .collect(),
+        replicas: Vec::new(),
         topology,
         prefill_token_budget: 8192,
         prefill_max_seqs: 16,
@@ -624,6 +672,115 @@ mod tests {
         fn kv(&mut self, _: usize, _: RequestId) -> f64 {
             0.001
         }
+        fn front_end(&mut self, _: RequestId) -> f64 {
+            0.002
+        }
+        fn replica_step(&mut self, _: usize, a: &[RequestId], _: u64, _: u64) -> (f64, f64) {
+            let t_enc = 0.02 * a.len() as f64;
+            (
+                t_enc,
+                t_enc + self.prefill_s * (!a.is_empty()) as u64 as f64 + 0.005,
+            )
+        }
+    }
+
+    /// A controller running the aggregated system: `replicas` replicas with
+    /// decode caches of `kv`, over `n` test requests at `rate` per second.
+    fn aggregated(n: usize, rate: f64, replicas: usize, kv: crate::KvBlocks) -> Controller {
+        let cfg = ControllerConfig {
+            batchers: Vec::new(),
+            topology: crate::Topology::replicas(replicas as u32, 1),
+            decode: Vec::new(),
+            replicas: (0..replicas)
+                .map(|_| crate::DecodeScheduler::new(kv, 64))
+                .collect(),
+            prefill_token_budget: 8192,
+            prefill_max_seqs: 16,
+            max_inflight_transfers: 4,
+            router: (RouterPolicy::Deficit, 1.0),
+            split: SmSplit::Static(1.0),
+            admission_limit: None,
+            log_decisions: true,
+            preprocess_ahead: false,
+        };
+        let requests = (0..n).map(|i| test_request(i, i as f64 / rate)).collect();
+        Controller::new(requests, cfg)
+    }
+
+    #[test]
+    fn aggregated_replicas_encode_prefill_and_decode_in_one_iteration() {
+        let mut c = Cluster::new(
+            aggregated(12, 40.0, 2, crate::KvBlocks::new(1 << 20, 16)),
+            fixed(),
+        );
+        c.drive();
+        assert!(c.ctrl.is_finished());
+        let recs = c.ctrl.records();
+        assert!(recs
+            .iter()
+            .all(|r| r.finish.is_some() && r.failure.is_none()));
+        let log = c.ctrl.decisions();
+        // every request is placed once, on one of the two replicas, and both are used
+        let placed: Vec<usize> = log
+            .iter()
+            .filter_map(|d| match d {
+                Decision::PlaceReplica { replica, .. } => Some(*replica),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(placed.len(), 12);
+        assert!(placed.contains(&0) && placed.contains(&1));
+        for (i, r) in recs.iter().enumerate() {
+            // preprocessing in the front end comes first, then the inline
+            // encode, then prefill, whose iteration emits the first token
+            let arrival = i as f64 / 40.0;
+            let enc = r.encode_start.expect("encoded inline");
+            assert!(enc >= arrival + 0.002 - 1e-12, "request {i}");
+            assert!(r.encode_end.unwrap() > enc);
+            assert_eq!(r.prefill_start, r.encode_end);
+            assert!(r.first_token.unwrap() > r.prefill_start.unwrap());
+            // 8 output tokens: the prefill iteration's and 7 more
+            assert!(r.finish.unwrap() >= r.first_token.unwrap() + 7.0 * 0.005 - 1e-9);
+        }
+        // an iteration admits what waits and steps every running sequence
+        let steps = log
+            .iter()
+            .filter(|d| matches!(d, Decision::ReplicaStep { .. }))
+            .count();
+        // each request takes 8 iterations; requests share them
+        assert!((8..8 * 12).contains(&steps), "{steps} iterations");
+    }
+
+    #[test]
+    fn a_dead_replica_fails_its_requests_and_the_other_serves_on() {
+        let mut c = Cluster::new(
+            aggregated(20, 40.0, 2, crate::KvBlocks::new(1 << 20, 16)),
+            fixed(),
+        );
+        c.kill_at(WorkerRef::Replica(1), 0.1);
+        c.drive();
+        assert!(c.ctrl.is_finished());
+        let recs = c.ctrl.records();
+        let failed: Vec<&str> = recs.iter().filter_map(|r| r.failure.as_deref()).collect();
+        assert!(!failed.is_empty());
+        assert!(failed
+            .iter()
+            .all(|f| f.starts_with("R1 failed: killed") || f == &"replica R1 is down"));
+        let done = recs.iter().filter(|r| r.finish.is_some()).count();
+        assert_eq!(done + failed.len(), 20);
+        assert!(done >= 10, "{done} finished");
+    }
+
+    #[test]
+    fn a_request_whose_kv_cache_never_fits_a_replica_fails() {
+        // 4 blocks of 16 tokens hold 64; a request needs 128 + 576 + 8
+        let mut c = Cluster::new(aggregated(3, 10.0, 1, crate::KvBlocks::new(4, 16)), fixed());
+        c.drive();
+        let recs = c.ctrl.records();
+        assert!(recs
+            .iter()
+            .all(|r| r.failure.as_deref()
+                == Some("its KV cache can never fit one aggregated replica")));
     }
 
     fn fixed() -> Fixed {

@@ -9,6 +9,9 @@
 //! (`L0`, …) take no GPU of their own: `L{g}` runs on the first GPU of each of
 //! the `local_tp` encode workers `g·local_tp .. (g+1)·local_tp`. Prefill workers
 //! are indexed remote first, then local, as [`WorkerRef::Prefill`] says.
+//!
+//! The aggregated system has none of these: its [`Topology::replicas`] are
+//! `R0`, `R1`, … on consecutive groups of TP GPUs, each running every stage.
 
 use crate::{Allocation, WorkerRef};
 
@@ -17,7 +20,7 @@ use crate::{Allocation, WorkerRef};
 pub struct TopologyWorker {
     /// The worker, as the controller names it.
     pub wref: WorkerRef,
-    /// Its label in reports and traces: `E0`, `P0`, `L0`, `D0`.
+    /// Its label in reports and traces: `E0`, `P0`, `L0`, `D0`, `R0`.
     pub label: String,
     /// The GPUs it runs on (its TP group, or its `tp · ep` GPUs), in the
     /// cluster's numbering.
@@ -48,8 +51,23 @@ pub struct Topology {
     /// Remote first, then local.
     prefill: Vec<TopologyWorker>,
     decode: Vec<TopologyWorker>,
+    /// Aggregated replicas (only in the aggregated system's layout).
+    replica: Vec<TopologyWorker>,
     remote: usize,
     gpus: u32,
+}
+
+fn worker(wref: WorkerRef, label: String, gpus: Vec<u32>, ep: u32) -> TopologyWorker {
+    TopologyWorker {
+        wref,
+        label,
+        tp: gpus.len() as u32 / ep,
+        ep,
+        gpus,
+        local: false,
+        encode_workers: Vec::new(),
+        local_prefill: None,
+    }
 }
 
 impl Topology {
@@ -62,16 +80,6 @@ impl Topology {
             let g: Vec<u32> = (next..next + n).collect();
             next += n;
             g
-        };
-        let worker = |wref, label: String, gpus: Vec<u32>, ep: u32| TopologyWorker {
-            wref,
-            label,
-            tp: gpus.len() as u32 / ep,
-            ep,
-            gpus,
-            local: false,
-            encode_workers: Vec::new(),
-            local_prefill: None,
         };
         let mut encode: Vec<TopologyWorker> = (0..alloc.encode.workers as usize)
             .map(|i| {
@@ -120,8 +128,29 @@ impl Topology {
             encode,
             prefill,
             decode,
+            replica: Vec::new(),
             remote,
             gpus: next,
+        }
+    }
+
+    /// The aggregated system's layout: `replicas` engines of `tp` GPUs each,
+    /// `R{r}` on GPUs `r·tp .. (r+1)·tp`, with no encode, prefill or decode
+    /// workers.
+    pub fn replicas(replicas: u32, tp: u32) -> Topology {
+        let replica = (0..replicas)
+            .map(|r| {
+                let gpus = (r * tp..(r + 1) * tp).collect();
+                worker(WorkerRef::Replica(r as usize), format!("R{r}"), gpus, 1)
+            })
+            .collect();
+        Topology {
+            encode: Vec::new(),
+            prefill: Vec::new(),
+            decode: Vec::new(),
+            replica,
+            remote: 0,
+            gpus: replicas * tp,
         }
     }
 
@@ -140,6 +169,11 @@ impl Topology {
         &self.decode
     }
 
+    /// Aggregated replicas, by index (empty outside the aggregated system).
+    pub fn replica(&self) -> &[TopologyWorker] {
+        &self.replica
+    }
+
     /// Number of remote prefill workers (the index of the first local one).
     pub fn remote_prefill(&self) -> usize {
         self.remote
@@ -150,9 +184,13 @@ impl Topology {
         self.gpus
     }
 
-    /// Every worker: encode, prefill (remote, then local), decode.
+    /// Every worker: encode, prefill (remote, then local), decode, replicas.
     pub fn workers(&self) -> impl Iterator<Item = &TopologyWorker> {
-        self.encode.iter().chain(&self.prefill).chain(&self.decode)
+        self.encode
+            .iter()
+            .chain(&self.prefill)
+            .chain(&self.decode)
+            .chain(&self.replica)
     }
 
     /// The worker `w`.
@@ -164,18 +202,19 @@ impl Topology {
             WorkerRef::Encode(i) => &self.encode[i],
             WorkerRef::Prefill(i) => &self.prefill[i],
             WorkerRef::Decode(i) => &self.decode[i],
+            WorkerRef::Replica(i) => &self.replica[i],
         }
     }
 
-    /// The label of worker `w` (`E0`, `P0`, `L0`, `D0`).
+    /// The label of worker `w` (`E0`, `P0`, `L0`, `D0`, `R0`).
     pub fn label(&self, w: WorkerRef) -> &str {
         &self.worker(w).label
     }
 
     /// The workers GPU `g` runs, as the report's GPU table counts them: the
     /// encode worker whose TP group holds it and that worker's local prefill
-    /// worker, or the remote prefill or decode worker whose group holds it;
-    /// empty for a GPU the deployment leaves idle.
+    /// worker, or the remote prefill, decode or replica worker whose group
+    /// holds it; empty for a GPU the deployment leaves idle.
     pub fn on_gpu(&self, g: u32) -> Vec<WorkerRef> {
         if let Some(e) = self.encode.iter().find(|w| w.gpus.contains(&g)) {
             let mut on = vec![e.wref];
@@ -185,13 +224,14 @@ impl Topology {
         self.prefill[..self.remote]
             .iter()
             .chain(&self.decode)
+            .chain(&self.replica)
             .find(|w| w.gpus.contains(&g))
             .map(|w| vec![w.wref])
             .unwrap_or_default()
     }
 
     /// Who owns GPU `g`, as the report's GPU table names it: the stage
-    /// (`encode`, `prefill`, `decode`) and the labels of [`Topology::on_gpu`]
+    /// (`encode`, `prefill`, `decode`, `aggregated`) and the labels of [`Topology::on_gpu`]
     /// joined by `+` (`E0+L0` for an encode GPU shared with a local prefill
     /// worker); `None` for a GPU the deployment leaves idle.
     pub fn gpu_owner(&self, g: u32) -> Option<(&'static str, String)> {
@@ -200,6 +240,7 @@ impl Topology {
             WorkerRef::Encode(_) => "encode",
             WorkerRef::Prefill(_) => "prefill",
             WorkerRef::Decode(_) => "decode",
+            WorkerRef::Replica(_) => "aggregated",
         };
         let labels: Vec<&str> = on.iter().map(|w| self.label(*w)).collect();
         Some((stage, labels.join("+")))
@@ -249,5 +290,18 @@ mod tests {
         let t = Topology::new(&a, None);
         assert!(t.prefill().is_empty() && t.encode()[0].local_prefill.is_none());
         assert_eq!(t.gpu_owner(0), Some(("encode", "E0".into())));
+    }
+
+    #[test]
+    fn aggregated_replicas_take_consecutive_tp_groups() {
+        let t = Topology::replicas(3, 2);
+        assert_eq!(t.gpus(), 6);
+        assert_eq!(t.replica()[1].gpus, vec![2, 3]);
+        assert_eq!(t.replica()[1].tp, 2);
+        assert_eq!(t.gpu_owner(5), Some(("aggregated", "R2".into())));
+        assert_eq!(t.gpu_owner(6), None);
+        assert!(t.encode().is_empty() && t.prefill().is_empty() && t.decode().is_empty());
+        let labels: Vec<&str> = t.workers().map(|w| w.label.as_str()).collect();
+        assert_eq!(labels, ["R0", "R1", "R2"]);
     }
 }

@@ -12,14 +12,11 @@ pub(crate) enum Priority {
     Completion = 0,
     /// Data (embeddings, KV cache) lands: it can join the batch about to start.
     Transfer = 1,
-    /// A request arrives, after same-instant completions and transfers (a pass
-    /// that ends now has already re-polled its batcher without it). The EPD
-    /// engine keeps its arrivals outside the queue in this same order (the
-    /// aggregated baseline queues them); the controller's timeout, also kept
-    /// outside, goes after every same-instant event, so same-instant arrivals
-    /// are queued.
-    Arrival = 2,
 }
+// Arrivals stay out of the queue and go after same-instant completions and
+// transfers (a pass that ends now has already re-polled its batcher without
+// them); the controller's timeout, also kept outside, goes after every
+// same-instant event, so same-instant arrivals come first.
 
 /// An event with its order packed into one integer: the time's bits mapped to
 /// an unsigned integer in `f64::total_cmp`'s order (high 64 bits), then the
@@ -135,13 +132,13 @@ mod tests {
     #[test]
     fn time_then_priority_then_fifo() {
         let mut q = EventQueue::new();
-        q.push(2.0, Priority::Arrival, "late");
-        q.push(1.0, Priority::Transfer, "landed");
-        q.push(1.0, Priority::Arrival, "a1");
-        q.push(1.0, Priority::Arrival, "a2");
-        q.push(1.0, Priority::Completion, "done");
+        q.push(2.0, Priority::Completion, "late");
+        q.push(1.0, Priority::Transfer, "landed1");
+        q.push(1.0, Priority::Completion, "done1");
+        q.push(1.0, Priority::Transfer, "landed2");
+        q.push(1.0, Priority::Completion, "done2");
         let order: Vec<&str> = std::iter::from_fn(|| q.pop().map(|e| e.1)).collect();
-        assert_eq!(order, ["done", "landed", "a1", "a2", "late"]);
+        assert_eq!(order, ["done1", "done2", "landed1", "landed2", "late"]);
     }
 
     /// Pushes and pops interleaved, past the size where the sorted vector
@@ -167,8 +164,7 @@ mod tests {
             };
             if push {
                 let t = (next() % 50) as f64 * 0.5;
-                let p = [Priority::Completion, Priority::Transfer, Priority::Arrival]
-                    [(next() % 3) as usize];
+                let p = [Priority::Completion, Priority::Transfer][(next() % 2) as usize];
                 seq += 1;
                 q.push(t, p, seq);
                 reference.push(Entry {

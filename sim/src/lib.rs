@@ -11,12 +11,11 @@
 //!    prefill re-rated when its SM share changes, bandwidth interference and
 //!    the time-slicing penalty, serialised links, decode runs priced ahead in
 //!    chunks with only their ends queued, injected faults), GPU meters, the
-//!    timeline.
-//! 3. `aggregated.rs` — the aggregated baseline, a loop of its own (one engine
-//!    per replica runs every stage), with the same admission control.
-//! 4. `capacity.rs` and `explain.rs` — per-stage capacities and the report's
+//!    timeline; `engine/replica.rs` — the aggregated system's replicas (an
+//!    iteration that encodes, prefills and decodes).
+//! 3. `capacity.rs` and `explain.rs` — per-stage capacities and the report's
 //!    explanation (offered load against capacity).
-//! 5. `easerve-workload`'s `report.rs` — how records become the report.
+//! 4. `easerve-workload`'s `report.rs` — how records become the report.
 //!
 //! # Example
 //! ```
@@ -50,7 +49,6 @@
 //! streams (`easerve_workload::rng`), and FIFO tie-breaking of simultaneous events.
 #![warn(missing_docs, unreachable_pub)]
 
-mod aggregated;
 pub mod capacity;
 mod engine;
 mod event;

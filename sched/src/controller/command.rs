@@ -96,6 +96,29 @@ pub enum Decision {
         /// Decode worker.
         worker: usize,
     },
+    /// Preprocessed request `id` waits at aggregated replica `replica`
+    /// (least outstanding work: prompt plus output tokens).
+    PlaceReplica {
+        /// Request.
+        id: RequestId,
+        /// Replica.
+        replica: usize,
+    },
+    /// Replica `replica` starts an iteration: it encodes and prefills the
+    /// requests `ids` it admits now and advances `batch` running sequences
+    /// (those admitted included) holding `context` tokens by one token.
+    ReplicaStep {
+        /// Time of the decision.
+        at: f64,
+        /// Replica.
+        replica: usize,
+        /// Requests admitted in this iteration, in admission order.
+        ids: Vec<RequestId>,
+        /// Running sequences.
+        batch: u64,
+        /// Their total context tokens.
+        context: u64,
+    },
     /// Request `id` failed (a worker died, its KV cache can never fit, the run
     /// was interrupted).
     Fail {
@@ -198,6 +221,27 @@ pub enum Command {
     DecodeYield {
         /// Decode worker.
         worker: usize,
+    },
+    /// Preprocess request `id`'s media in the server's front end, before any
+    /// replica can schedule it (the aggregated system); report
+    /// [`Event::Preprocessed`](super::Event::Preprocessed).
+    FrontEndPreprocess {
+        /// Request.
+        id: RequestId,
+    },
+    /// Run one iteration on aggregated replica `replica`: encode the items of
+    /// the requests it admits now ([`Controller::replica_admitted`](super::Controller::replica_admitted)),
+    /// prefill them (their first tokens), and advance its running sequences
+    /// ([`Controller::replica_batch`](super::Controller::replica_batch),
+    /// `batch` of them over `context` tokens, the admitted ones included) by
+    /// one token; report [`Event::ReplicaStepDone`](super::Event::ReplicaStepDone).
+    ReplicaStep {
+        /// Replica.
+        replica: usize,
+        /// Running sequences, those admitted now included.
+        batch: u64,
+        /// Their total context tokens.
+        context: u64,
     },
     /// Request `id` generated its last token: decode worker `worker` may free
     /// its KV cache.

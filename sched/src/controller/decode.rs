@@ -97,9 +97,7 @@ impl Controller {
             .sched
             .complete_steps(steps.clamp(1, slot.run_steps.max(1)))
         {
-            let i = id as usize;
-            let work =
-                (self.requests[i].prefill_tokens() + self.requests[i].output_tokens as u64) as f64;
+            let work = self.work(id);
             self.decode_place.complete(d, work);
             self.done(id, now);
             self.commands.push_back(Command::Release { worker: d, id });

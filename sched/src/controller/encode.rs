@@ -26,6 +26,10 @@ impl Controller {
             return;
         }
         self.in_system += 1;
+        if !self.replicas.is_empty() {
+            self.arrive_at_front_end(id);
+            return;
+        }
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
             let p = self.remote_place.assign(req.prefill_tokens() as f64);

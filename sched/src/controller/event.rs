@@ -15,6 +15,9 @@ pub enum WorkerRef {
     Prefill(usize),
     /// Decode worker `i` (`D{i}`).
     Decode(usize),
+    /// Aggregated replica `i` (`R{i}`): one engine that runs every stage
+    /// ([`ControllerConfig::replicas`](super::ControllerConfig::replicas)).
+    Replica(usize),
 }
 
 /// One embeddings envelope in flight: a slot index in its low 32 bits and the
@@ -70,6 +73,24 @@ pub enum Event {
         worker: usize,
         /// Iterations run, at least 1 and at most the run's `steps`.
         steps: u64,
+    },
+    /// Request `id`'s media were preprocessed in the server's front end
+    /// ([`Command::FrontEndPreprocess`](super::Command::FrontEndPreprocess)):
+    /// it can be scheduled on a replica.
+    Preprocessed {
+        /// Request.
+        id: RequestId,
+    },
+    /// Replica `replica` ended its iteration
+    /// ([`Command::ReplicaStep`](super::Command::ReplicaStep)): the requests
+    /// it admitted have their first token, and every running sequence one
+    /// more token.
+    ReplicaStepDone {
+        /// Replica.
+        replica: usize,
+        /// When the iteration's inline encode ended and its prefill began,
+        /// seconds (the iteration's start when it encoded nothing).
+        prefill_start: f64,
     },
     /// A worker died (it exited, was killed, or its connection broke): every
     /// request it holds fails with `reason`, and requests later sent to it fail

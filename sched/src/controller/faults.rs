@@ -42,6 +42,14 @@ impl Controller {
                 self.decode_place.retire(i);
                 self.place_ids(Place::Decode(i))
             }
+            WorkerRef::Replica(i) => {
+                let r = &mut self.replicas[i];
+                r.alive = false;
+                r.stepping = false;
+                r.admitted.clear();
+                self.replica_place.retire(i);
+                self.place_ids(Place::Replica(i))
+            }
         };
         // an encode worker that lost its local prefill partner keeps routing
         // there: those requests fail when their embeddings land
@@ -80,6 +88,10 @@ impl Controller {
         for d in &mut self.decode {
             d.alive = false;
             d.in_run = false;
+        }
+        for r in &mut self.replicas {
+            r.alive = false;
+            r.stepping = false;
         }
     }
 

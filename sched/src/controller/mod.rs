@@ -69,6 +69,9 @@
 //!   prefill routing.
 //! * `prefill.rs`: embeddings landing, prefill batching, the end of a batch.
 //! * `decode.rs`: KV caches landing, decode runs and their ends.
+//! * `replica.rs`: the aggregated system's replicas — front-end
+//!   preprocessing, placement, and iterations that encode, prefill and
+//!   decode together.
 //! * `faults.rs`: a worker's death and the run's interruption, and the
 //!   wording of an injected kill ([`kill_reason`]).
 
@@ -78,6 +81,7 @@ mod encode;
 mod event;
 mod faults;
 mod prefill;
+mod replica;
 
 pub use command::{Command, Decision};
 pub use encode::TIME_SLICE_SHARE;
@@ -98,6 +102,11 @@ pub struct ControllerConfig {
     pub topology: Topology,
     /// One decode scheduler per decode worker.
     pub decode: Vec<DecodeScheduler>,
+    /// One KV and batch scheduler per aggregated replica
+    /// ([`Topology::replicas`]); non-empty only for the aggregated system,
+    /// whose requests go to the front end and then to a replica
+    /// (`replica.rs`), never to an encode, prefill or decode worker.
+    pub replicas: Vec<DecodeScheduler>,
     /// Prefill token budget per batch.
     pub prefill_token_budget: u64,
     /// Prefill sequences per batch.
@@ -128,6 +137,9 @@ enum Place {
     Encode(usize),
     Prefill(usize),
     Decode(usize),
+    /// Being preprocessed in the front end (the aggregated system).
+    FrontEnd,
+    Replica(usize),
     Done,
 }
 
@@ -208,6 +220,8 @@ pub struct Controller {
     remote_place: LeastOutstanding,
     decode: Vec<DecodeSlot>,
     decode_place: LeastOutstanding,
+    replicas: Vec<replica::ReplicaSlot>,
+    replica_place: LeastOutstanding,
     envelopes: Vec<Envelope>,
     free_envelopes: Vec<u32>,
     max_inflight: usize,
@@ -271,8 +285,15 @@ impl Controller {
                 alive: true,
             })
             .collect();
+        let replicas: Vec<replica::ReplicaSlot> = cfg
+            .replicas
+            .into_iter()
+            .map(|sched| replica::ReplicaSlot::new(queue(), sched))
+            .collect();
         Controller {
             place: vec![Place::NotArrived; requests.len()],
+            replica_place: LeastOutstanding::new(replicas.len()),
+            replicas,
             records,
             requests,
             encode_place: LeastOutstanding::new(encode.len()),
@@ -334,6 +355,11 @@ impl Controller {
                 self.complete_decode_run(now, worker, steps);
                 self.try_decode(now, worker);
             }
+            Event::Preprocessed { id } => self.on_preprocessed(now, id),
+            Event::ReplicaStepDone {
+                replica,
+                prefill_start,
+            } => self.on_replica_step_done(now, replica, prefill_start),
             Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
             Event::Interrupt { reason } => self.interrupt(&reason),
         }
@@ -387,6 +413,17 @@ impl Controller {
     /// The sequences of decode worker `d`'s running batch, in no particular order.
     pub fn decode_batch(&self, d: usize) -> impl Iterator<Item = RequestId> + '_ {
         self.decode[d].sched.batch()
+    }
+
+    /// The requests aggregated replica `r`'s iteration in flight admitted (and
+    /// encodes and prefills), in admission order; empty when idle.
+    pub fn replica_admitted(&self, r: usize) -> &[RequestId] {
+        &self.replicas[r].admitted
+    }
+
+    /// The running sequences of aggregated replica `r`, in no particular order.
+    pub fn replica_batch(&self, r: usize) -> impl Iterator<Item = RequestId> + '_ {
+        self.replicas[r].sched.batch()
     }
 
     /// Shape of decode worker `d`'s running batch: (sequences, context tokens).
@@ -524,6 +561,13 @@ impl Controller {
             self.in_system -= 1;
             self.finished = (self.finished.0 + 1, self.finished.1.max(at));
         }
+    }
+
+    /// Request `id`'s outstanding work for least-outstanding placement on a
+    /// decode worker or a replica: prompt plus output tokens.
+    fn work(&self, id: RequestId) -> f64 {
+        let r = &self.requests[id as usize];
+        (r.prefill_tokens() + r.output_tokens as u64) as f64
     }
 
     fn live_envelope(&self, e: EnvelopeId) -> Option<&Envelope> {

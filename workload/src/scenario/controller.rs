@@ -1,7 +1,8 @@
 //! The [`easerve_sched::Controller`] a scenario lays out, as both faces
 //! (simulator and executor) drive it: the [`Scenario::topology`], the encode
 //! policies (batchers and SM split, [`Scenario::encode_policies`]) and their
-//! dispatch, and one decode scheduler per decode worker.
+//! dispatch, and one decode scheduler per decode worker; for the aggregated
+//! system, its replicas ([`Scenario::replica_schedulers`]) instead.
 
 use super::Scenario;
 
@@ -9,8 +10,55 @@ impl Scenario {
     /// Where the deployment's workers run: GPUs, labels and local-prefill
     /// groups ([`easerve_sched::Topology`]), built from the allocation and the
     /// local prefill TP.
+    /// For the aggregated system, its replicas: `gpus / aggregated_tp` of
+    /// them ([`easerve_sched::Topology::replicas`]); the allocation is not used.
     pub fn topology(&self) -> easerve_sched::Topology {
-        easerve_sched::Topology::new(&self.deployment.allocation, self.knobs.local_prefill_tp)
+        match self.aggregated() {
+            Some((replicas, tp)) => easerve_sched::Topology::replicas(replicas, tp),
+            None => easerve_sched::Topology::new(
+                &self.deployment.allocation,
+                self.knobs.local_prefill_tp,
+            ),
+        }
+    }
+
+    /// The aggregated system's layout, `(replicas, TP)`: `gpus / TP` replicas
+    /// (at least one) of the validated `deployment.aggregated_tp`; `None`
+    /// for the EPD systems.
+    pub fn aggregated(&self) -> Option<(u32, u32)> {
+        if self.system != super::System::Aggregated {
+            return None;
+        }
+        let tp = self.knobs.aggregated_tp?;
+        Some(((self.gpus / tp).max(1), tp))
+    }
+
+    /// One KV and batch scheduler per aggregated replica, with the KV blocks
+    /// its TP group holds after the LLM's and the encoder's weights
+    /// (`Roofline::kv_bytes_free_per_gpu`); empty for the EPD systems.
+    pub fn replica_schedulers(&self) -> Vec<easerve_sched::DecodeScheduler> {
+        use easerve_calib::{Efficiency, Roofline};
+        use easerve_sched::{DecodeScheduler, KvBlocks};
+        let Some((replicas, tp)) = self.aggregated() else {
+            return Vec::new();
+        };
+        let memory = Roofline::new(self.model.clone(), self.gpu.clone(), Efficiency::default());
+        let kv_bytes = memory
+            .kv_bytes_free_per_gpu(
+                tp,
+                self.model.encoder_weight_bytes(),
+                self.knobs.gpu_memory_utilization,
+            )
+            .unwrap_or(0.0)
+            * tp as f64;
+        let kv = KvBlocks::from_memory(
+            kv_bytes,
+            self.model.kv_bytes_per_token(),
+            self.knobs.kv_block_size,
+        );
+        (0..replicas)
+            .map(|_| DecodeScheduler::new(kv, self.knobs.decode_max_batch))
+            .collect()
     }
 
     /// One continuous-batching scheduler per decode worker, with the KV blocks
@@ -97,12 +145,18 @@ impl Scenario {
         cost: &dyn easerve_calib::StageCost,
         log_decisions: bool,
     ) -> easerve_sched::ControllerConfig {
-        let (batchers, split) = self.encode_policies(requests, tokens, cost);
         let dep = &self.deployment;
+        let (batchers, split, decode) = if self.aggregated().is_some() {
+            (Vec::new(), easerve_sched::SmSplit::Static(1.0), Vec::new())
+        } else {
+            let (batchers, split) = self.encode_policies(requests, tokens, cost);
+            (batchers, split, self.decode_schedulers())
+        };
         easerve_sched::ControllerConfig {
             batchers,
             topology: self.topology(),
-            decode: self.decode_schedulers(),
+            decode,
+            replicas: self.replica_schedulers(),
             prefill_token_budget: self.knobs.prefill_token_budget,
             prefill_max_seqs: self.knobs.prefill_max_seqs,
             max_inflight_transfers: self.knobs.max_inflight_transfers,

@@ -16,6 +16,11 @@
 //! chunks and only the end of each chunk enters the event queue; a yield
 //! ([`Command::DecodeYield`]) moves the run's end to the end of the iteration
 //! in progress. The outcome is the same as queueing every iteration's end.
+//!
+//! The aggregated system's replicas, whose iterations run every stage, have
+//! their physics in `replica.rs`.
+
+mod replica;
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
@@ -29,7 +34,6 @@ use easerve_sched::{
 };
 use easerve_workload::generate::{generate_with_tokens, ItemTokenTable};
 use easerve_workload::report::EncodeSummary;
-use easerve_workload::scenario::System;
 use easerve_workload::{Report, Scenario};
 use serde_json::json;
 
@@ -70,6 +74,15 @@ enum Ev {
     /// that of a chunk priced ahead).
     DecodeEnd {
         decode: usize,
+        gen: u64,
+    },
+    /// A request's front-end preprocessing ends (the aggregated system).
+    Preprocessed {
+        id: RequestId,
+    },
+    /// An aggregated replica's iteration ends.
+    ReplicaDone {
+        replica: usize,
         gen: u64,
     },
     Fault(WorkerRef),
@@ -207,6 +220,12 @@ pub struct ServiceLog {
     pub embeddings: Vec<Vec<f64>>,
     /// Per prefill worker, per KV cache: time on the link.
     pub kv: Vec<Vec<f64>>,
+    /// Per front-end preprocessing, in the order they started (the
+    /// aggregated system).
+    pub front_end: Vec<f64>,
+    /// Per aggregated replica, per iteration: (its inline encode, the whole
+    /// iteration).
+    pub replica: Vec<Vec<(f64, f64)>>,
 }
 
 /// What a run records beyond the report.
@@ -238,6 +257,8 @@ struct Sim<'a> {
     /// Remote prefill workers first, then local ones.
     prefill: Vec<PrefillWorker>,
     decode: Vec<DecodeWorker>,
+    /// Aggregated replicas (the aggregated system only).
+    replicas: Vec<replica::ReplicaEngine>,
     /// Where every worker runs.
     topology: Topology,
     time_sliced: bool,
@@ -269,6 +290,27 @@ fn preprocess_note(sc: &Scenario) -> String {
     }
 }
 
+/// The notes of an EPD system's run beyond its cost source's: how encode
+/// preprocessing was charged, the transfers' link, the SM split.
+fn epd_notes(sc: &Scenario, ctrl: &Controller) -> Vec<String> {
+    let mut notes = Vec::new();
+    if sc.workload.modality != easerve_sched::Modality::Text {
+        notes.push(preprocess_note(sc));
+    }
+    if sc.profile.is_none() {
+        // a profile prices transfers from its own measured table
+        let l = &sc.gpu.link;
+        notes.push(format!(
+            "transfers (embeddings, KV caches): link `{}`, {} GB/s per direction and {:.0} µs a transfer (calib/src/gpu.rs, or the scenario's own link)",
+            l.name,
+            l.bandwidth_gbs,
+            l.latency_s * 1e6
+        ));
+    }
+    notes.extend(ctrl.split().table_note());
+    notes
+}
+
 /// Run the scenario's workload through its deployment and report, with the
 /// stage costs the scenario names ([`scenario_cost`]).
 pub fn simulate(sc: &Scenario) -> SimOutput {
@@ -284,9 +326,6 @@ pub fn scenario_cost(sc: &Scenario) -> Box<dyn StageCost> {
 /// Run the scenario with stage costs from `cost` (measured kernels, a roofline
 /// or a profile).
 pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) -> SimOutput {
-    if sc.system == System::Aggregated {
-        return crate::aggregated::run(sc, cost, opts);
-    }
     let mut sim = Sim::new(sc, cost, opts.decisions);
     if opts.timeline {
         sim.timeline = Some(Timeline::default());
@@ -299,6 +338,8 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
             decode: vec![Vec::new(); t.decode().len()],
             embeddings: vec![Vec::new(); t.encode().len()],
             kv: vec![Vec::new(); t.prefill().len()],
+            front_end: Vec::new(),
+            replica: vec![Vec::new(); t.replica().len()],
         });
     }
     if let Some((w, at)) = opts.kill {
@@ -351,6 +392,16 @@ impl<'a> Sim<'a> {
                 gen: 0,
             })
             .collect();
+        let replicas = topology
+            .replica()
+            .iter()
+            .map(|t| replica::ReplicaEngine {
+                gpus: t.gpus.clone(),
+                tp: t.tp,
+                gen: 0,
+                step: None,
+            })
+            .collect();
         let events = EventQueue::new();
         Sim {
             sc,
@@ -364,6 +415,7 @@ impl<'a> Sim<'a> {
             encode,
             prefill,
             decode,
+            replicas,
             topology,
             meters: (0..sc.gpus).map(|_| GpuMeter::default()).collect(),
             processed: 0,
@@ -478,6 +530,12 @@ impl<'a> Sim<'a> {
                     self.on_decode_end(decode);
                 }
             }
+            Ev::Preprocessed { id } => self.ctrl.handle(now, Event::Preprocessed { id }),
+            Ev::ReplicaDone { replica, gen } => {
+                if self.replicas[replica].gen == gen {
+                    self.on_replica_done(replica);
+                }
+            }
             Ev::Fault(w) => {
                 self.lose_work(w);
                 let reason = easerve_sched::controller::kill_reason(now);
@@ -513,6 +571,12 @@ impl<'a> Sim<'a> {
                 } => self.start_decode_run(worker, batch, context, steps),
                 Command::DecodeYield { worker } => self.yield_decode_run(worker),
                 Command::Release { .. } => {}
+                Command::FrontEndPreprocess { id } => self.front_end(id),
+                Command::ReplicaStep {
+                    replica,
+                    batch,
+                    context,
+                } => self.start_replica_step(replica, batch, context),
             }
         }
     }
@@ -1124,6 +1188,7 @@ impl<'a> Sim<'a> {
                     self.inline_steps += done as u64;
                 }
             }
+            WorkerRef::Replica(r) => self.lose_replica_step(r),
         }
     }
 
@@ -1174,7 +1239,7 @@ impl<'a> Sim<'a> {
         let decisions = ctrl.take_decisions();
         let typical = crate::capacity::Typical::of(ctrl.requests(), &tokens);
         let c = ctrl.counters();
-        let encode = EncodeSummary {
+        let mut encode = EncodeSummary {
             passes: c.passes,
             mean_batch: if c.passes > 0 {
                 c.passed_requests as f64 / c.passes as f64
@@ -1189,20 +1254,20 @@ impl<'a> Sim<'a> {
             },
         };
         let mut notes = cost.notes();
-        if sc.workload.modality != easerve_sched::Modality::Text {
-            notes.push(preprocess_note(sc));
-        }
-        if sc.profile.is_none() {
-            // a profile prices transfers from its own measured table
-            let l = &sc.gpu.link;
-            notes.push(format!(
-                "transfers (embeddings, KV caches): link `{}`, {} GB/s per direction and {:.0} µs a transfer (calib/src/gpu.rs, or the scenario's own link)",
-                l.name,
-                l.bandwidth_gbs,
-                l.latency_s * 1e6
-            ));
-        }
-        notes.extend(ctrl.split().table_note());
+        let deployment = match sc.aggregated() {
+            Some((n, tp)) => {
+                // no prefill is routed anywhere: every stage runs in the replica
+                encode.remote_fraction = 0.0;
+                notes.push(format!(
+                    "aggregated baseline: {n} replicas at TP{tp}, encode inline before prefill in each iteration (no separate per-pass encode overhead)"
+                ));
+                format!("aggregated {n}×(TP{tp})")
+            }
+            None => {
+                notes.extend(epd_notes(sc, &ctrl));
+                sc.deployment.to_string()
+            }
+        };
         let roles = (0..sc.gpus)
             .map(|g| {
                 topology
@@ -1215,7 +1280,7 @@ impl<'a> Sim<'a> {
         let mut out = assemble(
             sc,
             RunParts {
-                deployment: sc.deployment.to_string(),
+                deployment,
                 finished: Some(ctrl.finished()),
                 records: ctrl.into_records(),
                 meters,
