@@ -430,7 +430,6 @@ pub fn prepare(arch: &ModelArch, media: &Media) -> Result<Prepared, InputError> 
         .encoder
         .as_ref()
         .ok_or_else(|| InputError::Model(format!("model {} has no encoder", arch.name)))?;
-    let model_err = |e: easerve_model::ModelError| InputError::Model(e.to_string());
     match (&enc.kind, media) {
         (
             EncoderKind::ClipAnyres {
@@ -439,146 +438,9 @@ pub fn prepare(arch: &ModelArch, media: &Media) -> Result<Prepared, InputError> 
                 grid_pinpoints,
             },
             Media::Image(img),
-        ) => {
-            let tokens = arch
-                .image_tokens(img.height(), img.width())
-                .map_err(model_err)?;
-            let (is, p) = (*image_size, *patch);
-            let (bh, bw) = select_best_resolution(img.height(), img.width(), grid_pinpoints)
-                .unwrap_or((is, is));
-            let (gh, gw) = ((bh / is).max(1), (bw / is).max(1));
-            // Aspect-preserving resize into (bh, bw), centred on black.
-            let scale = (f64::from(bw) / f64::from(img.width()))
-                .min(f64::from(bh) / f64::from(img.height()));
-            let nw = ((f64::from(img.width()) * scale).ceil() as u32).clamp(1, bw);
-            let nh = ((f64::from(img.height()) * scale).ceil() as u32).clamp(1, bh);
-            let mut canvas = RgbImage::new(gw * is, gh * is);
-            image::imageops::overlay(
-                &mut canvas,
-                &resize(img, nh, nw),
-                i64::from((gw * is - nw) / 2),
-                i64::from((gh * is - nh) / 2),
-            );
-            let side = is / p;
-            let n = (side * side) as usize;
-            let tiles = 1 + (gh * gw) as usize;
-            let mut data = Vec::with_capacity(tiles * n * (3 * p * p) as usize);
-            tile_patches(&resize(img, is, is), 0, 0, is, p, &mut data);
-            for r in 0..gh {
-                for c in 0..gw {
-                    tile_patches(&canvas, c * is, r * is, is, p, &mut data);
-                }
-            }
-            let (rows, cols) = unpadded_crop(
-                img.height(),
-                img.width(),
-                u64::from(side),
-                u64::from(gh),
-                u64::from(gw),
-            );
-            Ok(Prepared {
-                item: HostItem::Anyres {
-                    data,
-                    shape: [tiles, n, (3 * p * p) as usize],
-                    grid_h: gh as usize,
-                    grid_w: gw as usize,
-                    crop_rows: rows as usize,
-                    crop_cols: cols as usize,
-                },
-                tokens,
-            })
-        }
-        (
-            EncoderKind::QwenVit {
-                patch,
-                temporal_patch,
-                spatial_merge,
-                min_pixels,
-                max_pixels,
-                ..
-            },
-            Media::Image(_) | Media::Video(_),
-        ) => {
-            let (frames, tokens, (h, w)) = match media {
-                Media::Image(img) => {
-                    let t = arch
-                        .image_tokens(img.height(), img.width())
-                        .map_err(model_err)?;
-                    let hw = smart_resize(
-                        img.height(),
-                        img.width(),
-                        patch * spatial_merge,
-                        *min_pixels,
-                        *max_pixels,
-                    )
-                    .map_err(model_err)?;
-                    (std::slice::from_ref(img), t, hw)
-                }
-                Media::Video(f) => {
-                    let first = f.first().ok_or_else(|| {
-                        InputError::Model("a video needs at least one frame".into())
-                    })?;
-                    let (fh, fw) = (first.height(), first.width());
-                    let t = arch
-                        .video_tokens(f.len() as u32, fh, fw)
-                        .map_err(model_err)?;
-                    let EncoderKind::QwenVit {
-                        video_min_pixels,
-                        video_max_pixels,
-                        ..
-                    } = &enc.kind
-                    else {
-                        unreachable!("matched QwenVit above")
-                    };
-                    let hw = smart_resize(
-                        fh,
-                        fw,
-                        patch * spatial_merge,
-                        *video_min_pixels,
-                        *video_max_pixels,
-                    )
-                    .map_err(model_err)?;
-                    (f.as_slice(), t, hw)
-                }
-                Media::Audio(_) => unreachable!("matched image or video above"),
-            };
-            let (h, w) = (h as u32, w as u32);
-            let resized: Vec<RgbImage> = frames.iter().map(|f| resize(f, h, w)).collect();
-            let tp = (*temporal_patch).max(1) as usize;
-            let t = resized.len().div_ceil(tp).max(1);
-            let p = *patch;
-            let (gh, gw) = ((h / p) as usize, (w / p) as usize);
-            let dim = 3 * tp * (p * p) as usize;
-            let mut data = Vec::with_capacity(t * gh * gw * dim);
-            for ti in 0..t {
-                // Frames of this temporal patch; missing ones repeat the last frame.
-                let fr: Vec<&RgbImage> = (0..tp)
-                    .map(|k| &resized[(ti * tp + k).min(resized.len() - 1)])
-                    .collect();
-                for pr in 0..gh as u32 {
-                    for pc in 0..gw as u32 {
-                        for c in 0..3 {
-                            for f in &fr {
-                                for y in 0..p {
-                                    for x in 0..p {
-                                        data.push(norm_px(f, pc * p + x, pr * p + y, c));
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            Ok(Prepared {
-                item: HostItem::Qwen {
-                    data,
-                    shape: [t * gh * gw, dim],
-                    t,
-                    grid_h: gh,
-                    grid_w: gw,
-                },
-                tokens,
-            })
+        ) => prepare_anyres(arch, img, *image_size, *patch, grid_pinpoints),
+        (EncoderKind::QwenVit { .. }, Media::Image(_) | Media::Video(_)) => {
+            prepare_qwen(arch, &enc.kind, media)
         }
         (
             EncoderKind::Whisper {
@@ -588,35 +450,7 @@ pub fn prepare(arch: &ModelArch, media: &Media) -> Result<Prepared, InputError> 
                 ..
             },
             Media::Audio(samples),
-        ) => {
-            let seconds = samples.len() as f64 / f64::from(SAMPLE_RATE);
-            let tokens = arch.audio_tokens(seconds).map_err(model_err)?;
-            let mel_frames = 2 * *frames_per_window as usize;
-            let per_window = (window_s * f64::from(SAMPLE_RATE)).round() as usize;
-            if per_window != mel_frames * HOP {
-                return Err(InputError::Model(format!(
-                    "model {}: a {window_s}-s window has {} mel frames at 100 Hz, but the encoder takes 2 x {frames_per_window}",
-                    arch.name,
-                    per_window / HOP
-                )));
-            }
-            let windows = samples.len().div_ceil(per_window).max(1);
-            let bins = *mel_bins as usize;
-            let mut data = Vec::with_capacity(windows * bins * mel_frames);
-            for wi in 0..windows {
-                let chunk = &samples[(wi * per_window).min(samples.len())
-                    ..((wi + 1) * per_window).min(samples.len())];
-                data.extend(log_mel(chunk, bins, mel_frames));
-            }
-            Ok(Prepared {
-                item: HostItem::Audio {
-                    data,
-                    shape: [windows, bins, mel_frames],
-                    llm_tokens: tokens.llm_tokens as usize,
-                },
-                tokens,
-            })
-        }
+        ) => prepare_whisper(arch, samples, *mel_bins, *window_s, *frames_per_window),
         (_, m) => Err(InputError::Model(format!(
             "model {} cannot encode {}",
             arch.name,
@@ -627,4 +461,210 @@ pub fn prepare(arch: &ModelArch, media: &Media) -> Result<Prepared, InputError> 
             }
         ))),
     }
+}
+
+fn model_err(e: easerve_model::ModelError) -> InputError {
+    InputError::Model(e.to_string())
+}
+
+/// A CLIP anyres image (LLaVA-1.6): the base tile resized to the encoder's
+/// `image_size`, then the tiles of the best grid resolution of
+/// `grid_pinpoints`, the image resized into it preserving its aspect and
+/// centred on black; `patch`-pixel patches, row-major.
+fn prepare_anyres(
+    arch: &ModelArch,
+    img: &RgbImage,
+    image_size: u32,
+    patch: u32,
+    grid_pinpoints: &[(u32, u32)],
+) -> Result<Prepared, InputError> {
+    let tokens = arch
+        .image_tokens(img.height(), img.width())
+        .map_err(model_err)?;
+    let (is, p) = (image_size, patch);
+    let (bh, bw) =
+        select_best_resolution(img.height(), img.width(), grid_pinpoints).unwrap_or((is, is));
+    let (gh, gw) = ((bh / is).max(1), (bw / is).max(1));
+    // Aspect-preserving resize into (bh, bw), centred on black.
+    let scale =
+        (f64::from(bw) / f64::from(img.width())).min(f64::from(bh) / f64::from(img.height()));
+    let nw = ((f64::from(img.width()) * scale).ceil() as u32).clamp(1, bw);
+    let nh = ((f64::from(img.height()) * scale).ceil() as u32).clamp(1, bh);
+    let mut canvas = RgbImage::new(gw * is, gh * is);
+    image::imageops::overlay(
+        &mut canvas,
+        &resize(img, nh, nw),
+        i64::from((gw * is - nw) / 2),
+        i64::from((gh * is - nh) / 2),
+    );
+    let side = is / p;
+    let n = (side * side) as usize;
+    let tiles = 1 + (gh * gw) as usize;
+    let mut data = Vec::with_capacity(tiles * n * (3 * p * p) as usize);
+    tile_patches(&resize(img, is, is), 0, 0, is, p, &mut data);
+    for r in 0..gh {
+        for c in 0..gw {
+            tile_patches(&canvas, c * is, r * is, is, p, &mut data);
+        }
+    }
+    let (rows, cols) = unpadded_crop(
+        img.height(),
+        img.width(),
+        u64::from(side),
+        u64::from(gh),
+        u64::from(gw),
+    );
+    Ok(Prepared {
+        item: HostItem::Anyres {
+            data,
+            shape: [tiles, n, (3 * p * p) as usize],
+            grid_h: gh as usize,
+            grid_w: gw as usize,
+            crop_rows: rows as usize,
+            crop_cols: cols as usize,
+        },
+        tokens,
+    })
+}
+
+/// A Qwen-ViT image or video (`kind` is [`EncoderKind::QwenVit`]): frames
+/// resized by `smart_resize` within the image's or the video's pixel bounds,
+/// then `temporal_patch` frames × `patch`² pixels per patch (a missing frame
+/// of the last temporal patch repeats the last frame).
+fn prepare_qwen(
+    arch: &ModelArch,
+    kind: &EncoderKind,
+    media: &Media,
+) -> Result<Prepared, InputError> {
+    let EncoderKind::QwenVit {
+        patch,
+        temporal_patch,
+        spatial_merge,
+        min_pixels,
+        max_pixels,
+        video_min_pixels,
+        video_max_pixels,
+        ..
+    } = kind
+    else {
+        return Err(InputError::Model(format!(
+            "model {}: not a Qwen ViT encoder",
+            arch.name
+        )));
+    };
+    let (frames, tokens, (h, w)) = match media {
+        Media::Image(img) => {
+            let t = arch
+                .image_tokens(img.height(), img.width())
+                .map_err(model_err)?;
+            let hw = smart_resize(
+                img.height(),
+                img.width(),
+                patch * spatial_merge,
+                *min_pixels,
+                *max_pixels,
+            )
+            .map_err(model_err)?;
+            (std::slice::from_ref(img), t, hw)
+        }
+        Media::Video(f) => {
+            let first = f
+                .first()
+                .ok_or_else(|| InputError::Model("a video needs at least one frame".into()))?;
+            let (fh, fw) = (first.height(), first.width());
+            let t = arch
+                .video_tokens(f.len() as u32, fh, fw)
+                .map_err(model_err)?;
+            let hw = smart_resize(
+                fh,
+                fw,
+                patch * spatial_merge,
+                *video_min_pixels,
+                *video_max_pixels,
+            )
+            .map_err(model_err)?;
+            (f.as_slice(), t, hw)
+        }
+        Media::Audio(_) => {
+            return Err(InputError::Model(format!(
+                "model {} cannot encode audio",
+                arch.name
+            )))
+        }
+    };
+    let (h, w) = (h as u32, w as u32);
+    let resized: Vec<RgbImage> = frames.iter().map(|f| resize(f, h, w)).collect();
+    let tp = (*temporal_patch).max(1) as usize;
+    let t = resized.len().div_ceil(tp).max(1);
+    let p = *patch;
+    let (gh, gw) = ((h / p) as usize, (w / p) as usize);
+    let dim = 3 * tp * (p * p) as usize;
+    let mut data = Vec::with_capacity(t * gh * gw * dim);
+    for ti in 0..t {
+        // Frames of this temporal patch; missing ones repeat the last frame.
+        let fr: Vec<&RgbImage> = (0..tp)
+            .map(|k| &resized[(ti * tp + k).min(resized.len() - 1)])
+            .collect();
+        for pr in 0..gh as u32 {
+            for pc in 0..gw as u32 {
+                for c in 0..3 {
+                    for f in &fr {
+                        for y in 0..p {
+                            for x in 0..p {
+                                data.push(norm_px(f, pc * p + x, pr * p + y, c));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(Prepared {
+        item: HostItem::Qwen {
+            data,
+            shape: [t * gh * gw, dim],
+            t,
+            grid_h: gh,
+            grid_w: gw,
+        },
+        tokens,
+    })
+}
+
+/// Whisper audio: log-mel spectrograms of `mel_bins` bins over windows of
+/// `window_s` seconds, `2 · frames_per_window` frames each (10 ms hops).
+fn prepare_whisper(
+    arch: &ModelArch,
+    samples: &[f32],
+    mel_bins: u32,
+    window_s: f64,
+    frames_per_window: u32,
+) -> Result<Prepared, InputError> {
+    let seconds = samples.len() as f64 / f64::from(SAMPLE_RATE);
+    let tokens = arch.audio_tokens(seconds).map_err(model_err)?;
+    let mel_frames = 2 * frames_per_window as usize;
+    let per_window = (window_s * f64::from(SAMPLE_RATE)).round() as usize;
+    if per_window != mel_frames * HOP {
+        return Err(InputError::Model(format!(
+            "model {}: a {window_s}-s window has {} mel frames at 100 Hz, but the encoder takes 2 x {frames_per_window}",
+            arch.name,
+            per_window / HOP
+        )));
+    }
+    let windows = samples.len().div_ceil(per_window).max(1);
+    let bins = mel_bins as usize;
+    let mut data = Vec::with_capacity(windows * bins * mel_frames);
+    for wi in 0..windows {
+        let chunk = &samples
+            [(wi * per_window).min(samples.len())..((wi + 1) * per_window).min(samples.len())];
+        data.extend(log_mel(chunk, bins, mel_frames));
+    }
+    Ok(Prepared {
+        item: HostItem::Audio {
+            data,
+            shape: [windows, bins, mel_frames],
+            llm_tokens: tokens.llm_tokens as usize,
+        },
+        tokens,
+    })
 }
