@@ -293,9 +293,10 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         "encode" => Role::Encode,
         "prefill" => Role::Prefill,
         "decode" => Role::Decode,
+        "replica" => Role::Replica,
         r => {
             return Err(BadInput(format!(
-                "--role: unknown role `{r}` (encode, prefill or decode)"
+                "--role: unknown role `{r}` (encode, prefill, decode or replica)"
             ))
             .into())
         }

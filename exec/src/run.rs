@@ -143,6 +143,7 @@ fn role_ref(role: Role, index: usize) -> WorkerRef {
         Role::Encode => WorkerRef::Encode(index),
         Role::Prefill => WorkerRef::Prefill(index),
         Role::Decode => WorkerRef::Decode(index),
+        Role::Replica => WorkerRef::Replica(index),
     }
 }
 
@@ -719,6 +720,21 @@ pub(crate) fn on_incoming(
                     next_decode_step(w).map(|steps| Event::DecodeRunDone {
                         worker: w.index,
                         steps,
+                    })
+                }
+                FromWorker::ReplicaStepDone {
+                    tokens: emitted,
+                    encode_s,
+                    compute_s,
+                } => {
+                    w.busy_s += compute_s;
+                    w.sm_s += compute_s;
+                    if let Some(t) = tokens {
+                        t.extend(emitted);
+                    }
+                    Some(Event::ReplicaStepDone {
+                        replica: w.index,
+                        prefill_start: at.now - (compute_s - encode_s).max(0.0),
                     })
                 }
                 FromWorker::Error { message } => {

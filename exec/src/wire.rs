@@ -25,6 +25,9 @@ pub enum Role {
     Prefill,
     /// Runs LLM decode iterations over the KV caches it holds.
     Decode,
+    /// An aggregated replica: runs every stage, one iteration at a time
+    /// ([`ToWorker::ReplicaStep`]).
+    Replica,
 }
 
 impl Role {
@@ -34,6 +37,7 @@ impl Role {
             Role::Encode => "encode",
             Role::Prefill => "prefill",
             Role::Decode => "decode",
+            Role::Replica => "replica",
         }
     }
 }
@@ -224,6 +228,20 @@ pub enum ToWorker {
         /// Running sequences.
         ids: Vec<RequestId>,
     },
+    /// One iteration of an aggregated replica: encode the items of
+    /// `encode`, prefill every request of `prefill` (their embeddings from
+    /// this iteration's encode; their first tokens), then one decode step
+    /// over `decode`, the sequences already running. Every sequence named in
+    /// neither `prefill` nor `decode` has finished: its cache is freed.
+    /// Answer [`FromWorker::ReplicaStepDone`].
+    ReplicaStep {
+        /// The admitted requests that have items, in admission order.
+        encode: Vec<EncodeRequest>,
+        /// Every admitted request.
+        prefill: Vec<PrefillRequest>,
+        /// The running sequences admitted before this iteration.
+        decode: Vec<RequestId>,
+    },
     /// Free these sequences' caches.
     Release {
         /// Finished requests.
@@ -286,6 +304,17 @@ pub enum FromWorker {
         /// `(request, token)` per running sequence.
         tokens: Vec<(RequestId, u32)>,
         /// Seconds in the worker.
+        compute_s: f64,
+    },
+    /// An aggregated replica's iteration ended.
+    ReplicaStepDone {
+        /// `(request, token)`: the first token of each admitted request, then
+        /// the next token of each running sequence.
+        tokens: Vec<(RequestId, u32)>,
+        /// Seconds from the iteration's start to the end of its encode (its
+        /// preprocessing included): when its prefill began.
+        encode_s: f64,
+        /// Seconds of the whole iteration in the worker.
         compute_s: f64,
     },
     /// The worker cannot go on (the controller fails its requests).

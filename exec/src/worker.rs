@@ -359,6 +359,11 @@ enum Job {
     Prefill(Vec<PrefillRequest>, f64),
     DecodeStep(Vec<RequestId>),
     Release(Vec<RequestId>),
+    ReplicaStep {
+        encode: Vec<EncodeRequest>,
+        prefill: Vec<PrefillRequest>,
+        decode: Vec<RequestId>,
+    },
 }
 
 type Shared<T> = Arc<Mutex<T>>;
@@ -422,6 +427,15 @@ fn receive(
             ToWorker::Prefill { requests, sm_share } => Job::Prefill(requests, sm_share),
             ToWorker::DecodeStep { ids } => Job::DecodeStep(ids),
             ToWorker::Release { ids } => Job::Release(ids),
+            ToWorker::ReplicaStep {
+                encode,
+                prefill,
+                decode,
+            } => Job::ReplicaStep {
+                encode,
+                prefill,
+                decode,
+            },
         };
         if jobs.send(Ok(job)).is_err() {
             return;
@@ -514,6 +528,20 @@ fn serve<B: Backend>(
                     seqs.remove(&id);
                 }
                 None
+            }
+            Job::ReplicaStep {
+                encode,
+                prefill,
+                decode,
+            } => {
+                let step = ReplicaWork {
+                    encode: &encode,
+                    prefill,
+                    decode: &decode,
+                };
+                Some(pools.run(1.0, || {
+                    replica_step(&model, &preprocessor, vocab, &mut seqs, step, device)
+                })?)
             }
         };
         if let Some(r) = reply {
@@ -728,6 +756,24 @@ fn prefill<B: Backend>(
     device: &B::Device,
 ) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
+    let mut outputs = Vec::with_capacity(batch.len());
+    for (id, tok, cache) in prefill_caches(model, vocab, batch, device)? {
+        outputs.push((id, tok, kv_to_wire(cache)?));
+    }
+    Ok(FromWorker::PrefillDone {
+        outputs,
+        compute_s: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// Prefill `batch` (each request's embeddings, if any, then its text
+/// prompt): `(request, first token, KV cache)` per request.
+fn prefill_caches<B: Backend>(
+    model: &MultimodalModel<B>,
+    vocab: u32,
+    batch: &[(PrefillRequest, Option<Matrix>)],
+    device: &B::Device,
+) -> Result<Vec<(RequestId, u32, KvCache<B>)>, WorkerError> {
     let d = model.lm.d_model();
     let mut seqs = Vec::with_capacity(batch.len());
     for (r, emb) in batch {
@@ -760,12 +806,78 @@ fn prefill<B: Backend>(
     }
     let (logits, caches) = model.lm.prefill(&seqs);
     let first = argmax_rows(logits)?;
-    let mut outputs = Vec::with_capacity(batch.len());
-    for (((r, _), tok), cache) in batch.iter().zip(first).zip(caches) {
-        outputs.push((r.id, tok, kv_to_wire(cache)?));
+    Ok(batch
+        .iter()
+        .zip(first)
+        .zip(caches)
+        .map(|(((r, _), tok), cache)| (r.id, tok, cache))
+        .collect())
+}
+
+/// One aggregated replica's iteration (see [`ToWorker::ReplicaStep`]).
+struct ReplicaWork<'a> {
+    encode: &'a [EncodeRequest],
+    prefill: Vec<PrefillRequest>,
+    decode: &'a [RequestId],
+}
+
+/// Run `w` on a replica that holds the running sequences `seqs`: encode,
+/// then prefill on this iteration's embeddings (the new sequences join
+/// `seqs`), then one decode step over those that ran before; sequences in
+/// neither list are freed.
+fn replica_step<B: Backend>(
+    model: &MultimodalModel<B>,
+    preprocessor: &Preprocessor,
+    vocab: u32,
+    seqs: &mut HashMap<RequestId, Sequence<B>>,
+    w: ReplicaWork<'_>,
+    device: &B::Device,
+) -> Result<FromWorker, WorkerError> {
+    let t0 = Instant::now();
+    let mut embeddings: HashMap<RequestId, Matrix> = HashMap::new();
+    if !w.encode.is_empty() {
+        if let FromWorker::EncodeDone { embeddings: e, .. } =
+            encode(model, preprocessor, w.encode, device, || Ok(()))?
+        {
+            embeddings.extend(e);
+        }
     }
-    Ok(FromWorker::PrefillDone {
-        outputs,
+    let encode_s = t0.elapsed().as_secs_f64();
+    let keep: std::collections::HashSet<RequestId> = w
+        .prefill
+        .iter()
+        .map(|r| r.id)
+        .chain(w.decode.iter().copied())
+        .collect();
+    seqs.retain(|id, _| keep.contains(id));
+    let mut tokens = Vec::with_capacity(keep.len());
+    if !w.decode.is_empty() {
+        if let FromWorker::DecodeDone { tokens: t, .. } =
+            decode_step(model, seqs, w.decode, device)?
+        {
+            tokens.extend(t);
+        }
+    }
+    if !w.prefill.is_empty() {
+        let batch: Vec<(PrefillRequest, Option<Matrix>)> = w
+            .prefill
+            .into_iter()
+            .map(|r| {
+                let e = embeddings.remove(&r.id);
+                (r, e)
+            })
+            .collect();
+        let mut first = Vec::with_capacity(batch.len());
+        for (id, last, cache) in prefill_caches(model, vocab, &batch, device)? {
+            first.push((id, last));
+            seqs.insert(id, Sequence { cache, last });
+        }
+        first.extend(tokens);
+        tokens = first;
+    }
+    Ok(FromWorker::ReplicaStepDone {
+        tokens,
+        encode_s,
         compute_s: t0.elapsed().as_secs_f64(),
     })
 }
@@ -909,6 +1021,100 @@ mod tests {
         pre.submit(rs[0].clone());
         let mixed = [without_media(&rs[..1]), rs[1..].to_vec()].concat();
         assert_eq!(pass(&model, &pre, &mixed).0, want);
+    }
+
+    /// An aggregated replica's iteration computes what the disaggregated
+    /// stages compute: the first tokens of a separate encode pass and prefill
+    /// batch, then the decode tokens of separate decode steps; a finished
+    /// sequence's cache is freed.
+    #[test]
+    fn a_replica_iteration_computes_what_the_separate_stages_do() {
+        let model = model();
+        let device = Default::default();
+        let pre = Preprocessor::new(arch(), SEED, 0).unwrap();
+        let rs = requests(true);
+        let prompts: Vec<PrefillRequest> = rs
+            .iter()
+            .map(|r| PrefillRequest {
+                id: r.id,
+                prompt_tokens: 4,
+            })
+            .collect();
+        // the stages one by one
+        let (emb, _) = pass(&model, &pre, &rs[..2]);
+        let batch: Vec<(PrefillRequest, Option<Matrix>)> = prompts[..2]
+            .iter()
+            .cloned()
+            .zip(emb.into_iter().map(|(_, m)| Some(m)))
+            .collect();
+        let mut want: HashMap<RequestId, Sequence<NdArray>> = HashMap::new();
+        let mut first = Vec::new();
+        for (id, last, cache) in prefill_caches(&model, arch().llm.vocab, &batch, &device).unwrap()
+        {
+            first.push((id, last));
+            want.insert(id, Sequence { cache, last });
+        }
+        let step = |seqs: &mut HashMap<RequestId, Sequence<NdArray>>, ids: &[RequestId]| {
+            match decode_step(&model, seqs, ids, &device).unwrap() {
+                FromWorker::DecodeDone { tokens, .. } => tokens,
+                other => panic!("{other:?}"),
+            }
+        };
+        let second = step(&mut want, &[5, 6]);
+        // the replica: iteration 1 admits 5 and 6, iteration 2 steps them
+        let mut seqs = HashMap::new();
+        let run = |seqs: &mut HashMap<RequestId, Sequence<NdArray>>, w: ReplicaWork<'_>| {
+            match replica_step(&model, &pre, arch().llm.vocab, seqs, w, &device).unwrap() {
+                FromWorker::ReplicaStepDone {
+                    tokens,
+                    encode_s,
+                    compute_s,
+                } => {
+                    assert!(0.0 <= encode_s && encode_s <= compute_s);
+                    tokens
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let got = run(
+            &mut seqs,
+            ReplicaWork {
+                encode: &rs[..2],
+                prefill: prompts[..2].to_vec(),
+                decode: &[],
+            },
+        );
+        assert_eq!(got, first);
+        let got = run(
+            &mut seqs,
+            ReplicaWork {
+                encode: &[],
+                prefill: Vec::new(),
+                decode: &[5, 6],
+            },
+        );
+        let mut sorted = got.clone();
+        sorted.sort_unstable();
+        let mut second = second;
+        second.sort_unstable();
+        assert_eq!(sorted, second);
+        // 5 finished: iteration 3 admits 7 and steps 6 only
+        let got = run(
+            &mut seqs,
+            ReplicaWork {
+                encode: &rs[2..],
+                prefill: prompts[2..].to_vec(),
+                decode: &[6],
+            },
+        );
+        assert_eq!(got.len(), 2);
+        assert_eq!(
+            got[0].0, 7,
+            "the admitted request's first token comes first"
+        );
+        let mut held: Vec<RequestId> = seqs.keys().copied().collect();
+        held.sort_unstable();
+        assert_eq!(held, [6, 7]);
     }
 
     #[test]
