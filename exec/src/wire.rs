@@ -232,7 +232,7 @@ pub enum ToWorker {
     /// `encode`, prefill every request of `prefill` (their embeddings from
     /// this iteration's encode; their first tokens), then one decode step
     /// over `decode`, the sequences already running. Every sequence named in
-    /// neither `prefill` nor `decode` has finished: its cache is freed.
+    /// neither `prefill` nor `decode` has finished: its cache is freed first.
     /// Answer [`FromWorker::ReplicaStepDone`].
     ReplicaStep {
         /// The admitted requests that have items, in admission order.

@@ -824,7 +824,7 @@ struct ReplicaWork<'a> {
 /// Run `w` on a replica that holds the running sequences `seqs`: encode,
 /// then prefill on this iteration's embeddings (the new sequences join
 /// `seqs`), then one decode step over those that ran before; sequences in
-/// neither list are freed.
+/// neither list are freed first.
 fn replica_step<B: Backend>(
     model: &MultimodalModel<B>,
     preprocessor: &Preprocessor,
@@ -851,13 +851,6 @@ fn replica_step<B: Backend>(
         .collect();
     seqs.retain(|id, _| keep.contains(id));
     let mut tokens = Vec::with_capacity(keep.len());
-    if !w.decode.is_empty() {
-        if let FromWorker::DecodeDone { tokens: t, .. } =
-            decode_step(model, seqs, w.decode, device)?
-        {
-            tokens.extend(t);
-        }
-    }
     if !w.prefill.is_empty() {
         let batch: Vec<(PrefillRequest, Option<Matrix>)> = w
             .prefill
@@ -867,13 +860,17 @@ fn replica_step<B: Backend>(
                 (r, e)
             })
             .collect();
-        let mut first = Vec::with_capacity(batch.len());
         for (id, last, cache) in prefill_caches(model, vocab, &batch, device)? {
-            first.push((id, last));
+            tokens.push((id, last));
             seqs.insert(id, Sequence { cache, last });
         }
-        first.extend(tokens);
-        tokens = first;
+    }
+    if !w.decode.is_empty() {
+        if let FromWorker::DecodeDone { tokens: t, .. } =
+            decode_step(model, seqs, w.decode, device)?
+        {
+            tokens.extend(t);
+        }
     }
     Ok(FromWorker::ReplicaStepDone {
         tokens,
