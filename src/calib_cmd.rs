@@ -16,7 +16,7 @@ use easerve_calib::refine::{
 use easerve_calib::Stage;
 use easerve_calib::{vidur, Efficiency, GpuSpec, GridSpec, Profile, Roofline};
 use easerve_model::ModelArch;
-use easerve_workload::validate::{load_measured, load_report, Validation};
+use easerve_workload::agreement::{load_measured, load_report, Agreement};
 
 use crate::BadInput;
 
@@ -495,7 +495,7 @@ fn validate(
         }
     }
     let (s, m) = load_runs(sim, measured)?;
-    let v = Validation::compare(&s, &m);
+    let v = Agreement::compare(&s, &m);
     if json {
         sayln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -794,14 +794,14 @@ fn load_runs(
 ) -> Result<(easerve_workload::Report, easerve_workload::Report), BadInput> {
     let s = load_report(sim).map_err(|e| BadInput(e.to_string()))?;
     let m = load_measured(measured, &s).map_err(|e| BadInput(e.to_string()))?;
-    easerve_workload::validate::comparable(&s, &m).map_err(|e| {
+    easerve_workload::agreement::comparable(&s, &m).map_err(|e| {
         BadInput(format!(
             "--sim {} vs --measured {}: {e}",
             sim.display(),
             measured.display()
         ))
     })?;
-    easerve_workload::validate::measurable(&m)
+    easerve_workload::agreement::measurable(&m)
         .map_err(|e| BadInput(format!("--measured {}: {e}", measured.display())))?;
     Ok((s, m))
 }

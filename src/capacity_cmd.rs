@@ -1,9 +1,9 @@
 //! `easerve capacity`: the highest rate a cluster sustains under an SLO tier,
 //! the fewest GPUs for a target rate, and GPU types compared at equal count or
-//! equal cost (all on the simulator; `easerve_has::capacity`).
+//! equal cost (all on the simulator; `easerve_has::planning`).
 
 use crate::BadInput;
-use easerve_has::capacity::{
+use easerve_has::planning::{
     CapacityError, Comparison, FewestGpus, Goal, MaxRate, Planner, Probe, Tuning, MAX_GPUS,
     MIN_TOLERANCE,
 };
@@ -253,7 +253,7 @@ fn fewest_gpus(q: &Asked<'_>, rate: f64, ans: &FewestGpus) -> anyhow::Result<Exi
             f.goodput
         ),
         None if ans.stalled => {
-            let last: Vec<&easerve_has::capacity::Probe> = {
+            let last: Vec<&easerve_has::planning::Probe> = {
                 let mut by_size: Vec<_> = ans.probes.iter().collect();
                 by_size.sort_by_key(|p| p.gpus);
                 by_size.into_iter().rev().take(2).collect()
@@ -268,7 +268,7 @@ fn fewest_gpus(q: &Asked<'_>, rate: f64, ans: &FewestGpus) -> anyhow::Result<Exi
                 big.goodput,
                 small.throughput,
                 big.throughput,
-                num(easerve_has::capacity::MIN_GAIN * 1e2),
+                num(easerve_has::planning::MIN_GAIN * 1e2),
                 ans.max_gpus
             )
         }
@@ -449,7 +449,7 @@ fn max_rate(q: &Asked<'_>, tuning: Tuning, start: f64, ans: &MaxRate) -> anyhow:
             ans.gpus,
             ans.gpu,
             ans.rate,
-            num(easerve_has::capacity::CAPACITY_MARGIN),
+            num(easerve_has::planning::CAPACITY_MARGIN),
             num(MAX_RATE)
         ),
     }

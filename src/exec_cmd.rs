@@ -8,7 +8,7 @@ use std::process::ExitCode;
 #[cfg(feature = "exec")]
 use easerve_exec::device::{check_device, CoreSide, DeviceKind};
 #[cfg(feature = "exec")]
-use easerve_exec::profile::{available_memory, f32_weight_bytes};
+use easerve_exec::profiler::{available_memory, f32_weight_bytes};
 #[cfg(feature = "exec")]
 use easerve_exec::run::{execute, ExecOptions};
 #[cfg(feature = "exec")]

@@ -12,7 +12,7 @@ use easerve_calib::profile::today_utc;
 #[cfg(feature = "exec")]
 use easerve_exec::device::{check_device, cpu_cores, cpu_levels, DeviceKind};
 #[cfg(feature = "exec")]
-use easerve_exec::profile::{
+use easerve_exec::profiler::{
     available_memory, f32_weight_bytes, profile_cpu, run_level_cpu, Plan, ProfileOptions,
 };
 #[cfg(feature = "exec")]

@@ -17,7 +17,7 @@ use burn::tensor::bf16;
 use easerve_calib::{Efficiency, Profile, Provenance, Source};
 use easerve_model::ModelArch;
 
-use crate::profile::{
+use crate::profiler::{
     assemble, measure_level, measure_loopback, Plan, ProfileOptions, BURN_VERSION,
 };
 

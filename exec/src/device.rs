@@ -8,7 +8,7 @@
 //! (`sched_setaffinity`), because a batched matmul runs matrixmultiply's threads
 //! inside rayon's and the pool sizes alone are a soft bound. The "SM level" of a CPU
 //! worker is its thread share `threads / cores`; levels are measured in separate
-//! processes (see [`crate::profile`] and [`cpu_levels`]).
+//! processes (see [`crate::profiler`] and [`cpu_levels`]).
 
 use std::str::FromStr;
 

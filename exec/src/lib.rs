@@ -6,7 +6,7 @@
 //! 2. [`mel`]: Whisper's log-mel spectrogram.
 //! 3. [`device`]: choosing the backend and bounding a worker's CPU threads.
 //!    [`green`]: SM partitions (CUDA green contexts, the MPS fallback).
-//! 4. [`profile`]: timing encode, prefill, decode and transfers into a profile.
+//! 4. [`profiler`]: timing encode, prefill, decode and transfers into a profile.
 //! 5. [`run`]: `easerve exec`, the second driver of `easerve_sched::Controller`
 //!    (the simulator is the first): worker processes over sockets, the
 //!    controller's commands carried out for real.
@@ -24,7 +24,7 @@ pub mod input;
 pub mod mel;
 pub mod openai;
 pub mod preprocess_cost;
-pub mod profile;
+pub mod profiler;
 pub mod run;
 pub mod serve;
 pub mod wire;

@@ -9,7 +9,7 @@
 //!   s) seeded with each survivor's analytical optimum and stopped when the
 //!   best three are within 1 % or five trials bring no gain; plus the
 //!   `random`, `coordinate` and `exhaustive` baselines.
-//! * [`capacity`] — capacity planning: the highest rate a cluster sustains
+//! * [`planning`] — capacity planning: the highest rate a cluster sustains
 //!   under an SLO tier (bisection on the simulator), the fewest GPUs for a rate.
 //! * [`tpe`] — the Tree-structured Parzen Estimator Stage 2 asks (Bergstra
 //!   et al., 2011), one univariate optimiser per dimension.
@@ -17,7 +17,7 @@
 //!   simulator implements it ([`SimTrial`]).
 #![warn(missing_docs, unreachable_pub)]
 
-pub mod capacity;
+pub mod planning;
 pub mod search;
 pub mod space;
 pub mod stage1;

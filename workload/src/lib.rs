@@ -10,18 +10,18 @@
 //! * [`report`] — the [`Report`]: throughput, goodput per SLO tier, TTFT, TPOT,
 //!   E2E, per-stage queueing and service, per-GPU busy fraction, bottleneck.
 //! * [`rng`] — one master seed, named RNG streams.
-//! * [`trace`] and [`validate`] — trace replay, and checking a report against
+//! * [`trace`] and [`agreement`] — trace replay, and how far a report agrees with
 //!   another (`calib validate`).
 //!
 //! What is made of many runs (sweeps and their plots) lives in `easerve-study`.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod agreement;
 pub mod generate;
 pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod trace;
-pub mod validate;
 
 pub use generate::generate_requests;
 pub use report::{Report, SloTier, Stats};

@@ -1,4 +1,5 @@
-//! Sim-vs-measured validation: compare two [`Report`]s metric by metric.
+//! How far a simulated run agrees with a measured one (`easerve calib
+//! validate`): compare two [`Report`]s metric by metric.
 //!
 //! The measured run's JSON **is** a [`Report`] (DESIGN.md "Metrics": the same
 //! report type comes out of sim and exec), as `easerve sim --json` writes it
@@ -37,7 +38,7 @@ pub struct Row {
 
 /// All compared figures of two runs.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Validation {
+pub struct Agreement {
     /// One row per figure, in the order of the module doc.
     pub rows: Vec<Row>,
 }
@@ -425,9 +426,9 @@ pub fn rel_error(measured: f64, simulated: f64) -> f64 {
     }
 }
 
-impl Validation {
+impl Agreement {
     /// Compare a simulated report with a measured one.
-    pub fn compare(simulated: &Report, measured: &Report) -> Validation {
+    pub fn compare(simulated: &Report, measured: &Report) -> Agreement {
         let mut rows = Vec::new();
         let mut push = |metric: String, m: f64, s: f64| {
             rows.push(Row {
@@ -484,7 +485,7 @@ impl Validation {
             push(format!("{name} queueing mean (s)"), q(&m), q(&s));
             push(format!("{name} service mean (s)"), v(&m), v(&s));
         }
-        Validation { rows }
+        Agreement { rows }
     }
 
     /// The row with the largest |relative error| (`None` when there are no rows).
@@ -592,7 +593,7 @@ mod tests {
     #[test]
     fn a_run_against_itself_has_zero_error() {
         let r = report(1.0);
-        let v = Validation::compare(&r, &r);
+        let v = Agreement::compare(&r, &r);
         assert_eq!(v.rows.len(), 2 + 12 + 6);
         assert!(v.rows.iter().all(|r| r.rel_error == 0.0), "{v:?}");
         assert!(v.exceeding(0.0).is_empty());
@@ -603,7 +604,7 @@ mod tests {
         // every timestamp × 1.25: latencies +25 %, throughput 1/1.25 − 1 = −20 %
         let measured = report(1.0);
         let sim = report(1.25);
-        let v = Validation::compare(&sim, &measured);
+        let v = Agreement::compare(&sim, &measured);
         for r in &v.rows {
             let want = if r.metric.contains("throughput") {
                 -0.2
@@ -631,10 +632,10 @@ mod tests {
         let r = report(1.0);
         std::fs::write(&p, serde_json::to_string_pretty(&r).unwrap()).unwrap();
         // serde_json's default float parsing may differ from the written value in
-        // the last bit, so compare through the validation
+        // the last bit, so compare through the agreement
         let back = load_report(&p).unwrap();
         assert_eq!(back.completed, r.completed);
-        let v = Validation::compare(&back, &r);
+        let v = Agreement::compare(&back, &r);
         assert!(v.rows.iter().all(|x| x.rel_error.abs() < 1e-12), "{v:?}");
         std::fs::write(&p, r#"{"scenario": "x", "completed": "many"}"#).unwrap();
         let e = load_report(&p).unwrap_err().to_string();
