@@ -326,6 +326,7 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Why the executor cannot run `system`, if it cannot.
+#[cfg(feature = "exec")]
 fn unsupported(system: easerve_workload::scenario::System) -> Option<&'static str> {
     use easerve_workload::scenario::System;
     match system {

@@ -37,7 +37,7 @@ pub struct Reproduction {
     /// `report.md`: Markdown.
     pub report: String,
     /// Per modality (`image`, `video`, `audio`), its rate sweep over
-    /// [`SweptSystem::ALL`] at 1..=5 req/s, one seed; the report refers to
+    /// [`SweptSystem::DEFAULT`] at 1..=5 req/s, one seed; the report refers to
     /// its plots in the folder of the modality's name.
     pub sweeps: Vec<(&'static str, SweepPart)>,
 }
@@ -164,8 +164,9 @@ impl Study {
         let mut saturation = Vec::new();
         let mut sweeps = Vec::new();
         for name in MODALITIES {
-            let part = SweepPlan::whole(&self.scn(name), &rates, &SweptSystem::ALL, 1, self.req)
-                .run(Shard::WHOLE, &|| {})?;
+            let part =
+                SweepPlan::whole(&self.scn(name), &rates, &SweptSystem::DEFAULT, 1, self.req)
+                    .run(Shard::WHOLE, &|| {})?;
             let points = aggregate(&part.rows);
             let _ = writeln!(md, "### {name}\n");
             goodput_table(md, name, &part, &points);
@@ -494,7 +495,7 @@ fn throughput_table(md: &mut String, rates: &[f64], points: &[SweepPoint]) {
             .join(" | ")
     );
     let _ = writeln!(md, "|---|{}", "---|".repeat(rates.len()));
-    for s in SweptSystem::ALL {
+    for s in SweptSystem::DEFAULT {
         let row: Vec<String> = rates
             .iter()
             .map(|r| {
