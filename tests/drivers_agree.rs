@@ -368,6 +368,14 @@ fn the_drivers_decide_the_same_for_the_aggregated_system() {
     assert!(n[8] > 0, "the dead replica fails requests: {n:?}");
 }
 
+/// The `IMAGE` scenario run as serving system `system`.
+fn as_system(system: &str) -> String {
+    IMAGE.replace(
+        "sm_policy =",
+        &format!("system = \"{system}\"\nsm_policy ="),
+    )
+}
+
 /// EPD-Serve's intra-request parallelism: three images a request, one shard
 /// each, placed in turn over the encode workers; both drivers place, batch
 /// and route the same shards and start the same prefills once every shard
@@ -375,11 +383,7 @@ fn the_drivers_decide_the_same_for_the_aggregated_system() {
 /// shard of.
 #[test]
 fn the_drivers_decide_the_same_for_epd_serve_shards() {
-    let toml = IMAGE
-        .replace(
-            "dispatch = \"poisson-gap\"",
-            "dispatch = \"poisson-gap\"\nsystem = \"epd-serve\"",
-        )
+    let toml = as_system("epd-serve")
         .replace("items_per_request = 1", "items_per_request = 3")
         .replace("rate = 3.0", "rate = 1.0");
     let n = assert_same_decisions(&toml, None);
@@ -406,10 +410,7 @@ fn the_drivers_decide_the_same_for_epd_serve_shards() {
 /// and share changes.
 #[test]
 fn the_drivers_decide_the_same_for_hydrainfer() {
-    let toml = IMAGE.replace(
-        "dispatch = \"poisson-gap\"",
-        "dispatch = \"poisson-gap\"\nsystem = \"hydrainfer\"",
-    );
+    let toml = as_system("hydrainfer");
     let n = assert_same_decisions(&toml, None);
     assert!(n[13] > 10, "too few prefill chunks: {n:?}");
     let ep = toml.replace("2E(TP1)+1P(TP2)+1D(TP4)", "4E(TP1)+2D(TP2)");

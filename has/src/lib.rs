@@ -29,7 +29,7 @@ pub mod tpe;
 pub mod trial;
 
 pub use search::{
-    rule_of, search, tune, tune_system, Method, SearchConfig, StopReason, Study, TrialRecord,
+    rule_of, search, tune, tune_by, Method, SearchConfig, StopReason, Study, TrialRecord,
     UnknownMethod, DEFAULT_BUDGET,
 };
 pub use space::{feasible_allocations, Candidate, CandidateError, FeasibleAllocation};

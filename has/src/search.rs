@@ -257,7 +257,7 @@ pub fn tune(
     tune_by(Method::Has, sc, o, rate, seed)
 }
 
-/// The configuration rule of serving system `system`: HAS for `easerve`,
+/// The configuration rule of serving system `system` ([`tune_by`]): HAS for `easerve`,
 /// the baselines' own for `epd-serve` and `hydrainfer` ([`crate::own`]);
 /// `None` for a system that runs the scenario's deployment as it is.
 pub fn rule_of(system: easerve_workload::scenario::System) -> Option<Method> {
@@ -270,20 +270,12 @@ pub fn rule_of(system: easerve_workload::scenario::System) -> Option<Method> {
     }
 }
 
-/// The best deployable trial of `sc`'s system at `rate` by its own rule
-/// ([`rule_of`]; seed `seed`, [`DEFAULT_BUDGET`] trials for HAS), each
-/// trial the scenario with `o` (which names the system) and the candidate
-/// applied; `None` when the system has no rule or nothing could be deployed.
-pub fn tune_system(
-    sc: &Scenario,
-    o: &easerve_workload::scenario::Overrides,
-    rate: f64,
-    seed: u64,
-) -> Option<TrialRecord> {
-    tune_by(rule_of(sc.system)?, sc, o, rate, seed)
-}
-
-fn tune_by(
+/// The best deployable trial of a search of `sc` at `rate` by `method`
+/// (seed `seed`, [`DEFAULT_BUDGET`] trials where the method counts them),
+/// each trial the scenario with `o` and the candidate applied, on the
+/// simulator: with [`rule_of`]`(sc.system)`, the system's own choice.
+/// `None` when no candidate could be deployed.
+pub fn tune_by(
     method: Method,
     sc: &Scenario,
     o: &easerve_workload::scenario::Overrides,

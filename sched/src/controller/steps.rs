@@ -80,3 +80,142 @@ impl Controller {
         self.mechanisms.chunked_prefill && self.prefill[p].queue.holds_rest_of(id)
     }
 }
+
+#[cfg(all(test, feature = "harness"))]
+mod tests {
+    use crate::harness::{config_for, test_request, Cluster, Service};
+    use crate::{Decision, KvBlocks, Mechanisms, PrefillItem, RequestId, SmSplit};
+
+    /// Fixed times: host 10 ms and GPU 30 ms per request of a pass, 10 µs
+    /// a prefill token, decode 5 ms, transfers 1 ms; each pass's and
+    /// batch's time is kept, in the order they started.
+    #[derive(Default)]
+    struct Fixed {
+        passes: Vec<f64>,
+        batches: Vec<f64>,
+    }
+    impl Service for Fixed {
+        fn encode(&mut self, _: usize, ids: &[RequestId], _: f64) -> (f64, f64) {
+            self.passes.push(0.01 + 0.03 * ids.len() as f64);
+            (0.01, 0.03 * ids.len() as f64)
+        }
+        fn prefill(&mut self, _: usize, items: &[PrefillItem], _: f64) -> f64 {
+            let t = 1e-5 * items.iter().map(|i| i.tokens).sum::<u64>() as f64;
+            self.batches.push(t);
+            t
+        }
+        fn decode(&mut self, _: usize, _: u64, _: u64) -> f64 {
+            0.005
+        }
+        fn embeddings(&mut self, _: usize, _: &[RequestId]) -> f64 {
+            0.001
+        }
+        fn kv(&mut self, _: usize, _: RequestId) -> f64 {
+            0.001
+        }
+        fn front_end(&mut self, _: RequestId) -> f64 {
+            0.0
+        }
+        fn replica_step(&mut self, _: usize, _: &[RequestId], _: u64, _: u64) -> (f64, f64) {
+            (0.0, 0.0)
+        }
+    }
+
+    /// An EP instance (one encode worker and its local prefill worker, all
+    /// prefill local): with lockstep no pass or batch starts while another
+    /// member of the instance is busy, and prompts larger than the 300-token
+    /// budget go in chunks whose first token comes with the last.
+    #[test]
+    fn an_ep_instance_steps_in_lockstep_and_chunks_its_prompts() {
+        let alloc: crate::Allocation = "1E(TP1)+1D(TP1)".parse().unwrap();
+        let mut cfg = config_for(
+            &alloc,
+            Some(1),
+            SmSplit::Static(1.0),
+            KvBlocks::new(1 << 20, 16),
+            None,
+        );
+        cfg.router.1 = 0.0;
+        cfg.prefill_token_budget = 300;
+        cfg.mechanisms = Mechanisms {
+            chunked_prefill: true,
+            lockstep: true,
+            ..Mechanisms::default()
+        };
+        let requests = (0..30).map(|i| test_request(i, 0.02 * i as f64)).collect();
+        let mut c = Cluster::new(crate::Controller::new(requests, cfg), Fixed::default());
+        c.drive();
+        assert!(c.ctrl.is_finished());
+        let log = c.ctrl.decisions();
+        // (start, end) of every pass and every batch, in the order they started
+        let spans = |kind: usize, times: &[f64]| -> Vec<(f64, f64)> {
+            log.iter()
+                .filter_map(|d| match (d, kind) {
+                    (Decision::Dispatch { at, .. }, 0) | (Decision::Prefill { at, .. }, 1) => {
+                        Some(*at)
+                    }
+                    _ => None,
+                })
+                .zip(times)
+                .map(|(at, t)| (at, at + t))
+                .collect()
+        };
+        let passes = spans(0, &c.service.passes);
+        let batches = spans(1, &c.service.batches);
+        assert!(passes.len() >= 10 && batches.len() >= 30);
+        // a pass and a batch that overlap started together, as one step
+        for p in &passes {
+            for b in batches
+                .iter()
+                .filter(|b| b.0 < p.1 - 1e-12 && p.0 < b.1 - 1e-12)
+            {
+                assert!((b.0 - p.0).abs() < 1e-12, "pass {p:?} overlaps batch {b:?}");
+            }
+        }
+        // 704-token prompts in 300-token steps: three chunks each, the first
+        // two logged, and the first token after the last
+        let chunks = log
+            .iter()
+            .filter(|d| matches!(d, Decision::PrefillChunk { .. }))
+            .count();
+        assert!(chunks >= 30, "{chunks} chunks");
+        for r in c.ctrl.records() {
+            assert!(r.first_token.unwrap() > r.prefill_start.unwrap());
+        }
+    }
+
+    /// Intra-request parallelism: three images on two encode workers go
+    /// round robin, and the prefill starts only after the last shard landed.
+    #[test]
+    fn shards_go_round_robin_and_prefill_waits_for_the_last() {
+        let alloc: crate::Allocation = "2E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+        let mut cfg = config_for(
+            &alloc,
+            None,
+            SmSplit::Static(1.0),
+            KvBlocks::new(1 << 20, 16),
+            None,
+        );
+        cfg.mechanisms = crate::System::EpdServe.mechanisms();
+        let mut r = test_request(0, 0.0);
+        r.items = vec![r.items[0]; 3];
+        let mut c = Cluster::new(crate::Controller::new(vec![r], cfg), Fixed::default());
+        c.drive();
+        let placed: Vec<usize> = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::PlaceShard { worker, .. } => Some(*worker),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(placed, [0, 1, 0]);
+        let rec = &c.ctrl.records()[0];
+        // E0 encodes two shards (two passes of 40 ms, the second from 40 ms):
+        // the last lands at 81 ms, when its prefill can start
+        assert!((rec.encode_end.unwrap() - 0.08).abs() < 1e-9, "{rec:?}");
+        assert!(rec.prefill_start.unwrap() >= 0.081 - 1e-9, "{rec:?}");
+        assert!(rec.finish.is_some());
+    }
+}

@@ -120,7 +120,9 @@ impl Study {
                 ..Default::default()
             };
             let sc = Scenario::load_with(&path, &sets, &o)?;
-            if let Some(best) = easerve_has::tune_system(&sc, &o, TABLE5_RATE, 1) {
+            let rule = easerve_has::rule_of(system);
+            if let Some(best) = rule.and_then(|m| easerve_has::tune_by(m, &sc, &o, TABLE5_RATE, 1))
+            {
                 o = best.candidate.overrides(&o);
             }
             let sc = Scenario::load_with(&path, &sets, &o)?;

@@ -74,7 +74,7 @@ impl SweptSystem {
     }
 
     /// Whether its deployment is chosen by a search at each point (the
-    /// system's own rule, [`easerve_has::tune_system`]).
+    /// system's own rule, [`easerve_has::rule_of`]).
     pub fn searched(self) -> bool {
         matches!(
             self,
@@ -444,7 +444,8 @@ pub fn point_scenario(
     let mut o = p.system.overrides(p.rate, p.seed, requests);
     if p.system.searched() {
         let sc = Scenario::load_with(path, sets, &o)?;
-        if let Some(best) = easerve_has::tune_system(&sc, &o, p.rate, p.seed) {
+        let rule = easerve_has::rule_of(sc.system);
+        if let Some(best) = rule.and_then(|m| easerve_has::tune_by(m, &sc, &o, p.rate, p.seed)) {
             o = best.candidate.overrides(&o);
         }
     }
