@@ -243,22 +243,10 @@ fn emit_writes_the_chosen_deployment_without_p_workers_and_says_no_engine_runs_i
 /// `--method` with a baseline, and a system without a search, exit 2.
 #[test]
 fn search_runs_a_baselines_own_rule() {
-    let out = crate::easerve(&[
-        "search",
-        "scenarios/image.toml",
-        "--rate",
-        "5",
-        "--requests",
-        "24",
-        "--system",
-        "epd-serve",
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = "search scenarios/image.toml --rate 5 --requests 24 --system epd-serve --json";
+    let out = crate::easerve(&args.split(' ').collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
     let study: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(study["method"], "epd-serve");
     let best = &study["best"];

@@ -86,8 +86,14 @@ mod tests {
     use crate::harness::{config_for, test_request, Cluster, Service};
     use crate::{Decision, KvBlocks, Mechanisms, PrefillItem, RequestId, SmSplit};
 
+    /// A decode iteration, seconds.
+    const STEP_S: f64 = 0.005;
+    /// A transfer, seconds a request.
+    const LINK_S: f64 = 0.001;
+
     /// Fixed times: host 10 ms and GPU 30 ms per request of a pass, 10 µs
-    /// a prefill token, decode 5 ms, transfers 1 ms; each pass's and
+    /// a prefill token, [`STEP_S`] a decode iteration, [`LINK_S`] a
+    /// transfer per request; each pass's and
     /// batch's time is kept, in the order they started.
     #[derive(Default)]
     struct Fixed {
@@ -105,19 +111,19 @@ mod tests {
             t
         }
         fn decode(&mut self, _: usize, _: u64, _: u64) -> f64 {
-            0.005
+            STEP_S
         }
-        fn embeddings(&mut self, _: usize, _: &[RequestId]) -> f64 {
-            0.001
+        fn embeddings(&mut self, _: usize, ids: &[RequestId]) -> f64 {
+            LINK_S * ids.len() as f64
         }
         fn kv(&mut self, _: usize, _: RequestId) -> f64 {
-            0.001
+            LINK_S
         }
-        fn front_end(&mut self, _: RequestId) -> f64 {
-            0.0
+        fn front_end(&mut self, id: RequestId) -> f64 {
+            unreachable!("no front end in an EPD deployment (request {id})")
         }
-        fn replica_step(&mut self, _: usize, _: &[RequestId], _: u64, _: u64) -> (f64, f64) {
-            (0.0, 0.0)
+        fn replica_step(&mut self, r: usize, _: &[RequestId], _: u64, _: u64) -> (f64, f64) {
+            unreachable!("no replica {r} in an EPD deployment")
         }
     }
 
@@ -201,16 +207,11 @@ mod tests {
         r.items = vec![r.items[0]; 3];
         let mut c = Cluster::new(crate::Controller::new(vec![r], cfg), Fixed::default());
         c.drive();
-        let placed: Vec<usize> = c
-            .ctrl
-            .decisions()
-            .iter()
-            .filter_map(|d| match d {
-                Decision::PlaceShard { worker, .. } => Some(*worker),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(placed, [0, 1, 0]);
+        let placed = c.ctrl.decisions().iter().filter_map(|d| match d {
+            Decision::PlaceShard { item, worker, .. } => Some((*item, *worker)),
+            _ => None,
+        });
+        assert!(placed.eq([(0, 0), (1, 1), (2, 0)]));
         let rec = &c.ctrl.records()[0];
         // E0 encodes two shards (two passes of 40 ms, the second from 40 ms):
         // the last lands at 81 ms, when its prefill can start
