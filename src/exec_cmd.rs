@@ -130,10 +130,11 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         ))
         .into());
     }
-    if sc.system == easerve_workload::scenario::System::Aggregated {
-        return Err(BadInput(
-            "system `aggregated`: the executor runs the disaggregated systems only (easerve, passthrough)".into(),
-        )
+    if let Some(why) = unsupported(sc.system) {
+        return Err(BadInput(format!(
+            "system `{}`: {why}; the executor runs easerve and passthrough (simulate it with `easerve sim`)",
+            sc.system
+        ))
         .into());
     }
     if let Some(n) = a.admission_limit {
@@ -323,4 +324,16 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
     };
     run_worker(&opts).map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Why the executor cannot run `system`, if it cannot.
+#[cfg(feature = "exec")]
+fn unsupported(system: easerve_workload::scenario::System) -> Option<&'static str> {
+    use easerve_workload::scenario::System;
+    match system {
+        System::Easerve | System::Passthrough => None,
+        System::Aggregated => Some("the executor runs the disaggregated systems only"),
+        System::EpdServe => Some("its workers encode whole requests, not the per-image shards of intra-request parallelism"),
+        System::HydraInfer => Some("its prefill workers run whole prompts, not chunks under a token budget, and do not step in lockstep with the encoder on a shared device"),
+    }
 }

@@ -169,8 +169,11 @@ pub(crate) struct RunArgs {
     pub(crate) offload: Option<f64>,
     /// Serving system (overrides `deployment.system`): `easerve` (the scenario's
     /// deployment), `passthrough` (the same allocation with encode one request per
-    /// pass and s = 1) or `aggregated` (replicas running encode inline before
-    /// prefill, as a single-engine server does).
+    /// pass and s = 1), `aggregated` (replicas running encode inline before
+    /// prefill, as a single-engine server does), `epd-serve` (the allocation
+    /// with intra-request parallelism over the encode workers, s = 1) or
+    /// `hydrainfer` (E+P+D or EP+D as the allocation says, with step budgets
+    /// from its TPOT SLO and chunked prefill); see the README.
     #[arg(long)]
     pub(crate) system: Option<System>,
     /// Take stage costs from this profile (e.g. one measured by `easerve profile`)

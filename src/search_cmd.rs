@@ -14,9 +14,15 @@ use std::process::ExitCode;
 pub(crate) struct SearchArgs {
     /// Scenario file (its model, cluster and workload; the search picks the deployment).
     scenario: PathBuf,
-    /// `has` (Stage 1 pruning + TPE), `random`, `coordinate` or `exhaustive`.
-    #[arg(long, default_value = "has")]
-    method: Method,
+    /// `has` (Stage 1 pruning + TPE), `random`, `coordinate` or `exhaustive`
+    /// (default `has`; easerve's search only).
+    #[arg(long)]
+    method: Option<Method>,
+    /// Whose configuration to choose: `easerve` (default; by `--method`),
+    /// or `epd-serve` / `hydrainfer` by that system's own rule (goodput at
+    /// 90 % SLO attainment over a ladder of rates; README).
+    #[arg(long)]
+    system: Option<easerve_workload::scenario::System>,
     /// Trials at most (the exhaustive search runs its whole grid).
     #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
@@ -42,13 +48,14 @@ fn trial_line(t: &TrialRecord) -> String {
     let o = &t.outcome;
     if o.feasible {
         format!(
-            "trial {:>3}  {:<40} throughput {:>7.3} req/s  TTFT {:>8.2} s  TPOT {:>6.1} ms  best {:.3}",
+            "trial {:>3}  {:<40} throughput {:>7.3} req/s  TTFT {:>8.2} s  TPOT {:>6.1} ms  best {:.3}{}",
             t.index,
             t.candidate.to_string(),
             o.throughput,
             o.mean_ttft,
             o.mean_tpot * 1e3,
-            t.best_so_far
+            t.best_so_far,
+            goodput_note(o)
         )
     } else {
         format!(
@@ -57,6 +64,12 @@ fn trial_line(t: &TrialRecord) -> String {
             t.candidate.to_string()
         )
     }
+}
+
+/// `  goodput G req/s` for an outcome ranked by a baseline's own rule.
+fn goodput_note(o: &easerve_has::Outcome) -> String {
+    o.goodput
+        .map_or(String::new(), |g| format!("  goodput {g:.3} req/s"))
 }
 
 fn stage1_table(study: &Study) -> String {
@@ -118,11 +131,12 @@ fn stage1_table(study: &Study) -> String {
 }
 
 pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
-    check_flags(&a)?;
+    let method = check_flags(&a)?;
     let base = Overrides {
         seed: a.seed,
         rate: a.rate,
         requests: a.requests,
+        system: a.system,
         ..Default::default()
     };
     let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
@@ -140,31 +154,30 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         .into());
     }
     let cfg = SearchConfig {
-        method: a.method,
+        method,
         budget: a.budget as usize,
         seed: sc.seed,
         rate: sc.workload.rate,
     };
     let trial = SimTrial::new(sc.raw.clone(), &sc.file, base.clone());
     let cost = easerve_sim::scenario_cost(&sc);
-    let bar =
-        (!a.json && std::io::stderr().is_terminal() && a.method != Method::Exhaustive).then(|| {
-            let pb = indicatif::ProgressBar::new(cfg.budget as u64);
-            pb.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{bar:30} {pos}/{len} trials  best {msg} req/s",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            pb
-        });
+    let bar = (!a.json && std::io::stderr().is_terminal() && method == Method::Has).then(|| {
+        let pb = indicatif::ProgressBar::new(cfg.budget as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} trials  best {msg} req/s",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    });
     let quiet = a.json;
     let mut on_trial = |t: &TrialRecord| {
         if let Some(pb) = &bar {
             pb.set_message(format!("{:.3}", t.best_so_far));
             pb.println(trial_line(t));
             pb.inc(1);
-        } else if !quiet && a.method != Method::Exhaustive {
+        } else if !quiet && method != Method::Exhaustive {
             // a progress line; a failing standard output is reported by the
             // study's own output below
             let _ = crate::emit(format_args!("{}\n", trial_line(t)));
@@ -185,8 +198,25 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     render(&a, &sc, &base, &study, started.elapsed().as_secs_f64())
 }
 
-/// The flags' own ranges, before the scenario is read.
-fn check_flags(a: &SearchArgs) -> Result<(), BadInput> {
+/// The flags' own ranges, before the scenario is read; the method the
+/// search runs (`--method`, or the system's own rule).
+fn check_flags(a: &SearchArgs) -> Result<Method, BadInput> {
+    use easerve_workload::scenario::System;
+    let system = a.system.unwrap_or(System::Easerve);
+    let Some(rule) = easerve_has::rule_of(system) else {
+        return Err(BadInput(format!(
+            "--system {system}: has no configuration to search (it runs the scenario's deployment as it is: `easerve sim --system {system}`); allowed: easerve, epd-serve, hydrainfer"
+        )));
+    };
+    let method = match (a.method, system) {
+        (Some(m), System::Easerve) => m,
+        (Some(m), _) => {
+            return Err(BadInput(format!(
+                "--method {m}: applies to easerve's search; --system {system} is chosen by its own rule"
+            )))
+        }
+        (None, _) => rule,
+    };
     if a.budget < 1 {
         return Err(BadInput(format!(
             "--budget {}: a search needs at least 1 trial",
@@ -200,7 +230,7 @@ fn check_flags(a: &SearchArgs) -> Result<(), BadInput> {
             )));
         }
     }
-    Ok(())
+    Ok(method)
 }
 
 /// The study as text: the stage-1 table, a summary (`elapsed_s` the
@@ -228,15 +258,17 @@ fn render(
     match &study.best {
         Some(b) => {
             sayln!(
-                "chosen: {}  (throughput {:.3} req/s, mean TTFT {:.2} s, mean TPOT {:.1} ms)",
+                "chosen: {}  (throughput {:.3} req/s, mean TTFT {:.2} s, mean TPOT {:.1} ms{})",
                 b.candidate,
                 b.outcome.throughput,
                 b.outcome.mean_ttft,
-                b.outcome.mean_tpot * 1e3
+                b.outcome.mean_tpot * 1e3,
+                goodput_note(&b.outcome)
             );
             sayln!(
-                "run it: easerve sim {} --rate {}{}{} --deployment '{}'",
+                "run it: easerve sim {}{} --rate {}{}{} --deployment '{}'",
                 a.scenario.display(),
+                a.system.map_or(String::new(), |s| format!(" --system {s}")),
                 study.rate,
                 a.seed.map_or(String::new(), |x| format!(" --seed {x}")),
                 a.requests

@@ -30,7 +30,9 @@ pub(crate) struct SweepArgs {
     #[arg(long = "set", value_name = "KEY=V1,V2")]
     sets: Vec<String>,
     /// Systems: `passthrough`, `aggregated`, `easerve-s1` (the scenario's
-    /// deployment with s = 1), `easerve` (tuned by HAS at each point).
+    /// deployment with s = 1), `easerve` (tuned by HAS at each point),
+    /// `epd-serve` and `hydrainfer` (each configured by its own rule at each
+    /// point).
     #[arg(long, default_value = "passthrough,aggregated,easerve-s1,easerve")]
     systems: String,
     /// Seeds per point (1..=N); the median is reported.

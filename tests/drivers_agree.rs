@@ -6,7 +6,9 @@
 //! every decode run and every yield that cuts one short, and every failure —
 //! for the same arrivals and the same service times. The service times are the ones the simulated hardware
 //! took (bandwidth interference, the time-slicing penalty and re-rating
-//! included): nothing is stripped.
+//! included): nothing is stripped. The baselines' own mechanisms are the
+//! same controller's: EPD-Serve's shards of a request on several encode
+//! workers, HydraInfer's chunked prefill and its instance steps.
 
 use easerve_sched::harness::{Cluster, Service};
 use easerve_sched::{Decision, PrefillItem, RequestId, WorkerRef};
@@ -139,6 +141,22 @@ fn same(a: &Decision, b: &Decision) -> bool {
             Decision::DecodeYield { at: t2, worker: w2 },
         ) => close(*t1, *t2) && w1 == w2,
         (
+            Decision::PrefillChunk {
+                at: t1,
+                worker: w1,
+                id: i1,
+                tokens: k1,
+                queued_tokens: q1,
+            },
+            Decision::PrefillChunk {
+                at: t2,
+                worker: w2,
+                id: i2,
+                tokens: k2,
+                queued_tokens: q2,
+            },
+        ) => close(*t1, *t2) && (w1, i1, k1, q1) == (w2, i2, k2, q2),
+        (
             Decision::ReplicaStep {
                 at: t1,
                 replica: r1,
@@ -160,9 +178,9 @@ fn same(a: &Decision, b: &Decision) -> bool {
 
 /// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
 /// prefill, share, place-decode, decode run, fail, decode yield,
-/// place-replica, replica step.
-fn kinds(log: &[Decision]) -> [usize; 12] {
-    let mut n = [0usize; 12];
+/// place-replica, replica step, place-shard, prefill chunk.
+fn kinds(log: &[Decision]) -> [usize; 14] {
+    let mut n = [0usize; 14];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -177,6 +195,8 @@ fn kinds(log: &[Decision]) -> [usize; 12] {
             Decision::DecodeYield { .. } => 9,
             Decision::PlaceReplica { .. } => 10,
             Decision::ReplicaStep { .. } => 11,
+            Decision::PlaceShard { .. } => 12,
+            Decision::PrefillChunk { .. } => 13,
         }] += 1;
     }
     n
@@ -185,7 +205,7 @@ fn kinds(log: &[Decision]) -> [usize; 12] {
 /// Run `toml` in the simulator and replay its service times through the
 /// executor-shaped driver (with worker `kill` dying at the same time in
 /// both); the decision logs and records must agree. Returns the log's kinds.
-fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 12] {
+fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 14] {
     let sc = scenario(toml);
     let sim = simulate_with(
         &sc,
@@ -346,4 +366,54 @@ fn the_drivers_decide_the_same_for_the_aggregated_system() {
     assert_eq!(n[1] + n[2] + n[4] + n[7], 0, "no EPD decision: {n:?}");
     let n = assert_same_decisions(&toml, Some((WorkerRef::Replica(1), 30.0)));
     assert!(n[8] > 0, "the dead replica fails requests: {n:?}");
+}
+
+/// The `IMAGE` scenario run as serving system `system`.
+fn as_system(system: &str) -> String {
+    IMAGE.replace(
+        "sm_policy =",
+        &format!("system = \"{system}\"\nsm_policy ="),
+    )
+}
+
+/// EPD-Serve's intra-request parallelism: three images a request, one shard
+/// each, placed in turn over the encode workers; both drivers place, batch
+/// and route the same shards and start the same prefills once every shard
+/// has landed, and an encode worker that dies fails the requests it holds a
+/// shard of.
+#[test]
+fn the_drivers_decide_the_same_for_epd_serve_shards() {
+    let toml = as_system("epd-serve")
+        .replace("items_per_request = 1", "items_per_request = 3")
+        .replace("rate = 3.0", "rate = 1.0");
+    let n = assert_same_decisions(&toml, None);
+    assert_eq!(n[12], 900, "one shard per image: {n:?}");
+    assert_eq!(
+        n[1] + n[5],
+        0,
+        "no whole-request placement, no share: {n:?}"
+    );
+    // killed 1 ms after request 40 arrived: in the host phase of a pass
+    // holding one of its shards
+    let (requests, _) = generate_with_tokens(&scenario(&toml));
+    let at = requests[40].arrival + 1e-3;
+    let n = assert_same_decisions(&toml, Some((WorkerRef::Encode(1), at)));
+    assert!(
+        n[8] > 0,
+        "the dead encode worker fails what it holds: {n:?}"
+    );
+}
+
+/// HydraInfer: chunked prefill under its token budget in the E+P+D form,
+/// and in the EP+D form the instance steps (encode and local prefill start
+/// together on time-sliced GPUs); both drivers decide the same chunks, steps
+/// and share changes.
+#[test]
+fn the_drivers_decide_the_same_for_hydrainfer() {
+    let toml = as_system("hydrainfer");
+    let n = assert_same_decisions(&toml, None);
+    assert!(n[13] > 10, "too few prefill chunks: {n:?}");
+    let ep = toml.replace("2E(TP1)+1P(TP2)+1D(TP4)", "4E(TP1)+2D(TP2)");
+    let n = assert_same_decisions(&ep, None);
+    assert!(n[13] > 10 && n[5] > 10, "chunks and share changes: {n:?}");
 }

@@ -33,6 +33,26 @@ fn reproduce_reports_every_finding_with_a_verdict_and_plots() {
             "finding {n} has no numbers"
         );
     }
+    // Table 5: every comparison on both platforms has a verdict on the
+    // ordering and on the ratio, and a driving term
+    let t5 = md
+        .split("## Table 5:")
+        .nth(1)
+        .expect("a Table 5 section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    for platform in ["RTX 6000 Ada", "A100"] {
+        for baseline in ["epd-serve", "hydrainfer"] {
+            let row = t5
+                .lines()
+                .find(|l| l.contains(platform) && l.contains(&format!("easerve / {baseline}")))
+                .unwrap_or_else(|| panic!("no verdict for {baseline} on {platform}"));
+            let verdicts = row.matches("**agrees**").count() + row.matches("**disagrees**").count();
+            assert_eq!(verdicts, 2, "{row}");
+            assert!(row.contains(" load "), "no driving term: {row}");
+        }
+    }
     // the constants the report states come from each scenario's cost model
     let costs = md
         .split("## Cost sources")

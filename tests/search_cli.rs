@@ -237,3 +237,33 @@ fn emit_writes_the_chosen_deployment_without_p_workers_and_says_no_engine_runs_i
     no_engine(&deployed);
     assert!(deployed.join("scenario.toml").exists());
 }
+
+/// `search --system epd-serve` runs EPD-Serve's own rule (goodput at 90 %
+/// attainment over a ladder of rates) over the same space, with s = 1;
+/// `--method` with a baseline, and a system without a search, exit 2.
+#[test]
+fn search_runs_a_baselines_own_rule() {
+    let args = "search scenarios/image.toml --rate 5 --requests 24 --system epd-serve --json";
+    let out = crate::easerve(&args.split(' ').collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let study: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(study["method"], "epd-serve");
+    let best = &study["best"];
+    assert_eq!(best["candidate"]["offload"], 1.0);
+    assert!(best["outcome"]["goodput"].as_f64().is_some(), "{best}");
+    for args in [
+        vec![
+            "search",
+            "scenarios/image.toml",
+            "--system",
+            "hydrainfer",
+            "--method",
+            "random",
+        ],
+        vec!["search", "scenarios/image.toml", "--system", "passthrough"],
+    ] {
+        let out = crate::easerve(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+    }
+}

@@ -841,3 +841,61 @@ fn an_eager_engine_raises_the_tpot_of_an_moe_model() {
         .to_string()
         .contains("decode graph ≤ 512 sequences"));
 }
+
+/// The two EPD baselines run as systems of their own: EPD-Serve sends every
+/// prefill remote, HydraInfer's budgets replace B and its notes say where
+/// they came from; both refuse what their repositories do not serve, naming
+/// the field, with exit 2.
+#[test]
+fn epd_serve_and_hydrainfer_run_and_refuse_what_they_do_not_serve() {
+    let image = scenario("image");
+    let e = sim_json(&image, &["--requests", "60", "--system", "epd-serve"]);
+    assert_eq!(num(&e, "/completed"), 60.0);
+    assert_eq!(num(&e, "/encode/remote_fraction"), 1.0);
+    let notes = |r: &serde_json::Value| r["notes"].to_string();
+    assert!(
+        notes(&e).contains("intra-request parallelism"),
+        "{}",
+        notes(&e)
+    );
+    let h = sim_json(
+        &image,
+        &[
+            "--requests",
+            "60",
+            "--system",
+            "hydrainfer",
+            "--allocation",
+            "4E(TP1)+2D(TP2)",
+        ],
+    );
+    assert_eq!(num(&h, "/completed"), 60.0);
+    assert_eq!(
+        num(&h, "/encode/remote_fraction"),
+        0.0,
+        "EP+D: every prefill local"
+    );
+    assert!(notes(&h).contains("form EP+D"), "{}", notes(&h));
+    for (args, field) in [
+        (
+            vec!["sim", "scenarios/video.toml", "--system", "hydrainfer"],
+            "deployment.system",
+        ),
+        (
+            vec![
+                "sim",
+                "scenarios/image.toml",
+                "--system",
+                "epd-serve",
+                "--allocation",
+                "4E(TP1)+2D(TP2)",
+            ],
+            "deployment.system",
+        ),
+    ] {
+        let out = easerve(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(field), "{args:?}: {err}");
+    }
+}

@@ -194,3 +194,38 @@ fn set_works_with_every_system_and_rows_name_what_a_system_ignored() {
     }
     assert_eq!(seen, 8, "2 variants × 4 systems: {csv}");
 }
+
+/// `--systems` takes the two EPD baselines, each configured by its own rule
+/// at each point; a `--set` of a knob they choose themselves is named in
+/// the rows' `ignored` column.
+#[test]
+fn sweep_compares_the_epd_baselines() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = dir.path().to_str().unwrap();
+    let r = easerve(&[
+        "sweep",
+        "scenarios/image.toml",
+        "--rates",
+        "2,4",
+        "--systems",
+        "epd-serve,hydrainfer",
+        "--seeds",
+        "1",
+        "--requests",
+        "40",
+        "--set",
+        "deployment.batch=4",
+        "--out",
+        o,
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let csv = std::fs::read_to_string(dir.path().join("sweep.csv")).unwrap();
+    for system in ["epd-serve", "hydrainfer"] {
+        let rows: Vec<&str> = csv
+            .lines()
+            .filter(|l| l.contains(&format!(",{system},")))
+            .collect();
+        assert_eq!(rows.len(), 2, "{system}: {csv}");
+        assert!(rows.iter().all(|l| l.contains("deployment.batch")), "{csv}");
+    }
+}

@@ -261,7 +261,13 @@ pub struct FrameworkTerms {
 
 /// The serving frameworks with encode terms ([`FrameworkTerms::for_system`]), as
 /// scenarios and `--system` name them.
-pub const FRAMEWORKS: [&str; 3] = ["easerve", "passthrough", "aggregated"];
+pub const FRAMEWORKS: [&str; 5] = [
+    "easerve",
+    "passthrough",
+    "aggregated",
+    "epd-serve",
+    "hydrainfer",
+];
 
 /// easerve's per-pass framework cost: two loopback messages (the dispatch command
 /// and the embedding envelope with its acknowledgement), 24.5 µs each — the
@@ -271,10 +277,24 @@ pub const EASERVE_PASS_S: f64 = 2.0 * 2.4545e-5;
 
 impl FrameworkTerms {
     /// The terms of a serving system by its scenario name (`easerve`,
-    /// `passthrough`, `aggregated`); `paper_pass_s` is the pass-through value
+    /// `passthrough`, `aggregated`, `epd-serve`, `hydrainfer`); `paper_pass_s` is the pass-through value
     /// calibrated from the EAServe paper ([`crate::Efficiency::encode_pass_s`]).
     pub fn for_system(system: &str, paper_pass_s: f64) -> FrameworkTerms {
         match system {
+            // both run Hugging Face processors in Python in front of their
+            // encoders; neither has a measured per-pass cost to charge
+            "epd-serve" => FrameworkTerms {
+                per_pass_s: 0.0,
+                per_request_s: 0.0,
+                preprocess: Implementation::Python,
+                source: "epd-serve (Python on vLLM 0.6, Ray actors): no per-pass term (none measured or published; not calibrated to the EAServe paper); each pass maps its shards' images through vLLM's multimodal processor (`epdserve/worker.py`), priced as the measured HF processors, in series with its GPU phase".into(),
+            },
+            "hydrainfer" => FrameworkTerms {
+                per_pass_s: 0.0,
+                per_request_s: 0.0,
+                preprocess: Implementation::Python,
+                source: "hydrainfer (Python, its own engine): no per-step term (none measured or published; not calibrated to the EAServe paper); its request processor runs the HF image processor on a thread pool as requests arrive (`hydrainfer/engine/request_processor.py`), priced as the measured HF processors, pipelined ahead of the passes".into(),
+            },
             "passthrough" => FrameworkTerms {
                 per_pass_s: paper_pass_s,
                 per_request_s: 0.0,

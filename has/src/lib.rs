@@ -9,6 +9,9 @@
 //!   s) seeded with each survivor's analytical optimum and stopped when the
 //!   best three are within 1 % or five trials bring no gain; plus the
 //!   `random`, `coordinate` and `exhaustive` baselines.
+//! * [`own`] — the baselines' own configuration rules (EPD-Serve's
+//!   optimizer, HydraInfer's selection of its form and instances): goodput
+//!   at 90 % SLO attainment over a ladder of rates, over the same space.
 //! * [`planning`] — capacity planning: the highest rate a cluster sustains
 //!   under an SLO tier (bisection on the simulator), the fewest GPUs for a rate.
 //! * [`tpe`] — the Tree-structured Parzen Estimator Stage 2 asks (Bergstra
@@ -17,6 +20,7 @@
 //!   simulator implements it ([`SimTrial`]).
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod own;
 pub mod planning;
 pub mod search;
 pub mod space;
@@ -25,8 +29,8 @@ pub mod tpe;
 pub mod trial;
 
 pub use search::{
-    search, tune, Method, SearchConfig, StopReason, Study, TrialRecord, UnknownMethod,
-    DEFAULT_BUDGET,
+    rule_of, search, tune, tune_by, Method, SearchConfig, StopReason, Study, TrialRecord,
+    UnknownMethod, DEFAULT_BUDGET,
 };
 pub use space::{feasible_allocations, Candidate, CandidateError, FeasibleAllocation};
 pub use trial::{Outcome, SimTrial, Trial};

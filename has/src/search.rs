@@ -36,6 +36,13 @@ pub enum Method {
     Coordinate,
     /// Every allocation × B grid × s grid (simulator only: the ground truth).
     Exhaustive,
+    /// EPD-Serve's own optimizer ([`crate::own`]; `search --system epd-serve`).
+    #[serde(rename = "epd-serve")]
+    EpdServe,
+    /// HydraInfer's own selection of its form and instances ([`crate::own`];
+    /// `search --system hydrainfer`).
+    #[serde(rename = "hydrainfer")]
+    HydraInfer,
 }
 
 /// A name that is not a [`Method`] (the message lists the methods).
@@ -63,6 +70,8 @@ impl fmt::Display for Method {
             Method::Random => "random",
             Method::Coordinate => "coordinate",
             Method::Exhaustive => "exhaustive",
+            Method::EpdServe => "epd-serve",
+            Method::HydraInfer => "hydrainfer",
         })
     }
 }
@@ -245,10 +254,38 @@ pub fn tune(
     rate: f64,
     seed: u64,
 ) -> Option<TrialRecord> {
+    tune_by(Method::Has, sc, o, rate, seed)
+}
+
+/// The configuration rule of serving system `system` ([`tune_by`]): HAS for `easerve`,
+/// the baselines' own for `epd-serve` and `hydrainfer` ([`crate::own`]);
+/// `None` for a system that runs the scenario's deployment as it is.
+pub fn rule_of(system: easerve_workload::scenario::System) -> Option<Method> {
+    use easerve_workload::scenario::System;
+    match system {
+        System::Easerve => Some(Method::Has),
+        System::EpdServe => Some(Method::EpdServe),
+        System::HydraInfer => Some(Method::HydraInfer),
+        System::Passthrough | System::Aggregated => None,
+    }
+}
+
+/// The best deployable trial of a search of `sc` at `rate` by `method`
+/// (seed `seed`, [`DEFAULT_BUDGET`] trials where the method counts them),
+/// each trial the scenario with `o` and the candidate applied, on the
+/// simulator: with [`rule_of`]`(sc.system)`, the system's own choice.
+/// `None` when no candidate could be deployed.
+pub fn tune_by(
+    method: Method,
+    sc: &Scenario,
+    o: &easerve_workload::scenario::Overrides,
+    rate: f64,
+    seed: u64,
+) -> Option<TrialRecord> {
     let cost = easerve_sim::scenario_cost(sc);
     let trial = crate::SimTrial::new(sc.raw.clone(), &sc.file, o.clone());
     let cfg = SearchConfig {
-        method: Method::Has,
+        method,
         budget: DEFAULT_BUDGET,
         seed,
         rate,
@@ -290,6 +327,13 @@ pub fn search(
         Method::Random => random(&space, trial, budget, &mut rng, &mut rec),
         Method::Coordinate => coordinate(&space, trial, budget, &mut rec),
         Method::Exhaustive => exhaustive(&space, trial, &mut rec),
+        Method::EpdServe | Method::HydraInfer => {
+            let runs = crate::own::evaluate(sc, &space, cfg, trial);
+            for (c, o) in runs {
+                rec.record(c, o);
+            }
+            StopReason::GridDone(rec.trials.len())
+        }
     };
     Study {
         method: cfg.method,
@@ -555,6 +599,8 @@ mod tests {
                 mean_ttft: 1.0,
                 mean_tpot: 0.1,
                 feasible: true,
+                attainment: None,
+                goodput: None,
             },
             best_so_far: best,
         }

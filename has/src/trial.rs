@@ -17,6 +17,15 @@ pub struct Outcome {
     pub mean_tpot: f64,
     /// False when the candidate could not be deployed (then throughput is 0).
     pub feasible: bool,
+    /// Fraction of completed requests meeting every bound of the SLO tier
+    /// the trial was asked about ([`Trial::run_at`]); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attainment: Option<f64>,
+    /// Goodput by a baseline's own rule ([`crate::own`]): the highest rate,
+    /// requests/s, its SLO attainment reaches the target at; absent for the
+    /// searches that rank by throughput.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<f64>,
 }
 
 impl Outcome {
@@ -27,14 +36,21 @@ impl Outcome {
             mean_ttft: f64::INFINITY,
             mean_tpot: f64::INFINITY,
             feasible: false,
+            attainment: None,
+            goodput: None,
         }
     }
 
     /// The paper's ranking (EAServe §3.1): throughput first (higher is better),
     /// then mean TTFT, then mean TPOT (lower is better). `Greater` = better.
+    /// Outcomes that both carry a goodput ([`crate::own`]) rank by it first.
     pub fn rank(&self, other: &Outcome) -> Ordering {
-        self.throughput
-            .total_cmp(&other.throughput)
+        let goodput = match (self.goodput, other.goodput) {
+            (Some(a), Some(b)) => a.total_cmp(&b),
+            _ => Ordering::Equal,
+        };
+        goodput
+            .then_with(|| self.throughput.total_cmp(&other.throughput))
             .then_with(|| other.mean_ttft.total_cmp(&self.mean_ttft))
             .then_with(|| other.mean_tpot.total_cmp(&self.mean_tpot))
     }
@@ -44,6 +60,10 @@ impl Outcome {
 pub trait Trial: Sync {
     /// Deploy `c`, drive the workload, measure.
     fn run(&self, c: &Candidate) -> Outcome;
+    /// The same at offered rate `rate` (requests/s) instead of the search's,
+    /// with the attainment of SLO tier `tier` (an index into the scenario's
+    /// tiers): for a rule that sweeps the rate ([`crate::own`]).
+    fn run_at(&self, c: &Candidate, rate: f64, tier: usize) -> Outcome;
 }
 
 /// Trials on the simulator: the scenario with the candidate's allocation, B
@@ -64,11 +84,11 @@ impl SimTrial {
             base,
         }
     }
-}
 
-impl Trial for SimTrial {
-    fn run(&self, c: &Candidate) -> Outcome {
-        let Some(sc) = validate(&self.raw, &self.file, &c.overrides(&self.base)) else {
+    /// Simulate `c` with `base` overrides, and its outcome, with the
+    /// attainment of tier `tier` when given.
+    fn simulate(&self, c: &Candidate, base: &Overrides, tier: Option<usize>) -> Outcome {
+        let Some(sc) = validate(&self.raw, &self.file, &c.overrides(base)) else {
             return Outcome::infeasible();
         };
         let r = easerve_sim::simulate(&sc).report;
@@ -77,6 +97,22 @@ impl Trial for SimTrial {
             mean_ttft: r.ttft.mean,
             mean_tpot: r.tpot.mean,
             feasible: true,
+            attainment: tier.map(|t| r.goodput.get(t).map_or(0.0, |g| g.attainment)),
+            goodput: None,
         }
+    }
+}
+
+impl Trial for SimTrial {
+    fn run(&self, c: &Candidate) -> Outcome {
+        self.simulate(c, &self.base, None)
+    }
+
+    fn run_at(&self, c: &Candidate, rate: f64, tier: usize) -> Outcome {
+        let base = Overrides {
+            rate: Some(rate),
+            ..self.base.clone()
+        };
+        self.simulate(c, &base, Some(tier))
     }
 }

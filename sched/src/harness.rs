@@ -638,6 +638,7 @@ pub fn config_for(
         admission_limit,
         log_decisions: true,
         preprocess_ahead: false,
+        mechanisms: crate::Mechanisms::default(),
     }
 }
 
@@ -702,6 +703,7 @@ mod tests {
             admission_limit: None,
             log_decisions: true,
             preprocess_ahead: false,
+            mechanisms: crate::Mechanisms::default(),
         };
         let requests = (0..n).map(|i| test_request(i, i as f64 / rate)).collect();
         Controller::new(requests, cfg)

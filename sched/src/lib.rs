@@ -15,14 +15,16 @@
 //! * [`Allocation`] / [`Deployment`] — the paper's `2E(TP1)+1P(TP2)+1D(TP4)` plus
 //!   the runtime knobs `B` (encode batch bound) and `s` (offload ratio).
 //! * [`System`] — the serving systems (`easerve`, `passthrough`,
-//!   `aggregated`), each a policy set applied to a [`Deployment`].
+//!   `aggregated`, `epd-serve`, `hydrainfer`), each a policy set applied to a
+//!   [`Deployment`] plus the [`Mechanisms`] it adds to the controller.
 //! * [`LeastOutstanding`] — placement across replicas of one stage.
 //! * [`Batcher`] — when an encode worker dispatches a micro-batch
 //!   (`Immediate`, `FixedTimeout`, `QueueLength`, `PoissonGap`).
 //! * [`Router`] — where each request's prefill runs (deficit counter, plus the
 //!   `Random` and `Windowed` ablation baselines).
 //! * [`SmSplit`] — how an encode GPU's SMs are shared with a co-located prefill worker.
-//! * [`PrefillQueue`] — prefill batching under a token budget.
+//! * [`PrefillQueue`] — prefill batching under a token budget (chunked or not).
+//! * [`StepBudgets`] — HydraInfer's image and token budgets from a TPOT SLO.
 //! * [`DecodeScheduler`] / [`KvBlocks`] — continuous batching with paged KV-block accounting.
 //! * [`Topology`] — where each worker runs: GPUs, labels, local-prefill groups,
 //!   built once from the allocation for the controller, both drivers and the report.
@@ -60,12 +62,13 @@ pub use controller::{
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use placement::LeastOutstanding;
+pub use policy::budget;
 pub use policy::{
-    Batcher, BatcherParams, DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks, RateEstimator,
-    Route, Router, SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE,
-    RATE_WINDOW,
+    largest_within, Batcher, BatcherParams, DecodeRunProgress, DecodeScheduler, DecodeSeq,
+    KvBlocks, RateEstimator, Route, Router, SmSplit, SmTable, StepBudgets, DEFAULT_SM_EPSILON,
+    DEFAULT_SM_LEVELS, MIN_SM_SHARE, RATE_WINDOW,
 };
 pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
-pub use system::{System, UnknownSystem};
+pub use system::{EncodePlacement, Mechanisms, System, UnknownSystem};
 pub use topology::{Topology, TopologyWorker};

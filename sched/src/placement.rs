@@ -4,10 +4,15 @@
 /// with the least work assigned and not yet completed (ties → lowest index).
 /// The unit of work is the caller's (requests, tokens, estimated seconds).
 /// A retired replica (one that died) gets no more work while any other is left.
+///
+/// Built with [`LeastOutstanding::round_robin`] it places in turn instead,
+/// ignoring the work outstanding (it still counts it).
 #[derive(Clone, Debug)]
 pub struct LeastOutstanding {
     outstanding: Vec<f64>,
     retired: Vec<bool>,
+    /// Round robin: the replica whose turn is next.
+    turn: Option<usize>,
 }
 
 impl LeastOutstanding {
@@ -16,6 +21,17 @@ impl LeastOutstanding {
         LeastOutstanding {
             outstanding: vec![0.0; replicas.max(1)],
             retired: vec![false; replicas.max(1)],
+            turn: None,
+        }
+    }
+
+    /// Placement in turn over `replicas` replicas (≥ 1), skipping retired
+    /// ones while any other is live: EPD-Serve's encode `request_allocator`
+    /// (`epdserve/engine_encoding.py`).
+    pub fn round_robin(replicas: usize) -> Self {
+        LeastOutstanding {
+            turn: Some(0),
+            ..LeastOutstanding::new(replicas)
         }
     }
 
@@ -24,6 +40,16 @@ impl LeastOutstanding {
     /// retired, the one with the least (the caller then fails the work).
     pub fn assign(&mut self, work: f64) -> usize {
         let all_retired = self.retired.iter().all(|r| *r);
+        if let Some(turn) = self.turn {
+            let n = self.outstanding.len();
+            let pick = (0..n)
+                .map(|k| (turn + k) % n)
+                .find(|&r| all_retired || !self.retired[r])
+                .unwrap_or(turn % n);
+            self.turn = Some((pick + 1) % n);
+            self.outstanding[pick] += work;
+            return pick;
+        }
         let mut best: Option<usize> = None;
         for (i, w) in self.outstanding.iter().enumerate() {
             if self.retired[i] && !all_retired {
@@ -71,6 +97,15 @@ mod tests {
         p.retire(0);
         // all retired: the least loaded, for the caller to fail
         assert_eq!(p.assign(1.0), 1);
+    }
+
+    #[test]
+    fn round_robin_takes_turns_and_skips_the_retired() {
+        let mut p = LeastOutstanding::round_robin(3);
+        let picks: Vec<usize> = (0..4).map(|_| p.assign(1.0)).collect();
+        assert_eq!(picks, [0, 1, 2, 0]);
+        p.retire(1);
+        assert_eq!((p.assign(9.0), p.assign(1.0)), (2, 0));
     }
 
     #[test]

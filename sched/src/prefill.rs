@@ -16,13 +16,15 @@ pub struct PrefillItem {
 ///
 /// A batch takes requests in arrival order while their tokens fit the budget
 /// (vLLM's `max_num_batched_tokens`) and the sequence cap (`max_num_seqs`). A
-/// prompt longer than the whole budget runs alone (it is not chunked).
+/// prompt longer than the whole budget runs alone, unless the queue chunks
+/// ([`PrefillQueue::chunked`]).
 #[derive(Clone, Debug)]
 pub struct PrefillQueue {
     token_budget: u64,
     max_seqs: usize,
     queue: VecDeque<PrefillItem>,
     queued_tokens: u64,
+    chunked: bool,
 }
 
 impl PrefillQueue {
@@ -33,7 +35,25 @@ impl PrefillQueue {
             max_seqs: max_seqs.max(1),
             queue: VecDeque::new(),
             queued_tokens: 0,
+            chunked: false,
         }
+    }
+
+    /// A queue that chunks prompts (Sarathi-style chunked prefill, as
+    /// HydraInfer's scheduler does): a batch that has room left takes the
+    /// part of the next prompt that fills its budget, and the rest of that
+    /// prompt stays first in line ([`PrefillQueue::holds_rest_of`]).
+    pub fn chunked(token_budget: u64, max_seqs: usize) -> Self {
+        PrefillQueue {
+            chunked: true,
+            ..PrefillQueue::new(token_budget, max_seqs)
+        }
+    }
+
+    /// Whether the rest of request `id`'s prompt waits first in line: the
+    /// last batch took only a chunk of it.
+    pub fn holds_rest_of(&self, id: RequestId) -> bool {
+        self.queue.front().is_some_and(|i| i.id == id)
     }
 
     /// Enqueue a request whose embeddings have arrived.
@@ -61,8 +81,19 @@ impl PrefillQueue {
     pub fn next_batch(&mut self) -> Vec<PrefillItem> {
         let mut batch = Vec::new();
         let mut tokens = 0u64;
-        while let Some(item) = self.queue.front() {
+        while let Some(item) = self.queue.front_mut() {
             let fits = tokens + item.tokens <= self.token_budget;
+            if batch.len() < self.max_seqs && !fits && self.chunked && tokens < self.token_budget {
+                // a chunk fills the budget; the rest stays first in line
+                let part = self.token_budget - tokens;
+                item.tokens -= part;
+                tokens += part;
+                batch.push(PrefillItem {
+                    id: item.id,
+                    tokens: part,
+                });
+                break;
+            }
             if batch.len() >= self.max_seqs || (!batch.is_empty() && !fits) {
                 break;
             }
@@ -91,6 +122,39 @@ mod tests {
         assert_eq!(ids(q.next_batch()), vec![3]); // over-budget prompt runs alone
         assert_eq!(ids(q.next_batch()), vec![4]);
         assert!(q.next_batch().is_empty());
+        assert_eq!(q.queued_tokens(), 0);
+    }
+
+    #[test]
+    fn a_chunked_queue_fills_its_budget_and_keeps_the_rest_first() {
+        let mut q = PrefillQueue::chunked(1000, 8);
+        for (id, tokens) in [(0, 400), (1, 2500), (2, 10)] {
+            q.push(PrefillItem { id, tokens });
+        }
+        let b = q.next_batch();
+        assert_eq!(
+            b,
+            vec![
+                PrefillItem { id: 0, tokens: 400 },
+                PrefillItem { id: 1, tokens: 600 }
+            ]
+        );
+        assert!(q.holds_rest_of(1));
+        assert_eq!(
+            q.next_batch(),
+            vec![PrefillItem {
+                id: 1,
+                tokens: 1000
+            }]
+        );
+        assert_eq!(
+            q.next_batch(),
+            vec![
+                PrefillItem { id: 1, tokens: 900 },
+                PrefillItem { id: 2, tokens: 10 }
+            ]
+        );
+        assert!(!q.holds_rest_of(2) && q.is_empty());
         assert_eq!(q.queued_tokens(), 0);
     }
 }

@@ -56,6 +56,21 @@ pub enum Decision {
         /// pass on its GPU leaves).
         sm_share: f64,
     },
+    /// Prefill worker `worker`'s batch ends with a chunk of request `id`'s
+    /// prompt, `tokens` of it (chunked prefill); the rest waits first in
+    /// line, with `queued_tokens` tokens queued there in all.
+    PrefillChunk {
+        /// Time of the decision.
+        at: f64,
+        /// Prefill worker.
+        worker: usize,
+        /// Request.
+        id: RequestId,
+        /// Tokens of its prompt in this batch.
+        tokens: u64,
+        /// Tokens queued at the worker after this batch (the rest included).
+        queued_tokens: u64,
+    },
     /// The running batch of local prefill worker `worker` changes SM share
     /// because an encode pass on its GPU entered or left its GPU phase.
     Share {
@@ -65,6 +80,16 @@ pub enum Decision {
         worker: usize,
         /// The new share.
         sm_share: f64,
+    },
+    /// Item `item` of request `id` (intra-request parallelism: one shard
+    /// per item) goes to encode worker `worker`.
+    PlaceShard {
+        /// Request.
+        id: RequestId,
+        /// Index of the item in the request's items.
+        item: u32,
+        /// Encode worker.
+        worker: usize,
     },
     /// Request `id`'s KV cache goes to decode worker `worker`.
     PlaceDecode {

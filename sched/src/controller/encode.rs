@@ -42,6 +42,10 @@ impl Controller {
             self.try_prefill(now, p);
             return;
         }
+        if self.mechanisms.split_items {
+            self.arrive_in_shards(now, id);
+            return;
+        }
         let enc = req.encoder_tokens as f64;
         let w = self.encode_place.assign(enc);
         self.decide(|| Decision::PlaceEncode { id, worker: w });
@@ -60,7 +64,17 @@ impl Controller {
         self.try_dispatch(now, w);
     }
 
+    /// Encode worker `w` may start a pass: at once, or with lockstep steps
+    /// as part of its instance's next step.
     pub(super) fn try_dispatch(&mut self, now: f64, w: usize) {
+        match self.step_group_of_encode(w) {
+            Some(p) => self.try_step(now, p),
+            None => self.dispatch_now(now, w),
+        }
+    }
+
+    /// Start a pass on encode worker `w` if its batcher says go.
+    pub(super) fn dispatch_now(&mut self, now: f64, w: usize) {
         let colocated = self.encode[w].local.is_some();
         let worker = &mut self.encode[w];
         if !worker.alive {
@@ -76,10 +90,16 @@ impl Controller {
                     _ => 1.0,
                 };
                 for &id in &ids {
+                    // a request split into shards starts with its first
                     let r = &mut self.records[id as usize];
-                    r.encode_start = Some(now);
-                    r.encode_batch = Some(ids.len());
+                    r.encode_start.get_or_insert(now);
+                    r.encode_batch.get_or_insert(ids.len());
                 }
+                let items = if self.mechanisms.split_items {
+                    self.take_shards(w, &ids)
+                } else {
+                    Vec::new()
+                };
                 self.counters.passes += 1;
                 self.counters.passed_requests += ids.len();
                 self.decide(|| Decision::Dispatch {
@@ -90,6 +110,7 @@ impl Controller {
                 });
                 let worker = &mut self.encode[w];
                 worker.pass = ids;
+                worker.items = items;
                 worker.busy = true;
                 worker.gpu_phase = false;
                 self.commands.push_back(Command::Encode {
@@ -169,6 +190,15 @@ impl Controller {
         self.encode[w].gpu_phase = false;
         self.reshare_local(now, w);
         let ids = std::mem::take(&mut self.encode[w].pass);
+        if self.mechanisms.split_items {
+            let items = std::mem::take(&mut self.encode[w].items);
+            self.route_shards(now, w, &ids, &items);
+            let mut ids = ids;
+            ids.clear();
+            self.encode[w].pass = ids;
+            self.try_dispatch(now, w);
+            return;
+        }
         let mut groups = std::mem::take(&mut self.groups);
         for &id in &ids {
             let i = id as usize;
@@ -204,15 +234,17 @@ impl Controller {
             self.place[i] = Place::Prefill(dest);
             match groups.iter_mut().find(|g| g.0 == dest) {
                 Some(g) => g.1.push(id),
-                None => groups.push((dest, vec![id])),
+                None => groups.push((dest, vec![id], Vec::new())),
             }
         }
         // keep the pass's vector for the next pass
         let mut ids = ids;
         ids.clear();
         self.encode[w].pass = ids;
-        for (dest, ids) in groups.drain(..) {
+        let mut sent_local = false;
+        for (dest, ids, _) in groups.drain(..) {
             let local = self.prefill[dest].local;
+            sent_local |= local;
             let (envelope, slot) = self.new_envelope(w, dest, local);
             self.envelopes[slot].ids = ids;
             if !local {
@@ -226,6 +258,10 @@ impl Controller {
             });
         }
         self.groups = groups;
-        self.try_dispatch(now, w);
+        // in lockstep, the local embeddings landing start the next step, so
+        // that it prefills what this pass encoded
+        if !(sent_local && self.mechanisms.lockstep) {
+            self.try_dispatch(now, w);
+        }
     }
 }

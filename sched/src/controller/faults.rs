@@ -16,6 +16,12 @@ impl Controller {
         let why = format!("{label} failed: {reason}");
         let victims: Vec<RequestId> = match w {
             WorkerRef::Encode(i) => {
+                // its shards are lost with it (intra-request parallelism)
+                let holders = if self.mechanisms.split_items {
+                    self.shard_holders(i)
+                } else {
+                    Vec::new()
+                };
                 let e = &mut self.encode[i];
                 e.alive = false;
                 e.busy = false;
@@ -25,7 +31,9 @@ impl Controller {
                 self.encode_place.retire(i);
                 // its GPU's SMs are the local prefill worker's again
                 self.reshare_local(now, i);
-                self.place_ids(Place::Encode(i))
+                let mut victims = self.place_ids(Place::Encode(i));
+                victims.extend(holders);
+                victims
             }
             WorkerRef::Prefill(i) => {
                 self.prefill[i].alive = false;

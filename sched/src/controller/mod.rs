@@ -72,6 +72,10 @@
 //! * `replica.rs`: the aggregated system's replicas — front-end
 //!   preprocessing, placement, and iterations that encode, prefill and
 //!   decode together.
+//! * `shards.rs`: intra-request parallelism (EPD-Serve) — a request's items
+//!   as shards on several encode workers, its prefill waiting for all of them.
+//! * `steps.rs`: HydraInfer's instance steps — encode workers and their local
+//!   prefill worker starting work together — and its chunked prefill.
 //! * `faults.rs`: a worker's death and the run's interruption, and the
 //!   wording of an injected kill ([`kill_reason`]).
 
@@ -82,6 +86,8 @@ mod event;
 mod faults;
 mod prefill;
 mod replica;
+mod shards;
+mod steps;
 
 pub use command::{Command, Decision};
 pub use encode::TIME_SLICE_SHARE;
@@ -89,8 +95,8 @@ pub use event::{EnvelopeId, Event, WorkerRef};
 pub use faults::kill_reason;
 
 use crate::{
-    Batcher, DecodeScheduler, LeastOutstanding, PrefillItem, PrefillQueue, Request, RequestId,
-    RequestRecord, Router, RouterPolicy, SmSplit, Topology,
+    Batcher, DecodeScheduler, EncodePlacement, LeastOutstanding, Mechanisms, PrefillItem,
+    PrefillQueue, Request, RequestId, RequestRecord, Router, RouterPolicy, SmSplit, Topology,
 };
 use std::collections::VecDeque;
 
@@ -126,8 +132,13 @@ pub struct ControllerConfig {
     /// encode worker is handed to it at once ([`Command::Preprocess`]), so its
     /// media are preprocessed while the worker's earlier passes run. Off: an
     /// encode pass preprocesses its own micro-batch first, in series with its
-    /// GPU phase.
+    /// GPU phase. Not with [`Mechanisms::split_items`], whose shards a pass
+    /// preprocesses itself.
     pub preprocess_ahead: bool,
+    /// The serving system's own mechanisms ([`crate::System::mechanisms`]):
+    /// encode placement, intra-request parallelism, chunked prefill,
+    /// lockstep steps on a shared GPU.
+    pub mechanisms: Mechanisms,
 }
 
 /// Where a request is.
@@ -147,6 +158,11 @@ struct EncodeSlot {
     batcher: Batcher,
     /// The pass running, FCFS; empty when idle.
     pass: Vec<RequestId>,
+    /// With intra-request parallelism: the item each entry of `pass` encodes.
+    items: Vec<u32>,
+    /// With intra-request parallelism: the shards queued at the batcher, in
+    /// its order (request, item).
+    queued: VecDeque<(RequestId, u32)>,
     busy: bool,
     /// Whether the pass holds the GPU's SMs (its host phase is over).
     gpu_phase: bool,
@@ -185,6 +201,8 @@ struct Envelope {
     to: usize,
     local: bool,
     ids: Vec<RequestId>,
+    /// With intra-request parallelism: the item of each entry of `ids`.
+    items: Vec<u32>,
     in_flight: bool,
 }
 
@@ -232,10 +250,19 @@ pub struct Controller {
     counters: ControllerCounters,
     log: Option<Vec<Decision>>,
     commands: VecDeque<Command>,
-    /// Routing scratch (destination, ids), reused by every pass.
-    groups: Vec<(usize, Vec<RequestId>)>,
+    /// Routing scratch (destination, ids, items), reused by every pass.
+    groups: Vec<EnvelopeGroup>,
     preprocess_ahead: bool,
+    mechanisms: Mechanisms,
+    /// With intra-request parallelism, per request: the shards whose
+    /// embeddings have not landed yet, and its prefill worker once the first
+    /// shard was routed. Empty otherwise.
+    shards: Vec<shards::ShardState>,
 }
+
+/// One envelope a pass sends: its prefill worker, the requests and (with
+/// intra-request parallelism) their items.
+type EnvelopeGroup = (usize, Vec<RequestId>, Vec<u32>);
 
 impl Controller {
     /// A controller for `requests` (ids = indices, ascending arrival) laid out
@@ -248,6 +275,8 @@ impl Controller {
             .map(|batcher| EncodeSlot {
                 batcher,
                 pass: Vec::new(),
+                items: Vec::new(),
+                queued: VecDeque::new(),
                 busy: false,
                 gpu_phase: false,
                 timer: None,
@@ -256,13 +285,25 @@ impl Controller {
                 alive: true,
             })
             .collect();
+        let mech = cfg.mechanisms;
+        debug_assert!(
+            !(mech.split_items && cfg.preprocess_ahead),
+            "shards are preprocessed by their passes"
+        );
         let queue = || PrefillQueue::new(cfg.prefill_token_budget, cfg.prefill_max_seqs);
+        let prefill_queue = || {
+            if mech.chunked_prefill {
+                PrefillQueue::chunked(cfg.prefill_token_budget, cfg.prefill_max_seqs)
+            } else {
+                queue()
+            }
+        };
         let prefill: Vec<PrefillSlot> = cfg
             .topology
             .prefill()
             .iter()
             .map(|w| PrefillSlot {
-                queue: queue(),
+                queue: prefill_queue(),
                 batch: Vec::new(),
                 busy: false,
                 share: 1.0,
@@ -290,13 +331,22 @@ impl Controller {
             .into_iter()
             .map(|sched| replica::ReplicaSlot::new(queue(), sched))
             .collect();
+        let shards = if mech.split_items {
+            vec![shards::ShardState::default(); requests.len()]
+        } else {
+            Vec::new()
+        };
         Controller {
             place: vec![Place::NotArrived; requests.len()],
             replica_place: LeastOutstanding::new(replicas.len()),
             replicas,
             records,
             requests,
-            encode_place: LeastOutstanding::new(encode.len()),
+            encode_place: match mech.encode_placement {
+                EncodePlacement::LeastOutstanding => LeastOutstanding::new(encode.len()),
+                EncodePlacement::RoundRobin => LeastOutstanding::round_robin(encode.len()),
+            },
+            shards,
             remote_place: LeastOutstanding::new(cfg.topology.remote_prefill()),
             decode_place: LeastOutstanding::new(decode.len()),
             router: Router::new(&cfg.router.0, cfg.router.1),
@@ -316,6 +366,7 @@ impl Controller {
             commands: VecDeque::new(),
             groups: Vec::new(),
             preprocess_ahead: cfg.preprocess_ahead,
+            mechanisms: mech,
         }
     }
 
@@ -330,6 +381,9 @@ impl Controller {
         req.id = id;
         self.records.push(RequestRecord::new(&req));
         self.place.push(Place::NotArrived);
+        if self.mechanisms.split_items {
+            self.shards.push(shards::ShardState::default());
+        }
         self.requests.push(req);
         id
     }
@@ -400,6 +454,14 @@ impl Controller {
         &self.encode[w].pass
     }
 
+    /// With intra-request parallelism ([`Mechanisms::split_items`]): the
+    /// item (index into the request's items) each entry of
+    /// [`Controller::encode_batch`]`(w)` encodes; empty when each pass
+    /// encodes its requests' items whole.
+    pub fn encode_items(&self, w: usize) -> &[u32] {
+        &self.encode[w].items
+    }
+
     /// The batch running on prefill worker `p` (empty when idle).
     pub fn prefill_batch(&self, p: usize) -> &[PrefillItem] {
         &self.prefill[p].batch
@@ -408,6 +470,13 @@ impl Controller {
     /// The requests of an envelope in flight (empty once it landed or is unknown).
     pub fn envelope(&self, e: EnvelopeId) -> &[RequestId] {
         self.live_envelope(e).map_or(&[], |x| &x.ids)
+    }
+
+    /// With intra-request parallelism: the item of each entry of
+    /// [`Controller::envelope`]`(e)` whose embeddings it carries; empty when
+    /// envelopes carry whole requests.
+    pub fn envelope_items(&self, e: EnvelopeId) -> &[u32] {
+        self.live_envelope(e).map_or(&[], |x| &x.items)
     }
 
     /// The sequences of decode worker `d`'s running batch, in no particular order.
@@ -588,6 +657,7 @@ impl Controller {
                     to,
                     local,
                     ids: Vec::new(),
+                    items: Vec::new(),
                     in_flight: false,
                 });
                 self.envelopes.len() - 1
@@ -600,6 +670,7 @@ impl Controller {
         e.local = local;
         e.in_flight = true;
         e.ids.clear();
+        e.items.clear();
         ((e.gen as u64) << 32 | slot as u64, slot)
     }
 }

@@ -21,6 +21,10 @@ impl Controller {
             self.fail(id, &why);
             return;
         }
+        if self.mechanisms.split_items && !self.last_shard_landed(i) {
+            // its other shards' embeddings are still on their way
+            return;
+        }
         self.records[i].prefill_ready = Some(now);
         self.prefill[p].queue.push(PrefillItem {
             id,
@@ -54,15 +58,30 @@ impl Controller {
         }
     }
 
+    /// Prefill worker `p` may start a batch: at once, or with lockstep
+    /// steps as part of its instance's next step.
     pub(super) fn try_prefill(&mut self, now: f64, p: usize) {
+        if self.step_group_of_prefill(p) {
+            self.try_step(now, p);
+        } else {
+            self.prefill_now(now, p);
+        }
+    }
+
+    /// Start a batch on prefill worker `p` if it is idle and has work.
+    pub(super) fn prefill_now(&mut self, now: f64, p: usize) {
         let slot = &self.prefill[p];
         if !slot.alive || slot.busy || slot.queue.is_empty() {
             return;
         }
         let items = self.prefill[p].queue.next_batch();
         for it in &items {
-            self.records[it.id as usize].prefill_start = Some(now);
+            // a chunked prompt starts with its first chunk
+            self.records[it.id as usize]
+                .prefill_start
+                .get_or_insert(now);
         }
+        self.note_chunk(now, p, &items);
         let sm_share = if self.prefill[p].local {
             self.local_prefill_share(p)
         } else {
@@ -97,7 +116,7 @@ impl Controller {
             if !self.prefill[p].local {
                 self.remote_place.complete(p, it.tokens as f64);
             }
-            if self.place[i] == Place::Done {
+            if self.place[i] == Place::Done || self.is_chunk(p, it.id) {
                 continue;
             }
             self.records[i].first_token = Some(now);

@@ -14,13 +14,17 @@
 //!   [`SmTable`]).
 //! * `decode.rs` — decode scheduling: continuous batching with paged KV-block
 //!   accounting, run by run ([`DecodeScheduler`], [`KvBlocks`]).
+//! * `budget.rs` — HydraInfer's step budgets: the most images and tokens one
+//!   step takes, the largest whose step fits a TPOT SLO ([`StepBudgets`]).
 
 mod batcher;
+pub mod budget;
 mod decode;
 mod router;
 mod smsplit;
 
 pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
+pub use budget::{largest_within, StepBudgets};
 pub use decode::{DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks};
 pub use router::{Route, Router};
 pub use smsplit::{SmSplit, SmTable, DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE};

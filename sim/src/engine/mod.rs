@@ -293,7 +293,7 @@ fn preprocess_note(sc: &Scenario) -> String {
 /// The notes of an EPD system's run beyond its cost source's: how encode
 /// preprocessing was charged, the transfers' link, the SM split.
 fn epd_notes(sc: &Scenario, ctrl: &Controller) -> Vec<String> {
-    let mut notes = Vec::new();
+    let mut notes: Vec<String> = sc.system_note().into_iter().collect();
     if sc.workload.modality != easerve_sched::Modality::Text {
         notes.push(preprocess_note(sc));
     }
@@ -633,8 +633,14 @@ impl<'a> Sim<'a> {
         let now = self.now;
         self.items.clear();
         let mut pre_done = now;
-        for &id in self.ctrl.encode_batch(w) {
-            self.items.extend_from_slice(&self.tokens[id as usize]);
+        let shards = self.ctrl.encode_items(w);
+        for (k, &id) in self.ctrl.encode_batch(w).iter().enumerate() {
+            let items = &self.tokens[id as usize];
+            match shards.get(k) {
+                // one shard: one item of the request (intra-request parallelism)
+                Some(&item) => self.items.extend(items.get(item as usize).copied()),
+                None => self.items.extend_from_slice(items),
+            }
             if let Some(&r) = self.pre_ready.get(id as usize) {
                 pre_done = pre_done.max(r);
             }
@@ -771,10 +777,15 @@ impl<'a> Sim<'a> {
         } else {
             let requests = self.ctrl.requests();
             let ids = self.ctrl.envelope(envelope);
-            let bytes = ids
-                .iter()
-                .map(|&id| requests[id as usize].mm_tokens as f64)
-                .sum::<f64>()
+            let shards = self.ctrl.envelope_items(envelope);
+            let tokens = |(k, &id): (usize, &RequestId)| match shards.get(k) {
+                // a shard carries its item's embeddings
+                Some(&item) => self.tokens[id as usize]
+                    .get(item as usize)
+                    .map_or(0.0, |t| t.llm_tokens as f64),
+                None => requests[id as usize].mm_tokens as f64,
+            };
+            let bytes = ids.iter().enumerate().map(tokens).sum::<f64>()
                 * self.sc.model.embedding_bytes_per_token();
             let start = self.encode[from].link_free_at.max(now);
             let dur = self.cost.transfer(bytes);

@@ -22,15 +22,32 @@ pub enum SweptSystem {
     /// easerve with its allocation, B and s chosen by a HAS search at each
     /// point ([`easerve_has::tune`]).
     Easerve,
+    /// EPD-Serve ([`System::EpdServe`]) at the configuration its own
+    /// optimizer chooses at each point ([`easerve_has::own`]).
+    EpdServe,
+    /// HydraInfer ([`System::HydraInfer`]) in the form and instances its own
+    /// selection chooses at each point ([`easerve_has::own`]).
+    HydraInfer,
 }
 
 impl SweptSystem {
-    /// Every system, in the order `--systems` lists them by default.
-    pub const ALL: [SweptSystem; 4] = [
+    /// The systems `--systems` runs by default, in order (and `easerve
+    /// reproduce`'s rate sweeps).
+    pub const DEFAULT: [SweptSystem; 4] = [
         SweptSystem::Passthrough,
         SweptSystem::Aggregated,
         SweptSystem::EaserveS1,
         SweptSystem::Easerve,
+    ];
+
+    /// Every system a sweep can compare.
+    pub const ALL: [SweptSystem; 6] = [
+        SweptSystem::Passthrough,
+        SweptSystem::Aggregated,
+        SweptSystem::EaserveS1,
+        SweptSystem::Easerve,
+        SweptSystem::EpdServe,
+        SweptSystem::HydraInfer,
     ];
 
     /// The name on the command line and in the sweep's rows.
@@ -40,14 +57,39 @@ impl SweptSystem {
             SweptSystem::Aggregated => "aggregated",
             SweptSystem::EaserveS1 => "easerve-s1",
             SweptSystem::Easerve => "easerve",
+            SweptSystem::EpdServe => "epd-serve",
+            SweptSystem::HydraInfer => "hydrainfer",
         }
+    }
+
+    /// The serving system its runs name.
+    pub fn system(self) -> System {
+        match self {
+            SweptSystem::Passthrough => System::Passthrough,
+            SweptSystem::Aggregated => System::Aggregated,
+            SweptSystem::EaserveS1 | SweptSystem::Easerve => System::Easerve,
+            SweptSystem::EpdServe => System::EpdServe,
+            SweptSystem::HydraInfer => System::HydraInfer,
+        }
+    }
+
+    /// Whether its deployment is chosen by a search at each point (the
+    /// system's own rule, [`easerve_has::rule_of`]).
+    pub fn searched(self) -> bool {
+        matches!(
+            self,
+            SweptSystem::Easerve | SweptSystem::EpdServe | SweptSystem::HydraInfer
+        )
     }
 
     /// The scenario fields this system chooses itself: `passthrough` runs
     /// B = 1, `immediate` dispatch and s = 1; `easerve-s1` runs s = 1;
     /// `easerve` takes its allocation, B and s from a search at each point;
-    /// `aggregated` runs whole replicas with encode inline, so no EPD knob
-    /// applies.
+    /// `epd-serve` its allocation and B from its optimizer, with greedy
+    /// dispatch and s = 1; `hydrainfer` its allocation (form) from its
+    /// selection, B and the prefill token budget from its TPOT SLO, greedy
+    /// dispatch and time-sliced sharing; `aggregated` runs whole replicas
+    /// with encode inline, so no EPD knob applies.
     pub fn fixed_fields(self) -> &'static [&'static str] {
         match self {
             SweptSystem::Passthrough => &[
@@ -60,6 +102,20 @@ impl SweptSystem {
                 "deployment.allocation",
                 "deployment.batch",
                 "deployment.offload",
+            ],
+            SweptSystem::EpdServe => &[
+                "deployment.allocation",
+                "deployment.batch",
+                "deployment.offload",
+                "deployment.dispatch",
+            ],
+            SweptSystem::HydraInfer => &[
+                "deployment.allocation",
+                "deployment.batch",
+                "deployment.offload",
+                "deployment.dispatch",
+                "deployment.sm_policy",
+                "deployment.prefill_token_budget",
             ],
             SweptSystem::Aggregated => &[
                 "deployment.allocation",
@@ -82,14 +138,9 @@ impl SweptSystem {
             requests,
             ..Default::default()
         };
-        match self {
-            SweptSystem::Passthrough => o.system = Some(System::Passthrough),
-            SweptSystem::Aggregated => o.system = Some(System::Aggregated),
-            SweptSystem::EaserveS1 => {
-                o.system = Some(System::Easerve);
-                o.offload = Some(1.0);
-            }
-            SweptSystem::Easerve => o.system = Some(System::Easerve),
+        o.system = Some(self.system());
+        if self == SweptSystem::EaserveS1 {
+            o.offload = Some(1.0);
         }
         o
     }
@@ -103,7 +154,9 @@ impl std::fmt::Display for SweptSystem {
 
 /// A system name that is none of [`SweptSystem::ALL`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("unknown system `{0}`; allowed: passthrough, aggregated, easerve-s1, easerve")]
+#[error(
+    "unknown system `{0}`; allowed: passthrough, aggregated, easerve-s1, easerve, epd-serve, hydrainfer"
+)]
 pub struct UnknownSystem(pub String);
 
 impl std::str::FromStr for SweptSystem {
@@ -379,8 +432,9 @@ fn run_point(
     Ok((out.report, ttfts))
 }
 
-/// The scenario one point runs: the system's overrides, and for `easerve`
-/// the deployment a HAS search at that point chose.
+/// The scenario one point runs: the system's overrides, and for `easerve`,
+/// `epd-serve` and `hydrainfer` the deployment the system's own rule chose
+/// at that point (HAS for easerve).
 pub fn point_scenario(
     path: &Path,
     sets: &[(String, String)],
@@ -388,9 +442,10 @@ pub fn point_scenario(
     requests: Option<i64>,
 ) -> Result<Scenario, ScenarioError> {
     let mut o = p.system.overrides(p.rate, p.seed, requests);
-    if p.system == SweptSystem::Easerve {
+    if p.system.searched() {
         let sc = Scenario::load_with(path, sets, &o)?;
-        if let Some(best) = easerve_has::tune(&sc, &o, p.rate, p.seed) {
+        let rule = easerve_has::rule_of(sc.system);
+        if let Some(best) = rule.and_then(|m| easerve_has::tune_by(m, &sc, &o, p.rate, p.seed)) {
             o = best.candidate.overrides(&o);
         }
     }

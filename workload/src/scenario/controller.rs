@@ -2,7 +2,9 @@
 //! (simulator and executor) drive it: the [`Scenario::topology`], the encode
 //! policies (batchers and SM split, [`Scenario::encode_policies`]) and their
 //! dispatch, and one decode scheduler per decode worker; for the aggregated
-//! system, its replicas ([`Scenario::replica_schedulers`]) instead.
+//! system, its replicas ([`Scenario::replica_schedulers`]) instead; the
+//! system's own mechanisms ([`easerve_sched::System::mechanisms`]) and, for
+//! HydraInfer, its step budgets ([`Scenario::apply_step_budgets`]).
 
 use super::Scenario;
 
@@ -165,7 +167,77 @@ impl Scenario {
             admission_limit: self.knobs.admission_limit,
             log_decisions,
             preprocess_ahead: self.knobs.preprocess_threads.is_some(),
+            mechanisms: self.system.mechanisms(),
         }
+    }
+
+    /// HydraInfer's step budgets ([`easerve_sched::StepBudgets`]) from this
+    /// scenario's cost model, as its profiler measures them on the instances
+    /// that run them: images of 336 × 336 pixels encoded on one GPU, prompts
+    /// of 16 tokens prefilled at the prefill workers' layout (the local one
+    /// in the EP+D form) and at the decode workers'.
+    pub fn step_budgets(&self) -> easerve_sched::StepBudgets {
+        use easerve_model::Parallel;
+        use easerve_sched::budget::PROBE_PROMPT_TOKENS;
+        let cost = self.cost();
+        let a = &self.deployment.allocation;
+        let prefill_par = if a.prefill.workers > 0 {
+            Parallel::new(a.prefill.tp, a.prefill.ep)
+        } else {
+            Parallel::new(self.knobs.local_prefill_tp.unwrap_or(1), 1)
+        };
+        let probe = self.model.image_tokens(336, 336).ok();
+        let fill = |par: Parallel, n: u64| {
+            let prompts = (n / PROBE_PROMPT_TOKENS).max(1) as usize;
+            cost.prefill(&vec![PROBE_PROMPT_TOKENS; prompts], par, 1.0)
+        };
+        easerve_sched::StepBudgets::from_step_times(
+            |n| match probe {
+                Some(item) => cost.encode(&vec![item; n as usize], 1.0).t_gpu,
+                None => 0.0,
+            },
+            |n| fill(prefill_par, n),
+            |n| fill(Parallel::new(a.decode.tp, a.decode.ep), n),
+        )
+    }
+
+    /// What the system adds to the deployment, for a report's notes: the
+    /// mechanisms of `epd-serve` and `hydrainfer` and where they come from;
+    /// `None` for the others.
+    pub fn system_note(&self) -> Option<String> {
+        use easerve_sched::budget::{DECODE_TPOT_SLO_S, NO_DECODE_TPOT_SLO_S};
+        match self.system {
+            easerve_sched::System::EpdServe => Some(format!(
+                "epd-serve: encode instances take turns (round robin), each request's images are shards encoded on their own (intra-request parallelism) and its prefill waits for every shard; each encode pass takes all that waits up to B = {} (github.com/vbdi/epdserve 9b111f7: epdserve/engine_encoding.py, epdserve/scheduler_encoding.py, epdserve/scheduler_context.py)",
+                self.deployment.max_batch
+            )),
+            easerve_sched::System::HydraInfer => Some(format!(
+                "hydrainfer: form {}; image budget B = {} requests a step, token budget {} tokens a prefill step (chunked prefill), decode steps of at most {} sequences: the largest whose step fits its instance's TPOT SLO ({} s encoding or prefilling, {} s decoding; hydrainfer/engine/profiler.py, hydrainfer/config/node/*.yaml){}",
+                if self.deployment.allocation.prefill.workers > 0 { "E+P+D" } else { "EP+D" },
+                self.deployment.max_batch,
+                self.knobs.prefill_token_budget,
+                self.knobs.decode_max_batch,
+                NO_DECODE_TPOT_SLO_S,
+                DECODE_TPOT_SLO_S,
+                if self.deployment.allocation.prefill.workers > 0 {
+                    ""
+                } else {
+                    "; each EP instance runs encode and prefill on two CUDA streams of its GPUs, time-sliced (no SM partition), and starts both together each step"
+                }
+            )),
+            _ => None,
+        }
+    }
+
+    /// Set HydraInfer's budgets ([`Scenario::step_budgets`]) as the knobs
+    /// they are: the image budget is the encode batch bound B, the token
+    /// budget the prefill token budget (chunked), and decode steps take at
+    /// most the decode token budget of sequences.
+    pub fn apply_step_budgets(&mut self) {
+        let b = self.step_budgets();
+        self.deployment.max_batch = b.images as usize;
+        self.knobs.prefill_token_budget = b.prefill_tokens;
+        self.knobs.decode_max_batch = self.knobs.decode_max_batch.min(b.decode_tokens as usize);
     }
 
     /// The encode dispatch policy each encode worker runs: the scenario's,

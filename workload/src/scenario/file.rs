@@ -107,11 +107,12 @@ pub struct ClusterSection {
 pub struct DeploymentSection {
     /// Allocation in the paper's notation, e.g. `2E(TP1)+1P(TP2)+1D(TP4)`.
     pub allocation: String,
-    /// Serving system: `easerve` (default), `passthrough` or `aggregated`.
+    /// Serving system: `easerve` (default), `passthrough`, `aggregated`,
+    /// `epd-serve` or `hydrainfer`.
     pub system: Option<String>,
     /// Serving framework whose fixed encode costs (per pass, per request) and
-    /// preprocessing implementation are charged: `easerve`, `passthrough` or
-    /// `aggregated` (default: the system's own). Runs one system's scheduling on
+    /// preprocessing implementation are charged: `easerve`, `passthrough`,
+    /// `aggregated`, `epd-serve` or `hydrainfer` (default: the system's own). Runs one system's scheduling on
     /// another's framework, e.g. micro-batching added to a pass-through framework
     /// (the EAServe paper's Table 1).
     pub framework: Option<String>,
@@ -156,10 +157,11 @@ pub struct DeploymentSection {
     /// stage: each request is preprocessed on the encode worker's threads as
     /// soon as it is placed there, while earlier passes hold the GPU) or
     /// `serial` (each pass preprocesses its micro-batch on one thread, then
-    /// runs its GPU phase). Default: `pipelined` for the easerve framework on a
-    /// GPU, `serial` for the pass-through framework (its calibration charged
-    /// preprocessing in series) and on the `cpu` device (the cores that would
-    /// preprocess are the ones that encode).
+    /// runs its GPU phase). Default: `pipelined` for the easerve and
+    /// hydrainfer frameworks on a GPU, `serial` for the pass-through framework
+    /// (its calibration charged preprocessing in series), for epd-serve
+    /// (whose passes preprocess their shards) and on the `cpu` device (the
+    /// cores that would preprocess are the ones that encode).
     pub preprocess: Option<String>,
     /// Preprocessing threads per encode worker when pipelined (1 ..= 1,024;
     /// default `cluster.host_cores / cluster.gpus`, at least 1).

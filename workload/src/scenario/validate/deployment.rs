@@ -243,7 +243,9 @@ pub(super) fn preprocess_section(
                 format!("unknown preprocessing `{other}`; allowed: pipelined, serial"),
             ))
         }
-        None => framework == "easerve" && !on_cpu,
+        // HydraInfer's request processor preprocesses on a thread pool as
+        // requests arrive (`hydrainfer/engine/request_processor.py`)
+        None => matches!(framework, "easerve" | "hydrainfer") && !on_cpu,
     };
     let threads = match d.preprocess_threads {
         Some(n) => v.int("deployment.preprocess_threads", n, 1, 1024)? as u32,

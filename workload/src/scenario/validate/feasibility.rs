@@ -65,10 +65,10 @@ pub(super) fn check_allocation(
     if allocation.decode.workers == 0 {
         return Err(v.err(fa, "at least one decode worker (nD(TPk)) is required"));
     }
-    if system == System::Passthrough && allocation.prefill.workers == 0 {
+    if matches!(system, System::Passthrough | System::EpdServe) && allocation.prefill.workers == 0 {
         return Err(v.err(
             "deployment.system",
-            format!("passthrough runs every prefill on remote P workers, but `{allocation}` has none; add nP(TPk)"),
+            format!("{system} runs every prefill on remote P workers, but `{allocation}` has none; add nP(TPk)"),
         ));
     }
     if offload > 0.0 && allocation.prefill.workers == 0 {

@@ -42,7 +42,10 @@ impl Scenario {
     ) -> Result<Scenario, ScenarioError> {
         let v = V { file };
         let system = system_of(&raw, &v)?;
-        if system == System::Passthrough {
+        if matches!(
+            system,
+            System::Passthrough | System::EpdServe | System::HydraInfer
+        ) {
             // what the user gave (B, s, the dispatch rule, …) is checked first,
             // as for every system, before the system's policy set replaces it
             deployment_section(&raw, &v)?;
@@ -61,6 +64,7 @@ impl Scenario {
         let local_prefill_tp = fit.local_prefill_tp(&v, &deployment)?;
 
         let preprocess_threads = preprocess_section(&raw, &v, system, &gpu, gpus)?;
+        check_baseline(&v, system, workload.modality, preprocess_threads.is_some())?;
 
         // --- cost source ---
         let profile = profile_section(&raw, &v, file, &model, &gpu)?;
@@ -68,7 +72,7 @@ impl Scenario {
         let slo = slo_section(&raw, &v)?;
         let launch = launch_section(&raw, &v)?;
 
-        Ok(Scenario {
+        let mut sc = Scenario {
             name: raw.name.clone().unwrap_or_else(|| default_name.to_string()),
             file: file.to_string(),
             seed: raw.seed,
@@ -88,8 +92,46 @@ impl Scenario {
             slo,
             launch,
             raw,
-        })
+        };
+        if system == System::HydraInfer {
+            sc.apply_step_budgets();
+        }
+        Ok(sc)
     }
+}
+
+/// What the EPD-Serve and HydraInfer baselines serve: image (or text)
+/// requests, as their repositories do (EPD-Serve shards a request's images,
+/// `epdserve/engine_encoding.py`; HydraInfer's request processor takes one
+/// image, `hydrainfer/engine/request_processor.py`); EPD-Serve preprocesses
+/// each shard inside its encode pass (`epdserve/worker.py`, `map_input`),
+/// never as a pipelined host stage.
+fn check_baseline(
+    v: &V<'_>,
+    system: System,
+    modality: easerve_sched::Modality,
+    pipelined: bool,
+) -> Result<(), ScenarioError> {
+    use easerve_sched::Modality;
+    if !matches!(system, System::EpdServe | System::HydraInfer) {
+        return Ok(());
+    }
+    if matches!(modality, Modality::Video | Modality::Audio) {
+        return Err(v.err(
+            "deployment.system",
+            format!(
+                "{system} serves image (or text) requests only, as its repository does; this workload is {}",
+                format!("{modality:?}").to_lowercase()
+            ),
+        ));
+    }
+    if system == System::EpdServe && pipelined {
+        return Err(v.err(
+            "deployment.preprocess",
+            "epd-serve preprocesses each image shard inside its encode pass (`serial`), not as a pipelined host stage",
+        ));
+    }
+    Ok(())
 }
 
 /// The file every error names, and the checks every section shares.
