@@ -7,7 +7,8 @@
 //!   [`Batcher`] of each encode worker and the [`Router`] — so each policy can be
 //!   tested alone. Encode passes take `service(k)` seconds for a batch of `k`;
 //!   nothing downstream of encode is modelled there.
-//! * [`Replay`] hands back what another driver's workers took (a
+//! * [`Schedule`] orders what fake workers will do on a virtual clock, and
+//!   [`Replay`] hands back what another driver's workers took (a
 //!   [`ServiceLog`]), and [`assert_same_log`], [`assert_same_outcomes`] and
 //!   [`assert_same_transfer_times`] compare two drivers' runs of the same
 //!   workload: the simulator's and this harness's (`tests/drivers_agree.rs`),
@@ -223,30 +224,80 @@ enum ClusterEvent {
     Interrupt,
 }
 
-struct Due {
+/// What fake workers will do, in the order a virtual clock meets it: by
+/// time (seconds), then by a tie class (lower first: the simulator's
+/// completions, then transfers, then arrivals), then first in, first out.
+pub struct Schedule<E> {
+    heap: BinaryHeap<Due<E>>,
+    seq: u64,
+}
+
+struct Due<E> {
     time: f64,
     class: u8,
     seq: u64,
-    ev: ClusterEvent,
+    ev: E,
 }
 
-impl PartialEq for Due {
+impl<E> PartialEq for Due<E> {
     fn eq(&self, o: &Self) -> bool {
         self.cmp(o) == std::cmp::Ordering::Equal
     }
 }
-impl Eq for Due {}
-impl PartialOrd for Due {
+impl<E> Eq for Due<E> {}
+impl<E> PartialOrd for Due<E> {
     fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(o))
     }
 }
-impl Ord for Due {
+impl<E> Ord for Due<E> {
+    /// Reversed: the heap pops the earliest.
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
         o.time
             .total_cmp(&self.time)
             .then(o.class.cmp(&self.class))
             .then(o.seq.cmp(&self.seq))
+    }
+}
+
+impl<E> Default for Schedule<E> {
+    fn default() -> Self {
+        Schedule {
+            heap: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+}
+
+impl<E> Schedule<E> {
+    /// Nothing scheduled.
+    pub fn new() -> Self {
+        Schedule::default()
+    }
+
+    /// `ev` happens at `time` (seconds), in tie class `class`.
+    pub fn push(&mut self, time: f64, class: u8, ev: E) {
+        self.seq += 1;
+        self.heap.push(Due {
+            time,
+            class,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// When the next thing happens, if anything is scheduled.
+    pub fn next_time(&self) -> Option<f64> {
+        self.heap.peek().map(|d| d.time)
+    }
+
+    /// The next thing, if it happens at or before `now`.
+    pub fn pop_due(&mut self, now: f64) -> Option<E> {
+        if self.next_time()? <= now {
+            self.heap.pop().map(|d| d.ev)
+        } else {
+            None
+        }
     }
 }
 
@@ -294,8 +345,7 @@ pub struct Cluster<S: Service> {
     pub one_iteration_runs: bool,
     /// Interrupt reason, when [`Cluster::interrupt_at`] was called.
     interrupt: Option<String>,
-    queue: BinaryHeap<Due>,
-    seq: u64,
+    queue: Schedule<ClusterEvent>,
     encode_gen: Vec<u64>,
     prefill_gen: Vec<u64>,
     decode_gen: Vec<u64>,
@@ -321,8 +371,7 @@ impl<S: Service> Cluster<S> {
             share_changes: Vec::new(),
             one_iteration_runs: false,
             interrupt: None,
-            queue: BinaryHeap::new(),
-            seq: 0,
+            queue: Schedule::new(),
             encode_gen: vec![0; ne],
             prefill_gen: vec![0; np],
             decode_gen: vec![0; nd],
@@ -345,13 +394,7 @@ impl<S: Service> Cluster<S> {
     }
 
     fn push(&mut self, time: f64, class: u8, ev: ClusterEvent) {
-        self.seq += 1;
-        self.queue.push(Due {
-            time,
-            class,
-            seq: self.seq,
-            ev,
-        });
+        self.queue.push(time, class, ev);
     }
 
     /// Worker `w` dies at `at` (seconds): its work in progress is lost.
@@ -442,9 +485,8 @@ impl<S: Service> Driver for Cluster<S> {
     }
 
     fn next_due(&mut self, now: f64) -> Option<Event> {
-        while self.queue.peek().is_some_and(|d| d.time <= now) {
-            let due = self.queue.pop()?;
-            if let Some(ev) = self.input(now, due.ev) {
+        while let Some(due) = self.queue.pop_due(now) {
+            if let Some(ev) = self.input(now, due) {
                 return Some(ev);
             }
         }
@@ -524,7 +566,7 @@ impl<S: Service> VirtualClock for Cluster<S> {
     }
 
     fn next_input(&self) -> Option<f64> {
-        self.queue.peek().map(|d| d.time)
+        self.queue.next_time()
     }
 }
 
