@@ -381,12 +381,19 @@ fn local_routes(log: &[Decision]) -> usize {
         .count()
 }
 
+/// `easerve exec`'s loop on the image scenario with `sets` applied and worker
+/// `kill` dying, against the simulator: the log's kinds and the executor's
+/// controller once they agree.
+fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 10], Controller) {
+    let sc = image_scenario(sets);
+    let sim = simulate(&sc, kill);
+    let ctrl = execute(&sc, &sim, kill);
+    (assert_agree(&sim, &ctrl), ctrl)
+}
+
 #[test]
 fn the_executor_decides_as_the_simulator_with_local_prefill() {
-    let sc = image_scenario(&[]);
-    let sim = simulate(&sc, None);
-    let ctrl = execute(&sc, &sim, None);
-    let n = assert_agree(&sim, &ctrl);
+    let (n, ctrl) = exec_agrees(&[], None);
     assert!(local_routes(ctrl.decisions()) > 30, "{n:?}");
     // decode runs cut short for a KV cache that can join at once
     assert!(n[9] > 10, "too few decode yields: {n:?}");
@@ -396,9 +403,7 @@ fn the_executor_decides_as_the_simulator_with_local_prefill() {
 /// the executor applies a change at the next batch and still decides the same.
 #[test]
 fn the_executor_decides_as_the_simulator_under_time_slicing() {
-    let sc = image_scenario(&[("deployment.sm_policy", "none")]);
-    let sim = simulate(&sc, None);
-    let n = assert_agree(&sim, &execute(&sc, &sim, None));
+    let (n, _) = exec_agrees(&[("deployment.sm_policy", "none")], None);
     assert!(n[5] > 10, "too few share changes: {n:?}");
 }
 
@@ -407,10 +412,7 @@ fn the_executor_decides_as_the_simulator_under_time_slicing() {
 /// once; the same requests fail as in the simulator.
 #[test]
 fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
-    let sc = image_scenario(&[]);
-    let kill = Some((WorkerRef::Decode(0), 40.0));
-    let sim = simulate(&sc, kill);
-    let n = assert_agree(&sim, &execute(&sc, &sim, kill));
+    let (n, _) = exec_agrees(&[], Some((WorkerRef::Decode(0), 40.0)));
     assert!(n[8] > 0, "nothing failed: {n:?}");
 }
 

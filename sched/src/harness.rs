@@ -530,14 +530,6 @@ impl<S: Service> Driver for Cluster<S> {
                 let g = self.prefill_gen[worker];
                 self.push(now + t, DONE, ClusterEvent::PrefillDone(worker, g));
             }
-            Command::PrefillShare { worker, sm_share } => {
-                self.share_changes.push((now, worker, sm_share));
-            }
-            Command::Kv { from, id, .. } => {
-                let t = self.service.kv(from, id);
-                let (start, end) = self.prefill_link[from].send(now, t);
-                self.push(end, LANDED, ClusterEvent::Kv(id, start));
-            }
             Command::DecodeRun {
                 worker,
                 batch,
@@ -551,6 +543,14 @@ impl<S: Service> Driver for Cluster<S> {
                 self.push(now + t, DONE, ClusterEvent::DecodeDone(worker, g));
             }
             Command::DecodeYield { worker } => self.decode_run[worker].yield_now(),
+            Command::PrefillShare { worker, sm_share } => {
+                self.share_changes.push((now, worker, sm_share));
+            }
+            Command::Kv { from, id, .. } => {
+                let t = self.service.kv(from, id);
+                let (start, end) = self.prefill_link[from].send(now, t);
+                self.push(end, LANDED, ClusterEvent::Kv(id, start));
+            }
             Command::Release { .. } => {}
         }
     }
