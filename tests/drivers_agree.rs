@@ -6,200 +6,25 @@
 //! every decode run and every yield that cuts one short, and every failure —
 //! for the same arrivals and the same service times. The service times are the ones the simulated hardware
 //! took (bandwidth interference, the time-slicing penalty and re-rating
-//! included): nothing is stripped. The baselines' own mechanisms are the
-//! same controller's: EPD-Serve's shards of a request on several encode
-//! workers, HydraInfer's chunked prefill and its instance steps.
+//! included): nothing is stripped. The other systems' own mechanisms are the
+//! same controller's: the aggregated system's replicas, EPD-Serve's shards
+//! of a request on several encode workers, HydraInfer's chunked prefill and
+//! its instance steps.
 
-use easerve_sched::harness::{Cluster, Service};
-use easerve_sched::{Decision, PrefillItem, RequestId, WorkerRef};
-use easerve_sim::{simulate_with, ServiceLog, SimOptions};
+use easerve_sched::harness::{
+    assert_same_log, assert_same_outcomes, assert_same_transfer_times, decision_kinds, Cluster,
+    Replay,
+};
+use easerve_sched::WorkerRef;
+use easerve_sim::{simulate_with, SimOptions};
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::scenario::{Overrides, Scenario};
 use std::io::Write;
-
-/// Hands back what the simulated hardware took, unit by unit, per worker.
-struct Replay {
-    log: ServiceLog,
-    next: [Vec<usize>; 7],
-}
-
-impl Replay {
-    fn new(log: ServiceLog) -> Self {
-        let next = [
-            vec![0; log.encode.len()],
-            vec![0; log.prefill.len()],
-            vec![0; log.decode.len()],
-            vec![0; log.embeddings.len()],
-            vec![0; log.kv.len()],
-            vec![0; 1],
-            vec![0; log.replica.len()],
-        ];
-        Replay { log, next }
-    }
-
-    /// The next unit of `kind` on worker `w`; work the simulator never
-    /// finished (lost to a fault) never ends.
-    fn take<T: Copy>(next: &mut [Vec<usize>; 7], kind: usize, w: usize, log: &[T]) -> Option<T> {
-        let i = next[kind][w];
-        next[kind][w] += 1;
-        log.get(i).copied()
-    }
-}
-
-impl Service for Replay {
-    fn encode(&mut self, w: usize, _: &[RequestId], _: f64) -> (f64, f64) {
-        Self::take(&mut self.next, 0, w, &self.log.encode[w]).unwrap_or((f64::INFINITY, 0.0))
-    }
-    fn prefill(&mut self, p: usize, _: &[PrefillItem], _: f64) -> f64 {
-        Self::take(&mut self.next, 1, p, &self.log.prefill[p]).unwrap_or(f64::INFINITY)
-    }
-    fn decode(&mut self, d: usize, _: u64, _: u64) -> f64 {
-        Self::take(&mut self.next, 2, d, &self.log.decode[d]).unwrap_or(f64::INFINITY)
-    }
-    fn embeddings(&mut self, from: usize, _: &[RequestId]) -> f64 {
-        Self::take(&mut self.next, 3, from, &self.log.embeddings[from]).unwrap_or(f64::INFINITY)
-    }
-    fn kv(&mut self, from: usize, _: RequestId) -> f64 {
-        Self::take(&mut self.next, 4, from, &self.log.kv[from]).unwrap_or(f64::INFINITY)
-    }
-    fn front_end(&mut self, _: RequestId) -> f64 {
-        Self::take(&mut self.next, 5, 0, &self.log.front_end).unwrap_or(f64::INFINITY)
-    }
-    fn replica_step(&mut self, r: usize, _: &[RequestId], _: u64, _: u64) -> (f64, f64) {
-        Self::take(&mut self.next, 6, r, &self.log.replica[r])
-            .unwrap_or((f64::INFINITY, f64::INFINITY))
-    }
-}
 
 fn scenario(toml: &str) -> Scenario {
     let mut f = tempfile::NamedTempFile::new().expect("temp file");
     f.write_all(toml.as_bytes()).expect("write scenario");
     Scenario::load(f.path(), &Overrides::default()).expect("valid scenario")
-}
-
-fn same(a: &Decision, b: &Decision) -> bool {
-    let close = |x: f64, y: f64| (x - y).abs() <= 1e-9 * x.abs().max(1.0);
-    match (a, b) {
-        (
-            Decision::Dispatch {
-                at: t1,
-                worker: w1,
-                ids: i1,
-                sm_share: s1,
-            },
-            Decision::Dispatch {
-                at: t2,
-                worker: w2,
-                ids: i2,
-                sm_share: s2,
-            },
-        ) => close(*t1, *t2) && w1 == w2 && i1 == i2 && close(*s1, *s2),
-        (
-            Decision::Prefill {
-                at: t1,
-                worker: w1,
-                ids: i1,
-                sm_share: s1,
-            },
-            Decision::Prefill {
-                at: t2,
-                worker: w2,
-                ids: i2,
-                sm_share: s2,
-            },
-        ) => close(*t1, *t2) && w1 == w2 && i1 == i2 && close(*s1, *s2),
-        (
-            Decision::Share {
-                at: t1,
-                worker: w1,
-                sm_share: s1,
-            },
-            Decision::Share {
-                at: t2,
-                worker: w2,
-                sm_share: s2,
-            },
-        ) => close(*t1, *t2) && w1 == w2 && close(*s1, *s2),
-        (
-            Decision::DecodeRun {
-                at: t1,
-                worker: w1,
-                batch: b1,
-                context: c1,
-                steps: s1,
-            },
-            Decision::DecodeRun {
-                at: t2,
-                worker: w2,
-                batch: b2,
-                context: c2,
-                steps: s2,
-            },
-        ) => close(*t1, *t2) && w1 == w2 && b1 == b2 && c1 == c2 && s1 == s2,
-        (
-            Decision::DecodeYield { at: t1, worker: w1 },
-            Decision::DecodeYield { at: t2, worker: w2 },
-        ) => close(*t1, *t2) && w1 == w2,
-        (
-            Decision::PrefillChunk {
-                at: t1,
-                worker: w1,
-                id: i1,
-                tokens: k1,
-                queued_tokens: q1,
-            },
-            Decision::PrefillChunk {
-                at: t2,
-                worker: w2,
-                id: i2,
-                tokens: k2,
-                queued_tokens: q2,
-            },
-        ) => close(*t1, *t2) && (w1, i1, k1, q1) == (w2, i2, k2, q2),
-        (
-            Decision::ReplicaStep {
-                at: t1,
-                replica: r1,
-                ids: i1,
-                batch: b1,
-                context: c1,
-            },
-            Decision::ReplicaStep {
-                at: t2,
-                replica: r2,
-                ids: i2,
-                batch: b2,
-                context: c2,
-            },
-        ) => close(*t1, *t2) && r1 == r2 && i1 == i2 && b1 == b2 && c1 == c2,
-        _ => a == b,
-    }
-}
-
-/// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
-/// prefill, share, place-decode, decode run, fail, decode yield,
-/// place-replica, replica step, place-shard, prefill chunk.
-fn kinds(log: &[Decision]) -> [usize; 14] {
-    let mut n = [0usize; 14];
-    for d in log {
-        n[match d {
-            Decision::Reject { .. } => 0,
-            Decision::PlaceEncode { .. } => 1,
-            Decision::Dispatch { .. } => 2,
-            Decision::Route { .. } => 3,
-            Decision::Prefill { .. } => 4,
-            Decision::Share { .. } => 5,
-            Decision::PlaceDecode { .. } => 6,
-            Decision::DecodeRun { .. } => 7,
-            Decision::Fail { .. } => 8,
-            Decision::DecodeYield { .. } => 9,
-            Decision::PlaceReplica { .. } => 10,
-            Decision::ReplicaStep { .. } => 11,
-            Decision::PlaceShard { .. } => 12,
-            Decision::PrefillChunk { .. } => 13,
-        }] += 1;
-    }
-    n
 }
 
 /// Run `toml` in the simulator and replay its service times through the
@@ -225,88 +50,21 @@ fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 
     }
     driver.drive();
     let exec = driver.ctrl.decisions();
-    let n = kinds(&sim.decisions);
+    let n = decision_kinds(&sim.decisions);
     assert!(
         (n[2] > 10 && n[4] > 10 && n[7] > 100) || n[11] > 100,
         "too few decisions to compare: {n:?}"
     );
-    if let Some(i) =
-        (0..sim.decisions.len().min(exec.len())).find(|&i| !same(&sim.decisions[i], &exec[i]))
-    {
-        panic!(
-            "decision {i} differs:\n  sim:    {:?}\n  driver: {:?}\n(previous: {:?})",
-            sim.decisions[i],
-            exec[i],
-            &sim.decisions[i.saturating_sub(3)..i]
-        );
-    }
-    assert_eq!(
-        sim.decisions.len(),
-        exec.len(),
-        "{n:?} vs {:?}",
-        kinds(exec)
-    );
+    assert_same_log(&sim.decisions, exec);
     // the lifecycle records agree too
-    for (a, b) in sim.records.iter().zip(driver.ctrl.records()) {
-        assert_eq!(a.encode_batch, b.encode_batch, "request {}", a.id);
-        assert_eq!(a.prefill_local, b.prefill_local, "request {}", a.id);
-        assert_eq!(a.failure, b.failure, "request {}", a.id);
-        assert_eq!(a.finish.is_some(), b.finish.is_some(), "request {}", a.id);
-        if let (Some(fa), Some(fb)) = (a.finish, b.finish) {
-            assert!(
-                (fa - fb).abs() < 1e-9 * fa.max(1.0),
-                "request {}: {fa} vs {fb}",
-                a.id
-            );
-        }
-        for (x, y) in [
-            (a.kv_sent, b.kv_sent),
-            (a.embedding_sent, b.embedding_sent),
-            (a.prefill_start, b.prefill_start),
-        ] {
-            assert_eq!(x.is_some(), y.is_some(), "request {}", a.id);
-            if let (Some(x), Some(y)) = (x, y) {
-                assert!(
-                    (x - y).abs() < 1e-9 * x.max(1.0),
-                    "request {}: {x} vs {y}",
-                    a.id
-                );
-            }
-        }
-    }
+    assert_same_outcomes(&sim.records, driver.ctrl.records());
+    assert_same_transfer_times(&sim.records, driver.ctrl.records());
     n
 }
 
-const IMAGE: &str = r#"
-name = "equality-image"
-seed = 7
-[model]
-preset = "llava-v1.6-34b"
-[cluster]
-gpu = "rtx-6000-ada"
-gpus = 8
-[deployment]
-allocation = "2E(TP1)+1P(TP2)+1D(TP4)"
-batch = 8
-offload = 0.6
-dispatch = "poisson-gap"
-sm_policy = "static:0.6"
-[workload]
-requests = 300
-rate = 3.0
-arrival = "gamma"
-cv = 2.0
-modality = "image"
-input_len = 128
-output_len = 64
-range_ratio = 0.5
-[workload.image]
-items_per_request = 1
-buckets = [
-  { height = 336, width = 336, probability = 0.5 },
-  { height = 672, width = 672, probability = 0.5 },
-]
-"#;
+/// The image scenario with local prefill (`drivers_agree_image.toml`, which
+/// easerve-exec's agreement tests run too).
+const IMAGE: &str = include_str!("drivers_agree_image.toml");
 
 #[test]
 fn the_drivers_decide_the_same_with_local_prefill() {

@@ -16,6 +16,9 @@
 //!    and the worker process itself.
 #![warn(missing_docs)]
 
+#[cfg(test)]
+mod agree;
+
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod device;

@@ -25,6 +25,7 @@ use crate::wire::{
     PrefillRequest, Role, ToWorker, WireMedia,
 };
 use easerve_calib::StageCost;
+use easerve_sched::driver::{self, Driver, Liveness};
 use easerve_sched::{
     Command, Controller, Decision, DecodeRunProgress, EnvelopeId, Event, RequestId, RequestRecord,
     SmPolicy, WorkerRef,
@@ -33,6 +34,7 @@ use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::report::{EncodeSummary, GpuReport, RunMeta};
 use easerve_workload::{Report, Scenario};
 use std::collections::HashMap;
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -121,7 +123,6 @@ pub(crate) struct Worker {
     tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
     pub(crate) pid: Option<u32>,
-    alive: bool,
     /// Seconds of compute the worker reported, and SM-share-weighted seconds.
     busy_s: f64,
     sm_s: f64,
@@ -224,6 +225,49 @@ pub(crate) struct Pool {
     pub(crate) last_err: HashMap<usize, String>,
     /// CPU threads of each worker.
     threads: Vec<usize>,
+    /// Which workers died (their process exited or their socket closed).
+    pub(crate) live: Liveness,
+}
+
+#[cfg(test)]
+impl Pool {
+    /// The workers of `topology` with no processes behind them (for the
+    /// tests' fake workers): the frames sent to worker `k` come out of the
+    /// `k`-th receiver handed back, as the worker's writer task would take
+    /// them, and nothing arrives on `rx` (the tests hand their messages to
+    /// the loop themselves).
+    pub(crate) fn detached(
+        topology: &easerve_sched::Topology,
+    ) -> (Pool, Vec<mpsc::UnboundedReceiver<Vec<u8>>>) {
+        let mut workers = new_workers(topology);
+        let mut frames = Vec::new();
+        for w in &mut workers {
+            let (tx, rx) = mpsc::unbounded_channel();
+            w.tx = Some(tx);
+            frames.push(rx);
+        }
+        let by_ref = workers
+            .iter()
+            .enumerate()
+            .map(|(k, w)| (w.wref, k))
+            .collect();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pool = Pool {
+            threads: vec![1; workers.len()],
+            workers,
+            by_ref,
+            rx,
+            _tx: tx,
+            last_err: HashMap::new(),
+            live: Liveness::new(),
+        };
+        (pool, frames)
+    }
+
+    /// The worker of pool index `k`.
+    pub(crate) fn worker_ref(&self, k: usize) -> WorkerRef {
+        self.workers[k].wref
+    }
 }
 
 /// How the run loop ended.
@@ -312,6 +356,7 @@ pub(crate) async fn start_workers(
         _tx: tx,
         last_err: waiting.last_err,
         threads,
+        live: Liveness::new(),
     })
 }
 
@@ -338,7 +383,6 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
                 tx: None,
                 child: None,
                 pid: None,
-                alive: true,
                 busy_s: 0.0,
                 sm_s: 0.0,
                 share: 1.0,
@@ -571,13 +615,12 @@ impl Waiting {
 
 /// Offer the workload open-loop and carry out the controller's commands until
 /// every request reached an end, the run is interrupted, or its time is up.
+/// The wall clock and the waiting are here; what a wake-up means is
+/// [`ExecLoop`]'s.
 async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Outcome {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
-    let arrivals: Vec<f64> = ctrl.requests().iter().map(|r| r.arrival).collect();
-    let mut next_arrival = 0usize;
-    let mut links = Links::default();
-    let mut faults: Vec<Fault> = Vec::new();
+    let mut run = ExecLoop::new(ctrl);
     let mut kill = KillPlan::new(opts.kill);
     let mut interrupted: Option<String> = None;
     let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
@@ -585,33 +628,28 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
 
     while !ctrl.is_finished() {
         // the earliest timed thing: an arrival, a batcher timer, the kill, the limit
-        let mut wake = f64::INFINITY;
-        if let Some(&t) = arrivals.get(next_arrival) {
-            wake = wake.min(t);
-        }
-        if let Some(t) = ctrl.poll_timeout() {
-            wake = wake.min(t);
-        }
-        if let Some(t) = kill.due() {
-            wake = wake.min(t);
-        }
-        if let Some(t) = opts.time_limit_s {
-            wake = wake.min(t);
-        }
+        let wake = [run.wake_at(ctrl), kill.due(), opts.time_limit_s]
+            .into_iter()
+            .flatten()
+            .fold(f64::INFINITY, f64::min);
         let sleep_for = (wake - now()).clamp(0.0, 3600.0);
-        let mut events: Vec<Event> = Vec::new();
+        let mut heard = None;
         tokio::select! {
             ev = pool.rx.recv() => match ev {
-                Some(ev) => {
-                    let detect = DetectAt { now: now(), killed_at: kill.killed_at };
-                    events.extend(on_incoming(ev, &mut pool.workers, &mut links, &mut pool.last_err, &mut faults, detect, None));
-                }
+                Some(ev) => heard = Some(ev),
                 None => break,
             },
             _ = tokio::time::sleep(Duration::from_secs_f64(sleep_for)) => {}
             _ = &mut ctrl_c => {
                 interrupted = Some("interrupted by Ctrl-C".into());
             }
+        }
+        if let Some(ev) = heard {
+            let at = DetectAt {
+                now: now(),
+                killed_at: kill.killed_at,
+            };
+            run.hear(pool, ev, at);
         }
         let t = now();
         if interrupted.is_none() && opts.time_limit_s.is_some_and(|lim| t >= lim) {
@@ -631,23 +669,156 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
             break;
         }
         kill.inject(pool, t);
-        while let Some(&a) = arrivals.get(next_arrival) {
-            if a > t {
-                break;
-            }
-            events.push(Event::Arrival {
-                id: next_arrival as RequestId,
-            });
-            next_arrival += 1;
-        }
-        step(ctrl, events, &mut pool.workers, &pool.by_ref, &mut links, t);
+        run.wake(ctrl, pool, t);
         run_s = t;
     }
 
     Outcome {
-        faults,
+        faults: run.relay.faults,
         interrupted,
         run_s,
+    }
+}
+
+/// What `easerve exec`'s loop does when it wakes: the workload's requests
+/// arrive at their times, and the controller hears them after what the
+/// workers said ([`Relay`]). No clock: `now` (seconds since the run started)
+/// comes from the caller, the wall clock in [`drive`] and a virtual one in
+/// the tests, which run this against fake workers.
+pub(crate) struct ExecLoop {
+    pub(crate) relay: Relay,
+    /// Arrival times of the requests, by id (ascending).
+    arrivals: Vec<f64>,
+    /// The next request to arrive.
+    next_arrival: usize,
+}
+
+impl ExecLoop {
+    /// The loop for `ctrl`'s requests, none arrived yet.
+    pub(crate) fn new(ctrl: &Controller) -> ExecLoop {
+        ExecLoop {
+            relay: Relay::new(Links::default()),
+            arrivals: ctrl.requests().iter().map(|r| r.arrival).collect(),
+            next_arrival: 0,
+        }
+    }
+
+    /// When the loop must wake next though no worker speaks (seconds): the
+    /// next arrival or the controller's timer, whichever is first.
+    pub(crate) fn wake_at(&self, ctrl: &Controller) -> Option<f64> {
+        let arrival = self.arrivals.get(self.next_arrival).copied();
+        match (arrival, ctrl.poll_timeout()) {
+            (Some(a), Some(t)) => Some(a.min(t)),
+            (a, t) => a.or(t),
+        }
+    }
+
+    /// A message from the workers, noticed at `at.now`.
+    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt) {
+        self.relay.hear(pool, ev, at, None);
+    }
+
+    /// Wake up at `now`: the requests whose time has come arrive after what
+    /// was heard, and the controller hears it all ([`Relay::wake`]).
+    pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64) {
+        while let Some(&a) = self.arrivals.get(self.next_arrival) {
+            if a > now {
+                break;
+            }
+            self.relay.arrive(self.next_arrival as RequestId);
+            self.next_arrival += 1;
+        }
+        self.relay.wake(ctrl, pool, now);
+    }
+}
+
+/// The executor's side of the controller contract, for `easerve exec` and
+/// `easerve serve` alike: what the workers said since the last wake-up, as
+/// events, and the transfers relayed between them. At a wake-up
+/// ([`Relay::wake`]) the controller hears those events in order, then its
+/// timer ([`driver::instant`]); each command is carried out over the workers'
+/// sockets ([`carry_out`]). No clock: `now` comes from the caller.
+pub(crate) struct Relay {
+    /// Embeddings and KV caches in flight through the controller.
+    pub(crate) links: Links,
+    /// Workers that died.
+    pub(crate) faults: Vec<Fault>,
+    /// Events due at the next wake-up, in order: those heard, then the
+    /// landings a command makes due at once (a transfer to a dead worker).
+    due: VecDeque<Event>,
+}
+
+impl Relay {
+    /// A relay with `links`, nothing heard yet.
+    pub(crate) fn new(links: Links) -> Relay {
+        Relay {
+            links,
+            faults: Vec::new(),
+            due: VecDeque::new(),
+        }
+    }
+
+    /// A message from the workers ([`on_incoming`]); tokens the workers
+    /// emitted go to `tokens` when the driver streams them. Returns whether
+    /// it was a worker's end.
+    pub(crate) fn hear(
+        &mut self,
+        pool: &mut Pool,
+        ev: Incoming,
+        at: DetectAt,
+        tokens: Option<&mut Vec<(RequestId, u32)>>,
+    ) -> bool {
+        let event = on_incoming(ev, pool, &mut self.links, &mut self.faults, at, tokens);
+        let failed = matches!(event, Some(Event::WorkerFailed { .. }));
+        self.due.extend(event);
+        failed
+    }
+
+    /// Request `id` arrives at the next wake-up, after what was heard before.
+    pub(crate) fn arrive(&mut self, id: RequestId) {
+        self.due.push_back(Event::Arrival { id });
+    }
+
+    /// Wake up at `now` (seconds since the run started): the controller
+    /// hears every event due, then its timer, and each command is carried
+    /// out at once. Returns the controller's next timer.
+    pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64) -> Option<f64> {
+        driver::instant(
+            &mut Wake {
+                ctrl,
+                pool,
+                relay: self,
+            },
+            now,
+        )
+    }
+}
+
+/// One wake-up of the executor, as a [`Driver`]: the events are those the
+/// [`Relay`] holds; a command goes out over the workers' sockets.
+struct Wake<'a> {
+    ctrl: &'a mut Controller,
+    pool: &'a mut Pool,
+    relay: &'a mut Relay,
+}
+
+impl Driver for Wake<'_> {
+    fn controller(&mut self) -> &mut Controller {
+        self.ctrl
+    }
+
+    fn next_due(&mut self, _now: f64) -> Option<Event> {
+        self.relay.due.pop_front()
+    }
+
+    fn carry_out(&mut self, now: f64, cmd: Command) {
+        let pool = &mut *self.pool;
+        let links = &mut self.relay.links;
+        // a transfer to a worker that is gone lands at once, so the
+        // controller fails its requests and frees the sender's slot
+        if let Some(ev) = carry_out(cmd, self.ctrl, &mut pool.workers, &pool.by_ref, links, now) {
+            self.relay.due.push_back(ev);
+        }
     }
 }
 
@@ -665,18 +836,18 @@ pub(crate) struct DetectAt {
 /// event. A worker's end becomes a [`Fault`] and [`Event::WorkerFailed`].
 /// Tokens the workers emitted (a prefill's first token, each decode
 /// iteration's) go to `tokens` when the driver streams them.
-pub(crate) fn on_incoming(
+fn on_incoming(
     ev: Incoming,
-    workers: &mut [Worker],
+    pool: &mut Pool,
     links: &mut Links,
-    last_err: &mut HashMap<usize, String>,
     faults: &mut Vec<Fault>,
     at: DetectAt,
     tokens: Option<&mut Vec<(RequestId, u32)>>,
 ) -> Option<Event> {
+    let last_err = &mut pool.last_err;
     match ev {
         Incoming::Msg(k, msg) => {
-            let w = &mut workers[k];
+            let w = &mut pool.workers[k];
             match msg {
                 FromWorker::EncodeDone {
                     embeddings: e,
@@ -745,11 +916,10 @@ pub(crate) fn on_incoming(
             }
         }
         Incoming::Down(k, why) => {
-            let w = &mut workers[k];
-            if !w.alive {
+            let w = &mut pool.workers[k];
+            if !pool.live.kill(w.wref) {
                 return None;
             }
-            w.alive = false;
             w.tx = None;
             let reason = match last_err.get(&k) {
                 Some(l) => format!("{why}; last words: {l}"),
@@ -774,36 +944,6 @@ pub(crate) fn on_incoming(
         Incoming::Stderr(k, l) => {
             last_err.insert(k, l);
             None
-        }
-    }
-}
-
-/// Hand `events` (all at `t`) to the controller, then its timers, carrying
-/// out every command it gives in order.
-pub(crate) fn step(
-    ctrl: &mut Controller,
-    events: Vec<Event>,
-    workers: &mut [Worker],
-    by_ref: &HashMap<WorkerRef, usize>,
-    links: &mut Links,
-    t: f64,
-) {
-    let mut events: std::collections::VecDeque<Event> = events.into();
-    let mut timeout_checked = false;
-    loop {
-        match events.pop_front() {
-            Some(ev) => ctrl.handle(t, ev),
-            // the controller's timers, after this instant's events
-            None if !timeout_checked => {
-                timeout_checked = true;
-                ctrl.handle_timeout(t);
-            }
-            None => break,
-        }
-        while let Some(cmd) = ctrl.poll_command() {
-            // a transfer to a worker that is gone lands at once, so the
-            // controller fails its requests and frees the sender's slot
-            events.extend(carry_out(cmd, ctrl, workers, by_ref, links, t));
         }
     }
 }
@@ -849,7 +989,10 @@ impl Pool {
     pub(crate) fn stage_down(&self) -> bool {
         [Role::Encode, Role::Prefill, Role::Decode].iter().any(|r| {
             self.workers.iter().any(|w| w.role == *r)
-                && !self.workers.iter().any(|w| w.role == *r && w.alive)
+                && !self
+                    .workers
+                    .iter()
+                    .any(|w| w.role == *r && self.live.is_alive(w.wref))
         })
     }
 }
@@ -872,19 +1015,23 @@ pub(crate) async fn shut_down(pool: &mut Pool) {
         }
     }
     let stop_deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    let mut alive: usize = pool.workers.iter().filter(|w| w.alive).count();
+    let live = &mut pool.live;
+    let mut alive: usize = pool
+        .workers
+        .iter()
+        .filter(|w| live.is_alive(w.wref))
+        .count();
     while alive > 0 {
         tokio::select! {
             ev = pool.rx.recv() => match ev {
-                Some(Incoming::Down(k, _)) if pool.workers[k].alive => {
-                    pool.workers[k].alive = false;
+                Some(Incoming::Down(k, _)) if live.kill(pool.workers[k].wref) => {
                     alive -= 1;
                 }
                 Some(_) => {}
                 None => break,
             },
             _ = tokio::time::sleep_until(stop_deadline) => {
-                for w in pool.workers.iter().filter(|w| w.alive) {
+                for w in pool.workers.iter().filter(|w| live.is_alive(w.wref)) {
                     if let Some(pid) = w.pid {
                         sigkill(pid);
                     }

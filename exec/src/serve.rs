@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use easerve_calib::StageCost;
-use easerve_sched::{Controller, Event, RequestId, RequestRecord};
+use easerve_sched::{Controller, RequestId, RequestRecord};
 use easerve_workload::generate::generate_with_tokens;
 use easerve_workload::Scenario;
 use prometheus_client::metrics::counter::Counter;
@@ -48,9 +48,10 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use crate::openai::{self, ApiError, ChatRequest, ModelInfo};
+use crate::run::Incoming;
 use crate::run::{
-    build_report, on_incoming, shut_down, start_workers, step, DetectAt, ExecError, ExecOptions,
-    ExecOutput, Fault, KillPlan, Links, Pool,
+    build_report, shut_down, start_workers, DetectAt, ExecError, ExecOptions, ExecOutput, Fault,
+    KillPlan, Links, Pool, Relay,
 };
 use crate::wire::WireMedia;
 
@@ -77,7 +78,7 @@ const DRAINING: u8 = 2;
 /// What the driver tells one request's handler, in order: `Accepted` or
 /// `Rejected` first, then tokens, then `Done` or `Failed`.
 #[derive(Debug)]
-enum Out {
+pub(crate) enum Out {
     Accepted,
     Rejected(String),
     Token(u32),
@@ -86,7 +87,7 @@ enum Out {
 }
 
 /// A parsed request on its way to the driver, and where its answer goes.
-struct Submission {
+pub(crate) struct Submission {
     chat: ChatRequest,
     reply: mpsc::UnboundedSender<Out>,
     /// When its body was received: its arrival (decoding the media is part
@@ -312,8 +313,21 @@ impl Metrics {
     }
 }
 
+/// The controller of a server: `sc`'s deployment with no requests yet (they
+/// come over HTTP, [`Controller::add_request`]); the scenario's workload
+/// stands for a typical request in the encode policies' costs.
+pub(crate) fn serving_controller(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    log_decisions: bool,
+) -> Controller {
+    let (typical, tokens) = generate_with_tokens(sc);
+    let cfg = sc.controller_config(&typical, &tokens, cost, log_decisions);
+    Controller::new(Vec::new(), cfg)
+}
+
 /// What the HTTP handlers share.
-struct App {
+pub(crate) struct App {
     model: ModelInfo,
     state: AtomicU8,
     submit: mpsc::UnboundedSender<Submission>,
@@ -325,6 +339,32 @@ struct App {
     receiving: AtomicUsize,
     /// A stage has no live worker left: `/health` says 503.
     stage_down: AtomicBool,
+}
+
+impl App {
+    /// The state of a server of `sc`'s model, starting, whose handlers
+    /// hand requests to `submit`.
+    pub(crate) fn new(sc: &Scenario, submit: mpsc::UnboundedSender<Submission>) -> App {
+        let max_model_len = sc
+            .decode_schedulers()
+            .first()
+            .map_or(0, |d| d.max_context_tokens() + 1);
+        let model = ModelInfo {
+            name: sc.model.name.clone(),
+            arch: sc.model.clone(),
+            max_model_len,
+            default_max_tokens: sc.workload.output_len.max(1),
+        };
+        App {
+            metrics: Metrics::new(&model.name),
+            model,
+            state: AtomicU8::new(STARTING),
+            submit,
+            next: AtomicU64::new(0),
+            receiving: AtomicUsize::new(0),
+            stage_down: AtomicBool::new(false),
+        }
+    }
 }
 
 /// Counts a request as being received until dropped.
@@ -630,32 +670,9 @@ async fn run(
     on_listen: impl FnOnce(SocketAddr),
 ) -> Result<ExecOutput, ExecError> {
     let sc = &*crate::run::as_applied(sc, &opts.exec);
-    // the scenario's workload stands for a typical request in the encode
-    // policies' costs; the requests themselves come over HTTP
-    let (typical, tokens) = generate_with_tokens(sc);
-    let cfg = sc.controller_config(&typical, &tokens, cost, opts.log_decisions);
-    drop(typical);
-    let mut ctrl = Controller::new(Vec::new(), cfg);
-    let max_model_len = sc
-        .decode_schedulers()
-        .first()
-        .map_or(0, |d| d.max_context_tokens() + 1);
-    let model = ModelInfo {
-        name: sc.model.name.clone(),
-        arch: sc.model.clone(),
-        max_model_len,
-        default_max_tokens: sc.workload.output_len.max(1),
-    };
+    let mut ctrl = serving_controller(sc, cost, opts.log_decisions);
     let (submit, mut submissions) = mpsc::unbounded_channel::<Submission>();
-    let app = Arc::new(App {
-        metrics: Metrics::new(&model.name),
-        model,
-        state: AtomicU8::new(STARTING),
-        submit,
-        next: AtomicU64::new(0),
-        receiving: AtomicUsize::new(0),
-        stage_down: AtomicBool::new(false),
-    });
+    let app = Arc::new(App::new(sc, submit));
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
@@ -771,7 +788,8 @@ impl Stop {
 }
 
 /// Take requests as they come and carry out the controller's commands until
-/// the server is told to stop and every request in it has ended.
+/// the server is told to stop and every request in it has ended. The wall
+/// clock and the waiting are here; what a wake-up means is [`ServeLoop`]'s.
 async fn drive(
     ctrl: &mut Controller,
     pool: &mut Pool,
@@ -782,12 +800,8 @@ async fn drive(
 ) -> (Vec<Fault>, f64) {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
-    let mut links = Links::default();
-    links.passes = Some(Vec::new());
-    let mut faults: Vec<Fault> = Vec::new();
+    let mut serve = ServeLoop::new();
     let mut kill = KillPlan::new(opts.exec.kill);
-    let mut flight: HashMap<RequestId, InFlight> = HashMap::new();
-    let mut tokens: Vec<(RequestId, u32)> = Vec::new();
     let mut draining = false;
 
     loop {
@@ -804,23 +818,23 @@ async fn drive(
         // a drain looks again for requests still being received
         let cap = if draining { 0.05 } else { 3600.0 };
         let sleep_for = (wake - now()).clamp(0.0, cap);
-        let mut events: Vec<Event> = Vec::new();
+        let mut heard = None;
         let mut arrived: Option<Submission> = None;
         tokio::select! {
             ev = pool.rx.recv() => match ev {
-                Some(ev) => {
-                    let at = DetectAt { now: now(), killed_at: kill.killed_at };
-                    let e = on_incoming(ev, &mut pool.workers, &mut links, &mut pool.last_err, &mut faults, at, Some(&mut tokens));
-                    if matches!(e, Some(Event::WorkerFailed { .. })) && pool.stage_down() {
-                        app.stage_down.store(true, Ordering::SeqCst);
-                    }
-                    events.extend(e);
-                }
+                Some(ev) => heard = Some(ev),
                 None => break,
             },
             sub = submissions.recv() => arrived = sub,
             _ = tokio::time::sleep(Duration::from_secs_f64(sleep_for)) => {}
             _ = stop.recv() => draining = true,
+        }
+        if let Some(ev) = heard {
+            let at = DetectAt {
+                now: now(),
+                killed_at: kill.killed_at,
+            };
+            serve.hear(pool, ev, at, app);
         }
         let t = now();
         if opts.exec.time_limit_s.is_some_and(|lim| t >= lim) {
@@ -836,27 +850,89 @@ async fn drive(
             received,
         }) = arrived
         {
-            let mut req = chat.request;
             // its arrival is its receipt (clamped to the run's start)
-            req.arrival = received.saturating_duration_since(t0).as_secs_f64().min(t);
-            let id = ctrl.add_request(req);
-            links.media.insert(id, chat.media);
-            flight.insert(
-                id,
-                InFlight {
-                    reply,
-                    accepted: false,
-                    sent: 0,
-                    last_token: 0.0,
-                },
-            );
-            events.push(Event::Arrival { id });
+            let arrival = received.saturating_duration_since(t0).as_secs_f64().min(t);
+            serve.submit(ctrl, chat, reply, arrival);
         }
+        serve.wake(ctrl, pool, app, t);
+        if draining
+            && serve.flight.is_empty()
+            && ctrl.in_system() == 0
+            && submissions.is_empty()
+            && app.receiving.load(Ordering::SeqCst) == 0
+        {
+            break;
+        }
+    }
+    (serve.relay.faults, now())
+}
+
+/// What `easerve serve`'s loop does when it wakes: requests submitted over
+/// HTTP join the controller ([`Controller::add_request`]) and arrive after
+/// what the workers said ([`Relay`]); tokens go out to their handlers as the
+/// workers emit them; each handler hears what became of its request. No
+/// clock: `now` (seconds since the workers were up) comes from the caller,
+/// the wall clock in [`drive`] and a virtual one in the tests.
+pub(crate) struct ServeLoop {
+    relay: Relay,
+    /// Requests in the server, by id.
+    flight: HashMap<RequestId, InFlight>,
+    /// Tokens the workers emitted since the last wake-up.
+    tokens: Vec<(RequestId, u32)>,
+}
+
+impl ServeLoop {
+    pub(crate) fn new() -> ServeLoop {
+        let mut links = Links::default();
+        links.passes = Some(Vec::new());
+        ServeLoop {
+            relay: Relay::new(links),
+            flight: HashMap::new(),
+            tokens: Vec::new(),
+        }
+    }
+
+    /// A message from the workers, noticed at `at.now`; `/health` turns 503
+    /// when a stage lost its last worker.
+    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, app: &App) {
+        if self.relay.hear(pool, ev, at, Some(&mut self.tokens)) && pool.stage_down() {
+            app.stage_down.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// A request came at `arrival` (seconds): the controller takes it, and
+    /// it arrives at the next wake-up.
+    pub(crate) fn submit(
+        &mut self,
+        ctrl: &mut Controller,
+        chat: ChatRequest,
+        reply: mpsc::UnboundedSender<Out>,
+        arrival: f64,
+    ) {
+        let mut req = chat.request;
+        req.arrival = arrival;
+        let id = ctrl.add_request(req);
+        self.relay.links.media.insert(id, chat.media);
+        self.flight.insert(
+            id,
+            InFlight {
+                reply,
+                accepted: false,
+                sent: 0,
+                last_token: 0.0,
+            },
+        );
+        self.relay.arrive(id);
+    }
+
+    /// Wake up at `t`: the tokens heard go out, the controller hears what is
+    /// due ([`Relay::wake`]), and the handlers and metrics hear the outcome.
+    pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, app: &App, t: f64) {
         // tokens go out as the workers emit them, before the controller's
         // follow-up work (a KV handoff, the next dispatch) can hold them back:
         // the records stamp them at `t`
-        for (id, tok) in tokens.drain(..) {
-            if let Some(f) = flight.get_mut(&id) {
+        for (id, tok) in self.tokens.drain(..) {
+            if let Some(f) = self.flight.get_mut(&id) {
                 if f.sent < ctrl.requests()[id as usize].output_tokens {
                     let r = &ctrl.records()[id as usize];
                     if f.sent == 0 {
@@ -870,25 +946,17 @@ async fn drive(
                 }
             }
         }
-        step(ctrl, events, &mut pool.workers, &pool.by_ref, &mut links, t);
+        self.relay.wake(ctrl, pool, t);
+        let links = &mut self.relay.links;
         if let Some(passes) = links.passes.as_mut() {
             for (size, share) in passes.drain(..) {
                 app.metrics.micro_batch.observe(size as f64);
                 app.metrics.sm_share.set(share);
             }
         }
-        resolve(ctrl, &mut flight, &mut links.media, &app.metrics);
+        resolve(ctrl, &mut self.flight, &mut links.media, &app.metrics);
         app.metrics.update(ctrl);
-        if draining
-            && flight.is_empty()
-            && ctrl.in_system() == 0
-            && submissions.is_empty()
-            && app.receiving.load(Ordering::SeqCst) == 0
-        {
-            break;
-        }
     }
-    (faults, now())
 }
 
 /// Tell each request's handler what became of it: admitted or turned away,

@@ -7,6 +7,12 @@
 //!   [`Batcher`] of each encode worker and the [`Router`] — so each policy can be
 //!   tested alone. Encode passes take `service(k)` seconds for a batch of `k`;
 //!   nothing downstream of encode is modelled there.
+//! * [`Schedule`] orders what fake workers will do on a virtual clock, and
+//!   [`Replay`] hands back what another driver's workers took (a
+//!   [`ServiceLog`]), and [`assert_same_log`], [`assert_same_outcomes`] and
+//!   [`assert_same_transfer_times`] compare two drivers' runs of the same
+//!   workload: the simulator's and this harness's (`tests/drivers_agree.rs`),
+//!   or the executor's (`easerve-exec`'s own tests).
 //!
 //! ```
 //! use easerve_sched::{harness::EncodeHarness, DispatchPolicy, RouterPolicy};
@@ -19,10 +25,11 @@
 //! assert_eq!(h.dispatched(), 100);
 //! ```
 
+use crate::driver::{self, Driver, Liveness, SerialLink, VirtualClock};
 use crate::{
-    Batcher, Command, Controller, ControllerConfig, DecodeRunProgress, DispatchPolicy, EnvelopeId,
-    Event, LeastOutstanding, PrefillItem, Request, RequestId, Route, Router, RouterPolicy, SmSplit,
-    WorkerRef,
+    Batcher, Command, Controller, ControllerConfig, Decision, DecodeRunProgress, DispatchPolicy,
+    EnvelopeId, Event, LeastOutstanding, PrefillItem, Request, RequestId, RequestRecord, Route,
+    Router, RouterPolicy, ServiceLog, SmSplit, WorkerRef,
 };
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -233,30 +240,80 @@ enum ClusterEvent {
     Interrupt,
 }
 
-struct Due {
+/// What fake workers will do, in the order a virtual clock meets it: by
+/// time (seconds), then by a tie class (lower first: the simulator's
+/// completions, then transfers, then arrivals), then first in, first out.
+pub struct Schedule<E> {
+    heap: BinaryHeap<Due<E>>,
+    seq: u64,
+}
+
+struct Due<E> {
     time: f64,
     class: u8,
     seq: u64,
-    ev: ClusterEvent,
+    ev: E,
 }
 
-impl PartialEq for Due {
+impl<E> PartialEq for Due<E> {
     fn eq(&self, o: &Self) -> bool {
         self.cmp(o) == std::cmp::Ordering::Equal
     }
 }
-impl Eq for Due {}
-impl PartialOrd for Due {
+impl<E> Eq for Due<E> {}
+impl<E> PartialOrd for Due<E> {
     fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(o))
     }
 }
-impl Ord for Due {
+impl<E> Ord for Due<E> {
+    /// Reversed: the heap pops the earliest.
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
         o.time
             .total_cmp(&self.time)
             .then(o.class.cmp(&self.class))
             .then(o.seq.cmp(&self.seq))
+    }
+}
+
+impl<E> Default for Schedule<E> {
+    fn default() -> Self {
+        Schedule {
+            heap: BinaryHeap::new(),
+            seq: 0,
+        }
+    }
+}
+
+impl<E> Schedule<E> {
+    /// Nothing scheduled.
+    pub fn new() -> Self {
+        Schedule::default()
+    }
+
+    /// `ev` happens at `time` (seconds), in tie class `class`.
+    pub fn push(&mut self, time: f64, class: u8, ev: E) {
+        self.seq += 1;
+        self.heap.push(Due {
+            time,
+            class,
+            seq: self.seq,
+            ev,
+        });
+    }
+
+    /// When the next thing happens, if anything is scheduled.
+    pub fn next_time(&self) -> Option<f64> {
+        self.heap.peek().map(|d| d.time)
+    }
+
+    /// The next thing, if it happens at or before `now`.
+    pub fn pop_due(&mut self, now: f64) -> Option<E> {
+        if self.next_time()? <= now {
+            self.heap.pop().map(|d| d.ev)
+        } else {
+            None
+        }
     }
 }
 
@@ -308,17 +365,16 @@ pub struct Cluster<S: Service> {
     pub one_iteration_runs: bool,
     /// Interrupt reason, when [`Cluster::interrupt_at`] was called.
     interrupt: Option<String>,
-    queue: BinaryHeap<Due>,
-    seq: u64,
+    queue: Schedule<ClusterEvent>,
     encode_gen: Vec<u64>,
     prefill_gen: Vec<u64>,
     decode_gen: Vec<u64>,
     decode_run: Vec<DecodeRunProgress>,
     replica_gen: Vec<u64>,
-    encode_link: Vec<f64>,
-    prefill_link: Vec<f64>,
+    encode_link: Vec<SerialLink>,
+    prefill_link: Vec<SerialLink>,
     /// Workers that died: transfers to them land at once.
-    dead: Vec<WorkerRef>,
+    live: Liveness,
 }
 
 const DONE: u8 = 0;
@@ -337,16 +393,15 @@ impl<S: Service> Cluster<S> {
             share_changes: Vec::new(),
             one_iteration_runs: false,
             interrupt: None,
-            queue: BinaryHeap::new(),
-            seq: 0,
+            queue: Schedule::new(),
             encode_gen: vec![0; ne],
             prefill_gen: vec![0; np],
             decode_gen: vec![0; nd],
             decode_run: vec![DecodeRunProgress::default(); nd],
             replica_gen: vec![0; nr],
-            encode_link: vec![0.0; ne],
-            prefill_link: vec![0.0; np],
-            dead: Vec::new(),
+            encode_link: vec![SerialLink::default(); ne],
+            prefill_link: vec![SerialLink::default(); np],
+            live: Liveness::new(),
             ctrl,
         };
         let arrivals: Vec<(RequestId, f64)> = c
@@ -362,13 +417,7 @@ impl<S: Service> Cluster<S> {
     }
 
     fn push(&mut self, time: f64, class: u8, ev: ClusterEvent) {
-        self.seq += 1;
-        self.queue.push(Due {
-            time,
-            class,
-            seq: self.seq,
-            ev,
-        });
+        self.queue.push(time, class, ev);
     }
 
     /// Worker `w` dies at `at` (seconds): its work in progress is lost.
@@ -382,25 +431,21 @@ impl<S: Service> Cluster<S> {
         self.push(at, DONE, ClusterEvent::Interrupt);
     }
 
-    /// Process the next instant's input; false when nothing is left.
+    /// Run the next instant ([`driver::step`]); false when nothing is left.
     pub fn step(&mut self) -> bool {
-        let next = self.queue.peek().map(|d| d.time);
-        if let Some(t) = self
-            .ctrl
-            .poll_timeout()
-            .filter(|&t| next.is_none_or(|e| t < e))
-        {
-            self.now = t.max(self.now);
-            self.ctrl.handle_timeout(self.now);
-            self.carry_out();
-            return true;
-        }
-        let Some(due) = self.queue.pop() else {
-            return false;
-        };
-        self.now = due.time.max(self.now);
-        let now = self.now;
-        let ev = match due.ev {
+        driver::step(self)
+    }
+
+    /// Run until nothing is left.
+    pub fn drive(&mut self) {
+        driver::run(self)
+    }
+
+    /// What the queued input `ev` means to the controller now, if anything:
+    /// the end of work a fault lost means nothing, nor does the end of a
+    /// decode iteration before its run's last (the next one starts).
+    fn input(&mut self, now: f64, ev: ClusterEvent) -> Option<Event> {
+        Some(match ev {
             ClusterEvent::Arrival(id) => Event::Arrival { id },
             ClusterEvent::GpuPhase(w, g) if g == self.encode_gen[w] => {
                 Event::EncodeGpuStarted { worker: w }
@@ -425,7 +470,7 @@ impl<S: Service> Cluster<S> {
                     let (batch, context) = run.next_shape();
                     let t = self.service.decode(d, batch, context);
                     self.push(now + t, DONE, ClusterEvent::DecodeDone(d, g));
-                    return true;
+                    return None;
                 };
                 Event::DecodeRunDone { worker: d, steps }
             }
@@ -437,7 +482,7 @@ impl<S: Service> Cluster<S> {
                 }
             }
             ClusterEvent::Fail(w) => {
-                self.dead.push(w);
+                self.live.kill(w);
                 // whatever it was doing never ends
                 match w {
                     WorkerRef::Encode(i) => self.encode_gen[i] += 1,
@@ -460,101 +505,374 @@ impl<S: Service> Cluster<S> {
                 }
             }
             // the end of work lost to a fault
-            _ => return true,
-        };
-        self.ctrl.handle(now, ev);
-        self.carry_out();
-        true
+            _ => return None,
+        })
+    }
+}
+
+impl<S: Service> Driver for Cluster<S> {
+    fn controller(&mut self) -> &mut Controller {
+        &mut self.ctrl
     }
 
-    fn carry_out(&mut self) {
-        let now = self.now;
-        while let Some(cmd) = self.ctrl.poll_command() {
+    fn next_due(&mut self, now: f64) -> Option<Event> {
+        while let Some(due) = self.queue.pop_due(now) {
+            if let Some(ev) = self.input(now, due) {
+                return Some(ev);
+            }
+        }
+        None
+    }
+
+    fn carry_out(&mut self, now: f64, cmd: Command) {
+        if self.live.lands_at_once(&cmd) {
             match cmd {
-                // the host phase a pass reports ([`Service::encode`]) holds
-                // whatever preprocessing it still waited for
-                Command::Preprocess { .. } => {}
-                Command::Encode { worker, sm_share } => {
-                    let (host, gpu) =
-                        self.service
-                            .encode(worker, self.ctrl.encode_batch(worker), sm_share);
-                    self.encode_gen[worker] += 1;
-                    let g = self.encode_gen[worker];
-                    self.push(now + host, DONE, ClusterEvent::GpuPhase(worker, g));
-                    self.push(now + host + gpu, DONE, ClusterEvent::EncodeDone(worker, g));
+                Command::Embeddings { envelope, .. } => {
+                    self.push(now, LANDED, ClusterEvent::Landed(envelope, now))
                 }
-                Command::Embeddings {
-                    envelope,
-                    from,
-                    to,
-                    local,
-                } => {
-                    if local || self.dead.contains(&WorkerRef::Prefill(to)) {
-                        self.push(now, LANDED, ClusterEvent::Landed(envelope, now));
-                    } else {
-                        let t = self.service.embeddings(from, self.ctrl.envelope(envelope));
-                        let start = self.encode_link[from].max(now);
-                        self.encode_link[from] = start + t;
-                        self.push(start + t, LANDED, ClusterEvent::Landed(envelope, start));
-                    }
-                }
-                Command::Prefill { worker, sm_share } => {
-                    let t = self
-                        .service
-                        .prefill(worker, self.ctrl.prefill_batch(worker), sm_share);
-                    self.prefill_gen[worker] += 1;
-                    let g = self.prefill_gen[worker];
-                    self.push(now + t, DONE, ClusterEvent::PrefillDone(worker, g));
-                }
-                Command::PrefillShare { worker, sm_share } => {
-                    self.share_changes.push((now, worker, sm_share));
-                }
-                Command::Kv { to, id, .. } if self.dead.contains(&WorkerRef::Decode(to)) => {
-                    self.push(now, LANDED, ClusterEvent::Kv(id, now));
-                }
-                Command::Kv { from, id, .. } => {
-                    let t = self.service.kv(from, id);
-                    let start = self.prefill_link[from].max(now);
-                    self.prefill_link[from] = start + t;
-                    self.push(start + t, LANDED, ClusterEvent::Kv(id, start));
-                }
-                Command::DecodeRun {
-                    worker,
-                    batch,
-                    context,
-                    steps,
-                } => {
-                    self.decode_run[worker] = DecodeRunProgress::new(batch, context, steps);
-                    let t = self.service.decode(worker, batch, context);
-                    self.decode_gen[worker] += 1;
-                    let g = self.decode_gen[worker];
-                    self.push(now + t, DONE, ClusterEvent::DecodeDone(worker, g));
-                }
-                Command::DecodeYield { worker } => self.decode_run[worker].yield_now(),
-                Command::Release { .. } => {}
-                Command::FrontEndPreprocess { id } => {
-                    let t = self.service.front_end(id);
-                    self.push(now + t, LANDED, ClusterEvent::Preprocessed(id));
-                }
-                Command::ReplicaStep {
-                    replica,
-                    batch,
-                    context,
-                } => {
-                    let admitted = self.ctrl.replica_admitted(replica);
-                    let (t_enc, t) = self.service.replica_step(replica, admitted, batch, context);
-                    self.replica_gen[replica] += 1;
-                    let g = self.replica_gen[replica];
-                    let ev = ClusterEvent::ReplicaDone(replica, g, now + t_enc);
-                    self.push(now + t, DONE, ev);
-                }
+                Command::Kv { id, .. } => self.push(now, LANDED, ClusterEvent::Kv(id, now)),
+                _ => {}
+            }
+            return;
+        }
+        match cmd {
+            // the host phase a pass reports ([`Service::encode`]) holds
+            // whatever preprocessing it still waited for
+            Command::Preprocess { .. } => {}
+            Command::Encode { worker, sm_share } => {
+                let (host, gpu) =
+                    self.service
+                        .encode(worker, self.ctrl.encode_batch(worker), sm_share);
+                self.encode_gen[worker] += 1;
+                let g = self.encode_gen[worker];
+                self.push(now + host, DONE, ClusterEvent::GpuPhase(worker, g));
+                self.push(now + host + gpu, DONE, ClusterEvent::EncodeDone(worker, g));
+            }
+            Command::Embeddings { envelope, from, .. } => {
+                let t = self.service.embeddings(from, self.ctrl.envelope(envelope));
+                let (start, end) = self.encode_link[from].send(now, t);
+                self.push(end, LANDED, ClusterEvent::Landed(envelope, start));
+            }
+            Command::Prefill { worker, sm_share } => {
+                let t = self
+                    .service
+                    .prefill(worker, self.ctrl.prefill_batch(worker), sm_share);
+                self.prefill_gen[worker] += 1;
+                let g = self.prefill_gen[worker];
+                self.push(now + t, DONE, ClusterEvent::PrefillDone(worker, g));
+            }
+            Command::DecodeRun {
+                worker,
+                batch,
+                context,
+                steps,
+            } => {
+                self.decode_run[worker] = DecodeRunProgress::new(batch, context, steps);
+                let t = self.service.decode(worker, batch, context);
+                self.decode_gen[worker] += 1;
+                let g = self.decode_gen[worker];
+                self.push(now + t, DONE, ClusterEvent::DecodeDone(worker, g));
+            }
+            Command::DecodeYield { worker } => self.decode_run[worker].yield_now(),
+            Command::PrefillShare { worker, sm_share } => {
+                self.share_changes.push((now, worker, sm_share));
+            }
+            Command::Kv { from, id, .. } => {
+                let t = self.service.kv(from, id);
+                let (start, end) = self.prefill_link[from].send(now, t);
+                self.push(end, LANDED, ClusterEvent::Kv(id, start));
+            }
+            Command::Release { .. } => {}
+            Command::FrontEndPreprocess { id } => {
+                let t = self.service.front_end(id);
+                self.push(now + t, LANDED, ClusterEvent::Preprocessed(id));
+            }
+            Command::ReplicaStep {
+                replica,
+                batch,
+                context,
+            } => {
+                let admitted = self.ctrl.replica_admitted(replica);
+                let (t_enc, t) = self.service.replica_step(replica, admitted, batch, context);
+                self.replica_gen[replica] += 1;
+                let g = self.replica_gen[replica];
+                let ev = ClusterEvent::ReplicaDone(replica, g, now + t_enc);
+                self.push(now + t, DONE, ev);
             }
         }
     }
+}
 
-    /// Run until nothing is left.
-    pub fn drive(&mut self) {
-        while self.step() {}
+impl<S: Service> VirtualClock for Cluster<S> {
+    fn now(&self) -> f64 {
+        self.now
+    }
+
+    fn set_now(&mut self, t: f64) {
+        self.now = t;
+    }
+
+    fn next_input(&self) -> Option<f64> {
+        self.queue.next_time()
+    }
+}
+
+// ------------------------------------------------------------------ Replay
+
+/// A [`Service`] that hands back what another driver's workers took
+/// ([`ServiceLog`], the simulator's), unit by unit, per worker: a driver
+/// with fake workers then makes the same run. Work the log never finished
+/// (lost to a fault) never ends.
+pub struct Replay {
+    log: ServiceLog,
+    /// Per kind (encode, prefill, decode, embeddings, KV, front end,
+    /// replica), per worker: the next unit.
+    next: [Vec<usize>; 7],
+}
+
+impl Replay {
+    /// Replay `log`.
+    pub fn new(log: ServiceLog) -> Self {
+        let next = [
+            vec![0; log.encode.len()],
+            vec![0; log.prefill.len()],
+            vec![0; log.decode.len()],
+            vec![0; log.embeddings.len()],
+            vec![0; log.kv.len()],
+            vec![0; 1],
+            vec![0; log.replica.len()],
+        ];
+        Replay { log, next }
+    }
+
+    /// The next unit of `kind` on worker `w`.
+    fn take<T: Copy>(next: &mut [Vec<usize>; 7], kind: usize, w: usize, log: &[T]) -> Option<T> {
+        let i = next[kind][w];
+        next[kind][w] += 1;
+        log.get(i).copied()
+    }
+}
+
+impl Service for Replay {
+    fn encode(&mut self, w: usize, _: &[RequestId], _: f64) -> (f64, f64) {
+        Self::take(&mut self.next, 0, w, &self.log.encode[w]).unwrap_or((f64::INFINITY, 0.0))
+    }
+    fn prefill(&mut self, p: usize, _: &[PrefillItem], _: f64) -> f64 {
+        Self::take(&mut self.next, 1, p, &self.log.prefill[p]).unwrap_or(f64::INFINITY)
+    }
+    fn decode(&mut self, d: usize, _: u64, _: u64) -> f64 {
+        Self::take(&mut self.next, 2, d, &self.log.decode[d]).unwrap_or(f64::INFINITY)
+    }
+    fn embeddings(&mut self, from: usize, _: &[RequestId]) -> f64 {
+        Self::take(&mut self.next, 3, from, &self.log.embeddings[from]).unwrap_or(f64::INFINITY)
+    }
+    fn kv(&mut self, from: usize, _: RequestId) -> f64 {
+        Self::take(&mut self.next, 4, from, &self.log.kv[from]).unwrap_or(f64::INFINITY)
+    }
+    fn front_end(&mut self, _: RequestId) -> f64 {
+        Self::take(&mut self.next, 5, 0, &self.log.front_end).unwrap_or(f64::INFINITY)
+    }
+    fn replica_step(&mut self, r: usize, _: &[RequestId], _: u64, _: u64) -> (f64, f64) {
+        Self::take(&mut self.next, 6, r, &self.log.replica[r])
+            .unwrap_or((f64::INFINITY, f64::INFINITY))
+    }
+}
+
+// ------------------------------------------------------ comparing two runs
+
+/// Whether two times (seconds) or shares agree: within `1e-9` relative (of
+/// the larger magnitude, at least 1), what two drivers adding the same
+/// service times in another order may differ by.
+pub fn close(x: f64, y: f64) -> bool {
+    (x - y).abs() <= 1e-9 * x.abs().max(1.0)
+}
+
+/// Whether two decisions are the same: equal, but for their times and SM
+/// shares, which need only be [`close`].
+pub fn same_decision(a: &Decision, b: &Decision) -> bool {
+    match (a, b) {
+        (
+            Decision::Dispatch {
+                at: t1,
+                worker: w1,
+                ids: i1,
+                sm_share: s1,
+            },
+            Decision::Dispatch {
+                at: t2,
+                worker: w2,
+                ids: i2,
+                sm_share: s2,
+            },
+        )
+        | (
+            Decision::Prefill {
+                at: t1,
+                worker: w1,
+                ids: i1,
+                sm_share: s1,
+            },
+            Decision::Prefill {
+                at: t2,
+                worker: w2,
+                ids: i2,
+                sm_share: s2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && i1 == i2 && close(*s1, *s2),
+        (
+            Decision::Share {
+                at: t1,
+                worker: w1,
+                sm_share: s1,
+            },
+            Decision::Share {
+                at: t2,
+                worker: w2,
+                sm_share: s2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && close(*s1, *s2),
+        (
+            Decision::DecodeRun {
+                at: t1,
+                worker: w1,
+                batch: b1,
+                context: c1,
+                steps: s1,
+            },
+            Decision::DecodeRun {
+                at: t2,
+                worker: w2,
+                batch: b2,
+                context: c2,
+                steps: s2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && b1 == b2 && c1 == c2 && s1 == s2,
+        (
+            Decision::DecodeYield { at: t1, worker: w1 },
+            Decision::DecodeYield { at: t2, worker: w2 },
+        ) => close(*t1, *t2) && w1 == w2,
+        (
+            Decision::PrefillChunk {
+                at: t1,
+                worker: w1,
+                id: i1,
+                tokens: k1,
+                queued_tokens: q1,
+            },
+            Decision::PrefillChunk {
+                at: t2,
+                worker: w2,
+                id: i2,
+                tokens: k2,
+                queued_tokens: q2,
+            },
+        ) => close(*t1, *t2) && (w1, i1, k1, q1) == (w2, i2, k2, q2),
+        (
+            Decision::ReplicaStep {
+                at: t1,
+                replica: r1,
+                ids: i1,
+                batch: b1,
+                context: c1,
+            },
+            Decision::ReplicaStep {
+                at: t2,
+                replica: r2,
+                ids: i2,
+                batch: b2,
+                context: c2,
+            },
+        ) => close(*t1, *t2) && r1 == r2 && i1 == i2 && b1 == b2 && c1 == c2,
+        _ => a == b,
+    }
+}
+
+/// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
+/// prefill, share, place-decode, decode run, fail, decode yield,
+/// place-replica, replica step, place-shard, prefill chunk.
+pub fn decision_kinds(log: &[Decision]) -> [usize; 14] {
+    let mut n = [0usize; 14];
+    for d in log {
+        n[match d {
+            Decision::Reject { .. } => 0,
+            Decision::PlaceEncode { .. } => 1,
+            Decision::Dispatch { .. } => 2,
+            Decision::Route { .. } => 3,
+            Decision::Prefill { .. } => 4,
+            Decision::Share { .. } => 5,
+            Decision::PlaceDecode { .. } => 6,
+            Decision::DecodeRun { .. } => 7,
+            Decision::Fail { .. } => 8,
+            Decision::DecodeYield { .. } => 9,
+            Decision::PlaceReplica { .. } => 10,
+            Decision::ReplicaStep { .. } => 11,
+            Decision::PlaceShard { .. } => 12,
+            Decision::PrefillChunk { .. } => 13,
+        }] += 1;
+    }
+    n
+}
+
+/// Panic at the first decision where `driver`'s log differs from the
+/// simulator's `sim` ([`same_decision`]), with the three before it, or when
+/// one log is longer.
+pub fn assert_same_log(sim: &[Decision], driver: &[Decision]) {
+    if let Some(i) = (0..sim.len().min(driver.len())).find(|&i| !same_decision(&sim[i], &driver[i]))
+    {
+        panic!(
+            "decision {i} differs:\n  sim:    {:?}\n  driver: {:?}\n(previous: {:?})",
+            sim[i],
+            driver[i],
+            &sim[i.saturating_sub(3)..i]
+        );
+    }
+    assert_eq!(
+        sim.len(),
+        driver.len(),
+        "{:?} vs {:?}",
+        decision_kinds(sim),
+        decision_kinds(driver)
+    );
+}
+
+/// Panic unless every request ended alike in both runs: the same encode
+/// batch size, local or remote prefill, failure, and a finish time
+/// [`close`] to the other's (tolerance relative to the larger of the time and 1 s).
+pub fn assert_same_outcomes(a: &[RequestRecord], b: &[RequestRecord]) {
+    assert_eq!(a.len(), b.len(), "request counts");
+    for (a, b) in a.iter().zip(b) {
+        assert_eq!(a.encode_batch, b.encode_batch, "request {}", a.id);
+        assert_eq!(a.prefill_local, b.prefill_local, "request {}", a.id);
+        assert_eq!(a.failure, b.failure, "request {}", a.id);
+        assert_eq!(a.finish.is_some(), b.finish.is_some(), "request {}", a.id);
+        if let (Some(fa), Some(fb)) = (a.finish, b.finish) {
+            assert!(
+                (fa - fb).abs() < 1e-9 * fa.max(1.0),
+                "request {}: {fa} vs {fb}",
+                a.id
+            );
+        }
+    }
+}
+
+/// Panic unless every request's KV cache and embeddings left (after waiting
+/// for their link), and its prefill started, at the same times in both runs.
+pub fn assert_same_transfer_times(a: &[RequestRecord], b: &[RequestRecord]) {
+    for (a, b) in a.iter().zip(b) {
+        for (x, y) in [
+            (a.kv_sent, b.kv_sent),
+            (a.embedding_sent, b.embedding_sent),
+            (a.prefill_start, b.prefill_start),
+        ] {
+            assert_eq!(x.is_some(), y.is_some(), "request {}", a.id);
+            if let (Some(x), Some(y)) = (x, y) {
+                assert!(
+                    (x - y).abs() < 1e-9 * x.max(1.0),
+                    "request {}: {x} vs {y}",
+                    a.id
+                );
+            }
+        }
     }
 }
 

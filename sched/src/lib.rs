@@ -33,6 +33,12 @@
 //!   `handle_timeout`), [`Command`]s and an optional [`Decision`] log out
 //!   (`poll_command`, `poll_timeout`); the simulator and the executor are its
 //!   two drivers. Its module doc gives the call order.
+//! * [`driver`] — that call order in one place, for every driver: the
+//!   [`Driver`] trait (what is due, what a command does) and [`driver::instant`]
+//!   (one instant in the contract's order), [`driver::step`] for a driver on
+//!   a virtual clock; the bookkeeping drivers share beside it: [`Liveness`]
+//!   (which workers died), [`SerialLink`] (one transfer at a time) and the
+//!   [`ServiceLog`] one driver's workers took, for another to replay.
 //! * `harness` (cargo feature `harness`, off by default; tests turn it on) —
 //!   virtual-clock drivers for tests: `harness::Cluster` runs the controller
 //!   against fake workers (faults, interruption, share changes), and
@@ -46,6 +52,7 @@
 mod allocation;
 pub mod controller;
 mod deployment;
+pub mod driver;
 #[cfg(feature = "harness")]
 pub mod harness;
 mod placement;
@@ -61,6 +68,7 @@ pub use controller::{
     WorkerRef, TIME_SLICE_SHARE,
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
+pub use driver::{Driver, Liveness, SerialLink, ServiceLog, VirtualClock};
 pub use placement::LeastOutstanding;
 pub use policy::budget;
 pub use policy::{

@@ -116,6 +116,19 @@ impl<E> EventQueue<E> {
         }
     }
 
+    /// The earliest event, if it is due at or before `limit` (seconds).
+    pub(crate) fn pop_until(&mut self, limit: f64) -> Option<(f64, E)> {
+        let first = match &self.store {
+            Store::Sorted(v) => v.last(),
+            Store::Heap(h) => h.peek(),
+        };
+        if first.map(Entry::time)? <= limit {
+            self.pop()
+        } else {
+            None
+        }
+    }
+
     pub(crate) fn pop(&mut self) -> Option<(f64, E)> {
         let e = match &mut self.store {
             Store::Sorted(v) => v.pop(),
@@ -137,8 +150,10 @@ mod tests {
         q.push(1.0, Priority::Completion, "done1");
         q.push(1.0, Priority::Transfer, "landed2");
         q.push(1.0, Priority::Completion, "done2");
+        assert_eq!(q.pop_until(0.5), None, "nothing is due by 0.5");
+        assert_eq!(q.pop_until(1.0), Some((1.0, "done1")));
         let order: Vec<&str> = std::iter::from_fn(|| q.pop().map(|e| e.1)).collect();
-        assert_eq!(order, ["done1", "done2", "landed1", "landed2", "late"]);
+        assert_eq!(order, ["done2", "landed1", "landed2", "late"]);
     }
 
     /// Pushes and pops interleaved, past the size where the sorted vector

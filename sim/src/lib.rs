@@ -6,8 +6,10 @@
 //!
 //! # Reading guide
 //! 1. `event.rs` — the event queue: `(time, named priority, sequence)` order.
-//! 2. `engine.rs` — the driver: what the hardware does with each of the
-//!    controller's commands (the host and GPU phases of an encode pass, local
+//! 2. `engine.rs` — the driver (an `easerve_sched::Driver`: its loop is
+//!    `easerve_sched::driver::run`, the call order every driver shares): what
+//!    is due when, and what the hardware does with each of the controller's
+//!    commands (the host and GPU phases of an encode pass, local
 //!    prefill re-rated when its SM share changes, bandwidth interference and
 //!    the time-slicing penalty, serialised links, decode runs priced ahead in
 //!    chunks with only their ends queued, injected faults), GPU meters, the

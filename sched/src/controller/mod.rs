@@ -32,16 +32,26 @@
 //!   on for tests and `--decisions FILE`).
 //!
 //! # Call order
-//! 1. For each input: `handle(now, event)` (or `handle_timeout(now)`), with `now`
-//!    never going back.
-//! 2. Drain `poll_command()` until it returns `None`, carrying out each command
-//!    in order. A command's effects are reported back later as events (a pass
-//!    ends with [`Event::EncodeDone`], and so on). Every [`Command::Embeddings`]
-//!    and [`Command::Kv`] must get its landing event, even when the destination
-//!    is dead (then at once): an encode worker's envelopes in flight count
+//! At each instant `now` (never going back):
+//! 1. For each input due at `now`, in the driver's order: `handle(now, event)`,
+//!    then drain `poll_command()` until it returns `None`, carrying out each
+//!    command in order, before the next input. A command's effects are
+//!    reported back later as events (a pass ends with [`Event::EncodeDone`],
+//!    and so on). Every [`Command::Embeddings`] and [`Command::Kv`] must get
+//!    its landing event, even when the destination is dead (then at once, an
+//!    input due at `now`): an encode worker's envelopes in flight count
 //!    against its cap until they land.
+//! 2. When no input is left at `now`: `handle_timeout(now)` if the time
+//!    `poll_timeout()` returned has come, and drain its commands; then 1
+//!    again if they made an input due.
 //! 3. Read `poll_timeout()` and arrange to call `handle_timeout` then, or sooner
-//!    when another event comes.
+//!    when another input comes.
+//!
+//! [`crate::driver`] holds this order in one place: a driver implements
+//! [`crate::Driver`] (what is due, what a command does) and calls
+//! [`crate::driver::instant`], or [`crate::driver::step`] and
+//! [`crate::driver::run`] on a virtual clock. The simulator,
+//! `harness::Cluster`, `easerve exec` and `easerve serve` all do.
 //!
 //! Decode goes in runs ([`Command::DecodeRun`]): the iterations until the
 //! first running sequence finishes, over a batch that does not change, so the
@@ -52,7 +62,7 @@
 //! the outcome is the same as one decision per iteration.
 //!
 //! Ties at one instant are the driver's to order; the simulator delivers
-//! completions, then transfers, then arrivals, then the timeout.
+//! completions, then transfers, then arrivals; the timeout always goes last.
 //!
 //! Times are seconds since the start of the run (`f64`), as everywhere in
 //! easerve. Request ids are their index in the request list.
@@ -421,6 +431,7 @@ impl Controller {
 
     /// The earliest time the controller wants [`Controller::handle_timeout`]
     /// called (absolute, seconds since the start of the run), if any.
+    #[inline]
     #[must_use]
     pub fn poll_timeout(&self) -> Option<f64> {
         let mut t: Option<f64> = None;
@@ -444,6 +455,7 @@ impl Controller {
     }
 
     /// The next command to carry out, in order; `None` when there is none.
+    #[inline]
     #[must_use]
     pub fn poll_command(&mut self) -> Option<Command> {
         self.commands.pop_front()

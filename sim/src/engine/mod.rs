@@ -9,7 +9,10 @@
 //! pass or a local prefill batch when what shares its GPU changes (bandwidth
 //! interference under an SM partition, the switching penalty under
 //! time-slicing), the serialised links, the GPU meters and the timeline. Costs
-//! come from a [`StageCost`].
+//! come from a [`StageCost`]. The loop and the order in which the controller
+//! hears inputs and gives commands are the ones every driver shares
+//! ([`driver::run`]); the engine says what is due ([`Driver::next_due`]) and
+//! what a command does ([`Driver::carry_out`]).
 //!
 //! Decode goes in the controller's runs ([`Command::DecodeRun`]): the
 //! iterations up to the first finishing sequence are priced ahead in doubling
@@ -28,6 +31,7 @@ use crate::output::{assemble, RunParts};
 use crate::timeline::Timeline;
 use easerve_calib::StageCost;
 use easerve_model::{ItemTokens, Parallel};
+use easerve_sched::driver::{self, Driver, Liveness, SerialLink, VirtualClock};
 use easerve_sched::{
     Command, Controller, Decision, EnvelopeId, Event, RequestId, RequestRecord, Topology,
     WorkerRef, TIME_SLICE_SHARE,
@@ -113,8 +117,8 @@ struct EncodeWorker {
     /// Local prefill worker co-located on this GPU.
     local: Option<usize>,
     pass: Option<Pass>,
-    /// When this worker's link is free for the next embedding transfer.
-    link_free_at: f64,
+    /// The worker's link, for its embedding transfers.
+    link: SerialLink,
     /// Generation of the pending phase or completion event, never reset.
     gen: u64,
     /// When each of the worker's preprocessing threads is free, when
@@ -149,7 +153,8 @@ struct PrefillWorker {
     /// Prompt lengths of the batch in flight (reused).
     seq_lens: Vec<u64>,
     gen: u64,
-    link_free_at: f64,
+    /// The worker's link, for its KV cache transfers.
+    link: SerialLink,
 }
 
 struct DecodeWorker {
@@ -204,29 +209,10 @@ pub struct SimOutput {
 }
 
 /// What the simulated hardware took for each unit of work, seconds, per
-/// worker in the order the worker started it: what a replay (a driver with
-/// fake workers, `easerve_sched::harness::Cluster`) hands back to make the
-/// same run.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ServiceLog {
-    /// Per encode worker, per pass: (host phase, GPU phase as it ran, with
-    /// every re-rating). A pass lost to a fault is missing.
-    pub encode: Vec<Vec<(f64, f64)>>,
-    /// Per prefill worker, per batch, as it ran (re-ratings included).
-    pub prefill: Vec<Vec<f64>>,
-    /// Per decode worker, per iteration.
-    pub decode: Vec<Vec<f64>>,
-    /// Per encode worker, per remote envelope: time on the link.
-    pub embeddings: Vec<Vec<f64>>,
-    /// Per prefill worker, per KV cache: time on the link.
-    pub kv: Vec<Vec<f64>>,
-    /// Per front-end preprocessing, in the order they started (the
-    /// aggregated system).
-    pub front_end: Vec<f64>,
-    /// Per aggregated replica, per iteration: (its inline encode, the whole
-    /// iteration).
-    pub replica: Vec<Vec<(f64, f64)>>,
-}
+/// worker in the order the worker started it (the log of
+/// [`SimOptions::service_log`]): what a replay (a driver with fake workers,
+/// `easerve_sched::harness::Replay`) hands back to make the same run.
+pub use easerve_sched::ServiceLog;
 
 /// What a run records beyond the report.
 #[derive(Clone, Debug, Default)]
@@ -253,6 +239,8 @@ struct Sim<'a> {
     /// stay out of the event queue, which holds only what busy workers and
     /// links will end.
     next_arrival: usize,
+    /// Its arrival time (infinite when every request has arrived).
+    next_arrival_at: f64,
     encode: Vec<EncodeWorker>,
     /// Remote prefill workers first, then local ones.
     prefill: Vec<PrefillWorker>,
@@ -274,7 +262,10 @@ struct Sim<'a> {
     service: Option<ServiceLog>,
     /// Workers that died (fault injection): transfers to them land at once,
     /// as the executor's do.
-    dead: Vec<WorkerRef>,
+    live: Liveness,
+    /// What to do once the controller heard the input handed to it last
+    /// ([`Driver::heard`], [`Driver::settled`]).
+    after: After,
     /// When each request's preprocessing ends, by request id, when
     /// preprocessing is pipelined ([`Command::Preprocess`]; empty otherwise).
     pre_ready: Vec<f64>,
@@ -331,16 +322,7 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
         sim.timeline = Some(Timeline::default());
     }
     if opts.service_log {
-        let t = &sim.topology;
-        sim.service = Some(ServiceLog {
-            encode: vec![Vec::new(); t.encode().len()],
-            prefill: vec![Vec::new(); t.prefill().len()],
-            decode: vec![Vec::new(); t.decode().len()],
-            embeddings: vec![Vec::new(); t.encode().len()],
-            kv: vec![Vec::new(); t.prefill().len()],
-            front_end: Vec::new(),
-            replica: vec![Vec::new(); t.replica().len()],
-        });
+        sim.service = Some(ServiceLog::new(&sim.topology));
     }
     if let Some((w, at)) = opts.kill {
         sim.events.push(at, Priority::Completion, Ev::Fault(w));
@@ -361,7 +343,7 @@ impl<'a> Sim<'a> {
                 gpu: t.gpu(),
                 local: t.local_prefill,
                 pass: None,
-                link_free_at: 0.0,
+                link: SerialLink::default(),
                 gen: 0,
                 pre_free: vec![0.0; sc.knobs.preprocess_threads.unwrap_or(0) as usize],
             })
@@ -377,7 +359,7 @@ impl<'a> Sim<'a> {
                 job: None,
                 seq_lens: Vec::new(),
                 gen: 0,
-                link_free_at: 0.0,
+                link: SerialLink::default(),
             })
             .collect();
         let decode = topology
@@ -403,7 +385,7 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let events = EventQueue::new();
-        Sim {
+        let mut sim = Sim {
             sc,
             time_sliced: ctrl.time_sliced(),
             ctrl,
@@ -412,6 +394,7 @@ impl<'a> Sim<'a> {
             events,
             tokens,
             next_arrival: 0,
+            next_arrival_at: f64::INFINITY,
             encode,
             prefill,
             decode,
@@ -424,76 +407,45 @@ impl<'a> Sim<'a> {
             timeline: None,
             items: Vec::new(),
             service: None,
-            dead: Vec::new(),
+            live: Liveness::new(),
+            after: After::Nothing,
             pre_ready: Vec::new(),
-        }
+        };
+        sim.set_next_arrival(0);
+        sim
     }
 
+    /// Run the workload to its end: the event loop is the one every driver
+    /// shares ([`driver::run`]); the engine says what is due and what each
+    /// command does to the hardware.
     fn run(&mut self) {
-        loop {
-            let queued = self.events.peek_time();
-            let arrival = self
-                .ctrl
-                .requests()
-                .get(self.next_arrival)
-                .map(|r| r.arrival);
-            let next = match (queued, arrival) {
-                (Some(q), Some(a)) => Some(q.min(a)),
-                (q, a) => q.or(a),
-            };
-            // the controller's timeout goes after same-instant events
-            if let Some(t) = self
-                .ctrl
-                .poll_timeout()
-                .filter(|&t| next.is_none_or(|e| t < e))
-            {
-                self.processed += 1;
-                self.now = t.max(self.now);
-                self.ctrl.handle_timeout(self.now);
-                self.carry_out();
-                continue;
-            }
-            // an arrival goes after same-instant completions and transfers
-            if let Some(a) = arrival.filter(|&a| queued.is_none_or(|q| a < q)) {
-                self.processed += 1;
-                self.now = a.max(self.now);
-                let i = self.next_arrival;
-                self.next_arrival += 1;
-                self.on_arrival(i);
-                self.carry_out();
-                continue;
-            }
-            let Some((t, ev)) = self.events.pop() else {
-                break;
-            };
-            self.processed += 1;
-            debug_assert!(t >= self.now - 1e-9, "time went back: {t} < {}", self.now);
-            self.now = t.max(self.now);
-            self.on_event(ev);
-            self.carry_out();
-        }
+        driver::run(self);
     }
 
-    /// Request `i` arrives; the controller admits and places it.
-    fn on_arrival(&mut self, i: usize) {
-        self.ctrl
-            .handle(self.now, Event::Arrival { id: i as RequestId });
-        if self.timeline.is_some() {
-            if let Some(w) = self.ctrl.records()[i].encode_worker {
-                self.count_encode_queue(w);
-            }
-        }
+    /// The time of the next request to arrive, if any.
+    /// Request `i` is the next to arrive.
+    fn set_next_arrival(&mut self, i: usize) {
+        self.next_arrival = i;
+        self.next_arrival_at = self
+            .ctrl
+            .requests()
+            .get(i)
+            .map_or(f64::INFINITY, |r| r.arrival);
     }
 
-    /// What the hardware does when `ev` comes due, then the controller hears of it.
-    fn on_event(&mut self, ev: Ev) {
+    /// What the hardware does when `ev` comes due, and what the controller
+    /// must hear of it, if anything (nothing for the end of work left stale
+    /// by a re-rating or a fault, or for a decode chunk before its run's end).
+    #[inline]
+    fn on_event(&mut self, ev: Ev) -> Option<Event> {
         let now = self.now;
         match ev {
             Ev::EncodeGpuPhase { worker, gen } => {
-                if self.encode[worker].gen == gen {
-                    self.on_encode_gpu_phase(worker);
-                    self.ctrl.handle(now, Event::EncodeGpuStarted { worker });
+                if self.encode[worker].gen != gen {
+                    return None;
                 }
+                self.on_encode_gpu_phase(worker);
+                Some(Event::EncodeGpuStarted { worker })
             }
             Ev::EncodeDone { worker, gen } => {
                 let live = self.encode[worker].gen == gen
@@ -501,83 +453,83 @@ impl<'a> Sim<'a> {
                         .pass
                         .as_ref()
                         .is_some_and(|p| p.gpu_phase);
-                if live {
-                    self.on_encode_done(worker);
-                    self.ctrl.handle(now, Event::EncodeDone { worker });
-                    self.count_encode_queue(worker);
+                if !live {
+                    return None;
                 }
+                self.on_encode_done(worker);
+                self.after = After::EncodeQueue(worker);
+                Some(Event::EncodeDone { worker })
             }
             Ev::EmbeddingsLand {
                 envelope,
                 sent_at,
                 to,
             } => {
-                self.ctrl
-                    .handle(now, Event::EmbeddingsLanded { envelope, sent_at });
-                self.count_prefill_queue(to);
+                self.after = After::PrefillQueue(to);
+                Some(Event::EmbeddingsLanded { envelope, sent_at })
             }
             Ev::PrefillDone { prefill, gen } => {
-                if self.prefill[prefill].gen == gen && self.prefill[prefill].job.is_some() {
-                    self.on_prefill_done(prefill);
-                    self.ctrl
-                        .handle(now, Event::PrefillDone { worker: prefill });
-                    self.after_prefill_done(prefill);
+                if self.prefill[prefill].gen != gen || self.prefill[prefill].job.is_none() {
+                    return None;
                 }
+                self.on_prefill_done(prefill);
+                self.after = After::PrefillDone(prefill);
+                Some(Event::PrefillDone { worker: prefill })
             }
-            Ev::KvLands { id, sent_at } => self.ctrl.handle(now, Event::KvLanded { id, sent_at }),
+            Ev::KvLands { id, sent_at } => Some(Event::KvLanded { id, sent_at }),
             Ev::DecodeEnd { decode, gen } => {
-                if self.decode[decode].gen == gen {
-                    self.on_decode_end(decode);
+                if self.decode[decode].gen != gen {
+                    return None;
                 }
+                self.on_decode_end(decode)
             }
-            Ev::Preprocessed { id } => self.ctrl.handle(now, Event::Preprocessed { id }),
+            Ev::Preprocessed { id } => Some(Event::Preprocessed { id }),
             Ev::ReplicaDone { replica, gen } => {
-                if self.replicas[replica].gen == gen {
-                    self.on_replica_done(replica);
+                if self.replicas[replica].gen != gen {
+                    return None;
                 }
+                self.on_replica_done(replica)
             }
             Ev::Fault(w) => {
                 self.lose_work(w);
                 let reason = easerve_sched::controller::kill_reason(now);
-                self.ctrl
-                    .handle(now, Event::WorkerFailed { worker: w, reason });
+                Some(Event::WorkerFailed { worker: w, reason })
             }
         }
     }
 
-    /// Carry out every command the controller has issued.
-    fn carry_out(&mut self) {
-        while let Some(cmd) = self.ctrl.poll_command() {
-            match cmd {
-                Command::Preprocess { worker, id } => self.preprocess(worker, id),
-                Command::Encode { worker, sm_share } => self.start_pass(worker, sm_share),
-                Command::Embeddings {
-                    envelope,
-                    from,
-                    to,
-                    local,
-                } => self.send_embeddings(envelope, from, to, local),
-                Command::Prefill { worker, sm_share } => self.start_prefill(worker, sm_share),
-                Command::PrefillShare { worker, sm_share } => {
-                    let share = self.effective_share(sm_share);
-                    self.rerate_local(worker, share);
-                }
-                Command::Kv { from, to, id } => self.send_kv(from, to, id),
-                Command::DecodeRun {
-                    worker,
-                    batch,
-                    context,
-                    steps,
-                } => self.start_decode_run(worker, batch, context, steps),
-                Command::DecodeYield { worker } => self.yield_decode_run(worker),
-                Command::Release { .. } => {}
-                Command::FrontEndPreprocess { id } => self.front_end(id),
-                Command::ReplicaStep {
-                    replica,
-                    batch,
-                    context,
-                } => self.start_replica_step(replica, batch, context),
+    /// What command `cmd` does to the hardware.
+    #[inline]
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Preprocess { worker, id } => self.preprocess(worker, id),
+            Command::Encode { worker, sm_share } => self.start_pass(worker, sm_share),
+            Command::Embeddings {
+                envelope,
+                from,
+                to,
+                local,
+            } => self.send_embeddings(envelope, from, to, local),
+            Command::Prefill { worker, sm_share } => self.start_prefill(worker, sm_share),
+            Command::PrefillShare { worker, sm_share } => {
+                let share = self.effective_share(sm_share);
+                self.rerate_local(worker, share);
             }
+            Command::Kv { from, to, id } => self.send_kv(from, to, id),
+            Command::DecodeRun {
+                worker,
+                batch,
+                context,
+                steps,
+            } => self.start_decode_run(worker, batch, context, steps),
+            Command::DecodeYield { worker } => self.yield_decode_run(worker),
+            Command::Release { .. } => {}
+            Command::FrontEndPreprocess { id } => self.front_end(id),
+            Command::ReplicaStep {
+                replica,
+                batch,
+                context,
+            } => self.start_replica_step(replica, batch, context),
         }
     }
 
@@ -772,7 +724,13 @@ impl<'a> Sim<'a> {
     /// GPU's memory and land at once; remote ones wait for the worker's link.
     fn send_embeddings(&mut self, envelope: EnvelopeId, from: usize, to: usize, local: bool) {
         let now = self.now;
-        let (sent, land) = if local || self.dead.contains(&WorkerRef::Prefill(to)) {
+        let cmd = Command::Embeddings {
+            envelope,
+            from,
+            to,
+            local,
+        };
+        let (sent, land) = if self.live.lands_at_once(&cmd) {
             (now, now)
         } else {
             let requests = self.ctrl.requests();
@@ -787,10 +745,8 @@ impl<'a> Sim<'a> {
             };
             let bytes = ids.iter().enumerate().map(tokens).sum::<f64>()
                 * self.sc.model.embedding_bytes_per_token();
-            let start = self.encode[from].link_free_at.max(now);
             let dur = self.cost.transfer(bytes);
-            let end = start + dur;
-            self.encode[from].link_free_at = end;
+            let (start, end) = self.encode[from].link.send(now, dur);
             if let Some(log) = self.service.as_mut() {
                 log.embeddings[from].push(dur);
             }
@@ -959,11 +915,10 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// After the controller heard of a finished batch: carry out its KV
-    /// transfers and next batch; a local worker left idle speeds its encode
-    /// passes back up.
+    /// After the controller heard of a finished batch and its KV transfers
+    /// and next batch were carried out: a local worker left idle speeds its
+    /// encode passes back up.
     fn after_prefill_done(&mut self, p: usize) {
-        self.carry_out();
         if self.prefill[p].job.is_none() {
             self.local_changed(p);
         }
@@ -971,17 +926,15 @@ impl<'a> Sim<'a> {
 
     fn send_kv(&mut self, from: usize, to: usize, id: RequestId) {
         let now = self.now;
-        if self.dead.contains(&WorkerRef::Decode(to)) {
+        if self.live.lands_at_once(&Command::Kv { from, to, id }) {
             self.events
                 .push(now, Priority::Transfer, Ev::KvLands { id, sent_at: now });
             return;
         }
-        let start = self.prefill[from].link_free_at.max(now);
         let bytes = self.ctrl.requests()[id as usize].prefill_tokens() as f64
             * self.sc.model.kv_bytes_per_token();
         let dur = self.cost.transfer(bytes);
-        let end = start + dur;
-        self.prefill[from].link_free_at = end;
+        let (start, end) = self.prefill[from].link.send(now, dur);
         if let Some(log) = self.service.as_mut() {
             log.kv[from].push(dur);
         }
@@ -1061,24 +1014,19 @@ impl<'a> Sim<'a> {
     }
 
     /// The iteration decode worker `d` queued the end of has ended: the run
-    /// ends there, or its next chunk is priced.
-    fn on_decode_end(&mut self, d: usize) {
-        let Some(run) = self.decode[d].run else {
-            return;
-        };
+    /// ends there (the controller hears of it), or its next chunk is priced.
+    fn on_decode_end(&mut self, d: usize) -> Option<Event> {
+        let run = self.decode[d].run?;
         if (self.decode[d].ends.len() as u64) < run.steps {
             self.price_decode_chunk(d);
             self.queue_decode_end(d);
-            return;
+            return None;
         }
         self.end_decode_run(d, run.steps);
-        self.ctrl.handle(
-            self.now,
-            Event::DecodeRunDone {
-                worker: d,
-                steps: run.steps,
-            },
-        );
+        Some(Event::DecodeRunDone {
+            worker: d,
+            steps: run.steps,
+        })
     }
 
     /// The controller cut decode worker `d`'s run short: it ends with the
@@ -1166,7 +1114,7 @@ impl<'a> Sim<'a> {
     /// stale) and its GPUs go idle.
     fn lose_work(&mut self, w: WorkerRef) {
         let now = self.now;
-        self.dead.push(w);
+        self.live.kill(w);
         match w {
             WorkerRef::Encode(i) => {
                 let worker = &mut self.encode[i];
@@ -1315,6 +1263,111 @@ impl<'a> Sim<'a> {
         out.decisions = decisions;
         out.service = service;
         out
+    }
+}
+
+/// What the engine does once the controller heard an input: count a queue
+/// on the timeline, or re-rate the encode passes beside a local prefill
+/// worker left idle.
+#[derive(Clone, Copy, Debug)]
+enum After {
+    Nothing,
+    /// Request `.0` arrived: its encode worker's queue (timeline).
+    Arrival(usize),
+    /// Encode worker `.0`'s queue (timeline).
+    EncodeQueue(usize),
+    /// Prefill worker `.0`'s queue (timeline).
+    PrefillQueue(usize),
+    /// Prefill worker `.0` finished a batch: once its next is carried out,
+    /// an idle local worker speeds its encode passes back up.
+    PrefillDone(usize),
+}
+
+/// The engine as a driver of the controller: its inputs are the requests'
+/// arrivals and the ends of what the hardware does (the event queue);
+/// [`driver::run`] keeps the contract's order. At one instant, completions
+/// go first, then transfers, then arrivals (arrivals stay out of the event
+/// queue), then the controller's timeout.
+impl Driver for Sim<'_> {
+    fn controller(&mut self) -> &mut Controller {
+        &mut self.ctrl
+    }
+
+    #[inline]
+    fn next_due(&mut self, now: f64) -> Option<Event> {
+        loop {
+            // an arrival goes after same-instant completions and transfers
+            let a = self.next_arrival_at;
+            let Some((t, ev)) = self.events.pop_until(now.min(a)) else {
+                if a > now {
+                    return None;
+                }
+                self.processed += 1;
+                let i = self.next_arrival;
+                self.set_next_arrival(i + 1);
+                self.after = After::Arrival(i);
+                return Some(Event::Arrival { id: i as RequestId });
+            };
+            self.processed += 1;
+            debug_assert!(t >= now - 1e-9, "time went back: {t} < {now}");
+            self.after = After::Nothing;
+            if let Some(event) = self.on_event(ev) {
+                return Some(event);
+            }
+        }
+    }
+
+    #[inline]
+    fn carry_out(&mut self, _now: f64, cmd: Command) {
+        self.command(cmd);
+    }
+
+    #[inline]
+    fn heard(&mut self, _now: f64) {
+        // queue lengths are counted for the timeline only
+        if self.timeline.is_none() {
+            return;
+        }
+        match self.after {
+            After::Arrival(i) => {
+                if let Some(w) = self.ctrl.records()[i].encode_worker {
+                    self.count_encode_queue(w);
+                }
+            }
+            After::EncodeQueue(w) => self.count_encode_queue(w),
+            After::PrefillQueue(p) => self.count_prefill_queue(p),
+            _ => {}
+        }
+    }
+
+    #[inline]
+    fn settled(&mut self, _now: f64) {
+        if let After::PrefillDone(p) = self.after {
+            self.after_prefill_done(p);
+        }
+    }
+
+    #[inline]
+    fn timing_out(&mut self, _now: f64) {
+        self.processed += 1;
+    }
+}
+
+impl VirtualClock for Sim<'_> {
+    fn now(&self) -> f64 {
+        self.now
+    }
+
+    fn set_now(&mut self, t: f64) {
+        self.now = t;
+    }
+
+    fn next_input(&self) -> Option<f64> {
+        let a = self.next_arrival_at;
+        match self.events.peek_time() {
+            Some(q) => Some(q.min(a)),
+            None => a.is_finite().then_some(a),
+        }
     }
 }
 

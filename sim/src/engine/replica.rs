@@ -86,13 +86,11 @@ impl Sim<'_> {
     }
 
     /// Replica `r`'s iteration ends now: its GPUs go idle, the timeline gets
-    /// the iteration, the controller hears of it.
-    pub(super) fn on_replica_done(&mut self, r: usize) {
+    /// the iteration; what the controller hears of it.
+    pub(super) fn on_replica_done(&mut self, r: usize) -> Option<Event> {
         let now = self.now;
         let rep = &mut self.replicas[r];
-        let Some((start, t_enc, batch, context)) = rep.step.take() else {
-            return;
-        };
+        let (start, t_enc, batch, context) = rep.step.take()?;
         for &g in &rep.gpus {
             self.meters[g as usize].end(now);
         }
@@ -100,13 +98,10 @@ impl Sim<'_> {
             let args = json!({ "batch": batch, "context_tokens": context });
             tl.slice(&format!("R{r} engine"), "iteration", start, now, args);
         }
-        self.ctrl.handle(
-            now,
-            Event::ReplicaStepDone {
-                replica: r,
-                prefill_start: start + t_enc,
-            },
-        );
+        Some(Event::ReplicaStepDone {
+            replica: r,
+            prefill_start: start + t_enc,
+        })
     }
 
     /// Replica `r` dies: the iteration in flight never ends.

@@ -1,0 +1,456 @@
+//! The executor decides as the simulator does: `easerve exec`'s and
+//! `easerve serve`'s own command handling ([`ExecLoop`], [`ServeLoop`]: the
+//! [`Relay`](crate::run::Relay) that hears the workers, carries out the
+//! controller's commands over their sockets and relays embeddings and KV
+//! caches) run against fake workers on a virtual clock, and make the
+//! simulator's decisions for the same arrivals and the same service times.
+//!
+//! The fake workers take the frames the executor writes to each worker (the
+//! channel its writer task reads), decode them with the wire format, and
+//! answer each as a worker would, through the wire format too, after the
+//! time the simulated hardware took for that unit of work
+//! ([`Replay`] of the simulator's [`ServiceLog`](easerve_sched::ServiceLog)):
+//! an encode pass's host and GPU phases, a prefill batch, each decode
+//! iteration, and a transfer's time on its sender's link (one transfer at a
+//! time, [`SerialLink`]). Embeddings bound for a local prefill worker stay on
+//! the encode GPU: its fake acknowledges them at once. Replies due at the
+//! same instant go completions first, then transfers, as in the simulator.
+//!
+//! The clock is virtual: the loop wakes at the earliest of the next reply,
+//! the next arrival and the controller's timer, as `drive` does with the
+//! wall clock, and hands the loop everything heard by then.
+//!
+//! What is compared: the decision log, to the simulator's tolerance
+//! ([`assert_same_log`]), and each request's outcome. The records' transfer
+//! times are not: the executor stamps a transfer when it relays it, the
+//! simulator when the sender's link takes it.
+
+use crate::run::{DetectAt, ExecLoop, Incoming, Pool};
+use crate::serve::{serving_controller, App, Out, ServeLoop};
+use crate::wire::{encode_frame, read_frame, FromWorker, KvData, Matrix, ToWorker};
+use easerve_sched::driver::SerialLink;
+use easerve_sched::harness::{
+    assert_same_log, assert_same_outcomes, decision_kinds, Replay, Schedule, Service,
+};
+use easerve_sched::{Controller, Decision, Request, RequestId, WorkerRef};
+use easerve_sim::{simulate_with, SimOptions, SimOutput};
+use easerve_workload::generate::generate_with_tokens;
+use easerve_workload::scenario::{Overrides, Scenario};
+use std::collections::{HashMap, VecDeque};
+use tokio::sync::mpsc;
+
+/// Tie classes of replies due at the same instant, as the simulator orders
+/// its events: completions, then transfers.
+const DONE: u8 = 0;
+const LANDED: u8 = 1;
+
+/// Every worker of a pool, faked: frames in, replies out after replayed times.
+struct FakeWorkers {
+    /// Frames the executor wrote to each worker, by pool index.
+    frames: Vec<mpsc::UnboundedReceiver<Vec<u8>>>,
+    /// Each pool index's worker.
+    roles: Vec<WorkerRef>,
+    /// Remote prefill workers (the rest are local).
+    remote_prefill: usize,
+    replay: Replay,
+    /// Each encode worker's link (embeddings) and each prefill worker's (KV caches).
+    encode_link: Vec<SerialLink>,
+    prefill_link: Vec<SerialLink>,
+    /// Where each request was encoded and prefilled: the sender of its transfers.
+    encoded_on: HashMap<RequestId, usize>,
+    prefilled_on: HashMap<RequestId, usize>,
+    /// What the workers will say, by pool index.
+    replies: Schedule<(usize, Incoming)>,
+    /// Workers killed: they answer nothing more.
+    dead: Vec<usize>,
+}
+
+impl FakeWorkers {
+    fn new(
+        pool: &Pool,
+        frames: Vec<mpsc::UnboundedReceiver<Vec<u8>>>,
+        ctrl: &Controller,
+        sim: &SimOutput,
+    ) -> FakeWorkers {
+        let t = ctrl.topology();
+        FakeWorkers {
+            roles: (0..frames.len()).map(|k| pool.worker_ref(k)).collect(),
+            frames,
+            remote_prefill: t.remote_prefill(),
+            replay: Replay::new(sim.service.clone().expect("the simulator's service log")),
+            encode_link: vec![SerialLink::default(); t.encode().len()],
+            prefill_link: vec![SerialLink::default(); t.prefill().len()],
+            encoded_on: HashMap::new(),
+            prefilled_on: HashMap::new(),
+            replies: Schedule::new(),
+            dead: Vec::new(),
+        }
+    }
+
+    /// Worker `k` sends `msg` at `at`, through the wire format.
+    fn send(&mut self, at: f64, class: u8, k: usize, msg: &FromWorker) {
+        let frame = encode_frame(msg).expect("a frame");
+        let msg = read_frame::<_, FromWorker>(&mut &frame[..])
+            .expect("a well-formed frame")
+            .expect("a whole frame");
+        self.replies.push(at, class, (k, Incoming::Msg(k, msg)));
+    }
+
+    /// Worker `k` dies at `at`: its connection closes then (scheduled before
+    /// the run, it goes first among the instant's replies, as the
+    /// simulator's fault), and nothing it had still to say is said.
+    fn kill_at(&mut self, k: usize, at: f64) {
+        // in the simulator's words, which the failed requests carry
+        let down = Incoming::Down(k, easerve_sched::controller::kill_reason(at));
+        self.replies.push(at, DONE, (k, down));
+    }
+
+    /// Take every frame the executor has written (at `now`) and schedule
+    /// each worker's answer.
+    fn read(&mut self, now: f64) {
+        for k in 0..self.frames.len() {
+            while let Ok(bytes) = self.frames[k].try_recv() {
+                let msg = read_frame::<_, ToWorker>(&mut &bytes[..])
+                    .expect("a well-formed frame")
+                    .expect("a whole frame");
+                self.answer(now, k, msg);
+            }
+        }
+    }
+
+    /// What worker `k` answers to `msg` received at `now`, and when.
+    fn answer(&mut self, now: f64, k: usize, msg: ToWorker) {
+        match (self.roles[k], msg) {
+            (WorkerRef::Encode(w), ToWorker::Encode { requests, sm_share }) => {
+                let ids: Vec<RequestId> = requests.iter().map(|r| r.id).collect();
+                let (host, gpu) = self.replay.encode(w, &ids, sm_share);
+                self.encoded_on.extend(ids.iter().map(|&id| (id, w)));
+                self.send(now + host, DONE, k, &FromWorker::EncodeGpuStarted);
+                let one = Matrix {
+                    rows: 1,
+                    cols: 1,
+                    data: vec![0.0],
+                };
+                let embeddings = ids.iter().map(|&id| (id, one.clone())).collect();
+                let done = FromWorker::EncodeDone {
+                    embeddings,
+                    preprocess_s: 0.0,
+                    compute_s: host + gpu,
+                };
+                self.send(now + host + gpu, DONE, k, &done);
+            }
+            (
+                WorkerRef::Prefill(p),
+                ToWorker::Embeddings {
+                    envelope,
+                    embeddings,
+                },
+            ) => {
+                let landed = if p >= self.remote_prefill {
+                    now
+                } else {
+                    let ids: Vec<RequestId> = embeddings.iter().map(|e| e.0).collect();
+                    let from = self.encoded_on[&ids[0]];
+                    let dur = self.replay.embeddings(from, &ids);
+                    self.encode_link[from].send(now, dur).1
+                };
+                self.send(
+                    landed,
+                    LANDED,
+                    k,
+                    &FromWorker::EmbeddingsLanded { envelope },
+                );
+            }
+            (WorkerRef::Prefill(p), ToWorker::Prefill { requests, sm_share }) => {
+                let dur = self.replay.prefill(p, &[], sm_share);
+                self.prefilled_on.extend(requests.iter().map(|r| (r.id, p)));
+                let kv = KvData {
+                    layers: 1,
+                    kv_heads: 1,
+                    len: 1,
+                    head_dim: 1,
+                    k: vec![0.0],
+                    v: vec![0.0],
+                };
+                let outputs = requests.iter().map(|r| (r.id, 1, kv.clone())).collect();
+                let done = FromWorker::PrefillDone {
+                    outputs,
+                    compute_s: dur,
+                };
+                self.send(now + dur, DONE, k, &done);
+            }
+            (WorkerRef::Decode(_), ToWorker::Kv { id, .. }) => {
+                let from = self.prefilled_on[&id];
+                let dur = self.replay.kv(from, id);
+                let landed = self.prefill_link[from].send(now, dur).1;
+                self.send(landed, LANDED, k, &FromWorker::KvLanded { id });
+            }
+            (WorkerRef::Decode(d), ToWorker::DecodeStep { ids }) => {
+                let dur = self.replay.decode(d, ids.len() as u64, 0);
+                let tokens = ids.iter().map(|&id| (id, 2)).collect();
+                let done = FromWorker::DecodeDone {
+                    tokens,
+                    compute_s: dur,
+                };
+                self.send(now + dur, DONE, k, &done);
+            }
+            (_, ToWorker::Preprocess { .. } | ToWorker::Release { .. } | ToWorker::Shutdown) => {}
+            (w, m) => panic!("worker {w:?} was sent {m:?}"),
+        }
+    }
+
+    /// When the next reply comes, if one is coming.
+    fn next_at(&self) -> Option<f64> {
+        self.replies.next_time()
+    }
+
+    /// Every reply due by `now`, in order; a dead worker's are dropped.
+    fn due(&mut self, now: f64) -> Vec<Incoming> {
+        let mut out = Vec::new();
+        while let Some((k, msg)) = self.replies.pop_due(now) {
+            if self.dead.contains(&k) {
+                continue;
+            }
+            if matches!(msg, Incoming::Down(..)) {
+                self.dead.push(k);
+                // the executor's writes to it fail from now on
+                self.frames[k].close();
+            }
+            out.push(msg);
+        }
+        out
+    }
+}
+
+/// The executor's loop under test, as its driver (`drive` in `run.rs` or
+/// `serve.rs`) runs it, but on a virtual clock.
+trait Face {
+    /// When the loop must wake though no worker speaks (seconds).
+    fn wake_at(&self, ctrl: &Controller) -> Option<f64>;
+    /// It wakes at `now` having heard `heard`, as its `drive` does.
+    fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64, heard: Vec<Incoming>);
+}
+
+impl Face for ExecLoop {
+    fn wake_at(&self, ctrl: &Controller) -> Option<f64> {
+        ExecLoop::wake_at(self, ctrl)
+    }
+
+    fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64, heard: Vec<Incoming>) {
+        for ev in heard {
+            let at = DetectAt {
+                now,
+                killed_at: None,
+            };
+            self.hear(pool, ev, at);
+        }
+        ExecLoop::wake(self, ctrl, pool, now);
+    }
+}
+
+/// `easerve serve`'s loop with the workload's requests submitted at their
+/// arrival times, as HTTP handlers would submit them; each submission's
+/// answers are kept.
+struct ServeFace {
+    serve: ServeLoop,
+    app: App,
+    to_submit: VecDeque<Request>,
+    answers: Vec<mpsc::UnboundedReceiver<Out>>,
+}
+
+impl Face for ServeFace {
+    fn wake_at(&self, ctrl: &Controller) -> Option<f64> {
+        let submit = self.to_submit.front().map(|r| r.arrival);
+        [submit, ctrl.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min)
+    }
+
+    fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64, heard: Vec<Incoming>) {
+        for ev in heard {
+            let at = DetectAt {
+                now,
+                killed_at: None,
+            };
+            self.serve.hear(pool, ev, at, &self.app);
+        }
+        while self.to_submit.front().is_some_and(|r| r.arrival <= now) {
+            let Some(request) = self.to_submit.pop_front() else {
+                break;
+            };
+            let arrival = request.arrival;
+            let chat = crate::openai::ChatRequest {
+                request,
+                media: Vec::new(),
+                stream: false,
+                include_usage: false,
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            self.answers.push(rx);
+            self.serve.submit(ctrl, chat, tx, arrival);
+        }
+        self.serve.wake(ctrl, pool, &self.app, now);
+    }
+}
+
+/// Run `face` against `fakes` on a virtual clock until nothing is left.
+fn run_virtual(
+    face: &mut impl Face,
+    ctrl: &mut Controller,
+    pool: &mut Pool,
+    fakes: &mut FakeWorkers,
+) {
+    let mut now = 0.0f64;
+    for _ in 0..10_000_000 {
+        fakes.read(now);
+        let next = [fakes.next_at(), face.wake_at(ctrl)]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min);
+        let Some(t) = next else {
+            return;
+        };
+        now = now.max(t);
+        let heard = fakes.due(now);
+        face.wake(ctrl, pool, now, heard);
+    }
+    panic!("the run did not end");
+}
+
+/// The image scenario `tests/drivers_agree.rs` runs (local prefill at
+/// offload 0.6, Poisson-gap dispatch, bursty arrivals), with `sets` applied.
+fn image_scenario(sets: &[(&str, &str)]) -> Scenario {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/drivers_agree_image.toml");
+    let sets: Vec<(String, String)> = sets
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Scenario::load_with(&path, &sets, &Overrides::default()).expect("a valid scenario")
+}
+
+/// The simulator's run of `sc`, with its decisions and service times, and
+/// worker `kill` dying as the tests kill it.
+fn simulate(sc: &Scenario, kill: Option<(WorkerRef, f64)>) -> SimOutput {
+    let opts = SimOptions {
+        decisions: true,
+        service_log: true,
+        kill,
+        ..Default::default()
+    };
+    simulate_with(sc, sc.cost(), &opts)
+}
+
+/// `easerve exec`'s loop over `sc`'s workload against fake workers replaying
+/// `sim`, with worker `kill` dying as in `sim`: the controller at the end.
+fn execute(sc: &Scenario, sim: &SimOutput, kill: Option<(WorkerRef, f64)>) -> Controller {
+    let (requests, tokens) = generate_with_tokens(sc);
+    let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
+    let (mut pool, frames) = Pool::detached(ctrl.topology());
+    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, sim);
+    if let Some((w, at)) = kill {
+        let k = (0..pool.workers.len())
+            .find(|&k| pool.worker_ref(k) == w)
+            .expect("the worker killed");
+        fakes.kill_at(k, at);
+    }
+    let mut exec = ExecLoop::new(&ctrl);
+    run_virtual(&mut exec, &mut ctrl, &mut pool, &mut fakes);
+    ctrl
+}
+
+/// Whether every request ended and the executor's log and outcomes are the
+/// simulator's; returns the log's kinds ([`decision_kinds`]).
+fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 14] {
+    assert!(ctrl.is_finished(), "requests left in the executor");
+    let n = decision_kinds(&sim.decisions);
+    assert!(
+        n[2] > 10 && n[4] > 10 && n[7] > 100,
+        "too few decisions to compare: {n:?}"
+    );
+    assert_same_log(&sim.decisions, ctrl.decisions());
+    assert_same_outcomes(&sim.records, ctrl.records());
+    n
+}
+
+/// Requests whose prefill stayed on the encode GPU.
+fn local_routes(log: &[Decision]) -> usize {
+    log.iter()
+        .filter(|d| matches!(d, Decision::Route { local: true, .. }))
+        .count()
+}
+
+/// `easerve exec`'s loop on the image scenario with `sets` applied and worker
+/// `kill` dying, against the simulator: the log's kinds and the executor's
+/// controller once they agree.
+fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 14], Controller) {
+    let sc = image_scenario(sets);
+    let sim = simulate(&sc, kill);
+    let ctrl = execute(&sc, &sim, kill);
+    (assert_agree(&sim, &ctrl), ctrl)
+}
+
+#[test]
+fn the_executor_decides_as_the_simulator_with_local_prefill() {
+    let (n, ctrl) = exec_agrees(&[], None);
+    assert!(local_routes(ctrl.decisions()) > 30, "{n:?}");
+    // decode runs cut short for a KV cache that can join at once
+    assert!(n[9] > 10, "too few decode yields: {n:?}");
+}
+
+/// Under time-slicing the local prefill share changes while batches run:
+/// the executor applies a change at the next batch and still decides the same.
+#[test]
+fn the_executor_decides_as_the_simulator_under_time_slicing() {
+    let (n, _) = exec_agrees(&[("deployment.sm_policy", "none")], None);
+    assert!(n[5] > 10, "too few share changes: {n:?}");
+}
+
+/// The only decode worker dies mid-run: the executor notices its connection
+/// close, fails what it held, and lands the KV caches later sent to it at
+/// once; the same requests fail as in the simulator.
+#[test]
+fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
+    let (n, _) = exec_agrees(&[], Some((WorkerRef::Decode(0), 40.0)));
+    assert!(n[8] > 0, "nothing failed: {n:?}");
+}
+
+/// `easerve serve` takes its requests as they come (`add_request`) and
+/// streams their tokens; fed the workload's requests at their arrival times,
+/// it decides as the simulator does, and every request's handler hears it
+/// accepted, all its tokens, then done.
+#[test]
+fn the_server_decides_as_the_simulator_with_local_prefill() {
+    let sc = image_scenario(&[]);
+    let sim = simulate(&sc, None);
+    let mut ctrl = serving_controller(&sc, &*sc.cost(), true);
+    let (mut pool, frames) = Pool::detached(ctrl.topology());
+    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
+    let (submit, _submissions) = mpsc::unbounded_channel();
+    let (requests, _) = generate_with_tokens(&sc);
+    let outputs: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
+    let mut face = ServeFace {
+        serve: ServeLoop::new(),
+        app: App::new(&sc, submit),
+        to_submit: requests.into(),
+        answers: Vec::new(),
+    };
+    run_virtual(&mut face, &mut ctrl, &mut pool, &mut fakes);
+    let n = assert_agree(&sim, &ctrl);
+    assert!(n[9] > 10, "too few decode yields: {n:?}");
+    assert_eq!(face.answers.len(), outputs.len());
+    for (id, (rx, want)) in face.answers.iter_mut().zip(outputs).enumerate() {
+        let mut heard = Vec::new();
+        while let Ok(out) = rx.try_recv() {
+            heard.push(out);
+        }
+        let tokens = heard.iter().filter(|o| matches!(o, Out::Token(_))).count();
+        assert!(
+            matches!(heard.first(), Some(Out::Accepted))
+                && matches!(heard.last(), Some(Out::Done))
+                && tokens == want as usize,
+            "request {id}: {heard:?}, {want} tokens wanted"
+        );
+    }
+}
