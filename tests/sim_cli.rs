@@ -616,10 +616,8 @@ fn sim_writes_the_decision_log_and_injects_faults() {
 fn the_aggregated_system_writes_its_decisions_and_loses_a_killed_replica() {
     let dir = tempfile::tempdir().expect("temp dir");
     let log = dir.path().join("decisions.jsonl");
+    let image = scenario("image");
     let args = [
-        "sim",
-        "scenarios/image.toml",
-        "--json",
         "--requests",
         "200",
         "--system",
@@ -627,13 +625,7 @@ fn the_aggregated_system_writes_its_decisions_and_loses_a_killed_replica() {
         "--decisions",
         log.to_str().unwrap(),
     ];
-    let out = easerve(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let r = sim_json(&image, &args);
     assert_eq!(num(&r, "/completed"), 200.0);
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
         .expect("decision log")
@@ -654,24 +646,18 @@ fn the_aggregated_system_writes_its_decisions_and_loses_a_killed_replica() {
         0
     );
     // kill replica R1 of the two (8 GPUs at TP4)
-    let mut killed = args.to_vec();
-    killed.extend(["--kill-worker", "R1@20"]);
-    let out = easerve(&killed);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    let killed = [&args[..], &["--kill-worker", "R1@20"]].concat();
+    let r = sim_json(&image, &killed);
     let failed = num(&r, "/failed");
     assert!(
         failed > 0.0 && num(&r, "/completed") > 100.0,
         "{failed} failed"
     );
     assert_eq!(num(&r, "/completed") + failed, 200.0);
+    let image = image.to_str().unwrap();
     let bad = easerve(&[
         "sim",
-        "scenarios/image.toml",
+        image,
         "--system",
         "aggregated",
         "--kill-worker",

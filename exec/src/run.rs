@@ -1292,21 +1292,7 @@ pub(crate) fn build_report(
             })
         })
         .collect();
-    let c = ctrl.counters();
-    let encode = EncodeSummary {
-        passes: c.passes,
-        mean_batch: if c.passes > 0 {
-            c.passed_requests as f64 / c.passes as f64
-        } else {
-            0.0
-        },
-        batcher: ctrl.batcher_params().cloned(),
-        remote_fraction: if c.routed > 0 {
-            c.remote_routed as f64 / c.routed as f64
-        } else {
-            1.0
-        },
-    };
+    let encode = EncodeSummary::of(ctrl);
     let mut notes = vec![format!(
         "{how}: {} worker processes on {} (CPU threads {}{}), transfers relayed by the controller over loopback TCP",
         workers.len(),

@@ -28,11 +28,15 @@
 //! * [`DecodeScheduler`] / [`KvBlocks`] — continuous batching with paged KV-block accounting.
 //! * [`Topology`] — where each worker runs: GPUs, labels, local-prefill groups,
 //!   built once from the allocation for the controller, both drivers and the report.
+//! * [`Resolution`] — a deployment resolved into its controller's
+//!   configuration: what each system means (its workers — EPD stages or
+//!   aggregated replicas — its encode policies and mechanisms), from the
+//!   numbers a scenario's cost model supplies.
 //! * [`Controller`] — the orchestration of one run as a state machine in the
 //!   shape of quinn-proto's `Connection`: [`Event`]s in (`handle`,
 //!   `handle_timeout`), [`Command`]s and an optional [`Decision`] log out
-//!   (`poll_command`, `poll_timeout`); the simulator and the executor are its
-//!   two drivers. Its module doc gives the call order.
+//!   (`poll_command`, `poll_timeout`); the simulator, `harness::Cluster`,
+//!   `exec` and `serve` are its drivers. Its module doc gives the call order.
 //! * [`driver`] — that call order in one place, for every driver: the
 //!   [`Driver`] trait (what is due, what a command does) and [`driver::instant`]
 //!   (one instant in the contract's order), [`driver::step`] for a driver on
@@ -59,6 +63,7 @@ mod placement;
 mod policy;
 mod prefill;
 mod request;
+mod resolve;
 mod system;
 mod topology;
 
@@ -78,5 +83,6 @@ pub use policy::{
 };
 pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
+pub use resolve::Resolution;
 pub use system::{EncodePlacement, Mechanisms, System, UnknownSystem};
 pub use topology::{Topology, TopologyWorker};

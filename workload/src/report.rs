@@ -188,6 +188,33 @@ pub struct EncodeSummary {
     pub remote_fraction: f64,
 }
 
+impl EncodeSummary {
+    /// The encode summary of a run driven by `ctrl`, from its counters: the
+    /// passes started and their mean batch (an aggregated replica's iteration
+    /// that encodes counts as a pass), worker 0's batcher, and the share of
+    /// routed prefills that went remote (1 when nothing was routed; 0 for the
+    /// aggregated system, whose replicas prefill what they encode).
+    pub fn of(ctrl: &easerve_sched::Controller) -> EncodeSummary {
+        let c = ctrl.counters();
+        EncodeSummary {
+            passes: c.passes,
+            mean_batch: if c.passes > 0 {
+                c.passed_requests as f64 / c.passes as f64
+            } else {
+                0.0
+            },
+            batcher: ctrl.batcher_params().cloned(),
+            remote_fraction: if c.routed > 0 {
+                c.remote_routed as f64 / c.routed as f64
+            } else if ctrl.topology().replica().is_empty() {
+                1.0
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
 /// Offered load against capacity at one stage.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StageLoad {

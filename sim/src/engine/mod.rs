@@ -1197,26 +1197,10 @@ impl<'a> Sim<'a> {
         } = self;
         let decisions = ctrl.take_decisions();
         let typical = crate::capacity::Typical::of(ctrl.requests(), &tokens);
-        let c = ctrl.counters();
-        let mut encode = EncodeSummary {
-            passes: c.passes,
-            mean_batch: if c.passes > 0 {
-                c.passed_requests as f64 / c.passes as f64
-            } else {
-                0.0
-            },
-            batcher: ctrl.batcher_params().cloned(),
-            remote_fraction: if c.routed > 0 {
-                c.remote_routed as f64 / c.routed as f64
-            } else {
-                1.0
-            },
-        };
+        let encode = EncodeSummary::of(&ctrl);
         let mut notes = cost.notes();
         let deployment = match sc.aggregated() {
             Some((n, tp)) => {
-                // no prefill is routed anywhere: every stage runs in the replica
-                encode.remote_fraction = 0.0;
                 notes.push(format!(
                     "aggregated baseline: {n} replicas at TP{tp}, encode inline before prefill in each iteration (no separate per-pass encode overhead)"
                 ));

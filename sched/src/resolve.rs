@@ -1,0 +1,127 @@
+//! A deployment resolved into the controller that runs it: what each serving
+//! system means — its workers (the EPD stages, or the aggregated system's
+//! replicas), its encode policies, its mechanisms — laid out here, from the
+//! numbers a scenario's cost model supplies ([`Resolution`]). The scenario
+//! prices (KV memory, encode times); this module decides the layout, so no
+//! caller rewrites a deployment per system.
+
+use crate::{
+    Batcher, ControllerConfig, DecodeScheduler, Deployment, DispatchPolicy, KvBlocks, SmSplit,
+    System, Topology,
+};
+
+/// Everything a [`ControllerConfig`] is resolved from.
+#[derive(Clone, Debug)]
+pub struct Resolution<'a> {
+    /// The serving system.
+    pub system: System,
+    /// The deployment as the system runs it (its policy set applied,
+    /// [`System::deployment`]).
+    pub deployment: &'a Deployment,
+    /// TP of each local prefill worker (`None`: no local prefill).
+    pub local_prefill_tp: Option<u32>,
+    /// The aggregated system's replicas and their TP (`gpus / TP` of them);
+    /// `None` for the EPD systems.
+    pub replicas: Option<(u32, u32)>,
+    /// KV blocks of one worker that holds KV caches: a decode worker, or an
+    /// aggregated replica (whose memory also holds the encoder's weights).
+    pub kv: KvBlocks,
+    /// Sequences in one decode batch.
+    pub decode_max_batch: usize,
+    /// Prefill token budget per batch.
+    pub prefill_token_budget: u64,
+    /// Prefill sequences per batch.
+    pub prefill_max_seqs: usize,
+    /// Embedding envelopes one encode worker may have in flight.
+    pub max_inflight_transfers: usize,
+    /// Requests admitted and not finished before an arrival is turned away.
+    pub admission_limit: Option<usize>,
+    /// Preprocessing is a pipelined host stage ([`ControllerConfig::preprocess_ahead`]).
+    pub preprocess_ahead: bool,
+    /// The offered rate, requests/s: the Poisson-gap rule's starting
+    /// estimate is its share per encode worker when the deployment gives none.
+    pub rate: f64,
+    /// Keep the decision log.
+    pub log_decisions: bool,
+}
+
+impl Resolution<'_> {
+    /// The workers: the aggregated system's replicas, or the allocation's
+    /// encode, prefill and decode workers with the local prefill groups.
+    pub fn topology(&self) -> Topology {
+        match self.replicas {
+            Some((n, tp)) => Topology::replicas(n, tp),
+            None => Topology::new(&self.deployment.allocation, self.local_prefill_tp),
+        }
+    }
+
+    /// The dispatch policy each encode worker runs: the deployment's, with
+    /// the Poisson-gap estimate seeded from the offered rate per encode worker
+    /// when the deployment gives no hint.
+    pub fn encode_dispatch(&self) -> DispatchPolicy {
+        let workers = self.deployment.allocation.encode.workers;
+        match self.deployment.dispatch.clone() {
+            DispatchPolicy::PoissonGap {
+                q,
+                max_age_s,
+                rate_hint: None,
+            } if workers > 0 => DispatchPolicy::PoissonGap {
+                q,
+                max_age_s,
+                rate_hint: Some(self.rate / workers as f64),
+            },
+            d => d,
+        }
+    }
+
+    /// The controller's configuration. `t_enc(k, share)` is the time, in
+    /// seconds, a pass of `k` typical requests holds its encode worker at SM
+    /// share `share` (the batcher's `W(k)` at share 1, and the SM table of a
+    /// local prefill deployment); it is not called for the aggregated system.
+    pub fn config(&self, t_enc: impl Fn(usize, f64) -> f64) -> ControllerConfig {
+        let dep = self.deployment;
+        let (batchers, split, decode, replicas) = match self.replicas {
+            Some((n, _)) => (
+                Vec::new(),
+                SmSplit::Static(1.0),
+                Vec::new(),
+                self.schedulers(n),
+            ),
+            None => {
+                let split = if dep.has_local_prefill() {
+                    SmSplit::new(&dep.sm_policy, dep.max_batch, &t_enc)
+                } else {
+                    SmSplit::Static(1.0)
+                };
+                let dispatch = self.encode_dispatch();
+                let batchers = (0..dep.allocation.encode.workers)
+                    .map(|_| Batcher::new(&dispatch, dep.max_batch, |k| t_enc(k, 1.0)))
+                    .collect();
+                let decode = self.schedulers(dep.allocation.decode.workers);
+                (batchers, split, decode, Vec::new())
+            }
+        };
+        ControllerConfig {
+            batchers,
+            topology: self.topology(),
+            decode,
+            replicas,
+            prefill_token_budget: self.prefill_token_budget,
+            prefill_max_seqs: self.prefill_max_seqs,
+            max_inflight_transfers: self.max_inflight_transfers,
+            router: (dep.router.clone(), dep.offload),
+            split,
+            admission_limit: self.admission_limit,
+            log_decisions: self.log_decisions,
+            preprocess_ahead: self.preprocess_ahead,
+            mechanisms: self.system.mechanisms(),
+        }
+    }
+
+    /// `n` continuous-batching schedulers of [`Resolution::kv`] blocks each.
+    pub fn schedulers(&self, n: u32) -> Vec<DecodeScheduler> {
+        (0..n)
+            .map(|_| DecodeScheduler::new(self.kv, self.decode_max_batch))
+            .collect()
+    }
+}
