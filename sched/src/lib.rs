@@ -85,4 +85,4 @@ pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};
 pub use resolve::Resolution;
 pub use system::{EncodePlacement, Mechanisms, System, UnknownSystem};
-pub use topology::{Topology, TopologyWorker};
+pub use topology::{Topology, Worker};

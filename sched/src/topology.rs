@@ -15,9 +15,11 @@
 
 use crate::{Allocation, WorkerRef};
 
-/// One worker of the deployment.
+/// One worker of the deployment: what it is and where it runs. (The
+/// controller keeps each worker's scheduling state, the simulator its
+/// hardware state, the executor its process.)
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TopologyWorker {
+pub struct Worker {
     /// The worker, as the controller names it.
     pub wref: WorkerRef,
     /// Its label in reports and traces: `E0`, `P0`, `L0`, `D0`, `R0`.
@@ -37,7 +39,7 @@ pub struct TopologyWorker {
     pub local_prefill: Option<usize>,
 }
 
-impl TopologyWorker {
+impl Worker {
     /// The first GPU of its TP group.
     pub fn gpu(&self) -> u32 {
         self.gpus[0]
@@ -47,18 +49,18 @@ impl TopologyWorker {
 /// The workers of one deployment and the GPUs they run on (see the module doc).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
-    encode: Vec<TopologyWorker>,
+    encode: Vec<Worker>,
     /// Remote first, then local.
-    prefill: Vec<TopologyWorker>,
-    decode: Vec<TopologyWorker>,
+    prefill: Vec<Worker>,
+    decode: Vec<Worker>,
     /// Aggregated replicas (only in the aggregated system's layout).
-    replica: Vec<TopologyWorker>,
+    replica: Vec<Worker>,
     remote: usize,
     gpus: u32,
 }
 
-fn worker(wref: WorkerRef, label: String, gpus: Vec<u32>, ep: u32) -> TopologyWorker {
-    TopologyWorker {
+fn worker(wref: WorkerRef, label: String, gpus: Vec<u32>, ep: u32) -> Worker {
+    Worker {
         wref,
         label,
         tp: gpus.len() as u32 / ep,
@@ -81,13 +83,13 @@ impl Topology {
             next += n;
             g
         };
-        let mut encode: Vec<TopologyWorker> = (0..alloc.encode.workers as usize)
+        let mut encode: Vec<Worker> = (0..alloc.encode.workers as usize)
             .map(|i| {
                 let gpus = take(alloc.encode.gpus_per_worker());
                 worker(WorkerRef::Encode(i), format!("E{i}"), gpus, alloc.encode.ep)
             })
             .collect();
-        let mut prefill: Vec<TopologyWorker> = (0..alloc.prefill.workers as usize)
+        let mut prefill: Vec<Worker> = (0..alloc.prefill.workers as usize)
             .map(|i| {
                 let gpus = take(alloc.prefill.gpus_per_worker());
                 worker(
@@ -155,22 +157,22 @@ impl Topology {
     }
 
     /// Encode workers, by index.
-    pub fn encode(&self) -> &[TopologyWorker] {
+    pub fn encode(&self) -> &[Worker] {
         &self.encode
     }
 
     /// Prefill workers, remote first, then local.
-    pub fn prefill(&self) -> &[TopologyWorker] {
+    pub fn prefill(&self) -> &[Worker] {
         &self.prefill
     }
 
     /// Decode workers, by index.
-    pub fn decode(&self) -> &[TopologyWorker] {
+    pub fn decode(&self) -> &[Worker] {
         &self.decode
     }
 
     /// Aggregated replicas, by index (empty outside the aggregated system).
-    pub fn replica(&self) -> &[TopologyWorker] {
+    pub fn replica(&self) -> &[Worker] {
         &self.replica
     }
 
@@ -185,7 +187,7 @@ impl Topology {
     }
 
     /// Every worker: encode, prefill (remote, then local), decode, replicas.
-    pub fn workers(&self) -> impl Iterator<Item = &TopologyWorker> {
+    pub fn workers(&self) -> impl Iterator<Item = &Worker> {
         self.encode
             .iter()
             .chain(&self.prefill)
@@ -197,7 +199,7 @@ impl Topology {
     ///
     /// # Panics
     /// When `w` is not a worker of this deployment.
-    pub fn worker(&self, w: WorkerRef) -> &TopologyWorker {
+    pub fn worker(&self, w: WorkerRef) -> &Worker {
         match w {
             WorkerRef::Encode(i) => &self.encode[i],
             WorkerRef::Prefill(i) => &self.prefill[i],

@@ -26,7 +26,7 @@
 //!   Neither engine's per-pass overhead was measured here.
 
 use easerve_model::EncoderKind;
-use easerve_sched::{MmItem, TopologyWorker};
+use easerve_sched::{MmItem, Worker};
 use easerve_workload::scenario::{Scenario, ScenarioFile, Shapes};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -326,8 +326,8 @@ const AGGREGATED_PORT: u16 = 8400;
 /// workers, which no engine has, are left out).
 fn instances(sc: &Scenario, gpus_per_node: u32) -> Result<[Vec<Instance>; 3], DeployError> {
     let t = sc.topology();
-    let remote: Vec<TopologyWorker> = t.prefill().iter().filter(|w| !w.local).cloned().collect();
-    let stages: [&[TopologyWorker]; 3] = [t.encode(), &remote, t.decode()];
+    let remote: Vec<Worker> = t.prefill().iter().filter(|w| !w.local).cloned().collect();
+    let stages: [&[Worker]; 3] = [t.encode(), &remote, t.decode()];
     let mut out: [Vec<Instance>; 3] = Default::default();
     for (s, workers) in stages.iter().enumerate() {
         for (i, w) in workers.iter().enumerate() {

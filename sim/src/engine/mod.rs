@@ -112,7 +112,9 @@ struct Pass {
     scheduled: bool,
 }
 
-struct EncodeWorker {
+/// An encode worker's hardware state (the controller keeps its scheduling
+/// state; [`Topology`] says where it runs).
+struct EncodePhysics {
     gpu: u32,
     /// Local prefill worker co-located on this GPU.
     local: Option<usize>,
@@ -142,7 +144,8 @@ struct PrefillJob {
     dur: f64,
 }
 
-struct PrefillWorker {
+/// A prefill worker's hardware state.
+struct PrefillPhysics {
     gpus: Vec<u32>,
     /// TP and EP of the worker (its cost's layout).
     par: Parallel,
@@ -157,7 +160,8 @@ struct PrefillWorker {
     link: SerialLink,
 }
 
-struct DecodeWorker {
+/// A decode worker's hardware state.
+struct DecodePhysics {
     gpus: Vec<u32>,
     /// TP and EP of the worker.
     par: Parallel,
@@ -241,10 +245,10 @@ struct Sim<'a> {
     next_arrival: usize,
     /// Its arrival time (infinite when every request has arrived).
     next_arrival_at: f64,
-    encode: Vec<EncodeWorker>,
+    encode: Vec<EncodePhysics>,
     /// Remote prefill workers first, then local ones.
-    prefill: Vec<PrefillWorker>,
-    decode: Vec<DecodeWorker>,
+    prefill: Vec<PrefillPhysics>,
+    decode: Vec<DecodePhysics>,
     /// Aggregated replicas (the aggregated system only).
     replicas: Vec<replica::ReplicaEngine>,
     /// Where every worker runs.
@@ -339,7 +343,7 @@ impl<'a> Sim<'a> {
         let encode = topology
             .encode()
             .iter()
-            .map(|t| EncodeWorker {
+            .map(|t| EncodePhysics {
                 gpu: t.gpu(),
                 local: t.local_prefill,
                 pass: None,
@@ -351,7 +355,7 @@ impl<'a> Sim<'a> {
         let prefill = topology
             .prefill()
             .iter()
-            .map(|t| PrefillWorker {
+            .map(|t| PrefillPhysics {
                 gpus: t.gpus.clone(),
                 par: Parallel::new(t.tp, t.ep),
                 local: t.local,
@@ -365,7 +369,7 @@ impl<'a> Sim<'a> {
         let decode = topology
             .decode()
             .iter()
-            .map(|t| DecodeWorker {
+            .map(|t| DecodePhysics {
                 gpus: t.gpus.clone(),
                 par: Parallel::new(t.tp, t.ep),
                 run: None,
