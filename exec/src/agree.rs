@@ -194,6 +194,21 @@ impl FakeWorkers {
                 };
                 self.send(now + dur, DONE, k, &done);
             }
+            (
+                WorkerRef::Replica(r),
+                ToWorker::ReplicaStep {
+                    prefill, decode, ..
+                },
+            ) => {
+                let (encode_s, compute_s) = self.replay.replica_step(r, &[], 0, 0);
+                let tokens = prefill.iter().map(|p| p.id).chain(decode);
+                let done = FromWorker::ReplicaStepDone {
+                    tokens: tokens.map(|id| (id, 2)).collect(),
+                    encode_s,
+                    compute_s,
+                };
+                self.send(now + compute_s, DONE, k, &done);
+            }
             (_, ToWorker::Preprocess { .. } | ToWorker::Release { .. } | ToWorker::Shutdown) => {}
             (w, m) => panic!("worker {w:?} was sent {m:?}"),
         }
@@ -452,5 +467,59 @@ fn the_server_decides_as_the_simulator_with_local_prefill() {
                 && tokens == want as usize,
             "request {id}: {heard:?}, {want} tokens wanted"
         );
+    }
+}
+
+/// The image scenario's cluster and arrivals, its requests text only, run
+/// as the aggregated system (4 replicas of TP2).
+fn aggregated_text_scenario() -> Scenario {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests");
+    let image = std::fs::read_to_string(dir.join("drivers_agree_image.toml")).expect("the file");
+    let text = image
+        .split("[workload.image]")
+        .next()
+        .expect("its head")
+        .replace("modality = \"image\"", "modality = \"text\"");
+    let path = std::env::temp_dir().join(format!("agree-aggregated-{}.toml", std::process::id()));
+    std::fs::write(&path, text).expect("a temporary scenario");
+    let sets = [
+        ("deployment.system", "aggregated"),
+        ("deployment.aggregated_tp", "2"),
+        ("deployment.allocation", "1P(TP4)+1D(TP4)"),
+        ("deployment.offload", "1"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let sc = Scenario::load_with(&path, &sets, &Overrides::default());
+    let _ = std::fs::remove_file(&path);
+    let sc = sc.expect("a valid scenario");
+    assert_eq!(sc.aggregated(), Some((4, 2)));
+    sc
+}
+
+/// The aggregated system: the executor's front end hands each request on at
+/// once (its replica preprocesses inside the iteration), so the simulator
+/// must charge no front-end time for the two to agree — text requests, which
+/// have nothing to preprocess. Fake replicas answer each iteration after the
+/// simulator's time for it; placements and iterations are the simulator's,
+/// and a replica that dies fails what the simulator's fails.
+#[test]
+fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
+    let sc = aggregated_text_scenario();
+    for kill in [None, Some((WorkerRef::Replica(1), 30.0))] {
+        let sim = simulate(&sc, kill);
+        let service = sim.service.as_ref().expect("a service log");
+        assert!(service.front_end.iter().all(|&t| t == 0.0));
+        let ctrl = execute(&sc, &sim, kill);
+        assert!(ctrl.is_finished(), "requests left in the executor");
+        let n = decision_kinds(&sim.decisions);
+        assert!(n[10] > 100 && n[11] > 100, "too few decisions: {n:?}");
+        assert_same_log(&sim.decisions, ctrl.decisions());
+        assert_same_outcomes(&sim.records, ctrl.records());
+        let failed = ctrl
+            .records()
+            .iter()
+            .filter(|r| r.failure.is_some())
+            .count();
+        assert_eq!(failed > 0, kill.is_some(), "{failed} failed under {kill:?}");
     }
 }
