@@ -439,21 +439,28 @@ fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
 fn the_server_decides_as_the_simulator_with_local_prefill() {
     let sc = image_scenario(&[]);
     let sim = simulate(&sc, None);
-    let mut ctrl = serving_controller(&sc, &*sc.cost(), true);
+    let ctrl = serve_streams_every_token(&sc, &sim);
+    let n = assert_agree(&sim, &ctrl);
+    assert!(n[9] > 10, "too few decode yields: {n:?}");
+}
+
+/// `easerve serve`'s loop fed `sc`'s workload at its arrival times against
+/// fake workers replaying `sim`: every request's handler hears it accepted,
+/// all its tokens, then done. The controller at the end.
+fn serve_streams_every_token(sc: &Scenario, sim: &SimOutput) -> Controller {
+    let mut ctrl = serving_controller(sc, &*sc.cost(), true);
     let (mut pool, frames) = Pool::detached(ctrl.topology());
-    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
+    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, sim);
     let (submit, _submissions) = mpsc::unbounded_channel();
-    let (requests, _) = generate_with_tokens(&sc);
+    let (requests, _) = generate_with_tokens(sc);
     let outputs: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
     let mut face = ServeFace {
         serve: ServeLoop::new(),
-        app: App::new(&sc, submit),
+        app: App::new(sc, submit),
         to_submit: requests.into(),
         answers: Vec::new(),
     };
     run_virtual(&mut face, &mut ctrl, &mut pool, &mut fakes);
-    let n = assert_agree(&sim, &ctrl);
-    assert!(n[9] > 10, "too few decode yields: {n:?}");
     assert_eq!(face.answers.len(), outputs.len());
     for (id, (rx, want)) in face.answers.iter_mut().zip(outputs).enumerate() {
         let mut heard = Vec::new();
@@ -468,6 +475,7 @@ fn the_server_decides_as_the_simulator_with_local_prefill() {
             "request {id}: {heard:?}, {want} tokens wanted"
         );
     }
+    ctrl
 }
 
 /// The image scenario's cluster and arrivals, its requests text only, run
@@ -522,4 +530,16 @@ fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
             .count();
         assert_eq!(failed > 0, kill.is_some(), "{failed} failed under {kill:?}");
     }
+}
+
+/// `easerve serve` runs the aggregated system as the simulator does, and
+/// streams each request's tokens from the replica's iterations.
+#[test]
+fn the_server_decides_as_the_simulator_for_the_aggregated_system() {
+    let sc = aggregated_text_scenario();
+    let sim = simulate(&sc, None);
+    let ctrl = serve_streams_every_token(&sc, &sim);
+    assert!(ctrl.is_finished(), "requests left in the server");
+    assert_same_log(&sim.decisions, ctrl.decisions());
+    assert_same_outcomes(&sim.records, ctrl.records());
 }
