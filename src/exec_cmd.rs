@@ -123,7 +123,15 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
     check_device(device).map_err(|e| BadInput(e.0))?;
     let alloc = sc.deployment.allocation;
     let local_tp = sc.knobs.local_prefill_tp.unwrap_or(1);
-    if alloc.encode.tp > 1 || alloc.prefill.tp > 1 || alloc.decode.tp > 1 || local_tp > 1 {
+    if let Some((_, tp)) = sc.aggregated() {
+        if tp > 1 {
+            return Err(BadInput(format!(
+                "{}: deployment.aggregated_tp {tp}: the executor runs each aggregated replica on one device (TP1); set deployment.aggregated_tp = 1, or simulate it with `easerve sim`",
+                a.run.scenario.display()
+            ))
+            .into());
+        }
+    } else if alloc.encode.tp > 1 || alloc.prefill.tp > 1 || alloc.decode.tp > 1 || local_tp > 1 {
         return Err(BadInput(format!(
             "{}: deployment.allocation `{alloc}` uses TP > 1, which the executor does not support yet (each worker runs on one device); use TP1 everywhere, or simulate it with `easerve sim`",
             a.run.scenario.display()
@@ -132,7 +140,7 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
     }
     if let Some(why) = unsupported(sc.system) {
         return Err(BadInput(format!(
-            "system `{}`: {why}; the executor runs easerve and passthrough (simulate it with `easerve sim`)",
+            "system `{}`: {why}; the executor runs easerve, passthrough and aggregated (simulate it with `easerve sim`)",
             sc.system
         ))
         .into());
@@ -203,12 +211,17 @@ fn check_cpu_workers(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<()
             a.run.scenario.display()
         );
     }
-    let workers = (alloc.encode.workers + alloc.prefill.workers + alloc.decode.workers) as f64
-        + if sc.deployment.has_local_prefill() {
-            alloc.encode.workers as f64
-        } else {
-            0.0
-        };
+    let workers = match sc.aggregated() {
+        Some((replicas, _)) => replicas as f64,
+        None => {
+            (alloc.encode.workers + alloc.prefill.workers + alloc.decode.workers) as f64
+                + if sc.deployment.has_local_prefill() {
+                    alloc.encode.workers as f64
+                } else {
+                    0.0
+                }
+        }
+    };
     let need = f32_weight_bytes(&sc.model) * workers;
     if let Some(avail) = available_memory() {
         if need > 0.8 * avail {
@@ -331,8 +344,7 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
 fn unsupported(system: easerve_workload::scenario::System) -> Option<&'static str> {
     use easerve_workload::scenario::System;
     match system {
-        System::Easerve | System::Passthrough => None,
-        System::Aggregated => Some("the executor runs the disaggregated systems only"),
+        System::Easerve | System::Passthrough | System::Aggregated => None,
         System::EpdServe => Some("its workers encode whole requests, not the per-image shards of intra-request parallelism"),
         System::HydraInfer => Some("its prefill workers run whole prompts, not chunks under a token budget, and do not step in lockstep with the encoder on a shared device"),
     }

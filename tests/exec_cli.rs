@@ -210,3 +210,53 @@ fn killing_a_prefill_or_decode_worker_never_hangs_the_run() {
         );
     }
 }
+
+/// The aggregated system runs for real: one replica process per CPU "GPU"
+/// (three of TP1 on cpu-image), every request completed, the decision log
+/// with its placements and iterations, and the simulator's bottleneck rule
+/// naming the replicas. A replica killed mid-run fails what it held and the
+/// run still reports; TP > 1 replicas are refused.
+#[test]
+fn exec_runs_the_aggregated_system() {
+    let _timed = crate::timed();
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let path = log.path().to_str().unwrap();
+    let image = root().join("scenarios/cpu-image.toml");
+    let args = [
+        "--system",
+        "aggregated",
+        "--requests",
+        "8",
+        "--rate",
+        "4",
+        "--decisions",
+        path,
+    ];
+    let r = crate::report_json("exec", &image, &args);
+    assert_eq!(num(&r, "/completed"), 8.0, "{r}");
+    assert_eq!(r["bottleneck"], "aggregated", "{}", r["bottleneck_reason"]);
+    let lines = std::fs::read_to_string(log.path()).unwrap();
+    let kinds = |kind: &str| lines.lines().filter(|l| l.contains(kind)).count();
+    assert_eq!(kinds("\"PlaceReplica\""), 8, "{lines}");
+    assert!(kinds("\"ReplicaStep\"") >= 4, "{lines}");
+
+    let killed = [
+        "--system",
+        "aggregated",
+        "--requests",
+        "16",
+        "--rate",
+        "8",
+        "--kill-worker",
+        "R0@0.5",
+    ];
+    let r = crate::report_json("exec", &image, &killed);
+    assert_eq!(num(&r, "/completed") + num(&r, "/failed"), 16.0, "{r}");
+    let notes = r["notes"].to_string();
+    assert!(notes.contains("worker R0 failed"), "{notes}");
+
+    let out = easerve(&["exec", "scenarios/image.toml", "--system", "aggregated"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("deployment.aggregated_tp"), "{err}");
+}

@@ -194,6 +194,21 @@ impl FakeWorkers {
                 };
                 self.send(now + dur, DONE, k, &done);
             }
+            (
+                WorkerRef::Replica(r),
+                ToWorker::ReplicaStep {
+                    prefill, decode, ..
+                },
+            ) => {
+                let (encode_s, compute_s) = self.replay.replica_step(r, &[], 0, 0);
+                let tokens = prefill.iter().map(|p| p.id).chain(decode);
+                let done = FromWorker::ReplicaStepDone {
+                    tokens: tokens.map(|id| (id, 2)).collect(),
+                    encode_s,
+                    compute_s,
+                };
+                self.send(now + compute_s, DONE, k, &done);
+            }
             (_, ToWorker::Preprocess { .. } | ToWorker::Release { .. } | ToWorker::Shutdown) => {}
             (w, m) => panic!("worker {w:?} was sent {m:?}"),
         }
@@ -424,21 +439,28 @@ fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
 fn the_server_decides_as_the_simulator_with_local_prefill() {
     let sc = image_scenario(&[]);
     let sim = simulate(&sc, None);
-    let mut ctrl = serving_controller(&sc, &*sc.cost(), true);
+    let ctrl = serve_streams_every_token(&sc, &sim);
+    let n = assert_agree(&sim, &ctrl);
+    assert!(n[9] > 10, "too few decode yields: {n:?}");
+}
+
+/// `easerve serve`'s loop fed `sc`'s workload at its arrival times against
+/// fake workers replaying `sim`: every request's handler hears it accepted,
+/// all its tokens, then done. The controller at the end.
+fn serve_streams_every_token(sc: &Scenario, sim: &SimOutput) -> Controller {
+    let mut ctrl = serving_controller(sc, &*sc.cost(), true);
     let (mut pool, frames) = Pool::detached(ctrl.topology());
-    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
+    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, sim);
     let (submit, _submissions) = mpsc::unbounded_channel();
-    let (requests, _) = generate_with_tokens(&sc);
+    let (requests, _) = generate_with_tokens(sc);
     let outputs: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
     let mut face = ServeFace {
         serve: ServeLoop::new(),
-        app: App::new(&sc, submit),
+        app: App::new(sc, submit),
         to_submit: requests.into(),
         answers: Vec::new(),
     };
     run_virtual(&mut face, &mut ctrl, &mut pool, &mut fakes);
-    let n = assert_agree(&sim, &ctrl);
-    assert!(n[9] > 10, "too few decode yields: {n:?}");
     assert_eq!(face.answers.len(), outputs.len());
     for (id, (rx, want)) in face.answers.iter_mut().zip(outputs).enumerate() {
         let mut heard = Vec::new();
@@ -453,4 +475,71 @@ fn the_server_decides_as_the_simulator_with_local_prefill() {
             "request {id}: {heard:?}, {want} tokens wanted"
         );
     }
+    ctrl
+}
+
+/// The image scenario's cluster and arrivals, its requests text only, run
+/// as the aggregated system (4 replicas of TP2).
+fn aggregated_text_scenario() -> Scenario {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests");
+    let image = std::fs::read_to_string(dir.join("drivers_agree_image.toml")).expect("the file");
+    let text = image
+        .split("[workload.image]")
+        .next()
+        .expect("its head")
+        .replace("modality = \"image\"", "modality = \"text\"");
+    let path = std::env::temp_dir().join(format!("agree-aggregated-{}.toml", std::process::id()));
+    std::fs::write(&path, text).expect("a temporary scenario");
+    let sets = [
+        ("deployment.system", "aggregated"),
+        ("deployment.aggregated_tp", "2"),
+        ("deployment.allocation", "1P(TP4)+1D(TP4)"),
+        ("deployment.offload", "1"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let sc = Scenario::load_with(&path, &sets, &Overrides::default());
+    let _ = std::fs::remove_file(&path);
+    let sc = sc.expect("a valid scenario");
+    assert_eq!(sc.aggregated(), Some((4, 2)));
+    sc
+}
+
+/// The aggregated system: the executor's front end hands each request on at
+/// once (its replica preprocesses inside the iteration), so the simulator
+/// must charge no front-end time for the two to agree — text requests, which
+/// have nothing to preprocess. Fake replicas answer each iteration after the
+/// simulator's time for it; placements and iterations are the simulator's,
+/// and a replica that dies fails what the simulator's fails.
+#[test]
+fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
+    let sc = aggregated_text_scenario();
+    for kill in [None, Some((WorkerRef::Replica(1), 30.0))] {
+        let sim = simulate(&sc, kill);
+        let service = sim.service.as_ref().expect("a service log");
+        assert!(service.front_end.iter().all(|&t| t == 0.0));
+        let ctrl = execute(&sc, &sim, kill);
+        assert!(ctrl.is_finished(), "requests left in the executor");
+        let n = decision_kinds(&sim.decisions);
+        assert!(n[10] > 100 && n[11] > 100, "too few decisions: {n:?}");
+        assert_same_log(&sim.decisions, ctrl.decisions());
+        assert_same_outcomes(&sim.records, ctrl.records());
+        let failed = ctrl
+            .records()
+            .iter()
+            .filter(|r| r.failure.is_some())
+            .count();
+        assert_eq!(failed > 0, kill.is_some(), "{failed} failed under {kill:?}");
+    }
+}
+
+/// `easerve serve` runs the aggregated system as the simulator does, and
+/// streams each request's tokens from the replica's iterations.
+#[test]
+fn the_server_decides_as_the_simulator_for_the_aggregated_system() {
+    let sc = aggregated_text_scenario();
+    let sim = simulate(&sc, None);
+    let ctrl = serve_streams_every_token(&sc, &sim);
+    assert!(ctrl.is_finished(), "requests left in the server");
+    assert_same_log(&sim.decisions, ctrl.decisions());
+    assert_same_outcomes(&sim.records, ctrl.records());
 }

@@ -369,9 +369,7 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
                 WorkerRef::Encode(i) => (Role::Encode, i),
                 WorkerRef::Prefill(p) => (Role::Prefill, p),
                 WorkerRef::Decode(d) => (Role::Decode, d),
-                WorkerRef::Replica(_) => {
-                    unreachable!("the executor refuses the aggregated system (exec_cmd)")
-                }
+                WorkerRef::Replica(r) => (Role::Replica, r),
             };
             Worker {
                 wref: t.wref,
@@ -393,12 +391,15 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
 }
 
 /// CPU threads of each worker: `opts.threads`, or all the host's cores for an
-/// encode or local prefill worker, and an even share of them for the others.
+/// encode or local prefill worker, and an even share of them for the others
+/// (remote prefill, decode and aggregated replica workers).
 fn worker_threads(workers: &[Worker], opts: &ExecOptions) -> Vec<usize> {
     let cores = cpu_cores();
     let others = workers
         .iter()
-        .filter(|w| w.role == Role::Decode || (w.role == Role::Prefill && !w.local))
+        .filter(|w| {
+            matches!(w.role, Role::Decode | Role::Replica) || (w.role == Role::Prefill && !w.local)
+        })
         .count();
     let threads_of = |w: &Worker| -> usize {
         match opts.threads {
@@ -985,15 +986,18 @@ impl KillPlan {
 }
 
 impl Pool {
-    /// Whether some stage (encode, prefill, decode) has no live worker left.
+    /// Whether some stage (encode, prefill, decode, or the aggregated
+    /// replicas) has no live worker left.
     pub(crate) fn stage_down(&self) -> bool {
-        [Role::Encode, Role::Prefill, Role::Decode].iter().any(|r| {
-            self.workers.iter().any(|w| w.role == *r)
-                && !self
-                    .workers
-                    .iter()
-                    .any(|w| w.role == *r && self.live.is_alive(w.wref))
-        })
+        [Role::Encode, Role::Prefill, Role::Decode, Role::Replica]
+            .iter()
+            .any(|r| {
+                self.workers.iter().any(|w| w.role == *r)
+                    && !self
+                        .workers
+                        .iter()
+                        .any(|w| w.role == *r && self.live.is_alive(w.wref))
+            })
     }
 }
 
@@ -1125,11 +1129,7 @@ fn carry_out(
         // `Encode` names it again with no media, and the worker takes the
         // items it prepared
         Command::Preprocess { worker, id } => {
-            let requests = vec![EncodeRequest {
-                id,
-                items: ctrl.requests()[id as usize].items.clone(),
-                media: links.media.remove(&id).unwrap_or_default(),
-            }];
+            let requests = vec![encode_request(ctrl, links, id)];
             send(
                 workers,
                 WorkerRef::Encode(worker),
@@ -1140,11 +1140,7 @@ fn carry_out(
             let requests = ctrl
                 .encode_batch(worker)
                 .iter()
-                .map(|&id| EncodeRequest {
-                    id,
-                    items: ctrl.requests()[id as usize].items.clone(),
-                    media: links.media.remove(&id).unwrap_or_default(),
-                })
+                .map(|&id| encode_request(ctrl, links, id))
                 .collect();
             workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
             if let Some(p) = links.passes.as_mut() {
@@ -1244,11 +1240,56 @@ fn carry_out(
                 &ToWorker::Release { ids: vec![id] },
             );
         }
-        Command::FrontEndPreprocess { .. } | Command::ReplicaStep { .. } => {
-            unreachable!("the executor refuses the aggregated system (exec_cmd)")
+        // a replica preprocesses its requests' items inside its iteration
+        // (its `encode_s` counts it): the front end hands them on at once
+        Command::FrontEndPreprocess { id } => return Some(Event::Preprocessed { id }),
+        Command::ReplicaStep { replica, .. } => {
+            let step = replica_step(ctrl, links, replica);
+            send(workers, WorkerRef::Replica(replica), &step);
         }
     }
     None
+}
+
+/// Request `id` as an encode worker or a replica takes it: its items and its
+/// own media (`easerve serve`; none for the synthetic workload), which leave
+/// the links with it.
+fn encode_request(ctrl: &Controller, links: &mut Links, id: RequestId) -> EncodeRequest {
+    EncodeRequest {
+        id,
+        items: ctrl.requests()[id as usize].items.clone(),
+        media: links.media.remove(&id).unwrap_or_default(),
+    }
+}
+
+/// The iteration [`Command::ReplicaStep`] starts on replica `r`: encode the
+/// admitted requests that have items, prefill every admitted request, and
+/// one decode step over the sequences that were running before it (the
+/// replica frees every other sequence's cache: those have finished).
+fn replica_step(ctrl: &Controller, links: &mut Links, r: usize) -> ToWorker {
+    let admitted = ctrl.replica_admitted(r);
+    let requests = ctrl.requests();
+    let encode = admitted
+        .iter()
+        .filter(|&&id| requests[id as usize].needs_encode())
+        .map(|&id| encode_request(ctrl, links, id))
+        .collect();
+    let prefill = admitted
+        .iter()
+        .map(|&id| PrefillRequest {
+            id,
+            prompt_tokens: requests[id as usize].prompt_tokens,
+        })
+        .collect();
+    let decode = ctrl
+        .replica_batch(r)
+        .filter(|id| !admitted.contains(id))
+        .collect();
+    ToWorker::ReplicaStep {
+        encode,
+        prefill,
+        decode,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
