@@ -187,10 +187,4 @@ impl Scenario {
         self.knobs.prefill_token_budget = b.prefill_tokens;
         self.knobs.decode_max_batch = self.knobs.decode_max_batch.min(b.decode_tokens as usize);
     }
-
-    /// The encode dispatch policy each encode worker runs
-    /// ([`easerve_sched::Resolution::encode_dispatch`]).
-    pub fn encode_dispatch(&self) -> easerve_sched::DispatchPolicy {
-        self.resolution(false).encode_dispatch()
-    }
 }
