@@ -8,13 +8,13 @@ use std::process::ExitCode;
 #[cfg(feature = "exec")]
 use easerve_exec::device::{check_device, CoreSide, DeviceKind};
 #[cfg(feature = "exec")]
-use easerve_exec::profiler::{available_memory, f32_weight_bytes};
-#[cfg(feature = "exec")]
 use easerve_exec::run::{execute, ExecOptions};
 #[cfg(feature = "exec")]
 use easerve_exec::wire::Role;
 #[cfg(feature = "exec")]
-use easerve_exec::worker::{run_worker, WorkerOptions};
+use easerve_worker::process::{run_worker, WorkerOptions};
+#[cfg(feature = "exec")]
+use easerve_worker::profiler::{available_memory, f32_weight_bytes};
 
 #[cfg(feature = "exec")]
 use crate::BadInput;
@@ -121,30 +121,7 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         .parse()
         .map_err(|e: String| BadInput(format!("--device: {e}")))?;
     check_device(device).map_err(|e| BadInput(e.0))?;
-    let alloc = sc.deployment.allocation;
-    let local_tp = sc.knobs.local_prefill_tp.unwrap_or(1);
-    if let Some((_, tp)) = sc.aggregated() {
-        if tp > 1 {
-            return Err(BadInput(format!(
-                "{}: deployment.aggregated_tp {tp}: the executor runs each aggregated replica on one device (TP1); set deployment.aggregated_tp = 1, or simulate it with `easerve sim`",
-                a.run.scenario.display()
-            ))
-            .into());
-        }
-    } else if alloc.encode.tp > 1 || alloc.prefill.tp > 1 || alloc.decode.tp > 1 || local_tp > 1 {
-        return Err(BadInput(format!(
-            "{}: deployment.allocation `{alloc}` uses TP > 1, which the executor does not support yet (each worker runs on one device); use TP1 everywhere, or simulate it with `easerve sim`",
-            a.run.scenario.display()
-        ))
-        .into());
-    }
-    if let Some(why) = unsupported(sc.system) {
-        return Err(BadInput(format!(
-            "system `{}`: {why}; the executor runs easerve, passthrough and aggregated (simulate it with `easerve sim`)",
-            sc.system
-        ))
-        .into());
-    }
+    check_runnable(a, &sc)?;
     if let Some(n) = a.admission_limit {
         if n == 0 {
             return Err(BadInput("--admission-limit must be at least 1".into()).into());
@@ -198,6 +175,34 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         mps_encode_share: a.mps_encode_share,
     };
     Ok((sc, opts))
+}
+
+/// Refuse what the executor cannot run yet: TP > 1 (each worker runs on one
+/// device) and the systems `unsupported` names.
+#[cfg(feature = "exec")]
+fn check_runnable(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), BadInput> {
+    let alloc = sc.deployment.allocation;
+    let local_tp = sc.knobs.local_prefill_tp.unwrap_or(1);
+    if let Some((_, tp)) = sc.aggregated() {
+        if tp > 1 {
+            return Err(BadInput(format!(
+                "{}: deployment.aggregated_tp {tp}: the executor runs each aggregated replica on one device (TP1); set deployment.aggregated_tp = 1, or simulate it with `easerve sim`",
+                a.run.scenario.display()
+            )));
+        }
+    } else if alloc.encode.tp > 1 || alloc.prefill.tp > 1 || alloc.decode.tp > 1 || local_tp > 1 {
+        return Err(BadInput(format!(
+            "{}: deployment.allocation `{alloc}` uses TP > 1, which the executor does not support yet (each worker runs on one device); use TP1 everywhere, or simulate it with `easerve sim`",
+            a.run.scenario.display()
+        )));
+    }
+    if let Some(why) = unsupported(sc.system) {
+        return Err(BadInput(format!(
+            "system `{}`: {why}; the executor runs easerve, passthrough and aggregated (simulate it with `easerve sim`)",
+            sc.system
+        )));
+    }
+    Ok(())
 }
 
 /// On `--device cpu`: warn when preprocessing is pipelined, and refuse a model

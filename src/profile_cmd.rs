@@ -12,11 +12,11 @@ use easerve_calib::profile::today_utc;
 #[cfg(feature = "exec")]
 use easerve_exec::device::{check_device, cpu_cores, cpu_levels, DeviceKind};
 #[cfg(feature = "exec")]
-use easerve_exec::profiler::{
+use easerve_model::ModelArch;
+#[cfg(feature = "exec")]
+use easerve_worker::profiler::{
     available_memory, f32_weight_bytes, profile_cpu, run_level_cpu, Plan, ProfileOptions,
 };
-#[cfg(feature = "exec")]
-use easerve_model::ModelArch;
 #[cfg(feature = "exec")]
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -85,7 +85,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     };
     let cores = a.cores.unwrap_or_else(cpu_cores);
     if let Some(threads) = a.level_threads {
-        run_level_cpu(&arch, &opts, threads, cores).map_err(anyhow::Error::msg)?;
+        run_level_cpu(&arch, &opts, threads, cores)?;
         return Ok(ExitCode::SUCCESS);
     }
     // Fail on an unwritable output before minutes of measuring (without truncating
@@ -121,8 +121,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
             bar.set_message(msg.to_string());
         },
         &today_utc(),
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     bar.finish_and_clear();
     let text = profile.to_toml_string();
     write_profile(&a, &arch, cores, text)?;
@@ -221,7 +220,7 @@ fn cuda_profile(
     } else {
         ProgressBar::hidden()
     };
-    let text = easerve_exec::cuda::profile_cuda(arch, opts, &today_utc(), &mut |msg| {
+    let text = easerve_worker::cuda::profile_cuda(arch, opts, &today_utc(), &mut |msg| {
         bar.inc(1);
         bar.set_message(msg.to_string());
     })

@@ -63,7 +63,7 @@ fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 
 }
 
 /// The image scenario with local prefill (`drivers_agree_image.toml`, which
-/// easerve-exec's agreement tests run too).
+/// `exec_agree.rs`'s executor and server run too).
 const IMAGE: &str = include_str!("drivers_agree_image.toml");
 
 #[test]

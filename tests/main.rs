@@ -7,6 +7,7 @@ mod bench_cli;
 mod capacity_cli;
 mod deploy_cli;
 mod drivers_agree;
+mod exec_agree;
 #[cfg(feature = "exec")]
 mod exec_cli;
 mod fuzz_cli;

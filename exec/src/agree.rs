@@ -24,6 +24,10 @@
 //! ([`assert_same_log`]), and each request's outcome. The records' transfer
 //! times are not: the executor stamps a transfer when it relays it, the
 //! simulator when the sender's link takes it.
+//!
+//! Each check is a public function that panics where the two disagree; the
+//! workspace's test suite runs them (`tests/exec_agree.rs`, in the README's
+//! `cargo test`, which builds this crate without any model).
 
 use crate::run::{DetectAt, ExecLoop, Incoming, Pool};
 use crate::serve::{serving_controller, App, Out, ServeLoop};
@@ -406,8 +410,9 @@ fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize
     (assert_agree(&sim, &ctrl), ctrl)
 }
 
-#[test]
-fn the_executor_decides_as_the_simulator_with_local_prefill() {
+/// `easerve exec` on the image scenario (local prefill at offload 0.6): the
+/// simulator's decisions and outcomes, with local routes and decode yields.
+pub fn the_executor_decides_as_the_simulator_with_local_prefill() {
     let (n, ctrl) = exec_agrees(&[], None);
     assert!(local_routes(ctrl.decisions()) > 30, "{n:?}");
     // decode runs cut short for a KV cache that can join at once
@@ -416,8 +421,7 @@ fn the_executor_decides_as_the_simulator_with_local_prefill() {
 
 /// Under time-slicing the local prefill share changes while batches run:
 /// the executor applies a change at the next batch and still decides the same.
-#[test]
-fn the_executor_decides_as_the_simulator_under_time_slicing() {
+pub fn the_executor_decides_as_the_simulator_under_time_slicing() {
     let (n, _) = exec_agrees(&[("deployment.sm_policy", "none")], None);
     assert!(n[5] > 10, "too few share changes: {n:?}");
 }
@@ -425,8 +429,7 @@ fn the_executor_decides_as_the_simulator_under_time_slicing() {
 /// The only decode worker dies mid-run: the executor notices its connection
 /// close, fails what it held, and lands the KV caches later sent to it at
 /// once; the same requests fail as in the simulator.
-#[test]
-fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
+pub fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
     let (n, _) = exec_agrees(&[], Some((WorkerRef::Decode(0), 40.0)));
     assert!(n[8] > 0, "nothing failed: {n:?}");
 }
@@ -435,8 +438,7 @@ fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
 /// streams their tokens; fed the workload's requests at their arrival times,
 /// it decides as the simulator does, and every request's handler hears it
 /// accepted, all its tokens, then done.
-#[test]
-fn the_server_decides_as_the_simulator_with_local_prefill() {
+pub fn the_server_decides_as_the_simulator_with_local_prefill() {
     let sc = image_scenario(&[]);
     let sim = simulate(&sc, None);
     let ctrl = serve_streams_every_token(&sc, &sim);
@@ -510,8 +512,7 @@ fn aggregated_text_scenario() -> Scenario {
 /// have nothing to preprocess. Fake replicas answer each iteration after the
 /// simulator's time for it; placements and iterations are the simulator's,
 /// and a replica that dies fails what the simulator's fails.
-#[test]
-fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
+pub fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
     let sc = aggregated_text_scenario();
     for kill in [None, Some((WorkerRef::Replica(1), 30.0))] {
         let sim = simulate(&sc, kill);
@@ -534,8 +535,7 @@ fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
 
 /// `easerve serve` runs the aggregated system as the simulator does, and
 /// streams each request's tokens from the replica's iterations.
-#[test]
-fn the_server_decides_as_the_simulator_for_the_aggregated_system() {
+pub fn the_server_decides_as_the_simulator_for_the_aggregated_system() {
     let sc = aggregated_text_scenario();
     let sim = simulate(&sc, None);
     let ctrl = serve_streams_every_token(&sc, &sim);

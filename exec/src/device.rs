@@ -8,7 +8,7 @@
 //! (`sched_setaffinity`), because a batched matmul runs matrixmultiply's threads
 //! inside rayon's and the pool sizes alone are a soft bound. The "SM level" of a CPU
 //! worker is its thread share `threads / cores`; levels are measured in separate
-//! processes (see [`crate::profiler`] and [`cpu_levels`]).
+//! processes (see the profiler, `easerve_worker::profiler`, and [`cpu_levels`]).
 
 use std::str::FromStr;
 
@@ -244,6 +244,19 @@ pub fn pin_process_except(cpus: &[usize], keep: &[i32]) -> Result<(), DeviceErro
         }
     }
     Ok(())
+}
+
+/// The CPU model name from `/proc/cpuinfo` (or "unknown CPU").
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 /// Check that `kind` can run here.

@@ -15,9 +15,6 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
-use easerve_model::nn::{AnyresImage, AudioClip, EncoderItem, QwenPatches};
 use easerve_model::tokens::{select_best_resolution, smart_resize, unpadded_crop};
 use easerve_model::{EncoderKind, ItemTokens, ModelArch};
 use easerve_sched::MmItem;
@@ -340,48 +337,6 @@ pub enum HostItem {
         /// LLM tokens of the clip.
         llm_tokens: usize,
     },
-}
-
-impl HostItem {
-    /// The item as a tensor input of the model on `device`.
-    pub fn to_device<B: Backend>(&self, device: &B::Device) -> EncoderItem<B> {
-        match self {
-            HostItem::Anyres {
-                data,
-                shape,
-                grid_h,
-                grid_w,
-                crop_rows,
-                crop_cols,
-            } => EncoderItem::Anyres(AnyresImage {
-                tiles: Tensor::from_data(TensorData::new(data.clone(), *shape), device),
-                grid_h: *grid_h,
-                grid_w: *grid_w,
-                crop_rows: *crop_rows,
-                crop_cols: *crop_cols,
-            }),
-            HostItem::Qwen {
-                data,
-                shape,
-                t,
-                grid_h,
-                grid_w,
-            } => EncoderItem::Qwen(QwenPatches {
-                patches: Tensor::from_data(TensorData::new(data.clone(), *shape), device),
-                t: *t,
-                grid_h: *grid_h,
-                grid_w: *grid_w,
-            }),
-            HostItem::Audio {
-                data,
-                shape,
-                llm_tokens,
-            } => EncoderItem::Audio(AudioClip {
-                mel: Tensor::from_data(TensorData::new(data.clone(), *shape), device),
-                llm_tokens: *llm_tokens,
-            }),
-        }
-    }
 }
 
 /// A preprocessed item with its token counts (as `ModelArch` counts them).

@@ -1,34 +1,33 @@
-//! The real executor's compute side: burn models on CPU (NdArray) or CUDA (feature
-//! `cuda`), real input decoding, and the profiler that measures calibration tables.
+//! The real executor's orchestration: `easerve exec` and `easerve serve` drive
+//! `easerve_sched::Controller` over worker processes. This crate holds no
+//! model; the worker processes run `easerve_worker`'s burn models.
 //!
 //! Reading guide:
-//! 1. [`input`]: images / video / audio into the tensors each encoder takes.
-//! 2. [`mel`]: Whisper's log-mel spectrogram.
-//! 3. [`device`]: choosing the backend and bounding a worker's CPU threads.
-//!    [`green`]: SM partitions (CUDA green contexts, the MPS fallback).
-//! 4. [`profiler`]: timing encode, prefill, decode and transfers into a profile.
-//! 5. [`run`]: `easerve exec`, the second driver of `easerve_sched::Controller`
-//!    (the simulator is the first): worker processes over sockets, the
-//!    controller's commands carried out for real.
-//! 6. [`serve`] and [`openai`]: `easerve serve`, the same controller and
+//! 1. [`run`]: `easerve exec`, a driver of the controller (the simulator is
+//!    another): worker processes over sockets, the controller's commands
+//!    carried out for real.
+//! 2. [`serve`] and [`openai`]: `easerve serve`, the same controller and
 //!    workers behind an OpenAI-compatible HTTP server.
-//! 7. [`wire`] and [`worker`]: the frames between the controller and a worker,
-//!    and the worker process itself.
+//! 3. [`wire`]: the frames between the controller and a worker.
+//! 4. [`input`] and [`mel`]: images / video / audio decoded and preprocessed
+//!    on the host into the arrays each encoder takes (Whisper's log-mel
+//!    spectrogram); [`preprocess_cost`] times that work.
+//! 5. [`device`]: the backend a worker computes on and its CPU thread bounds;
+//!    [`green`]: SM partitions (CUDA green contexts, the MPS fallback).
+//! 6. `agree` (feature `agreement`, run by the workspace's `cargo test`): the
+//!    command handling of `exec` and `serve` against fake workers, checked
+//!    to decide as the simulator does.
 #![warn(missing_docs)]
 
-#[cfg(test)]
-mod agree;
+#[cfg(feature = "agreement")]
+pub mod agree;
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod device;
 pub mod green;
 pub mod input;
 pub mod mel;
 pub mod openai;
 pub mod preprocess_cost;
-pub mod profiler;
 pub mod run;
 pub mod serve;
 pub mod wire;
-pub mod worker;

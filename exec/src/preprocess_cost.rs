@@ -121,7 +121,7 @@ pub fn measure(reps: usize, date: &str) -> Result<String, PreprocessCostError> {
         error,
     };
     std::fs::create_dir_all(&tmp).map_err(temp)?;
-    let cpu = crate::profiler::cpu_name();
+    let cpu = crate::device::cpu_name();
     let mut out = String::new();
     let _ = writeln!(
         out,

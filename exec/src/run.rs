@@ -112,7 +112,7 @@ pub enum ExecError {
 }
 
 /// One worker process as the controller sees it.
-pub(crate) struct Worker {
+pub(crate) struct WorkerProcess {
     wref: WorkerRef,
     label: String,
     role: Role,
@@ -216,7 +216,7 @@ async fn run(
 
 /// The worker processes of a run, connected and ready.
 pub(crate) struct Pool {
-    pub(crate) workers: Vec<Worker>,
+    pub(crate) workers: Vec<WorkerProcess>,
     pub(crate) by_ref: HashMap<WorkerRef, usize>,
     pub(crate) rx: mpsc::UnboundedReceiver<Incoming>,
     /// Kept so the channel stays open while every worker is gone.
@@ -229,7 +229,7 @@ pub(crate) struct Pool {
     pub(crate) live: Liveness,
 }
 
-#[cfg(test)]
+#[cfg(feature = "agreement")]
 impl Pool {
     /// The workers of `topology` with no processes behind them (for the
     /// tests' fake workers): the frames sent to worker `k` come out of the
@@ -360,8 +360,8 @@ pub(crate) async fn start_workers(
     })
 }
 
-/// One [`Worker`] per worker of `topology`, not yet started.
-fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
+/// One [`WorkerProcess`] per worker of `topology`, not yet started.
+fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
     topology
         .workers()
         .map(|t| {
@@ -371,7 +371,7 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
                 WorkerRef::Decode(d) => (Role::Decode, d),
                 WorkerRef::Replica(r) => (Role::Replica, r),
             };
-            Worker {
+            WorkerProcess {
                 wref: t.wref,
                 label: t.label.clone(),
                 role,
@@ -393,7 +393,7 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<Worker> {
 /// CPU threads of each worker: `opts.threads`, or all the host's cores for an
 /// encode or local prefill worker, and an even share of them for the others
 /// (remote prefill, decode and aggregated replica workers).
-fn worker_threads(workers: &[Worker], opts: &ExecOptions) -> Vec<usize> {
+fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
     let cores = cpu_cores();
     let others = workers
         .iter()
@@ -401,7 +401,7 @@ fn worker_threads(workers: &[Worker], opts: &ExecOptions) -> Vec<usize> {
             matches!(w.role, Role::Decode | Role::Replica) || (w.role == Role::Prefill && !w.local)
         })
         .count();
-    let threads_of = |w: &Worker| -> usize {
+    let threads_of = |w: &WorkerProcess| -> usize {
         match opts.threads {
             Some(t) => t,
             None if w.role == Role::Encode || w.local => cores,
@@ -416,7 +416,7 @@ fn worker_threads(workers: &[Worker], opts: &ExecOptions) -> Vec<usize> {
 fn worker_command(
     sc: &Scenario,
     opts: &ExecOptions,
-    w: &Worker,
+    w: &WorkerProcess,
     threads: usize,
     peer: bool,
     addr: std::net::SocketAddr,
@@ -490,7 +490,7 @@ impl Waiting {
     async fn accept(
         &mut self,
         listener: &TcpListener,
-        workers: &mut [Worker],
+        workers: &mut [WorkerProcess],
         by_ref: &HashMap<WorkerRef, usize>,
         rx: &mut mpsc::UnboundedReceiver<Incoming>,
         tx: &mpsc::UnboundedSender<Incoming>,
@@ -568,7 +568,7 @@ impl Waiting {
     /// or exit, or when the deadline passes.
     async fn ready(
         &mut self,
-        workers: &[Worker],
+        workers: &[WorkerProcess],
         rx: &mut mpsc::UnboundedReceiver<Incoming>,
     ) -> Result<(), ExecError> {
         let (startup, deadline) = (self.startup, self.deadline);
@@ -1093,7 +1093,7 @@ pub(crate) struct Links {
 /// yield; otherwise the next iteration goes out over the same batch. A worker
 /// that can no longer be sent to keeps its run open: the end of its
 /// connection fails it ([`Event::WorkerFailed`]).
-fn next_decode_step(w: &mut Worker) -> Option<u64> {
+fn next_decode_step(w: &mut WorkerProcess) -> Option<u64> {
     let (run, ids) = w.decode_run.as_mut()?;
     let Some(steps) = run.iteration_done() else {
         let frame = encode_frame(&ToWorker::DecodeStep { ids: ids.clone() });
@@ -1112,12 +1112,12 @@ fn next_decode_step(w: &mut Worker) -> Option<u64> {
 fn carry_out(
     cmd: Command,
     ctrl: &Controller,
-    workers: &mut [Worker],
+    workers: &mut [WorkerProcess],
     by_ref: &HashMap<WorkerRef, usize>,
     links: &mut Links,
     now: f64,
 ) -> Option<Event> {
-    let send = |workers: &mut [Worker], wref: WorkerRef, msg: &ToWorker| -> bool {
+    let send = |workers: &mut [WorkerProcess], wref: WorkerRef, msg: &ToWorker| -> bool {
         let w = &mut workers[by_ref[&wref]];
         match (&w.tx, encode_frame(msg)) {
             (Some(tx), Ok(frame)) => tx.send(frame).is_ok(),
@@ -1317,7 +1317,7 @@ pub(crate) fn build_report(
     let gpus: Vec<GpuReport> = (0..topology.gpus())
         .filter_map(|g| {
             let (stage, label) = topology.gpu_owner(g)?;
-            let on: Vec<&Worker> = topology
+            let on: Vec<&WorkerProcess> = topology
                 .on_gpu(g)
                 .iter()
                 .filter_map(|r| workers.iter().find(|w| w.wref == *r))

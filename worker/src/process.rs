@@ -14,15 +14,15 @@
 //! in parallel while earlier passes compute; the pass that encodes the
 //! request takes its prepared items, waiting for those still in progress.
 
-use crate::device::{DeviceError, DeviceKind};
-use crate::input::{prepare, HostItem, InputError, Media};
-use crate::wire::{
-    read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, Role,
-    ToWorker, WireMedia, WireMediaError,
-};
 use burn::prelude::*;
 use burn::tensor::backend::ExecutionError;
 use burn::tensor::{DataError, TensorData};
+use easerve_exec::device::{DeviceError, DeviceKind};
+use easerve_exec::input::{prepare, HostItem, InputError, Media};
+use easerve_exec::wire::{
+    read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, Role,
+    ToWorker, WireMedia, WireMediaError,
+};
 use easerve_model::nn::{KvCache, MultimodalModel, NnError};
 use easerve_model::ModelArch;
 use easerve_sched::RequestId;
@@ -31,7 +31,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Instant;
 
-use crate::device::CoreSide;
+use easerve_exec::device::CoreSide;
 
 /// What a worker process is told on its command line.
 #[derive(Clone, Debug)]
@@ -185,7 +185,7 @@ pub fn run_worker(opts: &WorkerOptions) -> Result<(), WorkerError> {
         },
     )?;
     let res = match opts.device {
-        DeviceKind::Cpu => match crate::device::limit_cpu_threads(opts.threads) {
+        DeviceKind::Cpu => match easerve_exec::device::limit_cpu_threads(opts.threads) {
             Ok(()) => serve::<burn::backend::NdArray>(
                 &arch,
                 opts,
@@ -303,7 +303,7 @@ struct Sequence<B: Backend> {
 
 /// Thread pools by size, so a pass can run on its thread share; with a
 /// [`CoreSide`] other than `Any`, the process is also pinned to that many cores
-/// at its side of the host before the pass (see [`crate::device::core_set`]).
+/// at its side of the host before the pass (see [`easerve_exec::device::core_set`]).
 struct Pools {
     threads: usize,
     pools: HashMap<usize, rayon::ThreadPool>,
@@ -322,7 +322,7 @@ impl Pools {
             threads: threads.max(1),
             pools: HashMap::new(),
             side,
-            allowed: crate::device::allowed_cores(),
+            allowed: easerve_exec::device::allowed_cores(),
             pinned: None,
             keep,
         }
@@ -331,10 +331,10 @@ impl Pools {
     fn run<T: Send>(&mut self, share: f64, f: impl FnOnce() -> T + Send) -> T {
         let n = ((self.threads as f64 * share).round() as usize).clamp(1, self.threads.max(1));
         if self.side != CoreSide::Any {
-            let cores = crate::device::core_set(&self.allowed, n, self.side);
+            let cores = easerve_exec::device::core_set(&self.allowed, n, self.side);
             if self.pinned.as_ref() != Some(&cores) {
                 // best effort: a refused mask leaves the pool-size bound only
-                if let Err(e) = crate::device::pin_process_except(&cores, &self.keep) {
+                if let Err(e) = easerve_exec::device::pin_process_except(&cores, &self.keep) {
                     eprintln!("warning: {e}");
                 }
                 self.pinned = Some(cores);
@@ -621,9 +621,9 @@ impl Preprocessor {
             )
         };
         // every thread has started once a broadcast has run on each
-        let thread_ids = pool
-            .as_ref()
-            .map_or_else(Vec::new, |p| p.broadcast(|_| crate::device::thread_id()));
+        let thread_ids = pool.as_ref().map_or_else(Vec::new, |p| {
+            p.broadcast(|_| easerve_exec::device::thread_id())
+        });
         Ok(Preprocessor {
             arch,
             seed,
@@ -719,7 +719,7 @@ fn encode<B: Backend>(
                 items: r.items.len(),
             });
         }
-        items.extend(host.iter().map(|h| h.to_device::<B>(device)));
+        items.extend(host.iter().map(|h| crate::items::to_device::<B>(h, device)));
         counts.push(r.items.len());
     }
     let preprocess_s = t0.elapsed().as_secs_f64();

@@ -22,7 +22,11 @@ fn encode_file(model: &str, file: &str) -> (u64, u64, usize) {
     let p = prepare(&arch, &media).unwrap();
     let device = Default::default();
     let m = MultimodalModel::<NdArray>::from_arch(&arch, &device).unwrap();
-    let out = m.encode(&[p.item.to_device::<NdArray>(&device)]).unwrap();
+    let out = m
+        .encode(&[easerve_worker::items::to_device::<NdArray>(
+            &p.item, &device,
+        )])
+        .unwrap();
     (
         p.tokens.encoder_tokens,
         p.tokens.llm_tokens,

@@ -14,8 +14,8 @@
 //! * **transfer** — a `bytes` message over a loopback TCP socket and a 1-byte ack.
 //!
 //! SM levels: on CPU a level is the thread share `threads / cores` for the thread
-//! counts of [`crate::device::cpu_levels`] (at most five); every level runs in its own
-//! process (see [`crate::device`]), started by the caller's `spawn` function. Decode is
+//! counts of [`easerve_exec::device::cpu_levels`] (at most five); every level runs in its own
+//! process (see [`easerve_exec::device`]), started by the caller's `spawn` function. Decode is
 //! measured at the full level only (the decode table has no SM axis). On CUDA the
 //! levels come from libsmctrl's TPC mask (`crate::cuda`, feature `cuda`).
 //!
@@ -40,7 +40,35 @@ use easerve_sched::MmItem;
 use easerve_workload::generate::item_tokens;
 use serde::{Deserialize, Serialize};
 
-use crate::input::{prepare, Media};
+use easerve_exec::input::{prepare, Media};
+
+/// Why a profile could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfilerError {
+    /// The model could not be built or run.
+    #[error(transparent)]
+    Model(#[from] easerve_model::nn::NnError),
+    /// A synthetic input could not be prepared.
+    #[error(transparent)]
+    Input(#[from] easerve_exec::input::InputError),
+    /// The device reported an error at a synchronisation.
+    #[error("device sync failed: {0}")]
+    Device(String),
+    /// The loopback socket of the transfer measurement failed (what failed,
+    /// and how).
+    #[error("loopback {0}: {1}")]
+    Loopback(String, std::io::Error),
+    /// A level process could not start, failed (its message), or printed no
+    /// rows.
+    #[error("{0}")]
+    Level(String),
+    /// The measured profile failed the profile's validation.
+    #[error("measured profile failed validation: {0}")]
+    Invalid(ProfileError),
+    /// This process's CPU threads could not be bounded.
+    #[error(transparent)]
+    Threads(#[from] easerve_exec::device::DeviceError),
+}
 
 /// burn version the executor is built against (pinned in the workspace manifest).
 pub const BURN_VERSION: &str = "0.21.0";
@@ -230,10 +258,10 @@ pub fn measure_level<B: Backend>(
     with_decode: bool,
     device: &B::Device,
     progress: &mut dyn FnMut(&str),
-) -> Result<LevelRows, String> {
+) -> Result<LevelRows, ProfilerError> {
     B::seed(device, opts.seed);
-    let model = MultimodalModel::<B>::from_arch(arch, device).map_err(|e| e.to_string())?;
-    let sync = || B::sync(device).map_err(|e| format!("device sync failed: {e:?}"));
+    let model = MultimodalModel::<B>::from_arch(arch, device)?;
+    let sync = || B::sync(device).map_err(|e| ProfilerError::Device(format!("{e:?}")));
     let mut rows = LevelRows::default();
     for ei in &plan.encode_items {
         let media = Media::synthetic(&ei.item, opts.seed);
@@ -245,11 +273,11 @@ pub fn measure_level<B: Backend>(
                 let pre = t0.elapsed().as_secs_f64();
                 let items: Result<Vec<_>, _> = prepared
                     .into_iter()
-                    .map(|p| p.map(|p| p.item.to_device::<B>(device)))
+                    .map(|p| p.map(|p| crate::items::to_device::<B>(&p.item, device)))
                     .collect();
                 match items
-                    .map_err(|e| e.to_string())
-                    .and_then(|it| model.encode(&it).map_err(|e| e.to_string()))
+                    .map_err(ProfilerError::from)
+                    .and_then(|it| model.encode(&it).map_err(ProfilerError::from))
                 {
                     Ok(out) => drop(out),
                     Err(e) => err = Some(e),
@@ -347,9 +375,10 @@ pub fn measure_loopback(
     plan: &Plan,
     opts: &ProfileOptions,
     progress: &mut dyn FnMut(&str),
-) -> Result<Vec<Vec<f64>>, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("loopback socket: {e}"))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+) -> Result<Vec<Vec<f64>>, ProfilerError> {
+    let loopback = |what: &'static str| move |e| ProfilerError::Loopback(what.into(), e);
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(loopback("socket"))?;
+    let addr = listener.local_addr().map_err(loopback("socket"))?;
     let sizes = plan.transfer_bytes.clone();
     let per_size = (opts.warmup + opts.repetitions.max(1)) as usize;
     let server = std::thread::spawn(move || -> std::io::Result<()> {
@@ -371,8 +400,8 @@ pub fn measure_loopback(
         }
         Ok(())
     });
-    let mut c = TcpStream::connect(addr).map_err(|e| format!("loopback connect: {e}"))?;
-    c.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut c = TcpStream::connect(addr).map_err(loopback("connect"))?;
+    c.set_nodelay(true).map_err(loopback("connect"))?;
     let mut rows = Vec::new();
     for &n in &plan.transfer_bytes {
         let msg = vec![7u8; n];
@@ -380,12 +409,12 @@ pub fn measure_loopback(
         let mut failed = None;
         let (m, p, _) = time_point(opts, || {
             if let Err(e) = c.write_all(&msg).and_then(|_| c.read_exact(&mut ack)) {
-                failed = Some(e.to_string());
+                failed = Some(e);
             }
             0.0
         });
         if let Some(e) = failed {
-            return Err(format!("loopback transfer of {n} bytes: {e}"));
+            return Err(ProfilerError::Loopback(format!("transfer of {n} bytes"), e));
         }
         rows.push(vec![n as f64, m, p]);
         progress(&format!("transfer bytes={n}"));
@@ -393,8 +422,8 @@ pub fn measure_loopback(
     drop(c);
     server
         .join()
-        .map_err(|_| "loopback server panicked".to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| ProfilerError::Loopback("server".into(), std::io::Error::other("panicked")))?
+        .map_err(loopback("server"))?;
     Ok(rows)
 }
 
@@ -407,19 +436,6 @@ pub enum LevelMessage {
     Rows(LevelRows),
     /// The level failed.
     Failed(String),
-}
-
-/// The CPU model name from `/proc/cpuinfo` (or "unknown CPU").
-pub(crate) fn cpu_name() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|v| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
 }
 
 /// Run a CPU profile: one child process per thread level `1..=cores` (started by
@@ -436,32 +452,40 @@ pub fn profile_cpu(
     spawn: &dyn Fn(usize) -> Command,
     progress: &mut dyn FnMut(&str),
     date: &str,
-) -> Result<Profile, String> {
+) -> Result<Profile, ProfilerError> {
     let plan = Plan::for_model(arch, opts.quick);
     let mut levels = Vec::new();
-    for threads in crate::device::cpu_levels(cores) {
+    for threads in easerve_exec::device::cpu_levels(cores) {
         let mut cmd = spawn(threads);
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = cmd
             .spawn()
-            .map_err(|e| format!("cannot start the level process: {e}"))?;
-        let out = child.stdout.take().ok_or("level process has no stdout")?;
+            .map_err(|e| ProfilerError::Level(format!("cannot start the level process: {e}")))?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| ProfilerError::Level("level process has no stdout".into()))?;
         let mut rows = None;
         for line in BufReader::new(out).lines() {
-            let line = line.map_err(|e| e.to_string())?;
+            let line =
+                line.map_err(|e| ProfilerError::Level(format!("reading its output: {e}")))?;
             match serde_json::from_str::<LevelMessage>(&line) {
                 Ok(LevelMessage::Point(p)) => progress(&format!("{threads}/{cores} threads: {p}")),
                 Ok(LevelMessage::Rows(r)) => rows = Some(r),
                 Ok(LevelMessage::Failed(e)) => {
                     let _ = child.wait();
-                    return Err(e);
+                    return Err(ProfilerError::Level(e));
                 }
                 Err(_) => {}
             }
         }
-        let status = child.wait().map_err(|e| e.to_string())?;
+        let status = child
+            .wait()
+            .map_err(|e| ProfilerError::Level(format!("waiting for it: {e}")))?;
         let rows = rows.ok_or_else(|| {
-            format!("the {threads}-thread level process exited ({status}) without results")
+            ProfilerError::Level(format!(
+                "the {threads}-thread level process exited ({status}) without results"
+            ))
         })?;
         levels.push(rows);
     }
@@ -473,10 +497,10 @@ pub fn profile_cpu(
         link: "loopback".into(),
         source: Source::Measured,
         backend: format!("burn {BURN_VERSION} ndarray (f32)"),
-        driver: format!("{} ({cores} cores)", cpu_name()),
+        driver: format!("{} ({cores} cores)", easerve_exec::device::cpu_name()),
         libraries: vec![
             format!("burn {BURN_VERSION}"),
-            format!("easerve-exec {}", env!("CARGO_PKG_VERSION")),
+            format!("easerve-worker {}", env!("CARGO_PKG_VERSION")),
         ],
         date: date.into(),
         method: format!(
@@ -501,7 +525,7 @@ pub fn assemble(
     scalars: (f64, f64),
     levels: Vec<LevelRows>,
     mut transfer: Vec<Vec<f64>>,
-) -> Result<Profile, String> {
+) -> Result<Profile, ProfilerError> {
     let mut encode = Vec::new();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
@@ -531,7 +555,7 @@ pub fn assemble(
         decode,
         transfer,
     )
-    .map_err(|e: ProfileError| format!("measured profile failed validation: {e}"))
+    .map_err(ProfilerError::Invalid)
 }
 
 /// The entry point of a level process: bound threads, measure, print
@@ -541,8 +565,8 @@ pub fn run_level_cpu(
     opts: &ProfileOptions,
     threads: usize,
     cores: usize,
-) -> Result<(), String> {
-    crate::device::bound_cpu_threads(threads).map_err(|e| e.0)?;
+) -> Result<(), ProfilerError> {
+    easerve_exec::device::bound_cpu_threads(threads)?;
     let plan = Plan::for_model(arch, opts.quick);
     let mut out = std::io::stdout().lock();
     let mut emit = |m: &LevelMessage| {
@@ -566,7 +590,7 @@ pub fn run_level_cpu(
             Ok(())
         }
         Err(e) => {
-            emit(&LevelMessage::Failed(e.clone()));
+            emit(&LevelMessage::Failed(e.to_string()));
             Err(e)
         }
     }

@@ -1,6 +1,6 @@
 //! CUDA profiling (feature `cuda`): burn's CUDA backend on GPU 0, SM levels through
 //! libsmctrl's TPC mask when `libsmctrl.so` can be loaded. The partition CUDA
-//! green contexts make at each level is reported beside it ([`crate::green`]
+//! green contexts make at each level is reported beside it ([`easerve_exec::green`]
 //! says why burn's kernels cannot run in them yet).
 //!
 //! libsmctrl (Bakita & Anderson, RTAS 2023; <https://www.cs.unc.edu/~jbakita/libsmctrl>)
@@ -41,9 +41,9 @@ pub enum CudaError {
     /// libsmctrl cannot read the GPU's TPC count.
     #[error("libsmctrl_get_tpc_info failed (rc {0})")]
     TpcInfo(i32),
-    /// A measurement or the assembled profile failed (the profiler's message).
-    #[error("{0}")]
-    Measure(String),
+    /// A measurement or the assembled profile failed.
+    #[error(transparent)]
+    Measure(#[from] crate::profiler::ProfilerError),
 }
 
 /// libsmctrl, loaded at run time.
@@ -120,8 +120,8 @@ pub fn visible_ordinal(gpu: usize) -> usize {
 /// The green-context partition of GPU 0 at [`SM_LEVELS`], as one line per
 /// level (`level 0.20: 24 of 132 SMs (share 0.182), remainder 108`), or why
 /// none could be made.
-pub fn green_partition_report() -> Result<String, crate::green::GreenError> {
-    let g = crate::green::GreenContexts::create(0, &SM_LEVELS)?;
+pub fn green_partition_report() -> Result<String, easerve_exec::green::GreenError> {
+    let g = easerve_exec::green::GreenContexts::create(0, &SM_LEVELS)?;
     let mut out = format!(
         "green contexts on GPU 0: {} SMs, compute capability {}.x, groups of at least {} SMs in multiples of {}\n",
         g.total_sms, g.compute_major, g.granularity.min, g.granularity.align
@@ -146,7 +146,7 @@ pub fn profile_cuda(
     let plan = Plan::for_model(arch, opts.quick);
     let device = burn::backend::cuda::CudaDevice::default();
     // the partition green contexts give each level (burn's kernels cannot run
-    // in them, see crate::green; the table says what a level would really get)
+    // in them, see easerve_exec::green; the table says what a level would really get)
     let green = match green_partition_report() {
         Ok(table) => {
             eprint!("{table}");
@@ -187,7 +187,7 @@ pub fn profile_cuda(
         source: Source::Measured,
         backend: format!("burn {BURN_VERSION} cuda (bf16)"),
         driver: "CUDA driver (dynamically loaded by cudarc)".into(),
-        libraries: vec![format!("burn {BURN_VERSION}"), format!("easerve-exec {}", env!("CARGO_PKG_VERSION"))],
+        libraries: vec![format!("burn {BURN_VERSION}"), format!("easerve-worker {}", env!("CARGO_PKG_VERSION"))],
         date: date.into(),
         method: format!(
             "easerve profile --device cuda: {} warm-up + {} timed runs per point, median and p90; SM levels {:?} ({}); green-context partition: {}",

@@ -1,5 +1,5 @@
 //! Time one decode step of a tiny preset's LM on the CPU backend, the cost the
-//! KV cache's layout decides: `cargo run --release -p easerve-exec --example
+//! KV cache's layout decides: `cargo run --release -p easerve-worker --example
 //! decode_step -- [model] [batch] [context...]` (defaults: tiny-image, batch 1,
 //! contexts 256 1024 4096). Each sequence is prefilled with `context / batch`
 //! random embeddings; then 3 warm-up and 21 timed steps (the cache grows by

@@ -1,0 +1,36 @@
+//! The executor decides as the simulator does: `easerve exec`'s and `easerve
+//! serve`'s command handling against fake workers on a virtual clock
+//! (`easerve_exec::agree`, built without any model), beside
+//! `drivers_agree.rs`'s harness.
+
+use easerve_exec::agree;
+
+#[test]
+fn the_executor_decides_as_the_simulator_with_local_prefill() {
+    agree::the_executor_decides_as_the_simulator_with_local_prefill();
+}
+
+#[test]
+fn the_executor_decides_as_the_simulator_under_time_slicing() {
+    agree::the_executor_decides_as_the_simulator_under_time_slicing();
+}
+
+#[test]
+fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
+    agree::the_executor_fails_what_the_simulator_fails_when_a_worker_dies();
+}
+
+#[test]
+fn the_server_decides_as_the_simulator_with_local_prefill() {
+    agree::the_server_decides_as_the_simulator_with_local_prefill();
+}
+
+#[test]
+fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
+    agree::the_executor_decides_as_the_simulator_for_the_aggregated_system();
+}
+
+#[test]
+fn the_server_decides_as_the_simulator_for_the_aggregated_system() {
+    agree::the_server_decides_as_the_simulator_for_the_aggregated_system();
+}
