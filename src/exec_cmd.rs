@@ -8,13 +8,13 @@ use std::process::ExitCode;
 #[cfg(feature = "exec")]
 use easerve_exec::device::{check_device, CoreSide, DeviceKind};
 #[cfg(feature = "exec")]
+use easerve_exec::limits::{available_memory, cpu_limits, f32_weight_bytes, worker_processes};
+#[cfg(feature = "exec")]
 use easerve_exec::run::{execute, ExecOptions};
 #[cfg(feature = "exec")]
 use easerve_exec::wire::Role;
 #[cfg(feature = "exec")]
 use easerve_worker::process::{run_worker, WorkerOptions};
-#[cfg(feature = "exec")]
-use easerve_worker::profiler::{available_memory, f32_weight_bytes};
 
 #[cfg(feature = "exec")]
 use crate::BadInput;
@@ -140,6 +140,11 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
     }
     if device == DeviceKind::Cpu {
         check_cpu_workers(a, &sc)?;
+        // what one prefill pass can take in this host's memory binds the
+        // controller and the server alike
+        if let Some(avail) = available_memory() {
+            sc.limits = sc.limits.tightened(&cpu_limits(&sc, avail));
+        }
     }
     if !(a.startup_timeout > 0.0 && a.startup_timeout <= 86_400.0) {
         return Err(BadInput(format!(
@@ -209,24 +214,13 @@ fn check_runnable(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), B
 /// whose f32 weights on every CPU worker exceed 80 % of the available memory.
 #[cfg(feature = "exec")]
 fn check_cpu_workers(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), BadInput> {
-    let alloc = sc.deployment.allocation;
     if let (Some(n), false) = (sc.knobs.preprocess_threads, sc.gpu.name == "cpu") {
         eprintln!(
             "warning: {}: preprocessing is pipelined on {n} thread(s) per encode worker (the default on a GPU); on --device cpu those threads share the host's cores with the passes; set deployment.preprocess = \"serial\" to preprocess within each pass",
             a.run.scenario.display()
         );
     }
-    let workers = match sc.aggregated() {
-        Some((replicas, _)) => replicas as f64,
-        None => {
-            (alloc.encode.workers + alloc.prefill.workers + alloc.decode.workers) as f64
-                + if sc.deployment.has_local_prefill() {
-                    alloc.encode.workers as f64
-                } else {
-                    0.0
-                }
-        }
-    };
+    let workers = f64::from(worker_processes(sc));
     let need = f32_weight_bytes(&sc.model) * workers;
     if let Some(avail) = available_memory() {
         if need > 0.8 * avail {

@@ -198,6 +198,64 @@ pub(crate) struct RunArgs {
     /// Print the report as JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) limits: LimitArgs,
+}
+
+/// What one request may ask for (each replaces the scenario's `[limits]`
+/// field; a request over a limit is refused at arrival, by `sim` as by
+/// `exec` and `serve`, whose 400 names the limit).
+#[derive(clap::Args, Debug, Default)]
+pub(crate) struct LimitArgs {
+    /// Most tokens, prompt plus completion, of one request (vLLM's `--max-model-len`).
+    #[arg(long, value_name = "TOKENS")]
+    pub(crate) max_model_len: Option<i64>,
+    /// Most prompt tokens (text and media) one prefill pass takes whole.
+    #[arg(long, value_name = "TOKENS")]
+    pub(crate) max_prefill_tokens: Option<i64>,
+    /// Most items per request by modality, as vLLM takes it, e.g. `'{"image": 16, "video": 1}'` (999 for a modality not named).
+    #[arg(long, value_name = "JSON")]
+    pub(crate) limit_mm_per_prompt: Option<String>,
+    /// Most pixels of one image, decoded, before resizing.
+    #[arg(long, value_name = "PIXELS")]
+    pub(crate) max_image_pixels: Option<i64>,
+    /// Most frames of one video.
+    #[arg(long, value_name = "FRAMES")]
+    pub(crate) max_video_frames: Option<i64>,
+    /// Most seconds of one audio clip.
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) max_audio_seconds: Option<f64>,
+    /// Most bytes of decoded media per request (RGB8 pixels, f32 samples at 16 kHz).
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) max_media_bytes: Option<i64>,
+}
+
+impl LimitArgs {
+    /// The flags as the scenario's `[limits]` fields.
+    ///
+    /// Errors: `--limit-mm-per-prompt` that is not a JSON object of whole numbers.
+    pub(crate) fn section(&self) -> Result<easerve_workload::scenario::LimitsSection, BadInput> {
+        let limit_mm_per_prompt = self
+            .limit_mm_per_prompt
+            .as_deref()
+            .map(|j| {
+                serde_json::from_str(j).map_err(|e| {
+                    BadInput(format!(
+                        "--limit-mm-per-prompt `{j}`: not a JSON object of whole numbers by modality, e.g. '{{\"image\": 16}}' ({e})"
+                    ))
+                })
+            })
+            .transpose()?;
+        Ok(easerve_workload::scenario::LimitsSection {
+            max_model_len: self.max_model_len,
+            max_prefill_tokens: self.max_prefill_tokens,
+            limit_mm_per_prompt,
+            max_image_pixels: self.max_image_pixels,
+            max_video_frames: self.max_video_frames,
+            max_audio_seconds: self.max_audio_seconds,
+            max_media_bytes: self.max_media_bytes,
+        })
+    }
 }
 
 impl RunArgs {
@@ -212,6 +270,10 @@ impl RunArgs {
             offload: self.offload,
             system: self.system,
             profile: self.profile.clone(),
+            limits: self
+                .limits
+                .section()
+                .map_err(|e| BadInput(format!("{}: {}", self.scenario.display(), e.0)))?,
         };
         overrides = with_deployment(overrides, self.deployment.as_deref())?;
         let sc = Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;

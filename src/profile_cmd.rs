@@ -12,11 +12,11 @@ use easerve_calib::profile::today_utc;
 #[cfg(feature = "exec")]
 use easerve_exec::device::{check_device, cpu_cores, cpu_levels, DeviceKind};
 #[cfg(feature = "exec")]
+use easerve_exec::limits::{available_memory, f32_weight_bytes};
+#[cfg(feature = "exec")]
 use easerve_model::ModelArch;
 #[cfg(feature = "exec")]
-use easerve_worker::profiler::{
-    available_memory, f32_weight_bytes, profile_cpu, run_level_cpu, Plan, ProfileOptions,
-};
+use easerve_worker::profiler::{profile_cpu, run_level_cpu, Plan, ProfileOptions};
 #[cfg(feature = "exec")]
 use indicatif::{ProgressBar, ProgressStyle};
 

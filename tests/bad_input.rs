@@ -596,3 +596,69 @@ fn unknown_preprocessing_mode_and_threads_without_a_pipeline() {
     let f = video_with(|s| s.replace("gpus = 8", "gpus = 8\nhost_cores = 0"));
     rejects(f.path(), &[], &["cluster.host_cores"]);
 }
+
+/// `[limits]` and its flags: positive bounds, known modalities; each error
+/// names the field, or the flag that set it.
+#[test]
+fn bad_limits() {
+    let limits = |body: &str| video_with(|s| format!("{s}\n[limits]\n{body}\n"));
+    let f = limits("max_prefill_tokens = 0");
+    rejects(
+        f.path(),
+        &[],
+        &["limits.max_prefill_tokens", "out of range"],
+    );
+    let f = limits("limit_mm_per_prompt = { picture = 3 }");
+    rejects(
+        f.path(),
+        &[],
+        &["limits.limit_mm_per_prompt", "`picture` is not a modality"],
+    );
+    let f = limits("max_audio_seconds = -1.0");
+    rejects(f.path(), &[], &["limits.max_audio_seconds"]);
+    let f = limits("max_batch_bytes = 3");
+    rejects(f.path(), &[], &["limits.max_batch_bytes", "unknown field"]);
+    let f = video_with(|s| s);
+    rejects(
+        f.path(),
+        &["--max-model-len", "0"],
+        &["--max-model-len", "out of range"],
+    );
+    rejects(
+        f.path(),
+        &["--limit-mm-per-prompt", "{\"image\": -1}"],
+        &["--limit-mm-per-prompt"],
+    );
+    rejects(
+        f.path(),
+        &["--limit-mm-per-prompt", "image=3"],
+        &["--limit-mm-per-prompt", "JSON object"],
+    );
+}
+
+/// A request over a limit is refused by the simulator, counted apart from
+/// failures, with the limit and its value.
+#[test]
+fn the_simulator_refuses_what_the_limits_refuse() {
+    let f = video_with(|s| s);
+    let path = f.path().to_str().unwrap();
+    let out = easerve(&[
+        "sim",
+        path,
+        "--requests",
+        "40",
+        "--max-prefill-tokens",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["refused"], 40, "{r}");
+    assert_eq!(r["refusals"][0]["reason"], "max_prefill_tokens = 1");
+    assert!(r.get("failed").is_none());
+}

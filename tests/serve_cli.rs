@@ -307,6 +307,60 @@ fn malformed_requests_get_4xx_and_the_server_keeps_serving() {
     assert_eq!(num(&r, "/completed"), 1.0);
 }
 
+/// A request of hundreds of images is refused with a 400 that names the
+/// limit before any worker sees it: 1,000 images by the count per modality
+/// (vLLM's 999, counted before decoding), 300 small ones (about 40,800
+/// prompt tokens) by what one prefill pass can take in this host's memory,
+/// or by `--max-prefill-tokens` where that is lower. Every worker stays up:
+/// ordinary requests after them succeed and nothing failed.
+#[test]
+fn requests_over_a_limit_get_400_at_once_and_cost_no_worker() {
+    let _timed = crate::timed();
+    let s = Server::start(
+        "scenarios/cpu-image.toml",
+        &[
+            "--max-prefill-tokens",
+            "20000",
+            "--max-image-pixels",
+            "1000000",
+        ],
+    );
+    let images = |n: usize, side: u32| {
+        let img = png(side, side);
+        let parts: Vec<Value> = (0..n)
+            .map(|_| json!({"type": "image_url", "image_url": {"url": img}}))
+            .collect();
+        json!({"messages": [{"role": "user", "content": parts}], "max_tokens": 4})
+    };
+    for (body, says) in [
+        (images(1000, 8), "limit_mm_per_prompt"),
+        (images(300, 64), "max_prefill_tokens"),
+        (images(1, 1001), "max_image_pixels"),
+    ] {
+        let (status, text) = s.post(&body);
+        assert_eq!(status, 400, "{text}");
+        let v: Value = serde_json::from_str(&text).expect("a JSON error body");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{msg} should name {says}");
+    }
+    let (_, models) = s.get("/v1/models");
+    let models: Value = serde_json::from_str(&models).unwrap();
+    assert!(models["data"][0]["max_model_len"].as_u64().unwrap() > 0);
+    for _ in 0..3 {
+        let (status, body) = s.post(&chat(
+            json!({"type": "image_url", "image_url": {"url": png(64, 64)}}),
+            8,
+            4,
+            false,
+        ));
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(s.get("/health").0, 200);
+    let r = s.stop();
+    assert_eq!(num(&r, "/completed"), 3.0);
+    assert!(r.get("failed").is_none(), "{r}");
+}
+
 /// A burst beyond the admission limit gets 429s, every admitted request
 /// completes; SIGTERM during a load drains what is in flight; `/metrics`
 /// parses and counts the completed requests.

@@ -12,9 +12,11 @@
 //! 4. [`input`] and [`mel`]: images / video / audio decoded and preprocessed
 //!    on the host into the arrays each encoder takes (Whisper's log-mel
 //!    spectrogram); [`preprocess_cost`] times that work.
-//! 5. [`device`]: the backend a worker computes on and its CPU thread bounds;
+//! 5. [`limits`]: what one request may ask of a CPU run, from its host's
+//!    memory (the tokens one prefill pass can take).
+//! 6. [`device`]: the backend a worker computes on and its CPU thread bounds;
 //!    [`green`]: SM partitions (CUDA green contexts, the MPS fallback).
-//! 6. `agree` (feature `agreement`, run by the workspace's `cargo test`): the
+//! 7. `agree` (feature `agreement`, run by the workspace's `cargo test`): the
 //!    command handling of `exec` and `serve` against fake workers, checked
 //!    to decide as the simulator does.
 #![warn(missing_docs)]
@@ -25,6 +27,7 @@ pub mod agree;
 pub mod device;
 pub mod green;
 pub mod input;
+pub mod limits;
 pub mod mel;
 pub mod openai;
 pub mod preprocess_cost;

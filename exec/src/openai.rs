@@ -27,7 +27,8 @@
 
 use base64::Engine;
 use easerve_model::ModelArch;
-use easerve_sched::{MmItem, Request};
+use easerve_sched::limits::decoded_bytes;
+use easerve_sched::{LimitExceeded, Limits, MmItem, Modality, Request};
 use serde_json::{json, Value};
 
 use crate::input::Media;
@@ -84,11 +85,16 @@ pub struct ModelInfo {
     pub name: String,
     /// Its architecture (token counts per item).
     pub arch: ModelArch,
-    /// The most tokens (prompt + completion) one request may hold: one more
-    /// than the longest context a decode worker's empty KV cache admits
+    /// The most tokens (prompt + completion) one request may hold: the
+    /// scenario's `limits.max_model_len`, at most one more than the longest
+    /// context a decode worker's empty KV cache admits
     /// (`DecodeScheduler::max_context_tokens`, the rule by which the
     /// controller fails a request whose cache can never fit).
     pub max_model_len: u64,
+    /// What one request may ask for ([`Limits`]; its `max_model_len` is the
+    /// one above): checked while the body is read, each item counted before
+    /// it is decoded, so a request over a limit costs no worker.
+    pub limits: Limits,
     /// Completion tokens when a request sets no `max_tokens` (the scenario's
     /// `workload.output_len`).
     pub default_max_tokens: u32,
@@ -163,6 +169,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         .ok_or_else(|| ApiError::bad("`messages` must be a non-empty list"))?;
     let mut words: u64 = 0;
     let mut media: Vec<Media> = Vec::new();
+    let mut modalities: Vec<Modality> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
         let m = m
@@ -183,6 +190,11 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
             Some(Value::Array(parts)) => {
                 for (j, part) in parts.iter().enumerate() {
                     let at = format!("{at}.content[{j}]");
+                    // counted before it is decoded: the 1,000th image costs nothing
+                    if let Some(m) = part_modality(part) {
+                        modalities.push(m);
+                        model.limits.check_counts(&modalities).map_err(refused)?;
+                    }
                     match content_part(part, &at)? {
                         Part::Text(n) => words += n,
                         Part::Media(x) => media.push(x),
@@ -199,6 +211,15 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
     let prompt_tokens = u32::try_from(words)
         .map_err(|_| ApiError::bad(format!("the prompt's {words} words are too many")))?;
     let items: Vec<MmItem> = media.iter().map(Media::item).collect();
+    for (k, it) in items.iter().enumerate() {
+        model.limits.check_item(k, it).map_err(refused)?;
+    }
+    if let Some(limit) = model.limits.max_media_bytes {
+        let bytes: u64 = items.iter().map(decoded_bytes).sum();
+        if bytes > limit {
+            return Err(refused(LimitExceeded::MediaBytes { bytes, limit }));
+        }
+    }
     let (mut encoder_tokens, mut mm_tokens) = (0u64, 0u64);
     for (k, it) in items.iter().enumerate() {
         let t = easerve_workload::generate::item_tokens(&model.arch, it).map_err(|e| {
@@ -210,14 +231,13 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         encoder_tokens += t.encoder_tokens;
         mm_tokens += t.llm_tokens;
     }
-    let total = u64::from(prompt_tokens) + mm_tokens + u64::from(max_tokens);
-    if total > model.max_model_len {
-        return Err(ApiError::bad(format!(
-            "This model's maximum context length is {} tokens. However, you requested {total} tokens ({} in the messages, {max_tokens} in the completion). Please reduce the length of the messages or completion.",
-            model.max_model_len,
-            u64::from(prompt_tokens) + mm_tokens
-        )));
-    }
+    let limits = Limits {
+        max_model_len: Some(model.max_model_len),
+        ..model.limits.clone()
+    };
+    limits
+        .check_tokens(u64::from(prompt_tokens) + mm_tokens, u64::from(max_tokens))
+        .map_err(refused)?;
     Ok(ChatRequest {
         request: Request {
             id: 0,
@@ -252,6 +272,21 @@ fn count(v: &Value, name: &str) -> Result<u32, ApiError> {
 enum Part {
     Text(u64),
     Media(Media),
+}
+
+/// A request over a limit: a 400 that names the limit and its value.
+fn refused(e: LimitExceeded) -> ApiError {
+    ApiError::bad(e.to_string())
+}
+
+/// The modality of a content part that carries a medium, from its `type`.
+fn part_modality(part: &Value) -> Option<Modality> {
+    match part.get("type").and_then(Value::as_str)? {
+        "image_url" => Some(Modality::Image),
+        "input_audio" => Some(Modality::Audio),
+        "video_url" | "video" => Some(Modality::Video),
+        _ => None,
+    }
 }
 
 fn content_part(part: &Value, at: &str) -> Result<Part, ApiError> {
@@ -458,6 +493,7 @@ mod tests {
             name: "tiny-image".into(),
             arch: ModelArch::preset("tiny-image").unwrap(),
             max_model_len: 4096,
+            limits: Limits::default(),
             default_max_tokens: 4,
         }
     }

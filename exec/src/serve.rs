@@ -345,14 +345,16 @@ impl App {
     /// The state of a server of `sc`'s model, starting, whose handlers
     /// hand requests to `submit`.
     pub(crate) fn new(sc: &Scenario, submit: mpsc::UnboundedSender<Submission>) -> App {
-        let max_model_len = sc
+        let kv_len = sc
             .decode_schedulers()
             .first()
             .map_or(0, |d| d.max_context_tokens() + 1);
+        let max_model_len = sc.limits.max_model_len.map_or(kv_len, |l| l.min(kv_len));
         let model = ModelInfo {
             name: sc.model.name.clone(),
             arch: sc.model.clone(),
             max_model_len,
+            limits: sc.limits.clone(),
             default_max_tokens: sc.workload.output_len.max(1),
         };
         App {

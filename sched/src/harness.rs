@@ -954,6 +954,7 @@ pub fn config_for(
         ),
         split,
         admission_limit,
+        limits: crate::Limits::default(),
         log_decisions: true,
         preprocess_ahead: false,
         mechanisms: crate::Mechanisms::default(),
@@ -1019,6 +1020,7 @@ mod tests {
             router: (RouterPolicy::Deficit, 1.0),
             split: SmSplit::Static(1.0),
             admission_limit: None,
+            limits: crate::Limits::default(),
             log_decisions: true,
             preprocess_ahead: false,
             mechanisms: crate::Mechanisms::default(),
@@ -1184,7 +1186,12 @@ mod tests {
         assert!(c.ctrl.is_finished());
         assert_eq!(c.ctrl.in_system(), 0);
         for r in c.ctrl.records() {
-            let ends = [r.finish.is_some(), r.failure.is_some(), r.rejected];
+            let ends = [
+                r.finish.is_some(),
+                r.failure.is_some(),
+                r.rejected,
+                r.refused.is_some(),
+            ];
             assert_eq!(
                 ends.iter().filter(|e| **e).count(),
                 1,
@@ -1263,7 +1270,7 @@ mod tests {
             .decisions()
             .iter()
             .filter_map(|d| match d {
-                Decision::Reject { id } => Some(*id),
+                Decision::Reject { id, .. } => Some(*id),
                 _ => None,
             })
             .collect();

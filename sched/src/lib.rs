@@ -59,6 +59,7 @@ mod deployment;
 pub mod driver;
 #[cfg(feature = "harness")]
 pub mod harness;
+pub mod limits;
 mod placement;
 mod policy;
 mod prefill;
@@ -74,6 +75,7 @@ pub use controller::{
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use driver::{Driver, Liveness, SerialLink, ServiceLog, VirtualClock};
+pub use limits::{LimitExceeded, Limits};
 pub use placement::LeastOutstanding;
 pub use policy::budget;
 pub use policy::{

@@ -6,8 +6,8 @@
 //! caller rewrites a deployment per system.
 
 use crate::{
-    Batcher, ControllerConfig, DecodeScheduler, Deployment, DispatchPolicy, KvBlocks, SmSplit,
-    System, Topology,
+    Batcher, ControllerConfig, DecodeScheduler, Deployment, DispatchPolicy, KvBlocks, Limits,
+    SmSplit, System, Topology,
 };
 
 /// Everything a [`ControllerConfig`] is resolved from.
@@ -36,6 +36,8 @@ pub struct Resolution<'a> {
     pub max_inflight_transfers: usize,
     /// Requests admitted and not finished before an arrival is turned away.
     pub admission_limit: Option<usize>,
+    /// What one request may ask for; arrivals over a limit are refused.
+    pub limits: Limits,
     /// Preprocessing is a pipelined host stage ([`ControllerConfig::preprocess_ahead`]).
     pub preprocess_ahead: bool,
     /// The offered rate, requests/s: the Poisson-gap rule's starting
@@ -112,6 +114,7 @@ impl Resolution<'_> {
             router: (dep.router.clone(), dep.offload),
             split,
             admission_limit: self.admission_limit,
+            limits: self.limits.clone(),
             log_decisions: self.log_decisions,
             preprocess_ahead: self.preprocess_ahead,
             mechanisms: self.system.mechanisms(),

@@ -71,7 +71,7 @@ pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
     let unfinished = report
         .meta
         .requests
-        .saturating_sub(finished + report.failed + report.rejected);
+        .saturating_sub(finished + report.failed + report.rejected + report.refused);
     if unfinished > 0 {
         report.notes.push(format!(
             "{unfinished} requests neither completed, failed nor were turned away: the run ended with them in the system"

@@ -596,19 +596,6 @@ pub fn run_level_cpu(
     }
 }
 
-/// Bytes the weights of `arch` take in f32 (the CPU backend's float type).
-pub fn f32_weight_bytes(arch: &ModelArch) -> f64 {
-    4.0 * (arch.llm_params() + arch.encoder.as_ref().map_or(0.0, |e| e.params()))
-}
-
-/// Memory available to new processes (`MemAvailable` of `/proc/meminfo`), bytes.
-pub fn available_memory() -> Option<f64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024.0)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -309,6 +309,13 @@ pub struct Report {
     /// Failed requests per reason, most frequent first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<FailureCount>,
+    /// Arrivals refused for asking more than the limits allow (`[limits]`),
+    /// counted apart from failures: no work was done for them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub refused: usize,
+    /// Refused requests per limit, most frequent first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<FailureCount>,
 }
 
 /// How many requests failed for one reason.
@@ -318,6 +325,19 @@ pub struct FailureCount {
     pub reason: String,
     /// Requests.
     pub count: usize,
+}
+
+impl FailureCount {
+    /// Count one more request for `reason` in `counts`.
+    fn count(counts: &mut Vec<FailureCount>, reason: &str) {
+        match counts.iter_mut().find(|f| f.reason == reason) {
+            Some(f) => f.count += 1,
+            None => counts.push(FailureCount {
+                reason: reason.to_string(),
+                count: 1,
+            }),
+        }
+    }
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -402,18 +422,16 @@ impl Report {
         let mut waits: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(n));
         let mut serves: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(n));
         let mut failures: Vec<FailureCount> = Vec::new();
+        let mut refusals: Vec<FailureCount> = Vec::new();
         let mut rejected = 0usize;
         for r in records {
             start = start.min(r.arrival);
             rejected += usize::from(r.rejected);
             if let Some(reason) = &r.failure {
-                match failures.iter_mut().find(|f| &f.reason == reason) {
-                    Some(f) => f.count += 1,
-                    None => failures.push(FailureCount {
-                        reason: reason.clone(),
-                        count: 1,
-                    }),
-                }
+                FailureCount::count(&mut failures, reason);
+            }
+            if let Some(reason) = &r.refused {
+                FailureCount::count(&mut refusals, reason);
             }
             let Some(finish) = r.finish else {
                 continue;
@@ -482,6 +500,7 @@ impl Report {
             .collect();
         let e2e = Stats::of(e2es);
         failures.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+        refusals.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
         Report {
             schema_version: REPORT_SCHEMA_VERSION,
             meta,
@@ -506,6 +525,8 @@ impl Report {
             failed: failures.iter().map(|f| f.count).sum(),
             rejected,
             failures,
+            refused: refusals.iter().map(|f| f.count).sum(),
+            refusals,
         }
     }
 
@@ -552,6 +573,12 @@ impl Report {
                 "Rejected by admission (queue full):",
                 self.rejected.to_string(),
             );
+        }
+        if self.refused > 0 {
+            line(s, "Refused (over a limit):", self.refused.to_string());
+            for f in &self.refusals {
+                line(s, &format!("  {}", f.count), f.reason.clone());
+            }
         }
         if self.failed > 0 {
             line(s, "Failed requests:", self.failed.to_string());

@@ -11,10 +11,15 @@ use serde::{Deserialize, Serialize};
 /// `harness::Cluster` are checked to, `tests/drivers_agree.rs`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Decision {
-    /// Arrival `id` was turned away: the admission queue was full.
+    /// Arrival `id` was turned away: the admission queue was full, or (with
+    /// a reason) it asks for more than the limits allow.
     Reject {
         /// Request.
         id: RequestId,
+        /// The limit it is over ([`crate::LimitExceeded`]'s message); absent
+        /// for a full admission queue.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        refused: Option<String>,
     },
     /// Arrival `id` goes to encode worker `worker` (placement).
     PlaceEncode {

@@ -15,6 +15,17 @@ impl Controller {
         if self.place[i] != Place::NotArrived {
             return;
         }
+        if let Err(e) = self.limits.check(&self.requests[i]) {
+            let reason = e.to_string();
+            self.place[i] = Place::Done;
+            self.records[i].refused = Some(e.limit());
+            self.counters.refused += 1;
+            self.decide(|| Decision::Reject {
+                id,
+                refused: Some(reason),
+            });
+            return;
+        }
         if self
             .admission_limit
             .is_some_and(|cap| self.in_system >= cap)
@@ -22,7 +33,7 @@ impl Controller {
             self.place[i] = Place::Done;
             self.records[i].rejected = true;
             self.counters.rejected += 1;
-            self.decide(|| Decision::Reject { id });
+            self.decide(|| Decision::Reject { id, refused: None });
             return;
         }
         self.in_system += 1;

@@ -136,6 +136,9 @@ pub struct ControllerConfig {
     /// Admission bound: requests admitted and not yet finished; an arrival
     /// beyond it is rejected. `None` admits everything.
     pub admission_limit: Option<usize>,
+    /// What one request may ask for: an arrival over a limit is refused
+    /// before any work ([`Decision::Reject`] with the reason).
+    pub limits: crate::Limits,
     /// Keep the [`Decision`] log ([`Controller::decisions`]).
     pub log_decisions: bool,
     /// Preprocessing is a pipelined host stage: each request placed on an
@@ -229,6 +232,8 @@ pub struct ControllerCounters {
     pub remote_routed: usize,
     /// Arrivals rejected by admission.
     pub rejected: usize,
+    /// Arrivals refused for asking more than the limits allow.
+    pub refused: usize,
     /// Requests that failed (a worker died, their KV cache can never fit, or
     /// the run was interrupted).
     pub failed: usize,
@@ -254,6 +259,7 @@ pub struct Controller {
     free_envelopes: Vec<u32>,
     max_inflight: usize,
     admission_limit: Option<usize>,
+    limits: crate::Limits,
     in_system: usize,
     /// Requests finished, and the latest finish time (seconds; 0 before one).
     finished: (usize, f64),
@@ -369,6 +375,7 @@ impl Controller {
             free_envelopes: Vec::new(),
             max_inflight: cfg.max_inflight_transfers.max(1),
             admission_limit: cfg.admission_limit,
+            limits: cfg.limits,
             in_system: 0,
             finished: (0, 0.0),
             counters: ControllerCounters::default(),

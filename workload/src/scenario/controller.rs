@@ -45,6 +45,7 @@ impl Scenario {
             prefill_max_seqs: self.knobs.prefill_max_seqs,
             max_inflight_transfers: self.knobs.max_inflight_transfers,
             admission_limit: self.knobs.admission_limit,
+            limits: self.limits.clone(),
             preprocess_ahead: self.knobs.preprocess_threads.is_some(),
             rate: self.workload.rate,
             log_decisions,

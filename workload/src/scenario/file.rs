@@ -34,6 +34,9 @@ pub struct ScenarioFile {
     /// SLO tiers, strict → relaxed.
     #[serde(default)]
     pub slo: Vec<SloSection>,
+    /// What one request may ask for (`[limits]`; vLLM's defaults when absent).
+    #[serde(default)]
+    pub limits: LimitsSection,
 }
 
 /// `[model]`
@@ -290,6 +293,28 @@ pub struct SloSection {
     pub tpot_ms: f64,
 }
 
+/// `[limits]`: what one request may ask for; a request over a limit is
+/// refused at arrival (`easerve_sched::Limits`). Every field is optional.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Most tokens, prompt plus completion, of one request.
+    pub max_model_len: Option<i64>,
+    /// Most prompt tokens (text and media) one prefill pass takes whole.
+    pub max_prefill_tokens: Option<i64>,
+    /// Most items per request by modality, e.g. `{ image = 16, video = 1 }`
+    /// (vLLM's `--limit-mm-per-prompt`; 999 for a modality not named).
+    pub limit_mm_per_prompt: Option<std::collections::BTreeMap<String, i64>>,
+    /// Most pixels of one image, decoded.
+    pub max_image_pixels: Option<i64>,
+    /// Most frames of one video.
+    pub max_video_frames: Option<i64>,
+    /// Most seconds of one audio clip.
+    pub max_audio_seconds: Option<f64>,
+    /// Most bytes of decoded media per request (RGB8 pixels, f32 samples at 16 kHz).
+    pub max_media_bytes: Option<i64>,
+}
+
 /// Overrides from the command line, applied to the raw file before validation.
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
@@ -310,6 +335,9 @@ pub struct Overrides {
     /// `--profile`: take stage costs from this profile (a path as given on the
     /// command line, relative to the working directory) instead of the scenario's.
     pub profile: Option<std::path::PathBuf>,
+    /// `--max-model-len`, `--limit-mm-per-prompt` and the other limit flags:
+    /// each given field replaces the scenario's in `[limits]`.
+    pub limits: LimitsSection,
 }
 
 pub use easerve_sched::System;
@@ -327,6 +355,28 @@ impl Overrides {
             "deployment.offload" => set(self.offload.is_some(), "--offload"),
             "deployment.system" => set(self.system.is_some(), "--system"),
             "profile" => set(self.profile.is_some(), "--profile"),
+            "limits.max_model_len" => set(self.limits.max_model_len.is_some(), "--max-model-len"),
+            "limits.max_prefill_tokens" => set(
+                self.limits.max_prefill_tokens.is_some(),
+                "--max-prefill-tokens",
+            ),
+            f if f.starts_with("limits.limit_mm_per_prompt") => set(
+                self.limits.limit_mm_per_prompt.is_some(),
+                "--limit-mm-per-prompt",
+            ),
+            "limits.max_image_pixels" => {
+                set(self.limits.max_image_pixels.is_some(), "--max-image-pixels")
+            }
+            "limits.max_video_frames" => {
+                set(self.limits.max_video_frames.is_some(), "--max-video-frames")
+            }
+            "limits.max_audio_seconds" => set(
+                self.limits.max_audio_seconds.is_some(),
+                "--max-audio-seconds",
+            ),
+            "limits.max_media_bytes" => {
+                set(self.limits.max_media_bytes.is_some(), "--max-media-bytes")
+            }
             _ => None,
         }
     }
@@ -427,6 +477,19 @@ impl ScenarioFile {
             let abs = std::path::absolute(p).unwrap_or_else(|_| p.clone());
             self.profile = Some(abs.display().to_string());
         }
+        let (l, from) = (&mut self.limits, &o.limits);
+        macro_rules! take {
+            ($($f:ident),*) => {$(if from.$f.is_some() { l.$f = from.$f.clone(); })*};
+        }
+        take!(
+            max_model_len,
+            max_prefill_tokens,
+            limit_mm_per_prompt,
+            max_image_pixels,
+            max_video_frames,
+            max_audio_seconds,
+            max_media_bytes
+        );
     }
 }
 

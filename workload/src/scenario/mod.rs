@@ -35,8 +35,8 @@ mod validate;
 
 pub use file::{
     AudioSection, ClusterSection, DeploymentSection, ImageBucket, ItemsSection, LaunchSection,
-    LinkChoice, ModelSection, Overrides, ScenarioFile, SloSection, System, VideoBucket,
-    WorkloadSection,
+    LimitsSection, LinkChoice, ModelSection, Overrides, ScenarioFile, SloSection, System,
+    VideoBucket, WorkloadSection,
 };
 pub use validate::{
     check_model, num, ModelError, HARDWARE_MIN, HOST_CORES_PER_GPU, KV_DTYPES, LLM_DTYPES,
@@ -91,6 +91,9 @@ pub struct Scenario {
     pub workload: Workload,
     /// SLO tiers, strict → relaxed.
     pub slo: Vec<SloTier>,
+    /// What one request may ask for (`[limits]`); a request over a limit is
+    /// refused at arrival by every driver.
+    pub limits: easerve_sched::Limits,
     /// How the engine launches each stage's passes (`[deployment.launch]`).
     pub launch: easerve_calib::Launch,
     /// The raw file (kept so overrides can be re-validated).

@@ -12,6 +12,7 @@
 mod cluster;
 mod deployment;
 mod feasibility;
+mod limits;
 mod model;
 mod profile;
 mod slo;
@@ -28,6 +29,7 @@ use super::{Scenario, ScenarioError, ScenarioFile, ServingKnobs, System};
 use cluster::cluster_section;
 use deployment::{deployment_section, launch_section, preprocess_section, system_of};
 use feasibility::{check_allocation, Fit};
+use limits::limits_section;
 use profile::profile_section;
 use slo::slo_section;
 use std::path::Path;
@@ -70,6 +72,7 @@ impl Scenario {
         let profile = profile_section(&raw, &v, file, &model, &gpu)?;
 
         let slo = slo_section(&raw, &v)?;
+        let limits = limits_section(&raw, &v)?;
         let launch = launch_section(&raw, &v)?;
 
         let mut sc = Scenario {
@@ -90,6 +93,7 @@ impl Scenario {
             },
             workload,
             slo,
+            limits,
             launch,
             raw,
         };
