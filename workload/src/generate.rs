@@ -125,6 +125,20 @@ pub fn arrival_times(arrival: &Arrival, rate: f64, n: usize, seed: u64) -> Vec<f
     out
 }
 
+/// The arrival times of a workload (seconds, ascending): its rate schedule's
+/// non-homogeneous process when it has one (time rescaling,
+/// [`crate::schedule`]), else [`arrival_times`] at its one rate. Both draw
+/// from the `arrivals` stream.
+pub fn workload_arrivals(w: &crate::scenario::Workload, seed: u64) -> Vec<f64> {
+    match (&w.schedule, &w.arrival) {
+        (Some(s), Arrival::Poisson) => s.arrivals(&mut stream(seed, "arrivals"), None, w.requests),
+        (Some(s), Arrival::Gamma { cv }) => {
+            s.arrivals(&mut stream(seed, "arrivals"), Some(*cv), w.requests)
+        }
+        _ => arrival_times(&w.arrival, w.rate, w.requests, seed),
+    }
+}
+
 /// A length drawn uniformly from `[⌊mean·(1−r)⌋, ⌈mean·(1+r)⌉]`, at least
 /// `min`: `vllm bench serve`'s `--random-range-ratio` rule.
 pub fn uniform_around<R: Rng>(rng: &mut R, mean: u32, r: f64, min: u32) -> u32 {
@@ -167,7 +181,7 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
 /// Never for a scenario that passed validation.
 pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
     let w = &sc.workload;
-    let arrivals = arrival_times(&w.arrival, w.rate, w.requests, sc.seed);
+    let arrivals = workload_arrivals(w, sc.seed);
     let mut lengths = stream(sc.seed, "lengths");
     let mut shapes = stream(sc.seed, "shapes");
     let pick = match &w.shapes {

@@ -225,6 +225,49 @@ pub struct WorkloadSection {
     pub video: Option<ItemsSection<VideoBucket>>,
     /// Audio durations.
     pub audio: Option<AudioSection>,
+    /// A time-varying rate (`[[workload.phases]]`, laid end to end and
+    /// repeated); with `rate` too, rescaled to that mean rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Vec<PhaseSection>>,
+    /// Length of the report's windows, seconds (default with `phases`: one
+    /// 24th of the schedule; without, no windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
+}
+
+/// `[[workload.phases]]`: one phase of a rate schedule. `kind` says which
+/// fields it takes: `constant` (`duration_s`, `rate`), `ramp` (`duration_s`,
+/// `from`, `to`), `diurnal` (`duration_s`, `period_s`, `peak`, `trough`),
+/// `burst` (`duration_s`, `on_s`, `off_s`, `peak`, `trough`), `servegen`
+/// (`trace`: a ServeGen `chunk-N-trace.csv`, relative to the scenario; its
+/// own window length, checked against `window_s` when given).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseSection {
+    /// `constant`, `ramp`, `diurnal`, `burst` or `servegen`.
+    pub kind: String,
+    /// Length, seconds.
+    pub duration_s: Option<f64>,
+    /// Constant rate, requests/s.
+    pub rate: Option<f64>,
+    /// Ramp start rate, requests/s.
+    pub from: Option<f64>,
+    /// Ramp end rate, requests/s.
+    pub to: Option<f64>,
+    /// Diurnal period, seconds.
+    pub period_s: Option<f64>,
+    /// Diurnal or burst peak rate, requests/s.
+    pub peak: Option<f64>,
+    /// Diurnal or burst trough rate, requests/s.
+    pub trough: Option<f64>,
+    /// Burst: seconds on.
+    pub on_s: Option<f64>,
+    /// Burst: seconds off.
+    pub off_s: Option<f64>,
+    /// ServeGen trace CSV.
+    pub trace: Option<String>,
+    /// ServeGen window length, seconds (checked against the trace's).
+    pub window_s: Option<f64>,
 }
 
 /// `[workload.image]` and `[workload.video]`: items per request and a bucket

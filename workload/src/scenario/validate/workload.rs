@@ -29,7 +29,26 @@ pub(super) fn workload_section(
 ) -> Result<Workload, ScenarioError> {
     let w = &raw.workload;
     let requests = v.int("workload.requests", w.requests, 1, 10_000_000)? as usize;
+    let schedule = super::schedule::schedule_of(w, v, file)?;
+    // a schedule without `rate` runs at its own mean; with `rate`, rescaled to it
+    let own_mean;
+    let w = match (&schedule, w.rate) {
+        (Some(s), None) => {
+            own_mean = WorkloadSection {
+                rate: Some(s.mean_rate()),
+                ..w.clone()
+            };
+            &own_mean
+        }
+        _ => w,
+    };
     let (arrival, rate) = arrival_of(w, v, file, requests)?;
+    let schedule = schedule.map(|s| s.with_mean(rate));
+    let window_s = match (w.window_s, &schedule) {
+        (Some(x), _) => Some(v.real("workload.window_s", x, 0.0, MAX_HORIZON_S, true)?),
+        (None, Some(s)) => Some(s.period_s() / 24.0),
+        (None, None) => None,
+    };
     let replay = matches!(arrival, Arrival::Trace { .. });
     let (input_len, output_len, range_ratio) = lengths_of(w, v, replay)?;
     let modality = modality_of(w, v)?;
@@ -52,6 +71,8 @@ pub(super) fn workload_section(
         range_ratio,
         modality,
         shapes,
+        schedule,
+        window_s,
     })
 }
 
