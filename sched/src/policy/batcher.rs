@@ -12,21 +12,93 @@ use std::collections::VecDeque;
 /// threshold `g` by the same fraction — small next to the spread of `T_enc(k)`.
 pub const RATE_WINDOW: usize = 16;
 
-/// Online arrival-rate estimate from the last [`RATE_WINDOW`] inter-arrival gaps.
+/// How a batcher (and, with [`RateEstimate::Ewma`], the offload router)
+/// estimates the arrival rate λ̂.
+///
+/// Parsed from and shown as `window`, `fixed` or `ewma:TAU_S`
+/// (`deployment.rate_estimator`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateEstimate {
+    /// The mean of the last [`RATE_WINDOW`] gaps, the scenario's rate until
+    /// the first gap (the behaviour every report before `rate_estimator`
+    /// was written with; the offload ratio stays fixed).
+    #[default]
+    Window,
+    /// The scenario's rate per encode worker throughout, never updated (the
+    /// rate HAS tuned for; the offload ratio stays fixed).
+    Fixed,
+    /// An exponentially weighted mean of the inter-arrival gaps with time
+    /// constant `tau_s`: a gap `g` gets weight `1 − e^(−g/τ)`, so the
+    /// estimate forgets the past in `τ` seconds of arrivals whatever the rate
+    /// (an irregularly sampled EWMA; for a steady Poisson stream the relative
+    /// standard error of λ̂ is about `1/√(2λτ)`). Seeded with the scenario's
+    /// rate. The offload router tracks the rate too ([`crate::Router`]).
+    Ewma {
+        /// Time constant τ, seconds (> 0).
+        tau_s: f64,
+    },
+}
+
+impl std::fmt::Display for RateEstimate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RateEstimate::Window => write!(f, "window"),
+            RateEstimate::Fixed => write!(f, "fixed"),
+            RateEstimate::Ewma { tau_s } => write!(f, "ewma:{tau_s}"),
+        }
+    }
+}
+
+impl std::str::FromStr for RateEstimate {
+    type Err = String;
+    /// `window`, `fixed` or `ewma:TAU_S` (`TAU_S` seconds, finite, > 0).
+    fn from_str(s: &str) -> Result<RateEstimate, String> {
+        match s.trim() {
+            "window" => Ok(RateEstimate::Window),
+            "fixed" => Ok(RateEstimate::Fixed),
+            other => {
+                let tau = other
+                    .strip_prefix("ewma:")
+                    .ok_or_else(|| format!("`{other}`: allowed window, fixed, ewma:TAU_S"))?;
+                match tau.trim().parse::<f64>() {
+                    Ok(t) if t.is_finite() && t > 0.0 => Ok(RateEstimate::Ewma { tau_s: t }),
+                    _ => Err(format!(
+                        "`{other}`: the EWMA time constant must be seconds > 0, e.g. ewma:30"
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Online arrival-rate estimate ([`RateEstimate`]): by default from the last
+/// [`RATE_WINDOW`] inter-arrival gaps.
 #[derive(Clone, Debug, Default)]
 pub struct RateEstimator {
     gaps: VecDeque<f64>,
     sum: f64,
     last: Option<f64>,
     hint: Option<f64>,
+    kind: RateEstimate,
+    /// EWMA of the gaps, seconds (`Ewma` only).
+    mean_gap: Option<f64>,
 }
 
 impl RateEstimator {
     /// An estimator seeded with an optional rate hint (requests/s), used until
     /// the first gap is observed.
     pub fn new(hint: Option<f64>) -> Self {
+        RateEstimator::of(RateEstimate::Window, hint)
+    }
+
+    /// An estimator of kind `kind` seeded with an optional rate hint (requests/s).
+    pub fn of(kind: RateEstimate, hint: Option<f64>) -> Self {
+        let hint = hint.filter(|r| *r > 0.0 && r.is_finite());
         RateEstimator {
-            hint: hint.filter(|r| *r > 0.0 && r.is_finite()),
+            hint,
+            kind,
+            mean_gap: hint.map(|h| 1.0 / h),
             ..Default::default()
         }
     }
@@ -35,10 +107,22 @@ impl RateEstimator {
     pub fn observe(&mut self, now: f64) {
         if let Some(last) = self.last {
             let gap = (now - last).max(0.0);
-            self.gaps.push_back(gap);
-            self.sum += gap;
-            if self.gaps.len() > RATE_WINDOW {
-                self.sum -= self.gaps.pop_front().unwrap_or(0.0);
+            match self.kind {
+                RateEstimate::Window => {
+                    self.gaps.push_back(gap);
+                    self.sum += gap;
+                    if self.gaps.len() > RATE_WINDOW {
+                        self.sum -= self.gaps.pop_front().unwrap_or(0.0);
+                    }
+                }
+                RateEstimate::Fixed => {}
+                RateEstimate::Ewma { tau_s } => {
+                    let a = 1.0 - (-gap / tau_s).exp();
+                    self.mean_gap = Some(match self.mean_gap {
+                        Some(m) => m + a * (gap - m),
+                        None => gap,
+                    });
+                }
             }
         }
         self.last = Some(now);
@@ -47,15 +131,24 @@ impl RateEstimator {
     /// Estimated arrival rate λ̂ in requests/s, or `None` before any gap (and
     /// without a hint). Simultaneous arrivals only (all gaps 0) give `+∞`.
     pub fn rate(&self) -> Option<f64> {
-        if self.gaps.is_empty() {
-            return self.hint;
+        match self.kind {
+            RateEstimate::Window => {
+                if self.gaps.is_empty() {
+                    return self.hint;
+                }
+                let sum = self.sum.max(0.0);
+                Some(if sum > 0.0 {
+                    self.gaps.len() as f64 / sum
+                } else {
+                    f64::INFINITY
+                })
+            }
+            RateEstimate::Fixed => self.hint,
+            RateEstimate::Ewma { .. } => {
+                self.mean_gap
+                    .map(|m| if m > 0.0 { 1.0 / m } else { f64::INFINITY })
+            }
         }
-        let sum = self.sum.max(0.0);
-        Some(if sum > 0.0 {
-            self.gaps.len() as f64 / sum
-        } else {
-            f64::INFINITY
-        })
     }
 
     /// Time of the last observed arrival.
@@ -199,6 +292,13 @@ impl Batcher {
             wait_budget,
             params,
         }
+    }
+
+    /// The same batcher estimating its arrival rate by `kind` (seeded with
+    /// the policy's rate hint).
+    pub fn with_estimator(mut self, kind: RateEstimate) -> Self {
+        self.rate = RateEstimator::of(kind, self.rate.hint);
+        self
     }
 
     /// The resolved parameters (for the report).

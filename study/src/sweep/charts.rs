@@ -80,6 +80,7 @@ pub fn charts(whole: &SweepPart) -> Result<Vec<NamedChart>, SweepError> {
     let mut out = rate_charts(&points, &whole.tiers, top);
     out.extend(busy_charts(whole, top)?);
     out.push(progress_chart(whole, top)?);
+    out.extend(crate::demand::timeline_charts(whole));
     Ok(out)
 }
 

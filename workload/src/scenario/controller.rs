@@ -47,6 +47,7 @@ impl Scenario {
             admission_limit: self.knobs.admission_limit,
             preprocess_ahead: self.knobs.preprocess_threads.is_some(),
             rate: self.workload.rate,
+            rate_estimate: self.knobs.rate_estimate,
             log_decisions,
         }
     }

@@ -128,6 +128,12 @@ pub struct DeploymentSection {
     pub max_age_s: Option<f64>,
     /// `deficit` (default), `random`, `windowed:W`.
     pub router: Option<String>,
+    /// How the Poisson-gap rule estimates the arrival rate: `window`
+    /// (default: the last 16 gaps), `fixed` (the scenario's rate) or
+    /// `ewma:TAU_S` (an EWMA of time constant TAU_S seconds, which the
+    /// offload router tracks too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_estimator: Option<String>,
     /// `dynamic` (default), `none`, `static:F`.
     pub sm_policy: Option<String>,
     /// Prefill token budget per batch (default 8192).
@@ -353,6 +359,8 @@ pub struct Overrides {
     /// `--profile`: take stage costs from this profile (a path as given on the
     /// command line, relative to the working directory) instead of the scenario's.
     pub profile: Option<std::path::PathBuf>,
+    /// `--rate-estimator`: `window`, `fixed` or `ewma:TAU_S`.
+    pub rate_estimator: Option<String>,
 }
 
 pub use easerve_sched::System;
@@ -370,6 +378,7 @@ impl Overrides {
             "deployment.offload" => set(self.offload.is_some(), "--offload"),
             "deployment.system" => set(self.system.is_some(), "--system"),
             "profile" => set(self.profile.is_some(), "--profile"),
+            "deployment.rate_estimator" => set(self.rate_estimator.is_some(), "--rate-estimator"),
             _ => None,
         }
     }
@@ -461,6 +470,9 @@ impl ScenarioFile {
         }
         if let Some(s) = o.offload {
             self.deployment.offload = s;
+        }
+        if let Some(e) = &o.rate_estimator {
+            self.deployment.rate_estimator = Some(e.clone());
         }
         if let Some(system) = o.system {
             self.deployment.system = Some(system.name().to_string());

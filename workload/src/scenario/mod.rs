@@ -200,6 +200,14 @@ pub struct ServingKnobs {
     /// series with its GPU phase.
     #[serde(default)]
     pub preprocess_threads: Option<u32>,
+    /// How the Poisson-gap rule estimates the arrival rate
+    /// (`deployment.rate_estimator`; default `window`).
+    #[serde(default, skip_serializing_if = "is_window")]
+    pub rate_estimate: easerve_sched::RateEstimate,
+}
+
+fn is_window(r: &easerve_sched::RateEstimate) -> bool {
+    *r == easerve_sched::RateEstimate::Window
 }
 
 impl Scenario {
