@@ -9,9 +9,8 @@ use easerve_workload::windows::WindowReport;
 use serde::Serialize;
 use std::fmt::Write as _;
 
-/// A change is a window whose offered rate differs from the one before by
-/// more than this fraction (10 %: a ramp of that much per window or more,
-/// or a step).
+/// A run's load has changed once a window's offered rate is more than this
+/// fraction off the first window's (10 %).
 pub const CHANGE_FRACTION: f64 = 0.10;
 
 /// A window has settled when its mean TTFT is within this factor of the
@@ -28,8 +27,8 @@ pub const SETTLE_SLACK_S: f64 = 0.5;
 pub struct ChangeSummary {
     /// Start of the first window whose offered rate changed, seconds.
     pub change_s: f64,
-    /// Offered rate before → after (the window before, and the run's last
-    /// window at or after the change), requests/s.
+    /// Offered rate before → after (the window before the change, and the
+    /// first window at which it stops moving: the end of a ramp), requests/s.
     pub rate_before: f64,
     /// See `rate_before`.
     pub rate_after: f64,
@@ -58,14 +57,32 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 /// The first change of `ws`' offered rate and how the run rode it (`None`
 /// without offered rates, a change, or windows after it that hold arrivals).
-/// The run is taken to end in the phase the change leads to (so give a
-/// schedule whose last phase lasts to the end of the run).
+/// A change starts where the rate begins to move towards the first window
+/// more than [`CHANGE_FRACTION`] off the run's first rate, and the windows
+/// after it run until the rate moves again once it has stopped (or the
+/// run's end).
 pub fn change_summary(ws: &[WindowReport]) -> Option<ChangeSummary> {
     let rates: Vec<f64> = ws.iter().map(|w| w.offered_rate).collect::<Option<_>>()?;
-    let c = (1..rates.len())
-        .find(|&i| (rates[i] - rates[i - 1]).abs() > CHANGE_FRACTION * rates[i - 1].max(1e-9))?;
+    let moved = |i: usize| (rates[i] - rates[i - 1]).abs() > 1e-6 * rates[i - 1].max(1e-9);
+    // the first window more than CHANGE_FRACTION off the first one's rate,
+    // and back to where the rate began to move (the start of a ramp)
+    let k = (1..rates.len())
+        .find(|&i| (rates[i] - rates[0]).abs() > CHANGE_FRACTION * rates[0].max(1e-9))?;
+    let mut c = k;
+    while c > 1 && moved(c - 1) {
+        c -= 1;
+    }
+    // forward to where it stops moving (the end of a ramp); the phase it
+    // leads to lasts until the rate moves again (or the run ends)
+    let mut j = k;
+    while j + 1 < rates.len() && moved(j + 1) {
+        j += 1;
+    }
+    let end = (j + 1..rates.len())
+        .find(|&i| moved(i))
+        .unwrap_or(rates.len());
     // windows with arrivals only (the run's tail may hold none)
-    let after: Vec<&WindowReport> = ws[c..].iter().filter(|w| w.arrived > 0).collect();
+    let after: Vec<&WindowReport> = ws[c..end].iter().filter(|w| w.arrived > 0).collect();
     if after.is_empty() {
         return None;
     }
@@ -80,7 +97,7 @@ pub fn change_summary(ws: &[WindowReport]) -> Option<ChangeSummary> {
     Some(ChangeSummary {
         change_s,
         rate_before: rates[c - 1],
-        rate_after: after.last().and_then(|w| w.offered_rate).unwrap_or(0.0),
+        rate_after: rates[j],
         p99_ttft_before_s: median(ws[..c].iter().map(|w| w.ttft.p99).collect()),
         p99_ttft_after_s: after.iter().map(|w| w.ttft.p99).fold(0.0, f64::max),
         level_ttft_s: level,
