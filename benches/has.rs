@@ -29,12 +29,14 @@ fn run(name: &str, method: Method, seed: u64) -> (Study, f64) {
     };
     let sc = Scenario::load(&path, &base).expect("shipped scenario");
     let cost = easerve_sim::scenario_cost(&sc);
-    let trial = SimTrial::new(sc.raw.clone(), &sc.file, base);
+    let objective = easerve_has::Objective::default_for(&sc.slo);
+    let trial = SimTrial::new(sc.raw.clone(), &sc.file, base).scoring(objective.tier());
     let cfg = SearchConfig {
         method,
         budget: BUDGET,
         seed,
         rate: RATE,
+        objective,
     };
     let t0 = Instant::now();
     let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut |_| {});
