@@ -139,6 +139,62 @@ pub fn workload_arrivals(w: &crate::scenario::Workload, seed: u64) -> Vec<f64> {
     }
 }
 
+/// How `vllm bench serve --ramp-up-strategy` moves the rate from
+/// `--ramp-up-start-rps` to `--ramp-up-end-rps`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RampUp {
+    /// `start + (end − start)·p`.
+    Linear,
+    /// `start·(end/start)^p`.
+    Exponential,
+}
+
+impl std::str::FromStr for RampUp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<RampUp, String> {
+        match s {
+            "linear" => Ok(RampUp::Linear),
+            "exponential" => Ok(RampUp::Exponential),
+            other => Err(format!("`{other}`: allowed linear, exponential")),
+        }
+    }
+}
+
+/// Send times of `n` requests under a vLLM ramp-up (seconds, ascending), as
+/// `vllm bench serve` paces them (`vllm/benchmarks/serve.py`,
+/// `_get_current_request_rate` and `get_request`): request `i` of `n` is
+/// sent a gap after the one before, drawn at the rate `r_i` of its progress
+/// `p = i/(n − 1)` (by request index, not by time) from Gamma(shape
+/// `burstiness`, scale `1/(r_i·burstiness)`) — exponential at burstiness 1 —
+/// on the `arrivals` stream of `seed`. A rate of 0 (a linear ramp's first
+/// request) sends at once. Callers check vLLM's rules first: `0 ≤ start ≤
+/// end`, `start > 0` for exponential, `burstiness > 0`.
+pub fn ramp_up_times(
+    strategy: RampUp,
+    (start, end): (f64, f64),
+    burstiness: f64,
+    n: usize,
+    seed: u64,
+) -> Vec<f64> {
+    let mut rng = stream(seed, "arrivals");
+    let mut t = 0.0;
+    (0..n)
+        .map(|i| {
+            let p = i as f64 / (n.max(2) - 1) as f64;
+            let rate = match strategy {
+                RampUp::Linear => start + (end - start) * p,
+                RampUp::Exponential => start * (end / start).powf(p),
+            };
+            if rate > 0.0 && rate.is_finite() {
+                let g = Gamma::new(burstiness, 1.0 / (rate * burstiness))
+                    .expect("burstiness and rate checked > 0");
+                t += g.sample(&mut rng);
+            }
+            t
+        })
+        .collect()
+}
+
 /// A length drawn uniformly from `[⌊mean·(1−r)⌋, ⌈mean·(1+r)⌉]`, at least
 /// `min`: `vllm bench serve`'s `--random-range-ratio` rule.
 pub fn uniform_around<R: Rng>(rng: &mut R, mean: u32, r: f64, min: u32) -> u32 {
@@ -322,6 +378,29 @@ pub fn typical_batch(typical: &[ItemTokens], k: usize) -> Vec<ItemTokens> {
         .cycle()
         .take(k * typical.len())
         .collect()
+}
+
+#[cfg(test)]
+mod ramp_tests {
+    use super::*;
+
+    #[test]
+    fn ramp_up_gaps_follow_the_rate_of_each_request() {
+        let n = 20_000;
+        let t = ramp_up_times(RampUp::Linear, (1.0, 9.0), 1.0, n, 3);
+        assert!(t.windows(2).all(|w| w[0] <= w[1]));
+        // the mean gap of the last tenth ≈ 1/(rate there ≈ 8.6) and of the first ≈ 1/1.4
+        let gap = |a: usize, b: usize| (t[b] - t[a]) / (b - a) as f64;
+        let (first, last) = (gap(0, n / 10), gap(n - n / 10, n - 1));
+        let harmonic = |lo: f64, hi: f64| (hi / lo).ln() / (hi - lo);
+        assert!((first / harmonic(1.0, 1.8) - 1.0).abs() < 0.05, "{first}");
+        assert!((last / harmonic(8.2, 9.0) - 1.0).abs() < 0.05, "{last}");
+        let e = ramp_up_times(RampUp::Exponential, (1.0, 16.0), 1.0, n, 3);
+        // halfway through, an exponential ramp runs at √(1·16) = 4 req/s
+        let mid = (e[n / 2 + 500] - e[n / 2 - 500]) / 1000.0;
+        assert!((mid * 4.0 - 1.0).abs() < 0.1, "{mid}");
+        assert_eq!(ramp_up_times(RampUp::Linear, (0.0, 2.0), 1.0, 3, 1)[0], 0.0);
+    }
 }
 
 #[cfg(test)]

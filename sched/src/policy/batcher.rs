@@ -28,12 +28,17 @@ pub enum RateEstimate {
     /// The scenario's rate per encode worker throughout, never updated (the
     /// rate HAS tuned for; the offload ratio stays fixed).
     Fixed,
-    /// An exponentially weighted mean of the inter-arrival gaps with time
-    /// constant `tau_s`: a gap `g` gets weight `1 − e^(−g/τ)`, so the
-    /// estimate forgets the past in `τ` seconds of arrivals whatever the rate
-    /// (an irregularly sampled EWMA; for a steady Poisson stream the relative
-    /// standard error of λ̂ is about `1/√(2λτ)`). Seeded with the scenario's
-    /// rate. The offload router tracks the rate too ([`crate::Router`]).
+    /// An exponentially weighted count of arrivals with time constant
+    /// `tau_s`: `λ̂ = S/τ` with `S = Σ e^(−(t − tᵢ)/τ)` over past arrivals
+    /// `tᵢ`, updated at each arrival as `S ← S·e^(−gap/τ) + 1` and read at
+    /// the latest one (the exponentially weighted moving average of the
+    /// arrival process itself; unlike an EWMA of the gaps, whose weight
+    /// would grow with the gap and bias the mean gap up to `2/λ`). For a
+    /// steady Poisson stream `E[λ̂] = λ + 1/τ` (the arrival just counted)
+    /// and its relative standard error is `1/√(2λτ)`; after a step it
+    /// forgets the old rate as `e^(−t/τ)`. Seeded with `S = τ·` the
+    /// scenario's rate. The offload router tracks the rate too
+    /// ([`crate::Router`]).
     Ewma {
         /// Time constant τ, seconds (> 0).
         tau_s: f64,
@@ -81,8 +86,8 @@ pub struct RateEstimator {
     last: Option<f64>,
     hint: Option<f64>,
     kind: RateEstimate,
-    /// EWMA of the gaps, seconds (`Ewma` only).
-    mean_gap: Option<f64>,
+    /// The decayed arrival count `S` (`Ewma` only).
+    decayed: f64,
 }
 
 impl RateEstimator {
@@ -95,16 +100,24 @@ impl RateEstimator {
     /// An estimator of kind `kind` seeded with an optional rate hint (requests/s).
     pub fn of(kind: RateEstimate, hint: Option<f64>) -> Self {
         let hint = hint.filter(|r| *r > 0.0 && r.is_finite());
+        let decayed = match (kind, hint) {
+            (RateEstimate::Ewma { tau_s }, Some(h)) => h * tau_s,
+            _ => 0.0,
+        };
         RateEstimator {
             hint,
             kind,
-            mean_gap: hint.map(|h| 1.0 / h),
+            decayed,
             ..Default::default()
         }
     }
 
     /// Record an arrival at `now` (seconds).
     pub fn observe(&mut self, now: f64) {
+        if let RateEstimate::Ewma { tau_s } = self.kind {
+            let gap = self.last.map_or(0.0, |l| (now - l).max(0.0));
+            self.decayed = self.decayed * (-gap / tau_s).exp() + 1.0;
+        }
         if let Some(last) = self.last {
             let gap = (now - last).max(0.0);
             match self.kind {
@@ -115,14 +128,7 @@ impl RateEstimator {
                         self.sum -= self.gaps.pop_front().unwrap_or(0.0);
                     }
                 }
-                RateEstimate::Fixed => {}
-                RateEstimate::Ewma { tau_s } => {
-                    let a = 1.0 - (-gap / tau_s).exp();
-                    self.mean_gap = Some(match self.mean_gap {
-                        Some(m) => m + a * (gap - m),
-                        None => gap,
-                    });
-                }
+                RateEstimate::Fixed | RateEstimate::Ewma { .. } => {}
             }
         }
         self.last = Some(now);
@@ -144,10 +150,9 @@ impl RateEstimator {
                 })
             }
             RateEstimate::Fixed => self.hint,
-            RateEstimate::Ewma { .. } => {
-                self.mean_gap
-                    .map(|m| if m > 0.0 { 1.0 / m } else { f64::INFINITY })
-            }
+            RateEstimate::Ewma { tau_s } => (self.decayed > 0.0)
+                .then_some(self.decayed / tau_s)
+                .or(self.hint),
         }
     }
 
@@ -419,6 +424,70 @@ mod tests {
             q: 0.9,
             max_age_s: None,
             rate_hint: hint,
+        }
+    }
+
+    /// Arrival times of a Poisson stream at `rate` from `t0`, `n` of them.
+    fn poisson(rate: f64, t0: f64, n: usize, seed: u64) -> Vec<f64> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut t = t0;
+        (0..n)
+            .map(|_| {
+                t += -(1.0 - rng.gen::<f64>()).ln() / rate;
+                t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn estimators_converge_after_a_step_and_fixed_holds_its_hint() {
+        for seed in 0..5 {
+            let before = poisson(1.0, 0.0, 300, seed);
+            let after = poisson(4.0, before[299], 2000, seed + 100);
+            let tau = 30.0;
+            let mut ewma = RateEstimator::of(RateEstimate::Ewma { tau_s: tau }, Some(1.0));
+            let mut window = RateEstimator::of(RateEstimate::Window, Some(1.0));
+            let mut fixed = RateEstimator::of(RateEstimate::Fixed, Some(1.0));
+            for &t in &before {
+                for e in [&mut ewma, &mut window, &mut fixed] {
+                    e.observe(t);
+                }
+            }
+            let near = |x: f64, want: f64, tol: f64| (x / want - 1.0).abs() < tol;
+            assert!(near(ewma.rate().unwrap(), 1.0, 0.35), "seed {seed}");
+            // after 5 τ at the new rate the EWMA has forgotten the old one:
+            // e^-5 of its weight left, and σ ≈ 1/√(2λτ) ≈ 6.5 %
+            let step = before[299];
+            let mut settled_at = None;
+            for &t in &after {
+                for e in [&mut ewma, &mut window, &mut fixed] {
+                    e.observe(t);
+                }
+                if t > step + 5.0 * tau {
+                    assert!(near(ewma.rate().unwrap(), 4.0, 0.3), "seed {seed} at {t}");
+                }
+                if settled_at.is_none() && near(ewma.rate().unwrap(), 4.0, 0.3) {
+                    settled_at = Some(t - step);
+                }
+            }
+            assert!(settled_at.unwrap() < 3.0 * tau, "{settled_at:?}");
+            // the window's estimate is its last RATE_WINDOW gaps', exactly
+            let n = after.len();
+            let own = RATE_WINDOW as f64 / (after[n - 1] - after[n - 1 - RATE_WINDOW]);
+            assert!(near(window.rate().unwrap(), own, 1e-9));
+            assert_eq!(fixed.rate(), Some(1.0));
+        }
+    }
+
+    #[test]
+    fn rate_estimates_parse_and_print() {
+        for t in ["window", "fixed", "ewma:30", "ewma:0.5"] {
+            let e: RateEstimate = t.parse().unwrap();
+            assert_eq!(e.to_string(), t);
+        }
+        for bad in ["ewma", "ewma:0", "ewma:-1", "ewma:inf", "median"] {
+            assert!(bad.parse::<RateEstimate>().is_err(), "{bad}");
         }
     }
 
