@@ -247,31 +247,45 @@ pub fn windows_csv(whole: &SweepPart) -> Option<String> {
     Some(s)
 }
 
-/// The change summary of each (variant, system, rate), seed 1, as a text
-/// table (`None` when no run has a change).
+/// The change summary of each (variant, system, rate) as a text table:
+/// each figure the median over the point's seeds (a settle time that never
+/// came counts as the longest), `None` when no run has a change.
 pub fn change_table(whole: &SweepPart) -> Option<String> {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<44} {:>8} {:>13} {:>11} {:>11} {:>9} {:>9}",
-        "point", "change s", "rate", "P99 before", "P99 after", "level s", "settle s"
+        "{:<48} {:>8} {:>12} {:>10} {:>10} {:>8} {:>9} {:>5}",
+        "point", "change s", "rate", "P99 before", "P99 after", "level s", "settle s", "seeds"
     );
     let mut any = false;
     for r in timeline_rows(whole) {
-        let Some(c) = change_summary(&r.windows) else {
+        let runs: Vec<ChangeSummary> = whole
+            .rows
+            .iter()
+            .filter(|o| o.variant == r.variant && o.system == r.system && o.rate == r.rate)
+            .filter_map(|o| change_summary(&o.windows))
+            .collect();
+        let Some(first) = runs.first() else {
             continue;
         };
         any = true;
+        let med = |f: fn(&ChangeSummary) -> f64| median(runs.iter().map(f).collect());
+        let settle = med(|c| c.settle_s.unwrap_or(f64::INFINITY));
         let _ = writeln!(
             s,
-            "{:<44} {:>8.0} {:>13} {:>11.2} {:>11.2} {:>9.2} {:>9}",
+            "{:<48} {:>8.0} {:>12} {:>10.2} {:>10.2} {:>8.2} {:>9} {:>5}",
             name(r),
-            c.change_s,
-            format!("{:.2}→{:.2}", c.rate_before, c.rate_after),
-            c.p99_ttft_before_s,
-            c.p99_ttft_after_s,
-            c.level_ttft_s,
-            c.settle_s.map_or("never".into(), |x| format!("{x:.0}"))
+            first.change_s,
+            format!("{:.2}→{:.2}", first.rate_before, first.rate_after),
+            med(|c| c.p99_ttft_before_s),
+            med(|c| c.p99_ttft_after_s),
+            med(|c| c.level_ttft_s),
+            if settle.is_finite() {
+                format!("{settle:.0}")
+            } else {
+                "never".into()
+            },
+            runs.len()
         );
     }
     any.then_some(s)

@@ -38,7 +38,7 @@ pub enum RateEstimate {
     /// and its relative standard error is `1/√(2λτ)`; after a step it
     /// forgets the old rate as `e^(−t/τ)`. Seeded with `S = τ·` the
     /// scenario's rate. The offload router tracks the rate too
-    /// ([`crate::Router`]).
+    /// ([`crate::Router::tracking`]).
     Ewma {
         /// Time constant τ, seconds (> 0).
         tau_s: f64,
