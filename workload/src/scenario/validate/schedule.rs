@@ -6,6 +6,10 @@ use crate::scenario::{PhaseSection, ScenarioError, WorkloadSection};
 use crate::schedule::{read_servegen, Phase, RateSchedule};
 use std::path::Path;
 
+/// Most on/off cycles one `burst` phase may hold (each is two pieces of
+/// the schedule, searched per arrival; a million cycles is a few tens of MB).
+pub(crate) const MAX_BURST_CYCLES: f64 = 1e6;
+
 /// The kinds a phase may be.
 pub const PHASE_KINDS: [&str; 5] = ["constant", "ramp", "diurnal", "burst", "servegen"];
 
@@ -160,6 +164,18 @@ fn phase_of(row: &PhaseSection, v: &V<'_>, f: &str, dir: &Path) -> Result<Phase,
             let duration_s = positive("duration_s", row.duration_s)?;
             let on_s = positive("on_s", row.on_s)?;
             let off_s = positive("off_s", row.off_s)?;
+            if duration_s / (on_s + off_s) > MAX_BURST_CYCLES {
+                return Err(v.err(
+                    &format!("{f}.on_s"),
+                    format!(
+                        "{} s on and {} s off over {} s are more than {} cycles; lengthen on_s and off_s",
+                        num(on_s),
+                        num(off_s),
+                        num(duration_s),
+                        num(MAX_BURST_CYCLES)
+                    ),
+                ));
+            }
             let (peak, trough) = peak_trough()?;
             Phase::Burst {
                 duration_s,

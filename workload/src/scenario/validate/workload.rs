@@ -15,6 +15,10 @@ use std::path::Path;
 /// further out, service times of microseconds vanish in rounding.
 pub const MAX_HORIZON_S: f64 = 1e9;
 
+/// Most windows a run's report may hold (`workload.window_s` against the
+/// run's expected span, requests / rate).
+pub(crate) const MAX_WINDOWS: f64 = 100_000.0;
+
 /// Largest `workload.rate` (and `rate_scale`) a scenario accepts, requests/s.
 pub const MAX_RATE: f64 = 1e6;
 
@@ -49,6 +53,22 @@ pub(super) fn workload_section(
         (None, Some(s)) => Some(s.period_s() / 24.0),
         (None, None) => None,
     };
+    // the report keeps one row per window: bound them by the run's expected span
+    if let Some(ws) = window_s {
+        let windows = requests as f64 / rate / ws;
+        if windows > MAX_WINDOWS {
+            return Err(v.err(
+                "workload.window_s",
+                format!(
+                    "{} s windows over the run's expected {} s are {} windows; at most {}: give a longer window",
+                    num(ws),
+                    num(requests as f64 / rate),
+                    num(windows.round()),
+                    num(MAX_WINDOWS)
+                ),
+            ));
+        }
+    }
     let replay = matches!(arrival, Arrival::Trace { .. });
     let (input_len, output_len, range_ratio) = lengths_of(w, v, replay)?;
     let modality = modality_of(w, v)?;
