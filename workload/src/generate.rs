@@ -60,6 +60,12 @@ impl ItemTokenTable {
         self.starts.push(self.items.len());
     }
 
+    /// Drop the items of the request being built.
+    fn drop_open(&mut self) {
+        let start = self.starts.last().copied().unwrap_or(0);
+        self.items.truncate(start);
+    }
+
     /// The items of the request being built (pushed since the last close).
     fn open_request(&self) -> &[ItemTokens] {
         &self.items[self.starts.last().copied().unwrap_or(0)..]
@@ -263,6 +269,11 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
     };
     let mut tokens =
         ItemTokenTable::with_capacity(w.requests, w.requests.saturating_mul(per_request));
+    // a modality mix by phase: a request of a phase whose media share is
+    // below 1 is text-only with that probability, from its own `mix` stream
+    // (its shapes are still drawn, so the other streams stay aligned)
+    let mix = w.schedule.as_ref().filter(|s| s.mixes());
+    let mut mix_rng = stream(sc.seed, "mix");
     for (i, &arrival) in arrivals.iter().enumerate() {
         let (prompt_tokens, output_tokens) = match &w.arrival {
             Arrival::Trace { rows, .. } => (rows[i].prompt_tokens, rows[i].output_tokens),
@@ -300,6 +311,13 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
                 }]
             }
             Shapes::Text => Vec::new(),
+        };
+        let text_only = mix.is_some_and(|s| mix_rng.gen::<f64>() >= s.media_share_at(arrival));
+        let items = if text_only {
+            tokens.drop_open();
+            Vec::new()
+        } else {
+            items
         };
         if tokens.open_request().len() != items.len() {
             for item in &items {
@@ -400,6 +418,31 @@ mod ramp_tests {
         let mid = (e[n / 2 + 500] - e[n / 2 - 500]) / 1000.0;
         assert!((mid * 4.0 - 1.0).abs() < 0.1, "{mid}");
         assert_eq!(ramp_up_times(RampUp::Linear, (0.0, 2.0), 1.0, 3, 1)[0], 0.0);
+    }
+
+    #[test]
+    fn a_phase_media_share_makes_that_share_of_its_arrivals_carry_media() {
+        use crate::scenario::{Overrides, Scenario};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/demand/image-step.toml");
+        let with_items = |sets: &[(String, String)]| {
+            let sc = Scenario::load_with(&path, sets, &Overrides::default()).expect("valid");
+            let reqs = generate_requests(&sc);
+            let phase2: Vec<&Request> = reqs.iter().filter(|r| r.arrival >= 600.0).collect();
+            let media = phase2.iter().filter(|r| !r.items.is_empty()).count();
+            (media as f64 / phase2.len() as f64, reqs)
+        };
+        let (all, plain) = with_items(&[]);
+        assert_eq!(all, 1.0);
+        let set = |v: &str| vec![("workload.phases.media_share".to_string(), v.to_string())];
+        let (quarter, mixed) = with_items(&set("0.25"));
+        // ~1080 requests in the second phase: σ of the share ≈ 1.3 %
+        assert!((quarter - 0.25).abs() < 0.05, "{quarter}");
+        // arrivals, lengths and the shapes of media requests are unchanged
+        for (a, b) in plain.iter().zip(&mixed) {
+            assert_eq!((a.arrival, a.prompt_tokens), (b.arrival, b.prompt_tokens));
+            assert!(b.items.is_empty() || a.items == b.items);
+        }
     }
 }
 

@@ -266,6 +266,9 @@ impl Piece {
 pub struct RateSchedule {
     /// The phases as stated.
     pub phases: Vec<Phase>,
+    /// Per phase, the share of its arrivals that carry the scenario's media
+    /// (the rest are text-only); all 1 unless set ([`RateSchedule::with_media`]).
+    media: Vec<f64>,
     pieces: Vec<Piece>,
     /// `Λ` at each piece's start; the last entry is `Λ(T)`.
     cum: Vec<f64>,
@@ -303,10 +306,40 @@ impl RateSchedule {
             cum.push(acc);
         }
         (acc > 0.0 && acc.is_finite()).then_some(RateSchedule {
+            media: vec![1.0; phases.len()],
             phases,
             pieces,
             cum,
         })
+    }
+
+    /// The same schedule with `shares[i]` (in [0, 1]) of phase `i`'s arrivals
+    /// carrying media, the rest text-only (a modality mix that changes by
+    /// phase); a missing share is 1.
+    pub fn with_media(mut self, shares: &[f64]) -> RateSchedule {
+        for (m, s) in self.media.iter_mut().zip(shares) {
+            *m = s.clamp(0.0, 1.0);
+        }
+        self
+    }
+
+    /// Whether some phase has text-only arrivals.
+    pub fn mixes(&self) -> bool {
+        self.media.iter().any(|&m| m < 1.0)
+    }
+
+    /// The share of arrivals at `t` (seconds, repeating past the end) that
+    /// carry media.
+    pub fn media_share_at(&self, t: f64) -> f64 {
+        let t = t.max(0.0) % self.period_s();
+        let mut start = 0.0;
+        for (p, &m) in self.phases.iter().zip(&self.media) {
+            start += p.duration_s();
+            if t < start {
+                return m;
+            }
+        }
+        self.media.last().copied().unwrap_or(1.0)
     }
 
     /// Length `T` of one cycle, seconds.
@@ -327,6 +360,7 @@ impl RateSchedule {
     pub fn scaled(&self, f: f64) -> RateSchedule {
         RateSchedule::new(self.phases.iter().map(|p| p.scaled(f)).collect())
             .expect("a positive multiple of a schedule with arrivals has arrivals")
+            .with_media(&self.media)
     }
 
     /// The same schedule rescaled to mean rate `rate` (requests/s).

@@ -274,6 +274,9 @@ pub struct PhaseSection {
     pub trace: Option<String>,
     /// ServeGen window length, seconds (checked against the trace's).
     pub window_s: Option<f64>,
+    /// Share of the phase's arrivals that carry the scenario's media, in
+    /// [0, 1] (default 1); the rest are text-only.
+    pub media_share: Option<f64>,
 }
 
 /// `[workload.image]` and `[workload.video]`: items per request and a bucket

@@ -37,12 +37,17 @@ pub(super) fn schedule_of(
     }
     let dir = Path::new(file).parent().unwrap_or(Path::new("."));
     let mut phases = Vec::with_capacity(rows.len());
+    let mut media = Vec::with_capacity(rows.len());
     let mut span = 0.0;
     for (i, row) in rows.iter().enumerate() {
         let f = format!("workload.phases[{i}]");
         let p = phase_of(row, v, &f, dir)?;
         span += p.duration_s();
         phases.push(p);
+        media.push(match row.media_share {
+            Some(m) => v.real(&format!("{f}.media_share"), m, 0.0, 1.0, false)?,
+            None => 1.0,
+        });
     }
     if span > MAX_HORIZON_S {
         return Err(v.err(
@@ -54,12 +59,14 @@ pub(super) fn schedule_of(
             ),
         ));
     }
-    RateSchedule::new(phases).map(Some).ok_or_else(|| {
-        v.err(
-            "workload.phases",
-            "every phase has rate 0: the schedule has no arrivals",
-        )
-    })
+    RateSchedule::new(phases)
+        .map(|s| Some(s.with_media(&media)))
+        .ok_or_else(|| {
+            v.err(
+                "workload.phases",
+                "every phase has rate 0: the schedule has no arrivals",
+            )
+        })
 }
 
 /// One phase: its kind, and exactly the fields that kind takes.
