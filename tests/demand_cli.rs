@@ -26,7 +26,11 @@ fn rejects(args: &[&str], needles: &[&str]) {
 #[test]
 fn bad_phases_exit_2_naming_the_field() {
     let first = "kind = \"constant\"\nduration_s = 600\nrate = 1.0";
-    let cases: [(&str, &[&str]); 6] = [
+    let cases: [(&str, &[&str]); 7] = [
+        (
+            "kind = \"constant\"\nduration_s = 600\nrate = 1.0\nmedia_share = 1.5",
+            &["workload.phases[0].media_share", "[0, 1]"],
+        ),
         (
             "kind = \"constant\"\nduration_s = 0\nrate = 1.0",
             &["workload.phases[0].duration_s", "must be > 0"],
