@@ -84,6 +84,18 @@ pub(crate) struct BenchArgs {
     /// (coefficient of variation 1/√burstiness).
     #[arg(long, default_value_t = 1.0)]
     burstiness: f64,
+    /// Ramp the request rate from `--ramp-up-start-rps` to
+    /// `--ramp-up-end-rps` over the run, by request index as `vllm bench
+    /// serve` does: `linear` or `exponential` (instead of `--request-rate`
+    /// and a scenario's own arrivals).
+    #[arg(long, value_name = "STRATEGY", conflicts_with = "request_rate")]
+    ramp_up_strategy: Option<String>,
+    /// The ramp's first rate, requests/s (≥ 0; > 0 for exponential).
+    #[arg(long, value_name = "RPS", requires = "ramp_up_strategy")]
+    ramp_up_start_rps: Option<f64>,
+    /// The ramp's last rate, requests/s (≥ the start).
+    #[arg(long, value_name = "RPS", requires = "ramp_up_strategy")]
+    ramp_up_end_rps: Option<f64>,
     /// Requests in flight at most.
     #[arg(long)]
     max_concurrency: Option<usize>,
@@ -173,6 +185,9 @@ fn scenario_workload(
     if a.request_rate.is_some_and(f64::is_infinite) {
         reqs.iter_mut().for_each(|r| r.arrival = 0.0);
     }
+    if let Some(times) = ramp_times(a, reqs.len(), sc.seed)? {
+        reqs.iter_mut().zip(times).for_each(|(r, t)| r.arrival = t);
+    }
     // the scenario's model and cluster, as `easerve sim` names them, so
     // `calib validate` compares the two
     let meta = RunMeta {
@@ -185,6 +200,46 @@ fn scenario_workload(
         requests: reqs.len(),
     };
     Ok((reqs, sc.slo, meta))
+}
+
+/// The send times of a vLLM ramp-up (`--ramp-up-*`), checked by vLLM's
+/// rules (`vllm/benchmarks/serve.py`: both rates given, ≥ 0, start ≤ end,
+/// start > 0 for exponential); `None` without `--ramp-up-strategy`.
+#[cfg(feature = "bench")]
+fn ramp_times(a: &BenchArgs, n: usize, seed: u64) -> anyhow::Result<Option<Vec<f64>>> {
+    use easerve_workload::generate::{ramp_up_times, RampUp};
+    let Some(text) = &a.ramp_up_strategy else {
+        return Ok(None);
+    };
+    let strategy: RampUp = text
+        .parse()
+        .map_err(|e| bad(format!("--ramp-up-strategy {e}")))?;
+    let (Some(start), Some(end)) = (a.ramp_up_start_rps, a.ramp_up_end_rps) else {
+        return Err(bad(
+            "--ramp-up-strategy needs both --ramp-up-start-rps and --ramp-up-end-rps".into(),
+        ));
+    };
+    let ok = |x: f64| x.is_finite() && (0.0..=1e6).contains(&x);
+    if !ok(start) || !ok(end) || start > end {
+        return Err(bad(format!(
+            "--ramp-up-start-rps {start} --ramp-up-end-rps {end}: rates in [0, 1e6] requests/s with start ≤ end"
+        )));
+    }
+    if strategy == RampUp::Exponential && start == 0.0 {
+        return Err(bad(
+            "--ramp-up-start-rps 0: an exponential ramp cannot start at 0 requests/s".into(),
+        ));
+    }
+    if !(a.burstiness.is_finite() && a.burstiness > 0.0) {
+        return Err(bad(format!("--burstiness {}: must be > 0", a.burstiness)));
+    }
+    Ok(Some(ramp_up_times(
+        strategy,
+        (start, end),
+        a.burstiness,
+        n,
+        seed,
+    )))
 }
 
 /// A random (or random-mm) dataset's requests, vLLM's way.
@@ -232,7 +287,11 @@ fn random_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloT
         items_range_ratio: a.random_mm_num_mm_items_range_ratio,
         buckets,
     };
-    let reqs = d.requests(&send_times(rate, a.burstiness, n, seed), seed);
+    let times = match ramp_times(a, n, seed)? {
+        Some(t) => t,
+        None => send_times(rate, a.burstiness, n, seed),
+    };
+    let reqs = d.requests(&times, seed);
     let meta = RunMeta {
         scenario: a.dataset_name.clone(),
         deployment: format!("measured at {}", a.base_url),

@@ -25,10 +25,19 @@ pub(crate) struct CapacityArgs {
     /// Fraction of the offered rate the tier's goodput must reach, in (0, 1].
     #[arg(long, value_name = "FRACTION", default_value_t = 0.9)]
     attain: f64,
-    /// Tune the deployment with HAS (30 trials) at every probed rate instead of
-    /// running the scenario's own deployment.
-    #[arg(long, conflicts_with = "target_rate")]
+    /// Tune the deployment with HAS (30 trials) at every probed rate: the
+    /// default (kept for scripts that pass it).
+    #[arg(long, conflicts_with_all = ["target_rate", "as_is"])]
     tune: bool,
+    /// Run the scenario's own deployment at every probed rate instead of the
+    /// best deployment HAS finds for each.
+    #[arg(long, conflicts_with_all = ["target_rate", "gpus"])]
+    as_is: bool,
+    /// What the HAS search at each probe ranks by: `goodput:TIER`,
+    /// `throughput` or `ttft` (default: goodput at the `--slo` tier); ties
+    /// by throughput, then mean TTFT.
+    #[arg(long, value_name = "OBJECTIVE", conflicts_with = "as_is")]
+    objective: Option<String>,
     /// Instead: the fewest GPUs of the scenario's type (each size tuned by HAS)
     /// that meet the tier at this rate, requests/s, in (0, 1e6].
     #[arg(long, value_name = "RATE", conflicts_with = "gpus")]
@@ -164,18 +173,17 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         ..Default::default()
     };
     check_target_rate(&a, &base)?;
-    let tuning = if a.tune || a.gpus.is_some() {
-        Tuning::Has
-    } else {
-        Tuning::Fixed
-    };
+    let tuning = if a.as_is { Tuning::Fixed } else { Tuning::Has };
     let tier = required_tier(&a, &base)?;
     let goal = Goal {
         tier,
         attain: a.attain,
     };
-    let planner =
+    let mut planner =
         Planner::new(&a.scenario, Vec::new(), base.clone(), goal.clone(), tuning).map_err(bad)?;
+    if let Some(t) = &a.objective {
+        planner = planner.with_objective(t).map_err(bad)?;
+    }
     let own = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
     crate::preflight(&own)?;
     let quiet = a.json;

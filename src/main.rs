@@ -181,6 +181,12 @@ pub(crate) struct RunArgs {
     /// match the scenario's.
     #[arg(long, value_name = "FILE")]
     pub(crate) profile: Option<PathBuf>,
+    /// How the Poisson-gap rule estimates the arrival rate (overrides
+    /// `deployment.rate_estimator`): `window` (the last 16 gaps, the
+    /// default), `fixed` (the scenario's rate) or `ewma:TAU_S` (an EWMA of
+    /// time constant TAU_S seconds; the offload router tracks it too).
+    #[arg(long, value_name = "KIND")]
+    pub(crate) rate_estimator: Option<String>,
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
     pub(crate) requests_csv: Option<PathBuf>,
@@ -274,6 +280,7 @@ impl RunArgs {
                 .limits
                 .section()
                 .map_err(|e| BadInput(format!("{}: {}", self.scenario.display(), e.0)))?,
+            rate_estimator: self.rate_estimator.clone(),
         };
         overrides = with_deployment(overrides, self.deployment.as_deref())?;
         let sc = Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;

@@ -23,6 +23,12 @@ pub(crate) struct SearchArgs {
     /// 90 % SLO attainment over a ladder of rates; README).
     #[arg(long)]
     system: Option<easerve_workload::scenario::System>,
+    /// What trials are ranked by: `goodput:TIER` (requests/s meeting both
+    /// bounds of that `[[slo]]` tier; default `goodput:moderate`),
+    /// `throughput` (the paper's HAS ranking) or `ttft` (mean TTFT); ties
+    /// by throughput, then mean TTFT.
+    #[arg(long, value_name = "OBJECTIVE")]
+    objective: Option<String>,
     /// Trials at most (the exhaustive search runs its whole grid).
     #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
@@ -66,10 +72,14 @@ fn trial_line(t: &TrialRecord) -> String {
     }
 }
 
-/// `  goodput G req/s` for an outcome ranked by a baseline's own rule.
+/// `  goodput G req/s` for an outcome ranked by a baseline's own rule, or
+/// `  SLO goodput G req/s` at the objective's tier.
 fn goodput_note(o: &easerve_has::Outcome) -> String {
-    o.goodput
-        .map_or(String::new(), |g| format!("  goodput {g:.3} req/s"))
+    match (o.goodput, o.slo_goodput) {
+        (Some(g), _) => format!("  goodput {g:.3} req/s"),
+        (None, Some(g)) => format!("  SLO goodput {g:.3} req/s"),
+        _ => String::new(),
+    }
 }
 
 fn stage1_table(study: &Study) -> String {
@@ -153,13 +163,19 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
+    let objective = match &a.objective {
+        Some(t) => easerve_has::Objective::parse(t, &sc.slo)
+            .map_err(|e| BadInput(format!("--objective {t}: {e}")))?,
+        None => easerve_has::Objective::default_for(&sc.slo),
+    };
+    let trial = SimTrial::new(sc.raw.clone(), &sc.file, base.clone()).scoring(objective.tier());
     let cfg = SearchConfig {
         method,
         budget: a.budget as usize,
         seed: sc.seed,
         rate: sc.workload.rate,
+        objective,
     };
-    let trial = SimTrial::new(sc.raw.clone(), &sc.file, base.clone());
     let cost = easerve_sim::scenario_cost(&sc);
     let bar = (!a.json && std::io::stderr().is_terminal() && method == Method::Has).then(|| {
         let pb = indicatif::ProgressBar::new(cfg.budget as u64);
@@ -245,12 +261,13 @@ fn render(
 ) -> anyhow::Result<ExitCode> {
     say!("{}", stage1_table(study));
     sayln!(
-        "{} feasible allocations of {}× {}; method {}, Λ = {} req/s; {} trials in {:.2} s ({})",
+        "{} feasible allocations of {}× {}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
         study.space.len(),
         sc.gpus,
         sc.gpu.name,
         study.method,
         study.rate,
+        study.objective,
         study.trials.len(),
         elapsed_s,
         study.stopped
@@ -292,7 +309,12 @@ fn best_with_p_workers(study: &easerve_has::Study) -> Option<&TrialRecord> {
         .trials
         .iter()
         .filter(|t| t.candidate.allocation.prefill.workers > 0)
-        .max_by(|x, y| x.outcome.rank(&y.outcome).then(y.index.cmp(&x.index)))
+        .max_by(|x, y| {
+            study
+                .objective
+                .rank(&x.outcome, &y.outcome)
+                .then(y.index.cmp(&x.index))
+        })
 }
 
 /// Write the deployment files (`--emit`) of the chosen trial. When it has no

@@ -30,7 +30,8 @@ pub(crate) struct SweepArgs {
     #[arg(long = "set", value_name = "KEY=V1,V2")]
     sets: Vec<String>,
     /// Systems: `passthrough`, `aggregated`, `easerve-s1` (the scenario's
-    /// deployment with s = 1), `easerve` (tuned by HAS at each point),
+    /// deployment with s = 1), `as-is` (the scenario's deployment as it
+    /// is), `easerve` (tuned by HAS at each point),
     /// `epd-serve` and `hydrainfer` (each configured by its own rule at each
     /// point).
     #[arg(long, default_value = "passthrough,aggregated,easerve-s1,easerve")]
@@ -315,6 +316,13 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
     };
     put("sweep.json", serde_json::to_string_pretty(whole)?)?;
     put("sweep.csv", to_csv(&aggregate(&whole.rows), &whole.tiers)?)?;
+    if let Some(csv) = easerve_study::demand::windows_csv(whole) {
+        put("windows.csv", csv)?;
+    }
+    if let Some(table) = easerve_study::demand::change_table(whole) {
+        sayln!("{table}");
+        put("changes.txt", table)?;
+    }
     for c in charts(whole).map_err(sweep_err)? {
         c.chart.write(&dir.join(&c.file)).map_err(|e| {
             bad(format!(

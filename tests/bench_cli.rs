@@ -356,6 +356,48 @@ fn bad_bench_input_exits_2_naming_the_flag() {
             ],
             "cannot be used with",
         ),
+        // vLLM's ramp-up rules (vllm/benchmarks/serve.py)
+        (
+            &[
+                "--ramp-up-strategy",
+                "quadratic",
+                "--ramp-up-start-rps",
+                "1",
+                "--ramp-up-end-rps",
+                "2",
+            ],
+            "--ramp-up-strategy `quadratic`: allowed linear, exponential",
+        ),
+        (
+            &[
+                "--ramp-up-strategy",
+                "exponential",
+                "--ramp-up-start-rps",
+                "0",
+                "--ramp-up-end-rps",
+                "2",
+            ],
+            "--ramp-up-start-rps 0",
+        ),
+        (
+            &[
+                "--ramp-up-strategy",
+                "linear",
+                "--ramp-up-start-rps",
+                "3",
+                "--ramp-up-end-rps",
+                "2",
+            ],
+            "start ≤ end",
+        ),
+        (
+            &["--ramp-up-strategy", "linear", "--ramp-up-start-rps", "1"],
+            "--ramp-up-end-rps",
+        ),
+        (
+            &["--ramp-up-strategy", "linear", "--request-rate", "2"],
+            "cannot be used with",
+        ),
     ];
     for (extra, want) in cases {
         let mut args = vec!["bench", "--model", "m"];

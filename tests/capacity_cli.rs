@@ -12,7 +12,7 @@ fn capacity_json(args: &[&str]) -> Value {
 
 #[test]
 fn the_highest_rate_meets_and_the_bracket_above_it_fails() {
-    let v = capacity_json(&["--slo", "moderate", "--tolerance", "0.05"]);
+    let v = capacity_json(&["--slo", "moderate", "--tolerance", "0.05", "--as-is"]);
     let ans = &v["answer"];
     let rate = num(ans, "/rate");
     let hi = num(ans, "/fails_at");
@@ -147,6 +147,7 @@ fn a_tier_no_rate_meets_exits_2() {
         "strict",
         "--requests",
         "40",
+        "--as-is",
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
@@ -196,9 +197,10 @@ fn gpu_types_compare_at_equal_count_and_equal_cost() {
 
 #[test]
 fn tuning_with_has_never_does_worse_than_the_fixed_deployment_here() {
-    let fixed = capacity_json(&["--slo", "moderate", "--tolerance", "0.1"]);
-    let tuned = capacity_json(&["--slo", "moderate", "--tolerance", "0.1", "--tune"]);
-    assert_eq!(tuned["tuning"], "has");
+    let fixed = capacity_json(&["--slo", "moderate", "--tolerance", "0.1", "--as-is"]);
+    assert_eq!(fixed["tuning"], "fixed");
+    let tuned = capacity_json(&["--slo", "moderate", "--tolerance", "0.1"]);
+    assert_eq!(tuned["tuning"], "has", "HAS at each probe is the default");
     assert!(
         num(&tuned, "/answer/rate") >= num(&fixed, "/answer/rate"),
         "tuned {} < fixed {}",

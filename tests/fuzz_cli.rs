@@ -54,6 +54,7 @@ const TEMPLATES: &[Template] = &[
             "loose",
             "--requests",
             "20",
+            "--as-is",
         ],
         flags: &["--slo", "--requests", "--attain", "--tolerance", "--seed"],
     },

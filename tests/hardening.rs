@@ -1024,7 +1024,7 @@ fn capacity_probes_are_bounded_by_the_cluster_not_the_scenario_rate() {
     let v = crate::report_json(
         "capacity",
         f.path(),
-        &["--slo", "moderate", "--requests", "60"],
+        &["--slo", "moderate", "--requests", "60", "--as-is"],
     );
     let ans = &v["answer"];
     assert!(ans["fails_at"].is_number(), "no failing rate found: {ans}");

@@ -1375,6 +1375,10 @@ pub(crate) fn build_report(
         requests: records.len(),
     };
     let mut report = Report::build(meta, records, &sc.slo, gpus, encode, notes);
+    if let Some(w) = sc.workload.window_s {
+        report.windows =
+            easerve_workload::windows::windows(records, &sc.slo, w, sc.workload.schedule.as_ref());
+    }
     report.measured = true;
     // the simulator's rule (the cost model's load ratios at the rate offered
     // and the run's typical request), with the measured queueing

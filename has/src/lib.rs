@@ -9,6 +9,8 @@
 //!   s) seeded with each survivor's analytical optimum and stopped when the
 //!   best three are within 1 % or five trials bring no gain; plus the
 //!   `random`, `coordinate` and `exhaustive` baselines.
+//! * [`objective`] — what a search ranks by: goodput at an SLO tier (the
+//!   default), throughput or mean TTFT, ties by throughput then mean TTFT.
 //! * [`own`] — the baselines' own configuration rules (EPD-Serve's
 //!   optimizer, HydraInfer's selection of its form and instances): goodput
 //!   at 90 % SLO attainment over a ladder of rates, over the same space.
@@ -20,6 +22,7 @@
 //!   simulator implements it ([`SimTrial`]).
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod objective;
 pub mod own;
 pub mod planning;
 pub mod search;
@@ -28,8 +31,9 @@ pub mod stage1;
 pub mod tpe;
 pub mod trial;
 
+pub use objective::Objective;
 pub use search::{
-    rule_of, search, tune, tune_by, Method, SearchConfig, StopReason, Study, TrialRecord,
+    rule_of, search, tune, tune_by, tune_for, Method, SearchConfig, StopReason, Study, TrialRecord,
     UnknownMethod, DEFAULT_BUDGET,
 };
 pub use space::{feasible_allocations, Candidate, CandidateError, FeasibleAllocation};

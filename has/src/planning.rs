@@ -204,6 +204,9 @@ pub enum CapacityError {
         /// The tier's goodput there.
         goodput: f64,
     },
+    /// `--objective` names no objective, or a tier the scenario lacks.
+    #[error("--objective {0}")]
+    Objective(String),
     /// `--cost-per-gpu-hour` lacks the scenario's own GPU type.
     #[error("--cost-per-gpu-hour: give a price for the scenario's own GPU `{gpu}` too: its {gpus} GPUs set the hourly budget")]
     NoOwnPrice {
@@ -245,6 +248,11 @@ pub struct Planner {
     rate: f64,
     /// The tier's TTFT (s) and TPOT (ms) bounds.
     bounds: (f64, f64),
+    /// The scenario's SLO tiers.
+    tiers: Vec<easerve_workload::SloTier>,
+    /// What the HAS search at each probe ranks by (default: goodput at the
+    /// goal's tier; [`Planner::with_objective`]).
+    objective: crate::Objective,
 }
 
 impl Planner {
@@ -283,8 +291,28 @@ impl Planner {
             moe_experts: sc.model.llm.moe.as_ref().map(|m| m.experts),
             rate: sc.workload.rate,
             bounds: (t.ttft_s, t.tpot_s * 1e3),
+            objective: crate::Objective::Goodput {
+                name: goal.tier.clone(),
+                tier: sc.slo.iter().position(|x| x.name == goal.tier).unwrap_or(0),
+            },
+            tiers: sc.slo.clone(),
             goal,
         })
+    }
+
+    /// The same planner with its HAS searches ranking by `text`
+    /// (`goodput:TIER`, `throughput` or `ttft`; [`crate::Objective::parse`]).
+    ///
+    /// Errors: an unknown objective or tier ([`CapacityError::Objective`]).
+    pub fn with_objective(mut self, text: &str) -> Result<Planner, CapacityError> {
+        self.objective = crate::Objective::parse(text, &self.tiers)
+            .map_err(|e| CapacityError::Objective(format!("{text}: {e}")))?;
+        Ok(self)
+    }
+
+    /// What the HAS search at each probe ranks by.
+    pub fn objective(&self) -> &crate::Objective {
+        &self.objective
     }
 
     /// The scenario's own rate, requests/s.
@@ -333,7 +361,9 @@ impl Planner {
                     ..o.clone()
                 });
                 let sc = Scenario::validate(first, &file, &name).map_err(scenario_err)?;
-                let Some(best) = crate::tune(&sc, &o, rate, sc.seed) else {
+                let Some(best) =
+                    crate::tune_for(crate::Method::Has, &sc, &o, rate, sc.seed, &self.objective)
+                else {
                     return Ok(None);
                 };
                 let mut chosen = raw;

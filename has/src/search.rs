@@ -4,6 +4,7 @@
 use crate::space::{feasible_allocations, Candidate, FeasibleAllocation};
 use crate::stage1::{stage1, Capacities, Stage1Row};
 use crate::trial::{Outcome, Trial};
+use crate::Objective;
 use easerve_calib::StageCost;
 use easerve_workload::Scenario;
 use rand::{Rng, SeedableRng};
@@ -131,7 +132,9 @@ pub struct TrialRecord {
     pub candidate: Candidate,
     /// What it measured.
     pub outcome: Outcome,
-    /// Best throughput of the study so far (this trial included), requests/s.
+    /// Best score of the study so far (this trial included) by its
+    /// objective ([`Objective::score`]): goodput or throughput in requests/s,
+    /// or minus the mean TTFT in seconds.
     pub best_so_far: f64,
 }
 
@@ -154,7 +157,11 @@ pub struct Study {
     pub stage1: Vec<Stage1Row>,
     /// Every trial, in order.
     pub trials: Vec<TrialRecord>,
-    /// The chosen trial: best by throughput, then mean TTFT, then mean TPOT.
+    /// What the trials were ranked by.
+    #[serde(with = "objective_text")]
+    pub objective: Objective,
+    /// The chosen trial: best by the objective, then throughput, then mean
+    /// TTFT, then mean TPOT ([`Objective::rank`]).
     pub best: Option<TrialRecord>,
     /// Why the search stopped.
     pub stopped: StopReason,
@@ -171,25 +178,56 @@ pub struct SearchConfig {
     pub seed: u64,
     /// Target rate Λ, requests/s.
     pub rate: f64,
+    /// What trials are ranked by (the trial must measure its tier's goodput:
+    /// [`crate::SimTrial::scoring`]).
+    pub objective: Objective,
+}
+
+/// An [`Objective`] in a study's JSON: as `--objective` spells it.
+mod objective_text {
+    use super::Objective;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(o: &Objective, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&o.to_string())
+    }
+
+    /// The tier's index is not kept (its name is): a study read back ranks
+    /// nothing.
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Objective, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok(match text.as_str() {
+            "throughput" => Objective::Throughput,
+            "ttft" => Objective::Ttft,
+            t => Objective::Goodput {
+                name: t.trim_start_matches("goodput:").to_string(),
+                tier: 0,
+            },
+        })
+    }
 }
 
 /// Records trials and keeps the best.
 struct Recorder<'a> {
     trials: Vec<TrialRecord>,
     best: Option<TrialRecord>,
+    objective: Objective,
     on_trial: &'a mut dyn FnMut(&TrialRecord),
 }
 
 impl Recorder<'_> {
     fn record(&mut self, candidate: Candidate, outcome: Outcome) -> &TrialRecord {
+        let obj = &self.objective;
         let better = self
             .best
             .as_ref()
-            .is_none_or(|b| outcome.rank(&b.outcome).is_gt());
+            .is_none_or(|b| obj.rank(&outcome, &b.outcome).is_gt());
         let best_so_far = if better {
-            outcome.throughput
+            obj.score(&outcome)
         } else {
-            self.best.as_ref().map_or(0.0, |b| b.outcome.throughput)
+            self.best
+                .as_ref()
+                .map_or(f64::NEG_INFINITY, |b| obj.score(&b.outcome))
         };
         let rec = TrialRecord {
             index: self.trials.len() + 1,
@@ -213,16 +251,17 @@ impl Recorder<'_> {
     }
 }
 
-/// Whether HAS should stop after `trials`: the best three throughputs lie
-/// within [`SPREAD_STOP`] of the best, or [`PATIENCE`] trials in a row did not
-/// raise the best (EAServe §3.1).
-pub fn should_stop(trials: &[TrialRecord]) -> Option<StopReason> {
+/// Whether HAS should stop after `trials`: the best three scores by
+/// `objective` lie within [`SPREAD_STOP`] of the best (relative to its
+/// magnitude), or [`PATIENCE`] trials in a row did not raise the best
+/// (EAServe §3.1, where the score is throughput).
+pub fn should_stop(trials: &[TrialRecord], objective: &Objective) -> Option<StopReason> {
     if trials.len() < 3 {
         return None;
     }
-    let mut thr: Vec<f64> = trials.iter().map(|t| t.outcome.throughput).collect();
+    let mut thr: Vec<f64> = trials.iter().map(|t| objective.score(&t.outcome)).collect();
     thr.sort_by(|a, b| b.total_cmp(a));
-    if thr[0] > 0.0 && (thr[0] - thr[2]) / thr[0] < SPREAD_STOP {
+    if thr[2].is_finite() && thr[0].abs() > 0.0 && (thr[0] - thr[2]) / thr[0].abs() < SPREAD_STOP {
         return Some(StopReason::TopThreeClose);
     }
     let last_gain = trials
@@ -257,6 +296,30 @@ pub fn tune(
     tune_by(Method::Has, sc, o, rate, seed)
 }
 
+/// [`tune_by`] ranking by `objective` instead of the default
+/// ([`Objective::default_for`] the scenario's tiers: goodput at `moderate`).
+pub fn tune_for(
+    method: Method,
+    sc: &Scenario,
+    o: &easerve_workload::scenario::Overrides,
+    rate: f64,
+    seed: u64,
+    objective: &Objective,
+) -> Option<TrialRecord> {
+    let cost = easerve_sim::scenario_cost(sc);
+    let trial = crate::SimTrial::new(sc.raw.clone(), &sc.file, o.clone()).scoring(objective.tier());
+    let cfg = SearchConfig {
+        method,
+        budget: DEFAULT_BUDGET,
+        seed,
+        rate,
+        objective: objective.clone(),
+    };
+    search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
+        .best
+        .filter(|b| b.outcome.feasible)
+}
+
 /// The configuration rule of serving system `system` ([`tune_by`]): HAS for `easerve`,
 /// the baselines' own for `epd-serve` and `hydrainfer` ([`crate::own`]);
 /// `None` for a system that runs the scenario's deployment as it is.
@@ -273,8 +336,9 @@ pub fn rule_of(system: easerve_workload::scenario::System) -> Option<Method> {
 /// The best deployable trial of a search of `sc` at `rate` by `method`
 /// (seed `seed`, [`DEFAULT_BUDGET`] trials where the method counts them),
 /// each trial the scenario with `o` and the candidate applied, on the
-/// simulator: with [`rule_of`]`(sc.system)`, the system's own choice.
-/// `None` when no candidate could be deployed.
+/// simulator, ranked by the default objective ([`Objective::default_for`]:
+/// goodput at the `moderate` tier): with [`rule_of`]`(sc.system)`, the
+/// system's own choice. `None` when no candidate could be deployed.
 pub fn tune_by(
     method: Method,
     sc: &Scenario,
@@ -282,17 +346,7 @@ pub fn tune_by(
     rate: f64,
     seed: u64,
 ) -> Option<TrialRecord> {
-    let cost = easerve_sim::scenario_cost(sc);
-    let trial = crate::SimTrial::new(sc.raw.clone(), &sc.file, o.clone());
-    let cfg = SearchConfig {
-        method,
-        budget: DEFAULT_BUDGET,
-        seed,
-        rate,
-    };
-    search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
-        .best
-        .filter(|b| b.outcome.feasible)
+    tune_for(method, sc, o, rate, seed, &Objective::default_for(&sc.slo))
 }
 
 /// Run a search of `sc` at `cfg.rate` with trials from `trial`; `on_trial` sees
@@ -312,6 +366,7 @@ pub fn search(
     let mut rec = Recorder {
         trials: Vec::new(),
         best: None,
+        objective: cfg.objective.clone(),
         on_trial,
     };
     let budget = cfg.budget.max(1);
@@ -322,7 +377,7 @@ pub fn search(
             let (caps, table) = stage1(sc, cost, &space, cfg.rate);
             capacities = Some(caps);
             rows = table;
-            has(&rows, trial, budget, &mut rng, &mut rec)
+            has(&rows, trial, budget, &mut rng, &mut rec, &cfg.objective)
         }
         Method::Random => random(&space, trial, budget, &mut rng, &mut rec),
         Method::Coordinate => coordinate(&space, trial, budget, &mut rec),
@@ -343,6 +398,7 @@ pub fn search(
         space,
         capacities,
         stage1: rows,
+        objective: cfg.objective.clone(),
         best: rec.best.clone(),
         trials: rec.trials,
         stopped,
@@ -390,6 +446,7 @@ fn has(
     budget: usize,
     rng: &mut ChaCha8Rng,
     rec: &mut Recorder<'_>,
+    objective: &Objective,
 ) -> StopReason {
     let survivors: Vec<&Stage1Row> = rows.iter().filter(|r| r.kept).collect();
     if survivors.is_empty() {
@@ -397,8 +454,7 @@ fn has(
     }
     let mut opt = Tpe::new(survivors.len());
     // value to minimise: the ranking, folded into one number
-    let value =
-        |o: &Outcome| -o.throughput + 1e-6 * o.mean_ttft.min(1e6) + 1e-9 * o.mean_tpot.min(1e6);
+    let value = |o: &Outcome| objective.value(o);
     let candidate = |i: usize, ub: f64, us: f64| {
         let r = survivors[i];
         Candidate {
@@ -442,7 +498,7 @@ fn has(
             return stop;
         }
         if rec.trials.len() >= survivors.len() {
-            if let Some(why) = should_stop(&rec.trials) {
+            if let Some(why) = should_stop(&rec.trials, objective) {
                 return why;
             }
         }
@@ -536,7 +592,11 @@ fn coordinate(
                         o
                     }
                 };
-                if best.1.as_ref().is_none_or(|b| o.rank(b).is_gt()) {
+                if best
+                    .1
+                    .as_ref()
+                    .is_none_or(|b| rec.objective.rank(&o, b).is_gt())
+                {
                     if best.1.is_some() && best.0 != c {
                         improved = true;
                     }
@@ -601,6 +661,7 @@ mod tests {
                 feasible: true,
                 attainment: None,
                 goodput: None,
+                slo_goodput: None,
             },
             best_so_far: best,
         }
@@ -622,10 +683,13 @@ mod tests {
     #[test]
     fn stops_on_a_tight_top_three() {
         let t = vec![rec(1, 1.0, 1.0), rec(2, 2.0, 2.0), rec(3, 1.995, 2.0)];
-        assert_eq!(should_stop(&t), None);
+        assert_eq!(should_stop(&t, &Objective::Throughput), None);
         let mut t2 = t.clone();
         t2.push(rec(4, 1.99, 2.0));
-        assert_eq!(should_stop(&t2), Some(StopReason::TopThreeClose));
+        assert_eq!(
+            should_stop(&t2, &Objective::Throughput),
+            Some(StopReason::TopThreeClose)
+        );
     }
 
     #[test]
@@ -634,9 +698,16 @@ mod tests {
         for i in 0..4 {
             t.push(rec(3 + i, 0.5 + 0.1 * i as f64, 2.0));
         }
-        assert_eq!(should_stop(&t), None, "4 without improvement");
+        assert_eq!(
+            should_stop(&t, &Objective::Throughput),
+            None,
+            "4 without improvement"
+        );
         t.push(rec(7, 0.3, 2.0));
-        assert_eq!(should_stop(&t), Some(StopReason::NoImprovement));
+        assert_eq!(
+            should_stop(&t, &Objective::Throughput),
+            Some(StopReason::NoImprovement)
+        );
     }
 
     #[test]

@@ -26,6 +26,10 @@ pub struct Outcome {
     /// searches that rank by throughput.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub goodput: Option<f64>,
+    /// Requests/s meeting both bounds of the tier the search ranks by
+    /// ([`crate::Objective::Goodput`]); absent for other objectives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slo_goodput: Option<f64>,
 }
 
 impl Outcome {
@@ -38,6 +42,7 @@ impl Outcome {
             feasible: false,
             attainment: None,
             goodput: None,
+            slo_goodput: None,
         }
     }
 
@@ -72,6 +77,8 @@ pub struct SimTrial {
     raw: ScenarioFile,
     file: String,
     base: Overrides,
+    /// The tier whose goodput each run reports ([`SimTrial::scoring`]).
+    tier: Option<usize>,
 }
 
 impl SimTrial {
@@ -82,7 +89,16 @@ impl SimTrial {
             raw,
             file: file.to_string(),
             base,
+            tier: None,
         }
+    }
+
+    /// The same trials reporting the goodput of SLO tier `tier` (an index
+    /// into the scenario's tiers; [`crate::Objective::tier`]) as
+    /// [`Outcome::slo_goodput`].
+    pub fn scoring(mut self, tier: Option<usize>) -> Self {
+        self.tier = tier;
+        self
     }
 
     /// Simulate `c` with `base` overrides, and its outcome, with the
@@ -99,6 +115,9 @@ impl SimTrial {
             feasible: true,
             attainment: tier.map(|t| r.goodput.get(t).map_or(0.0, |g| g.attainment)),
             goodput: None,
+            slo_goodput: self
+                .tier
+                .map(|t| r.goodput.get(t).map_or(0.0, |g| g.goodput)),
         }
     }
 }

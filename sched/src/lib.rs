@@ -80,8 +80,8 @@ pub use placement::LeastOutstanding;
 pub use policy::budget;
 pub use policy::{
     largest_within, Batcher, BatcherParams, DecodeRunProgress, DecodeScheduler, DecodeSeq,
-    KvBlocks, RateEstimator, Route, Router, SmSplit, SmTable, StepBudgets, DEFAULT_SM_EPSILON,
-    DEFAULT_SM_LEVELS, MIN_SM_SHARE, RATE_WINDOW,
+    KvBlocks, RateEstimate, RateEstimator, Route, Router, SmSplit, SmTable, StepBudgets,
+    DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE, RATE_WINDOW,
 };
 pub use prefill::{PrefillItem, PrefillQueue};
 pub use request::{MmItem, Modality, Request, RequestId, RequestRecord};

@@ -7,7 +7,7 @@
 
 use crate::{
     Batcher, ControllerConfig, DecodeScheduler, Deployment, DispatchPolicy, KvBlocks, Limits,
-    SmSplit, System, Topology,
+    RateEstimate, SmSplit, System, Topology,
 };
 
 /// Everything a [`ControllerConfig`] is resolved from.
@@ -43,6 +43,10 @@ pub struct Resolution<'a> {
     /// The offered rate, requests/s: the Poisson-gap rule's starting
     /// estimate is its share per encode worker when the deployment gives none.
     pub rate: f64,
+    /// How each encode worker estimates its arrival rate for the Poisson-gap
+    /// rule ([`RateEstimate`]); with [`RateEstimate::Ewma`] the offload
+    /// router tracks the rate too ([`crate::Router::tracking`]).
+    pub rate_estimate: RateEstimate,
     /// Keep the decision log.
     pub log_decisions: bool,
 }
@@ -97,7 +101,10 @@ impl Resolution<'_> {
                 };
                 let dispatch = self.encode_dispatch();
                 let batchers = (0..dep.allocation.encode.workers)
-                    .map(|_| Batcher::new(&dispatch, dep.max_batch, |k| t_enc(k, 1.0)))
+                    .map(|_| {
+                        Batcher::new(&dispatch, dep.max_batch, |k| t_enc(k, 1.0))
+                            .with_estimator(self.rate_estimate)
+                    })
                     .collect();
                 let decode = self.schedulers(dep.allocation.decode.workers);
                 (batchers, split, decode, Vec::new())
@@ -112,6 +119,10 @@ impl Resolution<'_> {
             prefill_max_seqs: self.prefill_max_seqs,
             max_inflight_transfers: self.max_inflight_transfers,
             router: (dep.router.clone(), dep.offload),
+            offload_tracking: match self.rate_estimate {
+                RateEstimate::Ewma { tau_s } if self.replicas.is_none() => Some((self.rate, tau_s)),
+                _ => None,
+            },
             split,
             admission_limit: self.admission_limit,
             limits: self.limits.clone(),

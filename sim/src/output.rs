@@ -66,6 +66,14 @@ pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
         parts.notes,
     );
     report.events = parts.events;
+    if let Some(w) = sc.workload.window_s {
+        report.windows = easerve_workload::windows::windows(
+            &parts.records,
+            &sc.slo,
+            w,
+            sc.workload.schedule.as_ref(),
+        );
+    }
     // failed and turned-away requests are counted, with their reasons, in
     // the report itself
     let unfinished = report

@@ -4,6 +4,8 @@
 //!
 //! * [`sweep`] — sweep plans and runs (systems, `--set` variants, shards, in
 //!   parallel), rows and points, medians, CSV, shard merging, and the charts.
+//! * [`demand`] — runs under a changing load: per-window timelines of a
+//!   sweep, and how each variant rides a change (P99 TTFT, time to settle).
 //! * [`reproduce`] — the EAServe paper's findings re-run in simulation: the
 //!   report of `easerve reproduce` and the rate sweeps behind its plots.
 //! * [`plot`] — line charts (throughput, goodput, TTFT CDF, busy timeline) as SVG.
@@ -15,6 +17,7 @@
 //! this crate holds what is made of many.
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod demand;
 pub mod deploy;
 pub mod plot;
 pub mod reproduce;

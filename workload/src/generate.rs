@@ -60,6 +60,12 @@ impl ItemTokenTable {
         self.starts.push(self.items.len());
     }
 
+    /// Drop the items of the request being built.
+    fn drop_open(&mut self) {
+        let start = self.starts.last().copied().unwrap_or(0);
+        self.items.truncate(start);
+    }
+
     /// The items of the request being built (pushed since the last close).
     fn open_request(&self) -> &[ItemTokens] {
         &self.items[self.starts.last().copied().unwrap_or(0)..]
@@ -125,6 +131,76 @@ pub fn arrival_times(arrival: &Arrival, rate: f64, n: usize, seed: u64) -> Vec<f
     out
 }
 
+/// The arrival times of a workload (seconds, ascending): its rate schedule's
+/// non-homogeneous process when it has one (time rescaling,
+/// [`crate::schedule`]), else [`arrival_times`] at its one rate. Both draw
+/// from the `arrivals` stream.
+pub fn workload_arrivals(w: &crate::scenario::Workload, seed: u64) -> Vec<f64> {
+    match (&w.schedule, &w.arrival) {
+        (Some(s), Arrival::Poisson) => s.arrivals(&mut stream(seed, "arrivals"), None, w.requests),
+        (Some(s), Arrival::Gamma { cv }) => {
+            s.arrivals(&mut stream(seed, "arrivals"), Some(*cv), w.requests)
+        }
+        _ => arrival_times(&w.arrival, w.rate, w.requests, seed),
+    }
+}
+
+/// How `vllm bench serve --ramp-up-strategy` moves the rate from
+/// `--ramp-up-start-rps` to `--ramp-up-end-rps`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RampUp {
+    /// `start + (end − start)·p`.
+    Linear,
+    /// `start·(end/start)^p`.
+    Exponential,
+}
+
+impl std::str::FromStr for RampUp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<RampUp, String> {
+        match s {
+            "linear" => Ok(RampUp::Linear),
+            "exponential" => Ok(RampUp::Exponential),
+            other => Err(format!("`{other}`: allowed linear, exponential")),
+        }
+    }
+}
+
+/// Send times of `n` requests under a vLLM ramp-up (seconds, ascending), as
+/// `vllm bench serve` paces them (`vllm/benchmarks/serve.py`,
+/// `_get_current_request_rate` and `get_request`): request `i` of `n` is
+/// sent a gap after the one before, drawn at the rate `r_i` of its progress
+/// `p = i/(n − 1)` (by request index, not by time) from Gamma(shape
+/// `burstiness`, scale `1/(r_i·burstiness)`) — exponential at burstiness 1 —
+/// on the `arrivals` stream of `seed`. A rate of 0 (a linear ramp's first
+/// request) sends at once. Callers check vLLM's rules first: `0 ≤ start ≤
+/// end`, `start > 0` for exponential, `burstiness > 0`.
+pub fn ramp_up_times(
+    strategy: RampUp,
+    (start, end): (f64, f64),
+    burstiness: f64,
+    n: usize,
+    seed: u64,
+) -> Vec<f64> {
+    let mut rng = stream(seed, "arrivals");
+    let mut t = 0.0;
+    (0..n)
+        .map(|i| {
+            let p = i as f64 / (n.max(2) - 1) as f64;
+            let rate = match strategy {
+                RampUp::Linear => start + (end - start) * p,
+                RampUp::Exponential => start * (end / start).powf(p),
+            };
+            if rate > 0.0 && rate.is_finite() {
+                let g = Gamma::new(burstiness, 1.0 / (rate * burstiness))
+                    .expect("burstiness and rate checked > 0");
+                t += g.sample(&mut rng);
+            }
+            t
+        })
+        .collect()
+}
+
 /// A length drawn uniformly from `[⌊mean·(1−r)⌋, ⌈mean·(1+r)⌉]`, at least
 /// `min`: `vllm bench serve`'s `--random-range-ratio` rule.
 pub fn uniform_around<R: Rng>(rng: &mut R, mean: u32, r: f64, min: u32) -> u32 {
@@ -167,7 +243,7 @@ pub fn generate_requests(sc: &Scenario) -> Vec<Request> {
 /// Never for a scenario that passed validation.
 pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
     let w = &sc.workload;
-    let arrivals = arrival_times(&w.arrival, w.rate, w.requests, sc.seed);
+    let arrivals = workload_arrivals(w, sc.seed);
     let mut lengths = stream(sc.seed, "lengths");
     let mut shapes = stream(sc.seed, "shapes");
     let pick = match &w.shapes {
@@ -193,6 +269,11 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
     };
     let mut tokens =
         ItemTokenTable::with_capacity(w.requests, w.requests.saturating_mul(per_request));
+    // a modality mix by phase: a request of a phase whose media share is
+    // below 1 is text-only with that probability, from its own `mix` stream
+    // (its shapes are still drawn, so the other streams stay aligned)
+    let mix = w.schedule.as_ref().filter(|s| s.mixes());
+    let mut mix_rng = stream(sc.seed, "mix");
     for (i, &arrival) in arrivals.iter().enumerate() {
         let (prompt_tokens, output_tokens) = match &w.arrival {
             Arrival::Trace { rows, .. } => (rows[i].prompt_tokens, rows[i].output_tokens),
@@ -230,6 +311,13 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
                 }]
             }
             Shapes::Text => Vec::new(),
+        };
+        let text_only = mix.is_some_and(|s| mix_rng.gen::<f64>() >= s.media_share_at(arrival));
+        let items = if text_only {
+            tokens.drop_open();
+            Vec::new()
+        } else {
+            items
         };
         if tokens.open_request().len() != items.len() {
             for item in &items {
@@ -308,6 +396,54 @@ pub fn typical_batch(typical: &[ItemTokens], k: usize) -> Vec<ItemTokens> {
         .cycle()
         .take(k * typical.len())
         .collect()
+}
+
+#[cfg(test)]
+mod ramp_tests {
+    use super::*;
+
+    #[test]
+    fn ramp_up_gaps_follow_the_rate_of_each_request() {
+        let n = 20_000;
+        let t = ramp_up_times(RampUp::Linear, (1.0, 9.0), 1.0, n, 3);
+        assert!(t.windows(2).all(|w| w[0] <= w[1]));
+        // the mean gap of the last tenth ≈ 1/(rate there ≈ 8.6) and of the first ≈ 1/1.4
+        let gap = |a: usize, b: usize| (t[b] - t[a]) / (b - a) as f64;
+        let (first, last) = (gap(0, n / 10), gap(n - n / 10, n - 1));
+        let harmonic = |lo: f64, hi: f64| (hi / lo).ln() / (hi - lo);
+        assert!((first / harmonic(1.0, 1.8) - 1.0).abs() < 0.05, "{first}");
+        assert!((last / harmonic(8.2, 9.0) - 1.0).abs() < 0.05, "{last}");
+        let e = ramp_up_times(RampUp::Exponential, (1.0, 16.0), 1.0, n, 3);
+        // halfway through, an exponential ramp runs at √(1·16) = 4 req/s
+        let mid = (e[n / 2 + 500] - e[n / 2 - 500]) / 1000.0;
+        assert!((mid * 4.0 - 1.0).abs() < 0.1, "{mid}");
+        assert_eq!(ramp_up_times(RampUp::Linear, (0.0, 2.0), 1.0, 3, 1)[0], 0.0);
+    }
+
+    #[test]
+    fn a_phase_media_share_makes_that_share_of_its_arrivals_carry_media() {
+        use crate::scenario::{Overrides, Scenario};
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/demand/image-step.toml");
+        let with_items = |sets: &[(String, String)]| {
+            let sc = Scenario::load_with(&path, sets, &Overrides::default()).expect("valid");
+            let reqs = generate_requests(&sc);
+            let phase2: Vec<&Request> = reqs.iter().filter(|r| r.arrival >= 600.0).collect();
+            let media = phase2.iter().filter(|r| !r.items.is_empty()).count();
+            (media as f64 / phase2.len() as f64, reqs)
+        };
+        let (all, plain) = with_items(&[]);
+        assert_eq!(all, 1.0);
+        let set = |v: &str| vec![("workload.phases.media_share".to_string(), v.to_string())];
+        let (quarter, mixed) = with_items(&set("0.25"));
+        // ~1080 requests in the second phase: σ of the share ≈ 1.3 %
+        assert!((quarter - 0.25).abs() < 0.05, "{quarter}");
+        // arrivals, lengths and the shapes of media requests are unchanged
+        for (a, b) in plain.iter().zip(&mixed) {
+            assert_eq!((a.arrival, a.prompt_tokens), (b.arrival, b.prompt_tokens));
+            assert!(b.items.is_empty() || a.items == b.items);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 //!   `vllm bench serve`'s random multimodal workload draws them.
 //! * [`report`] — the [`Report`]: throughput, goodput per SLO tier, TTFT, TPOT,
 //!   E2E, per-stage queueing and service, per-GPU busy fraction, bottleneck.
+//! * [`schedule`] — time-varying rates (phases, ramps, diurnal, bursts,
+//!   ServeGen replay) and non-homogeneous arrivals by time rescaling.
+//! * [`windows`] — a run cut into windows of time (goodput, TTFT, queues).
 //! * [`rng`] — one master seed, named RNG streams.
 //! * [`trace`] and [`agreement`] — trace replay, and how far a report agrees with
 //!   another (`calib validate`).
@@ -21,7 +24,9 @@ pub mod generate;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod schedule;
 pub mod trace;
+pub mod windows;
 
 pub use generate::generate_requests;
 pub use report::{Report, SloTier, Stats};

@@ -316,6 +316,10 @@ pub struct Report {
     /// Refused requests per limit, most frequent first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refusals: Vec<FailureCount>,
+    /// The run cut into windows of time (a scenario with a rate schedule or
+    /// `workload.window_s`; see [`crate::windows`]); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<crate::windows::WindowReport>,
 }
 
 /// How many requests failed for one reason.
@@ -527,6 +531,7 @@ impl Report {
             failures,
             refused: refusals.iter().map(|f| f.count).sum(),
             refusals,
+            windows: Vec::new(),
         }
     }
 
@@ -540,8 +545,25 @@ impl Report {
         self.text_encode(&mut s);
         self.text_gpus(&mut s);
         self.text_explanation(&mut s);
+        self.text_windows(&mut s);
         self.text_footer(&mut s);
         s
+    }
+
+    /// The per-window table, when the run has windows: goodput and
+    /// attainment of the `moderate` tier (else the middle one).
+    fn text_windows(&self, s: &mut String) {
+        if self.windows.is_empty() {
+            return;
+        }
+        head(s, " Per window ");
+        let tier = self
+            .goodput
+            .iter()
+            .position(|t| t.name == "moderate")
+            .unwrap_or(self.goodput.len() / 2);
+        let name = self.goodput.get(tier).map_or("-", |t| t.name.as_str());
+        s.push_str(&crate::windows::render_windows(&self.windows, tier, name));
     }
 
     /// The title, the run's identity, request counts and throughputs.

@@ -37,6 +37,7 @@ impl Controller {
             return;
         }
         self.in_system += 1;
+        self.router.observe(now);
         if !self.replicas.is_empty() {
             self.arrive_at_front_end(id);
             return;

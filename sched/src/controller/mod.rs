@@ -131,6 +131,10 @@ pub struct ControllerConfig {
     pub max_inflight_transfers: usize,
     /// Prefill routing policy and offload ratio `s`.
     pub router: (RouterPolicy, f64),
+    /// `(Λ, τ)`: the offload ratio tracks the arrival rate, tuned at `Λ`
+    /// requests/s, estimated with time constant `τ` seconds
+    /// ([`Router::tracking`]); `None`: `s` is fixed.
+    pub offload_tracking: Option<(f64, f64)>,
     /// SM split between an encode pass and its co-located prefill worker.
     pub split: SmSplit,
     /// Admission bound: requests admitted and not yet finished; an arrival
@@ -365,7 +369,10 @@ impl Controller {
             shards,
             remote_place: LeastOutstanding::new(cfg.topology.remote_prefill()),
             decode_place: LeastOutstanding::new(decode.len()),
-            router: Router::new(&cfg.router.0, cfg.router.1),
+            router: match cfg.offload_tracking {
+                Some((rate, tau)) => Router::new(&cfg.router.0, cfg.router.1).tracking(rate, tau),
+                None => Router::new(&cfg.router.0, cfg.router.1),
+            },
             split: cfg.split,
             topology: cfg.topology,
             encode,

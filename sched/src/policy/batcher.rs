@@ -12,33 +12,123 @@ use std::collections::VecDeque;
 /// threshold `g` by the same fraction — small next to the spread of `T_enc(k)`.
 pub const RATE_WINDOW: usize = 16;
 
-/// Online arrival-rate estimate from the last [`RATE_WINDOW`] inter-arrival gaps.
+/// How a batcher (and, with [`RateEstimate::Ewma`], the offload router)
+/// estimates the arrival rate λ̂.
+///
+/// Parsed from and shown as `window`, `fixed` or `ewma:TAU_S`
+/// (`deployment.rate_estimator`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RateEstimate {
+    /// The mean of the last [`RATE_WINDOW`] gaps, the scenario's rate until
+    /// the first gap (the behaviour every report before `rate_estimator`
+    /// was written with; the offload ratio stays fixed).
+    #[default]
+    Window,
+    /// The scenario's rate per encode worker throughout, never updated (the
+    /// rate HAS tuned for; the offload ratio stays fixed).
+    Fixed,
+    /// An exponentially weighted count of arrivals with time constant
+    /// `tau_s`: `λ̂ = S/τ` with `S = Σ e^(−(t − tᵢ)/τ)` over past arrivals
+    /// `tᵢ`, updated at each arrival as `S ← S·e^(−gap/τ) + 1` and read at
+    /// the latest one (the exponentially weighted moving average of the
+    /// arrival process itself; unlike an EWMA of the gaps, whose weight
+    /// would grow with the gap and bias the mean gap up to `2/λ`). For a
+    /// steady Poisson stream `E[λ̂] = λ + 1/τ` (the arrival just counted)
+    /// and its relative standard error is `1/√(2λτ)`; after a step it
+    /// forgets the old rate as `e^(−t/τ)`. Seeded with `S = τ·` the
+    /// scenario's rate. The offload router tracks the rate too
+    /// ([`crate::Router::tracking`]).
+    Ewma {
+        /// Time constant τ, seconds (> 0).
+        tau_s: f64,
+    },
+}
+
+impl std::fmt::Display for RateEstimate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RateEstimate::Window => write!(f, "window"),
+            RateEstimate::Fixed => write!(f, "fixed"),
+            RateEstimate::Ewma { tau_s } => write!(f, "ewma:{tau_s}"),
+        }
+    }
+}
+
+impl std::str::FromStr for RateEstimate {
+    type Err = String;
+    /// `window`, `fixed` or `ewma:TAU_S` (`TAU_S` seconds, finite, > 0).
+    fn from_str(s: &str) -> Result<RateEstimate, String> {
+        match s.trim() {
+            "window" => Ok(RateEstimate::Window),
+            "fixed" => Ok(RateEstimate::Fixed),
+            other => {
+                let tau = other
+                    .strip_prefix("ewma:")
+                    .ok_or_else(|| format!("`{other}`: allowed window, fixed, ewma:TAU_S"))?;
+                match tau.trim().parse::<f64>() {
+                    Ok(t) if t.is_finite() && t > 0.0 => Ok(RateEstimate::Ewma { tau_s: t }),
+                    _ => Err(format!(
+                        "`{other}`: the EWMA time constant must be seconds > 0, e.g. ewma:30"
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Online arrival-rate estimate ([`RateEstimate`]): by default from the last
+/// [`RATE_WINDOW`] inter-arrival gaps.
 #[derive(Clone, Debug, Default)]
 pub struct RateEstimator {
     gaps: VecDeque<f64>,
     sum: f64,
     last: Option<f64>,
     hint: Option<f64>,
+    kind: RateEstimate,
+    /// The decayed arrival count `S` (`Ewma` only).
+    decayed: f64,
 }
 
 impl RateEstimator {
     /// An estimator seeded with an optional rate hint (requests/s), used until
     /// the first gap is observed.
     pub fn new(hint: Option<f64>) -> Self {
+        RateEstimator::of(RateEstimate::Window, hint)
+    }
+
+    /// An estimator of kind `kind` seeded with an optional rate hint (requests/s).
+    pub fn of(kind: RateEstimate, hint: Option<f64>) -> Self {
+        let hint = hint.filter(|r| *r > 0.0 && r.is_finite());
+        let decayed = match (kind, hint) {
+            (RateEstimate::Ewma { tau_s }, Some(h)) => h * tau_s,
+            _ => 0.0,
+        };
         RateEstimator {
-            hint: hint.filter(|r| *r > 0.0 && r.is_finite()),
+            hint,
+            kind,
+            decayed,
             ..Default::default()
         }
     }
 
     /// Record an arrival at `now` (seconds).
     pub fn observe(&mut self, now: f64) {
+        if let RateEstimate::Ewma { tau_s } = self.kind {
+            let gap = self.last.map_or(0.0, |l| (now - l).max(0.0));
+            self.decayed = self.decayed * (-gap / tau_s).exp() + 1.0;
+        }
         if let Some(last) = self.last {
             let gap = (now - last).max(0.0);
-            self.gaps.push_back(gap);
-            self.sum += gap;
-            if self.gaps.len() > RATE_WINDOW {
-                self.sum -= self.gaps.pop_front().unwrap_or(0.0);
+            match self.kind {
+                RateEstimate::Window => {
+                    self.gaps.push_back(gap);
+                    self.sum += gap;
+                    if self.gaps.len() > RATE_WINDOW {
+                        self.sum -= self.gaps.pop_front().unwrap_or(0.0);
+                    }
+                }
+                RateEstimate::Fixed | RateEstimate::Ewma { .. } => {}
             }
         }
         self.last = Some(now);
@@ -47,15 +137,23 @@ impl RateEstimator {
     /// Estimated arrival rate λ̂ in requests/s, or `None` before any gap (and
     /// without a hint). Simultaneous arrivals only (all gaps 0) give `+∞`.
     pub fn rate(&self) -> Option<f64> {
-        if self.gaps.is_empty() {
-            return self.hint;
+        match self.kind {
+            RateEstimate::Window => {
+                if self.gaps.is_empty() {
+                    return self.hint;
+                }
+                let sum = self.sum.max(0.0);
+                Some(if sum > 0.0 {
+                    self.gaps.len() as f64 / sum
+                } else {
+                    f64::INFINITY
+                })
+            }
+            RateEstimate::Fixed => self.hint,
+            RateEstimate::Ewma { tau_s } => (self.decayed > 0.0)
+                .then_some(self.decayed / tau_s)
+                .or(self.hint),
         }
-        let sum = self.sum.max(0.0);
-        Some(if sum > 0.0 {
-            self.gaps.len() as f64 / sum
-        } else {
-            f64::INFINITY
-        })
     }
 
     /// Time of the last observed arrival.
@@ -201,6 +299,13 @@ impl Batcher {
         }
     }
 
+    /// The same batcher estimating its arrival rate by `kind` (seeded with
+    /// the policy's rate hint).
+    pub fn with_estimator(mut self, kind: RateEstimate) -> Self {
+        self.rate = RateEstimator::of(kind, self.rate.hint);
+        self
+    }
+
     /// The resolved parameters (for the report).
     pub fn params(&self) -> &BatcherParams {
         &self.params
@@ -319,6 +424,70 @@ mod tests {
             q: 0.9,
             max_age_s: None,
             rate_hint: hint,
+        }
+    }
+
+    /// Arrival times of a Poisson stream at `rate` from `t0`, `n` of them.
+    fn poisson(rate: f64, t0: f64, n: usize, seed: u64) -> Vec<f64> {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut t = t0;
+        (0..n)
+            .map(|_| {
+                t += -(1.0 - rng.gen::<f64>()).ln() / rate;
+                t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn estimators_converge_after_a_step_and_fixed_holds_its_hint() {
+        for seed in 0..5 {
+            let before = poisson(1.0, 0.0, 300, seed);
+            let after = poisson(4.0, before[299], 2000, seed + 100);
+            let tau = 30.0;
+            let mut ewma = RateEstimator::of(RateEstimate::Ewma { tau_s: tau }, Some(1.0));
+            let mut window = RateEstimator::of(RateEstimate::Window, Some(1.0));
+            let mut fixed = RateEstimator::of(RateEstimate::Fixed, Some(1.0));
+            for &t in &before {
+                for e in [&mut ewma, &mut window, &mut fixed] {
+                    e.observe(t);
+                }
+            }
+            let near = |x: f64, want: f64, tol: f64| (x / want - 1.0).abs() < tol;
+            assert!(near(ewma.rate().unwrap(), 1.0, 0.35), "seed {seed}");
+            // after 5 τ at the new rate the EWMA has forgotten the old one:
+            // e^-5 of its weight left, and σ ≈ 1/√(2λτ) ≈ 6.5 %
+            let step = before[299];
+            let mut settled_at = None;
+            for &t in &after {
+                for e in [&mut ewma, &mut window, &mut fixed] {
+                    e.observe(t);
+                }
+                if t > step + 5.0 * tau {
+                    assert!(near(ewma.rate().unwrap(), 4.0, 0.3), "seed {seed} at {t}");
+                }
+                if settled_at.is_none() && near(ewma.rate().unwrap(), 4.0, 0.3) {
+                    settled_at = Some(t - step);
+                }
+            }
+            assert!(settled_at.unwrap() < 3.0 * tau, "{settled_at:?}");
+            // the window's estimate is its last RATE_WINDOW gaps', exactly
+            let n = after.len();
+            let own = RATE_WINDOW as f64 / (after[n - 1] - after[n - 1 - RATE_WINDOW]);
+            assert!(near(window.rate().unwrap(), own, 1e-9));
+            assert_eq!(fixed.rate(), Some(1.0));
+        }
+    }
+
+    #[test]
+    fn rate_estimates_parse_and_print() {
+        for t in ["window", "fixed", "ewma:30", "ewma:0.5"] {
+            let e: RateEstimate = t.parse().unwrap();
+            assert_eq!(e.to_string(), t);
+        }
+        for bad in ["ewma", "ewma:0", "ewma:-1", "ewma:inf", "median"] {
+            assert!(bad.parse::<RateEstimate>().is_err(), "{bad}");
         }
     }
 

@@ -23,7 +23,7 @@ mod decode;
 mod router;
 mod smsplit;
 
-pub use batcher::{Batcher, BatcherParams, RateEstimator, RATE_WINDOW};
+pub use batcher::{Batcher, BatcherParams, RateEstimate, RateEstimator, RATE_WINDOW};
 pub use budget::{largest_within, StepBudgets};
 pub use decode::{DecodeRunProgress, DecodeScheduler, DecodeSeq, KvBlocks};
 pub use router::{Route, Router};

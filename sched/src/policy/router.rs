@@ -30,6 +30,9 @@ enum Kind {
 pub struct Router {
     s: f64,
     kind: Kind,
+    /// `(Λ, λ̂)`: the rate `s` was tuned at and the online estimate, when the
+    /// ratio tracks the rate ([`Router::tracking`]).
+    track: Option<(f64, crate::RateEstimator)>,
 }
 
 impl Router {
@@ -46,7 +49,38 @@ impl Router {
                 pos: 0,
             },
         };
-        Router { s, kind }
+        Router {
+            s,
+            kind,
+            track: None,
+        }
+    }
+
+    /// The same router with its ratio tracking the arrival rate: `s` was
+    /// tuned (by HAS) at `rate` requests/s, so the remote prefill pool was
+    /// sized for `s·rate`; with the online estimate λ̂ (an exponentially
+    /// decayed arrival count of time constant `tau_s`,
+    /// [`crate::RateEstimate::Ewma`]) the router sends remote the fraction
+    /// `s' = clamp(s·rate/λ̂, 0, 1)`, which keeps the remote pool's load at
+    /// that design point: a surge goes to the local prefill workers on the
+    /// encode GPUs, a lull sends more to the remote pool. At λ̂ = rate,
+    /// `s' = s`; `s = 1` is not tracked (no local worker). The other way
+    /// round (keeping the local load at `(1 − s)·rate`) was measured too and
+    /// made the P99 TTFT after a step worse on the image scenario (README,
+    /// "Changing load").
+    pub fn tracking(mut self, rate: f64, tau_s: f64) -> Self {
+        if rate > 0.0 && rate.is_finite() && self.s < 1.0 {
+            let est = crate::RateEstimator::of(crate::RateEstimate::Ewma { tau_s }, Some(rate));
+            self.track = Some((rate, est));
+        }
+        self
+    }
+
+    /// An arrival at `now` (seconds): feeds the estimate of a tracking router.
+    pub fn observe(&mut self, now: f64) {
+        if let Some((_, est)) = &mut self.track {
+            est.observe(now);
+        }
     }
 
     /// The configured offload ratio `s`.
@@ -54,9 +88,21 @@ impl Router {
         self.s
     }
 
+    /// The ratio in force: `s`, or for a tracking router `s'` at the current
+    /// estimate ([`Router::tracking`]).
+    pub fn effective_offload(&self) -> f64 {
+        match &self.track {
+            Some((rate, est)) => match est.rate() {
+                Some(l) if l > 0.0 => (self.s * rate / l).clamp(0.0, 1.0),
+                _ => self.s,
+            },
+            None => self.s,
+        }
+    }
+
     /// Decide the next request's route.
     pub fn route(&mut self) -> Route {
-        let s = self.s;
+        let s = self.effective_offload();
         match &mut self.kind {
             Kind::Deficit { d } => {
                 *d += s;
@@ -104,6 +150,34 @@ mod tests {
             }
         }
         (best_r, best_l)
+    }
+
+    #[test]
+    fn tracking_router_keeps_the_remote_load_at_its_design_point() {
+        // s = 0.6 tuned at 2 req/s: remote gets 1.2 req/s. At 4 req/s the
+        // router should send 0.6·2/4 = 0.3 remote (remote still 1.2 req/s).
+        let mut r = Router::new(&RouterPolicy::Deficit, 0.6).tracking(2.0, 5.0);
+        assert!(
+            (r.effective_offload() - 0.6).abs() < 1e-12,
+            "seeded at the design rate"
+        );
+        let mut t = 0.0;
+        let mut remote = 0;
+        for i in 0..4000 {
+            t += 0.25;
+            r.observe(t);
+            if i >= 2000 && r.route() == Route::Remote {
+                remote += 1;
+            }
+        }
+        // λ̂ = 4 + 1/τ (the EWMA's bias, RateEstimate::Ewma): s' = 0.295
+        assert!((r.effective_offload() - 0.3).abs() < 0.01);
+        assert!((remote as f64 / 2000.0 - 0.3).abs() < 0.015, "{remote}");
+        // a fixed router ignores the rate
+        let mut f = Router::new(&RouterPolicy::Deficit, 0.6);
+        f.observe(1.0);
+        f.observe(1.01);
+        assert_eq!(f.effective_offload(), 0.6);
     }
 
     proptest! {

@@ -80,6 +80,7 @@ pub fn charts(whole: &SweepPart) -> Result<Vec<NamedChart>, SweepError> {
     let mut out = rate_charts(&points, &whole.tiers, top);
     out.extend(busy_charts(whole, top)?);
     out.push(progress_chart(whole, top)?);
+    out.extend(crate::demand::timeline_charts(whole));
     Ok(out)
 }
 
@@ -225,7 +226,8 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
     };
     let sc = Scenario::load(Path::new(&whole.scenario), &o)?;
     let cost = easerve_sim::scenario_cost(&sc);
-    let trial = SimTrial::new(sc.raw.clone(), &sc.file, o.clone());
+    let objective = easerve_has::Objective::default_for(&sc.slo);
+    let trial = SimTrial::new(sc.raw.clone(), &sc.file, o.clone()).scoring(objective.tier());
     let progress: Vec<Series> = [Method::Has, Method::Random, Method::Coordinate]
         .iter()
         .map(|&m| {
@@ -238,6 +240,7 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
                     budget: easerve_has::DEFAULT_BUDGET,
                     seed: 1,
                     rate: top,
+                    objective: objective.clone(),
                 },
                 &mut |_| {},
             );
@@ -256,7 +259,7 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
         (
             &format!("Search progress at {top} req/s"),
             "trial",
-            "best throughput so far (req/s)",
+            &format!("best {objective} so far (req/s)"),
         ),
         Scale::Linear,
         progress,

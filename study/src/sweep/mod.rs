@@ -58,6 +58,9 @@ pub struct SweepRow {
     /// values did not change this run ([`SweptSystem::fixed_fields`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignored: Vec<String>,
+    /// The run's windows (a scenario with a rate schedule; [`Report::windows`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<easerve_workload::windows::WindowReport>,
 }
 
 impl SweepRow {
@@ -98,6 +101,7 @@ impl SweepRow {
             ttft_quantiles: TTFT_QUANTILES.iter().map(|&p| q(p)).collect(),
             bottleneck: report.bottleneck.clone(),
             ignored: Vec::new(),
+            windows: report.windows.clone(),
         }
     }
 }
@@ -336,6 +340,7 @@ mod tests {
             ttft_quantiles: vec![0.0; TTFT_QUANTILES.len()],
             bottleneck: "encode".into(),
             ignored: Vec::new(),
+            windows: Vec::new(),
         }
     }
 

@@ -19,6 +19,9 @@ pub enum SweptSystem {
     Aggregated,
     /// The scenario's own deployment with s = 1 (every prefill remote).
     EaserveS1,
+    /// The scenario's own deployment as it is (allocation, B, s, policies):
+    /// for comparing runtime knobs (`--set deployment.rate_estimator=…`).
+    AsIs,
     /// easerve with its allocation, B and s chosen by a HAS search at each
     /// point ([`easerve_has::tune`]).
     Easerve,
@@ -41,10 +44,11 @@ impl SweptSystem {
     ];
 
     /// Every system a sweep can compare.
-    pub const ALL: [SweptSystem; 6] = [
+    pub const ALL: [SweptSystem; 7] = [
         SweptSystem::Passthrough,
         SweptSystem::Aggregated,
         SweptSystem::EaserveS1,
+        SweptSystem::AsIs,
         SweptSystem::Easerve,
         SweptSystem::EpdServe,
         SweptSystem::HydraInfer,
@@ -56,6 +60,7 @@ impl SweptSystem {
             SweptSystem::Passthrough => "passthrough",
             SweptSystem::Aggregated => "aggregated",
             SweptSystem::EaserveS1 => "easerve-s1",
+            SweptSystem::AsIs => "as-is",
             SweptSystem::Easerve => "easerve",
             SweptSystem::EpdServe => "epd-serve",
             SweptSystem::HydraInfer => "hydrainfer",
@@ -67,7 +72,7 @@ impl SweptSystem {
         match self {
             SweptSystem::Passthrough => System::Passthrough,
             SweptSystem::Aggregated => System::Aggregated,
-            SweptSystem::EaserveS1 | SweptSystem::Easerve => System::Easerve,
+            SweptSystem::EaserveS1 | SweptSystem::AsIs | SweptSystem::Easerve => System::Easerve,
             SweptSystem::EpdServe => System::EpdServe,
             SweptSystem::HydraInfer => System::HydraInfer,
         }
@@ -98,6 +103,7 @@ impl SweptSystem {
                 "deployment.dispatch",
             ],
             SweptSystem::EaserveS1 => &["deployment.offload"],
+            SweptSystem::AsIs => &[],
             SweptSystem::Easerve => &[
                 "deployment.allocation",
                 "deployment.batch",
@@ -155,7 +161,7 @@ impl std::fmt::Display for SweptSystem {
 /// A system name that is none of [`SweptSystem::ALL`].
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(
-    "unknown system `{0}`; allowed: passthrough, aggregated, easerve-s1, easerve, epd-serve, hydrainfer"
+    "unknown system `{0}`; allowed: passthrough, aggregated, easerve-s1, as-is, easerve, epd-serve, hydrainfer"
 )]
 pub struct UnknownSystem(pub String);
 

@@ -48,6 +48,7 @@ impl Scenario {
             limits: self.limits.clone(),
             preprocess_ahead: self.knobs.preprocess_threads.is_some(),
             rate: self.workload.rate,
+            rate_estimate: self.knobs.rate_estimate,
             log_decisions,
         }
     }

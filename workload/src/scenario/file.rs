@@ -131,6 +131,12 @@ pub struct DeploymentSection {
     pub max_age_s: Option<f64>,
     /// `deficit` (default), `random`, `windowed:W`.
     pub router: Option<String>,
+    /// How the Poisson-gap rule estimates the arrival rate: `window`
+    /// (default: the last 16 gaps), `fixed` (the scenario's rate) or
+    /// `ewma:TAU_S` (an EWMA of time constant TAU_S seconds, which the
+    /// offload router tracks too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_estimator: Option<String>,
     /// `dynamic` (default), `none`, `static:F`.
     pub sm_policy: Option<String>,
     /// Prefill token budget per batch (default 8192).
@@ -228,6 +234,52 @@ pub struct WorkloadSection {
     pub video: Option<ItemsSection<VideoBucket>>,
     /// Audio durations.
     pub audio: Option<AudioSection>,
+    /// A time-varying rate (`[[workload.phases]]`, laid end to end and
+    /// repeated); with `rate` too, rescaled to that mean rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phases: Option<Vec<PhaseSection>>,
+    /// Length of the report's windows, seconds (default with `phases`: one
+    /// 24th of the schedule; without, no windows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
+}
+
+/// `[[workload.phases]]`: one phase of a rate schedule. `kind` says which
+/// fields it takes: `constant` (`duration_s`, `rate`), `ramp` (`duration_s`,
+/// `from`, `to`), `diurnal` (`duration_s`, `period_s`, `peak`, `trough`),
+/// `burst` (`duration_s`, `on_s`, `off_s`, `peak`, `trough`), `servegen`
+/// (`trace`: a ServeGen `chunk-N-trace.csv`, relative to the scenario; its
+/// own window length, checked against `window_s` when given).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseSection {
+    /// `constant`, `ramp`, `diurnal`, `burst` or `servegen`.
+    pub kind: String,
+    /// Length, seconds.
+    pub duration_s: Option<f64>,
+    /// Constant rate, requests/s.
+    pub rate: Option<f64>,
+    /// Ramp start rate, requests/s.
+    pub from: Option<f64>,
+    /// Ramp end rate, requests/s.
+    pub to: Option<f64>,
+    /// Diurnal period, seconds.
+    pub period_s: Option<f64>,
+    /// Diurnal or burst peak rate, requests/s.
+    pub peak: Option<f64>,
+    /// Diurnal or burst trough rate, requests/s.
+    pub trough: Option<f64>,
+    /// Burst: seconds on.
+    pub on_s: Option<f64>,
+    /// Burst: seconds off.
+    pub off_s: Option<f64>,
+    /// ServeGen trace CSV.
+    pub trace: Option<String>,
+    /// ServeGen window length, seconds (checked against the trace's).
+    pub window_s: Option<f64>,
+    /// Share of the phase's arrivals that carry the scenario's media, in
+    /// [0, 1] (default 1); the rest are text-only.
+    pub media_share: Option<f64>,
 }
 
 /// `[workload.image]` and `[workload.video]`: items per request and a bucket
@@ -338,6 +390,8 @@ pub struct Overrides {
     /// `--max-model-len`, `--limit-mm-per-prompt` and the other limit flags:
     /// each given field replaces the scenario's in `[limits]`.
     pub limits: LimitsSection,
+    /// `--rate-estimator`: `window`, `fixed` or `ewma:TAU_S`.
+    pub rate_estimator: Option<String>,
 }
 
 pub use easerve_sched::System;
@@ -377,6 +431,7 @@ impl Overrides {
             "limits.max_media_bytes" => {
                 set(self.limits.max_media_bytes.is_some(), "--max-media-bytes")
             }
+            "deployment.rate_estimator" => set(self.rate_estimator.is_some(), "--rate-estimator"),
             _ => None,
         }
     }
@@ -468,6 +523,9 @@ impl ScenarioFile {
         }
         if let Some(s) = o.offload {
             self.deployment.offload = s;
+        }
+        if let Some(e) = &o.rate_estimator {
+            self.deployment.rate_estimator = Some(e.clone());
         }
         if let Some(system) = o.system {
             self.deployment.system = Some(system.name().to_string());

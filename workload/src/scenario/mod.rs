@@ -35,13 +35,13 @@ mod validate;
 
 pub use file::{
     AudioSection, ClusterSection, DeploymentSection, ImageBucket, ItemsSection, LaunchSection,
-    LimitsSection, LinkChoice, ModelSection, Overrides, ScenarioFile, SloSection, System,
-    VideoBucket, WorkloadSection,
+    LimitsSection, LinkChoice, ModelSection, Overrides, PhaseSection, ScenarioFile, SloSection,
+    System, VideoBucket, WorkloadSection,
 };
 pub use validate::{
     check_model, num, ModelError, HARDWARE_MIN, HOST_CORES_PER_GPU, KV_DTYPES, LLM_DTYPES,
     MAX_BATCH, MAX_HORIZON_S, MAX_RATE, MAX_TIER_NAME, MAX_WAIT_S, NODE_GPUS, NO_FP8_GPUS,
-    SIM_BYTES_PER_REQUEST, SIM_STEPS_PER_SECOND,
+    PHASE_KINDS, SIM_BYTES_PER_REQUEST, SIM_STEPS_PER_SECOND,
 };
 
 use crate::report::SloTier;
@@ -119,6 +119,14 @@ pub struct Workload {
     pub modality: Modality,
     /// Item shapes.
     pub shapes: Shapes,
+    /// The time-varying rate, when the scenario gives phases (its mean is
+    /// [`Workload::rate`]); `None`: one rate throughout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<crate::schedule::RateSchedule>,
+    /// Length of the report's windows, seconds (`workload.window_s`, or one
+    /// 24th of the schedule's cycle — hourly on a day); `None`: no windows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_s: Option<f64>,
 }
 
 /// Arrival process.
@@ -195,6 +203,14 @@ pub struct ServingKnobs {
     /// series with its GPU phase.
     #[serde(default)]
     pub preprocess_threads: Option<u32>,
+    /// How the Poisson-gap rule estimates the arrival rate
+    /// (`deployment.rate_estimator`; default `window`).
+    #[serde(default, skip_serializing_if = "is_window")]
+    pub rate_estimate: easerve_sched::RateEstimate,
+}
+
+fn is_window(r: &easerve_sched::RateEstimate) -> bool {
+    *r == easerve_sched::RateEstimate::Window
 }
 
 impl Scenario {

@@ -126,6 +126,12 @@ pub(super) fn deployment_section(
             }
         };
     let sm_policy = sm_policy_of(d.sm_policy.as_deref(), v)?;
+    let rate_estimate = match d.rate_estimator.as_deref() {
+        None => easerve_sched::RateEstimate::default(),
+        Some(t) => t
+            .parse()
+            .map_err(|e: String| v.err("deployment.rate_estimator", e))?,
+    };
     // optional positive integer knob: `deployment.NAME`, default, upper bound
     let knob = |name: &str, value: Option<i64>, default: i64, max: i64| {
         v.int(
@@ -182,6 +188,7 @@ pub(super) fn deployment_section(
             local_prefill_tp: None,
             aggregated_tp: None,
             preprocess_threads: None,
+            rate_estimate,
         },
     ))
 }

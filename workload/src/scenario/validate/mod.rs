@@ -15,12 +15,14 @@ mod feasibility;
 mod limits;
 mod model;
 mod profile;
+mod schedule;
 mod slo;
 mod workload;
 
 pub use cluster::{HARDWARE_MIN, NO_FP8_GPUS};
 pub use deployment::{HOST_CORES_PER_GPU, MAX_BATCH, MAX_WAIT_S};
 pub use model::{check_model, ModelError, KV_DTYPES, LLM_DTYPES, NODE_GPUS};
+pub use schedule::PHASE_KINDS;
 pub use slo::MAX_TIER_NAME;
 pub use workload::{MAX_HORIZON_S, MAX_RATE};
 

@@ -15,6 +15,10 @@ use std::path::Path;
 /// further out, service times of microseconds vanish in rounding.
 pub const MAX_HORIZON_S: f64 = 1e9;
 
+/// Most windows a run's report may hold (`workload.window_s` against the
+/// run's expected span, requests / rate).
+pub(crate) const MAX_WINDOWS: f64 = 100_000.0;
+
 /// Largest `workload.rate` (and `rate_scale`) a scenario accepts, requests/s.
 pub const MAX_RATE: f64 = 1e6;
 
@@ -29,7 +33,42 @@ pub(super) fn workload_section(
 ) -> Result<Workload, ScenarioError> {
     let w = &raw.workload;
     let requests = v.int("workload.requests", w.requests, 1, 10_000_000)? as usize;
+    let schedule = super::schedule::schedule_of(w, v, file)?;
+    // a schedule without `rate` runs at its own mean; with `rate`, rescaled to it
+    let own_mean;
+    let w = match (&schedule, w.rate) {
+        (Some(s), None) => {
+            own_mean = WorkloadSection {
+                rate: Some(s.mean_rate()),
+                ..w.clone()
+            };
+            &own_mean
+        }
+        _ => w,
+    };
     let (arrival, rate) = arrival_of(w, v, file, requests)?;
+    let schedule = schedule.map(|s| s.with_mean(rate));
+    let window_s = match (w.window_s, &schedule) {
+        (Some(x), _) => Some(v.real("workload.window_s", x, 0.0, MAX_HORIZON_S, true)?),
+        (None, Some(s)) => Some(s.period_s() / 24.0),
+        (None, None) => None,
+    };
+    // the report keeps one row per window: bound them by the run's expected span
+    if let Some(ws) = window_s {
+        let windows = requests as f64 / rate / ws;
+        if windows > MAX_WINDOWS {
+            return Err(v.err(
+                "workload.window_s",
+                format!(
+                    "{} s windows over the run's expected {} s are {} windows; at most {}: give a longer window",
+                    num(ws),
+                    num(requests as f64 / rate),
+                    num(windows.round()),
+                    num(MAX_WINDOWS)
+                ),
+            ));
+        }
+    }
     let replay = matches!(arrival, Arrival::Trace { .. });
     let (input_len, output_len, range_ratio) = lengths_of(w, v, replay)?;
     let modality = modality_of(w, v)?;
@@ -52,6 +91,8 @@ pub(super) fn workload_section(
         range_ratio,
         modality,
         shapes,
+        schedule,
+        window_s,
     })
 }
 

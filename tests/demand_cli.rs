@@ -1,0 +1,179 @@
+//! Time-varying load: rate schedules in a scenario (`[[workload.phases]]`),
+//! the per-window report, the rate estimator knob, and the objective HAS
+//! ranks by (`--objective`).
+
+use crate::{easerve, root, sim_json};
+use std::io::Write;
+
+fn step_with(edit: impl Fn(String) -> String) -> tempfile::NamedTempFile {
+    let base = std::fs::read_to_string(root().join("scenarios/demand/image-step.toml")).unwrap();
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(edit(base).as_bytes()).unwrap();
+    f
+}
+
+/// `easerve ARGS` exits 2, names the file (when given) and every needle, never panics.
+fn rejects(args: &[&str], needles: &[&str]) {
+    let out = easerve(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    for n in needles {
+        assert!(err.contains(n), "message lacks {n:?}: {err}");
+    }
+}
+
+#[test]
+fn bad_phases_exit_2_naming_the_field() {
+    let first = "kind = \"constant\"\nduration_s = 600\nrate = 1.0";
+    let cases: [(&str, &[&str]); 7] = [
+        (
+            "kind = \"constant\"\nduration_s = 600\nrate = 1.0\nmedia_share = 1.5",
+            &["workload.phases[0].media_share", "[0, 1]"],
+        ),
+        (
+            "kind = \"constant\"\nduration_s = 0\nrate = 1.0",
+            &["workload.phases[0].duration_s", "must be > 0"],
+        ),
+        (
+            "kind = \"constant\"\nduration_s = -5\nrate = 1.0",
+            &["workload.phases[0].duration_s", "must be > 0"],
+        ),
+        (
+            "kind = \"diurnal\"\nduration_s = 600\nperiod_s = 0\npeak = 2.0\ntrough = 1.0",
+            &["workload.phases[0].period_s", "must be > 0"],
+        ),
+        (
+            "kind = \"diurnal\"\nduration_s = 600\nperiod_s = 60\npeak = 1.0\ntrough = 2.0",
+            &["workload.phases[0].peak", "below the trough"],
+        ),
+        (
+            "kind = \"sawtooth\"\nduration_s = 600",
+            &[
+                "workload.phases[0].kind",
+                "constant, ramp, diurnal, burst, servegen",
+            ],
+        ),
+        (
+            "kind = \"constant\"\nduration_s = 600\nrate = 1.0\nperiod_s = 60",
+            &[
+                "workload.phases[0].period_s",
+                "not used by a `constant` phase",
+            ],
+        ),
+    ];
+    for (phase, needles) in cases {
+        let f = step_with(|s| s.replacen(first, phase, 1));
+        let path = f.path().to_str().unwrap();
+        let mut all = needles.to_vec();
+        all.push(path);
+        rejects(&["sim", path], &all);
+    }
+    let f = step_with(|s| s.to_string());
+    let path = f.path().to_str().unwrap();
+    rejects(
+        &["sim", path, "--rate-estimator", "ewma:0"],
+        &["deployment.rate_estimator", "ewma:30"],
+    );
+}
+
+#[test]
+fn a_scheduled_run_reports_its_windows() {
+    let path = root().join("scenarios/demand/image-step.toml");
+    let r = sim_json(&path, &["--requests", "800", "--seed", "3"]);
+    let ws = r["windows"].as_array().expect("windows");
+    let arrived: u64 = ws.iter().map(|w| w["arrived"].as_u64().unwrap()).sum();
+    assert_eq!(arrived, 800, "every request lands in one window");
+    // the step: 1 req/s in the first 600 s, 1.8 after (30 s windows)
+    assert_eq!(ws[0]["offered_rate"].as_f64(), Some(1.0));
+    assert!(ws.len() > 20 && ws[20]["offered_rate"].as_f64().unwrap() > 1.79);
+    assert_eq!(r, sim_json(&path, &["--requests", "800", "--seed", "3"]));
+    // a scenario without phases has no windows
+    let plain = sim_json(&root().join("scenarios/image.toml"), &["--requests", "50"]);
+    assert!(plain.get("windows").is_none());
+}
+
+#[test]
+fn the_rate_estimator_knob_changes_the_run_only_when_it_estimates() {
+    let path = root().join("scenarios/demand/image-step.toml");
+    let args = |e: &'static str| ["--requests", "600", "--rate-estimator", e];
+    let window = sim_json(&path, &["--requests", "600"]);
+    assert_eq!(
+        window,
+        sim_json(&path, &args("window")),
+        "window is the default"
+    );
+    let ewma = sim_json(&path, &args("ewma:30"));
+    // the EWMA router moves the offload ratio with the rate
+    let remote = |r: &serde_json::Value| r["encode"]["remote_fraction"].as_f64();
+    assert_ne!(remote(&window), remote(&ewma));
+}
+
+#[test]
+fn search_ranks_by_the_objective() {
+    let study = |obj: &str| {
+        let out = easerve(&[
+            "search",
+            "scenarios/image.toml",
+            "--json",
+            "--rate",
+            "5",
+            "--requests",
+            "150",
+            "--objective",
+            obj,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let best_by = |s: &serde_json::Value, key: &str| {
+        let trials = s["trials"].as_array().unwrap();
+        let top = trials
+            .iter()
+            .filter_map(|t| t["outcome"][key].as_f64())
+            .fold(f64::NEG_INFINITY, f64::max);
+        (s["best"]["outcome"][key].as_f64().unwrap(), top)
+    };
+    let g = study("goodput:moderate");
+    assert_eq!(g["objective"], "goodput:moderate");
+    let (chosen, top) = best_by(&g, "slo_goodput");
+    assert_eq!(chosen, top, "the chosen trial has the highest goodput");
+    let t = study("throughput");
+    assert_eq!(t["objective"], "throughput");
+    assert!(t["best"]["outcome"].get("slo_goodput").is_none());
+    let (chosen, top) = best_by(&t, "throughput");
+    assert_eq!(chosen, top, "the chosen trial has the highest throughput");
+    rejects(
+        &["search", "scenarios/image.toml", "--objective", "latency"],
+        &[
+            "--objective latency",
+            "unknown objective",
+            "goodput:TIER",
+            "throughput, ttft",
+        ],
+    );
+    rejects(
+        &[
+            "search",
+            "scenarios/image.toml",
+            "--objective",
+            "goodput:gold",
+        ],
+        &["no SLO tier `gold`", "moderate"],
+    );
+    rejects(
+        &[
+            "capacity",
+            "scenarios/image.toml",
+            "--slo",
+            "moderate",
+            "--objective",
+            "fast",
+        ],
+        &["--objective fast", "unknown objective"],
+    );
+}
