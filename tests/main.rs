@@ -13,6 +13,7 @@ mod fuzz_cli;
 mod hardening;
 mod hardening_inputs;
 mod model_cli;
+mod plots_render;
 #[cfg(feature = "exec")]
 mod profile_cli;
 mod readme_commands;

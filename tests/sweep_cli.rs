@@ -173,22 +173,26 @@ fn set_works_with_every_system_and_rows_name_what_a_system_ignored() {
     ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
-    let mut rows = csv.lines();
-    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
-    assert_eq!(header.last(), Some(&"ignored"), "{csv}");
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let header = reader.headers().unwrap().clone();
+    assert_eq!(header.iter().last(), Some("ignored"), "{csv}");
     let mut seen = 0;
-    for line in rows {
-        let system = line.split(',').nth(1).unwrap();
-        let ignored = line.rsplit(',').next().unwrap();
+    for rec in reader.records() {
+        let rec = rec.unwrap();
+        let (system, ignored) = (&rec[1], rec.iter().last().unwrap());
         let want = if system == "easerve-s1" {
             ""
         } else {
             "deployment.batch"
         };
-        assert_eq!(ignored, want, "{system}: {line}");
+        assert_eq!(ignored, want, "{system}: {rec:?}");
         if system == "easerve-s1" {
             // the one system that runs the scenario's B ran each value
-            assert!(line.contains("B=4") || line.contains("B=8"), "{line}");
+            let deployment = &rec[rec.len() - 2];
+            assert!(
+                deployment.contains("B=4") || deployment.contains("B=8"),
+                "{rec:?}"
+            );
         }
         seen += 1;
     }
@@ -223,7 +227,7 @@ fn sweep_compares_the_epd_baselines() {
     for system in ["epd-serve", "hydrainfer"] {
         let rows: Vec<&str> = csv
             .lines()
-            .filter(|l| l.contains(&format!(",{system},")))
+            .filter(|l| l.contains(&format!(",\"{system}\",")))
             .collect();
         assert_eq!(rows.len(), 2, "{system}: {csv}");
         assert!(rows.iter().all(|l| l.contains("deployment.batch")), "{csv}");
