@@ -175,11 +175,11 @@ fn set_works_with_every_system_and_rows_name_what_a_system_ignored() {
     let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
     let mut reader = csv::Reader::from_reader(csv.as_bytes());
     let header = reader.headers().unwrap().clone();
-    assert_eq!(header.iter().last(), Some("ignored"), "{csv}");
+    assert_eq!(header.iter().next_back(), Some("ignored"), "{csv}");
     let mut seen = 0;
     for rec in reader.records() {
         let rec = rec.unwrap();
-        let (system, ignored) = (&rec[1], rec.iter().last().unwrap());
+        let (system, ignored) = (&rec[1], rec.iter().next_back().unwrap());
         let want = if system == "easerve-s1" {
             ""
         } else {
