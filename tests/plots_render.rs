@@ -165,3 +165,23 @@ fn every_plot_renders_with_its_text_on_the_canvas() {
     assert!(gpus.contains("× offered"), "no attainment line");
     assert!(gpus.matches(": highest ").count() >= 2, "answers unmarked");
 }
+
+/// The check itself: a legend name drawn where the old legend column put
+/// it, near the right edge, is caught.
+#[test]
+#[should_panic(expected = "runs off")]
+fn the_check_catches_a_name_cut_at_the_edge() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("cut.svg");
+    std::fs::write(
+        &svg,
+        r#"<svg width="1000" height="100" viewBox="0 0 1000 100" xmlns="http://www.w3.org/2000/svg">
+<rect x="0" y="0" width="1000" height="100" fill="white"/>
+<line x1="0" y1="50" x2="800" y2="50" stroke="black"/>
+<text x="20" y="30" font-family="sans-serif" font-size="13">a title</text>
+<text x="836" y="60" font-family="sans-serif" font-size="13">passthrough [cluster.link.bandwidth_gbs=8]</text>
+</svg>"#,
+    )
+    .unwrap();
+    check_picture(&svg, &dir.path().join("cut.png"));
+}
