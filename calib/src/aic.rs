@@ -162,7 +162,7 @@ pub fn find_data_dir() -> Option<PathBuf> {
 pub struct FoundData {
     /// The folder that holds `data/` (or `$EASERVE_AICONFIGURATOR_DIR` as given).
     pub dir: PathBuf,
-    /// Which rule found it, for a report's notes: `$EASERVE_AICONFIGURATOR_DIR`,
+    /// Which rule found it, for a report's notes: `through $EASERVE_AICONFIGURATOR_DIR`,
     /// `beside the scenario's folder (…)`, `beside the working directory (…)`
     /// or `in the checkout easerve was built from`. No absolute path, so the
     /// same run reports the same note on every machine.
@@ -185,7 +185,7 @@ pub fn locate_data_dir(scenario: Option<&Path>) -> Option<FoundData> {
     if let Some(d) = std::env::var_os("EASERVE_AICONFIGURATOR_DIR") {
         return Some(FoundData {
             dir: PathBuf::from(d),
-            how: "$EASERVE_AICONFIGURATOR_DIR".into(),
+            how: "through $EASERVE_AICONFIGURATOR_DIR".into(),
         });
     }
     let mut candidates: Vec<(PathBuf, String)> = Vec::new();
