@@ -7,7 +7,7 @@ use easerve_has::planning::{
     CapacityError, Comparison, FewestGpus, Goal, MaxRate, Planner, Probe, Tuning, MAX_GPUS,
     MIN_TOLERANCE,
 };
-use easerve_study::plot::{LineChart, Scale, Series};
+use easerve_study::plot::{LineChart, Scale, Series, Style};
 use easerve_workload::scenario::{num, Overrides, Scenario, MAX_RATE};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -306,19 +306,16 @@ fn fewest_plot(
     pts.sort_by(|x, y| x.0.total_cmp(&y.0));
     let lo = pts.first().map_or(1.0, |p| p.0);
     let hi = pts.last().map_or(1.0, |p| p.0);
-    let mut series = vec![Series {
-        name: format!("goodput ({})", goal.tier),
-        points: pts,
-    }];
-    series.push(Series {
-        name: format!("{} × {rate} req/s", num(goal.attain)),
-        points: vec![(lo, goal.attain * rate), (hi, goal.attain * rate)],
-    });
+    let mut series = vec![Series::new(format!("goodput ({})", goal.tier), pts)];
+    series.push(Series::new(
+        format!("{} × {rate} req/s", num(goal.attain)),
+        vec![(lo, goal.attain * rate), (hi, goal.attain * rate)],
+    ));
     if let Some(f) = &ans.found {
-        series.push(Series {
-            name: format!("fewest: {} GPUs", f.gpus),
-            points: vec![(f64::from(f.gpus), f.goodput)],
-        });
+        series.push(Series::new(
+            format!("fewest: {} GPUs", f.gpus),
+            vec![(f64::from(f.gpus), f.goodput)],
+        ));
     }
     plot(
         path,
@@ -335,15 +332,45 @@ fn fewest_plot(
 fn comparison(q: &Asked<'_>, rows: &[Comparison]) -> anyhow::Result<ExitCode> {
     let (a, goal, what) = (q.a, q.goal, q.what);
     if let Some(path) = &a.plot {
-        let series = rows
-            .iter()
-            .filter_map(|r| {
-                r.answer.as_ref().map(|m| Series {
-                    name: format!("{} × {}", r.gpus, r.gpu),
-                    points: sorted_points(&m.probes),
-                })
-            })
-            .collect();
+        // per GPU type its goodput curve and its answer, in one colour and
+        // its own shape; then the goal's line over every rate probed
+        let mut series = Vec::new();
+        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+        for (i, r) in rows.iter().enumerate() {
+            let Some(m) = &r.answer else { continue };
+            let style = Style {
+                colour: i,
+                shape: i,
+            };
+            let pts = sorted_points(&m.probes);
+            for p in &pts {
+                (lo, hi) = (lo.min(p.0), hi.max(p.0));
+            }
+            let at = pts.iter().find(|p| p.0 == m.rate).map_or(0.0, |p| p.1);
+            series.push(Series::new(format!("{} × {}", r.gpus, r.gpu), pts).styled(style));
+            series.push(
+                Series::new(
+                    format!("{} × {}: highest {:.3} req/s", r.gpus, r.gpu, m.rate),
+                    vec![(m.rate, at)],
+                )
+                .styled(Style {
+                    colour: i,
+                    shape: 5,
+                }),
+            );
+        }
+        if lo <= hi {
+            series.push(
+                Series::new(
+                    format!("{} × offered", num(goal.attain)),
+                    vec![(lo, goal.attain * lo), (hi, goal.attain * hi)],
+                )
+                .styled(Style {
+                    colour: 6,
+                    shape: 3,
+                }),
+            );
+        }
         plot(
             path,
             &format!("{}: goodput ({}) by GPU type", planner_name(a), goal.tier),
@@ -403,24 +430,21 @@ fn max_rate(q: &Asked<'_>, tuning: Tuning, start: f64, ans: &MaxRate) -> anyhow:
             pts.last().map_or(start, |p| p.0),
         );
         let series = vec![
-            Series {
-                name: format!("goodput ({})", goal.tier),
-                points: pts,
-            },
-            Series {
-                name: format!("{} × offered", num(goal.attain)),
-                points: vec![(lo, goal.attain * lo), (hi, goal.attain * hi)],
-            },
-            Series {
-                name: format!("highest: {:.3} req/s", ans.rate),
-                points: vec![(
+            Series::new(format!("goodput ({})", goal.tier), pts),
+            Series::new(
+                format!("{} × offered", num(goal.attain)),
+                vec![(lo, goal.attain * lo), (hi, goal.attain * hi)],
+            ),
+            Series::new(
+                format!("highest: {:.3} req/s", ans.rate),
+                vec![(
                     ans.rate,
                     ans.probes
                         .iter()
                         .find(|p| p.rate == ans.rate)
                         .map_or(0.0, |p| p.goodput),
                 )],
-            },
+            ),
         ];
         plot(
             path,

@@ -38,7 +38,7 @@ pub(crate) fn run(a: ReproduceArgs) -> anyhow::Result<ExitCode> {
         e => BadInput(e.to_string()).into(),
     })?;
     for (name, part) in &study.sweeps {
-        write_outputs(part, &a.out.join(name))?;
+        write_outputs(part, &a.out.join(name), false)?;
     }
     crate::write_output("--out", &a.out.join("report.md"), |w| {
         Ok(w.write_all(study.report.as_bytes())?)

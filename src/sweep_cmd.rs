@@ -6,7 +6,7 @@
 
 use crate::BadInput;
 use easerve_study::sweep::{
-    aggregate, charts, merge, to_csv, Shard, SweepError, SweepPart, SweepPlan, SweptSystem,
+    aggregate, charts, merge, table, to_csv, Shard, SweepError, SweepPart, SweepPlan, SweptSystem,
     UnknownSystem, Variant,
 };
 use easerve_workload::scenario::{Overrides, Scenario};
@@ -36,9 +36,14 @@ pub(crate) struct SweepArgs {
     /// point).
     #[arg(long, default_value = "passthrough,aggregated,easerve-s1,easerve")]
     systems: String,
-    /// Seeds per point (1..=N); the median is reported.
+    /// Seeds per point: the scenario's `seed` and the N − 1 after it (so the
+    /// first is the run `sim` and `search` make); the median is reported.
     #[arg(long, default_value_t = 3)]
     seeds: u64,
+    /// Write sweep.csv with every digit (default: rates to 3 decimals and
+    /// times to 5, in seconds, as the report prints them).
+    #[arg(long)]
+    full_precision: bool,
     /// Requests per run (default: the scenario's).
     #[arg(long)]
     requests: Option<i64>,
@@ -62,6 +67,9 @@ enum SweepSub {
         /// Output folder.
         #[arg(long)]
         out: PathBuf,
+        /// Write sweep.csv with every digit.
+        #[arg(long)]
+        full_precision: bool,
     },
 }
 
@@ -198,8 +206,13 @@ pub(crate) fn sweep_err(e: SweepError) -> anyhow::Error {
 }
 
 pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
-    if let Some(SweepSub::Merge { parts, out }) = a.cmd {
-        return merge_parts(&parts, &out);
+    if let Some(SweepSub::Merge {
+        parts,
+        out,
+        full_precision,
+    }) = a.cmd
+    {
+        return merge_parts(&parts, &out, full_precision);
     }
     let path = a
         .scenario
@@ -244,8 +257,20 @@ pub(crate) fn run(a: SweepArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::SUCCESS);
     }
-    write_outputs(&part, &out)?;
-    sayln!("{total} points → {}", out.display());
+    write_outputs(&part, &out, a.full_precision)?;
+    say!(
+        "{}",
+        table(&aggregate(&part.rows), &part.tiers, &plan.seed_list())
+    );
+    sayln!(
+        "{total} points (seeds {}) → {} (sweep.csv, sweep.json, *.svg)",
+        plan.seed_list()
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        out.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -275,13 +300,14 @@ fn plan(a: &SweepArgs, path: &Path) -> anyhow::Result<SweepPlan> {
     }
     let vars = variants(&a.sets).map_err(bad)?;
     check_taken(&vars)?;
-    let plan = SweepPlan::new(path, rates, &a.sets, vars, systems, a.seeds, a.requests);
+    let plan = SweepPlan::new(path, rates, &a.sets, vars, systems, a.seeds, a.requests)
+        .with_first_seed(base.seed);
     plan.check().map_err(sweep_err)?;
     Ok(plan)
 }
 
 /// `sweep merge`: the parts read, merged and written as a whole sweep.
-fn merge_parts(parts: &[PathBuf], out: &Path) -> anyhow::Result<ExitCode> {
+fn merge_parts(parts: &[PathBuf], out: &Path, full_precision: bool) -> anyhow::Result<ExitCode> {
     let mut loaded = Vec::new();
     for p in parts {
         let text = easerve_calib::input::read_text(p)
@@ -291,7 +317,14 @@ fn merge_parts(parts: &[PathBuf], out: &Path) -> anyhow::Result<ExitCode> {
         loaded.push(part);
     }
     let whole = merge(loaded).map_err(|e| bad(format!("sweep merge: {e}")))?;
-    write_outputs(&whole, out)?;
+    write_outputs(&whole, out, full_precision)?;
+    let mut seeds: Vec<u64> = Vec::new();
+    for r in &whole.rows {
+        if !seeds.contains(&r.seed) {
+            seeds.push(r.seed);
+        }
+    }
+    say!("{}", table(&aggregate(&whole.rows), &whole.tiers, &seeds));
     sayln!(
         "merged {} parts: {} points → {}",
         parts.len(),
@@ -301,8 +334,13 @@ fn merge_parts(parts: &[PathBuf], out: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Write sweep.json, sweep.csv and the plots of a whole sweep.
-pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()> {
+/// Write sweep.json, sweep.csv (rounded unless `full_precision`) and the
+/// plots of a whole sweep.
+pub(crate) fn write_outputs(
+    whole: &SweepPart,
+    dir: &Path,
+    full_precision: bool,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| {
         bad(format!(
             "--out {}: cannot create the folder: {e}",
@@ -315,7 +353,10 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         })
     };
     put("sweep.json", serde_json::to_string_pretty(whole)?)?;
-    put("sweep.csv", to_csv(&aggregate(&whole.rows), &whole.tiers)?)?;
+    put(
+        "sweep.csv",
+        to_csv(&aggregate(&whole.rows), &whole.tiers, full_precision)?,
+    )?;
     if let Some(csv) = easerve_study::demand::windows_csv(whole) {
         put("windows.csv", csv)?;
     }
@@ -324,7 +365,7 @@ pub(crate) fn write_outputs(whole: &SweepPart, dir: &Path) -> anyhow::Result<()>
         put("changes.txt", table)?;
     }
     for c in charts(whole).map_err(sweep_err)? {
-        c.chart.write(&dir.join(&c.file)).map_err(|e| {
+        c.figure.write(&dir.join(&c.file)).map_err(|e| {
             bad(format!(
                 "--out {}: cannot write {}: {e}",
                 dir.display(),

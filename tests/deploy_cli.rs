@@ -397,9 +397,12 @@ fn a_custom_model_deploys_with_its_weights_quoted_and_its_files_read_from_anywhe
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&got.stdout), weights, "{script}");
     }
-    // no SLO tiers in this scenario: the benchmark runs without a tier
+    // bench.sh defaults to the tier search's goodput rules rank by (the
+    // scenario's `moderate`), not its strictest; found in the second newcomer
+    // pass (issue 36): `TIER=strict` was met by 0 requests
     let bench = read(&dir.join("bench.sh"));
-    assert!(!bench.contains("--slo"), "{bench}");
+    assert!(bench.contains("TIER=\"${1:-moderate}\""), "{bench}");
+    assert!(bench.contains("--slo \"$TIER\""), "{bench}");
     // the scenario's model and GPU files are read from any folder
     let elsewhere = tmp.path().join("elsewhere");
     std::fs::create_dir_all(&elsewhere).unwrap();

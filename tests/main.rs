@@ -15,6 +15,7 @@ mod fuzz_cli;
 mod hardening;
 mod hardening_inputs;
 mod model_cli;
+mod plots_render;
 #[cfg(feature = "exec")]
 mod profile_cli;
 mod readme_commands;

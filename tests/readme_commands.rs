@@ -1,9 +1,11 @@
-//! Every shell command of `README.md` and `scenarios/README.md`, run as written
-//! (on small sizes) in a temporary folder, in the order the README gives them:
-//! a command that reads an earlier one's output finds it there.
+//! Every shell command of `README.md`, of every page under `docs/` and of
+//! `scenarios/README.md`, run as written (on small sizes) in a temporary
+//! folder, in the order a reader meets them ([`PAGES`]: the README, then its
+//! docs pages in the order of its contents): a command that reads an earlier
+//! one's output finds it there.
 //!
 //! How a command is run:
-//! * `cargo run --release [--features exec] --` becomes the binary under test
+//! * `cargo run --release [--features exec|bench] --` becomes the binary under test
 //!   (any other command must be in [`NOT_RUN`] with its reason); the line runs
 //!   in `bash` with the block's earlier variable assignments (`M=audio`), so
 //!   redirections and `$M` work as in a terminal;
@@ -28,8 +30,12 @@ use std::process::Command;
 /// each of them.
 const NOT_RUN: &[(&str, &str)] = &[
     (
-        "easerve bench",
+        "cargo run --release --features bench -- bench",
         "needs a running OpenAI-compatible server; tests/bench_cli.rs runs it against a loopback one",
+    ),
+    (
+        "cargo run --release --features exec -- bench",
+        "needs the running server of the serve example; tests/serve_cli.rs benches one",
     ),
     (
         "cargo test",
@@ -60,7 +66,7 @@ const NOT_RUN: &[(&str, &str)] = &[
         "stops the server of the serve example; tests/serve_cli.rs does the same by PID",
     ),
     (
-        "easerve calib validate --sim sim.json --measured bench.json",
+        "cargo run --release -- calib validate --sim sim.json --measured bench.json",
         "compares with the serve example's bench.json, which needs the server; tests/serve_cli.rs refines from one",
     ),
     (
@@ -72,7 +78,7 @@ const NOT_RUN: &[(&str, &str)] = &[
         ".ci/run runs it (as `--dry-run --debug`) after the executor's tests, whose build it reuses",
     ),
     (
-        "easerve calib refine --profile scenarios/profiles/tiny-image.cpu.toml --sim sim.json",
+        "cargo run --release -- calib refine --profile scenarios/profiles/tiny-image.cpu.toml --sim sim.json",
         "refines from the serve example's bench.json, which needs the server; tests/serve_cli.rs does it",
     ),
     (
@@ -169,6 +175,7 @@ fn strip_comment(line: &str) -> &str {
 fn as_binary(cmd: &str, exe: &str) -> Option<String> {
     for prefix in [
         "cargo run --release --features exec -- ",
+        "cargo run --release --features bench -- ",
         "cargo run --release -- ",
     ] {
         if let Some(rest) = cmd.strip_prefix(prefix) {
@@ -201,8 +208,29 @@ fn small(rest: &str) -> String {
     out + redirect
 }
 
-/// Run every block of `file`; returns how many commands ran.
-fn run_blocks(file: &'static str) -> usize {
+/// The pages whose blocks run in one folder, in the order a reader meets
+/// them: the README, then the docs pages in the order of its contents.
+const PAGES: &[&str] = &[
+    "README.md",
+    "docs/build.md",
+    "docs/sim.md",
+    "docs/report.md",
+    "docs/search-and-deploy.md",
+    "docs/capacity.md",
+    "docs/sweeps.md",
+    "docs/demand.md",
+    "docs/baselines.md",
+    "docs/calibration.md",
+    "docs/kernels.md",
+    "docs/gpu.md",
+    "docs/serve-and-bench.md",
+    "docs/json.md",
+    "docs/speed.md",
+];
+
+/// Run every block of `files`, in order, in one folder; returns how many
+/// commands ran in each file.
+fn run_blocks(files: &[&'static str]) -> Vec<usize> {
     let exe = env!("CARGO_BIN_EXE_easerve");
     let with_exec = cfg!(feature = "exec");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -211,6 +239,15 @@ fn run_blocks(file: &'static str) -> usize {
     std::os::unix::fs::symlink(root().join("model"), work.join("model")).unwrap();
     std::fs::create_dir_all(work.join("calib/preprocess")).unwrap();
     let shared: PathBuf = root().join("../shared/data");
+    let mut counts = Vec::new();
+    for file in files {
+        counts.push(run_file(file, &shared, work, exe, with_exec));
+    }
+    counts
+}
+
+/// Run every block of `file` in `work`; returns how many commands ran.
+fn run_file(file: &'static str, shared: &Path, work: &Path, exe: &str, with_exec: bool) -> usize {
     let mut ran = 0;
     for b in blocks(file) {
         let needs_exec = b.commands.iter().any(|c| c.contains("--features exec"));
@@ -294,16 +331,50 @@ fn run_one(b: &Block, cmd: &str, script: &str, exe: &str, work: &Path) {
 }
 
 #[test]
-fn every_readme_command_runs_as_written() {
-    // 14 commands run without the executor (fewer when ../shared/data is
-    // absent); the count catches a README whose blocks the reader misses
-    let ran = run_blocks("README.md");
-    assert!(ran >= 13, "only {ran} README commands ran");
+fn every_readme_and_docs_command_runs_as_written() {
+    // the count catches a page whose blocks the reader misses: the README
+    // has 5 commands that run without the executor, the docs pages 12 more
+    // (fewer when ../shared/data is absent)
+    let ran = run_blocks(PAGES);
+    eprintln!(
+        "commands run per page: {:?}",
+        PAGES.iter().zip(&ran).collect::<Vec<_>>()
+    );
+    assert!(ran[0] >= 5, "only {} README commands ran", ran[0]);
+    let total: usize = ran.iter().sum();
+    assert!(
+        total >= 16,
+        "only {total} commands ran in the README and docs/"
+    );
+}
+
+/// Every page under `docs/` is run by the test above and linked from the
+/// README's contents.
+#[test]
+fn every_docs_page_is_run_and_linked() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let mut pages: Vec<String> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .map(|e| format!("docs/{}", e.unwrap().file_name().to_string_lossy()))
+        .filter(|p| p.ends_with(".md"))
+        .collect();
+    pages.sort();
+    assert!(pages.len() >= 10, "{pages:?}");
+    for p in &pages {
+        assert!(
+            PAGES.contains(&p.as_str()),
+            "{p} is not in PAGES, so its commands never run"
+        );
+        assert!(
+            readme.contains(&format!("]({p})")),
+            "README's contents do not link {p}"
+        );
+    }
 }
 
 #[test]
 fn every_scenarios_readme_command_runs_as_written() {
-    assert_eq!(run_blocks("scenarios/README.md"), 2);
+    assert_eq!(run_blocks(&["scenarios/README.md"]), vec![2]);
 }
 
 #[test]
@@ -330,6 +401,10 @@ fn the_command_reader_joins_lines_drops_comments_and_cuts_sizes() {
     assert!(is_assignment("M=audio"));
     assert!(!is_assignment("M=audio cargo run --release -- sim x"));
     assert!(!is_assignment("cargo run --release -- sim --set a=b"));
+    assert_eq!(
+        as_binary("cargo run --release --features bench -- bench x", "E"),
+        Some("E bench x".into())
+    );
     let readme = blocks("README.md");
     assert!(readme.iter().any(|b| b
         .commands

@@ -885,3 +885,54 @@ fn epd_serve_and_hydrainfer_run_and_refuse_what_they_do_not_serve() {
         assert!(err.contains(field), "{args:?}: {err}");
     }
 }
+
+/// The aiconfigurator data is looked for in `$EASERVE_AICONFIGURATOR_DIR`,
+/// then beside the scenario's folder, and the notes say which was used.
+/// Found in the second newcomer pass (issue 36): an installed binary found
+/// the data only through a path fixed at build time.
+#[test]
+fn the_notes_say_where_the_kernel_data_was_found() {
+    let Some(data) = crate::kernel_dir() else {
+        println!("SKIPPED: ../shared/data/aiconfigurator not found");
+        return;
+    };
+    let data = std::fs::canonicalize(data).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    std::fs::create_dir_all(t.join("mine")).unwrap();
+    std::fs::create_dir_all(t.join("shared/data")).unwrap();
+    std::os::unix::fs::symlink(&data, t.join("shared/data/aiconfigurator")).unwrap();
+    std::fs::copy(scenario("video"), t.join("mine/video.toml")).unwrap();
+    // a working directory with no ../shared beside it
+    let cwd = t.join("a/b");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let notes = |env: Option<&std::path::Path>| {
+        let mut c = crate::easerve_command();
+        c.args(["sim", "../../mine/video.toml", "--requests", "10", "--json"])
+            .current_dir(&cwd)
+            .env_remove("EASERVE_AICONFIGURATOR_DIR");
+        if let Some(d) = env {
+            c.env("EASERVE_AICONFIGURATOR_DIR", d);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["notes"].to_string()
+    };
+    let beside = notes(None);
+    assert!(
+        beside.contains(
+            "aiconfigurator data (measured kernel tables) found beside the scenario's folder (../shared/data/aiconfigurator)"
+        ),
+        "{beside}"
+    );
+    let env = notes(Some(&data));
+    assert!(
+        env.contains("found through $EASERVE_AICONFIGURATOR_DIR"),
+        "{env}"
+    );
+}

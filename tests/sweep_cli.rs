@@ -173,22 +173,26 @@ fn set_works_with_every_system_and_rows_name_what_a_system_ignored() {
     ]);
     assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
     let csv = std::fs::read_to_string(out.join("sweep.csv")).unwrap();
-    let mut rows = csv.lines();
-    let header: Vec<&str> = rows.next().unwrap().split(',').collect();
-    assert_eq!(header.last(), Some(&"ignored"), "{csv}");
+    let mut reader = csv::Reader::from_reader(csv.as_bytes());
+    let header = reader.headers().unwrap().clone();
+    assert_eq!(header.iter().next_back(), Some("ignored"), "{csv}");
     let mut seen = 0;
-    for line in rows {
-        let system = line.split(',').nth(1).unwrap();
-        let ignored = line.rsplit(',').next().unwrap();
+    for rec in reader.records() {
+        let rec = rec.unwrap();
+        let (system, ignored) = (&rec[1], rec.iter().next_back().unwrap());
         let want = if system == "easerve-s1" {
             ""
         } else {
             "deployment.batch"
         };
-        assert_eq!(ignored, want, "{system}: {line}");
+        assert_eq!(ignored, want, "{system}: {rec:?}");
         if system == "easerve-s1" {
             // the one system that runs the scenario's B ran each value
-            assert!(line.contains("B=4") || line.contains("B=8"), "{line}");
+            let deployment = &rec[rec.len() - 2];
+            assert!(
+                deployment.contains("B=4") || deployment.contains("B=8"),
+                "{rec:?}"
+            );
         }
         seen += 1;
     }
@@ -223,9 +227,58 @@ fn sweep_compares_the_epd_baselines() {
     for system in ["epd-serve", "hydrainfer"] {
         let rows: Vec<&str> = csv
             .lines()
-            .filter(|l| l.contains(&format!(",{system},")))
+            .filter(|l| l.contains(&format!(",\"{system}\",")))
             .collect();
         assert_eq!(rows.len(), 2, "{system}: {csv}");
         assert!(rows.iter().all(|l| l.contains("deployment.batch")), "{csv}");
     }
+}
+
+/// A sweep's first seed is the scenario's own, so `--seeds 1` at the
+/// scenario's rate runs what `sim` runs, and the sweep prints its table and
+/// names the seeds. Found in the second newcomer pass (issue 36): sweeps ran
+/// seeds 1–3 while the scenario says 42, so their goodput differed from
+/// `sim`'s for the same deployment.
+#[test]
+fn a_sweeps_first_seed_is_the_scenarios_and_its_table_is_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = easerve(&[
+        "sweep",
+        "scenarios/image.toml",
+        "--systems",
+        "aggregated",
+        "--seeds",
+        "2",
+        "--requests",
+        "60",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert!(stdout.contains("medians over seeds 42, 43"), "{stdout}");
+    assert!(stdout.contains("(seeds 42, 43)"), "{stdout}");
+    let part: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    let first = &part["rows"][0];
+    assert_eq!(first["seed"], 42);
+    let sim = crate::sim_json(
+        &crate::root().join("scenarios/image.toml"),
+        &["--system", "aggregated", "--requests", "60"],
+    );
+    assert_eq!(first["throughput"], sim["request_throughput"]);
+    assert_eq!(first["goodput"][2], sim["goodput"][2]["goodput"]);
+    // the table's row shows the median of the two seeds' throughputs
+    let thr = |i: usize| part["rows"][i]["throughput"].as_f64().unwrap();
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("aggregated"))
+        .unwrap_or_else(|| panic!("no row: {stdout}"));
+    let median = format!("{:.3}", (thr(0) + thr(1)) / 2.0);
+    assert_eq!(
+        row.split_whitespace().nth(1),
+        Some(median.as_str()),
+        "{row}"
+    );
 }

@@ -152,18 +152,70 @@ pub fn default_data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/data/aiconfigurator")
 }
 
-/// The data directory to use: `$EASERVE_AICONFIGURATOR_DIR` when set (taken as
-/// given), else `../shared/data/aiconfigurator` relative to the current directory,
-/// else the checkout's ([`default_data_dir`]); `None` when neither holds `data/`.
+/// The data directory to use: [`locate_data_dir`] without a scenario.
 pub fn find_data_dir() -> Option<PathBuf> {
+    locate_data_dir(None).map(|f| f.dir)
+}
+
+/// Where [`locate_data_dir`] found the aiconfigurator data, and how.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundData {
+    /// The folder that holds `data/` (or `$EASERVE_AICONFIGURATOR_DIR` as given).
+    pub dir: PathBuf,
+    /// Which rule found it, for a report's notes: `through $EASERVE_AICONFIGURATOR_DIR`,
+    /// `beside the scenario's folder (…)`, `beside the working directory (…)`
+    /// or `in the checkout easerve was built from`. No absolute path, so the
+    /// same run reports the same note on every machine.
+    pub how: String,
+}
+
+/// The aiconfigurator data, looked for in this order (the first that holds
+/// `data/`, except the variable, which is taken as given):
+/// 1. `$EASERVE_AICONFIGURATOR_DIR`;
+/// 2. beside the scenario's folder: `shared/data/aiconfigurator` next to the
+///    folder `scenario` sits in, or next to that folder's parent (a scenario
+///    in a checkout's `scenarios/`, the checkout beside `shared/`);
+/// 3. beside the working directory: `../shared/data/aiconfigurator`;
+/// 4. the checkout easerve was built from ([`default_data_dir`]), so an
+///    installed binary still finds the data its build saw.
+///
+/// `None` when none holds `data/`.
+pub fn locate_data_dir(scenario: Option<&Path>) -> Option<FoundData> {
+    const REL: &str = "shared/data/aiconfigurator";
     if let Some(d) = std::env::var_os("EASERVE_AICONFIGURATOR_DIR") {
-        return Some(PathBuf::from(d));
+        return Some(FoundData {
+            dir: PathBuf::from(d),
+            how: "through $EASERVE_AICONFIGURATOR_DIR".into(),
+        });
     }
-    let candidates = [
-        PathBuf::from("../shared/data/aiconfigurator"),
+    let mut candidates: Vec<(PathBuf, String)> = Vec::new();
+    if let Some(folder) = scenario.and_then(Path::parent) {
+        let folder = if folder.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            folder
+        };
+        candidates.push((
+            folder.join("..").join(REL),
+            format!("beside the scenario's folder (../{REL})"),
+        ));
+        candidates.push((
+            folder.join("../..").join(REL),
+            format!("beside the scenario's folder (../../{REL})"),
+        ));
+    }
+    candidates.push((
+        PathBuf::from("..").join(REL),
+        format!("beside the working directory (../{REL})"),
+    ));
+    candidates.push((
         default_data_dir(),
-    ];
-    candidates.into_iter().find(|d| d.join("data").is_dir())
+        "in the checkout easerve was built from".into(),
+    ));
+    candidates
+        .into_iter()
+        .find(|(d, _)| d.join("data").is_dir())
+        .map(|(dir, how)| FoundData { dir, how })
 }
 
 /// One column of a table: numbers (integers read as `f64`) or text interned in a

@@ -742,7 +742,7 @@ async fn run(
         &faults,
         &None,
         &opts.exec,
-        "served by easerve serve over HTTP (offered rate: the requests that came, over their arrivals' span)",
+        "served by easerve serve over HTTP: one run of every request that came, from all clients together (requests carry no client identity to split them by); offered rate: those requests over their arrivals' span",
         offered,
     );
     let decisions = ctrl.take_decisions();

@@ -3,7 +3,7 @@
 //! the first change of its offered rate ([`ChangeSummary`]: the worst
 //! window's P99 TTFT after the change, and the time it takes to settle).
 
-use crate::plot::{LineChart, Scale, Series};
+use crate::plot::{Figure, LineChart, Scale, Series};
 use crate::sweep::{NamedChart, SweepPart, SweepRow};
 use easerve_workload::windows::WindowReport;
 use serde::Serialize;
@@ -183,24 +183,25 @@ pub fn timeline_charts(whole: &SweepPart) -> Vec<NamedChart> {
         .into_iter()
         .map(|(file, title, y, scale, pick)| NamedChart {
             file: file.into(),
-            chart: LineChart {
+            figure: Figure::one(LineChart {
                 title,
                 x_label: "time (s)".into(),
                 y_label: y.into(),
                 y_scale: scale,
                 series: rows
                     .iter()
-                    .map(|r| Series {
-                        name: name(r),
-                        points: r
-                            .windows
-                            .iter()
-                            .map(|w| (w.start_s, pick(w, tier)))
-                            .collect(),
+                    .map(|r| {
+                        Series::new(
+                            name(r),
+                            r.windows
+                                .iter()
+                                .map(|w| (w.start_s, pick(w, tier)))
+                                .collect(),
+                        )
                     })
                     .collect(),
                 step: true,
-            },
+            }),
         })
         .collect()
 }

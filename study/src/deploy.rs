@@ -1214,8 +1214,8 @@ fn bench_script(sc: &Scenario, model: &str) -> String {
     let mut s = script_head(
 sc,
 &format!(
-            "Measure the deployment with the scenario's own requests ({} at {} req/s: the simulator's generator and seed) against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: the scenario's first SLO tier). The result (vllm bench serve's keys, easerve's report under `easerve`) goes to OUT (default bench-result.json) and one row per request beside it. EASERVE (default easerve) must be a build with the bench client: `cargo build --release --features bench`.",
-            wl.requests, wl.rate
+            "Measure the deployment with the scenario's own requests ({} at {} req/s: the simulator's generator and seed) against the front door of whichever engine runs it (BASE_URL, default http://127.0.0.1:{FRONT_PORT}). Usage: bench.sh [TIER] (default: {}, the tier search's goodput rules rank deployments by: `moderate`, else the scenario's middle tier). The result (vllm bench serve's keys, easerve's report under `easerve`) goes to OUT (default bench-result.json) and one row per request beside it. EASERVE (default easerve) must be a build with the bench client: `cargo build --release --features bench`.",
+            wl.requests, wl.rate, default_tier(sc).unwrap_or("none")
         ),
 &EASERVE_BENCH,
 Some(model),
@@ -1231,8 +1231,8 @@ Some(model),
         "--base-url \"$BASE_URL\"".into(),
         "--model \"$MODEL\"".into(),
     ];
-    if let Some(first) = sc.slo.first() {
-        let _ = writeln!(s, "TIER=\"${{1:-{}}}\"", first.name);
+    if let Some(tier) = default_tier(sc) {
+        let _ = writeln!(s, "TIER=\"${{1:-{tier}}}\"");
         flags.push("--slo \"$TIER\"".into());
     }
     flags.push("--requests-csv \"${OUT%.json}.csv\"".into());
@@ -1240,6 +1240,19 @@ Some(model),
     s += &command_lines("\"$EASERVE\" bench", &flags).replace("--json\n", "--json > \"$OUT\"\n");
     s += "echo \"bench.sh: wrote $OUT\" >&2\n";
     s
+}
+
+/// `bench.sh`'s default tier: the one the search's goodput rules count
+/// attainment in ([`easerve_has::own::rule_tier`]: `moderate`, else the middle
+/// tier), not the strictest, which a deployment tuned for throughput may
+/// meet for no request.
+fn default_tier(sc: &Scenario) -> Option<&str> {
+    if sc.slo.is_empty() {
+        return None;
+    }
+    sc.slo
+        .get(easerve_has::own::rule_tier(sc))
+        .map(|t| t.name.as_str())
 }
 
 fn fmt_s(x: f64) -> String {

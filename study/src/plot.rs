@@ -18,13 +18,22 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-/// Width of the rendered chart, in pixels: the plot, then the legend.
+/// Width of the rendered chart, in pixels (at least; a key entry wider than
+/// the canvas widens it, so no name is cut).
 pub const WIDTH_PX: u32 = 1000;
-/// Width of the legend column right of the plot, in pixels: the legend never
-/// covers data.
-pub const LEGEND_PX: u32 = 200;
-/// Height of the rendered chart, in pixels.
+/// Height of the plot (title, axes, data) of one panel, in pixels; the key
+/// of its series is drawn below it and adds [`KEY_ROW_PX`] a row.
 pub const HEIGHT_PX: u32 = 500;
+/// Height of one row of the key below the plot, in pixels.
+pub const KEY_ROW_PX: u32 = 20;
+/// Left and right margin of the key, and its padding above and below, in pixels.
+const KEY_MARGIN_PX: u32 = 12;
+/// Width of a key entry's line sample and the gap after it, in pixels.
+const KEY_SAMPLE_PX: u32 = 44;
+/// Font size of the key's names, in pixels.
+const KEY_FONT_PX: u32 = 13;
+/// Distinct shapes (line dash × marker) before they repeat.
+pub const SHAPES: usize = 12;
 
 /// DejaVu Sans (Bitstream Vera licence, see `assets/fonts/LICENSE-DejaVu.txt`).
 static DEJAVU_SANS: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
@@ -37,7 +46,8 @@ const FONT_FAMILY: &str = "sans-serif";
 const LOG_FLOOR_DEFAULT: f64 = 1e-3;
 
 /// Okabe–Ito colour-blind-safe palette, in the order series are assigned
-/// colours (series `i` gets `PALETTE[i % PALETTE.len()]`). Yellow comes last
+/// colours (series `i` gets `PALETTE[i % PALETTE.len()]` unless its
+/// [`Style`] says otherwise). Yellow comes last
 /// because it is the hardest to see on white.
 const PALETTE: [RGBColor; 8] = [
     RGBColor(0x00, 0x72, 0xB2), // blue
@@ -57,10 +67,73 @@ const PALETTE: [RGBColor; 8] = [
 /// (NaN, ±∞) are skipped.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Series {
-    /// Name shown in the legend.
+    /// Name shown in the key.
     pub name: String,
     /// The (x, y) points, in the units of the chart's axes.
     pub points: Vec<(f64, f64)>,
+    /// Colour and shape; `None`: series `i` gets colour `i` and, past the
+    /// palette, the next shape.
+    pub style: Option<Style>,
+}
+
+impl Series {
+    /// A series drawn in the default style of its position.
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Self {
+        Series {
+            name: name.into(),
+            points,
+            style: None,
+        }
+    }
+
+    /// The same series in `style`.
+    #[must_use]
+    pub fn styled(mut self, style: Style) -> Self {
+        self.style = Some(style);
+        self
+    }
+}
+
+/// How a series is drawn: a palette colour, and a shape (a line dash and a
+/// marker). A sweep gives each system a shape and each variant a colour, so
+/// series that share either can still be told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Style {
+    /// Palette index (taken modulo the palette's 8 colours).
+    pub colour: usize,
+    /// Shape index (taken modulo [`SHAPES`]): dash `shape % 4` (solid,
+    /// dashed, dotted, long dashes) and marker `shape % 6` (disc, triangle,
+    /// square, cross, ring, diamond).
+    pub shape: usize,
+}
+
+impl Style {
+    /// The default style of series `i`: colour `i`, and a new shape each time
+    /// the palette comes round.
+    pub fn nth(i: usize) -> Self {
+        Style {
+            colour: i % PALETTE.len(),
+            shape: i / PALETTE.len(),
+        }
+    }
+
+    fn colour(self) -> RGBColor {
+        PALETTE[self.colour % PALETTE.len()]
+    }
+
+    /// `(dash, gap)` in pixels; `None` for a solid line.
+    fn dash(self) -> Option<(u32, u32)> {
+        match self.shape % SHAPES % 4 {
+            0 => None,
+            1 => Some((9, 5)),
+            2 => Some((2, 4)),
+            _ => Some((18, 6)),
+        }
+    }
+
+    fn marker(self) -> usize {
+        self.shape % SHAPES % 6
+    }
 }
 
 /// Axis scale.
@@ -85,7 +158,8 @@ pub struct LineChart {
     pub y_label: String,
     /// Scale of the y axis (the x axis is always linear).
     pub y_scale: Scale,
-    /// The series, drawn in order; series `i` gets palette colour `i`.
+    /// The series, drawn in order; series `i` gets palette colour `i` unless
+    /// its [`Series::style`] says otherwise.
     pub series: Vec<Series>,
     /// Draw each series as a step function (hold y until the next x; for
     /// CDFs and timelines) without point markers, instead of straight
@@ -226,6 +300,44 @@ fn step_vertices(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     out
 }
 
+/// Runs `$body` with `$m` bound to a closure that makes the marker of
+/// `$style` at a point (data or pixel coordinates): disc, triangle, square,
+/// cross, ring or diamond (each a concrete element type, so one arm each).
+macro_rules! with_marker {
+    ($style:expr, $m:ident => $body:expr) => {{
+        let c = $style.colour();
+        match $style.marker() {
+            0 => {
+                let $m = |at| EmptyElement::at(at) + Circle::new((0, 0), 3, c.filled());
+                $body
+            }
+            1 => {
+                let $m = |at| EmptyElement::at(at) + TriangleMarker::new((0, 0), 4, c.filled());
+                $body
+            }
+            2 => {
+                let $m = |at| EmptyElement::at(at) + Rectangle::new([(-3, -3), (3, 3)], c.filled());
+                $body
+            }
+            3 => {
+                let $m = |at| EmptyElement::at(at) + Cross::new((0, 0), 4, c.stroke_width(2));
+                $body
+            }
+            4 => {
+                let $m = |at| EmptyElement::at(at) + Circle::new((0, 0), 4, c.stroke_width(2));
+                $body
+            }
+            _ => {
+                let $m = |at| {
+                    EmptyElement::at(at)
+                        + Polygon::new(vec![(0, -5), (4, 0), (0, 5), (-4, 0)], c.filled())
+                };
+                $body
+            }
+        }
+    }};
+}
+
 impl LineChart {
     /// The series' finite points, with y clamped to the log floor on a log
     /// scale, plus that floor.
@@ -258,64 +370,62 @@ impl LineChart {
             .collect()
     }
 
-    /// Render to an SVG string ([`WIDTH_PX`]×[`HEIGHT_PX`] = 1000×500 px):
-    /// title, axis labels with units as given, a legend (in its own column
-    /// right of the plot, [`LEGEND_PX`] wide) with every series
-    /// name, one colour per series (a fixed colour-blind-safe palette,
-    /// deterministic), markers on points unless [`step`](Self::step).
+    /// Render to an SVG string: title, axis labels with units as given, the
+    /// plot ([`WIDTH_PX`]×[`HEIGHT_PX`]), and below it a key with every
+    /// series' full name (in as many columns as fit; the canvas widens for
+    /// a name longer than it). Each series has its colour and shape
+    /// ([`Style`]: a fixed colour-blind-safe palette, line dashes and
+    /// markers, deterministic); markers on points unless [`step`](Self::step).
     ///
     /// Empty charts, empty series and single points render (the axis ranges
     /// are padded). Same input ⇒ byte-identical SVG.
     pub fn to_svg(&self) -> Result<String, PlotError> {
-        self.render(None)
+        Figure::one(self.clone()).to_svg()
     }
 
     /// Write [`to_svg()`](Self::to_svg) to `path` (created or truncated).
     pub fn write(&self, path: &Path) -> Result<(), PlotError> {
-        let svg = self.render(Some(path))?;
-        std::fs::write(path, svg).map_err(|source| PlotError::Io {
-            title: self.title.clone(),
-            path: path.to_path_buf(),
-            source,
+        Figure::one(self.clone()).write(path)
+    }
+
+    /// The key's layout for this chart's series names.
+    fn key(&self) -> Result<KeyLayout, PlotError> {
+        ensure_font()?;
+        let font = (FONT_FAMILY, KEY_FONT_PX).into_font();
+        let mut widest = 0;
+        for s in &self.series {
+            let (w, _) = font.box_size(&s.name).map_err(|e| PlotError::Draw {
+                title: self.title.clone(),
+                path: None,
+                message: e.to_string(),
+            })?;
+            widest = widest.max(w);
+        }
+        let col = widest + KEY_SAMPLE_PX + 16;
+        let width = WIDTH_PX.max(col + 2 * KEY_MARGIN_PX);
+        let n = self.series.len();
+        let cols = (((width - 2 * KEY_MARGIN_PX) / col) as usize).clamp(1, n.max(1));
+        let rows = n.div_ceil(cols);
+        let height = if n == 0 {
+            0
+        } else {
+            rows as u32 * KEY_ROW_PX + 2 * KEY_MARGIN_PX
+        };
+        Ok(KeyLayout {
+            cols,
+            col,
+            width,
+            height,
         })
     }
 
-    fn render(&self, path: Option<&Path>) -> Result<String, PlotError> {
-        ensure_font()?;
-        let draw_err = |e: String| PlotError::Draw {
-            title: self.title.clone(),
-            path: path.map(Path::to_path_buf),
-            message: e,
-        };
-
-        let data = self.prepared_series();
-        let all = || data.iter().flatten();
-        let x_range = linear_range(bounds(all().map(|p| p.0)), 0.0);
-        let y_bounds = bounds(all().map(|p| p.1));
-
-        let mut svg = String::new();
-        {
-            let root = SVGBackend::with_string(&mut svg, (WIDTH_PX, HEIGHT_PX)).into_drawing_area();
-            match self.y_scale {
-                Scale::Linear => {
-                    let y_range = linear_range(y_bounds, 0.05);
-                    self.draw_on(&root, &data, x_range, y_range)
-                }
-                Scale::Log => {
-                    let y_range = log_range(y_bounds);
-                    self.draw_on(&root, &data, x_range, y_range.log_scale())
-                }
-            }
-            .map_err(draw_err)?;
-            root.present().map_err(|e| draw_err(e.to_string()))?;
-        }
-        Ok(svg)
-    }
-
-    /// Draws title, mesh, series and legend on `root` with y coordinates `y`.
+    /// Draws title, mesh, series on `plot` with y coordinates `y`, and the
+    /// key on `key`.
     fn draw_on<Y>(
         &self,
-        root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+        plot: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+        key: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+        layout: &KeyLayout,
         data: &[Vec<(f64, f64)>],
         x_range: Range<f64>,
         y: Y,
@@ -325,9 +435,7 @@ impl LineChart {
         Y::CoordDescType: ValueFormatter<f64>,
     {
         let e = |e: DrawingAreaErrorKind<_>| e.to_string();
-        root.fill(&WHITE).map_err(e)?;
-        let (plot, legend) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
-        let mut chart = ChartBuilder::on(&plot)
+        let mut chart = ChartBuilder::on(plot)
             .caption(&self.title, (FONT_FAMILY, 22))
             .margin(15)
             .x_label_area_size(45)
@@ -347,56 +455,157 @@ impl LineChart {
             .map_err(e)?;
 
         for (i, (series, points)) in self.series.iter().zip(data).enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
-            // past the palette, series repeat a colour with a thinner line and
-            // another marker shape
-            let round = i / PALETTE.len();
-            let line = color.stroke_width(if round == 0 { 2 } else { 1 });
+            let style = series.style.unwrap_or(Style::nth(i));
+            let line = style.colour().stroke_width(2);
             let vertices = if self.step {
                 step_vertices(points)
             } else {
                 points.clone()
             };
-            chart
-                .draw_series(LineSeries::new(vertices, line))
-                .map_err(e)?;
-            // the legend's entry: a line in the series' style and its name
-            let y = 60 + 22 * i as i32;
-            legend
-                .draw(&PathElement::new(vec![(8, y), (30, y)], line))
-                .map_err(e)?;
-            legend
-                .draw(&Text::new(
-                    series.name.clone(),
-                    (36, y - 7),
-                    (FONT_FAMILY, 13).into_font(),
-                ))
-                .map_err(e)?;
+            match style.dash() {
+                None => chart
+                    .draw_series(LineSeries::new(vertices, line))
+                    .map(|_| ()),
+                Some((dash, gap)) => chart
+                    .draw_series(DashedLineSeries::new(vertices, dash, gap, line))
+                    .map(|_| ()),
+            }
+            .map_err(e)?;
             if !self.step {
-                match round {
-                    0 => chart
-                        .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                        .map(|_| ()),
-                    1 => chart
-                        .draw_series(
-                            points
-                                .iter()
-                                .map(|&p| TriangleMarker::new(p, 4, color.filled())),
-                        )
-                        .map(|_| ()),
-                    _ => chart
-                        .draw_series(
-                            points
-                                .iter()
-                                .map(|&p| Cross::new(p, 4, color.stroke_width(1))),
-                        )
-                        .map(|_| ()),
-                }
+                with_marker!(style, m => chart
+                    .draw_series(points.iter().map(|&p| m(p)))
+                    .map(|_| ()))
                 .map_err(e)?;
             }
+            // the key's entry: a line sample in the series' style, its
+            // marker, and its whole name
+            let (row, colm) = (i / layout.cols, i % layout.cols);
+            let x0 = (KEY_MARGIN_PX + colm as u32 * layout.col) as i32;
+            let y = (KEY_MARGIN_PX + row as u32 * KEY_ROW_PX + KEY_ROW_PX / 2) as i32;
+            let sample = vec![(x0, y), (x0 + 32, y)];
+            match style.dash() {
+                None => key.draw(&PathElement::new(sample, line)).map_err(e)?,
+                Some((dash, gap)) => key
+                    .draw(&plotters::element::DashedPathElement::new(
+                        sample, dash, gap, line,
+                    ))
+                    .map_err(e)?,
+            }
+            if !self.step {
+                with_marker!(style, m => key.draw(&m((x0 + 16, y)))).map_err(e)?;
+            }
+            key.draw(&Text::new(
+                series.name.clone(),
+                (x0 + KEY_SAMPLE_PX as i32, y - 7),
+                (FONT_FAMILY, KEY_FONT_PX).into_font(),
+            ))
+            .map_err(e)?;
         }
-
         Ok(())
+    }
+}
+
+/// Where the key's entries go: `cols` columns `col` pixels wide, on a canvas
+/// `width` wide; the key is `height` pixels tall.
+struct KeyLayout {
+    cols: usize,
+    col: u32,
+    width: u32,
+    height: u32,
+}
+
+/// One or more [`LineChart`]s stacked as panels in one SVG, each with its
+/// own key; the panels share their axes' ranges, so they can be compared.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// The panels, top to bottom.
+    pub panels: Vec<LineChart>,
+}
+
+impl Figure {
+    /// A figure of one chart.
+    pub fn one(chart: LineChart) -> Self {
+        Figure {
+            panels: vec![chart],
+        }
+    }
+
+    /// Render to an SVG string (panels top to bottom, each as
+    /// [`LineChart::to_svg`] draws it). Same input ⇒ byte-identical SVG.
+    pub fn to_svg(&self) -> Result<String, PlotError> {
+        self.render(None)
+    }
+
+    /// Write [`to_svg()`](Self::to_svg) to `path` (created or truncated).
+    pub fn write(&self, path: &Path) -> Result<(), PlotError> {
+        let svg = self.render(Some(path))?;
+        std::fs::write(path, svg).map_err(|source| PlotError::Io {
+            title: self.title(),
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    fn title(&self) -> String {
+        self.panels
+            .first()
+            .map(|c| c.title.clone())
+            .unwrap_or_default()
+    }
+
+    fn render(&self, path: Option<&Path>) -> Result<String, PlotError> {
+        ensure_font()?;
+        let draw_err = |e: String| PlotError::Draw {
+            title: self.title(),
+            path: path.map(Path::to_path_buf),
+            message: e,
+        };
+        let keys = self
+            .panels
+            .iter()
+            .map(LineChart::key)
+            .collect::<Result<Vec<_>, _>>()?;
+        let width = keys.iter().map(|k| k.width).max().unwrap_or(WIDTH_PX);
+        let height: u32 = keys
+            .iter()
+            .map(|k| HEIGHT_PX + k.height)
+            .sum::<u32>()
+            .max(1);
+        let data: Vec<Vec<Vec<(f64, f64)>>> =
+            self.panels.iter().map(LineChart::prepared_series).collect();
+        let all = || data.iter().flatten().flatten();
+        let x_range = linear_range(bounds(all().map(|p| p.0)), 0.0);
+        let y_bounds = bounds(all().map(|p| p.1));
+        let log = self.panels.iter().any(|c| c.y_scale == Scale::Log);
+
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
+            let mut rest = root.clone();
+            for ((chart, key), data) in self.panels.iter().zip(&keys).zip(&data) {
+                let (panel, below) = rest.split_vertically(HEIGHT_PX + key.height);
+                rest = below;
+                let (plot, key_area) = panel.split_vertically(HEIGHT_PX);
+                if log {
+                    let y_range = log_range(y_bounds);
+                    chart.draw_on(
+                        &plot,
+                        &key_area,
+                        key,
+                        data,
+                        x_range.clone(),
+                        y_range.log_scale(),
+                    )
+                } else {
+                    let y_range = linear_range(y_bounds, 0.05);
+                    chart.draw_on(&plot, &key_area, key, data, x_range.clone(), y_range)
+                }
+                .map_err(draw_err)?;
+            }
+            root.present().map_err(|e| draw_err(e.to_string()))?;
+        }
+        Ok(svg)
     }
 }
 
@@ -416,10 +625,7 @@ mod tests {
     }
 
     fn series(name: &str, points: &[(f64, f64)]) -> Series {
-        Series {
-            name: name.to_owned(),
-            points: points.to_vec(),
-        }
+        Series::new(name, points.to_vec())
     }
 
     /// Parses `svg` as XML and returns the (trimmed) text of every `<text>` node.
@@ -450,7 +656,10 @@ mod tests {
         for scale in [Scale::Linear, Scale::Log] {
             for step in [false, true] {
                 let svg = chart(two_series(), scale, step).to_svg().unwrap();
-                assert!(svg.contains("width=\"1000\"") && svg.contains("height=\"500\""));
+                // the plot, then one row of key (both names fit in it)
+                let height = HEIGHT_PX + KEY_ROW_PX + 2 * KEY_MARGIN_PX;
+                assert!(svg.contains("width=\"1000\""));
+                assert!(svg.contains(&format!("height=\"{height}\"")));
                 let t = texts(&svg);
                 for want in [
                     "TTFT CDF",
@@ -465,28 +674,105 @@ mod tests {
         }
     }
 
-    /// The legend is drawn in its own column: every series name starts right
-    /// of the plot area, so no name covers a line or a marker.
+    /// The key is drawn below the plot: every series name starts under the
+    /// plot area, so no name covers a line or a marker.
     #[test]
-    fn legend_sits_beside_the_plot_not_over_it() {
+    fn key_sits_below_the_plot_not_over_it() {
         let svg = chart(two_series(), Scale::Linear, false).to_svg().unwrap();
         let doc = roxmltree::Document::parse(&svg).unwrap();
-        let plot_right = f64::from(WIDTH_PX - LEGEND_PX);
         for name in ["EaServe", "vLLM <baseline> & co"] {
             let node = doc
                 .descendants()
                 .find(|n| n.has_tag_name("text") && n.text().map(str::trim) == Some(name))
                 .unwrap_or_else(|| panic!("{name} missing"));
-            let x: f64 = node.attribute("x").unwrap().parse().unwrap();
-            assert!(x > plot_right, "{name} at x = {x}, inside the plot");
+            let y: f64 = node.attribute("y").unwrap().parse().unwrap();
+            assert!(
+                y > f64::from(HEIGHT_PX),
+                "{name} at y = {y}, inside the plot"
+            );
         }
+    }
+
+    /// A name wider than the canvas widens it rather than being cut; short
+    /// names share a row.
+    #[test]
+    fn key_widens_for_long_names_and_packs_short_ones() {
+        let long = "x".repeat(300);
+        let c = chart(vec![series(&long, &[(0.0, 1.0)])], Scale::Linear, false);
+        let k = c.key().unwrap();
+        assert!(k.width > WIDTH_PX && k.cols == 1, "width {}", k.width);
+        let svg = c.to_svg().unwrap();
+        assert!(svg.contains(&format!("width=\"{}\"", k.width)));
+        let short: Vec<Series> = (0..6)
+            .map(|i| series(&format!("s{i}"), &[(0.0, 1.0)]))
+            .collect();
+        let k = chart(short, Scale::Linear, false).key().unwrap();
+        assert_eq!((k.cols, k.width), (6, WIDTH_PX));
+        assert_eq!(k.height, KEY_ROW_PX + 2 * KEY_MARGIN_PX);
+    }
+
+    /// Styles given to series: the same colour with two shapes gives two
+    /// dash patterns and two markers.
+    #[test]
+    fn styles_set_dash_and_marker() {
+        let c = chart(
+            vec![
+                series("a", &[(0.0, 1.0), (1.0, 2.0)]).styled(Style {
+                    colour: 0,
+                    shape: 0,
+                }),
+                series("b", &[(0.0, 2.0), (1.0, 3.0)]).styled(Style {
+                    colour: 0,
+                    shape: 2,
+                }),
+            ],
+            Scale::Linear,
+            false,
+        );
+        let svg = c.to_svg().unwrap();
+        assert!(!svg.contains("#D55E00"), "both series are palette colour 0");
+        // shape 2 is a dotted line drawn as many short segments and square markers
+        assert_eq!(
+            svg.matches("<rect").count() - 1,
+            3,
+            "2 points + 1 key marker (+ background)"
+        );
+        assert!(
+            svg.matches("<polyline").count() > 4,
+            "dots are separate segments"
+        );
+    }
+
+    #[test]
+    fn figure_stacks_panels_with_shared_axes() {
+        let a = chart(
+            vec![series("a", &[(0.0, 1.0), (1.0, 2.0)])],
+            Scale::Linear,
+            false,
+        );
+        let b = LineChart {
+            title: "second".into(),
+            series: vec![series("b", &[(0.0, 10.0), (3.0, 20.0)])],
+            ..a.clone()
+        };
+        let svg = Figure { panels: vec![a, b] }.to_svg().unwrap();
+        let one = HEIGHT_PX + KEY_ROW_PX + 2 * KEY_MARGIN_PX;
+        assert!(
+            svg.contains(&format!("height=\"{}\"", 2 * one)),
+            "two panels tall"
+        );
+        let t = texts(&svg);
+        assert!(t.iter().any(|s| s == "second") && t.iter().any(|s| s == "TTFT CDF"));
+        // both panels' x axes run to 3
+        assert_eq!(t.iter().filter(|s| *s == "3").count(), 2, "{t:?}");
     }
 
     #[test]
     fn plot_markers_only_without_step() {
         let with = chart(two_series(), Scale::Linear, false).to_svg().unwrap();
         let without = chart(two_series(), Scale::Linear, true).to_svg().unwrap();
-        assert_eq!(with.matches("<circle").count(), 7);
+        // 7 points and a marker in each of the 2 key entries
+        assert_eq!(with.matches("<circle").count(), 9);
         assert_eq!(without.matches("<circle").count(), 0);
         // Distinct palette colours for the two series.
         assert!(with.contains("#0072B2") && with.contains("#D55E00"));
@@ -586,9 +872,11 @@ mod tests {
     #[test]
     fn series_past_the_palette_get_another_marker() {
         let series: Vec<Series> = (0..9)
-            .map(|i| Series {
-                name: format!("s{i}"),
-                points: vec![(0.0, i as f64), (1.0, i as f64 + 1.0)],
+            .map(|i| {
+                Series::new(
+                    format!("s{i}"),
+                    vec![(0.0, i as f64), (1.0, i as f64 + 1.0)],
+                )
             })
             .collect();
         let chart = LineChart {

@@ -751,13 +751,24 @@ impl Report {
         );
     }
 
-    /// One line per GPU: its worker, stage, time with work and SM time.
+    /// One line per GPU: its worker, stage, time with work and SM time. On
+    /// the `cpu` device (the CPU executor's worker slots, or a simulation of
+    /// it) the lines say `CPU slot`, not `GPU`.
     fn text_gpus(&self, s: &mut String) {
-        head(s, " GPUs ");
+        let cpu = self.meta.cluster.split(' ').nth(1) == Some("cpu");
+        let label = if cpu { "CPU slot" } else { "GPU" };
+        head(
+            s,
+            if cpu {
+                " Worker slots (host CPU) "
+            } else {
+                " GPUs "
+            },
+        );
         for g in &self.gpus {
             let _ = writeln!(
                 s,
-                "GPU {:<3}{:<10}{:<9} with work {:>5.1}%   SM-time {:>5.1}%",
+                "{label} {:<3}{:<10}{:<9} with work {:>5.1}%   SM-time {:>5.1}%",
                 g.gpu,
                 g.worker,
                 g.stage,
@@ -802,15 +813,63 @@ impl Report {
         line(s, "Bottleneck stage:", self.bottleneck.clone());
         let _ = writeln!(s, "  {}", self.bottleneck_reason);
         for n in &self.notes {
-            let _ = writeln!(s, "note: {n}");
+            for l in wrap(&format!("note: {n}"), NOTE_COLUMNS, "      ") {
+                let _ = writeln!(s, "{l}");
+            }
         }
         let _ = writeln!(s, "{:=^56}", "");
     }
 }
 
+/// Width the text report wraps its notes at, in characters (`--json` keeps
+/// each note as one string).
+pub const NOTE_COLUMNS: usize = 100;
+
+/// `text` broken at spaces into lines of at most `width` characters (a word
+/// longer than that stands alone), every line after the first starting with
+/// `indent`.
+fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    let mut len = 0;
+    for word in text.split(' ') {
+        let w = word.chars().count();
+        if len > 0 && len + 1 + w > width {
+            lines.push(std::mem::take(&mut line));
+            line.push_str(indent);
+            len = indent.chars().count();
+            line.push_str(word);
+            len += w;
+        } else {
+            if len > 0 {
+                line.push(' ');
+                len += 1;
+            }
+            line.push_str(word);
+            len += w;
+        }
+    }
+    lines.push(line);
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notes_wrap_at_spaces_within_the_width() {
+        let text = "note: ".to_string() + &"word ".repeat(60) + "end";
+        let lines = wrap(&text, NOTE_COLUMNS, "      ");
+        assert!(lines.len() > 2, "{lines:?}");
+        assert!(lines.iter().all(|l| l.chars().count() <= NOTE_COLUMNS));
+        assert!(lines[1..].iter().all(|l| l.starts_with("      word")));
+        let joined: Vec<&str> = lines.iter().flat_map(|l| l.split_whitespace()).collect();
+        assert_eq!(joined.join(" "), text);
+        assert_eq!(wrap("short", 100, "  "), vec!["short"]);
+        let long = "x".repeat(150);
+        assert_eq!(wrap(&long, 100, "  "), vec![long.clone()]);
+    }
 
     #[test]
     fn stats_percentiles() {

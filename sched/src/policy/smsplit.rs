@@ -122,10 +122,16 @@ impl SmSplit {
         let levels: Vec<String> = t
             .levels
             .iter()
-            .map(|(f, b)| format!("{:.0}%→B≤{}", f * 100.0, b))
+            .map(|&(f, b)| {
+                if b == 0 {
+                    format!("{:.0}%→none", f * 100.0)
+                } else {
+                    format!("{:.0}%→B≤{b}", f * 100.0)
+                }
+            })
             .collect();
         Some(format!(
-            "dynamic SM split: an encode pass of B requests takes the smallest share of the encode GPU's SMs at which it runs within {:.0} % of its time on all of them, the rest going to the co-located prefill worker (share → largest such B: {})",
+            "dynamic SM split: an encode pass of B requests takes the smallest share of the encode GPU's SMs at which it runs within {:.0} % of its time on all of them, the rest going to the co-located prefill worker (share → the largest B that runs there within that margin; `none`: not even one request, so that share is never used): {}",
             t.epsilon * 100.0,
             levels.join(", ")
         ))

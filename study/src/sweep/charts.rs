@@ -5,7 +5,7 @@
 
 use super::plan::{point_scenario, Point, SweepError, SweptSystem, UnknownSystem};
 use super::{aggregate, SweepPart, SweepPoint, TTFT_QUANTILES};
-use crate::plot::{LineChart, Scale, Series};
+use crate::plot::{Figure, LineChart, Scale, Series, Style};
 use easerve_has::{search, Method, SearchConfig, SimTrial};
 use easerve_workload::scenario::{Overrides, Scenario, System};
 use std::path::Path;
@@ -15,9 +15,13 @@ use std::path::Path;
 pub struct NamedChart {
     /// File name, e.g. `throughput.svg`.
     pub file: String,
-    /// The chart.
-    pub chart: LineChart,
+    /// The chart: one panel, or one per system when a panel would hold more
+    /// than [`MAX_SERIES_PER_PANEL`] series.
+    pub figure: Figure,
 }
+
+/// Series in one panel at most; a chart with more gets a panel per system.
+pub const MAX_SERIES_PER_PANEL: usize = 8;
 
 fn series_name(p: &SweepPoint) -> String {
     if p.variant.is_empty() {
@@ -27,20 +31,47 @@ fn series_name(p: &SweepPoint) -> String {
     }
 }
 
+/// A series and the system it belongs to (for panels).
+struct SystemSeries {
+    system: String,
+    series: Series,
+}
+
+/// The style of (variant, system) among `points`: a shape per system and a
+/// colour per variant (a colour per system too when there is one variant).
+fn style_of(points: &[SweepPoint], p: &SweepPoint) -> Style {
+    let mut variants: Vec<&str> = Vec::new();
+    let mut systems: Vec<&str> = Vec::new();
+    for q in points {
+        if !variants.contains(&q.variant.as_str()) {
+            variants.push(&q.variant);
+        }
+        if !systems.contains(&q.system.as_str()) {
+            systems.push(&q.system);
+        }
+    }
+    let v = variants.iter().position(|v| *v == p.variant).unwrap_or(0);
+    let s = systems.iter().position(|s| *s == p.system).unwrap_or(0);
+    Style {
+        colour: if variants.len() == 1 { s } else { v },
+        shape: s,
+    }
+}
+
 /// Group points into series by (variant, system), x from `x`, y from `y`.
 fn series_of(
     points: &[SweepPoint],
     x: impl Fn(&SweepPoint) -> f64,
     y: impl Fn(&SweepPoint) -> f64,
-) -> Vec<Series> {
-    let mut out: Vec<Series> = Vec::new();
+) -> Vec<SystemSeries> {
+    let mut out: Vec<SystemSeries> = Vec::new();
     for p in points {
         let name = series_name(p);
-        match out.iter_mut().find(|s| s.name == name) {
-            Some(s) => s.points.push((x(p), y(p))),
-            None => out.push(Series {
-                name,
-                points: vec![(x(p), y(p))],
+        match out.iter_mut().find(|s| s.series.name == name) {
+            Some(s) => s.series.points.push((x(p), y(p))),
+            None => out.push(SystemSeries {
+                system: p.system.clone(),
+                series: Series::new(name, vec![(x(p), y(p))]).styled(style_of(points, p)),
             }),
         }
     }
@@ -51,26 +82,63 @@ fn chart(
     file: String,
     (title, x, y): (&str, &str, &str),
     scale: Scale,
-    series: Vec<Series>,
+    series: Vec<SystemSeries>,
     step: bool,
 ) -> NamedChart {
-    NamedChart {
-        file,
-        chart: LineChart {
-            title: title.into(),
-            x_label: x.into(),
-            y_label: y.into(),
-            y_scale: scale,
+    let panel = |title: String, series: Vec<Series>| LineChart {
+        title,
+        x_label: x.into(),
+        y_label: y.into(),
+        y_scale: scale,
+        series,
+        step,
+    };
+    let figure = if series.len() > MAX_SERIES_PER_PANEL {
+        let mut systems: Vec<String> = Vec::new();
+        for s in &series {
+            if !systems.contains(&s.system) {
+                systems.push(s.system.clone());
+            }
+        }
+        Figure {
+            panels: systems
+                .iter()
+                .map(|sys| {
+                    panel(
+                        format!("{title}: {sys}"),
+                        series
+                            .iter()
+                            .filter(|s| &s.system == sys)
+                            .map(|s| s.series.clone())
+                            .collect(),
+                    )
+                })
+                .collect(),
+        }
+    } else {
+        Figure::one(panel(
+            title.into(),
+            series.into_iter().map(|s| s.series).collect(),
+        ))
+    };
+    NamedChart { file, figure }
+}
+
+/// One panel of series that belong to no system (timelines, search progress).
+fn plain(series: Vec<Series>) -> Vec<SystemSeries> {
+    series
+        .into_iter()
+        .map(|series| SystemSeries {
+            system: String::new(),
             series,
-            step,
-        },
-    }
+        })
+        .collect()
 }
 
 /// Every chart of `whole`, in the order they are written: the rate charts
 /// ([`rate_charts`]), the busy timelines ([`busy_charts`]) and the search
 /// progress ([`progress_chart`]). The last two run the simulator (and the
-/// searches) again on the base scenario at the highest rate, seed 1.
+/// searches) again on the base scenario at the highest rate, the sweep's first seed.
 pub fn charts(whole: &SweepPart) -> Result<Vec<NamedChart>, SweepError> {
     let points = aggregate(&whole.rows);
     let top = points
@@ -128,18 +196,21 @@ pub fn rate_charts(points: &[SweepPoint], tiers: &[String], top: f64) -> Vec<Nam
         false,
     ));
     // TTFT CDF at the highest rate
-    let cdf: Vec<Series> = points
+    let cdf: Vec<SystemSeries> = points
         .iter()
         .filter(|p| p.rate == top)
-        .map(|p| Series {
-            name: series_name(p),
-            points: p
-                .median
-                .ttft_quantiles
-                .iter()
-                .zip(TTFT_QUANTILES)
-                .map(|(t, q)| (*t, q / 100.0))
-                .collect(),
+        .map(|p| SystemSeries {
+            system: p.system.clone(),
+            series: Series::new(
+                series_name(p),
+                p.median
+                    .ttft_quantiles
+                    .iter()
+                    .zip(TTFT_QUANTILES)
+                    .map(|(t, q)| (*t, q / 100.0))
+                    .collect(),
+            )
+            .styled(style_of(points, p)),
         })
         .collect();
     out.push(chart(
@@ -157,7 +228,7 @@ pub fn rate_charts(points: &[SweepPoint], tiers: &[String], top: f64) -> Vec<Nam
 }
 
 /// Per system of `whole`, one run's per-worker busy timeline: the base
-/// scenario at rate `top` (requests/s), seed 1.
+/// scenario at rate `top` (requests/s), the sweep's first seed.
 pub fn busy_charts(whole: &SweepPart, top: f64) -> Result<Vec<NamedChart>, SweepError> {
     let path = Path::new(&whole.scenario);
     let mut systems: Vec<&str> = Vec::new();
@@ -177,7 +248,7 @@ pub fn busy_charts(whole: &SweepPart, top: f64) -> Result<Vec<NamedChart>, Sweep
             variant: 0,
             system,
             rate: top,
-            seed: 1,
+            seed: first_seed(whole),
         };
         let sc = point_scenario(path, &[], &point, whole.requests)?;
         let run = easerve_sim::simulate_with(
@@ -204,10 +275,10 @@ pub fn busy_charts(whole: &SweepPart, top: f64) -> Result<Vec<NamedChart>, Sweep
             (
                 &format!("Worker occupancy, {system}: {deployment} at {top} req/s"),
                 "time (s)",
-                "fraction of time busy (encode: whole pass incl. CPU phase)",
+                "busy fraction (encode: incl. CPU phase)",
             ),
             Scale::Linear,
-            busy_series(tl, run.report.duration_s, 40),
+            plain(busy_series(tl, run.report.duration_s, 40)),
             true,
         ));
     }
@@ -215,12 +286,13 @@ pub fn busy_charts(whole: &SweepPart, top: f64) -> Result<Vec<NamedChart>, Sweep
 }
 
 /// The best throughput so far against the trial, for HAS, random and
-/// coordinate searches ([`easerve_has::DEFAULT_BUDGET`] trials, seed 1) of
+/// coordinate searches ([`easerve_has::DEFAULT_BUDGET`] trials, the sweep's first seed) of
 /// the base scenario at rate `top` (requests/s).
 pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepError> {
+    let seed = first_seed(whole);
     let o = Overrides {
         rate: Some(top),
-        seed: Some(1),
+        seed: Some(seed),
         requests: whole.requests,
         ..Default::default()
     };
@@ -238,20 +310,19 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
                 &SearchConfig {
                     method: m,
                     budget: easerve_has::DEFAULT_BUDGET,
-                    seed: 1,
+                    seed,
                     rate: top,
                     objective: objective.clone(),
                 },
                 &mut |_| {},
             );
-            Series {
-                name: m.to_string(),
-                points: st
-                    .trials
+            Series::new(
+                m.to_string(),
+                st.trials
                     .iter()
                     .map(|t| (t.index as f64, t.best_so_far))
                     .collect(),
-            }
+            )
         })
         .collect();
     Ok(chart(
@@ -262,9 +333,14 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
             &format!("best {objective} so far (req/s)"),
         ),
         Scale::Linear,
-        progress,
+        plain(progress),
         true,
     ))
+}
+
+/// The sweep's first seed (that of its first point; 1 without points).
+fn first_seed(whole: &SweepPart) -> u64 {
+    whole.rows.first().map_or(1, |r| r.seed)
 }
 
 /// Per compute-worker track, the busy fraction in each of `windows` equal
@@ -303,14 +379,13 @@ fn busy_series(timeline: &serde_json::Value, duration: f64, windows: usize) -> V
                     *b += (end.min(hi) - start.max(lo)).max(0.0);
                 }
             }
-            Series {
+            Series::new(
                 name,
-                points: busy
-                    .iter()
+                busy.iter()
                     .enumerate()
                     .map(|(k, b)| (k as f64 * w, (b / w).min(1.0)))
                     .collect(),
-            }
+            )
         })
         .collect()
 }

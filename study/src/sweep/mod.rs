@@ -9,7 +9,7 @@
 pub mod charts;
 pub mod plan;
 
-pub use charts::{charts, NamedChart};
+pub use charts::{charts, NamedChart, MAX_SERIES_PER_PANEL};
 pub use plan::{Point, Shard, SweepError, SweepPlan, SweptSystem, UnknownSystem, Variant};
 
 use easerve_workload::Report;
@@ -269,9 +269,33 @@ pub fn aggregate(rows: &[SweepRow]) -> Vec<SweepPoint> {
         .collect()
 }
 
-/// The medians as CSV (one line per point; times in seconds, rates in req/s).
-pub fn to_csv(points: &[SweepPoint], tiers: &[String]) -> Result<String, csv::Error> {
-    let mut w = csv::Writer::from_writer(Vec::new());
+/// Decimals of rates (requests/s) in the CSV, as the report prints goodput.
+pub const CSV_RATE_DECIMALS: usize = 3;
+/// Decimals of times (seconds) in the CSV: 10 µs, the report's 0.01 ms.
+pub const CSV_TIME_DECIMALS: usize = 5;
+
+/// The medians as CSV (RFC 4180: one line per point; every text field quoted,
+/// so the commas of a variant's label stay inside their field; times in
+/// seconds, rates in req/s). Rates are rounded to [`CSV_RATE_DECIMALS`] and
+/// times to [`CSV_TIME_DECIMALS`] decimals, as the report prints them, unless
+/// `full_precision` (every digit that round-trips).
+pub fn to_csv(
+    points: &[SweepPoint],
+    tiers: &[String],
+    full_precision: bool,
+) -> Result<String, csv::Error> {
+    let mut w = csv::WriterBuilder::new()
+        .quote_style(csv::QuoteStyle::NonNumeric)
+        .from_writer(Vec::new());
+    let fmt = |x: f64, decimals: usize| {
+        if full_precision {
+            x.to_string()
+        } else {
+            format!("{x:.decimals$}")
+        }
+    };
+    let rate = |x: f64| fmt(x, CSV_RATE_DECIMALS);
+    let time = |x: f64| fmt(x, CSV_TIME_DECIMALS);
     let mut header: Vec<String> = ["variant", "system", "rate", "seeds", "throughput"]
         .iter()
         .map(|s| s.to_string())
@@ -299,15 +323,15 @@ pub fn to_csv(points: &[SweepPoint], tiers: &[String]) -> Result<String, csv::Er
             p.system.clone(),
             p.rate.to_string(),
             p.seeds.to_string(),
-            r.throughput.to_string(),
+            rate(r.throughput),
         ];
-        rec.extend(r.goodput.iter().map(|g| g.to_string()));
+        rec.extend(r.goodput.iter().map(|&g| rate(g)));
         rec.extend([
-            r.ttft_mean.to_string(),
-            r.ttft_p99.to_string(),
-            r.tpot_mean.to_string(),
-            r.tpot_p99.to_string(),
-            r.e2e_mean.to_string(),
+            time(r.ttft_mean),
+            time(r.ttft_p99),
+            time(r.tpot_mean),
+            time(r.tpot_p99),
+            time(r.e2e_mean),
             r.bottleneck.clone(),
             r.deployment.clone(),
             r.ignored.join(" "),
@@ -316,6 +340,130 @@ pub fn to_csv(points: &[SweepPoint], tiers: &[String]) -> Result<String, csv::Er
     }
     let bytes = w.into_inner().map_err(|e| e.into_error())?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The medians as a text table, as `sweep` prints it: per rate, one row per
+/// system and variant (systems in the sweep's order, each system's variants
+/// together) with throughput, goodput at each tier and P99 TTFT and TPOT;
+/// where there are variants, `*` marks each system's best variant at that
+/// rate: the highest goodput at the ranking tier (`moderate`, else the
+/// middle tier: the one the baselines' rules and `bench.sh` use), then
+/// throughput, the first such on a tie. `seeds` are the seeds each row's
+/// medians are over.
+pub fn table(points: &[SweepPoint], tiers: &[String], seeds: &[u64]) -> String {
+    use std::fmt::Write;
+    let has_variants = points.iter().any(|p| !p.variant.is_empty());
+    let vw = points
+        .iter()
+        .map(|p| p.variant.chars().count())
+        .max()
+        .unwrap_or(0)
+        .max("variant".len());
+    let sw = points
+        .iter()
+        .map(|p| p.system.len())
+        .max()
+        .unwrap_or(0)
+        .max("system".len());
+    let tw: Vec<usize> = tiers.iter().map(|t| t.len().max(8)).collect();
+    let mut out = String::new();
+    let mut rates: Vec<f64> = Vec::new();
+    for p in points {
+        if !rates.contains(&p.rate) {
+            rates.push(p.rate);
+        }
+    }
+    let rank = tiers
+        .iter()
+        .position(|t| t == "moderate")
+        .unwrap_or(tiers.len() / 2);
+    let key = |p: &SweepPoint| {
+        (
+            p.median.goodput.get(rank).copied().unwrap_or(0.0),
+            p.median.throughput,
+        )
+    };
+    let mut systems: Vec<&str> = Vec::new();
+    for p in points {
+        if !systems.contains(&p.system.as_str()) {
+            systems.push(&p.system);
+        }
+    }
+    for rate in rates {
+        let _ = writeln!(
+            out,
+            "offered {rate} req/s; rates in req/s; goodput per SLO tier; medians over seeds {}",
+            seed_list(seeds)
+        );
+        let mut head = String::from("  ");
+        if has_variants {
+            let _ = write!(head, "{:<vw$}  ", "variant");
+        }
+        let _ = write!(head, "{:<sw$}  {:>10}", "system", "throughput");
+        for (t, w) in tiers.iter().zip(&tw) {
+            let _ = write!(head, "  {t:>w$}");
+        }
+        let _ = write!(head, "  {:>11}  {:>12}", "P99 TTFT s", "P99 TPOT ms");
+        let _ = writeln!(out, "{}", head.trim_end());
+        let mut at: Vec<&SweepPoint> = points.iter().filter(|p| p.rate == rate).collect();
+        at.sort_by_key(|p| systems.iter().position(|s| *s == p.system));
+        for (i, p) in at.iter().enumerate() {
+            let mine = || at.iter().enumerate().filter(|(_, q)| q.system == p.system);
+            // the first of the system's variants with the highest key
+            let best = has_variants
+                && mine().all(|(j, q)| key(q) < key(p) || (key(q) == key(p) && j >= i));
+            let mut line = String::from(if best { "* " } else { "  " });
+            if has_variants {
+                let label = if p.variant.is_empty() {
+                    "-"
+                } else {
+                    &p.variant
+                };
+                let pad = vw - label.chars().count();
+                let _ = write!(line, "{label}{}  ", " ".repeat(pad));
+            }
+            let _ = write!(line, "{:<sw$}  {:>10.3}", p.system, p.median.throughput);
+            for (g, w) in p.median.goodput.iter().zip(&tw) {
+                let _ = write!(line, "  {g:>w$.3}");
+            }
+            let _ = write!(
+                line,
+                "  {:>11.3}  {:>12.2}",
+                p.median.ttft_p99,
+                p.median.tpot_p99 * 1e3
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
+    if has_variants {
+        let _ = writeln!(
+            out,
+            "rows marked * are each system's best variant at that rate (goodput at {}, then throughput)",
+            tiers.get(rank).map_or("no tier", String::as_str)
+        );
+    }
+    if seeds.len() > 1 && points.iter().any(|p| p.system == "easerve") {
+        let _ = writeln!(
+            out,
+            "easerve is tuned by HAS at each seed, so its medians can mix deployments \
+             (sweep.json has each seed's)"
+        );
+    }
+    out
+}
+
+/// `1, 2, 3` (or `1..=10` for a longer run of consecutive seeds).
+fn seed_list(seeds: &[u64]) -> String {
+    match seeds {
+        [first, .., last] if seeds.len() > 4 && seeds.windows(2).all(|w| w[1] == w[0] + 1) => {
+            format!("{first}..={last}")
+        }
+        _ => seeds
+            .iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }
 
 #[cfg(test)]
@@ -388,8 +536,66 @@ mod tests {
         assert_eq!(pts[0].seeds, 3);
         assert_eq!(pts[0].median.throughput, 2.0);
         assert_eq!(pts[0].median.goodput, vec![1.0]);
-        let csv = to_csv(&pts, &["t".into()]).unwrap();
-        assert!(csv.starts_with("variant,system,rate,seeds,throughput,goodput_t,"));
+        let csv = to_csv(&pts, &["t".into()], false).unwrap();
+        assert!(csv.starts_with(
+            "\"variant\",\"system\",\"rate\",\"seeds\",\"throughput\",\"goodput_t\","
+        ));
         assert_eq!(csv.lines().count(), 3);
+    }
+
+    #[test]
+    fn csv_quotes_text_and_rounds_unless_full_precision() {
+        let mut a = row(0, "easerve", 3.0, 42, 1.234_567_89);
+        a.variant = "cluster.link=nvlink, deployment.batch=8".into();
+        a.ttft_p99 = 0.123_456_789;
+        let pts = aggregate(&[a]);
+        let rounded = to_csv(&pts, &["t".into()], false).unwrap();
+        let mut rd = csv::Reader::from_reader(rounded.as_bytes());
+        let rec = rd.records().next().unwrap().unwrap();
+        assert_eq!(&rec[0], "cluster.link=nvlink, deployment.batch=8");
+        assert_eq!(&rec[4], "1.235");
+        assert_eq!(&rec[5], "0.617");
+        assert_eq!(&rec[7], "0.12346");
+        assert!(
+            rounded.contains("\"cluster.link=nvlink, deployment.batch=8\",\"easerve\",3,1,1.235,")
+        );
+        let full = to_csv(&pts, &["t".into()], true).unwrap();
+        let mut rd = csv::Reader::from_reader(full.as_bytes());
+        let rec = rd.records().next().unwrap().unwrap();
+        assert_eq!(rec[4].parse::<f64>().unwrap(), 1.234_567_89);
+        assert_eq!(rec[7].parse::<f64>().unwrap(), 0.123_456_789);
+    }
+
+    #[test]
+    fn table_marks_each_systems_best_variant_and_names_the_seeds() {
+        let mut rows = Vec::new();
+        for (i, (v, sys, thr)) in [
+            ("b=4", "easerve", 2.0),
+            ("b=8", "easerve", 3.0),
+            ("b=4", "aggregated", 1.5),
+            ("b=8", "aggregated", 1.0),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut r = row(i, sys, 2.0, 42, thr);
+            r.variant = v.into();
+            rows.push(r);
+        }
+        let text = table(&aggregate(&rows), &["t".into()], &[42, 43, 44]);
+        let marked: Vec<&str> = text.lines().filter(|l| l.starts_with("* ")).collect();
+        assert_eq!(marked.len(), 2, "{text}");
+        assert!(
+            marked[0].contains("b=8") && marked[0].contains("easerve"),
+            "{text}"
+        );
+        assert!(
+            marked[1].contains("b=4") && marked[1].contains("aggregated"),
+            "{text}"
+        );
+        assert!(text.contains("medians over seeds 42, 43, 44"), "{text}");
+        assert!(text.contains("HAS at each seed"), "{text}");
+        let one = table(&aggregate(&rows[..1]), &["t".into()], &[1]);
+        assert!(!one.contains("HAS at each seed"), "{one}");
     }
 }

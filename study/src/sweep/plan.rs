@@ -232,7 +232,9 @@ pub enum SweepError {
     Point(ScenarioError),
 }
 
-/// A sweep: a scenario file over rates × variants × systems × seeds `1..=seeds`.
+/// A sweep: a scenario file over rates × variants × systems × `seeds` seeds,
+/// `first_seed, first_seed + 1, …` (the `sweep` command starts at the
+/// scenario's own seed, so its first seed runs what `sim` and `search` run).
 #[derive(Clone, Debug, PartialEq)]
 pub struct SweepPlan {
     /// The scenario file.
@@ -243,8 +245,10 @@ pub struct SweepPlan {
     pub variants: Vec<Variant>,
     /// Systems compared.
     pub systems: Vec<SweptSystem>,
-    /// Seeds per point, `1..=seeds`.
+    /// Seeds per point.
     pub seeds: u64,
+    /// The first seed; the others follow it (1 unless [`with_first_seed`](Self::with_first_seed)).
+    pub first_seed: u64,
     /// Requests per run (`None`: the scenario's).
     pub requests: Option<i64>,
     /// What parts must agree on to merge ([`SweepPart::fingerprint`]).
@@ -276,6 +280,7 @@ impl SweepPlan {
             variants,
             systems,
             seeds,
+            first_seed: 1,
             requests,
             fingerprint,
         }
@@ -296,9 +301,25 @@ impl SweepPlan {
             variants: vec![Variant::default()],
             systems: systems.to_vec(),
             seeds,
+            first_seed: 1,
             requests,
             fingerprint,
         }
+    }
+
+    /// The same sweep with seeds `first, first + 1, …` (each wrapping past `u64::MAX`).
+    #[must_use]
+    pub fn with_first_seed(mut self, first: u64) -> Self {
+        self.first_seed = first;
+        self.fingerprint = format!("{} first_seed={first}", self.fingerprint);
+        self
+    }
+
+    /// The seeds each (variant, system, rate) runs, in order.
+    pub fn seed_list(&self) -> Vec<u64> {
+        (0..self.seeds)
+            .map(|k| self.first_seed.wrapping_add(k))
+            .collect()
     }
 
     /// Every variant × system must be a valid scenario before anything runs
@@ -307,7 +328,7 @@ impl SweepPlan {
         for v in &self.variants {
             for &s in &self.systems {
                 for &rate in &self.rates {
-                    let o = s.overrides(rate, 1, self.requests);
+                    let o = s.overrides(rate, self.first_seed, self.requests);
                     Scenario::load_with(&self.scenario, &v.sets, &o).map_err(|e| {
                         // the sweep's rate comes from --rates
                         let e = e.to_string().replace("--rate /", "--rates /");
@@ -333,10 +354,11 @@ impl SweepPlan {
     /// rate, then seed.
     pub fn points(&self) -> Vec<Point> {
         let mut points = Vec::new();
+        let seeds = self.seed_list();
         for variant in 0..self.variants.len() {
             for &system in &self.systems {
                 for &rate in &self.rates {
-                    for seed in 1..=self.seeds {
+                    for &seed in &seeds {
                         points.push(Point {
                             variant,
                             system,

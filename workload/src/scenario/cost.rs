@@ -10,7 +10,7 @@ impl Scenario {
     /// The stage costs the scenario names: its `profile`; else measured kernels
     /// when its GPU is a preset with aiconfigurator tables, or the RTX 6000 Ada
     /// (priced from the L40S's tables, same AD102 die), and the data is found
-    /// ([`easerve_calib::aic::find_data_dir`]; `cluster.kernels = "roofline"` opts
+    /// ([`Scenario::data_dir`]; `cluster.kernels = "roofline"` opts
     /// out); else the roofline of its model and GPU. Either carries the serving
     /// system's own framework and measured preprocessing terms
     /// ([`easerve_calib::preprocess::EncodeTerms`]). When the tables cannot be
@@ -28,7 +28,16 @@ impl Scenario {
             )
         };
         match self.kernel_cost() {
-            Some(Ok(k)) => Box::new(k),
+            Some(Ok(k)) => match self.data_dir() {
+                Some(found) => Box::new(WithNote(
+                    Box::new(k),
+                    format!(
+                        "aiconfigurator data (measured kernel tables) found {}",
+                        found.how
+                    ),
+                )),
+                None => Box::new(k),
+            },
             Some(Err(e)) => Box::new(WithNote(
                 roofline(),
                 format!("measured kernels unusable, roofline used instead: {e}"),
@@ -36,18 +45,25 @@ impl Scenario {
             None if !self.roofline_named()
                 && self.raw.cluster.gpu.is_some()
                 && easerve_calib::kernel_cost::kernel_source_for(&self.gpu.name).is_some()
-                && easerve_calib::aic::find_data_dir().is_none() =>
+                && self.data_dir().is_none() =>
             {
                 Box::new(WithNote(
                     roofline(),
                     format!(
-                        "{} has measured kernel tables, but no aiconfigurator data was found ($EASERVE_AICONFIGURATOR_DIR, ../shared/data/aiconfigurator): roofline used instead",
+                        "{} has measured kernel tables, but no aiconfigurator data was found ($EASERVE_AICONFIGURATOR_DIR, then shared/data/aiconfigurator beside the scenario's folder, then ../shared/data/aiconfigurator beside the working directory): roofline used instead",
                         self.gpu.name
                     ),
                 ))
             }
             None => roofline(),
         }
+    }
+
+    /// Where the aiconfigurator data is found for this scenario
+    /// ([`easerve_calib::aic::locate_data_dir`]: the variable, beside the
+    /// scenario's folder, beside the working directory).
+    pub fn data_dir(&self) -> Option<easerve_calib::aic::FoundData> {
+        easerve_calib::aic::locate_data_dir(Some(std::path::Path::new(&self.file)))
     }
 
     /// The serving system's encode terms on this deployment's host: framework
@@ -99,7 +115,7 @@ impl Scenario {
         if self.roofline_named() || self.raw.cluster.gpu.is_none() {
             return None;
         }
-        let dir = easerve_calib::aic::find_data_dir()?;
+        let dir = self.data_dir()?.dir;
         easerve_calib::KernelCost::from_data(
             &dir,
             &self.model,
