@@ -328,49 +328,55 @@ fn fewest_plot(
     )
 }
 
+/// The `--plot` of a comparison: per GPU type its goodput curve and its
+/// answer, in one colour and its own shape; then `attain × offered` over
+/// every rate probed.
+fn comparison_series(rows: &[Comparison], attain: f64) -> Vec<Series> {
+    let mut series = Vec::new();
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for (i, r) in rows.iter().enumerate() {
+        let Some(m) = &r.answer else { continue };
+        let style = Style {
+            colour: i,
+            shape: i,
+        };
+        let pts = sorted_points(&m.probes);
+        for p in &pts {
+            (lo, hi) = (lo.min(p.0), hi.max(p.0));
+        }
+        let at = pts.iter().find(|p| p.0 == m.rate).map_or(0.0, |p| p.1);
+        series.push(Series::new(format!("{} × {}", r.gpus, r.gpu), pts).styled(style));
+        series.push(
+            Series::new(
+                format!("{} × {}: highest {:.3} req/s", r.gpus, r.gpu, m.rate),
+                vec![(m.rate, at)],
+            )
+            .styled(Style {
+                colour: i,
+                shape: 5,
+            }),
+        );
+    }
+    if lo <= hi {
+        series.push(
+            Series::new(
+                format!("{} × offered", num(attain)),
+                vec![(lo, attain * lo), (hi, attain * hi)],
+            )
+            .styled(Style {
+                colour: 6,
+                shape: 3,
+            }),
+        );
+    }
+    series
+}
+
 /// `--gpus`'s answer: the plot, then JSON or a table.
 fn comparison(q: &Asked<'_>, rows: &[Comparison]) -> anyhow::Result<ExitCode> {
     let (a, goal, what) = (q.a, q.goal, q.what);
     if let Some(path) = &a.plot {
-        // per GPU type its goodput curve and its answer, in one colour and
-        // its own shape; then the goal's line over every rate probed
-        let mut series = Vec::new();
-        let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
-        for (i, r) in rows.iter().enumerate() {
-            let Some(m) = &r.answer else { continue };
-            let style = Style {
-                colour: i,
-                shape: i,
-            };
-            let pts = sorted_points(&m.probes);
-            for p in &pts {
-                (lo, hi) = (lo.min(p.0), hi.max(p.0));
-            }
-            let at = pts.iter().find(|p| p.0 == m.rate).map_or(0.0, |p| p.1);
-            series.push(Series::new(format!("{} × {}", r.gpus, r.gpu), pts).styled(style));
-            series.push(
-                Series::new(
-                    format!("{} × {}: highest {:.3} req/s", r.gpus, r.gpu, m.rate),
-                    vec![(m.rate, at)],
-                )
-                .styled(Style {
-                    colour: i,
-                    shape: 5,
-                }),
-            );
-        }
-        if lo <= hi {
-            series.push(
-                Series::new(
-                    format!("{} × offered", num(goal.attain)),
-                    vec![(lo, goal.attain * lo), (hi, goal.attain * hi)],
-                )
-                .styled(Style {
-                    colour: 6,
-                    shape: 3,
-                }),
-            );
-        }
+        let series = comparison_series(rows, goal.attain);
         plot(
             path,
             &format!("{}: goodput ({}) by GPU type", planner_name(a), goal.tier),
