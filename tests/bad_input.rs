@@ -659,6 +659,6 @@ fn the_simulator_refuses_what_the_limits_refuse() {
     );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["refused"], 40, "{r}");
-    assert_eq!(r["refusals"][0]["reason"], "max_prefill_tokens = 1");
+    assert_eq!(r["refusals"][0]["reason"], "max_prefill_tokens");
     assert!(r.get("failed").is_none());
 }

@@ -75,7 +75,7 @@ pub use controller::{
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use driver::{Driver, Liveness, SerialLink, ServiceLog, VirtualClock};
-pub use limits::{LimitExceeded, Limits};
+pub use limits::{LimitExceeded, LimitKind, Limits};
 pub use placement::LeastOutstanding;
 pub use policy::budget;
 pub use policy::{

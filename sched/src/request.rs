@@ -137,11 +137,10 @@ pub struct RequestRecord {
     /// Turned away at arrival because the admission queue was full.
     #[serde(default)]
     pub rejected: bool,
-    /// Refused at arrival for asking more than the limits allow: the limit
-    /// and its value (`easerve_sched::LimitExceeded::limit`, e.g.
-    /// `max_prefill_tokens = 2500`; the decision log has the whole message).
+    /// Refused at arrival for asking more than the limits allow: which
+    /// limit (the decision log has the whole message, with the value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub refused: Option<String>,
+    pub refused: Option<crate::LimitKind>,
 }
 
 impl RequestRecord {

@@ -434,8 +434,8 @@ impl Report {
             if let Some(reason) = &r.failure {
                 FailureCount::count(&mut failures, reason);
             }
-            if let Some(reason) = &r.refused {
-                FailureCount::count(&mut refusals, reason);
+            if let Some(limit) = r.refused {
+                FailureCount::count(&mut refusals, limit.name());
             }
             let Some(finish) = r.finish else {
                 continue;

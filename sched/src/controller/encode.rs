@@ -18,7 +18,7 @@ impl Controller {
         if let Err(e) = self.limits.check(&self.requests[i]) {
             let reason = e.to_string();
             self.place[i] = Place::Done;
-            self.records[i].refused = Some(e.limit());
+            self.records[i].refused = Some(e.kind());
             self.counters.refused += 1;
             self.decide(|| Decision::Reject {
                 id,
