@@ -196,6 +196,18 @@ impl LimitExceeded {
     }
 }
 
+/// Items of each modality (image, video, audio) among `modalities`; text
+/// counts for none.
+fn count_by_modality(modalities: impl Iterator<Item = Modality>) -> [usize; 3] {
+    let mut count = [0usize; 3];
+    for m in modalities {
+        if let Some(k) = MODALITIES.iter().position(|(x, _)| *x == m) {
+            count[k] += 1;
+        }
+    }
+    count
+}
+
 const MODALITIES: [(Modality, &str); 3] = [
     (Modality::Image, "image"),
     (Modality::Video, "video"),
@@ -208,12 +220,17 @@ impl Limits {
     ///
     /// Errors: [`LimitExceeded::Items`].
     pub fn check_counts(&self, modalities: &[Modality]) -> Result<(), LimitExceeded> {
-        for (k, (m, name)) in MODALITIES.iter().enumerate() {
-            let count = modalities.iter().filter(|x| *x == m).count();
-            if count > self.mm_per_prompt[k] as usize {
+        self.counts_within(count_by_modality(modalities.iter().copied()))
+    }
+
+    /// Whether `count` items of each modality (image, video, audio) are
+    /// within `mm_per_prompt`.
+    fn counts_within(&self, count: [usize; 3]) -> Result<(), LimitExceeded> {
+        for (k, (_, name)) in MODALITIES.iter().enumerate() {
+            if count[k] > self.mm_per_prompt[k] as usize {
                 return Err(LimitExceeded::Items {
                     modality: name,
-                    count,
+                    count: count[k],
                     limit: self.mm_per_prompt[k],
                 });
             }
@@ -228,23 +245,7 @@ impl Limits {
     /// Errors: the first limit `req` is over.
     pub fn check(&self, req: &Request) -> Result<(), LimitExceeded> {
         if !req.items.is_empty() {
-            let mut count = [0usize; 3];
-            for it in &req.items {
-                count[match it.modality() {
-                    Modality::Image => 0,
-                    Modality::Video => 1,
-                    _ => 2,
-                }] += 1;
-            }
-            for (k, (_, name)) in MODALITIES.iter().enumerate() {
-                if count[k] > self.mm_per_prompt[k] as usize {
-                    return Err(LimitExceeded::Items {
-                        modality: name,
-                        count: count[k],
-                        limit: self.mm_per_prompt[k],
-                    });
-                }
-            }
+            self.counts_within(count_by_modality(req.items.iter().map(MmItem::modality)))?;
         }
         for (index, item) in req.items.iter().enumerate() {
             self.check_item(index, item)?;
