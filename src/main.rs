@@ -187,6 +187,13 @@ pub(crate) struct RunArgs {
     /// time constant TAU_S seconds; the offload router tracks it too).
     #[arg(long, value_name = "KIND")]
     pub(crate) rate_estimator: Option<String>,
+    /// The planner that changes the deployment while it runs (overrides
+    /// `planner.policy`): `static` (none; with it the report gains the
+    /// planner's section: GPU-hours, goodput per GPU-hour), `load`
+    /// (thresholds on per-stage queues and KV use) or `twin` (forecast and
+    /// simulate candidates). See docs/demand.md.
+    #[arg(long, value_name = "POLICY")]
+    pub(crate) planner: Option<String>,
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
     pub(crate) requests_csv: Option<PathBuf>,
@@ -281,6 +288,7 @@ impl RunArgs {
                 .section()
                 .map_err(|e| BadInput(format!("{}: {}", self.scenario.display(), e.0)))?,
             rate_estimator: self.rate_estimator.clone(),
+            planner: self.planner.clone(),
         };
         overrides = with_deployment(overrides, self.deployment.as_deref())?;
         let sc = Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;

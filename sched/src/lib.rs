@@ -43,6 +43,11 @@
 //!   a virtual clock; the bookkeeping drivers share beside it: [`Liveness`]
 //!   (which workers died), [`SerialLink`] (one transfer at a time) and the
 //!   [`ServiceLog`] one driver's workers took, for another to replay.
+//! * [`planner`] — changes of the deployment while it runs (a worker
+//!   started, drained, moved to another stage; `B` and `s` set), decided
+//!   each window by the `static`, `load` or `twin` policy from the
+//!   controller's per-stage load, and handed to the controller as
+//!   [`Event::Reconfigure`].
 //! * `harness` (cargo feature `harness`, off by default; tests turn it on) —
 //!   virtual-clock drivers for tests: `harness::Cluster` runs the controller
 //!   against fake workers (faults, interruption, share changes), and
@@ -61,6 +66,7 @@ pub mod driver;
 pub mod harness;
 pub mod limits;
 mod placement;
+pub mod planner;
 mod policy;
 mod prefill;
 mod request;
@@ -70,8 +76,8 @@ mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use controller::{
-    Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
-    WorkerRef, TIME_SLICE_SHARE,
+    Change, Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId,
+    Event, StageLoad, WorkerRef, TIME_SLICE_SHARE,
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use driver::{Driver, Liveness, SerialLink, ServiceLog, VirtualClock};

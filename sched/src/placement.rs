@@ -71,6 +71,19 @@ impl LeastOutstanding {
         }
     }
 
+    /// Replica `replica` takes work again (a standby or drained worker a
+    /// planner started: [`crate::controller::Change`]).
+    pub fn revive(&mut self, replica: usize) {
+        if let Some(r) = self.retired.get_mut(replica) {
+            *r = false;
+        }
+    }
+
+    /// Whether replica `replica` takes no work (it died, stands by or drains).
+    pub fn is_retired(&self, replica: usize) -> bool {
+        self.retired.get(replica).copied().unwrap_or(true)
+    }
+
     /// `work` assigned to `replica` has completed.
     pub fn complete(&mut self, replica: usize, work: f64) {
         let w = &mut self.outstanding[replica];

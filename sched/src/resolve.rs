@@ -49,6 +49,9 @@ pub struct Resolution<'a> {
     pub rate_estimate: RateEstimate,
     /// Keep the decision log.
     pub log_decisions: bool,
+    /// Spare slots per stage (encode, remote prefill, decode) standing by for
+    /// a planner ([`Topology::with_spares`]); `[0; 3]` without one.
+    pub spares: [u32; 3],
 }
 
 impl Resolution<'_> {
@@ -57,7 +60,11 @@ impl Resolution<'_> {
     pub fn topology(&self) -> Topology {
         match self.replicas {
             Some((n, tp)) => Topology::replicas(n, tp),
-            None => Topology::new(&self.deployment.allocation, self.local_prefill_tp),
+            None => Topology::with_spares(
+                &self.deployment.allocation,
+                self.local_prefill_tp,
+                self.spares,
+            ),
         }
     }
 
@@ -100,13 +107,13 @@ impl Resolution<'_> {
                     SmSplit::Static(1.0)
                 };
                 let dispatch = self.encode_dispatch();
-                let batchers = (0..dep.allocation.encode.workers)
+                let batchers = (0..dep.allocation.encode.workers + self.spares[0])
                     .map(|_| {
                         Batcher::new(&dispatch, dep.max_batch, |k| t_enc(k, 1.0))
                             .with_estimator(self.rate_estimate)
                     })
                     .collect();
-                let decode = self.schedulers(dep.allocation.decode.workers);
+                let decode = self.schedulers(dep.allocation.decode.workers + self.spares[2]);
                 (batchers, split, decode, Vec::new())
             }
         };

@@ -37,6 +37,9 @@ pub struct Worker {
     pub encode_workers: Vec<usize>,
     /// For an encode worker: the local prefill worker on its GPU, if any.
     pub local_prefill: Option<usize>,
+    /// A spare slot a planner may start ([`Topology::with_spares`]): it
+    /// takes no work and holds no GPU until then.
+    pub standby: bool,
 }
 
 impl Worker {
@@ -69,6 +72,7 @@ fn worker(wref: WorkerRef, label: String, gpus: Vec<u32>, ep: u32) -> Worker {
         local: false,
         encode_workers: Vec::new(),
         local_prefill: None,
+        standby: false,
     }
 }
 
@@ -134,6 +138,66 @@ impl Topology {
             remote,
             gpus: next,
         }
+    }
+
+    /// The layout of `alloc` ([`Topology::new`]) with `spares` more slots of
+    /// each stage (encode, remote prefill, decode; each of the stage's TP and
+    /// EP) standing by for a planner to start. Spares follow the stage's
+    /// workers in its index (remote prefill spares before the local prefill
+    /// workers, which keep their groups over the deployment's own encode
+    /// workers) and get GPU numbers after every GPU of the deployment, in
+    /// stage order, so `gpus()` stays the deployment's count: a spare's GPU
+    /// numbers name its slot, and a planner keeps the GPUs in use within the
+    /// cluster. Labels go on (`E2`, `P1`, `D1`, …).
+    pub fn with_spares(alloc: &Allocation, local_tp: Option<u32>, spares: [u32; 3]) -> Topology {
+        let mut t = Topology::new(alloc, local_tp);
+        if spares == [0; 3] {
+            return t;
+        }
+        let mut next = t.gpus;
+        let mut take = |n: u32| -> Vec<u32> {
+            let g: Vec<u32> = (next..next + n).collect();
+            next += n;
+            g
+        };
+        let spare = |wref: WorkerRef, label: String, gpus: Vec<u32>, ep: u32| Worker {
+            standby: true,
+            ..worker(wref, label, gpus, ep)
+        };
+        let base = t.encode.len();
+        for k in 0..spares[0] as usize {
+            let i = base + k;
+            let gpus = take(alloc.encode.gpus_per_worker());
+            t.encode
+                .push(spare(WorkerRef::Encode(i), format!("E{i}"), gpus, alloc.encode.ep));
+        }
+        let extra = spares[1] as usize;
+        let mut remote: Vec<Worker> = t.prefill.drain(..t.remote).collect();
+        for k in 0..extra {
+            let i = t.remote + k;
+            let gpus = take(alloc.prefill.gpus_per_worker());
+            remote.push(spare(WorkerRef::Prefill(i), format!("P{i}"), gpus, alloc.prefill.ep));
+        }
+        // local prefill workers move up by the spares' count
+        let locals = std::mem::take(&mut t.prefill);
+        for mut w in locals {
+            let WorkerRef::Prefill(p) = w.wref else { unreachable!() };
+            w.wref = WorkerRef::Prefill(p + extra);
+            for &e in &w.encode_workers {
+                t.encode[e].local_prefill = Some(p + extra);
+            }
+            remote.push(w);
+        }
+        t.prefill = remote;
+        t.remote += extra;
+        let base = t.decode.len();
+        for k in 0..spares[2] as usize {
+            let i = base + k;
+            let gpus = take(alloc.decode.gpus_per_worker());
+            t.decode
+                .push(spare(WorkerRef::Decode(i), format!("D{i}"), gpus, alloc.decode.ep));
+        }
+        t
     }
 
     /// The aggregated system's layout: `replicas` engines of `tp` GPUs each,

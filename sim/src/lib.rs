@@ -60,7 +60,9 @@ mod output;
 mod timeline;
 mod verdict;
 
-pub use engine::{scenario_cost, simulate, simulate_with, ServiceLog, SimOptions, SimOutput};
+pub use engine::{
+    scenario_cost, simulate, simulate_with, ServiceLog, SimOptions, SimOutput, SimTwin,
+};
 pub use verdict::{name_bottleneck, typical_of};
 
 #[cfg(test)]

@@ -320,6 +320,61 @@ pub struct Report {
     /// `workload.window_s`; see [`crate::windows`]); empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub windows: Vec<crate::windows::WindowReport>,
+    /// The planner's account (a scenario with `[planner]` or `--planner`):
+    /// GPU-hours, goodput per GPU-hour, each change, every decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<PlannerReport>,
+}
+
+/// What a planner did in a run ([`Report::planner`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PlannerReport {
+    /// `static`, `load` or `twin`.
+    pub policy: String,
+    /// Seconds between decisions.
+    pub window_s: f64,
+    /// Least seconds between changes.
+    pub dwell_s: f64,
+    /// Seconds to load each stage's model (encode, prefill, decode).
+    pub load_s: [f64; 3],
+    /// Where the load times come from.
+    pub load_source: String,
+    /// GPU-hours the run held: each worker's GPUs from the start (or its
+    /// model load) until it stopped or the run ended.
+    pub gpu_hours: f64,
+    /// Good requests per GPU-hour, per SLO tier.
+    pub goodput_per_gpu_hour: Vec<TierValue>,
+    /// Each change, with its time and duration.
+    pub changes: Vec<ChangeRecord>,
+    /// Every planning decision with its inputs.
+    pub decisions: Vec<easerve_sched::planner::PlanRecord>,
+}
+
+/// A value per SLO tier.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TierValue {
+    /// Tier name.
+    pub tier: String,
+    /// The value.
+    pub value: f64,
+}
+
+/// One change of the deployment in a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChangeRecord {
+    /// When the controller got it, seconds.
+    pub at: f64,
+    /// The change.
+    pub change: easerve_sched::Change,
+    /// The worker drained (label), if any.
+    pub from: Option<String>,
+    /// The worker started (label), if any.
+    pub to: Option<String>,
+    /// When the drained worker stopped (its work done), seconds.
+    pub stopped_at: Option<f64>,
+    /// When the started worker was ready (its model loaded), seconds; the
+    /// change took `ready_at − at` (or `stopped_at − at` for a removal).
+    pub ready_at: Option<f64>,
 }
 
 /// How many requests failed for one reason.
@@ -532,6 +587,7 @@ impl Report {
             refused: refusals.iter().map(|f| f.count).sum(),
             refusals,
             windows: Vec::new(),
+            planner: None,
         }
     }
 

@@ -149,6 +149,27 @@ pub enum Decision {
         /// Their total context tokens.
         context: u64,
     },
+    /// A planner's change reached the controller ([`super::Change`]).
+    Reconfigure {
+        /// Time of the decision.
+        at: f64,
+        /// The change.
+        change: super::Change,
+    },
+    /// Worker `worker` loaded its model and takes work from now on.
+    WorkerReady {
+        /// Time of the decision.
+        at: f64,
+        /// The worker.
+        worker: super::WorkerRef,
+    },
+    /// Draining worker `worker` holds no more work: it is stopped.
+    WorkerStopped {
+        /// Time of the decision.
+        at: f64,
+        /// The worker.
+        worker: super::WorkerRef,
+    },
     /// Request `id` failed (a worker died, its KV cache can never fit, the run
     /// was interrupted).
     Fail {
@@ -272,6 +293,20 @@ pub enum Command {
         batch: u64,
         /// Their total context tokens.
         context: u64,
+    },
+    /// Load the model of worker `worker`'s stage on its GPUs (a planner
+    /// started it, or it takes the GPUs of a worker stopped for a role
+    /// change); report [`Event::WorkerReady`](super::Event::WorkerReady)
+    /// once it can take work.
+    LoadWorker {
+        /// The worker.
+        worker: super::WorkerRef,
+    },
+    /// Worker `worker` was drained and holds no work: stop it and free its
+    /// GPUs. Nothing is reported back.
+    StopWorker {
+        /// The worker.
+        worker: super::WorkerRef,
     },
     /// Request `id` generated its last token: decode worker `worker` may free
     /// its KV cache.

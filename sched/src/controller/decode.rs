@@ -62,6 +62,7 @@ impl Controller {
         }
         let steps = slot.sched.steps_to_finish().unwrap_or(1);
         slot.in_run = true;
+        slot.since = now;
         slot.run_steps = steps;
         slot.yielded = false;
         self.decide(|| Decision::DecodeRun {
@@ -92,6 +93,7 @@ impl Controller {
             slot.run_steps
         );
         slot.in_run = false;
+        slot.busy_s += now - slot.since;
         slot.yielded = false;
         for id in slot
             .sched

@@ -45,6 +45,7 @@ impl Controller {
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
             let p = self.remote_place.assign(req.prefill_tokens() as f64);
+            self.counters.stage_arrivals[1] += 1;
             self.decide(|| Decision::Route {
                 id,
                 worker: p,
@@ -60,6 +61,7 @@ impl Controller {
         }
         let enc = req.encoder_tokens as f64;
         let w = self.encode_place.assign(enc);
+        self.counters.stage_arrivals[0] += 1;
         self.decide(|| Decision::PlaceEncode { id, worker: w });
         self.records[i].encode_worker = Some(w);
         self.place[i] = Place::Encode(w);
@@ -124,6 +126,7 @@ impl Controller {
                 worker.pass = ids;
                 worker.items = items;
                 worker.busy = true;
+                worker.since = now;
                 worker.gpu_phase = false;
                 self.commands.push_back(Command::Encode {
                     worker: w,
@@ -199,6 +202,7 @@ impl Controller {
             return;
         }
         self.encode[w].busy = false;
+        self.encode[w].busy_s += now - self.encode[w].since;
         self.encode[w].gpu_phase = false;
         self.reshare_local(now, w);
         let ids = std::mem::take(&mut self.encode[w].pass);
@@ -238,6 +242,7 @@ impl Controller {
                         .expect("local route only with a local worker")
                 }
             };
+            self.counters.stage_arrivals[1] += 1;
             self.decide(|| Decision::Route {
                 id,
                 worker: dest,

@@ -101,6 +101,18 @@ pub enum Event {
         /// Why.
         reason: String,
     },
+    /// A planner changes the deployment ([`Change`](super::Change)): start
+    /// a worker, drain one (and start another on its GPUs), set `B` or `s`.
+    Reconfigure {
+        /// The change.
+        change: super::Change,
+    },
+    /// Worker `worker` loaded its model
+    /// ([`Command::LoadWorker`](super::Command::LoadWorker)) and takes work.
+    WorkerReady {
+        /// The worker.
+        worker: WorkerRef,
+    },
     /// The run is cut short (Ctrl-C or a deadline): every request not at an
     /// end yet, arrived or not, fails with `reason`; nothing more starts.
     Interrupt {

@@ -94,6 +94,7 @@ mod decode;
 mod encode;
 mod event;
 mod faults;
+mod plan;
 mod prefill;
 mod replica;
 mod shards;
@@ -103,6 +104,7 @@ pub use command::{Command, Decision};
 pub use encode::TIME_SLICE_SHARE;
 pub use event::{EnvelopeId, Event, WorkerRef};
 pub use faults::kill_reason;
+pub use plan::{Change, StageLoad};
 
 use crate::{
     Batcher, DecodeScheduler, EncodePlacement, LeastOutstanding, Mechanisms, PrefillItem,
@@ -175,6 +177,10 @@ struct EncodeSlot {
     batcher: Batcher,
     /// The pass running, FCFS; empty when idle.
     pass: Vec<RequestId>,
+    /// When the pass running started, seconds.
+    since: f64,
+    /// Seconds busy with passes that ended.
+    busy_s: f64,
     /// With intra-request parallelism: the item each entry of `pass` encodes.
     items: Vec<u32>,
     /// With intra-request parallelism: the shards queued at the batcher, in
@@ -196,6 +202,10 @@ struct PrefillSlot {
     busy: bool,
     /// SM share of the running batch.
     share: f64,
+    /// When the batch running started, seconds.
+    since: f64,
+    /// Seconds busy with batches that ended.
+    busy_s: f64,
     encode_workers: Vec<usize>,
     local: bool,
     alive: bool,
@@ -209,6 +219,10 @@ struct DecodeSlot {
     run_steps: u64,
     /// The run in flight was told to yield.
     yielded: bool,
+    /// When the run in flight started, seconds.
+    since: f64,
+    /// Seconds busy with runs that ended.
+    busy_s: f64,
     alive: bool,
 }
 
@@ -241,6 +255,8 @@ pub struct ControllerCounters {
     /// Requests that failed (a worker died, their KV cache can never fit, or
     /// the run was interrupted).
     pub failed: usize,
+    /// Requests placed on each stage (encode, prefill, decode).
+    pub stage_arrivals: [u64; 3],
 }
 
 /// The controller (module doc).
@@ -278,6 +294,11 @@ pub struct Controller {
     /// embeddings have not landed yet, and its prefill worker once the first
     /// shard was routed. Empty otherwise.
     shards: Vec<shards::ShardState>,
+    /// Workers draining ([`Change::Drain`]) and the worker to start on each
+    /// one's GPUs once it stopped.
+    draining: Vec<(WorkerRef, Option<WorkerRef>)>,
+    /// Workers loading their model ([`Command::LoadWorker`]).
+    loading: Vec<WorkerRef>,
 }
 
 /// One envelope a pass sends: its prefill worker, the requests and (with
@@ -295,6 +316,8 @@ impl Controller {
             .map(|batcher| EncodeSlot {
                 batcher,
                 pass: Vec::new(),
+                since: 0.0,
+                busy_s: 0.0,
                 items: Vec::new(),
                 queued: VecDeque::new(),
                 busy: false,
@@ -327,6 +350,8 @@ impl Controller {
                 batch: Vec::new(),
                 busy: false,
                 share: 1.0,
+                since: 0.0,
+                busy_s: 0.0,
                 encode_workers: w.encode_workers.clone(),
                 local: w.local,
                 alive: true,
@@ -343,6 +368,8 @@ impl Controller {
                 in_run: false,
                 run_steps: 0,
                 yielded: false,
+                since: 0.0,
+                busy_s: 0.0,
                 alive: true,
             })
             .collect();
@@ -356,7 +383,7 @@ impl Controller {
         } else {
             Vec::new()
         };
-        Controller {
+        let mut ctrl = Controller {
             place: vec![Place::NotArrived; requests.len()],
             replica_place: LeastOutstanding::new(replicas.len()),
             replicas,
@@ -391,7 +418,25 @@ impl Controller {
             groups: Vec::new(),
             preprocess_ahead: cfg.preprocess_ahead,
             mechanisms: mech,
+            draining: Vec::new(),
+            loading: Vec::new(),
+        };
+        // spare slots stand by until a planner starts them
+        let standby: Vec<WorkerRef> = ctrl
+            .topology
+            .workers()
+            .filter(|w| w.standby)
+            .map(|w| w.wref)
+            .collect();
+        for w in standby {
+            match w {
+                WorkerRef::Encode(i) => ctrl.encode_place.retire(i),
+                WorkerRef::Prefill(i) => ctrl.remote_place.retire(i),
+                WorkerRef::Decode(i) => ctrl.decode_place.retire(i),
+                WorkerRef::Replica(i) => ctrl.replica_place.retire(i),
+            }
         }
+        ctrl
     }
 
     // ----------------------------------------------------------- the API
@@ -440,6 +485,11 @@ impl Controller {
             } => self.on_replica_step_done(now, replica, prefill_start),
             Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
             Event::Interrupt { reason } => self.interrupt(&reason),
+            Event::Reconfigure { change } => self.on_reconfigure(now, change),
+            Event::WorkerReady { worker } => self.on_worker_ready(now, worker),
+        }
+        if !self.draining.is_empty() {
+            self.check_drained(now);
         }
     }
 
@@ -465,6 +515,9 @@ impl Controller {
                 self.encode[w].timer = None;
                 self.try_dispatch(now, w);
             }
+        }
+        if !self.draining.is_empty() {
+            self.check_drained(now);
         }
     }
 

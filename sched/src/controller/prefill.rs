@@ -96,6 +96,7 @@ impl Controller {
         let slot = &mut self.prefill[p];
         slot.batch = items;
         slot.busy = true;
+        slot.since = now;
         slot.share = sm_share;
         self.commands.push_back(Command::Prefill {
             worker: p,
@@ -110,6 +111,7 @@ impl Controller {
             return;
         }
         self.prefill[p].busy = false;
+        self.prefill[p].busy_s += now - self.prefill[p].since;
         let items = std::mem::take(&mut self.prefill[p].batch);
         for it in &items {
             let i = it.id as usize;
@@ -126,6 +128,7 @@ impl Controller {
                 continue;
             }
             let d = self.decode_place.assign((it.tokens + out as u64) as f64);
+            self.counters.stage_arrivals[2] += 1;
             self.decide(|| Decision::PlaceDecode {
                 id: it.id,
                 worker: d,

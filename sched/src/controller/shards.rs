@@ -105,6 +105,7 @@ impl Controller {
                         .assign(self.requests[i].prefill_tokens() as f64);
                     self.counters.routed += 1;
                     self.counters.remote_routed += 1;
+                    self.counters.stage_arrivals[1] += 1;
                     self.decide(|| Decision::Route {
                         id,
                         worker: p,

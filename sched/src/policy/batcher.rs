@@ -306,6 +306,21 @@ impl Batcher {
         self
     }
 
+    /// Set the batch bound `B` live, within `1..=` the bound it was built
+    /// with (its `W(k)` table ends there); returns the bound in force. An
+    /// `Immediate` batcher keeps 1.
+    pub fn set_max_batch(&mut self, b: usize) -> usize {
+        if !matches!(self.rule, Rule::Immediate) {
+            self.max_batch = b.clamp(1, self.wait_budget.len());
+        }
+        self.max_batch
+    }
+
+    /// The batch bound `B` in force.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
     /// The resolved parameters (for the report).
     pub fn params(&self) -> &BatcherParams {
         &self.params

@@ -83,6 +83,14 @@ impl Router {
         }
     }
 
+    /// Set the offload ratio `s` (clamped into `[0, 1]`; NaN keeps it), as a
+    /// planner changes it live; a tracking router keeps its design rate.
+    pub fn set_offload(&mut self, s: f64) {
+        if !s.is_nan() {
+            self.s = s.clamp(0.0, 1.0);
+        }
+    }
+
     /// The configured offload ratio `s`.
     pub fn offload(&self) -> f64 {
         self.s

@@ -23,6 +23,8 @@
 //! The aggregated system's replicas, whose iterations run every stage, have
 //! their physics in `replica.rs`.
 
+mod plan;
+pub use plan::SimTwin;
 mod replica;
 
 use crate::event::{EventQueue, Priority};
@@ -90,6 +92,12 @@ enum Ev {
         gen: u64,
     },
     Fault(WorkerRef),
+    /// A planner's window ends: it decides.
+    PlanTick,
+    /// The planner's change of this index reaches the controller.
+    Reconfigure(u32),
+    /// A worker's model is loaded.
+    WorkerReady(WorkerRef),
 }
 
 /// An encode pass on the hardware.
@@ -273,6 +281,8 @@ struct Sim<'a> {
     /// When each request's preprocessing ends, by request id, when
     /// preprocessing is pipelined ([`Command::Preprocess`]; empty otherwise).
     pre_ready: Vec<f64>,
+    /// The scenario's planner (`[planner]`), if any.
+    plan: Option<plan::PlanRun>,
 }
 
 /// How the run charges an encode pass's host preprocessing, for the notes.
@@ -320,8 +330,23 @@ pub fn scenario_cost(sc: &Scenario) -> Box<dyn StageCost> {
 
 /// Run the scenario with stage costs from `cost` (measured kernels, a roofline
 /// or a profile).
+///
+/// With a planner (`[planner]`) the cost source is shared with the twin its
+/// `twin` policy tries candidates in, and a decision ends each window.
 pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions) -> SimOutput {
-    let mut sim = Sim::new(sc, cost, opts.decisions);
+    let mut sim = match sc.planner {
+        None => Sim::new(sc, cost, opts.decisions),
+        Some(_) => {
+            let cost: std::sync::Arc<dyn StageCost> = std::sync::Arc::from(cost);
+            let mut sim = Sim::new(sc, Box::new(plan::Shared(cost.clone())), opts.decisions);
+            sim.plan = plan::PlanRun::of(sc, &sim.topology, &cost);
+            if let Some(p) = &sim.plan {
+                let w = p.planner.config().window_s;
+                sim.events.push(w, Priority::Completion, Ev::PlanTick);
+            }
+            sim
+        }
+    };
     if opts.timeline {
         sim.timeline = Some(Timeline::default());
     }
@@ -340,6 +365,14 @@ impl<'a> Sim<'a> {
         let (requests, tokens) = generate_with_tokens(sc);
         let ctrl = sc.controller(requests, &tokens, &*cost, log_decisions);
         let topology = ctrl.topology().clone();
+        // spare slots a planner may start have GPU numbers past the
+        // deployment's (`Topology::with_spares`)
+        let gpu_slots = topology
+            .workers()
+            .flat_map(|w| w.gpus.iter().copied())
+            .max()
+            .map_or(0, |g| g + 1)
+            .max(sc.gpus);
         let encode = topology
             .encode()
             .iter()
@@ -404,7 +437,7 @@ impl<'a> Sim<'a> {
             decode,
             replicas,
             topology,
-            meters: (0..sc.gpus).map(|_| GpuMeter::default()).collect(),
+            meters: (0..gpu_slots).map(|_| GpuMeter::default()).collect(),
             processed: 0,
             max_sm_share_sum: 0.0,
             inline_steps: 0,
@@ -414,6 +447,7 @@ impl<'a> Sim<'a> {
             live: Liveness::new(),
             after: After::Nothing,
             pre_ready: Vec::new(),
+            plan: None,
         };
         sim.set_next_arrival(0);
         sim
@@ -494,6 +528,23 @@ impl<'a> Sim<'a> {
                 }
                 self.on_replica_done(replica)
             }
+            Ev::PlanTick => {
+                self.plan_tick();
+                None
+            }
+            Ev::Reconfigure(i) => {
+                let plan = self.plan.as_mut()?;
+                plan.applied(now, i as usize, &self.topology);
+                Some(Event::Reconfigure {
+                    change: plan.pending[i as usize],
+                })
+            }
+            Ev::WorkerReady(worker) => {
+                if let Some(p) = self.plan.as_mut() {
+                    p.ready(now, worker, &self.topology);
+                }
+                Some(Event::WorkerReady { worker })
+            }
             Ev::Fault(w) => {
                 self.lose_work(w);
                 let reason = easerve_sched::controller::kill_reason(now);
@@ -528,6 +579,13 @@ impl<'a> Sim<'a> {
             } => self.start_decode_run(worker, batch, context, steps),
             Command::DecodeYield { worker } => self.yield_decode_run(worker),
             Command::Release { .. } => {}
+            Command::LoadWorker { worker } => self.load_worker(worker),
+            Command::StopWorker { worker } => {
+                let now = self.now;
+                if let Some(p) = self.plan.as_mut() {
+                    p.stopped(now, worker, &self.topology);
+                }
+            }
             Command::FrontEndPreprocess { id } => self.front_end(id),
             Command::ReplicaStep {
                 replica,
@@ -1182,6 +1240,44 @@ impl<'a> Sim<'a> {
         }
     }
 
+    // ------------------------------------------------------------ planner
+
+    /// A planner's window ended: it decides from the controller's stage
+    /// loads, its changes reach the controller now, and the next window is
+    /// timed while requests are still to arrive.
+    fn plan_tick(&mut self) {
+        let now = self.now;
+        let loads = self.ctrl.stage_loads(now);
+        let arrived = self.next_arrival as u64;
+        let Some(plan) = self.plan.as_mut() else {
+            return;
+        };
+        for i in plan.decide(now, loads, arrived) {
+            self.events
+                .push(now, Priority::Completion, Ev::Reconfigure(i as u32));
+        }
+        if self.next_arrival_at.is_finite() {
+            let w = plan.planner.config().window_s;
+            self.events.push(now + w, Priority::Completion, Ev::PlanTick);
+        }
+    }
+
+    /// Worker `w` loads its model: ready after the stage's load time.
+    fn load_worker(&mut self, w: WorkerRef) {
+        let now = self.now;
+        let Some(plan) = self.plan.as_mut() else {
+            return;
+        };
+        plan.loading(now, w);
+        let stage = match w {
+            WorkerRef::Encode(_) => 0,
+            WorkerRef::Prefill(_) => 1,
+            _ => 2,
+        };
+        let at = now + plan.planner.config().load_s[stage];
+        self.events.push(at, Priority::Completion, Ev::WorkerReady(w));
+    }
+
     // ------------------------------------------------------------- report
 
     fn finish(self) -> SimOutput {
@@ -1197,8 +1293,12 @@ impl<'a> Sim<'a> {
             topology,
             service,
             tokens,
+            plan,
+            now,
             ..
         } = self;
+        let mut meters = meters;
+        meters.truncate(sc.gpus as usize);
         let decisions = ctrl.take_decisions();
         let typical = crate::capacity::Typical::of(ctrl.requests(), &tokens);
         let encode = EncodeSummary::of(&ctrl);
@@ -1250,6 +1350,15 @@ impl<'a> Sim<'a> {
         );
         out.decisions = decisions;
         out.service = service;
+        if let Some(p) = plan {
+            let good: Vec<(String, usize)> = out
+                .report
+                .goodput
+                .iter()
+                .map(|t| (t.name.clone(), t.good))
+                .collect();
+            out.report.planner = Some(p.report(now, &topology, &good));
+        }
         out
     }
 }

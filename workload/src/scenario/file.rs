@@ -37,6 +37,42 @@ pub struct ScenarioFile {
     /// What one request may ask for (`[limits]`; vLLM's defaults when absent).
     #[serde(default)]
     pub limits: LimitsSection,
+    /// A planner that changes the deployment while it runs (`[planner]`;
+    /// absent: none, the deployment as given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planner: Option<PlannerSection>,
+}
+
+/// `[planner]`: which planner changes the deployment while it runs, and
+/// how often (`sched::planner`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlannerSection {
+    /// `static` (default), `load` or `twin`.
+    pub policy: Option<String>,
+    /// Seconds between decisions (default: `workload.window_s`).
+    pub window_s: Option<f64>,
+    /// Least seconds between two changes (default: the window), at least
+    /// the longest model load.
+    pub dwell_s: Option<f64>,
+    /// Seconds the `twin` policy simulates ahead (default 600).
+    pub horizon_s: Option<f64>,
+    /// GB/s a worker loads its model's weights at (default: the cluster's
+    /// link, `cluster.link`, as the path from host memory to the GPU).
+    pub load_bandwidth_gbs: Option<f64>,
+    /// The SLO tier whose goodput the `twin` policy counts (default
+    /// `moderate`, else the last tier).
+    pub tier: Option<String>,
+    /// `load` policy: requests queued per worker above which a stage grows
+    /// (default 5), below which it may shrink (`queue_down`, default 0.2).
+    pub queue_up: Option<f64>,
+    /// See `queue_up`.
+    pub queue_down: Option<f64>,
+    /// `load` policy: decode KV use above which decode grows (default 0.9),
+    /// below which it may shrink (`kv_down`, default 0.5).
+    pub kv_up: Option<f64>,
+    /// See `kv_up`.
+    pub kv_down: Option<f64>,
 }
 
 /// `[model]`
@@ -392,6 +428,8 @@ pub struct Overrides {
     pub limits: LimitsSection,
     /// `--rate-estimator`: `window`, `fixed` or `ewma:TAU_S`.
     pub rate_estimator: Option<String>,
+    /// `--planner`: `static`, `load` or `twin` (`planner.policy`).
+    pub planner: Option<String>,
 }
 
 pub use easerve_sched::System;
@@ -432,6 +470,7 @@ impl Overrides {
                 set(self.limits.max_media_bytes.is_some(), "--max-media-bytes")
             }
             "deployment.rate_estimator" => set(self.rate_estimator.is_some(), "--rate-estimator"),
+            "planner.policy" => set(self.planner.is_some(), "--planner"),
             _ => None,
         }
     }
@@ -526,6 +565,9 @@ impl ScenarioFile {
         }
         if let Some(e) = &o.rate_estimator {
             self.deployment.rate_estimator = Some(e.clone());
+        }
+        if let Some(p) = &o.planner {
+            self.planner.get_or_insert_with(Default::default).policy = Some(p.clone());
         }
         if let Some(system) = o.system {
             self.deployment.system = Some(system.name().to_string());

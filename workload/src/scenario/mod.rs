@@ -35,7 +35,7 @@ mod validate;
 
 pub use file::{
     AudioSection, ClusterSection, DeploymentSection, ImageBucket, ItemsSection, LaunchSection,
-    LimitsSection, LinkChoice, ModelSection, Overrides, PhaseSection, ScenarioFile, SloSection,
+    LimitsSection, LinkChoice, ModelSection, Overrides, PhaseSection, PlannerSection, ScenarioFile, SloSection,
     System, VideoBucket, WorkloadSection,
 };
 pub use validate::{
@@ -96,8 +96,22 @@ pub struct Scenario {
     pub limits: easerve_sched::Limits,
     /// How the engine launches each stage's passes (`[deployment.launch]`).
     pub launch: easerve_calib::Launch,
+    /// The planner that changes the deployment while it runs
+    /// (`[planner]`); `None` without the section (no planner report).
+    pub planner: Option<PlannerSetup>,
     /// The raw file (kept so overrides can be re-validated).
     pub raw: ScenarioFile,
+}
+
+/// A validated `[planner]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannerSetup {
+    /// What the planner is built from.
+    pub config: easerve_sched::planner::PlannerConfig,
+    /// The SLO tier the `twin` policy counts (an index into `slo`).
+    pub tier: usize,
+    /// Where the model load times come from (for the notes).
+    pub load_source: String,
 }
 
 /// The workload, validated.

@@ -14,6 +14,7 @@ mod deployment;
 mod feasibility;
 mod limits;
 mod model;
+mod planner;
 mod profile;
 mod schedule;
 mod slo;
@@ -97,8 +98,10 @@ impl Scenario {
             slo,
             limits,
             launch,
+            planner: None,
             raw,
         };
+        sc.planner = planner::planner_section(&sc, &v)?;
         if system == System::HydraInfer {
             sc.apply_step_budgets();
         }

@@ -1,0 +1,97 @@
+//! The `load` policy: thresholds on each stage's load, after Dynamo's
+//! load-based planner (docs.nvidia.com/dynamo, "Load-based Planner"): it
+//! watches the requests pending in the prefill queue and the decode
+//! workers' mean KV cache use, compares them once per adjustment interval
+//! with scale-up and scale-down thresholds, changes a stage by one worker at
+//! most, and does nothing while an adjustment is under way. Dynamo has no
+//! encode stage; here the encode queue is watched as the prefill queue is.
+//!
+//! The rule, per window (the interval):
+//! * a stage is *hot* when its queue per active worker is above
+//!   `queue_up` (encode, prefill) or its KV use is above `kv_up` (decode);
+//!   *cold* when its queue per worker is below `queue_down` and (decode)
+//!   its KV use below `kv_down`;
+//! * the hottest stage (largest ratio of signal to threshold) gains a
+//!   worker: on spare GPUs if the cluster has them, else by a role change
+//!   from a cold stage (the coldest); a cold stage with no hot one loses a
+//!   worker when the cluster has more than one per stage;
+//! * one worker moves per window at most; the gap between the up and down
+//!   thresholds is the hysteresis, the dwell time the rest.
+
+use super::{Planner, StageView};
+use serde::{Deserialize, Serialize};
+
+/// The `load` policy's thresholds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoadRule {
+    /// Requests queued per active worker above which an encode or prefill
+    /// stage gains a worker.
+    pub queue_up: f64,
+    /// Requests queued per active worker below which it may lose one.
+    pub queue_down: f64,
+    /// Decode KV cache use above which decode gains a worker.
+    pub kv_up: f64,
+    /// Decode KV cache use below which it may lose one.
+    pub kv_down: f64,
+}
+
+impl Default for LoadRule {
+    /// Dynamo's load planner's defaults (`examples/llm/components/planner.py`:
+    /// prefill queue scale-up 5, scale-down 0.2 per worker; decode KV
+    /// scale-up 0.9, scale-down 0.5).
+    fn default() -> Self {
+        LoadRule {
+            queue_up: 5.0,
+            queue_down: 0.2,
+            kv_up: 0.9,
+            kv_down: 0.5,
+        }
+    }
+}
+
+impl LoadRule {
+    /// How hot stage `k` is (its signal over its up threshold: > 1 hot), and
+    /// whether it is cold.
+    fn heat(&self, k: usize, v: &StageView) -> (f64, bool) {
+        if k == 2 {
+            let q = v.queue_per_worker / self.queue_up;
+            (
+                (v.kv_used / self.kv_up).max(q),
+                v.kv_used < self.kv_down && v.queue_per_worker < self.queue_down,
+            )
+        } else {
+            (
+                v.queue_per_worker / self.queue_up,
+                v.queue_per_worker < self.queue_down,
+            )
+        }
+    }
+
+    /// The workers per stage the rule asks for, `None` for no change.
+    pub(super) fn target(&self, p: &Planner, views: &[StageView; 3]) -> Option<[u32; 3]> {
+        let now = p.counts();
+        let heat: Vec<(f64, bool)> = (0..3).map(|k| self.heat(k, &views[k])).collect();
+        let hot = (0..3)
+            .filter(|&k| heat[k].0 > 1.0)
+            .max_by(|&a, &b| heat[a].0.total_cmp(&heat[b].0));
+        let mut colds: Vec<usize> = (0..3).filter(|&k| heat[k].1).collect();
+        colds.sort_by(|&a, &b| heat[a].0.total_cmp(&heat[b].0));
+        if let Some(h) = hot {
+            let mut add = now;
+            add[h] += 1;
+            if p.feasible(add) {
+                return Some(add);
+            }
+            return colds.iter().find_map(|&c| {
+                let mut t = add;
+                t[c] = t[c].checked_sub(1)?;
+                p.feasible(t).then_some(t)
+            });
+        }
+        colds.iter().find_map(|&c| {
+            let mut t = now;
+            t[c] = t[c].checked_sub(1)?;
+            p.feasible(t).then_some(t)
+        })
+    }
+}

@@ -1,0 +1,249 @@
+//! The planner in the simulator: a decision at the end of each window
+//! (`easerve_sched::planner::Planner`), its changes handed to the
+//! controller, model loads timed from the scenario's load times, the
+//! GPU-hours the run held, each change with when it was decided, when its
+//! worker stopped and when the new one was ready; and the twin the `twin`
+//! policy tries its candidates in ([`SimTwin`]: this crate's own
+//! simulator, over the forecast, from an empty cluster with the requests
+//! waiting now arriving at once).
+
+use crate::engine::{simulate_with, SimOptions};
+use easerve_calib::{EncodeTime, StageCost};
+use easerve_model::{ItemTokens, Parallel};
+use easerve_sched::planner::{Planner, PlannerPolicy, Twin, TwinQuery};
+use easerve_sched::{Change, Topology, WorkerRef};
+use easerve_workload::report::{ChangeRecord, PlannerReport, TierValue};
+use easerve_workload::schedule::{Phase, RateSchedule};
+use easerve_workload::scenario::Scenario;
+use std::sync::Arc;
+
+/// A cost source shared by every twin run of one simulation.
+pub(super) struct Shared(pub(super) Arc<dyn StageCost>);
+
+impl StageCost for Shared {
+    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+        self.0.encode(items, sm_share)
+    }
+    fn preprocess(&self, items: &[ItemTokens]) -> f64 {
+        self.0.preprocess(items)
+    }
+    fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        self.0.prefill(seq_lens, par, sm_share)
+    }
+    fn decode_step(&self, batch: u64, ctx: u64, par: Parallel) -> f64 {
+        self.0.decode_step(batch, ctx, par)
+    }
+    fn decode_steps(&self, batch: u64, ctx: u64, par: Parallel, steps: u64, out: &mut Vec<f64>) {
+        self.0.decode_steps(batch, ctx, par, steps, out)
+    }
+    fn transfer(&self, bytes: f64) -> f64 {
+        self.0.transfer(bytes)
+    }
+    fn time_slice_penalty(&self) -> f64 {
+        self.0.time_slice_penalty()
+    }
+    fn bandwidth_interference(&self) -> f64 {
+        self.0.bandwidth_interference()
+    }
+    fn notes(&self) -> Vec<String> {
+        self.0.notes()
+    }
+}
+
+/// The twin the `twin` policy asks: the scenario with the candidate's
+/// workers per stage, arrivals at the forecast rates (a constant phase per
+/// window, drawn by the scenario's own generator with the query's seed)
+/// after the backlog, all at once; a request counts when it meets the
+/// planner's tier. Candidates with a new encode worker get the local
+/// prefill worker the layout gives every encode GPU group, where the
+/// running deployment's spare encode workers have none.
+pub struct SimTwin {
+    sc: Scenario,
+    cost: Arc<dyn StageCost>,
+    tier: usize,
+}
+
+impl SimTwin {
+    /// A twin of `sc` (its planner removed) pricing with `cost`.
+    pub fn new(sc: &Scenario, cost: Arc<dyn StageCost>) -> SimTwin {
+        let mut sc = sc.clone();
+        let tier = sc.planner.as_ref().map_or(0, |p| p.tier);
+        sc.planner = None;
+        sc.workload.window_s = None;
+        SimTwin { sc, cost, tier }
+    }
+}
+
+impl Twin for SimTwin {
+    fn good_requests(&mut self, q: &TwinQuery) -> f64 {
+        let mut sc = self.sc.clone();
+        let a = &mut sc.deployment.allocation;
+        a.encode.workers = q.counts[0];
+        a.prefill.workers = q.counts[1];
+        a.decode.workers = q.counts[2];
+        let mut phases = Vec::new();
+        // the backlog arrives within a millisecond
+        const BURST_S: f64 = 1e-3;
+        if q.backlog > 0 {
+            phases.push(Phase::Constant {
+                duration_s: BURST_S,
+                rate: q.backlog as f64 / BURST_S,
+            });
+        }
+        phases.extend(q.rates.iter().map(|&r| Phase::Constant {
+            duration_s: q.window_s,
+            rate: r,
+        }));
+        let Some(schedule) = RateSchedule::new(phases) else {
+            return 0.0;
+        };
+        let total = schedule.integral(schedule.period_s());
+        let n = total.round() as usize;
+        if n == 0 {
+            return 0.0;
+        }
+        sc.workload.rate = total / schedule.period_s();
+        sc.workload.requests = n;
+        sc.workload.schedule = Some(schedule);
+        sc.seed = q.seed;
+        let out = simulate_with(&sc, Box::new(Shared(self.cost.clone())), &SimOptions::default());
+        out.report
+            .goodput
+            .get(self.tier)
+            .map_or(0.0, |t| t.good as f64)
+    }
+}
+
+/// The planner of one run and what the report says of it.
+pub(super) struct PlanRun {
+    pub(super) planner: Planner,
+    twin: Option<SimTwin>,
+    /// Changes decided, handed to the controller by index (`Ev::Reconfigure`).
+    pub(super) pending: Vec<Change>,
+    /// Workers holding GPUs and since when (seconds).
+    held: Vec<(WorkerRef, f64)>,
+    gpu_s: f64,
+    changes: Vec<ChangeRecord>,
+    load_source: String,
+}
+
+impl PlanRun {
+    /// The planner of `sc`, if it has one.
+    pub(super) fn of(sc: &Scenario, topology: &Topology, cost: &Arc<dyn StageCost>) -> Option<PlanRun> {
+        let setup = sc.planner.as_ref()?;
+        let planner = Planner::new(setup.config.clone(), topology).ok()?;
+        let twin = (setup.config.policy == PlannerPolicy::Twin).then(|| SimTwin::new(sc, cost.clone()));
+        let held = topology
+            .encode()
+            .iter()
+            .chain(&topology.prefill()[..topology.remote_prefill()])
+            .chain(topology.decode())
+            .filter(|w| !w.standby)
+            .map(|w| (w.wref, 0.0))
+            .collect();
+        Some(PlanRun {
+            planner,
+            twin,
+            pending: Vec::new(),
+            held,
+            gpu_s: 0.0,
+            changes: Vec::new(),
+            load_source: setup.load_source.clone(),
+        })
+    }
+
+    /// Decide at the end of a window: the changes, queued for the controller.
+    pub(super) fn decide(
+        &mut self,
+        now: f64,
+        loads: [easerve_sched::StageLoad; 3],
+        arrived: u64,
+    ) -> std::ops::Range<usize> {
+        let twin = self.twin.as_mut().map(|t| t as &mut dyn Twin);
+        let changes = self.planner.on_window(now, loads, arrived, twin);
+        let start = self.pending.len();
+        self.pending.extend(changes);
+        start..self.pending.len()
+    }
+
+    /// Change `i` reaches the controller at `now`.
+    pub(super) fn applied(&mut self, now: f64, i: usize, topology: &Topology) {
+        let change = self.pending[i];
+        let label = |w: WorkerRef| topology.label(w).to_string();
+        let (from, to) = match change {
+            Change::Start { worker } => (None, Some(label(worker))),
+            Change::Drain { worker, then } => (Some(label(worker)), then.map(label)),
+            _ => (None, None),
+        };
+        self.changes.push(ChangeRecord {
+            at: now,
+            change,
+            from,
+            to,
+            stopped_at: None,
+            ready_at: None,
+        });
+    }
+
+    /// Worker `w` starts loading its model at `now`: its GPUs are held.
+    pub(super) fn loading(&mut self, now: f64, w: WorkerRef) {
+        self.held.push((w, now));
+    }
+
+    /// Worker `w` is ready at `now`.
+    pub(super) fn ready(&mut self, now: f64, w: WorkerRef, topology: &Topology) {
+        let l = topology.label(w);
+        if let Some(c) = self
+            .changes
+            .iter_mut()
+            .find(|c| c.ready_at.is_none() && c.to.as_deref() == Some(l))
+        {
+            c.ready_at = Some(now);
+        }
+    }
+
+    /// Worker `w` stopped at `now`: its GPUs are free.
+    pub(super) fn stopped(&mut self, now: f64, w: WorkerRef, topology: &Topology) {
+        if let Some(k) = self.held.iter().position(|(x, _)| *x == w) {
+            let (_, since) = self.held.swap_remove(k);
+            self.gpu_s += (now - since) * topology.worker(w).gpus.len() as f64;
+        }
+        let l = topology.label(w);
+        if let Some(c) = self
+            .changes
+            .iter_mut()
+            .find(|c| c.stopped_at.is_none() && c.from.as_deref() == Some(l))
+        {
+            c.stopped_at = Some(now);
+        }
+    }
+
+    /// The report's planner section for a run that ended at `end` seconds
+    /// with `good` requests meeting each tier (`(name, good)`).
+    pub(super) fn report(self, end: f64, topology: &Topology, good: &[(String, usize)]) -> PlannerReport {
+        let held: f64 = self
+            .held
+            .iter()
+            .map(|(w, since)| (end - since).max(0.0) * topology.worker(*w).gpus.len() as f64)
+            .sum();
+        let gpu_hours = (self.gpu_s + held) / 3600.0;
+        let cfg = self.planner.config().clone();
+        PlannerReport {
+            policy: cfg.policy.to_string(),
+            window_s: cfg.window_s,
+            dwell_s: cfg.dwell_s,
+            load_s: cfg.load_s,
+            load_source: self.load_source,
+            gpu_hours,
+            goodput_per_gpu_hour: good
+                .iter()
+                .map(|(name, g)| TierValue {
+                    tier: name.clone(),
+                    value: if gpu_hours > 0.0 { *g as f64 / gpu_hours } else { 0.0 },
+                })
+                .collect(),
+            changes: self.changes,
+            decisions: self.planner.log().to_vec(),
+        }
+    }
+}
