@@ -116,6 +116,13 @@ pub(crate) fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
 #[cfg(feature = "exec")]
 fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOptions)> {
     let mut sc = a.run.scenario()?;
+    if sc.planner_spares() != [0; 3] {
+        return Err(BadInput(format!(
+            "{}: `planner.policy`: the executor runs no planner yet (allowed here: static); the simulator does (`easerve sim --planner`)",
+            sc.file
+        ))
+        .into());
+    }
     let device: DeviceKind = a
         .device
         .parse()

@@ -238,6 +238,10 @@ enum ClusterEvent {
     ReplicaDone(usize, u64, f64),
     Fail(WorkerRef),
     Interrupt,
+    /// A planner's change reaches the controller.
+    Reconfigure(crate::Change),
+    /// A worker's model is loaded.
+    Ready(WorkerRef),
 }
 
 /// What fake workers will do, in the order a virtual clock meets it: by
@@ -375,6 +379,10 @@ pub struct Cluster<S: Service> {
     prefill_link: Vec<SerialLink>,
     /// Workers that died: transfers to them land at once.
     live: Liveness,
+    /// Seconds a worker takes to load its model ([`Command::LoadWorker`]).
+    pub load_s: f64,
+    /// Every worker stopped ([`Command::StopWorker`]): `(time, worker)`.
+    pub stops: Vec<(f64, WorkerRef)>,
 }
 
 const DONE: u8 = 0;
@@ -402,6 +410,8 @@ impl<S: Service> Cluster<S> {
             encode_link: vec![SerialLink::default(); ne],
             prefill_link: vec![SerialLink::default(); np],
             live: Liveness::new(),
+            load_s: 1.0,
+            stops: Vec::new(),
             ctrl,
         };
         let arrivals: Vec<(RequestId, f64)> = c
@@ -423,6 +433,11 @@ impl<S: Service> Cluster<S> {
     /// Worker `w` dies at `at` (seconds): its work in progress is lost.
     pub fn kill_at(&mut self, w: WorkerRef, at: f64) {
         self.push(at, DONE, ClusterEvent::Fail(w));
+    }
+
+    /// A planner's `change` reaches the controller at `at` (seconds).
+    pub fn reconfigure_at(&mut self, at: f64, change: crate::Change) {
+        self.push(at, DONE, ClusterEvent::Reconfigure(change));
     }
 
     /// The run is cut short at `at` with `reason`.
@@ -495,6 +510,8 @@ impl<S: Service> Cluster<S> {
                     reason: kill_reason(now),
                 }
             }
+            ClusterEvent::Reconfigure(change) => Event::Reconfigure { change },
+            ClusterEvent::Ready(worker) => Event::WorkerReady { worker },
             ClusterEvent::Interrupt => {
                 // decode runs in flight go no further
                 for g in self.decode_gen.iter_mut().chain(&mut self.replica_gen) {
@@ -599,6 +616,10 @@ impl<S: Service> Driver for Cluster<S> {
                 let ev = ClusterEvent::ReplicaDone(replica, g, now + t_enc);
                 self.push(now + t, DONE, ev);
             }
+            Command::LoadWorker { worker } => {
+                self.push(now + self.load_s, DONE, ClusterEvent::Ready(worker));
+            }
+            Command::StopWorker { worker } => self.stops.push((now, worker)),
         }
     }
 }
@@ -789,9 +810,10 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 
 /// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
 /// prefill, share, place-decode, decode run, fail, decode yield,
-/// place-replica, replica step, place-shard, prefill chunk.
-pub fn decision_kinds(log: &[Decision]) -> [usize; 14] {
-    let mut n = [0usize; 14];
+/// place-replica, replica step, place-shard, prefill chunk, and the
+/// planner's reconfigurations (a change, a worker ready or stopped).
+pub fn decision_kinds(log: &[Decision]) -> [usize; 15] {
+    let mut n = [0usize; 15];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -808,6 +830,9 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 14] {
             Decision::ReplicaStep { .. } => 11,
             Decision::PlaceShard { .. } => 12,
             Decision::PrefillChunk { .. } => 13,
+            Decision::Reconfigure { .. }
+            | Decision::WorkerReady { .. }
+            | Decision::WorkerStopped { .. } => 14,
         }] += 1;
     }
     n
