@@ -29,6 +29,11 @@ pub(crate) struct SweepArgs {
     /// repeat for a grid.
     #[arg(long = "set", value_name = "KEY=V1,V2")]
     sets: Vec<String>,
+    /// Planners to compare, `static,load,twin` (short for `--set
+    /// planner.policy=…`; each run's JSON then carries GPU-hours and goodput
+    /// per GPU-hour).
+    #[arg(long, value_name = "P1,P2")]
+    planner: Option<String>,
     /// Systems: `passthrough`, `aggregated`, `easerve-s1` (the scenario's
     /// deployment with s = 1), `as-is` (the scenario's deployment as it
     /// is), `easerve` (tuned by HAS at each point),
@@ -298,9 +303,16 @@ fn plan(a: &SweepArgs, path: &Path) -> anyhow::Result<SweepPlan> {
     if a.seeds < 1 || a.seeds > 1000 {
         return Err(bad(format!("--seeds {}: allowed 1 ..= 1000", a.seeds)));
     }
-    let vars = variants(&a.sets).map_err(bad)?;
+    let mut sets = a.sets.clone();
+    if let Some(p) = &a.planner {
+        if sets.iter().any(|s| s.starts_with("planner.policy=")) {
+            return Err(bad("--planner: give it or --set planner.policy=…, not both".into()));
+        }
+        sets.push(format!("planner.policy={p}"));
+    }
+    let vars = variants(&sets).map_err(bad)?;
     check_taken(&vars)?;
-    let plan = SweepPlan::new(path, rates, &a.sets, vars, systems, a.seeds, a.requests)
+    let plan = SweepPlan::new(path, rates, &sets, vars, systems, a.seeds, a.requests)
         .with_first_seed(base.seed);
     plan.check().map_err(sweep_err)?;
     Ok(plan)

@@ -602,8 +602,39 @@ impl Report {
         self.text_gpus(&mut s);
         self.text_explanation(&mut s);
         self.text_windows(&mut s);
+        self.text_planner(&mut s);
         self.text_footer(&mut s);
         s
+    }
+
+    /// The planner's account, when the run had one: GPU-hours, goodput per
+    /// GPU-hour per tier, and each change with its time and duration.
+    fn text_planner(&self, s: &mut String) {
+        let Some(p) = &self.planner else {
+            return;
+        };
+        head(s, " Planner ");
+        line(s, "Policy:", p.policy.clone());
+        line(s, "GPU-hours:", format!("{:.3}", p.gpu_hours));
+        for t in &p.goodput_per_gpu_hour {
+            line(
+                s,
+                &format!("Good requests per GPU-hour ({}):", t.tier),
+                format!("{:.1}", t.value),
+            );
+        }
+        line(s, "Changes:", p.changes.len().to_string());
+        for c in &p.changes {
+            let what = match (&c.from, &c.to) {
+                (Some(f), Some(t)) => format!("{f} -> {t}"),
+                (Some(f), None) => format!("remove {f}"),
+                (None, Some(t)) => format!("add {t}"),
+                (None, None) => format!("{:?}", c.change),
+            };
+            let end = c.ready_at.or(c.stopped_at);
+            let took = end.map_or("-".into(), |e| format!("{:.1} s", e - c.at));
+            line(s, &format!("  at {:.0} s", c.at), format!("{what} ({took})"));
+        }
     }
 
     /// The per-window table, when the run has windows: goodput and

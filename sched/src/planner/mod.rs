@@ -95,6 +95,12 @@ pub struct PlannerConfig {
     pub horizon_s: f64,
     /// Thresholds of the `load` policy.
     pub rule: LoadRule,
+    /// The deployment's offload ratio `s` (HAS sized the remote prefill
+    /// pool for it): when the remote pool changes from `n₀` workers to `n`,
+    /// the planner sets `s' = min(1, s·n/n₀)`, so each remote worker keeps
+    /// the share of arrivals it was sized for and the local workers the
+    /// rest ([`Planner::offload_for`]).
+    pub offload: f64,
 }
 
 /// A planner set up with values it cannot run with.
@@ -195,6 +201,8 @@ struct Slot {
 #[derive(Clone, Debug)]
 pub struct Planner {
     cfg: PlannerConfig,
+    /// Remote prefill workers of the deployment as given.
+    remote0: u32,
     slots: Vec<Slot>,
     prev: Option<([StageLoad; 3], u64)>,
     last_change: f64,
@@ -226,7 +234,9 @@ impl Planner {
                 });
             }
         }
+        let remote0 = slots.iter().filter(|s| s.stage == 1 && s.active).count() as u32;
         Ok(Planner {
+            remote0,
             cfg,
             slots,
             prev: None,
@@ -234,6 +244,16 @@ impl Planner {
             rates: Vec::new(),
             log: Vec::new(),
         })
+    }
+
+    /// The offload ratio for `remote` remote prefill workers: `min(1,
+    /// s·remote/n₀)` ([`PlannerConfig::offload`]); `s` itself without remote
+    /// workers in the deployment as given.
+    pub fn offload_for(&self, remote: u32) -> f64 {
+        if self.remote0 == 0 {
+            return self.cfg.offload;
+        }
+        (self.cfg.offload * f64::from(remote) / f64::from(self.remote0)).min(1.0)
     }
 
     /// The configuration.
@@ -394,6 +414,12 @@ impl Planner {
                 });
             }
             _ => {}
+        }
+        let (before, after) = (now[1], self.counts()[1]);
+        if before != after && self.offload_for(after) != self.offload_for(before) {
+            out.push(Change::SetOffload {
+                s: self.offload_for(after),
+            });
         }
         out
     }

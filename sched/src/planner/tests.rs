@@ -11,6 +11,7 @@ fn cfg(policy: PlannerPolicy) -> PlannerConfig {
         cluster_gpus: 4,
         horizon_s: 40.0,
         rule: LoadRule::default(),
+        offload: 0.5,
     }
 }
 
@@ -108,10 +109,13 @@ fn load_policy_moves_a_worker_when_the_cluster_is_full() {
     let c = p.on_window(50.0, loads, 10, None);
     assert_eq!(
         c,
-        vec![Change::Drain {
-            worker: WorkerRef::Encode(1),
-            then: Some(WorkerRef::Prefill(1)),
-        }]
+        vec![
+            Change::Drain {
+                worker: WorkerRef::Encode(1),
+                then: Some(WorkerRef::Prefill(1)),
+            },
+            Change::SetOffload { s: 1.0 }
+        ]
     );
     assert_eq!(p.counts(), [1, 2, 1]);
 }
@@ -132,7 +136,14 @@ fn twin_policy_takes_the_best_candidate_per_gpu_hour() {
     // 50 req/s offered: two prefill workers serve twice as much on 4 GPUs
     // as one does on 3
     let c = p.on_window(10.0, loads, 500, Some(&mut PrefillBound));
-    assert_eq!(c, vec![Change::Start { worker: WorkerRef::Prefill(1) }]);
+    // s follows the remote pool: 0.5 · 2 / 1
+    assert_eq!(
+        c,
+        vec![
+            Change::Start { worker: WorkerRef::Prefill(1) },
+            Change::SetOffload { s: 1.0 }
+        ]
+    );
     let rec = &p.log()[0];
     assert_eq!(rec.forecast, vec![50.0; 4]);
     assert!(rec.candidates.len() > 3, "{:?}", rec.candidates);

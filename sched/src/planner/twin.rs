@@ -28,6 +28,9 @@ pub struct TwinQuery {
     /// Requests waiting now, to be served first (they arrive at the
     /// horizon's start).
     pub backlog: usize,
+    /// The offload ratio `s` the candidate runs with
+    /// ([`Planner::offload_for`] its remote prefill workers).
+    pub offload: f64,
     /// A seed for the twin's arrivals (the same for every candidate of one
     /// decision, so they meet the same requests).
     pub seed: u64,
@@ -109,6 +112,7 @@ impl Planner {
                 rates: rates.clone(),
                 window_s: w,
                 backlog,
+                offload: self.offload_for(c[1]),
                 seed,
             };
             let good = twin.good_requests(&q);

@@ -1294,9 +1294,10 @@ impl<'a> Sim<'a> {
             service,
             tokens,
             plan,
-            now,
             ..
         } = self;
+        // GPUs are held until the last request finished
+        let end = ctrl.finished().1;
         let mut meters = meters;
         meters.truncate(sc.gpus as usize);
         let decisions = ctrl.take_decisions();
@@ -1357,7 +1358,7 @@ impl<'a> Sim<'a> {
                 .iter()
                 .map(|t| (t.name.clone(), t.good))
                 .collect();
-            out.report.planner = Some(p.report(now, &topology, &good));
+            out.report.planner = Some(p.report(end, &topology, &good));
         }
         out
     }

@@ -81,6 +81,7 @@ impl Twin for SimTwin {
         a.encode.workers = q.counts[0];
         a.prefill.workers = q.counts[1];
         a.decode.workers = q.counts[2];
+        sc.deployment.offload = q.offload;
         let mut phases = Vec::new();
         // the backlog arrives within a millisecond
         const BURST_S: f64 = 1e-3;

@@ -90,6 +90,7 @@ pub(super) fn planner_section(
             kv_up: pos("planner.kv_up", p.kv_up)?.unwrap_or(d.kv_up),
             kv_down: p.kv_down.unwrap_or(d.kv_down),
         },
+        offload: sc.deployment.offload,
     };
     config.check().map_err(|e| v.err(&e.field, e.message))?;
     Ok(Some(PlannerSetup {
