@@ -14,8 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 fn bench(c: &mut Criterion) {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/demand/image-day-plan.toml");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/demand/image-day-plan.toml");
     let o = Overrides {
         planner: Some("twin".into()),
         ..Default::default()

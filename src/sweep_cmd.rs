@@ -306,7 +306,9 @@ fn plan(a: &SweepArgs, path: &Path) -> anyhow::Result<SweepPlan> {
     let mut sets = a.sets.clone();
     if let Some(p) = &a.planner {
         if sets.iter().any(|s| s.starts_with("planner.policy=")) {
-            return Err(bad("--planner: give it or --set planner.policy=…, not both".into()));
+            return Err(bad(
+                "--planner: give it or --set planner.policy=…, not both".into(),
+            ));
         }
         sets.push(format!("planner.policy={p}"));
     }

@@ -177,3 +177,66 @@ fn search_ranks_by_the_objective() {
         &["--objective fast", "unknown objective"],
     );
 }
+
+#[test]
+fn bad_planner_input_exits_2_naming_the_field() {
+    let day = root().join("scenarios/demand/image-day-plan.toml");
+    let day = day.to_str().unwrap();
+    rejects(
+        &["sim", day, "--planner", "oracle"],
+        &["planner.policy", "--planner", "static, load, twin"],
+    );
+    // a dwell shorter than a model load (Yi-34B at TP2 over PCIe 4: 1.4 s)
+    let f =
+        step_with(|s| format!("{s}\n[planner]\npolicy = \"load\"\nwindow_s = 30\ndwell_s = 0.5\n"));
+    let path = f.path().to_str().unwrap();
+    rejects(
+        &["sim", path],
+        &[path, "planner.dwell_s", "shorter than a model load"],
+    );
+    // a planner that moves workers needs EPD workers
+    rejects(
+        &["sim", day, "--planner", "load", "--system", "aggregated"],
+        &["planner.policy", "easerve and passthrough"],
+    );
+}
+
+#[test]
+fn a_planner_run_reports_gpu_hours_changes_and_decisions() {
+    // the image day's first 1200 requests (about 20 minutes), 2 s to run
+    let day = root().join("scenarios/demand/image-day-plan.toml");
+    let args = |p: &'static str| ["--requests", "1200", "--planner", p];
+    let fixed = sim_json(&day, &args("static"));
+    let load = sim_json(&day, &args("load"));
+    let p = &load["planner"];
+    assert_eq!(p["policy"], "load");
+    let (gh_fixed, gh_load) = (
+        fixed["planner"]["gpu_hours"].as_f64().unwrap(),
+        p["gpu_hours"].as_f64().unwrap(),
+    );
+    // static holds all 16 GPUs until the last finish; the load rule drains
+    // two decode workers in the first, quiet windows
+    let end = fixed["duration_s"].as_f64().unwrap();
+    assert!(
+        (gh_fixed - 16.0 * end / 3600.0).abs() < 0.05,
+        "{gh_fixed} vs {end}"
+    );
+    assert!(gh_load < gh_fixed, "{gh_load} vs {gh_fixed}");
+    let changes = p["changes"].as_array().unwrap();
+    assert!(changes
+        .iter()
+        .any(|c| c["from"] == "D2" && c["stopped_at"].is_f64()));
+    let decisions = p["decisions"].as_array().unwrap();
+    assert!(decisions.len() >= 7, "one per 150 s window");
+    assert!(decisions[0]["stages"][2]["active"].as_u64() == Some(3));
+    assert_eq!(p["goodput_per_gpu_hour"].as_array().unwrap().len(), 5);
+    // no request is lost to a change
+    assert_eq!(load["completed"], 1200);
+    // without [planner] and --planner the report has no planner section
+    let plain = sim_json(
+        &root().join("scenarios/demand/image-day.toml"),
+        &["--requests", "100"],
+    );
+    assert!(plain.get("planner").is_none());
+    assert_eq!(load, sim_json(&day, &args("load")), "same seed, same run");
+}

@@ -76,8 +76,8 @@ mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use controller::{
-    Change, Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId,
-    Event, StageLoad, WorkerRef, TIME_SLICE_SHARE,
+    Change, Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
+    StageLoad, WorkerRef, TIME_SLICE_SHARE,
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use driver::{Driver, Liveness, SerialLink, ServiceLog, VirtualClock};

@@ -168,20 +168,31 @@ impl Topology {
         for k in 0..spares[0] as usize {
             let i = base + k;
             let gpus = take(alloc.encode.gpus_per_worker());
-            t.encode
-                .push(spare(WorkerRef::Encode(i), format!("E{i}"), gpus, alloc.encode.ep));
+            t.encode.push(spare(
+                WorkerRef::Encode(i),
+                format!("E{i}"),
+                gpus,
+                alloc.encode.ep,
+            ));
         }
         let extra = spares[1] as usize;
         let mut remote: Vec<Worker> = t.prefill.drain(..t.remote).collect();
         for k in 0..extra {
             let i = t.remote + k;
             let gpus = take(alloc.prefill.gpus_per_worker());
-            remote.push(spare(WorkerRef::Prefill(i), format!("P{i}"), gpus, alloc.prefill.ep));
+            remote.push(spare(
+                WorkerRef::Prefill(i),
+                format!("P{i}"),
+                gpus,
+                alloc.prefill.ep,
+            ));
         }
         // local prefill workers move up by the spares' count
         let locals = std::mem::take(&mut t.prefill);
         for mut w in locals {
-            let WorkerRef::Prefill(p) = w.wref else { unreachable!() };
+            let WorkerRef::Prefill(p) = w.wref else {
+                unreachable!()
+            };
             w.wref = WorkerRef::Prefill(p + extra);
             for &e in &w.encode_workers {
                 t.encode[e].local_prefill = Some(p + extra);
@@ -194,8 +205,12 @@ impl Topology {
         for k in 0..spares[2] as usize {
             let i = base + k;
             let gpus = take(alloc.decode.gpus_per_worker());
-            t.decode
-                .push(spare(WorkerRef::Decode(i), format!("D{i}"), gpus, alloc.decode.ep));
+            t.decode.push(spare(
+                WorkerRef::Decode(i),
+                format!("D{i}"),
+                gpus,
+                alloc.decode.ep,
+            ));
         }
         t
     }

@@ -633,7 +633,11 @@ impl Report {
             };
             let end = c.ready_at.or(c.stopped_at);
             let took = end.map_or("-".into(), |e| format!("{:.1} s", e - c.at));
-            line(s, &format!("  at {:.0} s", c.at), format!("{what} ({took})"));
+            line(
+                s,
+                &format!("  at {:.0} s", c.at),
+                format!("{what} ({took})"),
+            );
         }
     }
 

@@ -181,9 +181,8 @@ impl Controller {
     /// prefill) and decode load at `now` ([`StageLoad`]).
     pub fn stage_loads(&self, now: f64) -> [StageLoad; 3] {
         let mut out = [StageLoad::default(); 3];
-        let changing = |w: WorkerRef| {
-            self.loading.contains(&w) || self.draining.iter().any(|(d, _)| *d == w)
-        };
+        let changing =
+            |w: WorkerRef| self.loading.contains(&w) || self.draining.iter().any(|(d, _)| *d == w);
         for (i, e) in self.encode.iter().enumerate() {
             let w = WorkerRef::Encode(i);
             out[0].active += usize::from(self.is_active(w));
@@ -228,6 +227,9 @@ impl Controller {
 /// The index of worker `w` within its stage.
 fn index(w: WorkerRef) -> usize {
     match w {
-        WorkerRef::Encode(i) | WorkerRef::Prefill(i) | WorkerRef::Decode(i) | WorkerRef::Replica(i) => i,
+        WorkerRef::Encode(i)
+        | WorkerRef::Prefill(i)
+        | WorkerRef::Decode(i)
+        | WorkerRef::Replica(i) => i,
     }
 }

@@ -128,10 +128,16 @@ impl PlannerConfig {
             })
         };
         if !(self.window_s > 0.0 && self.window_s.is_finite()) {
-            return err("planner.window_s", format!("{} is not a positive number of seconds", self.window_s));
+            return err(
+                "planner.window_s",
+                format!("{} is not a positive number of seconds", self.window_s),
+            );
         }
         if !(self.horizon_s > 0.0 && self.horizon_s.is_finite()) {
-            return err("planner.horizon_s", format!("{} is not a positive number of seconds", self.horizon_s));
+            return err(
+                "planner.horizon_s",
+                format!("{} is not a positive number of seconds", self.horizon_s),
+            );
         }
         let load = self.load_s.iter().copied().fold(0.0, f64::max);
         if !(self.dwell_s >= load) || !self.dwell_s.is_finite() {

@@ -1,6 +1,8 @@
 use super::*;
 use crate::harness::{config_for, test_request, Cluster, Service};
-use crate::{Allocation, Batcher, Controller, Decision, DispatchPolicy, PrefillItem, RequestId, SmSplit};
+use crate::{
+    Allocation, Batcher, Controller, Decision, DispatchPolicy, PrefillItem, RequestId, SmSplit,
+};
 
 fn cfg(policy: PlannerPolicy) -> PlannerConfig {
     PlannerConfig {
@@ -35,7 +37,10 @@ fn forecast_extends_the_line_through_the_last_three_windows() {
     assert_eq!(forecast(&[], 2), vec![0.0, 0.0]);
     assert_eq!(forecast(&[1.0, 2.0], 2), vec![2.0, 2.0]);
     let f = forecast(&[5.0, 1.0, 2.0, 3.0], 2);
-    assert!((f[0] - 4.0).abs() < 1e-12 && (f[1] - 5.0).abs() < 1e-12, "{f:?}");
+    assert!(
+        (f[0] - 4.0).abs() < 1e-12 && (f[1] - 5.0).abs() < 1e-12,
+        "{f:?}"
+    );
     // floored at zero
     assert_eq!(forecast(&[3.0, 2.0, 1.0], 2), vec![0.0, 0.0]);
 }
@@ -46,7 +51,11 @@ fn a_dwell_shorter_than_a_model_load_is_refused_naming_the_field() {
     c.dwell_s = 1.5;
     let e = Planner::new(c, &topology()).unwrap_err();
     assert_eq!(e.field, "planner.dwell_s");
-    assert!(e.message.contains("shorter than a model load"), "{}", e.message);
+    assert!(
+        e.message.contains("shorter than a model load"),
+        "{}",
+        e.message
+    );
     assert!(PlannerPolicy::from_str_err("fancy").contains("static, load, twin"));
 }
 
@@ -62,7 +71,12 @@ fn load_policy_adds_on_a_hot_queue_then_holds_for_the_dwell_and_inside_the_band(
     let hot = [load(1, 12, 0.0), load(1, 0, 0.0), load(1, 0, 0.6)];
     // encode has 12 queued per worker > 5: a spare encode worker starts
     let c = p.on_window(10.0, hot, 10, None);
-    assert_eq!(c, vec![Change::Start { worker: WorkerRef::Encode(1) }]);
+    assert_eq!(
+        c,
+        vec![Change::Start {
+            worker: WorkerRef::Encode(1)
+        }]
+    );
     assert_eq!(p.counts(), [2, 1, 1]);
     // still hot, but within the dwell time of that change
     let mut hot2 = hot;
@@ -83,7 +97,10 @@ fn load_policy_adds_on_a_hot_queue_then_holds_for_the_dwell_and_inside_the_band(
     let c = p.on_window(70.0, cold, 50, None);
     assert_eq!(
         c,
-        vec![Change::Drain { worker: WorkerRef::Encode(1), then: None }]
+        vec![Change::Drain {
+            worker: WorkerRef::Encode(1),
+            then: None
+        }]
     );
     assert_eq!(p.counts(), [1, 1, 1]);
 }
@@ -140,7 +157,9 @@ fn twin_policy_takes_the_best_candidate_per_gpu_hour() {
     assert_eq!(
         c,
         vec![
-            Change::Start { worker: WorkerRef::Prefill(1) },
+            Change::Start {
+                worker: WorkerRef::Prefill(1)
+            },
             Change::SetOffload { s: 1.0 }
         ]
     );
@@ -182,10 +201,25 @@ impl Service for Fixed {
 /// 1E+2P+1D with a spare encode slot, `n` requests at 20 req/s, B = 4.
 fn cluster(n: usize) -> Cluster<Fixed> {
     let a: Allocation = "1E(TP1)+2P(TP1)+1D(TP1)".parse().unwrap();
-    let mut c = config_for(&a, None, SmSplit::Static(1.0), crate::KvBlocks::new(1 << 20, 16), None);
+    let mut c = config_for(
+        &a,
+        None,
+        SmSplit::Static(1.0),
+        crate::KvBlocks::new(1 << 20, 16),
+        None,
+    );
     c.topology = Topology::with_spares(&a, None, [1, 0, 0]);
     c.batchers = (0..2)
-        .map(|_| Batcher::new(&DispatchPolicy::QueueLength { k: 4, max_age_s: Some(0.05) }, 4, |k| 0.02 * k as f64))
+        .map(|_| {
+            Batcher::new(
+                &DispatchPolicy::QueueLength {
+                    k: 4,
+                    max_age_s: Some(0.05),
+                },
+                4,
+                |k| 0.02 * k as f64,
+            )
+        })
         .collect();
     let reqs = (0..n).map(|i| test_request(i, i as f64 / 20.0)).collect();
     Cluster::new(Controller::new(reqs, c), Fixed)
@@ -207,21 +241,45 @@ fn a_role_change_through_the_controller_drains_stops_loads_and_loses_nothing() {
     let log = c.ctrl.decisions().to_vec();
     let at = |f: &dyn Fn(&Decision) -> bool| log.iter().position(f).unwrap();
     let change = at(&|d| matches!(d, Decision::Reconfigure { .. }));
-    let stopped = at(&|d| matches!(d, Decision::WorkerStopped { worker: WorkerRef::Prefill(1), .. }));
-    let ready = at(&|d| matches!(d, Decision::WorkerReady { worker: WorkerRef::Encode(1), .. }));
+    let stopped = at(&|d| {
+        matches!(
+            d,
+            Decision::WorkerStopped {
+                worker: WorkerRef::Prefill(1),
+                ..
+            }
+        )
+    });
+    let ready = at(&|d| {
+        matches!(
+            d,
+            Decision::WorkerReady {
+                worker: WorkerRef::Encode(1),
+                ..
+            }
+        )
+    });
     assert!(change < stopped && stopped < ready);
     let (Decision::WorkerStopped { at: t_stop, .. }, Decision::WorkerReady { at: t_ready, .. }) =
         (&log[stopped], &log[ready])
     else {
         unreachable!()
     };
-    assert!((t_ready - t_stop - 0.5).abs() < 1e-9, "the load follows the stop");
+    assert!(
+        (t_ready - t_stop - 0.5).abs() < 1e-9,
+        "the load follows the stop"
+    );
     assert_eq!(c.stops, vec![(*t_stop, WorkerRef::Prefill(1))]);
     // nothing routed to the drained worker after the change, something
     // placed on the new one after it was ready
-    assert!(!log[change..]
-        .iter()
-        .any(|d| matches!(d, Decision::Route { worker: 1, local: false, .. })));
+    assert!(!log[change..].iter().any(|d| matches!(
+        d,
+        Decision::Route {
+            worker: 1,
+            local: false,
+            ..
+        }
+    )));
     assert!(log[ready..]
         .iter()
         .any(|d| matches!(d, Decision::PlaceEncode { worker: 1, .. })));
@@ -229,7 +287,11 @@ fn a_role_change_through_the_controller_drains_stops_loads_and_loses_nothing() {
         .iter()
         .any(|d| matches!(d, Decision::PlaceEncode { worker: 1, .. })));
     // every request finished
-    assert!(c.ctrl.records().iter().all(|r| r.finish.is_some() && r.failure.is_none()));
+    assert!(c
+        .ctrl
+        .records()
+        .iter()
+        .all(|r| r.finish.is_some() && r.failure.is_none()));
     assert!(c.ctrl.is_active(WorkerRef::Encode(1)) && !c.ctrl.is_active(WorkerRef::Prefill(1)));
 }
 
@@ -250,9 +312,14 @@ fn batch_bound_and_offload_change_live() {
             _ => None,
         })
         .collect();
-    assert!(!after.is_empty() && after.iter().all(|&n| n == 1), "{after:?}");
-    let before = c.ctrl.decisions().iter().any(|d| {
-        matches!(d, Decision::Dispatch { at, ids, .. } if *at < 2.0 && ids.len() > 1)
-    });
+    assert!(
+        !after.is_empty() && after.iter().all(|&n| n == 1),
+        "{after:?}"
+    );
+    let before = c
+        .ctrl
+        .decisions()
+        .iter()
+        .any(|d| matches!(d, Decision::Dispatch { at, ids, .. } if *at < 2.0 && ids.len() > 1));
     assert!(before, "batches of more than one before the change");
 }

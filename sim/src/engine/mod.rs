@@ -1258,7 +1258,8 @@ impl<'a> Sim<'a> {
         }
         if self.next_arrival_at.is_finite() {
             let w = plan.planner.config().window_s;
-            self.events.push(now + w, Priority::Completion, Ev::PlanTick);
+            self.events
+                .push(now + w, Priority::Completion, Ev::PlanTick);
         }
     }
 
@@ -1275,7 +1276,8 @@ impl<'a> Sim<'a> {
             _ => 2,
         };
         let at = now + plan.planner.config().load_s[stage];
-        self.events.push(at, Priority::Completion, Ev::WorkerReady(w));
+        self.events
+            .push(at, Priority::Completion, Ev::WorkerReady(w));
     }
 
     // ------------------------------------------------------------- report

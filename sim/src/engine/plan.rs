@@ -13,8 +13,8 @@ use easerve_model::{ItemTokens, Parallel};
 use easerve_sched::planner::{Planner, PlannerPolicy, Twin, TwinQuery};
 use easerve_sched::{Change, Topology, WorkerRef};
 use easerve_workload::report::{ChangeRecord, PlannerReport, TierValue};
-use easerve_workload::schedule::{Phase, RateSchedule};
 use easerve_workload::scenario::Scenario;
+use easerve_workload::schedule::{Phase, RateSchedule};
 use std::sync::Arc;
 
 /// A cost source shared by every twin run of one simulation.
@@ -107,7 +107,11 @@ impl Twin for SimTwin {
         sc.workload.requests = n;
         sc.workload.schedule = Some(schedule);
         sc.seed = q.seed;
-        let out = simulate_with(&sc, Box::new(Shared(self.cost.clone())), &SimOptions::default());
+        let out = simulate_with(
+            &sc,
+            Box::new(Shared(self.cost.clone())),
+            &SimOptions::default(),
+        );
         out.report
             .goodput
             .get(self.tier)
@@ -130,10 +134,15 @@ pub(super) struct PlanRun {
 
 impl PlanRun {
     /// The planner of `sc`, if it has one.
-    pub(super) fn of(sc: &Scenario, topology: &Topology, cost: &Arc<dyn StageCost>) -> Option<PlanRun> {
+    pub(super) fn of(
+        sc: &Scenario,
+        topology: &Topology,
+        cost: &Arc<dyn StageCost>,
+    ) -> Option<PlanRun> {
         let setup = sc.planner.as_ref()?;
         let planner = Planner::new(setup.config.clone(), topology).ok()?;
-        let twin = (setup.config.policy == PlannerPolicy::Twin).then(|| SimTwin::new(sc, cost.clone()));
+        let twin =
+            (setup.config.policy == PlannerPolicy::Twin).then(|| SimTwin::new(sc, cost.clone()));
         let held = topology
             .encode()
             .iter()
@@ -221,7 +230,12 @@ impl PlanRun {
 
     /// The report's planner section for a run that ended at `end` seconds
     /// with `good` requests meeting each tier (`(name, good)`).
-    pub(super) fn report(self, end: f64, topology: &Topology, good: &[(String, usize)]) -> PlannerReport {
+    pub(super) fn report(
+        self,
+        end: f64,
+        topology: &Topology,
+        good: &[(String, usize)],
+    ) -> PlannerReport {
         let held: f64 = self
             .held
             .iter()
@@ -240,7 +254,11 @@ impl PlanRun {
                 .iter()
                 .map(|(name, g)| TierValue {
                     tier: name.clone(),
-                    value: if gpu_hours > 0.0 { *g as f64 / gpu_hours } else { 0.0 },
+                    value: if gpu_hours > 0.0 {
+                        *g as f64 / gpu_hours
+                    } else {
+                        0.0
+                    },
                 })
                 .collect(),
             changes: self.changes,

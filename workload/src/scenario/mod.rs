@@ -35,8 +35,8 @@ mod validate;
 
 pub use file::{
     AudioSection, ClusterSection, DeploymentSection, ImageBucket, ItemsSection, LaunchSection,
-    LimitsSection, LinkChoice, ModelSection, Overrides, PhaseSection, PlannerSection, ScenarioFile, SloSection,
-    System, VideoBucket, WorkloadSection,
+    LimitsSection, LinkChoice, ModelSection, Overrides, PhaseSection, PlannerSection, ScenarioFile,
+    SloSection, System, VideoBucket, WorkloadSection,
 };
 pub use validate::{
     check_model, num, ModelError, HARDWARE_MIN, HOST_CORES_PER_GPU, KV_DTYPES, LLM_DTYPES,

@@ -27,7 +27,9 @@ pub(super) fn planner_section(
         .unwrap_or("static")
         .parse()
         .map_err(|e: String| v.err("planner.policy", e))?;
-    if policy != PlannerPolicy::Static && !matches!(sc.system, System::Easerve | System::Passthrough) {
+    if policy != PlannerPolicy::Static
+        && !matches!(sc.system, System::Easerve | System::Passthrough)
+    {
         return Err(v.err(
             "planner.policy",
             format!(
@@ -68,7 +70,10 @@ pub(super) fn planner_section(
     let tier = match &p.tier {
         Some(t) => sc.slo.iter().position(|s| &s.name == t).ok_or_else(|| {
             let names: Vec<&str> = sc.slo.iter().map(|s| s.name.as_str()).collect();
-            v.err("planner.tier", format!("no SLO tier `{t}`; allowed: {}", names.join(", ")))
+            v.err(
+                "planner.tier",
+                format!("no SLO tier `{t}`; allowed: {}", names.join(", ")),
+            )
         })?,
         None => sc
             .slo
