@@ -36,12 +36,14 @@ pub struct LoadRule {
 }
 
 impl Default for LoadRule {
-    /// Dynamo's load planner's defaults (`examples/llm/components/planner.py`:
-    /// prefill queue scale-up 5, scale-down 0.2 per worker; decode KV
-    /// scale-up 0.9, scale-down 0.5).
+    /// Dynamo's load planner's documented defaults (its planner guide,
+    /// `--prefill-queue-scale-up-threshold` 0.5 and
+    /// `--prefill-queue-scale-down-threshold` 0.2 queued requests per
+    /// prefill worker, `--decode-kv-scale-up-threshold` 0.9 and
+    /// `--decode-kv-scale-down-threshold` 0.5 KV cache utilization).
     fn default() -> Self {
         LoadRule {
-            queue_up: 5.0,
+            queue_up: 0.5,
             queue_down: 0.2,
             kv_up: 0.9,
             kv_down: 0.5,

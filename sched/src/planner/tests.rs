@@ -69,7 +69,7 @@ impl PlannerPolicy {
 fn load_policy_adds_on_a_hot_queue_then_holds_for_the_dwell_and_inside_the_band() {
     let mut p = Planner::new(cfg(PlannerPolicy::Load), &topology()).unwrap();
     let hot = [load(1, 12, 0.0), load(1, 0, 0.0), load(1, 0, 0.6)];
-    // encode has 12 queued per worker > 5: a spare encode worker starts
+    // encode has 12 queued per worker > 0.5: a spare encode worker starts
     let c = p.on_window(10.0, hot, 10, None);
     assert_eq!(
         c,
@@ -88,8 +88,9 @@ fn load_policy_adds_on_a_hot_queue_then_holds_for_the_dwell_and_inside_the_band(
     busy[0].changing = 1;
     assert!(p.on_window(50.0, busy, 30, None).is_empty());
     assert_eq!(p.log()[2].held.as_deref(), Some("a change is under way"));
-    // inside the band (0.2 ≤ queue ≤ 5, 0.5 ≤ KV ≤ 0.9): no change either way
-    let mid = [load(2, 4, 0.0), load(1, 2, 0.0), load(1, 1, 0.7)];
+    // inside the band (0.2 ≤ queue per worker ≤ 0.5, 0.5 ≤ KV ≤ 0.9): no
+    // change either way
+    let mid = [load(2, 1, 0.0), load(3, 1, 0.0), load(1, 0, 0.7)];
     assert!(p.on_window(60.0, mid, 40, None).is_empty());
     assert_eq!(p.counts(), [2, 1, 1]);
     // cold everywhere: one worker goes, from the coldest stage that has two

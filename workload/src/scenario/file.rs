@@ -64,7 +64,8 @@ pub struct PlannerSection {
     /// `moderate`, else the last tier).
     pub tier: Option<String>,
     /// `load` policy: requests queued per worker above which a stage grows
-    /// (default 5), below which it may shrink (`queue_down`, default 0.2).
+    /// (default 0.5, Dynamo's), below which it may shrink (`queue_down`,
+    /// default 0.2).
     pub queue_up: Option<f64>,
     /// See `queue_up`.
     pub queue_down: Option<f64>,
