@@ -333,6 +333,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn spare_slots_follow_each_stage_and_keep_the_local_groups() {
+        let a: Allocation = "2E(TP1)+1P(TP2)+1D(TP4)".parse().unwrap();
+        let t = Topology::with_spares(&a, Some(1), [1, 2, 1]);
+        assert_eq!(t, Topology::with_spares(&a, Some(1), [1, 2, 1]));
+        assert_eq!(t.gpus(), 8, "the deployment's GPUs");
+        assert_eq!(t.encode().len(), 3);
+        assert!(t.encode()[2].standby && t.encode()[2].local_prefill.is_none());
+        assert_eq!(t.encode()[2].gpus, vec![8]);
+        // remote prefill: P0, then the spares P1 and P2; the local workers after
+        assert_eq!(t.remote_prefill(), 3);
+        assert_eq!(t.prefill()[1].gpus, vec![9, 10]);
+        assert_eq!(t.prefill()[3].label, "L0");
+        assert_eq!(t.prefill()[3].wref, WorkerRef::Prefill(3));
+        assert_eq!(t.encode()[0].local_prefill, Some(3));
+        assert_eq!(t.decode()[1].gpus, vec![13, 14, 15, 16]);
+        assert_eq!(t.decode()[1].label, "D1");
+        assert_eq!(
+            Topology::with_spares(&a, Some(1), [0; 3]),
+            Topology::new(&a, Some(1))
+        );
+    }
+
+    #[test]
     fn gpus_are_laid_out_encode_then_prefill_then_decode() {
         let a: Allocation = "2E(TP1)+1P(TP2)+1D(TP4)".parse().unwrap();
         let t = Topology::new(&a, Some(1));

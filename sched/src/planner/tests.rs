@@ -56,13 +56,8 @@ fn a_dwell_shorter_than_a_model_load_is_refused_naming_the_field() {
         "{}",
         e.message
     );
-    assert!(PlannerPolicy::from_str_err("fancy").contains("static, load, twin"));
-}
-
-impl PlannerPolicy {
-    fn from_str_err(s: &str) -> String {
-        s.parse::<PlannerPolicy>().unwrap_err()
-    }
+    let unknown = "fancy".parse::<PlannerPolicy>().unwrap_err();
+    assert!(unknown.contains("static, load, twin"), "{unknown}");
 }
 
 #[test]

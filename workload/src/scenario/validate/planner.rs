@@ -55,32 +55,10 @@ pub(super) fn planner_section(
             ))
         }
     };
-    let bw = pos("planner.load_bandwidth_gbs", p.load_bandwidth_gbs)?;
-    let (gbs, load_source) = match bw {
-        Some(b) => (b, format!("planner.load_bandwidth_gbs = {b} GB/s")),
-        None => (
-            sc.gpu.link.bandwidth_gbs,
-            format!(
-                "the cluster's link `{}`, {} GB/s (calib/src/gpu.rs), as the path from host memory to the GPU",
-                sc.gpu.link.name, sc.gpu.link.bandwidth_gbs
-            ),
-        ),
-    };
+    let (gbs, load_source) =
+        load_bandwidth(sc, pos("planner.load_bandwidth_gbs", p.load_bandwidth_gbs)?);
     let load_s = load_times(sc, gbs);
-    let tier = match &p.tier {
-        Some(t) => sc.slo.iter().position(|s| &s.name == t).ok_or_else(|| {
-            let names: Vec<&str> = sc.slo.iter().map(|s| s.name.as_str()).collect();
-            v.err(
-                "planner.tier",
-                format!("no SLO tier `{t}`; allowed: {}", names.join(", ")),
-            )
-        })?,
-        None => sc
-            .slo
-            .iter()
-            .position(|s| s.name == "moderate")
-            .unwrap_or(sc.slo.len().saturating_sub(1)),
-    };
+    let tier = tier_of(sc, v, p.tier.as_deref())?;
     let d = LoadRule::default();
     let config = PlannerConfig {
         policy,
@@ -103,6 +81,40 @@ pub(super) fn planner_section(
         tier,
         load_source,
     }))
+}
+
+/// The load bandwidth, GB/s, and where it comes from: `given`, else the
+/// cluster's link as the path from host memory to the GPU.
+fn load_bandwidth(sc: &Scenario, given: Option<f64>) -> (f64, String) {
+    match given {
+        Some(b) => (b, format!("planner.load_bandwidth_gbs = {b} GB/s")),
+        None => (
+            sc.gpu.link.bandwidth_gbs,
+            format!(
+                "the cluster's link `{}`, {} GB/s (calib/src/gpu.rs), as the path from host memory to the GPU",
+                sc.gpu.link.name, sc.gpu.link.bandwidth_gbs
+            ),
+        ),
+    }
+}
+
+/// The SLO tier the `twin` policy counts: `planner.tier`, else `moderate`,
+/// else the last tier.
+fn tier_of(sc: &Scenario, v: &V<'_>, tier: Option<&str>) -> Result<usize, ScenarioError> {
+    match tier {
+        Some(t) => sc.slo.iter().position(|s| s.name == t).ok_or_else(|| {
+            let names: Vec<&str> = sc.slo.iter().map(|s| s.name.as_str()).collect();
+            v.err(
+                "planner.tier",
+                format!("no SLO tier `{t}`; allowed: {}", names.join(", ")),
+            )
+        }),
+        None => Ok(sc
+            .slo
+            .iter()
+            .position(|s| s.name == "moderate")
+            .unwrap_or(sc.slo.len().saturating_sub(1))),
+    }
 }
 
 /// Seconds to load each stage's model on one worker's GPUs at `gbs` GB/s:
