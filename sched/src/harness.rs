@@ -789,9 +789,10 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 
 /// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
 /// prefill, share, place-decode, decode run, fail, decode yield,
-/// place-replica, replica step, place-shard, prefill chunk.
-pub fn decision_kinds(log: &[Decision]) -> [usize; 14] {
-    let mut n = [0usize; 14];
+/// place-replica, replica step, place-shard, prefill chunk, encoder-cache
+/// lookup, prefix-cache lookup.
+pub fn decision_kinds(log: &[Decision]) -> [usize; 16] {
+    let mut n = [0usize; 16];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -808,6 +809,8 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 14] {
             Decision::ReplicaStep { .. } => 11,
             Decision::PlaceShard { .. } => 12,
             Decision::PrefillChunk { .. } => 13,
+            Decision::EncoderCache { .. } => 14,
+            Decision::PrefixCache { .. } => 15,
         }] += 1;
     }
     n
@@ -907,6 +910,7 @@ pub fn test_request(i: usize, arrival: f64) -> Request {
         }],
         encoder_tokens: 600,
         mm_tokens: 576,
+        content: None,
     }
 }
 
@@ -959,6 +963,7 @@ pub fn config_for(
         log_decisions: true,
         preprocess_ahead: false,
         mechanisms: crate::Mechanisms::default(),
+        caches: crate::CacheConfig::default(),
     }
 }
 
@@ -1026,6 +1031,7 @@ mod tests {
             log_decisions: true,
             preprocess_ahead: false,
             mechanisms: crate::Mechanisms::default(),
+            caches: crate::CacheConfig::default(),
         };
         let requests = (0..n).map(|i| test_request(i, i as f64 / rate)).collect();
         Controller::new(requests, cfg)

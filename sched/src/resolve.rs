@@ -49,6 +49,8 @@ pub struct Resolution<'a> {
     pub rate_estimate: RateEstimate,
     /// Keep the decision log.
     pub log_decisions: bool,
+    /// The caches (all off by default).
+    pub caches: crate::CacheConfig,
 }
 
 impl Resolution<'_> {
@@ -129,6 +131,7 @@ impl Resolution<'_> {
             log_decisions: self.log_decisions,
             preprocess_ahead: self.preprocess_ahead,
             mechanisms: self.system.mechanisms(),
+            caches: self.caches,
         }
     }
 

@@ -50,6 +50,7 @@ impl Scenario {
             rate: self.workload.rate,
             rate_estimate: self.knobs.rate_estimate,
             log_decisions,
+            caches: self.knobs.caches,
         }
     }
 
