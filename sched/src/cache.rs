@@ -62,31 +62,62 @@ pub fn mix(h: u64, x: u64) -> u64 {
     splitmix64(h.rotate_left(17) ^ splitmix64(x))
 }
 
-/// The keys of the prompt's full KV blocks of `block_size` tokens, appended
-/// to `out` in order: block `b`'s key hashes block `b − 1`'s key with the
-/// pieces of segments (id, offset in the segment, length) its tokens come
-/// from, so two prompts share block `b`'s key exactly when their first
-/// `(b + 1)·block_size` tokens are the same content — vLLM's prefix-caching
-/// hash chain (parent block hash, token ids, multimodal hashes). A last
-/// partial block has no key (vLLM caches full blocks only).
-pub fn block_keys(segments: &[Segment], block_size: u32, out: &mut Vec<u64>) {
-    let bs = block_size.max(1);
-    let (mut parent, mut h, mut filled) = (0u64, 0u64, 0u32);
-    for s in segments {
-        let mut off = 0u32;
-        while off < s.tokens {
-            let take = (s.tokens - off).min(bs - filled);
-            h = mix(mix(mix(h, s.id), off as u64), take as u64);
-            filled += take;
-            off += take;
-            if filled == bs {
-                parent = mix(parent, h);
-                out.push(parent);
-                (h, filled) = (0, 0);
-            }
-        }
+/// One link of a prompt's hash chain: the key of its first segments and
+/// the tokens they hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainKey {
+    /// Hash of the key before and this segment's content id and tokens.
+    pub key: u64,
+    /// Prompt tokens up to the end of this segment.
+    pub end: u64,
+}
+
+/// The hash chain of a prompt, appended to `out`: link `j` hashes link
+/// `j − 1` with segment `j`'s content id and tokens, so two prompts share
+/// link `j` exactly when their first `j + 1` segments are the same
+/// content. The KV blocks of `block_size` tokens that end within the first
+/// `j + 1` segments (`⌊end_j / block_size⌋` of them) are then the same —
+/// vLLM's prefix-caching hash chain (parent block hash, token ids,
+/// multimodal hashes) taken a segment at a time rather than a block at a
+/// time, so a prompt costs a hash per segment, not per block; a last
+/// partial block is never shared (vLLM caches full blocks only).
+pub fn chain_keys(segments: &[Segment], out: &mut Vec<ChainKey>) {
+    let (mut key, mut end) = (0u64, 0u64);
+    for s in segments.iter().filter(|s| s.tokens > 0) {
+        key = mix(mix(key, s.id), s.tokens as u64);
+        end += s.tokens as u64;
+        out.push(ChainKey { key, end });
     }
 }
+
+/// Full blocks of `block_size` tokens up to link `j` of `keys` (0 for `j`
+/// before the first).
+pub fn blocks_before(keys: &[ChainKey], j: usize, block_size: u32) -> u64 {
+    j.checked_sub(1)
+        .map_or(0, |i| keys[i].end / block_size.max(1) as u64)
+}
+
+/// A hasher for keys that are hashes already (content ids and chain keys
+/// come out of SplitMix64): the key itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x;
+    }
+}
+
+/// A map keyed by a content hash.
+pub type HashKeyed<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
 
 const NIL: u32 = u32::MAX;
 
@@ -104,7 +135,7 @@ struct Node {
 /// kept in one vector).
 #[derive(Clone, Debug)]
 pub struct Lru {
-    map: HashMap<u64, u32>,
+    map: HashKeyed<u32>,
     nodes: Vec<Node>,
     free: Vec<u32>,
     /// Most recently used.
@@ -120,7 +151,7 @@ impl Lru {
     /// An empty set holding at most `capacity` (units of the sizes).
     pub fn new(capacity: u64) -> Lru {
         Lru {
-            map: HashMap::new(),
+            map: HashKeyed::default(),
             nodes: Vec::new(),
             free: Vec::new(),
             head: NIL,
@@ -463,23 +494,32 @@ impl EncoderCache {
 /// One prefill worker's KV pool as the prefix cache sees it.
 #[derive(Clone, Debug)]
 struct PrefixPool {
-    /// Cached blocks no request references, least recently used first out.
+    /// Cached links no request references, least recently used first out;
+    /// each sized by the blocks that end within its segment (at least 1).
     free: Lru,
-    /// Cached blocks referenced by requests queued or running here, with
-    /// their reference counts: never evicted.
-    pinned: HashMap<u64, u32>,
+    /// Cached links referenced by requests queued or running here: their
+    /// reference counts and sizes, never evicted.
+    pinned: HashKeyed<(u32, u64)>,
+    /// Blocks the pinned links hold.
+    pinned_blocks: u64,
     /// Blocks of the pool.
     blocks: u64,
 }
 
+impl PrefixPool {
+    fn holds(&self, key: u64) -> bool {
+        self.pinned.contains_key(&key) || self.free.contains(key)
+    }
+}
+
 /// The prefix cache's directory over every prefill worker: the KV blocks
-/// each holds, keyed by the hash chain of their content ([`block_keys`]),
+/// each holds, keyed by the hash chain of their content ([`chain_keys`]),
 /// as vLLM's prefix caching keeps them. Cached blocks live in the worker's
 /// KV pool: a request's hit blocks are referenced (pinned) from when it is
 /// queued until its prefill ends, the running batch's new blocks take room
 /// first, and the blocks no request references are evicted least recently
-/// used first when room is needed. When a prefill ends, every full block
-/// of its prompt stays cached (unreferenced).
+/// used first when room is needed (a segment's blocks at a time). When a
+/// prefill ends, every full block of its prompt stays cached, unreferenced.
 #[derive(Clone, Debug)]
 pub struct PrefixCache {
     pools: Vec<PrefixPool>,
@@ -495,7 +535,8 @@ impl PrefixCache {
             pools: blocks
                 .map(|b| PrefixPool {
                     free: Lru::new(b),
-                    pinned: HashMap::new(),
+                    pinned: HashKeyed::default(),
+                    pinned_blocks: 0,
                     blocks: b,
                 })
                 .collect(),
@@ -509,63 +550,87 @@ impl PrefixCache {
         self.block_size
     }
 
-    /// How many leading blocks of `keys` worker `p` holds (for routing).
-    pub fn held(&self, p: usize, keys: &[u64]) -> usize {
-        let pool = &self.pools[p];
-        keys.iter()
-            .take_while(|k| pool.pinned.contains_key(k) || pool.free.contains(**k))
-            .count()
+    /// Size of link `j` of `keys` in the pool: the blocks that end within
+    /// its segment, at least 1 (a segment shorter than a block still takes
+    /// a directory entry).
+    fn size(&self, keys: &[ChainKey], j: usize) -> u64 {
+        (blocks_before(keys, j + 1, self.block_size) - blocks_before(keys, j, self.block_size))
+            .max(1)
     }
 
-    /// A request of `tokens` prompt tokens whose full blocks have `keys`
-    /// is queued at worker `p`: its leading held blocks (at most
-    /// `(tokens − 1) / block_size`, since the last token is always computed
-    /// to emit the first output token, as in vLLM) are hits and are pinned.
-    /// Returns the hit blocks.
-    pub fn acquire(&mut self, p: usize, keys: &[u64], tokens: u64) -> usize {
-        let most = (tokens.saturating_sub(1) / self.block_size as u64) as usize;
-        let hit = self.held(p, &keys[..keys.len().min(most)]);
-        let pool = &mut self.pools[p];
-        for &k in &keys[..hit] {
+    /// Worker `p`'s cached links at the head of `keys` and the prompt
+    /// tokens they cover for a prompt of `tokens` tokens: whole blocks, at
+    /// most `(tokens − 1) / block_size` of them, since the last token is
+    /// always computed to emit the first output token (as in vLLM).
+    pub fn held(&self, p: usize, keys: &[ChainKey], tokens: u64) -> (usize, u64) {
+        let pool = &self.pools[p];
+        let links = keys.iter().take_while(|k| pool.holds(k.key)).count();
+        let bs = self.block_size as u64;
+        let most = tokens.saturating_sub(1) / bs;
+        (
+            links,
+            blocks_before(keys, links, self.block_size).min(most) * bs,
+        )
+    }
+
+    /// A request of `tokens` prompt tokens whose chain is `keys` is queued
+    /// at worker `p`: its held links are pinned until [`PrefixCache::release`].
+    /// Returns the links pinned and the prompt tokens they save.
+    pub fn acquire(&mut self, p: usize, keys: &[ChainKey], tokens: u64) -> (usize, u64) {
+        let (links, hit) = self.held(p, keys, tokens);
+        for j in 0..links {
+            let size = self.size(keys, j);
+            let pool = &mut self.pools[p];
+            let k = keys[j].key;
             pool.free.remove(k);
-            *pool.pinned.entry(k).or_insert(0) += 1;
+            let e = pool.pinned.entry(k).or_insert((0, size));
+            if e.0 == 0 {
+                pool.pinned_blocks += size;
+            }
+            e.0 += 1;
         }
+        let pool = &mut self.pools[p];
         pool.free
-            .set_capacity(pool.blocks.saturating_sub(pool.pinned.len() as u64));
+            .set_capacity(pool.blocks.saturating_sub(pool.pinned_blocks));
         self.counters.queries += tokens;
-        self.counters.hits += hit as u64 * self.block_size as u64;
-        hit
+        self.counters.hits += hit;
+        self.count_evictions();
+        (links, hit)
     }
 
     /// A batch of `blocks` new blocks starts on worker `p`: evict
     /// unreferenced blocks until they fit beside the pinned ones.
     pub fn make_room(&mut self, p: usize, blocks: u64) {
         let pool = &mut self.pools[p];
-        let room = pool
-            .blocks
-            .saturating_sub(pool.pinned.len() as u64 + blocks);
+        let room = pool.blocks.saturating_sub(pool.pinned_blocks + blocks);
         pool.free.evict_to(room);
         self.count_evictions();
     }
 
-    /// The prefill of the request with `keys` and `hit` hit blocks ended on
-    /// worker `p`: its hits are unpinned and every one of its full blocks
-    /// stays cached, most recently used.
-    pub fn release(&mut self, p: usize, keys: &[u64], hit: usize) {
-        let pool = &mut self.pools[p];
-        for k in &keys[..hit.min(keys.len())] {
-            if let Some(n) = pool.pinned.get_mut(k) {
-                *n -= 1;
-                if *n == 0 {
-                    pool.pinned.remove(k);
+    /// The prefill of the request with chain `keys`, `links` of which were
+    /// pinned, ended on worker `p`: they are unpinned and every link of
+    /// its prompt stays cached, most recently used.
+    pub fn release(&mut self, p: usize, keys: &[ChainKey], links: usize) {
+        for j in 0..links.min(keys.len()) {
+            let pool = &mut self.pools[p];
+            if let Some(e) = pool.pinned.get_mut(&keys[j].key) {
+                e.0 -= 1;
+                if e.0 == 0 {
+                    pool.pinned_blocks -= e.1;
+                    pool.pinned.remove(&keys[j].key);
                 }
             }
         }
-        pool.free
-            .set_capacity(pool.blocks.saturating_sub(pool.pinned.len() as u64));
-        for &k in keys {
-            if !pool.pinned.contains_key(&k) {
-                pool.free.insert(k, 1);
+        let room = {
+            let pool = &self.pools[p];
+            pool.blocks.saturating_sub(pool.pinned_blocks)
+        };
+        self.pools[p].free.set_capacity(room);
+        for j in 0..keys.len() {
+            let size = self.size(keys, j);
+            let pool = &mut self.pools[p];
+            if !pool.pinned.contains_key(&keys[j].key) {
+                pool.free.insert(keys[j].key, size);
             }
         }
         self.count_evictions();
@@ -576,7 +641,7 @@ impl PrefixCache {
     }
 
     /// Prompt tokens looked up and found so far (vLLM's
-    /// `prefix_cache_queries` and `prefix_cache_hits`), blocks evicted.
+    /// `prefix_cache_queries` and `prefix_cache_hits`), entries evicted.
     pub fn counters(&self) -> CacheCounters {
         self.counters
     }
@@ -591,24 +656,26 @@ mod tests {
     }
 
     #[test]
-    fn block_keys_chain_a_shared_prefix_and_part_at_the_first_difference() {
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        // 40 shared tokens, then different content: blocks 0 and 1 are
-        // shared, block 2 (tokens 32..48) holds the difference
-        block_keys(&[seg(1, 40), seg(2, 24)], 16, &mut a);
-        block_keys(&[seg(1, 40), seg(3, 24)], 16, &mut b);
-        assert_eq!(a.len(), 4);
+    fn chain_keys_share_a_prefix_and_part_at_the_first_difference() {
+        let keys = |segs: &[Segment]| {
+            let mut out = Vec::new();
+            chain_keys(segs, &mut out);
+            out
+        };
+        let a = keys(&[seg(1, 40), seg(2, 24), seg(3, 8)]);
+        let b = keys(&[seg(1, 40), seg(2, 24), seg(4, 8)]);
         assert_eq!(a[..2], b[..2]);
-        assert!(a[2..].iter().zip(&b[2..]).all(|(x, y)| x != y));
-        // the same content after a different prefix gets different keys
-        let mut c = Vec::new();
-        block_keys(&[seg(9, 40), seg(2, 24)], 16, &mut c);
-        assert!(a.iter().zip(&c).all(|(x, y)| x != y));
-        // a partial last block has no key; splitting a segment's id changes it
-        let mut d = Vec::new();
-        block_keys(&[seg(1, 20), seg(1, 20)], 16, &mut d);
-        assert_eq!(d.len(), 2);
-        assert_ne!(d[1], a[1]);
+        assert_ne!(a[2], b[2]);
+        // blocks of 16 that end within the shared first two segments: 4
+        assert_eq!(blocks_before(&a, 2, 16), 4);
+        assert_eq!(blocks_before(&a, 1, 16), 2);
+        assert_eq!(blocks_before(&a, 0, 16), 0);
+        // the same content after a different prefix gets other keys
+        let c = keys(&[seg(9, 40), seg(2, 24)]);
+        assert!(a.iter().zip(&c).all(|(x, y)| x.key != y.key));
+        // a segment's length is part of its key; empty segments are skipped
+        assert_ne!(keys(&[seg(1, 41)])[0], a[0]);
+        assert_eq!(keys(&[seg(7, 0), seg(1, 40)])[0], a[0]);
     }
 
     #[test]
@@ -628,27 +695,32 @@ mod tests {
 
     #[test]
     fn prefix_cache_pins_hits_and_evicts_unreferenced_blocks_lru() {
+        let chain = |ids: &[u64]| {
+            let segs: Vec<Segment> = ids.iter().map(|&i| seg(i, 16)).collect();
+            let mut out = Vec::new();
+            chain_keys(&segs, &mut out);
+            out
+        };
         let mut c = PrefixCache::new([4].into_iter(), 16);
         // a first prompt of 3 blocks: no hit; its blocks stay cached
-        assert_eq!(c.acquire(0, &[1, 2, 3], 48), 0);
+        let first = chain(&[1, 2, 3]);
+        assert_eq!(c.acquire(0, &first, 48), (0, 0));
         c.make_room(0, 3);
-        c.release(0, &[1, 2, 3], 0);
-        // the same prefix: hits stop a token short of the prompt's end
-        assert_eq!(c.acquire(0, &[1, 2, 3], 48), 2);
-        // a batch of 2 new blocks beside 2 pinned: block 3 is evicted
+        c.release(0, &first, 0);
+        // the same prompt: all 3 links held, hits stop a block short
+        assert_eq!(c.acquire(0, &first, 48), (3, 32));
+        // a batch of 2 new blocks beside the 3 pinned: nothing to evict
         c.make_room(0, 2);
-        assert_eq!(c.held(0, &[1, 2, 3]), 2);
-        c.release(0, &[1, 2, 5], 2);
-        // another prompt sharing only block 1; then room for 3 new blocks
-        // evicts the unreferenced ones, least recently used first (2, then 5)
-        assert_eq!(c.acquire(0, &[1, 9, 9], 48), 1);
+        c.release(0, &first, 3);
+        // a prompt sharing the first link; room for 3 new blocks evicts
+        // the unreferenced links, least recently used first (2, then 3)
+        let other = chain(&[1, 9, 9]);
+        assert_eq!(c.acquire(0, &other, 48), (1, 16));
         c.make_room(0, 3);
-        assert_eq!(
-            (c.held(0, &[1]), c.held(0, &[2]), c.held(0, &[5])),
-            (1, 0, 0)
-        );
+        assert_eq!(c.held(0, &first, 48), (1, 16));
+        c.release(0, &other, 1);
         let n = c.counters();
-        assert_eq!((n.queries, n.hits), (144, 48));
+        assert_eq!((n.queries, n.hits, n.evictions), (144, 48, 2));
     }
 
     #[test]

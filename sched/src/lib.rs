@@ -73,7 +73,7 @@ mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use cache::{
-    CacheConfig, CacheCounters, CacheRouting, Content, ContentItem, EncoderCache,
+    CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, EncoderCache,
     EncoderCacheConfig, Lru, PrefixCache, PrefixCacheConfig, Segment,
 };
 pub use controller::{

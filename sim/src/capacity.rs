@@ -89,15 +89,21 @@ impl Typical {
     /// that saw every earlier request finds) for each cache that is on.
     /// An upper bound: per-worker caches, their capacity and routing lower
     /// it (the report's per-cache hit rates say by how much).
-    pub fn with_hits(mut self, sc: &Scenario, reqs: &[Request]) -> Typical {
-        let c = sc.knobs.caches;
-        if c.is_off() {
+    pub fn with_hits(self, sc: &Scenario, reqs: &[Request]) -> Typical {
+        if sc.knobs.caches.is_off() {
             return self;
         }
-        let block = c
-            .prefix
-            .map_or(easerve_sched::cache::DEFAULT_BLOCK_SIZE, |p| p.block_size);
-        let offered = easerve_workload::reuse::offered_reuse(reqs, block);
+        let offered = easerve_workload::reuse::offered_reuse(reqs, block_size(sc));
+        self.with_offered(sc, &offered)
+    }
+
+    /// [`Typical::with_hits`] from the reuse already counted.
+    pub fn with_offered(
+        mut self,
+        sc: &Scenario,
+        offered: &easerve_workload::reuse::OfferedReuse,
+    ) -> Typical {
+        let c = sc.knobs.caches;
         if let Some(e) = c.encoder {
             self.encode_hit = offered.items_seen_before;
             self.raw_hash = e.hash_raw_bytes;
@@ -205,6 +211,14 @@ pub fn worker_layouts(moe_experts: Option<u32>) -> Vec<(u32, u32)> {
         }
     }
     out
+}
+
+/// The block size reuse is counted in: the prefix cache's, or vLLM's 16.
+pub fn block_size(sc: &Scenario) -> u32 {
+    sc.knobs
+        .caches
+        .prefix
+        .map_or(easerve_sched::cache::DEFAULT_BLOCK_SIZE, |p| p.block_size)
 }
 
 /// Per-stage capacities of the scenario's model, GPU and workload.

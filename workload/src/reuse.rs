@@ -29,13 +29,12 @@ use crate::generate::{arrival_times, ItemTokenTable};
 use crate::rng::{stream, subseed};
 use crate::scenario::{Popularity, Reuse, Scenario, Shapes};
 use easerve_model::ItemTokens;
-use easerve_sched::cache::{block_keys, mix};
+use easerve_sched::cache::{blocks_before, chain_keys, mix, HashKeyed};
 use easerve_sched::{Content, ContentItem, MmItem, Request, Segment};
 use rand::distributions::WeightedIndex;
 use rand::Rng;
 use rand_distr::{Distribution, Exp, Zipf};
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
 
 /// One item of a turn: its shape, tokens and content id.
 type Item = (MmItem, ItemTokens, u64);
@@ -113,7 +112,9 @@ pub fn apply(
         subseed(sc.seed, "item-ids"),
         subseed(sc.seed, "prompt-ids"),
     );
-    let mut out: Vec<(Request, Vec<ItemTokens>)> = Vec::with_capacity(n);
+    // each request's item tokens go to one arena, as (start, len)
+    let mut out: Vec<(Request, (usize, usize))> = Vec::with_capacity(n);
+    let mut arena: Vec<ItemTokens> = Vec::new();
     for (c, &start) in starts.iter().enumerate() {
         let mut segments: Vec<Segment> = Vec::new();
         let mut items: Vec<Item> = Vec::new();
@@ -148,7 +149,9 @@ pub fn apply(
                 tokens: own,
             });
             text = text.saturating_add(own);
-            out.push(turn_request(arrival, &items, &segments, text, base));
+            let range = (arena.len(), items.len());
+            arena.extend(items.iter().map(|i| i.1));
+            out.push((turn_request(arrival, &items, &segments, text, base), range));
             segments.push(Segment {
                 id: mix(text_salt, 2 * i as u64 + 1),
                 tokens: base.output_tokens,
@@ -158,13 +161,14 @@ pub fn apply(
     }
     // conversations interleave: arrival order, ties by generation order
     out.sort_by(|a, b| a.0.arrival.total_cmp(&b.0.arrival));
-    let mut table = ItemTokenTable::with_capacity(n, out.iter().map(|r| r.1.len()).sum());
+    drop(requests);
+    let mut table = ItemTokenTable::with_capacity(n, arena.len());
     let requests = out
         .into_iter()
         .enumerate()
-        .map(|(i, (mut r, toks))| {
+        .map(|(i, (mut r, (start, len)))| {
             r.id = i as u64;
-            table.push(&toks);
+            table.push(&arena[start..start + len]);
             r
         })
         .collect();
@@ -178,16 +182,15 @@ fn turn_request(
     segments: &[Segment],
     text: u32,
     base: &Request,
-) -> (Request, Vec<ItemTokens>) {
-    let toks: Vec<ItemTokens> = items.iter().map(|i| i.1).collect();
-    let req = Request {
+) -> Request {
+    Request {
         id: 0,
         arrival,
         items: items.iter().map(|i| i.0).collect(),
         prompt_tokens: text,
         output_tokens: base.output_tokens,
-        encoder_tokens: toks.iter().map(|t| t.encoder_tokens).sum(),
-        mm_tokens: toks.iter().map(|t| t.llm_tokens).sum(),
+        encoder_tokens: items.iter().map(|i| i.1.encoder_tokens).sum(),
+        mm_tokens: items.iter().map(|i| i.1.llm_tokens).sum(),
         content: Some(Box::new(Content {
             items: items
                 .iter()
@@ -199,8 +202,7 @@ fn turn_request(
                 .collect(),
             segments: segments.to_vec(),
         })),
-    };
-    (req, toks)
+    }
 }
 
 /// The reuse a workload offers, whatever the caches: what an unbounded
@@ -213,8 +215,8 @@ pub struct OfferedReuse {
     pub items_seen_before: f64,
     /// Prompt tokens (text + multimodal) in the run.
     pub prompt_tokens: u64,
-    /// Fraction of them in full KV blocks whose hash-chain key an earlier
-    /// prompt had ([`block_keys`], blocks of `block_size` tokens).
+    /// Fraction of them in full KV blocks of an earlier prompt's prefix
+    /// ([`chain_keys`], blocks of `block_size` tokens).
     pub prompt_tokens_seen_before: f64,
     /// The block size the prompt tokens were counted in, tokens.
     pub block_size: u32,
@@ -224,20 +226,27 @@ pub struct OfferedReuse {
 /// prompt tokens in blocks of `block_size`. Requests without [`Content`]
 /// count as unique.
 pub fn offered_reuse(requests: &[Request], block_size: u32) -> OfferedReuse {
-    let (mut items, mut blocks) = (HashSet::new(), HashSet::new());
+    let (mut items, mut links) = (HashKeyed::<()>::default(), HashKeyed::<()>::default());
     let (mut n_items, mut seen_items, mut toks, mut seen_toks) = (0u64, 0u64, 0u64, 0u64);
     let mut keys = Vec::new();
     for r in requests {
         n_items += r.items.len() as u64;
         toks += r.prefill_tokens();
         let Some(c) = &r.content else { continue };
-        seen_items += c.items.iter().filter(|i| !items.insert(i.id)).count() as u64;
+        seen_items += c
+            .items
+            .iter()
+            .filter(|i| items.insert(i.id, ()).is_some())
+            .count() as u64;
         keys.clear();
-        block_keys(&c.segments, block_size, &mut keys);
-        // a block is seen only while every block before it was (the chain)
-        let seen = keys.iter().take_while(|&&k| blocks.contains(&k)).count();
-        seen_toks += seen as u64 * block_size as u64;
-        blocks.extend(keys.iter().copied());
+        chain_keys(&c.segments, &mut keys);
+        // a link is seen only while every link before it was (the chain)
+        let seen = keys
+            .iter()
+            .take_while(|k| links.contains_key(&k.key))
+            .count();
+        seen_toks += blocks_before(&keys, seen, block_size) * block_size as u64;
+        links.extend(keys.iter().map(|k| (k.key, ())));
     }
     let frac = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     OfferedReuse {
@@ -302,7 +311,7 @@ mod tests {
         }
         // another seed draws other ids
         let other = image(&[("workload.pool.size", "500"), ("seed", "7")]).expect("valid");
-        let ids = |rs: &[Request]| -> HashSet<u64> {
+        let ids = |rs: &[Request]| -> std::collections::HashSet<u64> {
             rs.iter()
                 .flat_map(|r| r.content.as_ref().unwrap().items.iter().map(|i| i.id))
                 .collect()

@@ -290,11 +290,12 @@ pub struct Controller {
     encoder_hits: Vec<u64>,
     /// The prefix cache's directory, when on.
     prefix_cache: Option<crate::PrefixCache>,
-    /// With the prefix cache on, per request: its hit blocks at the prefill
-    /// worker it was queued on. Empty otherwise.
-    prefix_hits: Vec<u32>,
-    /// Block-key scratch, reused by every lookup.
-    keys: Vec<u64>,
+    /// With the prefix cache on, per request: its hit tokens at the prefill
+    /// worker it was queued on and the chain links pinned there. Empty
+    /// otherwise.
+    prefix_hits: Vec<[u32; 2]>,
+    /// Chain-key scratch, reused by every lookup.
+    keys: Vec<crate::ChainKey>,
     caches: crate::CacheConfig,
 }
 
@@ -434,7 +435,7 @@ impl Controller {
                 .encoder
                 .map(|c| crate::EncoderCache::new(encode_len, c)),
             prefix_hits: match cfg.caches.prefix {
-                Some(_) => vec![0; requests_len],
+                Some(_) => vec![[0; 2]; requests_len],
                 None => Vec::new(),
             },
             prefix_cache,
@@ -461,7 +462,7 @@ impl Controller {
             self.encoder_hits.push(0);
         }
         if self.prefix_cache.is_some() {
-            self.prefix_hits.push(0);
+            self.prefix_hits.push([0; 2]);
         }
         self.requests.push(req);
         id
@@ -669,10 +670,7 @@ impl Controller {
     /// batch computes the rest, attending over the whole prompt); 0 with
     /// the cache off.
     pub fn prefix_hit_tokens(&self, id: RequestId) -> u64 {
-        match (&self.prefix_cache, self.prefix_hits.get(id as usize)) {
-            (Some(c), Some(&h)) => h as u64 * c.block_size() as u64,
-            _ => 0,
-        }
+        self.prefix_hits.get(id as usize).map_or(0, |h| h[0] as u64)
     }
 
     /// Resolved batcher parameters of encode worker 0 (for the report).

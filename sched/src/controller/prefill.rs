@@ -50,13 +50,10 @@ impl Controller {
         };
         let keys = self.prompt_keys(id);
         let cache = self.prefix_cache.as_ref().expect("on");
-        let bs = cache.block_size() as u64;
-        let most = (tokens.saturating_sub(1) / bs) as usize;
-        let keys_in = &keys[..keys.len().min(most)];
         let pick = crate::cache::cache_aware_pick(
             self.remote_place.outstanding(),
             |p| self.remote_place.is_open(p),
-            |p| (tokens - cache.held(p, keys_in) as u64 * bs) as f64,
+            |p| (tokens - cache.held(p, &keys, tokens).1) as f64,
             r.overlap_weight,
         );
         self.keys = keys;
@@ -72,12 +69,12 @@ impl Controller {
     /// With the prefix cache on: the full blocks of request `id`'s prompt,
     /// into the key scratch (empty for a request without content ids: its
     /// prompt is unique). Returns the scratch.
-    fn prompt_keys(&mut self, id: RequestId) -> Vec<u64> {
+    fn prompt_keys(&mut self, id: RequestId) -> Vec<crate::ChainKey> {
         let mut keys = std::mem::take(&mut self.keys);
         keys.clear();
-        if let (Some(c), Some(content)) = (&self.prefix_cache, &self.requests[id as usize].content)
+        if let (Some(_), Some(content)) = (&self.prefix_cache, &self.requests[id as usize].content)
         {
-            crate::cache::block_keys(&content.segments, c.block_size(), &mut keys);
+            crate::cache::chain_keys(&content.segments, &mut keys);
         }
         keys
     }
@@ -92,10 +89,9 @@ impl Controller {
         let keys = self.prompt_keys(id);
         let tokens = self.requests[id as usize].prefill_tokens();
         let cache = self.prefix_cache.as_mut().expect("on");
-        let hit = cache.acquire(p, &keys, tokens);
+        let (links, hit_tokens) = cache.acquire(p, &keys, tokens);
         self.keys = keys;
-        self.prefix_hits[id as usize] = hit as u32;
-        let hit_tokens = self.prefix_hit_tokens(id);
+        self.prefix_hits[id as usize] = [hit_tokens as u32, links as u32];
         self.decide(|| Decision::PrefixCache {
             id,
             worker: p,
@@ -112,9 +108,9 @@ impl Controller {
             return;
         }
         let keys = self.prompt_keys(id);
-        let hit = self.prefix_hits[id as usize] as usize;
+        let links = self.prefix_hits[id as usize][1] as usize;
         if let Some(c) = self.prefix_cache.as_mut() {
-            c.release(p, &keys, hit);
+            c.release(p, &keys, links);
         }
         self.keys = keys;
     }

@@ -288,11 +288,11 @@ fn reuse_report(sc: &Scenario, ctrl: &Controller) -> Option<ReuseReport> {
     if sc.workload.reuse.is_none() && caches == (None, None) {
         return None;
     }
-    let block = ctrl
-        .prefix_block_size()
-        .unwrap_or(easerve_sched::cache::DEFAULT_BLOCK_SIZE);
     Some(ReuseReport {
-        offered: easerve_workload::reuse::offered_reuse(ctrl.requests(), block),
+        offered: easerve_workload::reuse::offered_reuse(
+            ctrl.requests(),
+            crate::capacity::block_size(sc),
+        ),
         encoder_cache: caches.0.map(Into::into),
         prefix_cache: caches.1.map(Into::into),
     })
@@ -1276,10 +1276,12 @@ impl<'a> Sim<'a> {
             ..
         } = self;
         let decisions = ctrl.take_decisions();
-        let typical =
-            crate::capacity::Typical::of(ctrl.requests(), &tokens).with_hits(sc, ctrl.requests());
-        let encode = EncodeSummary::of(&ctrl);
         let reuse = reuse_report(sc, &ctrl);
+        let mut typical = crate::capacity::Typical::of(ctrl.requests(), &tokens);
+        if let Some(r) = reuse.as_ref().filter(|_| !sc.knobs.caches.is_off()) {
+            typical = typical.with_offered(sc, &r.offered);
+        }
+        let encode = EncodeSummary::of(&ctrl);
         let mut notes = cost.notes();
         let deployment = match sc.aggregated() {
             Some((n, tp)) => {
