@@ -219,6 +219,7 @@ const PAGES: &[&str] = &[
     "docs/capacity.md",
     "docs/sweeps.md",
     "docs/demand.md",
+    "docs/reuse.md",
     "docs/baselines.md",
     "docs/calibration.md",
     "docs/kernels.md",

@@ -25,6 +25,15 @@ pub trait StageCost: Send + Sync {
     }
     /// One prefill batch of sequences with these prompt lengths (tokens).
     fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64;
+    /// One prefill batch whose sequence `i` computes its last `new[i]`
+    /// tokens after `cached[i]` tokens a prefix cache held: prefill of the
+    /// new tokens, attending over the whole context. Sources whose prefill
+    /// has no context-length term (a measured profile, keyed by a batch's
+    /// tokens) price the new tokens alone, which is this default.
+    fn prefill_cached(&self, new: &[u64], cached: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        let _ = cached;
+        self.prefill(new, par, sm_share)
+    }
     /// One decode iteration of `batch` sequences holding `total_context_tokens`.
     fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64;
     /// A run of `steps` decode iterations over an unchanged batch, appended to

@@ -837,6 +837,18 @@ impl StageCost for KernelCost {
         seconds + self.eff.prefill_batch_s
     }
 
+    /// The layers at the new tokens and the context attention at the
+    /// length that does the new queries' causal work over the whole
+    /// context ([`PrefillShape::with_cache`]), from the same tables.
+    fn prefill_cached(&self, new: &[u64], cached: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        let Some(shape) = PrefillShape::with_cache(new, cached) else {
+            return 0.0;
+        };
+        let (seconds, ext) = self.prefill_seconds(shape, par, sm_share);
+        self.count_extrapolated(Phase::Prefill, ext);
+        seconds + self.eff.prefill_batch_s
+    }
+
     fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64 {
         if batch == 0 {
             return 0.0;

@@ -319,6 +319,18 @@ impl crate::StageCost for Roofline {
     fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
         Roofline::prefill(self, seq_lens, par, sm_share)
     }
+    /// The roofline of [`easerve_model::ModelArch::prefill_work_cached`],
+    /// with the same all-reduce, per-layer and per-batch terms as
+    /// [`Roofline::prefill`] over the new tokens.
+    fn prefill_cached(&self, new: &[u64], cached: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        let tp = par.gpus();
+        let tokens: u64 = new.iter().sum();
+        if tokens == 0 {
+            return 0.0;
+        }
+        let work = self.model.prefill_work_cached(new, cached);
+        self.llm_pass(work, tokens, tp, clamp_share(sm_share)) + self.eff.prefill_batch_s
+    }
     fn decode_step(&self, batch: u64, total_context_tokens: u64, par: Parallel) -> f64 {
         Roofline::decode_step(self, batch, total_context_tokens, par)
     }

@@ -381,7 +381,7 @@ fn execute(sc: &Scenario, sim: &SimOutput, kill: Option<(WorkerRef, f64)>) -> Co
 
 /// Whether every request ended and the executor's log and outcomes are the
 /// simulator's; returns the log's kinds ([`decision_kinds`]).
-fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 15] {
+fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 17] {
     assert!(ctrl.is_finished(), "requests left in the executor");
     let n = decision_kinds(&sim.decisions);
     assert!(
@@ -403,7 +403,7 @@ fn local_routes(log: &[Decision]) -> usize {
 /// `easerve exec`'s loop on the image scenario with `sets` applied and worker
 /// `kill` dying, against the simulator: the log's kinds and the executor's
 /// controller once they agree.
-fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 15], Controller) {
+fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 17], Controller) {
     let sc = image_scenario(sets);
     let sim = simulate(&sc, kill);
     let ctrl = execute(&sc, &sim, kill);

@@ -247,6 +247,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
             output_tokens: max_tokens,
             encoder_tokens,
             mm_tokens,
+            content: None,
         },
         media: media.iter().map(WireMedia::of).collect(),
         stream,

@@ -862,6 +862,27 @@ impl PrefillShape {
             rms_len,
         })
     }
+
+    /// The shape of a batch whose sequence `i` computes its last `new[i]`
+    /// tokens after `cached[i]` tokens found in a prefix cache: the layers
+    /// run over the new tokens only, and the context attention of the new
+    /// queries over the whole context `L = cached + new` does the causal
+    /// work of `(L² − cached²)/2` query–key pairs, which the one
+    /// context-attention op prices at the length `√(L² − cached²)` (the
+    /// square root of the mean over sequences). Equal to
+    /// [`PrefillShape::of`]`(new)` when nothing is cached; `None` when no
+    /// token is new.
+    pub fn with_cache(new: &[u64], cached: &[u64]) -> Option<PrefillShape> {
+        let mut shape = PrefillShape::of(new)?;
+        let sq: f64 = new
+            .iter()
+            .zip(cached.iter().chain(std::iter::repeat(&0)))
+            .filter(|(&n, _)| n > 0)
+            .map(|(&n, &c)| ((n + c) as f64).powi(2) - (c as f64).powi(2))
+            .sum();
+        shape.rms_len = (sq / shape.sequences as f64).sqrt().round().max(1.0) as u64;
+        Some(shape)
+    }
 }
 
 fn gemm(name: &'static str, m: u64, n: u64, k: u64, count: u32) -> Op {

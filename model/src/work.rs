@@ -214,6 +214,26 @@ impl ModelArch {
         Work { flops, bytes }
     }
 
+    /// [`ModelArch::prefill_work`] of a batch whose sequence `i` computes
+    /// its last `new[i]` tokens after `cached[i]` cached ones: the linear
+    /// terms over the new tokens, the causal attention of the new queries
+    /// over the whole context (`(L² − cached²)/2` pairs, `L = cached +
+    /// new`), and the cached KV read once more.
+    pub fn prefill_work_cached(&self, new: &[u64], cached: &[u64]) -> Work {
+        let mut w = self.prefill_work(new);
+        let layers = f64::from(self.llm.layers);
+        for (&n, &c) in new.iter().zip(cached) {
+            if n == 0 || c == 0 {
+                continue;
+            }
+            let (l, c) = ((n + c) as f64, c as f64);
+            w.flops +=
+                4.0 * layers * self.llm.q_width() * (l * l - c * c - (n as f64).powi(2)) / 2.0;
+            w.bytes += self.kv_bytes_per_token() * c;
+        }
+        w
+    }
+
     /// One decode iteration for `batch` sequences whose contexts total
     /// `total_context_tokens`, unsharded: FLOPs = `2 * (body + LM head) * batch` +
     /// attention `4 * layers * (heads*head_dim) * total_context_tokens`; bytes = streamed

@@ -810,10 +810,11 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 
 /// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
 /// prefill, share, place-decode, decode run, fail, decode yield,
-/// place-replica, replica step, place-shard, prefill chunk, and the
-/// planner's reconfigurations (a change, a worker ready or stopped).
-pub fn decision_kinds(log: &[Decision]) -> [usize; 15] {
-    let mut n = [0usize; 15];
+/// place-replica, replica step, place-shard, prefill chunk, the planner's
+/// reconfigurations (a change, a worker ready or stopped), encoder-cache
+/// lookup, prefix-cache lookup.
+pub fn decision_kinds(log: &[Decision]) -> [usize; 17] {
+    let mut n = [0usize; 17];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -833,6 +834,8 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 15] {
             Decision::Reconfigure { .. }
             | Decision::WorkerReady { .. }
             | Decision::WorkerStopped { .. } => 14,
+            Decision::EncoderCache { .. } => 15,
+            Decision::PrefixCache { .. } => 16,
         }] += 1;
     }
     n
@@ -932,6 +935,7 @@ pub fn test_request(i: usize, arrival: f64) -> Request {
         }],
         encoder_tokens: 600,
         mm_tokens: 576,
+        content: None,
     }
 }
 
@@ -984,6 +988,7 @@ pub fn config_for(
         log_decisions: true,
         preprocess_ahead: false,
         mechanisms: crate::Mechanisms::default(),
+        caches: crate::CacheConfig::default(),
     }
 }
 
@@ -1051,6 +1056,7 @@ mod tests {
             log_decisions: true,
             preprocess_ahead: false,
             mechanisms: crate::Mechanisms::default(),
+            caches: crate::CacheConfig::default(),
         };
         let requests = (0..n).map(|i| test_request(i, i as f64 / rate)).collect();
         Controller::new(requests, cfg)

@@ -12,6 +12,8 @@
 //! Pieces, in the order a request meets them:
 //!
 //! * [`Request`] — one multimodal request and its [`RequestRecord`] (lifecycle times).
+//! * [`cache`] — content-keyed reuse: a request's [`Content`], the KV
+//!   blocks' hash chain and the encoder cache's LRU directory.
 //! * [`Allocation`] / [`Deployment`] — the paper's `2E(TP1)+1P(TP2)+1D(TP4)` plus
 //!   the runtime knobs `B` (encode batch bound) and `s` (offload ratio).
 //! * [`System`] — the serving systems (`easerve`, `passthrough`,
@@ -59,6 +61,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod allocation;
+pub mod cache;
 pub mod controller;
 mod deployment;
 pub mod driver;
@@ -75,6 +78,10 @@ mod system;
 mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
+pub use cache::{
+    CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, EncoderCache,
+    EncoderCacheConfig, Lru, PrefixCache, PrefixCacheConfig, Segment,
+};
 pub use controller::{
     Change, Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
     StageLoad, WorkerRef, TIME_SLICE_SHARE,

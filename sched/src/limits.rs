@@ -352,6 +352,7 @@ mod tests {
             output_tokens: out,
             encoder_tokens: 0,
             mm_tokens: mm,
+            content: None,
         }
     }
 

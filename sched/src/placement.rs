@@ -90,6 +90,18 @@ impl LeastOutstanding {
         *w = (*w - work).max(0.0);
     }
 
+    /// Add `work` to replica `replica`'s outstanding work (a placement
+    /// decided elsewhere, e.g. by a cache-aware router).
+    pub fn add(&mut self, replica: usize, work: f64) {
+        self.outstanding[replica] += work;
+    }
+
+    /// Whether work may go to `replica`: it is live, or every replica is
+    /// retired (the caller then fails the work).
+    pub fn is_open(&self, replica: usize) -> bool {
+        !self.retired[replica] || self.retired.iter().all(|r| *r)
+    }
+
     /// Outstanding work per replica.
     pub fn outstanding(&self) -> &[f64] {
         &self.outstanding

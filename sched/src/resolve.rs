@@ -52,6 +52,8 @@ pub struct Resolution<'a> {
     /// Spare slots per stage (encode, remote prefill, decode) standing by for
     /// a planner ([`Topology::with_spares`]); `[0; 3]` without one.
     pub spares: [u32; 3],
+    /// The caches (all off by default).
+    pub caches: crate::CacheConfig,
 }
 
 impl Resolution<'_> {
@@ -136,6 +138,7 @@ impl Resolution<'_> {
             log_decisions: self.log_decisions,
             preprocess_ahead: self.preprocess_ahead,
             mechanisms: self.system.mechanisms(),
+            caches: self.caches,
         }
     }
 

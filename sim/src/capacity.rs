@@ -67,13 +67,74 @@ pub struct Typical {
     items: Vec<ItemTokens>,
     prefill_tokens: f64,
     output_tokens: f64,
+    /// Expected encoder-cache hit rate (items) with the cache on, else 0.
+    encode_hit: f64,
+    /// The encoder cache's hits skip preprocessing too.
+    raw_hash: bool,
+    /// Expected prefix-cache hit rate (prompt tokens) with the cache on, else 0.
+    prefix_hit: f64,
 }
 
 impl Typical {
-    /// The typical request of the scenario's generated workload.
+    /// The typical request of the scenario's generated workload, with the
+    /// hit rates its caches can expect ([`Typical::with_hits`]).
     pub fn of_scenario(sc: &Scenario) -> Typical {
         let (reqs, tokens) = generate_with_tokens(sc);
-        Typical::of(&reqs, &tokens)
+        Typical::of(&reqs, &tokens).with_hits(sc, &reqs)
+    }
+
+    /// The same request with the hit rates `sc`'s caches can expect on
+    /// `reqs`: the reuse the workload offers
+    /// ([`easerve_workload::reuse::offered_reuse`], what an unbounded cache
+    /// that saw every earlier request finds) for each cache that is on.
+    /// An upper bound: per-worker caches, their capacity and routing lower
+    /// it (the report's per-cache hit rates say by how much).
+    pub fn with_hits(self, sc: &Scenario, reqs: &[Request]) -> Typical {
+        if sc.knobs.caches.is_off() {
+            return self;
+        }
+        let offered = easerve_workload::reuse::offered_reuse(reqs, block_size(sc));
+        self.with_offered(sc, &offered)
+    }
+
+    /// [`Typical::with_hits`] from the reuse already counted.
+    pub fn with_offered(
+        mut self,
+        sc: &Scenario,
+        offered: &easerve_workload::reuse::OfferedReuse,
+    ) -> Typical {
+        let c = sc.knobs.caches;
+        if let Some(e) = c.encoder {
+            self.encode_hit = offered.items_seen_before;
+            self.raw_hash = e.hash_raw_bytes;
+        }
+        if c.prefix.is_some() {
+            self.prefix_hit = offered.prompt_tokens_seen_before;
+        }
+        self
+    }
+
+    /// Seconds between back-to-back passes of `b` typical requests on one
+    /// encode worker: with the encoder cache, the GPU work (and, hashing raw
+    /// bytes, the preprocessing) of the `⌈b·(1 − hit)⌉` requests' items that
+    /// miss; the framework's terms of all `b`.
+    fn encode_cycle(&self, cost: &dyn StageCost, b: u32, threads: Option<u32>) -> f64 {
+        let full = cost.encode(&batch_of(&self.items, b), 1.0);
+        if self.encode_hit <= 0.0 {
+            return full.cycle(threads);
+        }
+        let misses = (f64::from(b) * (1.0 - self.encode_hit)).ceil() as u32;
+        let miss = cost.encode(&batch_of(&self.items, misses), 1.0);
+        easerve_calib::EncodeTime {
+            t_pass: full.t_pass,
+            t_pre: if self.raw_hash {
+                miss.t_pre
+            } else {
+                full.t_pre
+            },
+            t_gpu: miss.t_gpu,
+        }
+        .cycle(threads)
     }
 
     /// The typical request of `reqs`, whose items have `tokens`.
@@ -90,6 +151,9 @@ fn typical(reqs: &[Request], tokens: &ItemTokenTable) -> Typical {
             .unwrap_or_default(),
         prefill_tokens: reqs.iter().map(|r| r.prefill_tokens() as f64).sum::<f64>() / n,
         output_tokens: reqs.iter().map(|r| r.output_tokens as f64).sum::<f64>() / n,
+        encode_hit: 0.0,
+        raw_hash: false,
+        prefix_hit: 0.0,
     }
 }
 
@@ -111,10 +175,18 @@ fn prefill_capacity(
     par: Parallel,
     share: f64,
 ) -> f64 {
-    let per = t.prefill_tokens.max(1.0);
+    // with the prefix cache, a batch computes each prompt's uncached part
+    // attending over the whole prompt ([`StageCost::prefill_cached`])
+    let whole = t.prefill_tokens.max(1.0);
+    let per = (whole * (1.0 - t.prefix_hit)).max(1.0);
     let n = ((sc.knobs.prefill_token_budget as f64 / per).floor() as usize)
         .clamp(1, sc.knobs.prefill_max_seqs);
-    let dur = cost.prefill(&vec![per.round() as u64; n], par, share);
+    let dur = if t.prefix_hit > 0.0 {
+        let cached = (whole - per).round() as u64;
+        cost.prefill_cached(&vec![per.round() as u64; n], &vec![cached; n], par, share)
+    } else {
+        cost.prefill(&vec![per.round() as u64; n], par, share)
+    };
     if dur > 0.0 {
         n as f64 / dur
     } else {
@@ -141,6 +213,14 @@ pub fn worker_layouts(moe_experts: Option<u32>) -> Vec<(u32, u32)> {
     out
 }
 
+/// The block size reuse is counted in: the prefix cache's, or vLLM's 16.
+pub fn block_size(sc: &Scenario) -> u32 {
+    sc.knobs
+        .caches
+        .prefix
+        .map_or(easerve_sched::cache::DEFAULT_BLOCK_SIZE, |p| p.block_size)
+}
+
 /// Per-stage capacities of the scenario's model, GPU and workload.
 pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacities {
     let threads = sc.knobs.preprocess_threads;
@@ -149,7 +229,7 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
     if !t.items.is_empty() {
         let mut b = 1u32;
         loop {
-            let thr = f64::from(b) / cost.encode(&batch_of(&t.items, b), 1.0).cycle(threads);
+            let thr = f64::from(b) / t.encode_cycle(cost, b, threads);
             if thr < encode * 1.05 || b > 1024 {
                 if thr > encode {
                     (encode, encode_batch) = (thr, b);
@@ -164,7 +244,7 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
         Vec::new()
     } else {
         (1..=MAX_B)
-            .map(|b| cost.encode(&batch_of(&t.items, b), 1.0).cycle(threads))
+            .map(|b| t.encode_cycle(cost, b, threads))
             .collect()
     };
     let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());

@@ -338,9 +338,13 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
             output_tokens,
             encoder_tokens,
             mm_tokens,
+            content: None,
         });
     }
-    (out, tokens)
+    match &w.reuse {
+        Some(reuse) => crate::reuse::apply(sc, reuse, out, &tokens),
+        None => (out, tokens),
+    }
 }
 
 /// The items of a typical request of the run (the one with the median encoder

@@ -9,6 +9,8 @@
 //!   `vllm bench serve`'s random multimodal workload draws them.
 //! * [`report`] — the [`Report`]: throughput, goodput per SLO tier, TTFT, TPOT,
 //!   E2E, per-stage queueing and service, per-GPU busy fraction, bottleneck.
+//! * [`reuse`] — workloads that repeat (a media pool, conversations,
+//!   system prompts) and the reuse they offer.
 //! * [`schedule`] — time-varying rates (phases, ramps, diurnal, bursts,
 //!   ServeGen replay) and non-homogeneous arrivals by time rescaling.
 //! * [`windows`] — a run cut into windows of time (goodput, TTFT, queues).
@@ -22,6 +24,7 @@
 pub mod agreement;
 pub mod generate;
 pub mod report;
+pub mod reuse;
 pub mod rng;
 pub mod scenario;
 pub mod schedule;

@@ -324,6 +324,10 @@ pub struct Report {
     /// GPU-hours, goodput per GPU-hour, each change, every decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub planner: Option<PlannerReport>,
+    /// Reuse: what the workload offers and what each cache found (a
+    /// workload that repeats itself, or a cache turned on); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse: Option<ReuseReport>,
 }
 
 /// What a planner did in a run ([`Report::planner`]).
@@ -375,6 +379,44 @@ pub struct ChangeRecord {
     /// When the started worker was ready (its model loaded), seconds; the
     /// change took `ready_at − at` (or `stopped_at − at` for a removal).
     pub ready_at: Option<f64>,
+}
+
+/// What a run reused: the reuse its workload offers and each cache's hits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReuseReport {
+    /// What an unbounded cache that saw every earlier request would find.
+    pub offered: crate::reuse::OfferedReuse,
+    /// The encoder cache (items), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder_cache: Option<CacheReport>,
+    /// The prefix cache (prompt tokens), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<CacheReport>,
+}
+
+/// One cache's lookups and hits over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheReport {
+    /// Lookups: items (encoder cache) or prompt tokens (prefix cache), as
+    /// vLLM's `prefix_cache_queries` counts tokens.
+    pub queries: u64,
+    /// Of which found.
+    pub hits: u64,
+    /// `hits / queries`.
+    pub hit_rate: f64,
+    /// Entries evicted (items, or KV blocks).
+    pub evictions: u64,
+}
+
+impl From<easerve_sched::CacheCounters> for CacheReport {
+    fn from(c: easerve_sched::CacheCounters) -> CacheReport {
+        CacheReport {
+            queries: c.queries,
+            hits: c.hits,
+            hit_rate: c.hit_rate(),
+            evictions: c.evictions,
+        }
+    }
 }
 
 /// How many requests failed for one reason.
@@ -430,6 +472,32 @@ pub const NOT_NAMED: &str =
 /// One `key value` line of the text report, the key padded to 42 columns.
 fn line(s: &mut String, k: &str, v: String) {
     let _ = writeln!(s, "{k:<42}{v}");
+}
+
+/// The reuse lines: what the workload offers, each cache's hit rate.
+fn text_reuse(s: &mut String, r: &ReuseReport) {
+    let o = &r.offered;
+    line(
+        s,
+        "Offered reuse (items / prompt tokens):",
+        format!(
+            "{:.1} % / {:.1} %",
+            o.items_seen_before * 100.0,
+            o.prompt_tokens_seen_before * 100.0
+        ),
+    );
+    for (name, c) in [
+        ("Encoder cache hit rate (items):", &r.encoder_cache),
+        ("Prefix cache hit rate (tokens):", &r.prefix_cache),
+    ] {
+        if let Some(c) = c {
+            line(
+                s,
+                name,
+                format!("{:.1} % of {}", c.hit_rate * 100.0, c.queries),
+            );
+        }
+    }
 }
 
 /// A section heading of the text report, centred in dashes.
@@ -588,6 +656,7 @@ impl Report {
             refusals,
             windows: Vec::new(),
             planner: None,
+            reuse: None,
         }
     }
 
@@ -840,6 +909,9 @@ impl Report {
             "Remote prefill fraction:",
             format!("{:.3}", e.remote_fraction),
         );
+        if let Some(r) = &self.reuse {
+            text_reuse(s, r);
+        }
     }
 
     /// One line per GPU: its worker, stage, time with work and SM time. On

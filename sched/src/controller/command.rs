@@ -28,6 +28,33 @@ pub enum Decision {
         /// Encode worker.
         worker: usize,
     },
+    /// Request `id`'s items were looked up in encode worker `worker`'s
+    /// encoder cache when it was placed there: `hits` of its `items` are
+    /// held (their encode is skipped). Only with the encoder cache on.
+    EncoderCache {
+        /// Request.
+        id: RequestId,
+        /// Encode worker.
+        worker: usize,
+        /// Items of the request.
+        items: usize,
+        /// Of which held by the worker's cache.
+        hits: usize,
+    },
+    /// Request `id`'s prompt was looked up in prefill worker `worker`'s
+    /// prefix cache when it was queued there: its first `hit_tokens` of
+    /// `tokens` are cached KV blocks (their prefill is skipped). Only with
+    /// the prefix cache on.
+    PrefixCache {
+        /// Request.
+        id: RequestId,
+        /// Prefill worker.
+        worker: usize,
+        /// Prompt tokens.
+        tokens: u64,
+        /// Of which cached.
+        hit_tokens: u64,
+    },
     /// Encode worker `worker` starts a micro-batch of `ids` at SM share `sm_share`.
     Dispatch {
         /// Time of the decision.

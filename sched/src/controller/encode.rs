@@ -44,7 +44,7 @@ impl Controller {
         }
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
-            let p = self.remote_place.assign(req.prefill_tokens() as f64);
+            let p = self.place_prefill(id);
             self.counters.stage_arrivals[1] += 1;
             self.decide(|| Decision::Route {
                 id,
@@ -59,8 +59,7 @@ impl Controller {
             self.arrive_in_shards(now, id);
             return;
         }
-        let enc = req.encoder_tokens as f64;
-        let w = self.encode_place.assign(enc);
+        let (w, enc) = self.place_encode(id);
         self.counters.stage_arrivals[0] += 1;
         self.decide(|| Decision::PlaceEncode { id, worker: w });
         self.records[i].encode_worker = Some(w);
@@ -74,8 +73,88 @@ impl Controller {
             self.commands
                 .push_back(Command::Preprocess { worker: w, id });
         }
-        self.encode[w].batcher.on_arrival(now, id);
+        let encodes = enc > 0.0 || self.encoder_cache.is_none();
+        self.encode[w].batcher.on_arrival_with(now, id, encodes);
         self.try_dispatch(now, w);
+    }
+
+    /// Requests of `ids` with items to encode: all of them without the
+    /// encoder cache; with it, those not every item of which hit. What the
+    /// SM split sizes a pass by.
+    fn encoding(&self, ids: &[RequestId]) -> usize {
+        if self.encoder_cache.is_none() {
+            return ids.len();
+        }
+        ids.iter().filter(|&&id| self.encode_work(id) > 0.0).count()
+    }
+
+    /// Choose request `id`'s encode worker (least outstanding work), look
+    /// its items up in that worker's encoder cache when it is on, and count
+    /// the encode work it really brings there (encoder tokens of the items
+    /// that missed): the worker and that work.
+    fn place_encode(&mut self, id: RequestId) -> (usize, f64) {
+        let i = id as usize;
+        let all = self.requests[i].encoder_tokens as f64;
+        let routed = match (
+            &self.caches.routing,
+            &self.encoder_cache,
+            &self.requests[i].content,
+        ) {
+            (Some(r), Some(cache), Some(c)) => crate::cache::cache_aware_pick(
+                self.encode_place.outstanding(),
+                |w| self.encode_place.is_open(w),
+                |w| cache.missed_tokens(w, &c.items) as f64,
+                r.overlap_weight,
+            ),
+            _ => None,
+        };
+        let w = match routed {
+            Some(w) => {
+                self.encode_place.add(w, all);
+                w
+            }
+            None => self.encode_place.assign(all),
+        };
+        let Some(cache) = self.encoder_cache.as_mut() else {
+            return (w, all);
+        };
+        let req = &self.requests[i];
+        let (mask, items) = match &req.content {
+            Some(c) => (
+                cache.lookup(w, c.items.iter().map(|t| (t.id, t.llm_tokens as u64))),
+                c.items.len(),
+            ),
+            // no content ids: every item is unique, a miss
+            None => (cache.miss(req.items.len()), req.items.len()),
+        };
+        self.encoder_hits[i] = mask;
+        self.decide(|| Decision::EncoderCache {
+            id,
+            worker: w,
+            items,
+            hits: mask.count_ones() as usize,
+        });
+        let work = self.encode_work(id);
+        self.encode_place.complete(w, all - work);
+        (w, work)
+    }
+
+    /// Request `id`'s encode work, encoder tokens: those of its items that
+    /// missed the encoder cache (all of them with the cache off).
+    pub(super) fn encode_work(&self, id: RequestId) -> f64 {
+        let i = id as usize;
+        let req = &self.requests[i];
+        let mask = self.encoder_hits.get(i).copied().unwrap_or(0);
+        match (&req.content, mask) {
+            (Some(c), m) if m != 0 => c
+                .items
+                .iter()
+                .enumerate()
+                .filter(|&(k, _)| k >= 64 || m & (1 << k) == 0)
+                .map(|(_, t)| t.encoder_tokens as f64)
+                .sum(),
+            _ => req.encoder_tokens as f64,
+        }
     }
 
     /// Encode worker `w` may start a pass: at once, or with lockstep steps
@@ -99,7 +178,8 @@ impl Controller {
         match worker.batcher.poll_dispatch(now, free) {
             Some(ids) => {
                 worker.timer = None;
-                let sm_share = match self.split.encode_share(ids.len()) {
+                let encoding = self.encoding(&ids);
+                let sm_share = match self.split.encode_share(encoding.max(1)) {
                     Some(f) if colocated => f,
                     _ => 1.0,
                 };
@@ -124,6 +204,7 @@ impl Controller {
                 });
                 let worker = &mut self.encode[w];
                 worker.pass = ids;
+                worker.pass_encoding = encoding;
                 worker.items = items;
                 worker.busy = true;
                 worker.since = now;
@@ -150,7 +231,7 @@ impl Controller {
             .iter()
             .map(|&w| {
                 let e = &self.encode[w];
-                let batch = (e.busy && e.gpu_phase).then_some(e.pass.len());
+                let batch = (e.busy && e.gpu_phase).then_some(e.pass_encoding.max(1));
                 match self.split.prefill_share(batch) {
                     Some(f) => f,
                     None if batch.is_some() => TIME_SLICE_SHARE,
@@ -218,7 +299,7 @@ impl Controller {
         let mut groups = std::mem::take(&mut self.groups);
         for &id in &ids {
             let i = id as usize;
-            let enc = self.requests[i].encoder_tokens as f64;
+            let enc = self.encode_work(id);
             self.encode_place.complete(w, enc);
             if self.place[i] == Place::Done {
                 continue;
@@ -232,8 +313,7 @@ impl Controller {
             let dest = match route {
                 Route::Remote => {
                     self.counters.remote_routed += 1;
-                    self.remote_place
-                        .assign(self.requests[i].prefill_tokens() as f64)
+                    self.place_prefill(id)
                 }
                 Route::Local => {
                     self.records[i].prefill_local = true;

@@ -158,6 +158,9 @@ pub struct ControllerConfig {
     /// encode placement, intra-request parallelism, chunked prefill,
     /// lockstep steps on a shared GPU.
     pub mechanisms: Mechanisms,
+    /// The caches (all off by default): the encoder cache of each encode
+    /// worker. Not with [`Mechanisms::split_items`] or aggregated replicas.
+    pub caches: crate::CacheConfig,
 }
 
 /// Where a request is.
@@ -181,6 +184,8 @@ struct EncodeSlot {
     since: f64,
     /// Seconds busy with passes that ended.
     busy_s: f64,
+    /// Requests of the pass with items to encode ([`Controller::encoding`]).
+    pass_encoding: usize,
     /// With intra-request parallelism: the item each entry of `pass` encodes.
     items: Vec<u32>,
     /// With intra-request parallelism: the shards queued at the batcher, in
@@ -299,6 +304,20 @@ pub struct Controller {
     draining: Vec<(WorkerRef, Option<WorkerRef>)>,
     /// Workers loading their model ([`Command::LoadWorker`]).
     loading: Vec<WorkerRef>,
+    /// The encoder cache's directory, when on.
+    encoder_cache: Option<crate::EncoderCache>,
+    /// With the encoder cache on, per request: bit `k` set when its item
+    /// `k` hit the cache of the worker it was placed on. Empty otherwise.
+    encoder_hits: Vec<u64>,
+    /// The prefix cache's directory, when on.
+    prefix_cache: Option<crate::PrefixCache>,
+    /// With the prefix cache on, per request: its hit tokens at the prefill
+    /// worker it was queued on and the chain links pinned there. Empty
+    /// otherwise.
+    prefix_hits: Vec<[u32; 2]>,
+    /// Chain-key scratch, reused by every lookup.
+    keys: Vec<crate::ChainKey>,
+    caches: crate::CacheConfig,
 }
 
 /// One envelope a pass sends: its prefill worker, the requests and (with
@@ -318,6 +337,7 @@ impl Controller {
                 pass: Vec::new(),
                 since: 0.0,
                 busy_s: 0.0,
+                pass_encoding: 0,
                 items: Vec::new(),
                 queued: VecDeque::new(),
                 busy: false,
@@ -383,6 +403,21 @@ impl Controller {
         } else {
             Vec::new()
         };
+        let (requests_len, encode_len) = (requests.len(), encode.len());
+        let prefix_cache = cfg.caches.prefix.map(|c| {
+            let pools = prefill.iter().map(|w| {
+                if w.local {
+                    c.local_blocks
+                } else {
+                    c.remote_blocks
+                }
+            });
+            crate::PrefixCache::new(pools, c.block_size)
+        });
+        debug_assert!(
+            cfg.caches.is_off() || !(mech.split_items || !replicas.is_empty()),
+            "caches run on whole requests at EPD workers"
+        );
         let mut ctrl = Controller {
             place: vec![Place::NotArrived; requests.len()],
             replica_place: LeastOutstanding::new(replicas.len()),
@@ -418,6 +453,21 @@ impl Controller {
             groups: Vec::new(),
             preprocess_ahead: cfg.preprocess_ahead,
             mechanisms: mech,
+            encoder_hits: match cfg.caches.encoder {
+                Some(_) => vec![0; requests_len],
+                None => Vec::new(),
+            },
+            encoder_cache: cfg
+                .caches
+                .encoder
+                .map(|c| crate::EncoderCache::new(encode_len, c)),
+            prefix_hits: match cfg.caches.prefix {
+                Some(_) => vec![[0; 2]; requests_len],
+                None => Vec::new(),
+            },
+            prefix_cache,
+            keys: Vec::new(),
+            caches: cfg.caches,
             draining: Vec::new(),
             loading: Vec::new(),
         };
@@ -452,6 +502,12 @@ impl Controller {
         self.place.push(Place::NotArrived);
         if self.mechanisms.split_items {
             self.shards.push(shards::ShardState::default());
+        }
+        if self.encoder_cache.is_some() {
+            self.encoder_hits.push(0);
+        }
+        if self.prefix_cache.is_some() {
+            self.prefix_hits.push([0; 2]);
         }
         self.requests.push(req);
         id
@@ -633,6 +689,41 @@ impl Controller {
     /// Counters for the report.
     pub fn counters(&self) -> ControllerCounters {
         self.counters
+    }
+
+    /// With the encoder cache on: bit `k` set when request `id`'s item `k`
+    /// hit the cache of its encode worker, so its encode is skipped (and,
+    /// with [`crate::EncoderCacheConfig::hash_raw_bytes`], its
+    /// preprocessing); 0 with the cache off.
+    pub fn encoder_hits(&self, id: RequestId) -> u64 {
+        self.encoder_hits.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// The caches in force.
+    pub fn caches(&self) -> &crate::CacheConfig {
+        &self.caches
+    }
+
+    /// Each cache's lookups and hits so far: (encoder cache, prefix
+    /// cache), `None` for a cache that is off.
+    pub fn cache_counters(&self) -> (Option<crate::CacheCounters>, Option<crate::CacheCounters>) {
+        (
+            self.encoder_cache.as_ref().map(|c| c.counters()),
+            self.prefix_cache.as_ref().map(|c| c.counters()),
+        )
+    }
+
+    /// The prefix cache's block size, tokens, when it is on.
+    pub fn prefix_block_size(&self) -> Option<u32> {
+        self.prefix_cache.as_ref().map(|c| c.block_size())
+    }
+
+    /// With the prefix cache on: the leading prompt tokens of request `id`
+    /// found cached at its prefill worker, whose prefill is skipped (its
+    /// batch computes the rest, attending over the whole prompt); 0 with
+    /// the cache off.
+    pub fn prefix_hit_tokens(&self, id: RequestId) -> u64 {
+        self.prefix_hits.get(id as usize).map_or(0, |h| h[0] as u64)
     }
 
     /// Resolved batcher parameters of encode worker 0 (for the report).

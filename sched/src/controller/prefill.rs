@@ -26,10 +26,93 @@ impl Controller {
             return;
         }
         self.records[i].prefill_ready = Some(now);
+        let tokens = self.requests[i].prefill_tokens();
+        let cached = self.acquire_prefix(p, id);
+        if cached > 0 && !self.prefill[p].local {
+            // its placement counted the whole prompt; the cached part is no work
+            self.remote_place.complete(p, cached as f64);
+        }
         self.prefill[p].queue.push(PrefillItem {
             id,
-            tokens: self.requests[i].prefill_tokens(),
+            tokens: tokens - cached,
         });
+    }
+
+    /// Choose request `id`'s remote prefill worker and count its whole
+    /// prompt there: least outstanding work, or with cache-aware routing
+    /// and the prefix cache on, the worker of least
+    /// `overlap_weight × uncached tokens + outstanding`
+    /// ([`crate::CacheRouting`]).
+    pub(super) fn place_prefill(&mut self, id: RequestId) -> usize {
+        let tokens = self.requests[id as usize].prefill_tokens();
+        let (Some(r), true) = (self.caches.routing, self.prefix_cache.is_some()) else {
+            return self.remote_place.assign(tokens as f64);
+        };
+        let keys = self.prompt_keys(id);
+        let cache = self.prefix_cache.as_ref().expect("on");
+        let pick = crate::cache::cache_aware_pick(
+            self.remote_place.outstanding(),
+            |p| self.remote_place.is_open(p),
+            |p| (tokens - cache.held(p, &keys, tokens).1) as f64,
+            r.overlap_weight,
+        );
+        self.keys = keys;
+        match pick {
+            Some(p) => {
+                self.remote_place.add(p, tokens as f64);
+                p
+            }
+            None => self.remote_place.assign(tokens as f64),
+        }
+    }
+
+    /// With the prefix cache on: the full blocks of request `id`'s prompt,
+    /// into the key scratch (empty for a request without content ids: its
+    /// prompt is unique). Returns the scratch.
+    fn prompt_keys(&mut self, id: RequestId) -> Vec<crate::ChainKey> {
+        let mut keys = std::mem::take(&mut self.keys);
+        keys.clear();
+        if let (Some(_), Some(content)) = (&self.prefix_cache, &self.requests[id as usize].content)
+        {
+            crate::cache::chain_keys(&content.segments, &mut keys);
+        }
+        keys
+    }
+
+    /// Look request `id`'s prompt up in prefill worker `p`'s prefix cache
+    /// (pinning its hits until its prefill ends): the cached tokens, 0 with
+    /// the cache off.
+    fn acquire_prefix(&mut self, p: usize, id: RequestId) -> u64 {
+        if self.prefix_cache.is_none() {
+            return 0;
+        }
+        let keys = self.prompt_keys(id);
+        let tokens = self.requests[id as usize].prefill_tokens();
+        let cache = self.prefix_cache.as_mut().expect("on");
+        let (links, hit_tokens) = cache.acquire(p, &keys, tokens);
+        self.keys = keys;
+        self.prefix_hits[id as usize] = [hit_tokens as u32, links as u32];
+        self.decide(|| Decision::PrefixCache {
+            id,
+            worker: p,
+            tokens,
+            hit_tokens,
+        });
+        hit_tokens
+    }
+
+    /// Request `id`'s prefill ended on worker `p`: its hits are released and
+    /// its prompt's blocks stay cached there.
+    fn release_prefix(&mut self, p: usize, id: RequestId) {
+        if self.prefix_cache.is_none() {
+            return;
+        }
+        let keys = self.prompt_keys(id);
+        let links = self.prefix_hits[id as usize][1] as usize;
+        if let Some(c) = self.prefix_cache.as_mut() {
+            c.release(p, &keys, links);
+        }
+        self.keys = keys;
     }
 
     pub(super) fn on_embeddings(&mut self, now: f64, e: EnvelopeId, sent_at: f64) {
@@ -82,6 +165,10 @@ impl Controller {
                 .get_or_insert(now);
         }
         self.note_chunk(now, p, &items);
+        if let Some(c) = self.prefix_cache.as_mut() {
+            let bs = c.block_size() as u64;
+            c.make_room(p, items.iter().map(|it| it.tokens.div_ceil(bs)).sum());
+        }
         let sm_share = if self.prefill[p].local {
             self.local_prefill_share(p)
         } else {
@@ -121,13 +208,16 @@ impl Controller {
             if self.place[i] == Place::Done || self.is_chunk(p, it.id) {
                 continue;
             }
+            self.release_prefix(p, it.id);
             self.records[i].first_token = Some(now);
             let out = self.requests[i].output_tokens;
             if out <= 1 {
                 self.done(it.id, now);
                 continue;
             }
-            let d = self.decode_place.assign((it.tokens + out as u64) as f64);
+            // the KV cache holds the whole prompt, its cached part too
+            let kv = it.tokens + self.prefix_hit_tokens(it.id);
+            let d = self.decode_place.assign((kv + out as u64) as f64);
             self.counters.stage_arrivals[2] += 1;
             self.decide(|| Decision::PlaceDecode {
                 id: it.id,

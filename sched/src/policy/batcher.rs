@@ -217,8 +217,11 @@ enum Rule {
 pub struct Batcher {
     rule: Rule,
     max_batch: usize,
-    /// (id, arrival time at this worker)
-    queue: VecDeque<(RequestId, f64)>,
+    /// (id, arrival time at this worker, whether it has items to encode)
+    queue: VecDeque<(RequestId, f64, bool)>,
+    /// Queued requests with items to encode (all of them without an
+    /// encoder cache).
+    encoding: usize,
     rate: RateEstimator,
     wait_budget: Vec<f64>,
     params: BatcherParams,
@@ -293,6 +296,7 @@ impl Batcher {
             rule,
             max_batch,
             queue: VecDeque::new(),
+            encoding: 0,
             rate: RateEstimator::new(hint),
             wait_budget,
             params,
@@ -352,8 +356,21 @@ impl Batcher {
 
     /// A request arrives at this worker at `now`.
     pub fn on_arrival(&mut self, now: f64, id: RequestId) {
-        self.queue.push_back((id, now));
-        self.rate.observe(now);
+        self.on_arrival_with(now, id, true);
+    }
+
+    /// A request arrives at this worker at `now`; `encodes`: whether it
+    /// has items to encode (false when the encoder cache holds them all).
+    /// The Poisson-gap rule counts only requests that encode: they set the
+    /// rate it estimates and the `k` of `W(k) = T_enc(k)`, and a batch of
+    /// requests that encode nothing goes at once (waiting would amortize
+    /// nothing).
+    pub fn on_arrival_with(&mut self, now: f64, id: RequestId, encodes: bool) {
+        self.queue.push_back((id, now, encodes));
+        if encodes {
+            self.encoding += 1;
+            self.rate.observe(now);
+        }
     }
 
     /// Whether the batch held now should go, given the encoder is free.
@@ -379,8 +396,11 @@ impl Batcher {
                 let Some(rate) = self.rate.rate() else {
                     return true;
                 };
+                let Some(w) = self.encoding.checked_sub(1) else {
+                    return true;
+                };
                 let g = gap_threshold(q, rate);
-                if g > self.wait_budget[k - 1] {
+                if g > self.wait_budget[w.min(k - 1)] {
                     return true;
                 }
                 let last = self.rate.last_arrival().unwrap_or(oldest);
@@ -398,7 +418,12 @@ impl Batcher {
             return None;
         }
         let n = self.queue.len().min(self.max_batch);
-        Some(self.queue.drain(..n).map(|(id, _)| id).collect())
+        let mut ids = Vec::with_capacity(n);
+        for (id, _, encodes) in self.queue.drain(..n) {
+            self.encoding -= usize::from(encodes);
+            ids.push(id);
+        }
+        Some(ids)
     }
 
     /// When the held batch should be re-examined (absolute seconds), if the rule

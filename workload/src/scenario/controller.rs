@@ -51,6 +51,7 @@ impl Scenario {
             rate_estimate: self.knobs.rate_estimate,
             log_decisions,
             spares: self.planner_spares(),
+            caches: self.knobs.caches,
         }
     }
 

@@ -170,6 +170,15 @@ impl easerve_calib::StageCost for WithNote {
     fn prefill(&self, seq_lens: &[u64], par: easerve_model::Parallel, sm_share: f64) -> f64 {
         self.0.prefill(seq_lens, par, sm_share)
     }
+    fn prefill_cached(
+        &self,
+        new: &[u64],
+        cached: &[u64],
+        par: easerve_model::Parallel,
+        sm_share: f64,
+    ) -> f64 {
+        self.0.prefill_cached(new, cached, par, sm_share)
+    }
     fn decode_step(
         &self,
         batch: u64,

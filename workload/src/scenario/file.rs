@@ -212,6 +212,15 @@ pub struct DeploymentSection {
     /// Preprocessing threads per encode worker when pipelined (1 ..= 1,024;
     /// default `cluster.host_cores / cluster.gpus`, at least 1).
     pub preprocess_threads: Option<i64>,
+    /// The encoder cache of each encode worker (absent: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder_cache: Option<EncoderCacheSection>,
+    /// The prefix cache of each prefill worker (absent: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCacheSection>,
+    /// Cache-aware placement (absent: least outstanding work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_routing: Option<CacheRoutingSection>,
 }
 
 /// `[deployment.launch]`: the engine's launch mode per stage
@@ -279,6 +288,91 @@ pub struct WorkloadSection {
     /// 24th of the schedule; without, no windows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_s: Option<f64>,
+    /// Items drawn from a pool of repeated media (`[workload.pool]`);
+    /// absent: every item is unique.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<PoolSection>,
+    /// Multi-turn conversations (`[workload.conversation]`); absent: every
+    /// request is a conversation of one turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<ConversationSection>,
+    /// Shared system prompts (`[workload.system_prompt]`); absent: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_prompt: Option<SystemPromptSection>,
+}
+
+/// `[deployment.encoder_cache]`: each encode worker keeps encoder outputs
+/// keyed by item content, least recently used evicted first.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncoderCacheSection {
+    /// Embeddings each encode worker keeps, GiB (at least one item's, at
+    /// most the GPU's memory).
+    pub capacity_gib: f64,
+    /// The front end hashes raw bytes, so a hit skips preprocessing too
+    /// (default false: vLLM hashes the processed item).
+    pub hash_raw_bytes: Option<bool>,
+}
+
+/// `[deployment.prefix_cache]`: each prefill worker keeps the KV blocks of
+/// earlier prompts in its KV pool, keyed by the hash chain of their
+/// content (tokens and item hashes), least recently used evicted first.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrefixCacheSection {
+    /// Tokens per KV block: a power of two, 1 ..= 1,024 (default 16, as vLLM).
+    pub block_size: Option<i64>,
+}
+
+/// `[deployment.cache_routing]`: place requests on encode and prefill
+/// workers by what their caches hold, bounded by load (as Dynamo's KV
+/// router: `overlap_weight × new work + outstanding work`, lower is better).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheRoutingSection {
+    /// Weight of the work a worker's cache does not hold against the work
+    /// already placed there (0 ..= 100; default 1, Dynamo's
+    /// `--kv-overlap-score-weight` default).
+    pub overlap_weight: Option<f64>,
+}
+
+/// `[workload.pool]`: the media items of the run are drawn from a pool of
+/// `size` distinct items, each with a stable content id (from the seed and
+/// its index) and a shape drawn once from the bucket table.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSection {
+    /// Distinct items in the pool (1 ..= 10^7).
+    pub size: i64,
+    /// `zipf` (default) or `uniform`: how often each item is drawn.
+    pub popularity: Option<String>,
+    /// Zipf exponent α ≥ 0 (default 1; 0 is uniform): item `k` (from 1) is
+    /// drawn with probability ∝ `k^−α`.
+    pub alpha: Option<f64>,
+}
+
+/// `[workload.conversation]`: requests come in conversations of `turns`
+/// turns; each turn resends the earlier turns (their text, answers and
+/// media), so its prompt grows.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConversationSection {
+    /// Turns per conversation (1 ..= 1,000).
+    pub turns: i64,
+    /// Mean think time between one turn's arrival and the next, seconds
+    /// (exponential; 0 ..= 10^6; default 0).
+    pub think_time_s: Option<f64>,
+}
+
+/// `[workload.system_prompt]`: every request starts with one of `count`
+/// distinct system prompts of `tokens` tokens (a conversation keeps its own).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemPromptSection {
+    /// Tokens of each system prompt (1 ..= 10^6).
+    pub tokens: i64,
+    /// Distinct system prompts (1 ..= 10^6; default 1).
+    pub count: Option<i64>,
 }
 
 /// `[[workload.phases]]`: one phase of a rate schedule. `kind` says which

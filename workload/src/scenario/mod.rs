@@ -34,14 +34,15 @@ mod file;
 mod validate;
 
 pub use file::{
-    AudioSection, ClusterSection, DeploymentSection, ImageBucket, ItemsSection, LaunchSection,
-    LimitsSection, LinkChoice, ModelSection, Overrides, PhaseSection, PlannerSection, ScenarioFile,
-    SloSection, System, VideoBucket, WorkloadSection,
+    AudioSection, CacheRoutingSection, ClusterSection, ConversationSection, DeploymentSection,
+    EncoderCacheSection, ImageBucket, ItemsSection, LaunchSection, LimitsSection, LinkChoice,
+    ModelSection, Overrides, PhaseSection, PlannerSection, PoolSection, PrefixCacheSection,
+    ScenarioFile, SloSection, System, SystemPromptSection, VideoBucket, WorkloadSection,
 };
 pub use validate::{
     check_model, num, ModelError, HARDWARE_MIN, HOST_CORES_PER_GPU, KV_DTYPES, LLM_DTYPES,
-    MAX_BATCH, MAX_HORIZON_S, MAX_RATE, MAX_TIER_NAME, MAX_WAIT_S, NODE_GPUS, NO_FP8_GPUS,
-    PHASE_KINDS, SIM_BYTES_PER_REQUEST, SIM_STEPS_PER_SECOND,
+    MAX_BATCH, MAX_HORIZON_S, MAX_POOL, MAX_RATE, MAX_TIER_NAME, MAX_WAIT_S, NODE_GPUS,
+    NO_FP8_GPUS, PHASE_KINDS, SIM_BYTES_PER_REQUEST, SIM_STEPS_PER_SECOND,
 };
 
 use crate::report::SloTier;
@@ -141,6 +142,31 @@ pub struct Workload {
     /// 24th of the schedule's cycle — hourly on a day); `None`: no windows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_s: Option<f64>,
+    /// How the workload repeats itself (`[workload.pool]`,
+    /// `[workload.conversation]`, `[workload.system_prompt]`); `None`:
+    /// every item and prompt is unique.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reuse: Option<Reuse>,
+}
+
+/// How a workload repeats itself, validated ([`crate::reuse`] generates it).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reuse {
+    /// The media pool: distinct items and their popularity.
+    pub pool: Option<(u64, Popularity)>,
+    /// Turns per conversation (1: none) and the mean think time, seconds.
+    pub conversation: Option<(u32, f64)>,
+    /// Shared system prompts: tokens of each and how many distinct.
+    pub system_prompt: Option<(u32, u32)>,
+}
+
+/// How often each pool item is drawn.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Popularity {
+    /// Every item equally often.
+    Uniform,
+    /// Item `k` (from 1) with probability ∝ `k^−α`.
+    Zipf(f64),
 }
 
 /// Arrival process.
@@ -221,6 +247,9 @@ pub struct ServingKnobs {
     /// (`deployment.rate_estimator`; default `window`).
     #[serde(default, skip_serializing_if = "is_window")]
     pub rate_estimate: easerve_sched::RateEstimate,
+    /// The caches (`[deployment.encoder_cache]`); all off by default.
+    #[serde(default, skip_serializing_if = "easerve_sched::CacheConfig::is_off")]
+    pub caches: easerve_sched::CacheConfig,
 }
 
 fn is_window(r: &easerve_sched::RateEstimate) -> bool {

@@ -189,6 +189,7 @@ pub(super) fn deployment_section(
             aggregated_tp: None,
             preprocess_threads: None,
             rate_estimate,
+            caches: easerve_sched::CacheConfig::default(),
         },
     ))
 }

@@ -9,6 +9,7 @@
 //! here, with the warnings for a run that is valid but large
 //! ([`Scenario::size_warnings`]).
 
+mod cache;
 mod cluster;
 mod deployment;
 mod feasibility;
@@ -16,6 +17,7 @@ mod limits;
 mod model;
 mod planner;
 mod profile;
+mod reuse;
 mod schedule;
 mod slo;
 mod workload;
@@ -23,6 +25,7 @@ mod workload;
 pub use cluster::{HARDWARE_MIN, NO_FP8_GPUS};
 pub use deployment::{HOST_CORES_PER_GPU, MAX_BATCH, MAX_WAIT_S};
 pub use model::{check_model, ModelError, KV_DTYPES, LLM_DTYPES, NODE_GPUS};
+pub use reuse::MAX_POOL;
 pub use schedule::PHASE_KINDS;
 pub use slo::MAX_TIER_NAME;
 pub use workload::{MAX_HORIZON_S, MAX_RATE};
@@ -74,6 +77,16 @@ impl Scenario {
         // --- cost source ---
         let profile = profile_section(&raw, &v, file, &model, &gpu)?;
 
+        let against = cache::Against {
+            system,
+            model: &model,
+            gpu: &gpu,
+            workload: &workload,
+            deployment: &deployment,
+            knobs: &knobs,
+            local_prefill_tp,
+        };
+        let caches = cache::cache_section(&raw, &v, &against)?;
         let slo = slo_section(&raw, &v)?;
         let limits = limits_section(&raw, &v)?;
         let launch = launch_section(&raw, &v)?;
@@ -92,6 +105,7 @@ impl Scenario {
                 local_prefill_tp,
                 aggregated_tp,
                 preprocess_threads,
+                caches,
                 ..knobs
             },
             workload,

@@ -82,6 +82,7 @@ pub(super) fn workload_section(
         Shapes::Text => Ok(()),
     };
     token_check.map_err(|e| v.err(&format!("workload.{}", w.modality), e.to_string()))?;
+    let reuse = super::reuse::reuse_of(w, v, &shapes, &arrival)?;
     Ok(Workload {
         requests,
         rate,
@@ -93,6 +94,7 @@ pub(super) fn workload_section(
         shapes,
         schedule,
         window_s,
+        reuse,
     })
 }
 

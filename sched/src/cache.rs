@@ -1,0 +1,760 @@
+//! Content-keyed reuse: what a request's prompt is made of ([`Content`]),
+//! the hash chain that keys its KV blocks ([`block_keys`]), and the
+//! encoder cache's directory ([`EncoderCache`]): which item embeddings an
+//! encode worker holds, with least-recently-used eviction ([`Lru`]).
+//!
+//! The keys are 64-bit content ids, not cryptographic hashes: the workload
+//! derives them from the seed and a pool index (or reads them from a trace),
+//! so two items share a key exactly when they are the same content.
+
+use std::collections::HashMap;
+
+/// KV block size of the prefix cache, tokens: vLLM's default `--block-size`
+/// (16) on CUDA.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+/// One piece of a prompt in order: a content id and its LLM tokens (a
+/// shared system prompt, one turn's text, one item's embeddings, one turn's
+/// answer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Segment {
+    /// Content id: equal ids mean equal tokens.
+    pub id: u64,
+    /// LLM tokens of the segment.
+    pub tokens: u32,
+}
+
+/// One media item of a request as the caches see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContentItem {
+    /// Content id: equal ids mean equal content (vLLM's `mm_hash`).
+    pub id: u64,
+    /// Tokens the encoder's transformer processes for it.
+    pub encoder_tokens: u32,
+    /// Embeddings it contributes to the LLM prompt (what the cache holds).
+    pub llm_tokens: u32,
+}
+
+/// What a request's prompt is made of, for the caches: the content id of
+/// each item and the prompt's segments in order. Absent (`None` in
+/// [`crate::Request::content`]) for a workload with no reuse: every item and
+/// prompt is then unique.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Content {
+    /// Each of the request's items, in `items` order: its content id and
+    /// its tokens.
+    pub items: Vec<ContentItem>,
+    /// The prompt in order; the tokens sum to the request's prefill tokens.
+    pub segments: Vec<Segment>,
+}
+
+/// SplitMix64's finaliser (Steele, Lea and Flood, OOPSLA 2014): a bijection
+/// on 64 bits that spreads every input bit over the output.
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Combine a running hash with one more word (order matters).
+pub fn mix(h: u64, x: u64) -> u64 {
+    splitmix64(h.rotate_left(17) ^ splitmix64(x))
+}
+
+/// One link of a prompt's hash chain: the key of its first segments and
+/// the tokens they hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainKey {
+    /// Hash of the key before and this segment's content id and tokens.
+    pub key: u64,
+    /// Prompt tokens up to the end of this segment.
+    pub end: u64,
+}
+
+/// The hash chain of a prompt, appended to `out`: link `j` hashes link
+/// `j − 1` with segment `j`'s content id and tokens, so two prompts share
+/// link `j` exactly when their first `j + 1` segments are the same
+/// content. The KV blocks of `block_size` tokens that end within the first
+/// `j + 1` segments (`⌊end_j / block_size⌋` of them) are then the same —
+/// vLLM's prefix-caching hash chain (parent block hash, token ids,
+/// multimodal hashes) taken a segment at a time rather than a block at a
+/// time, so a prompt costs a hash per segment, not per block; a last
+/// partial block is never shared (vLLM caches full blocks only).
+pub fn chain_keys(segments: &[Segment], out: &mut Vec<ChainKey>) {
+    let (mut key, mut end) = (0u64, 0u64);
+    for s in segments.iter().filter(|s| s.tokens > 0) {
+        key = mix(mix(key, s.id), s.tokens as u64);
+        end += s.tokens as u64;
+        out.push(ChainKey { key, end });
+    }
+}
+
+/// Full blocks of `block_size` tokens up to link `j` of `keys` (0 for `j`
+/// before the first).
+pub fn blocks_before(keys: &[ChainKey], j: usize, block_size: u32) -> u64 {
+    j.checked_sub(1)
+        .map_or(0, |i| keys[i].end / block_size.max(1) as u64)
+}
+
+/// A hasher for keys that are hashes already (content ids and chain keys
+/// come out of SplitMix64): the key itself.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ b as u64;
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = x;
+    }
+}
+
+/// A map keyed by a content hash.
+pub type HashKeyed<V> = HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Node {
+    key: u64,
+    size: u64,
+    prev: u32,
+    next: u32,
+}
+
+/// A least-recently-used set of keys, each with a size, under a capacity in
+/// the same unit: inserting past the capacity evicts from the least recently
+/// used end. `O(1)` per operation (a hash map into a doubly linked list
+/// kept in one vector).
+#[derive(Clone, Debug)]
+pub struct Lru {
+    map: HashKeyed<u32>,
+    nodes: Vec<Node>,
+    free: Vec<u32>,
+    /// Most recently used.
+    head: u32,
+    /// Least recently used.
+    tail: u32,
+    used: u64,
+    capacity: u64,
+    evictions: u64,
+}
+
+impl Lru {
+    /// An empty set holding at most `capacity` (units of the sizes).
+    pub fn new(capacity: u64) -> Lru {
+        Lru {
+            map: HashKeyed::default(),
+            nodes: Vec::new(),
+            free: Vec::new(),
+            head: NIL,
+            tail: NIL,
+            used: 0,
+            capacity,
+            evictions: 0,
+        }
+    }
+
+    /// Whether `key` is held (does not touch its recency).
+    pub fn contains(&self, key: u64) -> bool {
+        self.map.contains_key(&key)
+    }
+
+    /// Look `key` up: when held, make it the most recently used and return true.
+    pub fn touch(&mut self, key: u64) -> bool {
+        match self.map.get(&key) {
+            Some(&i) => {
+                self.unlink(i);
+                self.push_front(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Insert `key` of `size` as the most recently used (or touch it when
+    /// held), evicting least recently used keys until it fits. A key larger
+    /// than the whole capacity is not inserted (returns false).
+    pub fn insert(&mut self, key: u64, size: u64) -> bool {
+        if self.touch(key) {
+            return true;
+        }
+        if size > self.capacity {
+            return false;
+        }
+        while self.used + size > self.capacity && self.tail != NIL {
+            self.evict_lru();
+        }
+        let node = Node {
+            key,
+            size,
+            prev: NIL,
+            next: NIL,
+        };
+        let i = match self.free.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        self.map.insert(key, i);
+        self.push_front(i);
+        self.used += size;
+        true
+    }
+
+    /// Remove `key` when held; whether it was.
+    pub fn remove(&mut self, key: u64) -> bool {
+        match self.map.remove(&key) {
+            Some(i) => {
+                self.unlink(i);
+                self.used -= self.nodes[i as usize].size;
+                self.free.push(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Evict least recently used keys until at most `limit` is held.
+    pub fn evict_to(&mut self, limit: u64) {
+        while self.used > limit && self.evict_lru().is_some() {}
+    }
+
+    /// Change the capacity (evicting down to it).
+    pub fn set_capacity(&mut self, capacity: u64) {
+        self.capacity = capacity;
+        self.evict_to(capacity);
+    }
+
+    /// Remove the least recently used key; its key, or `None` when empty.
+    pub fn evict_lru(&mut self) -> Option<u64> {
+        let i = self.tail;
+        if i == NIL {
+            return None;
+        }
+        self.unlink(i);
+        let n = &self.nodes[i as usize];
+        let key = n.key;
+        self.used -= n.size;
+        self.map.remove(&key);
+        self.free.push(i);
+        self.evictions += 1;
+        Some(key)
+    }
+
+    /// Units held.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Keys held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Keys evicted so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let (prev, next) = {
+            let n = &self.nodes[i as usize];
+            (n.prev, n.next)
+        };
+        match prev {
+            NIL => self.head = next,
+            p => self.nodes[p as usize].next = next,
+        }
+        match next {
+            NIL => self.tail = prev,
+            n => self.nodes[n as usize].prev = prev,
+        }
+    }
+
+    fn push_front(&mut self, i: u32) {
+        let old = self.head;
+        {
+            let n = &mut self.nodes[i as usize];
+            n.prev = NIL;
+            n.next = old;
+        }
+        match old {
+            NIL => self.tail = i,
+            o => self.nodes[o as usize].prev = i,
+        }
+        self.head = i;
+    }
+}
+
+/// Hits and lookups of one cache, for the report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheCounters {
+    /// Lookups (items for the encoder cache, prompt tokens for the prefix cache).
+    pub queries: u64,
+    /// Of which found in the cache.
+    pub hits: u64,
+    /// Entries evicted.
+    pub evictions: u64,
+}
+
+impl CacheCounters {
+    /// `hits / queries`, 0 without a query.
+    pub fn hit_rate(&self) -> f64 {
+        if self.queries == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.queries as f64
+        }
+    }
+}
+
+/// The caches a deployment runs (all off by default, which changes nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CacheConfig {
+    /// The encoder cache of each encode worker (`[deployment.encoder_cache]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<EncoderCacheConfig>,
+    /// The prefix cache of each prefill worker (`[deployment.prefix_cache]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<PrefixCacheConfig>,
+    /// Cache-aware placement on encode and prefill workers
+    /// (`[deployment.cache_routing]`); `None`: least outstanding work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing: Option<CacheRouting>,
+}
+
+/// Cache-aware placement, as Dynamo's KV router weighs a worker: the cost
+/// of sending a request to worker `w` is
+/// `overlap_weight × new(w) + outstanding(w)`, where `new(w)` is the work
+/// the request brings that `w`'s cache does not already hold (encoder
+/// tokens of the items it misses; prompt tokens past its cached prefix)
+/// and `outstanding(w)` the work already placed there (Dynamo's
+/// `kv_overlap_score_weight × potential_prefill_blocks +
+/// potential_active_blocks`, lower is better). At weight 1 it places on
+/// the worker with the least work after placement; larger weights favour
+/// hits over balance, 0 ignores the caches. Ties go to the lowest index.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CacheRouting {
+    /// Weight of the new work against the outstanding work (Dynamo's
+    /// `--kv-overlap-score-weight`, default 1).
+    pub overlap_weight: f64,
+}
+
+/// The worker of least `overlap_weight × new(w) + outstanding(w)` among
+/// those `open` allows ([`CacheRouting`]); `None` when none is open.
+pub fn cache_aware_pick(
+    outstanding: &[f64],
+    open: impl Fn(usize) -> bool,
+    new: impl Fn(usize) -> f64,
+    overlap_weight: f64,
+) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for (w, &load) in outstanding.iter().enumerate() {
+        if !open(w) {
+            continue;
+        }
+        let cost = overlap_weight * new(w) + load;
+        if best.is_none_or(|(_, c)| cost < c) {
+            best = Some((w, cost));
+        }
+    }
+    best.map(|b| b.0)
+}
+
+/// The prefix cache's knobs (scenario `[deployment.prefix_cache]`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PrefixCacheConfig {
+    /// Tokens per KV block (a power of two; vLLM's default 16).
+    pub block_size: u32,
+    /// KV blocks of a remote prefill worker's pool: the memory its GPUs
+    /// have left after the weights.
+    pub remote_blocks: u64,
+    /// KV blocks of a local prefill worker's pool (its encode GPUs hold
+    /// the encoder's weights too).
+    pub local_blocks: u64,
+}
+
+impl CacheConfig {
+    /// Whether every cache is off.
+    pub fn is_off(&self) -> bool {
+        *self == CacheConfig::default()
+    }
+}
+
+/// The encoder cache's knobs (scenario `[deployment.encoder_cache]`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EncoderCacheConfig {
+    /// Bytes of embeddings each encode worker keeps.
+    pub capacity_bytes: u64,
+    /// Bytes of one embedding token: the LLM's hidden size × the embedding
+    /// dtype's bytes (`ModelArch::embedding_bytes_per_token`).
+    pub bytes_per_token: f64,
+    /// The front end hashes each item's raw bytes, so a hit skips its
+    /// preprocessing too; off (vLLM's way: `mm_hash` is taken over the
+    /// processed item), a hit still costs its preprocessing.
+    pub hash_raw_bytes: bool,
+}
+
+/// The encoder cache's directory over every encode worker: for each, the
+/// items whose embeddings it holds (an [`Lru`] in bytes), as vLLM's
+/// `EncoderCacheManager` keeps them keyed by `mm_hash`. The controller
+/// consults it when it places a request on an encode worker: a held item is
+/// a hit (its encode is skipped); a missing one is entered at once, since
+/// the worker's passes run in order and the pass that encodes it ends
+/// before any later pass that reuses it starts.
+#[derive(Clone, Debug)]
+pub struct EncoderCache {
+    workers: Vec<Lru>,
+    bytes_per_token: f64,
+    counters: CacheCounters,
+}
+
+impl EncoderCache {
+    /// A cache of `cfg.capacity_bytes` on each of `workers` encode workers.
+    pub fn new(workers: usize, cfg: EncoderCacheConfig) -> EncoderCache {
+        EncoderCache {
+            workers: (0..workers).map(|_| Lru::new(cfg.capacity_bytes)).collect(),
+            bytes_per_token: cfg.bytes_per_token,
+            counters: CacheCounters::default(),
+        }
+    }
+
+    /// Bytes of an item of `llm_tokens` embeddings.
+    pub fn item_bytes(&self, llm_tokens: u64) -> u64 {
+        (llm_tokens as f64 * self.bytes_per_token).ceil() as u64
+    }
+
+    /// How many of `ids` worker `w` holds, without touching them (for
+    /// cache-aware placement).
+    pub fn held(&self, w: usize, ids: &[u64]) -> usize {
+        ids.iter().filter(|&&k| self.workers[w].contains(k)).count()
+    }
+
+    /// Encoder tokens of the `items` worker `w` does not hold: the encode
+    /// work a request would bring there.
+    pub fn missed_tokens(&self, w: usize, items: &[ContentItem]) -> u64 {
+        items
+            .iter()
+            .filter(|i| !self.workers[w].contains(i.id))
+            .map(|i| i.encoder_tokens as u64)
+            .sum()
+    }
+
+    /// Look each item up on worker `w` (ids with their LLM tokens) and
+    /// enter the misses: bit `k` of the result is set when item `k` hit
+    /// (items beyond the 64th are always misses).
+    pub fn lookup(&mut self, w: usize, items: impl Iterator<Item = (u64, u64)>) -> u64 {
+        let mut mask = 0u64;
+        for (k, (id, llm_tokens)) in items.enumerate() {
+            self.counters.queries += 1;
+            let bytes = self.item_bytes(llm_tokens);
+            let lru = &mut self.workers[w];
+            if k < 64 && lru.touch(id) {
+                mask |= 1 << k;
+                self.counters.hits += 1;
+            } else {
+                lru.insert(id, bytes);
+            }
+        }
+        self.counters.evictions = self.workers.iter().map(Lru::evictions).sum();
+        mask
+    }
+
+    /// Count `items` lookups of items without content ids (unique, so
+    /// misses that are never entered); the hit mask, 0.
+    pub fn miss(&mut self, items: usize) -> u64 {
+        self.counters.queries += items as u64;
+        0
+    }
+
+    /// Hits, queries and evictions so far.
+    pub fn counters(&self) -> CacheCounters {
+        self.counters
+    }
+}
+
+/// One prefill worker's KV pool as the prefix cache sees it.
+#[derive(Clone, Debug)]
+struct PrefixPool {
+    /// Cached links no request references, least recently used first out;
+    /// each sized by the blocks that end within its segment (at least 1).
+    free: Lru,
+    /// Cached links referenced by requests queued or running here: their
+    /// reference counts and sizes, never evicted.
+    pinned: HashKeyed<(u32, u64)>,
+    /// Blocks the pinned links hold.
+    pinned_blocks: u64,
+    /// Blocks of the pool.
+    blocks: u64,
+}
+
+impl PrefixPool {
+    fn holds(&self, key: u64) -> bool {
+        self.pinned.contains_key(&key) || self.free.contains(key)
+    }
+}
+
+/// The prefix cache's directory over every prefill worker: the KV blocks
+/// each holds, keyed by the hash chain of their content ([`chain_keys`]),
+/// as vLLM's prefix caching keeps them. Cached blocks live in the worker's
+/// KV pool: a request's hit blocks are referenced (pinned) from when it is
+/// queued until its prefill ends, the running batch's new blocks take room
+/// first, and the blocks no request references are evicted least recently
+/// used first when room is needed (a segment's blocks at a time). When a
+/// prefill ends, every full block of its prompt stays cached, unreferenced.
+#[derive(Clone, Debug)]
+pub struct PrefixCache {
+    pools: Vec<PrefixPool>,
+    block_size: u32,
+    counters: CacheCounters,
+}
+
+impl PrefixCache {
+    /// A cache over prefill workers whose pools hold `blocks[p]` blocks of
+    /// `block_size` tokens.
+    pub fn new(blocks: impl Iterator<Item = u64>, block_size: u32) -> PrefixCache {
+        PrefixCache {
+            pools: blocks
+                .map(|b| PrefixPool {
+                    free: Lru::new(b),
+                    pinned: HashKeyed::default(),
+                    pinned_blocks: 0,
+                    blocks: b,
+                })
+                .collect(),
+            block_size: block_size.max(1),
+            counters: CacheCounters::default(),
+        }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Size of link `j` of `keys` in the pool: the blocks that end within
+    /// its segment, at least 1 (a segment shorter than a block still takes
+    /// a directory entry).
+    fn size(&self, keys: &[ChainKey], j: usize) -> u64 {
+        (blocks_before(keys, j + 1, self.block_size) - blocks_before(keys, j, self.block_size))
+            .max(1)
+    }
+
+    /// Worker `p`'s cached links at the head of `keys` and the prompt
+    /// tokens they cover for a prompt of `tokens` tokens: whole blocks, at
+    /// most `(tokens − 1) / block_size` of them, since the last token is
+    /// always computed to emit the first output token (as in vLLM).
+    pub fn held(&self, p: usize, keys: &[ChainKey], tokens: u64) -> (usize, u64) {
+        let pool = &self.pools[p];
+        let links = keys.iter().take_while(|k| pool.holds(k.key)).count();
+        let bs = self.block_size as u64;
+        let most = tokens.saturating_sub(1) / bs;
+        (
+            links,
+            blocks_before(keys, links, self.block_size).min(most) * bs,
+        )
+    }
+
+    /// A request of `tokens` prompt tokens whose chain is `keys` is queued
+    /// at worker `p`: its held links are pinned until [`PrefixCache::release`].
+    /// Returns the links pinned and the prompt tokens they save.
+    pub fn acquire(&mut self, p: usize, keys: &[ChainKey], tokens: u64) -> (usize, u64) {
+        let (links, hit) = self.held(p, keys, tokens);
+        for j in 0..links {
+            let size = self.size(keys, j);
+            let pool = &mut self.pools[p];
+            let k = keys[j].key;
+            pool.free.remove(k);
+            let e = pool.pinned.entry(k).or_insert((0, size));
+            if e.0 == 0 {
+                pool.pinned_blocks += size;
+            }
+            e.0 += 1;
+        }
+        let pool = &mut self.pools[p];
+        pool.free
+            .set_capacity(pool.blocks.saturating_sub(pool.pinned_blocks));
+        self.counters.queries += tokens;
+        self.counters.hits += hit;
+        self.count_evictions();
+        (links, hit)
+    }
+
+    /// A batch of `blocks` new blocks starts on worker `p`: evict
+    /// unreferenced blocks until they fit beside the pinned ones.
+    pub fn make_room(&mut self, p: usize, blocks: u64) {
+        let pool = &mut self.pools[p];
+        let room = pool.blocks.saturating_sub(pool.pinned_blocks + blocks);
+        pool.free.evict_to(room);
+        self.count_evictions();
+    }
+
+    /// The prefill of the request with chain `keys`, `links` of which were
+    /// pinned, ended on worker `p`: they are unpinned and every link of
+    /// its prompt stays cached, most recently used.
+    pub fn release(&mut self, p: usize, keys: &[ChainKey], links: usize) {
+        for j in 0..links.min(keys.len()) {
+            let pool = &mut self.pools[p];
+            if let Some(e) = pool.pinned.get_mut(&keys[j].key) {
+                e.0 -= 1;
+                if e.0 == 0 {
+                    pool.pinned_blocks -= e.1;
+                    pool.pinned.remove(&keys[j].key);
+                }
+            }
+        }
+        let room = {
+            let pool = &self.pools[p];
+            pool.blocks.saturating_sub(pool.pinned_blocks)
+        };
+        self.pools[p].free.set_capacity(room);
+        for j in 0..keys.len() {
+            let size = self.size(keys, j);
+            let pool = &mut self.pools[p];
+            if !pool.pinned.contains_key(&keys[j].key) {
+                pool.free.insert(keys[j].key, size);
+            }
+        }
+        self.count_evictions();
+    }
+
+    fn count_evictions(&mut self) {
+        self.counters.evictions = self.pools.iter().map(|p| p.free.evictions()).sum();
+    }
+
+    /// Prompt tokens looked up and found so far (vLLM's
+    /// `prefix_cache_queries` and `prefix_cache_hits`), entries evicted.
+    pub fn counters(&self) -> CacheCounters {
+        self.counters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(id: u64, tokens: u32) -> Segment {
+        Segment { id, tokens }
+    }
+
+    #[test]
+    fn chain_keys_share_a_prefix_and_part_at_the_first_difference() {
+        let keys = |segs: &[Segment]| {
+            let mut out = Vec::new();
+            chain_keys(segs, &mut out);
+            out
+        };
+        let a = keys(&[seg(1, 40), seg(2, 24), seg(3, 8)]);
+        let b = keys(&[seg(1, 40), seg(2, 24), seg(4, 8)]);
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+        // blocks of 16 that end within the shared first two segments: 4
+        assert_eq!(blocks_before(&a, 2, 16), 4);
+        assert_eq!(blocks_before(&a, 1, 16), 2);
+        assert_eq!(blocks_before(&a, 0, 16), 0);
+        // the same content after a different prefix gets other keys
+        let c = keys(&[seg(9, 40), seg(2, 24)]);
+        assert!(a.iter().zip(&c).all(|(x, y)| x.key != y.key));
+        // a segment's length is part of its key; empty segments are skipped
+        assert_ne!(keys(&[seg(1, 41)])[0], a[0]);
+        assert_eq!(keys(&[seg(7, 0), seg(1, 40)])[0], a[0]);
+    }
+
+    #[test]
+    fn lru_evicts_the_least_recently_used_first() {
+        let mut l = Lru::new(10);
+        assert!(l.insert(1, 4) && l.insert(2, 4));
+        assert!(l.touch(1));
+        // 3 needs room: 2 is the least recently used
+        assert!(l.insert(3, 4));
+        assert!(l.contains(1) && !l.contains(2) && l.contains(3));
+        assert_eq!((l.used(), l.evictions()), (8, 1));
+        // larger than the whole capacity: not inserted, nothing evicted
+        assert!(!l.insert(4, 11));
+        assert_eq!(l.len(), 2);
+        assert_eq!(l.evict_lru(), Some(1));
+    }
+
+    #[test]
+    fn prefix_cache_pins_hits_and_evicts_unreferenced_blocks_lru() {
+        let chain = |ids: &[u64]| {
+            let segs: Vec<Segment> = ids.iter().map(|&i| seg(i, 16)).collect();
+            let mut out = Vec::new();
+            chain_keys(&segs, &mut out);
+            out
+        };
+        let mut c = PrefixCache::new([4].into_iter(), 16);
+        // a first prompt of 3 blocks: no hit; its blocks stay cached
+        let first = chain(&[1, 2, 3]);
+        assert_eq!(c.acquire(0, &first, 48), (0, 0));
+        c.make_room(0, 3);
+        c.release(0, &first, 0);
+        // the same prompt: all 3 links held, hits stop a block short
+        assert_eq!(c.acquire(0, &first, 48), (3, 32));
+        // a batch of 2 new blocks beside the 3 pinned: nothing to evict
+        c.make_room(0, 2);
+        c.release(0, &first, 3);
+        // a prompt sharing the first link; room for 3 new blocks evicts
+        // the unreferenced links, least recently used first (2, then 3)
+        let other = chain(&[1, 9, 9]);
+        assert_eq!(c.acquire(0, &other, 48), (1, 16));
+        c.make_room(0, 3);
+        assert_eq!(c.held(0, &first, 48), (1, 16));
+        c.release(0, &other, 1);
+        let n = c.counters();
+        assert_eq!((n.queries, n.hits, n.evictions), (144, 48, 2));
+    }
+
+    #[test]
+    fn cache_aware_pick_weighs_new_work_against_load() {
+        // worker 0 holds the request's prefix (new work 100), worker 1 is
+        // idle but would compute all 1000 tokens
+        let new = |w: usize| if w == 0 { 100.0 } else { 1000.0 };
+        let open = |_| true;
+        assert_eq!(cache_aware_pick(&[500.0, 0.0], open, new, 1.0), Some(0));
+        // enough load outweighs the hit
+        assert_eq!(cache_aware_pick(&[1000.0, 0.0], open, new, 1.0), Some(1));
+        // a larger weight favours the hit; 0 ignores the caches
+        assert_eq!(cache_aware_pick(&[1000.0, 0.0], open, new, 2.0), Some(0));
+        assert_eq!(cache_aware_pick(&[1.0, 0.0], open, new, 0.0), Some(1));
+        // a closed worker is skipped
+        assert_eq!(cache_aware_pick(&[0.0, 0.0], |w| w == 1, new, 1.0), Some(1));
+    }
+
+    #[test]
+    fn encoder_cache_hits_what_a_worker_holds_and_evicts_past_its_bytes() {
+        let cfg = EncoderCacheConfig {
+            capacity_bytes: 2_000,
+            bytes_per_token: 1.0,
+            hash_raw_bytes: false,
+        };
+        let mut c = EncoderCache::new(2, cfg);
+        assert_eq!(c.lookup(0, [(7, 1_000)].into_iter()), 0);
+        assert_eq!(c.lookup(0, [(7, 1_000), (8, 1_000)].into_iter()), 0b01);
+        // another worker holds nothing
+        assert_eq!(c.lookup(1, [(7, 1_000)].into_iter()), 0);
+        // a third item evicts 7 (used before 8)
+        c.lookup(0, [(9, 1_000)].into_iter());
+        assert_eq!(c.held(0, &[7, 8, 9]), 2);
+        let n = c.counters();
+        assert_eq!((n.queries, n.hits, n.evictions), (5, 1, 1));
+    }
+}

@@ -1,0 +1,360 @@
+//! Workloads that repeat themselves: a pool of media items drawn by
+//! popularity, multi-turn conversations whose turns resend the earlier
+//! ones, and shared system prompts ([`crate::scenario::Reuse`]); and the
+//! reuse a workload offers ([`offered_reuse`]).
+//!
+//! The generator draws a run as without reuse ([`crate::generate`]) and then
+//! rewrites it:
+//! * **pool**: each item becomes pool item `k`, drawn Zipf(α) (rand_distr's
+//!   `Zipf` over `1..=size`, rank 1 the most popular) or uniformly on the
+//!   `pool` stream; item `k`'s shape is drawn once from the bucket table on
+//!   the `pool-shapes` stream, and its content id is
+//!   `mix(subseed(seed, "pool-ids"), k)`: stable for a seed and an index.
+//! * **conversations** of `turns` turns: conversations start as the arrival
+//!   process draws them at `rate / turns` (so requests still arrive at
+//!   `rate` on average); turn `t + 1` arrives an exponential think time
+//!   (mean `think_time_s`, on the `think` stream) after turn `t` arrived —
+//!   open loop, since the generator does not know when turn `t` is answered.
+//!   Turn `t`'s prompt is the system prompt, then every earlier turn's
+//!   media, text and answer (the answer's length is that turn's output
+//!   tokens), then its own media and text (media first, as LLaVA's
+//!   `<image>\n{question}` template puts them): the prompt grows. Request `c·turns + t`
+//!   of the plain draw supplies turn `t` of conversation `c`'s own text,
+//!   answer length and media.
+//! * **system prompts**: a request (or a conversation) starts with one of
+//!   `count` prompts of `tokens` tokens, drawn uniformly on the `prompts`
+//!   stream; its tokens count as text prompt tokens.
+
+use crate::generate::{arrival_times, ItemTokenTable};
+use crate::rng::{stream, subseed};
+use crate::scenario::{Popularity, Reuse, Scenario, Shapes};
+use easerve_model::ItemTokens;
+use easerve_sched::cache::{blocks_before, chain_keys, mix, HashKeyed};
+use easerve_sched::{Content, ContentItem, MmItem, Request, Segment};
+use rand::distributions::WeightedIndex;
+use rand::Rng;
+use rand_distr::{Distribution, Exp, Zipf};
+use serde::{Deserialize, Serialize};
+
+/// One item of a turn: its shape, tokens and content id.
+type Item = (MmItem, ItemTokens, u64);
+
+/// The pool: each item's bucket (drawn once) and the popularity draw.
+struct Pool<'a> {
+    buckets: Vec<u32>,
+    shapes: &'a [(MmItem, f64)],
+    tokens: Vec<ItemTokens>,
+    salt: u64,
+    popularity: Popularity,
+}
+
+impl Pool<'_> {
+    fn draw<R: Rng>(&self, rng: &mut R) -> Item {
+        let size = self.buckets.len() as u64;
+        let k = match self.popularity {
+            Popularity::Uniform => rng.gen_range(0..size),
+            Popularity::Zipf(alpha) => {
+                let z = Zipf::new(size, alpha).expect("validated: size ≥ 1, α ≥ 0");
+                (z.sample(rng) as u64).clamp(1, size) - 1
+            }
+        };
+        let b = self.buckets[k as usize] as usize;
+        (self.shapes[b].0, self.tokens[b], mix(self.salt, k))
+    }
+}
+
+/// Rewrite the plain draw of `sc` (`requests` and their item `tokens`) as
+/// its [`Reuse`] says; the requests come back in arrival order, ids equal
+/// to their index, each with its [`Content`].
+///
+/// # Panics
+/// Never for a scenario that passed validation.
+pub fn apply(
+    sc: &Scenario,
+    reuse: &Reuse,
+    requests: Vec<Request>,
+    tokens: &ItemTokenTable,
+) -> (Vec<Request>, ItemTokenTable) {
+    let w = &sc.workload;
+    let pool = reuse.pool.map(|(size, popularity)| {
+        let Shapes::Items { buckets, .. } = &w.shapes else {
+            unreachable!("validated: a pool holds images or videos")
+        };
+        let pick = WeightedIndex::new(buckets.iter().map(|b| b.1)).expect("validated weights");
+        let mut rng = stream(sc.seed, "pool-shapes");
+        Pool {
+            buckets: (0..size).map(|_| pick.sample(&mut rng) as u32).collect(),
+            shapes: buckets,
+            tokens: buckets
+                .iter()
+                .map(|b| crate::generate::item_tokens(&sc.model, &b.0).expect("validated"))
+                .collect(),
+            salt: subseed(sc.seed, "pool-ids"),
+            popularity,
+        }
+    });
+    let (turns, think) = reuse.conversation.unwrap_or((1, 0.0));
+    let n = requests.len();
+    let conversations = n.div_ceil(turns as usize);
+    let starts = if turns > 1 {
+        arrival_times(&w.arrival, w.rate / turns as f64, conversations, sc.seed)
+    } else {
+        requests.iter().map(|r| r.arrival).collect()
+    };
+    let think = (think > 0.0).then(|| Exp::new(1.0 / think).expect("validated think time"));
+    let (mut pool_rng, mut think_rng, mut prompt_rng) = (
+        stream(sc.seed, "pool"),
+        stream(sc.seed, "think"),
+        stream(sc.seed, "prompts"),
+    );
+    let (text_salt, item_salt, prompt_salt) = (
+        subseed(sc.seed, "text-ids"),
+        subseed(sc.seed, "item-ids"),
+        subseed(sc.seed, "prompt-ids"),
+    );
+    // each request's item tokens go to one arena, as (start, len)
+    let mut out: Vec<(Request, (usize, usize))> = Vec::with_capacity(n);
+    let mut arena: Vec<ItemTokens> = Vec::new();
+    for (c, &start) in starts.iter().enumerate() {
+        let mut segments: Vec<Segment> = Vec::new();
+        let mut items: Vec<Item> = Vec::new();
+        let mut text = 0u32;
+        if let Some((p, count)) = reuse.system_prompt {
+            let id = mix(prompt_salt, prompt_rng.gen_range(0..count) as u64);
+            segments.push(Segment { id, tokens: p });
+            text = p;
+        }
+        let mut arrival = start;
+        for t in 0..turns as usize {
+            let i = c * turns as usize + t;
+            let Some(base) = requests.get(i) else { break };
+            if t > 0 {
+                arrival += think.map_or(0.0, |d| d.sample(&mut think_rng));
+            }
+            let own = base.prompt_tokens;
+            // a turn's media, then its text (LLaVA's `<image>\n{question}`)
+            for (k, (&shape, &tok)) in base.items.iter().zip(&tokens[i]).enumerate() {
+                let item = match &pool {
+                    Some(pool) => pool.draw(&mut pool_rng),
+                    None => (shape, tok, mix(mix(item_salt, i as u64), k as u64)),
+                };
+                segments.push(Segment {
+                    id: item.2,
+                    tokens: item.1.llm_tokens as u32,
+                });
+                items.push(item);
+            }
+            segments.push(Segment {
+                id: mix(text_salt, 2 * i as u64),
+                tokens: own,
+            });
+            text = text.saturating_add(own);
+            let range = (arena.len(), items.len());
+            arena.extend(items.iter().map(|i| i.1));
+            out.push((turn_request(arrival, &items, &segments, text, base), range));
+            segments.push(Segment {
+                id: mix(text_salt, 2 * i as u64 + 1),
+                tokens: base.output_tokens,
+            });
+            text = text.saturating_add(base.output_tokens);
+        }
+    }
+    // conversations interleave: arrival order, ties by generation order
+    out.sort_by(|a, b| a.0.arrival.total_cmp(&b.0.arrival));
+    drop(requests);
+    let mut table = ItemTokenTable::with_capacity(n, arena.len());
+    let requests = out
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut r, (start, len)))| {
+            r.id = i as u64;
+            table.push(&arena[start..start + len]);
+            r
+        })
+        .collect();
+    (requests, table)
+}
+
+/// One turn's request: every item so far, the prompt so far.
+fn turn_request(
+    arrival: f64,
+    items: &[Item],
+    segments: &[Segment],
+    text: u32,
+    base: &Request,
+) -> Request {
+    Request {
+        id: 0,
+        arrival,
+        items: items.iter().map(|i| i.0).collect(),
+        prompt_tokens: text,
+        output_tokens: base.output_tokens,
+        encoder_tokens: items.iter().map(|i| i.1.encoder_tokens).sum(),
+        mm_tokens: items.iter().map(|i| i.1.llm_tokens).sum(),
+        content: Some(Box::new(Content {
+            items: items
+                .iter()
+                .map(|i| ContentItem {
+                    id: i.2,
+                    encoder_tokens: i.1.encoder_tokens as u32,
+                    llm_tokens: i.1.llm_tokens as u32,
+                })
+                .collect(),
+            segments: segments.to_vec(),
+        })),
+    }
+}
+
+/// The reuse a workload offers, whatever the caches: what an unbounded
+/// cache that saw every earlier request would find.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OfferedReuse {
+    /// Media items in the run.
+    pub items: u64,
+    /// Fraction of them whose content an earlier item (of any request) had.
+    pub items_seen_before: f64,
+    /// Prompt tokens (text + multimodal) in the run.
+    pub prompt_tokens: u64,
+    /// Fraction of them in full KV blocks of an earlier prompt's prefix
+    /// ([`chain_keys`], blocks of `block_size` tokens).
+    pub prompt_tokens_seen_before: f64,
+    /// The block size the prompt tokens were counted in, tokens.
+    pub block_size: u32,
+}
+
+/// The reuse `requests` offer in arrival order (module doc), counting
+/// prompt tokens in blocks of `block_size`. Requests without [`Content`]
+/// count as unique.
+pub fn offered_reuse(requests: &[Request], block_size: u32) -> OfferedReuse {
+    let (mut items, mut links) = (HashKeyed::<()>::default(), HashKeyed::<()>::default());
+    let (mut n_items, mut seen_items, mut toks, mut seen_toks) = (0u64, 0u64, 0u64, 0u64);
+    let mut keys = Vec::new();
+    for r in requests {
+        n_items += r.items.len() as u64;
+        toks += r.prefill_tokens();
+        let Some(c) = &r.content else { continue };
+        seen_items += c
+            .items
+            .iter()
+            .filter(|i| items.insert(i.id, ()).is_some())
+            .count() as u64;
+        keys.clear();
+        chain_keys(&c.segments, &mut keys);
+        // a link is seen only while every link before it was (the chain)
+        let seen = keys
+            .iter()
+            .take_while(|k| links.contains_key(&k.key))
+            .count();
+        seen_toks += blocks_before(&keys, seen, block_size) * block_size as u64;
+        links.extend(keys.iter().map(|k| (k.key, ())));
+    }
+    let frac = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    OfferedReuse {
+        items: n_items,
+        items_seen_before: frac(seen_items, n_items),
+        prompt_tokens: toks,
+        prompt_tokens_seen_before: frac(seen_toks, toks),
+        block_size,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::generate_with_tokens;
+    use crate::scenario::Overrides;
+
+    fn image(sets: &[(&str, &str)]) -> Result<Scenario, crate::ScenarioError> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/image.toml");
+        let sets: Vec<(String, String)> = [("workload.requests", "3000")]
+            .iter()
+            .chain(sets)
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Scenario::load_with(&path, &sets, &Overrides::default())
+    }
+
+    #[test]
+    fn a_pool_is_deterministic_and_zipf_repeats_more_than_uniform() {
+        let zipf = image(&[
+            ("workload.pool.size", "500"),
+            ("workload.pool.alpha", "1.2"),
+        ])
+        .expect("valid");
+        let (a, ta) = generate_with_tokens(&zipf);
+        let (b, tb) = generate_with_tokens(&zipf);
+        assert_eq!((&a, &ta), (&b, &tb));
+        // the plain draw's arrivals and lengths stay as they were
+        let plain = crate::generate_requests(&image(&[]).expect("valid"));
+        for (x, y) in a.iter().zip(&plain) {
+            assert_eq!((x.arrival, x.prompt_tokens), (y.arrival, y.prompt_tokens));
+        }
+        let uniform = image(&[
+            ("workload.pool.size", "500"),
+            ("workload.pool.popularity", "uniform"),
+        ])
+        .expect("valid");
+        let (u, _) = generate_with_tokens(&uniform);
+        let (oz, ou) = (offered_reuse(&a, 16), offered_reuse(&u, 16));
+        // 3000 draws from 500 items: a uniform pool repeats all but the
+        // first sighting of each item (≈ 1 − 500·(1 − e^−6)/3000 ≈ 0.83);
+        // Zipf(1.2) concentrates on the head and repeats more
+        assert!((ou.items_seen_before - 0.834).abs() < 0.02, "{ou:?}");
+        assert!(oz.items_seen_before > ou.items_seen_before + 0.05, "{oz:?}");
+        // equal ids carry equal shapes
+        let mut shapes = std::collections::HashMap::new();
+        for r in &a {
+            let c = r.content.as_ref().expect("content");
+            for (item, ci) in r.items.iter().zip(&c.items) {
+                assert_eq!(*shapes.entry(ci.id).or_insert(*item), *item);
+            }
+        }
+        // another seed draws other ids
+        let other = image(&[("workload.pool.size", "500"), ("seed", "7")]).expect("valid");
+        let ids = |rs: &[Request]| -> std::collections::HashSet<u64> {
+            rs.iter()
+                .flat_map(|r| r.content.as_ref().unwrap().items.iter().map(|i| i.id))
+                .collect()
+        };
+        assert!(ids(&a).is_disjoint(&ids(&generate_requests_of(&other))));
+    }
+
+    fn generate_requests_of(sc: &Scenario) -> Vec<Request> {
+        crate::generate_requests(sc)
+    }
+
+    #[test]
+    fn conversation_turns_resend_earlier_turns_and_their_media() {
+        let sc = image(&[
+            ("workload.conversation.turns", "3"),
+            ("workload.conversation.think_time_s", "30"),
+            ("workload.system_prompt.tokens", "256"),
+            ("workload.system_prompt.count", "2"),
+        ])
+        .expect("valid");
+        let (reqs, tokens) = generate_with_tokens(&sc);
+        assert_eq!(reqs.len(), 3000);
+        assert!(reqs.windows(2).all(|w| w[0].arrival <= w[1].arrival));
+        assert!(reqs.iter().enumerate().all(|(i, r)| r.id == i as u64));
+        assert_eq!(tokens.len(), 3000);
+        // requests still arrive at the scenario's rate (2/s): 3000 in ≈ 1500 s
+        let span = reqs.last().unwrap().arrival;
+        assert!((span / 1500.0 - 1.0).abs() < 0.1, "{span}");
+        // a turn's prompt starts with the whole of an earlier turn's
+        let by_items: Vec<usize> = (1..=3)
+            .map(|n| reqs.iter().filter(|r| r.items.len() == n).count())
+            .collect();
+        assert_eq!(by_items, [1000, 1000, 1000]);
+        for r in reqs.iter().filter(|r| r.items.len() == 3) {
+            assert!(r.prompt_tokens > 256 + 2 * 64, "{}", r.prompt_tokens);
+            let c = r.content.as_ref().unwrap();
+            let sum: u64 = c.segments.iter().map(|s| s.tokens as u64).sum();
+            assert_eq!(sum, r.prefill_tokens());
+        }
+        let o = offered_reuse(&reqs, 16);
+        // unique images (no pool): only the resent ones repeat, 3 of 6 per
+        // conversation; two system prompts and every resent turn repeat
+        assert!((o.items_seen_before - 0.5).abs() < 1e-9, "{o:?}");
+        assert!(o.prompt_tokens_seen_before > 0.4, "{o:?}");
+    }
+}
