@@ -16,6 +16,23 @@ pub(super) fn reuse_of(
     shapes: &Shapes,
     arrival: &Arrival,
 ) -> Result<Option<Reuse>, ScenarioError> {
+    if let Arrival::Trace {
+        content: Some(c), ..
+    } = arrival
+    {
+        if !c.hashes.is_empty() && !matches!(shapes, Shapes::Items { .. }) {
+            return Err(v.err(
+                "workload.trace",
+                "its ItemHashes column names images or videos: give modality = \"image\" or \"video\"",
+            ));
+        }
+        if w.pool.is_some() || w.system_prompt.is_some() {
+            return Err(v.err(
+                if w.pool.is_some() { "workload.pool" } else { "workload.system_prompt" },
+                "not with a trace that has ItemHashes or ConversationId: the trace says what repeats",
+            ));
+        }
+    }
     if w.pool.is_none() && w.conversation.is_none() && w.system_prompt.is_none() {
         return Ok(None);
     }
