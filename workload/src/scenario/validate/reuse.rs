@@ -152,6 +152,16 @@ mod tests {
         assert_eq!(f, "workload.conversation.turns");
         let (f, m) = field_of(&[("deployment.encoder_cache.capacity_gib", "0.001")]);
         assert_eq!(f, "deployment.encoder_cache.capacity_gib");
-        assert!(m.contains("one item's embeddings"), "{m}");
+        assert!(m.contains("one item's embeddings (0.0391 GiB"), "{m}");
+        let (f, m) = field_of(&[("deployment.prefix_cache.block_size", "24")]);
+        assert_eq!(f, "deployment.prefix_cache.block_size");
+        assert!(m.contains("a power of two"), "{m}");
+        let (f, _) = field_of(&[("deployment.cache_routing.overlap_weight", "1")]);
+        assert_eq!(f, "deployment.cache_routing");
+        let (f, _) = field_of(&[
+            ("deployment.system", "aggregated"),
+            ("deployment.encoder_cache.capacity_gib", "1"),
+        ]);
+        assert_eq!(f, "deployment.encoder_cache");
     }
 }
