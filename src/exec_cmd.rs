@@ -214,6 +214,12 @@ fn check_runnable(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), B
             sc.system
         )));
     }
+    if !sc.knobs.caches.is_off() {
+        return Err(BadInput(format!(
+            "{}: [deployment.encoder_cache], [deployment.prefix_cache] and [deployment.cache_routing]: the executor keeps no caches yet; leave them out, or simulate it with `easerve sim`",
+            a.run.scenario.display()
+        )));
+    }
     Ok(())
 }
 

@@ -899,6 +899,21 @@ fn gemm(name: &'static str, m: u64, n: u64, k: u64, count: u32) -> Op {
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_cached_prefix_keeps_the_new_tokens_and_the_attention_over_the_whole_context() {
+        let new = [100, 300];
+        assert_eq!(
+            PrefillShape::with_cache(&new, &[0, 0]),
+            PrefillShape::of(&new)
+        );
+        let s = PrefillShape::with_cache(&new, &[900, 0]).unwrap();
+        assert_eq!((s.tokens, s.sequences), (400, 2));
+        // (1000² − 900² + 300²) / 2 query–key pairs per sequence, on average
+        let want = ((1000f64.powi(2) - 900f64.powi(2) + 300f64.powi(2)) / 2.0).sqrt();
+        assert_eq!(s.rms_len, want.round() as u64);
+        assert_eq!(PrefillShape::with_cache(&[0], &[64]), None);
+    }
+
     fn m(name: &str) -> ModelArch {
         ModelArch::preset(name).unwrap()
     }

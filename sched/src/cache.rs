@@ -611,13 +611,13 @@ impl PrefixCache {
     /// pinned, ended on worker `p`: they are unpinned and every link of
     /// its prompt stays cached, most recently used.
     pub fn release(&mut self, p: usize, keys: &[ChainKey], links: usize) {
-        for j in 0..links.min(keys.len()) {
+        for k in &keys[..links.min(keys.len())] {
             let pool = &mut self.pools[p];
-            if let Some(e) = pool.pinned.get_mut(&keys[j].key) {
+            if let Some(e) = pool.pinned.get_mut(&k.key) {
                 e.0 -= 1;
                 if e.0 == 0 {
                     pool.pinned_blocks -= e.1;
-                    pool.pinned.remove(&keys[j].key);
+                    pool.pinned.remove(&k.key);
                 }
             }
         }

@@ -341,9 +341,15 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
             content: None,
         });
     }
-    match &w.reuse {
-        Some(reuse) => crate::reuse::apply(sc, reuse, out, &tokens),
-        None => (out, tokens),
+    match (&w.reuse, &w.arrival) {
+        (
+            _,
+            Arrival::Trace {
+                content: Some(c), ..
+            },
+        ) => crate::reuse::apply_trace(sc, c, out, &tokens),
+        (Some(reuse), _) => crate::reuse::apply(sc, reuse, out, &tokens),
+        (None, _) => (out, tokens),
     }
 }
 

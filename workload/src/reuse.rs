@@ -175,6 +175,100 @@ pub fn apply(
     (requests, table)
 }
 
+/// Give a replayed trace's requests the content its `ItemHashes` and
+/// `ConversationId` columns say ([`crate::trace::TraceContent`]): a row's
+/// hashes are its items' content ids (each item's shape picked from the
+/// bucket table by its hash, so equal hashes are equal items; a row without
+/// hashes keeps its drawn items, unique); its prompt is its items, then the
+/// conversation so far (each earlier turn's new text and answer) and its own
+/// new text — the part of its `ContextTokens` beyond the previous turn's
+/// context and answer (the whole of it when the trace's contexts do not
+/// grow, and for a row without a conversation).
+///
+/// # Panics
+/// Never for a scenario that passed validation.
+pub fn apply_trace(
+    sc: &Scenario,
+    content: &crate::trace::TraceContent,
+    mut requests: Vec<Request>,
+    tokens: &ItemTokenTable,
+) -> (Vec<Request>, ItemTokenTable) {
+    let buckets: &[(MmItem, f64)] = match &sc.workload.shapes {
+        Shapes::Items { buckets, .. } => buckets,
+        _ => &[],
+    };
+    let total: f64 = buckets.iter().map(|b| b.1).sum();
+    let bucket_tokens: Vec<ItemTokens> = buckets
+        .iter()
+        .map(|b| crate::generate::item_tokens(&sc.model, &b.0).expect("validated"))
+        .collect();
+    // the bucket of a hash: its top 53 bits as a uniform draw in [0, 1)
+    let pick = |h: u64| {
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let mut acc = 0.0;
+        buckets
+            .iter()
+            .position(|b| {
+                acc += b.1;
+                u < acc
+            })
+            .unwrap_or(buckets.len().saturating_sub(1))
+    };
+    let (text_salt, item_salt) = (subseed(sc.seed, "text-ids"), subseed(sc.seed, "item-ids"));
+    let mut history: HashKeyed<(Vec<Segment>, u64)> = HashKeyed::default();
+    let mut table = ItemTokenTable::with_capacity(requests.len(), 0);
+    for (i, r) in requests.iter_mut().enumerate() {
+        let hashes = content.items(i);
+        let mut items: Vec<Item> = Vec::new();
+        if hashes.is_empty() || buckets.is_empty() {
+            for (k, (&shape, &tok)) in r.items.iter().zip(&tokens[i]).enumerate() {
+                items.push((shape, tok, mix(mix(item_salt, i as u64), k as u64)));
+            }
+        } else {
+            for &h in hashes {
+                let b = pick(h);
+                items.push((buckets[b].0, bucket_tokens[b], h));
+            }
+        }
+        let mut segments: Vec<Segment> = items
+            .iter()
+            .map(|i| Segment {
+                id: i.2,
+                tokens: i.1.llm_tokens as u32,
+            })
+            .collect();
+        let prompt = r.prompt_tokens as u64;
+        let conv = content.conversations.get(i).copied().flatten();
+        let (past, past_tokens) = match conv {
+            Some(c) => history.entry(c).or_default().clone(),
+            None => (Vec::new(), 0),
+        };
+        let (own, past) = if prompt >= past_tokens && !past.is_empty() {
+            (prompt - past_tokens, past)
+        } else {
+            (prompt, Vec::new())
+        };
+        let mut text = past;
+        text.push(Segment {
+            id: mix(text_salt, 2 * i as u64),
+            tokens: own as u32,
+        });
+        segments.extend_from_slice(&text);
+        let turn = turn_request(r.arrival, &items, &segments, r.prompt_tokens, r);
+        if let Some(c) = conv {
+            text.push(Segment {
+                id: mix(text_salt, 2 * i as u64 + 1),
+                tokens: r.output_tokens,
+            });
+            history.insert(c, (text, prompt + r.output_tokens as u64));
+        }
+        let toks: Vec<ItemTokens> = items.iter().map(|i| i.1).collect();
+        table.push(&toks);
+        *r = Request { id: r.id, ..turn };
+    }
+    (requests, table)
+}
+
 /// One turn's request: every item so far, the prompt so far.
 fn turn_request(
     arrival: f64,
@@ -321,6 +415,64 @@ mod tests {
 
     fn generate_requests_of(sc: &Scenario) -> Vec<Request> {
         crate::generate_requests(sc)
+    }
+
+    /// A trace's `ItemHashes` and `ConversationId` columns: equal hashes
+    /// are the same item, a conversation's turns share its earlier text, and
+    /// a hash of the wrong width names the trace and the row.
+    #[test]
+    fn a_trace_says_what_repeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/image.toml"),
+        )
+        .unwrap()
+        .replace(
+            "requests = 500\nrate = 2.0",
+            "requests = 3\narrival = \"trace\"\ntrace = \"t.csv\"",
+        );
+        std::fs::write(dir.path().join("s.toml"), image).unwrap();
+        let h = "00000000000000aa";
+        let rows = format!(
+            "TIMESTAMP,ContextTokens,GeneratedTokens,ItemHashes,ConversationId\n\
+             2023-11-16 18:15:46.5,100,40,{h},c\n\
+             2023-11-16 18:15:47.5,300,10,{h},c\n\
+             2023-11-16 18:15:48.5,50,10,,\n"
+        );
+        std::fs::write(dir.path().join("t.csv"), rows).unwrap();
+        let sc = Scenario::load(&dir.path().join("s.toml"), &Overrides::default()).expect("valid");
+        let (reqs, tokens) = generate_with_tokens(&sc);
+        let ids = |r: &Request| {
+            r.content
+                .as_ref()
+                .unwrap()
+                .items
+                .iter()
+                .map(|i| i.id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!((ids(&reqs[0]), ids(&reqs[1])), (vec![0xaa], vec![0xaa]));
+        assert_eq!(reqs[0].items, reqs[1].items);
+        assert_eq!(tokens[1].len(), 1);
+        // turn 2's prompt: the image, turn 1's 100 + 40 tokens, 160 new
+        let segs = &reqs[1].content.as_ref().unwrap().segments;
+        let text: Vec<u32> = segs[1..].iter().map(|s| s.tokens).collect();
+        assert_eq!(text, [100, 40, 160]);
+        assert_eq!(segs[..2], reqs[0].content.as_ref().unwrap().segments[..]);
+        // the third row keeps its drawn image (no hash): 1 of 3 items repeats
+        let o = offered_reuse(&reqs, 16);
+        assert!((o.items_seen_before - 1.0 / 3.0).abs() < 1e-9, "{o:?}");
+        std::fs::write(
+            dir.path().join("t.csv"),
+            "TIMESTAMP,ContextTokens,GeneratedTokens,ItemHashes\n2023-11-16 18:15:46.5,100,40,aa\n",
+        )
+        .unwrap();
+        let e = Scenario::load(&dir.path().join("s.toml"), &Overrides::default()).unwrap_err();
+        assert_eq!(e.field, "workload.trace");
+        assert!(
+            e.message.contains("row 2") && e.message.contains("16 hexadecimal"),
+            "{e}"
+        );
     }
 
     #[test]

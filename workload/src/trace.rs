@@ -3,7 +3,10 @@
 //! Format: the Azure LLM inference trace (Azure Public Dataset, 2023; used by
 //! Splitwise, ISCA'24): a CSV with header `TIMESTAMP,ContextTokens,GeneratedTokens`,
 //! timestamps like `2023-11-16 18:15:46.6805900`, one row per request in arrival
-//! order.
+//! order. Two optional columns say what repeats: `ItemHashes`, the content
+//! hash of each media item of the request (16 hexadecimal digits each, 64
+//! bits, separated by `;`, earlier turns' items first), and
+//! `ConversationId`, which groups a conversation's turns ([`TraceContent`]).
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -46,6 +49,59 @@ struct RawRow {
     context_tokens: i64,
     #[serde(rename = "GeneratedTokens")]
     generated_tokens: i64,
+    #[serde(rename = "ItemHashes", default)]
+    item_hashes: Option<String>,
+    #[serde(rename = "ConversationId", default)]
+    conversation_id: Option<String>,
+}
+
+/// What a trace's optional columns say repeats: per row, its items'
+/// content hashes and its conversation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TraceContent {
+    /// `starts[i]..starts[i + 1]` indexes row `i`'s hashes in `hashes`.
+    pub starts: Vec<usize>,
+    /// Every row's item hashes, in order.
+    pub hashes: Vec<u64>,
+    /// Each row's conversation (`ConversationId`), if given.
+    pub conversations: Vec<Option<u64>>,
+}
+
+impl TraceContent {
+    /// Row `i`'s item hashes.
+    pub fn items(&self, i: usize) -> &[u64] {
+        &self.hashes[self.starts[i]..self.starts[i + 1]]
+    }
+
+    /// Whether neither column had a value.
+    pub fn is_empty(&self) -> bool {
+        self.hashes.is_empty() && self.conversations.iter().all(Option::is_none)
+    }
+}
+
+/// Row `row`'s `ItemHashes` field, parsed into `out`.
+fn parse_hashes(text: &str, row: usize, out: &mut Vec<u64>) -> Result<(), TraceError> {
+    for h in text.split(';').map(str::trim).filter(|h| !h.is_empty()) {
+        if h.len() != 16 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(TraceError {
+                row,
+                message: format!(
+                    "ItemHashes `{h}`: each hash is 16 hexadecimal digits (64 bits), hashes separated by `;`"
+                ),
+            });
+        }
+        out.push(u64::from_str_radix(h, 16).expect("16 hex digits"));
+    }
+    Ok(())
+}
+
+/// The conversation id of a row: the value's own 64-bit FNV-1a hash, so
+/// any text names a conversation.
+fn conversation_of(text: Option<&str>) -> Option<u64> {
+    let t = text.map(str::trim).filter(|t| !t.is_empty())?;
+    Some(t.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    }))
 }
 
 /// Read the first `limit` rows of an Azure-format trace; times are relative to
@@ -55,6 +111,18 @@ struct RawRow {
 /// An unreadable file, a missing column, a timestamp that does not parse,
 /// negative token counts, or timestamps that go back.
 pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError> {
+    read_azure_content(path, limit).map(|(rows, _)| rows)
+}
+
+/// [`read_azure`] and what its optional `ItemHashes` and `ConversationId`
+/// columns say.
+///
+/// # Errors
+/// As [`read_azure`], and a hash that is not 16 hexadecimal digits.
+pub fn read_azure_content(
+    path: &Path,
+    limit: usize,
+) -> Result<(Vec<TraceRow>, TraceContent), TraceError> {
     let whole = |message: String| TraceError { row: 0, message };
     if path.is_dir() {
         return Err(whole(
@@ -66,6 +134,10 @@ pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError
     let mut reader =
         csv::Reader::from_path(path).map_err(|e| whole(format!("cannot read: {e}")))?;
     let mut rows = Vec::new();
+    let mut content = TraceContent {
+        starts: vec![0],
+        ..TraceContent::default()
+    };
     let mut first: Option<chrono::NaiveDateTime> = None;
     let mut last_t = 0.0;
     for (i, rec) in reader.deserialize::<RawRow>().enumerate() {
@@ -105,6 +177,15 @@ pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError
                 r.context_tokens, r.generated_tokens
             )));
         }
+        parse_hashes(
+            r.item_hashes.as_deref().unwrap_or(""),
+            row,
+            &mut content.hashes,
+        )?;
+        content.starts.push(content.hashes.len());
+        content
+            .conversations
+            .push(conversation_of(r.conversation_id.as_deref()));
         rows.push(TraceRow {
             t,
             prompt_tokens: r.context_tokens as u32,
@@ -114,7 +195,7 @@ pub fn read_azure(path: &Path, limit: usize) -> Result<Vec<TraceRow>, TraceError
     if rows.is_empty() {
         return Err(whole("the trace has no requests".into()));
     }
-    Ok(rows)
+    Ok((rows, content))
 }
 
 /// Mean arrival rate of a trace, requests/s: `(n − 1)` gaps over the span from
@@ -168,6 +249,20 @@ mod tests {
             .contains("earlier"));
         let f = file("when,tokens\n1,2\n");
         assert_eq!(read_azure(f.path(), 10).unwrap_err().row, 2);
+    }
+
+    #[test]
+    fn item_hashes_and_conversations_are_read_and_bad_widths_named() {
+        let f = file("TIMESTAMP,ContextTokens,GeneratedTokens,ItemHashes,ConversationId\n2023-11-16 18:15:46.5,374,44,00000000000000ff;0123456789abcdef,c1\n2023-11-16 18:15:47.5,500,10,,\n");
+        let (rows, c) = read_azure_content(f.path(), 10).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(c.items(0), [0xff, 0x0123_4567_89ab_cdef]);
+        assert!(c.items(1).is_empty());
+        assert!(c.conversations[0].is_some() && c.conversations[1].is_none());
+        let f = file("TIMESTAMP,ContextTokens,GeneratedTokens,ItemHashes\n2023-11-16 18:15:46.5,374,44,abc\n");
+        let e = read_azure_content(f.path(), 10).unwrap_err();
+        assert_eq!(e.row, 2);
+        assert!(e.message.contains("16 hexadecimal digits"), "{e}");
     }
 
     #[test]

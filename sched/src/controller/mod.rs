@@ -415,7 +415,7 @@ impl Controller {
             crate::PrefixCache::new(pools, c.block_size)
         });
         debug_assert!(
-            cfg.caches.is_off() || !(mech.split_items || !replicas.is_empty()),
+            cfg.caches.is_off() || (!mech.split_items && replicas.is_empty()),
             "caches run on whole requests at EPD workers"
         );
         let mut ctrl = Controller {

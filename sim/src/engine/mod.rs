@@ -295,7 +295,7 @@ struct Sim<'a> {
 /// `None` for a workload that repeats nothing with every cache off.
 fn reuse_report(sc: &Scenario, ctrl: &Controller) -> Option<ReuseReport> {
     let caches = ctrl.cache_counters();
-    if sc.workload.reuse.is_none() && caches == (None, None) {
+    if !sc.workload.repeats() && caches == (None, None) {
         return None;
     }
     Some(ReuseReport {

@@ -149,6 +149,21 @@ pub struct Workload {
     pub reuse: Option<Reuse>,
 }
 
+impl Workload {
+    /// Whether the workload says what repeats: a reuse section, or a
+    /// trace's `ItemHashes` / `ConversationId` columns.
+    pub fn repeats(&self) -> bool {
+        self.reuse.is_some()
+            || matches!(
+                self.arrival,
+                Arrival::Trace {
+                    content: Some(_),
+                    ..
+                }
+            )
+    }
+}
+
 /// How a workload repeats itself, validated ([`crate::reuse`] generates it).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Reuse {
@@ -185,6 +200,9 @@ pub enum Arrival {
         path: String,
         /// Its first `requests` rows, rescaled.
         rows: Vec<crate::trace::TraceRow>,
+        /// Its item hashes and conversations, when it has either column.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<crate::trace::TraceContent>,
     },
 }
 

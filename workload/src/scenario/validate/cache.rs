@@ -129,11 +129,11 @@ fn encoder_cache(
         return Err(v.err(
             &format!("{field}.capacity_gib"),
             format!(
-                "{}: allowed from one item's embeddings ({} GiB: the workload's largest item, {} bytes a token) to the GPU's memory ({} GiB)",
+                "{}: allowed from one item's embeddings ({:.4} GiB: the workload's largest item, {} bytes a token) to the GPU's memory ({:.1} GiB)",
                 num(cap),
-                num(one_item / gib),
+                one_item / gib,
                 num(bytes_per_token),
-                num(gpu_memory_bytes / gib)
+                gpu_memory_bytes / gib
             ),
         ));
     }

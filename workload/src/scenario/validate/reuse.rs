@@ -16,6 +16,23 @@ pub(super) fn reuse_of(
     shapes: &Shapes,
     arrival: &Arrival,
 ) -> Result<Option<Reuse>, ScenarioError> {
+    if let Arrival::Trace {
+        content: Some(c), ..
+    } = arrival
+    {
+        if !c.hashes.is_empty() && !matches!(shapes, Shapes::Items { .. }) {
+            return Err(v.err(
+                "workload.trace",
+                "its ItemHashes column names images or videos: give modality = \"image\" or \"video\"",
+            ));
+        }
+        if w.pool.is_some() || w.system_prompt.is_some() {
+            return Err(v.err(
+                if w.pool.is_some() { "workload.pool" } else { "workload.system_prompt" },
+                "not with a trace that has ItemHashes or ConversationId: the trace says what repeats",
+            ));
+        }
+    }
     if w.pool.is_none() && w.conversation.is_none() && w.system_prompt.is_none() {
         return Ok(None);
     }
@@ -135,6 +152,16 @@ mod tests {
         assert_eq!(f, "workload.conversation.turns");
         let (f, m) = field_of(&[("deployment.encoder_cache.capacity_gib", "0.001")]);
         assert_eq!(f, "deployment.encoder_cache.capacity_gib");
-        assert!(m.contains("one item's embeddings"), "{m}");
+        assert!(m.contains("one item's embeddings (0.0391 GiB"), "{m}");
+        let (f, m) = field_of(&[("deployment.prefix_cache.block_size", "24")]);
+        assert_eq!(f, "deployment.prefix_cache.block_size");
+        assert!(m.contains("a power of two"), "{m}");
+        let (f, _) = field_of(&[("deployment.cache_routing.overlap_weight", "1")]);
+        assert_eq!(f, "deployment.cache_routing");
+        let (f, _) = field_of(&[
+            ("deployment.system", "aggregated"),
+            ("deployment.encoder_cache.capacity_gib", "1"),
+        ]);
+        assert_eq!(f, "deployment.encoder_cache");
     }
 }

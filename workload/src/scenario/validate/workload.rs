@@ -162,7 +162,7 @@ fn arrival_of(
             ))
         }
     };
-    if let Arrival::Trace { rows, path } = &arrival {
+    if let Arrival::Trace { rows, path, .. } = &arrival {
         if rows.len() < requests {
             return Err(v.err(
                 "workload.requests",
@@ -214,7 +214,7 @@ fn trace_arrival(
         .parent()
         .unwrap_or(Path::new("."))
         .join(name);
-    let mut rows = crate::trace::read_azure(&path, requests)
+    let (mut rows, content) = crate::trace::read_azure_content(&path, requests)
         .map_err(|e| v.err("workload.trace", format!("{}: {e}", path.display())))?;
     let native = crate::trace::mean_rate(&rows);
     check_rescalable(&rows, given_rate.is_some(), w.rate_scale.is_some(), v)?;
@@ -233,6 +233,7 @@ fn trace_arrival(
         Arrival::Trace {
             path: path.display().to_string(),
             rows,
+            content: (!content.is_empty()).then_some(content),
         },
         rate,
     ))
