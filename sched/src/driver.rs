@@ -163,6 +163,13 @@ impl Liveness {
         true
     }
 
+    /// Worker `w` is back (restarted and loaded). Returns whether it was dead.
+    pub fn revive(&mut self, w: WorkerRef) -> bool {
+        let before = self.dead.len();
+        self.dead.retain(|x| *x != w);
+        self.dead.len() != before
+    }
+
     /// Whether worker `w` is alive.
     #[inline]
     pub fn is_alive(&self, w: WorkerRef) -> bool {

@@ -70,8 +70,8 @@ mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use controller::{
-    Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
-    WorkerRef, TIME_SLICE_SHARE,
+    Backoff, Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId,
+    Event, Outage, SupervisionCounters, WorkerRef, TIME_SLICE_SHARE,
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use driver::{Driver, Liveness, SerialLink, ServiceLog, VirtualClock};

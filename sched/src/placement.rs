@@ -71,6 +71,20 @@ impl LeastOutstanding {
         }
     }
 
+    /// Replica `replica` is back (restarted): it takes work again, with none
+    /// outstanding.
+    pub fn rejoin(&mut self, replica: usize) {
+        if let Some(r) = self.retired.get_mut(replica) {
+            *r = false;
+            self.outstanding[replica] = 0.0;
+        }
+    }
+
+    /// Whether some replica is not retired.
+    pub fn has_live(&self) -> bool {
+        self.retired.iter().any(|r| !*r)
+    }
+
     /// `work` assigned to `replica` has completed.
     pub fn complete(&mut self, replica: usize, work: f64) {
         let w = &mut self.outstanding[replica];

@@ -44,11 +44,15 @@ impl Controller {
         }
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
-            let p = self.remote_place.assign(req.prefill_tokens() as f64);
+            let tokens = req.prefill_tokens();
+            // a live remote worker; with none, a live local one
+            let (p, local) = self
+                .live_prefill(tokens, None)
+                .unwrap_or_else(|| (self.remote_place.assign(tokens as f64), false));
             self.decide(|| Decision::Route {
                 id,
                 worker: p,
-                local: false,
+                local,
             });
             self.arrive_at_prefill(now, p, id);
             self.try_prefill(now, p);
@@ -58,7 +62,15 @@ impl Controller {
             self.arrive_in_shards(now, id);
             return;
         }
-        let enc = req.encoder_tokens as f64;
+        self.place_encode(now, id);
+    }
+
+    /// Place admitted request `id` on an encode worker (least outstanding
+    /// encoder tokens among the live ones) and queue it at its batcher; it
+    /// fails when no encode worker is live.
+    pub(super) fn place_encode(&mut self, now: f64, id: RequestId) {
+        let i = id as usize;
+        let enc = self.requests[i].encoder_tokens as f64;
         let w = self.encode_place.assign(enc);
         self.decide(|| Decision::PlaceEncode { id, worker: w });
         self.records[i].encode_worker = Some(w);
@@ -74,6 +86,11 @@ impl Controller {
         }
         self.encode[w].batcher.on_arrival(now, id);
         self.try_dispatch(now, w);
+    }
+
+    /// Whether the deployment has remote prefill workers and none is live.
+    fn remote_all_dead(&self) -> bool {
+        self.topology.remote_prefill() > 0 && !self.remote_place.has_live()
     }
 
     /// Encode worker `w` may start a pass: at once, or with lockstep steps
@@ -198,6 +215,7 @@ impl Controller {
         if !self.encode[w].busy || !self.encode[w].alive {
             return;
         }
+        self.worked(super::WorkerRef::Encode(w));
         self.encode[w].busy = false;
         self.encode[w].gpu_phase = false;
         self.reshare_local(now, w);
@@ -220,7 +238,11 @@ impl Controller {
                 continue;
             }
             self.records[i].encode_end = Some(now);
+            // the deficit counter decides while both sides are live; a dead
+            // side leaves it (and the counter is not consulted)
             let route = match self.encode[w].local {
+                Some(l) if !self.prefill[l].alive => Route::Remote,
+                Some(_) if self.remote_all_dead() => Route::Local,
                 Some(_) => self.router.route(),
                 None => Route::Remote,
             };

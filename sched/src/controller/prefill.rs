@@ -109,6 +109,7 @@ impl Controller {
         if !self.prefill[p].busy || !self.prefill[p].alive {
             return;
         }
+        self.worked(WorkerRef::Prefill(p));
         self.prefill[p].busy = false;
         let items = std::mem::take(&mut self.prefill[p].batch);
         for it in &items {
