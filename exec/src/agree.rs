@@ -105,7 +105,7 @@ impl FakeWorkers {
     /// simulator's fault), and nothing it had still to say is said.
     fn kill_at(&mut self, k: usize, at: f64) {
         // in the simulator's words, which the failed requests carry
-        let down = Incoming::Down(k, easerve_sched::controller::kill_reason(at));
+        let down = Incoming::Down(k, 0, easerve_sched::controller::kill_reason(at));
         self.replies.push(at, DONE, (k, down));
     }
 
@@ -381,7 +381,7 @@ fn execute(sc: &Scenario, sim: &SimOutput, kill: Option<(WorkerRef, f64)>) -> Co
 
 /// Whether every request ended and the executor's log and outcomes are the
 /// simulator's; returns the log's kinds ([`decision_kinds`]).
-fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 14] {
+fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 16] {
     assert!(ctrl.is_finished(), "requests left in the executor");
     let n = decision_kinds(&sim.decisions);
     assert!(
@@ -403,7 +403,7 @@ fn local_routes(log: &[Decision]) -> usize {
 /// `easerve exec`'s loop on the image scenario with `sets` applied and worker
 /// `kill` dying, against the simulator: the log's kinds and the executor's
 /// controller once they agree.
-fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 14], Controller) {
+fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 16], Controller) {
     let sc = image_scenario(sets);
     let sim = simulate(&sc, kill);
     let ctrl = execute(&sc, &sim, kill);

@@ -184,6 +184,11 @@ impl Controller {
         &self.sup.outages
     }
 
+    /// Workers dead now (restarting or not).
+    pub fn dead_workers(&self) -> usize {
+        self.sup.dead.len()
+    }
+
     /// Whether worker `w` is live (not dead, not restarting).
     pub fn is_live(&self, w: WorkerRef) -> bool {
         !self.sup.dead.iter().any(|(x, _)| *x == w)
