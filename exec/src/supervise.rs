@@ -109,6 +109,11 @@ impl Supervisor {
         self.due.push((k, at));
     }
 
+    /// When the next restart is due, if one is.
+    pub(crate) fn next_restart(&self) -> Option<f64> {
+        self.due.iter().map(|d| d.1).reduce(f64::min)
+    }
+
     /// When the loop must wake for supervision: a restart due or the next
     /// heartbeat.
     pub(crate) fn wake_at(&self) -> f64 {
@@ -163,19 +168,7 @@ impl Pool {
     /// that cannot start, a silent worker's end) is returned as the worker's
     /// end, for the loop to hear.
     pub(crate) fn supervise(&mut self, now: f64) -> Vec<Incoming> {
-        let mut ends = Vec::new();
-        let due: Vec<usize> = {
-            let s = &mut self.sup;
-            let (now_due, later): (Vec<_>, Vec<_>) = s.due.drain(..).partition(|d| d.1 <= now);
-            s.due = later;
-            now_due.into_iter().map(|d| d.0).collect()
-        };
-        for k in due {
-            if let Err(why) = self.respawn(k, now) {
-                let gen = self.sup.gens[k].load(Ordering::SeqCst);
-                ends.push(Incoming::Down(k, gen, why));
-            }
-        }
+        let (_, mut ends) = self.start_due_restarts(now);
         let startup = self.sup.spec.as_ref().map_or(f64::INFINITY, |s| {
             s.opts.startup_timeout_s.max(1.0)
         });
@@ -212,15 +205,38 @@ impl Pool {
         ends
     }
 
+    /// Start the restarts due by `now`: the workers whose new incarnation
+    /// began, and the ends of those that could not start.
+    pub(crate) fn start_due_restarts(&mut self, now: f64) -> (Vec<usize>, Vec<Incoming>) {
+        let due: Vec<usize> = {
+            let s = &mut self.sup;
+            let (now_due, later): (Vec<_>, Vec<_>) = s.due.drain(..).partition(|d| d.1 <= now);
+            s.due = later;
+            now_due.into_iter().map(|d| d.0).collect()
+        };
+        let (mut started, mut ends) = (Vec::new(), Vec::new());
+        for k in due {
+            match self.respawn(k, now) {
+                Ok(()) => started.push(k),
+                Err(why) => {
+                    let gen = self.sup.gens[k].load(Ordering::SeqCst);
+                    ends.push(Incoming::Down(k, gen, why));
+                }
+            }
+        }
+        (started, ends)
+    }
+
     /// Start a new process for worker `k` (its next incarnation), which
     /// connects to the controller's listener; `Err` with why when it cannot
-    /// be started.
+    /// be started. Without a [`SpawnSpec`] (the tests' fake workers) only
+    /// the incarnation begins: the fakes connect and say `Ready` themselves.
     fn respawn(&mut self, k: usize, now: f64) -> Result<(), String> {
+        let gen = self.sup.gens[k].fetch_add(1, Ordering::SeqCst) + 1;
+        self.sup.restarting[k] = Some(now);
         let Some(spec) = &self.sup.spec else {
             return Ok(());
         };
-        let gen = self.sup.gens[k].fetch_add(1, Ordering::SeqCst) + 1;
-        self.sup.restarting[k] = Some(now);
         let w = &mut self.workers[k];
         let mut cmd = worker_command(
             &spec.sc,

@@ -232,7 +232,7 @@ pub struct ServiceLog {
     pub encode: Vec<Vec<(f64, f64)>>,
     /// Per prefill worker, per batch, as it ran (re-ratings included).
     pub prefill: Vec<Vec<f64>>,
-    /// Per decode worker, per iteration.
+    /// Per decode worker, per iteration begun (one cut off by a fault included).
     pub decode: Vec<Vec<f64>>,
     /// Per encode worker, per remote envelope: time on the link.
     pub embeddings: Vec<Vec<f64>>,

@@ -1109,7 +1109,10 @@ impl<'a> Sim<'a> {
             m.end(end);
         }
         if let Some(log) = self.service.as_mut() {
-            log.decode[d].extend_from_slice(&worker.durs[..n.min(worker.durs.len())]);
+            // the one cut off too: a driver replaying the log took its time
+            // when it began, and its later iterations (after a restart)
+            // follow it
+            log.decode[d].extend_from_slice(&worker.durs[..begun]);
         }
         if let Some(tl) = self.timeline.as_mut() {
             let mut start = run.start;
