@@ -633,7 +633,11 @@ fn sim_restarts_a_dead_worker_after_its_backoff_and_load() {
         log.to_str().unwrap(),
     ];
     let out = easerve(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
     assert_eq!(num(&r, "/completed"), 200.0, "{r}");
     assert!(r.get("failed").is_none());
@@ -641,7 +645,10 @@ fn sim_restarts_a_dead_worker_after_its_backoff_and_load() {
     assert_eq!(o["worker"], "P0");
     let load = num(o, "/load_s");
     assert!(load > 0.0 && load < 10.0, "{o}");
-    assert!((num(o, "/back_at") - (20.0 + 2.0 + load)).abs() < 1e-9, "{o}");
+    assert!(
+        (num(o, "/back_at") - (20.0 + 2.0 + load)).abs() < 1e-9,
+        "{o}"
+    );
     assert_eq!(num(&r, "/supervision/restarts"), 1.0);
     let back = num(o, "/back_at");
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
@@ -654,10 +661,17 @@ fn sim_restarts_a_dead_worker_after_its_backoff_and_load() {
     let rejoins = lines.iter().filter(|d| d.get("Rejoin").is_some()).count();
     assert_eq!((restarts, rejoins), (1, 1));
     let dispatch_at = |d: &serde_json::Value| d.pointer("/Prefill/at").and_then(|t| t.as_f64());
-    let to_p0 = |d: &&serde_json::Value| d.pointer("/Prefill/worker") == Some(&serde_json::json!(0));
+    let to_p0 =
+        |d: &&serde_json::Value| d.pointer("/Prefill/worker") == Some(&serde_json::json!(0));
     let p0_batches: Vec<f64> = lines.iter().filter(to_p0).filter_map(dispatch_at).collect();
-    assert!(p0_batches.iter().all(|t| *t < 20.0 || *t >= back), "P0 prefilled while down");
-    assert!(p0_batches.iter().any(|t| *t >= back), "P0 took no work after it rejoined");
+    assert!(
+        p0_batches.iter().all(|t| *t < 20.0 || *t >= back),
+        "P0 prefilled while down"
+    );
+    assert!(
+        p0_batches.iter().any(|t| *t >= back),
+        "P0 took no work after it rejoined"
+    );
     let bad = easerve(&["sim", "scenarios/image.toml", "--restart-after", "-1"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--restart-after"));

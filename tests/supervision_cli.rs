@@ -3,8 +3,8 @@
 //! stage has no live worker, and the chaos run (a random worker killed every
 //! 10 s under a steady load) answers every request and accounts for it.
 
-use crate::serve_cli::{chat, parse_prometheus, png, Server};
 use crate::num;
+use crate::serve_cli::{chat, parse_prometheus, png, Server};
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,11 @@ fn workers_of(pid: u32) -> Vec<(String, usize, u32)> {
             .split(|b| *b == 0)
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
-        let flag = |f: &str| args.iter().position(|a| a == f).map(|i| args[i + 1].clone());
+        let flag = |f: &str| {
+            args.iter()
+                .position(|a| a == f)
+                .map(|i| args[i + 1].clone())
+        };
         if let (Some(role), Some(index)) = (flag("--role"), flag("--index")) {
             out.push((role, index.parse().unwrap(), child));
         }
@@ -76,7 +80,10 @@ fn back_to_full_capacity(s: &Server, since: Instant, limit: f64) -> f64 {
             return since.elapsed().as_secs_f64();
         }
         let t = since.elapsed().as_secs_f64();
-        assert!(t < limit, "{down} workers still down {t:.1} s after the kill");
+        assert!(
+            t < limit,
+            "{down} workers still down {t:.1} s after the kill"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -109,7 +116,10 @@ fn a_sigkilled_worker_is_back_within_30_s_and_requests_succeed_again() {
         saw_503 = s.get("/health").0 == 503;
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(saw_503, "/health never said 503 with the only decode worker dead");
+    assert!(
+        saw_503,
+        "/health never said 503 with the only decode worker dead"
+    );
     let back = back_to_full_capacity(&s, killed, 30.0);
     eprintln!("D0 back {back:.2} s after SIGKILL");
     let new = workers_of(s.child.id());
@@ -159,7 +169,12 @@ fn chaos_a_random_worker_killed_every_10_s_costs_no_request_its_answer() {
     let (run_s, rate) = (60.0, 2.0);
     let mut clients = Vec::new();
     let mut kills: Vec<(f64, String)> = Vec::new();
-    let labels = [("encode", 0, "E0"), ("prefill", 0, "P0"), ("prefill", 1, "L0"), ("decode", 0, "D0")];
+    let labels = [
+        ("encode", 0, "E0"),
+        ("prefill", 0, "P0"),
+        ("prefill", 1, "L0"),
+        ("decode", 0, "D0"),
+    ];
     // a fixed sequence of victims (an LCG from a fixed seed)
     let mut x: u64 = 31;
     let mut next_kill = 10.0;
@@ -168,10 +183,15 @@ fn chaos_a_random_worker_killed_every_10_s_costs_no_request_its_answer() {
         let due = start + Duration::from_secs_f64(i as f64 / rate);
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         if start.elapsed().as_secs_f64() >= next_kill {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let (role, index, label) = labels[(x >> 33) as usize % labels.len()];
             // a victim still restarting from an earlier kill has no process
-            if workers_of(s.child.id()).iter().any(|w| w.0 == role && w.1 == index) {
+            if workers_of(s.child.id())
+                .iter()
+                .any(|w| w.0 == role && w.1 == index)
+            {
                 kill_worker(&s, role, index);
                 kills.push((start.elapsed().as_secs_f64(), label.to_string()));
                 last_kill = Instant::now();
@@ -229,11 +249,20 @@ fn chaos_a_random_worker_killed_every_10_s_costs_no_request_its_answer() {
     assert_eq!(deaths, kills.len(), "{kills:?}");
     let outages = r["supervision"]["outages"].as_array().unwrap();
     assert_eq!(restarts, outages.len());
-    assert!(outages.iter().all(|o| o.get("back_at").is_some()), "{outages:?}");
+    assert!(
+        outages.iter().all(|o| o.get("back_at").is_some()),
+        "{outages:?}"
+    );
     // back to full capacity: from the last death to the last rejoin, by the
     // server's clock
-    let last_death = outages.iter().map(|o| num(o, "/died_at")).fold(0.0, f64::max);
-    let last_back = outages.iter().map(|o| num(o, "/back_at")).fold(0.0, f64::max);
+    let last_death = outages
+        .iter()
+        .map(|o| num(o, "/died_at"))
+        .fold(0.0, f64::max);
+    let last_back = outages
+        .iter()
+        .map(|o| num(o, "/back_at"))
+        .fold(0.0, f64::max);
     let back = last_back - last_death;
     assert_eq!(m["easerve:worker_restarts_total"], restarts as f64);
     println!(

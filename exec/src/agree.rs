@@ -226,7 +226,8 @@ impl FakeWorkers {
         self.frames[k] = rx;
         self.dead.retain(|d| *d != k);
         let ready = at + load_s;
-        self.replies.push(ready, DONE, (k, Incoming::Joined(k, gen, tx)));
+        self.replies
+            .push(ready, DONE, (k, Incoming::Joined(k, gen, tx)));
         self.send(ready, DONE, k, &FromWorker::Ready { load_s });
     }
 

@@ -117,10 +117,7 @@ impl Supervisor {
     /// When the loop must wake for supervision: a restart due or the next
     /// heartbeat.
     pub(crate) fn wake_at(&self) -> f64 {
-        self.due
-            .iter()
-            .map(|d| d.1)
-            .fold(self.next_ping, f64::min)
+        self.due.iter().map(|d| d.1).fold(self.next_ping, f64::min)
     }
 
     /// Whether incarnation `gen` of worker `k` is its current one.
@@ -169,9 +166,11 @@ impl Pool {
     /// end, for the loop to hear.
     pub(crate) fn supervise(&mut self, now: f64) -> Vec<Incoming> {
         let (_, mut ends) = self.start_due_restarts(now);
-        let startup = self.sup.spec.as_ref().map_or(f64::INFINITY, |s| {
-            s.opts.startup_timeout_s.max(1.0)
-        });
+        let startup = self
+            .sup
+            .spec
+            .as_ref()
+            .map_or(f64::INFINITY, |s| s.opts.startup_timeout_s.max(1.0));
         for k in 0..self.workers.len() {
             let w = &self.workers[k];
             let live = self.live.is_alive(w.wref);

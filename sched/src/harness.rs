@@ -821,10 +821,9 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
                 delay_s: d2,
             },
         ) => close(*t1, *t2) && w1 == w2 && n1 == n2 && close(*d1, *d2),
-        (
-            Decision::Rejoin { at: t1, worker: w1 },
-            Decision::Rejoin { at: t2, worker: w2 },
-        ) => close(*t1, *t2) && w1 == w2,
+        (Decision::Rejoin { at: t1, worker: w1 }, Decision::Rejoin { at: t2, worker: w2 }) => {
+            close(*t1, *t2) && w1 == w2
+        }
         _ => a == b,
     }
 }
@@ -1621,8 +1620,14 @@ mod tests {
             .iter()
             .filter(|r| r.arrival > 0.53 && r.arrival < 2.0)
             .collect();
-        assert!(down.iter().all(|r| r.prefill_local), "routed remote while P0 was down");
-        assert!(routes_to_after(&c, 0, 2.1) > 0, "P0 took no work after rejoining");
+        assert!(
+            down.iter().all(|r| r.prefill_local),
+            "routed remote while P0 was down"
+        );
+        assert!(
+            routes_to_after(&c, 0, 2.1) > 0,
+            "P0 took no work after rejoining"
+        );
         let s = c.ctrl.supervision(c.now);
         assert_eq!((s.deaths, s.restarts), (1, 1));
         assert!(close(s.degraded_s, 1.5) && s.down_s == 0.0, "{s:?}");
@@ -1659,7 +1664,9 @@ mod tests {
             .decisions()
             .iter()
             .filter_map(|d| match d {
-                Decision::Dispatch { worker: 0, ids, at, .. } if *at < 0.52 => Some(ids.clone()),
+                Decision::Dispatch {
+                    worker: 0, ids, at, ..
+                } if *at < 0.52 => Some(ids.clone()),
                 _ => None,
             })
             .next_back()
@@ -1717,6 +1724,9 @@ mod tests {
         assert!(after.into_iter().all(|r| r.finish.is_some()));
         let s = c.ctrl.supervision(c.now);
         assert_eq!((s.deaths, s.restarts), (2, 1));
-        assert!(close(s.down_s, back - 1.05) && close(s.degraded_s, s.down_s), "{s:?}");
+        assert!(
+            close(s.down_s, back - 1.05) && close(s.degraded_s, s.down_s),
+            "{s:?}"
+        );
     }
 }

@@ -299,7 +299,11 @@ impl Controller {
     /// live local prefill worker on `near`'s GPU; else (a text-only request)
     /// any live local prefill worker. `(worker, local)`, or `None` when no
     /// prefill worker is live.
-    pub(super) fn live_prefill(&mut self, tokens: u64, near: Option<usize>) -> Option<(usize, bool)> {
+    pub(super) fn live_prefill(
+        &mut self,
+        tokens: u64,
+        near: Option<usize>,
+    ) -> Option<(usize, bool)> {
         if self.remote_place.has_live() && self.topology.remote_prefill() > 0 {
             return Some((self.remote_place.assign(tokens as f64), false));
         }

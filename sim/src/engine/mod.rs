@@ -339,7 +339,8 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
         sim.events.push(at, Priority::Completion, Ev::Fault(w));
     }
     if let Some(base) = opts.restart_after {
-        sim.ctrl.supervise(easerve_sched::Backoff::starting_at(base));
+        sim.ctrl
+            .supervise(easerve_sched::Backoff::starting_at(base));
     }
     sim.run();
     sim.finish()

@@ -68,11 +68,16 @@ mod tests {
         let sc = scenario("image.toml");
         let p = sc.restart_load_s(WorkerRef::Prefill(0));
         let e = sc.restart_load_s(WorkerRef::Encode(0));
-        let bytes = sc.model.llm_weight_bytes_per_gpu(easerve_model::Parallel::new(
-            sc.deployment.allocation.prefill.tp,
-            1,
-        ));
+        let bytes = sc
+            .model
+            .llm_weight_bytes_per_gpu(easerve_model::Parallel::new(
+                sc.deployment.allocation.prefill.tp,
+                1,
+            ));
         assert!((p - bytes / (sc.weight_load_gbs() * 1e9)).abs() < 1e-12);
-        assert!(e > 0.0 && e < p, "the encoder is smaller than the LLM: {e} vs {p}");
+        assert!(
+            e > 0.0 && e < p,
+            "the encoder is smaller than the LLM: {e} vs {p}"
+        );
     }
 }
