@@ -401,7 +401,7 @@ impl SupervisionReport {
         line(s, "Stage-down time (s):", format!("{:.2}", self.down_s));
         for o in &self.outages {
             let back = match (o.back_at, o.load_s) {
-                (Some(b), Some(l)) => format!("back at {b:.2} s (load {l:.2} s)"),
+                (Some(b), Some(l)) => format!("back at {b:.2} s (load {l:.3} s)"),
                 (Some(b), None) => format!("back at {b:.2} s"),
                 _ => "not back".into(),
             };
