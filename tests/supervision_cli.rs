@@ -48,15 +48,21 @@ fn workers_of(pid: u32) -> Vec<(String, usize, u32)> {
     out
 }
 
-/// SIGKILL the worker of `role` and `index` of server `s`; its label.
+/// SIGKILL the worker of `role` and `index` of server `s`; its pid.
 fn kill_worker(s: &Server, role: &str, index: usize) -> u32 {
+    signal_worker(s, role, index, "-KILL")
+}
+
+/// Send `signal` (`-KILL`, `-STOP`) to the worker of `role` and `index` of
+/// server `s`; its pid.
+fn signal_worker(s: &Server, role: &str, index: usize, signal: &str) -> u32 {
     let w = workers_of(s.child.id());
     let &(_, _, pid) = w
         .iter()
         .find(|(r, i, _)| r == role && *i == index)
         .unwrap_or_else(|| panic!("no {role} worker {index} among {w:?}"));
     let st = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
+        .args([signal, &pid.to_string()])
         .status()
         .unwrap();
     assert!(st.success());
@@ -101,7 +107,9 @@ fn small_chat() -> Value {
 /// a single worker per stage too: `cpu-image.toml` has one encode and one
 /// decode worker (its prefill stage: P0 and the local L0). While the only
 /// decode worker is down `/health` says 503; the report and `/metrics` count
-/// the death and the restart. About 15 s.
+/// the death and the restart. Then the encode worker is stopped (SIGSTOP):
+/// it answers no heartbeat, is killed and replaced, and requests succeed
+/// again. About 25 s.
 #[test]
 fn a_sigkilled_worker_is_back_within_30_s_and_requests_succeed_again() {
     let _timed = crate::timed();
@@ -132,15 +140,31 @@ fn a_sigkilled_worker_is_back_within_30_s_and_requests_succeed_again() {
     assert_eq!(m["easerve:worker_deaths_total"], 1.0);
     assert_eq!(m["easerve:worker_restarts_total"], 1.0);
     assert!(m["easerve:stage_down_seconds"] > 0.0);
+    // a worker that stops answering heartbeats is taken for dead
+    signal_worker(&s, "encode", 0, "-STOP");
+    let stopped = Instant::now();
+    while metrics(&s)["easerve:worker_deaths_total"] < 2.0 {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "E0 stopped and never failed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let back = back_to_full_capacity(&s, stopped, 30.0);
+    eprintln!("E0 (stopped) back {back:.2} s after SIGSTOP");
+    let (code, text) = s.post(&body);
+    assert_eq!(code, 200, "{text}");
     let r = s.stop();
-    assert_eq!(num(&r, "/supervision/deaths"), 1.0);
-    assert_eq!(num(&r, "/supervision/restarts"), 1.0);
+    assert_eq!(num(&r, "/supervision/deaths"), 2.0);
+    assert_eq!(num(&r, "/supervision/restarts"), 2.0);
+    let silent = r["supervision"]["outages"][1]["reason"].as_str().unwrap();
+    assert!(silent.contains("heartbeats"), "{silent}");
     let o = &r["supervision"]["outages"][0];
     assert_eq!(o["worker"], "D0");
     assert!(o["reason"].as_str().unwrap().contains("SIGKILL"), "{o}");
     assert!(num(o, "/back_at") > num(o, "/died_at"));
     assert!(num(o, "/load_s") > 0.0);
-    assert_eq!(num(&r, "/completed"), 4.0);
+    assert_eq!(num(&r, "/completed"), 5.0);
 }
 
 /// One request's fate in the chaos run.
