@@ -303,11 +303,12 @@ impl RunArgs {
         Ok(Some(parse_kill(k, &sc.topology()).map_err(BadInput)?))
     }
 
-    /// `--restart-after`, checked: a finite number of seconds in [0, 3600].
+    /// `--restart-after`, checked: seconds in (0, 3600] (a zero first delay
+    /// would never grow: a crash-looping worker would restart at once, forever).
     pub(crate) fn restart_after(&self) -> Result<Option<f64>, BadInput> {
         match self.restart_after {
-            Some(s) if !(0.0..=3600.0).contains(&s) => Err(BadInput(format!(
-                "--restart-after {s}: expected seconds in [0, 3600], e.g. 0.5"
+            Some(s) if !(s > 0.0 && s <= 3600.0) => Err(BadInput(format!(
+                "--restart-after {s}: expected seconds in (0, 3600], e.g. 0.5"
             ))),
             other => Ok(other),
         }
