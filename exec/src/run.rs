@@ -1171,6 +1171,10 @@ pub(crate) struct Links {
     kv_sent: HashMap<RequestId, f64>,
     /// Requests' own media until their encode pass goes out (`easerve serve`).
     pub(crate) media: HashMap<RequestId, Vec<WireMedia>>,
+    /// Media sent ahead to an encode worker for preprocessing, kept until
+    /// the request's pass goes out: if that worker dies, the request is
+    /// placed again and its media go to the new one.
+    ahead: HashMap<RequestId, Vec<WireMedia>>,
     /// Encode passes sent, as (requests, SM share), when the driver wants
     /// them (`easerve serve`'s metrics); `None` keeps nothing.
     pub(crate) passes: Option<Vec<(usize, f64)>>,
@@ -1218,6 +1222,9 @@ fn carry_out(
         // items it prepared
         Command::Preprocess { worker, id } => {
             let requests = vec![encode_request(ctrl, links, id)];
+            if !requests[0].media.is_empty() {
+                links.ahead.insert(id, requests[0].media.clone());
+            }
             send(
                 workers,
                 WorkerRef::Encode(worker),
@@ -1228,7 +1235,11 @@ fn carry_out(
             let requests = ctrl
                 .encode_batch(worker)
                 .iter()
-                .map(|&id| encode_request(ctrl, links, id))
+                .map(|&id| {
+                    // media sent ahead are with the worker already
+                    links.ahead.remove(&id);
+                    encode_request(ctrl, links, id)
+                })
                 .collect();
             workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
             if let Some(p) = links.passes.as_mut() {
@@ -1345,12 +1356,17 @@ fn carry_out(
 
 /// Request `id` as an encode worker or a replica takes it: its items and its
 /// own media (`easerve serve`; none for the synthetic workload), which leave
-/// the links with it.
+/// the links with it; a request placed again after its worker died takes the
+/// media it had sent ahead there.
 fn encode_request(ctrl: &Controller, links: &mut Links, id: RequestId) -> EncodeRequest {
+    let media = match links.media.remove(&id) {
+        Some(m) => m,
+        None => links.ahead.remove(&id).unwrap_or_default(),
+    };
     EncodeRequest {
         id,
         items: ctrl.requests()[id as usize].items.clone(),
-        media: links.media.remove(&id).unwrap_or_default(),
+        media,
     }
 }
 

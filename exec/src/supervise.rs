@@ -117,7 +117,8 @@ impl Supervisor {
     /// When the loop must wake for supervision: a restart due or the next
     /// heartbeat.
     pub(crate) fn wake_at(&self) -> f64 {
-        self.due.iter().map(|d| d.1).fold(self.next_ping, f64::min)
+        self.next_restart()
+            .map_or(self.next_ping, |t| t.min(self.next_ping))
     }
 
     /// Whether incarnation `gen` of worker `k` is its current one.
