@@ -184,6 +184,10 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         startup_timeout_s: a.startup_timeout,
         time_limit_s: a.time_limit,
         kill,
+        restart: Some(match a.run.restart_after()? {
+            Some(base) => easerve_sched::Backoff::starting_at(base),
+            None => easerve_sched::Backoff::DEFAULT,
+        }),
         mps_encode_share: a.mps_encode_share,
     };
     Ok((sc, opts))

@@ -208,6 +208,13 @@ pub(crate) struct RunArgs {
     /// run (`sim`: its work in progress is lost; `exec`: its process is killed).
     #[arg(long, value_name = "LABEL@SECONDS")]
     pub(crate) kill_worker: Option<String>,
+    /// Supervision: restart a dead worker SECONDS after its death, backing
+    /// off ×2 per failed attempt up to max(8, SECONDS) s; it rejoins once its
+    /// model is loaded (`sim`: a load derived from its weight bytes over the
+    /// host link). `sim`: off unless given (a dead worker stays dead);
+    /// `exec`, `serve`: always on, 0.5 s unless given.
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) restart_after: Option<f64>,
     /// Print the report as JSON instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -302,6 +309,17 @@ impl RunArgs {
             return Ok(None);
         };
         Ok(Some(parse_kill(k, &sc.topology()).map_err(BadInput)?))
+    }
+
+    /// `--restart-after`, checked: seconds in (0, 3600] (a zero first delay
+    /// would never grow: a crash-looping worker would restart at once, forever).
+    pub(crate) fn restart_after(&self) -> Result<Option<f64>, BadInput> {
+        match self.restart_after {
+            Some(s) if !(s > 0.0 && s <= 3600.0) => Err(BadInput(format!(
+                "--restart-after {s}: expected seconds in (0, 3600], e.g. 0.5"
+            ))),
+            other => Ok(other),
+        }
     }
 
     /// Write the per-request CSV and the decision log (if asked) and print
@@ -467,6 +485,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 timeline: a.trace.is_some(),
                 decisions: a.run.decisions.is_some(),
                 kill: a.run.kill(&sc)?,
+                restart_after: a.run.restart_after()?,
                 ..Default::default()
             };
             let out = easerve_sim::simulate_with(&sc, easerve_sim::scenario_cost(&sc), &opts);

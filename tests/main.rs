@@ -24,6 +24,8 @@ mod search_cli;
 #[cfg(feature = "exec")]
 mod serve_cli;
 mod sim_cli;
+#[cfg(feature = "exec")]
+mod supervision_cli;
 mod sweep_cli;
 
 use serde_json::Value;

@@ -569,8 +569,9 @@ fn an_imported_kernel_profile_loads_and_agrees_with_the_kernels() {
 
 /// `--decisions FILE` writes the controller's log as JSON Lines, and
 /// `--kill-worker` injects a fault in the simulator as in the executor: the
-/// killed worker's requests fail (the only remote prefill worker, so every
-/// later remote route fails too), each failure is in the log, the rest finish.
+/// killed decode worker's requests fail (their KV caches died with it, and
+/// with no restart every later one sent there too), each failure is in the
+/// log, the rest finish.
 #[test]
 fn sim_writes_the_decision_log_and_injects_faults() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -582,7 +583,7 @@ fn sim_writes_the_decision_log_and_injects_faults() {
         "--requests",
         "200",
         "--kill-worker",
-        "P0@20",
+        "D0@20",
         "--decisions",
         log.to_str().unwrap(),
     ]);
@@ -607,6 +608,73 @@ fn sim_writes_the_decision_log_and_injects_faults() {
     let bad = easerve(&["sim", "scenarios/image.toml", "--kill-worker", "E9@1"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--kill-worker `E9@1`"));
+}
+
+/// Supervision in the twin: the only remote prefill worker dies at 20 s;
+/// what it held is re-run on the local prefill workers (nothing fails), no
+/// request is routed to it while it is down, and with `--restart-after 2` it
+/// rejoins after the backoff plus its derived load time (its weight bytes over
+/// the host link) and takes remote routes again. A negative delay is bad input.
+#[test]
+fn sim_restarts_a_dead_worker_after_its_backoff_and_load() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("decisions.jsonl");
+    let args = [
+        "sim",
+        "scenarios/image.toml",
+        "--json",
+        "--requests",
+        "200",
+        "--kill-worker",
+        "P0@20",
+        "--restart-after",
+        "2",
+        "--decisions",
+        log.to_str().unwrap(),
+    ];
+    let out = easerve(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON report");
+    assert_eq!(num(&r, "/completed"), 200.0, "{r}");
+    assert!(r.get("failed").is_none());
+    let o = &r["supervision"]["outages"][0];
+    assert_eq!(o["worker"], "P0");
+    let load = num(o, "/load_s");
+    assert!(load > 0.0 && load < 10.0, "{o}");
+    assert!(
+        (num(o, "/back_at") - (20.0 + 2.0 + load)).abs() < 1e-9,
+        "{o}"
+    );
+    assert_eq!(num(&r, "/supervision/restarts"), 1.0);
+    let back = num(o, "/back_at");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .expect("decision log")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one decision per line"))
+        .collect();
+    // prefill batches on P0: none while it was down, some after it rejoined
+    let restarts = lines.iter().filter(|d| d.get("Restart").is_some()).count();
+    let rejoins = lines.iter().filter(|d| d.get("Rejoin").is_some()).count();
+    assert_eq!((restarts, rejoins), (1, 1));
+    let dispatch_at = |d: &serde_json::Value| d.pointer("/Prefill/at").and_then(|t| t.as_f64());
+    let to_p0 =
+        |d: &&serde_json::Value| d.pointer("/Prefill/worker") == Some(&serde_json::json!(0));
+    let p0_batches: Vec<f64> = lines.iter().filter(to_p0).filter_map(dispatch_at).collect();
+    assert!(
+        p0_batches.iter().all(|t| *t < 20.0 || *t >= back),
+        "P0 prefilled while down"
+    );
+    assert!(
+        p0_batches.iter().any(|t| *t >= back),
+        "P0 took no work after it rejoined"
+    );
+    let bad = easerve(&["sim", "scenarios/image.toml", "--restart-after", "-1"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--restart-after"));
 }
 
 /// The aggregated system is driven by the same controller: its decision log

@@ -105,7 +105,7 @@ impl FakeWorkers {
     /// simulator's fault), and nothing it had still to say is said.
     fn kill_at(&mut self, k: usize, at: f64) {
         // in the simulator's words, which the failed requests carry
-        let down = Incoming::Down(k, easerve_sched::controller::kill_reason(at));
+        let down = Incoming::Down(k, 0, easerve_sched::controller::kill_reason(at));
         self.replies.push(at, DONE, (k, down));
     }
 
@@ -218,6 +218,19 @@ impl FakeWorkers {
         }
     }
 
+    /// Worker `k` was restarted at `at`: its new process connects (a new
+    /// frame channel, incarnation `gen`) and says `Ready` once its model is
+    /// loaded, `load_s` later, as the simulator's restart takes.
+    fn restart(&mut self, k: usize, gen: u32, at: f64, load_s: f64) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.frames[k] = rx;
+        self.dead.retain(|d| *d != k);
+        let ready = at + load_s;
+        self.replies
+            .push(ready, DONE, (k, Incoming::Joined(k, gen, tx)));
+        self.send(ready, DONE, k, &FromWorker::Ready { load_s });
+    }
+
     /// When the next reply comes, if one is coming.
     fn next_at(&self) -> Option<f64> {
         self.replies.next_time()
@@ -319,11 +332,12 @@ fn run_virtual(
     ctrl: &mut Controller,
     pool: &mut Pool,
     fakes: &mut FakeWorkers,
+    sc: &Scenario,
 ) {
     let mut now = 0.0f64;
     for _ in 0..10_000_000 {
         fakes.read(now);
-        let next = [fakes.next_at(), face.wake_at(ctrl)]
+        let next = [fakes.next_at(), face.wake_at(ctrl), pool.sup.next_restart()]
             .into_iter()
             .flatten()
             .reduce(f64::min);
@@ -331,6 +345,11 @@ fn run_virtual(
             return;
         };
         now = now.max(t);
+        // restarts whose backoff is over begin (`drive` does this first too)
+        for k in pool.start_due_restarts(now).0 {
+            let gen = pool.sup.gens[k].load(std::sync::atomic::Ordering::SeqCst);
+            fakes.restart(k, gen, now, sc.restart_load_s(pool.worker_ref(k)));
+        }
         let heard = fakes.due(now);
         face.wake(ctrl, pool, now, heard);
     }
@@ -352,10 +371,21 @@ fn image_scenario(sets: &[(&str, &str)]) -> Scenario {
 /// The simulator's run of `sc`, with its decisions and service times, and
 /// worker `kill` dying as the tests kill it.
 fn simulate(sc: &Scenario, kill: Option<(WorkerRef, f64)>) -> SimOutput {
+    simulate_restarting(sc, kill, None)
+}
+
+/// [`simulate`], the killed worker restarted `restart_after` seconds after
+/// its death when given.
+fn simulate_restarting(
+    sc: &Scenario,
+    kill: Option<(WorkerRef, f64)>,
+    restart_after: Option<f64>,
+) -> SimOutput {
     let opts = SimOptions {
         decisions: true,
         service_log: true,
         kill,
+        restart_after,
         ..Default::default()
     };
     simulate_with(sc, sc.cost(), &opts)
@@ -364,8 +394,22 @@ fn simulate(sc: &Scenario, kill: Option<(WorkerRef, f64)>) -> SimOutput {
 /// `easerve exec`'s loop over `sc`'s workload against fake workers replaying
 /// `sim`, with worker `kill` dying as in `sim`: the controller at the end.
 fn execute(sc: &Scenario, sim: &SimOutput, kill: Option<(WorkerRef, f64)>) -> Controller {
+    execute_restarting(sc, sim, kill, None)
+}
+
+/// [`execute`], the killed worker restarted `restart_after` seconds after its
+/// death when given (`easerve exec --restart-after`).
+fn execute_restarting(
+    sc: &Scenario,
+    sim: &SimOutput,
+    kill: Option<(WorkerRef, f64)>,
+    restart_after: Option<f64>,
+) -> Controller {
     let (requests, tokens) = generate_with_tokens(sc);
     let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
+    if let Some(base) = restart_after {
+        ctrl.supervise(easerve_sched::Backoff::starting_at(base));
+    }
     let (mut pool, frames) = Pool::detached(ctrl.topology());
     let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, sim);
     if let Some((w, at)) = kill {
@@ -375,13 +419,13 @@ fn execute(sc: &Scenario, sim: &SimOutput, kill: Option<(WorkerRef, f64)>) -> Co
         fakes.kill_at(k, at);
     }
     let mut exec = ExecLoop::new(&ctrl);
-    run_virtual(&mut exec, &mut ctrl, &mut pool, &mut fakes);
+    run_virtual(&mut exec, &mut ctrl, &mut pool, &mut fakes, sc);
     ctrl
 }
 
 /// Whether every request ended and the executor's log and outcomes are the
 /// simulator's; returns the log's kinds ([`decision_kinds`]).
-fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 17] {
+fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 19] {
     assert!(ctrl.is_finished(), "requests left in the executor");
     let n = decision_kinds(&sim.decisions);
     assert!(
@@ -403,7 +447,7 @@ fn local_routes(log: &[Decision]) -> usize {
 /// `easerve exec`'s loop on the image scenario with `sets` applied and worker
 /// `kill` dying, against the simulator: the log's kinds and the executor's
 /// controller once they agree.
-fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 17], Controller) {
+fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 19], Controller) {
     let sc = image_scenario(sets);
     let sim = simulate(&sc, kill);
     let ctrl = execute(&sc, &sim, kill);
@@ -434,6 +478,25 @@ pub fn the_executor_fails_what_the_simulator_fails_when_a_worker_dies() {
     assert!(n[8] > 0, "nothing failed: {n:?}");
 }
 
+/// The only decode worker dies mid-run and is restarted 1 s later: the
+/// executor fails what it held, starts the new incarnation when the backoff
+/// is over, and rejoins it when it says `Ready`, after the load the
+/// simulator derives; both drivers decide the same, the restart and the
+/// rejoin included, and the requests after the rejoin finish.
+pub fn the_executor_restarts_what_the_simulator_restarts() {
+    let sc = image_scenario(&[]);
+    let kill = Some((WorkerRef::Decode(0), 40.0));
+    let sim = simulate_restarting(&sc, kill, Some(1.0));
+    let ctrl = execute_restarting(&sc, &sim, kill, Some(1.0));
+    let n = assert_agree(&sim, &ctrl);
+    assert!(n[8] > 0, "nothing failed: {n:?}");
+    assert_eq!((n[17], n[18]), (1, 1), "one restart, one rejoin: {n:?}");
+    let back = ctrl.outages()[0].back_at.expect("back");
+    let after = ctrl.records().iter().filter(|r| r.arrival > back);
+    assert!(after.clone().count() > 10);
+    assert!(after.into_iter().all(|r| r.finish.is_some()));
+}
+
 /// `easerve serve` takes its requests as they come (`add_request`) and
 /// streams their tokens; fed the workload's requests at their arrival times,
 /// it decides as the simulator does, and every request's handler hears it
@@ -462,7 +525,7 @@ fn serve_streams_every_token(sc: &Scenario, sim: &SimOutput) -> Controller {
         to_submit: requests.into(),
         answers: Vec::new(),
     };
-    run_virtual(&mut face, &mut ctrl, &mut pool, &mut fakes);
+    run_virtual(&mut face, &mut ctrl, &mut pool, &mut fakes, sc);
     assert_eq!(face.answers.len(), outputs.len());
     for (id, (rx, want)) in face.answers.iter_mut().zip(outputs).enumerate() {
         let mut heard = Vec::new();

@@ -33,4 +33,5 @@ pub mod openai;
 pub mod preprocess_cost;
 pub mod run;
 pub mod serve;
+mod supervise;
 pub mod wire;

@@ -38,7 +38,6 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::process::Child;
 use tokio::sync::mpsc;
@@ -63,6 +62,10 @@ pub struct ExecOptions {
     /// Fault injection: kill this worker's process (SIGKILL) this many
     /// seconds into the run.
     pub kill: Option<(WorkerRef, f64)>,
+    /// Supervision: a dead worker is restarted with this backoff and rejoins
+    /// once its model is loaded ([`easerve_sched::Backoff`]); `None`: a dead
+    /// worker stays dead.
+    pub restart: Option<easerve_sched::Backoff>,
     /// CUDA under MPS: the SM share of each encode worker that has a
     /// co-located prefill worker (that worker gets the rest), set through
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` when the processes start; `None`
@@ -77,12 +80,20 @@ pub struct ExecOptions {
 pub struct Fault {
     /// Worker label (`E0`, `P0`, `L0`, `D0`).
     pub worker: String,
-    /// Why (exit status, socket error, or the worker's own error message).
+    /// Why (exit status, socket error, missed heartbeats, or the worker's own
+    /// error message, with its last lines of stderr).
     pub reason: String,
     /// When the controller noticed, seconds since the run started.
     pub detected_at: f64,
     /// For an injected kill: seconds from the kill to its detection.
     pub detection_delay_s: Option<f64>,
+    /// Its last lines of stderr (at most 20), oldest first.
+    pub stderr: Vec<String>,
+    /// A restart that died before it was ready (not a new outage).
+    pub restart_failed: bool,
+    /// When it rejoined, seconds since the run started, and the seconds its
+    /// restart took (process start to `Ready`, the model load included).
+    pub back: Option<(f64, f64)>,
 }
 
 /// What a run hands back.
@@ -113,14 +124,14 @@ pub enum ExecError {
 
 /// One worker process as the controller sees it.
 pub(crate) struct WorkerProcess {
-    wref: WorkerRef,
+    pub(crate) wref: WorkerRef,
     label: String,
     role: Role,
     index: usize,
     gpu: usize,
     /// A local prefill worker, sharing an encode worker's device.
     local: bool,
-    tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
+    pub(crate) tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
     pub(crate) pid: Option<u32>,
     /// Seconds of compute the worker reported, and SM-share-weighted seconds.
@@ -135,11 +146,15 @@ pub(crate) struct WorkerProcess {
 
 pub(crate) enum Incoming {
     Msg(usize, FromWorker),
-    Down(usize, String),
+    /// Incarnation `.1` of worker `.0` ended: its socket closed or its
+    /// process exited (`.2` says which).
+    Down(usize, u32, String),
     Stderr(usize, String),
+    /// A restarted worker (incarnation `.1`) connected: its writer.
+    Joined(usize, u32, mpsc::UnboundedSender<Vec<u8>>),
 }
 
-fn role_ref(role: Role, index: usize) -> WorkerRef {
+pub(crate) fn role_ref(role: Role, index: usize) -> WorkerRef {
     match role {
         Role::Encode => WorkerRef::Encode(index),
         Role::Prefill => WorkerRef::Prefill(index),
@@ -186,6 +201,9 @@ async fn run(
     let sc = &*as_applied(sc, opts);
     let (requests, tokens) = generate_with_tokens(sc);
     let mut ctrl = sc.controller(requests, &tokens, cost, true);
+    if let Some(b) = opts.restart {
+        ctrl.supervise(b);
+    }
     let mut pool = start_workers(sc, ctrl.topology(), opts).await?;
     let Outcome {
         faults,
@@ -219,14 +237,16 @@ pub(crate) struct Pool {
     pub(crate) workers: Vec<WorkerProcess>,
     pub(crate) by_ref: HashMap<WorkerRef, usize>,
     pub(crate) rx: mpsc::UnboundedReceiver<Incoming>,
-    /// Kept so the channel stays open while every worker is gone.
-    _tx: mpsc::UnboundedSender<Incoming>,
-    /// Each worker's last error line (stderr or an error frame).
-    pub(crate) last_err: HashMap<usize, String>,
+    /// The loop's inbox, for the tasks of restarted workers (and it keeps
+    /// the channel open while every worker is gone).
+    pub(crate) tx: mpsc::UnboundedSender<Incoming>,
     /// CPU threads of each worker.
-    threads: Vec<usize>,
-    /// Which workers died (their process exited or their socket closed).
+    pub(crate) threads: Vec<usize>,
+    /// Which workers died (their process exited or their socket closed) and
+    /// are not back.
     pub(crate) live: Liveness,
+    /// Restarts, heartbeats and stderr tails ([`crate::supervise`]).
+    pub(crate) sup: crate::supervise::Supervisor,
 }
 
 #[cfg(feature = "agreement")]
@@ -254,11 +274,11 @@ impl Pool {
         let (tx, rx) = mpsc::unbounded_channel();
         let pool = Pool {
             threads: vec![1; workers.len()],
+            sup: crate::supervise::Supervisor::new(workers.len(), None),
             workers,
             by_ref,
             rx,
-            _tx: tx,
-            last_err: HashMap::new(),
+            tx,
             live: Liveness::new(),
         };
         (pool, frames)
@@ -309,15 +329,7 @@ pub(crate) async fn start_workers(
             .spawn()
             .map_err(|e| ExecError::Startup(format!("cannot start {}: {e}", opts.exe.display())))?;
         w.pid = child.id();
-        if let Some(err) = child.stderr.take() {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(err).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    let _ = tx.send(Incoming::Stderr(k, l));
-                }
-            });
-        }
+        crate::supervise::watch_child(k, 0, &mut child, &tx);
         w.child = Some(child);
     }
 
@@ -344,19 +356,29 @@ pub(crate) async fn start_workers(
                     Ok(status) => format!("process exited ({status})"),
                     Err(e) => format!("process lost: {e}"),
                 };
-                let _ = tx.send(Incoming::Down(k, why));
+                let _ = tx.send(Incoming::Down(k, 0, why));
             });
         }
     }
-
+    let spec = crate::supervise::SpawnSpec {
+        sc: sc.clone(),
+        opts: opts.clone(),
+        addr,
+        local_peer,
+    };
+    let mut sup = crate::supervise::Supervisor::new(workers.len(), Some(spec));
+    for (k, l) in waiting.last_err {
+        sup.stderr_line(k, l);
+    }
+    crate::supervise::accept_restarts(listener, &workers, sup.gens.clone(), tx.clone());
     Ok(Pool {
         workers,
         by_ref,
         rx,
-        _tx: tx,
-        last_err: waiting.last_err,
+        tx,
         threads,
         live: Liveness::new(),
+        sup,
     })
 }
 
@@ -413,7 +435,7 @@ fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
 
 /// The command that starts worker `w` (with `threads` CPU threads; `peer`: an
 /// encode worker with a local prefill worker on its GPU) connecting to `addr`.
-fn worker_command(
+pub(crate) fn worker_command(
     sc: &Scenario,
     opts: &ExecOptions,
     w: &WorkerProcess,
@@ -557,7 +579,7 @@ impl Waiting {
             });
             workers[k].tx = Some(wtx);
             let tx = tx.clone();
-            tokio::spawn(reader(k, rd, tx));
+            tokio::spawn(reader(k, 0, rd, tx));
             connected += 1;
         }
         Ok(())
@@ -593,7 +615,7 @@ impl Waiting {
                         workers[k].label
                     )))
                 }
-                Some(Incoming::Down(k, why)) => {
+                Some(Incoming::Down(k, _, why)) => {
                     return Err(ExecError::Startup(format!(
                         "worker {} went away while loading: {why}{}",
                         workers[k].label,
@@ -632,7 +654,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
         let wake = [run.wake_at(ctrl), kill.due(), opts.time_limit_s]
             .into_iter()
             .flatten()
-            .fold(f64::INFINITY, f64::min);
+            .fold(pool.sup.wake_at(), f64::min);
         let sleep_for = (wake - now()).clamp(0.0, 3600.0);
         let mut heard = None;
         tokio::select! {
@@ -670,6 +692,13 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
             break;
         }
         kill.inject(pool, t);
+        for ev in pool.supervise(t) {
+            let at = DetectAt {
+                now: t,
+                killed_at: kill.killed_at,
+            };
+            run.hear(pool, ev, at);
+        }
         run.wake(ctrl, pool, t);
         run_s = t;
     }
@@ -814,6 +843,11 @@ impl Driver for Wake<'_> {
 
     fn carry_out(&mut self, now: f64, cmd: Command) {
         let pool = &mut *self.pool;
+        if let Command::Restart { worker, delay_s } = cmd {
+            // the process starts when the backoff is over ([`Pool::supervise`])
+            pool.sup.restart_at(pool.by_ref[&worker], now + delay_s);
+            return;
+        }
         let links = &mut self.relay.links;
         // a transfer to a worker that is gone lands at once, so the
         // controller fails its requests and frees the sender's slot
@@ -845,9 +879,9 @@ fn on_incoming(
     at: DetectAt,
     tokens: Option<&mut Vec<(RequestId, u32)>>,
 ) -> Option<Event> {
-    let last_err = &mut pool.last_err;
     match ev {
         Incoming::Msg(k, msg) => {
+            pool.sup.heard(k, at.now);
             let w = &mut pool.workers[k];
             match msg {
                 FromWorker::EncodeDone {
@@ -872,6 +906,7 @@ fn on_incoming(
                         t.extend(outputs.iter().map(|(id, tok, _)| (*id, *tok)));
                     }
                     for (id, tok, cache) in outputs {
+                        links.embeddings.remove(&id);
                         links.kv.insert(id, (tok, cache));
                     }
                     Some(Event::PrefillDone { worker: w.index })
@@ -910,43 +945,98 @@ fn on_incoming(
                     })
                 }
                 FromWorker::Error { message } => {
-                    last_err.insert(k, message);
+                    pool.sup.stderr_line(k, message);
                     None
                 }
-                FromWorker::Hello { .. } | FromWorker::Ready { .. } => None,
+                FromWorker::Ready { .. } => rejoined(pool, k, faults, at.now),
+                FromWorker::Hello { .. } | FromWorker::Pong => None,
             }
         }
-        Incoming::Down(k, why) => {
-            let w = &mut pool.workers[k];
-            if !pool.live.kill(w.wref) {
-                return None;
-            }
-            w.tx = None;
-            let reason = match last_err.get(&k) {
-                Some(l) => format!("{why}; last words: {l}"),
-                None => why,
-            };
-            faults.push(Fault {
-                worker: w.label.clone(),
-                reason: reason.clone(),
-                detected_at: at.now,
-                detection_delay_s: at
-                    .killed_at
-                    .filter(|(kk, _)| *kk == k)
-                    .map(|(_, t)| at.now - t),
-            });
-            // the controller fails what it holds, and frees the in-flight
-            // slots of envelopes sent to it
-            Some(Event::WorkerFailed {
-                worker: w.wref,
-                reason,
-            })
-        }
+        Incoming::Down(k, gen, why) => worker_down(pool, k, gen, why, faults, at),
         Incoming::Stderr(k, l) => {
-            last_err.insert(k, l);
+            pool.sup.stderr_line(k, l);
+            None
+        }
+        Incoming::Joined(k, gen, tx) => {
+            if pool.sup.current(k, gen) {
+                pool.sup.joined(k, tx);
+            }
             None
         }
     }
+}
+
+/// Incarnation `gen` of worker `k` ended, noticed at `at`: a live worker's
+/// death ([`Fault`], [`Event::WorkerFailed`], its reason with its last lines
+/// of stderr), a restart that died before it was ready (the event again, for
+/// the controller's backoff), or nothing (a second report of one end, or an
+/// earlier incarnation's).
+fn worker_down(
+    pool: &mut Pool,
+    k: usize,
+    gen: u32,
+    why: String,
+    faults: &mut Vec<Fault>,
+    at: DetectAt,
+) -> Option<Event> {
+    if !pool.sup.current(k, gen) {
+        return None;
+    }
+    let w = &mut pool.workers[k];
+    let restart_failed = if pool.live.kill(w.wref) {
+        false
+    } else if pool.sup.restart_failed(k) {
+        true
+    } else {
+        return None;
+    };
+    w.tx = None;
+    w.decode_run = None;
+    let stderr = pool.sup.tail(k);
+    let reason = match stderr.len() {
+        0 => why,
+        n => format!(
+            "{why}; its last {n} lines of stderr: {}",
+            stderr.join(" | ")
+        ),
+    };
+    faults.push(Fault {
+        worker: w.label.clone(),
+        reason: reason.clone(),
+        detected_at: at.now,
+        detection_delay_s: at
+            .killed_at
+            .filter(|(kk, _)| *kk == k)
+            .map(|(_, t)| at.now - t),
+        stderr,
+        restart_failed,
+        back: None,
+    });
+    // the controller fails what it holds and re-places the rest, frees the
+    // in-flight slots of envelopes sent to it, and asks for a restart
+    Some(Event::WorkerFailed {
+        worker: w.wref,
+        reason,
+    })
+}
+
+/// Worker `k` said `Ready` at `now`: a restart's process has loaded its
+/// model, so its connection goes live and it rejoins
+/// ([`Event::WorkerRestarted`]).
+fn rejoined(pool: &mut Pool, k: usize, faults: &mut [Fault], now: f64) -> Option<Event> {
+    let (tx, took) = pool.sup.ready(k, now)?;
+    let w = &mut pool.workers[k];
+    w.tx = Some(tx);
+    w.share = 1.0;
+    pool.live.revive(w.wref);
+    if let Some(f) = faults
+        .iter_mut()
+        .rev()
+        .find(|f| f.worker == w.label && !f.restart_failed)
+    {
+        f.back = Some((now, took));
+    }
+    Some(Event::WorkerRestarted { worker: w.wref })
 }
 
 /// Fault injection (`--kill-worker`): which worker dies when, and when the
@@ -985,22 +1075,6 @@ impl KillPlan {
     }
 }
 
-impl Pool {
-    /// Whether some stage (encode, prefill, decode, or the aggregated
-    /// replicas) has no live worker left.
-    pub(crate) fn stage_down(&self) -> bool {
-        [Role::Encode, Role::Prefill, Role::Decode, Role::Replica]
-            .iter()
-            .any(|r| {
-                self.workers.iter().any(|w| w.role == *r)
-                    && !self
-                        .workers
-                        .iter()
-                        .any(|w| w.role == *r && self.live.is_alive(w.wref))
-            })
-    }
-}
-
 /// Kill our own worker process `pid` (SIGKILL).
 pub(crate) fn sigkill(pid: u32) {
     // SAFETY: plain kill(2) of a child's pid.
@@ -1018,6 +1092,14 @@ pub(crate) async fn shut_down(pool: &mut Pool) {
             }
         }
     }
+    // restarts still loading go at once
+    for (k, w) in pool.workers.iter().enumerate() {
+        if pool.sup.restart_failed(k) {
+            if let Some(pid) = w.pid {
+                sigkill(pid);
+            }
+        }
+    }
     let stop_deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     let live = &mut pool.live;
     let mut alive: usize = pool
@@ -1028,7 +1110,7 @@ pub(crate) async fn shut_down(pool: &mut Pool) {
     while alive > 0 {
         tokio::select! {
             ev = pool.rx.recv() => match ev {
-                Some(Incoming::Down(k, _)) if live.kill(pool.workers[k].wref) => {
+                Some(Incoming::Down(k, _, _)) if live.kill(pool.workers[k].wref) => {
                     alive -= 1;
                 }
                 Some(_) => {}
@@ -1047,8 +1129,9 @@ pub(crate) async fn shut_down(pool: &mut Pool) {
 }
 
 /// Read frames from worker `k` until its socket closes.
-async fn reader(
+pub(crate) async fn reader(
     k: usize,
+    gen: u32,
     mut rd: tokio::net::tcp::OwnedReadHalf,
     tx: mpsc::UnboundedSender<Incoming>,
 ) {
@@ -1060,11 +1143,14 @@ async fn reader(
                 }
             }
             Ok(None) => {
-                let _ = tx.send(Incoming::Down(k, "connection closed".into()));
+                // a process that died closes its socket first: give its exit
+                // status (the better reason) a moment to be reported first
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = tx.send(Incoming::Down(k, gen, "connection closed".into()));
                 return;
             }
             Err(e) => {
-                let _ = tx.send(Incoming::Down(k, format!("connection failed: {e}")));
+                let _ = tx.send(Incoming::Down(k, gen, format!("connection failed: {e}")));
                 return;
             }
         }
@@ -1075,7 +1161,9 @@ async fn reader(
 /// caches held until their destination is chosen, and when each transfer left.
 #[derive(Default)]
 pub(crate) struct Links {
-    embeddings: HashMap<RequestId, Matrix>,
+    /// Embeddings by request, from its encode pass until its prefill is
+    /// done (a prefill worker's death re-runs the prefill from them).
+    pub(crate) embeddings: HashMap<RequestId, Matrix>,
     kv: HashMap<RequestId, (u32, KvData)>,
     /// Envelopes in flight and when they left.
     envelopes: HashMap<EnvelopeId, f64>,
@@ -1083,6 +1171,10 @@ pub(crate) struct Links {
     kv_sent: HashMap<RequestId, f64>,
     /// Requests' own media until their encode pass goes out (`easerve serve`).
     pub(crate) media: HashMap<RequestId, Vec<WireMedia>>,
+    /// Media sent ahead to an encode worker for preprocessing, kept until
+    /// the request's pass goes out: if that worker dies, the request is
+    /// placed again and its media go to the new one.
+    ahead: HashMap<RequestId, Vec<WireMedia>>,
     /// Encode passes sent, as (requests, SM share), when the driver wants
     /// them (`easerve serve`'s metrics); `None` keeps nothing.
     pub(crate) passes: Option<Vec<(usize, f64)>>,
@@ -1130,6 +1222,9 @@ fn carry_out(
         // items it prepared
         Command::Preprocess { worker, id } => {
             let requests = vec![encode_request(ctrl, links, id)];
+            if !requests[0].media.is_empty() {
+                links.ahead.insert(id, requests[0].media.clone());
+            }
             send(
                 workers,
                 WorkerRef::Encode(worker),
@@ -1140,7 +1235,11 @@ fn carry_out(
             let requests = ctrl
                 .encode_batch(worker)
                 .iter()
-                .map(|&id| encode_request(ctrl, links, id))
+                .map(|&id| {
+                    // media sent ahead are with the worker already
+                    links.ahead.remove(&id);
+                    encode_request(ctrl, links, id)
+                })
                 .collect();
             workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
             if let Some(p) = links.passes.as_mut() {
@@ -1156,7 +1255,9 @@ fn carry_out(
             let e: Vec<(RequestId, Matrix)> = ctrl
                 .envelope(envelope)
                 .iter()
-                .filter_map(|id| links.embeddings.remove(id).map(|m| (*id, m)))
+                // kept until the request's prefill is done: a prefill worker
+                // that dies re-runs it elsewhere from them
+                .filter_map(|id| links.embeddings.get(id).map(|m| (*id, m.clone())))
                 .collect();
             let sent = send(
                 workers,
@@ -1251,18 +1352,25 @@ fn carry_out(
         // workers is refused before the run): no change reaches its
         // controller, which asks for no load or stop without one
         Command::LoadWorker { .. } | Command::StopWorker { .. } => {}
+        // the driver's loop takes it ([`Wake`])
+        Command::Restart { .. } => {}
     }
     None
 }
 
 /// Request `id` as an encode worker or a replica takes it: its items and its
 /// own media (`easerve serve`; none for the synthetic workload), which leave
-/// the links with it.
+/// the links with it; a request placed again after its worker died takes the
+/// media it had sent ahead there.
 fn encode_request(ctrl: &Controller, links: &mut Links, id: RequestId) -> EncodeRequest {
+    let media = match links.media.remove(&id) {
+        Some(m) => m,
+        None => links.ahead.remove(&id).unwrap_or_default(),
+    };
     EncodeRequest {
         id,
         items: ctrl.requests()[id as usize].items.clone(),
-        media: links.media.remove(&id).unwrap_or_default(),
+        media,
     }
 }
 
@@ -1294,6 +1402,25 @@ fn replica_step(ctrl: &Controller, links: &mut Links, r: usize) -> ToWorker {
         prefill,
         decode,
     }
+}
+
+/// The supervision section of a run `ctrl` drove for `run_s` seconds, with
+/// each death's stderr and its restart's measured time (process start to
+/// `Ready`) from `faults`; `None` when no worker died.
+fn supervision_of(
+    ctrl: &Controller,
+    faults: &[Fault],
+    run_s: f64,
+) -> Option<easerve_workload::report::SupervisionReport> {
+    let mut sup = easerve_workload::report::SupervisionReport::of(ctrl, run_s)?;
+    // the controller's outages are the faults that were not failed restarts,
+    // in the same order
+    let deaths = faults.iter().filter(|f| !f.restart_failed);
+    for (o, f) in sup.outages.iter_mut().zip(deaths) {
+        o.stderr.clone_from(&f.stderr);
+        o.load_s = f.back.map(|b| b.1);
+    }
+    Some(sup)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1384,6 +1511,7 @@ pub(crate) fn build_report(
             easerve_workload::windows::windows(records, &sc.slo, w, sc.workload.schedule.as_ref());
     }
     report.measured = true;
+    report.supervision = supervision_of(ctrl, faults, run_s);
     // the simulator's rule (the cost model's load ratios at the rate offered
     // and the run's typical request), with the measured queueing
     let typical = easerve_sim::typical_of(sc, ctrl.requests());

@@ -9,8 +9,9 @@
 //!
 //! Endpoints:
 //! * `POST /v1/chat/completions` (streaming as server-sent events, or not);
-//! * `GET /v1/models`, `GET /health` (200 once the workers are up, 503 while
-//!   they start or the server drains);
+//! * `GET /v1/models`, `GET /health` (200 once the workers are up and while
+//!   every stage has a live worker; 503 while they start, while a stage's
+//!   workers are all dead or restarting, and once the server drains);
 //! * `GET /metrics` in the Prometheus (OpenMetrics) text format, with vLLM's
 //!   names ([`Metrics`]).
 //!
@@ -118,6 +119,11 @@ pub(crate) struct Submission {
 /// | `easerve:encode_micro_batch_size` | histogram | requests per encode pass |
 /// | `easerve:encode_sm_share` | gauge | SM (thread) share of the latest encode pass |
 /// | `easerve:prefill_offload_fraction` | gauge | realised share of prefills routed to remote workers (the offload ratio s) |
+/// | `easerve:worker_deaths_total` | counter | worker deaths (exits, kills, missed heartbeats; a restart that dies while loading counts again) |
+/// | `easerve:worker_restarts_total` | counter | restarts that brought a worker back (its model loaded, it rejoined) |
+/// | `easerve:workers_down` | gauge | workers dead now (restarting or not): 0 at full capacity |
+/// | `easerve:degraded_seconds` | gauge | seconds so far with at least one worker dead |
+/// | `easerve:stage_down_seconds` | gauge | seconds so far with some stage having no live worker (`/health` 503) |
 ///
 /// Times are seconds from a request's arrival (its body received) at the
 /// server. Every label set carries `model_name`.
@@ -138,6 +144,11 @@ pub struct Metrics {
     micro_batch: Histogram,
     sm_share: Gauge<f64, AtomicU64>,
     offload: Gauge<f64, AtomicU64>,
+    deaths: Counter,
+    restarts: Counter,
+    workers_down: Gauge,
+    degraded: Gauge<f64, AtomicU64>,
+    down: Gauge<f64, AtomicU64>,
 }
 
 /// vLLM's TTFT buckets, seconds.
@@ -181,6 +192,11 @@ impl Metrics {
             micro_batch: Histogram::new((0..10).map(|k| f64::from(1u32 << k))),
             sm_share: Gauge::default(),
             offload: Gauge::default(),
+            deaths: Counter::default(),
+            restarts: Counter::default(),
+            workers_down: Gauge::default(),
+            degraded: Gauge::default(),
+            down: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -259,6 +275,31 @@ impl Metrics {
             "Realised fraction of prefills routed to remote prefill workers",
             m.offload.clone(),
         );
+        r.register(
+            "easerve:worker_deaths",
+            "Worker deaths (exits, kills, missed heartbeats)",
+            m.deaths.clone(),
+        );
+        r.register(
+            "easerve:worker_restarts",
+            "Worker restarts that brought a worker back",
+            m.restarts.clone(),
+        );
+        r.register(
+            "easerve:workers_down",
+            "Workers dead now, restarting or not",
+            m.workers_down.clone(),
+        );
+        r.register(
+            "easerve:degraded_seconds",
+            "Seconds with at least one worker dead",
+            m.degraded.clone(),
+        );
+        r.register(
+            "easerve:stage_down_seconds",
+            "Seconds with some stage having no live worker",
+            m.down.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -287,6 +328,18 @@ impl Metrics {
             self.queue.observe(start - r.arrival);
         }
         self.success.inc();
+    }
+
+    /// Supervision's counters and gauges, from the controller's at `now`.
+    fn supervision(&self, ctrl: &Controller, now: f64) {
+        let s = ctrl.supervision(now);
+        self.deaths
+            .inc_by((s.deaths as u64).saturating_sub(self.deaths.get()));
+        self.restarts
+            .inc_by((s.restarts as u64).saturating_sub(self.restarts.get()));
+        self.workers_down.set(ctrl.dead_workers() as i64);
+        self.degraded.set(s.degraded_s);
+        self.down.set(s.down_s);
     }
 
     /// The gauges, from the controller's state now.
@@ -407,7 +460,7 @@ async fn health(State(app): State<Arc<App>>) -> Response {
     if app.stage_down.load(Ordering::SeqCst) {
         return error_response(&ApiError {
             status: 503,
-            message: "a stage has no live worker left: requests fail until the server is restarted"
+            message: "a stage has no live worker: its workers are restarting, and requests that need it fail until one is back"
                 .into(),
         });
     }
@@ -673,6 +726,9 @@ async fn run(
 ) -> Result<ExecOutput, ExecError> {
     let sc = &*crate::run::as_applied(sc, &opts.exec);
     let mut ctrl = serving_controller(sc, cost, opts.log_decisions);
+    if let Some(b) = opts.exec.restart {
+        ctrl.supervise(b);
+    }
     let (submit, mut submissions) = mpsc::unbounded_channel::<Submission>();
     let app = Arc::new(App::new(sc, submit));
     let router = Router::new()
@@ -817,6 +873,7 @@ async fn drive(
         if let (Some(t), false) = (opts.exec.time_limit_s, draining) {
             wake = wake.min(t);
         }
+        wake = wake.min(pool.sup.wake_at());
         // a drain looks again for requests still being received
         let cap = if draining { 0.05 } else { 3600.0 };
         let sleep_for = (wake - now()).clamp(0.0, cap);
@@ -846,6 +903,13 @@ async fn drive(
             app.state.store(DRAINING, Ordering::SeqCst);
         }
         kill.inject(pool, t);
+        for ev in pool.supervise(t) {
+            let at = DetectAt {
+                now: t,
+                killed_at: kill.killed_at,
+            };
+            serve.hear(pool, ev, at, app);
+        }
         if let Some(Submission {
             chat,
             reply,
@@ -894,12 +958,9 @@ impl ServeLoop {
         }
     }
 
-    /// A message from the workers, noticed at `at.now`; `/health` turns 503
-    /// when a stage lost its last worker.
-    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, app: &App) {
-        if self.relay.hear(pool, ev, at, Some(&mut self.tokens)) && pool.stage_down() {
-            app.stage_down.store(true, Ordering::SeqCst);
-        }
+    /// A message from the workers, noticed at `at.now`.
+    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, _app: &App) {
+        self.relay.hear(pool, ev, at, Some(&mut self.tokens));
     }
 
     /// A request came at `arrival` (seconds): the controller takes it, and
@@ -956,8 +1017,16 @@ impl ServeLoop {
                 app.metrics.sm_share.set(share);
             }
         }
-        resolve(ctrl, &mut self.flight, &mut links.media, &app.metrics);
+        resolve(
+            ctrl,
+            &mut self.flight,
+            (&mut links.media, &mut links.embeddings),
+            &app.metrics,
+        );
         app.metrics.update(ctrl);
+        app.metrics.supervision(ctrl, t);
+        // `/health`: 503 while some stage has no live worker (the controller's word)
+        app.stage_down.store(ctrl.stage_down(), Ordering::SeqCst);
     }
 }
 
@@ -966,7 +1035,10 @@ impl ServeLoop {
 fn resolve(
     ctrl: &Controller,
     flight: &mut HashMap<RequestId, InFlight>,
-    media: &mut HashMap<RequestId, Vec<WireMedia>>,
+    (media, embeddings): (
+        &mut HashMap<RequestId, Vec<WireMedia>>,
+        &mut HashMap<RequestId, crate::wire::Matrix>,
+    ),
     metrics: &Metrics,
 ) {
     flight.retain(|&id, f| {
@@ -987,6 +1059,7 @@ fn resolve(
         if let Some(why) = &r.failure {
             metrics.failure.inc();
             media.remove(&id);
+            embeddings.remove(&id);
             let _ = f
                 .reply
                 .send(Out::Failed(format!("the request failed: {why}")));

@@ -249,6 +249,9 @@ pub enum ToWorker {
     },
     /// Exit.
     Shutdown,
+    /// A heartbeat: answer [`FromWorker::Pong`] at once, whatever the worker
+    /// is computing (its receiver thread answers).
+    Ping,
 }
 
 /// Worker → controller.
@@ -322,6 +325,8 @@ pub enum FromWorker {
         /// What went wrong.
         message: String,
     },
+    /// The answer to a heartbeat ([`ToWorker::Ping`]).
+    Pong,
 }
 
 fn config() -> bincode::config::Configuration {

@@ -163,6 +163,13 @@ impl Liveness {
         true
     }
 
+    /// Worker `w` is back (restarted and loaded). Returns whether it was dead.
+    pub fn revive(&mut self, w: WorkerRef) -> bool {
+        let before = self.dead.len();
+        self.dead.retain(|x| *x != w);
+        self.dead.len() != before
+    }
+
     /// Whether worker `w` is alive.
     #[inline]
     pub fn is_alive(&self, w: WorkerRef) -> bool {
@@ -225,7 +232,7 @@ pub struct ServiceLog {
     pub encode: Vec<Vec<(f64, f64)>>,
     /// Per prefill worker, per batch, as it ran (re-ratings included).
     pub prefill: Vec<Vec<f64>>,
-    /// Per decode worker, per iteration.
+    /// Per decode worker, per iteration begun (one cut off by a fault included).
     pub decode: Vec<Vec<f64>>,
     /// Per encode worker, per remote envelope: time on the link.
     pub embeddings: Vec<Vec<f64>>,

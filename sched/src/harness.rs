@@ -237,6 +237,9 @@ enum ClusterEvent {
     /// A replica's iteration ends: (replica, generation, when its prefill began).
     ReplicaDone(usize, u64, f64),
     Fail(WorkerRef),
+    /// A restarted worker is loaded: (worker, its deaths when the restart
+    /// began; a death since makes it stale).
+    Rejoin(WorkerRef, usize),
     Interrupt,
     /// A planner's change reaches the controller.
     Reconfigure(crate::Change),
@@ -363,6 +366,10 @@ pub struct Cluster<S: Service> {
     pub now: f64,
     /// Every share change the controller issued: `(time, prefill worker, share)`.
     pub share_changes: Vec<(f64, usize, f64)>,
+    /// Seconds a worker takes to load its model: a restarted one after its
+    /// backoff ([`Command::Restart`]), or one a planner starts
+    /// ([`Command::LoadWorker`]); 1 s by default.
+    pub load_s: f64,
     /// End every decode run after its first iteration, as a driver that asked
     /// for one decision per iteration would: the reference a run's outcome
     /// is checked against (off by default).
@@ -379,10 +386,10 @@ pub struct Cluster<S: Service> {
     prefill_link: Vec<SerialLink>,
     /// Workers that died: transfers to them land at once.
     live: Liveness,
-    /// Seconds a worker takes to load its model ([`Command::LoadWorker`]).
-    pub load_s: f64,
     /// Every worker stopped ([`Command::StopWorker`]): `(time, worker)`.
     pub stops: Vec<(f64, WorkerRef)>,
+    /// Every death, in order (a restart that died while loading included).
+    deaths: Vec<WorkerRef>,
 }
 
 const DONE: u8 = 0;
@@ -399,6 +406,7 @@ impl<S: Service> Cluster<S> {
             service,
             now: 0.0,
             share_changes: Vec::new(),
+            load_s: 1.0,
             one_iteration_runs: false,
             interrupt: None,
             queue: Schedule::new(),
@@ -410,8 +418,8 @@ impl<S: Service> Cluster<S> {
             encode_link: vec![SerialLink::default(); ne],
             prefill_link: vec![SerialLink::default(); np],
             live: Liveness::new(),
-            load_s: 1.0,
             stops: Vec::new(),
+            deaths: Vec::new(),
             ctrl,
         };
         let arrivals: Vec<(RequestId, f64)> = c
@@ -444,6 +452,10 @@ impl<S: Service> Cluster<S> {
     pub fn interrupt_at(&mut self, at: f64, reason: &str) {
         self.interrupt = Some(reason.to_string());
         self.push(at, DONE, ClusterEvent::Interrupt);
+    }
+
+    fn deaths_of(&self, w: WorkerRef) -> usize {
+        self.deaths.iter().filter(|x| **x == w).count()
     }
 
     /// Run the next instant ([`driver::step`]); false when nothing is left.
@@ -498,6 +510,7 @@ impl<S: Service> Cluster<S> {
             }
             ClusterEvent::Fail(w) => {
                 self.live.kill(w);
+                self.deaths.push(w);
                 // whatever it was doing never ends
                 match w {
                     WorkerRef::Encode(i) => self.encode_gen[i] += 1,
@@ -512,6 +525,10 @@ impl<S: Service> Cluster<S> {
             }
             ClusterEvent::Reconfigure(change) => Event::Reconfigure { change },
             ClusterEvent::Ready(worker) => Event::WorkerReady { worker },
+            ClusterEvent::Rejoin(w, deaths) if deaths == self.deaths_of(w) => {
+                self.live.revive(w);
+                Event::WorkerRestarted { worker: w }
+            }
             ClusterEvent::Interrupt => {
                 // decode runs in flight go no further
                 for g in self.decode_gen.iter_mut().chain(&mut self.replica_gen) {
@@ -600,6 +617,11 @@ impl<S: Service> Driver for Cluster<S> {
                 self.push(end, LANDED, ClusterEvent::Kv(id, start));
             }
             Command::Release { .. } => {}
+            Command::Restart { worker, delay_s } => {
+                let at = now + delay_s + self.load_s;
+                let ev = ClusterEvent::Rejoin(worker, self.deaths_of(worker));
+                self.push(at, DONE, ev);
+            }
             Command::FrontEndPreprocess { id } => {
                 let t = self.service.front_end(id);
                 self.push(now + t, LANDED, ClusterEvent::Preprocessed(id));
@@ -804,6 +826,23 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
                 context: c2,
             },
         ) => close(*t1, *t2) && r1 == r2 && i1 == i2 && b1 == b2 && c1 == c2,
+        (
+            Decision::Restart {
+                at: t1,
+                worker: w1,
+                attempt: n1,
+                delay_s: d1,
+            },
+            Decision::Restart {
+                at: t2,
+                worker: w2,
+                attempt: n2,
+                delay_s: d2,
+            },
+        ) => close(*t1, *t2) && w1 == w2 && n1 == n2 && close(*d1, *d2),
+        (Decision::Rejoin { at: t1, worker: w1 }, Decision::Rejoin { at: t2, worker: w2 }) => {
+            close(*t1, *t2) && w1 == w2
+        }
         _ => a == b,
     }
 }
@@ -812,9 +851,9 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 /// prefill, share, place-decode, decode run, fail, decode yield,
 /// place-replica, replica step, place-shard, prefill chunk, the planner's
 /// reconfigurations (a change, a worker ready or stopped), encoder-cache
-/// lookup, prefix-cache lookup.
-pub fn decision_kinds(log: &[Decision]) -> [usize; 17] {
-    let mut n = [0usize; 17];
+/// lookup, prefix-cache lookup, restart, rejoin.
+pub fn decision_kinds(log: &[Decision]) -> [usize; 19] {
+    let mut n = [0usize; 19];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -836,6 +875,8 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 17] {
             | Decision::WorkerStopped { .. } => 14,
             Decision::EncoderCache { .. } => 15,
             Decision::PrefixCache { .. } => 16,
+            Decision::Restart { .. } => 17,
+            Decision::Rejoin { .. } => 18,
         }] += 1;
     }
     n
@@ -1536,5 +1577,185 @@ mod tests {
         let (low, high) = (mean_batch(0.5), mean_batch(40.0));
         assert!((low - 1.0).abs() < 1e-9, "low-load batches {low}");
         assert!(high > 8.0, "high-load batches {high}");
+    }
+
+    // ------------------------------------------------------- supervision
+
+    /// Decisions of `c`'s log that route to prefill worker `p`, after `t`.
+    fn routes_to_after(c: &Cluster<Fixed>, p: usize, t: f64) -> usize {
+        let routed_at: Vec<(RequestId, usize)> = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Route { id, worker, .. } => Some((*id, *worker)),
+                _ => None,
+            })
+            .collect();
+        routed_at
+            .iter()
+            .filter(|(id, w)| *w == p && c.ctrl.records()[*id as usize].arrival > t)
+            .count()
+    }
+
+    /// Death → rerouting → rejoin at the prefill stage: the requests the dead
+    /// remote prefill worker held go to the local one (re-run from their
+    /// embeddings, none fails), the deficit counter's remote side is empty
+    /// while it is down, and it takes remote routes again once it rejoins
+    /// (0.5 s backoff + 1 s load).
+    #[test]
+    fn a_dead_prefill_worker_s_requests_go_to_the_local_worker_and_it_rejoins() {
+        let alloc: crate::Allocation = "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+        let requests = (0..60).map(|i| test_request(i, i as f64 / 20.0)).collect();
+        let mut ctrl = controller_for(
+            &alloc,
+            Some(1),
+            SmSplit::Static(0.5),
+            requests,
+            KvBlocks::new(1 << 20, 16),
+            None,
+        );
+        ctrl.supervise(crate::Backoff::DEFAULT);
+        // prefill takes 50 ms a batch: P0 holds a batch and a queue when it dies
+        let mut c = Cluster::new(
+            ctrl,
+            Fixed {
+                prefill_s: 0.05,
+                decodes: Vec::new(),
+            },
+        );
+        c.kill_at(WorkerRef::Prefill(0), 0.52);
+        c.drive();
+        all_ended(&c);
+        assert_eq!(failures(&c), Vec::new());
+        let log = c.ctrl.decisions();
+        let restart = log.iter().find_map(|d| match d {
+            Decision::Restart {
+                worker, delay_s, ..
+            } => Some((*worker, *delay_s)),
+            _ => None,
+        });
+        assert_eq!(restart, Some((WorkerRef::Prefill(0), 0.5)));
+        let back = log.iter().find_map(|d| match d {
+            Decision::Rejoin { at, worker } => Some((*worker, *at)),
+            _ => None,
+        });
+        assert_eq!(back.map(|b| b.0), Some(WorkerRef::Prefill(0)));
+        assert!(close(back.unwrap().1, 0.52 + 1.5));
+        // while down: no route to P0 for requests that arrived then
+        let down: Vec<&RequestRecord> = c
+            .ctrl
+            .records()
+            .iter()
+            .filter(|r| r.arrival > 0.53 && r.arrival < 2.0)
+            .collect();
+        assert!(
+            down.iter().all(|r| r.prefill_local),
+            "routed remote while P0 was down"
+        );
+        assert!(
+            routes_to_after(&c, 0, 2.1) > 0,
+            "P0 took no work after rejoining"
+        );
+        let s = c.ctrl.supervision(c.now);
+        assert_eq!((s.deaths, s.restarts), (1, 1));
+        assert!(close(s.degraded_s, 1.5) && s.down_s == 0.0, "{s:?}");
+        assert_eq!(c.ctrl.outages()[0].back_at, back.map(|b| b.1));
+    }
+
+    /// Death → rerouting → rejoin at the encode stage: what waited at the
+    /// dead worker's batcher is placed on the live one; only its pass fails,
+    /// naming it; it rejoins placement once back.
+    #[test]
+    fn a_dead_encode_worker_s_queue_moves_and_only_its_pass_fails() {
+        let alloc: crate::Allocation = "2E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+        // 8 arrivals in 10 ms: passes of 4 (host 10 ms, GPU 80 ms) leave a queue
+        let requests = (0..40)
+            .map(|i| test_request(i, 0.5 + i as f64 * 0.00125))
+            .collect();
+        let mut ctrl = controller_for(
+            &alloc,
+            None,
+            SmSplit::Static(1.0),
+            requests,
+            KvBlocks::new(1 << 20, 16),
+            None,
+        );
+        ctrl.supervise(crate::Backoff::DEFAULT);
+        let mut c = Cluster::new(ctrl, fixed());
+        c.kill_at(WorkerRef::Encode(0), 0.52);
+        c.drive();
+        all_ended(&c);
+        let failed = failures(&c);
+        // its pass, no more: every failure is a request dispatched there
+        let pass: Vec<RequestId> = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Dispatch {
+                    worker: 0, ids, at, ..
+                } if *at < 0.52 => Some(ids.clone()),
+                _ => None,
+            })
+            .next_back()
+            .unwrap_or_default();
+        assert_eq!(failed.iter().map(|f| f.0).collect::<Vec<_>>(), pass);
+        assert!(failed.iter().all(|f| f.1.starts_with("E0 failed: killed")));
+        // requests first placed on E0 and queued there finished on E1
+        let moved = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter(|d| match d {
+                Decision::PlaceEncode { id, worker: 0 } => {
+                    let r = &c.ctrl.records()[*id as usize];
+                    r.finish.is_some() && r.encode_worker == Some(1)
+                }
+                _ => false,
+            })
+            .count();
+        assert!(moved > 0, "nothing was queued at E0 when it died");
+        assert_eq!(failed.len() + c.ctrl.finished().0, 40);
+        assert_eq!(c.ctrl.supervision(c.now).restarts, 1);
+    }
+
+    /// A single worker per stage: while the decode worker is down, what it
+    /// held and what is sent to it fails, naming it; once it rejoins
+    /// requests succeed again; a failed restart backs off longer.
+    #[test]
+    fn a_single_decode_worker_comes_back_and_requests_succeed_again() {
+        let mut ctrl = small_controller(60, 10.0, None);
+        ctrl.supervise(crate::Backoff::DEFAULT);
+        let mut c = Cluster::new(ctrl, fixed());
+        c.kill_at(WorkerRef::Decode(0), 1.05);
+        // the first restart dies while loading (at 1.05 + 0.5 + 0.2 s)
+        c.kill_at(WorkerRef::Decode(0), 1.75);
+        c.drive();
+        all_ended(&c);
+        let failed = failures(&c);
+        assert!(failed[0].1.starts_with("D0 failed"), "{failed:?}");
+        assert!(failed[1..].iter().all(|f| f.1.contains("D0 is down")));
+        let delays: Vec<f64> = c
+            .ctrl
+            .decisions()
+            .iter()
+            .filter_map(|d| match d {
+                Decision::Restart { delay_s, .. } => Some(*delay_s),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(delays, [0.5, 1.0]);
+        // back at 1.75 + 1.0 + 1.0 s: later arrivals all finish
+        let back = 3.75;
+        let after = c.ctrl.records().iter().filter(|r| r.arrival > back);
+        assert!(after.clone().count() > 10);
+        assert!(after.into_iter().all(|r| r.finish.is_some()));
+        let s = c.ctrl.supervision(c.now);
+        assert_eq!((s.deaths, s.restarts), (2, 1));
+        assert!(
+            close(s.down_s, back - 1.05) && close(s.degraded_s, s.down_s),
+            "{s:?}"
+        );
     }
 }

@@ -83,8 +83,8 @@ pub use cache::{
     EncoderCacheConfig, Lru, PrefixCache, PrefixCacheConfig, Segment,
 };
 pub use controller::{
-    Change, Command, Controller, ControllerConfig, ControllerCounters, Decision, EnvelopeId, Event,
-    StageLoad, WorkerRef, TIME_SLICE_SHARE,
+    Backoff, Change, Command, Controller, ControllerConfig, ControllerCounters, Decision,
+    EnvelopeId, Event, Outage, StageLoad, SupervisionCounters, WorkerRef, TIME_SLICE_SHARE,
 };
 pub use deployment::{Deployment, DispatchPolicy, RouterPolicy, SmPolicy};
 pub use driver::{Driver, Liveness, SerialLink, ServiceLog, VirtualClock};

@@ -71,17 +71,24 @@ impl LeastOutstanding {
         }
     }
 
-    /// Replica `replica` takes work again (a standby or drained worker a
-    /// planner started: [`crate::controller::Change`]).
+    /// Replica `replica` takes work again, with none outstanding: a dead
+    /// worker restarted, or a standby or drained worker a planner started
+    /// ([`crate::controller::Change`]).
     pub fn revive(&mut self, replica: usize) {
         if let Some(r) = self.retired.get_mut(replica) {
             *r = false;
+            self.outstanding[replica] = 0.0;
         }
     }
 
     /// Whether replica `replica` takes no work (it died, stands by or drains).
     pub fn is_retired(&self, replica: usize) -> bool {
         self.retired.get(replica).copied().unwrap_or(true)
+    }
+
+    /// Whether some replica is not retired.
+    pub fn has_live(&self) -> bool {
+        self.retired.iter().any(|r| !*r)
     }
 
     /// `work` assigned to `replica` has completed.

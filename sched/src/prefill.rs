@@ -62,6 +62,12 @@ impl PrefillQueue {
         self.queue.push_back(item);
     }
 
+    /// Remove and return everything queued, FCFS (its worker died).
+    pub fn drain_all(&mut self) -> Vec<PrefillItem> {
+        self.queued_tokens = 0;
+        self.queue.drain(..).collect()
+    }
+
     /// Requests waiting.
     pub fn len(&self) -> usize {
         self.queue.len()

@@ -394,6 +394,13 @@ fn receive(
         };
         let job = match msg {
             ToWorker::Shutdown => return,
+            // the heartbeat: this thread is alive and the socket works
+            ToWorker::Ping => {
+                if send(&writer, &FromWorker::Pong).is_err() {
+                    return;
+                }
+                continue;
+            }
             ToWorker::Embeddings {
                 envelope,
                 embeddings: e,

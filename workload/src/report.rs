@@ -328,6 +328,99 @@ pub struct Report {
     /// workload that repeats itself, or a cache turned on); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reuse: Option<ReuseReport>,
+    /// Worker deaths and restarts, when a worker died in the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub supervision: Option<SupervisionReport>,
+}
+
+/// What supervision saw in a run: deaths, restarts, the time with a worker
+/// dead (degraded) and with a stage without any live worker (down), and each
+/// death.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SupervisionReport {
+    /// Worker deaths (a restart that died while loading counts again).
+    pub deaths: usize,
+    /// Restarts that brought a worker back.
+    pub restarts: usize,
+    /// Seconds with at least one worker dead.
+    pub degraded_s: f64,
+    /// Seconds with some stage having no live worker (`/health` 503).
+    pub down_s: f64,
+    /// Each death, in order.
+    pub outages: Vec<OutageReport>,
+}
+
+/// One death of a worker.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OutageReport {
+    /// Worker label.
+    pub worker: String,
+    /// When it died, seconds since the start of the run.
+    pub died_at: f64,
+    /// Why.
+    pub reason: String,
+    /// Restart attempts for this death.
+    pub attempts: u32,
+    /// When it rejoined, seconds; absent if it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub back_at: Option<f64>,
+    /// Seconds its restart took to load the model: measured by the worker
+    /// (`exec`, `serve`) or derived (`sim`: weight bytes over the host link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_s: Option<f64>,
+    /// Its last lines of stderr (at most 20), oldest first (`exec`, `serve`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stderr: Vec<String>,
+}
+
+impl SupervisionReport {
+    /// The supervision section of a run `ctrl` drove until `now` (seconds);
+    /// `None` when no worker died.
+    pub fn of(ctrl: &easerve_sched::Controller, now: f64) -> Option<SupervisionReport> {
+        if ctrl.outages().is_empty() {
+            return None;
+        }
+        let c = ctrl.supervision(now);
+        Some(SupervisionReport {
+            deaths: c.deaths,
+            restarts: c.restarts,
+            degraded_s: c.degraded_s,
+            down_s: c.down_s,
+            outages: ctrl
+                .outages()
+                .iter()
+                .map(|o| OutageReport {
+                    worker: o.worker.clone(),
+                    died_at: o.died_at,
+                    reason: o.reason.clone(),
+                    attempts: o.attempts,
+                    back_at: o.back_at,
+                    ..OutageReport::default()
+                })
+                .collect(),
+        })
+    }
+
+    fn render(&self, s: &mut String) {
+        head(s, " Supervision ");
+        line(s, "Worker deaths:", self.deaths.to_string());
+        line(s, "Worker restarts:", self.restarts.to_string());
+        line(s, "Degraded time (s):", format!("{:.2}", self.degraded_s));
+        line(s, "Stage-down time (s):", format!("{:.2}", self.down_s));
+        for o in &self.outages {
+            let back = match (o.back_at, o.load_s) {
+                (Some(b), Some(l)) => format!("back at {b:.2} s (load {l:.3} s)"),
+                (Some(b), None) => format!("back at {b:.2} s"),
+                _ => "not back".into(),
+            };
+            let first = o.reason.lines().next().unwrap_or("");
+            line(
+                s,
+                &format!("  {} died at {:.2} s:", o.worker, o.died_at),
+                format!("{back}; {first}"),
+            );
+        }
+    }
 }
 
 /// What a planner did in a run ([`Report::planner`]).
@@ -657,6 +750,7 @@ impl Report {
             windows: Vec::new(),
             planner: None,
             reuse: None,
+            supervision: None,
         }
     }
 
@@ -672,6 +766,9 @@ impl Report {
         self.text_explanation(&mut s);
         self.text_windows(&mut s);
         self.text_planner(&mut s);
+        if let Some(sup) = &self.supervision {
+            sup.render(&mut s);
+        }
         self.text_footer(&mut s);
         s
     }

@@ -2,7 +2,7 @@
 //! [`Controller::poll_command`](super::Controller::poll_command), and the
 //! [`Decision`] log ([`Controller::decisions`](super::Controller::decisions)).
 
-use super::EnvelopeId;
+use super::{EnvelopeId, WorkerRef};
 use crate::RequestId;
 use serde::{Deserialize, Serialize};
 
@@ -197,6 +197,26 @@ pub enum Decision {
         /// The worker.
         worker: super::WorkerRef,
     },
+    /// Dead worker `worker` is to be restarted in `delay_s` seconds, its
+    /// `attempt`-th restart since it last completed work (backoff).
+    Restart {
+        /// Time of the decision.
+        at: f64,
+        /// The worker.
+        worker: WorkerRef,
+        /// Restart attempt, from 1.
+        attempt: u32,
+        /// Seconds until its process starts again.
+        delay_s: f64,
+    },
+    /// Worker `worker` rejoined placement and routing (restarted, its model
+    /// loaded).
+    Rejoin {
+        /// Time of the decision.
+        at: f64,
+        /// The worker.
+        worker: WorkerRef,
+    },
     /// Request `id` failed (a worker died, its KV cache can never fit, the run
     /// was interrupted).
     Fail {
@@ -334,6 +354,17 @@ pub enum Command {
     StopWorker {
         /// The worker.
         worker: super::WorkerRef,
+    },
+    /// Start dead worker `worker` again (a new process, its model loaded)
+    /// after `delay_s` seconds; report [`Event::WorkerRestarted`](super::Event::WorkerRestarted)
+    /// once it is ready, or [`Event::WorkerFailed`](super::Event::WorkerFailed)
+    /// again if the new process dies first. Only under
+    /// [`Controller::supervise`](super::Controller::supervise).
+    Restart {
+        /// The worker.
+        worker: WorkerRef,
+        /// Backoff before the start, seconds ([`Backoff`](super::Backoff)).
+        delay_s: f64,
     },
     /// Request `id` generated its last token: decode worker `worker` may free
     /// its KV cache.

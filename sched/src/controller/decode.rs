@@ -83,10 +83,11 @@ impl Controller {
     /// Decode worker `d`'s run ended at `now` after `steps` iterations:
     /// sequences that generated their last token finish.
     pub(super) fn complete_decode_run(&mut self, now: f64, d: usize, steps: u64) {
-        let slot = &mut self.decode[d];
-        if !slot.in_run {
+        if !self.decode[d].in_run {
             return;
         }
+        self.worked(super::WorkerRef::Decode(d));
+        let slot = &mut self.decode[d];
         debug_assert!(
             (1..=slot.run_steps).contains(&steps),
             "decode worker D{d} reported {steps} iterations of a run of {}",

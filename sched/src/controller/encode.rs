@@ -44,12 +44,20 @@ impl Controller {
         }
         let req = &self.requests[i];
         if !req.needs_encode() || self.encode.is_empty() {
-            let p = self.place_prefill(id);
+            let tokens = req.prefill_tokens();
+            // a live remote worker (cache-aware with the prefix cache on);
+            // with none, a live local one
+            let (p, local) = if self.topology.remote_prefill() > 0 && self.remote_place.has_live() {
+                (self.place_prefill(id), false)
+            } else {
+                self.live_prefill(tokens, None)
+                    .unwrap_or_else(|| (self.remote_place.assign(tokens as f64), false))
+            };
             self.counters.stage_arrivals[1] += 1;
             self.decide(|| Decision::Route {
                 id,
                 worker: p,
-                local: false,
+                local,
             });
             self.arrive_at_prefill(now, p, id);
             self.try_prefill(now, p);
@@ -59,7 +67,16 @@ impl Controller {
             self.arrive_in_shards(now, id);
             return;
         }
-        let (w, enc) = self.place_encode(id);
+        self.place_encode(now, id);
+    }
+
+    /// Place admitted request `id` on an encode worker (least outstanding
+    /// encode work among the live ones, cache-aware with the encoder cache
+    /// on: [`Self::choose_encode`]) and queue it at its batcher; it fails
+    /// when no encode worker is live.
+    pub(super) fn place_encode(&mut self, now: f64, id: RequestId) {
+        let i = id as usize;
+        let (w, enc) = self.choose_encode(id);
         self.counters.stage_arrivals[0] += 1;
         self.decide(|| Decision::PlaceEncode { id, worker: w });
         self.records[i].encode_worker = Some(w);
@@ -92,7 +109,7 @@ impl Controller {
     /// its items up in that worker's encoder cache when it is on, and count
     /// the encode work it really brings there (encoder tokens of the items
     /// that missed): the worker and that work.
-    fn place_encode(&mut self, id: RequestId) -> (usize, f64) {
+    fn choose_encode(&mut self, id: RequestId) -> (usize, f64) {
         let i = id as usize;
         let all = self.requests[i].encoder_tokens as f64;
         let routed = match (
@@ -155,6 +172,11 @@ impl Controller {
                 .sum(),
             _ => req.encoder_tokens as f64,
         }
+    }
+
+    /// Whether the deployment has remote prefill workers and none is live.
+    fn remote_all_dead(&self) -> bool {
+        self.topology.remote_prefill() > 0 && !self.remote_place.has_live()
     }
 
     /// Encode worker `w` may start a pass: at once, or with lockstep steps
@@ -282,6 +304,7 @@ impl Controller {
         if !self.encode[w].busy || !self.encode[w].alive {
             return;
         }
+        self.worked(super::WorkerRef::Encode(w));
         self.encode[w].busy = false;
         self.encode[w].busy_s += now - self.encode[w].since;
         self.encode[w].gpu_phase = false;
@@ -305,7 +328,11 @@ impl Controller {
                 continue;
             }
             self.records[i].encode_end = Some(now);
+            // the deficit counter decides while both sides are live; a dead
+            // side leaves it (and the counter is not consulted)
             let route = match self.encode[w].local {
+                Some(l) if !self.prefill[l].alive => Route::Remote,
+                Some(_) if self.remote_all_dead() => Route::Local,
                 Some(_) => self.router.route(),
                 None => Route::Remote,
             };

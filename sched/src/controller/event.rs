@@ -92,9 +92,14 @@ pub enum Event {
         /// seconds (the iteration's start when it encoded nothing).
         prefill_start: f64,
     },
-    /// A worker died (it exited, was killed, or its connection broke): every
-    /// request it holds fails with `reason`, and requests later sent to it fail
-    /// on arrival there. Nothing is retried.
+    /// A worker died (it exited, was killed, stopped answering heartbeats,
+    /// or its connection broke). It leaves placement and routing; the
+    /// requests whose state died with it fail with `reason`, the others go to
+    /// a live worker of its stage (per stage: `supervision.rs`). Under
+    /// [`Controller::supervise`](super::Controller::supervise) a
+    /// [`Command::Restart`](super::Command::Restart) follows. Reported again
+    /// for a dead worker, it is a restart that failed (the new process died
+    /// before it was ready): another restart, after a longer backoff.
     WorkerFailed {
         /// The worker.
         worker: WorkerRef,
@@ -110,6 +115,12 @@ pub enum Event {
     /// Worker `worker` loaded its model
     /// ([`Command::LoadWorker`](super::Command::LoadWorker)) and takes work.
     WorkerReady {
+        /// The worker.
+        worker: WorkerRef,
+    },
+    /// A dead worker is back: restarted ([`Command::Restart`](super::Command::Restart))
+    /// and its model loaded. It starts empty and takes work again.
+    WorkerRestarted {
         /// The worker.
         worker: WorkerRef,
     },

@@ -86,8 +86,12 @@
 //!   as shards on several encode workers, its prefill waiting for all of them.
 //! * `steps.rs`: HydraInfer's instance steps — encode workers and their local
 //!   prefill worker starting work together — and its chunked prefill.
-//! * `faults.rs`: a worker's death and the run's interruption, and the
-//!   wording of an injected kill ([`kill_reason`]).
+//! * `faults.rs`: a worker's death (what becomes of its requests), its
+//!   rejoin, the run's interruption, and the wording of an injected kill
+//!   ([`kill_reason`]).
+//! * `supervision.rs`: restarts with backoff ([`Backoff`],
+//!   [`Command::Restart`]), which requests survive a death, per stage, and
+//!   the run's deaths, restarts, degraded and down time ([`SupervisionCounters`]).
 
 mod command;
 mod decode;
@@ -99,12 +103,14 @@ mod prefill;
 mod replica;
 mod shards;
 mod steps;
+mod supervision;
 
 pub use command::{Command, Decision};
 pub use encode::TIME_SLICE_SHARE;
 pub use event::{EnvelopeId, Event, WorkerRef};
 pub use faults::kill_reason;
 pub use plan::{Change, StageLoad};
+pub use supervision::{Backoff, Outage, SupervisionCounters};
 
 use crate::{
     Batcher, DecodeScheduler, EncodePlacement, LeastOutstanding, Mechanisms, PrefillItem,
@@ -295,6 +301,9 @@ pub struct Controller {
     groups: Vec<EnvelopeGroup>,
     preprocess_ahead: bool,
     mechanisms: Mechanisms,
+    sup: supervision::Supervision,
+    /// The run was interrupted: nothing rejoins.
+    interrupted: bool,
     /// With intra-request parallelism, per request: the shards whose
     /// embeddings have not landed yet, and its prefill worker once the first
     /// shard was routed. Empty otherwise.
@@ -468,6 +477,8 @@ impl Controller {
             prefix_cache,
             keys: Vec::new(),
             caches: cfg.caches,
+            sup: supervision::Supervision::default(),
+            interrupted: false,
             draining: Vec::new(),
             loading: Vec::new(),
         };
@@ -540,6 +551,7 @@ impl Controller {
                 prefill_start,
             } => self.on_replica_step_done(now, replica, prefill_start),
             Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
+            Event::WorkerRestarted { worker } => self.on_worker_restarted(now, worker),
             Event::Interrupt { reason } => self.interrupt(&reason),
             Event::Reconfigure { change } => self.on_reconfigure(now, change),
             Event::WorkerReady { worker } => self.on_worker_ready(now, worker),

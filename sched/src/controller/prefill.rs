@@ -197,6 +197,7 @@ impl Controller {
         if !self.prefill[p].busy || !self.prefill[p].alive {
             return;
         }
+        self.worked(WorkerRef::Prefill(p));
         self.prefill[p].busy = false;
         self.prefill[p].busy_s += now - self.prefill[p].since;
         let items = std::mem::take(&mut self.prefill[p].batch);

@@ -151,6 +151,7 @@ impl Controller {
         if !self.replicas[r].stepping || !self.replicas[r].alive {
             return;
         }
+        self.worked(crate::WorkerRef::Replica(r));
         self.replicas[r].stepping = false;
         let admitted = std::mem::take(&mut self.replicas[r].admitted);
         for &id in &admitted {

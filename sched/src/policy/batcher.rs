@@ -373,6 +373,13 @@ impl Batcher {
         }
     }
 
+    /// Remove and return every queued request, FCFS (its worker died: they
+    /// go elsewhere).
+    pub fn drain_queued(&mut self) -> Vec<RequestId> {
+        self.encoding = 0;
+        self.queue.drain(..).map(|(id, _, _)| id).collect()
+    }
+
     /// Whether the batch held now should go, given the encoder is free.
     fn ready(&self, now: f64) -> bool {
         let k = self.queue.len();

@@ -205,6 +205,15 @@ impl DecodeScheduler {
         self.kv.total() * self.kv.block_size()
     }
 
+    /// Forget every sequence, waiting or running, and free every block (the
+    /// worker died with their caches).
+    pub fn reset(&mut self) {
+        self.kv = KvBlocks::new(self.kv.total(), self.kv.block_size());
+        self.waiting.clear();
+        self.running.clear();
+        self.context_tokens = 0;
+    }
+
     /// A sequence's KV cache has arrived; it waits for admission.
     pub fn enqueue(&mut self, seq: DecodeSeq) {
         self.waiting.push_back(seq);

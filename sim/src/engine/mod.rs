@@ -98,6 +98,8 @@ enum Ev {
     Reconfigure(u32),
     /// A worker's model is loaded.
     WorkerReady(WorkerRef),
+    /// A restarted worker has loaded its model ([`Command::Restart`]).
+    Restarted(WorkerRef),
 }
 
 /// An encode pass on the hardware.
@@ -240,6 +242,11 @@ pub struct SimOptions {
     /// Fault injection: worker `.0` dies `.1` seconds into the run, as
     /// `easerve exec --kill-worker` kills a worker process.
     pub kill: Option<(WorkerRef, f64)>,
+    /// Supervision: a dead worker is restarted after this many seconds (the
+    /// first delay of [`easerve_sched::Backoff::starting_at`]) and rejoins
+    /// once its model is loaded ([`Scenario::restart_load_s`]); `None`: a dead
+    /// worker stays dead.
+    pub restart_after: Option<f64>,
     /// Record what each unit of work took ([`SimOutput::service`]).
     pub service_log: bool,
 }
@@ -377,6 +384,10 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
     }
     if let Some((w, at)) = opts.kill {
         sim.events.push(at, Priority::Completion, Ev::Fault(w));
+    }
+    if let Some(base) = opts.restart_after {
+        sim.ctrl
+            .supervise(easerve_sched::Backoff::starting_at(base));
     }
     sim.run();
     sim.finish()
@@ -573,6 +584,10 @@ impl<'a> Sim<'a> {
                 let reason = easerve_sched::controller::kill_reason(now);
                 Some(Event::WorkerFailed { worker: w, reason })
             }
+            Ev::Restarted(w) => {
+                self.live.revive(w);
+                Some(Event::WorkerRestarted { worker: w })
+            }
         }
     }
 
@@ -608,6 +623,12 @@ impl<'a> Sim<'a> {
                 if let Some(p) = self.plan.as_mut() {
                     p.stopped(now, worker, &self.topology);
                 }
+            }
+            Command::Restart { worker, delay_s } => {
+                // the new process starts after the backoff and loads its model
+                let at = self.now + delay_s + self.sc.restart_load_s(worker);
+                self.events
+                    .push(at, Priority::Completion, Ev::Restarted(worker));
             }
             Command::FrontEndPreprocess { id } => self.front_end(id),
             Command::ReplicaStep {
@@ -1223,7 +1244,10 @@ impl<'a> Sim<'a> {
             m.end(end);
         }
         if let Some(log) = self.service.as_mut() {
-            log.decode[d].extend_from_slice(&worker.durs[..n.min(worker.durs.len())]);
+            // the one cut off too: a driver replaying the log took its time
+            // when it began, and its later iterations (after a restart)
+            // follow it
+            log.decode[d].extend_from_slice(&worker.durs[..begun]);
         }
         if let Some(tl) = self.timeline.as_mut() {
             let mut start = run.start;
@@ -1379,6 +1403,7 @@ impl<'a> Sim<'a> {
         let mut meters = meters;
         meters.truncate(sc.gpus as usize);
         let decisions = ctrl.take_decisions();
+        let supervision = supervision_of(sc, &ctrl);
         let reuse = reuse_report(sc, &ctrl);
         let mut typical = crate::capacity::Typical::of(ctrl.requests(), &tokens);
         if let Some(r) = reuse.as_ref().filter(|_| !sc.knobs.caches.is_off()) {
@@ -1432,6 +1457,7 @@ impl<'a> Sim<'a> {
             sc.workload.rate,
             &mut out.report,
         );
+        out.report.supervision = supervision;
         out.decisions = decisions;
         out.service = service;
         if let Some(p) = plan {
@@ -1445,6 +1471,25 @@ impl<'a> Sim<'a> {
         }
         out
     }
+}
+
+/// The supervision section of a run of `sc` (`None` when no worker died):
+/// each restart's load time is the derived one the run used
+/// ([`Scenario::restart_load_s`]); degraded and down time run to the last
+/// request's end.
+fn supervision_of(
+    sc: &Scenario,
+    ctrl: &Controller,
+) -> Option<easerve_workload::report::SupervisionReport> {
+    let mut sup = easerve_workload::report::SupervisionReport::of(ctrl, ctrl.finished().1)?;
+    let topology = ctrl.topology();
+    for o in &mut sup.outages {
+        let w = topology.workers().find(|t| t.label == o.worker);
+        o.load_s = w
+            .filter(|_| o.back_at.is_some())
+            .map(|t| sc.restart_load_s(t.wref));
+    }
+    Some(sup)
 }
 
 /// What the engine does once the controller heard an input: count a queue

@@ -31,6 +31,7 @@
 mod controller;
 mod cost;
 mod file;
+mod restart;
 mod validate;
 
 pub use file::{
