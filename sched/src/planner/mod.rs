@@ -140,7 +140,7 @@ impl PlannerConfig {
             );
         }
         let load = self.load_s.iter().copied().fold(0.0, f64::max);
-        if !(self.dwell_s >= load) || !self.dwell_s.is_finite() {
+        if self.dwell_s.is_nan() || self.dwell_s < load || !self.dwell_s.is_finite() {
             return err(
                 "planner.dwell_s",
                 format!(
