@@ -34,3 +34,8 @@ fn the_executor_decides_as_the_simulator_for_the_aggregated_system() {
 fn the_server_decides_as_the_simulator_for_the_aggregated_system() {
     agree::the_server_decides_as_the_simulator_for_the_aggregated_system();
 }
+
+#[test]
+fn the_executor_aborts_what_the_simulator_aborts_at_deadlines() {
+    agree::the_executor_aborts_what_the_simulator_aborts_at_deadlines();
+}

@@ -11,16 +11,17 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running `easerve serve`.
-struct Server {
+pub(crate) struct Server {
     child: Child,
     out: BufReader<ChildStdout>,
-    base: String,
-    http: reqwest::blocking::Client,
+    /// `http://ADDR`.
+    pub(crate) base: String,
+    pub(crate) http: reqwest::blocking::Client,
 }
 
 impl Server {
     /// Start serving `scenario` with `args`, and wait until `/health` says 200.
-    fn start(scenario: &str, args: &[&str]) -> Server {
+    pub(crate) fn start(scenario: &str, args: &[&str]) -> Server {
         let mut child = crate::easerve_command()
             .args(["serve", scenario, "--listen", "127.0.0.1:0", "--json"])
             .args(args)
@@ -60,7 +61,7 @@ impl Server {
         s
     }
 
-    fn post(&self, body: &Value) -> (u16, String) {
+    pub(crate) fn post(&self, body: &Value) -> (u16, String) {
         let r = self
             .http
             .post(format!("{}/v1/chat/completions", self.base))
@@ -71,7 +72,7 @@ impl Server {
         (r.status().as_u16(), r.text().unwrap_or_default())
     }
 
-    fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) fn get(&self, path: &str) -> (u16, String) {
         let r = self
             .http
             .get(format!("{}{path}", self.base))
@@ -81,7 +82,7 @@ impl Server {
     }
 
     /// SIGTERM, then the report it prints once drained.
-    fn stop(mut self) -> Value {
+    pub(crate) fn stop(mut self) -> Value {
         let pid = self.child.id().to_string();
         let st = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(st.success());
@@ -99,11 +100,11 @@ impl Drop for Server {
     }
 }
 
-fn b64(bytes: &[u8]) -> String {
+pub(crate) fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-fn png(w: u32, h: u32) -> String {
+pub(crate) fn png(w: u32, h: u32) -> String {
     let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 99]));
     let mut out = std::io::Cursor::new(Vec::new());
     img.write_to(&mut out, image::ImageFormat::Png).unwrap();
@@ -454,7 +455,7 @@ fn admission_429s_sigterm_drains_and_metrics_count_completions() {
 
 /// `name value` of each sample line (labels dropped); panics on a line
 /// that is not a comment, `# EOF` or a sample.
-fn parse_prometheus(text: &str) -> std::collections::HashMap<String, f64> {
+pub(crate) fn parse_prometheus(text: &str) -> std::collections::HashMap<String, f64> {
     let mut out = std::collections::HashMap::new();
     for line in text
         .lines()

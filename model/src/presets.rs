@@ -95,7 +95,9 @@ fn llava_v16_34b() -> ModelArch {
             ffn: 20480,
             vocab: 64064,
             dtype_bytes: BF16,
+            // Nous-Hermes-2-Yi-34B `max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(4096),
             moe: None,
         },
     }
@@ -145,7 +147,9 @@ fn qwen25_vl_32b() -> ModelArch {
             ffn: 27648,
             vocab: 152_064,
             dtype_bytes: BF16,
+            // `max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(128_000),
             moe: None,
         },
     }
@@ -244,7 +248,9 @@ fn qwen3_vl_8b() -> ModelArch {
             ffn: 12288,
             vocab: 151_936,
             dtype_bytes: BF16,
+            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(262_144),
             moe: None,
         },
     }
@@ -266,7 +272,9 @@ fn qwen3_vl_32b() -> ModelArch {
             ffn: 25600,
             vocab: 151_936,
             dtype_bytes: BF16,
+            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(262_144),
             moe: None,
         },
     }
@@ -291,7 +299,9 @@ fn qwen3_vl_30b_a3b() -> ModelArch {
             ffn: 6144,
             vocab: 151_936,
             dtype_bytes: BF16,
+            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(262_144),
             moe: Some(qwen3_moe(768)),
         },
     }
@@ -315,7 +325,9 @@ fn qwen3_vl_235b_a22b() -> ModelArch {
             ffn: 12288,
             vocab: 151_936,
             dtype_bytes: BF16,
+            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(262_144),
             moe: Some(qwen3_moe(1536)),
         },
     }
@@ -369,7 +381,9 @@ fn gemma3_27b_llm() -> LlmArch {
         ffn: 21504,
         vocab: 262_208,
         dtype_bytes: BF16,
+        // `text_config.max_position_embeddings` in its config.json
         kv_dtype_bytes: None,
+        max_positions: Some(131_072),
         moe: None,
     }
 }
@@ -425,7 +439,9 @@ fn internvl3_38b() -> ModelArch {
             ffn: 27648,
             vocab: 151_674,
             dtype_bytes: BF16,
+            // `llm_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(32_768),
             moe: None,
         },
     }
@@ -480,7 +496,9 @@ fn llama4_scout() -> ModelArch {
             ffn: 16384,
             vocab: 202_048,
             dtype_bytes: BF16,
+            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(10_485_760),
             moe: Some(MoeArch {
                 experts: 16,
                 top_k: 1,
@@ -541,7 +559,9 @@ fn qwen3_omni_30b_a3b() -> ModelArch {
             ffn: 768,
             vocab: 152_064,
             dtype_bytes: BF16,
+            // `thinker_config.text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
+            max_positions: Some(65_536),
             moe: Some(qwen3_moe(768)),
         },
     }
@@ -575,6 +595,7 @@ fn tiny_llm() -> LlmArch {
         vocab: 32000,
         dtype_bytes: BF16,
         kv_dtype_bytes: None,
+        max_positions: None,
         moe: None,
     }
 }
@@ -685,6 +706,7 @@ fn cpu_llm() -> LlmArch {
         vocab: 4096,
         dtype_bytes: F32,
         kv_dtype_bytes: None,
+        max_positions: None,
         moe: None,
     }
 }

@@ -238,6 +238,8 @@ enum ClusterEvent {
     ReplicaDone(usize, u64, f64),
     Fail(WorkerRef),
     Interrupt,
+    /// A client leaves.
+    Abort(RequestId),
 }
 
 /// What fake workers will do, in the order a virtual clock meets it: by
@@ -425,6 +427,13 @@ impl<S: Service> Cluster<S> {
         self.push(at, DONE, ClusterEvent::Fail(w));
     }
 
+    /// Request `id`'s client leaves at `at` (seconds): [`Event::Abort`]
+    /// with [`crate::Abort::Disconnected`], fed after the instant's other
+    /// inputs, as a server hears a dropped connection after the workers.
+    pub fn abort_at(&mut self, id: RequestId, at: f64) {
+        self.push(at, ARRIVES, ClusterEvent::Abort(id));
+    }
+
     /// The run is cut short at `at` with `reason`.
     pub fn interrupt_at(&mut self, at: f64, reason: &str) {
         self.interrupt = Some(reason.to_string());
@@ -495,6 +504,10 @@ impl<S: Service> Cluster<S> {
                     reason: kill_reason(now),
                 }
             }
+            ClusterEvent::Abort(id) => Event::Abort {
+                id,
+                reason: crate::Abort::Disconnected,
+            },
             ClusterEvent::Interrupt => {
                 // decode runs in flight go no further
                 for g in self.decode_gen.iter_mut().chain(&mut self.replica_gen) {
@@ -582,7 +595,7 @@ impl<S: Service> Driver for Cluster<S> {
                 let (start, end) = self.prefill_link[from].send(now, t);
                 self.push(end, LANDED, ClusterEvent::Kv(id, start));
             }
-            Command::Release { .. } => {}
+            Command::Release { .. } | Command::Discard { .. } => {}
             Command::FrontEndPreprocess { id } => {
                 let t = self.service.front_end(id);
                 self.push(now + t, LANDED, ClusterEvent::Preprocessed(id));
@@ -789,9 +802,9 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 
 /// Decisions of each kind in `log`: reject, place-encode, dispatch, route,
 /// prefill, share, place-decode, decode run, fail, decode yield,
-/// place-replica, replica step, place-shard, prefill chunk.
-pub fn decision_kinds(log: &[Decision]) -> [usize; 14] {
-    let mut n = [0usize; 14];
+/// place-replica, replica step, place-shard, prefill chunk, abort.
+pub fn decision_kinds(log: &[Decision]) -> [usize; 15] {
+    let mut n = [0usize; 15];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -808,6 +821,7 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 14] {
             Decision::ReplicaStep { .. } => 11,
             Decision::PlaceShard { .. } => 12,
             Decision::PrefillChunk { .. } => 13,
+            Decision::Abort { .. } => 14,
         }] += 1;
     }
     n
@@ -956,6 +970,7 @@ pub fn config_for(
         split,
         admission_limit,
         limits: crate::Limits::default(),
+        client_timeout_s: None,
         log_decisions: true,
         preprocess_ahead: false,
         mechanisms: crate::Mechanisms::default(),
@@ -1023,6 +1038,7 @@ mod tests {
             split: SmSplit::Static(1.0),
             admission_limit: None,
             limits: crate::Limits::default(),
+            client_timeout_s: None,
             log_decisions: true,
             preprocess_ahead: false,
             mechanisms: crate::Mechanisms::default(),
@@ -1193,6 +1209,7 @@ mod tests {
                 r.failure.is_some(),
                 r.rejected,
                 r.refused.is_some(),
+                r.aborted.is_some(),
             ];
             assert_eq!(
                 ends.iter().filter(|e| **e).count(),

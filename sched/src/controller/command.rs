@@ -2,8 +2,8 @@
 //! [`Controller::poll_command`](super::Controller::poll_command), and the
 //! [`Decision`] log ([`Controller::decisions`](super::Controller::decisions)).
 
-use super::EnvelopeId;
-use crate::RequestId;
+use super::{EnvelopeId, WorkerRef};
+use crate::{Abort, RequestId};
 use serde::{Deserialize, Serialize};
 
 /// One scheduling decision, in the order it was taken. Two drivers that feed
@@ -149,6 +149,16 @@ pub enum Decision {
         /// Their total context tokens.
         context: u64,
     },
+    /// Request `id` was aborted ([`crate::Event::Abort`], or its deadline
+    /// passed): it leaves every queue, and a decode run holding it yields.
+    Abort {
+        /// Time of the decision.
+        at: f64,
+        /// Request.
+        id: RequestId,
+        /// Why.
+        reason: Abort,
+    },
     /// Request `id` failed (a worker died, its KV cache can never fit, the run
     /// was interrupted).
     Fail {
@@ -273,8 +283,18 @@ pub enum Command {
         /// Their total context tokens.
         context: u64,
     },
-    /// Request `id` generated its last token: decode worker `worker` may free
-    /// its KV cache.
+    /// Request `id` was aborted: worker `worker` may drop what it holds for
+    /// it (media handed to an encode worker ahead of its pass, embeddings
+    /// at a prefill worker). Nothing is reported back.
+    Discard {
+        /// The worker.
+        worker: WorkerRef,
+        /// Aborted request.
+        id: RequestId,
+    },
+    /// Request `id` generated its last token, or was aborted: decode worker
+    /// `worker` may free its KV cache (an aborted request's cache may still
+    /// be on its way there: it is freed when it lands).
     Release {
         /// Decode worker.
         worker: usize,

@@ -527,7 +527,7 @@ impl<'a> Sim<'a> {
                 steps,
             } => self.start_decode_run(worker, batch, context, steps),
             Command::DecodeYield { worker } => self.yield_decode_run(worker),
-            Command::Release { .. } => {}
+            Command::Release { .. } | Command::Discard { .. } => {}
             Command::FrontEndPreprocess { id } => self.front_end(id),
             Command::ReplicaStep {
                 replica,

@@ -242,6 +242,11 @@ pub struct WorkloadSection {
     /// 24th of the schedule; without, no windows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_s: Option<f64>,
+    /// Clients give up this many seconds after their request's arrival: a
+    /// request not finished by then is aborted (counted apart from failures);
+    /// default: clients wait for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
 }
 
 /// `[[workload.phases]]`: one phase of a rate schedule. `kind` says which
