@@ -56,7 +56,10 @@ pub fn default_max_connections(worker_processes: u32) -> Option<usize> {
         if !ok || lim.rlim_cur == libc::RLIM_INFINITY {
             return None;
         }
-        let left = (lim.rlim_cur as u64).saturating_sub(reserved_descriptors(worker_processes));
+        // rlim_t is u64 on Linux, not on every unix
+        #[allow(clippy::unnecessary_cast)]
+        let cur = lim.rlim_cur as u64;
+        let left = cur.saturating_sub(reserved_descriptors(worker_processes));
         Some(usize::try_from(left.max(1)).unwrap_or(usize::MAX))
     }
     #[cfg(not(unix))]
