@@ -96,8 +96,6 @@ fn llava_v16_34b() -> ModelArch {
             vocab: 64064,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
-            // not set: its config's 4,096 would refuse the scenarios' requests
-            // of three anyres images, which the shipped studies serve
             max_positions: None,
             moe: None,
         },
@@ -148,9 +146,8 @@ fn qwen25_vl_32b() -> ModelArch {
             ffn: 27648,
             vocab: 152_064,
             dtype_bytes: BF16,
-            // `max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(128_000),
+            max_positions: None,
             moe: None,
         },
     }
@@ -249,9 +246,8 @@ fn qwen3_vl_8b() -> ModelArch {
             ffn: 12288,
             vocab: 151_936,
             dtype_bytes: BF16,
-            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(262_144),
+            max_positions: None,
             moe: None,
         },
     }
@@ -273,9 +269,8 @@ fn qwen3_vl_32b() -> ModelArch {
             ffn: 25600,
             vocab: 151_936,
             dtype_bytes: BF16,
-            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(262_144),
+            max_positions: None,
             moe: None,
         },
     }
@@ -300,9 +295,8 @@ fn qwen3_vl_30b_a3b() -> ModelArch {
             ffn: 6144,
             vocab: 151_936,
             dtype_bytes: BF16,
-            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(262_144),
+            max_positions: None,
             moe: Some(qwen3_moe(768)),
         },
     }
@@ -326,9 +320,8 @@ fn qwen3_vl_235b_a22b() -> ModelArch {
             ffn: 12288,
             vocab: 151_936,
             dtype_bytes: BF16,
-            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(262_144),
+            max_positions: None,
             moe: Some(qwen3_moe(1536)),
         },
     }
@@ -382,9 +375,8 @@ fn gemma3_27b_llm() -> LlmArch {
         ffn: 21504,
         vocab: 262_208,
         dtype_bytes: BF16,
-        // `text_config.max_position_embeddings` in its config.json
         kv_dtype_bytes: None,
-        max_positions: Some(131_072),
+        max_positions: None,
         moe: None,
     }
 }
@@ -440,9 +432,8 @@ fn internvl3_38b() -> ModelArch {
             ffn: 27648,
             vocab: 151_674,
             dtype_bytes: BF16,
-            // `llm_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(32_768),
+            max_positions: None,
             moe: None,
         },
     }
@@ -497,9 +488,8 @@ fn llama4_scout() -> ModelArch {
             ffn: 16384,
             vocab: 202_048,
             dtype_bytes: BF16,
-            // `text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(10_485_760),
+            max_positions: None,
             moe: Some(MoeArch {
                 experts: 16,
                 top_k: 1,
@@ -560,9 +550,8 @@ fn qwen3_omni_30b_a3b() -> ModelArch {
             ffn: 768,
             vocab: 152_064,
             dtype_bytes: BF16,
-            // `thinker_config.text_config.max_position_embeddings` in its config.json
             kv_dtype_bytes: None,
-            max_positions: Some(65_536),
+            max_positions: None,
             moe: Some(qwen3_moe(768)),
         },
     }
