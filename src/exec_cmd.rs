@@ -72,7 +72,9 @@ pub(crate) fn run(a: ExecArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) const SERVE_HELP: &str = "Endpoints: POST /v1/chat/completions (text, image_url and input_audio parts as base64 data URLs, video as frames; stream or not; max_tokens fixes the output length), GET /v1/models, GET /health, GET /metrics (Prometheus text, vLLM's metric names). Remote http(s) media URLs are refused: the server fetches nothing. The models carry seeded random weights and no tokenizer: a text prompt counts one token per word, and a completion's text is its token ids.
 
-SIGTERM or Ctrl-C (or --time-limit SECONDS after the workers are up) stops accepting (503), lets the requests in flight finish, stops the workers and prints the report of what was served, as `exec` does. A client that disconnects does not cancel its request: it runs to its end.
+SIGTERM or Ctrl-C (or --time-limit SECONDS after the workers are up) stops accepting (503), lets the requests in flight finish, stops the workers and prints the report of what was served, as `exec` does. A client that disconnects aborts its request, and so does one whose deadline passes (the body's `timeout` in seconds, or the scenario's `workload.timeout_s`; 408): its queued work is cancelled, its running work stops at the next step and its KV blocks are freed (`easerve:request_aborted_total`).
+
+Admission: without --admission-limit or `deployment.admission_limit`, the server admits at most twice the requests its deployment holds in work at once (encode passes and envelopes in flight, prefill batches, decode batches within their KV blocks); more get 429.
 
 The scenario gives the deployment, the model, the costs and the knobs; its workload (and --rate, --requests) only sets the typical request the policies' costs assume and the batcher's first rate estimate: the requests are the ones that come.
 
@@ -87,18 +89,47 @@ pub(crate) struct ServeArgs {
     /// printed on stdout as `listening on http://ADDR`).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8000")]
     listen: std::net::SocketAddr,
+    /// A connection whose request headers have not all come within this
+    /// many seconds is closed (hyper's default).
+    #[arg(long, value_name = "SECONDS", default_value_t = easerve_exec_defaults::HEADER_TIMEOUT_S)]
+    header_read_timeout: f64,
+    /// A request body not received whole within this many seconds of its
+    /// headers gets a 408 (nginx's `client_body_timeout` default).
+    #[arg(long, value_name = "SECONDS", default_value_t = easerve_exec_defaults::BODY_TIMEOUT_S)]
+    body_read_timeout: f64,
+    /// Connections open at once; one more gets a 503 and is closed. Default:
+    /// what the process's open-file limit (`ulimit -n`) leaves after the
+    /// server's own descriptors.
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+}
+
+/// The socket's defaults, as `easerve_exec::socket` states them (repeated
+/// here so the CLI builds without the executor).
+mod easerve_exec_defaults {
+    /// hyper's header read timeout, seconds.
+    pub(super) const HEADER_TIMEOUT_S: f64 = 30.0;
+    /// nginx's `client_body_timeout`, seconds.
+    pub(super) const BODY_TIMEOUT_S: f64 = 60.0;
 }
 
 #[cfg(feature = "exec")]
 pub(crate) fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
-    let (sc, exec) = setup(&a.exec)?;
+    let (mut sc, exec) = setup(&a.exec)?;
+    let socket = socket_limits(&a, &sc)?;
+    if sc.knobs.admission_limit.is_none() {
+        let n = sc.default_admission_limit();
+        eprintln!("admission limit: {n} requests in the system (twice what the deployment holds in work; --admission-limit sets another)");
+        sc.knobs.admission_limit = Some(n);
+    }
     let cost = sc.cost();
     crate::warn_if_host_busy("serve");
     let opts = easerve_exec::serve::ServeOptions {
         exec,
         listen: a.listen,
         log_decisions: a.exec.run.decisions.is_some(),
+        socket,
     };
     let out = easerve_exec::serve::serve(&sc, &*cost, &opts, |addr| {
         let mut o = std::io::stdout();
@@ -109,6 +140,35 @@ pub(crate) fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .run
         .output(&out.report, &out.records, &out.decisions)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The socket's limits from the flags, checked; the connection cap's
+/// default from the open-file limit.
+#[cfg(feature = "exec")]
+fn socket_limits(
+    a: &ServeArgs,
+    sc: &easerve_workload::Scenario,
+) -> Result<easerve_exec::socket::SocketLimits, BadInput> {
+    use std::time::Duration;
+    let secs = |flag: &str, v: f64| {
+        if v > 0.0 && v <= 86_400.0 {
+            Ok(Duration::from_secs_f64(v))
+        } else {
+            Err(BadInput(format!(
+                "{flag} {v}: must be in (0, 86400] seconds"
+            )))
+        }
+    };
+    if a.max_connections == Some(0) {
+        return Err(BadInput("--max-connections must be at least 1".into()));
+    }
+    Ok(easerve_exec::socket::SocketLimits {
+        header_timeout: secs("--header-read-timeout", a.header_read_timeout)?,
+        body_timeout: secs("--body-read-timeout", a.body_read_timeout)?,
+        max_connections: a
+            .max_connections
+            .or_else(|| easerve_exec::socket::default_max_connections(worker_processes(sc))),
+    })
 }
 
 /// The scenario of an `exec` or `serve`, with the flags applied and checked
@@ -365,3 +425,10 @@ fn unsupported(system: easerve_workload::scenario::System) -> Option<&'static st
         System::HydraInfer => Some("its prefill workers run whole prompts, not chunks under a token budget, and do not step in lockstep with the encoder on a shared device"),
     }
 }
+
+// the CLI's copies of the socket's defaults are the executor's
+#[cfg(feature = "exec")]
+const _: () = assert!(
+    easerve_exec_defaults::HEADER_TIMEOUT_S == easerve_exec::socket::DEFAULT_HEADER_TIMEOUT_S
+        && easerve_exec_defaults::BODY_TIMEOUT_S == easerve_exec::socket::DEFAULT_BODY_TIMEOUT_S
+);

@@ -30,7 +30,7 @@ fn scenario(toml: &str) -> Scenario {
 /// Run `toml` in the simulator and replay its service times through the
 /// executor-shaped driver (with worker `kill` dying at the same time in
 /// both); the decision logs and records must agree. Returns the log's kinds.
-fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 19] {
+fn assert_same_decisions(toml: &str, kill: Option<(WorkerRef, f64)>) -> [usize; 20] {
     let sc = scenario(toml);
     let sim = simulate_with(
         &sc,

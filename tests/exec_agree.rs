@@ -39,3 +39,8 @@ fn the_server_decides_as_the_simulator_for_the_aggregated_system() {
 fn the_executor_restarts_what_the_simulator_restarts() {
     agree::the_executor_restarts_what_the_simulator_restarts();
 }
+
+#[test]
+fn the_executor_aborts_what_the_simulator_aborts_at_deadlines() {
+    agree::the_executor_aborts_what_the_simulator_aborts_at_deadlines();
+}

@@ -12,6 +12,8 @@ mod exec_agree;
 #[cfg(feature = "exec")]
 mod exec_cli;
 mod fuzz_cli;
+#[cfg(feature = "exec")]
+mod fuzz_http;
 mod hardening;
 mod hardening_inputs;
 mod model_cli;
@@ -21,6 +23,8 @@ mod profile_cli;
 mod readme_commands;
 mod reproduce_cli;
 mod search_cli;
+#[cfg(feature = "exec")]
+mod serve_abuse;
 #[cfg(feature = "exec")]
 mod serve_cli;
 mod sim_cli;

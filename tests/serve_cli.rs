@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 pub(crate) struct Server {
     pub(crate) child: Child,
     out: BufReader<ChildStdout>,
+    /// `http://ADDR`.
     pub(crate) base: String,
     pub(crate) http: reqwest::blocking::Client,
 }
@@ -99,7 +100,7 @@ impl Drop for Server {
     }
 }
 
-fn b64(bytes: &[u8]) -> String {
+pub(crate) fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 

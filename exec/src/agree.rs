@@ -317,10 +317,17 @@ impl Face for ServeFace {
                 media: Vec::new(),
                 stream: false,
                 include_usage: false,
+                timeout_s: None,
             };
             let (tx, rx) = mpsc::unbounded_channel();
             self.answers.push(rx);
-            self.serve.submit(ctrl, chat, tx, arrival);
+            let sub = crate::serve::Submission {
+                chat,
+                reply: tx,
+                received: std::time::Instant::now(),
+                ticket: self.answers.len() as u64,
+            };
+            self.serve.submit(ctrl, sub, arrival);
         }
         self.serve.wake(ctrl, pool, &self.app, now);
     }
@@ -425,7 +432,7 @@ fn execute_restarting(
 
 /// Whether every request ended and the executor's log and outcomes are the
 /// simulator's; returns the log's kinds ([`decision_kinds`]).
-fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 19] {
+fn assert_agree(sim: &SimOutput, ctrl: &Controller) -> [usize; 20] {
     assert!(ctrl.is_finished(), "requests left in the executor");
     let n = decision_kinds(&sim.decisions);
     assert!(
@@ -447,11 +454,27 @@ fn local_routes(log: &[Decision]) -> usize {
 /// `easerve exec`'s loop on the image scenario with `sets` applied and worker
 /// `kill` dying, against the simulator: the log's kinds and the executor's
 /// controller once they agree.
-fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 19], Controller) {
+fn exec_agrees(sets: &[(&str, &str)], kill: Option<(WorkerRef, f64)>) -> ([usize; 20], Controller) {
     let sc = image_scenario(sets);
     let sim = simulate(&sc, kill);
     let ctrl = execute(&sc, &sim, kill);
     (assert_agree(&sim, &ctrl), ctrl)
+}
+
+/// `easerve exec` and the simulator with a client timeout at the median
+/// E2E of a run without one: both abort the same requests at the same
+/// deadlines (the controller's own timer), free the same KV blocks and
+/// agree on everything else.
+pub fn the_executor_aborts_what_the_simulator_aborts_at_deadlines() {
+    let plain = simulate(&image_scenario(&[]), None);
+    let mut e2e: Vec<f64> = plain.records.iter().filter_map(|r| r.e2e()).collect();
+    e2e.sort_by(f64::total_cmp);
+    let median = e2e[e2e.len() / 2].to_string();
+    let (n, ctrl) = exec_agrees(&[("workload.timeout_s", &median)], None);
+    let aborted = ctrl.counters().aborted;
+    assert!(n[19] == aborted && aborted > 0, "{n:?}");
+    assert!(ctrl.records().iter().filter(|r| r.finish.is_some()).count() > 0);
+    assert!((0..ctrl.topology().decode().len()).all(|d| ctrl.decode_kv(d).used() == 0));
 }
 
 /// `easerve exec` on the image scenario (local prefill at offload 0.6): the
@@ -517,11 +540,12 @@ fn serve_streams_every_token(sc: &Scenario, sim: &SimOutput) -> Controller {
     let (mut pool, frames) = Pool::detached(ctrl.topology());
     let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, sim);
     let (submit, _submissions) = mpsc::unbounded_channel();
+    let (abandon, _abandoned) = mpsc::unbounded_channel();
     let (requests, _) = generate_with_tokens(sc);
     let outputs: Vec<u32> = requests.iter().map(|r| r.output_tokens).collect();
     let mut face = ServeFace {
         serve: ServeLoop::new(),
-        app: App::new(sc, submit),
+        app: App::new(sc, submit, abandon, std::time::Duration::from_secs(60)),
         to_submit: requests.into(),
         answers: Vec::new(),
     };

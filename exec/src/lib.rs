@@ -7,7 +7,8 @@
 //!    another): worker processes over sockets, the controller's commands
 //!    carried out for real.
 //! 2. [`serve`] and [`openai`]: `easerve serve`, the same controller and
-//!    workers behind an OpenAI-compatible HTTP server.
+//!    workers behind an OpenAI-compatible HTTP server; [`socket`]: its
+//!    accept loop and the limits at the socket.
 //! 3. [`wire`]: the frames between the controller and a worker.
 //! 4. [`input`] and [`mel`]: images / video / audio decoded and preprocessed
 //!    on the host into the arrays each encoder takes (Whisper's log-mel
@@ -33,5 +34,6 @@ pub mod openai;
 pub mod preprocess_cost;
 pub mod run;
 pub mod serve;
+pub mod socket;
 mod supervise;
 pub mod wire;

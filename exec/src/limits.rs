@@ -96,16 +96,28 @@ pub fn max_prefill_tokens(arch: &ModelArch, budget: f64) -> u64 {
     lo
 }
 
+/// Bytes one token's K and V take in every layer in f32, as the CPU
+/// backend's decode worker keeps them: `2 · layers · kv_heads · head_dim · 4`.
+pub fn f32_kv_bytes_per_token(arch: &ModelArch) -> f64 {
+    let l = &arch.llm;
+    8.0 * f64::from(l.layers) * f64::from(l.kv_heads) * f64::from(l.head_dim)
+}
+
 /// The limits a CPU run of `sc` derives from `available` bytes of host
 /// memory: each worker process's share of what the weights leave
 /// ([`worker_processes`], [`f32_weight_bytes`]) bounds the tokens of one
-/// prefill pass ([`max_prefill_tokens`]). Everything else is unbounded
-/// here; tighten the scenario's limits with it.
+/// prefill pass ([`max_prefill_tokens`]) and the tokens one sequence's KV
+/// cache can hold on a decode worker (`max_model_len`: that share over
+/// [`f32_kv_bytes_per_token`], plus the last token, whose KV is never
+/// stored). Everything else is unbounded here; tighten the scenario's
+/// limits with it.
 pub fn cpu_limits(sc: &Scenario, available: f64) -> Limits {
     let workers = f64::from(worker_processes(sc).max(1));
     let left = available - f32_weight_bytes(&sc.model) * workers;
+    let share = (left / workers).max(0.0);
     Limits {
-        max_prefill_tokens: Some(max_prefill_tokens(&sc.model, (left / workers).max(0.0))),
+        max_prefill_tokens: Some(max_prefill_tokens(&sc.model, share)),
+        max_model_len: Some((share / f32_kv_bytes_per_token(&sc.model)).floor() as u64 + 1),
         ..Limits::default()
     }
 }

@@ -37,7 +37,8 @@ use crate::wire::WireMedia;
 /// What is wrong with a request, as an HTTP status and an OpenAI-style error.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
-    /// HTTP status: 400 (bad request), 404 (unknown model), 429 (admission),
+    /// HTTP status: 400 (bad request), 404 (unknown model), 408 (the
+    /// request's deadline passed: aborted), 429 (admission),
     /// 500 (the request failed in the server), 503 (starting or shutting down).
     pub status: u16,
     /// What is wrong, naming the field.
@@ -59,6 +60,7 @@ impl ApiError {
             400 => "BadRequestError",
             404 => "NotFoundError",
             413 => "RequestTooLargeError",
+            408 => "APIStatusError",
             429 => "RateLimitError",
             503 => "ServiceUnavailableError",
             _ => "InternalServerError",
@@ -111,7 +113,14 @@ pub struct ChatRequest {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// `timeout`, seconds after its arrival at which the request is aborted
+    /// if it has not finished (an easerve extension; at most
+    /// [`MAX_TIMEOUT_S`]); `None`: the scenario's `workload.timeout_s`, if any.
+    pub timeout_s: Option<f64>,
 }
+
+/// The longest `timeout` a request may give, seconds (one day).
+pub const MAX_TIMEOUT_S: f64 = 86_400.0;
 
 /// Parse and check one `POST /v1/chat/completions` body, decoding its media.
 ///
@@ -147,6 +156,18 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         Some(_) => return Err(ApiError::bad("`stream_options` must be an object")),
     };
     flag(obj.get("ignore_eos"), "ignore_eos")?;
+    let timeout_s = match obj.get("timeout") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_f64()
+                .filter(|t| *t > 0.0 && *t <= MAX_TIMEOUT_S)
+                .ok_or_else(|| {
+                    ApiError::bad(format!(
+                        "`timeout` must be a number of seconds in (0, {MAX_TIMEOUT_S}], not {v}"
+                    ))
+                })?,
+        ),
+    };
     let max_tokens = match (obj.get("max_completion_tokens"), obj.get("max_tokens")) {
         (Some(v), _) if !v.is_null() => count(v, "max_completion_tokens")?,
         (_, Some(v)) if !v.is_null() => count(v, "max_tokens")?,
@@ -252,6 +273,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         media: media.iter().map(WireMedia::of).collect(),
         stream,
         include_usage,
+        timeout_s,
     })
 }
 

@@ -809,18 +809,31 @@ impl Relay {
         self.due.push_back(Event::Arrival { id });
     }
 
+    /// Request `id`'s client left: the controller hears it at the next
+    /// wake-up, after what was heard before.
+    pub(crate) fn abort(&mut self, id: RequestId) {
+        self.due.push_back(Event::Abort {
+            id,
+            reason: easerve_sched::Abort::Disconnected,
+        });
+    }
+
     /// Wake up at `now` (seconds since the run started): the controller
     /// hears every event due, then its timer, and each command is carried
     /// out at once. Returns the controller's next timer.
     pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64) -> Option<f64> {
-        driver::instant(
+        let timer = driver::instant(
             &mut Wake {
                 ctrl,
                 pool,
                 relay: self,
             },
             now,
-        )
+        );
+        if ctrl.counters().aborted > 0 {
+            self.links.forget_aborted(ctrl.records());
+        }
+        timer
     }
 }
 
@@ -1180,6 +1193,17 @@ pub(crate) struct Links {
     pub(crate) passes: Option<Vec<(usize, f64)>>,
 }
 
+impl Links {
+    /// Drop what the driver holds for aborted requests: embeddings of a pass
+    /// and KV caches of a prefill batch that ran on for them, and their media.
+    fn forget_aborted(&mut self, records: &[easerve_sched::RequestRecord]) {
+        let wanted = |id: &RequestId| records[*id as usize].aborted.is_none();
+        self.embeddings.retain(|id, _| wanted(id));
+        self.kv.retain(|id, _| wanted(id));
+        self.media.retain(|id, _| wanted(id));
+    }
+}
+
 /// Decode worker `w` finished an iteration of its run: the run ends (the
 /// iterations it ran are returned) when it has run them all or was told to
 /// yield; otherwise the next iteration goes out over the same batch. A worker
@@ -1340,6 +1364,9 @@ fn carry_out(
                 WorkerRef::Decode(worker),
                 &ToWorker::Release { ids: vec![id] },
             );
+        }
+        Command::Discard { worker, id } => {
+            send(workers, worker, &ToWorker::Release { ids: vec![id] });
         }
         // a replica preprocesses its requests' items inside its iteration
         // (its `encode_s` counts it): the front end hands them on at once

@@ -16,9 +16,18 @@
 //!   names ([`Metrics`]).
 //!
 //! Status codes: 400 for a bad request (the body names the field), 404 for
-//! another model's name, 413 for a body over 256 MiB, 429 when admission
-//! control turns a request away, 500 when a request fails in the server (a
+//! another model's name, 408 when a body is not received in time or a
+//! request's deadline passes, 413 for a body over 256 MiB, 429 when
+//! admission control turns a request away, 500 when a request fails in the server (a
 //! worker died), 503 while the workers start and once the server drains.
+//!
+//! Cancellation: a client that disconnects (its handler's future or its
+//! event stream is dropped, [`Abandoned`]) aborts its request, and so does
+//! one whose deadline passes (its body's `timeout`, or the scenario's
+//! `workload.timeout_s`; answered 408): the controller takes it out of every
+//! queue and stops its work at the next step boundary
+//! ([`easerve_sched::Event::Abort`]). The socket's own limits (header and
+//! body read timeouts, a cap on connections) are [`crate::socket`]'s.
 //!
 //! Shutdown: on SIGTERM or Ctrl-C (or `--time-limit`) the server stops
 //! accepting (503), lets every request in flight finish, stops the workers
@@ -54,6 +63,7 @@ use crate::run::{
     build_report, shut_down, start_workers, DetectAt, ExecError, ExecOptions, ExecOutput, Fault,
     KillPlan, Links, Pool, Relay,
 };
+use crate::socket::SocketLimits;
 use crate::wire::WireMedia;
 
 /// The largest request body read: 256 MiB (a few dozen base64 video frames).
@@ -70,6 +80,8 @@ pub struct ServeOptions {
     /// Keep the decision log (`--decisions FILE`); it grows with every
     /// request, so it is off unless asked for.
     pub log_decisions: bool,
+    /// Header and body read timeouts, and the cap on connections.
+    pub socket: SocketLimits,
 }
 
 const STARTING: u8 = 0;
@@ -85,15 +97,35 @@ pub(crate) enum Out {
     Token(u32),
     Done,
     Failed(String),
+    /// Its deadline passed (408).
+    Aborted(String),
 }
 
 /// A parsed request on its way to the driver, and where its answer goes.
 pub(crate) struct Submission {
-    chat: ChatRequest,
-    reply: mpsc::UnboundedSender<Out>,
+    pub(crate) chat: ChatRequest,
+    pub(crate) reply: mpsc::UnboundedSender<Out>,
     /// When its body was received: its arrival (decoding the media is part
     /// of serving it, as `t_pre` is of an encode pass's cost).
-    received: Instant,
+    pub(crate) received: Instant,
+    /// What its handler sends back when its client leaves ([`Abandoned`]).
+    pub(crate) ticket: u64,
+}
+
+/// Held by a request's handler (and its event stream) from its submission:
+/// dropped before the request ended, because the client went away and
+/// hyper dropped the handler's future or the response stream, it tells the
+/// driver, which aborts the request. A drop after the end is ignored (the
+/// driver forgot the ticket when it sent the end).
+pub(crate) struct Abandoned {
+    ticket: u64,
+    tx: mpsc::UnboundedSender<u64>,
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let _ = self.tx.send(self.ticket);
+    }
 }
 
 /// The server's metrics, registered under vLLM's names where vLLM has one
@@ -115,6 +147,8 @@ pub(crate) struct Submission {
 /// | `vllm:request_success_total` | counter | completed requests |
 /// | `easerve:request_failure_total` | counter | requests that failed in the server |
 /// | `easerve:request_rejected_total` | counter | requests turned away by admission (429) |
+/// | `easerve:request_aborted_total` | counter | requests aborted: the client disconnected or the deadline passed (vLLM V1 has no counter of its own: it counts them in `vllm:request_success_total{finished_reason="abort"}`, `vllm/v1/metrics/loggers.py`) |
+/// | `vllm:kv_cache_usage_perc` | gauge | fraction of the decode workers' KV blocks in use (1 = full) |
 /// | `easerve:encode_queue_length` | gauge | requests waiting for an encode pass, all encode workers |
 /// | `easerve:encode_micro_batch_size` | histogram | requests per encode pass |
 /// | `easerve:encode_sm_share` | gauge | SM (thread) share of the latest encode pass |
@@ -140,6 +174,8 @@ pub struct Metrics {
     success: Counter,
     failure: Counter,
     rejected: Counter,
+    aborted: Counter,
+    kv_usage: Gauge<f64, AtomicU64>,
     encode_queue: Gauge,
     micro_batch: Histogram,
     sm_share: Gauge<f64, AtomicU64>,
@@ -188,6 +224,8 @@ impl Metrics {
             success: Counter::default(),
             failure: Counter::default(),
             rejected: Counter::default(),
+            aborted: Counter::default(),
+            kv_usage: Gauge::default(),
             encode_queue: Gauge::default(),
             micro_batch: Histogram::new((0..10).map(|k| f64::from(1u32 << k))),
             sm_share: Gauge::default(),
@@ -254,6 +292,16 @@ impl Metrics {
             "easerve:request_rejected",
             "Requests turned away by admission control (HTTP 429)",
             m.rejected.clone(),
+        );
+        r.register(
+            "easerve:request_aborted",
+            "Requests aborted: the client disconnected or the request's deadline passed",
+            m.aborted.clone(),
+        );
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "Fraction of the decode workers' KV cache blocks in use (1 = full)",
+            m.kv_usage.clone(),
         );
         r.register(
             "easerve:encode_queue_length",
@@ -359,6 +407,12 @@ impl Metrics {
         self.waiting.set(waiting as i64);
         self.running
             .set(ctrl.in_system().saturating_sub(waiting) as i64);
+        let (used, total) = (0..topo.decode().len())
+            .map(|d| ctrl.decode_kv(d))
+            .fold((0u64, 0u64), |(u, t), kv| (u + kv.used(), t + kv.total()));
+        if total > 0 {
+            self.kv_usage.set(used as f64 / total as f64);
+        }
         let c = ctrl.counters();
         if c.routed > 0 {
             self.offload.set(c.remote_routed as f64 / c.routed as f64);
@@ -392,17 +446,30 @@ pub(crate) struct App {
     receiving: AtomicUsize,
     /// A stage has no live worker left: `/health` says 503.
     stage_down: AtomicBool,
+    /// Where a handler whose client left sends its ticket ([`Abandoned`]).
+    abandon: mpsc::UnboundedSender<u64>,
+    /// The next ticket.
+    next_ticket: AtomicU64,
+    /// How long a body may take to come whole.
+    body_timeout: Duration,
 }
 
 impl App {
     /// The state of a server of `sc`'s model, starting, whose handlers
     /// hand requests to `submit`.
-    pub(crate) fn new(sc: &Scenario, submit: mpsc::UnboundedSender<Submission>) -> App {
-        let kv_len = sc
-            .decode_schedulers()
-            .first()
-            .map_or(0, |d| d.max_context_tokens() + 1);
-        let max_model_len = sc.limits.max_model_len.map_or(kv_len, |l| l.min(kv_len));
+    pub(crate) fn new(
+        sc: &Scenario,
+        submit: mpsc::UnboundedSender<Submission>,
+        abandon: mpsc::UnboundedSender<u64>,
+        body_timeout: Duration,
+    ) -> App {
+        // the controller's own bound: the scenario's, the model's maximum
+        // positions, and what one sequence's KV cache holds on a decode worker
+        let max_model_len = sc
+            .resolution(false)
+            .limits()
+            .max_model_len
+            .unwrap_or(u64::MAX);
         let model = ModelInfo {
             name: sc.model.name.clone(),
             arch: sc.model.clone(),
@@ -418,6 +485,9 @@ impl App {
             next: AtomicU64::new(0),
             receiving: AtomicUsize::new(0),
             stage_down: AtomicBool::new(false),
+            abandon,
+            next_ticket: AtomicU64::new(0),
+            body_timeout,
         }
     }
 }
@@ -517,15 +587,22 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
         status: 503,
         message: "the server is shutting down and accepts no new requests".into(),
     };
+    let ticket = app.next_ticket.fetch_add(1, Ordering::Relaxed);
     let sent = app.submit.send(Submission {
         chat,
         reply: tx,
         received,
+        ticket,
     });
     drop(_receiving);
     if sent.is_err() {
         return error_response(&gone);
     }
+    // from here on, a client that leaves aborts its request
+    let guard = Abandoned {
+        ticket,
+        tx: app.abandon.clone(),
+    };
     match rx.recv().await {
         Some(Out::Accepted) => {}
         Some(Out::Rejected(why)) => {
@@ -540,16 +617,28 @@ async fn chat(State(app): State<Arc<App>>, body: Body) -> Response {
     let created = unix_now();
     let model = app.model.name.clone();
     if !stream {
-        return complete(rx, &id, created, &model, prompt).await;
+        let out = complete(rx, &id, created, &model, prompt).await;
+        drop(guard);
+        return out;
     }
-    stream_chunks(rx, id, created, model, prompt, include_usage)
+    stream_chunks(rx, guard, id, created, model, prompt, include_usage)
 }
 
 /// The request body, read whole and parsed (decoding media off the runtime's threads).
 async fn read_chat(app: &App, body: Body) -> Result<ChatRequest, ApiError> {
-    let body: Bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-        Ok(b) => b,
-        Err(e) => {
+    let read = axum::body::to_bytes(body, MAX_BODY_BYTES);
+    let body: Bytes = match tokio::time::timeout(app.body_timeout, read).await {
+        Ok(Ok(b)) => b,
+        Err(_) => {
+            return Err(ApiError {
+                status: 408,
+                message: format!(
+                    "the request body did not come whole within {} s of its headers (the server's body read timeout)",
+                    app.body_timeout.as_secs_f64()
+                ),
+            })
+        }
+        Ok(Err(e)) => {
             return Err(ApiError {
                 status: 413,
                 message: format!(
@@ -597,6 +686,12 @@ async fn complete(
                     message: why,
                 })
             }
+            Some(Out::Aborted(why)) => {
+                return error_response(&ApiError {
+                    status: 408,
+                    message: why,
+                })
+            }
             Some(Out::Accepted | Out::Rejected(_)) => {}
             None => {
                 return error_response(&ApiError {
@@ -613,6 +708,7 @@ async fn complete(
 /// the usage chunk when asked for, then [DONE].
 fn stream_chunks(
     rx: mpsc::UnboundedReceiver<Out>,
+    guard: Abandoned,
     id: String,
     created: u64,
     model: String,
@@ -626,8 +722,10 @@ fn stream_chunks(
         json!({"role": "assistant", "content": ""}),
         None,
     );
+    // the stream holds the guard: dropped with it when the client leaves
     let state = Some((rx, 0u64, Some(first)));
     let events = futures_util::stream::unfold(state, move |st| {
+        let _held = &guard;
         let (id, model) = (id.clone(), model.clone());
         async move {
             let (mut rx, mut n, pending) = st?;
@@ -664,6 +762,11 @@ fn stream_chunks(
                 }
                 Some(Out::Failed(why)) => vec![sse(&ApiError {
                     status: 500,
+                    message: why,
+                }
+                .body())],
+                Some(Out::Aborted(why)) => vec![sse(&ApiError {
+                    status: 408,
                     message: why,
                 }
                 .body())],
@@ -730,7 +833,8 @@ async fn run(
         ctrl.supervise(b);
     }
     let (submit, mut submissions) = mpsc::unbounded_channel::<Submission>();
-    let app = Arc::new(App::new(sc, submit));
+    let (abandon, mut abandoned) = mpsc::unbounded_channel::<u64>();
+    let app = Arc::new(App::new(sc, submit, abandon, opts.socket.body_timeout));
     let router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/models", get(models))
@@ -744,13 +848,14 @@ async fn run(
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     on_listen(listener.local_addr()?);
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
-                let _ = http_stopped.await;
-            })
-            .await
-    });
+    let server = tokio::spawn(crate::socket::serve_http(
+        listener,
+        router,
+        opts.socket,
+        async {
+            let _ = http_stopped.await;
+        },
+    ));
 
     let started = tokio::select! {
         p = start_workers(sc, ctrl.topology(), &opts.exec) => p,
@@ -770,7 +875,10 @@ async fn run(
     let (faults, run_s) = drive(
         &mut ctrl,
         &mut pool,
-        &mut submissions,
+        Inbox {
+            submissions: &mut submissions,
+            abandoned: &mut abandoned,
+        },
         &app,
         opts,
         &mut stop,
@@ -845,13 +953,20 @@ impl Stop {
     }
 }
 
+/// What the handlers send the driver: requests, and the tickets of
+/// requests whose clients left.
+struct Inbox<'a> {
+    submissions: &'a mut mpsc::UnboundedReceiver<Submission>,
+    abandoned: &'a mut mpsc::UnboundedReceiver<u64>,
+}
+
 /// Take requests as they come and carry out the controller's commands until
 /// the server is told to stop and every request in it has ended. The wall
 /// clock and the waiting are here; what a wake-up means is [`ServeLoop`]'s.
 async fn drive(
     ctrl: &mut Controller,
     pool: &mut Pool,
-    submissions: &mut mpsc::UnboundedReceiver<Submission>,
+    mut inbox: Inbox<'_>,
     app: &App,
     opts: &ServeOptions,
     stop: &mut Stop,
@@ -879,12 +994,17 @@ async fn drive(
         let sleep_for = (wake - now()).clamp(0.0, cap);
         let mut heard = None;
         let mut arrived: Option<Submission> = None;
+        let Inbox {
+            submissions,
+            abandoned,
+        } = &mut inbox;
         tokio::select! {
             ev = pool.rx.recv() => match ev {
                 Some(ev) => heard = Some(ev),
                 None => break,
             },
             sub = submissions.recv() => arrived = sub,
+            Some(ticket) = abandoned.recv() => serve.abandon(ticket),
             _ = tokio::time::sleep(Duration::from_secs_f64(sleep_for)) => {}
             _ = stop.recv() => draining = true,
         }
@@ -910,21 +1030,20 @@ async fn drive(
             };
             serve.hear(pool, ev, at, app);
         }
-        if let Some(Submission {
-            chat,
-            reply,
-            received,
-        }) = arrived
-        {
+        if let Some(sub) = arrived {
             // its arrival is its receipt (clamped to the run's start)
-            let arrival = received.saturating_duration_since(t0).as_secs_f64().min(t);
-            serve.submit(ctrl, chat, reply, arrival);
+            let arrival = sub
+                .received
+                .saturating_duration_since(t0)
+                .as_secs_f64()
+                .min(t);
+            serve.submit(ctrl, sub, arrival);
         }
         serve.wake(ctrl, pool, app, t);
         if draining
             && serve.flight.is_empty()
             && ctrl.in_system() == 0
-            && submissions.is_empty()
+            && inbox.submissions.is_empty()
             && app.receiving.load(Ordering::SeqCst) == 0
         {
             break;
@@ -943,6 +1062,8 @@ pub(crate) struct ServeLoop {
     relay: Relay,
     /// Requests in the server, by id.
     flight: HashMap<RequestId, InFlight>,
+    /// The requests of the handlers' tickets, while in the server.
+    tickets: HashMap<u64, RequestId>,
     /// Tokens the workers emitted since the last wake-up.
     tokens: Vec<(RequestId, u32)>,
 }
@@ -954,6 +1075,7 @@ impl ServeLoop {
         ServeLoop {
             relay: Relay::new(links),
             flight: HashMap::new(),
+            tickets: HashMap::new(),
             tokens: Vec::new(),
         }
     }
@@ -965,17 +1087,21 @@ impl ServeLoop {
 
     /// A request came at `arrival` (seconds): the controller takes it, and
     /// it arrives at the next wake-up.
-    pub(crate) fn submit(
-        &mut self,
-        ctrl: &mut Controller,
-        chat: ChatRequest,
-        reply: mpsc::UnboundedSender<Out>,
-        arrival: f64,
-    ) {
+    pub(crate) fn submit(&mut self, ctrl: &mut Controller, sub: Submission, arrival: f64) {
+        let Submission {
+            chat,
+            reply,
+            ticket,
+            ..
+        } = sub;
         let mut req = chat.request;
         req.arrival = arrival;
         let id = ctrl.add_request(req);
+        if let Some(t) = chat.timeout_s {
+            ctrl.set_timeout(id, t);
+        }
         self.relay.links.media.insert(id, chat.media);
+        self.tickets.insert(ticket, id);
         self.flight.insert(
             id,
             InFlight {
@@ -986,6 +1112,15 @@ impl ServeLoop {
             },
         );
         self.relay.arrive(id);
+    }
+
+    /// The client of the request with `ticket` left: the controller hears
+    /// of it at the next wake-up ([`easerve_sched::Event::Abort`]). A
+    /// ticket whose request ended already is ignored.
+    pub(crate) fn abandon(&mut self, ticket: u64) {
+        if let Some(id) = self.tickets.remove(&ticket) {
+            self.relay.abort(id);
+        }
     }
 
     /// Wake up at `t`: the tokens heard go out, the controller hears what is
@@ -1023,6 +1158,10 @@ impl ServeLoop {
             (&mut links.media, &mut links.embeddings),
             &app.metrics,
         );
+        if self.tickets.len() > self.flight.len() {
+            let flight = &self.flight;
+            self.tickets.retain(|_, id| flight.contains_key(id));
+        }
         app.metrics.update(ctrl);
         app.metrics.supervision(ctrl, t);
         // `/health`: 503 while some stage has no live worker (the controller's word)
@@ -1055,6 +1194,16 @@ fn resolve(
         if !f.accepted {
             f.accepted = true;
             let _ = f.reply.send(Out::Accepted);
+        }
+        if let Some(why) = r.aborted {
+            metrics.aborted.inc();
+            media.remove(&id);
+            // a client that left hears nothing; one whose deadline passed, a 408
+            let _ = f.reply.send(Out::Aborted(format!(
+                "the request was aborted: {} before it finished",
+                why.name()
+            )));
+            return false;
         }
         if let Some(why) = &r.failure {
             metrics.failure.inc();

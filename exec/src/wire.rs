@@ -242,9 +242,10 @@ pub enum ToWorker {
         /// The running sequences admitted before this iteration.
         decode: Vec<RequestId>,
     },
-    /// Free these sequences' caches.
+    /// Drop what the worker holds for these requests, finished or aborted:
+    /// decode sequences, KV caches landed, embeddings, media prepared ahead.
     Release {
-        /// Finished requests.
+        /// Finished or aborted requests.
         ids: Vec<RequestId>,
     },
     /// Exit.

@@ -240,6 +240,13 @@ pub struct LlmArch {
     /// FP8 KV cache, vLLM's `--kv-cache-dtype fp8`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_dtype_bytes: Option<u32>,
+    /// The most positions (prompt plus output tokens) the model was trained
+    /// to take (`max_position_embeddings`): a request may hold no more
+    /// (vLLM's default `max_model_len`). `None`: no bound of its own (every
+    /// preset: the tiny LMs' RoPE has no trained length, and the real-size
+    /// presets are checked against trimmed configs without the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_positions: Option<u64>,
     /// The mixture-of-experts layers, `None` for a dense model (every layer's MLP
     /// is the gated `ffn`-wide one).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -355,6 +355,11 @@ fn llm(r: &mut Reader<'_>, p: &str) -> Result<LlmArch, ImportError> {
     let vocab = r.u32_any("llm.vocab", c, &[&k("vocab_size"), "vocab_size"])?;
     let prefixes: Vec<&str> = if p.is_empty() { vec![] } else { vec![p] };
     let dtype = dtype_bytes(r, "llm.dtype_bytes", &prefixes)?;
+    let positions = k("max_position_embeddings");
+    let max_positions = match c.get(&positions) {
+        Some(_) => Some(u64::from(r.u32("llm.max_positions", c, &positions)?)),
+        None => None,
+    };
     Ok(LlmArch {
         layers,
         hidden,
@@ -365,6 +370,7 @@ fn llm(r: &mut Reader<'_>, p: &str) -> Result<LlmArch, ImportError> {
         vocab,
         dtype_bytes: dtype,
         kv_dtype_bytes: None,
+        max_positions,
         moe: None,
     })
 }

@@ -96,6 +96,7 @@ fn llava_v16_34b() -> ModelArch {
             vocab: 64064,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: None,
         },
     }
@@ -146,6 +147,7 @@ fn qwen25_vl_32b() -> ModelArch {
             vocab: 152_064,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: None,
         },
     }
@@ -245,6 +247,7 @@ fn qwen3_vl_8b() -> ModelArch {
             vocab: 151_936,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: None,
         },
     }
@@ -267,6 +270,7 @@ fn qwen3_vl_32b() -> ModelArch {
             vocab: 151_936,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: None,
         },
     }
@@ -292,6 +296,7 @@ fn qwen3_vl_30b_a3b() -> ModelArch {
             vocab: 151_936,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: Some(qwen3_moe(768)),
         },
     }
@@ -316,6 +321,7 @@ fn qwen3_vl_235b_a22b() -> ModelArch {
             vocab: 151_936,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: Some(qwen3_moe(1536)),
         },
     }
@@ -370,6 +376,7 @@ fn gemma3_27b_llm() -> LlmArch {
         vocab: 262_208,
         dtype_bytes: BF16,
         kv_dtype_bytes: None,
+        max_positions: None,
         moe: None,
     }
 }
@@ -426,6 +433,7 @@ fn internvl3_38b() -> ModelArch {
             vocab: 151_674,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: None,
         },
     }
@@ -481,6 +489,7 @@ fn llama4_scout() -> ModelArch {
             vocab: 202_048,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: Some(MoeArch {
                 experts: 16,
                 top_k: 1,
@@ -542,6 +551,7 @@ fn qwen3_omni_30b_a3b() -> ModelArch {
             vocab: 152_064,
             dtype_bytes: BF16,
             kv_dtype_bytes: None,
+            max_positions: None,
             moe: Some(qwen3_moe(768)),
         },
     }
@@ -575,6 +585,7 @@ fn tiny_llm() -> LlmArch {
         vocab: 32000,
         dtype_bytes: BF16,
         kv_dtype_bytes: None,
+        max_positions: None,
         moe: None,
     }
 }
@@ -685,6 +696,7 @@ fn cpu_llm() -> LlmArch {
         vocab: 4096,
         dtype_bytes: F32,
         kv_dtype_bytes: None,
+        max_positions: None,
         moe: None,
     }
 }

@@ -245,6 +245,8 @@ enum ClusterEvent {
     Reconfigure(crate::Change),
     /// A worker's model is loaded.
     Ready(WorkerRef),
+    /// A client leaves.
+    Abort(RequestId),
 }
 
 /// What fake workers will do, in the order a virtual clock meets it: by
@@ -448,6 +450,13 @@ impl<S: Service> Cluster<S> {
         self.push(at, DONE, ClusterEvent::Reconfigure(change));
     }
 
+    /// Request `id`'s client leaves at `at` (seconds): [`Event::Abort`]
+    /// with [`crate::Abort::Disconnected`], fed after the instant's other
+    /// inputs, as a server hears a dropped connection after the workers.
+    pub fn abort_at(&mut self, id: RequestId, at: f64) {
+        self.push(at, ARRIVES, ClusterEvent::Abort(id));
+    }
+
     /// The run is cut short at `at` with `reason`.
     pub fn interrupt_at(&mut self, at: f64, reason: &str) {
         self.interrupt = Some(reason.to_string());
@@ -529,6 +538,10 @@ impl<S: Service> Cluster<S> {
                 self.live.revive(w);
                 Event::WorkerRestarted { worker: w }
             }
+            ClusterEvent::Abort(id) => Event::Abort {
+                id,
+                reason: crate::Abort::Disconnected,
+            },
             ClusterEvent::Interrupt => {
                 // decode runs in flight go no further
                 for g in self.decode_gen.iter_mut().chain(&mut self.replica_gen) {
@@ -616,7 +629,7 @@ impl<S: Service> Driver for Cluster<S> {
                 let (start, end) = self.prefill_link[from].send(now, t);
                 self.push(end, LANDED, ClusterEvent::Kv(id, start));
             }
-            Command::Release { .. } => {}
+            Command::Release { .. } | Command::Discard { .. } => {}
             Command::Restart { worker, delay_s } => {
                 let at = now + delay_s + self.load_s;
                 let ev = ClusterEvent::Rejoin(worker, self.deaths_of(worker));
@@ -851,9 +864,9 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 /// prefill, share, place-decode, decode run, fail, decode yield,
 /// place-replica, replica step, place-shard, prefill chunk, the planner's
 /// reconfigurations (a change, a worker ready or stopped), encoder-cache
-/// lookup, prefix-cache lookup, restart, rejoin.
-pub fn decision_kinds(log: &[Decision]) -> [usize; 19] {
-    let mut n = [0usize; 19];
+/// lookup, prefix-cache lookup, restart, rejoin, abort.
+pub fn decision_kinds(log: &[Decision]) -> [usize; 20] {
+    let mut n = [0usize; 20];
     for d in log {
         n[match d {
             Decision::Reject { .. } => 0,
@@ -877,6 +890,7 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 19] {
             Decision::PrefixCache { .. } => 16,
             Decision::Restart { .. } => 17,
             Decision::Rejoin { .. } => 18,
+            Decision::Abort { .. } => 19,
         }] += 1;
     }
     n
@@ -1026,6 +1040,7 @@ pub fn config_for(
         split,
         admission_limit,
         limits: crate::Limits::default(),
+        client_timeout_s: None,
         log_decisions: true,
         preprocess_ahead: false,
         mechanisms: crate::Mechanisms::default(),
@@ -1094,6 +1109,7 @@ mod tests {
             split: SmSplit::Static(1.0),
             admission_limit: None,
             limits: crate::Limits::default(),
+            client_timeout_s: None,
             log_decisions: true,
             preprocess_ahead: false,
             mechanisms: crate::Mechanisms::default(),
@@ -1265,6 +1281,7 @@ mod tests {
                 r.failure.is_some(),
                 r.rejected,
                 r.refused.is_some(),
+                r.aborted.is_some(),
             ];
             assert_eq!(
                 ends.iter().filter(|e| **e).count(),

@@ -68,6 +68,16 @@ impl PrefillQueue {
         self.queue.drain(..).collect()
     }
 
+    /// Take request `id` out of the queue (its client left before its
+    /// prefill started, or before the rest of a chunked prompt ran); returns
+    /// the tokens it still had queued, `None` when it was not queued.
+    pub fn remove(&mut self, id: RequestId) -> Option<u64> {
+        let at = self.queue.iter().position(|i| i.id == id)?;
+        let item = self.queue.remove(at)?;
+        self.queued_tokens -= item.tokens;
+        Some(item.tokens)
+    }
+
     /// Requests waiting.
     pub fn len(&self) -> usize {
         self.queue.len()
@@ -129,6 +139,19 @@ mod tests {
         assert_eq!(ids(q.next_batch()), vec![4]);
         assert!(q.next_batch().is_empty());
         assert_eq!(q.queued_tokens(), 0);
+    }
+
+    #[test]
+    fn a_removed_request_leaves_with_its_tokens() {
+        let mut q = PrefillQueue::chunked(1000, 8);
+        for (id, tokens) in [(0, 400), (1, 2500), (2, 10)] {
+            q.push(PrefillItem { id, tokens });
+        }
+        q.next_batch(); // 0 whole, 600 of 1
+        assert_eq!(q.remove(1), Some(1900));
+        assert_eq!(q.remove(1), None);
+        assert_eq!(q.queued_tokens(), 10);
+        assert_eq!(q.next_batch(), vec![PrefillItem { id: 2, tokens: 10 }]);
     }
 
     #[test]

@@ -146,6 +146,32 @@ pub struct RequestRecord {
     /// limit (the decision log has the whole message, with the value).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<crate::LimitKind>,
+    /// Aborted before its end: its client left or its deadline passed
+    /// ([`crate::Event::Abort`]); counted apart from failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aborted: Option<Abort>,
+}
+
+/// Why a request was aborted: nothing went wrong in the server, its client
+/// no longer wants the answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Abort {
+    /// The client closed its connection before the last token.
+    Disconnected,
+    /// The request's deadline (its arrival plus its timeout: the request's
+    /// `timeout`, or the scenario's `workload.timeout_s`) passed first.
+    Deadline,
+}
+
+impl Abort {
+    /// How the report and the decision log name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Abort::Disconnected => "client disconnected",
+            Abort::Deadline => "deadline passed",
+        }
+    }
 }
 
 impl RequestRecord {

@@ -38,6 +38,9 @@ pub struct Resolution<'a> {
     pub admission_limit: Option<usize>,
     /// What one request may ask for; arrivals over a limit are refused.
     pub limits: Limits,
+    /// Seconds after arrival at which an unfinished request is aborted
+    /// ([`ControllerConfig::client_timeout_s`]).
+    pub client_timeout_s: Option<f64>,
     /// Preprocessing is a pipelined host stage ([`ControllerConfig::preprocess_ahead`]).
     pub preprocess_ahead: bool,
     /// The offered rate, requests/s: the Poisson-gap rule's starting
@@ -134,7 +137,8 @@ impl Resolution<'_> {
             },
             split,
             admission_limit: self.admission_limit,
-            limits: self.limits.clone(),
+            limits: self.limits(),
+            client_timeout_s: self.client_timeout_s,
             log_decisions: self.log_decisions,
             preprocess_ahead: self.preprocess_ahead,
             mechanisms: self.system.mechanisms(),
@@ -142,10 +146,48 @@ impl Resolution<'_> {
         }
     }
 
+    /// The limits the controller checks arrivals against: the scenario's,
+    /// with `max_model_len` at most what one sequence's KV cache can hold on
+    /// a decode worker (or replica): every block of its empty cache, plus
+    /// the last token, whose KV is never stored
+    /// ([`DecodeScheduler::max_context_tokens`]). A longer request could
+    /// only fail once its KV cache reached decode; refused at arrival, it
+    /// costs no work, and the server's 400 says the same.
+    pub fn limits(&self) -> Limits {
+        let kv_len = self.kv.total() * self.kv.block_size() + 1;
+        let mut limits = self.limits.clone();
+        limits.max_model_len = Some(limits.max_model_len.map_or(kv_len, |l| l.min(kv_len)));
+        limits
+    }
+
     /// `n` continuous-batching schedulers of [`Resolution::kv`] blocks each.
     pub fn schedulers(&self, n: u32) -> Vec<DecodeScheduler> {
         (0..n)
             .map(|_| DecodeScheduler::new(self.kv, self.decode_max_batch))
             .collect()
+    }
+
+    /// Requests the deployment holds in work at once, none of them queued,
+    /// when each holds `context` tokens of KV cache (prompt plus output):
+    /// each encode worker's micro-batch in its pass and its envelopes in
+    /// flight (`B · (1 + max_inflight_transfers)`), each prefill worker's
+    /// batch (`prefill_max_seqs`, local workers included), and each decode
+    /// worker's running batch (`decode_max_batch`, or the sequences of
+    /// `context` tokens its KV blocks hold, if fewer); for the aggregated
+    /// system, each replica's running batch alone.
+    pub fn requests_in_work(&self, context: u64) -> usize {
+        let per_seq = self.kv.blocks_for(context.max(1)).max(1);
+        let running = self
+            .decode_max_batch
+            .min(usize::try_from(self.kv.total() / per_seq).unwrap_or(usize::MAX));
+        if let Some((replicas, _)) = self.replicas {
+            return running * replicas as usize;
+        }
+        let a = &self.deployment.allocation;
+        let encode = a.encode.workers as usize
+            * self.deployment.max_batch
+            * (1 + self.max_inflight_transfers);
+        let prefill = self.topology().prefill().len() * self.prefill_max_seqs;
+        encode + prefill + running * a.decode.workers as usize
     }
 }

@@ -76,10 +76,9 @@ pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
     }
     // failed and turned-away requests are counted, with their reasons, in
     // the report itself
-    let unfinished = report
-        .meta
-        .requests
-        .saturating_sub(finished + report.failed + report.rejected + report.refused);
+    let unfinished = report.meta.requests.saturating_sub(
+        finished + report.failed + report.rejected + report.refused + report.aborted,
+    );
     if unfinished > 0 {
         report.notes.push(format!(
             "{unfinished} requests neither completed, failed nor were turned away: the run ended with them in the system"

@@ -530,9 +530,14 @@ fn serve<B: Backend>(
                 }
                 Some(decode_step(&model, &mut seqs, &ids, device)?)
             }
+            // a finished or aborted request: whatever this worker holds for
+            // it (in order after the jobs sent before, which may still use it)
             Job::Release(ids) => {
                 for id in ids {
                     seqs.remove(&id);
+                    lock(&kv).remove(&id);
+                    lock(&embeddings).remove(&id);
+                    preprocessor.discard(id);
                 }
                 None
             }
@@ -588,6 +593,8 @@ enum Slot {
     Ready(Result<Vec<HostItem>, WorkerError>),
     /// Held for its pass to prepare (a worker without preprocessing threads).
     Held(EncodeRequest),
+    /// Released while being prepared: dropped when its preparation ends.
+    Discarded,
 }
 
 /// An encode worker's preprocessing ahead of its passes: requests sent by
@@ -664,7 +671,13 @@ impl Preprocessor {
                 .into_par_iter()
                 .map(|(j, it, m)| prepare_item(&me.arch, me.seed, id, j, it, m))
                 .collect::<Result<Vec<_>, _>>();
-            lock(&me.slots).insert(id, Slot::Ready(out));
+            let mut slots = lock(&me.slots);
+            if matches!(slots.get(&id), Some(Slot::Discarded)) {
+                slots.remove(&id);
+            } else {
+                slots.insert(id, Slot::Ready(out));
+            }
+            drop(slots);
             me.ready.notify_all();
         });
     }
@@ -684,11 +697,20 @@ impl Preprocessor {
                     drop(slots);
                     return self.prepare_here(held);
                 }
-                None => {
+                None | Some(Slot::Discarded) => {
                     drop(slots);
                     return self.prepare_here(r.clone());
                 }
             }
+        }
+    }
+
+    /// Drop what is held for request `id` (it was aborted): its items now,
+    /// or once their preparation in progress ends.
+    fn discard(&self, id: RequestId) {
+        let mut slots = lock(&self.slots);
+        if let Some(Slot::Pending) = slots.remove(&id) {
+            slots.insert(id, Slot::Discarded);
         }
     }
 

@@ -316,6 +316,14 @@ pub struct Report {
     /// Refused requests per limit, most frequent first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub refusals: Vec<FailureCount>,
+    /// Requests aborted because their client left or their deadline passed
+    /// (`workload.timeout_s`, a request's `timeout`), counted apart from
+    /// failures: nothing went wrong in the server.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub aborted: usize,
+    /// Aborted requests per reason, most frequent first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub aborts: Vec<FailureCount>,
     /// The run cut into windows of time (a scenario with a rate schedule or
     /// `workload.window_s`; see [`crate::windows`]); empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -643,6 +651,7 @@ impl Report {
         let mut serves: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(n));
         let mut failures: Vec<FailureCount> = Vec::new();
         let mut refusals: Vec<FailureCount> = Vec::new();
+        let mut aborts: Vec<FailureCount> = Vec::new();
         let mut rejected = 0usize;
         for r in records {
             start = start.min(r.arrival);
@@ -652,6 +661,9 @@ impl Report {
             }
             if let Some(limit) = r.refused {
                 FailureCount::count(&mut refusals, limit.name());
+            }
+            if let Some(why) = r.aborted {
+                FailureCount::count(&mut aborts, why.name());
             }
             let Some(finish) = r.finish else {
                 continue;
@@ -721,6 +733,7 @@ impl Report {
         let e2e = Stats::of(e2es);
         failures.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
         refusals.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+        aborts.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
         Report {
             schema_version: REPORT_SCHEMA_VERSION,
             meta,
@@ -747,6 +760,8 @@ impl Report {
             failures,
             refused: refusals.iter().map(|f| f.count).sum(),
             refusals,
+            aborted: aborts.iter().map(|f| f.count).sum(),
+            aborts,
             windows: Vec::new(),
             planner: None,
             reuse: None,
@@ -856,6 +871,12 @@ impl Report {
         if self.refused > 0 {
             line(s, "Refused (over a limit):", self.refused.to_string());
             for f in &self.refusals {
+                line(s, &format!("  {}", f.count), f.reason.clone());
+            }
+        }
+        if self.aborted > 0 {
+            line(s, "Aborted (client left):", self.aborted.to_string());
+            for f in &self.aborts {
                 line(s, &format!("  {}", f.count), f.reason.clone());
             }
         }

@@ -3,7 +3,7 @@
 //! [`Decision`] log ([`Controller::decisions`](super::Controller::decisions)).
 
 use super::{EnvelopeId, WorkerRef};
-use crate::RequestId;
+use crate::{Abort, RequestId};
 use serde::{Deserialize, Serialize};
 
 /// One scheduling decision, in the order it was taken. Two drivers that feed
@@ -217,6 +217,16 @@ pub enum Decision {
         /// The worker.
         worker: WorkerRef,
     },
+    /// Request `id` was aborted ([`crate::Event::Abort`], or its deadline
+    /// passed): it leaves every queue, and a decode run holding it yields.
+    Abort {
+        /// Time of the decision.
+        at: f64,
+        /// Request.
+        id: RequestId,
+        /// Why.
+        reason: Abort,
+    },
     /// Request `id` failed (a worker died, its KV cache can never fit, the run
     /// was interrupted).
     Fail {
@@ -366,8 +376,18 @@ pub enum Command {
         /// Backoff before the start, seconds ([`Backoff`](super::Backoff)).
         delay_s: f64,
     },
-    /// Request `id` generated its last token: decode worker `worker` may free
-    /// its KV cache.
+    /// Request `id` was aborted: worker `worker` may drop what it holds for
+    /// it (media handed to an encode worker ahead of its pass, embeddings
+    /// at a prefill worker). Nothing is reported back.
+    Discard {
+        /// The worker.
+        worker: WorkerRef,
+        /// Aborted request.
+        id: RequestId,
+    },
+    /// Request `id` generated its last token, or was aborted: decode worker
+    /// `worker` may free its KV cache (an aborted request's cache may still
+    /// be on its way there: it is freed when it lands).
     Release {
         /// Decode worker.
         worker: usize,

@@ -100,10 +100,15 @@ impl Controller {
             .sched
             .complete_steps(steps.clamp(1, slot.run_steps.max(1)))
         {
+            if self.records[id as usize].aborted.is_some() {
+                // released with the others leaving below
+                continue;
+            }
             let work = self.work(id);
             self.decode_place.complete(d, work);
             self.done(id, now);
             self.commands.push_back(Command::Release { worker: d, id });
         }
+        self.release_leaving(d);
     }
 }

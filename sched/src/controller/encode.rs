@@ -15,6 +15,11 @@ impl Controller {
         if self.place[i] != Place::NotArrived {
             return;
         }
+        let own_timeout = if self.timeouts.is_empty() {
+            None
+        } else {
+            self.timeouts.remove(&id)
+        };
         if let Err(e) = self.limits.check(&self.requests[i]) {
             let reason = e.to_string();
             self.place[i] = Place::Done;
@@ -37,6 +42,7 @@ impl Controller {
             return;
         }
         self.in_system += 1;
+        self.arm_deadline(id, own_timeout);
         self.router.observe(now);
         if !self.replicas.is_empty() {
             self.arrive_at_front_end(id);

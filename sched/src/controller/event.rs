@@ -2,7 +2,7 @@
 //! [`Controller::handle`](super::Controller::handle), and the names they use
 //! for workers ([`WorkerRef`]) and embeddings envelopes ([`EnvelopeId`]).
 
-use crate::RequestId;
+use crate::{Abort, RequestId};
 use serde::{Deserialize, Serialize};
 
 /// A stage's worker, as the controller names it.
@@ -123,6 +123,19 @@ pub enum Event {
     WorkerRestarted {
         /// The worker.
         worker: WorkerRef,
+    },
+    /// Request `id` is no longer wanted (its client left, or its deadline
+    /// passed; the controller raises deadlines itself from its timer): what
+    /// has not started is cancelled, what runs stops at its next step
+    /// boundary (the end of the pass or prefill batch in flight, the decode
+    /// iteration in progress), and its KV blocks are freed
+    /// ([`Command::Release`](super::Command::Release)). A request already at
+    /// an end is left as it is.
+    Abort {
+        /// Request.
+        id: RequestId,
+        /// Why.
+        reason: Abort,
     },
     /// The run is cut short (Ctrl-C or a deadline): every request not at an
     /// end yet, arrived or not, fails with `reason`; nothing more starts.

@@ -13,9 +13,12 @@
 //! * [`Controller::handle`]`(now, `[`Event`]`)`: something happened at `now` —
 //!   a request arrived, an encode pass reached its GPU phase or ended, an
 //!   embeddings envelope or a KV cache landed, a prefill batch or a decode
-//!   run ended, a worker died, or the run is being cut short.
+//!   run ended, a worker died, a request's client left, or the run is being
+//!   cut short.
 //! * [`Controller::handle_timeout`]`(now)`: the time [`Controller::poll_timeout`]
-//!   returned has come. A spurious or early call is a no-op.
+//!   returned has come (a batcher's deadline, or a request's: see
+//!   [`ControllerConfig::client_timeout_s`]). A spurious or early call is a
+//!   no-op.
 //!
 //! # Outputs
 //! * [`Controller::poll_command`]: the next [`Command`] for the driver to carry
@@ -86,6 +89,8 @@
 //!   as shards on several encode workers, its prefill waiting for all of them.
 //! * `steps.rs`: HydraInfer's instance steps — encode workers and their local
 //!   prefill worker starting work together — and its chunked prefill.
+//! * `abort.rs`: a request no longer wanted (its client left, its deadline
+//!   passed) leaving every queue, and the deadlines' timer.
 //! * `faults.rs`: a worker's death (what becomes of its requests), its
 //!   rejoin, the run's interruption, and the wording of an injected kill
 //!   ([`kill_reason`]).
@@ -93,6 +98,7 @@
 //!   [`Command::Restart`]), which requests survive a death, per stage, and
 //!   the run's deaths, restarts, degraded and down time ([`SupervisionCounters`]).
 
+mod abort;
 mod command;
 mod decode;
 mod encode;
@@ -148,6 +154,11 @@ pub struct ControllerConfig {
     /// Admission bound: requests admitted and not yet finished; an arrival
     /// beyond it is rejected. `None` admits everything.
     pub admission_limit: Option<usize>,
+    /// Seconds after its arrival at which a request is aborted if it has not
+    /// finished (a client timeout: [`Event::Abort`] with
+    /// [`crate::Abort::Deadline`], from the controller's own timer); `None`:
+    /// no deadline unless [`Controller::set_timeout`] gives one.
+    pub client_timeout_s: Option<f64>,
     /// What one request may ask for: an arrival over a limit is refused
     /// before any work ([`Decision::Reject`] with the reason).
     pub limits: crate::Limits,
@@ -234,6 +245,8 @@ struct DecodeSlot {
     since: f64,
     /// Seconds busy with runs that ended.
     busy_s: f64,
+    /// Sequences aborted during the run in flight: they leave at its end.
+    leaving: Vec<RequestId>,
     alive: bool,
 }
 
@@ -268,6 +281,8 @@ pub struct ControllerCounters {
     pub failed: usize,
     /// Requests placed on each stage (encode, prefill, decode).
     pub stage_arrivals: [u64; 3],
+    /// Requests aborted (their client left, or their deadline passed).
+    pub aborted: usize,
 }
 
 /// The controller (module doc).
@@ -291,6 +306,11 @@ pub struct Controller {
     max_inflight: usize,
     admission_limit: Option<usize>,
     limits: crate::Limits,
+    client_timeout_s: Option<f64>,
+    /// Per-request timeouts set before arrival ([`Controller::set_timeout`]).
+    timeouts: std::collections::HashMap<RequestId, f64>,
+    /// Deadlines armed at admission, earliest first: (seconds as bits, id).
+    deadlines: std::collections::BinaryHeap<std::cmp::Reverse<(u64, RequestId)>>,
     in_system: usize,
     /// Requests finished, and the latest finish time (seconds; 0 before one).
     finished: (usize, f64),
@@ -399,6 +419,7 @@ impl Controller {
                 yielded: false,
                 since: 0.0,
                 busy_s: 0.0,
+                leaving: Vec::new(),
                 alive: true,
             })
             .collect();
@@ -454,6 +475,9 @@ impl Controller {
             max_inflight: cfg.max_inflight_transfers.max(1),
             admission_limit: cfg.admission_limit,
             limits: cfg.limits,
+            client_timeout_s: cfg.client_timeout_s,
+            timeouts: std::collections::HashMap::new(),
+            deadlines: std::collections::BinaryHeap::new(),
             in_system: 0,
             finished: (0, 0.0),
             counters: ControllerCounters::default(),
@@ -552,6 +576,7 @@ impl Controller {
             } => self.on_replica_step_done(now, replica, prefill_start),
             Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
             Event::WorkerRestarted { worker } => self.on_worker_restarted(now, worker),
+            Event::Abort { id, reason } => self.abort(now, id, reason),
             Event::Interrupt { reason } => self.interrupt(&reason),
             Event::Reconfigure { change } => self.on_reconfigure(now, change),
             Event::WorkerReady { worker } => self.on_worker_ready(now, worker),
@@ -561,12 +586,23 @@ impl Controller {
         }
     }
 
+    /// Request `id`'s own timeout, seconds after its arrival (a server's
+    /// request that carries one): it is aborted then if it has not finished
+    /// ([`crate::Abort::Deadline`]); with the run's
+    /// [`ControllerConfig::client_timeout_s`] too, the earlier deadline holds.
+    /// Set it before the request arrives; a later call is ignored.
+    pub fn set_timeout(&mut self, id: RequestId, seconds: f64) {
+        if self.place.get(id as usize) == Some(&Place::NotArrived) {
+            self.timeouts.insert(id, seconds);
+        }
+    }
+
     /// The earliest time the controller wants [`Controller::handle_timeout`]
     /// called (absolute, seconds since the start of the run), if any.
     #[inline]
     #[must_use]
     pub fn poll_timeout(&self) -> Option<f64> {
-        let mut t: Option<f64> = None;
+        let mut t: Option<f64> = self.next_deadline();
         for e in &self.encode {
             if let Some(at) = e.timer {
                 t = Some(t.map_or(at, |x| x.min(at)));
@@ -575,9 +611,11 @@ impl Controller {
         t
     }
 
-    /// A timer the controller asked for may be due at `now`: every batcher
-    /// whose wake-up has come is re-examined. Spurious calls are no-ops.
+    /// A timer the controller asked for may be due at `now`: requests whose
+    /// deadline passed are aborted, then every batcher whose wake-up has
+    /// come is re-examined. Spurious calls are no-ops.
     pub fn handle_timeout(&mut self, now: f64) {
+        self.expire_deadlines(now);
         for w in 0..self.encode.len() {
             if self.encode[w].timer.is_some_and(|at| at <= now) {
                 self.encode[w].timer = None;
@@ -645,6 +683,12 @@ impl Controller {
     /// Shape of decode worker `d`'s running batch: (sequences, context tokens).
     pub fn decode_shape(&self, d: usize) -> (u64, u64) {
         self.decode[d].sched.step_shape()
+    }
+
+    /// Decode worker `d`'s KV blocks: those its running sequences hold, and
+    /// all of them.
+    pub fn decode_kv(&self, d: usize) -> &crate::KvBlocks {
+        self.decode[d].sched.kv()
     }
 
     /// Sequences at decode worker `d` waiting for KV blocks.
@@ -798,6 +842,7 @@ impl Controller {
         self.place[i] = Place::Done;
         self.records[i].failure = Some(reason.to_string());
         self.counters.failed += 1;
+        self.prune_deadlines();
         self.decide(|| Decision::Fail {
             id,
             reason: reason.to_string(),
@@ -811,6 +856,7 @@ impl Controller {
             self.place[i] = Place::Done;
             self.in_system -= 1;
             self.finished = (self.finished.0 + 1, self.finished.1.max(at));
+            self.prune_deadlines();
         }
     }
 

@@ -25,6 +25,8 @@ pub(super) struct ReplicaSlot {
     pub(super) stepping: bool,
     /// The requests the iteration in flight admitted (and prefills).
     pub(super) admitted: Vec<RequestId>,
+    /// Requests aborted during the iteration in flight: they leave at its end.
+    pub(super) leaving: Vec<RequestId>,
     pub(super) alive: bool,
 }
 
@@ -35,6 +37,7 @@ impl ReplicaSlot {
             sched,
             stepping: false,
             admitted: Vec::new(),
+            leaving: Vec::new(),
             alive: true,
         }
     }
@@ -156,6 +159,9 @@ impl Controller {
         let admitted = std::mem::take(&mut self.replicas[r].admitted);
         for &id in &admitted {
             let i = id as usize;
+            if self.place[i] == Place::Done {
+                continue;
+            }
             let encoded = self.requests[i].needs_encode();
             let rec = &mut self.records[i];
             if encoded {
@@ -169,9 +175,16 @@ impl Controller {
             rec.decode_start = Some(now);
         }
         for id in self.replicas[r].sched.complete_step() {
+            if self.records[id as usize].aborted.is_some() {
+                // its placement was completed when it was aborted
+                continue;
+            }
             let work = self.work(id);
             self.done(id, now);
             self.replica_place.complete(r, work);
+        }
+        for id in std::mem::take(&mut self.replicas[r].leaving) {
+            self.replicas[r].sched.remove(id);
         }
         self.try_replica_step(now, r);
     }

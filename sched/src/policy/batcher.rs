@@ -380,6 +380,22 @@ impl Batcher {
         self.queue.drain(..).map(|(id, _, _)| id).collect()
     }
 
+    /// Take every entry of request `id` out of the queue (its client left
+    /// before its pass started); returns how many there were (more than one
+    /// for a request queued as shards). A timer armed for the old queue may
+    /// then fire early: the wake-up re-examines the queue and is harmless.
+    pub fn remove(&mut self, id: RequestId) -> usize {
+        let before = self.queue.len();
+        let mut encodes = 0;
+        self.queue.retain(|&(q, _, e)| {
+            let keep = q != id;
+            encodes += usize::from(!keep && e);
+            keep
+        });
+        self.encoding -= encodes;
+        before - self.queue.len()
+    }
+
     /// Whether the batch held now should go, given the encoder is free.
     fn ready(&self, now: f64) -> bool {
         let k = self.queue.len();

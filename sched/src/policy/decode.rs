@@ -248,6 +248,35 @@ impl DecodeScheduler {
         admitted
     }
 
+    /// Take request `id` out, waiting or running, and free its KV blocks
+    /// (its client left). Returns whether it was here. A running sequence
+    /// leaves between iterations: call this only while no iteration is in
+    /// flight (the controller ends a run early first, with a yield). Costs
+    /// `O(batch)`: an abort is rare next to an iteration.
+    pub fn remove(&mut self, id: RequestId) -> bool {
+        if let Some(at) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(at);
+            return true;
+        }
+        let before = self.running.len();
+        let steps = self.steps;
+        let mut freed = (0, 0);
+        self.running.retain(|Reverse(r)| {
+            if r.id != id {
+                return true;
+            }
+            // its context now: its final context less the tokens still to come
+            freed = (r.blocks, r.final_context - (r.finish_step - steps));
+            false
+        });
+        if self.running.len() == before {
+            return false;
+        }
+        self.kv.free(freed.0);
+        self.context_tokens -= freed.1;
+        true
+    }
+
     /// Ids of the running batch, in no particular order.
     pub fn batch(&self) -> impl Iterator<Item = RequestId> + '_ {
         self.running.iter().map(|r| r.0.id)
@@ -330,6 +359,33 @@ mod tests {
         let kv = KvBlocks::from_memory(1024.0 * 1024.0 * 1024.0, 131072.0, 16);
         assert_eq!(kv.total(), 512);
         assert_eq!(kv.blocks_for(17), 2);
+    }
+
+    /// A sequence taken out mid-run frees its blocks and its context now,
+    /// and the others finish when they would have; one waiting leaves the
+    /// queue; an unknown id changes nothing.
+    #[test]
+    fn a_removed_sequence_frees_its_blocks_and_context() {
+        let mut d = DecodeScheduler::new(KvBlocks::new(100, 16), 2);
+        for (id, remaining) in [(0, 10), (1, 4), (2, 6)] {
+            d.enqueue(DecodeSeq {
+                id,
+                prompt_tokens: 20,
+                remaining,
+            });
+        }
+        assert_eq!(d.admit(), vec![0, 1]);
+        assert!(d.complete_steps(2).is_empty());
+        // 0 and 1 hold 22 tokens each after two iterations
+        assert_eq!(d.step_shape(), (2, 44));
+        let used = d.kv().used();
+        assert!(d.remove(0));
+        assert_eq!(d.step_shape(), (1, 22));
+        assert_eq!(d.kv().used(), used - d.kv().blocks_for(30));
+        assert!(d.remove(2) && d.waiting() == 0);
+        assert!(!d.remove(7));
+        assert_eq!(d.complete_steps(2), vec![1]);
+        assert_eq!((d.kv().used(), d.step_shape()), (0, (0, 0)));
     }
 
     #[test]

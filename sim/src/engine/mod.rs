@@ -616,7 +616,7 @@ impl<'a> Sim<'a> {
                 steps,
             } => self.start_decode_run(worker, batch, context, steps),
             Command::DecodeYield { worker } => self.yield_decode_run(worker),
-            Command::Release { .. } => {}
+            Command::Release { .. } | Command::Discard { .. } => {}
             Command::LoadWorker { worker } => self.load_worker(worker),
             Command::StopWorker { worker } => {
                 let now = self.now;
@@ -1738,12 +1738,14 @@ mod tests {
         );
     }
 
-    /// Drift regression: a KV cache that can never fit its decode worker fails
-    /// the request (counted in the report) and leaves the system, as the
-    /// controller does; the simulator used to drop it silently, and
-    /// `in_system` never went down.
+    /// Drift regression: a request whose KV cache can never fit its decode
+    /// worker leaves the system (the simulator used to drop it silently, and
+    /// `in_system` never went down). It is now refused at arrival, over
+    /// `max_model_len`, which the controller bounds by one sequence's KV
+    /// cache (`Resolution::limits`), as the server's 400 does, rather than
+    /// failing once its KV cache reached decode.
     #[test]
-    fn a_kv_cache_that_can_never_fit_fails_the_request() {
+    fn a_kv_cache_that_can_never_fit_is_refused_at_arrival() {
         let mut sc = cpu_image(3);
         // one block of 16 tokens: no request of the scenario fits
         sc.knobs.gpu_memory_utilization = 1e-9;
@@ -1752,14 +1754,14 @@ mod tests {
         assert_eq!(sim.ctrl.in_system(), 0);
         let out = sim.finish();
         assert_eq!(out.report.completed, 0);
-        assert_eq!(out.report.failed, 3);
-        assert!(out.report.failures[0]
-            .reason
-            .contains("can never fit decode worker D0"));
-        assert!(out
-            .decisions
-            .iter()
-            .any(|d| matches!(d, Decision::Fail { .. })));
+        assert_eq!((out.report.refused, out.report.failed), (3, 0));
+        assert!(out.decisions.iter().all(|d| matches!(
+            d,
+            Decision::Reject {
+                refused: Some(_),
+                ..
+            }
+        )));
     }
 
     /// Drift regression: faults exist in the simulator too. A decode worker

@@ -45,7 +45,8 @@ impl Scenario {
             prefill_max_seqs: self.knobs.prefill_max_seqs,
             max_inflight_transfers: self.knobs.max_inflight_transfers,
             admission_limit: self.knobs.admission_limit,
-            limits: self.limits.clone(),
+            limits: self.model_limits(),
+            client_timeout_s: self.workload.timeout_s,
             preprocess_ahead: self.knobs.preprocess_threads.is_some(),
             rate: self.workload.rate,
             rate_estimate: self.knobs.rate_estimate,
@@ -121,6 +122,38 @@ impl Scenario {
             cost.encode(&typical_batch(&typical, k), share)
                 .pass(threads)
         })
+    }
+
+    /// The scenario's limits with `max_model_len` at most the model's own
+    /// maximum positions ([`easerve_model::LlmArch::max_positions`], its
+    /// config's `max_position_embeddings`); the controller bounds it further
+    /// by what one sequence's KV cache can hold
+    /// ([`easerve_sched::Resolution::limits`]).
+    pub fn model_limits(&self) -> easerve_sched::Limits {
+        let mut limits = self.limits.clone();
+        if let Some(m) = self.model.llm.max_positions {
+            limits.max_model_len = Some(limits.max_model_len.map_or(m, |l| l.min(m)));
+        }
+        limits
+    }
+
+    /// The admission limit `easerve serve` takes when neither the scenario
+    /// nor `--admission-limit` gives one: twice the requests the deployment
+    /// holds in work at once ([`easerve_sched::Resolution::requests_in_work`],
+    /// at the mean KV context of the scenario's workload: prompt, multimodal
+    /// and output tokens). By Little's law the requests queued beyond those
+    /// in work then wait about one of their E2E times at most; a burst
+    /// larger than that is turned away (429) rather than queued without
+    /// bound, each queued request holding its decoded media in the server.
+    pub fn default_admission_limit(&self) -> usize {
+        let (requests, _) = crate::generate::generate_with_tokens(self);
+        let n = requests.len().max(1) as u64;
+        let context: u64 = requests
+            .iter()
+            .map(|r| r.prefill_tokens() + u64::from(r.output_tokens))
+            .sum::<u64>()
+            / n;
+        2 * self.resolution(false).requests_in_work(context).max(1)
     }
 
     /// HydraInfer's step budgets ([`easerve_sched::StepBudgets`]) from this

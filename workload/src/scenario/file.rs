@@ -288,6 +288,11 @@ pub struct WorkloadSection {
     /// 24th of the schedule; without, no windows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_s: Option<f64>,
+    /// Clients give up this many seconds after their request's arrival: a
+    /// request not finished by then is aborted (counted apart from failures);
+    /// default: clients wait for ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<f64>,
     /// Items drawn from a pool of repeated media (`[workload.pool]`);
     /// absent: every item is unique.
     #[serde(default, skip_serializing_if = "Option::is_none")]

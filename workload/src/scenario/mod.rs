@@ -143,6 +143,11 @@ pub struct Workload {
     /// 24th of the schedule's cycle — hourly on a day); `None`: no windows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_s: Option<f64>,
+    /// Seconds after its arrival at which a client gives up on its request
+    /// (`workload.timeout_s`): the controller aborts it then
+    /// ([`easerve_sched::ControllerConfig::client_timeout_s`]); `None`:
+    /// clients wait for ever.
+    pub timeout_s: Option<f64>,
     /// How the workload repeats itself (`[workload.pool]`,
     /// `[workload.conversation]`, `[workload.system_prompt]`); `None`:
     /// every item and prompt is unique.

@@ -69,6 +69,10 @@ pub(super) fn workload_section(
             ));
         }
     }
+    let timeout_s = match w.timeout_s {
+        Some(x) => Some(v.real("workload.timeout_s", x, 0.0, MAX_HORIZON_S, true)?),
+        None => None,
+    };
     let replay = matches!(arrival, Arrival::Trace { .. });
     let (input_len, output_len, range_ratio) = lengths_of(w, v, replay)?;
     let modality = modality_of(w, v)?;
@@ -95,6 +99,7 @@ pub(super) fn workload_section(
         schedule,
         window_s,
         reuse,
+        timeout_s,
     })
 }
 
