@@ -434,16 +434,7 @@ impl Controller {
             Vec::new()
         };
         let (requests_len, encode_len) = (requests.len(), encode.len());
-        let prefix_cache = cfg.caches.prefix.map(|c| {
-            let pools = prefill.iter().map(|w| {
-                if w.local {
-                    c.local_blocks
-                } else {
-                    c.remote_blocks
-                }
-            });
-            crate::PrefixCache::new(pools, c.block_size)
-        });
+        let prefix_cache = cfg.caches.prefix.map(|c| prefix_cache_of(c, &prefill));
         debug_assert!(
             cfg.caches.is_off() || (!mech.split_items && replicas.is_empty()),
             "caches run on whole requests at EPD workers"
@@ -506,21 +497,7 @@ impl Controller {
             draining: Vec::new(),
             loading: Vec::new(),
         };
-        // spare slots stand by until a planner starts them
-        let standby: Vec<WorkerRef> = ctrl
-            .topology
-            .workers()
-            .filter(|w| w.standby)
-            .map(|w| w.wref)
-            .collect();
-        for w in standby {
-            match w {
-                WorkerRef::Encode(i) => ctrl.encode_place.retire(i),
-                WorkerRef::Prefill(i) => ctrl.remote_place.retire(i),
-                WorkerRef::Decode(i) => ctrl.decode_place.retire(i),
-                WorkerRef::Replica(i) => ctrl.replica_place.retire(i),
-            }
-        }
+        ctrl.retire_standby();
         ctrl
     }
 
@@ -901,4 +878,17 @@ impl Controller {
         e.items.clear();
         ((e.gen as u64) << 32 | slot as u64, slot)
     }
+}
+
+/// The prefix cache with config `c`: one pool of `c.local_blocks` KV blocks
+/// per local prefill worker of `prefill`, `c.remote_blocks` per remote one.
+fn prefix_cache_of(c: crate::PrefixCacheConfig, prefill: &[PrefillSlot]) -> crate::PrefixCache {
+    let pools = prefill.iter().map(|w| {
+        if w.local {
+            c.local_blocks
+        } else {
+            c.remote_blocks
+        }
+    });
+    crate::PrefixCache::new(pools, c.block_size)
 }

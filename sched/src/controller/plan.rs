@@ -143,6 +143,20 @@ impl Controller {
         busy || outstanding > 0.0
     }
 
+    /// Spare slots ([`crate::Topology::with_spares`]) stand by, taking no
+    /// work, until a planner starts them.
+    pub(super) fn retire_standby(&mut self) {
+        let standby: Vec<WorkerRef> = self
+            .topology
+            .workers()
+            .filter(|w| w.standby)
+            .map(|w| w.wref)
+            .collect();
+        for w in standby {
+            self.placement(w).retire(index(w));
+        }
+    }
+
     fn placement(&mut self, w: WorkerRef) -> &mut crate::LeastOutstanding {
         match w {
             WorkerRef::Encode(_) => &mut self.encode_place,

@@ -30,6 +30,9 @@ impl StageCost for Shared {
     fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
         self.0.prefill(seq_lens, par, sm_share)
     }
+    fn prefill_cached(&self, new: &[u64], cached: &[u64], par: Parallel, sm_share: f64) -> f64 {
+        self.0.prefill_cached(new, cached, par, sm_share)
+    }
     fn decode_step(&self, batch: u64, ctx: u64, par: Parallel) -> f64 {
         self.0.decode_step(batch, ctx, par)
     }
