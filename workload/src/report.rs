@@ -540,6 +540,38 @@ impl FailureCount {
             }),
         }
     }
+
+    /// Most frequent first, then by reason.
+    fn sort(counts: &mut [FailureCount]) {
+        counts.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+    }
+}
+
+impl TierResult {
+    /// Each tier of `slo` with its `good` requests of `completed`; `per_s`
+    /// turns a count into a rate over the run (requests/s).
+    fn of(
+        slo: &[SloTier],
+        good: Vec<usize>,
+        completed: usize,
+        per_s: impl Fn(f64) -> f64,
+    ) -> Vec<TierResult> {
+        slo.iter()
+            .zip(good)
+            .map(|(t, good)| TierResult {
+                name: t.name.clone(),
+                ttft_s: t.ttft_s,
+                tpot_s: t.tpot_s,
+                good,
+                goodput: per_s(good as f64),
+                attainment: if completed == 0 {
+                    0.0
+                } else {
+                    good as f64 / completed as f64
+                },
+            })
+            .collect()
+    }
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -695,22 +727,7 @@ impl Report {
             (end - start).max(1e-12)
         };
         let per_s = |x: f64| if duration > 0.0 { x / duration } else { 0.0 };
-        let goodput = slo
-            .iter()
-            .zip(good)
-            .map(|(t, good)| TierResult {
-                name: t.name.clone(),
-                ttft_s: t.ttft_s,
-                tpot_s: t.tpot_s,
-                good,
-                goodput: per_s(good as f64),
-                attainment: if completed == 0 {
-                    0.0
-                } else {
-                    good as f64 / completed as f64
-                },
-            })
-            .collect();
+        let goodput = TierResult::of(slo, good, completed, per_s);
         let stage_busy = |stage: &str| {
             let v: Vec<f64> = gpus
                 .iter()
@@ -731,9 +748,9 @@ impl Report {
             })
             .collect();
         let e2e = Stats::of(e2es);
-        failures.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
-        refusals.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
-        aborts.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+        for counts in [&mut failures, &mut refusals, &mut aborts] {
+            FailureCount::sort(counts);
+        }
         Report {
             schema_version: REPORT_SCHEMA_VERSION,
             meta,
