@@ -1233,12 +1233,8 @@ fn carry_out(
     links: &mut Links,
     now: f64,
 ) -> Option<Event> {
-    let send = |workers: &mut [WorkerProcess], wref: WorkerRef, msg: &ToWorker| -> bool {
-        let w = &mut workers[by_ref[&wref]];
-        match (&w.tx, encode_frame(msg)) {
-            (Some(tx), Ok(frame)) => tx.send(frame).is_ok(),
-            _ => false,
-        }
+    let send = |workers: &mut [WorkerProcess], wref: WorkerRef, msg: &ToWorker| {
+        send_to(workers, by_ref, wref, msg)
     };
     match cmd {
         // the request and its media go to the worker now; its pass's
@@ -1276,28 +1272,7 @@ fn carry_out(
             );
         }
         Command::Embeddings { envelope, to, .. } => {
-            let e: Vec<(RequestId, Matrix)> = ctrl
-                .envelope(envelope)
-                .iter()
-                // kept until the request's prefill is done: a prefill worker
-                // that dies re-runs it elsewhere from them
-                .filter_map(|id| links.embeddings.get(id).map(|m| (*id, m.clone())))
-                .collect();
-            let sent = send(
-                workers,
-                WorkerRef::Prefill(to),
-                &ToWorker::Embeddings {
-                    envelope,
-                    embeddings: e,
-                },
-            );
-            if !sent {
-                return Some(Event::EmbeddingsLanded {
-                    envelope,
-                    sent_at: now,
-                });
-            }
-            links.envelopes.insert(envelope, now);
+            return send_embeddings(ctrl, workers, by_ref, links, (envelope, to), now);
         }
         Command::Prefill { worker, sm_share } => {
             let requests = ctrl
@@ -1382,6 +1357,53 @@ fn carry_out(
         // the driver's loop takes it ([`Wake`])
         Command::Restart { .. } => {}
     }
+    None
+}
+
+/// Send `msg` to worker `wref` (`by_ref` maps it to its process); false
+/// when its process is gone or the message cannot be framed.
+fn send_to(
+    workers: &mut [WorkerProcess],
+    by_ref: &HashMap<WorkerRef, usize>,
+    wref: WorkerRef,
+    msg: &ToWorker,
+) -> bool {
+    let w = &mut workers[by_ref[&wref]];
+    match (&w.tx, encode_frame(msg)) {
+        (Some(tx), Ok(frame)) => tx.send(frame).is_ok(),
+        _ => false,
+    }
+}
+
+/// Send envelope `envelope`'s embeddings to prefill worker `to`; when it
+/// cannot take them (its process is gone) they land at once, as the
+/// simulator's transfer to a dead worker does.
+fn send_embeddings(
+    ctrl: &Controller,
+    workers: &mut [WorkerProcess],
+    by_ref: &HashMap<WorkerRef, usize>,
+    links: &mut Links,
+    (envelope, to): (EnvelopeId, usize),
+    now: f64,
+) -> Option<Event> {
+    let e: Vec<(RequestId, Matrix)> = ctrl
+        .envelope(envelope)
+        .iter()
+        // kept until the request's prefill is done: a prefill worker
+        // that dies re-runs it elsewhere from them
+        .filter_map(|id| links.embeddings.get(id).map(|m| (*id, m.clone())))
+        .collect();
+    let msg = ToWorker::Embeddings {
+        envelope,
+        embeddings: e,
+    };
+    if !send_to(workers, by_ref, WorkerRef::Prefill(to), &msg) {
+        return Some(Event::EmbeddingsLanded {
+            envelope,
+            sent_at: now,
+        });
+    }
+    links.envelopes.insert(envelope, now);
     None
 }
 
