@@ -125,8 +125,8 @@ fn a_client_that_leaves_or_times_out_aborts_its_request_and_frees_its_work() {
     let mut short = long(false);
     short["max_tokens"] = json!(3);
     assert_eq!(s.post(&short).0, 200);
-    let m = wait_for(&s, "all done", |m| running(m) == 0.0);
-    assert_eq!((aborted(&m), kv(&m)), (3.0, 0.0));
+    let m = wait_for(&s, "all done", |m| running(m) == 0.0 && kv(m) == 0.0);
+    assert_eq!(aborted(&m), 3.0);
     assert_eq!(m["easerve:request_failure_total"], 0.0);
     let r = s.stop();
     assert_eq!(num(&r, "/aborted"), 3.0, "{r}");
@@ -232,10 +232,13 @@ fn slowloris_large_bodies_and_disconnect_floods_leave_the_server_serving() {
     std::thread::sleep(Duration::from_millis(500));
     drop(gone);
     let running = |m: &HashMap<String, f64>| m["vllm:num_requests_running"];
+    // an aborted sequence leaves the count at once but frees its blocks when
+    // the decode iteration in progress yields: wait for both (a leak fails)
     let m = wait_for(&s, "the flood's aborts", |m| {
-        running(m) == 0.0 && m["vllm:num_requests_waiting"] == 0.0
+        running(m) == 0.0
+            && m["vllm:num_requests_waiting"] == 0.0
+            && m["vllm:kv_cache_usage_perc"] == 0.0
     });
-    assert_eq!(m["vllm:kv_cache_usage_perc"], 0.0);
     assert!(m["easerve:request_aborted_total"] >= 1.0, "{m:?}");
     let mut short = long(false);
     short["max_tokens"] = json!(2);
