@@ -101,8 +101,52 @@ pub struct Scenario {
     /// The planner that changes the deployment while it runs
     /// (`[planner]`); `None` without the section (no planner report).
     pub planner: Option<PlannerSetup>,
+    /// The node groups and the deployment placed on them
+    /// (`[[cluster.groups]]`); `None` for the one-node form (`gpu`, `gpus`,
+    /// `link`), where `gpu` is every worker's GPU.
+    pub cluster: Option<Cluster>,
     /// The raw file (kept so overrides can be re-validated).
     pub raw: ScenarioFile,
+}
+
+/// A cluster of node groups, validated, with the deployment placed on it.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    /// The groups, in the file's order.
+    pub groups: Vec<Group>,
+    /// The group of each stage: encode (and its local prefill), prefill,
+    /// decode (`[deployment.groups]`).
+    pub stage_groups: [usize; 3],
+    /// Every worker's GPUs and node ([`easerve_sched::Topology::placed`]).
+    pub topology: easerve_sched::Topology,
+}
+
+impl Cluster {
+    /// The group of stage `s` (0 encode, 1 prefill, 2 decode).
+    pub fn stage(&self, s: usize) -> &Group {
+        &self.groups[self.stage_groups[s]]
+    }
+
+    /// Dollars per hour of the whole cluster, when every group gives a cost.
+    pub fn cost_per_hour(&self) -> Option<f64> {
+        self.groups
+            .iter()
+            .map(|g| g.cost_per_gpu_hour.map(|c| c * f64::from(g.node.gpus())))
+            .sum()
+    }
+}
+
+/// One node group, validated (`[[cluster.groups]]`).
+#[derive(Clone, Debug)]
+pub struct Group {
+    /// Name, nodes and GPUs per node.
+    pub node: easerve_sched::NodeGroup,
+    /// The GPU type, with the intra-node link in force.
+    pub gpu: GpuSpec,
+    /// Each node's NIC: GB/s per direction and seconds per transfer.
+    pub nic: easerve_calib::LinkSpec,
+    /// Dollars per GPU-hour, if given.
+    pub cost_per_gpu_hour: Option<f64>,
 }
 
 /// A validated `[planner]`.

@@ -1,0 +1,100 @@
+//! Clusters of node groups (`[[cluster.groups]]`): bad input exits 2 naming
+//! the field; a two-group run prices each stage on its GPU type and carries
+//! cross-node transfers on the NICs. Runtime: about 1 s in release.
+
+use crate::{easerve, root};
+use std::io::Write;
+
+fn two_group_with(edit: impl Fn(String) -> String) -> tempfile::NamedTempFile {
+    let base = std::fs::read_to_string(root().join("scenarios/two-group.toml")).unwrap();
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(edit(base).as_bytes()).unwrap();
+    f
+}
+
+/// `easerve sim FILE` exits 2 with every needle on stderr and no panic.
+fn rejects(f: &tempfile::NamedTempFile, needles: &[&str]) {
+    let out = easerve(&["sim", f.path().to_str().unwrap(), "--requests", "20"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "stderr: {err}");
+    assert!(!err.contains("panicked"), "panic: {err}");
+    for n in needles {
+        assert!(err.contains(n), "message lacks {n:?}: {err}");
+    }
+}
+
+#[test]
+fn tp_larger_than_a_node_is_refused() {
+    let f = two_group_with(|s| {
+        s.replace("1D(TP4)", "1D(TP16)").replace(
+            "nodes = 1\ngpus_per_node = 8\ngpu = \"h100-sxm\"",
+            "nodes = 4\ngpus_per_node = 8\ngpu = \"h100-sxm\"",
+        )
+    });
+    rejects(
+        &f,
+        &["deployment.allocation", "TP stays within a node", "has 8"],
+    );
+}
+
+#[test]
+fn a_group_with_no_nodes_is_refused() {
+    let f = two_group_with(|s| s.replacen("nodes = 1", "nodes = 0", 1));
+    rejects(&f, &["cluster.groups[0].nodes", "allowed 1"]);
+}
+
+#[test]
+fn a_nic_without_bandwidth_is_refused() {
+    let f = two_group_with(|s| s.replace("nic_bandwidth_gbs = 400.0", "nic_bandwidth_gbs = 0.0"));
+    rejects(&f, &["cluster.groups[1].nic_bandwidth_gbs", "must be > 0"]);
+}
+
+#[test]
+fn a_cost_on_some_groups_only_is_refused() {
+    let f = two_group_with(|s| s.replace("cost_per_gpu_hour = 3.0\n", ""));
+    rejects(&f, &["cluster.groups[1].cost_per_gpu_hour", "every group"]);
+}
+
+#[test]
+fn an_allocation_that_does_not_fit_the_groups_is_refused() {
+    // 12 H100 GPUs asked of a node of 8: room in the cluster (16), not in the group
+    let f = two_group_with(|s| {
+        s.replace("2P(TP2)+1D(TP4)", "2P(TP4)+1D(TP4)")
+            .replace("8E(TP1)", "4E(TP1)")
+    });
+    rejects(
+        &f,
+        &[
+            "deployment.allocation",
+            "does not fit the node groups",
+            "group `h100`",
+        ],
+    );
+}
+
+#[test]
+fn two_groups_price_stages_per_gpu_type_and_carry_embeddings_on_the_nics() {
+    let path = root().join("scenarios/two-group.toml");
+    let out = easerve(&["sim", path.to_str().unwrap(), "--requests", "60", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let notes = r["notes"].to_string();
+    assert!(
+        notes.contains("encode on l40s, prefill on h100-sxm, decode on h100-sxm"),
+        "{notes}"
+    );
+    let links = r["links"].as_array().expect("a links section");
+    // encode (l40s node) → prefill (h100 node): one port out, one in; KV
+    // caches stay on the h100 node's NVLink
+    let names: Vec<&str> = links.iter().map(|l| l["link"].as_str().unwrap()).collect();
+    assert_eq!(names, ["l40s/node0 NIC out", "h100/node0 NIC in"]);
+    for l in links {
+        assert!(l["transfers"].as_u64().unwrap() > 0);
+        let u = l["utilisation"].as_f64().unwrap();
+        assert!(u > 0.0 && u < 1.0, "{u}");
+    }
+}
