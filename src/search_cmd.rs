@@ -252,6 +252,14 @@ fn check_flags(a: &SearchArgs) -> Result<Method, BadInput> {
 /// The study as text: the stage-1 table, a summary (`elapsed_s` the
 /// search's wall time, seconds), the chosen deployment and how to run it;
 /// with `--emit`, its launch files.
+/// The cluster searched: `8× h100-sxm` (as before), or the node groups.
+fn search_cluster(sc: &Scenario) -> String {
+    match sc.cluster {
+        None => format!("{}× {}", sc.gpus, sc.gpu.name),
+        Some(_) => sc.cluster_label(),
+    }
+}
+
 fn render(
     a: &SearchArgs,
     sc: &Scenario,
@@ -261,10 +269,9 @@ fn render(
 ) -> anyhow::Result<ExitCode> {
     say!("{}", stage1_table(study));
     sayln!(
-        "{} feasible allocations of {}× {}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
+        "{} feasible allocations of {}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
         study.space.len(),
-        sc.gpus,
-        sc.gpu.name,
+        search_cluster(sc),
         study.method,
         study.rate,
         study.objective,

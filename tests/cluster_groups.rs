@@ -57,11 +57,8 @@ fn a_cost_on_some_groups_only_is_refused() {
 
 #[test]
 fn an_allocation_that_does_not_fit_the_groups_is_refused() {
-    // 12 H100 GPUs asked of a node of 8: room in the cluster (16), not in the group
-    let f = two_group_with(|s| {
-        s.replace("2P(TP2)+1D(TP4)", "2P(TP4)+1D(TP4)")
-            .replace("8E(TP1)", "4E(TP1)")
-    });
+    // 12 H100 GPUs asked of a node of 8: room in the cluster (14), not in the group
+    let f = two_group_with(|s| s.replace("6E(TP1)+1P(TP4)", "2E(TP1)+2P(TP4)"));
     rejects(
         &f,
         &[
@@ -97,4 +94,75 @@ fn two_groups_price_stages_per_gpu_type_and_carry_embeddings_on_the_nics() {
         let u = l["utilisation"].as_f64().unwrap();
         assert!(u > 0.0 && u < 1.0, "{u}");
     }
+}
+
+/// Load the two-group scenario with `sets` applied.
+fn load(sets: &[(&str, &str)]) -> easerve_workload::scenario::Scenario {
+    let sets: Vec<(String, String)> = sets
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let path = root().join("scenarios/two-group.toml");
+    easerve_workload::scenario::Scenario::load_with(&path, &sets, &Default::default()).unwrap()
+}
+
+/// The one-node scenario of `gpu` with the same model, workload and knobs.
+fn one_type(gpu: &str, allocation: &str, offload: &str) -> easerve_workload::scenario::Scenario {
+    let text = std::fs::read_to_string(root().join("scenarios/two-group.toml")).unwrap();
+    let cut = text.find("\n[[cluster.groups]]").unwrap() + 1;
+    let rest = &text[text.find("[deployment]").unwrap()..];
+    let rest = rest.split("[deployment.groups]").collect::<Vec<_>>();
+    let tail = &rest[1][rest[1].find("[workload]").unwrap()..];
+    let mut deployment = rest[0].replace("6E(TP1)+1P(TP4)+1D(TP4)", allocation);
+    deployment = deployment.replace("offload = 1.0", &format!("offload = {offload}"));
+    let toml = format!(
+        "{}gpu = \"{gpu}\"\ngpus = 16\n\n{deployment}{tail}",
+        &text[..cut]
+    );
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(toml.as_bytes()).unwrap();
+    easerve_workload::scenario::Scenario::load(f.path(), &Default::default()).unwrap()
+}
+
+/// Per-type costs: each stage of a two-group cluster costs what it costs on
+/// its group's GPU alone (encode on L40S, prefill and decode on H100), and a
+/// local prefill worker co-located on an encode GPU is priced on the L40S.
+/// Runtime: well under 1 s (kernel tables read once per GPU type).
+#[test]
+fn each_stage_is_priced_on_its_groups_gpu_type() {
+    let mixed = load(&[("deployment.offload", "0.5")]);
+    let (l40s, h100) = (
+        one_type("l40s", "6E(TP1)+1P(TP4)+1D(TP4)", "0.5"),
+        one_type("h100-sxm", "6E(TP1)+1P(TP4)+1D(TP4)", "0.5"),
+    );
+    let (m, l, h) = (mixed.cost(), l40s.cost(), h100.cost());
+    let items = [easerve_model::ItemTokens {
+        encoder_tokens: 576,
+        llm_tokens: 576,
+        attn_span: 576,
+    }];
+    let par = easerve_model::Parallel::from(4);
+    assert_eq!(m.encode(&items, 1.0).t_gpu, l.encode(&items, 1.0).t_gpu);
+    assert_ne!(l.encode(&items, 1.0).t_gpu, h.encode(&items, 1.0).t_gpu);
+    assert_eq!(m.prefill(&[2048], par, 1.0), h.prefill(&[2048], par, 1.0));
+    assert_eq!(
+        m.decode_step(16, 16 * 1024, par),
+        h.decode_step(16, 16 * 1024, par)
+    );
+    assert_ne!(
+        m.decode_step(16, 16 * 1024, par),
+        l.decode_step(16, 16 * 1024, par)
+    );
+    let local = mixed
+        .local_prefill_cost()
+        .expect("local prefill on the L40S");
+    let tp = easerve_model::Parallel::from(mixed.knobs.local_prefill_tp.unwrap());
+    assert_eq!(local.prefill(&[2048], tp, 0.5), l.prefill(&[2048], tp, 0.5));
+    // one GPU type throughout: no separate local cost
+    assert!(load(&[
+        ("deployment.groups.encode", "h100"),
+        ("deployment.allocation", "2E(TP1)+1P(TP2)+1D(TP4)")
+    ])
+    .local_prefill_cost()
+    .is_none());
 }

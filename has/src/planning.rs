@@ -380,7 +380,7 @@ impl Planner {
             .map_or(0.0, |t| t.goodput);
         let ratio = goodput / rate;
         Ok(Some(Probe {
-            gpu: sc.gpu.name.clone(),
+            gpu: sc.gpu_types(),
             gpus: sc.gpus,
             rate,
             deployment: out.report.meta.deployment.clone(),

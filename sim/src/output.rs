@@ -52,7 +52,7 @@ pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
         scenario: sc.name.clone(),
         deployment: parts.deployment,
         model: sc.model.name.clone(),
-        cluster: cluster_label(sc),
+        cluster: sc.cluster_label(),
         seed: sc.seed,
         offered_rate: sc.workload.rate,
         requests: parts.records.len(),
@@ -94,29 +94,5 @@ pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
         decisions: Vec::new(),
         service: None,
         timeline: parts.timeline.map(Timeline::into_json),
-    }
-}
-
-/// The report's cluster line: `8× h100-sxm (nvlink4)`, or per node group
-/// `l40s: 1×8 l40s (pcie4-x16, NIC 50 GB/s) + …`.
-pub(crate) fn cluster_label(sc: &Scenario) -> String {
-    match &sc.cluster {
-        None => format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
-        Some(c) => c
-            .groups
-            .iter()
-            .map(|g| {
-                format!(
-                    "{}: {}×{} {} ({}, NIC {} GB/s)",
-                    g.node.name,
-                    g.node.nodes,
-                    g.node.gpus_per_node,
-                    g.gpu.name,
-                    g.gpu.link.name,
-                    g.nic.bandwidth_gbs
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" + "),
     }
 }

@@ -121,6 +121,49 @@ pub struct Cluster {
     pub topology: easerve_sched::Topology,
 }
 
+impl Scenario {
+    /// The GPU type of the cluster, or of each node group joined by `+`
+    /// (`l40s+h100-sxm`), each type once.
+    pub fn gpu_types(&self) -> String {
+        match &self.cluster {
+            None => self.gpu.name.clone(),
+            Some(c) => {
+                let mut names: Vec<&str> = Vec::new();
+                for g in &c.groups {
+                    if !names.contains(&g.gpu.name.as_str()) {
+                        names.push(&g.gpu.name);
+                    }
+                }
+                names.join("+")
+            }
+        }
+    }
+
+    /// The cluster in one line: `8× h100-sxm (nvlink4)`, or per node group
+    /// `NAME: NODES×GPUS_PER_NODE GPU (LINK, NIC B GB/s)` joined by ` + `.
+    pub fn cluster_label(&self) -> String {
+        match &self.cluster {
+            None => format!("{}× {} ({})", self.gpus, self.gpu.name, self.gpu.link.name),
+            Some(c) => c
+                .groups
+                .iter()
+                .map(|g| {
+                    format!(
+                        "{}: {}×{} {} ({}, NIC {} GB/s)",
+                        g.node.name,
+                        g.node.nodes,
+                        g.node.gpus_per_node,
+                        g.gpu.name,
+                        g.gpu.link.name,
+                        g.nic.bandwidth_gbs
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" + "),
+        }
+    }
+}
+
 impl Cluster {
     /// The group of stage `s` (0 encode, 1 prefill, 2 decode).
     pub fn stage(&self, s: usize) -> &Group {
