@@ -836,6 +836,14 @@ pub(super) fn set_path(
     value: &toml::Value,
 ) -> Result<(), String> {
     if let toml::Value::Array(items) = node {
+        // `groups.1.nodes`: one element by its index
+        if let Some(i) = path.first().and_then(|p| p.parse::<usize>().ok()) {
+            let n = items.len();
+            let item = items
+                .get_mut(i)
+                .ok_or_else(|| format!("index {i} is past the {n} element(s) there"))?;
+            return set_path(item, &path[1..], value);
+        }
         for item in items.iter_mut() {
             set_path(item, path, value)?;
         }
@@ -888,5 +896,15 @@ mod set_tests {
         assert!(b.iter().all(|x| x["frames"].as_integer() == Some(32)));
         assert_eq!(doc["deployment"]["batch"].as_integer(), Some(4));
         assert!(set_path(&mut doc, &["cluster", "gpu", "x"], &toml::Value::Integer(1)).is_err());
+        // an index picks one element (`--set cluster.groups.1.nodes=2`)
+        let path = ["workload", "video", "buckets", "1", "frames"];
+        set_path(&mut doc, &path, &toml::Value::Integer(4)).unwrap();
+        let b = doc["workload"]["video"]["buckets"].as_array().unwrap();
+        assert_eq!(
+            (b[0]["frames"].as_integer(), b[1]["frames"].as_integer()),
+            (Some(32), Some(4))
+        );
+        let past = ["workload", "video", "buckets", "2", "frames"];
+        assert!(set_path(&mut doc, &past, &toml::Value::Integer(4)).is_err());
     }
 }

@@ -164,6 +164,22 @@ impl Scenario {
     }
 }
 
+impl ScenarioFile {
+    /// GPUs of the cluster as written: the node groups' total, or
+    /// `cluster.gpus` without groups.
+    pub fn cluster_gpus(&self) -> i64 {
+        match self.cluster.groups.is_empty() {
+            true => self.cluster.gpus,
+            false => self
+                .cluster
+                .groups
+                .iter()
+                .map(|g| g.nodes.max(0) * g.gpus_per_node.max(0))
+                .sum(),
+        }
+    }
+}
+
 impl Cluster {
     /// The group of stage `s` (0 encode, 1 prefill, 2 decode).
     pub fn stage(&self, s: usize) -> &Group {
