@@ -255,14 +255,18 @@ fn cheapest_mix(
     };
     match ans.found.as_ref().and_then(|m| Some((m, m.probe.as_ref()?))) {
         Some((m, p)) => sayln!(
-            "cheapest mix meeting {} at {rate} req/s: {} nodes ({} per hour) with {} (goodput {:.4} req/s; {} of {} mixes probed, cheapest first)",
+            "cheapest mix meeting {} at {rate} req/s: {} nodes ({} per hour), encode on {}, prefill on {}, decode on {}, with {} (goodput {:.4} req/s; {} probes of {} mixes × {} stage assignments, cheapest first)",
             q.what,
             nodes(m),
             num(m.cost_per_hour),
+            m.stages[0],
+            m.stages[1],
+            m.stages[2],
             p.deployment,
             p.goodput,
             ans.probes.len(),
-            ans.mixes
+            ans.mixes,
+            ans.assignments
         ),
         None => sayln!(
             "not reachable: none of the {} mixes of node counts (up to the scenario's nodes of each group) meets {} at {rate} req/s",

@@ -749,6 +749,8 @@ pub const MAX_MIXES: usize = 4096;
 pub struct MixProbe {
     /// Nodes of each group, by name, in the file's order.
     pub nodes: Vec<(String, u32)>,
+    /// The group of each stage: encode, prefill, decode.
+    pub stages: [String; 3],
     /// Its cost per hour: `Σ nodes · gpus_per_node · cost_per_gpu_hour`.
     pub cost_per_hour: f64,
     /// The HAS-tuned run at the target rate; `None` when no allocation of
@@ -763,6 +765,8 @@ pub struct CheapestMix {
     pub rate: f64,
     /// Mixes in the space (1 ..= the file's nodes of each group).
     pub mixes: usize,
+    /// Stage-to-group assignments tried on each mix.
+    pub assignments: usize,
     /// The cheapest mix that met the goal, if any.
     pub found: Option<MixProbe>,
     /// The mixes probed, cheapest first (every one before `found` failed).
@@ -771,11 +775,13 @@ pub struct CheapestMix {
 
 impl Planner {
     /// The cheapest mix of node groups meeting the goal at `rate`: every
-    /// mix of 1 ..= the scenario's nodes of each group (`[[cluster.groups]]`,
-    /// each stage on the group the scenario names), in order of cost per
-    /// hour (then GPUs), each probed HAS-tuned ([`Planner::probe`]) until
-    /// one meets the goal; the first that does is the cheapest. `on_probe`
-    /// sees every probe as it finishes.
+    /// mix of 1 ..= the scenario's nodes of each group (`[[cluster.groups]]`),
+    /// in order of cost per hour (then GPUs), each with every assignment of
+    /// the stages to groups (the scenario's own first), probed HAS-tuned
+    /// ([`Planner::probe`]: instance counts and TP that place on the
+    /// groups), until a mix meets the goal; the first that does is the
+    /// cheapest, with its assignment of the highest goodput. `on_probe` sees
+    /// every probe as it finishes.
     ///
     /// Errors: the scenario has no groups, or a group without
     /// `cost_per_gpu_hour`; more than [`MAX_MIXES`] mixes; a mix does not
@@ -831,40 +837,80 @@ impl Planner {
                 .then(gpus(a).total_cmp(&gpus(b)))
                 .then(a.cmp(b))
         });
+        let assignments = stage_assignments(&raw);
         let mut out = CheapestMix {
             rate,
             mixes: mixes.len(),
+            assignments: assignments.len(),
             found: None,
             probes: Vec::new(),
         };
         for m in &mixes {
-            let sets: Vec<(String, String)> = m
-                .iter()
-                .enumerate()
-                .map(|(i, n)| (format!("cluster.groups.{i}.nodes"), n.to_string()))
-                .collect();
-            let probe = self.probe(&sets, rate, Tuning::Has)?;
-            if let Some(p) = &probe {
-                on_probe(p);
-            }
-            let meets = probe.as_ref().is_some_and(|p| p.meets);
-            let mix = MixProbe {
-                nodes: groups
+            for stages in &assignments {
+                let mut sets: Vec<(String, String)> = m
                     .iter()
-                    .map(|g| g.name.clone())
-                    .zip(m.iter().copied())
-                    .collect(),
-                cost_per_hour: cost(m),
-                probe,
-            };
-            out.probes.push(mix.clone());
-            if meets {
-                out.found = Some(mix);
+                    .enumerate()
+                    .map(|(i, n)| (format!("cluster.groups.{i}.nodes"), n.to_string()))
+                    .collect();
+                for (stage, g) in ["encode", "prefill", "decode"].iter().zip(stages) {
+                    sets.push((format!("deployment.groups.{stage}"), g.clone()));
+                }
+                let probe = self.probe(&sets, rate, Tuning::Has)?;
+                if let Some(p) = &probe {
+                    on_probe(p);
+                }
+                let mix = MixProbe {
+                    nodes: groups
+                        .iter()
+                        .map(|g| g.name.clone())
+                        .zip(m.iter().copied())
+                        .collect(),
+                    stages: stages.clone(),
+                    cost_per_hour: cost(m),
+                    probe,
+                };
+                let good = |x: &MixProbe| x.probe.as_ref().filter(|p| p.meets).map(|p| p.goodput);
+                if let Some(g) = good(&mix) {
+                    if out
+                        .found
+                        .as_ref()
+                        .and_then(good)
+                        .is_none_or(|best| g > best)
+                    {
+                        out.found = Some(mix.clone());
+                    }
+                }
+                out.probes.push(mix);
+            }
+            if out.found.is_some() {
                 break;
             }
         }
         Ok(out)
     }
+}
+
+/// Every assignment of the three stages (encode, prefill, decode) to the
+/// groups of `raw`, by name: the scenario's own (`[deployment.groups]`, a
+/// stage it leaves out on the first group) first, then the others in order.
+fn stage_assignments(raw: &ScenarioFile) -> Vec<[String; 3]> {
+    let names: Vec<String> = raw.cluster.groups.iter().map(|g| g.name.clone()).collect();
+    let own = raw.deployment.groups.clone().unwrap_or_default();
+    let first = names.first().cloned().unwrap_or_default();
+    let pick = |x: Option<String>| x.unwrap_or_else(|| first.clone());
+    let own = [pick(own.encode), pick(own.prefill), pick(own.decode)];
+    let mut out = vec![own.clone()];
+    for e in &names {
+        for p in &names {
+            for d in &names {
+                let a = [e.clone(), p.clone(), d.clone()];
+                if a != own {
+                    out.push(a);
+                }
+            }
+        }
+    }
+    out
 }
 
 fn gains(q: &Probe, p: &Probe) -> bool {

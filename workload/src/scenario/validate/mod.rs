@@ -77,14 +77,28 @@ impl Scenario {
             ),
         };
         let fit = Fit::new(&model, &gpu, &workload, &knobs);
-        fit.check_workers(&v, &deployment.allocation, workload.modality)?;
-        let enc_fit = (!groups.is_empty()).then(|| Fit::new(&model, &enc_gpu, &workload, &knobs));
-        if let Some(f) = &enc_fit {
-            let mut encode_only = deployment.allocation;
-            encode_only.prefill.workers = 0;
-            encode_only.decode.workers = 0;
-            f.check_workers(&v, &encode_only, workload.modality)?;
+        if groups.is_empty() {
+            fit.check_workers(&v, &deployment.allocation, workload.modality)?;
+        } else {
+            // each stage's workers against its own group's GPU
+            for (s, &g) in stage_groups.iter().enumerate() {
+                let mut only = deployment.allocation;
+                for (k, pool) in [&mut only.encode, &mut only.prefill, &mut only.decode]
+                    .into_iter()
+                    .enumerate()
+                {
+                    if k != s {
+                        pool.workers = 0;
+                    }
+                }
+                Fit::new(&model, &groups[g].gpu, &workload, &knobs).check_workers(
+                    &v,
+                    &only,
+                    workload.modality,
+                )?;
+            }
         }
+        let enc_fit = (!groups.is_empty()).then(|| Fit::new(&model, &enc_gpu, &workload, &knobs));
         let aggregated_tp = fit.aggregated_tp(&v, raw.deployment.aggregated_tp, system, gpus)?;
         let local_prefill_tp = enc_fit
             .as_ref()
