@@ -189,15 +189,15 @@ impl Scenario {
         })
     }
 
-    /// The cost of the local prefill workers when they run on another GPU
+    /// The cost of local prefill workers when they would run on another GPU
     /// type than the remote prefill workers (co-located on the encode GPUs
-    /// of a cluster of node groups); `None` when the prefill cost applies.
+    /// of a cluster of node groups, whether or not this deployment has
+    /// any); `None` when the prefill cost applies.
     pub fn local_prefill_cost(&self) -> Option<Box<dyn easerve_calib::StageCost>> {
         let c = self.cluster.as_ref()?;
         let [e, p, _] = c.stage_groups;
         let differs = c.groups[e].gpu.name != c.groups[p].gpu.name;
-        (differs && self.profile.is_none() && self.knobs.local_prefill_tp.is_some())
-            .then(|| self.on_group(c, e).cost())
+        (differs && self.profile.is_none()).then(|| self.on_group(c, e).cost())
     }
 }
 
