@@ -222,3 +222,40 @@ fn a_stage_is_checked_against_its_own_groups_memory() {
     });
     rejects(&f, &["deployment.allocation", "prefill at TP1", "on l40s"]);
 }
+
+/// `deploy` writes each instance on the node the placement gave it, with
+/// its GPUs on that node: the L40S encoders on node 0, prefill and decode
+/// on the H100 node 1. Runtime: about 0.3 s in release.
+#[test]
+fn deploy_writes_each_instance_on_its_placed_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = root().join("scenarios/two-group.toml");
+    let out = easerve(&[
+        "deploy",
+        path.to_str().unwrap(),
+        "--requests",
+        "50",
+        "--emit",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let read = |f: &str| std::fs::read_to_string(dir.path().join("vllm").join(f)).unwrap();
+    assert!(read("E5.sh").contains("CUDA_VISIBLE_DEVICES=5 "));
+    for (f, gpus) in [("P0.sh", "0,1,2,3"), ("D0.sh", "4,5,6,7")] {
+        let text = read(f);
+        assert!(
+            text.contains(&format!("CUDA_VISIBLE_DEVICES={gpus} ")),
+            "{f}: {text}"
+        );
+        assert!(text.contains("NODE1_HOST"), "{f}: {text}");
+    }
+    let proxy = read("proxy.sh");
+    assert!(
+        proxy.contains("http://${NODE0_HOST:-127.0.0.1}:8100"),
+        "{proxy}"
+    );
+}

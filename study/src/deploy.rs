@@ -1143,6 +1143,11 @@ fn aggregated_files(
     opts: &EmitOptions,
 ) -> Result<Result<Prediction, String>, DeployError> {
     let gpus_per_node = opts.gpus_per_node;
+    if sc.cluster.is_some() {
+        return Ok(Err(
+            "no aggregated replicas written: the aggregated baseline is laid out on one node, not on node groups (`[[cluster.groups]]`)".into(),
+        ));
+    }
     let rel = "aggregated/scenario.toml";
     let mut raw = base.clone();
     raw.name = Some(format!("{}-aggregated", sc.name));
