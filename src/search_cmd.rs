@@ -32,6 +32,10 @@ pub(crate) struct SearchArgs {
     /// Trials at most (the exhaustive search runs its whole grid).
     #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
+    /// HAS Stage 2 stops after this many seconds of trials as well (wall
+    /// clock: a search that hits it is not reproducible to the trial).
+    #[arg(long, value_name = "SECONDS")]
+    time_budget: Option<f64>,
     /// Target rate Λ in requests/s (default: the scenario's `workload.rate`).
     #[arg(long)]
     rate: Option<f64>,
@@ -172,6 +176,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     let cfg = SearchConfig {
         method,
         budget: a.budget as usize,
+        time_budget_s: a.time_budget,
         seed: sc.seed,
         rate: sc.workload.rate,
         objective,
@@ -237,6 +242,11 @@ fn check_flags(a: &SearchArgs) -> Result<Method, BadInput> {
         return Err(BadInput(format!(
             "--budget {}: a search needs at least 1 trial",
             a.budget
+        )));
+    }
+    if let Some(t) = a.time_budget.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+        return Err(BadInput(format!(
+            "--time-budget {t}: seconds must be a finite number ≥ 0"
         )));
     }
     if let Some(r) = a.rate {
