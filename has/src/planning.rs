@@ -793,50 +793,7 @@ impl Planner {
     ) -> Result<CheapestMix, CapacityError> {
         let raw = Scenario::raw_with(&self.path, &self.sets, &self.base).map_err(scenario_err)?;
         let groups = &raw.cluster.groups;
-        let prices: Vec<f64> = groups
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                g.cost_per_gpu_hour.ok_or_else(|| {
-                    CapacityError::Scenario(format!(
-                        "cluster.groups[{i}].cost_per_gpu_hour: --target-rate on node groups answers with the cheapest mix, which needs a cost on every group"
-                    ))
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        let space: f64 = groups.iter().map(|g| g.nodes.max(1) as f64).product();
-        if groups.is_empty() || space > MAX_MIXES as f64 {
-            return Err(CapacityError::Scenario(format!(
-                "--target-rate on node groups: {space} mixes of node counts, allowed 1 ..= {MAX_MIXES}"
-            )));
-        }
-        let mut mixes: Vec<Vec<u32>> = vec![Vec::new()];
-        for g in groups {
-            let nodes = u32::try_from(g.nodes.max(1)).unwrap_or(1);
-            mixes = mixes
-                .into_iter()
-                .flat_map(|m| (1..=nodes).map(move |n| [m.clone(), vec![n]].concat()))
-                .collect();
-        }
-        let per_node = |i: usize| groups[i].gpus_per_node.max(0) as f64;
-        let cost = |m: &[u32]| -> f64 {
-            m.iter()
-                .enumerate()
-                .map(|(i, &n)| f64::from(n) * per_node(i) * prices[i])
-                .sum()
-        };
-        let gpus = |m: &[u32]| -> f64 {
-            m.iter()
-                .enumerate()
-                .map(|(i, &n)| f64::from(n) * per_node(i))
-                .sum()
-        };
-        mixes.sort_by(|a, b| {
-            cost(a)
-                .total_cmp(&cost(b))
-                .then(gpus(a).total_cmp(&gpus(b)))
-                .then(a.cmp(b))
-        });
+        let (mixes, cost) = mix_space(groups)?;
         let assignments = stage_assignments(&raw);
         let mut out = CheapestMix {
             rate,
@@ -845,7 +802,7 @@ impl Planner {
             found: None,
             probes: Vec::new(),
         };
-        for m in &mixes {
+        for (m, &cost) in mixes.iter().zip(&cost) {
             for stages in &assignments {
                 let mut sets: Vec<(String, String)> = m
                     .iter()
@@ -866,7 +823,7 @@ impl Planner {
                         .zip(m.iter().copied())
                         .collect(),
                     stages: stages.clone(),
-                    cost_per_hour: cost(m),
+                    cost_per_hour: cost,
                     probe,
                 };
                 let good = |x: &MixProbe| x.probe.as_ref().filter(|p| p.meets).map(|p| p.goodput);
@@ -888,6 +845,62 @@ impl Planner {
         }
         Ok(out)
     }
+}
+
+/// Every mix of 1 ..= each group's nodes, cheapest per hour first (then
+/// fewest GPUs), with the cost per hour of each, in the same order.
+///
+/// Errors: a group without `cost_per_gpu_hour`; no group; more than
+/// [`MAX_MIXES`] mixes.
+fn mix_space(
+    groups: &[easerve_workload::scenario::GroupSection],
+) -> Result<(Vec<Vec<u32>>, Vec<f64>), CapacityError> {
+    let prices: Vec<f64> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            g.cost_per_gpu_hour.ok_or_else(|| {
+                CapacityError::Scenario(format!(
+                    "cluster.groups[{i}].cost_per_gpu_hour: --target-rate on node groups answers with the cheapest mix, which needs a cost on every group"
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let space: f64 = groups.iter().map(|g| g.nodes.max(1) as f64).product();
+    if groups.is_empty() || space > MAX_MIXES as f64 {
+        return Err(CapacityError::Scenario(format!(
+            "--target-rate on node groups: {space} mixes of node counts, allowed 1 ..= {MAX_MIXES}"
+        )));
+    }
+    let mut mixes: Vec<Vec<u32>> = vec![Vec::new()];
+    for g in groups {
+        let nodes = u32::try_from(g.nodes.max(1)).unwrap_or(1);
+        mixes = mixes
+            .into_iter()
+            .flat_map(|m| (1..=nodes).map(move |n| [m.clone(), vec![n]].concat()))
+            .collect();
+    }
+    let per_node = |i: usize| groups[i].gpus_per_node.max(0) as f64;
+    let cost = |m: &[u32]| -> f64 {
+        m.iter()
+            .enumerate()
+            .map(|(i, &n)| f64::from(n) * per_node(i) * prices[i])
+            .sum()
+    };
+    let gpus = |m: &[u32]| -> f64 {
+        m.iter()
+            .enumerate()
+            .map(|(i, &n)| f64::from(n) * per_node(i))
+            .sum()
+    };
+    mixes.sort_by(|a, b| {
+        cost(a)
+            .total_cmp(&cost(b))
+            .then(gpus(a).total_cmp(&gpus(b)))
+            .then(a.cmp(b))
+    });
+    let costs = mixes.iter().map(|m| cost(m)).collect();
+    Ok((mixes, costs))
 }
 
 /// Every assignment of the three stages (encode, prefill, decode) to the

@@ -5,7 +5,7 @@
 
 use super::cluster::{check_gpu, check_link, LinkError};
 use super::{preset_or_file, V};
-use crate::scenario::{num, Cluster, Group, LinkChoice, ScenarioError, ScenarioFile};
+use crate::scenario::{num, Cluster, Group, GroupSection, LinkChoice, ScenarioError, ScenarioFile};
 use easerve_calib::{GpuSpec, LinkSpec};
 use easerve_sched::{Allocation, NodeGroup, Topology};
 use std::path::Path;
@@ -40,48 +40,13 @@ pub(super) fn groups_section(
     }
     let mut out: Vec<Group> = Vec::with_capacity(c.groups.len());
     for (i, g) in c.groups.iter().enumerate() {
-        let f = |name: &str| format!("cluster.groups[{i}].{name}");
         if g.name.trim().is_empty() || out.iter().any(|o| o.node.name == g.name) {
-            return Err(v.err(&f("name"), "must be non-empty and unique among the groups"));
+            return Err(v.err(
+                &format!("cluster.groups[{i}].name"),
+                "must be non-empty and unique among the groups",
+            ));
         }
-        let nodes = v.int(&f("nodes"), g.nodes, 1, MAX_NODES)? as u32;
-        let per = v.int(&f("gpus_per_node"), g.gpus_per_node, 1, MAX_GPUS_PER_NODE)? as u32;
-        let mut gpu: GpuSpec = preset_or_file(
-            v,
-            dir,
-            (&f("gpu"), &f("gpu"), &f("gpu_file")),
-            (g.gpu.as_deref(), g.gpu_file.as_deref()),
-            ("GPU", GpuSpec::preset, GpuSpec::preset_names()),
-            check_gpu,
-        )?;
-        if let Some(link) = &g.link {
-            gpu.link = link_of(v, &f("link"), link)?;
-        }
-        let nic = LinkSpec {
-            name: format!("{} NIC", g.name),
-            bandwidth_gbs: g.nic_bandwidth_gbs,
-            latency_s: g.nic_latency_s,
-        };
-        check_link(&nic).map_err(|e| match e {
-            LinkError::Bandwidth(b) => v.err(
-                &f("nic_bandwidth_gbs"),
-                format!("{} GB/s: a NIC's bandwidth must be > 0 and finite (allowed [{}, 1e5] GB/s per direction)", num(b), super::HARDWARE_MIN),
-            ),
-            e => v.err(&f("nic_latency_s"), e),
-        })?;
-        if let Some(cost) = g.cost_per_gpu_hour {
-            v.real(&f("cost_per_gpu_hour"), cost, 0.0, 1e4, true)?;
-        }
-        out.push(Group {
-            node: NodeGroup {
-                name: g.name.clone(),
-                nodes,
-                gpus_per_node: per,
-            },
-            gpu,
-            nic,
-            cost_per_gpu_hour: g.cost_per_gpu_hour,
-        });
+        out.push(group_of(v, dir, i, g)?);
     }
     let total: u32 = out.iter().map(|g| g.node.gpus()).sum();
     if c.gpus != 0 && c.gpus != i64::from(total) {
@@ -105,6 +70,54 @@ pub(super) fn groups_section(
         ));
     }
     Ok(out)
+}
+
+/// Group `i` of `[[cluster.groups]]`, validated (its name is checked by
+/// the caller, against the others).
+fn group_of(v: &V<'_>, dir: &Path, i: usize, g: &GroupSection) -> Result<Group, ScenarioError> {
+    let f = |name: &str| format!("cluster.groups[{i}].{name}");
+    let nodes = v.int(&f("nodes"), g.nodes, 1, MAX_NODES)? as u32;
+    let per = v.int(&f("gpus_per_node"), g.gpus_per_node, 1, MAX_GPUS_PER_NODE)? as u32;
+    let mut gpu: GpuSpec = preset_or_file(
+        v,
+        dir,
+        (&f("gpu"), &f("gpu"), &f("gpu_file")),
+        (g.gpu.as_deref(), g.gpu_file.as_deref()),
+        ("GPU", GpuSpec::preset, GpuSpec::preset_names()),
+        check_gpu,
+    )?;
+    if let Some(link) = &g.link {
+        gpu.link = link_of(v, &f("link"), link)?;
+    }
+    let nic = LinkSpec {
+        name: format!("{} NIC", g.name),
+        bandwidth_gbs: g.nic_bandwidth_gbs,
+        latency_s: g.nic_latency_s,
+    };
+    check_link(&nic).map_err(|e| match e {
+        LinkError::Bandwidth(b) => v.err(
+            &f("nic_bandwidth_gbs"),
+            format!(
+                "{} GB/s: a NIC's bandwidth must be > 0 and finite (allowed [{}, 1e5] GB/s per direction)",
+                num(b),
+                super::HARDWARE_MIN
+            ),
+        ),
+        e => v.err(&f("nic_latency_s"), e),
+    })?;
+    if let Some(cost) = g.cost_per_gpu_hour {
+        v.real(&f("cost_per_gpu_hour"), cost, 0.0, 1e4, true)?;
+    }
+    Ok(Group {
+        node: NodeGroup {
+            name: g.name.clone(),
+            nodes,
+            gpus_per_node: per,
+        },
+        gpu,
+        nic,
+        cost_per_gpu_hour: g.cost_per_gpu_hour,
+    })
 }
 
 /// A link preset or an inline link at `field`.
