@@ -39,6 +39,7 @@ fn run(name: &str, method: Method, seed: u64) -> (Study, f64) {
         seed,
         rate: RATE,
         objective,
+        time_budget_s: None,
     };
     let t0 = Instant::now();
     let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut |_| {});

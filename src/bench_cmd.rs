@@ -194,7 +194,7 @@ fn scenario_workload(
         scenario: sc.name.clone(),
         deployment: format!("measured at {}", a.base_url),
         model: sc.model.name.clone(),
-        cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+        cluster: sc.cluster_label(),
         seed: sc.seed,
         offered_rate: a.request_rate.unwrap_or(sc.workload.rate),
         requests: reqs.len(),

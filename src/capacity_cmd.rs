@@ -204,6 +204,10 @@ pub(crate) fn run(a: CapacityArgs) -> anyhow::Result<ExitCode> {
         goal: &goal,
         what: &what,
     };
+    if let (Some(rate), Some(_)) = (a.target_rate, &own.cluster) {
+        let ans = planner.cheapest_mix(rate, &mut on_probe).map_err(bad)?;
+        return cheapest_mix(&asked, rate, &ans);
+    }
     if let Some(rate) = a.target_rate {
         let ans = planner
             .fewest_gpus(rate, a.max_gpus, &mut on_probe)
@@ -230,6 +234,47 @@ struct Asked<'a> {
     a: &'a CapacityArgs,
     goal: &'a Goal,
     what: &'a str,
+}
+
+/// `--target-rate`'s answer on node groups: JSON or text.
+fn cheapest_mix(
+    q: &Asked<'_>,
+    rate: f64,
+    ans: &easerve_has::planning::CheapestMix,
+) -> anyhow::Result<ExitCode> {
+    if q.a.json {
+        print_json(serde_json::json!({"goal": q.goal, "answer": ans}))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let nodes = |m: &easerve_has::planning::MixProbe| {
+        m.nodes
+            .iter()
+            .map(|(g, n)| format!("{n} × {g}"))
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
+    match ans.found.as_ref().and_then(|m| Some((m, m.probe.as_ref()?))) {
+        Some((m, p)) => sayln!(
+            "cheapest mix meeting {} at {rate} req/s: {} nodes ({} per hour), encode on {}, prefill on {}, decode on {}, with {} (goodput {:.4} req/s; {} probes of {} mixes × {} stage assignments, cheapest first)",
+            q.what,
+            nodes(m),
+            num(m.cost_per_hour),
+            m.stages[0],
+            m.stages[1],
+            m.stages[2],
+            p.deployment,
+            p.goodput,
+            ans.probes.len(),
+            ans.mixes,
+            ans.assignments
+        ),
+        None => sayln!(
+            "not reachable: none of the {} mixes of node counts (up to the scenario's nodes of each group) meets {} at {rate} req/s",
+            ans.mixes,
+            q.what
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `--target-rate`'s answer: the plot, then JSON or text.

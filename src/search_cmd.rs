@@ -32,6 +32,10 @@ pub(crate) struct SearchArgs {
     /// Trials at most (the exhaustive search runs its whole grid).
     #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
+    /// HAS Stage 2 stops after this many seconds of trials as well (wall
+    /// clock: a search that hits it is not reproducible to the trial).
+    #[arg(long, value_name = "SECONDS")]
+    time_budget: Option<f64>,
     /// Target rate Λ in requests/s (default: the scenario's `workload.rate`).
     #[arg(long)]
     rate: Option<f64>,
@@ -172,6 +176,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     let cfg = SearchConfig {
         method,
         budget: a.budget as usize,
+        time_budget_s: a.time_budget,
         seed: sc.seed,
         rate: sc.workload.rate,
         objective,
@@ -239,6 +244,11 @@ fn check_flags(a: &SearchArgs) -> Result<Method, BadInput> {
             a.budget
         )));
     }
+    if let Some(t) = a.time_budget.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+        return Err(BadInput(format!(
+            "--time-budget {t}: seconds must be a finite number ≥ 0"
+        )));
+    }
     if let Some(r) = a.rate {
         if !(r.is_finite() && r > 0.0) {
             return Err(BadInput(format!(
@@ -252,6 +262,14 @@ fn check_flags(a: &SearchArgs) -> Result<Method, BadInput> {
 /// The study as text: the stage-1 table, a summary (`elapsed_s` the
 /// search's wall time, seconds), the chosen deployment and how to run it;
 /// with `--emit`, its launch files.
+/// The cluster searched: `8× h100-sxm` (as before), or the node groups.
+fn search_cluster(sc: &Scenario) -> String {
+    match sc.cluster {
+        None => format!("{}× {}", sc.gpus, sc.gpu.name),
+        Some(_) => sc.cluster_label(),
+    }
+}
+
 fn render(
     a: &SearchArgs,
     sc: &Scenario,
@@ -261,10 +279,9 @@ fn render(
 ) -> anyhow::Result<ExitCode> {
     say!("{}", stage1_table(study));
     sayln!(
-        "{} feasible allocations of {}× {}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
+        "{} feasible allocations of {}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
         study.space.len(),
-        sc.gpus,
-        sc.gpu.name,
+        search_cluster(sc),
         study.method,
         study.rate,
         study.objective,

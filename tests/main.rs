@@ -5,6 +5,7 @@ mod bad_input;
 #[cfg(feature = "bench")]
 mod bench_cli;
 mod capacity_cli;
+mod cluster_groups;
 mod demand_cli;
 mod deploy_cli;
 mod drivers_agree;

@@ -227,6 +227,7 @@ const PAGES: &[&str] = &[
     "docs/serve-and-bench.md",
     "docs/json.md",
     "docs/speed.md",
+    "docs/datacenter.md",
 ];
 
 /// Run every block of `files`, in order, in one folder; returns how many

@@ -380,7 +380,7 @@ impl Planner {
             .map_or(0.0, |t| t.goodput);
         let ratio = goodput / rate;
         Ok(Some(Probe {
-            gpu: sc.gpu.name.clone(),
+            gpu: sc.gpu_types(),
             gpus: sc.gpus,
             rate,
             deployment: out.report.meta.deployment.clone(),
@@ -404,7 +404,7 @@ impl Planner {
     ) -> Result<(ScenarioFile, Vec<FeasibleAllocation>), CapacityError> {
         let file = self.path.display().to_string();
         let raw = Scenario::raw_with(&self.path, sets, o).map_err(scenario_err)?;
-        let gpus = u32::try_from(raw.cluster.gpus.clamp(1, i64::from(u32::MAX))).unwrap_or(1);
+        let gpus = u32::try_from(raw.cluster_gpus().clamp(1, i64::from(u32::MAX))).unwrap_or(1);
         let space = crate::space::feasible_allocations_in(
             &raw,
             &file,
@@ -741,6 +741,191 @@ impl Planner {
 }
 
 /// Whether `p` (twice `q`'s GPUs) raised goodput or throughput by [`MIN_GAIN`].
+/// Most node-count mixes [`Planner::cheapest_mix`] enumerates.
+pub const MAX_MIXES: usize = 4096;
+
+/// One mix of node counts probed by [`Planner::cheapest_mix`].
+#[derive(Clone, Debug, Serialize)]
+pub struct MixProbe {
+    /// Nodes of each group, by name, in the file's order.
+    pub nodes: Vec<(String, u32)>,
+    /// The group of each stage: encode, prefill, decode.
+    pub stages: [String; 3],
+    /// Its cost per hour: `Σ nodes · gpus_per_node · cost_per_gpu_hour`.
+    pub cost_per_hour: f64,
+    /// The HAS-tuned run at the target rate; `None` when no allocation of
+    /// the mix can serve the model.
+    pub probe: Option<Probe>,
+}
+
+/// The answer of [`Planner::cheapest_mix`].
+#[derive(Clone, Debug, Serialize)]
+pub struct CheapestMix {
+    /// Target rate, requests/s.
+    pub rate: f64,
+    /// Mixes in the space (1 ..= the file's nodes of each group).
+    pub mixes: usize,
+    /// Stage-to-group assignments tried on each mix.
+    pub assignments: usize,
+    /// The cheapest mix that met the goal, if any.
+    pub found: Option<MixProbe>,
+    /// The mixes probed, cheapest first (every one before `found` failed).
+    pub probes: Vec<MixProbe>,
+}
+
+impl Planner {
+    /// The cheapest mix of node groups meeting the goal at `rate`: every
+    /// mix of 1 ..= the scenario's nodes of each group (`[[cluster.groups]]`),
+    /// in order of cost per hour (then GPUs), each with every assignment of
+    /// the stages to groups (the scenario's own first), probed HAS-tuned
+    /// ([`Planner::probe`]: instance counts and TP that place on the
+    /// groups), until a mix meets the goal; the first that does is the
+    /// cheapest, with its assignment of the highest goodput. `on_probe` sees
+    /// every probe as it finishes.
+    ///
+    /// Errors: the scenario has no groups, or a group without
+    /// `cost_per_gpu_hour`; more than [`MAX_MIXES`] mixes; a mix does not
+    /// validate.
+    pub fn cheapest_mix(
+        &self,
+        rate: f64,
+        on_probe: &mut dyn FnMut(&Probe),
+    ) -> Result<CheapestMix, CapacityError> {
+        let raw = Scenario::raw_with(&self.path, &self.sets, &self.base).map_err(scenario_err)?;
+        let groups = &raw.cluster.groups;
+        let (mixes, cost) = mix_space(groups)?;
+        let assignments = stage_assignments(&raw);
+        let mut out = CheapestMix {
+            rate,
+            mixes: mixes.len(),
+            assignments: assignments.len(),
+            found: None,
+            probes: Vec::new(),
+        };
+        for (m, &cost) in mixes.iter().zip(&cost) {
+            for stages in &assignments {
+                let mut sets: Vec<(String, String)> = m
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (format!("cluster.groups.{i}.nodes"), n.to_string()))
+                    .collect();
+                for (stage, g) in ["encode", "prefill", "decode"].iter().zip(stages) {
+                    sets.push((format!("deployment.groups.{stage}"), g.clone()));
+                }
+                let probe = self.probe(&sets, rate, Tuning::Has)?;
+                if let Some(p) = &probe {
+                    on_probe(p);
+                }
+                let mix = MixProbe {
+                    nodes: groups
+                        .iter()
+                        .map(|g| g.name.clone())
+                        .zip(m.iter().copied())
+                        .collect(),
+                    stages: stages.clone(),
+                    cost_per_hour: cost,
+                    probe,
+                };
+                let good = |x: &MixProbe| x.probe.as_ref().filter(|p| p.meets).map(|p| p.goodput);
+                if let Some(g) = good(&mix) {
+                    if out
+                        .found
+                        .as_ref()
+                        .and_then(good)
+                        .is_none_or(|best| g > best)
+                    {
+                        out.found = Some(mix.clone());
+                    }
+                }
+                out.probes.push(mix);
+            }
+            if out.found.is_some() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Every mix of 1 ..= each group's nodes, cheapest per hour first (then
+/// fewest GPUs), with the cost per hour of each, in the same order.
+///
+/// Errors: a group without `cost_per_gpu_hour`; no group; more than
+/// [`MAX_MIXES`] mixes.
+fn mix_space(
+    groups: &[easerve_workload::scenario::GroupSection],
+) -> Result<(Vec<Vec<u32>>, Vec<f64>), CapacityError> {
+    let prices: Vec<f64> = groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            g.cost_per_gpu_hour.ok_or_else(|| {
+                CapacityError::Scenario(format!(
+                    "cluster.groups[{i}].cost_per_gpu_hour: --target-rate on node groups answers with the cheapest mix, which needs a cost on every group"
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let space: f64 = groups.iter().map(|g| g.nodes.max(1) as f64).product();
+    if groups.is_empty() || space > MAX_MIXES as f64 {
+        return Err(CapacityError::Scenario(format!(
+            "--target-rate on node groups: {space} mixes of node counts, allowed 1 ..= {MAX_MIXES}"
+        )));
+    }
+    let mut mixes: Vec<Vec<u32>> = vec![Vec::new()];
+    for g in groups {
+        let nodes = u32::try_from(g.nodes.max(1)).unwrap_or(1);
+        mixes = mixes
+            .into_iter()
+            .flat_map(|m| (1..=nodes).map(move |n| [m.clone(), vec![n]].concat()))
+            .collect();
+    }
+    let per_node = |i: usize| groups[i].gpus_per_node.max(0) as f64;
+    let cost = |m: &[u32]| -> f64 {
+        m.iter()
+            .enumerate()
+            .map(|(i, &n)| f64::from(n) * per_node(i) * prices[i])
+            .sum()
+    };
+    let gpus = |m: &[u32]| -> f64 {
+        m.iter()
+            .enumerate()
+            .map(|(i, &n)| f64::from(n) * per_node(i))
+            .sum()
+    };
+    mixes.sort_by(|a, b| {
+        cost(a)
+            .total_cmp(&cost(b))
+            .then(gpus(a).total_cmp(&gpus(b)))
+            .then(a.cmp(b))
+    });
+    let costs = mixes.iter().map(|m| cost(m)).collect();
+    Ok((mixes, costs))
+}
+
+/// Every assignment of the three stages (encode, prefill, decode) to the
+/// groups of `raw`, by name: the scenario's own (`[deployment.groups]`, a
+/// stage it leaves out on the first group) first, then the others in order.
+fn stage_assignments(raw: &ScenarioFile) -> Vec<[String; 3]> {
+    let names: Vec<String> = raw.cluster.groups.iter().map(|g| g.name.clone()).collect();
+    let own = raw.deployment.groups.clone().unwrap_or_default();
+    let first = names.first().cloned().unwrap_or_default();
+    let pick = |x: Option<String>| x.unwrap_or_else(|| first.clone());
+    let own = [pick(own.encode), pick(own.prefill), pick(own.decode)];
+    let mut out = vec![own.clone()];
+    for e in &names {
+        for p in &names {
+            for d in &names {
+                let a = [e.clone(), p.clone(), d.clone()];
+                if a != own {
+                    out.push(a);
+                }
+            }
+        }
+    }
+    out
+}
+
 fn gains(q: &Probe, p: &Probe) -> bool {
     p.goodput > q.goodput * (1.0 + MIN_GAIN) || p.throughput > q.throughput * (1.0 + MIN_GAIN)
 }

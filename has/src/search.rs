@@ -98,12 +98,16 @@ pub enum StopReason {
     Converged,
     /// Exhaustive: every grid point ran.
     GridDone(usize),
+    /// HAS Stage 2: its time budget, seconds, was spent
+    /// ([`SearchConfig::time_budget_s`]).
+    TimeBudget(f64),
 }
 
 impl fmt::Display for StopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StopReason::Budget(n) => write!(f, "budget of {n} trials spent"),
+            StopReason::TimeBudget(s) => write!(f, "time budget of {s} s spent"),
             StopReason::TopThreeClose => write!(
                 f,
                 "the best three throughputs are within {:.0} %",
@@ -181,6 +185,10 @@ pub struct SearchConfig {
     /// What trials are ranked by (the trial must measure its tier's goodput:
     /// [`crate::SimTrial::scoring`]).
     pub objective: Objective,
+    /// HAS Stage 2 stops after this many seconds of trials (wall clock, so
+    /// a run that hits it is no longer reproducible to the trial); `None`:
+    /// the trial budget alone.
+    pub time_budget_s: Option<f64>,
 }
 
 /// An [`Objective`] in a study's JSON: as `--objective` spells it.
@@ -314,6 +322,7 @@ pub fn tune_for(
         seed,
         rate,
         objective: objective.clone(),
+        time_budget_s: None,
     };
     search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
         .best
@@ -377,7 +386,11 @@ pub fn search(
             let (caps, table) = stage1(sc, cost, &space, cfg.rate);
             capacities = Some(caps);
             rows = table;
-            has(&rows, trial, budget, &mut rng, &mut rec, &cfg.objective)
+            let limits = Limits {
+                trials: budget,
+                seconds: cfg.time_budget_s,
+            };
+            has(&rows, trial, limits, &mut rng, &mut rec, &cfg.objective)
         }
         Method::Random => random(&space, trial, budget, &mut rng, &mut rec),
         Method::Coordinate => coordinate(&space, trial, budget, &mut rec),
@@ -443,7 +456,7 @@ impl Tpe {
 fn has(
     rows: &[Stage1Row],
     trial: &dyn Trial,
-    budget: usize,
+    limits: Limits,
     rng: &mut ChaCha8Rng,
     rec: &mut Recorder<'_>,
     objective: &Objective,
@@ -463,9 +476,17 @@ fn has(
             offload: s_at(r.s_range, us),
         }
     };
+    let budget = limits.trials;
+    let started = std::time::Instant::now();
     let mut asked = 0;
     // a repeated point is told again but costs no trial; bound the asking
     while rec.trials.len() < budget && asked < survivors.len() + 20 * budget {
+        if let Some(s) = limits
+            .seconds
+            .filter(|&s| !rec.trials.is_empty() && started.elapsed().as_secs_f64() >= s)
+        {
+            return StopReason::TimeBudget(s);
+        }
         // seeds first: each survivor's analytical optimum (B_max, s*)
         let point = if asked < survivors.len() {
             let r = survivors[asked];
@@ -508,6 +529,13 @@ fn has(
     } else {
         StopReason::Budget(budget)
     }
+}
+
+/// What bounds HAS Stage 2: trials, and seconds when given.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    trials: usize,
+    seconds: Option<f64>,
 }
 
 /// Uniformly random points of the space, `budget` of them.
@@ -665,6 +693,66 @@ mod tests {
             },
             best_so_far: best,
         }
+    }
+
+    /// A trial that always measures the same.
+    struct Same;
+
+    impl Trial for Same {
+        fn run(&self, _: &Candidate) -> Outcome {
+            rec(0, 1.0, 1.0).outcome
+        }
+        fn run_at(&self, c: &Candidate, _: f64, _: usize) -> Outcome {
+            self.run(c)
+        }
+    }
+
+    /// Stage 2's time budget: at 0 s one trial runs, then the search stops
+    /// saying why; without it the trial budget bounds it (microseconds).
+    #[test]
+    fn a_time_budget_stops_stage_2() {
+        let row = |a: &str| Stage1Row {
+            allocation: a.parse().unwrap(),
+            encode_load: 0.1,
+            prefill_load: 0.1,
+            decode_load: 0.1,
+            score: 0.1,
+            c_remote: 1.0,
+            c_local: 0.0,
+            alpha: 0.0,
+            s_star: 1.0,
+            s_range: (1.0, 1.0),
+            b_max: 4,
+            kept: true,
+            reason: String::new(),
+        };
+        let rows = [
+            row("1E(TP1)+1P(TP1)+1D(TP1)"),
+            row("1E(TP1)+2P(TP1)+1D(TP1)"),
+        ];
+        let run = |seconds: Option<f64>| {
+            let mut on = |_: &TrialRecord| {};
+            let mut r = Recorder {
+                trials: Vec::new(),
+                best: None,
+                objective: Objective::Throughput,
+                on_trial: &mut on,
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            let limits = Limits { trials: 3, seconds };
+            let why = has(
+                &rows,
+                &Same,
+                limits,
+                &mut rng,
+                &mut r,
+                &Objective::Throughput,
+            );
+            (why, r.trials.len())
+        };
+        assert_eq!(run(Some(0.0)), (StopReason::TimeBudget(0.0), 1));
+        assert_ne!(run(None).0, StopReason::TimeBudget(0.0));
+        assert!(run(None).1 > 1);
     }
 
     /// A refused observation stops the search with the reason instead of

@@ -89,7 +89,7 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
     let c_remote = f64::from(a.prefill.workers) * c_p;
     let c_local = match fa.local_tp {
         Some(tp) if fa.local_workers > 0 => {
-            f64::from(fa.local_workers) * alpha * caps.prefill_at(tp)
+            f64::from(fa.local_workers) * alpha * caps.local_prefill_at(tp)
         }
         _ => 0.0,
     };
@@ -227,6 +227,7 @@ mod tests {
             encode_time: vec![],
             prefill: vec![(2.into(), 2.0), (4.into(), 3.0)],
             decode: vec![(2.into(), 2.0), (4.into(), 4.0)],
+            local_prefill: vec![],
         }
     }
 

@@ -62,6 +62,7 @@
 
 mod allocation;
 pub mod cache;
+pub mod cluster;
 pub mod controller;
 mod deployment;
 pub mod driver;
@@ -82,6 +83,7 @@ pub use cache::{
     CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, EncoderCache,
     EncoderCacheConfig, Lru, PrefixCache, PrefixCacheConfig, Segment,
 };
+pub use cluster::{NodeGroup, Place, PlacementError};
 pub use controller::{
     Backoff, Change, Command, Controller, ControllerConfig, ControllerCounters, Decision,
     EnvelopeId, Event, Outage, StageLoad, SupervisionCounters, WorkerRef, TIME_SLICE_SHARE,

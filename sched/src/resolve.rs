@@ -57,12 +57,19 @@ pub struct Resolution<'a> {
     pub spares: [u32; 3],
     /// The caches (all off by default).
     pub caches: crate::CacheConfig,
+    /// The deployment placed on a cluster of node groups
+    /// ([`Topology::placed`]), when the scenario gives groups; `None` lays
+    /// the workers out on one node ([`Topology::with_spares`]).
+    pub placed: Option<&'a Topology>,
 }
 
 impl Resolution<'_> {
     /// The workers: the aggregated system's replicas, or the allocation's
     /// encode, prefill and decode workers with the local prefill groups.
     pub fn topology(&self) -> Topology {
+        if let Some(t) = self.placed {
+            return t.clone();
+        }
         match self.replicas {
             Some((n, tp)) => Topology::replicas(n, tp),
             None => Topology::with_spares(

@@ -40,6 +40,9 @@ pub struct Worker {
     /// A spare slot a planner may start ([`Topology::with_spares`]): it
     /// takes no work and holds no GPU until then.
     pub standby: bool,
+    /// The group and node it runs on ([`Topology::placed`]); group 0, node 0
+    /// in a cluster of one node.
+    pub place: crate::cluster::Place,
 }
 
 impl Worker {
@@ -52,14 +55,14 @@ impl Worker {
 /// The workers of one deployment and the GPUs they run on (see the module doc).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Topology {
-    encode: Vec<Worker>,
+    pub(crate) encode: Vec<Worker>,
     /// Remote first, then local.
     prefill: Vec<Worker>,
     decode: Vec<Worker>,
     /// Aggregated replicas (only in the aggregated system's layout).
     replica: Vec<Worker>,
     remote: usize,
-    gpus: u32,
+    pub(crate) gpus: u32,
 }
 
 fn worker(wref: WorkerRef, label: String, gpus: Vec<u32>, ep: u32) -> Worker {
@@ -73,6 +76,7 @@ fn worker(wref: WorkerRef, label: String, gpus: Vec<u32>, ep: u32) -> Worker {
         encode_workers: Vec::new(),
         local_prefill: None,
         standby: false,
+        place: crate::cluster::Place::default(),
     }
 }
 
@@ -285,6 +289,39 @@ impl Topology {
             WorkerRef::Decode(i) => &self.decode[i],
             WorkerRef::Replica(i) => &self.replica[i],
         }
+    }
+
+    /// Put worker `w` on `gpus` of node `place` ([`Topology::placed`]).
+    pub(crate) fn set_place(&mut self, w: WorkerRef, place: crate::cluster::Place, gpus: Vec<u32>) {
+        let worker = match w {
+            WorkerRef::Encode(i) => &mut self.encode[i],
+            WorkerRef::Prefill(i) => &mut self.prefill[i],
+            WorkerRef::Decode(i) => &mut self.decode[i],
+            WorkerRef::Replica(i) => &mut self.replica[i],
+        };
+        worker.place = place;
+        worker.gpus = gpus;
+    }
+
+    /// Local prefill workers follow their encode workers: their first GPUs
+    /// and the first one's node. A member on another node is `Err` with the
+    /// local worker's label (its TP would span two nodes).
+    pub(crate) fn place_locals(&mut self) -> Result<(), String> {
+        for w in &mut self.prefill[self.remote..] {
+            let members: Vec<&Worker> = w.encode_workers.iter().map(|&e| &self.encode[e]).collect();
+            w.gpus = members.iter().map(|m| m.gpu()).collect();
+            w.place = members.first().map_or(w.place, |m| m.place);
+            if members.iter().any(|m| m.place != w.place) {
+                return Err(w.label.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether workers `a` and `b` run on the same node (a transfer between
+    /// them stays on the intra-node link).
+    pub fn same_node(&self, a: WorkerRef, b: WorkerRef) -> bool {
+        self.worker(a).place == self.worker(b).place
     }
 
     /// The label of worker `w` (`E0`, `P0`, `L0`, `D0`, `R0`).

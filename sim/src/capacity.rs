@@ -34,6 +34,11 @@ pub struct Capacities {
     pub prefill: Vec<(Parallel, f64)>,
     /// One decode worker at layout `p` (`C_D`), as `(p, capacity)`.
     pub decode: Vec<(Parallel, f64)>,
+    /// One local prefill worker at layout `p` with the whole encode GPU,
+    /// when it runs on another GPU type than the remote prefill workers (a
+    /// cluster of node groups, [`Scenario::local_prefill_cost`]); empty: as
+    /// `prefill`.
+    pub local_prefill: Vec<(Parallel, f64)>,
 }
 
 impl Capacities {
@@ -47,6 +52,15 @@ impl Capacities {
     /// `C_P` at `par` (a TP degree, or [`Parallel`]; 0 when not profiled).
     pub fn prefill_at(&self, par: impl Into<Parallel>) -> f64 {
         Self::at(&self.prefill, par.into())
+    }
+
+    /// A local prefill worker's `C_P` at `par` on its encode GPU (0 when
+    /// not profiled).
+    pub fn local_prefill_at(&self, par: impl Into<Parallel>) -> f64 {
+        match self.local_prefill.is_empty() {
+            true => self.prefill_at(par),
+            false => Self::at(&self.local_prefill, par.into()),
+        }
     }
 
     /// `C_D` at `par` (0 when not profiled).
@@ -276,12 +290,20 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
         let step = cost.decode_step(b as u64, ctx as u64, par);
         decode.push((par, b / (t.output_tokens.max(1.0) * step)));
     }
+    let local_prefill = match sc.local_prefill_cost() {
+        Some(lc) => layouts
+            .iter()
+            .map(|&par| (par, prefill_capacity(&*lc, sc, t, par, 1.0)))
+            .collect(),
+        None => Vec::new(),
+    };
     Capacities {
         encode,
         encode_batch,
         encode_time,
         prefill,
         decode,
+        local_prefill,
     }
 }
 

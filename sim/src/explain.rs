@@ -52,7 +52,7 @@ pub(crate) fn explain(
             let n_l = a.encode.workers / tp;
             f64::from(n_l)
                 * alpha(sc, cost, t, Some(tp), a.encode.workers, rate)
-                * caps.prefill_at(tp)
+                * caps.local_prefill_at(tp)
         }
         None => 0.0,
     };

@@ -52,7 +52,7 @@ pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
         scenario: sc.name.clone(),
         deployment: parts.deployment,
         model: sc.model.name.clone(),
-        cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+        cluster: sc.cluster_label(),
         seed: sc.seed,
         offered_rate: sc.workload.rate,
         requests: parts.records.len(),

@@ -331,6 +331,10 @@ fn instances(sc: &Scenario, gpus_per_node: u32) -> Result<[Vec<Instance>; 3], De
     let mut out: [Vec<Instance>; 3] = Default::default();
     for (s, workers) in stages.iter().enumerate() {
         for (i, w) in workers.iter().enumerate() {
+            if let Some(c) = &sc.cluster {
+                out[s].push(placed_instance(c, w, PORT_BASE[s] + i as u16));
+                continue;
+            }
             let node = w.gpus[0] / gpus_per_node;
             if w.gpus.iter().any(|g| g / gpus_per_node != node) {
                 return Err(DeployError::Input(format!(
@@ -351,6 +355,26 @@ fn instances(sc: &Scenario, gpus_per_node: u32) -> Result<[Vec<Instance>; 3], De
         }
     }
     Ok(out)
+}
+
+/// The instance of worker `w` on a cluster of node groups: the node the
+/// placement gave it ([`easerve_sched::Topology::placed`]), numbered across
+/// the groups in order (`NODE{n}_HOST`), and its GPUs on that node
+/// (`--gpus-per-node` does not apply: each group gives its own).
+fn placed_instance(c: &easerve_workload::scenario::Cluster, w: &Worker, port: u16) -> Instance {
+    let (g, n) = (w.place.group as usize, w.place.node);
+    let nodes_before: u32 = c.groups[..g].iter().map(|x| x.node.nodes).sum();
+    let gpus_before: u32 = c.groups[..g].iter().map(|x| x.node.gpus()).sum();
+    let first = gpus_before + n * c.groups[g].node.gpus_per_node;
+    Instance {
+        label: w.label.clone(),
+        gpus: w.gpus.clone(),
+        node: nodes_before + n,
+        local_gpus: w.gpus.iter().map(|x| x - first).collect(),
+        tp: w.tp,
+        ep: w.ep,
+        port,
+    }
 }
 
 /// Whether [`emit`] can write `sc`'s deployment into `dir` with `opts`, so a
@@ -1119,6 +1143,11 @@ fn aggregated_files(
     opts: &EmitOptions,
 ) -> Result<Result<Prediction, String>, DeployError> {
     let gpus_per_node = opts.gpus_per_node;
+    if sc.cluster.is_some() {
+        return Ok(Err(
+            "no aggregated replicas written: the aggregated baseline is laid out on one node, not on node groups (`[[cluster.groups]]`)".into(),
+        ));
+    }
     let rel = "aggregated/scenario.toml";
     let mut raw = base.clone();
     raw.name = Some(format!("{}-aggregated", sc.name));

@@ -339,6 +339,50 @@ pub struct Report {
     /// Worker deaths and restarts, when a worker died in the run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supervision: Option<SupervisionReport>,
+    /// Each NIC port that carried a cross-node transfer (a cluster of node
+    /// groups); absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkReport>,
+}
+
+/// One direction of one node's NIC over a run: what it carried, how busy it
+/// was and how long transfers waited for it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkReport {
+    /// `group/nodeN NIC out` or `… NIC in`.
+    pub link: String,
+    /// Transfers it carried.
+    pub transfers: u64,
+    /// Bytes it carried.
+    pub bytes: f64,
+    /// Busy seconds over the run's duration, `[0, 1]`.
+    pub utilisation: f64,
+    /// Mean seconds a transfer waited for the port (queueing).
+    pub mean_queue_s: f64,
+    /// Longest such wait, seconds.
+    pub max_queue_s: f64,
+}
+
+impl LinkReport {
+    fn render_all(links: &[LinkReport], s: &mut String) {
+        use std::fmt::Write;
+        if links.is_empty() {
+            return;
+        }
+        let _ = writeln!(s, "NICs (cross-node transfers):");
+        for l in links {
+            let _ = writeln!(
+                s,
+                "  {:<28} {:>8} transfers  {:>9.3} GB  util {:>5.1}%  queue mean {:.3} ms, max {:.3} ms",
+                l.link,
+                l.transfers,
+                l.bytes / 1e9,
+                l.utilisation * 100.0,
+                l.mean_queue_s * 1e3,
+                l.max_queue_s * 1e3
+            );
+        }
+    }
 }
 
 /// What supervision saw in a run: deaths, restarts, the time with a worker
@@ -783,6 +827,7 @@ impl Report {
             planner: None,
             reuse: None,
             supervision: None,
+            links: Vec::new(),
         }
     }
 
@@ -801,6 +846,7 @@ impl Report {
         if let Some(sup) = &self.supervision {
             sup.render(&mut s);
         }
+        LinkReport::render_all(&self.links, &mut s);
         self.text_footer(&mut s);
         s
     }

@@ -23,6 +23,7 @@
 //! The aggregated system's replicas, whose iterations run every stage, have
 //! their physics in `replica.rs`.
 
+mod fabric;
 mod plan;
 pub use plan::SimTwin;
 mod replica;
@@ -294,6 +295,11 @@ struct Sim<'a> {
     pre_ready: Vec<f64>,
     /// The scenario's planner (`[planner]`), if any.
     plan: Option<plan::PlanRun>,
+    /// The nodes' NICs, on a cluster of node groups (`[[cluster.groups]]`).
+    fabric: Option<fabric::Fabric>,
+    /// The local prefill workers' cost when their (encode) GPU type is not
+    /// the remote prefill workers' ([`Scenario::local_prefill_cost`]).
+    local_cost: Option<Box<dyn StageCost>>,
 }
 
 /// How the run charges an encode pass's host preprocessing, for the notes.
@@ -331,7 +337,19 @@ fn epd_notes(sc: &Scenario, ctrl: &Controller) -> Vec<String> {
     if sc.workload.modality != easerve_sched::Modality::Text {
         notes.push(preprocess_note(sc));
     }
-    if sc.profile.is_none() {
+    if let Some(c) = &sc.cluster {
+        for g in &c.groups {
+            notes.push(format!(
+                "node group `{}`: transfers within a node on `{}` ({} GB/s per direction, {:.0} µs a transfer; calib/src/gpu.rs or the group's own link); across nodes on the NICs, {} GB/s per direction and {:.0} µs a transfer (cluster.groups[].nic_bandwidth_gbs, nic_latency_s; the aiconfigurator NCCL tables measure collectives within one node only), each NIC port a shared FIFO queue",
+                g.node.name,
+                g.gpu.link.name,
+                g.gpu.link.bandwidth_gbs,
+                g.gpu.link.latency_s * 1e6,
+                g.nic.bandwidth_gbs,
+                g.nic.latency_s * 1e6
+            ));
+        }
+    } else if sc.profile.is_none() {
         // a profile prices transfers from its own measured table
         let l = &sc.gpu.link;
         notes.push(format!(
@@ -457,6 +475,8 @@ impl<'a> Sim<'a> {
             .collect();
         let events = EventQueue::new();
         let mut sim = Sim {
+            fabric: sc.cluster.as_ref().map(fabric::Fabric::new),
+            local_cost: sc.local_prefill_cost(),
             sc,
             time_sliced: ctrl.time_sliced(),
             ctrl,
@@ -889,8 +909,16 @@ impl<'a> Sim<'a> {
             };
             let bytes = ids.iter().enumerate().map(tokens).sum::<f64>()
                 * self.sc.model.embedding_bytes_per_token();
-            let dur = self.cost.transfer(bytes);
-            let (start, end) = self.encode[from].link.send(now, dur);
+            let path = (WorkerRef::Encode(from), WorkerRef::Prefill(to));
+            let (start, end) =
+                match Self::over_nics(&mut self.fabric, &self.topology, now, path, bytes) {
+                    Some(se) => se,
+                    None => {
+                        let dur = self.intra_node(WorkerRef::Encode(from), bytes);
+                        self.encode[from].link.send(now, dur)
+                    }
+                };
+            let dur = end - start;
             if let Some(log) = self.service.as_mut() {
                 log.embeddings[from].push(dur);
             }
@@ -929,13 +957,16 @@ impl<'a> Sim<'a> {
     /// cache hit ([`StageCost::prefill_cached`]).
     fn prefill_time(&self, p: usize, share: f64) -> f64 {
         let w = &self.prefill[p];
+        let cost = match &self.local_cost {
+            Some(c) if w.local => &**c,
+            _ => &*self.cost,
+        };
         if share < MIN_PROGRESS_SHARE {
             f64::INFINITY
         } else if w.cached.is_empty() {
-            self.cost.prefill(&w.seq_lens, w.par, share)
+            cost.prefill(&w.seq_lens, w.par, share)
         } else {
-            self.cost
-                .prefill_cached(&w.seq_lens, &w.cached, w.par, share)
+            cost.prefill_cached(&w.seq_lens, &w.cached, w.par, share)
         }
     }
 
@@ -1083,6 +1114,32 @@ impl<'a> Sim<'a> {
         }
     }
 
+    /// `(start, end)` of a transfer of `bytes` between the two workers of
+    /// `path` when they run on different nodes (the NICs carry it,
+    /// `fabric.rs`); `None` within a node or without node groups.
+    fn over_nics(
+        fabric: &mut Option<fabric::Fabric>,
+        topology: &Topology,
+        now: f64,
+        path: (WorkerRef, WorkerRef),
+        bytes: f64,
+    ) -> Option<(f64, f64)> {
+        let (a, b) = (topology.worker(path.0), topology.worker(path.1));
+        fabric.as_mut()?.send(now, a.place, b.place, bytes)
+    }
+
+    /// Seconds to move `bytes` on worker `w`'s intra-node link: its node
+    /// group's link on a cluster of node groups, else the cost source's.
+    fn intra_node(&self, w: WorkerRef, bytes: f64) -> f64 {
+        match &self.sc.cluster {
+            Some(c) => {
+                let g = self.topology.worker(w).place.group as usize;
+                c.groups[g].gpu.link.transfer_time(bytes)
+            }
+            None => self.cost.transfer(bytes),
+        }
+    }
+
     fn send_kv(&mut self, from: usize, to: usize, id: RequestId) {
         let now = self.now;
         if self.live.lands_at_once(&Command::Kv { from, to, id }) {
@@ -1092,10 +1149,17 @@ impl<'a> Sim<'a> {
         }
         let bytes = self.ctrl.requests()[id as usize].prefill_tokens() as f64
             * self.sc.model.kv_bytes_per_token();
-        let dur = self.cost.transfer(bytes);
-        let (start, end) = self.prefill[from].link.send(now, dur);
+        let path = (WorkerRef::Prefill(from), WorkerRef::Decode(to));
+        let (start, end) = match Self::over_nics(&mut self.fabric, &self.topology, now, path, bytes)
+        {
+            Some(se) => se,
+            None => {
+                let dur = self.intra_node(WorkerRef::Prefill(from), bytes);
+                self.prefill[from].link.send(now, dur)
+            }
+        };
         if let Some(log) = self.service.as_mut() {
-            log.kv[from].push(dur);
+            log.kv[from].push(end - start);
         }
         if self.timeline.is_some() {
             let track = format!("{} link", self.prefill_label(from));
@@ -1396,6 +1460,7 @@ impl<'a> Sim<'a> {
             service,
             tokens,
             plan,
+            fabric,
             ..
         } = self;
         // GPUs are held until the last request finished
@@ -1458,6 +1523,9 @@ impl<'a> Sim<'a> {
             &mut out.report,
         );
         out.report.supervision = supervision;
+        if let Some(f) = &fabric {
+            out.report.links = f.report(out.report.duration_s);
+        }
         out.decisions = decisions;
         out.service = service;
         if let Some(p) = plan {

@@ -313,6 +313,7 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
                     seed,
                     rate: top,
                     objective: objective.clone(),
+                    time_budget_s: None,
                 },
                 &mut |_| {},
             );

@@ -53,6 +53,7 @@ impl Scenario {
             log_decisions,
             spares: self.planner_spares(),
             caches: self.knobs.caches,
+            placed: self.cluster.as_ref().map(|c| &c.topology),
         }
     }
 

@@ -21,6 +21,9 @@ impl Scenario {
         if let Some(p) = &self.profile {
             return Box::new(p.clone());
         }
+        if let Some(c) = &self.cluster {
+            return self.group_cost(c);
+        }
         let roofline = || {
             Box::new(
                 Roofline::new(self.model.clone(), self.gpu.clone(), Efficiency::default())
@@ -150,6 +153,132 @@ impl Scenario {
             }),
             _ => Ok(()),
         }
+    }
+}
+
+impl Scenario {
+    /// This scenario on the GPU of node group `g` alone: the one-node form
+    /// with that group's GPU (preset or file) and intra-node link, for its
+    /// cost source.
+    fn on_group(&self, c: &super::Cluster, g: usize) -> Scenario {
+        let mut s = self.clone();
+        s.gpu = c.groups[g].gpu.clone();
+        s.raw.cluster.gpu = s.raw.cluster.groups[g].gpu.clone();
+        s.raw.cluster.gpu_file = s.raw.cluster.groups[g].gpu_file.clone();
+        s.raw.cluster.groups.clear();
+        s.cluster = None;
+        s
+    }
+
+    /// Stage costs on a cluster of node groups: each stage priced on its
+    /// group's GPU type (measured kernels where it has them, else the
+    /// roofline, as [`Scenario::cost`] for one GPU type).
+    fn group_cost(&self, c: &super::Cluster) -> Box<dyn easerve_calib::StageCost> {
+        use std::sync::Arc;
+        let mut built: Vec<Option<Arc<dyn easerve_calib::StageCost>>> = vec![None; c.groups.len()];
+        let mut of = |g: usize| -> Arc<dyn easerve_calib::StageCost> {
+            built[g]
+                .get_or_insert_with(|| Arc::from(self.on_group(c, g).cost()))
+                .clone()
+        };
+        let [e, p, d] = c.stage_groups;
+        let names = c.stage_groups.map(|g| c.groups[g].gpu.name.clone());
+        Box::new(PerStage {
+            stages: [of(e), of(p), of(d)],
+            names,
+        })
+    }
+
+    /// The cost of local prefill workers when they would run on another GPU
+    /// type than the remote prefill workers (co-located on the encode GPUs
+    /// of a cluster of node groups, whether or not this deployment has
+    /// any); `None` when the prefill cost applies.
+    pub fn local_prefill_cost(&self) -> Option<Box<dyn easerve_calib::StageCost>> {
+        let c = self.cluster.as_ref()?;
+        let [e, p, _] = c.stage_groups;
+        let differs = c.groups[e].gpu.name != c.groups[p].gpu.name;
+        (differs && self.profile.is_none()).then(|| self.on_group(c, e).cost())
+    }
+}
+
+/// Stage costs of a cluster of node groups: encode (with its preprocessing,
+/// SM sharing and interference) from the encode group's GPU, prefill and
+/// decode from theirs; a transfer from the encode group's link (the
+/// simulator prices each transfer on its own path).
+struct PerStage {
+    /// Encode, prefill, decode.
+    stages: [std::sync::Arc<dyn easerve_calib::StageCost>; 3],
+    /// Their GPUs' names, for the notes.
+    names: [String; 3],
+}
+
+impl easerve_calib::StageCost for PerStage {
+    fn encode(
+        &self,
+        items: &[easerve_model::ItemTokens],
+        sm_share: f64,
+    ) -> easerve_calib::EncodeTime {
+        self.stages[0].encode(items, sm_share)
+    }
+    fn preprocess(&self, items: &[easerve_model::ItemTokens]) -> f64 {
+        self.stages[0].preprocess(items)
+    }
+    fn prefill(&self, seq_lens: &[u64], par: easerve_model::Parallel, sm_share: f64) -> f64 {
+        self.stages[1].prefill(seq_lens, par, sm_share)
+    }
+    fn prefill_cached(
+        &self,
+        new: &[u64],
+        cached: &[u64],
+        par: easerve_model::Parallel,
+        sm_share: f64,
+    ) -> f64 {
+        self.stages[1].prefill_cached(new, cached, par, sm_share)
+    }
+    fn decode_step(
+        &self,
+        batch: u64,
+        total_context_tokens: u64,
+        par: easerve_model::Parallel,
+    ) -> f64 {
+        self.stages[2].decode_step(batch, total_context_tokens, par)
+    }
+    fn decode_steps(
+        &self,
+        batch: u64,
+        context: u64,
+        par: easerve_model::Parallel,
+        steps: u64,
+        out: &mut Vec<f64>,
+    ) {
+        self.stages[2].decode_steps(batch, context, par, steps, out)
+    }
+    fn transfer(&self, bytes: f64) -> f64 {
+        self.stages[0].transfer(bytes)
+    }
+    fn time_slice_penalty(&self) -> f64 {
+        self.stages[0].time_slice_penalty()
+    }
+    fn bandwidth_interference(&self) -> f64 {
+        self.stages[0].bandwidth_interference()
+    }
+    fn notes(&self) -> Vec<String> {
+        let mut n = vec![format!(
+            "per-GPU-type stage costs: encode on {}, prefill on {}, decode on {} (each stage's node group)",
+            self.names[0], self.names[1], self.names[2]
+        )];
+        for (k, stage) in self.stages.iter().enumerate() {
+            if k > 0 && self.names[..k].contains(&self.names[k]) {
+                continue;
+            }
+            n.extend(
+                stage
+                    .notes()
+                    .into_iter()
+                    .map(|x| format!("[{}] {x}", self.names[k])),
+            );
+        }
+        n
     }
 }
 

@@ -120,7 +120,8 @@ pub struct ClusterSection {
     /// A TOML file defining a custom GPU (the fields of `easerve_calib::GpuSpec`;
     /// example: `scenarios/custom/l40s.toml`), relative to the scenario's folder.
     pub gpu_file: Option<String>,
-    /// GPUs in the cluster.
+    /// GPUs in the cluster (with `groups`: absent, or their total).
+    #[serde(default)]
     pub gpus: i64,
     /// The GPU-to-GPU link (default: the GPU's own): a preset name, or an
     /// inline table `{ name, bandwidth_gbs, latency_s }`.
@@ -139,6 +140,50 @@ pub struct ClusterSection {
     /// worker preprocesses on `host_cores / gpus` threads
     /// (`deployment.preprocess_threads` overrides).
     pub host_cores: Option<i64>,
+    /// Node groups (`[[cluster.groups]]`): a cluster of several nodes or GPU
+    /// types. Without them the cluster is one node of `gpus` GPUs of type
+    /// `gpu` joined by `link`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupSection>,
+}
+
+/// `[[cluster.groups]]`: `nodes` identical nodes.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSection {
+    /// The group's name (unique; `deployment.groups` refers to it).
+    pub name: String,
+    /// Nodes in the group, ≥ 1.
+    pub nodes: i64,
+    /// GPUs per node, ≥ 1.
+    pub gpus_per_node: i64,
+    /// A GPU preset name (give this or `gpu_file`).
+    pub gpu: Option<String>,
+    /// A custom GPU file, relative to the scenario's folder.
+    pub gpu_file: Option<String>,
+    /// The intra-node GPU-to-GPU link (default: the GPU's own): a preset
+    /// name or an inline table `{ name, bandwidth_gbs, latency_s }`.
+    pub link: Option<LinkChoice>,
+    /// The node's NIC bandwidth, GB/s per direction, all its ports together
+    /// (8 × 400 Gb/s InfiniBand NDR = 400 GB/s; 2 × 100 GbE = 25 GB/s).
+    pub nic_bandwidth_gbs: f64,
+    /// Seconds a NIC transfer takes beyond its bytes (the NIC's latency).
+    pub nic_latency_s: f64,
+    /// Dollars per GPU-hour (needed on every group by a cost objective).
+    pub cost_per_gpu_hour: Option<f64>,
+}
+
+/// `[deployment.groups]`: the node group each stage runs on (default: the
+/// groups in order, first fit).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageGroupsSection {
+    /// The group of the encode workers (and their local prefill workers).
+    pub encode: Option<String>,
+    /// The group of the remote prefill workers.
+    pub prefill: Option<String>,
+    /// The group of the decode workers.
+    pub decode: Option<String>,
 }
 
 /// `[deployment]`
@@ -221,6 +266,10 @@ pub struct DeploymentSection {
     /// Cache-aware placement (absent: least outstanding work).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_routing: Option<CacheRoutingSection>,
+    /// The node group of each stage (`[deployment.groups]`; only with
+    /// `[[cluster.groups]]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<StageGroupsSection>,
 }
 
 /// `[deployment.launch]`: the engine's launch mode per stage
@@ -787,6 +836,14 @@ pub(super) fn set_path(
     value: &toml::Value,
 ) -> Result<(), String> {
     if let toml::Value::Array(items) = node {
+        // `groups.1.nodes`: one element by its index
+        if let Some(i) = path.first().and_then(|p| p.parse::<usize>().ok()) {
+            let n = items.len();
+            let item = items
+                .get_mut(i)
+                .ok_or_else(|| format!("index {i} is past the {n} element(s) there"))?;
+            return set_path(item, &path[1..], value);
+        }
         for item in items.iter_mut() {
             set_path(item, path, value)?;
         }
@@ -839,5 +896,15 @@ mod set_tests {
         assert!(b.iter().all(|x| x["frames"].as_integer() == Some(32)));
         assert_eq!(doc["deployment"]["batch"].as_integer(), Some(4));
         assert!(set_path(&mut doc, &["cluster", "gpu", "x"], &toml::Value::Integer(1)).is_err());
+        // an index picks one element (`--set cluster.groups.1.nodes=2`)
+        let path = ["workload", "video", "buckets", "1", "frames"];
+        set_path(&mut doc, &path, &toml::Value::Integer(4)).unwrap();
+        let b = doc["workload"]["video"]["buckets"].as_array().unwrap();
+        assert_eq!(
+            (b[0]["frames"].as_integer(), b[1]["frames"].as_integer()),
+            (Some(32), Some(4))
+        );
+        let past = ["workload", "video", "buckets", "2", "frames"];
+        assert!(set_path(&mut doc, &past, &toml::Value::Integer(4)).is_err());
     }
 }

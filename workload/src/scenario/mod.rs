@@ -36,9 +36,10 @@ mod validate;
 
 pub use file::{
     AudioSection, CacheRoutingSection, ClusterSection, ConversationSection, DeploymentSection,
-    EncoderCacheSection, ImageBucket, ItemsSection, LaunchSection, LimitsSection, LinkChoice,
-    ModelSection, Overrides, PhaseSection, PlannerSection, PoolSection, PrefixCacheSection,
-    ScenarioFile, SloSection, System, SystemPromptSection, VideoBucket, WorkloadSection,
+    EncoderCacheSection, GroupSection, ImageBucket, ItemsSection, LaunchSection, LimitsSection,
+    LinkChoice, ModelSection, Overrides, PhaseSection, PlannerSection, PoolSection,
+    PrefixCacheSection, ScenarioFile, SloSection, StageGroupsSection, System, SystemPromptSection,
+    VideoBucket, WorkloadSection,
 };
 pub use validate::{
     check_model, num, ModelError, HARDWARE_MIN, HOST_CORES_PER_GPU, KV_DTYPES, LLM_DTYPES,
@@ -101,8 +102,111 @@ pub struct Scenario {
     /// The planner that changes the deployment while it runs
     /// (`[planner]`); `None` without the section (no planner report).
     pub planner: Option<PlannerSetup>,
+    /// The node groups and the deployment placed on them
+    /// (`[[cluster.groups]]`); `None` for the one-node form (`gpu`, `gpus`,
+    /// `link`), where `gpu` is every worker's GPU.
+    pub cluster: Option<Cluster>,
     /// The raw file (kept so overrides can be re-validated).
     pub raw: ScenarioFile,
+}
+
+/// A cluster of node groups, validated, with the deployment placed on it.
+#[derive(Clone, Debug)]
+pub struct Cluster {
+    /// The groups, in the file's order.
+    pub groups: Vec<Group>,
+    /// The group of each stage: encode (and its local prefill), prefill,
+    /// decode (`[deployment.groups]`).
+    pub stage_groups: [usize; 3],
+    /// Every worker's GPUs and node ([`easerve_sched::Topology::placed`]).
+    pub topology: easerve_sched::Topology,
+}
+
+impl Scenario {
+    /// The GPU type of the cluster, or of each node group joined by `+`
+    /// (`l40s+h100-sxm`), each type once.
+    pub fn gpu_types(&self) -> String {
+        match &self.cluster {
+            None => self.gpu.name.clone(),
+            Some(c) => {
+                let mut names: Vec<&str> = Vec::new();
+                for g in &c.groups {
+                    if !names.contains(&g.gpu.name.as_str()) {
+                        names.push(&g.gpu.name);
+                    }
+                }
+                names.join("+")
+            }
+        }
+    }
+
+    /// The cluster in one line: `8× h100-sxm (nvlink4)`, or per node group
+    /// `NAME: NODES×GPUS_PER_NODE GPU (LINK, NIC B GB/s)` joined by ` + `.
+    pub fn cluster_label(&self) -> String {
+        match &self.cluster {
+            None => format!("{}× {} ({})", self.gpus, self.gpu.name, self.gpu.link.name),
+            Some(c) => c
+                .groups
+                .iter()
+                .map(|g| {
+                    format!(
+                        "{}: {}×{} {} ({}, NIC {} GB/s)",
+                        g.node.name,
+                        g.node.nodes,
+                        g.node.gpus_per_node,
+                        g.gpu.name,
+                        g.gpu.link.name,
+                        g.nic.bandwidth_gbs
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(" + "),
+        }
+    }
+}
+
+impl ScenarioFile {
+    /// GPUs of the cluster as written: the node groups' total, or
+    /// `cluster.gpus` without groups.
+    pub fn cluster_gpus(&self) -> i64 {
+        match self.cluster.groups.is_empty() {
+            true => self.cluster.gpus,
+            false => self
+                .cluster
+                .groups
+                .iter()
+                .map(|g| g.nodes.max(0) * g.gpus_per_node.max(0))
+                .sum(),
+        }
+    }
+}
+
+impl Cluster {
+    /// The group of stage `s` (0 encode, 1 prefill, 2 decode).
+    pub fn stage(&self, s: usize) -> &Group {
+        &self.groups[self.stage_groups[s]]
+    }
+
+    /// Dollars per hour of the whole cluster, when every group gives a cost.
+    pub fn cost_per_hour(&self) -> Option<f64> {
+        self.groups
+            .iter()
+            .map(|g| g.cost_per_gpu_hour.map(|c| c * f64::from(g.node.gpus())))
+            .sum()
+    }
+}
+
+/// One node group, validated (`[[cluster.groups]]`).
+#[derive(Clone, Debug)]
+pub struct Group {
+    /// Name, nodes and GPUs per node.
+    pub node: easerve_sched::NodeGroup,
+    /// The GPU type, with the intra-node link in force.
+    pub gpu: GpuSpec,
+    /// Each node's NIC: GB/s per direction and seconds per transfer.
+    pub nic: easerve_calib::LinkSpec,
+    /// Dollars per GPU-hour, if given.
+    pub cost_per_gpu_hour: Option<f64>,
 }
 
 /// A validated `[planner]`.

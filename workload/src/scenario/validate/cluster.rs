@@ -5,7 +5,7 @@
 
 use super::model::model_section;
 use super::{preset_or_file, V};
-use crate::scenario::{num, LinkChoice, ScenarioError, ScenarioFile};
+use crate::scenario::{num, Group, LinkChoice, ScenarioError, ScenarioFile};
 use easerve_calib::{GpuSpec, LinkSpec};
 use easerve_model::ModelArch;
 use std::path::Path;
@@ -25,13 +25,15 @@ pub const NO_FP8_GPUS: &[&str] = &["a100-sxm4-80gb", "cpu"];
 
 /// The `[model]` and `[cluster]` sections: the model and GPU (presets or
 /// custom files next to the scenario, in `dir`), the link and cost-source
-/// choices, and the GPU count.
+/// choices, and the GPU count; with node groups (`[[cluster.groups]]`),
+/// the groups, the first one's GPU and their GPU total.
 pub(super) fn cluster_section(
     raw: &ScenarioFile,
     v: &V<'_>,
     dir: &Path,
-) -> Result<(ModelArch, GpuSpec, u32), ScenarioError> {
+) -> Result<(ModelArch, GpuSpec, u32, Vec<Group>), ScenarioError> {
     let model = model_section(raw, v, dir)?;
+    let groups = super::groups::groups_section(raw, v, dir)?;
     let fp8_field = if model.llm.dtype_bytes == 1 {
         Some("model.dtype")
     } else if model.llm.kv_bytes() == 1 {
@@ -39,6 +41,18 @@ pub(super) fn cluster_section(
     } else {
         None
     };
+    if !groups.is_empty() {
+        check_cost_source(raw, v)?;
+        let gpus = groups.iter().map(|g| g.node.gpus()).sum::<u32>();
+        for (i, g) in groups.iter().enumerate() {
+            check_fp8(v, fp8_field, &g.gpu).map_err(|e| ScenarioError {
+                field: format!("{} (cluster.groups[{i}].gpu)", e.field),
+                ..e
+            })?;
+        }
+        let gpu = groups[0].gpu.clone();
+        return Ok((model, gpu, gpus, groups));
+    }
     let mut gpu = preset_or_file(
         v,
         dir,
@@ -65,6 +79,14 @@ pub(super) fn cluster_section(
         }
         None => {}
     }
+    check_cost_source(raw, v)?;
+    let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
+    check_fp8(v, fp8_field, &gpu)?;
+    Ok((model, gpu, gpus, groups))
+}
+
+/// `cluster.kernels` and `cluster.host_cpu_scale`.
+fn check_cost_source(raw: &ScenarioFile, v: &V<'_>) -> Result<(), ScenarioError> {
     if let Some(k) = &raw.cluster.kernels {
         if !["auto", "roofline", "l40s-proxy"].contains(&k.as_str()) {
             return Err(v.err(
@@ -82,7 +104,11 @@ pub(super) fn cluster_section(
     if let Some(x) = raw.cluster.host_cpu_scale {
         v.real("cluster.host_cpu_scale", x, 0.0, 1000.0, true)?;
     }
-    let gpus = v.int("cluster.gpus", raw.cluster.gpus, 1, 4096)? as u32;
+    Ok(())
+}
+
+/// An FP8 model (`fp8_field` names the field asking for it) needs FP8 units.
+fn check_fp8(v: &V<'_>, fp8_field: Option<&str>, gpu: &GpuSpec) -> Result<(), ScenarioError> {
     if let Some(field) = fp8_field {
         if NO_FP8_GPUS.contains(&gpu.name.as_str()) {
             return Err(v.err(
@@ -94,7 +120,7 @@ pub(super) fn cluster_section(
             ));
         }
     }
-    Ok((model, gpu, gpus))
+    Ok(())
 }
 
 /// What is wrong with a link's figures (an inline `cluster.link`, or a
@@ -154,7 +180,7 @@ pub(super) enum GpuError {
 
 /// A link's figures: a name (it names the link in reports and profiles),
 /// bandwidth positive and finite, latency finite and ≥ 0.
-fn check_link(l: &LinkSpec) -> Result<(), LinkError> {
+pub(super) fn check_link(l: &LinkSpec) -> Result<(), LinkError> {
     if l.name.trim().is_empty() {
         return Err(LinkError::EmptyName);
     }
@@ -168,7 +194,7 @@ fn check_link(l: &LinkSpec) -> Result<(), LinkError> {
 }
 
 /// A custom GPU's figures must be positive and finite.
-fn check_gpu(g: &GpuSpec) -> Result<(), GpuError> {
+pub(super) fn check_gpu(g: &GpuSpec) -> Result<(), GpuError> {
     for (field, value, hi) in [
         ("bf16_tflops", g.bf16_tflops, 1e5),
         ("mem_bandwidth_gbs", g.mem_bandwidth_gbs, 1e6),

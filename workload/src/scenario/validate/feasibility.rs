@@ -178,7 +178,10 @@ impl<'a> Fit<'a> {
                 ));
             }
         }
-        if multimodal && model.encoder_weight_bytes() > mem_util * gpu.memory_bytes() {
+        if multimodal
+            && allocation.encode.workers > 0
+            && model.encoder_weight_bytes() > mem_util * gpu.memory_bytes()
+        {
             return Err(v.err(
                 fa,
                 format!(

@@ -13,6 +13,7 @@ mod cache;
 mod cluster;
 mod deployment;
 mod feasibility;
+mod groups;
 mod limits;
 mod model;
 mod planner;
@@ -59,17 +60,64 @@ impl Scenario {
             deployment_section(&raw, &v)?;
         }
         let dir = Path::new(file).parent().unwrap_or(Path::new("."));
-        let (model, gpu, gpus) = cluster_section(&raw, &v, dir)?;
+        let (model, gpu, gpus, groups) = cluster_section(&raw, &v, dir)?;
         let workload = workload_section(&raw, &v, file, &model)?;
         let (deployment, knobs) = deployment_section(&raw, &v)?;
         let deployment = system.deployment(deployment);
 
         // --- feasibility against the cluster and the model ---
         check_allocation(&v, system, gpus, &model, workload.modality, &deployment)?;
+        let stage_groups = groups::stage_groups(&raw, &v, &groups, &deployment.allocation)?;
+        // with groups, `gpu` is the LLM's (decode's) and the encode GPU may differ
+        let (gpu, enc_gpu) = match groups.is_empty() {
+            true => (gpu.clone(), gpu),
+            false => (
+                groups[stage_groups[2]].gpu.clone(),
+                groups[stage_groups[0]].gpu.clone(),
+            ),
+        };
         let fit = Fit::new(&model, &gpu, &workload, &knobs);
-        fit.check_workers(&v, &deployment.allocation, workload.modality)?;
+        if groups.is_empty() {
+            fit.check_workers(&v, &deployment.allocation, workload.modality)?;
+        } else {
+            // each stage's workers against its own group's GPU
+            for (s, &g) in stage_groups.iter().enumerate() {
+                let mut only = deployment.allocation;
+                for (k, pool) in [&mut only.encode, &mut only.prefill, &mut only.decode]
+                    .into_iter()
+                    .enumerate()
+                {
+                    if k != s {
+                        pool.workers = 0;
+                    }
+                }
+                Fit::new(&model, &groups[g].gpu, &workload, &knobs).check_workers(
+                    &v,
+                    &only,
+                    workload.modality,
+                )?;
+            }
+        }
+        let enc_fit = (!groups.is_empty()).then(|| Fit::new(&model, &enc_gpu, &workload, &knobs));
         let aggregated_tp = fit.aggregated_tp(&v, raw.deployment.aggregated_tp, system, gpus)?;
-        let local_prefill_tp = fit.local_prefill_tp(&v, &deployment)?;
+        let local_prefill_tp = enc_fit
+            .as_ref()
+            .unwrap_or(&fit)
+            .local_prefill_tp(&v, &deployment)?;
+        let cluster = match groups.is_empty() {
+            true => None,
+            false => {
+                groups::check_system(&raw, &v, system)?;
+                let alloc = &deployment.allocation;
+                Some(groups::place(
+                    &v,
+                    groups,
+                    stage_groups,
+                    alloc,
+                    local_prefill_tp,
+                )?)
+            }
+        };
 
         let preprocess_threads = preprocess_section(&raw, &v, system, &gpu, gpus)?;
         check_baseline(&v, system, workload.modality, preprocess_threads.is_some())?;
@@ -113,6 +161,7 @@ impl Scenario {
             limits,
             launch,
             planner: None,
+            cluster,
             raw,
         };
         sc.planner = planner::planner_section(&sc, &v)?;

@@ -1,0 +1,269 @@
+//! The cluster as node groups, and where each worker of a deployment runs in
+//! it ([`Topology::placed`]).
+//!
+//! A cluster is a list of [`NodeGroup`]s: `nodes` nodes of `gpus_per_node`
+//! GPUs each, of one GPU type. GPUs are numbered group by group, node by
+//! node: GPU `k` of node `n` of group `g` is `base(g) + n · gpus_per_node + k`,
+//! `base(g)` the GPUs of the groups before `g`. A worker's TP × EP group stays
+//! within one node ([`Place`]); transfers between workers on different nodes
+//! go over the two nodes' NICs, within a node over the intra-node link.
+//!
+//! Placement is first fit, stage by stage (encode, remote prefill, decode),
+//! worker by worker: the first node of the stage's group (or, for a stage
+//! with no group named, of the groups in order) with enough free GPUs takes
+//! the worker's GPUs, lowest first. A cluster of one group of one node lays
+//! workers out exactly as [`Topology::new`].
+
+use crate::{Allocation, StagePool, Topology, WorkerRef};
+
+/// One group of identical nodes (what `[[cluster.groups]]` describes; the
+/// GPU type, links and cost live with the scenario, which prices them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeGroup {
+    /// The group's name (`cluster.groups[].name`), in labels and errors.
+    pub name: String,
+    /// Nodes in the group, ≥ 1.
+    pub nodes: u32,
+    /// GPUs of each node, ≥ 1.
+    pub gpus_per_node: u32,
+}
+
+impl NodeGroup {
+    /// GPUs of the whole group.
+    pub fn gpus(&self) -> u32 {
+        self.nodes * self.gpus_per_node
+    }
+}
+
+/// Where a worker runs: a node of a group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Place {
+    /// The group's index in the cluster.
+    pub group: u16,
+    /// The node's index within its group.
+    pub node: u32,
+}
+
+/// Why a deployment does not fit a cluster's groups.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// A worker's TP × EP GPUs exceed every node it may use.
+    #[error("{stage} workers need {need} GPUs each (TP × EP) but a node of group `{group}` has {per_node}: TP stays within a node")]
+    TpOverNode {
+        /// `encode`, `prefill` or `decode`.
+        stage: &'static str,
+        /// GPUs one worker needs.
+        need: u32,
+        /// The group (the largest node it may use).
+        group: String,
+        /// GPUs per node there.
+        per_node: u32,
+    },
+    /// The stage's workers do not all fit in the free GPUs of its groups.
+    #[error("{stage} worker {index} ({need} GPUs) finds no node with {need} free GPUs in {groups} after the workers before it are placed")]
+    NoRoom {
+        /// `encode`, `prefill` or `decode`.
+        stage: &'static str,
+        /// The worker's index within its stage.
+        index: usize,
+        /// GPUs it needs.
+        need: u32,
+        /// The groups it may use, named.
+        groups: String,
+    },
+    /// A local prefill worker's encode workers sit on different nodes.
+    #[error("local prefill worker {label} would span two nodes (its TP stays within a node): its encode workers were placed on different nodes; use a local prefill TP that divides the encode workers of a node")]
+    LocalAcrossNodes {
+        /// The local worker's label (`L0`, …).
+        label: String,
+    },
+}
+
+/// Free GPUs per node while placing, with each group's first GPU number.
+struct Free<'a> {
+    groups: &'a [NodeGroup],
+    base: Vec<u32>,
+    /// `used[g][n]`: GPUs taken on node `n` of group `g`.
+    used: Vec<Vec<u32>>,
+}
+
+impl<'a> Free<'a> {
+    fn new(groups: &'a [NodeGroup]) -> Self {
+        let base = groups
+            .iter()
+            .scan(0u32, |acc, g| {
+                let b = *acc;
+                *acc += g.gpus();
+                Some(b)
+            })
+            .collect();
+        let used = groups.iter().map(|g| vec![0; g.nodes as usize]).collect();
+        Free { groups, base, used }
+    }
+
+    /// The GPUs of the first node in `allowed` groups with `need` free.
+    fn take(&mut self, allowed: &[usize], need: u32) -> Option<(Place, Vec<u32>)> {
+        for &g in allowed {
+            let per = self.groups[g].gpus_per_node;
+            if need > per {
+                continue;
+            }
+            for (n, used) in self.used[g].iter_mut().enumerate() {
+                if per - *used >= need {
+                    let first = self.base[g] + n as u32 * per + *used;
+                    *used += need;
+                    let place = Place {
+                        group: g as u16,
+                        node: n as u32,
+                    };
+                    return Some((place, (first..first + need).collect()));
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Topology {
+    /// The layout of `alloc` on the cluster `groups` (module doc):
+    /// `stage_groups[s]` names the group of stage `s` (encode, prefill,
+    /// decode), `None` for the groups in order. Local prefill workers (of TP
+    /// `local_tp`) run on their encode workers' GPUs as in [`Topology::new`].
+    ///
+    /// # Errors
+    /// A worker wider than every node it may use
+    /// ([`PlacementError::TpOverNode`]); a worker no node has room for
+    /// ([`PlacementError::NoRoom`]).
+    pub fn placed(
+        alloc: &Allocation,
+        local_tp: Option<u32>,
+        groups: &[NodeGroup],
+        stage_groups: [Option<usize>; 3],
+    ) -> Result<Topology, PlacementError> {
+        let mut t = Topology::new(alloc, local_tp);
+        let mut free = Free::new(groups);
+        let all: Vec<usize> = (0..groups.len()).collect();
+        let pools = [alloc.encode, alloc.prefill, alloc.decode];
+        for (s, (pool, stage)) in pools
+            .iter()
+            .zip(["encode", "prefill", "decode"])
+            .enumerate()
+        {
+            let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
+            check_width(pool, stage, groups, &allowed)?;
+            for i in 0..pool.workers as usize {
+                let need = pool.gpus_per_worker();
+                let (place, gpus) = free.take(&allowed, need).ok_or_else(|| {
+                    let names: Vec<String> = allowed
+                        .iter()
+                        .map(|&g| format!("group `{}`", groups[g].name))
+                        .collect();
+                    PlacementError::NoRoom {
+                        stage,
+                        index: i,
+                        need,
+                        groups: names.join(", "),
+                    }
+                })?;
+                let w = match s {
+                    0 => WorkerRef::Encode(i),
+                    1 => WorkerRef::Prefill(i),
+                    _ => WorkerRef::Decode(i),
+                };
+                t.set_place(w, place, gpus);
+            }
+        }
+        t.place_locals()
+            .map_err(|label| PlacementError::LocalAcrossNodes { label })?;
+        t.gpus = groups.iter().map(NodeGroup::gpus).sum();
+        Ok(t)
+    }
+}
+
+/// A stage's worker must fit one node of a group it may use.
+fn check_width(
+    pool: &StagePool,
+    stage: &'static str,
+    groups: &[NodeGroup],
+    allowed: &[usize],
+) -> Result<(), PlacementError> {
+    let need = pool.gpus_per_worker();
+    let widest = allowed
+        .iter()
+        .max_by_key(|&&g| groups[g].gpus_per_node)
+        .copied();
+    match widest {
+        Some(g) if pool.workers > 0 && need > groups[g].gpus_per_node => {
+            Err(PlacementError::TpOverNode {
+                stage,
+                need,
+                group: groups[g].name.clone(),
+                per_node: groups[g].gpus_per_node,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(name: &str, nodes: u32, per: u32) -> NodeGroup {
+        NodeGroup {
+            name: name.into(),
+            nodes,
+            gpus_per_node: per,
+        }
+    }
+
+    #[test]
+    fn one_node_lays_out_as_new() {
+        let a: Allocation = "2E(TP1)+1P(TP2)+1D(TP4)".parse().unwrap();
+        let t = Topology::placed(&a, Some(1), &[group("all", 1, 8)], [None; 3]).unwrap();
+        let mut want = Topology::new(&a, Some(1));
+        want.gpus = 8;
+        assert_eq!(t, want);
+    }
+
+    #[test]
+    fn tp_stays_within_a_node_and_stages_use_their_group() {
+        let a: Allocation = "4E(TP1)+2P(TP4)+1D(TP8)".parse().unwrap();
+        let groups = [group("l40s", 1, 4), group("h100", 2, 8)];
+        let t = Topology::placed(&a, None, &groups, [Some(0), Some(1), Some(1)]).unwrap();
+        for w in t.encode() {
+            assert_eq!(w.place.group, 0);
+        }
+        // P0, P1 fill node 0 of h100 (GPUs 4..12); D0 takes node 1 (12..20)
+        assert_eq!(t.prefill()[0].gpus, vec![4, 5, 6, 7]);
+        assert_eq!(t.prefill()[1].gpus, vec![8, 9, 10, 11]);
+        assert_eq!(t.prefill()[1].place, Place { group: 1, node: 0 });
+        assert_eq!(t.decode()[0].gpus, (12..20).collect::<Vec<_>>());
+        assert_eq!(t.decode()[0].place, Place { group: 1, node: 1 });
+        assert_eq!(t.gpus(), 20);
+    }
+
+    #[test]
+    fn a_worker_wider_than_a_node_or_without_room_is_refused() {
+        let a: Allocation = "1E(TP1)+1P(TP1)+1D(TP8)".parse().unwrap();
+        let groups = [group("small", 2, 4)];
+        let e = Topology::placed(&a, None, &groups, [None; 3]).unwrap_err();
+        assert!(
+            matches!(e, PlacementError::TpOverNode { need: 8, .. }),
+            "{e}"
+        );
+        let a: Allocation = "1E(TP1)+1P(TP1)+2D(TP4)".parse().unwrap();
+        let e = Topology::placed(&a, None, &groups, [None; 3]).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PlacementError::NoRoom {
+                    stage: "decode",
+                    index: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}
