@@ -651,7 +651,7 @@ impl<S: Service> Driver for Cluster<S> {
                 let ev = ClusterEvent::ReplicaDone(replica, g, now + t_enc);
                 self.push(now + t, DONE, ev);
             }
-            Command::LoadWorker { worker } => {
+            Command::LoadWorker { worker, .. } => {
                 self.push(now + self.load_s, DONE, ClusterEvent::Ready(worker));
             }
             Command::StopWorker { worker } => self.stops.push((now, worker)),

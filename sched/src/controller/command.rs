@@ -358,6 +358,11 @@ pub enum Command {
     LoadWorker {
         /// The worker.
         worker: super::WorkerRef,
+        /// For a role change, the worker stopped just before
+        /// ([`Command::StopWorker`]) whose GPUs it takes: a driver starts it
+        /// on that worker's devices once that worker's process has exited.
+        /// `None` for a standby slot started on GPUs of its own.
+        on: Option<super::WorkerRef>,
     },
     /// Worker `worker` was drained and holds no work: stop it and free its
     /// GPUs. Nothing is reported back.

@@ -74,7 +74,7 @@ impl Controller {
     pub(super) fn on_reconfigure(&mut self, now: f64, change: Change) {
         self.decide(|| Decision::Reconfigure { at: now, change });
         match change {
-            Change::Start { worker } => self.start_worker(worker),
+            Change::Start { worker } => self.start_worker(worker, None),
             Change::Drain { worker, then } => {
                 self.placement(worker).retire(index(worker));
                 self.draining.push((worker, then));
@@ -90,9 +90,9 @@ impl Controller {
         }
     }
 
-    fn start_worker(&mut self, worker: WorkerRef) {
+    fn start_worker(&mut self, worker: WorkerRef, on: Option<WorkerRef>) {
         self.loading.push(worker);
-        self.commands.push_back(Command::LoadWorker { worker });
+        self.commands.push_back(Command::LoadWorker { worker, on });
     }
 
     /// Worker `w` loaded its model: it takes work from now on.
@@ -116,7 +116,7 @@ impl Controller {
                 self.decide(|| Decision::WorkerStopped { at: now, worker: w });
                 self.commands.push_back(Command::StopWorker { worker: w });
                 if let Some(next) = then {
-                    self.start_worker(next);
+                    self.start_worker(next, Some(w));
                 }
             } else {
                 k += 1;
