@@ -727,18 +727,25 @@ fn assert_moves_lose_nothing(sim: &SimOutput, ctrl: &Controller) {
     let done = ctrl.records().iter().filter(|r| r.finish.is_some()).count();
     assert_eq!(done, ctrl.records().len(), "a request did not finish");
     let ours = changes(ctrl.decisions());
-    assert_eq!(ours, changes(&sim.decisions), "the planners' changes differ");
-    let role_change = ours.iter().any(|c| {
-        matches!(
-            c,
-            easerve_sched::Change::Drain { then: Some(_), .. }
-        )
-    });
+    assert_eq!(
+        ours,
+        changes(&sim.decisions),
+        "the planners' changes differ"
+    );
+    let role_change = ours
+        .iter()
+        .any(|c| matches!(c, easerve_sched::Change::Drain { then: Some(_), .. }));
     let count = |f: fn(&Decision) -> bool| ctrl.decisions().iter().filter(|d| f(d)).count();
     let stops = count(|d| matches!(d, Decision::WorkerStopped { .. }));
     let ready = count(|d| matches!(d, Decision::WorkerReady { .. }));
-    let drains = ours.iter().filter(|c| matches!(c, easerve_sched::Change::Drain { .. })).count();
-    let starts = ours.iter().filter(|c| matches!(c, easerve_sched::Change::Start { .. })).count();
+    let drains = ours
+        .iter()
+        .filter(|c| matches!(c, easerve_sched::Change::Drain { .. }))
+        .count();
+    let starts = ours
+        .iter()
+        .filter(|c| matches!(c, easerve_sched::Change::Start { .. }))
+        .count();
     assert!(role_change, "no role change: {ours:?}");
     assert_eq!((stops, ready), (drains, starts + 1), "{ours:?}");
 }
@@ -763,7 +770,10 @@ pub fn the_executor_moves_workers_as_the_simulator_plans() {
     let plan = exec.relay.plan.take();
     let mut report = sim.report.clone();
     crate::plan::account(plan, &ctrl, &mut report);
-    let (ours, theirs) = (report.planner.expect("an account"), sim.report.planner.clone());
+    let (ours, theirs) = (
+        report.planner.expect("an account"),
+        sim.report.planner.clone(),
+    );
     let theirs = theirs.expect("the simulator's account");
     assert_eq!(ours.changes.len(), theirs.changes.len());
     for (a, b) in ours.changes.iter().zip(&theirs.changes) {

@@ -11,10 +11,11 @@
 //! role change (`on`: the worker stopped before it), on the stopped worker's
 //! device, once that worker's process has exited (its device memory is
 //! free). When the new process says `Ready` (its model loaded) the
-//! controller hears [`Event::WorkerReady`] at that measured time, and the
+//! controller hears [`Event::WorkerLoaded`] at that measured time, and the
 //! report's `planner` section ([`PlanLedger`]) carries each change with when
-//! the controller got it, when the old process exited and when the new one
-//! was ready. No clock: `now` (seconds since the run started) comes from the
+//! the controller got it, when the drained worker was stopped (its drain
+//! over) and when the new one was ready (its process started after the old
+//! one exited, and loaded). No clock: `now` (seconds since the run started) comes from the
 //! driver loop.
 
 use crate::run::Pool;
@@ -74,8 +75,8 @@ impl ExecPlan {
         cost: Arc<dyn StageCost>,
     ) -> Option<ExecPlan> {
         let book = PlanLedger::of(sc, topology)?;
-        let twin = (book.planner.config().policy == PlannerPolicy::Twin)
-            .then(|| SimTwin::new(sc, cost));
+        let twin =
+            (book.planner.config().policy == PlannerPolicy::Twin).then(|| SimTwin::new(sc, cost));
         Some(ExecPlan {
             next_tick: Some(book.window_s()),
             book,
@@ -113,10 +114,12 @@ impl ExecPlan {
             .collect()
     }
 
-    /// [`Command::StopWorker`](easerve_sched::Command::StopWorker) at `now`:
-    /// worker `w` gets a shutdown frame and takes nothing more; its
+    /// [`Command::StopWorker`](easerve_sched::Command::StopWorker) at `now`
+    /// (its drain is over): worker `w` gets a shutdown frame and takes
+    /// nothing more; its GPU time ends here, as in the simulator, and its
     /// process's exit ([`ExecPlan::exited`]) frees its device.
-    pub(crate) fn stop(pool: &mut Pool, w: WorkerRef, now: f64) {
+    pub(crate) fn stop(&mut self, pool: &mut Pool, ctrl: &Controller, w: WorkerRef, now: f64) {
+        self.book.stopped(now, w, ctrl.topology());
         let k = pool.by_ref[&w];
         let gen = pool.sup.gen(k);
         let p = &mut pool.workers[k];
@@ -151,16 +154,9 @@ impl ExecPlan {
     }
 
     /// Whether the end of incarnation `gen` of worker `k` is a stopped
-    /// worker's exit (then taken here: its GPUs are free at `now`, and a
-    /// load waiting for them starts), not a death.
-    pub(crate) fn exited(
-        &mut self,
-        pool: &mut Pool,
-        k: usize,
-        gen: u32,
-        now: f64,
-        ctrl: &Controller,
-    ) -> bool {
+    /// worker's exit (then taken here: a load waiting for its device starts
+    /// at `now`), not a death.
+    pub(crate) fn exited(&mut self, pool: &mut Pool, k: usize, gen: u32, now: f64) -> bool {
         let p = &mut pool.workers[k];
         let Some(stop) = p.stop.as_mut().filter(|s| s.gen == gen) else {
             return false;
@@ -172,7 +168,6 @@ impl ExecPlan {
         stop.exited = true;
         p.pid = None;
         p.decode_run = None;
-        self.book.stopped(now, p.wref, ctrl.topology());
         let (go, wait): (Vec<_>, Vec<_>) = self.after_stop.iter().partition(|(o, _)| *o == k);
         self.after_stop = wait;
         for (_, new) in go {

@@ -138,7 +138,7 @@ pub(crate) struct WorkerProcess {
     /// Told to stop by the controller (a planner's drain), if it was.
     pub(crate) stop: Option<crate::plan::Stop>,
     /// Its process is starting for a planner ([`Command::LoadWorker`]):
-    /// its `Ready` is [`Event::WorkerReady`], not a restart's rejoin.
+    /// its `Ready` goes to the planner's account, not to a fault's.
     pub(crate) planned: bool,
     pub(crate) tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
@@ -837,13 +837,17 @@ impl Relay {
     ) -> bool {
         if let (Incoming::Down(k, gen, _), Some(plan)) = (&ev, self.plan.as_mut()) {
             // a worker the planner stopped exits: no death
-            if plan.exited(pool, *k, *gen, at.now, ctrl) {
+            if plan.exited(pool, *k, *gen, at.now) {
                 return false;
             }
         }
+        let planned =
+            matches!(ev, Incoming::Msg(k, FromWorker::Ready { .. }) if pool.workers[k].planned);
         let event = on_incoming(ev, pool, &mut self.links, &mut self.faults, at, tokens);
         let failed = matches!(event, Some(Event::WorkerFailed { .. }));
-        if let (Some(Event::WorkerReady { worker }), Some(plan)) = (&event, self.plan.as_mut()) {
+        if let (true, Some(Event::WorkerLoaded { worker }), Some(plan)) =
+            (planned, &event, self.plan.as_mut())
+        {
             plan.ready(*worker, at.now, ctrl);
         }
         self.due.extend(event);
@@ -920,8 +924,8 @@ impl Driver for Wake<'_> {
                 pool.sup.restart_at(pool.by_ref[&worker], now + delay_s);
                 return;
             }
-            (Command::StopWorker { worker }, _) => {
-                crate::plan::ExecPlan::stop(pool, worker, now);
+            (Command::StopWorker { worker }, Some(plan)) => {
+                plan.stop(pool, self.ctrl, worker, now);
                 return;
             }
             (Command::LoadWorker { worker, on }, Some(plan)) => {
@@ -1104,7 +1108,7 @@ fn worker_down(
 
 /// Worker `k` said `Ready` at `now`: a restart's process has loaded its
 /// model, so its connection goes live and it rejoins
-/// ([`Event::WorkerRestarted`]).
+/// ([`Event::WorkerLoaded`]).
 fn rejoined(pool: &mut Pool, k: usize, faults: &mut [Fault], now: f64) -> Option<Event> {
     let (tx, took) = pool.sup.ready(k, now)?;
     let w = &mut pool.workers[k];
@@ -1112,9 +1116,9 @@ fn rejoined(pool: &mut Pool, k: usize, faults: &mut [Fault], now: f64) -> Option
     w.share = 1.0;
     pool.live.revive(w.wref);
     if std::mem::take(&mut w.planned) {
-        // a planner's load ([`Command::LoadWorker`]): its model is loaded
+        // a planner's load ([`Command::LoadWorker`]): no fault to close
         w.stop = None;
-        return Some(Event::WorkerReady { worker: w.wref });
+        return Some(Event::WorkerLoaded { worker: w.wref });
     }
     if let Some(f) = faults
         .iter_mut()
@@ -1123,7 +1127,7 @@ fn rejoined(pool: &mut Pool, k: usize, faults: &mut [Fault], now: f64) -> Option
     {
         f.back = Some((now, took));
     }
-    Some(Event::WorkerRestarted { worker: w.wref })
+    Some(Event::WorkerLoaded { worker: w.wref })
 }
 
 /// Fault injection (`--kill-worker`): which worker dies when, and when the

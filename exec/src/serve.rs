@@ -994,7 +994,7 @@ async fn drive(
             wake = wake.min(t);
         }
         wake = wake.min(pool.sup.wake_at());
-        if let Some(t) = serve.relay.plan_wake() {
+        if let Some(t) = serve.plan_wake() {
             wake = wake.min(t);
         }
         // a drain looks again for requests still being received
@@ -1110,13 +1110,7 @@ impl ServeLoop {
 
     /// A message from the workers, noticed at `at.now` (`ctrl`: the
     /// controller, for the planner's account).
-    pub(crate) fn hear(
-        &mut self,
-        pool: &mut Pool,
-        ev: Incoming,
-        at: DetectAt,
-        ctrl: &Controller,
-    ) {
+    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, ctrl: &Controller) {
         self.relay.hear(pool, ev, at, Some(&mut self.tokens), ctrl);
     }
 

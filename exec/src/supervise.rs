@@ -2,7 +2,7 @@
 //! serve` alike: what the controller's [`Command::Restart`] means here (a new
 //! process after the backoff, connecting to the same listener), heartbeats
 //! (a worker silent for [`SILENT_S`] is killed and failed), the rejoin once
-//! the new process has loaded its model ([`Event::WorkerRestarted`]), and the
+//! the new process has loaded its model ([`Event::WorkerLoaded`]), and the
 //! last [`STDERR_LINES`] lines of each worker's stderr for the report and the
 //! failed requests' messages.
 //!
@@ -12,7 +12,7 @@
 //! started) comes from the driver loop.
 //!
 //! [`Command::Restart`]: easerve_sched::Command::Restart
-//! [`Event::WorkerRestarted`]: easerve_sched::Event::WorkerRestarted
+//! [`Event::WorkerLoaded`]: easerve_sched::Event::WorkerLoaded
 
 use crate::run::{reader, sigkill, worker_command, ExecOptions, Incoming, Pool, WorkerProcess};
 use crate::wire::{encode_frame, read_frame_async, write_bytes_async, FromWorker, ToWorker};

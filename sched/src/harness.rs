@@ -533,10 +533,10 @@ impl<S: Service> Cluster<S> {
                 }
             }
             ClusterEvent::Reconfigure(change) => Event::Reconfigure { change },
-            ClusterEvent::Ready(worker) => Event::WorkerReady { worker },
+            ClusterEvent::Ready(worker) => Event::WorkerLoaded { worker },
             ClusterEvent::Rejoin(w, deaths) if deaths == self.deaths_of(w) => {
                 self.live.revive(w);
-                Event::WorkerRestarted { worker: w }
+                Event::WorkerLoaded { worker: w }
             }
             ClusterEvent::Abort(id) => Event::Abort {
                 id,

@@ -353,7 +353,7 @@ pub enum Command {
     },
     /// Load the model of worker `worker`'s stage on its GPUs (a planner
     /// started it, or it takes the GPUs of a worker stopped for a role
-    /// change); report [`Event::WorkerReady`](super::Event::WorkerReady)
+    /// change); report [`Event::WorkerLoaded`](super::Event::WorkerLoaded)
     /// once it can take work.
     LoadWorker {
         /// The worker.
@@ -371,7 +371,7 @@ pub enum Command {
         worker: super::WorkerRef,
     },
     /// Start dead worker `worker` again (a new process, its model loaded)
-    /// after `delay_s` seconds; report [`Event::WorkerRestarted`](super::Event::WorkerRestarted)
+    /// after `delay_s` seconds; report [`Event::WorkerLoaded`](super::Event::WorkerLoaded)
     /// once it is ready, or [`Event::WorkerFailed`](super::Event::WorkerFailed)
     /// again if the new process dies first. Only under
     /// [`Controller::supervise`](super::Controller::supervise).

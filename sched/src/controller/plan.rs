@@ -7,7 +7,7 @@
 //! A worker takes work while it is *active*. A standby slot
 //! ([`crate::Topology::with_spares`]) is not; [`Change::Start`] asks the
 //! driver to load its model ([`Command::LoadWorker`]) and it becomes active
-//! when the driver reports [`Event::WorkerReady`](super::Event::WorkerReady).
+//! when the driver reports [`Event::WorkerLoaded`](super::Event::WorkerLoaded).
 //! [`Change::Drain`] stops placing work on a worker at once; the work it
 //! holds or has coming (queued, running, in flight to it) finishes there —
 //! nothing is re-queued or lost — and when none is left the controller
@@ -95,8 +95,19 @@ impl Controller {
         self.commands.push_back(Command::LoadWorker { worker, on });
     }
 
-    /// Worker `w` loaded its model: it takes work from now on.
-    pub(super) fn on_worker_ready(&mut self, now: f64, w: WorkerRef) {
+    /// Worker `w`'s model is loaded: a planner's start (it was loading) or
+    /// a restart after its death.
+    pub(super) fn on_worker_loaded(&mut self, now: f64, w: WorkerRef) {
+        if self.loading.contains(&w) {
+            self.on_worker_ready(now, w);
+        } else {
+            self.on_worker_restarted(now, w);
+        }
+    }
+
+    /// Worker `w` a planner started loaded its model: it takes work from
+    /// now on.
+    fn on_worker_ready(&mut self, now: f64, w: WorkerRef) {
         let Some(k) = self.loading.iter().position(|x| *x == w) else {
             return;
         };

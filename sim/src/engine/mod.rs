@@ -575,7 +575,7 @@ impl<'a> Sim<'a> {
                 if let Some(p) = self.plan.as_mut() {
                     p.book.ready(now, worker, &self.topology);
                 }
-                Some(Event::WorkerReady { worker })
+                Some(Event::WorkerLoaded { worker })
             }
             Ev::Fault(w) => {
                 self.lose_work(w);
@@ -584,7 +584,7 @@ impl<'a> Sim<'a> {
             }
             Ev::Restarted(w) => {
                 self.live.revive(w);
-                Some(Event::WorkerRestarted { worker: w })
+                Some(Event::WorkerLoaded { worker: w })
             }
         }
     }
