@@ -176,13 +176,6 @@ fn socket_limits(
 #[cfg(feature = "exec")]
 fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOptions)> {
     let mut sc = a.run.scenario()?;
-    if sc.planner_spares() != [0; 3] {
-        return Err(BadInput(format!(
-            "{}: `planner.policy`: the executor runs no planner yet (allowed here: static); the simulator does (`easerve sim --planner`)",
-            sc.file
-        ))
-        .into());
-    }
     let device: DeviceKind = a
         .device
         .parse()

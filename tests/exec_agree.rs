@@ -44,3 +44,13 @@ fn the_executor_restarts_what_the_simulator_restarts() {
 fn the_executor_aborts_what_the_simulator_aborts_at_deadlines() {
     agree::the_executor_aborts_what_the_simulator_aborts_at_deadlines();
 }
+
+#[test]
+fn the_executor_moves_workers_as_the_simulator_plans() {
+    agree::the_executor_moves_workers_as_the_simulator_plans();
+}
+
+#[test]
+fn the_server_moves_workers_as_the_simulator_plans() {
+    agree::the_server_moves_workers_as_the_simulator_plans();
+}

@@ -278,3 +278,60 @@ fn exec_runs_the_aggregated_system() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("deployment.aggregated_tp"), "{err}");
 }
+
+/// `easerve exec --planner load` over a short version of
+/// `scenarios/demand/cpu-image-phases.toml` (4 s phases of 1, 6 and 1
+/// req/s, 32 requests, a decision every 2 s): the planner drains the spare
+/// decode worker in the quiet first window and moves or starts workers
+/// through the surge; each drained worker is stopped (`stopped_at`), a
+/// started one reports its model loaded after its start (`ready_at`), and
+/// every request completes. About 25 s on the 2-core CI machine.
+#[test]
+fn exec_runs_the_load_planner_and_loses_no_request() {
+    let _timed = crate::timed();
+    let mut text =
+        std::fs::read_to_string(root().join("scenarios/demand/cpu-image-phases.toml")).unwrap();
+    let profile = format!(
+        "{:?}",
+        root().join("scenarios/profiles/tiny-image.cpu.toml")
+    );
+    for (from, to) in [
+        ("duration_s = 15", "duration_s = 4"),
+        ("rate = 1.5", "rate = 1.0"),
+        ("rate = 10.0", "rate = 6.0"),
+        ("requests = 210", "requests = 32"),
+        ("window_s = 15", "window_s = 4"),
+        (
+            "policy = \"load\"\nwindow_s = 5",
+            "policy = \"static\"\nwindow_s = 2",
+        ),
+        ("\"../profiles/tiny-image.cpu.toml\"", &profile),
+    ] {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("exec-planner.toml");
+    std::fs::write(&path, text).unwrap();
+    let r = crate::report_json("exec", &path, &["--planner", "load"]);
+    assert_eq!(num(&r, "/completed"), 32.0, "a request was lost");
+    let p = &r["planner"];
+    assert_eq!(p["policy"], "load");
+    let changes = p["changes"].as_array().unwrap();
+    let moves: Vec<&Value> = changes
+        .iter()
+        .filter(|c| c["from"].is_string() || c["to"].is_string())
+        .collect();
+    assert!(!moves.is_empty(), "no worker moved: {p}");
+    for c in moves {
+        let at = c["at"].as_f64().unwrap();
+        if c["from"].is_string() {
+            assert!(c["stopped_at"].as_f64().is_some_and(|t| t >= at), "{c}");
+        }
+        // a worker started at the end may still be loading when the last
+        // request finishes
+        if let Some(ready) = c["ready_at"].as_f64() {
+            assert!(ready > c["stopped_at"].as_f64().unwrap_or(at), "{c}");
+        }
+    }
+    assert!(p["gpu_hours"].as_f64().unwrap() > 0.0);
+}

@@ -299,3 +299,37 @@ fn chaos_a_random_worker_killed_every_10_s_costs_no_request_its_answer() {
     );
     assert!(back <= 30.0);
 }
+
+/// `easerve serve --planner load` is accepted and its planner moves
+/// workers while it serves: one small image request a second for 12 s
+/// (a decision every 5 s, `scenarios/demand/cpu-image-phases.toml`) leaves
+/// the second decode worker cold, so a window drains it (and, if prefill
+/// was queued at the window's end, starts a prefill worker on its device).
+/// Every request is answered, and once drained the server's report shows
+/// D1 stopped after its change. About 20 s.
+#[test]
+fn serve_runs_the_load_planner_and_answers_every_request() {
+    let _timed = crate::timed();
+    let s = Server::start(
+        "scenarios/demand/cpu-image-phases.toml",
+        &["--planner", "load"],
+    );
+    let start = Instant::now();
+    let mut sent = 0;
+    while start.elapsed() < Duration::from_secs(12) {
+        let (code, body) = s.post(&small_chat());
+        assert_eq!(code, 200, "{body}");
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(1000));
+    }
+    let r = s.stop();
+    assert_eq!(r["completed"].as_f64(), Some(sent as f64));
+    let p = &r["planner"];
+    assert_eq!(p["policy"], "load");
+    let drained = p["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["from"] == "D1" && c["stopped_at"].as_f64() >= c["at"].as_f64());
+    assert!(drained, "D1 was not drained: {p}");
+}

@@ -17,7 +17,9 @@
 //!    memory (the tokens one prefill pass can take).
 //! 6. [`device`]: the backend a worker computes on and its CPU thread bounds;
 //!    [`green`]: SM partitions (CUDA green contexts, the MPS fallback).
-//! 7. `agree` (feature `agreement`, run by the workspace's `cargo test`): the
+//! 7. `plan`: a planner's changes for real — a drained worker's process
+//!    stopped, another started with the new role on its device.
+//! 8. `agree` (feature `agreement`, run by the workspace's `cargo test`): the
 //!    command handling of `exec` and `serve` against fake workers, checked
 //!    to decide as the simulator does.
 #![warn(missing_docs)]
@@ -31,6 +33,7 @@ pub mod input;
 pub mod limits;
 pub mod mel;
 pub mod openai;
+mod plan;
 pub mod preprocess_cost;
 pub mod run;
 pub mod serve;

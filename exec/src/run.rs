@@ -128,9 +128,18 @@ pub(crate) struct WorkerProcess {
     label: String,
     role: Role,
     index: usize,
-    gpu: usize,
+    /// Its device (a role change moves a new worker onto the device of the
+    /// one stopped for it).
+    pub(crate) gpu: usize,
     /// A local prefill worker, sharing an encode worker's device.
     local: bool,
+    /// A spare slot a planner may start: no process until then.
+    standby: bool,
+    /// Told to stop by the controller (a planner's drain), if it was.
+    pub(crate) stop: Option<crate::plan::Stop>,
+    /// Its process is starting for a planner ([`Command::LoadWorker`]):
+    /// its `Ready` goes to the planner's account, not to a fault's.
+    pub(crate) planned: bool,
     pub(crate) tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
     pub(crate) pid: Option<u32>,
@@ -141,7 +150,7 @@ pub(crate) struct WorkerProcess {
     share: f64,
     /// The decode run in flight ([`Command::DecodeRun`]), iteration by
     /// iteration, and the ids of its batch.
-    decode_run: Option<(DecodeRunProgress, Vec<RequestId>)>,
+    pub(crate) decode_run: Option<(DecodeRunProgress, Vec<RequestId>)>,
 }
 
 pub(crate) enum Incoming {
@@ -205,13 +214,15 @@ async fn run(
         ctrl.supervise(b);
     }
     let mut pool = start_workers(sc, ctrl.topology(), opts).await?;
+    let plan = crate::plan::ExecPlan::of(sc, ctrl.topology(), std::sync::Arc::from(sc.cost()));
     let Outcome {
         faults,
         interrupted,
         run_s,
-    } = drive(&mut ctrl, &mut pool, opts).await;
+        plan,
+    } = drive(&mut ctrl, &mut pool, opts, plan).await;
     shut_down(&mut pool).await;
-    let report = build_report(
+    let mut report = build_report(
         sc,
         &ctrl,
         &pool,
@@ -222,6 +233,7 @@ async fn run(
         "measured by easerve exec",
         sc.workload.rate,
     );
+    crate::plan::account(plan, &ctrl, &mut report);
     let decisions = ctrl.decisions().to_vec();
     Ok(ExecOutput {
         report,
@@ -263,7 +275,7 @@ impl Pool {
         let mut frames = Vec::new();
         for w in &mut workers {
             let (tx, rx) = mpsc::unbounded_channel();
-            w.tx = Some(tx);
+            w.tx = (!w.standby).then_some(tx);
             frames.push(rx);
         }
         let by_ref = workers
@@ -293,6 +305,8 @@ impl Pool {
 /// How the run loop ended.
 struct Outcome {
     faults: Vec<Fault>,
+    /// The planner, if one ran, with its account.
+    plan: Option<crate::plan::ExecPlan>,
     interrupted: Option<String>,
     run_s: f64,
 }
@@ -323,7 +337,7 @@ pub(crate) async fn start_workers(
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (tx, mut rx) = mpsc::unbounded_channel::<Incoming>();
-    for (k, w) in workers.iter_mut().enumerate() {
+    for (k, w) in workers.iter_mut().enumerate().filter(|(_, w)| !w.standby) {
         let mut cmd = worker_command(sc, opts, w, threads[k], local_peer[k], addr);
         let mut child = cmd
             .spawn()
@@ -400,6 +414,9 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
                 index,
                 gpu: t.gpu() as usize,
                 local: t.local,
+                standby: t.standby,
+                stop: None,
+                planned: false,
                 tx: None,
                 child: None,
                 pid: None,
@@ -420,7 +437,9 @@ fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
     let others = workers
         .iter()
         .filter(|w| {
-            matches!(w.role, Role::Decode | Role::Replica) || (w.role == Role::Prefill && !w.local)
+            !w.standby
+                && (matches!(w.role, Role::Decode | Role::Replica)
+                    || (w.role == Role::Prefill && !w.local))
         })
         .count();
     let threads_of = |w: &WorkerProcess| -> usize {
@@ -519,13 +538,14 @@ impl Waiting {
     ) -> Result<(), ExecError> {
         let (startup, deadline) = (self.startup, self.deadline);
         let mut connected = 0;
-        while connected < workers.len() {
+        let starting = workers.iter().filter(|w| !w.standby).count();
+        while connected < starting {
             let accepted = tokio::select! {
                 a = listener.accept() => a?,
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(ExecError::Startup(format!(
-                        "{connected} of {} workers connected within {:.0} s",
-                        workers.len(), startup.as_secs_f64()
+                        "{connected} of {starting} workers connected within {:.0} s",
+                        startup.as_secs_f64()
                     )));
                 }
                 Some(ev) = rx.recv() => {
@@ -597,13 +617,14 @@ impl Waiting {
         let mut ready = self.ready;
         let last_err = &mut self.last_err;
         let mut early = std::mem::take(&mut self.early).into_iter();
-        while ready < workers.len() {
+        let starting = workers.iter().filter(|w| !w.standby).count();
+        while ready < starting {
             let ev = tokio::select! {
                 ev = async { match early.next() { Some(e) => Some(e), None => rx.recv().await } } => ev,
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(ExecError::Startup(format!(
-                        "{ready} of {} workers loaded their model within {:.0} s",
-                        workers.len(), startup.as_secs_f64()
+                        "{ready} of {starting} workers loaded their model within {:.0} s",
+                        startup.as_secs_f64()
                     )));
                 }
             };
@@ -640,10 +661,16 @@ impl Waiting {
 /// every request reached an end, the run is interrupted, or its time is up.
 /// The wall clock and the waiting are here; what a wake-up means is
 /// [`ExecLoop`]'s.
-async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Outcome {
+async fn drive(
+    ctrl: &mut Controller,
+    pool: &mut Pool,
+    opts: &ExecOptions,
+    plan: Option<crate::plan::ExecPlan>,
+) -> Outcome {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
     let mut run = ExecLoop::new(ctrl);
+    run.relay.plan = plan;
     let mut kill = KillPlan::new(opts.kill);
     let mut interrupted: Option<String> = None;
     let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
@@ -672,7 +699,7 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
                 now: now(),
                 killed_at: kill.killed_at,
             };
-            run.hear(pool, ev, at);
+            run.hear(pool, ev, at, ctrl);
         }
         let t = now();
         if interrupted.is_none() && opts.time_limit_s.is_some_and(|lim| t >= lim) {
@@ -697,13 +724,14 @@ async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Ou
                 now: t,
                 killed_at: kill.killed_at,
             };
-            run.hear(pool, ev, at);
+            run.hear(pool, ev, at, ctrl);
         }
         run.wake(ctrl, pool, t);
         run_s = t;
     }
 
     Outcome {
+        plan: run.relay.plan.take(),
         faults: run.relay.faults,
         interrupted,
         run_s,
@@ -737,15 +765,16 @@ impl ExecLoop {
     /// next arrival or the controller's timer, whichever is first.
     pub(crate) fn wake_at(&self, ctrl: &Controller) -> Option<f64> {
         let arrival = self.arrivals.get(self.next_arrival).copied();
-        match (arrival, ctrl.poll_timeout()) {
-            (Some(a), Some(t)) => Some(a.min(t)),
-            (a, t) => a.or(t),
-        }
+        [arrival, ctrl.poll_timeout(), self.relay.plan_wake()]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min)
     }
 
-    /// A message from the workers, noticed at `at.now`.
-    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt) {
-        self.relay.hear(pool, ev, at, None);
+    /// A message from the workers, noticed at `at.now` (`ctrl`: the
+    /// controller, for the planner's account).
+    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, ctrl: &Controller) {
+        self.relay.hear(pool, ev, at, None, ctrl);
     }
 
     /// Wake up at `now`: the requests whose time has come arrive after what
@@ -757,6 +786,10 @@ impl ExecLoop {
             }
             self.relay.arrive(self.next_arrival as RequestId);
             self.next_arrival += 1;
+        }
+        if let Some(p) = self.relay.plan.as_mut() {
+            // windows end while requests are still to arrive
+            p.open = self.next_arrival < self.arrivals.len();
         }
         self.relay.wake(ctrl, pool, now);
     }
@@ -776,6 +809,8 @@ pub(crate) struct Relay {
     /// Events due at the next wake-up, in order: those heard, then the
     /// landings a command makes due at once (a transfer to a dead worker).
     due: VecDeque<Event>,
+    /// The planner, when the scenario has one ([`crate::plan`]).
+    pub(crate) plan: Option<crate::plan::ExecPlan>,
 }
 
 impl Relay {
@@ -785,6 +820,7 @@ impl Relay {
             links,
             faults: Vec::new(),
             due: VecDeque::new(),
+            plan: None,
         }
     }
 
@@ -797,9 +833,23 @@ impl Relay {
         ev: Incoming,
         at: DetectAt,
         tokens: Option<&mut Vec<(RequestId, u32)>>,
+        ctrl: &Controller,
     ) -> bool {
+        if let (Incoming::Down(k, gen, _), Some(plan)) = (&ev, self.plan.as_mut()) {
+            // a worker the planner stopped exits: no death
+            if plan.exited(pool, *k, *gen, at.now) {
+                return false;
+            }
+        }
+        let planned =
+            matches!(ev, Incoming::Msg(k, FromWorker::Ready { .. }) if pool.workers[k].planned);
         let event = on_incoming(ev, pool, &mut self.links, &mut self.faults, at, tokens);
         let failed = matches!(event, Some(Event::WorkerFailed { .. }));
+        if let (true, Some(Event::WorkerLoaded { worker }), Some(plan)) =
+            (planned, &event, self.plan.as_mut())
+        {
+            plan.ready(*worker, at.now, ctrl);
+        }
         self.due.extend(event);
         failed
     }
@@ -807,6 +857,14 @@ impl Relay {
     /// Request `id` arrives at the next wake-up, after what was heard before.
     pub(crate) fn arrive(&mut self, id: RequestId) {
         self.due.push_back(Event::Arrival { id });
+        if let Some(p) = self.plan.as_mut() {
+            p.arrived();
+        }
+    }
+
+    /// When the planner's window ends next, if a planner runs.
+    pub(crate) fn plan_wake(&self) -> Option<f64> {
+        self.plan.as_ref().and_then(|p| p.wake_at())
     }
 
     /// Request `id`'s client left: the controller hears it at the next
@@ -822,6 +880,10 @@ impl Relay {
     /// hears every event due, then its timer, and each command is carried
     /// out at once. Returns the controller's next timer.
     pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64) -> Option<f64> {
+        if let Some(plan) = self.plan.as_mut() {
+            // a window ended: the planner's changes, after what was heard
+            self.due.extend(plan.tick(ctrl, now));
+        }
         let timer = driver::instant(
             &mut Wake {
                 ctrl,
@@ -856,10 +918,21 @@ impl Driver for Wake<'_> {
 
     fn carry_out(&mut self, now: f64, cmd: Command) {
         let pool = &mut *self.pool;
-        if let Command::Restart { worker, delay_s } = cmd {
-            // the process starts when the backoff is over ([`Pool::supervise`])
-            pool.sup.restart_at(pool.by_ref[&worker], now + delay_s);
-            return;
+        match (cmd, self.relay.plan.as_mut()) {
+            (Command::Restart { worker, delay_s }, _) => {
+                // the process starts when the backoff is over ([`Pool::supervise`])
+                pool.sup.restart_at(pool.by_ref[&worker], now + delay_s);
+                return;
+            }
+            (Command::StopWorker { worker }, Some(plan)) => {
+                plan.stop(pool, self.ctrl, worker, now);
+                return;
+            }
+            (Command::LoadWorker { worker, on }, Some(plan)) => {
+                plan.load(pool, worker, on, now);
+                return;
+            }
+            _ => {}
         }
         let links = &mut self.relay.links;
         // a transfer to a worker that is gone lands at once, so the
@@ -1035,13 +1108,18 @@ fn worker_down(
 
 /// Worker `k` said `Ready` at `now`: a restart's process has loaded its
 /// model, so its connection goes live and it rejoins
-/// ([`Event::WorkerRestarted`]).
+/// ([`Event::WorkerLoaded`]).
 fn rejoined(pool: &mut Pool, k: usize, faults: &mut [Fault], now: f64) -> Option<Event> {
     let (tx, took) = pool.sup.ready(k, now)?;
     let w = &mut pool.workers[k];
     w.tx = Some(tx);
     w.share = 1.0;
     pool.live.revive(w.wref);
+    if std::mem::take(&mut w.planned) {
+        // a planner's load ([`Command::LoadWorker`]): no fault to close
+        w.stop = None;
+        return Some(Event::WorkerLoaded { worker: w.wref });
+    }
     if let Some(f) = faults
         .iter_mut()
         .rev()
@@ -1049,7 +1127,7 @@ fn rejoined(pool: &mut Pool, k: usize, faults: &mut [Fault], now: f64) -> Option
     {
         f.back = Some((now, took));
     }
-    Some(Event::WorkerRestarted { worker: w.wref })
+    Some(Event::WorkerLoaded { worker: w.wref })
 }
 
 /// Fault injection (`--kill-worker`): which worker dies when, and when the
@@ -1115,22 +1193,26 @@ pub(crate) async fn shut_down(pool: &mut Pool) {
     }
     let stop_deadline = tokio::time::Instant::now() + Duration::from_secs(3);
     let live = &mut pool.live;
+    // spare slots never started and stopped workers have no process
+    let has_process = |w: &WorkerProcess| w.pid.is_some() && !w.stop.is_some_and(|s| s.exited);
     let mut alive: usize = pool
         .workers
         .iter()
-        .filter(|w| live.is_alive(w.wref))
+        .filter(|w| live.is_alive(w.wref) && has_process(w))
         .count();
     while alive > 0 {
         tokio::select! {
             ev = pool.rx.recv() => match ev {
-                Some(Incoming::Down(k, _, _)) if live.kill(pool.workers[k].wref) => {
+                Some(Incoming::Down(k, _, _))
+                    if has_process(&pool.workers[k]) && live.kill(pool.workers[k].wref) =>
+                {
                     alive -= 1;
                 }
                 Some(_) => {}
                 None => break,
             },
             _ = tokio::time::sleep_until(stop_deadline) => {
-                for w in pool.workers.iter().filter(|w| live.is_alive(w.wref)) {
+                for w in pool.workers.iter().filter(|w| live.is_alive(w.wref) && has_process(w)) {
                     if let Some(pid) = w.pid {
                         sigkill(pid);
                     }

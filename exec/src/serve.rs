@@ -872,7 +872,8 @@ async fn run(
         }
     };
     app.state.store(READY, Ordering::SeqCst);
-    let (faults, run_s) = drive(
+    let plan = crate::plan::ExecPlan::of(sc, ctrl.topology(), std::sync::Arc::from(sc.cost()));
+    let (faults, run_s, plan) = drive(
         &mut ctrl,
         &mut pool,
         Inbox {
@@ -882,6 +883,7 @@ async fn run(
         &app,
         opts,
         &mut stop,
+        plan,
     )
     .await;
     // no submission is taken from here on: a late one gets 503
@@ -898,7 +900,7 @@ async fn run(
     } else {
         0.0
     };
-    let report = build_report(
+    let mut report = build_report(
         sc,
         &ctrl,
         &pool,
@@ -909,6 +911,7 @@ async fn run(
         "served by easerve serve over HTTP: one run of every request that came, from all clients together (requests carry no client identity to split them by); offered rate: those requests over their arrivals' span",
         offered,
     );
+    crate::plan::account(plan, &ctrl, &mut report);
     let decisions = ctrl.take_decisions();
     Ok(ExecOutput {
         report,
@@ -970,10 +973,12 @@ async fn drive(
     app: &App,
     opts: &ServeOptions,
     stop: &mut Stop,
-) -> (Vec<Fault>, f64) {
+    plan: Option<crate::plan::ExecPlan>,
+) -> (Vec<Fault>, f64, Option<crate::plan::ExecPlan>) {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
     let mut serve = ServeLoop::new();
+    serve.set_plan(plan);
     let mut kill = KillPlan::new(opts.exec.kill);
     let mut draining = false;
 
@@ -989,6 +994,9 @@ async fn drive(
             wake = wake.min(t);
         }
         wake = wake.min(pool.sup.wake_at());
+        if let Some(t) = serve.plan_wake() {
+            wake = wake.min(t);
+        }
         // a drain looks again for requests still being received
         let cap = if draining { 0.05 } else { 3600.0 };
         let sleep_for = (wake - now()).clamp(0.0, cap);
@@ -1013,7 +1021,7 @@ async fn drive(
                 now: now(),
                 killed_at: kill.killed_at,
             };
-            serve.hear(pool, ev, at, app);
+            serve.hear(pool, ev, at, ctrl);
         }
         let t = now();
         if opts.exec.time_limit_s.is_some_and(|lim| t >= lim) {
@@ -1021,6 +1029,7 @@ async fn drive(
         }
         if draining {
             app.state.store(DRAINING, Ordering::SeqCst);
+            serve.set_plan_open(false);
         }
         kill.inject(pool, t);
         for ev in pool.supervise(t) {
@@ -1028,7 +1037,7 @@ async fn drive(
                 now: t,
                 killed_at: kill.killed_at,
             };
-            serve.hear(pool, ev, at, app);
+            serve.hear(pool, ev, at, ctrl);
         }
         if let Some(sub) = arrived {
             // its arrival is its receipt (clamped to the run's start)
@@ -1049,7 +1058,8 @@ async fn drive(
             break;
         }
     }
-    (serve.relay.faults, now())
+    let plan = serve.relay.plan.take();
+    (serve.relay.faults, now(), plan)
 }
 
 /// What `easerve serve`'s loop does when it wakes: requests submitted over
@@ -1080,9 +1090,28 @@ impl ServeLoop {
         }
     }
 
-    /// A message from the workers, noticed at `at.now`.
-    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, _app: &App) {
-        self.relay.hear(pool, ev, at, Some(&mut self.tokens));
+    /// Run `plan` (a scenario's planner, [`crate::plan`]).
+    pub(crate) fn set_plan(&mut self, plan: Option<crate::plan::ExecPlan>) {
+        self.relay.plan = plan;
+    }
+
+    /// Whether requests may still come: another planner window is timed
+    /// only while they may (a server draining takes no more).
+    pub(crate) fn set_plan_open(&mut self, open: bool) {
+        if let Some(p) = self.relay.plan.as_mut() {
+            p.open = open;
+        }
+    }
+
+    /// When the planner's window ends next, if a planner runs.
+    pub(crate) fn plan_wake(&self) -> Option<f64> {
+        self.relay.plan_wake()
+    }
+
+    /// A message from the workers, noticed at `at.now` (`ctrl`: the
+    /// controller, for the planner's account).
+    pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, ctrl: &Controller) {
+        self.relay.hear(pool, ev, at, Some(&mut self.tokens), ctrl);
     }
 
     /// A request came at `arrival` (seconds): the controller takes it, and

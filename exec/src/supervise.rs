@@ -2,7 +2,7 @@
 //! serve` alike: what the controller's [`Command::Restart`] means here (a new
 //! process after the backoff, connecting to the same listener), heartbeats
 //! (a worker silent for [`SILENT_S`] is killed and failed), the rejoin once
-//! the new process has loaded its model ([`Event::WorkerRestarted`]), and the
+//! the new process has loaded its model ([`Event::WorkerLoaded`]), and the
 //! last [`STDERR_LINES`] lines of each worker's stderr for the report and the
 //! failed requests' messages.
 //!
@@ -12,7 +12,7 @@
 //! started) comes from the driver loop.
 //!
 //! [`Command::Restart`]: easerve_sched::Command::Restart
-//! [`Event::WorkerRestarted`]: easerve_sched::Event::WorkerRestarted
+//! [`Event::WorkerLoaded`]: easerve_sched::Event::WorkerLoaded
 
 use crate::run::{reader, sigkill, worker_command, ExecOptions, Incoming, Pool, WorkerProcess};
 use crate::wire::{encode_frame, read_frame_async, write_bytes_async, FromWorker, ToWorker};
@@ -121,6 +121,11 @@ impl Supervisor {
             .map_or(self.next_ping, |t| t.min(self.next_ping))
     }
 
+    /// Worker `k`'s current incarnation.
+    pub(crate) fn gen(&self, k: usize) -> u32 {
+        self.gens[k].load(Ordering::SeqCst)
+    }
+
     /// Whether incarnation `gen` of worker `k` is its current one.
     pub(crate) fn current(&self, k: usize, gen: u32) -> bool {
         self.gens[k].load(Ordering::SeqCst) == gen
@@ -161,8 +166,10 @@ impl Supervisor {
 
 impl Pool {
     /// Supervision at `now`: start the restarts that are due, send the
-    /// heartbeats, kill a live worker silent for [`SILENT_S`] and a restart
-    /// not ready within the startup timeout. What comes of it (a process
+    /// heartbeats, kill a live worker silent for [`SILENT_S`], a restart
+    /// not ready within the startup timeout, and a worker told to stop that
+    /// has not exited within [`crate::plan::STOP_GRACE_S`] (its exit then
+    /// comes as its end, which the planner takes). What comes of it (a process
     /// that cannot start, a silent worker's end) is returned as the worker's
     /// end, for the loop to hear.
     pub(crate) fn supervise(&mut self, now: f64) -> Vec<Incoming> {
@@ -172,6 +179,17 @@ impl Pool {
             .spec
             .as_ref()
             .map_or(f64::INFINITY, |s| s.opts.startup_timeout_s.max(1.0));
+        for w in &mut self.workers {
+            let Some(stop) = w.stop.as_mut() else {
+                continue;
+            };
+            if !stop.exited && !stop.killed && now - stop.at > crate::plan::STOP_GRACE_S {
+                stop.killed = true;
+                if let Some(pid) = w.pid {
+                    sigkill(pid);
+                }
+            }
+        }
         for k in 0..self.workers.len() {
             let w = &self.workers[k];
             let live = self.live.is_alive(w.wref);

@@ -533,10 +533,10 @@ impl<S: Service> Cluster<S> {
                 }
             }
             ClusterEvent::Reconfigure(change) => Event::Reconfigure { change },
-            ClusterEvent::Ready(worker) => Event::WorkerReady { worker },
+            ClusterEvent::Ready(worker) => Event::WorkerLoaded { worker },
             ClusterEvent::Rejoin(w, deaths) if deaths == self.deaths_of(w) => {
                 self.live.revive(w);
-                Event::WorkerRestarted { worker: w }
+                Event::WorkerLoaded { worker: w }
             }
             ClusterEvent::Abort(id) => Event::Abort {
                 id,
@@ -651,7 +651,7 @@ impl<S: Service> Driver for Cluster<S> {
                 let ev = ClusterEvent::ReplicaDone(replica, g, now + t_enc);
                 self.push(now + t, DONE, ev);
             }
-            Command::LoadWorker { worker } => {
+            Command::LoadWorker { worker, .. } => {
                 self.push(now + self.load_s, DONE, ClusterEvent::Ready(worker));
             }
             Command::StopWorker { worker } => self.stops.push((now, worker)),

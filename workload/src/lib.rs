@@ -14,6 +14,8 @@
 //! * [`schedule`] — time-varying rates (phases, ramps, diurnal, bursts,
 //!   ServeGen replay) and non-homogeneous arrivals by time rescaling.
 //! * [`windows`] — a run cut into windows of time (goodput, TTFT, queues).
+//! * [`plan`] — a planner's run as every driver accounts for it (changes,
+//!   GPU-hours).
 //! * [`rng`] — one master seed, named RNG streams.
 //! * [`trace`] and [`agreement`] — trace replay, and how far a report agrees with
 //!   another (`calib validate`).
@@ -23,6 +25,7 @@
 
 pub mod agreement;
 pub mod generate;
+pub mod plan;
 pub mod report;
 pub mod reuse;
 pub mod rng;

@@ -353,11 +353,16 @@ pub enum Command {
     },
     /// Load the model of worker `worker`'s stage on its GPUs (a planner
     /// started it, or it takes the GPUs of a worker stopped for a role
-    /// change); report [`Event::WorkerReady`](super::Event::WorkerReady)
+    /// change); report [`Event::WorkerLoaded`](super::Event::WorkerLoaded)
     /// once it can take work.
     LoadWorker {
         /// The worker.
         worker: super::WorkerRef,
+        /// For a role change, the worker stopped just before
+        /// ([`Command::StopWorker`]) whose GPUs it takes: a driver starts it
+        /// on that worker's devices once that worker's process has exited.
+        /// `None` for a standby slot started on GPUs of its own.
+        on: Option<super::WorkerRef>,
     },
     /// Worker `worker` was drained and holds no work: stop it and free its
     /// GPUs. Nothing is reported back.
@@ -366,7 +371,7 @@ pub enum Command {
         worker: super::WorkerRef,
     },
     /// Start dead worker `worker` again (a new process, its model loaded)
-    /// after `delay_s` seconds; report [`Event::WorkerRestarted`](super::Event::WorkerRestarted)
+    /// after `delay_s` seconds; report [`Event::WorkerLoaded`](super::Event::WorkerLoaded)
     /// once it is ready, or [`Event::WorkerFailed`](super::Event::WorkerFailed)
     /// again if the new process dies first. Only under
     /// [`Controller::supervise`](super::Controller::supervise).

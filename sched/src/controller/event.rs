@@ -112,15 +112,12 @@ pub enum Event {
         /// The change.
         change: super::Change,
     },
-    /// Worker `worker` loaded its model
-    /// ([`Command::LoadWorker`](super::Command::LoadWorker)) and takes work.
-    WorkerReady {
-        /// The worker.
-        worker: WorkerRef,
-    },
-    /// A dead worker is back: restarted ([`Command::Restart`](super::Command::Restart))
-    /// and its model loaded. It starts empty and takes work again.
-    WorkerRestarted {
+    /// Worker `worker`'s process has loaded its model and takes work: one
+    /// a planner started ([`Command::LoadWorker`](super::Command::LoadWorker))
+    /// or a dead worker restarted ([`Command::Restart`](super::Command::Restart),
+    /// back empty). The controller knows which it asked for; a driver only
+    /// says that the model is loaded.
+    WorkerLoaded {
         /// The worker.
         worker: WorkerRef,
     },

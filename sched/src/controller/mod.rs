@@ -552,11 +552,10 @@ impl Controller {
                 prefill_start,
             } => self.on_replica_step_done(now, replica, prefill_start),
             Event::WorkerFailed { worker, reason } => self.on_worker_failed(now, worker, &reason),
-            Event::WorkerRestarted { worker } => self.on_worker_restarted(now, worker),
             Event::Abort { id, reason } => self.abort(now, id, reason),
             Event::Interrupt { reason } => self.interrupt(&reason),
             Event::Reconfigure { change } => self.on_reconfigure(now, change),
-            Event::WorkerReady { worker } => self.on_worker_ready(now, worker),
+            Event::WorkerLoaded { worker } => self.on_worker_loaded(now, worker),
         }
         if !self.draining.is_empty() {
             self.check_drained(now);

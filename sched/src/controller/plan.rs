@@ -7,7 +7,7 @@
 //! A worker takes work while it is *active*. A standby slot
 //! ([`crate::Topology::with_spares`]) is not; [`Change::Start`] asks the
 //! driver to load its model ([`Command::LoadWorker`]) and it becomes active
-//! when the driver reports [`Event::WorkerReady`](super::Event::WorkerReady).
+//! when the driver reports [`Event::WorkerLoaded`](super::Event::WorkerLoaded).
 //! [`Change::Drain`] stops placing work on a worker at once; the work it
 //! holds or has coming (queued, running, in flight to it) finishes there —
 //! nothing is re-queued or lost — and when none is left the controller
@@ -74,7 +74,7 @@ impl Controller {
     pub(super) fn on_reconfigure(&mut self, now: f64, change: Change) {
         self.decide(|| Decision::Reconfigure { at: now, change });
         match change {
-            Change::Start { worker } => self.start_worker(worker),
+            Change::Start { worker } => self.start_worker(worker, None),
             Change::Drain { worker, then } => {
                 self.placement(worker).retire(index(worker));
                 self.draining.push((worker, then));
@@ -90,13 +90,24 @@ impl Controller {
         }
     }
 
-    fn start_worker(&mut self, worker: WorkerRef) {
+    fn start_worker(&mut self, worker: WorkerRef, on: Option<WorkerRef>) {
         self.loading.push(worker);
-        self.commands.push_back(Command::LoadWorker { worker });
+        self.commands.push_back(Command::LoadWorker { worker, on });
     }
 
-    /// Worker `w` loaded its model: it takes work from now on.
-    pub(super) fn on_worker_ready(&mut self, now: f64, w: WorkerRef) {
+    /// Worker `w`'s model is loaded: a planner's start (it was loading) or
+    /// a restart after its death.
+    pub(super) fn on_worker_loaded(&mut self, now: f64, w: WorkerRef) {
+        if self.loading.contains(&w) {
+            self.on_worker_ready(now, w);
+        } else {
+            self.on_worker_restarted(now, w);
+        }
+    }
+
+    /// Worker `w` a planner started loaded its model: it takes work from
+    /// now on.
+    fn on_worker_ready(&mut self, now: f64, w: WorkerRef) {
         let Some(k) = self.loading.iter().position(|x| *x == w) else {
             return;
         };
@@ -116,7 +127,7 @@ impl Controller {
                 self.decide(|| Decision::WorkerStopped { at: now, worker: w });
                 self.commands.push_back(Command::StopWorker { worker: w });
                 if let Some(next) = then {
-                    self.start_worker(next);
+                    self.start_worker(next, Some(w));
                 }
             } else {
                 k += 1;

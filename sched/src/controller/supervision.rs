@@ -1,6 +1,6 @@
 //! Supervision: a dead worker is restarted with exponential backoff
 //! ([`Backoff`], [`Command::Restart`]) and rejoins placement and routing when
-//! its driver reports it loaded ([`Event::WorkerRestarted`](super::Event::WorkerRestarted));
+//! its driver reports it loaded ([`Event::WorkerLoaded`](super::Event::WorkerLoaded));
 //! the deaths, restarts, degraded time and stage-down time of a run
 //! ([`SupervisionCounters`], [`Outage`]).
 //!

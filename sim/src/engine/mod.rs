@@ -388,7 +388,7 @@ pub fn simulate_with(sc: &Scenario, cost: Box<dyn StageCost>, opts: &SimOptions)
             let mut sim = Sim::new(sc, Box::new(plan::Shared(cost.clone())), opts.decisions);
             sim.plan = plan::PlanRun::of(sc, &sim.topology, &cost);
             if let Some(p) = &sim.plan {
-                let w = p.planner.config().window_s;
+                let w = p.book.window_s();
                 sim.events.push(w, Priority::Completion, Ev::PlanTick);
             }
             sim
@@ -588,16 +588,14 @@ impl<'a> Sim<'a> {
             }
             Ev::Reconfigure(i) => {
                 let plan = self.plan.as_mut()?;
-                plan.applied(now, i as usize, &self.topology);
-                Some(Event::Reconfigure {
-                    change: plan.pending[i as usize],
-                })
+                let change = plan.book.applied(now, i as usize, &self.topology);
+                Some(Event::Reconfigure { change })
             }
             Ev::WorkerReady(worker) => {
                 if let Some(p) = self.plan.as_mut() {
-                    p.ready(now, worker, &self.topology);
+                    p.book.ready(now, worker, &self.topology);
                 }
-                Some(Event::WorkerReady { worker })
+                Some(Event::WorkerLoaded { worker })
             }
             Ev::Fault(w) => {
                 self.lose_work(w);
@@ -606,7 +604,7 @@ impl<'a> Sim<'a> {
             }
             Ev::Restarted(w) => {
                 self.live.revive(w);
-                Some(Event::WorkerRestarted { worker: w })
+                Some(Event::WorkerLoaded { worker: w })
             }
         }
     }
@@ -637,11 +635,11 @@ impl<'a> Sim<'a> {
             } => self.start_decode_run(worker, batch, context, steps),
             Command::DecodeYield { worker } => self.yield_decode_run(worker),
             Command::Release { .. } | Command::Discard { .. } => {}
-            Command::LoadWorker { worker } => self.load_worker(worker),
+            Command::LoadWorker { worker, .. } => self.load_worker(worker),
             Command::StopWorker { worker } => {
                 let now = self.now;
                 if let Some(p) = self.plan.as_mut() {
-                    p.stopped(now, worker, &self.topology);
+                    p.book.stopped(now, worker, &self.topology);
                 }
             }
             Command::Restart { worker, delay_s } => {
@@ -1421,7 +1419,7 @@ impl<'a> Sim<'a> {
                 .push(now, Priority::Completion, Ev::Reconfigure(i as u32));
         }
         if self.next_arrival_at.is_finite() {
-            let w = plan.planner.config().window_s;
+            let w = plan.book.window_s();
             self.events
                 .push(now + w, Priority::Completion, Ev::PlanTick);
         }
@@ -1433,13 +1431,13 @@ impl<'a> Sim<'a> {
         let Some(plan) = self.plan.as_mut() else {
             return;
         };
-        plan.loading(now, w);
+        plan.book.loading(now, w);
         let stage = match w {
             WorkerRef::Encode(_) => 0,
             WorkerRef::Prefill(_) => 1,
             _ => 2,
         };
-        let at = now + plan.planner.config().load_s[stage];
+        let at = now + plan.book.planner.config().load_s[stage];
         self.events
             .push(at, Priority::Completion, Ev::WorkerReady(w));
     }
@@ -1535,7 +1533,7 @@ impl<'a> Sim<'a> {
                 .iter()
                 .map(|t| (t.name.clone(), t.good))
                 .collect();
-            out.report.planner = Some(p.report(end, &topology, &good));
+            out.report.planner = Some(p.book.report(end, &topology, &good));
         }
         out
     }

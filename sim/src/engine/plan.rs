@@ -10,9 +10,9 @@
 use crate::engine::{simulate_with, SimOptions};
 use easerve_calib::{EncodeTime, StageCost};
 use easerve_model::{ItemTokens, Parallel};
-use easerve_sched::planner::{Planner, PlannerPolicy, Twin, TwinQuery};
-use easerve_sched::{Change, Topology, WorkerRef};
-use easerve_workload::report::{ChangeRecord, PlannerReport, TierValue};
+use easerve_sched::planner::{PlannerPolicy, Twin, TwinQuery};
+use easerve_sched::Topology;
+use easerve_workload::plan::PlanLedger;
 use easerve_workload::scenario::Scenario;
 use easerve_workload::schedule::{Phase, RateSchedule};
 use std::sync::Arc;
@@ -122,17 +122,11 @@ impl Twin for SimTwin {
     }
 }
 
-/// The planner of one run and what the report says of it.
+/// The planner of one run ([`PlanLedger`]: its decisions, changes and
+/// GPU-hours) and the twin its `twin` policy asks.
 pub(super) struct PlanRun {
-    pub(super) planner: Planner,
+    pub(super) book: PlanLedger,
     twin: Option<SimTwin>,
-    /// Changes decided, handed to the controller by index (`Ev::Reconfigure`).
-    pub(super) pending: Vec<Change>,
-    /// Workers holding GPUs and since when (seconds).
-    held: Vec<(WorkerRef, f64)>,
-    gpu_s: f64,
-    changes: Vec<ChangeRecord>,
-    load_source: String,
 }
 
 impl PlanRun {
@@ -142,27 +136,10 @@ impl PlanRun {
         topology: &Topology,
         cost: &Arc<dyn StageCost>,
     ) -> Option<PlanRun> {
-        let setup = sc.planner.as_ref()?;
-        let planner = Planner::new(setup.config.clone(), topology).ok()?;
-        let twin =
-            (setup.config.policy == PlannerPolicy::Twin).then(|| SimTwin::new(sc, cost.clone()));
-        let held = topology
-            .encode()
-            .iter()
-            .chain(&topology.prefill()[..topology.remote_prefill()])
-            .chain(topology.decode())
-            .filter(|w| !w.standby)
-            .map(|w| (w.wref, 0.0))
-            .collect();
-        Some(PlanRun {
-            planner,
-            twin,
-            pending: Vec::new(),
-            held,
-            gpu_s: 0.0,
-            changes: Vec::new(),
-            load_source: setup.load_source.clone(),
-        })
+        let book = PlanLedger::of(sc, topology)?;
+        let twin = (book.planner.config().policy == PlannerPolicy::Twin)
+            .then(|| SimTwin::new(sc, cost.clone()));
+        Some(PlanRun { book, twin })
     }
 
     /// Decide at the end of a window: the changes, queued for the controller.
@@ -173,99 +150,6 @@ impl PlanRun {
         arrived: u64,
     ) -> std::ops::Range<usize> {
         let twin = self.twin.as_mut().map(|t| t as &mut dyn Twin);
-        let changes = self.planner.on_window(now, loads, arrived, twin);
-        let start = self.pending.len();
-        self.pending.extend(changes);
-        start..self.pending.len()
-    }
-
-    /// Change `i` reaches the controller at `now`.
-    pub(super) fn applied(&mut self, now: f64, i: usize, topology: &Topology) {
-        let change = self.pending[i];
-        let label = |w: WorkerRef| topology.label(w).to_string();
-        let (from, to) = match change {
-            Change::Start { worker } => (None, Some(label(worker))),
-            Change::Drain { worker, then } => (Some(label(worker)), then.map(label)),
-            _ => (None, None),
-        };
-        self.changes.push(ChangeRecord {
-            at: now,
-            change,
-            from,
-            to,
-            stopped_at: None,
-            ready_at: None,
-        });
-    }
-
-    /// Worker `w` starts loading its model at `now`: its GPUs are held.
-    pub(super) fn loading(&mut self, now: f64, w: WorkerRef) {
-        self.held.push((w, now));
-    }
-
-    /// Worker `w` is ready at `now`.
-    pub(super) fn ready(&mut self, now: f64, w: WorkerRef, topology: &Topology) {
-        let l = topology.label(w);
-        if let Some(c) = self
-            .changes
-            .iter_mut()
-            .find(|c| c.ready_at.is_none() && c.to.as_deref() == Some(l))
-        {
-            c.ready_at = Some(now);
-        }
-    }
-
-    /// Worker `w` stopped at `now`: its GPUs are free.
-    pub(super) fn stopped(&mut self, now: f64, w: WorkerRef, topology: &Topology) {
-        if let Some(k) = self.held.iter().position(|(x, _)| *x == w) {
-            let (_, since) = self.held.swap_remove(k);
-            self.gpu_s += (now - since) * topology.worker(w).gpus.len() as f64;
-        }
-        let l = topology.label(w);
-        if let Some(c) = self
-            .changes
-            .iter_mut()
-            .find(|c| c.stopped_at.is_none() && c.from.as_deref() == Some(l))
-        {
-            c.stopped_at = Some(now);
-        }
-    }
-
-    /// The report's planner section for a run that ended at `end` seconds
-    /// with `good` requests meeting each tier (`(name, good)`).
-    pub(super) fn report(
-        self,
-        end: f64,
-        topology: &Topology,
-        good: &[(String, usize)],
-    ) -> PlannerReport {
-        let held: f64 = self
-            .held
-            .iter()
-            .map(|(w, since)| (end - since).max(0.0) * topology.worker(*w).gpus.len() as f64)
-            .sum();
-        let gpu_hours = (self.gpu_s + held) / 3600.0;
-        let cfg = self.planner.config().clone();
-        PlannerReport {
-            policy: cfg.policy.to_string(),
-            window_s: cfg.window_s,
-            dwell_s: cfg.dwell_s,
-            load_s: cfg.load_s,
-            load_source: self.load_source,
-            gpu_hours,
-            goodput_per_gpu_hour: good
-                .iter()
-                .map(|(name, g)| TierValue {
-                    tier: name.clone(),
-                    value: if gpu_hours > 0.0 {
-                        *g as f64 / gpu_hours
-                    } else {
-                        0.0
-                    },
-                })
-                .collect(),
-            changes: self.changes,
-            decisions: self.planner.log().to_vec(),
-        }
+        self.book.decide(now, loads, arrived, twin)
     }
 }
