@@ -8,6 +8,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::attention::{RopeAngles, Segments, SelfAttention, SelfAttentionConfig};
+use super::tp::{allowed_tp, check_rank, columns, offset, rows, share, TpError};
 
 /// Which normalisation a block uses.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -120,6 +121,40 @@ impl<B: Backend> Mlp<B> {
             gelu(h)
         };
         self.down.forward(h)
+    }
+
+    /// Hidden width (of this rank's shard, for an [`Mlp::shard`]).
+    pub fn d_ff(&self) -> usize {
+        self.d_ff
+    }
+
+    /// Rank `rank`'s shard of `tp` (see [`super::tp`]): the up (and gate)
+    /// projection's hidden features `rank*d_ff/tp ..` by columns, the down
+    /// projection's by rows (bias on rank 0). Its output is a partial sum.
+    ///
+    /// Errors: `tp` does not divide `d_ff`, or `rank ≥ tp`.
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<Mlp<B>, TpError> {
+        check_rank(rank, tp)?;
+        if !self.d_ff.is_multiple_of(tp) {
+            return Err(TpError::Indivisible {
+                tp,
+                what: "MLP hidden features",
+                count: self.d_ff,
+                allowed: allowed_tp(self.d_ff, 1, &[]),
+            });
+        }
+        let mine = share(rank, tp, self.d_ff);
+        let up = if self.gated {
+            columns(&self.up, &[mine.clone(), offset(mine.clone(), self.d_ff)])
+        } else {
+            columns(&self.up, std::slice::from_ref(&mine))
+        };
+        Ok(Mlp {
+            up,
+            down: rows(&self.down, mine, rank),
+            gated: self.gated,
+            d_ff: self.d_ff / tp,
+        })
     }
 }
 

@@ -7,6 +7,8 @@
 //!   window + full attention, 2x2 merger).
 //! * [`whisper`]: Whisper-style audio encoder + Ultravox stacking projector.
 //! * [`lm`]: decoder LM (RMSNorm, RoPE, GQA, SwiGLU) taking input embeddings.
+//! * [`tp`]: tensor parallelism: how weights split across ranks, and the
+//!   all-reduce a rank's forward takes.
 //! * [`moe`]: the mixture-of-experts feed-forward layer (router, top-k experts,
 //!   shared experts) of an MoE LLM's layers.
 //!
@@ -28,6 +30,7 @@ pub mod lm;
 pub mod moe;
 pub mod projector;
 pub mod qwen_vit;
+pub mod tp;
 pub mod vit;
 pub mod whisper;
 
@@ -41,6 +44,7 @@ pub use lm::{DecoderLm, DecoderLmConfig, FeedForward, KvCache, KV_BLOCK};
 pub use moe::{Moe, MoeConfig};
 pub use projector::{Projector, ProjectorAct, ProjectorConfig};
 pub use qwen_vit::{QwenPatches, QwenVision, QwenVisionConfig};
+pub use tp::{AllReduce, LocalGroup, LocalRank, Solo, TpError};
 pub use vit::{AnyresImage, AnyresVision, AnyresVisionConfig, Vit, VitConfig};
 pub use whisper::{AudioClip, WhisperAudio, WhisperAudioConfig};
 
@@ -306,3 +310,5 @@ impl<B: Backend> MultimodalModel<B> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tp_tests;
