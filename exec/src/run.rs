@@ -131,6 +131,8 @@ pub(crate) struct WorkerProcess {
     gpu: usize,
     /// A local prefill worker, sharing an encode worker's device.
     local: bool,
+    /// Tensor-parallel degree: rank processes (one per device or core).
+    tp: usize,
     pub(crate) tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
     pub(crate) pid: Option<u32>,
@@ -400,6 +402,7 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
                 index,
                 gpu: t.gpu() as usize,
                 local: t.local,
+                tp: t.tp.max(1) as usize,
                 tx: None,
                 child: None,
                 pid: None,
@@ -412,17 +415,19 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
         .collect()
 }
 
-/// CPU threads of each worker: `opts.threads`, or all the host's cores for an
-/// encode or local prefill worker, and an even share of them for the others
-/// (remote prefill, decode and aggregated replica workers).
+/// CPU threads of each worker's every rank: `opts.threads`, or all the
+/// host's cores for an encode or local prefill worker, and an even share of
+/// them for the ranks of the others (remote prefill, decode and aggregated
+/// replica workers; a TP k worker counts k ranks, as it holds k devices).
 fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
     let cores = cpu_cores();
-    let others = workers
+    let others: usize = workers
         .iter()
         .filter(|w| {
             matches!(w.role, Role::Decode | Role::Replica) || (w.role == Role::Prefill && !w.local)
         })
-        .count();
+        .map(|w| w.tp)
+        .sum();
     let threads_of = |w: &WorkerProcess| -> usize {
         match opts.threads {
             Some(t) => t,
@@ -469,6 +474,7 @@ pub(crate) fn worker_command(
         .args(["--gpu", &w.gpu.to_string()])
         .args(["--cores", core_side.as_str()])
         .args(["--preprocess-threads", &preprocess_threads.to_string()])
+        .args(["--tp", &w.tp.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -8,7 +8,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::attention::{RopeAngles, Segments, SelfAttention, SelfAttentionConfig};
-use super::tp::{allowed_tp, check_rank, columns, offset, rows, share, TpError};
+use super::tp::{
+    allowed_tp, check_rank, columns, infallible, materialize, offset, rows, share, AllReduce, Solo,
+    TpError,
+};
 
 /// Which normalisation a block uses.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -210,7 +213,39 @@ impl<B: Backend> EncoderBlock<B> {
         seg: &Segments,
         rope: Option<&RopeAngles<B>>,
     ) -> Tensor<B, 2> {
-        let x = x.clone() + self.attn.forward(self.norm1.forward(x), seg, rope);
-        x.clone() + self.mlp.forward(self.norm2.forward(x))
+        infallible(self.forward_with(x, seg, rope, &Solo))
+    }
+
+    /// [`EncoderBlock::forward`] on one rank of a tensor-parallel group (this
+    /// block an [`EncoderBlock::shard`], `reduce` its group).
+    ///
+    /// # Shapes
+    /// As [`EncoderBlock::forward`], the same output on every rank.
+    ///
+    /// # Errors
+    /// An all-reduce failed.
+    pub fn forward_with<R: AllReduce<B>>(
+        &self,
+        x: Tensor<B, 2>,
+        seg: &Segments,
+        rope: Option<&RopeAngles<B>>,
+        reduce: &R,
+    ) -> Result<Tensor<B, 2>, R::Error> {
+        let x = x.clone() + reduce.sum(self.attn.forward(self.norm1.forward(x), seg, rope))?;
+        Ok(x.clone() + reduce.sum(self.mlp.forward(self.norm2.forward(x)))?)
+    }
+
+    /// Rank `rank`'s shard of `tp`: attention by heads and the MLP by hidden
+    /// features ([`SelfAttention::shard`], [`Mlp::shard`]), norms replicated.
+    ///
+    /// Errors: `tp` does not divide the heads or the MLP width, or `rank ≥ tp`.
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<EncoderBlock<B>, TpError> {
+        materialize(self);
+        Ok(EncoderBlock {
+            norm1: self.norm1.clone(),
+            attn: self.attn.shard(rank, tp)?,
+            norm2: self.norm2.clone(),
+            mlp: self.mlp.shard(rank, tp)?,
+        })
     }
 }

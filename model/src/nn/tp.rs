@@ -29,6 +29,8 @@ use burn::nn::Linear;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
+pub use crate::arch::allowed_tp;
+
 /// Why a model cannot be split `tp` ways.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum TpError {
@@ -208,19 +210,6 @@ impl<B: Backend> AllReduce<B> for LocalRank {
         g.barrier.wait();
         Ok(())
     }
-}
-
-/// The TP degrees ≤ 64 that split a layer of `heads` query heads, `kv_heads`
-/// key/value heads and the widths `widths` (MLP hidden features): `tp` divides
-/// `heads` and every width, and `tp` divides `kv_heads` or `kv_heads` divides `tp`.
-pub fn allowed_tp(heads: usize, kv_heads: usize, widths: &[usize]) -> Vec<usize> {
-    (1..=64)
-        .filter(|&tp| {
-            heads.is_multiple_of(tp)
-                && (kv_heads.is_multiple_of(tp) || tp.is_multiple_of(kv_heads.max(1)))
-                && widths.iter().all(|w| w.is_multiple_of(tp))
-        })
-        .collect()
 }
 
 /// The key/value heads rank `rank` of `tp` holds: `kv_heads / tp` of them, or,

@@ -168,3 +168,51 @@ fn a_tp_that_does_not_divide_the_heads_is_refused() {
     assert!(matches!(moe.shard(0, 2), Err(TpError::Unsupported(_))));
     assert!(moe.shard(0, 1).is_ok());
 }
+
+fn image() -> super::EncoderItem<B> {
+    // tiny-image: a 2x1 grid of 112-px tiles plus the base tile, 64 patches each.
+    super::EncoderItem::Anyres(super::AnyresImage {
+        tiles: rand([3, 64, 588]),
+        grid_h: 2,
+        grid_w: 1,
+        crop_rows: 16,
+        crop_cols: 8,
+    })
+}
+
+/// The anyres encoder (4 heads, GELU MLP 1024, biases) at TP 2 and 4 equals TP 1.
+#[test]
+fn tp2_and_tp4_anyres_encoder_equals_tp1() {
+    let device = Default::default();
+    B::seed(&device, 7);
+    let m = MultimodalModel::<B>::from_arch(&ModelArch::preset("tiny-image").unwrap(), &device)
+        .unwrap();
+    let items = vec![image(), image()];
+    let want = m.encode(&items).unwrap();
+    for tp in [2, 4] {
+        let shards: Vec<_> = (0..tp).map(|r| m.shard(r, tp, true).unwrap()).collect();
+        let got: Vec<Vec<Tensor<B, 2>>> = std::thread::scope(|s| {
+            let hs: Vec<_> = shards
+                .iter()
+                .zip(LocalGroup::ranks(tp))
+                .map(|(sh, red)| {
+                    let items = &items;
+                    s.spawn(move || sh.encode_with(items, &red).ok().unwrap())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (rank, out) in got.into_iter().enumerate() {
+            for (g, w) in out.into_iter().zip(&want) {
+                assert_close(g, w.clone(), &format!("encoder TP {tp} rank {rank}"));
+            }
+        }
+    }
+    let qwen = MultimodalModel::<B>::from_arch(&ModelArch::preset("tiny-video").unwrap(), &device)
+        .unwrap();
+    assert!(matches!(
+        qwen.shard(0, 2, true),
+        Err(TpError::Unsupported(_))
+    ));
+    assert!(qwen.shard(0, 2, false).is_ok());
+}
