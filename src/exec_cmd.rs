@@ -275,7 +275,7 @@ fn check_runnable(
         }
     } else if alloc.encode.tp > 1 || local_tp > 1 {
         return Err(BadInput(format!(
-            "{file}: deployment.allocation `{alloc}`: the executor runs encode and local prefill workers at TP1 (tensor parallelism is for remote prefill and decode workers); use E(TP1), or simulate it with `easerve sim`"
+            "{file}: deployment.allocation `{alloc}` with local prefill at TP {local_tp}: the executor runs encode and local prefill workers at TP1 (tensor parallelism is for remote prefill and decode workers); use TP1 there, or simulate it with `easerve sim`"
         )));
     } else if alloc.prefill.tp > 1 || alloc.decode.tp > 1 {
         check_tp(&file.to_string(), sc, device)?;
