@@ -480,6 +480,13 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         tp_rank: a.tp_rank,
         tp_root: a.tp_root,
     };
+    if a.tp > 1 && device != DeviceKind::Cpu {
+        return Err(BadInput(format!(
+            "--tp {}: tensor-parallel ranks run on --device cpu only (a GPU's all-reduce needs NCCL, not in this build)",
+            a.tp
+        ))
+        .into());
+    }
     if a.tp == 0 || a.tp_rank >= a.tp {
         return Err(BadInput(format!(
             "--tp {} --tp-rank {}: need TP ≥ 1 and 0 ≤ rank < TP",
