@@ -20,7 +20,7 @@ use easerve_worker::process::{run_worker, WorkerOptions};
 use crate::BadInput;
 use crate::RunArgs;
 
-pub(crate) const EXEC_HELP: &str = "Each worker runs on one device: allocations with TP > 1 are not supported by the executor (simulate them with `easerve sim`). On CPU every worker is a process bounded to its share of the host's threads; the scenario's `cluster.gpu` should be `cpu` so that its costs (profile) describe the host.
+pub(crate) const EXEC_HELP: &str = "Each worker runs on one device, or at TP k on k devices: on --device cpu a prefill or decode worker at TP k is k rank processes (rank 0 speaks to the controller; the ranks all-reduce over loopback TCP), each with its share of the host's threads; encode, local prefill and aggregated workers, and --device cuda, run TP1 only (simulate the rest with `easerve sim`). On CPU every worker is a process bounded to its share of the host's threads; the scenario's `cluster.gpu` should be `cpu` so that its costs (profile) describe the host.
 
 Exit codes: 0 the run finished (failed or rejected requests are in the report); 1 the workers could not start, or an internal error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed).";
 
@@ -181,7 +181,7 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
         .parse()
         .map_err(|e: String| BadInput(format!("--device: {e}")))?;
     check_device(device).map_err(|e| BadInput(e.0))?;
-    check_runnable(a, &sc)?;
+    check_runnable(a, &sc, device)?;
     if let Some(n) = a.admission_limit {
         if n == 0 {
             return Err(BadInput("--admission-limit must be at least 1".into()).into());
@@ -246,24 +246,32 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
     Ok((sc, opts))
 }
 
-/// Refuse what the executor cannot run yet: TP > 1 (each worker runs on one
-/// device) and the systems `unsupported` names.
+/// Refuse what the executor cannot run yet: TP > 1 on encode, local
+/// prefill and aggregated workers, on CUDA, or on a mixture-of-experts LLM; a
+/// TP that does not split the LLM's heads; a TP worker with more ranks than
+/// the host has cores (one rank per core, as one per GPU); and the systems
+/// `unsupported` names.
 #[cfg(feature = "exec")]
-fn check_runnable(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), BadInput> {
+fn check_runnable(
+    a: &ExecArgs,
+    sc: &easerve_workload::Scenario,
+    device: DeviceKind,
+) -> Result<(), BadInput> {
     let alloc = sc.deployment.allocation;
+    let file = a.run.scenario.display();
     let local_tp = sc.knobs.local_prefill_tp.unwrap_or(1);
     if let Some((_, tp)) = sc.aggregated() {
         if tp > 1 {
             return Err(BadInput(format!(
-                "{}: deployment.aggregated_tp {tp}: the executor runs each aggregated replica on one device (TP1); set deployment.aggregated_tp = 1, or simulate it with `easerve sim`",
-                a.run.scenario.display()
+                "{file}: deployment.aggregated_tp {tp}: the executor runs each aggregated replica on one device (TP1); set deployment.aggregated_tp = 1, or simulate it with `easerve sim`"
             )));
         }
-    } else if alloc.encode.tp > 1 || alloc.prefill.tp > 1 || alloc.decode.tp > 1 || local_tp > 1 {
+    } else if alloc.encode.tp > 1 || local_tp > 1 {
         return Err(BadInput(format!(
-            "{}: deployment.allocation `{alloc}` uses TP > 1, which the executor does not support yet (each worker runs on one device); use TP1 everywhere, or simulate it with `easerve sim`",
-            a.run.scenario.display()
+            "{file}: deployment.allocation `{alloc}` with local prefill at TP {local_tp}: the executor runs encode and local prefill workers at TP1 (tensor parallelism is for remote prefill and decode workers); use TP1 there, or simulate it with `easerve sim`"
         )));
+    } else if alloc.prefill.tp > 1 || alloc.decode.tp > 1 {
+        check_tp(&file.to_string(), sc, device)?;
     }
     if let Some(why) = unsupported(sc.system) {
         return Err(BadInput(format!(
@@ -280,6 +288,46 @@ fn check_runnable(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), B
     Ok(())
 }
 
+/// The prefill and decode TP degrees of `sc` on `device`: CPU only, an LLM
+/// they split ([`easerve_model::LlmArch::executor_tp`]), and no more ranks per
+/// worker than the host's cores.
+#[cfg(feature = "exec")]
+fn check_tp(
+    file: &str,
+    sc: &easerve_workload::Scenario,
+    device: DeviceKind,
+) -> Result<(), BadInput> {
+    let alloc = sc.deployment.allocation;
+    if device != DeviceKind::Cpu {
+        return Err(BadInput(format!(
+            "{file}: deployment.allocation `{alloc}` with --device {}: TP > 1 runs on --device cpu only (the ranks' all-reduce on a GPU needs NCCL, which this build does not have yet); use TP1, or simulate it with `easerve sim`",
+            device.as_str()
+        )));
+    }
+    let allowed = sc.model.llm.executor_tp();
+    let cores = easerve_exec::device::cpu_cores();
+    for (stage, tp) in [("prefill", alloc.prefill.tp), ("decode", alloc.decode.tp)] {
+        let tp = tp as usize;
+        if !allowed.contains(&tp) {
+            let l = &sc.model.llm;
+            return Err(BadInput(format!(
+                "{file}: deployment.allocation `{alloc}`: {stage} TP {tp} does not split model `{}` ({} attention heads, {} KV heads, MLP width {}{}); allowed TP: {allowed:?}",
+                sc.model.name,
+                l.heads,
+                l.kv_heads,
+                l.ffn,
+                if l.moe.is_some() { ", mixture of experts" } else { "" }
+            )));
+        }
+        if tp > cores {
+            return Err(BadInput(format!(
+                "{file}: deployment.allocation `{alloc}`: a {stage} worker at TP {tp} runs {tp} rank processes, one per core, and this host has {cores} core(s); use TP ≤ {cores}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// On `--device cpu`: warn when preprocessing is pipelined, and refuse a model
 /// whose f32 weights on every CPU worker exceed 80 % of the available memory.
 #[cfg(feature = "exec")]
@@ -290,7 +338,16 @@ fn check_cpu_workers(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<()
             a.run.scenario.display()
         );
     }
-    let workers = f64::from(worker_processes(sc));
+    // every rank of a TP worker builds the whole model before keeping its shard
+    let alloc = sc.deployment.allocation;
+    let extra_ranks = match sc.aggregated() {
+        Some(_) => 0,
+        None => {
+            alloc.prefill.workers * (alloc.prefill.tp - 1)
+                + alloc.decode.workers * (alloc.decode.tp - 1)
+        }
+    };
+    let workers = f64::from(worker_processes(sc) + extra_ranks);
     let need = f32_weight_bytes(&sc.model) * workers;
     if let Some(avail) = available_memory() {
         if need > 0.8 * avail {
@@ -368,6 +425,15 @@ pub(crate) struct WorkerArgs {
     /// ahead of their passes (pipelined preprocessing); 0: serial.
     #[arg(long, default_value_t = 0)]
     preprocess_threads: usize,
+    /// Tensor-parallel degree (cpu): this worker's ranks, one process each.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// This process's rank (0: the one the controller starts; it starts the others).
+    #[arg(long, default_value_t = 0)]
+    tp_rank: usize,
+    /// Rank 0's loopback address (ranks ≥ 1).
+    #[arg(long)]
+    tp_root: Option<std::net::SocketAddr>,
 }
 
 #[cfg(feature = "exec")]
@@ -403,7 +469,24 @@ pub(crate) fn worker(a: WorkerArgs) -> anyhow::Result<ExitCode> {
         gpu: a.gpu,
         cores,
         preprocess_threads: a.preprocess_threads,
+        tp: a.tp,
+        tp_rank: a.tp_rank,
+        tp_root: a.tp_root,
     };
+    if a.tp > 1 && device != DeviceKind::Cpu {
+        return Err(BadInput(format!(
+            "--tp {}: tensor-parallel ranks run on --device cpu only (a GPU's all-reduce needs NCCL, not in this build)",
+            a.tp
+        ))
+        .into());
+    }
+    if a.tp == 0 || a.tp_rank >= a.tp {
+        return Err(BadInput(format!(
+            "--tp {} --tp-rank {}: need TP ≥ 1 and 0 ≤ rank < TP",
+            a.tp, a.tp_rank
+        ))
+        .into());
+    }
     run_worker(&opts).map_err(anyhow::Error::msg)?;
     Ok(ExitCode::SUCCESS)
 }

@@ -135,10 +135,38 @@ fn overload_is_bounded_by_admission_control() {
 
 #[test]
 fn exec_refuses_what_it_cannot_run() {
+    // a real-size model on the CPU: refused (its ranks' cores or its memory)
     let out = easerve(&["exec", "scenarios/image.toml"]);
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("TP > 1"), "{err}");
+    // TP that does not split tiny-image's 4 heads, 2 KV heads, MLP 768 (on
+    // cpu-image-tp2 with room for 8 "GPUs", so the allocations fit the cluster)
+    let dir = tempfile::tempdir().unwrap();
+    let wide = dir.path().join("wide.toml");
+    let profile = root().join("scenarios/profiles/tiny-image.cpu.toml");
+    let text = std::fs::read_to_string(root().join("scenarios/cpu-image-tp2.toml"))
+        .unwrap()
+        .replace("gpus = 5", "gpus = 8")
+        .replace("profiles/tiny-image.cpu.toml", profile.to_str().unwrap());
+    std::fs::write(&wide, text).unwrap();
+    let refused = |alloc: &str, want: &str| {
+        let out = easerve(&["exec", wide.to_str().unwrap(), "--allocation", alloc]);
+        assert_eq!(out.status.code(), Some(2), "{alloc}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{alloc}: {err}");
+        assert!(err.contains("deployment.allocation"), "{alloc}: {err}");
+    };
+    refused(
+        "1E(TP1)+1P(TP3)+1D(TP1)",
+        "prefill TP 3 does not split model `tiny-image` (4 attention heads, 2 KV heads, MLP width 768); allowed TP: [1, 2, 4]",
+    );
+    // more ranks than cores: one rank per core (CI's host has 2)
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores < 4 {
+        refused(
+            "1E(TP1)+1P(TP1)+1D(TP4)",
+            "decode worker at TP 4 runs 4 rank processes",
+        );
+    }
     let out = easerve(&["exec", "scenarios/cpu-audio.toml", "--device", "tpu"]);
     assert_eq!(out.status.code(), Some(2));
     let out = easerve(&["exec", "scenarios/cpu-audio.toml", "--admission-limit", "0"]);

@@ -577,3 +577,42 @@ fn bench_against_serve_agrees_with_the_servers_report() {
     );
     assert!(num(&again, "/tpot/mean") > 0.0);
 }
+
+/// Tensor parallelism computes what TP 1 does: the same request (an image and
+/// text, 12 greedy tokens) gets the same completion from `1E+1P+1D` at TP 1,
+/// at P TP 2 and D TP 2, and across a KV handoff from TP 2 to TP 1 and from
+/// TP 1 to TP 2 (the cache resharded by KV heads on the way). Runtime: four
+/// servers of the tiny model, about 8 s in a debug build on 2 cores.
+#[test]
+fn tp2_prefill_and_decode_complete_as_tp1() {
+    let _timed = crate::timed();
+    let body = json!({"max_tokens": 12, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": png(224, 112)}},
+        {"type": "text", "text": "what is in this picture"},
+    ]}]});
+    let completion = |alloc: &str| -> String {
+        // offload 1: every prefill on the prefill worker
+        let s = Server::start(
+            "scenarios/cpu-image-tp2.toml",
+            &["--allocation", alloc, "--offload", "1"],
+        );
+        let (code, text) = s.post(&body);
+        assert_eq!(code, 200, "{alloc}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let r = s.stop();
+        assert_eq!(r["completed"].as_f64(), Some(1.0), "{alloc}: {r}");
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let want = completion("1E(TP1)+1P(TP1)+1D(TP1)");
+    assert_eq!(want.split_whitespace().count(), 12, "{want}");
+    for alloc in [
+        "1E(TP1)+1P(TP2)+1D(TP2)",
+        "1E(TP1)+1P(TP2)+1D(TP1)",
+        "1E(TP1)+1P(TP1)+1D(TP2)",
+    ] {
+        assert_eq!(completion(alloc), want, "{alloc}");
+    }
+}

@@ -140,6 +140,8 @@ pub(crate) struct WorkerProcess {
     /// Its process is starting for a planner ([`Command::LoadWorker`]):
     /// its `Ready` goes to the planner's account, not to a fault's.
     pub(crate) planned: bool,
+    /// Tensor-parallel degree: rank processes (one per device or core).
+    tp: usize,
     pub(crate) tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
     child: Option<Child>,
     pub(crate) pid: Option<u32>,
@@ -417,6 +419,7 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
                 standby: t.standby,
                 stop: None,
                 planned: false,
+                tp: t.tp.max(1) as usize,
                 tx: None,
                 child: None,
                 pid: None,
@@ -429,19 +432,21 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
         .collect()
 }
 
-/// CPU threads of each worker: `opts.threads`, or all the host's cores for an
-/// encode or local prefill worker, and an even share of them for the others
-/// (remote prefill, decode and aggregated replica workers).
+/// CPU threads of each worker's every rank: `opts.threads`, or all the
+/// host's cores for an encode or local prefill worker, and an even share of
+/// them for the ranks of the others (remote prefill, decode and aggregated
+/// replica workers; a TP k worker counts k ranks, as it holds k devices).
 fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
     let cores = cpu_cores();
-    let others = workers
+    let others: usize = workers
         .iter()
         .filter(|w| {
             !w.standby
                 && (matches!(w.role, Role::Decode | Role::Replica)
                     || (w.role == Role::Prefill && !w.local))
         })
-        .count();
+        .map(|w| w.tp)
+        .sum();
     let threads_of = |w: &WorkerProcess| -> usize {
         match opts.threads {
             Some(t) => t,
@@ -488,6 +493,7 @@ pub(crate) fn worker_command(
         .args(["--gpu", &w.gpu.to_string()])
         .args(["--cores", core_side.as_str()])
         .args(["--preprocess-threads", &preprocess_threads.to_string()])
+        .args(["--tp", &w.tp.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -414,7 +414,36 @@ pub struct ModelArch {
 /// name here, in one table. A custom model not named here is treated as untied.
 pub const TIED_EMBEDDING_MODELS: &[&str] = &["ultravox-v0.6-27b", "gemma-3-27b", "tiny-whisper-lm"];
 
+/// The tensor-parallel degrees ≤ 64 that split a layer of `heads` query heads,
+/// `kv_heads` key/value heads and the widths `widths` (MLP hidden features)
+/// Megatron-style: `tp` divides `heads` and every width, and `tp` divides
+/// `kv_heads` or `kv_heads` divides `tp` (each KV head then replicated on
+/// `tp / kv_heads` ranks, vLLM's rule).
+pub fn allowed_tp(heads: usize, kv_heads: usize, widths: &[usize]) -> Vec<usize> {
+    (1..=64)
+        .filter(|&tp| {
+            heads.is_multiple_of(tp)
+                && (kv_heads.is_multiple_of(tp) || tp.is_multiple_of(kv_heads.max(1)))
+                && widths.iter().all(|w| w.is_multiple_of(tp))
+        })
+        .collect()
+}
+
 impl LlmArch {
+    /// The TP degrees the executor splits this LLM into ([`allowed_tp`] of its
+    /// heads, KV heads and dense MLP width); only 1 for a mixture of experts,
+    /// which has no tensor-parallel split in the executor.
+    pub fn executor_tp(&self) -> Vec<usize> {
+        if self.moe.is_some() {
+            return vec![1];
+        }
+        allowed_tp(
+            self.heads as usize,
+            self.kv_heads as usize,
+            &[self.ffn as usize],
+        )
+    }
+
     /// Bytes per KV-cache element: `kv_dtype_bytes`, else `dtype_bytes`.
     pub fn kv_bytes(&self) -> u32 {
         self.kv_dtype_bytes.unwrap_or(self.dtype_bytes)

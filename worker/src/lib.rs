@@ -8,7 +8,9 @@
 //!    (`easerve_exec::wire`) with the model.
 //! 2. [`items`]: host-preprocessed items (`easerve_exec::input`) into device
 //!    tensors.
-//! 3. [`profiler`]: timing encode, prefill, decode and transfers into a
+//! 3. [`tp`]: a tensor-parallel worker's ranks as processes, and their
+//!    loopback all-reduce.
+//! 4. [`profiler`]: timing encode, prefill, decode and transfers into a
 //!    profile; [`cuda`] (feature `cuda`): the same on a GPU, at SM levels.
 #![warn(missing_docs)]
 
@@ -17,3 +19,4 @@ pub mod cuda;
 pub mod items;
 pub mod process;
 pub mod profiler;
+pub mod tp;

@@ -60,6 +60,14 @@ pub struct WorkerOptions {
     /// of their passes ([`ToWorker::Preprocess`]); 0: each pass preprocesses
     /// its own micro-batch on the compute thread (serial).
     pub preprocess_threads: usize,
+    /// Tensor-parallel degree: the worker's ranks, one process each (CPU);
+    /// 1 without TP. See [`crate::tp`].
+    pub tp: usize,
+    /// This process's rank (0: the process the controller started, which
+    /// starts the others).
+    pub tp_rank: usize,
+    /// Rank 0's loopback address, given to ranks ≥ 1.
+    pub tp_root: Option<SocketAddr>,
 }
 
 /// Why a worker stopped. Its message goes to the process's stderr, and to
@@ -150,6 +158,9 @@ pub enum WorkerError {
         /// Items the pass names.
         items: usize,
     },
+    /// The tensor-parallel ranks cannot start, split the model, or exchange.
+    #[error("tensor-parallel ranks: {0}")]
+    Ranks(String),
     /// A request's embeddings that do not fit the LM's width.
     #[error("request {id}: embeddings {rows}×{cols} do not fit the LM's width {width}")]
     EmbeddingsWidth {
@@ -167,6 +178,12 @@ pub enum WorkerError {
 /// Serve as a worker until shutdown. Errors go to the process's stderr; the
 /// controller also gets them as [`FromWorker::Error`].
 pub fn run_worker(opts: &WorkerOptions) -> Result<(), WorkerError> {
+    if opts.tp_rank > 0 {
+        let root = opts
+            .tp_root
+            .ok_or_else(|| WorkerError::Ranks("a rank ≥ 1 needs --tp-root".into()))?;
+        return crate::tp::run_follower(opts, root);
+    }
     let arch = ModelArch::preset(&opts.model)
         .ok_or_else(|| WorkerError::UnknownModel(opts.model.clone()))?;
     let stream = TcpStream::connect(opts.connect).map_err(|error| WorkerError::Connect {
@@ -233,7 +250,9 @@ fn prompt_ids(id: RequestId, n: u32, vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-fn to_vec_f32<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Vec<f32>, WorkerError> {
+pub(crate) fn to_vec_f32<B: Backend, const D: usize>(
+    t: Tensor<B, D>,
+) -> Result<Vec<f32>, WorkerError> {
     t.into_data()
         .convert::<f32>()
         .into_vec::<f32>()
@@ -252,7 +271,7 @@ fn argmax_rows<B: Backend>(logits: Tensor<B, 2>) -> Result<Vec<u32>, WorkerError
         .collect())
 }
 
-fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, WorkerError> {
+pub(crate) fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, WorkerError> {
     let layers = c.k.len();
     let [kv_heads, len, head_dim] = if layers == 0 {
         [0, 0, 0]
@@ -275,7 +294,10 @@ fn kv_to_wire<B: Backend>(c: KvCache<B>) -> Result<KvData, WorkerError> {
     })
 }
 
-fn kv_from_wire<B: Backend>(kv: KvData, device: &B::Device) -> Result<KvCache<B>, WorkerError> {
+pub(crate) fn kv_from_wire<B: Backend>(
+    kv: KvData,
+    device: &B::Device,
+) -> Result<KvCache<B>, WorkerError> {
     let per = (kv.kv_heads * kv.len * kv.head_dim) as usize;
     if kv.k.len() != per * kv.layers as usize || kv.v.len() != kv.k.len() {
         return Err(WorkerError::KvShape {
@@ -304,7 +326,7 @@ struct Sequence<B: Backend> {
 /// Thread pools by size, so a pass can run on its thread share; with a
 /// [`CoreSide`] other than `Any`, the process is also pinned to that many cores
 /// at its side of the host before the pass (see [`easerve_exec::device::core_set`]).
-struct Pools {
+pub(crate) struct Pools {
     threads: usize,
     pools: HashMap<usize, rayon::ThreadPool>,
     side: CoreSide,
@@ -317,7 +339,7 @@ struct Pools {
 }
 
 impl Pools {
-    fn new(threads: usize, side: CoreSide, keep: Vec<i32>) -> Pools {
+    pub(crate) fn new(threads: usize, side: CoreSide, keep: Vec<i32>) -> Pools {
         Pools {
             threads: threads.max(1),
             pools: HashMap::new(),
@@ -328,7 +350,7 @@ impl Pools {
         }
     }
 
-    fn run<T: Send>(&mut self, share: f64, f: impl FnOnce() -> T + Send) -> T {
+    pub(crate) fn run<T: Send>(&mut self, share: f64, f: impl FnOnce() -> T + Send) -> T {
         let n = ((self.threads as f64 * share).round() as usize).clamp(1, self.threads.max(1));
         if self.side != CoreSide::Any {
             let cores = easerve_exec::device::core_set(&self.allowed, n, self.side);
@@ -460,6 +482,16 @@ fn serve<B: Backend>(
     let t0 = Instant::now();
     B::seed(device, opts.seed);
     let model = MultimodalModel::<B>::from_arch(arch, device).map_err(WorkerError::Model)?;
+    let (model, ranks) = if opts.tp > 1 {
+        let shard = model
+            .shard(0, opts.tp, opts.role == Role::Encode)
+            .map_err(|e| WorkerError::Ranks(e.to_string()))?;
+        let ranks = crate::tp::Ranks::start(opts, arch.llm.kv_heads as usize)?;
+        (shard, Some(ranks))
+    } else {
+        (model, None)
+    };
+    let ranks = ranks.as_ref();
     let vocab = arch.llm.vocab;
     // built before any pass pins the process, so its threads start with the
     // worker's whole mask and keep it (see `Preprocessor::new`)
@@ -470,7 +502,10 @@ fn serve<B: Backend>(
     )?);
     let mut pools = Pools::new(opts.threads, opts.cores, preprocessor.thread_ids.clone());
     // warm-up: one small forward of the stage's model
-    if opts.role != Role::Encode {
+    if let (Some(r), true) = (ranks, opts.role != Role::Encode) {
+        let x = model.lm.embed_tokens(&[1, 2, 3], device);
+        r.prefill(&model.lm, std::slice::from_ref(&x), 1.0)?;
+    } else if opts.role != Role::Encode {
         let x = model.lm.embed_tokens(&[1, 2, 3], device);
         let (_l, mut caches) = model.lm.prefill(std::slice::from_ref(&x));
         let x = model.lm.embed_tokens(&[4], device);
@@ -518,21 +553,29 @@ fn serve<B: Backend>(
                         batch.push((r, e));
                     }
                 }
-                Some(pools.run(share, || prefill(&model, vocab, &batch, device))?)
+                Some(pools.run(share, || {
+                    prefill(&model, vocab, &batch, device, ranks.map(|r| (r, share)))
+                })?)
             }
             Job::DecodeStep(ids) => {
                 for id in &ids {
                     if !seqs.contains_key(id) {
                         let (last, k) = lock(&kv).remove(id).ok_or(WorkerError::NoKv(*id))?;
-                        let cache = kv_from_wire::<B>(k, device)?;
+                        let mut cache = kv_from_wire::<B>(k, device)?;
+                        if let Some(r) = ranks {
+                            cache = r.land_kv(*id, cache)?;
+                        }
                         seqs.insert(*id, Sequence { cache, last });
                     }
                 }
-                Some(decode_step(&model, &mut seqs, &ids, device)?)
+                Some(decode_step(&model, &mut seqs, &ids, device, ranks)?)
             }
             // a finished or aborted request: whatever this worker holds for
             // it (in order after the jobs sent before, which may still use it)
             Job::Release(ids) => {
+                if let Some(r) = ranks {
+                    r.release(&ids)?;
+                }
                 for id in ids {
                     seqs.remove(&id);
                     lock(&kv).remove(&id);
@@ -783,10 +826,11 @@ fn prefill<B: Backend>(
     vocab: u32,
     batch: &[(PrefillRequest, Option<Matrix>)],
     device: &B::Device,
+    ranks: Option<(&crate::tp::Ranks, f64)>,
 ) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
     let mut outputs = Vec::with_capacity(batch.len());
-    for (id, tok, cache) in prefill_caches(model, vocab, batch, device)? {
+    for (id, tok, cache) in prefill_caches(model, vocab, batch, device, ranks)? {
         outputs.push((id, tok, kv_to_wire(cache)?));
     }
     Ok(FromWorker::PrefillDone {
@@ -796,12 +840,15 @@ fn prefill<B: Backend>(
 }
 
 /// Prefill `batch` (each request's embeddings, if any, then its text
-/// prompt): `(request, first token, KV cache)` per request.
+/// prompt): `(request, first token, KV cache)` per request. With `ranks`
+/// (a TP worker's rank 0, and the pass's thread share), every rank runs the
+/// pass and the caches are whole (every rank's KV heads).
 fn prefill_caches<B: Backend>(
     model: &MultimodalModel<B>,
     vocab: u32,
     batch: &[(PrefillRequest, Option<Matrix>)],
     device: &B::Device,
+    ranks: Option<(&crate::tp::Ranks, f64)>,
 ) -> Result<Vec<(RequestId, u32, KvCache<B>)>, WorkerError> {
     let d = model.lm.d_model();
     let mut seqs = Vec::with_capacity(batch.len());
@@ -833,7 +880,10 @@ fn prefill_caches<B: Backend>(
         }
         seqs.push(Tensor::cat(parts, 0));
     }
-    let (logits, caches) = model.lm.prefill(&seqs);
+    let (logits, caches) = match ranks {
+        Some((r, share)) => r.prefill(&model.lm, &seqs, share)?,
+        None => model.lm.prefill(&seqs),
+    };
     let first = argmax_rows(logits)?;
     Ok(batch
         .iter()
@@ -889,14 +939,14 @@ fn replica_step<B: Backend>(
                 (r, e)
             })
             .collect();
-        for (id, last, cache) in prefill_caches(model, vocab, &batch, device)? {
+        for (id, last, cache) in prefill_caches(model, vocab, &batch, device, None)? {
             tokens.push((id, last));
             seqs.insert(id, Sequence { cache, last });
         }
     }
     if !w.decode.is_empty() {
         if let FromWorker::DecodeDone { tokens: t, .. } =
-            decode_step(model, seqs, w.decode, device)?
+            decode_step(model, seqs, w.decode, device, None)?
         {
             tokens.extend(t);
         }
@@ -913,6 +963,7 @@ fn decode_step<B: Backend>(
     seqs: &mut HashMap<RequestId, Sequence<B>>,
     ids: &[RequestId],
     device: &B::Device,
+    ranks: Option<&crate::tp::Ranks>,
 ) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
     let mut batch = Vec::with_capacity(ids.len());
@@ -926,7 +977,10 @@ fn decode_step<B: Backend>(
     // place only into a buffer it alone holds
     let (ids, mut caches): (Vec<RequestId>, Vec<KvCache<B>>) =
         batch.into_iter().map(|(id, s)| (id, s.cache)).unzip();
-    let logits = model.lm.decode(x, &mut caches);
+    let logits = match ranks {
+        Some(r) => r.decode(&model.lm, &ids, x, &mut caches)?,
+        None => model.lm.decode(x, &mut caches),
+    };
     let next = argmax_rows(logits)?;
     let mut tokens = Vec::with_capacity(ids.len());
     for ((id, cache), tok) in ids.into_iter().zip(caches).zip(next) {
@@ -1075,13 +1129,14 @@ mod tests {
             .collect();
         let mut want: HashMap<RequestId, Sequence<NdArray>> = HashMap::new();
         let mut first = Vec::new();
-        for (id, last, cache) in prefill_caches(&model, arch().llm.vocab, &batch, &device).unwrap()
+        for (id, last, cache) in
+            prefill_caches(&model, arch().llm.vocab, &batch, &device, None).unwrap()
         {
             first.push((id, last));
             want.insert(id, Sequence { cache, last });
         }
         let step = |seqs: &mut HashMap<RequestId, Sequence<NdArray>>, ids: &[RequestId]| {
-            match decode_step(&model, seqs, ids, &device).unwrap() {
+            match decode_step(&model, seqs, ids, &device, None).unwrap() {
                 FromWorker::DecodeDone { tokens, .. } => tokens,
                 other => panic!("{other:?}"),
             }

@@ -13,6 +13,8 @@ use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use super::tp::{allowed_tp, check_rank, columns, offset, rows, scaled, share, TpError};
+
 /// Large negative score added to masked keys (finite, so a row never becomes NaN).
 pub(crate) const MASKED: f32 = -1.0e9;
 
@@ -304,8 +306,10 @@ impl<B: Backend> SelfAttention<B> {
         seg: &Segments,
         rope: Option<&RopeAngles<B>>,
     ) -> Tensor<B, 2> {
-        let [n, d] = x.dims();
+        let [n, _] = x.dims();
         let (h, hd) = (self.n_heads, self.head_dim);
+        // this rank's heads' width (the model width at TP 1)
+        let d = h * hd;
         let qkv = self.qkv.forward(x).reshape([n, 3, h, hd]);
         let mut q = qkv.clone().narrow(1, 0, 1).reshape([n, h, hd]);
         let mut k = qkv.clone().narrow(1, 1, 1).reshape([n, h, hd]);
@@ -333,5 +337,37 @@ impl<B: Backend> SelfAttention<B> {
             .swap_dims(1, 2)
             .reshape([s, l, d]);
         self.out.forward(pack.unpack(ctx))
+    }
+
+    /// Rank `rank`'s shard of `tp` (see [`super::tp`]): the heads
+    /// `rank*h/tp ..` of the fused QKV projection by columns, the output
+    /// projection by rows (bias on rank 0). Its output is a partial sum.
+    ///
+    /// Errors: `tp` does not divide the heads, or `rank ≥ tp`.
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<SelfAttention<B>, TpError> {
+        check_rank(rank, tp)?;
+        let (h, hd) = (self.n_heads, self.head_dim);
+        if !h.is_multiple_of(tp) {
+            return Err(TpError::Indivisible {
+                tp,
+                what: "encoder heads",
+                count: h,
+                allowed: allowed_tp(h, h, &[]),
+            });
+        }
+        let mine = scaled(share(rank, tp, h), hd);
+        Ok(SelfAttention {
+            qkv: columns(
+                &self.qkv,
+                &[
+                    mine.clone(),
+                    offset(mine.clone(), h * hd),
+                    offset(mine.clone(), 2 * h * hd),
+                ],
+            ),
+            out: rows(&self.out, mine, rank),
+            n_heads: h / tp,
+            head_dim: hd,
+        })
     }
 }

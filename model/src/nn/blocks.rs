@@ -8,6 +8,10 @@ use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
 use super::attention::{RopeAngles, Segments, SelfAttention, SelfAttentionConfig};
+use super::tp::{
+    allowed_tp, check_rank, columns, infallible, materialize, offset, rows, share, AllReduce, Solo,
+    TpError,
+};
 
 /// Which normalisation a block uses.
 #[derive(Config, Debug, Copy, PartialEq, Eq)]
@@ -121,6 +125,40 @@ impl<B: Backend> Mlp<B> {
         };
         self.down.forward(h)
     }
+
+    /// Hidden width (of this rank's shard, for an [`Mlp::shard`]).
+    pub fn d_ff(&self) -> usize {
+        self.d_ff
+    }
+
+    /// Rank `rank`'s shard of `tp` (see [`super::tp`]): the up (and gate)
+    /// projection's hidden features `rank*d_ff/tp ..` by columns, the down
+    /// projection's by rows (bias on rank 0). Its output is a partial sum.
+    ///
+    /// Errors: `tp` does not divide `d_ff`, or `rank ≥ tp`.
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<Mlp<B>, TpError> {
+        check_rank(rank, tp)?;
+        if !self.d_ff.is_multiple_of(tp) {
+            return Err(TpError::Indivisible {
+                tp,
+                what: "MLP hidden features",
+                count: self.d_ff,
+                allowed: allowed_tp(self.d_ff, 1, &[]),
+            });
+        }
+        let mine = share(rank, tp, self.d_ff);
+        let up = if self.gated {
+            columns(&self.up, &[mine.clone(), offset(mine.clone(), self.d_ff)])
+        } else {
+            columns(&self.up, std::slice::from_ref(&mine))
+        };
+        Ok(Mlp {
+            up,
+            down: rows(&self.down, mine, rank),
+            gated: self.gated,
+            d_ff: self.d_ff / tp,
+        })
+    }
 }
 
 /// Configuration of [`EncoderBlock`].
@@ -175,7 +213,39 @@ impl<B: Backend> EncoderBlock<B> {
         seg: &Segments,
         rope: Option<&RopeAngles<B>>,
     ) -> Tensor<B, 2> {
-        let x = x.clone() + self.attn.forward(self.norm1.forward(x), seg, rope);
-        x.clone() + self.mlp.forward(self.norm2.forward(x))
+        infallible(self.forward_with(x, seg, rope, &Solo))
+    }
+
+    /// [`EncoderBlock::forward`] on one rank of a tensor-parallel group (this
+    /// block an [`EncoderBlock::shard`], `reduce` its group).
+    ///
+    /// # Shapes
+    /// As [`EncoderBlock::forward`], the same output on every rank.
+    ///
+    /// # Errors
+    /// An all-reduce failed.
+    pub fn forward_with<R: AllReduce<B>>(
+        &self,
+        x: Tensor<B, 2>,
+        seg: &Segments,
+        rope: Option<&RopeAngles<B>>,
+        reduce: &R,
+    ) -> Result<Tensor<B, 2>, R::Error> {
+        let x = x.clone() + reduce.sum(self.attn.forward(self.norm1.forward(x), seg, rope))?;
+        Ok(x.clone() + reduce.sum(self.mlp.forward(self.norm2.forward(x)))?)
+    }
+
+    /// Rank `rank`'s shard of `tp`: attention by heads and the MLP by hidden
+    /// features ([`SelfAttention::shard`], [`Mlp::shard`]), norms replicated.
+    ///
+    /// Errors: `tp` does not divide the heads or the MLP width, or `rank ≥ tp`.
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<EncoderBlock<B>, TpError> {
+        materialize(self);
+        Ok(EncoderBlock {
+            norm1: self.norm1.clone(),
+            attn: self.attn.shard(rank, tp)?,
+            norm2: self.norm2.clone(),
+            mlp: self.mlp.shard(rank, tp)?,
+        })
     }
 }

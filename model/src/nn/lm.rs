@@ -2,6 +2,8 @@
 //! attention, SwiGLU or a mixture of experts ([`super::moe`]); the KV cache lives outside the module, preallocated and
 //! written in place ([`KvCache`]).
 
+use std::ops::Range;
+
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
@@ -12,6 +14,10 @@ use burn::tensor::{Int, Tensor, TensorData};
 use super::attention::{apply_rope, float_tensor, index_tensor, RopeAngles, MASKED};
 use super::blocks::{Mlp, MlpConfig, Norm, NormConfig, NormKind};
 use super::moe::{Moe, MoeConfig};
+use super::tp::{
+    allowed_tp, check_rank, columns, infallible, kv_heads_of, materialize, offset, rows, scaled,
+    share, AllReduce, Solo, TpError,
+};
 
 /// Configuration of [`DecoderLm`].
 #[derive(Config, Debug)]
@@ -169,6 +175,77 @@ impl<B: Backend> KvCache<B> {
         self.v[layer].clone().narrow(1, 0, self.len)
     }
 
+    /// Key/value heads this cache holds.
+    pub fn kv_heads(&self) -> usize {
+        self.k.first().map_or(0, |t| t.dims()[0])
+    }
+
+    /// The filled positions of the key/value heads `heads` (a copy, with room
+    /// for one more position).
+    ///
+    /// # Panics
+    /// If `heads` is not within `0..kv_heads()`.
+    pub fn select_heads(&self, heads: Range<usize>) -> KvCache<B> {
+        let pick = |ts: &[Tensor<B, 3>]| -> Vec<Tensor<B, 3>> {
+            ts.iter()
+                .map(|t| {
+                    t.clone()
+                        .narrow(0, heads.start, heads.len())
+                        .narrow(1, 0, self.len)
+                })
+                .collect()
+        };
+        KvCache::from_positions(pick(&self.k), pick(&self.v), 1)
+    }
+
+    /// One cache of the heads of `parts` in order (each part's filled
+    /// positions; all parts of one sequence, so the same length and layers).
+    ///
+    /// # Panics
+    /// With no parts, or parts of different lengths or layer counts.
+    pub fn concat_heads(parts: &[KvCache<B>]) -> KvCache<B> {
+        let len = parts[0].len;
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.len == len && p.k.len() == parts[0].k.len()),
+            "the parts of one cache hold the same positions and layers"
+        );
+        let join = |pick: fn(&KvCache<B>, usize) -> Tensor<B, 3>| -> Vec<Tensor<B, 3>> {
+            (0..parts[0].k.len())
+                .map(|l| Tensor::cat(parts.iter().map(|p| pick(p, l)).collect(), 0))
+                .collect()
+        };
+        KvCache::from_positions(join(KvCache::keys), join(KvCache::values), 1)
+    }
+
+    /// Reshard one sequence's cache from the ranks of TP `from` (`shards[r]` rank
+    /// `r`'s, as [`DecoderLm::shard`] splits KV heads) to the ranks of TP `to`,
+    /// for a model of `kv_heads` KV heads: the whole cache is the heads of the
+    /// distinct shards in order (a head replicated on several ranks is taken
+    /// once), and rank `r` of `to` takes [`kv_heads_of`]`(r, to, kv_heads)`.
+    ///
+    /// # Panics
+    /// If `shards.len() != from` or the shards do not cover `kv_heads` heads.
+    pub fn reshard(shards: &[KvCache<B>], from: usize, to: usize, kv_heads: usize) -> Vec<Self> {
+        assert_eq!(shards.len(), from, "one shard per rank");
+        let distinct: Vec<KvCache<B>> = (0..from)
+            .filter(|&r| {
+                r == 0 || kv_heads_of(r, from, kv_heads) != kv_heads_of(r - 1, from, kv_heads)
+            })
+            .map(|r| shards[r].clone())
+            .collect();
+        let whole = KvCache::concat_heads(&distinct);
+        assert_eq!(
+            whole.kv_heads(),
+            kv_heads,
+            "the shards hold every KV head once"
+        );
+        (0..to)
+            .map(|r| whole.select_heads(kv_heads_of(r, to, kv_heads)))
+            .collect()
+    }
+
     /// Elements of the filled positions (keys and values of every layer); bytes
     /// = elements x the backend's float size (4 for f32, 2 for BF16).
     pub fn elements(&self) -> usize {
@@ -283,6 +360,27 @@ impl<B: Backend> DecoderLm<B> {
     /// # Panics
     /// With no sequences or an empty one (callers batch at least one token).
     pub fn prefill(&self, seqs: &[Tensor<B, 2>]) -> (Tensor<B, 2>, Vec<KvCache<B>>) {
+        infallible(self.prefill_with(seqs, &Solo))
+    }
+
+    /// [`DecoderLm::prefill`] on one rank of a tensor-parallel group (this
+    /// module a [`DecoderLm::shard`], `reduce` its group): the logits are the
+    /// whole vocabulary's on every rank, the caches hold this rank's KV heads.
+    ///
+    /// # Shapes
+    /// As [`DecoderLm::prefill`]; caches `[kv_heads / tp, len_i, head_dim]` per layer.
+    ///
+    /// # Errors
+    /// An all-reduce failed.
+    ///
+    /// # Panics
+    /// As [`DecoderLm::prefill`].
+    #[allow(clippy::type_complexity)]
+    pub fn prefill_with<R: AllReduce<B>>(
+        &self,
+        seqs: &[Tensor<B, 2>],
+        reduce: &R,
+    ) -> Result<(Tensor<B, 2>, Vec<KvCache<B>>), R::Error> {
         assert!(
             !seqs.is_empty() && seqs.iter().all(|s| s.dims()[0] > 0),
             "prefill needs at least one sequence of at least one token"
@@ -317,11 +415,11 @@ impl<B: Backend> DecoderLm<B> {
         }
         let bias = float_tensor(bias, [b, 1, l, l], &device);
         let (mut new_k, mut new_v) = (Vec::new(), Vec::new());
-        let h = self.run(x, &positions, bias, &mut |_, k, v| {
+        let h = self.run(x, &positions, bias, reduce, &mut |_, k, v| {
             new_k.push(k.clone());
             new_v.push(v.clone());
             (k, v)
-        });
+        })?;
         let last: Vec<usize> = lens
             .iter()
             .enumerate()
@@ -347,7 +445,7 @@ impl<B: Backend> DecoderLm<B> {
                 )
             })
             .collect();
-        (logits, caches)
+        Ok((logits, caches))
     }
 
     /// One decode step for a batch of sequences at different positions: each
@@ -364,6 +462,23 @@ impl<B: Backend> DecoderLm<B> {
     /// * `x`: `[b, d]`, `b = caches.len()`
     /// * logits: `[b, vocab]`
     pub fn decode(&self, x: Tensor<B, 2>, caches: &mut [KvCache<B>]) -> Tensor<B, 2> {
+        infallible(self.decode_with(x, caches, &Solo))
+    }
+
+    /// [`DecoderLm::decode`] on one rank of a tensor-parallel group, over the
+    /// caches of this rank's KV heads (see [`DecoderLm::prefill_with`]).
+    ///
+    /// # Shapes
+    /// As [`DecoderLm::decode`].
+    ///
+    /// # Errors
+    /// An all-reduce failed (the caches may then hold a partial step).
+    pub fn decode_with<R: AllReduce<B>>(
+        &self,
+        x: Tensor<B, 2>,
+        caches: &mut [KvCache<B>],
+        reduce: &R,
+    ) -> Result<Tensor<B, 2>, R::Error> {
         let device = x.device();
         let [b, d] = x.dims();
         for c in caches.iter_mut() {
@@ -395,22 +510,28 @@ impl<B: Backend> DecoderLm<B> {
                 Tensor::stack(bufs.into_iter().map(read).collect(), 0)
             }
         };
-        let h = self.run(x.reshape([b, 1, d]), &positions, bias, &mut |l, k, v| {
-            let [_, kvh, _, hd] = k.dims();
-            for (i, c) in caches.iter_mut().enumerate() {
-                let row = |t: &Tensor<B, 4>| t.clone().narrow(0, i, 1).reshape([kvh, 1, hd]);
-                write_position(&mut c.k[l], c.len, row(&k), &placeholder);
-                write_position(&mut c.v[l], c.len, row(&v), &placeholder);
-            }
-            (
-                gather(caches.iter().map(|c| c.k[l].clone()).collect()),
-                gather(caches.iter().map(|c| c.v[l].clone()).collect()),
-            )
-        });
+        let h = self.run(
+            x.reshape([b, 1, d]),
+            &positions,
+            bias,
+            reduce,
+            &mut |l, k, v| {
+                let [_, kvh, _, hd] = k.dims();
+                for (i, c) in caches.iter_mut().enumerate() {
+                    let row = |t: &Tensor<B, 4>| t.clone().narrow(0, i, 1).reshape([kvh, 1, hd]);
+                    write_position(&mut c.k[l], c.len, row(&k), &placeholder);
+                    write_position(&mut c.v[l], c.len, row(&v), &placeholder);
+                }
+                (
+                    gather(caches.iter().map(|c| c.k[l].clone()).collect()),
+                    gather(caches.iter().map(|c| c.v[l].clone()).collect()),
+                )
+            },
+        )?;
         for c in caches.iter_mut() {
             c.len += 1;
         }
-        self.lm_head.forward(self.norm.forward(h.reshape([b, d])))
+        Ok(self.lm_head.forward(self.norm.forward(h.reshape([b, d]))))
     }
 
     /// Full causal forward over one sequence without a cache: logits at every
@@ -429,9 +550,13 @@ impl<B: Backend> DecoderLm<B> {
         }
         let bias = float_tensor(bias, [1, 1, l, l], &device);
         let positions: Vec<usize> = (0..l).collect();
-        let h = self.run(x.reshape([1, l, d]), &positions, bias, &mut |_, k, v| {
-            (k, v)
-        });
+        let h = infallible(self.run(
+            x.reshape([1, l, d]),
+            &positions,
+            bias,
+            &Solo,
+            &mut |_, k, v| (k, v),
+        ));
         self.lm_head.forward(self.norm.forward(h.reshape([l, d])))
     }
 
@@ -440,14 +565,17 @@ impl<B: Backend> DecoderLm<B> {
     /// the pass's keys and values `[b, kvh, L, hd]` and returns those attended
     /// over, `[b, kvh, T, hd]` (the same for a pass without a cache; the cache's
     /// for a decode step, which it writes them into).
+    /// On a shard, `h` and `kvh` are this rank's heads and `reduce` sums the
+    /// row-parallel outputs over the group.
     #[allow(clippy::type_complexity)]
-    fn run(
+    fn run<R: AllReduce<B>>(
         &self,
         x: Tensor<B, 3>,
         positions: &[usize],
         bias: Tensor<B, 4>,
+        reduce: &R,
         attend: &mut dyn FnMut(usize, Tensor<B, 4>, Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>),
-    ) -> Tensor<B, 3> {
+    ) -> Result<Tensor<B, 3>, R::Error> {
         let device = x.device();
         let [b, l, d] = x.dims();
         let (h, kvh, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
@@ -466,10 +594,88 @@ impl<B: Backend> DecoderLm<B> {
             let ctx = grouped_attention(q, k_all, v_all, bias.clone())
                 .swap_dims(1, 2)
                 .reshape([b * l, h * hd]);
-            x = x + layer.o.forward(ctx).reshape([b, l, d]);
-            x = x.clone() + layer.mlp.forward(layer.norm2.forward(x));
+            x = x + reduce.sum(layer.o.forward(ctx).reshape([b, l, d]))?;
+            x = x.clone() + reduce.sum(layer.mlp.forward(layer.norm2.forward(x)))?;
         }
-        x
+        Ok(x)
+    }
+
+    /// Query heads, key/value heads and head width of this module (of this
+    /// rank's shard, for a [`DecoderLm::shard`]).
+    pub fn heads(&self) -> (usize, usize, usize) {
+        (self.n_heads, self.n_kv_heads, self.head_dim)
+    }
+
+    /// Rank `rank`'s shard of a `tp`-way tensor-parallel split (see
+    /// [`super::tp`]): per layer, the query heads `rank*h/tp ..` and the KV heads
+    /// [`kv_heads_of`] (Q and the fused KV projection by columns, the output
+    /// projection by rows), the MLP's hidden features `rank*d_ff/tp ..`; the
+    /// embedding, the norms and the LM head replicated. Call it on the
+    /// unsharded module every rank builds from the same seed.
+    ///
+    /// # Errors
+    /// [`TpError::Indivisible`] if `tp` does not divide the heads or the MLP
+    /// width, or the KV heads and `tp` do not divide one another;
+    /// [`TpError::Unsupported`] for mixture-of-experts layers;
+    /// [`TpError::BadRank`] if `rank ≥ tp`.
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<DecoderLm<B>, TpError> {
+        check_rank(rank, tp)?;
+        materialize(self);
+        let (h, kvh, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let d_ff: Vec<usize> = self
+            .layers
+            .first()
+            .and_then(|l| match &l.mlp {
+                FeedForward::Dense(m) => Some(m.d_ff()),
+                FeedForward::Moe(_) => None,
+            })
+            .into_iter()
+            .collect();
+        let allowed = allowed_tp(h, kvh, &d_ff);
+        let bad = |what, count| TpError::Indivisible {
+            tp,
+            what,
+            count,
+            allowed: allowed.clone(),
+        };
+        if !h.is_multiple_of(tp) {
+            return Err(bad("LLM attention heads", h));
+        }
+        if !(kvh.is_multiple_of(tp) || tp.is_multiple_of(kvh)) {
+            return Err(bad("LLM KV heads (nor do they divide it)", kvh));
+        }
+        let q = scaled(share(rank, tp, h), hd);
+        let kv = scaled(kv_heads_of(rank, tp, kvh), hd);
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(DecoderLayer {
+                    norm1: l.norm1.clone(),
+                    q: columns(&l.q, std::slice::from_ref(&q)),
+                    kv: columns(&l.kv, &[kv.clone(), offset(kv.clone(), kvh * hd)]),
+                    o: rows(&l.o, q.clone(), rank),
+                    norm2: l.norm2.clone(),
+                    mlp: match &l.mlp {
+                        FeedForward::Dense(m) => FeedForward::Dense(m.shard(rank, tp)?),
+                        FeedForward::Moe(_) if tp > 1 => {
+                            return Err(TpError::Unsupported("a mixture-of-experts layer"))
+                        }
+                        FeedForward::Moe(m) => FeedForward::Moe(m.clone()),
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>, TpError>>()?;
+        Ok(DecoderLm {
+            embed: self.embed.clone(),
+            layers,
+            norm: self.norm.clone(),
+            lm_head: self.lm_head.clone(),
+            n_heads: h / tp,
+            n_kv_heads: kv.len() / hd,
+            head_dim: hd,
+            rope_theta: self.rope_theta,
+        })
     }
 }
 

@@ -7,6 +7,8 @@
 //!   window + full attention, 2x2 merger).
 //! * [`whisper`]: Whisper-style audio encoder + Ultravox stacking projector.
 //! * [`lm`]: decoder LM (RMSNorm, RoPE, GQA, SwiGLU) taking input embeddings.
+//! * [`tp`]: tensor parallelism: how weights split across ranks, and the
+//!   all-reduce a rank's forward takes.
 //! * [`moe`]: the mixture-of-experts feed-forward layer (router, top-k experts,
 //!   shared experts) of an MoE LLM's layers.
 //!
@@ -28,6 +30,7 @@ pub mod lm;
 pub mod moe;
 pub mod projector;
 pub mod qwen_vit;
+pub mod tp;
 pub mod vit;
 pub mod whisper;
 
@@ -41,6 +44,7 @@ pub use lm::{DecoderLm, DecoderLmConfig, FeedForward, KvCache, KV_BLOCK};
 pub use moe::{Moe, MoeConfig};
 pub use projector::{Projector, ProjectorAct, ProjectorConfig};
 pub use qwen_vit::{QwenPatches, QwenVision, QwenVisionConfig};
+pub use tp::{AllReduce, LocalGroup, LocalRank, Solo, TpError};
 pub use vit::{AnyresImage, AnyresVision, AnyresVisionConfig, Vit, VitConfig};
 pub use whisper::{AudioClip, WhisperAudio, WhisperAudioConfig};
 
@@ -298,6 +302,85 @@ impl<B: Backend> MultimodalModel<B> {
         )
     }
 
+    /// Rank `rank`'s shard of a `tp`-way tensor-parallel split for one stage
+    /// (see [`tp`]): for an encode stage (`encoder`), the encoder split by
+    /// heads and MLP features ([`AnyresVision::shard`]) and the LM kept whole
+    /// (an encode worker does not run it); otherwise the LM split
+    /// ([`DecoderLm::shard`]) and no encoder. Every rank builds the unsharded
+    /// model from the same seed, then takes its shard.
+    ///
+    /// Errors: [`TpError`] when the split does not divide, or the model's
+    /// encoder family has no split (Qwen2.5-VL and Whisper towers, TP > 1).
+    pub fn shard(&self, rank: usize, tp: usize, encoder: bool) -> Result<Self, TpError> {
+        if !encoder {
+            return Ok(MultimodalModel {
+                encoders: Encoders {
+                    anyres: None,
+                    qwen: None,
+                    whisper: None,
+                },
+                lm: self.lm.shard(rank, tp)?,
+                name: self.name.clone(),
+            });
+        }
+        tp::check_rank(rank, tp)?;
+        tp::materialize(self);
+        let e = &self.encoders;
+        if tp > 1 && (e.qwen.is_some() || e.whisper.is_some()) {
+            return Err(TpError::Unsupported(
+                "the Qwen2.5-VL and Whisper encoder towers",
+            ));
+        }
+        Ok(MultimodalModel {
+            encoders: Encoders {
+                anyres: e.anyres.as_ref().map(|a| a.shard(rank, tp)).transpose()?,
+                qwen: e.qwen.clone(),
+                whisper: e.whisper.clone(),
+            },
+            lm: self.lm.clone(),
+            name: self.name.clone(),
+        })
+    }
+
+    /// [`MultimodalModel::encode`] on one rank of a tensor-parallel group
+    /// (this a [`MultimodalModel::shard`] for the encode stage, `reduce` its
+    /// group).
+    ///
+    /// # Shapes
+    /// As [`MultimodalModel::encode`].
+    ///
+    /// # Errors
+    /// `Err(Ok(_))`: as [`MultimodalModel::encode`]; `Err(Err(_))`: an
+    /// all-reduce failed.
+    #[allow(clippy::type_complexity)]
+    pub fn encode_with<R: AllReduce<B>>(
+        &self,
+        items: &[EncoderItem<B>],
+        reduce: &R,
+    ) -> Result<Vec<Tensor<B, 2>>, Result<NnError, R::Error>> {
+        if reduce.world() <= 1 {
+            return self.encode(items).map_err(Ok);
+        }
+        let images = items
+            .iter()
+            .map(|it| match it {
+                EncoderItem::Anyres(x) => Ok(x.clone()),
+                _ => Err(NnError::WrongEncoder {
+                    model: self.name.clone(),
+                    kind: "non-anyres item at TP > 1",
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Ok)?;
+        match &self.encoders.anyres {
+            Some(m) => m.forward_with(&images, reduce).map_err(Err),
+            None => Err(Ok(NnError::WrongEncoder {
+                model: self.name.clone(),
+                kind: "anyres image",
+            })),
+        }
+    }
+
     /// Model name.
     pub fn name(&self) -> &str {
         &self.name
@@ -306,3 +389,5 @@ impl<B: Backend> MultimodalModel<B> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tp_tests;

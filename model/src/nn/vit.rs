@@ -9,6 +9,7 @@ use burn::tensor::Tensor;
 use super::attention::{index_tensor, Segments};
 use super::blocks::{EncoderBlock, EncoderBlockConfig, Norm, NormConfig, NormKind};
 use super::projector::{Projector, ProjectorConfig};
+use super::tp::{infallible, materialize, AllReduce, Solo, TpError};
 
 /// Configuration of [`Vit`].
 #[derive(Config, Debug)]
@@ -87,6 +88,22 @@ impl<B: Backend> Vit<B> {
     ///   patch flattened channel-major (`c, y, x`)
     /// * output: `[T, grid*grid, d]`
     pub fn forward(&self, tiles: Tensor<B, 3>) -> Tensor<B, 3> {
+        infallible(self.forward_with(tiles, &Solo))
+    }
+
+    /// [`Vit::forward`] on one rank of a tensor-parallel group (this a
+    /// [`Vit::shard`], `reduce` its group).
+    ///
+    /// # Shapes
+    /// As [`Vit::forward`].
+    ///
+    /// # Errors
+    /// An all-reduce failed.
+    pub fn forward_with<R: AllReduce<B>>(
+        &self,
+        tiles: Tensor<B, 3>,
+        reduce: &R,
+    ) -> Result<Tensor<B, 3>, R::Error> {
         let [t, n, _] = tiles.dims();
         let device = tiles.device();
         let patches = self.patch_embed.forward(tiles);
@@ -124,12 +141,33 @@ impl<B: Backend> Vit<B> {
                 Some((windows, _)) if i != last => windows,
                 _ => &full,
             };
-            x = block.forward(x, seg, None);
+            x = block.forward_with(x, seg, None, reduce)?;
         }
         if let Some((_, inv)) = order {
             x = x.select(0, index_tensor(&inv, &device));
         }
-        x.reshape([t, n + 1, d]).narrow(1, 1, n)
+        Ok(x.reshape([t, n + 1, d]).narrow(1, 1, n))
+    }
+
+    /// Rank `rank`'s shard of `tp`: each block by [`EncoderBlock::shard`];
+    /// patch embedding, CLS, positions and the pre-norm replicated.
+    ///
+    /// Errors: as [`EncoderBlock::shard`].
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<Vit<B>, TpError> {
+        materialize(self);
+        Ok(Vit {
+            patch_embed: self.patch_embed.clone(),
+            cls: self.cls.clone(),
+            pos: self.pos.clone(),
+            pre_norm: self.pre_norm.clone(),
+            blocks: self
+                .blocks
+                .iter()
+                .map(|b| b.shard(rank, tp))
+                .collect::<Result<_, _>>()?,
+            grid: self.grid,
+            window: self.window,
+        })
     }
 }
 
@@ -223,12 +261,43 @@ impl<B: Backend> AnyresVision<B> {
     /// * output `i`: `[side^2 + crop_rows*(crop_cols + 1), d_llm]`, matching
     ///   `ModelArch::image_tokens(..).llm_tokens`
     pub fn forward(&self, images: &[AnyresImage<B>]) -> Vec<Tensor<B, 2>> {
+        infallible(self.forward_with(images, &Solo))
+    }
+
+    /// Rank `rank`'s shard of `tp`: the ViT by [`Vit::shard`], the projector
+    /// and the newline embedding replicated.
+    ///
+    /// Errors: as [`Vit::shard`].
+    pub fn shard(&self, rank: usize, tp: usize) -> Result<AnyresVision<B>, TpError> {
+        materialize(self);
+        Ok(AnyresVision {
+            vit: self.vit.shard(rank, tp)?,
+            projector: self.projector.clone(),
+            newline: self.newline.clone(),
+            side: self.side,
+        })
+    }
+
+    /// [`AnyresVision::forward`] on one rank of a tensor-parallel group (this
+    /// an [`AnyresVision::shard`], `reduce` its group); every rank returns
+    /// the same embeddings.
+    ///
+    /// # Shapes
+    /// As [`AnyresVision::forward`].
+    ///
+    /// # Errors
+    /// An all-reduce failed.
+    pub fn forward_with<R: AllReduce<B>>(
+        &self,
+        images: &[AnyresImage<B>],
+        reduce: &R,
+    ) -> Result<Vec<Tensor<B, 2>>, R::Error> {
         if images.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let counts: Vec<usize> = images.iter().map(|im| im.tiles.dims()[0]).collect();
         let all = Tensor::cat(images.iter().map(|im| im.tiles.clone()).collect(), 0);
-        let feats = self.vit.forward(all);
+        let feats = self.vit.forward_with(all, reduce)?;
         let [t, n, d] = feats.dims();
         let proj = self.projector.forward(feats.reshape([t * n, d]));
         let dl = proj.dims()[1];
@@ -259,6 +328,6 @@ impl<B: Backend> AnyresVision<B> {
             let grid = Tensor::cat(vec![grid, nl], 1).reshape([rows * (cols + 1), dl]);
             out.push(Tensor::cat(vec![base, grid], 0));
         }
-        out
+        Ok(out)
     }
 }
