@@ -183,6 +183,16 @@ impl Lru {
     /// held), evicting least recently used keys until it fits. A key larger
     /// than the whole capacity is not inserted (returns false).
     pub fn insert(&mut self, key: u64, size: u64) -> bool {
+        self.insert_evicting(key, size, None)
+    }
+
+    /// [`Lru::insert`], appending the keys it evicts to `evicted` when given.
+    pub fn insert_evicting(
+        &mut self,
+        key: u64,
+        size: u64,
+        mut evicted: Option<&mut Vec<u64>>,
+    ) -> bool {
         if self.touch(key) {
             return true;
         }
@@ -190,7 +200,9 @@ impl Lru {
             return false;
         }
         while self.used + size > self.capacity && self.tail != NIL {
-            self.evict_lru();
+            if let (Some(k), Some(out)) = (self.evict_lru(), evicted.as_deref_mut()) {
+                out.push(k);
+            }
         }
         let node = Node {
             key,
@@ -413,6 +425,23 @@ pub struct EncoderCacheConfig {
     pub hash_raw_bytes: bool,
 }
 
+/// What an encode worker does with one item's embeddings, as the
+/// controller's [`EncoderCache`] decided when it placed the request there.
+/// Applied in placement order, these keep the worker's store equal to the
+/// directory: the worker only stores and drops.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ItemOp {
+    /// The item's content key (vLLM's `mm_hash`).
+    pub key: u64,
+    /// Held: reuse the stored embeddings, skip the encode.
+    pub hit: bool,
+    /// A miss the directory entered: store its embeddings once encoded
+    /// (false for an item larger than the whole cache).
+    pub stored: bool,
+    /// Keys evicted to make room for this item: drop them first.
+    pub evicted: Vec<u64>,
+}
+
 /// The encoder cache's directory over every encode worker: for each, the
 /// items whose embeddings it holds (an [`Lru`] in bytes), as vLLM's
 /// `EncoderCacheManager` keeps them keyed by `mm_hash`. The controller
@@ -462,16 +491,39 @@ impl EncoderCache {
     /// enter the misses: bit `k` of the result is set when item `k` hit
     /// (items beyond the 64th are always misses).
     pub fn lookup(&mut self, w: usize, items: impl Iterator<Item = (u64, u64)>) -> u64 {
+        self.lookup_ops(w, items, None)
+    }
+
+    /// [`EncoderCache::lookup`], appending to `ops` (when given) what the
+    /// worker must do with each item's embeddings, in order, so that what it
+    /// holds stays what this directory says it holds ([`ItemOp`]).
+    pub fn lookup_ops(
+        &mut self,
+        w: usize,
+        items: impl Iterator<Item = (u64, u64)>,
+        mut ops: Option<&mut Vec<ItemOp>>,
+    ) -> u64 {
         let mut mask = 0u64;
         for (k, (id, llm_tokens)) in items.enumerate() {
             self.counters.queries += 1;
             let bytes = self.item_bytes(llm_tokens);
             let lru = &mut self.workers[w];
-            if k < 64 && lru.touch(id) {
+            let mut evicted = Vec::new();
+            let (hit, stored) = if k < 64 && lru.touch(id) {
                 mask |= 1 << k;
                 self.counters.hits += 1;
+                (true, true)
             } else {
-                lru.insert(id, bytes);
+                let log = ops.is_some().then_some(&mut evicted);
+                (false, lru.insert_evicting(id, bytes, log))
+            };
+            if let Some(ops) = ops.as_deref_mut() {
+                ops.push(ItemOp {
+                    key: id,
+                    hit,
+                    stored,
+                    evicted,
+                });
             }
         }
         self.counters.evictions = self.workers.iter().map(Lru::evictions).sum();
@@ -756,5 +808,48 @@ mod tests {
         assert_eq!(c.held(0, &[7, 8, 9]), 2);
         let n = c.counters();
         assert_eq!((n.queries, n.hits, n.evictions), (5, 1, 1));
+    }
+
+    #[test]
+    fn replaying_the_item_ops_keeps_a_store_equal_to_the_directory() {
+        let cfg = EncoderCacheConfig {
+            capacity_bytes: 3_000,
+            bytes_per_token: 1.0,
+            hash_raw_bytes: false,
+        };
+        let mut c = EncoderCache::new(1, cfg);
+        let mut store = std::collections::BTreeSet::new();
+        let mut hits = 0;
+        // a request per line: (content id, LLM tokens) of its items; 99 is
+        // larger than the whole cache and never stored
+        let requests: [&[(u64, u64)]; 6] = [
+            &[(1, 1_000), (2, 1_000)],
+            &[(1, 1_000), (3, 1_000)],
+            &[(4, 1_000), (4, 1_000)],
+            &[(99, 5_000), (2, 1_000)],
+            &[(1, 1_000)],
+            &[(5, 2_000)],
+        ];
+        for items in requests {
+            let mut ops = Vec::new();
+            c.lookup_ops(0, items.iter().copied(), Some(&mut ops));
+            assert_eq!(ops.len(), items.len());
+            for op in ops {
+                assert_eq!(op.hit, store.contains(&op.key), "{op:?}");
+                hits += u64::from(op.hit);
+                for k in &op.evicted {
+                    assert!(store.remove(k), "{k} evicted but not held");
+                }
+                if !op.hit && op.stored {
+                    store.insert(op.key);
+                }
+            }
+            let held: Vec<u64> = store.iter().copied().collect();
+            assert_eq!(c.held(0, &held), held.len());
+            assert_eq!(c.workers[0].len(), held.len());
+        }
+        let n = c.counters();
+        assert_eq!((n.hits, n.queries), (hits, 10));
+        assert!(n.evictions > 0);
     }
 }
