@@ -278,9 +278,9 @@ fn check_runnable(a: &ExecArgs, sc: &easerve_workload::Scenario) -> Result<(), B
             sc.system
         )));
     }
-    if !sc.knobs.caches.is_off() {
+    if sc.knobs.caches.prefix.is_some() {
         return Err(BadInput(format!(
-            "{}: [deployment.encoder_cache], [deployment.prefix_cache] and [deployment.cache_routing]: the executor keeps no caches yet; leave them out, or simulate it with `easerve sim`",
+            "{}: [deployment.prefix_cache]: the executor's prefill workers keep no KV blocks yet; leave it out (the encoder cache and cache_routing are supported), or simulate it with `easerve sim`",
             a.run.scenario.display()
         )));
     }

@@ -643,6 +643,8 @@ impl Waiting {
 async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Outcome {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
+    // the encode workers hold the embeddings the encoder cache keeps
+    ctrl.keep_encoder_ops();
     let mut run = ExecLoop::new(ctrl);
     let mut kill = KillPlan::new(opts.kill);
     let mut interrupted: Option<String> = None;
@@ -862,6 +864,14 @@ impl Driver for Wake<'_> {
             return;
         }
         let links = &mut self.relay.links;
+        match &cmd {
+            Command::Preprocess { id, .. } => links.pull_ops(self.ctrl, &[*id]),
+            Command::Encode { worker, .. } => {
+                let ids = self.ctrl.encode_batch(*worker).to_vec();
+                links.pull_ops(self.ctrl, &ids);
+            }
+            _ => {}
+        }
         // a transfer to a worker that is gone lands at once, so the
         // controller fails its requests and frees the sender's slot
         if let Some(ev) = carry_out(cmd, self.ctrl, &mut pool.workers, &pool.by_ref, links, now) {
@@ -1191,6 +1201,9 @@ pub(crate) struct Links {
     /// Encode passes sent, as (requests, SM share), when the driver wants
     /// them (`easerve serve`'s metrics); `None` keeps nothing.
     pub(crate) passes: Option<Vec<(usize, f64)>>,
+    /// Each placed request's encoder-cache operations
+    /// ([`Controller::take_encoder_ops`]) until its pass goes out.
+    ops: HashMap<RequestId, Vec<easerve_sched::ItemOp>>,
 }
 
 impl Links {
@@ -1201,6 +1214,19 @@ impl Links {
         self.embeddings.retain(|id, _| wanted(id));
         self.kv.retain(|id, _| wanted(id));
         self.media.retain(|id, _| wanted(id));
+        self.ops.retain(|id, _| wanted(id));
+    }
+
+    /// Take the encoder-cache operations the controller decided for `ids`
+    /// since they were last taken (a request placed again replaces those of
+    /// its earlier placement).
+    fn pull_ops(&mut self, ctrl: &mut Controller, ids: &[RequestId]) {
+        for &id in ids {
+            let ops = ctrl.take_encoder_ops(id);
+            if !ops.is_empty() {
+                self.ops.insert(id, ops);
+            }
+        }
     }
 }
 
@@ -1241,7 +1267,7 @@ fn carry_out(
         // `Encode` names it again with no media, and the worker takes the
         // items it prepared
         Command::Preprocess { worker, id } => {
-            let requests = vec![encode_request(ctrl, links, id)];
+            let requests = vec![encode_request(ctrl, links, id, true)];
             if !requests[0].media.is_empty() {
                 links.ahead.insert(id, requests[0].media.clone());
             }
@@ -1258,7 +1284,7 @@ fn carry_out(
                 .map(|&id| {
                     // media sent ahead are with the worker already
                     links.ahead.remove(&id);
-                    encode_request(ctrl, links, id)
+                    encode_request(ctrl, links, id, false)
                 })
                 .collect();
             workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
@@ -1411,15 +1437,34 @@ fn send_embeddings(
 /// own media (`easerve serve`; none for the synthetic workload), which leave
 /// the links with it; a request placed again after its worker died takes the
 /// media it had sent ahead there.
-fn encode_request(ctrl: &Controller, links: &mut Links, id: RequestId) -> EncodeRequest {
+///
+/// Its encoder-cache operations go with it: kept for its pass when it goes
+/// ahead (`ahead`), else taken.
+fn encode_request(
+    ctrl: &Controller,
+    links: &mut Links,
+    id: RequestId,
+    ahead: bool,
+) -> EncodeRequest {
     let media = match links.media.remove(&id) {
         Some(m) => m,
         None => links.ahead.remove(&id).unwrap_or_default(),
     };
+    let cache = match ahead {
+        true => links.ops.get(&id).cloned(),
+        false => links.ops.remove(&id),
+    };
+    let req = &ctrl.requests()[id as usize];
     EncodeRequest {
         id,
-        items: ctrl.requests()[id as usize].items.clone(),
+        items: req.items.clone(),
         media,
+        keys: req
+            .content
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.items.iter().map(|t| t.id).collect()),
+        cache: cache.unwrap_or_default(),
+        prepare_hits: ctrl.caches().encoder.is_some_and(|e| !e.hash_raw_bytes),
     }
 }
 
@@ -1433,7 +1478,7 @@ fn replica_step(ctrl: &Controller, links: &mut Links, r: usize) -> ToWorker {
     let encode = admitted
         .iter()
         .filter(|&&id| requests[id as usize].needs_encode())
-        .map(|&id| encode_request(ctrl, links, id))
+        .map(|&id| encode_request(ctrl, links, id, false))
         .collect();
     let prefill = admitted
         .iter()

@@ -430,7 +430,10 @@ pub(crate) fn serving_controller(
 ) -> Controller {
     let (typical, tokens) = generate_with_tokens(sc);
     let cfg = sc.controller_config(&typical, &tokens, cost, log_decisions);
-    Controller::new(Vec::new(), cfg)
+    let mut ctrl = Controller::new(Vec::new(), cfg);
+    // the encode workers hold the embeddings the encoder cache keeps
+    ctrl.keep_encoder_ops();
+    ctrl
 }
 
 /// What the HTTP handlers share.
@@ -452,6 +455,18 @@ pub(crate) struct App {
     next_ticket: AtomicU64,
     /// How long a body may take to come whole.
     body_timeout: Duration,
+}
+
+/// How the front end keys items for `caches`: not at all with every cache
+/// off; over the raw bytes when the encoder cache says `hash_raw_bytes`;
+/// over the decoded items otherwise.
+fn item_keys(caches: &easerve_sched::CacheConfig) -> Option<crate::input::ItemKeying> {
+    use crate::input::ItemKeying;
+    match (&caches.encoder, &caches.prefix) {
+        (None, None) => None,
+        (Some(e), _) if e.hash_raw_bytes => Some(ItemKeying::Raw),
+        _ => Some(ItemKeying::Decoded),
+    }
 }
 
 impl App {
@@ -476,6 +491,7 @@ impl App {
             max_model_len,
             limits: sc.limits.clone(),
             default_max_tokens: sc.workload.output_len.max(1),
+            item_keys: item_keys(&sc.knobs.caches),
         };
         App {
             metrics: Metrics::new(&model.name),
@@ -1096,6 +1112,7 @@ impl ServeLoop {
         } = sub;
         let mut req = chat.request;
         req.arrival = arrival;
+        openai::unique_text(&mut req, ticket);
         let id = ctrl.add_request(req);
         if let Some(t) = chat.timeout_s {
             ctrl.set_timeout(id, t);

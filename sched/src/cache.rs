@@ -530,6 +530,20 @@ impl EncoderCache {
         mask
     }
 
+    /// Worker `w` lost what it held (its process died): forget it, so a
+    /// later lookup there misses (evictions are not counted).
+    pub fn clear(&mut self, w: usize) {
+        let old = &self.workers[w];
+        let mut fresh = Lru::new(old.capacity);
+        fresh.evictions = old.evictions;
+        self.workers[w] = fresh;
+    }
+
+    /// Bytes of embeddings worker `w` holds.
+    pub fn used_bytes(&self, w: usize) -> u64 {
+        self.workers[w].used()
+    }
+
     /// Count `items` lookups of items without content ids (unique, so
     /// misses that are never entered); the hit mask, 0.
     pub fn miss(&mut self, items: usize) -> u64 {

@@ -73,6 +73,10 @@ impl Controller {
             e.batcher.drain_queued()
         };
         self.encode_place.retire(i);
+        // its process's memory, the embeddings it held, is gone
+        if let Some(c) = self.encoder_cache.as_mut() {
+            c.clear(i);
+        }
         // its GPU's SMs are the local prefill worker's again
         self.reshare_local(now, i);
         for &id in &queued {
