@@ -1605,6 +1605,7 @@ pub(crate) fn build_report(
             easerve_workload::windows::windows(records, &sc.slo, w, sc.workload.schedule.as_ref());
     }
     report.measured = true;
+    report.reuse = easerve_sim::reuse_report(sc, ctrl);
     report.supervision = supervision_of(ctrl, faults, run_s);
     // the simulator's rule (the cost model's load ratios at the rate offered
     // and the run's typical request), with the measured queueing

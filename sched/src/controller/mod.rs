@@ -771,6 +771,14 @@ impl Controller {
         )
     }
 
+    /// Bytes of embeddings the encoder caches of every encode worker hold
+    /// (0 with the cache off).
+    pub fn encoder_cache_bytes(&self) -> u64 {
+        self.encoder_cache
+            .as_ref()
+            .map_or(0, |c| (0..self.encode.len()).map(|w| c.used_bytes(w)).sum())
+    }
+
     /// The prefix cache's block size, tokens, when it is on.
     pub fn prefix_block_size(&self) -> Option<u32> {
         self.prefix_cache.as_ref().map(|c| c.block_size())
