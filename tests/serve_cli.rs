@@ -578,13 +578,16 @@ fn bench_against_serve_agrees_with_the_servers_report() {
     assert!(num(&again, "/tpot/mean") > 0.0);
 }
 
-/// With the encoder cache on, the server keys each image by its decoded
-/// pixels: a repeated image hits, its encode is skipped, and the
-/// completions are those of a server without the cache; `/metrics` and the
-/// report count the hits. Runs about 15 s (two servers of the tiny model,
-/// five sequential requests each).
+/// With the encoder and prefix caches on, the server keys each image by its
+/// decoded pixels: a repeated image hits, its encode is skipped, a prompt
+/// that opens with it prefills only the rest over the kept KV blocks, and
+/// the completions are those of a server without the caches (greedy tokens:
+/// the cached path's logits are within 1e-3 of the full prefill's,
+/// `model/src/nn/tests.rs`); `/metrics` and the report count the hits.
+/// Runs about 5 s (two servers of the tiny model, five sequential requests
+/// each).
 #[test]
-fn the_encoder_cache_hits_repeated_images_and_changes_no_token() {
+fn the_caches_hit_repeated_images_and_change_no_token() {
     let _timed = crate::timed();
     let (a, b) = (png(224, 224), png(112, 224));
     let image = |url: &str| json!({"type": "image_url", "image_url": {"url": url}});
@@ -631,7 +634,11 @@ fn the_encoder_cache_hits_repeated_images_and_changes_no_token() {
     };
     assert_eq!(metrics["easerve:encoder_cache_hits_total"], 3.0);
     assert!(metrics["easerve:encoder_cache_usage_bytes"] > 0.0);
-    assert_eq!(metrics["vllm:prefix_cache_queries_total"], 0.0);
+    // the prefix cache: whole blocks of 16 tokens of the repeated images
+    // at the prefill worker that prefilled them before
+    let hits = metrics["vllm:prefix_cache_hits_total"];
+    assert!(metrics["vllm:prefix_cache_queries_total"] > 0.0);
+    assert!(hits > 0.0 && hits % 16.0 == 0.0, "prefix cache hits {hits}");
     let r = s.stop();
     assert_eq!(num(&r, "/reuse/encoder_cache/hits"), 3.0, "{r}");
     assert_eq!(num(&r, "/reuse/encoder_cache/queries"), 5.0);

@@ -213,7 +213,13 @@ impl FakeWorkers {
                 };
                 self.send(now + compute_s, DONE, k, &done);
             }
-            (_, ToWorker::Preprocess { .. } | ToWorker::Release { .. } | ToWorker::Shutdown) => {}
+            (
+                _,
+                ToWorker::Preprocess { .. }
+                | ToWorker::Release { .. }
+                | ToWorker::PrefixOps { .. }
+                | ToWorker::Shutdown,
+            ) => {}
             (w, m) => panic!("worker {w:?} was sent {m:?}"),
         }
     }

@@ -643,8 +643,10 @@ impl Waiting {
 async fn drive(ctrl: &mut Controller, pool: &mut Pool, opts: &ExecOptions) -> Outcome {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
-    // the encode workers hold the embeddings the encoder cache keeps
+    // the encode workers hold the embeddings the encoder cache keeps, the
+    // prefill workers the KV caches the prefix cache keeps
     ctrl.keep_encoder_ops();
+    ctrl.keep_prefix_ops();
     let mut run = ExecLoop::new(ctrl);
     let mut kill = KillPlan::new(opts.kill);
     let mut interrupted: Option<String> = None;
@@ -864,6 +866,7 @@ impl Driver for Wake<'_> {
             return;
         }
         let links = &mut self.relay.links;
+        send_prefix_ops(self.ctrl, &mut pool.workers, &pool.by_ref);
         match &cmd {
             Command::Preprocess { id, .. } => links.pull_ops(self.ctrl, &[*id]),
             Command::Encode { worker, .. } => {
@@ -1304,10 +1307,7 @@ fn carry_out(
             let requests = ctrl
                 .prefill_batch(worker)
                 .iter()
-                .map(|it| PrefillRequest {
-                    id: it.id,
-                    prompt_tokens: ctrl.requests()[it.id as usize].prompt_tokens,
-                })
+                .map(|it| prefill_request(ctrl, it.id))
                 .collect();
             workers[by_ref[&WorkerRef::Prefill(worker)]].share = sm_share;
             send(
@@ -1384,6 +1384,53 @@ fn carry_out(
         Command::Restart { .. } => {}
     }
     None
+}
+
+/// Send each prefill worker the prefix-cache operations the controller
+/// decided since the last call, before any later command reaches it, so it
+/// keeps what the directory holds when a later prefill reuses it.
+fn send_prefix_ops(
+    ctrl: &mut Controller,
+    workers: &mut [WorkerProcess],
+    by_ref: &HashMap<WorkerRef, usize>,
+) {
+    if ctrl.prefix_block_size().is_none() {
+        return;
+    }
+    for p in 0..ctrl.topology().prefill().len() {
+        let ops = ctrl.take_prefix_ops(p);
+        if !ops.is_empty() {
+            send_to(
+                workers,
+                by_ref,
+                WorkerRef::Prefill(p),
+                &ToWorker::PrefixOps { ops },
+            );
+        }
+    }
+}
+
+/// Request `id` as its prefill worker takes it: its text tokens and, with
+/// the prefix cache on, its cached head and the chain link it is kept under.
+fn prefill_request(ctrl: &Controller, id: RequestId) -> PrefillRequest {
+    let req = &ctrl.requests()[id as usize];
+    let keep = ctrl.prefix_block_size().is_some();
+    let (cached, links) = ctrl.prefix_hit(id);
+    let cached_key = match (links, &req.content) {
+        (1.., Some(c)) => {
+            let mut keys = Vec::new();
+            easerve_sched::cache::chain_keys(&c.segments, &mut keys);
+            keys.get(links - 1).map_or(0, |k| k.key)
+        }
+        _ => 0,
+    };
+    PrefillRequest {
+        id,
+        prompt_tokens: req.prompt_tokens,
+        cached: cached as u32,
+        cached_key,
+        keep,
+    }
 }
 
 /// Send `msg` to worker `wref` (`by_ref` maps it to its process); false
@@ -1485,6 +1532,9 @@ fn replica_step(ctrl: &Controller, links: &mut Links, r: usize) -> ToWorker {
         .map(|&id| PrefillRequest {
             id,
             prompt_tokens: requests[id as usize].prompt_tokens,
+            cached: 0,
+            cached_key: 0,
+            keep: false,
         })
         .collect();
     let decode = ctrl

@@ -495,6 +495,7 @@ pub(crate) fn serving_controller(
     let mut ctrl = Controller::new(Vec::new(), cfg);
     // the encode workers hold the embeddings the encoder cache keeps
     ctrl.keep_encoder_ops();
+    ctrl.keep_prefix_ops();
     ctrl
 }
 

@@ -191,6 +191,17 @@ pub struct PrefillRequest {
     pub id: RequestId,
     /// Text prompt tokens after the embeddings.
     pub prompt_tokens: u32,
+    /// With the prefix cache on: the leading prompt tokens whose KV cache
+    /// this worker keeps (the controller's hit; 0: prefill it all).
+    #[serde(default)]
+    pub cached: u32,
+    /// The chain link the cached tokens are kept under.
+    #[serde(default)]
+    pub cached_key: u64,
+    /// Keep the KV cache this prefill computes until the controller says
+    /// under which links to keep it ([`ToWorker::PrefixOps`]).
+    #[serde(default)]
+    pub keep: bool,
 }
 
 /// Controller → worker.
@@ -265,6 +276,13 @@ pub enum ToWorker {
     Release {
         /// Finished or aborted requests.
         ids: Vec<RequestId>,
+    },
+    /// The prefix cache's operations for this prefill worker, in the
+    /// controller's order: keep a finished request's KV cache under its
+    /// prompt's links, drop evicted links. Nothing is answered.
+    PrefixOps {
+        /// Operations, in order.
+        ops: Vec<easerve_sched::PrefixOp>,
     },
     /// Exit.
     Shutdown,

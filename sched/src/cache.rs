@@ -145,6 +145,8 @@ pub struct Lru {
     used: u64,
     capacity: u64,
     evictions: u64,
+    /// Keys evicted since last taken, when kept ([`Lru::log_evictions`]).
+    log: Option<Vec<u64>>,
 }
 
 impl Lru {
@@ -159,7 +161,19 @@ impl Lru {
             used: 0,
             capacity,
             evictions: 0,
+            log: None,
         }
+    }
+
+    /// Keep the keys evicted from now on, for [`Lru::take_evicted`].
+    pub fn log_evictions(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// The keys evicted since last taken (none unless
+    /// [`Lru::log_evictions`]), in eviction order.
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Whether `key` is held (does not touch its recency).
@@ -263,6 +277,9 @@ impl Lru {
         self.map.remove(&key);
         self.free.push(i);
         self.evictions += 1;
+        if let Some(log) = self.log.as_mut() {
+            log.push(key);
+        }
         Some(key)
     }
 
@@ -578,6 +595,29 @@ impl PrefixPool {
     }
 }
 
+/// What a prefill worker does with the KV caches it computed, as the
+/// controller's [`PrefixCache`] directory decided, in the directory's order
+/// ([`PrefixCache::keep_ops`]): applied in that order, the worker holds
+/// exactly the links the directory says it holds. The worker only stores
+/// and drops.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PrefixOp {
+    /// Request `id`'s prefill ended: keep its KV cache under each of its
+    /// prompt's chain links (`(key, end)`: the link's key and the prompt
+    /// tokens up to its end).
+    Keep {
+        /// The request.
+        id: u64,
+        /// Its prompt's links.
+        links: Vec<(u64, u64)>,
+    },
+    /// Links evicted: drop what is kept under them.
+    Drop {
+        /// Their keys.
+        keys: Vec<u64>,
+    },
+}
+
 /// The prefix cache's directory over every prefill worker: the KV blocks
 /// each holds, keyed by the hash chain of their content ([`chain_keys`]),
 /// as vLLM's prefix caching keeps them. Cached blocks live in the worker's
@@ -591,6 +631,8 @@ pub struct PrefixCache {
     pools: Vec<PrefixPool>,
     block_size: u32,
     counters: CacheCounters,
+    /// Each worker's [`PrefixOp`]s since last taken, when kept.
+    ops: Option<Vec<Vec<PrefixOp>>>,
 }
 
 impl PrefixCache {
@@ -608,6 +650,37 @@ impl PrefixCache {
                 .collect(),
             block_size: block_size.max(1),
             counters: CacheCounters::default(),
+            ops: None,
+        }
+    }
+
+    /// Keep each worker's [`PrefixOp`]s from now on, for a driver whose
+    /// workers hold the KV blocks ([`PrefixCache::take_ops`]).
+    pub fn keep_ops(&mut self) {
+        for pool in &mut self.pools {
+            pool.free.log_evictions();
+        }
+        self.ops
+            .get_or_insert_with(|| vec![Vec::new(); self.pools.len()]);
+    }
+
+    /// Worker `p`'s [`PrefixOp`]s since last taken, in order (none unless
+    /// [`PrefixCache::keep_ops`]).
+    pub fn take_ops(&mut self, p: usize) -> Vec<PrefixOp> {
+        self.flush(p);
+        self.ops
+            .as_mut()
+            .map(|o| std::mem::take(&mut o[p]))
+            .unwrap_or_default()
+    }
+
+    /// Move worker `p`'s evictions so far into its operations.
+    fn flush(&mut self, p: usize) {
+        if let Some(ops) = self.ops.as_mut() {
+            let keys = self.pools[p].free.take_evicted();
+            if !keys.is_empty() {
+                ops[p].push(PrefixOp::Drop { keys });
+            }
         }
     }
 
@@ -677,6 +750,12 @@ impl PrefixCache {
     /// pinned, ended on worker `p`: they are unpinned and every link of
     /// its prompt stays cached, most recently used.
     pub fn release(&mut self, p: usize, keys: &[ChainKey], links: usize) {
+        self.release_request(p, u64::MAX, keys, links);
+    }
+
+    /// [`PrefixCache::release`] of request `id`, whose KV cache the worker
+    /// keeps under its links ([`PrefixOp::Keep`]) when operations are kept.
+    pub fn release_request(&mut self, p: usize, id: u64, keys: &[ChainKey], links: usize) {
         for k in &keys[..links.min(keys.len())] {
             let pool = &mut self.pools[p];
             if let Some(e) = pool.pinned.get_mut(&k.key) {
@@ -692,6 +771,13 @@ impl PrefixCache {
             pool.blocks.saturating_sub(pool.pinned_blocks)
         };
         self.pools[p].free.set_capacity(room);
+        self.flush(p);
+        if let Some(ops) = self.ops.as_mut() {
+            ops[p].push(PrefixOp::Keep {
+                id,
+                links: keys.iter().map(|k| (k.key, k.end)).collect(),
+            });
+        }
         for j in 0..keys.len() {
             let size = self.size(keys, j);
             let pool = &mut self.pools[p];

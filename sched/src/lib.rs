@@ -80,7 +80,7 @@ mod topology;
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use cache::{
     CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, EncoderCache,
-    EncoderCacheConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, Segment,
+    EncoderCacheConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, PrefixOp, Segment,
 };
 pub use controller::{
     Backoff, Change, Command, Controller, ControllerConfig, ControllerCounters, Decision,

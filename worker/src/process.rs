@@ -120,6 +120,15 @@ pub enum WorkerError {
         /// The item's content key.
         key: u64,
     },
+    /// A prefill reuses a cached head that this worker does not keep: its
+    /// store and the controller's prefix-cache directory disagree.
+    #[error("request {id}: the KV cache kept under link {key:016x} is to be reused but is not held here")]
+    PrefixNotHeld {
+        /// The request.
+        id: RequestId,
+        /// The chain link's key.
+        key: u64,
+    },
     /// A decode step names a request whose KV cache has not landed here.
     #[error("decode step for request {0}, whose KV cache is not here")]
     NoKv(RequestId),
@@ -385,6 +394,7 @@ enum Job {
     Prefill(Vec<PrefillRequest>, f64),
     DecodeStep(Vec<RequestId>),
     Release(Vec<RequestId>),
+    PrefixOps(Vec<easerve_sched::PrefixOp>),
     ReplicaStep {
         encode: Vec<EncodeRequest>,
         prefill: Vec<PrefillRequest>,
@@ -460,6 +470,7 @@ fn receive(
             ToWorker::Prefill { requests, sm_share } => Job::Prefill(requests, sm_share),
             ToWorker::DecodeStep { ids } => Job::DecodeStep(ids),
             ToWorker::Release { ids } => Job::Release(ids),
+            ToWorker::PrefixOps { ops } => Job::PrefixOps(ops),
             ToWorker::ReplicaStep {
                 encode,
                 prefill,
@@ -527,6 +538,7 @@ fn serve<B: Backend>(
     }
     let mut seqs: HashMap<RequestId, Sequence<B>> = HashMap::new();
     let mut store = EmbeddingStore::default();
+    let mut prefixes = PrefixStore::<B>::default();
     // the receiver drops its sender at shutdown or EOF, which ends this loop
     while let Ok(job) = rx.recv() {
         let reply = match job? {
@@ -552,7 +564,9 @@ fn serve<B: Backend>(
                         batch.push((r, e));
                     }
                 }
-                Some(pools.run(share, || prefill(&model, vocab, &batch, device))?)
+                Some(pools.run(share, || {
+                    prefill(&model, vocab, &batch, &mut prefixes, device)
+                })?)
             }
             Job::DecodeStep(ids) => {
                 for id in &ids {
@@ -566,8 +580,13 @@ fn serve<B: Backend>(
             }
             // a finished or aborted request: whatever this worker holds for
             // it (in order after the jobs sent before, which may still use it)
+            Job::PrefixOps(ops) => {
+                prefixes.apply(ops);
+                None
+            }
             Job::Release(ids) => {
                 for id in ids {
+                    prefixes.pending.remove(&id);
                     seqs.remove(&id);
                     lock(&kv).remove(&id);
                     lock(&embeddings).remove(&id);
@@ -913,15 +932,113 @@ fn encode<B: Backend>(
     })
 }
 
+/// The KV caches a prefill worker keeps for the prefix cache: those of
+/// finished prefills until the controller says under which chain links to
+/// keep them (`pending`), and those kept under each link with the prompt
+/// tokens up to its end. Exactly what the controller's `PrefixCache`
+/// directory says this worker holds, since it applies the directory's
+/// [`easerve_sched::PrefixOp`]s in order; it decides nothing.
+pub struct PrefixStore<B: Backend> {
+    pending: HashMap<RequestId, KvCache<B>>,
+    links: HashMap<u64, (KvCache<B>, u64)>,
+    /// Prompt tokens whose prefill a cached head saved.
+    pub reused_tokens: u64,
+}
+
+impl<B: Backend> Default for PrefixStore<B> {
+    fn default() -> Self {
+        PrefixStore {
+            pending: HashMap::new(),
+            links: HashMap::new(),
+            reused_tokens: 0,
+        }
+    }
+}
+
+impl<B: Backend> PrefixStore<B> {
+    /// Apply the directory's operations in order.
+    pub fn apply(&mut self, ops: Vec<easerve_sched::PrefixOp>) {
+        use easerve_sched::PrefixOp;
+        for op in ops {
+            match op {
+                PrefixOp::Keep { id, links } => {
+                    if let Some(cache) = self.pending.remove(&id) {
+                        for (key, end) in links {
+                            self.links.insert(key, (cache.clone(), end));
+                        }
+                    }
+                }
+                PrefixOp::Drop { keys } => {
+                    for k in keys {
+                        self.links.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Links kept.
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Whether no link is kept.
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+
+    /// The first `tokens` positions kept under `key`, as a cache to extend.
+    fn head(&self, id: RequestId, key: u64, tokens: usize) -> Result<KvCache<B>, WorkerError> {
+        let (c, _) = self
+            .links
+            .get(&key)
+            .filter(|(c, end)| *end as usize >= tokens && c.len >= tokens)
+            .ok_or(WorkerError::PrefixNotHeld { id, key })?;
+        let layers = c.k.len();
+        Ok(KvCache::from_positions(
+            (0..layers)
+                .map(|l| c.keys(l).narrow(1, 0, tokens))
+                .collect(),
+            (0..layers)
+                .map(|l| c.values(l).narrow(1, 0, tokens))
+                .collect(),
+            1,
+        ))
+    }
+}
+
+/// One prefill batch: the requests without a cached head prefilled together,
+/// each request with one alone, its uncached suffix over the kept head
+/// (`DecoderLm::prefill_cached`); the first token and KV cache of each.
 fn prefill<B: Backend>(
     model: &MultimodalModel<B>,
     vocab: u32,
     batch: &[(PrefillRequest, Option<Matrix>)],
+    prefixes: &mut PrefixStore<B>,
     device: &B::Device,
 ) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
+    let (hits, fresh): (Vec<_>, Vec<_>) = batch.iter().cloned().partition(|(r, _)| r.cached > 0);
+    let mut done = Vec::with_capacity(batch.len());
+    if !fresh.is_empty() {
+        done.extend(prefill_caches(model, vocab, &fresh, device)?);
+    }
+    for (r, emb) in &hits {
+        let seq = prompt_sequence(model, vocab, r, emb.as_ref(), device)?;
+        let n = seq.dims()[0];
+        let m = (r.cached as usize).min(n - 1);
+        let past = prefixes.head(r.id, r.cached_key, m)?;
+        let (logits, cache) = model.lm.prefill_cached(seq.narrow(0, m, n - m), &past);
+        prefixes.reused_tokens += m as u64;
+        done.push((r.id, argmax_rows(logits)?[0], cache));
+    }
     let mut outputs = Vec::with_capacity(batch.len());
-    for (id, tok, cache) in prefill_caches(model, vocab, batch, device)? {
+    for (r, _) in batch {
+        let k = done.iter().position(|d| d.0 == r.id).expect("prefilled");
+        let (id, tok, cache) = done.swap_remove(k);
+        if r.keep {
+            prefixes.pending.insert(id, cache.clone());
+        }
         outputs.push((id, tok, kv_to_wire(cache)?));
     }
     Ok(FromWorker::PrefillDone {
@@ -938,36 +1055,10 @@ fn prefill_caches<B: Backend>(
     batch: &[(PrefillRequest, Option<Matrix>)],
     device: &B::Device,
 ) -> Result<Vec<(RequestId, u32, KvCache<B>)>, WorkerError> {
-    let d = model.lm.d_model();
-    let mut seqs = Vec::with_capacity(batch.len());
-    for (r, emb) in batch {
-        let mut parts = Vec::new();
-        if let Some(m) = emb {
-            if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize {
-                return Err(WorkerError::EmbeddingsWidth {
-                    id: r.id,
-                    rows: m.rows,
-                    cols: m.cols,
-                    width: d,
-                });
-            }
-            if m.rows > 0 {
-                parts.push(Tensor::<B, 2>::from_data(
-                    TensorData::new(m.data.clone(), [m.rows as usize, d]),
-                    device,
-                ));
-            }
-        }
-        let text = prompt_ids(
-            r.id,
-            r.prompt_tokens.max(u32::from(parts.is_empty())),
-            vocab,
-        );
-        if !text.is_empty() {
-            parts.push(model.lm.embed_tokens(&text, device));
-        }
-        seqs.push(Tensor::cat(parts, 0));
-    }
+    let seqs = batch
+        .iter()
+        .map(|(r, emb)| prompt_sequence(model, vocab, r, emb.as_ref(), device))
+        .collect::<Result<Vec<_>, _>>()?;
     let (logits, caches) = model.lm.prefill(&seqs);
     let first = argmax_rows(logits)?;
     Ok(batch
@@ -976,6 +1067,44 @@ fn prefill_caches<B: Backend>(
         .zip(caches)
         .map(|(((r, _), tok), cache)| (r.id, tok, cache))
         .collect())
+}
+
+/// Request `r`'s prompt as the LLM takes it, `[tokens, d]`: its embeddings
+/// (if any), then its text tokens (at least one without embeddings).
+fn prompt_sequence<B: Backend>(
+    model: &MultimodalModel<B>,
+    vocab: u32,
+    r: &PrefillRequest,
+    emb: Option<&Matrix>,
+    device: &B::Device,
+) -> Result<Tensor<B, 2>, WorkerError> {
+    let d = model.lm.d_model();
+    let mut parts = Vec::new();
+    if let Some(m) = emb {
+        if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize {
+            return Err(WorkerError::EmbeddingsWidth {
+                id: r.id,
+                rows: m.rows,
+                cols: m.cols,
+                width: d,
+            });
+        }
+        if m.rows > 0 {
+            parts.push(Tensor::<B, 2>::from_data(
+                TensorData::new(m.data.clone(), [m.rows as usize, d]),
+                device,
+            ));
+        }
+    }
+    let text = prompt_ids(
+        r.id,
+        r.prompt_tokens.max(u32::from(parts.is_empty())),
+        vocab,
+    );
+    if !text.is_empty() {
+        parts.push(model.lm.embed_tokens(&text, device));
+    }
+    Ok(Tensor::cat(parts, 0))
 }
 
 /// One aggregated replica's iteration (see [`ToWorker::ReplicaStep`]).
@@ -1302,6 +1431,9 @@ mod tests {
             .map(|r| PrefillRequest {
                 id: r.id,
                 prompt_tokens: 4,
+                cached: 0,
+                cached_key: 0,
+                keep: false,
             })
             .collect();
         // the stages one by one

@@ -757,6 +757,33 @@ impl Controller {
             .unwrap_or_default()
     }
 
+    /// Keep, from now on, what each prefill worker must do with the KV
+    /// caches it computes ([`crate::PrefixOp`]: keep under the prompt's
+    /// links, drop), for a driver whose workers hold the KV blocks
+    /// ([`Controller::take_prefix_ops`]). Nothing with the cache off.
+    pub fn keep_prefix_ops(&mut self) {
+        if let Some(c) = self.prefix_cache.as_mut() {
+            c.keep_ops();
+        }
+    }
+
+    /// Prefill worker `p`'s prefix-cache operations since last taken, in
+    /// the directory's order (empty unless [`Controller::keep_prefix_ops`]).
+    pub fn take_prefix_ops(&mut self, p: usize) -> Vec<crate::PrefixOp> {
+        self.prefix_cache
+            .as_mut()
+            .map_or_else(Vec::new, |c| c.take_ops(p))
+    }
+
+    /// With the prefix cache on: request `id`'s cached prompt tokens and
+    /// the chain links that hold them at its prefill worker (`(0, 0)` with
+    /// the cache off or no hit).
+    pub fn prefix_hit(&self, id: RequestId) -> (u64, usize) {
+        self.prefix_hits
+            .get(id as usize)
+            .map_or((0, 0), |h| (h[0] as u64, h[1] as usize))
+    }
+
     /// The caches in force.
     pub fn caches(&self) -> &crate::CacheConfig {
         &self.caches
