@@ -664,6 +664,27 @@ impl PrefixCache {
             .get_or_insert_with(|| vec![Vec::new(); self.pools.len()]);
     }
 
+    /// Worker `p` lost its KV pool (its process died): forget what it
+    /// held and pinned (a later lookup there misses), and the operations
+    /// not yet sent to it.
+    pub fn clear(&mut self, p: usize) {
+        let old = &self.pools[p];
+        let mut free = Lru::new(old.blocks);
+        free.evictions = old.free.evictions;
+        if old.free.log.is_some() {
+            free.log_evictions();
+        }
+        self.pools[p] = PrefixPool {
+            free,
+            pinned: HashKeyed::default(),
+            pinned_blocks: 0,
+            blocks: old.blocks,
+        };
+        if let Some(ops) = self.ops.as_mut() {
+            ops[p].clear();
+        }
+    }
+
     /// Worker `p`'s [`PrefixOp`]s since last taken, in order (none unless
     /// [`PrefixCache::keep_ops`]).
     pub fn take_ops(&mut self, p: usize) -> Vec<PrefixOp> {
@@ -951,5 +972,51 @@ mod tests {
         let n = c.counters();
         assert_eq!((n.hits, n.queries), (hits, 10));
         assert!(n.evictions > 0);
+    }
+
+    #[test]
+    fn replaying_the_prefix_ops_keeps_what_the_directory_holds() {
+        let chain = |ids: &[u64]| {
+            let segs: Vec<Segment> = ids.iter().map(|&i| seg(i, 16)).collect();
+            let mut out = Vec::new();
+            chain_keys(&segs, &mut out);
+            out
+        };
+        let mut c = PrefixCache::new([5].into_iter(), 16);
+        c.keep_ops();
+        // the worker's side: request id -> its links once kept
+        let mut held = std::collections::BTreeSet::new();
+        let mut replay = |c: &mut PrefixCache| {
+            for op in c.take_ops(0) {
+                match op {
+                    PrefixOp::Keep { links, .. } => held.extend(links.iter().map(|l| l.0)),
+                    PrefixOp::Drop { keys } => {
+                        for k in keys {
+                            assert!(held.remove(&k), "{k} dropped but not kept");
+                        }
+                    }
+                }
+            }
+            held.clone()
+        };
+        let prompts = [&[1, 2, 3][..], &[1, 2, 4], &[7, 8, 9], &[1, 5, 6], &[7, 8]];
+        for (id, ids) in prompts.iter().enumerate() {
+            let keys = chain(ids);
+            let tokens = 16 * ids.len() as u64;
+            let (links, _) = c.acquire(0, &keys, tokens);
+            // every link a hit reuses is kept by the worker
+            let now = replay(&mut c);
+            assert!(keys[..links].iter().all(|k| now.contains(&k.key)));
+            c.make_room(0, keys.len() as u64);
+            c.release_request(0, id as u64, &keys, links);
+            let now = replay(&mut c);
+            let all: Vec<u64> = now.iter().copied().collect();
+            // the worker keeps exactly the directory's links
+            for k in &all {
+                assert!(c.pools[0].holds(*k));
+            }
+            assert_eq!(c.pools[0].free.len() + c.pools[0].pinned.len(), all.len());
+        }
+        assert!(c.counters().evictions > 0);
     }
 }

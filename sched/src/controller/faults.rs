@@ -113,6 +113,10 @@ impl Controller {
             }
             self.remote_place.retire(p);
         }
+        // its process's memory, the KV blocks it kept, is gone
+        if let Some(c) = self.prefix_cache.as_mut() {
+            c.clear(p);
+        }
         // envelopes in flight to it land nowhere: their senders get their
         // in-flight slots back now, and their landings will be no-ops
         let lost: Vec<EnvelopeId> = self
