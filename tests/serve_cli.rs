@@ -616,3 +616,69 @@ fn tp2_prefill_and_decode_complete_as_tp1() {
         assert_eq!(completion(alloc), want, "{alloc}");
     }
 }
+
+/// With the encoder and prefix caches on, the server keys each image by its
+/// decoded pixels: a repeated image hits, its encode is skipped, a prompt
+/// that opens with it prefills only the rest over the kept KV blocks, and
+/// the completions are those of a server without the caches (greedy tokens:
+/// the cached path's logits are within 1e-3 of the full prefill's,
+/// `model/src/nn/tests.rs`); `/metrics` and the report count the hits.
+/// Runs about 5 s (two servers of the tiny model, five sequential requests
+/// each).
+#[test]
+fn the_caches_hit_repeated_images_and_change_no_token() {
+    let _timed = crate::timed();
+    let (a, b) = (png(224, 224), png(112, 224));
+    let image = |url: &str| json!({"type": "image_url", "image_url": {"url": url}});
+    // the third and fifth repeat the first, the fourth the second
+    let bodies: Vec<Value> = [&a, &b, &a, &b, &a]
+        .iter()
+        .map(|u| chat(image(u), 3, 3, false))
+        .collect();
+    let serve = |scenario: &str| {
+        let s = Server::start(scenario, &[]);
+        let answers: Vec<String> = bodies
+            .iter()
+            .map(|body| {
+                let (status, text) = s.post(body);
+                assert_eq!(status, 200, "{text}");
+                let v: Value = serde_json::from_str(&text).unwrap();
+                v["choices"][0]["message"]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        (s, answers)
+    };
+    let (off, plain) = serve("scenarios/cpu-image.toml");
+    off.stop();
+    let (s, cached) = serve("scenarios/cpu-image-reuse.toml");
+    assert_eq!(cached, plain, "the cache changed the completions");
+    // every request has completed, so its lookup is counted: wait for the
+    // metrics to say so, not a snapshot
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let metrics = loop {
+        let (status, text) = s.get("/metrics");
+        assert_eq!(status, 200);
+        let m = parse_prometheus(&text);
+        if m.get("easerve:encoder_cache_queries_total") == Some(&5.0) {
+            break m;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "encoder cache queries never reached 5: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(metrics["easerve:encoder_cache_hits_total"], 3.0);
+    assert!(metrics["easerve:encoder_cache_usage_bytes"] > 0.0);
+    // the prefix cache: whole blocks of 16 tokens of the repeated images
+    // at the prefill worker that prefilled them before
+    let hits = metrics["vllm:prefix_cache_hits_total"];
+    assert!(metrics["vllm:prefix_cache_queries_total"] > 0.0);
+    assert!(hits > 0.0 && hits % 16.0 == 0.0, "prefix cache hits {hits}");
+    let r = s.stop();
+    assert_eq!(num(&r, "/reuse/encoder_cache/hits"), 3.0, "{r}");
+    assert_eq!(num(&r, "/reuse/encoder_cache/queries"), 5.0);
+}

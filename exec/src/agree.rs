@@ -222,7 +222,10 @@ impl FakeWorkers {
                 let down = Incoming::Down(k, self.gens[k], "process exited".into());
                 self.replies.push(now, DONE, (k, down));
             }
-            (_, ToWorker::Preprocess { .. } | ToWorker::Release { .. }) => {}
+            (
+                _,
+                ToWorker::Preprocess { .. } | ToWorker::Release { .. } | ToWorker::PrefixOps { .. },
+            ) => {}
             (w, m) => panic!("worker {w:?} was sent {m:?}"),
         }
     }

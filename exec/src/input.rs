@@ -623,3 +623,64 @@ fn prepare_whisper(
         tokens,
     })
 }
+
+/// How the front end keys a media item for the caches (vLLM's `mm_hash`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ItemKeying {
+    /// Over the decoded item: its modality, shape and pixels (or samples);
+    /// the same picture sent as PNG or JPEG of equal pixels is one item.
+    Decoded,
+    /// Over the bytes the client sent (the file, before decoding):
+    /// `[deployment.encoder_cache] hash_raw_bytes = true`.
+    Raw,
+}
+
+/// The first 8 bytes (little-endian) of the SHA-256 of `parts` in order,
+/// each preceded by its length: a 64-bit content key, the width of the
+/// twin's content ids (`easerve_sched::ContentItem::id`). SHA-256
+/// (RustCrypto's `sha2`) rather than a faster non-cryptographic hash since
+/// a client picks the bytes: a collision would serve one client's
+/// embeddings to another (vLLM hashes with SHA-256 for the same reason).
+pub fn content_key<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    let d = h.finalize();
+    u64::from_le_bytes(d[..8].try_into().expect("32 bytes"))
+}
+
+impl Media {
+    /// The item's content key over its decoded form ([`ItemKeying::Decoded`]):
+    /// modality, dimensions and samples, so equal keys mean equal inputs to
+    /// the encoder.
+    pub fn content_key(&self) -> u64 {
+        fn dims(img: &RgbImage) -> [u8; 8] {
+            let mut d = [0u8; 8];
+            d[..4].copy_from_slice(&img.width().to_le_bytes());
+            d[4..].copy_from_slice(&img.height().to_le_bytes());
+            d
+        }
+        match self {
+            Media::Image(img) => {
+                let d = dims(img);
+                content_key([&b"image"[..], &d, img.as_raw()])
+            }
+            Media::Video(frames) => {
+                let d: Vec<[u8; 8]> = frames.iter().map(dims).collect();
+                let mut parts: Vec<&[u8]> = vec![b"video"];
+                for (f, d) in frames.iter().zip(&d) {
+                    parts.push(d);
+                    parts.push(f.as_raw());
+                }
+                content_key(parts)
+            }
+            Media::Audio(s) => {
+                let bytes: Vec<u8> = s.iter().flat_map(|x| x.to_le_bytes()).collect();
+                content_key([&b"audio"[..], &bytes])
+            }
+        }
+    }
+}

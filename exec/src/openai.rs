@@ -28,10 +28,12 @@
 use base64::Engine;
 use easerve_model::ModelArch;
 use easerve_sched::limits::decoded_bytes;
-use easerve_sched::{LimitExceeded, Limits, MmItem, Modality, Request};
+use easerve_sched::{
+    Content, ContentItem, LimitExceeded, Limits, MmItem, Modality, Request, Segment,
+};
 use serde_json::{json, Value};
 
-use crate::input::Media;
+use crate::input::{ItemKeying, Media};
 use crate::wire::WireMedia;
 
 /// What is wrong with a request, as an HTTP status and an OpenAI-style error.
@@ -100,6 +102,10 @@ pub struct ModelInfo {
     /// Completion tokens when a request sets no `max_tokens` (the scenario's
     /// `workload.output_len`).
     pub default_max_tokens: u32,
+    /// How media items are keyed for the encoder and prefix caches when
+    /// either is on (each request then carries its content,
+    /// [`Request::content`]); `None` hashes nothing.
+    pub item_keys: Option<ItemKeying>,
 }
 
 /// A parsed, checked chat-completions request.
@@ -190,6 +196,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         .ok_or_else(|| ApiError::bad("`messages` must be a non-empty list"))?;
     let mut words: u64 = 0;
     let mut media: Vec<Media> = Vec::new();
+    let mut raw_keys: Vec<u64> = Vec::new();
     let mut modalities: Vec<Modality> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let at = format!("messages[{i}]");
@@ -218,7 +225,14 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
                     }
                     match content_part(part, &at)? {
                         Part::Text(n) => words += n,
-                        Part::Media(x) => media.push(x),
+                        Part::Media(x) => {
+                            if model.item_keys == Some(ItemKeying::Raw) {
+                                // the part as the client sent it: its base64 payload
+                                raw_keys
+                                    .push(crate::input::content_key([part.to_string().as_bytes()]));
+                            }
+                            media.push(x)
+                        }
                     }
                 }
             }
@@ -242,6 +256,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         }
     }
     let (mut encoder_tokens, mut mm_tokens) = (0u64, 0u64);
+    let mut content = model.item_keys.map(|_| Content::default());
     for (k, it) in items.iter().enumerate() {
         let t = easerve_workload::generate::item_tokens(&model.arch, it).map_err(|e| {
             ApiError::bad(format!(
@@ -251,6 +266,21 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         })?;
         encoder_tokens += t.encoder_tokens;
         mm_tokens += t.llm_tokens;
+        if let Some(c) = content.as_mut() {
+            let id = match model.item_keys {
+                Some(ItemKeying::Raw) => raw_keys[k],
+                _ => media[k].content_key(),
+            };
+            c.items.push(ContentItem {
+                id,
+                encoder_tokens: t.encoder_tokens as u32,
+                llm_tokens: t.llm_tokens as u32,
+            });
+            c.segments.push(Segment {
+                id,
+                tokens: t.llm_tokens as u32,
+            });
+        }
     }
     let limits = Limits {
         max_model_len: Some(model.max_model_len),
@@ -268,13 +298,40 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
             output_tokens: max_tokens,
             encoder_tokens,
             mm_tokens,
-            content: None,
+            content: content.map(|c| Box::new(text_segment(c, prompt_tokens))),
         },
         media: media.iter().map(WireMedia::of).collect(),
         stream,
         include_usage,
         timeout_s,
     })
+}
+
+/// The prompt's text after its items, as one segment: a request's text
+/// tokens are its own (the workers draw them from its id), so its content id
+/// is unique ([`UNIQUE_TEXT`], replaced by one derived from the request id
+/// when it is admitted: [`unique_text`]).
+fn text_segment(mut c: Content, prompt_tokens: u32) -> Content {
+    c.segments.push(Segment {
+        id: UNIQUE_TEXT,
+        tokens: prompt_tokens,
+    });
+    c
+}
+
+/// Placeholder content id of a request's own text until it has an id.
+const UNIQUE_TEXT: u64 = u64::MAX;
+
+/// Give request `r`'s own text (the segment [`parse_chat`] left with a
+/// placeholder id) a content id derived from `unique` (a number no other
+/// request of the server has), so no other prompt shares it.
+pub fn unique_text(r: &mut Request, unique: u64) {
+    let id = easerve_sched::cache::mix(UNIQUE_TEXT, unique);
+    if let Some(c) = r.content.as_mut() {
+        for s in c.segments.iter_mut().filter(|s| s.id == UNIQUE_TEXT) {
+            s.id = id;
+        }
+    }
 }
 
 fn flag(v: Option<&Value>, name: &str) -> Result<bool, ApiError> {
@@ -518,6 +575,7 @@ mod tests {
             max_model_len: 4096,
             limits: Limits::default(),
             default_max_tokens: 4,
+            item_keys: None,
         }
     }
 

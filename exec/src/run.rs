@@ -675,6 +675,10 @@ async fn drive(
 ) -> Outcome {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
+    // the encode workers hold the embeddings the encoder cache keeps, the
+    // prefill workers the KV caches the prefix cache keeps
+    ctrl.keep_encoder_ops();
+    ctrl.keep_prefix_ops();
     let mut run = ExecLoop::new(ctrl);
     run.relay.plan = plan;
     let mut kill = KillPlan::new(opts.kill);
@@ -941,6 +945,15 @@ impl Driver for Wake<'_> {
             _ => {}
         }
         let links = &mut self.relay.links;
+        send_prefix_ops(self.ctrl, &mut pool.workers, &pool.by_ref);
+        match &cmd {
+            Command::Preprocess { id, .. } => links.pull_ops(self.ctrl, &[*id]),
+            Command::Encode { worker, .. } => {
+                let ids = self.ctrl.encode_batch(*worker).to_vec();
+                links.pull_ops(self.ctrl, &ids);
+            }
+            _ => {}
+        }
         // a transfer to a worker that is gone lands at once, so the
         // controller fails its requests and frees the sender's slot
         if let Some(ev) = carry_out(cmd, self.ctrl, &mut pool.workers, &pool.by_ref, links, now) {
@@ -1279,6 +1292,9 @@ pub(crate) struct Links {
     /// Encode passes sent, as (requests, SM share), when the driver wants
     /// them (`easerve serve`'s metrics); `None` keeps nothing.
     pub(crate) passes: Option<Vec<(usize, f64)>>,
+    /// Each placed request's encoder-cache operations
+    /// ([`Controller::take_encoder_ops`]) until its pass goes out.
+    ops: HashMap<RequestId, Vec<easerve_sched::ItemOp>>,
 }
 
 impl Links {
@@ -1289,6 +1305,19 @@ impl Links {
         self.embeddings.retain(|id, _| wanted(id));
         self.kv.retain(|id, _| wanted(id));
         self.media.retain(|id, _| wanted(id));
+        self.ops.retain(|id, _| wanted(id));
+    }
+
+    /// Take the encoder-cache operations the controller decided for `ids`
+    /// since they were last taken (a request placed again replaces those of
+    /// its earlier placement).
+    fn pull_ops(&mut self, ctrl: &mut Controller, ids: &[RequestId]) {
+        for &id in ids {
+            let ops = ctrl.take_encoder_ops(id);
+            if !ops.is_empty() {
+                self.ops.insert(id, ops);
+            }
+        }
     }
 }
 
@@ -1329,7 +1358,7 @@ fn carry_out(
         // `Encode` names it again with no media, and the worker takes the
         // items it prepared
         Command::Preprocess { worker, id } => {
-            let requests = vec![encode_request(ctrl, links, id)];
+            let requests = vec![encode_request(ctrl, links, id, true)];
             if !requests[0].media.is_empty() {
                 links.ahead.insert(id, requests[0].media.clone());
             }
@@ -1346,7 +1375,7 @@ fn carry_out(
                 .map(|&id| {
                     // media sent ahead are with the worker already
                     links.ahead.remove(&id);
-                    encode_request(ctrl, links, id)
+                    encode_request(ctrl, links, id, false)
                 })
                 .collect();
             workers[by_ref[&WorkerRef::Encode(worker)]].share = sm_share;
@@ -1366,10 +1395,7 @@ fn carry_out(
             let requests = ctrl
                 .prefill_batch(worker)
                 .iter()
-                .map(|it| PrefillRequest {
-                    id: it.id,
-                    prompt_tokens: ctrl.requests()[it.id as usize].prompt_tokens,
-                })
+                .map(|it| prefill_request(ctrl, it.id))
                 .collect();
             workers[by_ref[&WorkerRef::Prefill(worker)]].share = sm_share;
             send(
@@ -1448,6 +1474,53 @@ fn carry_out(
     None
 }
 
+/// Send each prefill worker the prefix-cache operations the controller
+/// decided since the last call, before any later command reaches it, so it
+/// keeps what the directory holds when a later prefill reuses it.
+fn send_prefix_ops(
+    ctrl: &mut Controller,
+    workers: &mut [WorkerProcess],
+    by_ref: &HashMap<WorkerRef, usize>,
+) {
+    if ctrl.prefix_block_size().is_none() {
+        return;
+    }
+    for p in 0..ctrl.topology().prefill().len() {
+        let ops = ctrl.take_prefix_ops(p);
+        if !ops.is_empty() {
+            send_to(
+                workers,
+                by_ref,
+                WorkerRef::Prefill(p),
+                &ToWorker::PrefixOps { ops },
+            );
+        }
+    }
+}
+
+/// Request `id` as its prefill worker takes it: its text tokens and, with
+/// the prefix cache on, its cached head and the chain link it is kept under.
+fn prefill_request(ctrl: &Controller, id: RequestId) -> PrefillRequest {
+    let req = &ctrl.requests()[id as usize];
+    let keep = ctrl.prefix_block_size().is_some();
+    let (cached, links) = ctrl.prefix_hit(id);
+    let cached_key = match (links, &req.content) {
+        (1.., Some(c)) => {
+            let mut keys = Vec::new();
+            easerve_sched::cache::chain_keys(&c.segments, &mut keys);
+            keys.get(links - 1).map_or(0, |k| k.key)
+        }
+        _ => 0,
+    };
+    PrefillRequest {
+        id,
+        prompt_tokens: req.prompt_tokens,
+        cached: cached as u32,
+        cached_key,
+        keep,
+    }
+}
+
 /// Send `msg` to worker `wref` (`by_ref` maps it to its process); false
 /// when its process is gone or the message cannot be framed.
 fn send_to(
@@ -1499,15 +1572,34 @@ fn send_embeddings(
 /// own media (`easerve serve`; none for the synthetic workload), which leave
 /// the links with it; a request placed again after its worker died takes the
 /// media it had sent ahead there.
-fn encode_request(ctrl: &Controller, links: &mut Links, id: RequestId) -> EncodeRequest {
+///
+/// Its encoder-cache operations go with it: kept for its pass when it goes
+/// ahead (`ahead`), else taken.
+fn encode_request(
+    ctrl: &Controller,
+    links: &mut Links,
+    id: RequestId,
+    ahead: bool,
+) -> EncodeRequest {
     let media = match links.media.remove(&id) {
         Some(m) => m,
         None => links.ahead.remove(&id).unwrap_or_default(),
     };
+    let cache = match ahead {
+        true => links.ops.get(&id).cloned(),
+        false => links.ops.remove(&id),
+    };
+    let req = &ctrl.requests()[id as usize];
     EncodeRequest {
         id,
-        items: ctrl.requests()[id as usize].items.clone(),
+        items: req.items.clone(),
         media,
+        keys: req
+            .content
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.items.iter().map(|t| t.id).collect()),
+        cache: cache.unwrap_or_default(),
+        prepare_hits: ctrl.caches().encoder.is_some_and(|e| !e.hash_raw_bytes),
     }
 }
 
@@ -1521,13 +1613,16 @@ fn replica_step(ctrl: &Controller, links: &mut Links, r: usize) -> ToWorker {
     let encode = admitted
         .iter()
         .filter(|&&id| requests[id as usize].needs_encode())
-        .map(|&id| encode_request(ctrl, links, id))
+        .map(|&id| encode_request(ctrl, links, id, false))
         .collect();
     let prefill = admitted
         .iter()
         .map(|&id| PrefillRequest {
             id,
             prompt_tokens: requests[id as usize].prompt_tokens,
+            cached: 0,
+            cached_key: 0,
+            keep: false,
         })
         .collect();
     let decode = ctrl
@@ -1648,6 +1743,7 @@ pub(crate) fn build_report(
             easerve_workload::windows::windows(records, &sc.slo, w, sc.workload.schedule.as_ref());
     }
     report.measured = true;
+    report.reuse = easerve_sim::reuse_report(sc, ctrl);
     report.supervision = supervision_of(ctrl, faults, run_s);
     // the simulator's rule (the cost model's load ratios at the rate offered
     // and the run's typical request), with the measured queueing

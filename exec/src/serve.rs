@@ -158,6 +158,11 @@ impl Drop for Abandoned {
 /// | `easerve:workers_down` | gauge | workers dead now (restarting or not): 0 at full capacity |
 /// | `easerve:degraded_seconds` | gauge | seconds so far with at least one worker dead |
 /// | `easerve:stage_down_seconds` | gauge | seconds so far with some stage having no live worker (`/health` 503) |
+/// | `vllm:prefix_cache_queries_total` | counter | prompt tokens looked up in the prefill workers' prefix caches (0 with it off) |
+/// | `vllm:prefix_cache_hits_total` | counter | of which found cached |
+/// | `easerve:encoder_cache_queries_total` | counter | media items looked up in the encode workers' encoder caches (0 with it off) |
+/// | `easerve:encoder_cache_hits_total` | counter | of which held (their encode skipped) |
+/// | `easerve:encoder_cache_usage_bytes` | gauge | bytes of embeddings the encoder caches hold (the directory's sizes: LLM tokens × hidden size × dtype bytes) |
 ///
 /// Times are seconds from a request's arrival (its body received) at the
 /// server. Every label set carries `model_name`.
@@ -185,6 +190,11 @@ pub struct Metrics {
     workers_down: Gauge,
     degraded: Gauge<f64, AtomicU64>,
     down: Gauge<f64, AtomicU64>,
+    prefix_queries: Counter,
+    prefix_hits: Counter,
+    encoder_queries: Counter,
+    encoder_hits: Counter,
+    encoder_bytes: Gauge,
 }
 
 /// vLLM's TTFT buckets, seconds.
@@ -235,6 +245,11 @@ impl Metrics {
             workers_down: Gauge::default(),
             degraded: Gauge::default(),
             down: Gauge::default(),
+            prefix_queries: Counter::default(),
+            prefix_hits: Counter::default(),
+            encoder_queries: Counter::default(),
+            encoder_hits: Counter::default(),
+            encoder_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -348,7 +363,53 @@ impl Metrics {
             "Seconds with some stage having no live worker",
             m.down.clone(),
         );
+        m.register_caches(r);
         Metrics { registry, ..m }
+    }
+
+    /// The caches' counters: vLLM's prefix-cache names (tokens, as vLLM
+    /// counts them), the encoder cache's in the same style.
+    fn register_caches(&self, r: &mut Registry) {
+        r.register(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefill workers' prefix caches",
+            self.prefix_queries.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefill workers' prefix caches",
+            self.prefix_hits.clone(),
+        );
+        r.register(
+            "easerve:encoder_cache_queries",
+            "Media items looked up in the encode workers' encoder caches",
+            self.encoder_queries.clone(),
+        );
+        r.register(
+            "easerve:encoder_cache_hits",
+            "Media items whose embeddings the encode workers' encoder caches held",
+            self.encoder_hits.clone(),
+        );
+        r.register(
+            "easerve:encoder_cache_usage_bytes",
+            "Bytes of embeddings the encode workers' encoder caches hold",
+            self.encoder_bytes.clone(),
+        );
+    }
+
+    /// The caches' counters and gauge, from the controller's.
+    fn caches(&self, ctrl: &Controller) {
+        let catch_up = |c: &Counter, to: u64| c.inc_by(to.saturating_sub(c.get()));
+        let (enc, pre) = ctrl.cache_counters();
+        if let Some(e) = enc {
+            catch_up(&self.encoder_queries, e.queries);
+            catch_up(&self.encoder_hits, e.hits);
+            self.encoder_bytes.set(ctrl.encoder_cache_bytes() as i64);
+        }
+        if let Some(p) = pre {
+            catch_up(&self.prefix_queries, p.queries);
+            catch_up(&self.prefix_hits, p.hits);
+        }
     }
 
     /// The text exposition.
@@ -417,6 +478,7 @@ impl Metrics {
         if c.routed > 0 {
             self.offload.set(c.remote_routed as f64 / c.routed as f64);
         }
+        self.caches(ctrl);
     }
 }
 
@@ -430,7 +492,11 @@ pub(crate) fn serving_controller(
 ) -> Controller {
     let (typical, tokens) = generate_with_tokens(sc);
     let cfg = sc.controller_config(&typical, &tokens, cost, log_decisions);
-    Controller::new(Vec::new(), cfg)
+    let mut ctrl = Controller::new(Vec::new(), cfg);
+    // the encode workers hold the embeddings the encoder cache keeps
+    ctrl.keep_encoder_ops();
+    ctrl.keep_prefix_ops();
+    ctrl
 }
 
 /// What the HTTP handlers share.
@@ -452,6 +518,18 @@ pub(crate) struct App {
     next_ticket: AtomicU64,
     /// How long a body may take to come whole.
     body_timeout: Duration,
+}
+
+/// How the front end keys items for `caches`: not at all with every cache
+/// off; over the raw bytes when the encoder cache says `hash_raw_bytes`;
+/// over the decoded items otherwise.
+fn item_keys(caches: &easerve_sched::CacheConfig) -> Option<crate::input::ItemKeying> {
+    use crate::input::ItemKeying;
+    match (&caches.encoder, &caches.prefix) {
+        (None, None) => None,
+        (Some(e), _) if e.hash_raw_bytes => Some(ItemKeying::Raw),
+        _ => Some(ItemKeying::Decoded),
+    }
 }
 
 impl App {
@@ -476,6 +554,7 @@ impl App {
             max_model_len,
             limits: sc.limits.clone(),
             default_max_tokens: sc.workload.output_len.max(1),
+            item_keys: item_keys(&sc.knobs.caches),
         };
         App {
             metrics: Metrics::new(&model.name),
@@ -1125,6 +1204,7 @@ impl ServeLoop {
         } = sub;
         let mut req = chat.request;
         req.arrival = arrival;
+        openai::unique_text(&mut req, ticket);
         let id = ctrl.add_request(req);
         if let Some(t) = chat.timeout_s {
             ctrl.set_timeout(id, t);

@@ -85,6 +85,24 @@ pub struct EncodeRequest {
     /// The request's own decoded media, one per item (`easerve serve`), or
     /// empty (`easerve exec`'s synthetic workload).
     pub media: Vec<WireMedia>,
+    /// With the encoder cache on: what to do with each item's embeddings,
+    /// in order, as the controller's directory decided (reuse the stored
+    /// ones, store them, drop others first); empty: encode every item and
+    /// store nothing.
+    #[serde(default)]
+    pub cache: Vec<easerve_sched::ItemOp>,
+    /// Each item's content id when the workload gives one (a scenario's
+    /// `[workload.pool]`; `Request::content`), else empty: synthetic media
+    /// are then seeded by it rather than by the request, so equal ids give
+    /// equal media.
+    #[serde(default)]
+    pub keys: Vec<u64>,
+    /// Whether an item whose embeddings are reused is still preprocessed
+    /// (its pixels resized and normalised, then dropped): true when items
+    /// are keyed over their decoded form, since vLLM hashes the processed
+    /// item; false with `hash_raw_bytes`.
+    #[serde(default)]
+    pub prepare_hits: bool,
 }
 
 /// A decoded input as it crosses to an encode worker: RGB pixels
@@ -173,6 +191,17 @@ pub struct PrefillRequest {
     pub id: RequestId,
     /// Text prompt tokens after the embeddings.
     pub prompt_tokens: u32,
+    /// With the prefix cache on: the leading prompt tokens whose KV cache
+    /// this worker keeps (the controller's hit; 0: prefill it all).
+    #[serde(default)]
+    pub cached: u32,
+    /// The chain link the cached tokens are kept under.
+    #[serde(default)]
+    pub cached_key: u64,
+    /// Keep the KV cache this prefill computes until the controller says
+    /// under which links to keep it ([`ToWorker::PrefixOps`]).
+    #[serde(default)]
+    pub keep: bool,
 }
 
 /// Controller → worker.
@@ -247,6 +276,13 @@ pub enum ToWorker {
     Release {
         /// Finished or aborted requests.
         ids: Vec<RequestId>,
+    },
+    /// The prefix cache's operations for this prefill worker, in the
+    /// controller's order: keep a finished request's KV cache under its
+    /// prompt's links, drop evicted links. Nothing is answered.
+    PrefixOps {
+        /// Operations, in order.
+        ops: Vec<easerve_sched::PrefixOp>,
     },
     /// Exit.
     Shutdown,

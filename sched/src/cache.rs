@@ -145,6 +145,8 @@ pub struct Lru {
     used: u64,
     capacity: u64,
     evictions: u64,
+    /// Keys evicted since last taken, when kept ([`Lru::log_evictions`]).
+    log: Option<Vec<u64>>,
 }
 
 impl Lru {
@@ -159,7 +161,19 @@ impl Lru {
             used: 0,
             capacity,
             evictions: 0,
+            log: None,
         }
+    }
+
+    /// Keep the keys evicted from now on, for [`Lru::take_evicted`].
+    pub fn log_evictions(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// The keys evicted since last taken (none unless
+    /// [`Lru::log_evictions`]), in eviction order.
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Whether `key` is held (does not touch its recency).
@@ -183,6 +197,16 @@ impl Lru {
     /// held), evicting least recently used keys until it fits. A key larger
     /// than the whole capacity is not inserted (returns false).
     pub fn insert(&mut self, key: u64, size: u64) -> bool {
+        self.insert_evicting(key, size, None)
+    }
+
+    /// [`Lru::insert`], appending the keys it evicts to `evicted` when given.
+    pub fn insert_evicting(
+        &mut self,
+        key: u64,
+        size: u64,
+        mut evicted: Option<&mut Vec<u64>>,
+    ) -> bool {
         if self.touch(key) {
             return true;
         }
@@ -190,7 +214,9 @@ impl Lru {
             return false;
         }
         while self.used + size > self.capacity && self.tail != NIL {
-            self.evict_lru();
+            if let (Some(k), Some(out)) = (self.evict_lru(), evicted.as_deref_mut()) {
+                out.push(k);
+            }
         }
         let node = Node {
             key,
@@ -251,6 +277,9 @@ impl Lru {
         self.map.remove(&key);
         self.free.push(i);
         self.evictions += 1;
+        if let Some(log) = self.log.as_mut() {
+            log.push(key);
+        }
         Some(key)
     }
 
@@ -413,6 +442,23 @@ pub struct EncoderCacheConfig {
     pub hash_raw_bytes: bool,
 }
 
+/// What an encode worker does with one item's embeddings, as the
+/// controller's [`EncoderCache`] decided when it placed the request there.
+/// Applied in placement order, these keep the worker's store equal to the
+/// directory: the worker only stores and drops.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ItemOp {
+    /// The item's content key (vLLM's `mm_hash`).
+    pub key: u64,
+    /// Held: reuse the stored embeddings, skip the encode.
+    pub hit: bool,
+    /// A miss the directory entered: store its embeddings once encoded
+    /// (false for an item larger than the whole cache).
+    pub stored: bool,
+    /// Keys evicted to make room for this item: drop them first.
+    pub evicted: Vec<u64>,
+}
+
 /// The encoder cache's directory over every encode worker: for each, the
 /// items whose embeddings it holds (an [`Lru`] in bytes), as vLLM's
 /// `EncoderCacheManager` keeps them keyed by `mm_hash`. The controller
@@ -462,20 +508,57 @@ impl EncoderCache {
     /// enter the misses: bit `k` of the result is set when item `k` hit
     /// (items beyond the 64th are always misses).
     pub fn lookup(&mut self, w: usize, items: impl Iterator<Item = (u64, u64)>) -> u64 {
+        self.lookup_ops(w, items, None)
+    }
+
+    /// [`EncoderCache::lookup`], appending to `ops` (when given) what the
+    /// worker must do with each item's embeddings, in order, so that what it
+    /// holds stays what this directory says it holds ([`ItemOp`]).
+    pub fn lookup_ops(
+        &mut self,
+        w: usize,
+        items: impl Iterator<Item = (u64, u64)>,
+        mut ops: Option<&mut Vec<ItemOp>>,
+    ) -> u64 {
         let mut mask = 0u64;
         for (k, (id, llm_tokens)) in items.enumerate() {
             self.counters.queries += 1;
             let bytes = self.item_bytes(llm_tokens);
             let lru = &mut self.workers[w];
-            if k < 64 && lru.touch(id) {
+            let mut evicted = Vec::new();
+            let (hit, stored) = if k < 64 && lru.touch(id) {
                 mask |= 1 << k;
                 self.counters.hits += 1;
+                (true, true)
             } else {
-                lru.insert(id, bytes);
+                let log = ops.is_some().then_some(&mut evicted);
+                (false, lru.insert_evicting(id, bytes, log))
+            };
+            if let Some(ops) = ops.as_deref_mut() {
+                ops.push(ItemOp {
+                    key: id,
+                    hit,
+                    stored,
+                    evicted,
+                });
             }
         }
         self.counters.evictions = self.workers.iter().map(Lru::evictions).sum();
         mask
+    }
+
+    /// Worker `w` lost what it held (its process died): forget it, so a
+    /// later lookup there misses (evictions are not counted).
+    pub fn clear(&mut self, w: usize) {
+        let old = &self.workers[w];
+        let mut fresh = Lru::new(old.capacity);
+        fresh.evictions = old.evictions;
+        self.workers[w] = fresh;
+    }
+
+    /// Bytes of embeddings worker `w` holds.
+    pub fn used_bytes(&self, w: usize) -> u64 {
+        self.workers[w].used()
     }
 
     /// Count `items` lookups of items without content ids (unique, so
@@ -512,6 +595,29 @@ impl PrefixPool {
     }
 }
 
+/// What a prefill worker does with the KV caches it computed, as the
+/// controller's [`PrefixCache`] directory decided, in the directory's order
+/// ([`PrefixCache::keep_ops`]): applied in that order, the worker holds
+/// exactly the links the directory says it holds. The worker only stores
+/// and drops.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum PrefixOp {
+    /// Request `id`'s prefill ended: keep its KV cache under each of its
+    /// prompt's chain links (`(key, end)`: the link's key and the prompt
+    /// tokens up to its end).
+    Keep {
+        /// The request.
+        id: u64,
+        /// Its prompt's links.
+        links: Vec<(u64, u64)>,
+    },
+    /// Links evicted: drop what is kept under them.
+    Drop {
+        /// Their keys.
+        keys: Vec<u64>,
+    },
+}
+
 /// The prefix cache's directory over every prefill worker: the KV blocks
 /// each holds, keyed by the hash chain of their content ([`chain_keys`]),
 /// as vLLM's prefix caching keeps them. Cached blocks live in the worker's
@@ -525,6 +631,8 @@ pub struct PrefixCache {
     pools: Vec<PrefixPool>,
     block_size: u32,
     counters: CacheCounters,
+    /// Each worker's [`PrefixOp`]s since last taken, when kept.
+    ops: Option<Vec<Vec<PrefixOp>>>,
 }
 
 impl PrefixCache {
@@ -542,6 +650,58 @@ impl PrefixCache {
                 .collect(),
             block_size: block_size.max(1),
             counters: CacheCounters::default(),
+            ops: None,
+        }
+    }
+
+    /// Keep each worker's [`PrefixOp`]s from now on, for a driver whose
+    /// workers hold the KV blocks ([`PrefixCache::take_ops`]).
+    pub fn keep_ops(&mut self) {
+        for pool in &mut self.pools {
+            pool.free.log_evictions();
+        }
+        self.ops
+            .get_or_insert_with(|| vec![Vec::new(); self.pools.len()]);
+    }
+
+    /// Worker `p` lost its KV pool (its process died): forget what it
+    /// held and pinned (a later lookup there misses), and the operations
+    /// not yet sent to it.
+    pub fn clear(&mut self, p: usize) {
+        let old = &self.pools[p];
+        let mut free = Lru::new(old.blocks);
+        free.evictions = old.free.evictions;
+        if old.free.log.is_some() {
+            free.log_evictions();
+        }
+        self.pools[p] = PrefixPool {
+            free,
+            pinned: HashKeyed::default(),
+            pinned_blocks: 0,
+            blocks: old.blocks,
+        };
+        if let Some(ops) = self.ops.as_mut() {
+            ops[p].clear();
+        }
+    }
+
+    /// Worker `p`'s [`PrefixOp`]s since last taken, in order (none unless
+    /// [`PrefixCache::keep_ops`]).
+    pub fn take_ops(&mut self, p: usize) -> Vec<PrefixOp> {
+        self.flush(p);
+        self.ops
+            .as_mut()
+            .map(|o| std::mem::take(&mut o[p]))
+            .unwrap_or_default()
+    }
+
+    /// Move worker `p`'s evictions so far into its operations.
+    fn flush(&mut self, p: usize) {
+        if let Some(ops) = self.ops.as_mut() {
+            let keys = self.pools[p].free.take_evicted();
+            if !keys.is_empty() {
+                ops[p].push(PrefixOp::Drop { keys });
+            }
         }
     }
 
@@ -611,6 +771,12 @@ impl PrefixCache {
     /// pinned, ended on worker `p`: they are unpinned and every link of
     /// its prompt stays cached, most recently used.
     pub fn release(&mut self, p: usize, keys: &[ChainKey], links: usize) {
+        self.release_request(p, u64::MAX, keys, links);
+    }
+
+    /// [`PrefixCache::release`] of request `id`, whose KV cache the worker
+    /// keeps under its links ([`PrefixOp::Keep`]) when operations are kept.
+    pub fn release_request(&mut self, p: usize, id: u64, keys: &[ChainKey], links: usize) {
         for k in &keys[..links.min(keys.len())] {
             let pool = &mut self.pools[p];
             if let Some(e) = pool.pinned.get_mut(&k.key) {
@@ -626,6 +792,13 @@ impl PrefixCache {
             pool.blocks.saturating_sub(pool.pinned_blocks)
         };
         self.pools[p].free.set_capacity(room);
+        self.flush(p);
+        if let Some(ops) = self.ops.as_mut() {
+            ops[p].push(PrefixOp::Keep {
+                id,
+                links: keys.iter().map(|k| (k.key, k.end)).collect(),
+            });
+        }
         for j in 0..keys.len() {
             let size = self.size(keys, j);
             let pool = &mut self.pools[p];
@@ -756,5 +929,94 @@ mod tests {
         assert_eq!(c.held(0, &[7, 8, 9]), 2);
         let n = c.counters();
         assert_eq!((n.queries, n.hits, n.evictions), (5, 1, 1));
+    }
+
+    #[test]
+    fn replaying_the_item_ops_keeps_a_store_equal_to_the_directory() {
+        let cfg = EncoderCacheConfig {
+            capacity_bytes: 3_000,
+            bytes_per_token: 1.0,
+            hash_raw_bytes: false,
+        };
+        let mut c = EncoderCache::new(1, cfg);
+        let mut store = std::collections::BTreeSet::new();
+        let mut hits = 0;
+        // a request per line: (content id, LLM tokens) of its items; 99 is
+        // larger than the whole cache and never stored
+        let requests: [&[(u64, u64)]; 6] = [
+            &[(1, 1_000), (2, 1_000)],
+            &[(1, 1_000), (3, 1_000)],
+            &[(4, 1_000), (4, 1_000)],
+            &[(99, 5_000), (2, 1_000)],
+            &[(1, 1_000)],
+            &[(5, 2_000)],
+        ];
+        for items in requests {
+            let mut ops = Vec::new();
+            c.lookup_ops(0, items.iter().copied(), Some(&mut ops));
+            assert_eq!(ops.len(), items.len());
+            for op in ops {
+                assert_eq!(op.hit, store.contains(&op.key), "{op:?}");
+                hits += u64::from(op.hit);
+                for k in &op.evicted {
+                    assert!(store.remove(k), "{k} evicted but not held");
+                }
+                if !op.hit && op.stored {
+                    store.insert(op.key);
+                }
+            }
+            let held: Vec<u64> = store.iter().copied().collect();
+            assert_eq!(c.held(0, &held), held.len());
+            assert_eq!(c.workers[0].len(), held.len());
+        }
+        let n = c.counters();
+        assert_eq!((n.hits, n.queries), (hits, 10));
+        assert!(n.evictions > 0);
+    }
+
+    #[test]
+    fn replaying_the_prefix_ops_keeps_what_the_directory_holds() {
+        let chain = |ids: &[u64]| {
+            let segs: Vec<Segment> = ids.iter().map(|&i| seg(i, 16)).collect();
+            let mut out = Vec::new();
+            chain_keys(&segs, &mut out);
+            out
+        };
+        let mut c = PrefixCache::new([5].into_iter(), 16);
+        c.keep_ops();
+        // the worker's side: request id -> its links once kept
+        let mut held = std::collections::BTreeSet::new();
+        let mut replay = |c: &mut PrefixCache| {
+            for op in c.take_ops(0) {
+                match op {
+                    PrefixOp::Keep { links, .. } => held.extend(links.iter().map(|l| l.0)),
+                    PrefixOp::Drop { keys } => {
+                        for k in keys {
+                            assert!(held.remove(&k), "{k} dropped but not kept");
+                        }
+                    }
+                }
+            }
+            held.clone()
+        };
+        let prompts = [&[1, 2, 3][..], &[1, 2, 4], &[7, 8, 9], &[1, 5, 6], &[7, 8]];
+        for (id, ids) in prompts.iter().enumerate() {
+            let keys = chain(ids);
+            let tokens = 16 * ids.len() as u64;
+            let (links, _) = c.acquire(0, &keys, tokens);
+            // every link a hit reuses is kept by the worker
+            let now = replay(&mut c);
+            assert!(keys[..links].iter().all(|k| now.contains(&k.key)));
+            c.make_room(0, keys.len() as u64);
+            c.release_request(0, id as u64, &keys, links);
+            let now = replay(&mut c);
+            let all: Vec<u64> = now.iter().copied().collect();
+            // the worker keeps exactly the directory's links
+            for k in &all {
+                assert!(c.pools[0].holds(*k));
+            }
+            assert_eq!(c.pools[0].free.len() + c.pools[0].pinned.len(), all.len());
+        }
+        assert!(c.counters().evictions > 0);
     }
 }

@@ -81,7 +81,7 @@ mod topology;
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use cache::{
     CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, EncoderCache,
-    EncoderCacheConfig, Lru, PrefixCache, PrefixCacheConfig, Segment,
+    EncoderCacheConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, PrefixOp, Segment,
 };
 pub use cluster::{NodeGroup, Place, PlacementError};
 pub use controller::{

@@ -61,7 +61,8 @@ mod timeline;
 mod verdict;
 
 pub use engine::{
-    scenario_cost, simulate, simulate_with, ServiceLog, SimOptions, SimOutput, SimTwin,
+    reuse_report, scenario_cost, simulate, simulate_with, ServiceLog, SimOptions, SimOutput,
+    SimTwin,
 };
 pub use verdict::{name_bottleneck, typical_of};
 

@@ -117,6 +117,26 @@ pub enum WorkerError {
     /// A result tensor cannot be read back to the host.
     #[error("tensor read-back failed: {0:?}")]
     ReadBack(DataError),
+    /// A pass reuses an item's stored embeddings that this worker does not
+    /// hold: its store and the controller's encoder-cache directory disagree.
+    #[error(
+        "request {id}: the embeddings of item {key:016x} are to be reused but are not held here"
+    )]
+    NotHeld {
+        /// The request.
+        id: RequestId,
+        /// The item's content key.
+        key: u64,
+    },
+    /// A prefill reuses a cached head that this worker does not keep: its
+    /// store and the controller's prefix-cache directory disagree.
+    #[error("request {id}: the KV cache kept under link {key:016x} is to be reused but is not held here")]
+    PrefixNotHeld {
+        /// The request.
+        id: RequestId,
+        /// The chain link's key.
+        key: u64,
+    },
     /// A decode step names a request whose KV cache has not landed here.
     #[error("decode step for request {0}, whose KV cache is not here")]
     NoKv(RequestId),
@@ -236,6 +256,21 @@ pub fn run_worker(opts: &WorkerOptions) -> Result<(), WorkerError> {
 /// Synthetic media of request `id`'s item `j`, seeded by the run.
 fn media_seed(seed: u64, id: RequestId, j: usize) -> u64 {
     seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (j as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9)
+}
+
+/// Synthetic media of the item with content id `key`, seeded by the run:
+/// equal ids, equal media, whichever request sends them.
+fn content_seed(seed: u64, key: u64) -> u64 {
+    easerve_sched::cache::mix(seed, key)
+}
+
+/// The seed of request `r`'s item `j`'s synthetic media: by its content id
+/// when it has one, else by the request.
+fn item_seed(seed: u64, r: &EncodeRequest, j: usize) -> u64 {
+    match r.keys.get(j) {
+        Some(&k) => content_seed(seed, k),
+        None => media_seed(seed, r.id, j),
+    }
 }
 
 /// Text prompt token ids of request `id` (deterministic, below `vocab`).
@@ -381,6 +416,7 @@ enum Job {
     Prefill(Vec<PrefillRequest>, f64),
     DecodeStep(Vec<RequestId>),
     Release(Vec<RequestId>),
+    PrefixOps(Vec<easerve_sched::PrefixOp>),
     ReplicaStep {
         encode: Vec<EncodeRequest>,
         prefill: Vec<PrefillRequest>,
@@ -456,6 +492,7 @@ fn receive(
             ToWorker::Prefill { requests, sm_share } => Job::Prefill(requests, sm_share),
             ToWorker::DecodeStep { ids } => Job::DecodeStep(ids),
             ToWorker::Release { ids } => Job::Release(ids),
+            ToWorker::PrefixOps { ops } => Job::PrefixOps(ops),
             ToWorker::ReplicaStep {
                 encode,
                 prefill,
@@ -535,13 +572,22 @@ fn serve<B: Backend>(
             .map_err(WorkerError::ReceiverThread)?;
     }
     let mut seqs: HashMap<RequestId, Sequence<B>> = HashMap::new();
+    let mut store = EmbeddingStore::default();
+    let mut prefixes = PrefixStore::<B>::default();
     // the receiver drops its sender at shutdown or EOF, which ends this loop
     while let Ok(job) = rx.recv() {
         let reply = match job? {
             Job::Encode(requests, share) => {
                 let on_device = || send(&writer, &FromWorker::EncodeGpuStarted);
                 Some(pools.run(share, || {
-                    encode(&model, &preprocessor, &requests, device, on_device)
+                    encode(
+                        &model,
+                        &preprocessor,
+                        &requests,
+                        &mut store,
+                        device,
+                        on_device,
+                    )
                 })?)
             }
             Job::Prefill(requests, share) => {
@@ -554,7 +600,14 @@ fn serve<B: Backend>(
                     }
                 }
                 Some(pools.run(share, || {
-                    prefill(&model, vocab, &batch, device, ranks.map(|r| (r, share)))
+                    prefill(
+                        &model,
+                        vocab,
+                        &batch,
+                        &mut prefixes,
+                        device,
+                        ranks.map(|r| (r, share)),
+                    )
                 })?)
             }
             Job::DecodeStep(ids) => {
@@ -572,11 +625,16 @@ fn serve<B: Backend>(
             }
             // a finished or aborted request: whatever this worker holds for
             // it (in order after the jobs sent before, which may still use it)
+            Job::PrefixOps(ops) => {
+                prefixes.apply(ops);
+                None
+            }
             Job::Release(ids) => {
                 if let Some(r) = ranks {
                     r.release(&ids)?;
                 }
                 for id in ids {
+                    prefixes.pending.remove(&id);
                     seqs.remove(&id);
                     lock(&kv).remove(&id);
                     lock(&embeddings).remove(&id);
@@ -611,9 +669,8 @@ fn serve<B: Backend>(
 /// own media, or synthetic media when none came.
 fn prepare_item(
     arch: &ModelArch,
-    seed: u64,
+    item_seed: u64,
     id: RequestId,
-    j: usize,
     item: &easerve_sched::MmItem,
     media: Option<WireMedia>,
 ) -> Result<HostItem, WorkerError> {
@@ -621,7 +678,7 @@ fn prepare_item(
         Some(m) => m
             .into_media()
             .map_err(|error| WorkerError::Media { id, error })?,
-        None => Media::synthetic(item, media_seed(seed, id, j)),
+        None => Media::synthetic(item, item_seed),
     };
     prepare(arch, &media)
         .map(|p| p.item)
@@ -632,8 +689,9 @@ fn prepare_item(
 enum Slot {
     /// Queued or being prepared on the preprocessing pool.
     Pending,
-    /// Its items prepared, in order (or why they could not be).
-    Ready(Result<Vec<HostItem>, WorkerError>),
+    /// Its items prepared, in order (or why they could not be); `None` for
+    /// an item whose stored embeddings are reused unprepared.
+    Ready(Result<Vec<Option<HostItem>>, WorkerError>),
     /// Held for its pass to prepare (a worker without preprocessing threads).
     Held(EncodeRequest),
     /// Released while being prepared: dropped when its preparation ends.
@@ -703,7 +761,13 @@ impl Preprocessor {
         let me = self.clone();
         pool.spawn(move || {
             use rayon::prelude::*;
-            let EncodeRequest { id, items, media } = r;
+            let skip = unprepared(&r);
+            let seeds: Vec<u64> = (0..r.items.len())
+                .map(|j| item_seed(me.seed, &r, j))
+                .collect();
+            let EncodeRequest {
+                id, items, media, ..
+            } = r;
             let mut media = media.into_iter();
             let work: Vec<(usize, &easerve_sched::MmItem, Option<WireMedia>)> = items
                 .iter()
@@ -712,7 +776,10 @@ impl Preprocessor {
                 .collect();
             let out = work
                 .into_par_iter()
-                .map(|(j, it, m)| prepare_item(&me.arch, me.seed, id, j, it, m))
+                .map(|(j, it, m)| match skip(j) {
+                    true => Ok(None),
+                    false => prepare_item(&me.arch, seeds[j], id, it, m).map(Some),
+                })
                 .collect::<Result<Vec<_>, _>>();
             let mut slots = lock(&me.slots);
             if matches!(slots.get(&id), Some(Slot::Discarded)) {
@@ -727,7 +794,7 @@ impl Preprocessor {
 
     /// Request `r`'s prepared items: those sent ahead (waiting while they are
     /// in progress), else prepared here and now from `r`'s own media.
-    fn take(&self, r: &EncodeRequest) -> Result<Vec<HostItem>, WorkerError> {
+    fn take(&self, r: &EncodeRequest) -> Result<Vec<Option<HostItem>>, WorkerError> {
         let mut slots = lock(&self.slots);
         loop {
             match slots.remove(&r.id) {
@@ -758,30 +825,84 @@ impl Preprocessor {
     }
 
     /// Prepare `r`'s items one after another on this thread.
-    fn prepare_here(&self, r: EncodeRequest) -> Result<Vec<HostItem>, WorkerError> {
+    fn prepare_here(&self, r: EncodeRequest) -> Result<Vec<Option<HostItem>>, WorkerError> {
+        let skip = unprepared(&r);
+        let seeds: Vec<u64> = (0..r.items.len())
+            .map(|j| item_seed(self.seed, &r, j))
+            .collect();
         let mut media = r.media.into_iter();
         r.items
             .iter()
             .enumerate()
-            .map(|(j, it)| prepare_item(&self.arch, self.seed, r.id, j, it, media.next()))
+            .map(|(j, it)| {
+                let m = media.next();
+                match skip(j) {
+                    true => Ok(None),
+                    false => prepare_item(&self.arch, seeds[j], r.id, it, m).map(Some),
+                }
+            })
             .collect()
     }
 }
 
+/// Which of `r`'s items are not prepared: those whose stored embeddings
+/// are reused when items are keyed by their raw bytes (otherwise every
+/// item is prepared, as vLLM hashes the processed item).
+fn unprepared(r: &EncodeRequest) -> impl Fn(usize) -> bool {
+    let hits: Vec<bool> = match r.prepare_hits {
+        true => Vec::new(),
+        false => r.cache.iter().map(|o| o.hit).collect(),
+    };
+    move |j| hits.get(j).copied().unwrap_or(false)
+}
+
+/// The embeddings an encode worker keeps for the encoder cache, keyed by
+/// item content (`ItemOp::key`): exactly those the controller's
+/// `EncoderCache` directory says this worker holds, since the worker
+/// applies the [`easerve_sched::ItemOp`]s of its passes in placement order
+/// (store a miss, drop what its entry evicted). It decides nothing.
+#[derive(Default)]
+pub struct EmbeddingStore {
+    /// `[llm_tokens, d]` row-major per item.
+    items: HashMap<u64, Arc<Vec<f32>>>,
+    /// Items encoded by this worker's passes.
+    pub encoded: u64,
+    /// Items whose stored embeddings a pass reused.
+    pub reused: u64,
+}
+
+impl EmbeddingStore {
+    /// Items held.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
 /// One encode pass over `requests`: their items (prepared ahead, or here),
-/// then the encoder. `preprocess_s` is the time from the pass's start until
-/// its items are ready on the device: what it waited for and spent on
-/// preprocessing.
+/// then the encoder over the items the encoder cache does not hold; the
+/// others' embeddings come from `store`, which keeps what the pass's
+/// [`easerve_sched::ItemOp`]s say. `preprocess_s` is the time from the
+/// pass's start until its items are ready on the device: what it waited for
+/// and spent on preprocessing.
+///
+/// # Errors
+/// A model or read-back failure; an item whose prepared count is wrong; a
+/// reused item this worker does not hold ([`WorkerError::NotHeld`]).
 fn encode<B: Backend>(
     model: &MultimodalModel<B>,
     preprocessor: &Preprocessor,
     requests: &[EncodeRequest],
+    store: &mut EmbeddingStore,
     device: &B::Device,
     on_device: impl FnOnce() -> Result<(), WorkerError>,
 ) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
     let mut items = Vec::new();
-    let mut counts = Vec::with_capacity(requests.len());
     for r in requests {
         let host = preprocessor.take(r)?;
         if host.len() != r.items.len() {
@@ -791,26 +912,64 @@ fn encode<B: Backend>(
                 items: r.items.len(),
             });
         }
-        items.extend(host.iter().map(|h| crate::items::to_device::<B>(h, device)));
-        counts.push(r.items.len());
+        for (j, h) in host.iter().enumerate() {
+            if !r.cache.get(j).is_some_and(|o| o.hit) {
+                let h = h.as_ref().ok_or(WorkerError::ItemCount {
+                    id: r.id,
+                    prepared: j,
+                    items: r.items.len(),
+                })?;
+                items.push(crate::items::to_device::<B>(h, device));
+            }
+        }
     }
     let preprocess_s = t0.elapsed().as_secs_f64();
     on_device()?;
+    store.encoded += items.len() as u64;
     let mut out = model
         .encode(&items)
         .map_err(WorkerError::Model)?
         .into_iter();
+    let d = model.lm.d_model();
     let mut embeddings = Vec::with_capacity(requests.len());
-    for (r, n) in requests.iter().zip(counts) {
-        let parts: Vec<Tensor<B, 2>> = out.by_ref().take(n).collect();
-        let m = Tensor::cat(parts, 0);
-        let [rows, cols] = m.dims();
+    for r in requests {
+        let mut data = Vec::new();
+        for j in 0..r.items.len() {
+            let op = r.cache.get(j);
+            let e = match op {
+                Some(o) if o.hit => {
+                    store.reused += 1;
+                    store
+                        .items
+                        .get(&o.key)
+                        .cloned()
+                        .ok_or(WorkerError::NotHeld {
+                            id: r.id,
+                            key: o.key,
+                        })?
+                }
+                _ => Arc::new(to_vec_f32(out.next().ok_or(WorkerError::ItemCount {
+                    id: r.id,
+                    prepared: j,
+                    items: r.items.len(),
+                })?)?),
+            };
+            if let Some(o) = op.filter(|o| !o.hit) {
+                for k in &o.evicted {
+                    store.items.remove(k);
+                }
+                if o.stored {
+                    store.items.insert(o.key, e.clone());
+                }
+            }
+            data.extend_from_slice(&e);
+        }
         embeddings.push((
             r.id,
             Matrix {
-                rows: rows as u32,
-                cols: cols as u32,
-                data: to_vec_f32(m)?,
+                rows: (data.len() / d.max(1)) as u32,
+                cols: d as u32,
+                data,
             },
         ));
     }
@@ -821,16 +980,120 @@ fn encode<B: Backend>(
     })
 }
 
+/// The KV caches a prefill worker keeps for the prefix cache: those of
+/// finished prefills until the controller says under which chain links to
+/// keep them (`pending`), and those kept under each link with the prompt
+/// tokens up to its end. Exactly what the controller's `PrefixCache`
+/// directory says this worker holds, since it applies the directory's
+/// [`easerve_sched::PrefixOp`]s in order; it decides nothing.
+pub struct PrefixStore<B: Backend> {
+    pending: HashMap<RequestId, KvCache<B>>,
+    links: HashMap<u64, (KvCache<B>, u64)>,
+    /// Prompt tokens whose prefill a cached head saved.
+    pub reused_tokens: u64,
+}
+
+impl<B: Backend> Default for PrefixStore<B> {
+    fn default() -> Self {
+        PrefixStore {
+            pending: HashMap::new(),
+            links: HashMap::new(),
+            reused_tokens: 0,
+        }
+    }
+}
+
+impl<B: Backend> PrefixStore<B> {
+    /// Apply the directory's operations in order.
+    pub fn apply(&mut self, ops: Vec<easerve_sched::PrefixOp>) {
+        use easerve_sched::PrefixOp;
+        for op in ops {
+            match op {
+                PrefixOp::Keep { id, links } => {
+                    if let Some(cache) = self.pending.remove(&id) {
+                        for (key, end) in links {
+                            self.links.insert(key, (cache.clone(), end));
+                        }
+                    }
+                }
+                PrefixOp::Drop { keys } => {
+                    for k in keys {
+                        self.links.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Links kept.
+    pub fn len(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Whether no link is kept.
+    pub fn is_empty(&self) -> bool {
+        self.links.is_empty()
+    }
+
+    /// The first `tokens` positions kept under `key`, as a cache to extend.
+    fn head(&self, id: RequestId, key: u64, tokens: usize) -> Result<KvCache<B>, WorkerError> {
+        let (c, _) = self
+            .links
+            .get(&key)
+            .filter(|(c, end)| *end as usize >= tokens && c.len >= tokens)
+            .ok_or(WorkerError::PrefixNotHeld { id, key })?;
+        let layers = c.k.len();
+        Ok(KvCache::from_positions(
+            (0..layers)
+                .map(|l| c.keys(l).narrow(1, 0, tokens))
+                .collect(),
+            (0..layers)
+                .map(|l| c.values(l).narrow(1, 0, tokens))
+                .collect(),
+            1,
+        ))
+    }
+}
+
+/// One prefill batch: the requests without a cached head prefilled together,
+/// each request with one alone, its uncached suffix over the kept head
+/// (`DecoderLm::prefill_cached`); the first token and KV cache of each.
 fn prefill<B: Backend>(
     model: &MultimodalModel<B>,
     vocab: u32,
     batch: &[(PrefillRequest, Option<Matrix>)],
+    prefixes: &mut PrefixStore<B>,
     device: &B::Device,
     ranks: Option<(&crate::tp::Ranks, f64)>,
 ) -> Result<FromWorker, WorkerError> {
     let t0 = Instant::now();
+    // a prefix hit prefills its suffix over the kept KV cache on one rank; a
+    // tensor-parallel worker's ranks hold shards, so it prefills the whole
+    // prompt (the same tokens, the saving forgone)
+    let (hits, fresh): (Vec<_>, Vec<_>) = batch
+        .iter()
+        .cloned()
+        .partition(|(r, _)| r.cached > 0 && ranks.is_none());
+    let mut done = Vec::with_capacity(batch.len());
+    if !fresh.is_empty() {
+        done.extend(prefill_caches(model, vocab, &fresh, device, ranks)?);
+    }
+    for (r, emb) in &hits {
+        let seq = prompt_sequence(model, vocab, r, emb.as_ref(), device)?;
+        let n = seq.dims()[0];
+        let m = (r.cached as usize).min(n - 1);
+        let past = prefixes.head(r.id, r.cached_key, m)?;
+        let (logits, cache) = model.lm.prefill_cached(seq.narrow(0, m, n - m), &past);
+        prefixes.reused_tokens += m as u64;
+        done.push((r.id, argmax_rows(logits)?[0], cache));
+    }
     let mut outputs = Vec::with_capacity(batch.len());
-    for (id, tok, cache) in prefill_caches(model, vocab, batch, device, ranks)? {
+    for (r, _) in batch {
+        let k = done.iter().position(|d| d.0 == r.id).expect("prefilled");
+        let (id, tok, cache) = done.swap_remove(k);
+        if r.keep {
+            prefixes.pending.insert(id, cache.clone());
+        }
         outputs.push((id, tok, kv_to_wire(cache)?));
     }
     Ok(FromWorker::PrefillDone {
@@ -850,36 +1113,10 @@ fn prefill_caches<B: Backend>(
     device: &B::Device,
     ranks: Option<(&crate::tp::Ranks, f64)>,
 ) -> Result<Vec<(RequestId, u32, KvCache<B>)>, WorkerError> {
-    let d = model.lm.d_model();
-    let mut seqs = Vec::with_capacity(batch.len());
-    for (r, emb) in batch {
-        let mut parts = Vec::new();
-        if let Some(m) = emb {
-            if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize {
-                return Err(WorkerError::EmbeddingsWidth {
-                    id: r.id,
-                    rows: m.rows,
-                    cols: m.cols,
-                    width: d,
-                });
-            }
-            if m.rows > 0 {
-                parts.push(Tensor::<B, 2>::from_data(
-                    TensorData::new(m.data.clone(), [m.rows as usize, d]),
-                    device,
-                ));
-            }
-        }
-        let text = prompt_ids(
-            r.id,
-            r.prompt_tokens.max(u32::from(parts.is_empty())),
-            vocab,
-        );
-        if !text.is_empty() {
-            parts.push(model.lm.embed_tokens(&text, device));
-        }
-        seqs.push(Tensor::cat(parts, 0));
-    }
+    let seqs = batch
+        .iter()
+        .map(|(r, emb)| prompt_sequence(model, vocab, r, emb.as_ref(), device))
+        .collect::<Result<Vec<_>, _>>()?;
     let (logits, caches) = match ranks {
         Some((r, share)) => r.prefill(&model.lm, &seqs, share)?,
         None => model.lm.prefill(&seqs),
@@ -891,6 +1128,44 @@ fn prefill_caches<B: Backend>(
         .zip(caches)
         .map(|(((r, _), tok), cache)| (r.id, tok, cache))
         .collect())
+}
+
+/// Request `r`'s prompt as the LLM takes it, `[tokens, d]`: its embeddings
+/// (if any), then its text tokens (at least one without embeddings).
+fn prompt_sequence<B: Backend>(
+    model: &MultimodalModel<B>,
+    vocab: u32,
+    r: &PrefillRequest,
+    emb: Option<&Matrix>,
+    device: &B::Device,
+) -> Result<Tensor<B, 2>, WorkerError> {
+    let d = model.lm.d_model();
+    let mut parts = Vec::new();
+    if let Some(m) = emb {
+        if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize {
+            return Err(WorkerError::EmbeddingsWidth {
+                id: r.id,
+                rows: m.rows,
+                cols: m.cols,
+                width: d,
+            });
+        }
+        if m.rows > 0 {
+            parts.push(Tensor::<B, 2>::from_data(
+                TensorData::new(m.data.clone(), [m.rows as usize, d]),
+                device,
+            ));
+        }
+    }
+    let text = prompt_ids(
+        r.id,
+        r.prompt_tokens.max(u32::from(parts.is_empty())),
+        vocab,
+    );
+    if !text.is_empty() {
+        parts.push(model.lm.embed_tokens(&text, device));
+    }
+    Ok(Tensor::cat(parts, 0))
 }
 
 /// One aggregated replica's iteration (see [`ToWorker::ReplicaStep`]).
@@ -915,9 +1190,14 @@ fn replica_step<B: Backend>(
     let t0 = Instant::now();
     let mut embeddings: HashMap<RequestId, Matrix> = HashMap::new();
     if !w.encode.is_empty() {
-        if let FromWorker::EncodeDone { embeddings: e, .. } =
-            encode(model, preprocessor, w.encode, device, || Ok(()))?
-        {
+        if let FromWorker::EncodeDone { embeddings: e, .. } = encode(
+            model,
+            preprocessor,
+            w.encode,
+            &mut EmbeddingStore::default(),
+            device,
+            || Ok(()),
+        )? {
             embeddings.extend(e);
         }
     }
@@ -1033,6 +1313,9 @@ mod tests {
                     id: 5 + k,
                     items,
                     media,
+                    cache: Vec::new(),
+                    keys: Vec::new(),
+                    prepare_hits: false,
                 }
             })
             .collect()
@@ -1053,7 +1336,17 @@ mod tests {
         pre: &Preprocessor,
         rs: &[EncodeRequest],
     ) -> (Vec<(RequestId, Matrix)>, f64) {
-        match encode(model, pre, rs, &Default::default(), || Ok(())).unwrap() {
+        pass_with(model, pre, rs, &mut EmbeddingStore::default())
+    }
+
+    /// A pass's embeddings and preprocessing seconds, over `store`.
+    fn pass_with(
+        model: &MultimodalModel<NdArray>,
+        pre: &Preprocessor,
+        rs: &[EncodeRequest],
+        store: &mut EmbeddingStore,
+    ) -> (Vec<(RequestId, Matrix)>, f64) {
+        match encode(model, pre, rs, store, &Default::default(), || Ok(())).unwrap() {
             FromWorker::EncodeDone {
                 embeddings,
                 preprocess_s,
@@ -1067,6 +1360,91 @@ mod tests {
         let device = Default::default();
         <NdArray as Backend>::seed(&device, SEED);
         MultimodalModel::from_arch(&arch(), &device).unwrap()
+    }
+
+    /// Passes of requests whose items are drawn from a pool of three
+    /// (content ids 1–3), with the encoder cache's operations as the
+    /// controller's directory decides them for a cache of `capacity` items
+    /// (`None`: the cache off), raw keying when `raw`.
+    fn pooled_passes(capacity: Option<u64>, raw: bool) -> Vec<Vec<EncodeRequest>> {
+        let shape = |k: u64| match k {
+            1 => (224, 224),
+            2 => (112, 224),
+            _ => (240, 320),
+        };
+        let mut dir = capacity.map(|c| {
+            easerve_sched::EncoderCache::new(
+                1,
+                easerve_sched::EncoderCacheConfig {
+                    capacity_bytes: c,
+                    bytes_per_token: 1.0,
+                    hash_raw_bytes: raw,
+                },
+            )
+        });
+        let passes: [&[&[u64]]; 3] = [&[&[1, 2], &[1, 3]], &[&[2, 1]], &[&[3, 3], &[2, 1], &[1]]];
+        let mut id = 0;
+        passes
+            .iter()
+            .map(|pass| {
+                pass.iter()
+                    .map(|keys| {
+                        id += 1;
+                        let mut cache = Vec::new();
+                        if let Some(d) = dir.as_mut() {
+                            d.lookup_ops(0, keys.iter().map(|&k| (k, 1)), Some(&mut cache));
+                        }
+                        EncodeRequest {
+                            id,
+                            items: keys
+                                .iter()
+                                .map(|&k| {
+                                    let (height, width) = shape(k);
+                                    MmItem::Image { height, width }
+                                })
+                                .collect(),
+                            media: Vec::new(),
+                            cache,
+                            keys: keys.to_vec(),
+                            prepare_hits: !raw,
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Runs 0.5–1 s (three passes of the tiny encoder, four times).
+    #[test]
+    fn the_encoder_cache_reuses_embeddings_equal_to_those_it_would_compute() {
+        let model = model();
+        let pre = Preprocessor::new(arch(), SEED, 0).unwrap();
+        let run = |capacity, raw| {
+            let mut store = EmbeddingStore::default();
+            let out: Vec<_> = pooled_passes(capacity, raw)
+                .iter()
+                .flat_map(|p| pass_with(&model, &pre, p, &mut store).0)
+                .collect();
+            (out, store)
+        };
+        let (off, s0) = run(None, false);
+        assert_eq!(s0.encoded, 11);
+        // room for every item: each content id is encoded once
+        let (all, s) = run(Some(3), false);
+        assert_eq!(all, off);
+        assert_eq!((s.encoded, s.reused, s.len()), (3, 8, 3));
+        // hits prepare nothing with raw keying, and reuse the same embeddings
+        let (raw, _) = run(Some(3), true);
+        assert_eq!(raw, off);
+        // room for two: evictions, still the same embeddings; the store holds
+        // what the directory does, so no hit ever misses its embeddings
+        let (two, s) = run(Some(2), false);
+        assert_eq!(two, off);
+        assert_eq!(s.encoded + s.reused, 11);
+        assert!(s.encoded > 3 && s.len() == 2, "{} {}", s.encoded, s.len());
+        // equal ids give equal media: requests 1, 2 and 6 open with item 1
+        let one = &off[5].1.data;
+        assert!(off[0].1.data.starts_with(one) && off[1].1.data.starts_with(one));
     }
 
     #[test]
@@ -1118,6 +1496,9 @@ mod tests {
             .map(|r| PrefillRequest {
                 id: r.id,
                 prompt_tokens: 4,
+                cached: 0,
+                cached_key: 0,
+                keep: false,
             })
             .collect();
         // the stages one by one
@@ -1232,6 +1613,7 @@ mod tests {
             &model,
             &pre,
             &without_media(&rs),
+            &mut EmbeddingStore::default(),
             &Default::default(),
             || {
                 on_device_at = Some(Instant::now());

@@ -534,6 +534,58 @@ impl<B: Backend> DecoderLm<B> {
         Ok(self.lm_head.forward(self.norm.forward(h.reshape([b, d]))))
     }
 
+    /// Prefill of a sequence whose first `past.len` positions are cached
+    /// (a prefix-cache hit): only the suffix `x` runs through the layers, its
+    /// queries attending over the cached keys and values and its own
+    /// (causally), at positions `past.len..`. The same logits and cache as a
+    /// prefill of the whole sequence, up to float rounding (the test below
+    /// states the tolerance).
+    ///
+    /// # Shapes
+    /// * `x`: `[n, d]` input embeddings of the uncached suffix (`n >= 1`)
+    /// * `past`: the prefix's cache (`len` positions)
+    /// * logits: `[1, vocab]` at the last position; the cache holds all
+    ///   `len + n` positions
+    ///
+    /// # Panics
+    /// With an empty suffix (the last token is always computed).
+    pub fn prefill_cached(&self, x: Tensor<B, 2>, past: &KvCache<B>) -> (Tensor<B, 2>, KvCache<B>) {
+        let device = x.device();
+        let [n, d] = x.dims();
+        assert!(n > 0, "a cached prefill computes at least the last token");
+        let m = past.len;
+        let t = m + n;
+        let mut bias = vec![0f32; n * t];
+        for q in 0..n {
+            for k in m + q + 1..t {
+                bias[q * t + k] = MASKED;
+            }
+        }
+        let bias = float_tensor(bias, [1, 1, n, t], &device);
+        let positions: Vec<usize> = (m..t).collect();
+        let (mut all_k, mut all_v) = (Vec::new(), Vec::new());
+        let attend = &mut |l, k, v| {
+            let k = Tensor::cat(vec![past.keys(l).unsqueeze_dim(0), k], 2);
+            let v = Tensor::cat(vec![past.values(l).unsqueeze_dim(0), v], 2);
+            all_k.push(k.clone());
+            all_v.push(v.clone());
+            (k, v)
+        };
+        let h = infallible(self.run(x.reshape([1, n, d]), &positions, bias, &Solo, attend));
+        let last = h.narrow(1, n - 1, 1).reshape([1, d]);
+        let logits = self.lm_head.forward(self.norm.forward(last));
+        let squeeze = |t: Tensor<B, 4>| {
+            let [_, kvh, len, hd] = t.dims();
+            t.reshape([kvh, len, hd])
+        };
+        let cache = KvCache::from_positions(
+            all_k.into_iter().map(squeeze).collect(),
+            all_v.into_iter().map(squeeze).collect(),
+            1,
+        );
+        (logits, cache)
+    }
+
     /// Full causal forward over one sequence without a cache: logits at every
     /// position (the reference the cached path must match).
     ///

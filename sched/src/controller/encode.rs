@@ -142,15 +142,23 @@ impl Controller {
             return (w, all);
         };
         let req = &self.requests[i];
+        let mut ops = self.encoder_ops.as_ref().map(|_| Vec::new());
         let (mask, items) = match &req.content {
             Some(c) => (
-                cache.lookup(w, c.items.iter().map(|t| (t.id, t.llm_tokens as u64))),
+                cache.lookup_ops(
+                    w,
+                    c.items.iter().map(|t| (t.id, t.llm_tokens as u64)),
+                    ops.as_mut(),
+                ),
                 c.items.len(),
             ),
             // no content ids: every item is unique, a miss
             None => (cache.miss(req.items.len()), req.items.len()),
         };
         self.encoder_hits[i] = mask;
+        if let (Some(m), Some(ops)) = (self.encoder_ops.as_mut(), ops) {
+            m.insert(id, ops);
+        }
         self.decide(|| Decision::EncoderCache {
             id,
             worker: w,

@@ -73,6 +73,10 @@ impl Controller {
             e.batcher.drain_queued()
         };
         self.encode_place.retire(i);
+        // its process's memory, the embeddings it held, is gone
+        if let Some(c) = self.encoder_cache.as_mut() {
+            c.clear(i);
+        }
         // its GPU's SMs are the local prefill worker's again
         self.reshare_local(now, i);
         for &id in &queued {
@@ -108,6 +112,10 @@ impl Controller {
                 self.remote_place.complete(p, it.tokens as f64);
             }
             self.remote_place.retire(p);
+        }
+        // its process's memory, the KV blocks it kept, is gone
+        if let Some(c) = self.prefix_cache.as_mut() {
+            c.clear(p);
         }
         // envelopes in flight to it land nowhere: their senders get their
         // in-flight slots back now, and their landings will be no-ops

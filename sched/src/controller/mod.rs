@@ -122,7 +122,7 @@ use crate::{
     Batcher, DecodeScheduler, EncodePlacement, LeastOutstanding, Mechanisms, PrefillItem,
     PrefillQueue, Request, RequestId, RequestRecord, Router, RouterPolicy, SmSplit, Topology,
 };
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 /// How a [`Controller`] is laid out: the deployment's workers and knobs.
 pub struct ControllerConfig {
@@ -338,6 +338,10 @@ pub struct Controller {
     /// With the encoder cache on, per request: bit `k` set when its item
     /// `k` hit the cache of the worker it was placed on. Empty otherwise.
     encoder_hits: Vec<u64>,
+    /// Each placed request's [`crate::ItemOp`]s, kept for a driver that
+    /// holds real embeddings ([`Controller::keep_encoder_ops`]); `None`
+    /// keeps nothing.
+    encoder_ops: Option<HashMap<RequestId, Vec<crate::ItemOp>>>,
     /// The prefix cache's directory, when on.
     prefix_cache: Option<crate::PrefixCache>,
     /// With the prefix cache on, per request: its hit tokens at the prefill
@@ -481,6 +485,7 @@ impl Controller {
                 Some(_) => vec![0; requests_len],
                 None => Vec::new(),
             },
+            encoder_ops: None,
             encoder_cache: cfg
                 .caches
                 .encoder
@@ -731,6 +736,53 @@ impl Controller {
         self.encoder_hits.get(id as usize).copied().unwrap_or(0)
     }
 
+    /// Keep, from now on, what each encode worker must do with each placed
+    /// request's items ([`crate::ItemOp`]: reuse, store, drop), for a driver
+    /// whose workers hold the embeddings ([`Controller::take_encoder_ops`]).
+    /// Nothing is kept with the encoder cache off.
+    pub fn keep_encoder_ops(&mut self) {
+        if self.encoder_cache.is_some() {
+            self.encoder_ops.get_or_insert_with(HashMap::new);
+        }
+    }
+
+    /// Request `id`'s item operations on the encode worker it was last
+    /// placed on, one per item in order (empty with the cache off, for a
+    /// request without content ids, or without [`Controller::keep_encoder_ops`]).
+    pub fn take_encoder_ops(&mut self, id: RequestId) -> Vec<crate::ItemOp> {
+        self.encoder_ops
+            .as_mut()
+            .and_then(|m| m.remove(&id))
+            .unwrap_or_default()
+    }
+
+    /// Keep, from now on, what each prefill worker must do with the KV
+    /// caches it computes ([`crate::PrefixOp`]: keep under the prompt's
+    /// links, drop), for a driver whose workers hold the KV blocks
+    /// ([`Controller::take_prefix_ops`]). Nothing with the cache off.
+    pub fn keep_prefix_ops(&mut self) {
+        if let Some(c) = self.prefix_cache.as_mut() {
+            c.keep_ops();
+        }
+    }
+
+    /// Prefill worker `p`'s prefix-cache operations since last taken, in
+    /// the directory's order (empty unless [`Controller::keep_prefix_ops`]).
+    pub fn take_prefix_ops(&mut self, p: usize) -> Vec<crate::PrefixOp> {
+        self.prefix_cache
+            .as_mut()
+            .map_or_else(Vec::new, |c| c.take_ops(p))
+    }
+
+    /// With the prefix cache on: request `id`'s cached prompt tokens and
+    /// the chain links that hold them at its prefill worker (`(0, 0)` with
+    /// the cache off or no hit).
+    pub fn prefix_hit(&self, id: RequestId) -> (u64, usize) {
+        self.prefix_hits
+            .get(id as usize)
+            .map_or((0, 0), |h| (h[0] as u64, h[1] as usize))
+    }
+
     /// The caches in force.
     pub fn caches(&self) -> &crate::CacheConfig {
         &self.caches
@@ -743,6 +795,14 @@ impl Controller {
             self.encoder_cache.as_ref().map(|c| c.counters()),
             self.prefix_cache.as_ref().map(|c| c.counters()),
         )
+    }
+
+    /// Bytes of embeddings the encoder caches of every encode worker hold
+    /// (0 with the cache off).
+    pub fn encoder_cache_bytes(&self) -> u64 {
+        self.encoder_cache
+            .as_ref()
+            .map_or(0, |c| (0..self.encode.len()).map(|w| c.used_bytes(w)).sum())
     }
 
     /// The prefix cache's block size, tokens, when it is on.

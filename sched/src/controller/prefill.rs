@@ -110,7 +110,7 @@ impl Controller {
         let keys = self.prompt_keys(id);
         let links = self.prefix_hits[id as usize][1] as usize;
         if let Some(c) = self.prefix_cache.as_mut() {
-            c.release(p, &keys, links);
+            c.release_request(p, id, &keys, links);
         }
         self.keys = keys;
     }

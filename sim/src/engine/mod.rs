@@ -302,11 +302,11 @@ struct Sim<'a> {
     local_cost: Option<Box<dyn StageCost>>,
 }
 
-/// How the run charges an encode pass's host preprocessing, for the notes.
 /// The report's reuse section: what the workload offers (in blocks of the
-/// prefix cache's size, vLLM's 16 when it is off) and each cache's hits;
-/// `None` for a workload that repeats nothing with every cache off.
-fn reuse_report(sc: &Scenario, ctrl: &Controller) -> Option<ReuseReport> {
+/// prefix cache's size, vLLM's 16 when it is off) and each cache's hits
+/// (the controller's, so the executor's report has them too); `None` for a
+/// workload that repeats nothing with every cache off.
+pub fn reuse_report(sc: &Scenario, ctrl: &Controller) -> Option<ReuseReport> {
     let caches = ctrl.cache_counters();
     if !sc.workload.repeats() && caches == (None, None) {
         return None;
@@ -321,6 +321,7 @@ fn reuse_report(sc: &Scenario, ctrl: &Controller) -> Option<ReuseReport> {
     })
 }
 
+/// How the run charges an encode pass's host preprocessing, for the notes.
 fn preprocess_note(sc: &Scenario) -> String {
     match sc.knobs.preprocess_threads {
         Some(n) => format!(
