@@ -141,20 +141,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
     let obj = v
         .as_object()
         .ok_or_else(|| ApiError::bad("the body must be a JSON object"))?;
-    match obj.get("model") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(m)) if *m == model.name => {}
-        Some(Value::String(m)) => {
-            return Err(ApiError {
-                status: 404,
-                message: format!(
-                    "The model `{m}` does not exist; this server serves `{}`",
-                    model.name
-                ),
-            })
-        }
-        Some(_) => return Err(ApiError::bad("`model` must be a string")),
-    }
+    check_model(obj.get("model"), model)?;
     let stream = flag(obj.get("stream"), "stream")?;
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
@@ -162,18 +149,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         Some(_) => return Err(ApiError::bad("`stream_options` must be an object")),
     };
     flag(obj.get("ignore_eos"), "ignore_eos")?;
-    let timeout_s = match obj.get("timeout") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_f64()
-                .filter(|t| *t > 0.0 && *t <= MAX_TIMEOUT_S)
-                .ok_or_else(|| {
-                    ApiError::bad(format!(
-                        "`timeout` must be a number of seconds in (0, {MAX_TIMEOUT_S}], not {v}"
-                    ))
-                })?,
-        ),
-    };
+    let timeout_s = timeout(obj.get("timeout"))?;
     let max_tokens = match (obj.get("max_completion_tokens"), obj.get("max_tokens")) {
         (Some(v), _) if !v.is_null() => count(v, "max_completion_tokens")?,
         (_, Some(v)) if !v.is_null() => count(v, "max_tokens")?,
@@ -305,6 +281,39 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         include_usage,
         timeout_s,
     })
+}
+
+/// The body's `model`, if given, must name the served model (404 otherwise,
+/// as vLLM answers).
+fn check_model(v: Option<&Value>, model: &ModelInfo) -> Result<(), ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if *m == model.name => Ok(()),
+        Some(Value::String(m)) => Err(ApiError {
+            status: 404,
+            message: format!(
+                "The model `{m}` does not exist; this server serves `{}`",
+                model.name
+            ),
+        }),
+        Some(_) => Err(ApiError::bad("`model` must be a string")),
+    }
+}
+
+/// The body's `timeout`: seconds in (0, [`MAX_TIMEOUT_S`]], or none.
+fn timeout(v: Option<&Value>) -> Result<Option<f64>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|t| *t > 0.0 && *t <= MAX_TIMEOUT_S)
+            .map(Some)
+            .ok_or_else(|| {
+                ApiError::bad(format!(
+                    "`timeout` must be a number of seconds in (0, {MAX_TIMEOUT_S}], not {v}"
+                ))
+            }),
+    }
 }
 
 /// The prompt's text after its items, as one segment: a request's text

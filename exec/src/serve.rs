@@ -338,33 +338,39 @@ impl Metrics {
             "Realised fraction of prefills routed to remote prefill workers",
             m.offload.clone(),
         );
+        m.register_supervision(r);
+        m.register_caches(r);
+        Metrics { registry, ..m }
+    }
+
+    /// Supervision's counters and gauges (worker deaths, restarts, time
+    /// degraded or with a stage down).
+    fn register_supervision(&self, r: &mut Registry) {
         r.register(
             "easerve:worker_deaths",
             "Worker deaths (exits, kills, missed heartbeats)",
-            m.deaths.clone(),
+            self.deaths.clone(),
         );
         r.register(
             "easerve:worker_restarts",
             "Worker restarts that brought a worker back",
-            m.restarts.clone(),
+            self.restarts.clone(),
         );
         r.register(
             "easerve:workers_down",
             "Workers dead now, restarting or not",
-            m.workers_down.clone(),
+            self.workers_down.clone(),
         );
         r.register(
             "easerve:degraded_seconds",
             "Seconds with at least one worker dead",
-            m.degraded.clone(),
+            self.degraded.clone(),
         );
         r.register(
             "easerve:stage_down_seconds",
             "Seconds with some stage having no live worker",
-            m.down.clone(),
+            self.down.clone(),
         );
-        m.register_caches(r);
-        Metrics { registry, ..m }
     }
 
     /// The caches' counters: vLLM's prefix-cache names (tokens, as vLLM

@@ -509,6 +509,48 @@ fn receive(
     }
 }
 
+/// The worker's model: the whole of it, or rank 0's shard with the other
+/// ranks started ([`crate::tp::Ranks`]) when `opts.tp > 1`.
+fn load_model<B: Backend>(
+    arch: &ModelArch,
+    opts: &WorkerOptions,
+    device: &B::Device,
+) -> Result<(MultimodalModel<B>, Option<crate::tp::Ranks>), WorkerError> {
+    B::seed(device, opts.seed);
+    let model = MultimodalModel::<B>::from_arch(arch, device).map_err(WorkerError::Model)?;
+    if opts.tp <= 1 {
+        return Ok((model, None));
+    }
+    let shard = model
+        .shard(0, opts.tp, opts.role == Role::Encode)
+        .map_err(|e| WorkerError::Ranks(e.to_string()))?;
+    let ranks = crate::tp::Ranks::start(opts, arch.llm.kv_heads as usize)?;
+    Ok((shard, Some(ranks)))
+}
+
+/// Warm-up: one small forward of the stage's model (a prefill over all
+/// ranks, or a prefill and a decode step on one), so the first request does
+/// not pay first-use costs.
+fn warm_up<B: Backend>(
+    model: &MultimodalModel<B>,
+    ranks: Option<&crate::tp::Ranks>,
+    role: Role,
+    device: &B::Device,
+) -> Result<(), WorkerError> {
+    if role == Role::Encode {
+        return Ok(());
+    }
+    let x = model.lm.embed_tokens(&[1, 2, 3], device);
+    if let Some(r) = ranks {
+        r.prefill(&model.lm, std::slice::from_ref(&x), 1.0)?;
+    } else {
+        let (_l, mut caches) = model.lm.prefill(std::slice::from_ref(&x));
+        let x = model.lm.embed_tokens(&[4], device);
+        let _ = model.lm.decode(x, &mut caches);
+    }
+    Ok(())
+}
+
 fn serve<B: Backend>(
     arch: &ModelArch,
     opts: &WorkerOptions,
@@ -517,17 +559,7 @@ fn serve<B: Backend>(
     writer: Shared<TcpStream>,
 ) -> Result<(), WorkerError> {
     let t0 = Instant::now();
-    B::seed(device, opts.seed);
-    let model = MultimodalModel::<B>::from_arch(arch, device).map_err(WorkerError::Model)?;
-    let (model, ranks) = if opts.tp > 1 {
-        let shard = model
-            .shard(0, opts.tp, opts.role == Role::Encode)
-            .map_err(|e| WorkerError::Ranks(e.to_string()))?;
-        let ranks = crate::tp::Ranks::start(opts, arch.llm.kv_heads as usize)?;
-        (shard, Some(ranks))
-    } else {
-        (model, None)
-    };
+    let (model, ranks) = load_model::<B>(arch, opts, device)?;
     let ranks = ranks.as_ref();
     let vocab = arch.llm.vocab;
     // built before any pass pins the process, so its threads start with the
@@ -538,16 +570,7 @@ fn serve<B: Backend>(
         opts.preprocess_threads,
     )?);
     let mut pools = Pools::new(opts.threads, opts.cores, preprocessor.thread_ids.clone());
-    // warm-up: one small forward of the stage's model
-    if let (Some(r), true) = (ranks, opts.role != Role::Encode) {
-        let x = model.lm.embed_tokens(&[1, 2, 3], device);
-        r.prefill(&model.lm, std::slice::from_ref(&x), 1.0)?;
-    } else if opts.role != Role::Encode {
-        let x = model.lm.embed_tokens(&[1, 2, 3], device);
-        let (_l, mut caches) = model.lm.prefill(std::slice::from_ref(&x));
-        let x = model.lm.embed_tokens(&[4], device);
-        let _ = model.lm.decode(x, &mut caches);
-    }
+    warm_up(&model, ranks, opts.role, device)?;
     let sync = || B::sync(device).map_err(WorkerError::Sync);
     sync()?;
     send(
@@ -623,12 +646,12 @@ fn serve<B: Backend>(
                 }
                 Some(decode_step(&model, &mut seqs, &ids, device, ranks)?)
             }
-            // a finished or aborted request: whatever this worker holds for
-            // it (in order after the jobs sent before, which may still use it)
             Job::PrefixOps(ops) => {
                 prefixes.apply(ops);
                 None
             }
+            // a finished or aborted request: whatever this worker holds for
+            // it (in order after the jobs sent before, which may still use it)
             Job::Release(ids) => {
                 if let Some(r) = ranks {
                     r.release(&ids)?;
