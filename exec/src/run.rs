@@ -1210,7 +1210,8 @@ pub(crate) async fn shut_down(pool: &mut Pool) {
             }
         }
     }
-    let stop_deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    let stop_deadline =
+        tokio::time::Instant::now() + Duration::from_secs_f64(crate::plan::STOP_GRACE_S);
     let live = &mut pool.live;
     // spare slots never started and stopped workers have no process
     let has_process = |w: &WorkerProcess| w.pid.is_some() && !w.stop.is_some_and(|s| s.exited);
