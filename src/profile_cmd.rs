@@ -52,12 +52,21 @@ pub(crate) struct ProfileArgs {
     /// 2 x 2 decode points.
     #[arg(long)]
     quick: bool,
+    /// Tensor-parallel degrees of the prefill and decode tables (cpu; comma
+    /// separated, e.g. `1,2,4`; 1 is always measured): each TP k > 1 times a
+    /// TP k worker's rank processes and the all-reduce among k ranks. Each
+    /// degree must split the model's heads.
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    tp: Vec<usize>,
     /// Internal: measure one CPU thread level in this process.
     #[arg(long, hide = true)]
     level_threads: Option<usize>,
     /// Internal: cores the levels divide (set by the parent process).
     #[arg(long, hide = true)]
     cores: Option<usize>,
+    /// Internal: the TP degree of the level this process measures.
+    #[arg(long, hide = true, default_value_t = 1)]
+    level_tp: usize,
 }
 
 #[cfg(feature = "exec")]
@@ -77,15 +86,17 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
         return Err(BadInput("--repetitions must be at least 1".into()).into());
     }
     check_device(kind).map_err(|e| BadInput(e.0))?;
+    let tp = check_tp(&a.tp, &arch, kind)?;
     let opts = ProfileOptions {
         repetitions: a.repetitions,
         warmup: a.warmup,
         seed: a.seed,
         quick: a.quick,
+        tp,
     };
     let cores = a.cores.unwrap_or_else(cpu_cores);
     if let Some(threads) = a.level_threads {
-        run_level_cpu(&arch, &opts, threads, cores)?;
+        run_level_cpu(&arch, &opts, threads, cores, a.level_tp)?;
         return Ok(ExitCode::SUCCESS);
     }
     // Fail on an unwritable output before minutes of measuring (without truncating
@@ -103,14 +114,16 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     check_cpu_memory(&arch)?;
     crate::warn_if_host_busy("profile");
     let plan = Plan::for_model(&arch, opts.quick);
-    let total = cpu_levels(cores)
-        .into_iter()
-        .map(|t| plan.points_per_level(t == cores))
-        .sum::<usize>()
-        + plan.transfer_bytes.len();
+    let total = opts.tp.len()
+        * cpu_levels(cores)
+            .into_iter()
+            .map(|t| plan.points_per_level(t == cores))
+            .sum::<usize>()
+        + plan.transfer_bytes.len()
+        + (opts.tp.len() - 1) * plan.all_reduce_bytes.len();
     let bar = progress_bar(total as u64);
     let exe = std::env::current_exe()?;
-    let spawn = |threads: usize| level_command(&a, &exe, threads, cores);
+    let spawn = |threads: usize, tp: usize| level_command(&a, &exe, threads, cores, tp);
     let profile = profile_cpu(
         &arch,
         &opts,
@@ -126,6 +139,31 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     let text = profile.to_toml_string();
     write_profile(&a, &arch, cores, text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The TP degrees of `--tp`, ascending and with 1 (TP 1 rows are the
+/// tables' base), each one the model's LLM splits into on `kind`.
+///
+/// Errors (exit 2): a degree 0, one that does not split the heads, or TP > 1
+/// on a device other than cpu.
+#[cfg(feature = "exec")]
+fn check_tp(tp: &[usize], arch: &ModelArch, kind: DeviceKind) -> Result<Vec<usize>, BadInput> {
+    let allowed = arch.llm.executor_tp();
+    let mut out: Vec<usize> = tp.iter().copied().chain([1]).collect();
+    out.sort_unstable();
+    out.dedup();
+    if let Some(bad) = out.iter().find(|t| !allowed.contains(t)) {
+        return Err(BadInput(format!(
+            "--tp {bad}: model {} splits into TP {allowed:?} only (its LLM's heads, KV heads and MLP width)",
+            arch.name
+        )));
+    }
+    if out.len() > 1 && kind != DeviceKind::Cpu {
+        return Err(BadInput(
+            "--tp: degrees above 1 are measured on --device cpu only (rank processes with a loopback all-reduce)".into(),
+        ));
+    }
+    Ok(out)
 }
 
 /// Refuse a model whose f32 weights exceed 80 % of the available memory.
@@ -163,19 +201,27 @@ fn progress_bar(total: u64) -> ProgressBar {
 
 /// The command measuring one level of `threads` CPU threads (a child `easerve profile`).
 #[cfg(feature = "exec")]
-fn level_command(a: &ProfileArgs, exe: &std::path::Path, threads: usize, cores: usize) -> Command {
+fn level_command(
+    a: &ProfileArgs,
+    exe: &std::path::Path,
+    threads: usize,
+    cores: usize,
+    tp: usize,
+) -> Command {
     let mut c = Command::new(exe);
     c.args(["profile", "--model", &a.model, "--device", "cpu"])
         .args(["--repetitions", &a.repetitions.to_string()])
         .args(["--warmup", &a.warmup.to_string()])
         .args(["--seed", &a.seed.to_string()])
         .args(["--level-threads", &threads.to_string()])
-        .args(["--cores", &cores.to_string()]);
+        .args(["--cores", &cores.to_string()])
+        .args(["--level-tp", &tp.to_string()]);
     if a.quick {
         c.arg("--quick");
     }
-    c.env("MATMUL_NUM_THREADS", threads.to_string())
-        .env("RAYON_NUM_THREADS", threads.to_string());
+    let per_rank = (threads / tp.max(1)).max(1);
+    c.env("MATMUL_NUM_THREADS", per_rank.to_string())
+        .env("RAYON_NUM_THREADS", per_rank.to_string());
     c
 }
 

@@ -12,6 +12,17 @@
 //!   positions evenly (random caches of the right shape; timing does not depend on
 //!   values).
 //! * **transfer** — a `bytes` message over a loopback TCP socket and a 1-byte ack.
+//! * **TP k > 1** (CPU, [`ProfileOptions::tp`]) — prefill and decode as above
+//!   through a tensor-parallel worker's rank processes ([`crate::tp`]: rank 0
+//!   in the level process, ranks `1..k` as `easerve worker` processes, the
+//!   executor's code path), each rank on `threads / k` threads (at least 1),
+//!   as the executor gives a TP k worker k slots. A prefill row includes
+//!   sending the input to the ranks, their all-reduces and gathering the KV
+//!   shards; a decode row one step with the KV shards already on the ranks.
+//! * **all-reduce** — for each TP k > 1, one sum of a `bytes` message among k
+//!   ranks over the same loopback star ([`crate::tp::TcpGroup`]; the ranks
+//!   are threads of the profiling process), at the message sizes the tiny
+//!   models' passes send ([`Plan::all_reduce_bytes`]).
 //!
 //! SM levels: on CPU a level is the thread share `threads / cores` for the thread
 //! counts of [`easerve_exec::device::cpu_levels`] (at most five); every level runs in its own
@@ -84,6 +95,9 @@ pub struct ProfileOptions {
     pub seed: u64,
     /// A smaller grid (2 encode batches, 4 prefill sizes, 2x2 decode points) for tests.
     pub quick: bool,
+    /// Tensor-parallel degrees of the prefill and decode rows (CPU), ascending,
+    /// starting at 1; each degree > 1 also gets the all-reduce rows.
+    pub tp: Vec<usize>,
 }
 
 impl Default for ProfileOptions {
@@ -93,6 +107,7 @@ impl Default for ProfileOptions {
             warmup: 2,
             seed: 0,
             quick: false,
+            tp: vec![1],
         }
     }
 }
@@ -121,6 +136,10 @@ pub struct Plan {
     pub decode_context: Vec<usize>,
     /// Transfer sizes in bytes.
     pub transfer_bytes: Vec<usize>,
+    /// All-reduce message sizes in bytes: `rows × hidden × 4` (f32) for 1, 4,
+    /// 16, 64, 256 and 2048 rows (a decode step's batch up to the longest
+    /// prefill of the grid).
+    pub all_reduce_bytes: Vec<usize>,
 }
 
 impl Plan {
@@ -196,6 +215,10 @@ impl Plan {
                 (0..=8).map(|e| 1024 << (2 * e)).collect(),
                 vec![1024, 1 << 20],
             ),
+            all_reduce_bytes: pick(vec![1, 4, 16, 64, 256, 2048], vec![1, 512])
+                .into_iter()
+                .map(|rows| rows * arch.llm.hidden as usize * 4)
+                .collect(),
         }
     }
 
@@ -370,6 +393,200 @@ pub fn measure_level<B: Backend>(
     Ok(rows)
 }
 
+/// Measure prefill (and decode when `with_decode`) of a TP `tp` worker at
+/// `sm_level`: this process is rank 0 and starts ranks `1..tp` as `easerve
+/// worker` processes of `exe`, each on `threads` threads, as the executor
+/// does ([`crate::tp`]). Rows as [`measure_level`]'s with `tp` in their TP
+/// column; no encode rows (encode workers run TP 1).
+///
+/// Errors: a rank that cannot start or split the model, a failed exchange.
+#[allow(clippy::too_many_arguments)]
+pub fn measure_level_tp(
+    arch: &ModelArch,
+    plan: &Plan,
+    opts: &ProfileOptions,
+    sm_level: f64,
+    with_decode: bool,
+    tp: usize,
+    threads: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<LevelRows, ProfilerError> {
+    type B = burn::backend::NdArray;
+    let device = Default::default();
+    let ranks_err = |e: crate::process::WorkerError| ProfilerError::Level(e.to_string());
+    let wopts = crate::process::WorkerOptions {
+        role: easerve_exec::wire::Role::Prefill,
+        index: 0,
+        connect: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+        model: arch.name.clone(),
+        threads,
+        seed: opts.seed,
+        device: easerve_exec::device::DeviceKind::Cpu,
+        gpu: 0,
+        cores: easerve_exec::device::CoreSide::Any,
+        preprocess_threads: 0,
+        tp,
+        tp_rank: 0,
+        tp_root: None,
+    };
+    B::seed(&device, opts.seed);
+    let full = MultimodalModel::<B>::from_arch(arch, &device)?;
+    let lm = full
+        .lm
+        .shard(0, tp)
+        .map_err(|e| ProfilerError::Level(e.to_string()))?;
+    drop(full);
+    let ranks = crate::tp::Ranks::start(&wopts, arch.llm.kv_heads as usize).map_err(ranks_err)?;
+    let d = lm.d_model();
+    let mut rows = LevelRows::default();
+    for &n in &plan.prefill_tokens {
+        let x: Tensor<B, 2> = Tensor::random([n, d], Distribution::Normal(0.0, 1.0), &device);
+        let mut ts = timed_runs(opts, || {
+            let t0 = Instant::now();
+            ranks.prefill(&lm, std::slice::from_ref(&x), 1.0)?;
+            Ok(t0.elapsed().as_secs_f64())
+        })
+        .map_err(ranks_err)?;
+        let (m, p) = median_p90(&mut ts);
+        rows.prefill.push(vec![n as f64, tp as f64, sm_level, m, p]);
+        progress(&format!("prefill tp={tp} tokens={n}"));
+    }
+    if with_decode {
+        for &b in &plan.decode_batch {
+            for &c in &plan.decode_context {
+                let per = (c / b).max(1);
+                let (m, p) = time_tp_decode(arch, &ranks, &lm, opts, b, per).map_err(ranks_err)?;
+                rows.decode
+                    .push(vec![b as f64, (per * b) as f64, tp as f64, m, p]);
+                progress(&format!("decode tp={tp} b={b} context={}", per * b));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// `warmup` untimed then `repetitions` timed runs of `f`, which returns the
+/// seconds of its timed part.
+fn timed_runs<E>(
+    opts: &ProfileOptions,
+    mut f: impl FnMut() -> Result<f64, E>,
+) -> Result<Vec<f64>, E> {
+    for _ in 0..opts.warmup {
+        f()?;
+    }
+    (0..opts.repetitions.max(1)).map(|_| f()).collect()
+}
+
+/// Median and p90 of one decode step of `b` sequences with `per` cached
+/// positions each on a TP worker's ranks. Before each timed step (untimed):
+/// every rank gets its heads of fresh random caches of `per − 1` positions
+/// (`per` when `per` is 1) and runs one step, which also waits for the ranks
+/// to have read their caches; the timed step then sees `per` positions
+/// (`per + 1` when `per` is 1) on every rank.
+fn time_tp_decode(
+    arch: &ModelArch,
+    ranks: &crate::tp::Ranks,
+    lm: &easerve_model::nn::DecoderLm<burn::backend::NdArray>,
+    opts: &ProfileOptions,
+    b: usize,
+    per: usize,
+) -> Result<(f64, f64), crate::process::WorkerError> {
+    type B = burn::backend::NdArray;
+    let device = Default::default();
+    let l = &arch.llm;
+    let start = per.saturating_sub(1).max(1);
+    let kv = || -> Tensor<B, 3> {
+        Tensor::random(
+            [l.kv_heads as usize, start, l.head_dim as usize],
+            Distribution::Normal(0.0, 1.0),
+            &device,
+        )
+    };
+    let whole: Vec<KvCache<B>> = (0..b)
+        .map(|_| {
+            KvCache::from_positions(
+                (0..l.layers).map(|_| kv()).collect(),
+                (0..l.layers).map(|_| kv()).collect(),
+                2,
+            )
+        })
+        .collect();
+    let ids: Vec<easerve_sched::RequestId> = (0..b as u64).collect();
+    let x: Tensor<B, 2> =
+        Tensor::random([b, lm.d_model()], Distribution::Normal(0.0, 1.0), &device);
+    let mut ts = timed_runs(opts, || {
+        let mut caches = ids
+            .iter()
+            .zip(&whole)
+            .map(|(&id, w)| ranks.land_kv(id, w.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
+        ranks.decode(lm, &ids, x.clone(), &mut caches)?;
+        let t0 = Instant::now();
+        ranks.decode(lm, &ids, x.clone(), &mut caches)?;
+        Ok(t0.elapsed().as_secs_f64())
+    })?;
+    Ok(median_p90(&mut ts))
+}
+
+/// One all-reduce of each of `plan.all_reduce_bytes` among `tp` ranks over
+/// the loopback star of [`crate::tp::TcpGroup`] (ranks `1..tp` are threads
+/// here): rows `[tp, bytes, median, p90]` in seconds, timed on rank 0.
+///
+/// Errors: a socket that fails.
+pub fn measure_all_reduce(
+    plan: &Plan,
+    opts: &ProfileOptions,
+    tp: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Vec<f64>>, ProfilerError> {
+    use crate::tp::TcpGroup;
+    use easerve_model::nn::AllReduce;
+    type B = burn::backend::NdArray;
+    let io = |what: &'static str| move |e| ProfilerError::Loopback(what.into(), e);
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(io("all-reduce socket"))?;
+    let root = listener.local_addr().map_err(io("all-reduce socket"))?;
+    let runs = (opts.warmup + opts.repetitions.max(1)) as usize;
+    let sizes = plan.all_reduce_bytes.clone();
+    let followers: Vec<_> = (1..tp)
+        .map(|r| {
+            let sizes = sizes.clone();
+            std::thread::spawn(move || -> std::io::Result<()> {
+                let g = TcpGroup::connect(root, r, tp)?;
+                for &n in &sizes {
+                    let mut data = vec![1f32; n / 4];
+                    for _ in 0..runs {
+                        AllReduce::<B>::sum_host(&g, &mut data)?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let g = TcpGroup::accept(&listener, tp, std::time::Duration::from_secs(20))
+        .map_err(io("all-reduce ranks"))?;
+    let mut rows = Vec::new();
+    for &n in &sizes {
+        let mut data = vec![1f32; n / 4];
+        let mut ts = timed_runs(opts, || {
+            let t0 = Instant::now();
+            AllReduce::<B>::sum_host(&g, &mut data)?;
+            Ok(t0.elapsed().as_secs_f64())
+        })
+        .map_err(io("all-reduce"))?;
+        let (m, p) = median_p90(&mut ts);
+        rows.push(vec![tp as f64, n as f64, m, p]);
+        progress(&format!("all-reduce tp={tp} bytes={n}"));
+    }
+    for f in followers {
+        f.join()
+            .map_err(|_| {
+                ProfilerError::Loopback("all-reduce rank".into(), std::io::Error::other("panicked"))
+            })?
+            .map_err(io("all-reduce rank"))?;
+    }
+    Ok(rows)
+}
+
 /// Time `bytes`-sized messages over a loopback TCP socket (send + 1-byte ack).
 pub fn measure_loopback(
     plan: &Plan,
@@ -438,10 +655,11 @@ pub enum LevelMessage {
     Failed(String),
 }
 
-/// Run a CPU profile: one child process per thread level `1..=cores` (started by
-/// `spawn(threads)`, which must run this crate's level entry point with
-/// [`LevelMessage`] lines on stdout), loopback transfers in this process, then
-/// assemble and validate the profile.
+/// Run a CPU profile: one child process per thread level `1..=cores` and TP
+/// degree of `opts.tp` (started by `spawn(threads, tp)`, which must run this
+/// crate's level entry point with [`LevelMessage`] lines on stdout), loopback
+/// transfers and all-reduces in this process, then assemble and validate the
+/// profile.
 ///
 /// Errors: a level process that fails or prints no rows; a profile the validator
 /// rejects.
@@ -449,14 +667,23 @@ pub fn profile_cpu(
     arch: &ModelArch,
     opts: &ProfileOptions,
     cores: usize,
-    spawn: &dyn Fn(usize) -> Command,
+    spawn: &dyn Fn(usize, usize) -> Command,
     progress: &mut dyn FnMut(&str),
     date: &str,
 ) -> Result<Profile, ProfilerError> {
     let plan = Plan::for_model(arch, opts.quick);
     let mut levels = Vec::new();
-    for threads in easerve_exec::device::cpu_levels(cores) {
-        let mut cmd = spawn(threads);
+    let tps = if opts.tp.is_empty() {
+        vec![1]
+    } else {
+        opts.tp.clone()
+    };
+    for (tp, threads) in tps.iter().flat_map(|&tp| {
+        easerve_exec::device::cpu_levels(cores)
+            .into_iter()
+            .map(move |t| (tp, t))
+    }) {
+        let mut cmd = spawn(threads, tp);
         cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut child = cmd
             .spawn()
@@ -490,7 +717,16 @@ pub fn profile_cpu(
         levels.push(rows);
     }
     let transfer = measure_loopback(&plan, opts, progress)?;
+    let mut all_reduce = Vec::new();
+    for &tp in tps.iter().filter(|&&tp| tp > 1) {
+        all_reduce.extend(measure_all_reduce(&plan, opts, tp, progress)?);
+    }
     let eff = Efficiency::default();
+    let tp_note = if tps == [1] {
+        String::new()
+    } else {
+        format!("TP {tps:?}: a TP k > 1 row times rank 0 of k rank processes on threads/k threads each (at least 1; loopback TCP all-reduces inside), all-reduce = one sum among k ranks (threads) over the loopback star; ")
+    };
     let provenance = Provenance {
         model: arch.name.clone(),
         device: "cpu".into(),
@@ -504,18 +740,28 @@ pub fn profile_cpu(
         ],
         date: date.into(),
         method: format!(
-            "easerve profile: {} warm-up + {} timed runs per point, median and p90; SM level = threads/cores ({cores} cores), one process per level (rayon pool + MATMUL_NUM_THREADS + CPU affinity); encode t_pre = host preprocessing of decoded synthetic items (no file decoding), t_pass = 0 (inside the forward); decode with random caches of the given context; transfer = loopback TCP message + 1-byte ack; latencies made non-decreasing along work axes (running max)",
+            "easerve profile: {} warm-up + {} timed runs per point, median and p90; SM level = threads/cores ({cores} cores), one process per level (rayon pool + MATMUL_NUM_THREADS + CPU affinity); {tp_note}encode t_pre = host preprocessing of decoded synthetic items (no file decoding), t_pass = 0 (inside the forward); decode with random caches of the given context; transfer = loopback TCP message + 1-byte ack; latencies made non-decreasing along work axes (running max)",
             opts.warmup, opts.repetitions
         ),
         repetitions: opts.repetitions,
     };
-    assemble(
+    let profile = assemble(
         arch,
         provenance,
         (eff.time_slice_penalty, eff.bandwidth_interference),
         levels,
         transfer,
-    )
+    )?;
+    if all_reduce.is_empty() {
+        return Ok(profile);
+    }
+    monotone_envelope(Stage::AllReduce, &mut all_reduce);
+    for r in all_reduce.iter_mut() {
+        r[3] = r[3].max(r[2]);
+    }
+    profile
+        .with_all_reduce(all_reduce)
+        .map_err(ProfilerError::Invalid)
 }
 
 /// Merge level rows into a validated profile (decode from the level that has it).
@@ -565,8 +811,14 @@ pub fn run_level_cpu(
     opts: &ProfileOptions,
     threads: usize,
     cores: usize,
+    tp: usize,
 ) -> Result<(), ProfilerError> {
-    easerve_exec::device::bound_cpu_threads(threads)?;
+    let rank_threads = (threads / tp.max(1)).max(1);
+    if tp > 1 {
+        easerve_exec::device::limit_cpu_threads(rank_threads)?;
+    } else {
+        easerve_exec::device::bound_cpu_threads(threads)?;
+    }
     let plan = Plan::for_model(arch, opts.quick);
     let mut out = std::io::stdout().lock();
     let mut emit = |m: &LevelMessage| {
@@ -575,15 +827,29 @@ pub fn run_level_cpu(
     };
     let device = Default::default();
     let level = threads as f64 / cores.max(1) as f64;
-    let res = measure_level::<burn::backend::NdArray>(
-        arch,
-        &plan,
-        opts,
-        level,
-        threads == cores,
-        &device,
-        &mut |p| emit(&LevelMessage::Point(p.to_string())),
-    );
+    let mut point = |p: &str| emit(&LevelMessage::Point(p.to_string()));
+    let res = if tp > 1 {
+        measure_level_tp(
+            arch,
+            &plan,
+            opts,
+            level,
+            threads == cores,
+            tp,
+            rank_threads,
+            &mut point,
+        )
+    } else {
+        measure_level::<burn::backend::NdArray>(
+            arch,
+            &plan,
+            opts,
+            level,
+            threads == cores,
+            &device,
+            &mut point,
+        )
+    };
     match res {
         Ok(rows) => {
             emit(&LevelMessage::Rows(rows));

@@ -32,7 +32,41 @@ impl Profile {
             .iter()
             .chain([&self.prefill, &self.decode])
             .chain(self.transfer.iter())
+            .chain(self.all_reduce.iter())
     }
+
+    /// Seconds a TP `tp` pass of `rows` token rows spends in all-reduces, added
+    /// to a stage time looked up at another TP because the table has no row
+    /// at `tp` (a measured row already holds its all-reduces: the profiler
+    /// times the rank processes). Priced from the measured all-reduce table:
+    /// two all-reduces per decoder layer (after the attention output and the
+    /// MLP down projection, `model/src/nn/tp.rs`) of `rows × hidden × 4`
+    /// bytes (f32 activations). 0 when `tp` ≤ 1, when the stage table has a
+    /// row at `tp`, or when the all-reduce table or the model's preset is
+    /// missing (the notes say which lookups fell back).
+    fn missing_tp_all_reduce(&self, stage: &Table, tp: u32, rows: u64) -> f64 {
+        if tp <= 1 || stage.axes()[stage_tp_axis(stage)].contains(&f64::from(tp)) {
+            return 0.0;
+        }
+        self.tp_fallbacks.add();
+        let Some(ar) = self.all_reduce.as_ref() else {
+            return 0.0;
+        };
+        if !ar.axes()[0].contains(&f64::from(tp)) {
+            return 0.0;
+        }
+        let Some(arch) = easerve_model::ModelArch::preset(&self.provenance.model) else {
+            return 0.0;
+        };
+        self.tp_priced.add();
+        let bytes = rows as f64 * f64::from(arch.llm.hidden) * 4.0;
+        2.0 * f64::from(arch.llm.layers) * ar.lookup(&[f64::from(tp), bytes])[0]
+    }
+}
+
+/// The `tp` axis of a prefill or decode table.
+fn stage_tp_axis(t: &Table) -> usize {
+    t.stage.axes().iter().position(|a| *a == "tp").unwrap_or(0)
 }
 
 impl StageCost for Profile {
@@ -67,6 +101,7 @@ impl StageCost for Profile {
         let at = |n: u64| {
             self.prefill
                 .lookup(&[n as f64, f64::from(tp.max(1)), clamp_share(sm_share)])[0]
+                + self.missing_tp_all_reduce(&self.prefill, tp, n)
         };
         match self.prefill_batching {
             PrefillBatching::Packed => at(tokens),
@@ -87,6 +122,7 @@ impl StageCost for Profile {
             total_context_tokens.max(1) as f64,
             f64::from(tp.max(1)),
         ])[0]
+            + self.missing_tp_all_reduce(&self.decode, tp, batch)
     }
 
     fn transfer(&self, bytes: f64) -> f64 {
@@ -121,6 +157,19 @@ impl StageCost for Profile {
             p.method,
             self.scalars_note
         )];
+        let (fell_back, priced) = (self.tp_fallbacks.take(), self.tp_priced.take());
+        if fell_back > 0 {
+            notes.push(format!(
+                "profile {}: {fell_back} prefill/decode lookups at a TP degree the tables have no rows for (TP rows: prefill {:?}, decode {:?}) were looked up at the nearest measured TP; {priced} of them add all-reduces priced from the measured all-reduce table{}",
+                self.origin,
+                self.prefill.axes()[stage_tp_axis(&self.prefill)],
+                self.decode.axes()[stage_tp_axis(&self.decode)],
+                match &self.all_reduce {
+                    Some(t) => format!(" (TP {:?})", t.axes()[0]),
+                    None => " (the profile has none: `easerve profile --tp` measures one)".into(),
+                }
+            ));
+        }
         for t in self.tables() {
             let c = t.counter.take();
             if c.extrapolated == 0 {

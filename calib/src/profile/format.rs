@@ -100,6 +100,9 @@ pub enum Stage {
     Decode,
     /// One transfer over a link.
     Transfer,
+    /// One all-reduce (sum) of a message among a tensor-parallel worker's
+    /// ranks.
+    AllReduce,
 }
 
 impl Stage {
@@ -110,6 +113,7 @@ impl Stage {
             Stage::Prefill => "prefill",
             Stage::Decode => "decode",
             Stage::Transfer => "transfer",
+            Stage::AllReduce => "all_reduce",
         }
     }
 
@@ -120,6 +124,7 @@ impl Stage {
             Stage::Prefill => &["tokens", "tp", "sm_level"],
             Stage::Decode => &["batch", "context_tokens", "tp"],
             Stage::Transfer => &["bytes"],
+            Stage::AllReduce => &["tp", "bytes"],
         }
     }
 
@@ -365,6 +370,40 @@ pub struct Profile {
     pub(super) prefill: Table,
     pub(super) decode: Table,
     pub(super) transfer: Vec<Table>,
+    /// The all-reduce table (`tp`, `bytes` → seconds), where one was measured.
+    pub(super) all_reduce: Option<Table>,
+    /// Prefill and decode lookups at a TP without rows since the last notes.
+    pub(super) tp_fallbacks: Counter,
+    /// Of them, those that added all-reduces from the all-reduce table.
+    pub(super) tp_priced: Counter,
+}
+
+/// A lookup counter for notes: a copy starts at zero, and counters are equal
+/// whatever they hold (as [`Table`]'s extrapolation counters).
+#[derive(Debug, Default)]
+pub(super) struct Counter(std::sync::atomic::AtomicU64);
+
+impl Counter {
+    /// Count one.
+    pub(super) fn add(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    /// The count, reset to zero.
+    pub(super) fn take(&self) -> u64 {
+        self.0.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Clone for Counter {
+    fn clone(&self) -> Self {
+        Counter::default()
+    }
+}
+
+impl PartialEq for Counter {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// How a prefill batch of several sequences maps onto the prefill table

@@ -326,6 +326,9 @@ impl Profile {
             prefill,
             decode,
             transfer,
+            all_reduce: None,
+            tp_fallbacks: Default::default(),
+            tp_priced: Default::default(),
         }
     }
 
@@ -379,6 +382,9 @@ impl Profile {
             prefill: table(Stage::Prefill, None, prefill),
             decode: table(Stage::Decode, None, decode),
             transfer: vec![table(Stage::Transfer, Some(link.clone()), transfer)],
+            all_reduce: None,
+            tp_fallbacks: Default::default(),
+            tp_priced: Default::default(),
             provenance,
         };
         let extra_dev = [p.provenance.device.clone()];
@@ -389,6 +395,33 @@ impl Profile {
             &[link],
         )?;
         Ok(checked)
+    }
+    /// This measured profile with an all-reduce table: rows `[tp, bytes,
+    /// median, p90]` in seconds (one all-reduce of a `bytes` message among
+    /// `tp` ranks; a full grid of `tp` × `bytes`, made non-decreasing along
+    /// `bytes` by the caller), validated as a file would be.
+    ///
+    /// Errors: rows the profile's validation rejects (not a full grid, a
+    /// value that is not finite and positive, latency falling with `bytes`).
+    pub fn with_all_reduce(mut self, rows: Vec<Vec<f64>>) -> Result<Profile, ProfileError> {
+        let mut sorted = rows;
+        sorted.sort_by(|a, b| a[0].total_cmp(&b[0]).then(a[1].total_cmp(&b[1])));
+        let cols = ["tp", "bytes", "median", "p90"].map(String::from).to_vec();
+        self.all_reduce = Some(Table::build(
+            Stage::AllReduce,
+            None,
+            TimeUnit::S,
+            cols,
+            sorted,
+        ));
+        let extra_dev = [self.provenance.device.clone()];
+        let links: Vec<String> = self
+            .transfer
+            .iter()
+            .filter_map(|t| t.link.clone())
+            .collect();
+        let origin = self.origin.clone();
+        Profile::from_toml_str_with_devices(&self.to_toml_string(), &origin, &extra_dev, &links)
     }
 }
 

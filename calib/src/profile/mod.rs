@@ -14,6 +14,7 @@
 //! | `prefill`    | `tokens`, `tp`, `sm_level`                | `median`, optional `p90`                |
 //! | `decode`     | `batch`, `context_tokens`, `tp`           | `median`, optional `p90`                |
 //! | `[[transfer]]` (one per `link`) | `bytes`                | `median`, optional `p90`                |
+//! | `all_reduce` (optional)  | `tp`, `bytes`                 | `median`, optional `p90`                |
 //!
 //! `batch` of encode counts items (images, videos, audio clips) in one pass;
 //! `encoder_tokens` is tokens per item; `tokens` of prefill is the batch's
@@ -64,6 +65,10 @@ impl Profile {
     /// The transfer tables, one per link.
     pub fn transfer_tables(&self) -> &[Table] {
         &self.transfer
+    }
+    /// The all-reduce table (`tp`, `bytes`), where the profile measured one.
+    pub fn all_reduce_table(&self) -> Option<&Table> {
+        self.all_reduce.as_ref()
     }
 }
 

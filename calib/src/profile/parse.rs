@@ -66,7 +66,7 @@ impl Profile {
             Stage::Encode => self.encode.as_ref(),
             Stage::Prefill => Some(&self.prefill),
             Stage::Decode => Some(&self.decode),
-            Stage::Transfer => None,
+            Stage::Transfer | Stage::AllReduce => None,
         };
         let Some(t) = t else {
             return Err(ProfileError {
@@ -134,6 +134,7 @@ impl Parser<'_> {
             "prefill",
             "decode",
             "transfer",
+            "all_reduce",
         ];
         for k in doc.keys() {
             if !allowed.contains(&k.as_str()) {
@@ -219,6 +220,14 @@ impl Parser<'_> {
                 ))
             }
         };
+        let all_reduce = match doc.get("all_reduce") {
+            None => None,
+            Some(v) => Some(self.table(
+                "all_reduce",
+                Stage::AllReduce,
+                self.as_table("all_reduce", v)?,
+            )?),
+        };
         let mut transfer = Vec::new();
         for (i, v) in arr.iter().enumerate() {
             let name = format!("transfer[{}]", i + 1);
@@ -259,6 +268,9 @@ impl Parser<'_> {
             prefill,
             decode,
             transfer,
+            all_reduce,
+            tp_fallbacks: Default::default(),
+            tp_priced: Default::default(),
         })
     }
 

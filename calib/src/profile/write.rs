@@ -52,6 +52,7 @@ impl Profile {
         tables.push(&self.prefill);
         tables.push(&self.decode);
         tables.extend(self.transfer.iter());
+        tables.extend(self.all_reduce.as_ref());
         for t in tables {
             if t.stage == Stage::Transfer {
                 let _ = writeln!(o, "\n[[transfer]]");
