@@ -615,6 +615,7 @@ fn render_profile(p: &Profile, max_rows: usize) -> String {
     tables.push(p.prefill_table());
     tables.push(p.decode_table());
     tables.extend(p.transfer_tables());
+    tables.extend(p.all_reduce_table());
     for t in tables {
         let link = t.link().map(|l| format!(" link {l}")).unwrap_or_default();
         let axes: Vec<String> = t

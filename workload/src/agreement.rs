@@ -13,7 +13,12 @@
 //! * throughput: requests/s and output tokens/s;
 //! * TTFT, TPOT, E2E: mean, P50, P90, P99;
 //! * per compute stage (encode, prefill, decode) that either run passed
-//!   through: mean queueing and mean service time.
+//!   through, keyed by the stage and the TP degrees its workers run at (from
+//!   each report's deployment: the allocation's TP, and TP 1 for the local
+//!   prefill workers of an offload `s` < 1), e.g. `prefill TP2 service mean
+//!   (s)`: mean queueing and mean service time. A stage whose TP differs
+//!   between the two runs gets one pair of rows per run (the other side 0),
+//!   as a stage time at one TP says nothing about another.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -426,6 +431,33 @@ pub fn rel_error(measured: f64, simulated: f64) -> f64 {
     }
 }
 
+/// The TP degrees of the encode, prefill and decode workers of `r`'s
+/// deployment (`2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.8 …`), ascending: the
+/// allocation's, and TP 1 for prefill when `s` < 1 with encode workers (local
+/// prefill workers share the encode workers' GPUs at TP 1,
+/// [`easerve_sched::Allocation`]). `None` when the deployment does not start
+/// with an allocation.
+fn stage_tps(r: &Report) -> Option<[Vec<u32>; 3]> {
+    let mut words = r.meta.deployment.split_whitespace();
+    let a: easerve_sched::Allocation = words.next()?.parse().ok()?;
+    let offload = words
+        .find_map(|w| w.strip_prefix("s="))
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(1.0);
+    let of = |p: easerve_sched::StagePool| if p.workers > 0 { vec![p.tp] } else { vec![] };
+    let mut prefill = of(a.prefill);
+    if offload < 1.0 && a.encode.workers > 0 && !prefill.contains(&1) {
+        prefill.insert(0, 1);
+    }
+    Some([of(a.encode), prefill, of(a.decode)])
+}
+
+/// `TP2`, or `TP1,2` for a stage whose workers run at several degrees.
+fn tp_label(tps: &[u32]) -> String {
+    let t: Vec<String> = tps.iter().map(u32::to_string).collect();
+    format!("TP{}", t.join(","))
+}
+
 impl Agreement {
     /// Compare a simulated report with a measured one.
     pub fn compare(simulated: &Report, measured: &Report) -> Agreement {
@@ -472,8 +504,9 @@ impl Agreement {
         // a run measured from outside the server (`easerve bench`) sees no
         // stage: its rows would compare the simulation with nothing
         let stages_seen = measured.stages.iter().any(|s| s.requests > 0);
-        for name in ["encode", "prefill", "decode"]
+        for (i, name) in ["encode", "prefill", "decode"]
             .into_iter()
+            .enumerate()
             .filter(|_| stages_seen)
         {
             let (m, s) = (stage(measured, name), stage(simulated, name));
@@ -482,8 +515,23 @@ impl Agreement {
             }
             let q = |x: &Option<StageReport>| x.as_ref().map_or(0.0, |x| x.queue.mean);
             let v = |x: &Option<StageReport>| x.as_ref().map_or(0.0, |x| x.service.mean);
-            push(format!("{name} queueing mean (s)"), q(&m), q(&s));
-            push(format!("{name} service mean (s)"), v(&m), v(&s));
+            let key = |r: &Report| stage_tps(r).map(|t| tp_label(&t[i]));
+            let (km, ks) = (key(measured), key(simulated));
+            let keyed = |k: &Option<String>| match k {
+                Some(t) => format!("{name} {t}"),
+                None => name.to_string(),
+            };
+            if km == ks {
+                let k = keyed(&km);
+                push(format!("{k} queueing mean (s)"), q(&m), q(&s));
+                push(format!("{k} service mean (s)"), v(&m), v(&s));
+            } else {
+                let (a, b) = (keyed(&km), keyed(&ks));
+                push(format!("{a} queueing mean (s)"), q(&m), 0.0);
+                push(format!("{a} service mean (s)"), v(&m), 0.0);
+                push(format!("{b} queueing mean (s)"), 0.0, q(&s));
+                push(format!("{b} service mean (s)"), 0.0, v(&s));
+            }
         }
         Agreement { rows }
     }
@@ -641,6 +689,35 @@ mod tests {
         let e = load_report(&p).unwrap_err().to_string();
         assert!(e.contains("r.json") && e.contains("completed"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Stage rows are keyed by stage and TP (the local prefill workers of
+    /// `s` < 1 at TP 1); a stage at another TP in the other run gets rows of
+    /// its own.
+    #[test]
+    fn stage_rows_are_keyed_by_stage_and_tp() {
+        let with = |deployment: &str| {
+            let mut r = report(1.0);
+            r.meta.deployment = deployment.into();
+            r
+        };
+        let a = with("1E(TP1)+1P(TP2)+1D(TP2) B=8 s=0.8 sm=dynamic");
+        let v = Agreement::compare(&a, &a);
+        let names: Vec<&str> = v.rows.iter().map(|r| r.metric.as_str()).collect();
+        for want in [
+            "encode TP1 service mean (s)",
+            "prefill TP1,2 queueing mean (s)",
+            "decode TP2 service mean (s)",
+        ] {
+            assert!(names.contains(&want), "{names:?}");
+        }
+        let b = with("1E(TP1)+1P(TP2)+1D(TP4) B=8 s=1");
+        let v = Agreement::compare(&b, &a);
+        let row = |m: &str| v.rows.iter().find(|r| r.metric == m).unwrap();
+        assert_eq!(row("decode TP2 service mean (s)").simulated, 0.0);
+        assert_eq!(row("decode TP4 service mean (s)").measured, 0.0);
+        assert!(row("prefill TP2 service mean (s)").measured == 0.0);
+        assert_eq!(v.rows.len(), 2 + 12 + 2 + 4 + 4);
     }
 
     #[test]

@@ -42,16 +42,18 @@ impl Profile {
     /// two all-reduces per decoder layer (after the attention output and the
     /// MLP down projection, `model/src/nn/tp.rs`) of `rows × hidden × 4`
     /// bytes (f32 activations). 0 when `tp` ≤ 1, when the stage table has a
-    /// row at `tp`, or when the all-reduce table or the model's preset is
-    /// missing (the notes say which lookups fell back).
+    /// row at `tp`, or when the all-reduce table (a profile without one
+    /// falls back as before: the lookup's TP interpolated or clamped, and the
+    /// extrapolation note), its row at `tp` or the model's preset is missing;
+    /// the notes count the lookups that fell back.
     fn missing_tp_all_reduce(&self, stage: &Table, tp: u32, rows: u64) -> f64 {
+        let Some(ar) = self.all_reduce.as_ref() else {
+            return 0.0;
+        };
         if tp <= 1 || stage.axes()[stage_tp_axis(stage)].contains(&f64::from(tp)) {
             return 0.0;
         }
         self.tp_fallbacks.add();
-        let Some(ar) = self.all_reduce.as_ref() else {
-            return 0.0;
-        };
         if !ar.axes()[0].contains(&f64::from(tp)) {
             return 0.0;
         }
@@ -164,10 +166,10 @@ impl StageCost for Profile {
                 self.origin,
                 self.prefill.axes()[stage_tp_axis(&self.prefill)],
                 self.decode.axes()[stage_tp_axis(&self.decode)],
-                match &self.all_reduce {
-                    Some(t) => format!(" (TP {:?})", t.axes()[0]),
-                    None => " (the profile has none: `easerve profile --tp` measures one)".into(),
-                }
+                self.all_reduce
+                    .as_ref()
+                    .map(|t| format!(" (TP {:?})", t.axes()[0]))
+                    .unwrap_or_default()
             ));
         }
         for t in self.tables() {
@@ -327,6 +329,57 @@ mod tests {
             // nothing above extrapolated: only the provenance note
             assert_eq!(p.notes().len(), 1, "{:?}", p.notes());
         }
+    }
+
+    /// A measured profile with TP 1 stage rows and an all-reduce table at
+    /// TP 2: a TP 2 lookup is the TP 1 row plus two all-reduces per layer of
+    /// `rows × hidden × 4` bytes from the table, and the notes say so; the
+    /// table survives a write and a read.
+    #[test]
+    fn a_missing_tp_row_adds_the_measured_all_reduces() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/profiles/tiny-image.cpu.toml"
+        );
+        let p = Profile::load(path).unwrap();
+        let ar = vec![
+            vec![2.0, 1024.0, 1e-4, 2e-4],
+            vec![2.0, 1048576.0, 3e-3, 4e-3],
+        ];
+        let q = p.clone().with_all_reduce(ar).unwrap();
+        let back = Profile::from_toml_str_with_devices(
+            &q.to_toml_string(),
+            "x",
+            &["cpu".into()],
+            &["loopback".into()],
+        )
+        .unwrap();
+        assert_eq!(back.to_toml_string(), q.to_toml_string());
+        assert!(q.to_toml_string().contains("\n[all_reduce]\n"));
+        let arch = easerve_model::ModelArch::preset("tiny-image").unwrap();
+        let bytes = 64.0 * f64::from(arch.llm.hidden) * 4.0;
+        let t = |x: f64| (x.ln() - 1024f64.ln()) / (1048576f64.ln() - 1024f64.ln());
+        let per = (1e-4f64.ln() + t(bytes) * (3e-3f64.ln() - 1e-4f64.ln())).exp();
+        let want = p.prefill(&[64], 1.into(), 1.0) + 2.0 * f64::from(arch.llm.layers) * per;
+        let got = q.prefill(&[64], 2.into(), 1.0);
+        assert!(rel(got, want) < 1e-9, "{got} vs {want}");
+        let notes = q.notes();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("1 prefill/decode lookups at a TP degree")
+                    && n.contains("1 of them add all-reduces")),
+            "{notes:?}"
+        );
+        // TP 1, and a profile without the table, are as before
+        assert_eq!(
+            q.prefill(&[64], 1.into(), 1.0),
+            p.prefill(&[64], 1.into(), 1.0)
+        );
+        assert_eq!(
+            p.decode_step(4, 64, 2.into()),
+            p.decode_step(4, 64, 1.into())
+        );
     }
 
     #[test]
