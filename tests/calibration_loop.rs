@@ -52,12 +52,17 @@ fn num(v: &Value, pointer: &str) -> f64 {
 /// Held by each loop: two loops timing real models must not share the cores.
 static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn sim_exec_validate_refine_loop_closes(scenario: &str, profile: &str, rate: &str) {
+fn sim_exec_validate_refine_loop_closes(
+    scenario: &str,
+    profile: &str,
+    (requests, rate): (&str, &str),
+    validate_rows: &[&str],
+) -> (Value, Value) {
     let _timed = TIMED.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let p = root().join(profile);
     let ps = p.to_str().unwrap();
-    let args = ["--requests", "40", "--rate", rate, "--profile", ps];
+    let args = ["--requests", requests, "--rate", rate, "--profile", ps];
     let sim = report("sim", scenario, &args);
     let run = report("exec", scenario, &args);
     let err = |s: &Value, m: &Value, k: &str| (num(s, k) - num(m, k)) / num(m, k);
@@ -72,7 +77,10 @@ fn sim_exec_validate_refine_loop_closes(scenario: &str, profile: &str, rate: &st
     let out = easerve(&["calib", "validate", "--sim", &s, "--measured", &m]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for row in ["throughput (req/s)", "TTFT mean (s)", "TPOT mean (s)"] {
+    for row in ["throughput (req/s)", "TTFT mean (s)", "TPOT mean (s)"]
+        .iter()
+        .chain(validate_rows)
+    {
         assert!(text.contains(row), "validate lacks {row}: {text}");
     }
     let refined = dir.path().join("refined.toml");
@@ -103,9 +111,10 @@ fn sim_exec_validate_refine_loop_closes(scenario: &str, profile: &str, rate: &st
     let sim2 = report(
         "sim",
         scenario,
-        &["--requests", "40", "--rate", rate, "--profile", rs],
+        &["--requests", requests, "--rate", rate, "--profile", rs],
     );
-    assert_eq!(num(&sim2, "/completed"), 40.0);
+    assert_eq!(num(&sim2, "/completed"), requests.parse::<f64>().unwrap());
+    (run, sim2)
 }
 
 #[test]
@@ -113,7 +122,8 @@ fn the_loop_closes_on_cpu_audio() {
     sim_exec_validate_refine_loop_closes(
         "scenarios/cpu-audio.toml",
         "scenarios/profiles/tiny-audio.cpu.toml",
-        "4",
+        ("40", "4"),
+        &["prefill TP1 service mean (s)"],
     );
 }
 
@@ -127,6 +137,33 @@ fn the_loop_closes_on_cpu_moe_image() {
     sim_exec_validate_refine_loop_closes(
         "scenarios/cpu-moe-image.toml",
         "scenarios/profiles/tiny-moe.cpu.toml",
-        "2",
+        ("40", "2"),
+        &["decode TP1 service mean (s)"],
     );
+}
+
+/// The loop at TP 2 (`1E(TP1)+1P(TP2)+1D(TP2)`: prefill and decode workers of
+/// two rank processes each, all-reducing over loopback), from the profile
+/// `easerve profile --tp 1,2,4` measured: validate compares the stage times
+/// keyed by TP (prefill at TP 1 on the local prefill worker and TP 2 on the
+/// remote one, decode at TP 2), and the refined simulation's error against
+/// the measured run is printed, not asserted (docs/calibration.md, "Tensor
+/// parallelism on the CPU": on a loaded 2-core host it misses the ≤ 5 % mean
+/// and ≤ 10 % P99 bound). 16 requests at 0.5 req/s: the test build's TP 2
+/// workers saturate near 1 req/s; about 40 s on a 2-core host at load 10.
+#[test]
+fn the_loop_closes_on_cpu_image_tp2() {
+    let (run, sim2) = sim_exec_validate_refine_loop_closes(
+        "scenarios/cpu-image-tp2.toml",
+        "scenarios/profiles/tiny-image-tp.cpu.toml",
+        ("16", "0.5"),
+        &[
+            "prefill TP1,2 service mean (s)",
+            "decode TP2 service mean (s)",
+        ],
+    );
+    for k in ["/ttft/mean", "/ttft/p99", "/tpot/mean", "/tpot/p99"] {
+        let e = (num(&sim2, k) - num(&run, k)) / num(&run, k);
+        eprintln!("cpu-image-tp2 after refine: {k} error {:+.1} %", 100.0 * e);
+    }
 }

@@ -142,11 +142,11 @@ fn exec_refuses_what_it_cannot_run() {
     // cpu-image-tp2 with room for 8 "GPUs", so the allocations fit the cluster)
     let dir = tempfile::tempdir().unwrap();
     let wide = dir.path().join("wide.toml");
-    let profile = root().join("scenarios/profiles/tiny-image.cpu.toml");
+    let profile = root().join("scenarios/profiles/tiny-image-tp.cpu.toml");
     let text = std::fs::read_to_string(root().join("scenarios/cpu-image-tp2.toml"))
         .unwrap()
         .replace("gpus = 5", "gpus = 8")
-        .replace("profiles/tiny-image.cpu.toml", profile.to_str().unwrap());
+        .replace("profiles/tiny-image-tp.cpu.toml", profile.to_str().unwrap());
     std::fs::write(&wide, text).unwrap();
     let refused = |alloc: &str, want: &str| {
         let out = easerve(&["exec", wide.to_str().unwrap(), "--allocation", alloc]);
