@@ -72,6 +72,41 @@ fn quick_cpu_profile_is_read_back_and_simulated() {
         "{err}"
     );
 }
+/// `--tp 2` (quick grid, one timed run; about 10 s in a debug build on 2
+/// cores): prefill and decode rows at TP 1 and 2 from a TP 2 worker's rank
+/// processes, and the all-reduce table at TP 2.
+#[test]
+fn quick_cpu_profile_at_tp2_has_tp_rows_and_the_all_reduce() {
+    let _timed = crate::timed();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tp.toml");
+    let o = easerve(&[
+        "profile",
+        "--model",
+        "tiny-image",
+        "--quick",
+        "--repetitions",
+        "1",
+        "--warmup",
+        "0",
+        "--tp",
+        "2",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = easerve_calib::Profile::load(&out).unwrap();
+    assert_eq!(p.prefill_table().axes()[1], vec![1.0, 2.0]);
+    assert_eq!(p.decode_table().axes()[2], vec![1.0, 2.0]);
+    let ar = p.all_reduce_table().expect("an all_reduce table");
+    assert_eq!(ar.axes()[0], vec![2.0]);
+    // 1 and 512 rows of tiny-image's 256-wide f32 activations
+    assert_eq!(ar.axes()[1], vec![1024.0, 524288.0]);
+    for r in p.prefill_table().rows().iter().chain(ar.rows()) {
+        assert!(r.iter().all(|x| x.is_finite() && *x > 0.0), "{r:?}");
+    }
+}
+
 #[test]
 fn cuda_without_gpu_or_feature_exits_2_with_one_line() {
     let o = easerve(&["profile", "--model", "tiny-image", "--device", "cuda"]);
@@ -100,6 +135,10 @@ fn unknown_model_device_and_zero_repetitions_exit_2() {
         (
             vec!["profile", "--model", "tiny-image", "--repetitions", "0"],
             "--repetitions must be at least 1",
+        ),
+        (
+            vec!["profile", "--model", "tiny-image", "--tp", "1,3"],
+            "--tp 3: model tiny-image splits into TP [1, 2, 4] only",
         ),
     ] {
         let o = easerve(&args);
