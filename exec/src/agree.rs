@@ -816,9 +816,11 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
         ("deployment.prefix_cache.block_size", "16"),
         ("deployment.cache_routing.overlap_weight", "1.0"),
     ];
-    let (n, ctrl) = exec_agrees(&sets, None);
+    let sc = image_scenario(&sets);
+    let sim = simulate(&sc, None);
+    let ctrl = execute(&sc, &sim, None);
+    let n = assert_agree(&sim, &ctrl);
     assert!(n[15] > 100 && n[16] > 100, "too few cache lookups: {n:?}");
-    let sim = simulate(&image_scenario(&sets), None);
     let reuse = sim.report.reuse.as_ref().expect("the reuse section");
     let (enc, pre) = ctrl.cache_counters();
     let (enc, pre) = (
