@@ -40,7 +40,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "/v1/chat/completions")]
     endpoint: String,
     /// Send this scenario's requests (its generator, seed, rate and arrival
-    /// process; its SLO tiers for --slo) instead of a random dataset; the
+    /// process; its SLO tiers for --slo; its media pool, system prompts and
+    /// conversations, equal content sent as equal bytes) instead of a random
+    /// dataset; the
     /// report then names its model and cluster, so `easerve calib validate`
     /// compares it with `easerve sim` of the scenario.
     #[arg(long, value_name = "FILE", conflicts_with_all = [

@@ -570,3 +570,48 @@ fn a_scenario_with_its_own_preprocessing_threads_deploys() {
         assert!(!v.contains("preprocess"), "{variant}: {v}");
     }
 }
+
+/// The scenario's caches become each engine's cache flags: prefix caching
+/// (vLLM), the radix cache (SGLang), the KV router (Dynamo), the processor
+/// cache (vLLM); with the caches off, prefix caching and the radix cache are
+/// turned off and no other cache flag is written.
+#[test]
+fn the_scenarios_caches_become_each_engines_cache_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = root().join("scenarios/video.toml");
+    let on = dir.path().join("video-caches.toml");
+    let mut text = read(&plain);
+    text += "\n[deployment.encoder_cache]\ncapacity_gib = 1.5\nhash_raw_bytes = true\n\n[deployment.prefix_cache]\nblock_size = 32\n\n[deployment.cache_routing]\noverlap_weight = 2.0\n";
+    std::fs::write(&on, text).unwrap();
+    let (on_dir, off_dir) = (dir.path().join("on"), dir.path().join("off"));
+    deployed(&on, &on_dir);
+    deployed(&plain, &off_dir);
+    let f = |d: &Path, rel: &str| read(&d.join(rel));
+    let p = f(&on_dir, "vllm/P0.sh");
+    assert!(
+        p.contains("--enable-prefix-caching") && p.contains("--block-size 32"),
+        "{p}"
+    );
+    assert!(f(&on_dir, "vllm/E0.sh").contains("--mm-processor-cache-gb 1.5"));
+    assert!(f(&on_dir, "sglang/P0.sh").contains("--page-size 32"));
+    assert!(!f(&on_dir, "sglang/P0.sh").contains("--disable-radix-cache"));
+    let y = f(&on_dir, "dynamo/deployment.yaml");
+    for flag in [
+        r#""--router-mode", "kv", "--kv-overlap-score-weight", "2""#,
+        r#""--mm-processor-cache-gb", "1.5""#,
+        r#""--enable-prefix-caching", "--block-size", "32""#,
+    ] {
+        assert!(y.contains(flag), "{flag}\n{y}");
+    }
+    assert!(f(&on_dir, "README.md").contains("| prefix cache (per prefill worker, KV blocks) | kept: `--enable-prefix-caching --block-size 32`"));
+    // off: the engines' default prefix caches are turned off, nothing else
+    let p = f(&off_dir, "vllm/P0.sh");
+    assert!(
+        p.contains("--no-enable-prefix-caching") && !p.contains("--block-size"),
+        "{p}"
+    );
+    assert!(f(&off_dir, "sglang/P0.sh").contains("--disable-radix-cache"));
+    let y = f(&off_dir, "dynamo/deployment.yaml");
+    assert!(!y.contains("--router-mode") && !y.contains("--mm-processor-cache-gb"));
+    assert!(!f(&off_dir, "vllm/E0.sh").contains("--mm-processor-cache-gb"));
+}

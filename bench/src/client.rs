@@ -7,7 +7,7 @@
 //! sender, so building one never delays another's send.
 
 use crate::media::{content_part, ImageCodec};
-use crate::workload::{prompt_text, BenchRequest};
+use crate::workload::{prompt_text, segment_text, BenchRequest};
 use easerve_workload::rng::stream;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -92,12 +92,19 @@ pub enum ClientError {
 /// # Errors
 /// A media shape that cannot be encoded.
 pub fn request_body(r: &BenchRequest, cfg: &ClientConfig) -> Result<Vec<u8>, String> {
-    let mut rng = stream(cfg.seed, &format!("bench-media/{}", r.id));
-    let mut content =
-        vec![json!({ "type": "text", "text": prompt_text(cfg.seed, r.id, r.prompt_words) })];
-    for item in &r.items {
-        content.push(content_part(&mut rng, item, cfg.codec)?);
-    }
+    let content = match &r.content {
+        Some(c) => repeated_parts(r, c, cfg)?,
+        None => {
+            let mut rng = stream(cfg.seed, &format!("bench-media/{}", r.id));
+            let mut content = vec![
+                json!({ "type": "text", "text": prompt_text(cfg.seed, r.id, r.prompt_words) }),
+            ];
+            for item in &r.items {
+                content.push(content_part(&mut rng, item, cfg.codec)?);
+            }
+            content
+        }
+    };
     let body = json!({
         "model": cfg.model,
         "messages": [{ "role": "user", "content": content }],
@@ -109,6 +116,35 @@ pub fn request_body(r: &BenchRequest, cfg: &ClientConfig) -> Result<Vec<u8>, Str
         "stream_options": { "include_usage": true },
     });
     serde_json::to_vec(&body).map_err(|e| e.to_string())
+}
+
+/// The content parts of a request whose content repeats: its segments in
+/// prompt order, each item (matched by content id, in `items` order) as its
+/// media part with the bytes drawn from its id (`bench-item/{id:016x}`),
+/// each text segment as a text part ([`segment_text`]): a repeated image is
+/// the same bytes, a shared system prompt or an earlier turn the same text.
+/// One user message carries the whole prompt, earlier turns' answers
+/// included, as the twin's prompt has them.
+fn repeated_parts(
+    r: &BenchRequest,
+    c: &easerve_sched::Content,
+    cfg: &ClientConfig,
+) -> Result<Vec<Value>, String> {
+    let mut items = r.items.iter().zip(&c.items).peekable();
+    let mut parts = Vec::with_capacity(c.segments.len());
+    for s in &c.segments {
+        match items.peek() {
+            Some((item, ci)) if ci.id == s.id => {
+                let mut rng = stream(cfg.seed, &format!("bench-item/{:016x}", s.id));
+                parts.push(content_part(&mut rng, item, cfg.codec)?);
+                items.next();
+            }
+            _ if s.tokens > 0 => parts
+                .push(json!({ "type": "text", "text": segment_text(cfg.seed, s.id, s.tokens) })),
+            _ => {}
+        }
+    }
+    Ok(parts)
 }
 
 /// Check that `base_url` is a plain-HTTP URL this client can reach.

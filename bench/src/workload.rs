@@ -2,7 +2,7 @@
 //! generator, seed and streams as `easerve sim`, so one seed gives the same
 //! requests), or `vllm bench serve`'s `random-mm` dataset from its flags.
 
-use easerve_sched::{MmItem, Request};
+use easerve_sched::{Content, MmItem, Request};
 use easerve_workload::generate::{arrival_times, uniform_around};
 use easerve_workload::rng::stream;
 use easerve_workload::scenario::Arrival;
@@ -25,6 +25,13 @@ pub struct BenchRequest {
     /// Output tokens asked for (`max_tokens`, with `min_tokens` and
     /// `ignore_eos` so the server generates exactly this many).
     pub output_tokens: u32,
+    /// What the prompt is made of when the scenario repeats content (a
+    /// media pool, shared system prompts, conversations): each item's
+    /// content id and the prompt's segments in order. The body is then
+    /// built from it ([`crate::client::request_body`]): equal ids give equal
+    /// bytes, so a server's caches see the repeats the twin sees. `None`:
+    /// every item and prompt is unique.
+    pub content: Option<Box<Content>>,
 }
 
 impl BenchRequest {
@@ -36,6 +43,7 @@ impl BenchRequest {
             items: r.items.clone(),
             prompt_words: r.prompt_tokens,
             output_tokens: r.output_tokens,
+            content: r.content.clone(),
         }
     }
 }
@@ -59,7 +67,11 @@ pub const PROMPT_WORDS: &[&str] = &[
 /// The text prompt of request `id`: `words` words drawn from
 /// [`PROMPT_WORDS`] on the named stream `bench-text/{id}`.
 pub fn prompt_text(seed: u64, id: u64, words: u32) -> String {
-    let mut rng = stream(seed, &format!("bench-text/{id}"));
+    words_text(&mut stream(seed, &format!("bench-text/{id}")), words)
+}
+
+/// `words` words of [`PROMPT_WORDS`] drawn from `rng`, one space between.
+fn words_text<R: Rng>(rng: &mut R, words: u32) -> String {
     let mut s = String::with_capacity(words as usize * 6);
     for i in 0..words {
         if i > 0 {
@@ -68,6 +80,18 @@ pub fn prompt_text(seed: u64, id: u64, words: u32) -> String {
         s.push_str(PROMPT_WORDS[rng.gen_range(0..PROMPT_WORDS.len())]);
     }
     s
+}
+
+/// The text of one prompt segment of content id `id` (a system prompt, a
+/// turn's text, an earlier turn's answer): `words` words drawn from
+/// [`PROMPT_WORDS`] on the named stream `bench-segment/{id:016x}`, so equal
+/// ids give equal text in every request (the twin's prefix cache keys a
+/// segment by its id).
+pub fn segment_text(seed: u64, id: u64, words: u32) -> String {
+    words_text(
+        &mut stream(seed, &format!("bench-segment/{id:016x}")),
+        words,
+    )
 }
 
 /// One bucket of `--random-mm-bucket-config`: `(height, width, frames)` and
@@ -142,6 +166,7 @@ impl RandomMm {
                     items,
                     prompt_words,
                     output_tokens,
+                    content: None,
                 }
             })
             .collect()
@@ -284,6 +309,90 @@ mod tests {
             .iter()
             .any(|i| matches!(i, MmItem::Video { frames: 8, .. }))));
         assert_eq!(send_times(f64::INFINITY, 1.0, 3, 7), vec![0.0; 3]);
+    }
+
+    /// A scenario with a pool, system prompts and conversations: the
+    /// requests carry its content, the same seed gives the same bodies, a
+    /// repeated image is the same bytes and a later turn's body opens with
+    /// the earlier turn's parts (under 1 s).
+    #[test]
+    fn a_scenario_that_repeats_sends_equal_bytes_for_equal_content() {
+        use crate::client::{request_body, ClientConfig};
+        use crate::media::ImageCodec;
+        use easerve_workload::scenario::{Overrides, Scenario};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let text = std::fs::read_to_string(root.join("scenarios/cpu-image-reuse.toml"))
+            .unwrap()
+            .replace("requests = 60", "requests = 12")
+            + "\n[workload.system_prompt]\ntokens = 20\ncount = 2\n\n[workload.conversation]\nturns = 2\nthink_time_s = 1.0\n";
+        let dir = std::env::temp_dir().join(format!("easerve-bench-reuse-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.toml");
+        std::fs::write(
+            &path,
+            text.replace(
+                "profile = \"",
+                &format!("profile = \"{}/scenarios/", root.display()),
+            ),
+        )
+        .unwrap();
+        let sc = Scenario::load(&path, &Overrides::default()).unwrap();
+        let reqs: Vec<BenchRequest> = easerve_workload::generate::generate_requests(&sc)
+            .iter()
+            .map(BenchRequest::from_request)
+            .collect();
+        let cfg = ClientConfig {
+            base_url: "http://127.0.0.1:1".into(),
+            endpoint: "/v1/chat/completions".into(),
+            model: "m".into(),
+            max_concurrency: None,
+            timeout_s: 1.0,
+            codec: ImageCodec::Png,
+            seed: sc.seed,
+            progress: false,
+        };
+        let parts = |r: &BenchRequest| -> Vec<serde_json::Value> {
+            let v: serde_json::Value =
+                serde_json::from_slice(&request_body(r, &cfg).unwrap()).unwrap();
+            v["messages"][0]["content"].as_array().unwrap().clone()
+        };
+        assert!(reqs.iter().all(|r| r.content.is_some()));
+        let bodies: Vec<Vec<serde_json::Value>> = reqs.iter().map(parts).collect();
+        assert_eq!(bodies, reqs.iter().map(parts).collect::<Vec<_>>());
+        // text words add up to the prompt's text tokens
+        for (r, b) in reqs.iter().zip(&bodies) {
+            let words: usize = b
+                .iter()
+                .filter_map(|p| p["text"].as_str())
+                .map(|t| t.split(' ').filter(|w| !w.is_empty()).count())
+                .sum();
+            assert_eq!(words as u32, r.prompt_words, "request {}", r.id);
+            assert_eq!(
+                b.iter().filter(|p| p["type"] == "image_url").count(),
+                r.items.len()
+            );
+        }
+        // equal content ids, equal image bytes; a second turn opens with its first
+        let c = |r: &BenchRequest| r.content.clone().unwrap();
+        let mut seen = std::collections::HashMap::new();
+        let mut repeats = 0;
+        for (r, b) in reqs.iter().zip(&bodies) {
+            let imgs = b.iter().filter(|p| p["type"] == "image_url");
+            for (item, part) in c(r).items.iter().zip(imgs) {
+                if let Some(prev) = seen.insert(item.id, part.clone()) {
+                    assert_eq!(&prev, part);
+                    repeats += 1;
+                }
+            }
+        }
+        assert!(repeats > 0);
+        let turn2 = reqs.iter().zip(&bodies).find(|(r, b)| {
+            bodies.iter().zip(&reqs).any(|(a, q)| {
+                q.id != r.id && a.len() < b.len() && b[..a.len()] == a[..] && a.len() > 1
+            })
+        });
+        assert!(turn2.is_some(), "no turn resends an earlier one");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -798,3 +798,50 @@ pub fn the_server_moves_workers_as_the_simulator_plans() {
     let ctrl = serve_streams_every_token(&sc, &sim);
     assert_moves_lose_nothing(&sim, &ctrl);
 }
+
+/// `easerve exec` on the image scenario with its images from a pool of 40
+/// (Zipf 1.0), an encoder cache that holds a few of them on each encode
+/// worker, the prefix cache and cache-aware placement: the executor makes
+/// the simulator's cache lookups (each request's encoder-cache and
+/// prefix-cache hits, in the log) and ends with the same hits, queries and
+/// evictions in both caches.
+pub fn the_executor_hits_and_evicts_as_the_simulator() {
+    // 64 MiB per encode worker: one 672×672 image is 2,928 tokens × 7,168
+    // × 2 bytes = 42 MB, one 336×336 about 8.3 MB, so a few fit and the
+    // rest are evicted
+    let sets = [
+        ("workload.pool.size", "40"),
+        ("workload.pool.alpha", "1.0"),
+        ("deployment.encoder_cache.capacity_gib", "0.0625"),
+        ("deployment.prefix_cache.block_size", "16"),
+        ("deployment.cache_routing.overlap_weight", "1.0"),
+    ];
+    let sc = image_scenario(&sets);
+    let sim = simulate(&sc, None);
+    let ctrl = execute(&sc, &sim, None);
+    let n = assert_agree(&sim, &ctrl);
+    assert!(n[15] > 100 && n[16] > 100, "too few cache lookups: {n:?}");
+    let reuse = sim.report.reuse.as_ref().expect("the reuse section");
+    let (enc, pre) = ctrl.cache_counters();
+    let (enc, pre) = (
+        enc.expect("encoder cache on"),
+        pre.expect("prefix cache on"),
+    );
+    let (sim_enc, sim_pre) = (
+        reuse.encoder_cache.expect("encoder cache in the report"),
+        reuse.prefix_cache.expect("prefix cache in the report"),
+    );
+    assert_eq!(
+        (enc.queries, enc.hits, enc.evictions),
+        (sim_enc.queries, sim_enc.hits, sim_enc.evictions),
+        "encoder cache"
+    );
+    assert_eq!(
+        (pre.queries, pre.hits, pre.evictions),
+        (sim_pre.queries, sim_pre.hits, sim_pre.evictions),
+        "prefix cache"
+    );
+    // the workload repeats, and the caches both hit and evict
+    assert!(enc.hits > 0 && enc.evictions > 0, "{enc:?}");
+    assert!(pre.hits > 0, "{pre:?}");
+}

@@ -387,14 +387,26 @@ pub struct CacheRouting {
     pub overlap_weight: f64,
 }
 
+/// The one worker of `0..n` that `open` allows, when exactly one is (no
+/// choice to weigh, so no cache to look up); `None` otherwise.
+pub fn sole_open(n: usize, open: impl Fn(usize) -> bool) -> Option<usize> {
+    let mut ws = (0..n).filter(|&w| open(w));
+    let first = ws.next()?;
+    ws.next().is_none().then_some(first)
+}
+
 /// The worker of least `overlap_weight × new(w) + outstanding(w)` among
-/// those `open` allows ([`CacheRouting`]); `None` when none is open.
+/// those `open` allows ([`CacheRouting`]); `None` when none is open. With a
+/// single open worker `new` is not called.
 pub fn cache_aware_pick(
     outstanding: &[f64],
     open: impl Fn(usize) -> bool,
     new: impl Fn(usize) -> f64,
     overlap_weight: f64,
 ) -> Option<usize> {
+    if let Some(w) = sole_open(outstanding.len(), &open) {
+        return Some(w);
+    }
     let mut best: Option<(usize, f64)> = None;
     for (w, &load) in outstanding.iter().enumerate() {
         if !open(w) {

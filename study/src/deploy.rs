@@ -729,6 +729,80 @@ fn encoder_max_seqs(sc: &Scenario) -> u64 {
     sc.deployment.max_batch as u64 * sc.workload.shapes.max_items().max(1)
 }
 
+/// GiB (2³⁰ bytes) of embeddings each encode worker's encoder cache keeps
+/// (`[deployment.encoder_cache] capacity_gib`); `None` with it off.
+fn encoder_cache_gib(sc: &Scenario) -> Option<f64> {
+    sc.knobs
+        .caches
+        .encoder
+        .map(|e| e.capacity_bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// vLLM's multimodal processor cache on an encoder instance
+/// (`--mm-processor-cache-gb`, vLLM 0.33.0 `vllm/config/multimodal.py`,
+/// default 4 GiB): it keeps processed items keyed by their input's hash, so
+/// a repeated item skips preprocessing. With `[deployment.encoder_cache]
+/// hash_raw_bytes = true` the twin prices exactly that, and it gets the
+/// cache's capacity; with `hash_raw_bytes` off a hit still pays its
+/// preprocessing, so it is 0 (off). With the encoder cache off no flag is
+/// written (the workload repeats no item). The encoder outputs themselves
+/// are reused by mm_hash through the EC connector's store; vLLM has no flag
+/// for its encoder cache's size.
+fn vllm_encoder_cache_flags(sc: &Scenario) -> Vec<String> {
+    match (sc.knobs.caches.encoder, encoder_cache_gib(sc)) {
+        (Some(e), Some(gib)) => {
+            let gib = if e.hash_raw_bytes { gib } else { 0.0 };
+            vec![format!("--mm-processor-cache-gb {gib}")]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// vLLM's prefix caching on a prefill instance (vLLM 0.33.0
+/// `--enable-prefix-caching`, on by default, and `--block-size`): on with
+/// the scenario's block size where `[deployment.prefix_cache]` is set, else
+/// off, as the twin then models no prefix cache.
+fn vllm_prefix_flags(sc: &Scenario) -> Vec<String> {
+    match &sc.knobs.caches.prefix {
+        Some(p) => vec![
+            "--enable-prefix-caching".into(),
+            format!("--block-size {}", p.block_size),
+        ],
+        None => vec!["--no-enable-prefix-caching".into()],
+    }
+}
+
+/// SGLang's radix cache on a prefill server (SGLang 0.5.23, on by default;
+/// `--disable-radix-cache`, and `--page-size`, tokens per KV page, default
+/// 1): the scenario's block size as the page where `[deployment.prefix_cache]`
+/// is set, else disabled.
+fn sglang_prefix_flags(sc: &Scenario) -> Vec<String> {
+    match &sc.knobs.caches.prefix {
+        Some(p) => vec![format!("--page-size {}", p.block_size)],
+        None => vec!["--disable-radix-cache".into()],
+    }
+}
+
+/// Dynamo's frontend router: the KV-aware router (`--router-mode kv`,
+/// `--kv-overlap-score-weight`, `--kv-cache-block-size`) where the scenario
+/// has both `[deployment.prefix_cache]` and `[deployment.cache_routing]`
+/// (the twin's placement cost is the router's, `sched::CacheRouting`);
+/// else none (round-robin, Dynamo's default).
+fn dynamo_router_args(sc: &Scenario) -> Vec<String> {
+    let c = &sc.knobs.caches;
+    match (&c.prefix, &c.routing) {
+        (Some(p), Some(r)) => vec![
+            "--router-mode".into(),
+            "kv".into(),
+            "--kv-overlap-score-weight".into(),
+            r.overlap_weight.to_string(),
+            "--kv-cache-block-size".into(),
+            p.block_size.to_string(),
+        ],
+        _ => Vec::new(),
+    }
+}
+
 /// The start of every emitted script: the shebang, the [`header`] (what it
 /// is and the release its flags were checked against), strict mode, and for
 /// a script that loads the weights, its [`model_lines`].
@@ -823,6 +897,7 @@ fn vllm_files(
                     flags.push(format!("--max-num-seqs {}", encoder_max_seqs(sc)));
                     flags.push(format!("--max-num-batched-tokens {}", encoder_budget(sc)));
                     flags.push("--no-enable-prefix-caching".into());
+                    flags.extend(vllm_encoder_cache_flags(sc));
                     flags.push(format!("--ec-transfer-config '{}'", ec("ec_producer")));
                 }
                 1 => {
@@ -841,6 +916,7 @@ fn vllm_files(
                         "--gpu-memory-utilization {}",
                         k.gpu_memory_utilization
                     ));
+                    flags.extend(vllm_prefix_flags(sc));
                     flags.push(format!("--ec-transfer-config '{}'", ec("ec_consumer")));
                     flags.push(format!("--kv-transfer-config '{}'", kv("kv_producer")));
                 }
@@ -955,6 +1031,7 @@ fn sglang_files(
                     flags.push("--language-only".into());
                     flags.push(format!("--encoder-urls {encoder_urls}"));
                     flags.push("--encoder-transfer-backend zmq_to_scheduler".into());
+                    flags.extend(sglang_prefix_flags(sc));
                     flags.push(format!("--disaggregation-bootstrap-port {}", 8998 + n));
                     flags.push(
                         "--disaggregation-transfer-backend \"${KV_BACKEND:-mooncake}\"".into(),
@@ -1065,14 +1142,9 @@ fn dynamo_files(
             let _ = writeln!(y, "              resources:\n                limits:\n                  nvidia.com/gpu: {}", yq(&gpus.to_string()));
         }
     };
-    component(
-        &mut y,
-        "Frontend",
-        "frontend",
-        1,
-        0,
-        &["--http-port".into(), FRONT_PORT.to_string()],
-    );
+    let mut front: Vec<String> = vec!["--http-port".into(), FRONT_PORT.to_string()];
+    front.extend(dynamo_router_args(sc));
+    component(&mut y, "Frontend", "frontend", 1, 0, &front);
     let model_args = |mode: &str| -> Vec<String> {
         let mut a: Vec<String> = vec![
             "--model".into(),
@@ -1091,6 +1163,11 @@ fn dynamo_files(
         "--max-num-batched-tokens".into(),
         encoder_budget(sc).to_string(),
     ]);
+    enc.extend(
+        vllm_encoder_cache_flags(sc)
+            .iter()
+            .flat_map(|f| f.split(' ').map(str::to_string).collect::<Vec<_>>()),
+    );
     // GPUs of one worker, and its vLLM parallelism flags as separate args
     let gpus = |s: usize| inst[s].first().map_or(1, |i| i.tp * i.ep);
     let par_args = |s: usize| -> Vec<String> {
@@ -1105,6 +1182,11 @@ fn dynamo_files(
     let mut pre = model_args("prefill");
     pre.push("--route-to-encoder".into());
     pre.extend(par_args(1));
+    pre.extend(
+        vllm_prefix_flags(sc)
+            .iter()
+            .flat_map(|f| f.split(' ').map(str::to_string).collect::<Vec<_>>()),
+    );
     pre.extend([
         "--max-num-seqs".into(),
         k.prefill_max_seqs.to_string(),
@@ -1156,6 +1238,11 @@ fn aggregated_files(
     // preprocessing in its API server at arrival: easerve's settings do not apply
     raw.deployment.preprocess = None;
     raw.deployment.preprocess_threads = None;
+    // the twin models no cache in the aggregated system: its prediction is
+    // without them (the README's knob table says so)
+    raw.deployment.encoder_cache = None;
+    raw.deployment.prefix_cache = None;
+    raw.deployment.cache_routing = None;
     if let Some(tp) = opts.aggregated_tp {
         raw.deployment.aggregated_tp = Some(i64::from(tp));
     }
@@ -1426,10 +1513,58 @@ fn readme_knobs(s: &mut String, sc: &Scenario) {
             "dropped: not passed (`--gpu-memory-utilization` was not confirmed in Dynamo 1.6.1's templates; its workers pass vLLM 0.31.0's engine arguments through)".into(),
         ]),
     ];
-    for (knob, cells) in rows {
+    for (knob, cells) in rows.into_iter().chain(cache_rows(sc)) {
         let _ = writeln!(s, "| {knob} | {} | {} | {} |", cells[0], cells[1], cells[2]);
     }
     *s += "\nNot modelled for any engine: how its proxy or router spreads requests over several encode or prefill instances (vLLM's proxy sends each item round-robin, SGLang's prefill servers call their encoders, Dynamo splits a request's items over the encoders; the simulator places whole requests on the least-loaded worker).\n\n";
+}
+
+/// The README's rows for the caches (`[deployment.encoder_cache]`,
+/// `[deployment.prefix_cache]`, `[deployment.cache_routing]`): what each
+/// engine keeps of them and drops.
+fn cache_rows(sc: &Scenario) -> Vec<(&'static str, [String; 3])> {
+    let c = &sc.knobs.caches;
+    let mut rows = Vec::new();
+    if let Some(e) = &c.encoder {
+        let gib = encoder_cache_gib(sc).unwrap_or(0.0);
+        let pre = if e.hash_raw_bytes {
+            format!("`--mm-processor-cache-gb {gib}` keeps processed items by their input's hash, so a hit skips preprocessing (`hash_raw_bytes`)")
+        } else {
+            "`--mm-processor-cache-gb 0`: a hit is preprocessed again, as the twin prices it".into()
+        };
+        rows.push(("encoder cache (per encode worker, LRU)", [
+            format!("approximated: encoder outputs are reused by mm_hash through the EC connector's folder, which has no capacity (vLLM has no flag for its encoder cache's size); {pre}"),
+            "dropped: SGLang's encoder-only server keeps no encoder outputs across requests".into(),
+            format!("approximated: as vLLM (the encode worker is a vLLM engine); {pre}"),
+        ]));
+    }
+    rows.push(("prefix cache (per prefill worker, KV blocks)", match &c.prefix {
+        Some(p) => [
+            format!("kept: `--enable-prefix-caching --block-size {}` on the prefill instances; the decode instances keep vLLM's default", p.block_size),
+            format!("kept: the radix cache (on by default) with `--page-size {}`", p.block_size),
+            format!("kept: `--enable-prefix-caching --block-size {}` on the prefill workers", p.block_size),
+        ],
+        None => [
+            "kept off: `--no-enable-prefix-caching` on the prefill instances (the twin models no prefix cache)".into(),
+            "kept off: `--disable-radix-cache` on the prefill servers".into(),
+            "kept off: `--no-enable-prefix-caching` on the prefill workers".into(),
+        ],
+    }));
+    if !c.is_off() {
+        rows.push(("the caches in the aggregated baseline (`aggregated/`)", [
+            "dropped: its prediction has no cache (the twin models none for the aggregated system); the replicas keep vLLM's defaults".into(),
+            "—".into(),
+            "—".into(),
+        ]));
+    }
+    if let (Some(_), Some(r)) = (&c.prefix, &c.routing) {
+        rows.push(("cache-aware placement (overlap weight)", [
+            "dropped: the proxy picks instances round-robin".into(),
+            "dropped: the router runs in PD mode (`--pd-disaggregation`) with its own policy; no cache-aware option was confirmed there".into(),
+            format!("kept: the frontend's KV router, `--router-mode kv --kv-overlap-score-weight {}`; the encode workers are not placed by cache", r.overlap_weight),
+        ]));
+    }
+    rows
 }
 
 /// The README's list of the files written (or why an engine's were not).

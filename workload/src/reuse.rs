@@ -45,18 +45,16 @@ struct Pool<'a> {
     shapes: &'a [(MmItem, f64)],
     tokens: Vec<ItemTokens>,
     salt: u64,
-    popularity: Popularity,
+    /// Zipf(α) over `1..=size`, built once (`None`: uniform).
+    zipf: Option<Zipf<f64>>,
 }
 
 impl Pool<'_> {
     fn draw<R: Rng>(&self, rng: &mut R) -> Item {
         let size = self.buckets.len() as u64;
-        let k = match self.popularity {
-            Popularity::Uniform => rng.gen_range(0..size),
-            Popularity::Zipf(alpha) => {
-                let z = Zipf::new(size, alpha).expect("validated: size ≥ 1, α ≥ 0");
-                (z.sample(rng) as u64).clamp(1, size) - 1
-            }
+        let k = match &self.zipf {
+            None => rng.gen_range(0..size),
+            Some(z) => (z.sample(rng) as u64).clamp(1, size) - 1,
         };
         let b = self.buckets[k as usize] as usize;
         (self.shapes[b].0, self.tokens[b], mix(self.salt, k))
@@ -90,7 +88,12 @@ pub fn apply(
                 .map(|b| crate::generate::item_tokens(&sc.model, &b.0).expect("validated"))
                 .collect(),
             salt: subseed(sc.seed, "pool-ids"),
-            popularity,
+            zipf: match popularity {
+                Popularity::Uniform => None,
+                Popularity::Zipf(alpha) => {
+                    Some(Zipf::new(size, alpha).expect("validated: size ≥ 1, α ≥ 0"))
+                }
+            },
         }
     });
     let (turns, think) = reuse.conversation.unwrap_or((1, 0.0));
@@ -115,6 +118,9 @@ pub fn apply(
     // each request's item tokens go to one arena, as (start, len)
     let mut out: Vec<(Request, (usize, usize))> = Vec::with_capacity(n);
     let mut arena: Vec<ItemTokens> = Vec::new();
+    // the plain draw is taken in index order (request `c·turns + t`), each
+    // dropped once used, so its items' memory is reused for the turns'
+    let mut plain = requests.into_iter();
     for (c, &start) in starts.iter().enumerate() {
         let mut segments: Vec<Segment> = Vec::new();
         let mut items: Vec<Item> = Vec::new();
@@ -127,7 +133,7 @@ pub fn apply(
         let mut arrival = start;
         for t in 0..turns as usize {
             let i = c * turns as usize + t;
-            let Some(base) = requests.get(i) else { break };
+            let Some(base) = plain.next() else { break };
             if t > 0 {
                 arrival += think.map_or(0.0, |d| d.sample(&mut think_rng));
             }
@@ -151,7 +157,7 @@ pub fn apply(
             text = text.saturating_add(own);
             let range = (arena.len(), items.len());
             arena.extend(items.iter().map(|i| i.1));
-            out.push((turn_request(arrival, &items, &segments, text, base), range));
+            out.push((turn_request(arrival, &items, &segments, text, &base), range));
             segments.push(Segment {
                 id: mix(text_salt, 2 * i as u64 + 1),
                 tokens: base.output_tokens,
@@ -161,7 +167,7 @@ pub fn apply(
     }
     // conversations interleave: arrival order, ties by generation order
     out.sort_by(|a, b| a.0.arrival.total_cmp(&b.0.arrival));
-    drop(requests);
+    drop(plain);
     let mut table = ItemTokenTable::with_capacity(n, arena.len());
     let requests = out
         .into_iter()

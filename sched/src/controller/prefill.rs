@@ -48,6 +48,12 @@ impl Controller {
         let (Some(r), true) = (self.caches.routing, self.prefix_cache.is_some()) else {
             return self.remote_place.assign(tokens as f64);
         };
+        let place = &self.remote_place;
+        if let Some(p) = crate::cache::sole_open(place.outstanding().len(), |p| place.is_open(p)) {
+            // one worker to choose: its cache need not be looked up
+            self.remote_place.add(p, tokens as f64);
+            return p;
+        }
         let keys = self.prompt_keys(id);
         let cache = self.prefix_cache.as_ref().expect("on");
         let pick = crate::cache::cache_aware_pick(

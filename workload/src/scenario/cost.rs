@@ -32,31 +32,31 @@ impl Scenario {
         };
         match self.kernel_cost() {
             Some(Ok(k)) => match self.data_dir() {
-                Some(found) => Box::new(WithNote(
+                Some(found) => PerStage::with_note(
                     Box::new(k),
                     format!(
                         "aiconfigurator data (measured kernel tables) found {}",
                         found.how
                     ),
-                )),
+                ),
                 None => Box::new(k),
             },
-            Some(Err(e)) => Box::new(WithNote(
+            Some(Err(e)) => PerStage::with_note(
                 roofline(),
                 format!("measured kernels unusable, roofline used instead: {e}"),
-            )),
+            ),
             None if !self.roofline_named()
                 && self.raw.cluster.gpu.is_some()
                 && easerve_calib::kernel_cost::kernel_source_for(&self.gpu.name).is_some()
                 && self.data_dir().is_none() =>
             {
-                Box::new(WithNote(
+                PerStage::with_note(
                     roofline(),
                     format!(
                         "{} has measured kernel tables, but no aiconfigurator data was found ($EASERVE_AICONFIGURATOR_DIR, then shared/data/aiconfigurator beside the scenario's folder, then ../shared/data/aiconfigurator beside the working directory): roofline used instead",
                         self.gpu.name
                     ),
-                ))
+                )
             }
             None => roofline(),
         }
@@ -185,7 +185,7 @@ impl Scenario {
         let names = c.stage_groups.map(|g| c.groups[g].gpu.name.clone());
         Box::new(PerStage {
             stages: [of(e), of(p), of(d)],
-            names,
+            label: Label::Groups(names),
         })
     }
 
@@ -201,15 +201,38 @@ impl Scenario {
     }
 }
 
-/// Stage costs of a cluster of node groups: encode (with its preprocessing,
-/// SM sharing and interference) from the encode group's GPU, prefill and
-/// decode from theirs; a transfer from the encode group's link (the
-/// simulator prices each transfer on its own path).
+/// Stage costs delegated by stage: encode (with its preprocessing, SM
+/// sharing, interference and transfers) to the first source, prefill to the
+/// second, decode to the third. It serves a cluster of node groups (each
+/// stage on its group's GPU; a transfer priced from the encode group's
+/// link, the simulator pricing each transfer on its own path) and a single
+/// source with one more note (why a fallback was taken): the same source
+/// three times.
 struct PerStage {
     /// Encode, prefill, decode.
     stages: [std::sync::Arc<dyn easerve_calib::StageCost>; 3],
-    /// Their GPUs' names, for the notes.
-    names: [String; 3],
+    /// What its notes say about where the costs come from.
+    label: Label,
+}
+
+/// The notes of a [`PerStage`].
+enum Label {
+    /// Each stage's GPU name (a cluster of node groups): a note naming them,
+    /// then each distinct source's notes.
+    Groups([String; 3]),
+    /// One source with this note before its own.
+    Note(String),
+}
+
+impl PerStage {
+    /// `cost` with `note` before its own notes.
+    fn with_note(cost: Box<dyn easerve_calib::StageCost>, note: String) -> Box<PerStage> {
+        let one: std::sync::Arc<dyn easerve_calib::StageCost> = std::sync::Arc::from(cost);
+        Box::new(PerStage {
+            stages: [one.clone(), one.clone(), one],
+            label: Label::Note(note),
+        })
+    }
 }
 
 impl easerve_calib::StageCost for PerStage {
@@ -263,81 +286,29 @@ impl easerve_calib::StageCost for PerStage {
         self.stages[0].bandwidth_interference()
     }
     fn notes(&self) -> Vec<String> {
+        let names = match &self.label {
+            Label::Note(note) => {
+                let mut n = vec![note.clone()];
+                n.extend(self.stages[0].notes());
+                return n;
+            }
+            Label::Groups(names) => names,
+        };
         let mut n = vec![format!(
             "per-GPU-type stage costs: encode on {}, prefill on {}, decode on {} (each stage's node group)",
-            self.names[0], self.names[1], self.names[2]
+            names[0], names[1], names[2]
         )];
         for (k, stage) in self.stages.iter().enumerate() {
-            if k > 0 && self.names[..k].contains(&self.names[k]) {
+            if k > 0 && names[..k].contains(&names[k]) {
                 continue;
             }
             n.extend(
                 stage
                     .notes()
                     .into_iter()
-                    .map(|x| format!("[{}] {x}", self.names[k])),
+                    .map(|x| format!("[{}] {x}", names[k])),
             );
         }
-        n
-    }
-}
-
-/// A stage cost with one more note (why a fallback was taken).
-struct WithNote(Box<dyn easerve_calib::StageCost>, String);
-
-impl easerve_calib::StageCost for WithNote {
-    fn encode(
-        &self,
-        items: &[easerve_model::ItemTokens],
-        sm_share: f64,
-    ) -> easerve_calib::EncodeTime {
-        self.0.encode(items, sm_share)
-    }
-    fn preprocess(&self, items: &[easerve_model::ItemTokens]) -> f64 {
-        self.0.preprocess(items)
-    }
-    fn prefill(&self, seq_lens: &[u64], par: easerve_model::Parallel, sm_share: f64) -> f64 {
-        self.0.prefill(seq_lens, par, sm_share)
-    }
-    fn prefill_cached(
-        &self,
-        new: &[u64],
-        cached: &[u64],
-        par: easerve_model::Parallel,
-        sm_share: f64,
-    ) -> f64 {
-        self.0.prefill_cached(new, cached, par, sm_share)
-    }
-    fn decode_step(
-        &self,
-        batch: u64,
-        total_context_tokens: u64,
-        par: easerve_model::Parallel,
-    ) -> f64 {
-        self.0.decode_step(batch, total_context_tokens, par)
-    }
-    fn decode_steps(
-        &self,
-        batch: u64,
-        context: u64,
-        par: easerve_model::Parallel,
-        steps: u64,
-        out: &mut Vec<f64>,
-    ) {
-        self.0.decode_steps(batch, context, par, steps, out)
-    }
-    fn transfer(&self, bytes: f64) -> f64 {
-        self.0.transfer(bytes)
-    }
-    fn time_slice_penalty(&self) -> f64 {
-        self.0.time_slice_penalty()
-    }
-    fn bandwidth_interference(&self) -> f64 {
-        self.0.bandwidth_interference()
-    }
-    fn notes(&self) -> Vec<String> {
-        let mut n = vec![self.1.clone()];
-        n.extend(self.0.notes());
         n
     }
 }
