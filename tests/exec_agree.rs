@@ -54,3 +54,8 @@ fn the_executor_moves_workers_as_the_simulator_plans() {
 fn the_server_moves_workers_as_the_simulator_plans() {
     agree::the_server_moves_workers_as_the_simulator_plans();
 }
+
+#[test]
+fn the_executor_keeps_serving_while_the_twin_simulates() {
+    agree::the_executor_keeps_serving_while_the_twin_simulates();
+}

@@ -163,6 +163,9 @@ pub(crate) enum Incoming {
     Stderr(usize, String),
     /// A restarted worker (incarnation `.1`) connected: its writer.
     Joined(usize, u32, mpsc::UnboundedSender<Vec<u8>>),
+    /// The planner's `twin` simulations, run off the loop, are done
+    /// ([`crate::plan`]).
+    Planned(Box<crate::plan::TwinDone>),
 }
 
 pub(crate) fn role_ref(role: Role, index: usize) -> WorkerRef {
@@ -845,6 +848,15 @@ impl Relay {
         tokens: Option<&mut Vec<(RequestId, u32)>>,
         ctrl: &Controller,
     ) -> bool {
+        let ev = match (ev, self.plan.as_mut()) {
+            (Incoming::Planned(done), Some(plan)) => {
+                // the twin decision takes effect now, after what was heard
+                self.due.extend(plan.conclude(*done, ctrl, at.now));
+                return false;
+            }
+            (Incoming::Planned(_), None) => return false,
+            (ev, _) => ev,
+        };
         if let (Incoming::Down(k, gen, _), Some(plan)) = (&ev, self.plan.as_mut()) {
             // a worker the planner stopped exits: no death
             if plan.exited(pool, *k, *gen, at.now) {
@@ -892,7 +904,7 @@ impl Relay {
     pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64) -> Option<f64> {
         if let Some(plan) = self.plan.as_mut() {
             // a window ended: the planner's changes, after what was heard
-            self.due.extend(plan.tick(ctrl, now));
+            self.due.extend(plan.tick(ctrl, &pool.tx, now));
         }
         let timer = driver::instant(
             &mut Wake {
@@ -1068,6 +1080,8 @@ fn on_incoming(
             }
             None
         }
+        // taken by [`Relay::hear`] first
+        Incoming::Planned(_) => None,
     }
 }
 

@@ -8,7 +8,7 @@
 
 use crate::report::{ChangeRecord, PlannerReport, TierValue};
 use crate::Scenario;
-use easerve_sched::planner::{Planner, Twin};
+use easerve_sched::planner::{Planner, Step, Twin, TwinJob};
 use easerve_sched::{Change, StageLoad, Topology, WorkerRef};
 
 /// The planner of one run and what the report says of it (module doc).
@@ -70,6 +70,35 @@ impl PlanLedger {
         twin: Option<&mut dyn Twin>,
     ) -> std::ops::Range<usize> {
         let changes = self.planner.on_window(now, loads, arrived, twin);
+        self.queue(changes)
+    }
+
+    /// Decide at the end of a window at `now` as [`PlanLedger::decide`],
+    /// the `twin` policy's simulations left to the caller
+    /// ([`Planner::observe`]): `Ok` the indices of the changes decided, in
+    /// [`PlanLedger::pending`], or `Err` the simulations to run, whose
+    /// results go to [`PlanLedger::conclude`].
+    pub fn observe(
+        &mut self,
+        now: f64,
+        loads: [StageLoad; 3],
+        arrived: u64,
+    ) -> Result<std::ops::Range<usize>, TwinJob> {
+        match self.planner.observe(now, loads, arrived) {
+            Step::Changes(changes) => Ok(self.queue(changes)),
+            Step::Twin(job) => Err(job),
+        }
+    }
+
+    /// The `twin` decision `job` concludes at `now` with `good` per
+    /// candidate ([`Planner::conclude`]): the indices of its changes, in
+    /// [`PlanLedger::pending`].
+    pub fn conclude(&mut self, now: f64, job: &TwinJob, good: &[f64]) -> std::ops::Range<usize> {
+        let changes = self.planner.conclude(now, job, good);
+        self.queue(changes)
+    }
+
+    fn queue(&mut self, changes: Vec<Change>) -> std::ops::Range<usize> {
         let start = self.pending.len();
         self.pending.extend(changes);
         start..self.pending.len()

@@ -168,6 +168,35 @@ fn twin_policy_takes_the_best_candidate_per_gpu_hour() {
     assert!(q.log()[0].held.as_deref().unwrap().contains("no twin"));
 }
 
+#[test]
+fn a_twin_decision_split_off_the_loop_holds_later_windows_and_applies_when_done() {
+    let loads = [load(1, 0, 0.0), load(1, 0, 0.0), load(1, 0, 0.0)];
+    let mut sync = Planner::new(cfg(PlannerPolicy::Twin), &topology()).unwrap();
+    let want = sync.on_window(10.0, loads, 500, Some(&mut PrefillBound));
+    let mut p = Planner::new(cfg(PlannerPolicy::Twin), &topology()).unwrap();
+    let Step::Twin(job) = p.observe(10.0, loads, 500) else {
+        panic!("no twin job");
+    };
+    // a window that ends while the job is out holds
+    assert_eq!(p.observe(20.0, loads, 1000), Step::Changes(Vec::new()));
+    assert!(p.log()[1]
+        .held
+        .as_deref()
+        .unwrap()
+        .contains("window at 10 s"));
+    let good = job.run(&mut PrefillBound);
+    assert_eq!(p.conclude(23.5, &job, &good), want);
+    assert_eq!(p.counts(), sync.counts());
+    let rec = &p.log()[0];
+    assert_eq!((rec.at, rec.applied_at), (10.0, Some(23.5)));
+    assert_eq!(rec.candidates, sync.log()[0].candidates);
+    assert_eq!(rec.held, None);
+    // a stale job changes nothing
+    assert!(p.conclude(30.0, &job, &good).is_empty());
+    // and the synchronous call leaves `applied_at` out (at the window)
+    assert_eq!(sync.log()[0].applied_at, None);
+}
+
 /// Fake workers: encode 20 ms, prefill 30 ms, decode 5 ms a step.
 struct Fixed;
 impl Service for Fixed {
