@@ -70,6 +70,8 @@ struct FakeWorkers {
     /// Each worker's incarnation (a restart or a planner's load begins
     /// the next).
     gens: Vec<u32>,
+    /// Planned loads still to die half-way through their model load.
+    failing_loads: usize,
 }
 
 impl FakeWorkers {
@@ -92,6 +94,7 @@ impl FakeWorkers {
             replies: Schedule::new(),
             dead: Vec::new(),
             gens: vec![0; pool.workers.len()],
+            failing_loads: 0,
         }
     }
 
@@ -423,6 +426,14 @@ fn run_gated(
                 (Some(p), true) => p.config.load_s[stage_of(w)],
                 _ => sc.restart_load_s(w),
             };
+            if pool.workers[k].planned && fakes.failing_loads > 0 {
+                // its process dies half-way through the load
+                fakes.failing_loads -= 1;
+                fakes.gens[k] = gen;
+                let down = Incoming::Down(k, gen, "process exited (exit status: 1)".into());
+                fakes.replies.push(now + load_s / 2.0, DONE, (k, down));
+                continue;
+            }
             fakes.restart(k, gen, now, load_s);
         }
         let heard = fakes.due(now);
@@ -931,4 +942,57 @@ pub fn the_executor_keeps_serving_while_the_twin_simulates() {
         });
         assert!(held, "{log:?}");
     }
+}
+
+/// A planner's load whose process dies while it loads its model
+/// ([`planned_scenario`]'s first change, `D1 → P1`, with `P1`'s new
+/// process gone half-way through its load): the controller records a
+/// failed planned load (`LoadFailed`, no restart asked for), the ledger's
+/// change says when and why it failed (and no `ready_at`), the fault is
+/// reported as well, and the planner counts the slot free again.
+pub fn a_planned_load_that_dies_loading_is_a_failed_change() {
+    let sc = planned_scenario();
+    let sim = simulate(&sc, None);
+    let (requests, tokens) = generate_with_tokens(&sc);
+    let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
+    let (mut pool, frames) = Pool::detached(ctrl.topology());
+    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
+    fakes.failing_loads = 1;
+    let mut exec = ExecLoop::new(&ctrl);
+    exec.relay.plan = plan_of(&sc, &ctrl);
+    // the service times replayed are the simulator's, where the load did
+    // not fail: only what the failure changes is checked
+    run_virtual(&mut exec, &mut ctrl, &mut pool, &mut fakes, &sc);
+    let p1 = WorkerRef::Prefill(1);
+    let failed: Vec<f64> = ctrl
+        .decisions()
+        .iter()
+        .filter_map(|d| match d {
+            Decision::LoadFailed { at, worker, .. } if *worker == p1 => Some(*at),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", changes(ctrl.decisions()));
+    let restarts = ctrl
+        .decisions()
+        .iter()
+        .filter(|d| matches!(d, Decision::Restart { .. }))
+        .count();
+    assert_eq!(restarts, 0, "a failed planned load is not restarted");
+    assert!(exec.relay.faults.iter().any(|f| f.worker == "P1"));
+    let plan = exec.relay.plan.take().expect("the planner");
+    let mut report = sim.report.clone();
+    crate::plan::account(Some(plan), &ctrl, &mut report);
+    let ours = report.planner.expect("an account");
+    let first = &ours.changes[0];
+    assert_eq!(
+        (first.from.as_deref(), first.to.as_deref()),
+        (Some("D1"), Some("P1"))
+    );
+    assert_eq!(first.failed_at, Some(failed[0]));
+    assert_eq!(first.ready_at, None);
+    assert!(first
+        .failure
+        .as_deref()
+        .is_some_and(|f| f.contains("exit status: 1")));
 }

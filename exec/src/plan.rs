@@ -225,6 +225,7 @@ impl ExecPlan {
     pub(crate) fn load(&mut self, pool: &mut Pool, w: WorkerRef, on: Option<WorkerRef>, now: f64) {
         let k = pool.by_ref[&w];
         pool.workers[k].planned = true;
+        pool.workers[k].started = true;
         if let Some(old) = on {
             let o = pool.by_ref[&old];
             pool.workers[k].gpu = pool.workers[o].gpu;
@@ -233,6 +234,8 @@ impl ExecPlan {
                 self.after_stop.push((o, k));
                 return;
             }
+        } else {
+            pool.threads[k] = pool.spare_threads(k);
         }
         self.book.loading(now, w);
         pool.sup.restart_at(k, now);
@@ -262,6 +265,12 @@ impl ExecPlan {
         true
     }
 
+    /// Worker `w`, which a change started, died loading its model at
+    /// `now` (`reason`): a failed planned load in the ledger.
+    pub(crate) fn load_failed(&mut self, w: WorkerRef, reason: &str, now: f64, ctrl: &Controller) {
+        self.book.load_failed(now, w, ctrl.topology(), reason);
+    }
+
     /// Worker `w` said `Ready` at `now`: its model is loaded.
     pub(crate) fn ready(&mut self, w: WorkerRef, now: f64, ctrl: &Controller) {
         self.book.ready(now, w, ctrl.topology());
@@ -283,4 +292,31 @@ pub(crate) fn account(plan: Option<ExecPlan>, ctrl: &Controller, report: &mut Re
         .collect();
     let end = ctrl.finished().1;
     report.planner = Some(plan.book.report(end, ctrl.topology(), &good));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::run::spare_threads;
+
+    #[test]
+    fn a_started_spare_takes_the_free_cores_at_most_its_share() {
+        // 16 cores, two running ranks of 4 threads: its share 16/3 = 5,
+        // 8 free
+        assert_eq!(spare_threads(16, 8, 2, 1), 5);
+        // the running ranks hold 15 of 16: the one free core
+        assert_eq!(spare_threads(16, 15, 3, 1), 1);
+        // a TP2 spare: per rank, its share 16/(2+2) = 4, 8 free over 2
+        assert_eq!(spare_threads(16, 8, 2, 2), 4);
+        // no core free: one thread (a process needs one)
+        assert_eq!(spare_threads(2, 2, 2, 1), 1);
+        // never more than the cores left free, where a core is free
+        for cores in 1..=32 {
+            for ranks in 0..8 {
+                for held in ranks..=cores {
+                    let t = spare_threads(cores, held, ranks, 1);
+                    assert!(held + t <= cores || (held == cores && t == 1));
+                }
+            }
+        }
+    }
 }

@@ -120,6 +120,8 @@ impl PlanLedger {
             to,
             stopped_at: None,
             ready_at: None,
+            failed_at: None,
+            failure: None,
         });
         change
     }
@@ -135,10 +137,31 @@ impl PlanLedger {
         if let Some(c) = self
             .changes
             .iter_mut()
-            .find(|c| c.ready_at.is_none() && c.to.as_deref() == Some(l))
+            .find(|c| c.ready_at.is_none() && c.failed_at.is_none() && c.to.as_deref() == Some(l))
         {
             c.ready_at = Some(now);
         }
+    }
+
+    /// Worker `w`, started by a change, died at `now` while loading its
+    /// model ([`easerve_sched::Decision::LoadFailed`]): the change is
+    /// recorded as failed with `reason`, its GPUs are free from `now`, and
+    /// the planner counts its slot free again.
+    pub fn load_failed(&mut self, now: f64, w: WorkerRef, topology: &Topology, reason: &str) {
+        if let Some(k) = self.held.iter().position(|(x, _)| *x == w) {
+            let (_, since) = self.held.swap_remove(k);
+            self.gpu_s += (now - since) * topology.worker(w).gpus.len() as f64;
+        }
+        let l = topology.label(w);
+        if let Some(c) = self
+            .changes
+            .iter_mut()
+            .find(|c| c.ready_at.is_none() && c.failed_at.is_none() && c.to.as_deref() == Some(l))
+        {
+            c.failed_at = Some(now);
+            c.failure = Some(reason.to_string());
+        }
+        self.planner.load_failed(w);
     }
 
     /// Worker `w` stopped at `now`: its GPUs are free.

@@ -288,6 +288,16 @@ impl Planner {
         &self.cfg
     }
 
+    /// Worker `w`, which a change started, died loading its model
+    /// ([`crate::Decision::LoadFailed`]): its slot is free again, and a later
+    /// decision may start it (the counts it decides from are the workers
+    /// that run).
+    pub fn load_failed(&mut self, w: WorkerRef) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.wref == w) {
+            s.active = false;
+        }
+    }
+
     /// Every decision so far.
     pub fn log(&self) -> &[PlanRecord] {
         &self.log
