@@ -135,6 +135,14 @@ pub(crate) enum CalibCommand {
         /// Print the comparison as JSON.
         #[arg(long)]
         json: bool,
+        /// Compare window by window instead (the runs' `windows`, from a
+        /// rate schedule's `workload.window_s`): each window's mean TTFT in
+        /// both runs and its error, and each run's worker changes by kind
+        /// (`D→P` a role change, `+E` a start, `−D` a drain); with
+        /// `--max-error`, exit 1 when a window exceeds it or the changes
+        /// differ.
+        #[arg(long)]
+        per_window: bool,
     },
     /// Fold a measured run into a profile (method in calib/src/refine.rs): its
     /// encode passes by batch size (from a per-request CSV as `sim` or `exec
@@ -231,7 +239,8 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             measured,
             max_error,
             json,
-        } => validate(&sim, &measured, max_error, json),
+            per_window,
+        } => validate(&sim, &measured, max_error, json, per_window),
         CalibCommand::Refine {
             profile,
             measured_csv,
@@ -485,6 +494,7 @@ fn validate(
     measured: &std::path::Path,
     max_error: Option<f64>,
     json: bool,
+    per_window: bool,
 ) -> anyhow::Result<ExitCode> {
     if let Some(e) = max_error {
         if !(e.is_finite() && e >= 0.0) {
@@ -495,6 +505,9 @@ fn validate(
         }
     }
     let (s, m) = load_runs(sim, measured)?;
+    if per_window {
+        return validate_windows(&s, &m, max_error, json);
+    }
     let v = Agreement::compare(&s, &m);
     if json {
         sayln!("{}", serde_json::to_string_pretty(&v)?);
@@ -514,6 +527,45 @@ fn validate(
             );
             return Ok(ExitCode::from(1));
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `calib validate --per-window`: the window-by-window comparison
+/// (`easerve_workload::phase_agreement`); exit 1 when a window's mean TTFT
+/// is off by more than `max_error` or the worker changes differ, exit 2
+/// when the runs have no window in common.
+fn validate_windows(
+    s: &easerve_workload::Report,
+    m: &easerve_workload::Report,
+    max_error: Option<f64>,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let v = easerve_workload::phase_agreement::compare_windows(s, m);
+    if v.rows.is_empty() {
+        return Err(BadInput(
+            "--per-window: the runs have no window in common with arrivals in both (a run of a rate schedule has windows: `workload.phases` with `workload.window_s`)".into(),
+        )
+        .into());
+    }
+    if json {
+        sayln!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        say!("{}", v.render_text());
+    }
+    let Some(e) = max_error else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let over = v.exceeding(e);
+    if !over.is_empty() || !v.same_changes() {
+        eprintln!(
+            "{} of {} windows exceed --max-error {:.1} %; worker changes {}",
+            over.len(),
+            v.rows.len(),
+            e * 100.0,
+            if v.same_changes() { "agree" } else { "differ" }
+        );
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }

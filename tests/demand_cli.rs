@@ -240,3 +240,51 @@ fn a_planner_run_reports_gpu_hours_changes_and_decisions() {
     assert!(plain.get("planner").is_none());
     assert_eq!(load, sim_json(&day, &args("load")), "same seed, same run");
 }
+
+/// `calib validate --per-window` compares two runs of a schedule window by
+/// window: a `load`-planner run of `cpu-image-phases.toml` against itself
+/// agrees (every window 0 %, the same changes, exit 0); against the
+/// `static` run (no changes) it exits 1 under `--max-error`, naming the
+/// changes that differ. About 1 s in the debug build.
+#[test]
+fn per_window_validation_compares_ttft_and_changes_by_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let sc = root().join("scenarios/demand/cpu-image-phases.toml");
+    let run = |planner: &str, name: &str| {
+        let out = easerve(&["sim", sc.to_str().unwrap(), "--planner", planner, "--json"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let path = dir.path().join(name);
+        std::fs::write(&path, &out.stdout).unwrap();
+        path
+    };
+    let (load, stat) = (run("load", "load.json"), run("static", "static.json"));
+    let validate = |sim: &std::path::Path, measured: &std::path::Path| {
+        easerve(&[
+            "calib",
+            "validate",
+            "--per-window",
+            "--sim",
+            sim.to_str().unwrap(),
+            "--measured",
+            measured.to_str().unwrap(),
+            "--max-error",
+            "0.1",
+        ])
+    };
+    let same = validate(&load, &load);
+    let text = String::from_utf8_lossy(&same.stdout);
+    assert_eq!(same.status.code(), Some(0), "{text}");
+    assert_eq!(text.matches("+0.0 %").count(), 3, "three phases: {text}");
+    assert!(
+        text.contains("worker changes, sim: ") && !text.contains("sim: 0 "),
+        "{text}"
+    );
+    let differ = validate(&stat, &load);
+    let err = String::from_utf8_lossy(&differ.stderr);
+    assert_eq!(differ.status.code(), Some(1), "{err}");
+    assert!(err.contains("worker changes differ"), "{err}");
+}

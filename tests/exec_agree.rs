@@ -59,3 +59,13 @@ fn the_server_moves_workers_as_the_simulator_plans() {
 fn the_executor_hits_and_evicts_as_the_simulator() {
     agree::the_executor_hits_and_evicts_as_the_simulator();
 }
+
+#[test]
+fn the_executor_keeps_serving_while_the_twin_simulates() {
+    agree::the_executor_keeps_serving_while_the_twin_simulates();
+}
+
+#[test]
+fn a_planned_load_that_dies_loading_is_a_failed_change() {
+    agree::a_planned_load_that_dies_loading_is_a_failed_change();
+}

@@ -362,4 +362,19 @@ fn exec_runs_the_load_planner_and_loses_no_request() {
         }
     }
     assert!(p["gpu_hours"].as_f64().unwrap() > 0.0);
+    // every worker a change started has its per-GPU row, a spare slot's
+    // among them
+    let rows: Vec<&str> = r["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|g| g["worker"].as_str())
+        .collect();
+    for c in changes.iter().filter(|c| c["ready_at"].is_number()) {
+        let to = c["to"].as_str().unwrap();
+        assert!(
+            rows.iter().any(|w| w.split('+').any(|l| l == to)),
+            "no GPU row of {to}: {rows:?}"
+        );
+    }
 }

@@ -70,6 +70,8 @@ struct FakeWorkers {
     /// Each worker's incarnation (a restart or a planner's load begins
     /// the next).
     gens: Vec<u32>,
+    /// Planned loads still to die half-way through their model load.
+    failing_loads: usize,
 }
 
 impl FakeWorkers {
@@ -92,6 +94,7 @@ impl FakeWorkers {
             replies: Schedule::new(),
             dead: Vec::new(),
             gens: vec![0; pool.workers.len()],
+            failing_loads: 0,
         }
     }
 
@@ -274,6 +277,8 @@ trait Face {
     fn wake_at(&self, ctrl: &Controller) -> Option<f64>;
     /// It wakes at `now` having heard `heard`, as its `drive` does.
     fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64, heard: Vec<Incoming>);
+    /// Whether a `twin` decision's simulations are out on their thread.
+    fn simulating(&self) -> bool;
 }
 
 impl Face for ExecLoop {
@@ -290,6 +295,10 @@ impl Face for ExecLoop {
             self.hear(pool, ev, at, ctrl);
         }
         ExecLoop::wake(self, ctrl, pool, now);
+    }
+
+    fn simulating(&self) -> bool {
+        self.relay.plan.as_ref().is_some_and(|p| p.simulating)
     }
 }
 
@@ -346,9 +355,15 @@ impl Face for ServeFace {
         self.serve.set_plan_open(!self.to_submit.is_empty());
         self.serve.wake(ctrl, pool, &self.app, now);
     }
+
+    fn simulating(&self) -> bool {
+        self.serve.simulating()
+    }
 }
 
 /// Run `face` against `fakes` on a virtual clock until nothing is left.
+/// A `twin` decision's simulations (on their own thread, in real time) are
+/// heard as soon as they went out, on the virtual clock.
 fn run_virtual(
     face: &mut impl Face,
     ctrl: &mut Controller,
@@ -356,13 +371,47 @@ fn run_virtual(
     fakes: &mut FakeWorkers,
     sc: &Scenario,
 ) {
+    run_gated(face, ctrl, pool, fakes, sc, None);
+}
+
+/// A gate the tests' twin waits at ([`GatedTwin`]), and the virtual
+/// seconds the loop runs on while a decision's simulations are out, before
+/// it opens the gate.
+type Gate<'a> = (&'a std::sync::mpsc::Sender<()>, f64);
+
+/// [`run_virtual`], with the `twin` simulations held at `gate` (when
+/// given) until the loop has run on for its seconds: then the gate opens
+/// and the loop hears the results at once.
+fn run_gated(
+    face: &mut impl Face,
+    ctrl: &mut Controller,
+    pool: &mut Pool,
+    fakes: &mut FakeWorkers,
+    sc: &Scenario,
+    gate: Option<Gate>,
+) {
     let mut now = 0.0f64;
+    let mut out_since: Option<f64> = None;
     for _ in 0..10_000_000 {
         fakes.read(now);
         let next = [fakes.next_at(), face.wake_at(ctrl), pool.sup.next_restart()]
             .into_iter()
             .flatten()
             .reduce(f64::min);
+        if face.simulating() {
+            let since = *out_since.get_or_insert(now);
+            let due = gate.map_or(since, |(_, s)| since + s);
+            if next.is_none_or(|t| t > due) {
+                now = now.max(due);
+                if let Some((tx, _)) = gate {
+                    tx.send(()).expect("the twin waits");
+                }
+                let done = pool.rx.blocking_recv().expect("the twin's results");
+                out_since = None;
+                face.wake(ctrl, pool, now, vec![done]);
+                continue;
+            }
+        }
         let Some(t) = next else {
             return;
         };
@@ -377,6 +426,14 @@ fn run_virtual(
                 (Some(p), true) => p.config.load_s[stage_of(w)],
                 _ => sc.restart_load_s(w),
             };
+            if pool.workers[k].planned && fakes.failing_loads > 0 {
+                // its process dies half-way through the load
+                fakes.failing_loads -= 1;
+                fakes.gens[k] = gen;
+                let down = Incoming::Down(k, gen, "process exited (exit status: 1)".into());
+                fakes.replies.push(now + load_s / 2.0, DONE, (k, down));
+                continue;
+            }
             fakes.restart(k, gen, now, load_s);
         }
         let heard = fakes.due(now);
@@ -844,4 +901,145 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
     // the workload repeats, and the caches both hit and evict
     assert!(enc.hits > 0 && enc.evictions > 0, "{enc:?}");
     assert!(pre.hits > 0, "{pre:?}");
+}
+
+/// A twin for the tests: each decision's simulations wait at a gate (once
+/// per decision: its queries share a seed) and find the deployment in force
+/// (a decision's first candidate) the only one with good requests, so the
+/// planner holds and the run is the static one's.
+struct GatedTwin {
+    gate: std::sync::mpsc::Receiver<()>,
+    seed: Option<u64>,
+}
+
+impl easerve_sched::planner::Twin for GatedTwin {
+    fn good_requests(&mut self, q: &easerve_sched::planner::TwinQuery) -> f64 {
+        if self.seed == Some(q.seed) {
+            return 0.0;
+        }
+        self.seed = Some(q.seed);
+        // a loop that waited for the twin would never open the gate
+        let wait = std::time::Duration::from_secs(60);
+        self.gate
+            .recv_timeout(wait)
+            .expect("the loop opens the gate while the twin simulates");
+        1.0
+    }
+}
+
+/// `easerve exec`'s loop does not wait for the `twin` planner's
+/// simulations: while a decision's are held (20 virtual seconds, two
+/// windows, each time) the loop goes on placing, prefilling and finishing
+/// requests; the decision takes effect when its results come, and the log
+/// says for which window it was taken and when it was applied; the windows
+/// that ended meanwhile held. Every request finishes.
+pub fn the_executor_keeps_serving_while_the_twin_simulates() {
+    let stat = planned_scenario();
+    let mut sc = stat.clone();
+    let planner = sc.planner.as_mut().expect("a planner");
+    planner.config.policy = easerve_sched::planner::PlannerPolicy::Twin;
+    let mut stat = stat;
+    if let Some(p) = stat.planner.as_mut() {
+        p.config.policy = easerve_sched::planner::PlannerPolicy::Static;
+    }
+    // the replayed service times: the run the gated twin leaves as it is
+    let sim = simulate(&stat, None);
+    let (requests, tokens) = generate_with_tokens(&sc);
+    let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
+    let (mut pool, frames) = Pool::detached(ctrl.topology());
+    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
+    let mut exec = ExecLoop::new(&ctrl);
+    let mut plan = plan_of(&sc, &ctrl).expect("a planner");
+    let (tx, rx) = std::sync::mpsc::channel();
+    plan.set_twin(Box::new(GatedTwin {
+        gate: rx,
+        seed: None,
+    }));
+    exec.relay.plan = Some(plan);
+    run_gated(
+        &mut exec,
+        &mut ctrl,
+        &mut pool,
+        &mut fakes,
+        &sc,
+        Some((&tx, 20.0)),
+    );
+    assert!(ctrl.is_finished(), "requests left");
+    let done = ctrl.records().iter().filter(|r| r.finish.is_some()).count();
+    assert_eq!(done, ctrl.records().len(), "a request did not finish");
+    let plan = exec.relay.plan.take().expect("the planner");
+    let log = plan.book.planner.log();
+    let taken: Vec<_> = log.iter().filter(|r| r.applied_at.is_some()).collect();
+    assert!(!taken.is_empty(), "no twin decision: {log:?}");
+    for r in &taken {
+        let (at, applied) = (r.at, r.applied_at.unwrap_or(r.at));
+        assert!((applied - (at + 20.0)).abs() < 1e-9, "{at} → {applied}");
+        assert_eq!(r.candidates.first().map(|c| c.0), Some([2, 1, 2]));
+        // served while the decision was out: first tokens in between
+        let served = ctrl
+            .records()
+            .iter()
+            .filter(|q| q.first_token.is_some_and(|t| t > at && t < applied))
+            .count();
+        assert!(served > 0, "nothing served between {at} s and {applied} s");
+        let held = log.iter().filter(|h| h.at > at && h.at < applied).all(|h| {
+            h.held
+                .as_deref()
+                .is_some_and(|m| m.contains("still being simulated"))
+        });
+        assert!(held, "{log:?}");
+    }
+}
+
+/// A planner's load whose process dies while it loads its model
+/// ([`planned_scenario`]'s first change, `D1 → P1`, with `P1`'s new
+/// process gone half-way through its load): the controller records a
+/// failed planned load (`LoadFailed`, no restart asked for), the ledger's
+/// change says when and why it failed (and no `ready_at`), the fault is
+/// reported as well, and the planner counts the slot free again.
+pub fn a_planned_load_that_dies_loading_is_a_failed_change() {
+    let sc = planned_scenario();
+    let sim = simulate(&sc, None);
+    let (requests, tokens) = generate_with_tokens(&sc);
+    let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
+    let (mut pool, frames) = Pool::detached(ctrl.topology());
+    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
+    fakes.failing_loads = 1;
+    let mut exec = ExecLoop::new(&ctrl);
+    exec.relay.plan = plan_of(&sc, &ctrl);
+    // the service times replayed are the simulator's, where the load did
+    // not fail: only what the failure changes is checked
+    run_virtual(&mut exec, &mut ctrl, &mut pool, &mut fakes, &sc);
+    let p1 = WorkerRef::Prefill(1);
+    let failed: Vec<f64> = ctrl
+        .decisions()
+        .iter()
+        .filter_map(|d| match d {
+            Decision::LoadFailed { at, worker, .. } if *worker == p1 => Some(*at),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(failed.len(), 1, "{:?}", changes(ctrl.decisions()));
+    let restarts = ctrl
+        .decisions()
+        .iter()
+        .filter(|d| matches!(d, Decision::Restart { .. }))
+        .count();
+    assert_eq!(restarts, 0, "a failed planned load is not restarted");
+    assert!(exec.relay.faults.iter().any(|f| f.worker == "P1"));
+    let plan = exec.relay.plan.take().expect("the planner");
+    let mut report = sim.report.clone();
+    crate::plan::account(Some(plan), &ctrl, &mut report);
+    let ours = report.planner.expect("an account");
+    let first = &ours.changes[0];
+    assert_eq!(
+        (first.from.as_deref(), first.to.as_deref()),
+        (Some("D1"), Some("P1"))
+    );
+    assert_eq!(first.failed_at, Some(failed[0]));
+    assert_eq!(first.ready_at, None);
+    assert!(first
+        .failure
+        .as_deref()
+        .is_some_and(|f| f.contains("exit status: 1")));
 }

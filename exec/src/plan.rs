@@ -17,16 +17,26 @@
 //! over) and when the new one was ready (its process started after the old
 //! one exited, and loaded). No clock: `now` (seconds since the run started) comes from the
 //! driver loop.
+//!
+//! The `twin` policy's simulations do not hold the loop: at a window's end
+//! the planner hands back a snapshot of its candidates ([`TwinJob`]), which
+//! a thread of its own runs in the twin while the loop keeps serving; the
+//! thread posts the results to the loop's inbox ([`Incoming::Planned`]),
+//! and the planner concludes when the loop hears them, its changes reaching
+//! the controller then (the decision log has the window it was taken for,
+//! `at`, and when it took effect, `applied_at`). Windows that end
+//! meanwhile are observed and hold.
 
-use crate::run::Pool;
+use crate::run::{Incoming, Pool};
 use crate::wire::{encode_frame, ToWorker};
 use easerve_calib::StageCost;
-use easerve_sched::planner::{PlannerPolicy, Twin};
+use easerve_sched::planner::{PlannerPolicy, Twin, TwinJob};
 use easerve_sched::{Controller, Event, WorkerRef};
 use easerve_sim::SimTwin;
 use easerve_workload::plan::PlanLedger;
 use easerve_workload::{Report, Scenario};
 use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedSender;
 
 /// Seconds a stopped worker has to exit after its shutdown frame before it
 /// is killed: as long as the end of a run gives every worker (`shut_down`
@@ -46,13 +56,26 @@ pub(crate) struct Stop {
     pub(crate) killed: bool,
 }
 
+/// A twin the executor's planner can send to a thread of its own.
+pub(crate) type SendTwin = Box<dyn Twin + Send>;
+
+/// A `twin` decision's simulations, done off the loop ([`ExecPlan::tick`]):
+/// the twin back, the job and the good requests of each candidate.
+pub(crate) struct TwinDone {
+    twin: SendTwin,
+    job: TwinJob,
+    good: Vec<f64>,
+}
+
 /// The planner of one executor run (module doc).
 pub(crate) struct ExecPlan {
     /// Decisions, changes and GPU-hours.
     pub(crate) book: PlanLedger,
     /// The twin the `twin` policy tries candidates in (the simulator over
-    /// the scenario's cost model).
-    twin: Option<SimTwin>,
+    /// the scenario's cost model); away while a decision's simulations run.
+    twin: Option<SendTwin>,
+    /// Whether a `twin` decision's simulations are running.
+    pub(crate) simulating: bool,
     /// When the next window ends, seconds; `None` once requests stopped
     /// arriving.
     next_tick: Option<f64>,
@@ -75,12 +98,13 @@ impl ExecPlan {
         cost: Arc<dyn StageCost>,
     ) -> Option<ExecPlan> {
         let book = PlanLedger::of(sc, topology)?;
-        let twin =
-            (book.planner.config().policy == PlannerPolicy::Twin).then(|| SimTwin::new(sc, cost));
+        let twin = (book.planner.config().policy == PlannerPolicy::Twin)
+            .then(|| Box::new(SimTwin::new(sc, cost)) as SendTwin);
         Some(ExecPlan {
             next_tick: Some(book.window_s()),
             book,
             twin,
+            simulating: false,
             arrived: 0,
             open: true,
             after_stop: Vec::new(),
@@ -97,16 +121,77 @@ impl ExecPlan {
         self.arrived += 1;
     }
 
+    /// The `twin` policy tries its candidates in `twin` (the tests' stand-in
+    /// for the simulator).
+    #[cfg(feature = "agreement")]
+    pub(crate) fn set_twin(&mut self, twin: SendTwin) {
+        self.twin = Some(twin);
+    }
+
     /// At `now`: if a window ended, the planner decides from `ctrl`'s stage
-    /// loads, and its changes are returned as events for the controller.
-    pub(crate) fn tick(&mut self, ctrl: &Controller, now: f64) -> Vec<Event> {
+    /// loads, and its changes are returned as events for the controller. A
+    /// `twin` decision's simulations go to a thread of their own, which
+    /// posts them to `inbox` when done ([`ExecPlan::conclude`]).
+    pub(crate) fn tick(
+        &mut self,
+        ctrl: &Controller,
+        inbox: &UnboundedSender<Incoming>,
+        now: f64,
+    ) -> Vec<Event> {
         if self.next_tick.is_none_or(|t| now < t) {
             return Vec::new();
         }
         let loads = ctrl.stage_loads(now);
-        let twin = self.twin.as_mut().map(|t| t as &mut dyn Twin);
-        let decided = self.book.decide(now, loads, self.arrived, twin);
         self.next_tick = self.open.then(|| now + self.book.window_s());
+        let decided = match self.book.observe(now, loads, self.arrived) {
+            Ok(decided) => decided,
+            Err(job) => {
+                match self.twin.take() {
+                    Some(twin) => self.simulate(twin, job, inbox.clone()),
+                    None => {
+                        // no twin: as [`PlanLedger::decide`] without one
+                        self.book.conclude(now, &job, &[]);
+                    }
+                }
+                return Vec::new();
+            }
+        };
+        self.events(decided, ctrl, now)
+    }
+
+    /// Run `job` in `twin` on a thread of its own; the results go to `inbox`.
+    fn simulate(&mut self, mut twin: SendTwin, job: TwinJob, inbox: UnboundedSender<Incoming>) {
+        self.simulating = true;
+        let spawned = std::thread::Builder::new()
+            .name("twin-planner".into())
+            .spawn(move || {
+                let good = job.run(&mut *twin);
+                // a run that ended meanwhile no longer listens
+                let _ = inbox.send(Incoming::Planned(Box::new(TwinDone { twin, job, good })));
+            });
+        if let Err(e) = spawned {
+            // the planner holds; the run goes on as it is
+            eprintln!("warning: the twin planner's thread did not start ({e}); the deployment stays as it is");
+        }
+    }
+
+    /// A `twin` decision's simulations are done, heard at `now`: its
+    /// changes, as events for the controller.
+    pub(crate) fn conclude(&mut self, done: TwinDone, ctrl: &Controller, now: f64) -> Vec<Event> {
+        let TwinDone { twin, job, good } = done;
+        self.twin = Some(twin);
+        self.simulating = false;
+        let decided = self.book.conclude(now, &job, &good);
+        self.events(decided, ctrl, now)
+    }
+
+    /// The changes `decided` in the ledger, applied at `now`, as events.
+    fn events(
+        &mut self,
+        decided: std::ops::Range<usize>,
+        ctrl: &Controller,
+        now: f64,
+    ) -> Vec<Event> {
         decided
             .map(|i| Event::Reconfigure {
                 change: self.book.applied(now, i, ctrl.topology()),
@@ -140,6 +225,7 @@ impl ExecPlan {
     pub(crate) fn load(&mut self, pool: &mut Pool, w: WorkerRef, on: Option<WorkerRef>, now: f64) {
         let k = pool.by_ref[&w];
         pool.workers[k].planned = true;
+        pool.workers[k].started = true;
         if let Some(old) = on {
             let o = pool.by_ref[&old];
             pool.workers[k].gpu = pool.workers[o].gpu;
@@ -148,6 +234,8 @@ impl ExecPlan {
                 self.after_stop.push((o, k));
                 return;
             }
+        } else {
+            pool.threads[k] = pool.spare_threads(k);
         }
         self.book.loading(now, w);
         pool.sup.restart_at(k, now);
@@ -177,6 +265,12 @@ impl ExecPlan {
         true
     }
 
+    /// Worker `w`, which a change started, died loading its model at
+    /// `now` (`reason`): a failed planned load in the ledger.
+    pub(crate) fn load_failed(&mut self, w: WorkerRef, reason: &str, now: f64, ctrl: &Controller) {
+        self.book.load_failed(now, w, ctrl.topology(), reason);
+    }
+
     /// Worker `w` said `Ready` at `now`: its model is loaded.
     pub(crate) fn ready(&mut self, w: WorkerRef, now: f64, ctrl: &Controller) {
         self.book.ready(now, w, ctrl.topology());
@@ -198,4 +292,31 @@ pub(crate) fn account(plan: Option<ExecPlan>, ctrl: &Controller, report: &mut Re
         .collect();
     let end = ctrl.finished().1;
     report.planner = Some(plan.book.report(end, ctrl.topology(), &good));
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::run::spare_threads;
+
+    #[test]
+    fn a_started_spare_takes_the_free_cores_at_most_its_share() {
+        // 16 cores, two running ranks of 4 threads: its share 16/3 = 5,
+        // 8 free
+        assert_eq!(spare_threads(16, 8, 2, 1), 5);
+        // the running ranks hold 15 of 16: the one free core
+        assert_eq!(spare_threads(16, 15, 3, 1), 1);
+        // a TP2 spare: per rank, its share 16/(2+2) = 4, 8 free over 2
+        assert_eq!(spare_threads(16, 8, 2, 2), 4);
+        // no core free: one thread (a process needs one)
+        assert_eq!(spare_threads(2, 2, 2, 1), 1);
+        // never more than the cores left free, where a core is free
+        for cores in 1..=32 {
+            for ranks in 0..8 {
+                for held in ranks..=cores {
+                    let t = spare_threads(cores, held, ranks, 1);
+                    assert!(held + t <= cores || (held == cores && t == 1));
+                }
+            }
+        }
+    }
 }

@@ -140,6 +140,8 @@ pub(crate) struct WorkerProcess {
     /// Its process is starting for a planner ([`Command::LoadWorker`]):
     /// its `Ready` goes to the planner's account, not to a fault's.
     pub(crate) planned: bool,
+    /// Whether a planner started it (a spare slot's process ran).
+    pub(crate) started: bool,
     /// Tensor-parallel degree: rank processes (one per device or core).
     tp: usize,
     pub(crate) tx: Option<mpsc::UnboundedSender<Vec<u8>>>,
@@ -163,6 +165,9 @@ pub(crate) enum Incoming {
     Stderr(usize, String),
     /// A restarted worker (incarnation `.1`) connected: its writer.
     Joined(usize, u32, mpsc::UnboundedSender<Vec<u8>>),
+    /// The planner's `twin` simulations, run off the loop, are done
+    /// ([`crate::plan`]).
+    Planned(Box<crate::plan::TwinDone>),
 }
 
 pub(crate) fn role_ref(role: Role, index: usize) -> WorkerRef {
@@ -419,6 +424,7 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
                 standby: t.standby,
                 stop: None,
                 planned: false,
+                started: false,
                 tp: t.tp.max(1) as usize,
                 tx: None,
                 child: None,
@@ -455,6 +461,53 @@ fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
         }
     };
     workers.iter().map(threads_of).collect()
+}
+
+/// CPU threads of each rank of a spare slot a planner starts while the run
+/// goes on (TP `tp`), on a host of `cores` cores where the remote prefill,
+/// decode and replica ranks running now hold `held` threads among
+/// `ranks` ranks. The per-worker rule of [`worker_threads`] (an even share
+/// of the cores among those ranks, `cores / (ranks + tp)`), but no more
+/// than the cores they leave free (`(cores − held) / tp`): the running
+/// processes keep the threads they started with, so the spare takes what
+/// is free rather than oversubscribing the cores. At least 1 (a process
+/// needs one): only when no core is free does a spare share one.
+pub(crate) fn spare_threads(cores: usize, held: usize, ranks: usize, tp: usize) -> usize {
+    let tp = tp.max(1);
+    let share = cores / (ranks + tp);
+    let free = cores.saturating_sub(held) / tp;
+    share.min(free).max(1)
+}
+
+impl Pool {
+    /// CPU threads of each rank of spare slot `k`, started now by a planner
+    /// (not on a stopped worker's device, whose threads it takes over):
+    /// `--threads` when given; all the cores for an encode worker, as the
+    /// deployment's encode workers have them (a CPU "device" at SM level
+    /// 1.0); else [`spare_threads`] over the remote prefill, decode and
+    /// replica processes running now.
+    pub(crate) fn spare_threads(&self, k: usize) -> usize {
+        if let Some(t) = self.sup.fixed_threads() {
+            return t;
+        }
+        let cores = cpu_cores();
+        let w = &self.workers[k];
+        if w.role == Role::Encode || w.local {
+            return cores;
+        }
+        let running = self.workers.iter().enumerate().filter(|(j, o)| {
+            *j != k
+                && o.pid.is_some()
+                && !o.stop.is_some_and(|s| s.exited)
+                && self.live.is_alive(o.wref)
+                && (matches!(o.role, Role::Decode | Role::Replica)
+                    || (o.role == Role::Prefill && !o.local))
+        });
+        let (held, ranks) = running.fold((0, 0), |(h, r), (j, o)| {
+            (h + self.threads[j] * o.tp, r + o.tp)
+        });
+        spare_threads(cores, held, ranks, w.tp)
+    }
 }
 
 /// The command that starts worker `w` (with `threads` CPU threads; `peer`: an
@@ -845,6 +898,15 @@ impl Relay {
         tokens: Option<&mut Vec<(RequestId, u32)>>,
         ctrl: &Controller,
     ) -> bool {
+        let ev = match (ev, self.plan.as_mut()) {
+            (Incoming::Planned(done), Some(plan)) => {
+                // the twin decision takes effect now, after what was heard
+                self.due.extend(plan.conclude(*done, ctrl, at.now));
+                return false;
+            }
+            (Incoming::Planned(_), None) => return false,
+            (ev, _) => ev,
+        };
         if let (Incoming::Down(k, gen, _), Some(plan)) = (&ev, self.plan.as_mut()) {
             // a worker the planner stopped exits: no death
             if plan.exited(pool, *k, *gen, at.now) {
@@ -853,8 +915,24 @@ impl Relay {
         }
         let planned =
             matches!(ev, Incoming::Msg(k, FromWorker::Ready { .. }) if pool.workers[k].planned);
+        // a planner's load whose process ends before it is ready
+        let loading = match ev {
+            Incoming::Down(k, gen, _) if pool.workers[k].planned && pool.sup.current(k, gen) => {
+                Some(k)
+            }
+            _ => None,
+        };
         let event = on_incoming(ev, pool, &mut self.links, &mut self.faults, at, tokens);
         let failed = matches!(event, Some(Event::WorkerFailed { .. }));
+        if let (Some(k), Some(Event::WorkerFailed { worker, reason }), Some(plan)) =
+            (loading, &event, self.plan.as_mut())
+        {
+            // the change failed: the ledger says so, and the slot is free
+            // (no restart: the controller stands it by again)
+            pool.workers[k].planned = false;
+            pool.sup.restart_failed(k);
+            plan.load_failed(*worker, reason, at.now, ctrl);
+        }
         if let (true, Some(Event::WorkerLoaded { worker }), Some(plan)) =
             (planned, &event, self.plan.as_mut())
         {
@@ -892,7 +970,7 @@ impl Relay {
     pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64) -> Option<f64> {
         if let Some(plan) = self.plan.as_mut() {
             // a window ended: the planner's changes, after what was heard
-            self.due.extend(plan.tick(ctrl, now));
+            self.due.extend(plan.tick(ctrl, &pool.tx, now));
         }
         let timer = driver::instant(
             &mut Wake {
@@ -1068,6 +1146,8 @@ fn on_incoming(
             }
             None
         }
+        // taken by [`Relay::hear`] first
+        Incoming::Planned(_) => None,
     }
 }
 
@@ -1676,9 +1756,15 @@ pub(crate) fn build_report(
         .fold(0.0, f64::max)
         .max(run_s.min(1e9))
         .max(1e-12);
-    // one row per device of the allocation, as the simulator lays them out
+    // one row per device of the allocation, as the simulator lays them out,
+    // then one per device of each spare slot a planner started (numbered
+    // after the allocation's, `Topology::with_spares`)
     let topology = ctrl.topology();
-    let gpus: Vec<GpuReport> = (0..topology.gpus())
+    let last = topology
+        .workers()
+        .flat_map(|w| w.gpus.iter().copied())
+        .max();
+    let gpus: Vec<GpuReport> = (0..last.map_or(0, |g| g + 1))
         .filter_map(|g| {
             let (stage, label) = topology.gpu_owner(g)?;
             let on: Vec<&WorkerProcess> = topology
@@ -1686,6 +1772,9 @@ pub(crate) fn build_report(
                 .iter()
                 .filter_map(|r| workers.iter().find(|w| w.wref == *r))
                 .collect();
+            if g >= topology.gpus() && !on.iter().any(|w| w.started) {
+                return None;
+            }
             let busy: f64 = on.iter().map(|w| w.busy_s).sum();
             let sm: f64 = on.iter().map(|w| w.sm_s).sum();
             Some(GpuReport {

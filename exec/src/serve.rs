@@ -1193,6 +1193,12 @@ impl ServeLoop {
         self.relay.plan_wake()
     }
 
+    /// Whether a `twin` decision's simulations are out on their thread.
+    #[cfg(feature = "agreement")]
+    pub(crate) fn simulating(&self) -> bool {
+        self.relay.plan.as_ref().is_some_and(|p| p.simulating)
+    }
+
     /// A message from the workers, noticed at `at.now` (`ctrl`: the
     /// controller, for the planner's account).
     pub(crate) fn hear(&mut self, pool: &mut Pool, ev: Incoming, at: DetectAt, ctrl: &Controller) {

@@ -121,6 +121,11 @@ impl Supervisor {
             .map_or(self.next_ping, |t| t.min(self.next_ping))
     }
 
+    /// The CPU threads `--threads` gives every worker, if given.
+    pub(crate) fn fixed_threads(&self) -> Option<usize> {
+        self.spec.as_ref().and_then(|s| s.opts.threads)
+    }
+
     /// Worker `k`'s current incarnation.
     pub(crate) fn gen(&self, k: usize) -> u32 {
         self.gens[k].load(Ordering::SeqCst)

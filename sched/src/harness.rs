@@ -885,6 +885,7 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 20] {
             Decision::PrefillChunk { .. } => 13,
             Decision::Reconfigure { .. }
             | Decision::WorkerReady { .. }
+            | Decision::LoadFailed { .. }
             | Decision::WorkerStopped { .. } => 14,
             Decision::EncoderCache { .. } => 15,
             Decision::PrefixCache { .. } => 16,

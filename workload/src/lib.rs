@@ -25,6 +25,7 @@
 
 pub mod agreement;
 pub mod generate;
+pub mod phase_agreement;
 pub mod plan;
 pub mod report;
 pub mod reuse;

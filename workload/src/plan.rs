@@ -8,7 +8,7 @@
 
 use crate::report::{ChangeRecord, PlannerReport, TierValue};
 use crate::Scenario;
-use easerve_sched::planner::{Planner, Twin};
+use easerve_sched::planner::{Planner, Step, Twin, TwinJob};
 use easerve_sched::{Change, StageLoad, Topology, WorkerRef};
 
 /// The planner of one run and what the report says of it (module doc).
@@ -70,6 +70,35 @@ impl PlanLedger {
         twin: Option<&mut dyn Twin>,
     ) -> std::ops::Range<usize> {
         let changes = self.planner.on_window(now, loads, arrived, twin);
+        self.queue(changes)
+    }
+
+    /// Decide at the end of a window at `now` as [`PlanLedger::decide`],
+    /// the `twin` policy's simulations left to the caller
+    /// ([`Planner::observe`]): `Ok` the indices of the changes decided, in
+    /// [`PlanLedger::pending`], or `Err` the simulations to run, whose
+    /// results go to [`PlanLedger::conclude`].
+    pub fn observe(
+        &mut self,
+        now: f64,
+        loads: [StageLoad; 3],
+        arrived: u64,
+    ) -> Result<std::ops::Range<usize>, TwinJob> {
+        match self.planner.observe(now, loads, arrived) {
+            Step::Changes(changes) => Ok(self.queue(changes)),
+            Step::Twin(job) => Err(job),
+        }
+    }
+
+    /// The `twin` decision `job` concludes at `now` with `good` per
+    /// candidate ([`Planner::conclude`]): the indices of its changes, in
+    /// [`PlanLedger::pending`].
+    pub fn conclude(&mut self, now: f64, job: &TwinJob, good: &[f64]) -> std::ops::Range<usize> {
+        let changes = self.planner.conclude(now, job, good);
+        self.queue(changes)
+    }
+
+    fn queue(&mut self, changes: Vec<Change>) -> std::ops::Range<usize> {
         let start = self.pending.len();
         self.pending.extend(changes);
         start..self.pending.len()
@@ -91,6 +120,8 @@ impl PlanLedger {
             to,
             stopped_at: None,
             ready_at: None,
+            failed_at: None,
+            failure: None,
         });
         change
     }
@@ -106,10 +137,31 @@ impl PlanLedger {
         if let Some(c) = self
             .changes
             .iter_mut()
-            .find(|c| c.ready_at.is_none() && c.to.as_deref() == Some(l))
+            .find(|c| c.ready_at.is_none() && c.failed_at.is_none() && c.to.as_deref() == Some(l))
         {
             c.ready_at = Some(now);
         }
+    }
+
+    /// Worker `w`, started by a change, died at `now` while loading its
+    /// model ([`easerve_sched::Decision::LoadFailed`]): the change is
+    /// recorded as failed with `reason`, its GPUs are free from `now`, and
+    /// the planner counts its slot free again.
+    pub fn load_failed(&mut self, now: f64, w: WorkerRef, topology: &Topology, reason: &str) {
+        if let Some(k) = self.held.iter().position(|(x, _)| *x == w) {
+            let (_, since) = self.held.swap_remove(k);
+            self.gpu_s += (now - since) * topology.worker(w).gpus.len() as f64;
+        }
+        let l = topology.label(w);
+        if let Some(c) = self
+            .changes
+            .iter_mut()
+            .find(|c| c.ready_at.is_none() && c.failed_at.is_none() && c.to.as_deref() == Some(l))
+        {
+            c.failed_at = Some(now);
+            c.failure = Some(reason.to_string());
+        }
+        self.planner.load_failed(w);
     }
 
     /// Worker `w` stopped at `now`: its GPUs are free.

@@ -524,6 +524,14 @@ pub struct ChangeRecord {
     /// When the started worker was ready (its model loaded), seconds; the
     /// change took `ready_at − at` (or `stopped_at − at` for a removal).
     pub ready_at: Option<f64>,
+    /// When the started worker died loading its model, seconds (the change
+    /// failed: [`easerve_sched::Decision::LoadFailed`]); `easerve exec` and
+    /// `serve` only, the simulator's loads do not fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_at: Option<f64>,
+    /// Why it died, as the executor saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
 }
 
 /// What a run reused: the reuse its workload offers and each cache's hits.
@@ -876,7 +884,10 @@ impl Report {
                 (None, None) => format!("{:?}", c.change),
             };
             let end = c.ready_at.or(c.stopped_at);
-            let took = end.map_or("-".into(), |e| format!("{:.1} s", e - c.at));
+            let took = match c.failed_at {
+                Some(f) => format!("failed loading at {f:.1} s"),
+                None => end.map_or("-".into(), |e| format!("{:.1} s", e - c.at)),
+            };
             line(
                 s,
                 &format!("  at {:.0} s", c.at),

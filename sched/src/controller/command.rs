@@ -190,6 +190,18 @@ pub enum Decision {
         /// The worker.
         worker: super::WorkerRef,
     },
+    /// Worker `worker`, which a planner started, died while it was loading
+    /// its model: the change failed. The slot stands by again (no work goes
+    /// to it, none is lost: it held none), no restart is asked for, and a
+    /// planner may start it again.
+    LoadFailed {
+        /// Time of the decision.
+        at: f64,
+        /// The worker.
+        worker: super::WorkerRef,
+        /// Why it died, as the driver said.
+        reason: String,
+    },
     /// Draining worker `worker` holds no more work: it is stopped.
     WorkerStopped {
         /// Time of the decision.

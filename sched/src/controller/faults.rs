@@ -21,6 +21,9 @@ impl Controller {
     }
 
     pub(super) fn on_worker_failed(&mut self, now: f64, w: WorkerRef, reason: &str) {
+        if self.load_failed(now, w, reason) {
+            return;
+        }
         if !self.alive(w) {
             // a restart that failed (the new process died before it was
             // ready); with no restarts, a second report of the same death

@@ -116,6 +116,24 @@ impl Controller {
         self.placement(w).revive(index(w));
     }
 
+    /// Worker `w` died at `now`: if a planner started it and it was still
+    /// loading its model, the change failed ([`Decision::LoadFailed`]): it
+    /// held no work (none goes to a loading worker), so nothing is failed
+    /// or re-placed, and its slot stands by again, alive for a later start
+    /// and not restarted. Returns whether it was such a load.
+    pub(super) fn load_failed(&mut self, now: f64, w: WorkerRef, reason: &str) -> bool {
+        let Some(k) = self.loading.iter().position(|x| *x == w) else {
+            return false;
+        };
+        self.loading.swap_remove(k);
+        self.decide(|| Decision::LoadFailed {
+            at: now,
+            worker: w,
+            reason: reason.to_string(),
+        });
+        true
+    }
+
     /// Stop every draining worker that holds no work any more (called after
     /// each input while any drains).
     pub(super) fn check_drained(&mut self, now: f64) {

@@ -31,7 +31,7 @@ mod load;
 mod twin;
 
 pub use load::LoadRule;
-pub use twin::{forecast, Twin, TwinQuery};
+pub use twin::{forecast, Twin, TwinJob, TwinQuery};
 
 use crate::controller::{Change, StageLoad};
 use crate::{Topology, WorkerRef};
@@ -176,6 +176,23 @@ pub struct PlanRecord {
     /// Why nothing changed, when nothing did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
+    /// When the decision took effect, seconds, where that is after the
+    /// window it was taken for (`at`): a `twin` decision a driver ran off
+    /// its loop ([`Planner::observe`], [`Planner::conclude`]). Absent: at
+    /// `at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_at: Option<f64>,
+}
+
+/// What a window's end asks of the driver ([`Planner::observe`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// The changes decided now, in order (empty: none).
+    Changes(Vec<Change>),
+    /// A `twin` decision: run the job's simulations ([`TwinJob::run`],
+    /// where the driver likes, e.g. off its loop) and hand the results to
+    /// [`Planner::conclude`].
+    Twin(TwinJob),
 }
 
 /// One stage as a decision saw it.
@@ -214,6 +231,9 @@ pub struct Planner {
     last_change: f64,
     rates: Vec<f64>,
     log: Vec<PlanRecord>,
+    /// The log index of a `twin` decision whose simulations are still out
+    /// ([`Planner::observe`]).
+    pending: Option<usize>,
 }
 
 impl Planner {
@@ -249,6 +269,7 @@ impl Planner {
             last_change: f64::NEG_INFINITY,
             rates: Vec::new(),
             log: Vec::new(),
+            pending: None,
         })
     }
 
@@ -265,6 +286,16 @@ impl Planner {
     /// The configuration.
     pub fn config(&self) -> &PlannerConfig {
         &self.cfg
+    }
+
+    /// Worker `w`, which a change started, died loading its model
+    /// ([`crate::Decision::LoadFailed`]): its slot is free again, and a later
+    /// decision may start it (the counts it decides from are the workers
+    /// that run).
+    pub fn load_failed(&mut self, w: WorkerRef) {
+        if let Some(s) = self.slots.iter_mut().find(|s| s.wref == w) {
+            s.active = false;
+        }
     }
 
     /// Every decision so far.
@@ -312,7 +343,9 @@ impl Planner {
     /// [`StageLoad`]s now and `arrived` the requests that arrived since the
     /// start of the run. Returns the changes to hand to the controller, in
     /// order; `twin` must be given for the `twin` policy (without one it
-    /// changes nothing and says so).
+    /// changes nothing and says so), and its simulations run here, before
+    /// this returns (the simulator's way: [`Planner::observe`] and
+    /// [`Planner::conclude`] split it for a driver that keeps serving).
     pub fn on_window(
         &mut self,
         now: f64,
@@ -320,6 +353,39 @@ impl Planner {
         arrived: u64,
         twin: Option<&mut dyn Twin>,
     ) -> Vec<Change> {
+        let Some(twin) = twin else {
+            return match self.observe(now, loads, arrived) {
+                Step::Changes(c) => c,
+                Step::Twin(job) => {
+                    let k = self.pending.take().expect("the job's record");
+                    self.log[k].held = Some("no twin to simulate candidates in".into());
+                    self.log[k].forecast.clear();
+                    drop(job);
+                    Vec::new()
+                }
+            };
+        };
+        match self.observe(now, loads, arrived) {
+            Step::Changes(c) => c,
+            Step::Twin(job) => {
+                let good = job.run(twin);
+                let out = self.conclude(now, &job, &good);
+                if let Some(rec) = self.log.last_mut() {
+                    // taken and applied at the window's end
+                    rec.applied_at = None;
+                }
+                out
+            }
+        }
+    }
+
+    /// The window that ends at `now` (as [`Planner::on_window`]), its
+    /// `twin` simulations left to the caller: either the changes decided
+    /// now, or a [`TwinJob`] (a snapshot of the candidates and the
+    /// forecast) whose results go to [`Planner::conclude`]. While a job is
+    /// out, later windows are observed (their rates feed the forecast) and
+    /// hold.
+    pub fn observe(&mut self, now: f64, loads: [StageLoad; 3], arrived: u64) -> Step {
         let (prev, prev_arrived) = self.prev.unwrap_or(([StageLoad::default(); 3], 0));
         self.prev = Some((loads, arrived));
         let w = self.cfg.window_s;
@@ -343,9 +409,16 @@ impl Planner {
             candidates: Vec::new(),
             changes: Vec::new(),
             held: None,
+            applied_at: None,
         };
         let queued: usize = loads.iter().map(|l| l.queued).sum();
         let target = if self.cfg.policy == PlannerPolicy::Static {
+            None
+        } else if let Some(k) = self.pending {
+            rec.held = Some(format!(
+                "the twin decision for the window at {:.0} s is still being simulated",
+                self.log[k].at
+            ));
             None
         } else if loads.iter().any(|l| l.changing > 0) {
             rec.held = Some("a change is under way".into());
@@ -360,15 +433,21 @@ impl Planner {
             match self.cfg.policy {
                 PlannerPolicy::Static => None,
                 PlannerPolicy::Load => self.cfg.rule.target(self, &stages),
-                PlannerPolicy::Twin => match twin {
-                    Some(t) => self.twin_target(now, queued, t, &mut rec),
-                    None => {
-                        rec.held = Some("no twin to simulate candidates in".into());
-                        None
-                    }
-                },
+                PlannerPolicy::Twin => {
+                    let job = self.twin_job(now, queued);
+                    rec.forecast = job.rates().to_vec();
+                    rec.held = Some("the twin decision was still being simulated".into());
+                    self.pending = Some(self.log.len());
+                    self.log.push(rec);
+                    return Step::Twin(job);
+                }
             }
         };
+        Step::Changes(self.settle(now, target, rec))
+    }
+
+    /// The changes to `target` (none: hold), recorded in the log with `rec`.
+    fn settle(&mut self, now: f64, target: Option<[u32; 3]>, mut rec: PlanRecord) -> Vec<Change> {
         if let Some(t) = target.filter(|t| *t != self.counts()) {
             rec.changes = self.changes_to(t);
             if !rec.changes.is_empty() {
@@ -379,6 +458,27 @@ impl Planner {
         }
         let out = rec.changes.clone();
         self.log.push(rec);
+        out
+    }
+
+    /// The `twin` decision `job` (from [`Planner::observe`]) concludes at
+    /// `now` with `good` (the twin's answer to each of `job.queries`, in
+    /// order): the best candidate ([`TwinJob`]), its changes returned for
+    /// the controller, and the decision's log entry completed, with
+    /// `applied_at = now`. A job that is not the one out changes nothing.
+    pub fn conclude(&mut self, now: f64, job: &TwinJob, good: &[f64]) -> Vec<Change> {
+        let Some(k) = self.pending.filter(|&k| self.log[k].at == job.at) else {
+            return Vec::new();
+        };
+        self.pending = None;
+        let mut rec = self.log.remove(k);
+        rec.held = None;
+        rec.applied_at = Some(now);
+        let target = self.twin_pick(job, good, &mut rec);
+        let out = self.settle(now, target, rec);
+        // back in its window's place
+        let rec = self.log.pop().expect("the record settled");
+        self.log.insert(k, rec);
         out
     }
 

@@ -1,7 +1,8 @@
 use super::*;
 use crate::harness::{config_for, test_request, Cluster, Service};
 use crate::{
-    Allocation, Batcher, Controller, Decision, DispatchPolicy, PrefillItem, RequestId, SmSplit,
+    Allocation, Batcher, Command, Controller, Decision, DispatchPolicy, Event, PrefillItem,
+    RequestId, SmSplit,
 };
 
 fn cfg(policy: PlannerPolicy) -> PlannerConfig {
@@ -168,6 +169,35 @@ fn twin_policy_takes_the_best_candidate_per_gpu_hour() {
     assert!(q.log()[0].held.as_deref().unwrap().contains("no twin"));
 }
 
+#[test]
+fn a_twin_decision_split_off_the_loop_holds_later_windows_and_applies_when_done() {
+    let loads = [load(1, 0, 0.0), load(1, 0, 0.0), load(1, 0, 0.0)];
+    let mut sync = Planner::new(cfg(PlannerPolicy::Twin), &topology()).unwrap();
+    let want = sync.on_window(10.0, loads, 500, Some(&mut PrefillBound));
+    let mut p = Planner::new(cfg(PlannerPolicy::Twin), &topology()).unwrap();
+    let Step::Twin(job) = p.observe(10.0, loads, 500) else {
+        panic!("no twin job");
+    };
+    // a window that ends while the job is out holds
+    assert_eq!(p.observe(20.0, loads, 1000), Step::Changes(Vec::new()));
+    assert!(p.log()[1]
+        .held
+        .as_deref()
+        .unwrap()
+        .contains("window at 10 s"));
+    let good = job.run(&mut PrefillBound);
+    assert_eq!(p.conclude(23.5, &job, &good), want);
+    assert_eq!(p.counts(), sync.counts());
+    let rec = &p.log()[0];
+    assert_eq!((rec.at, rec.applied_at), (10.0, Some(23.5)));
+    assert_eq!(rec.candidates, sync.log()[0].candidates);
+    assert_eq!(rec.held, None);
+    // a stale job changes nothing
+    assert!(p.conclude(30.0, &job, &good).is_empty());
+    // and the synchronous call leaves `applied_at` out (at the window)
+    assert_eq!(sync.log()[0].applied_at, None);
+}
+
 /// Fake workers: encode 20 ms, prefill 30 ms, decode 5 ms a step.
 struct Fixed;
 impl Service for Fixed {
@@ -318,4 +348,67 @@ fn batch_bound_and_offload_change_live() {
         .iter()
         .any(|d| matches!(d, Decision::Dispatch { at, ids, .. } if *at < 2.0 && ids.len() > 1));
     assert!(before, "batches of more than one before the change");
+}
+
+#[test]
+fn a_planned_load_that_dies_loading_fails_the_change_and_frees_the_slot() {
+    let mut c = cluster(4);
+    c.ctrl.supervise(crate::Backoff::starting_at(1.0));
+    let spare = WorkerRef::Encode(1);
+    c.ctrl.handle(
+        1.0,
+        Event::Reconfigure {
+            change: Change::Start { worker: spare },
+        },
+    );
+    let cmds: Vec<Command> = std::iter::from_fn(|| c.ctrl.poll_command()).collect();
+    assert!(
+        cmds.contains(&Command::LoadWorker {
+            worker: spare,
+            on: None
+        }),
+        "{cmds:?}"
+    );
+    assert_eq!(c.ctrl.stage_loads(1.0)[0].changing, 1);
+    c.ctrl.handle(
+        1.2,
+        Event::WorkerFailed {
+            worker: spare,
+            reason: "process exited (signal 9)".into(),
+        },
+    );
+    // a failed planned load: recorded as such, no restart asked for, the
+    // change no longer under way, the slot standing by
+    let failed = c.ctrl.decisions().iter().any(|d| {
+        matches!(d, Decision::LoadFailed { worker, at, reason }
+            if *worker == spare && *at == 1.2 && reason.contains("signal 9"))
+    });
+    assert!(failed, "{:?}", c.ctrl.decisions());
+    let cmds: Vec<Command> = std::iter::from_fn(|| c.ctrl.poll_command()).collect();
+    assert!(
+        !cmds.iter().any(|c| matches!(c, Command::Restart { .. })),
+        "{cmds:?}"
+    );
+    assert_eq!(c.ctrl.stage_loads(1.2)[0].changing, 0);
+    assert!(!c.ctrl.is_active(spare));
+    // a later start of the slot loads and joins
+    c.ctrl.handle(
+        2.0,
+        Event::Reconfigure {
+            change: Change::Start { worker: spare },
+        },
+    );
+    c.ctrl.handle(2.5, Event::WorkerLoaded { worker: spare });
+    assert!(c.ctrl.is_active(spare));
+    // the planner counts the slot free again
+    let mut p = Planner::new(cfg(PlannerPolicy::Load), &topology()).unwrap();
+    let before = p.counts();
+    let loads = [load(1, 9, 0.0), load(1, 0, 0.0), load(1, 0, 0.0)];
+    let changes = p.on_window(10.0, loads, 10, None);
+    let Some(Change::Start { worker }) = changes.first().copied() else {
+        panic!("no start: {changes:?}");
+    };
+    assert_ne!(p.counts(), before);
+    p.load_failed(worker);
+    assert_eq!(p.counts(), before);
 }

@@ -71,20 +71,40 @@ pub fn forecast(seen: &[f64], n: usize) -> Vec<f64> {
         .collect()
 }
 
+/// A `twin` decision's simulations, snapshot at the window it is taken
+/// for ([`Planner::observe`]): owned data, so a driver can run it on
+/// another thread while its loop keeps serving, and hand the results to
+/// [`Planner::conclude`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct TwinJob {
+    /// The window's end the decision is taken for, seconds.
+    pub at: f64,
+    /// Active workers per stage then.
+    pub counts: [u32; 3],
+    /// One query per candidate, the deployment in force first.
+    pub queries: Vec<TwinQuery>,
+}
+
+impl TwinJob {
+    /// The forecast rates every candidate is run at, requests/s per window.
+    pub fn rates(&self) -> &[f64] {
+        self.queries.first().map_or(&[], |q| &q.rates)
+    }
+
+    /// Ask `twin` each query in order: the good requests of each candidate.
+    pub fn run(&self, twin: &mut dyn Twin) -> Vec<f64> {
+        self.queries.iter().map(|q| twin.good_requests(q)).collect()
+    }
+}
+
 impl Planner {
-    /// The deployment the `twin` policy takes at `now` (module doc).
-    pub(super) fn twin_target(
-        &mut self,
-        now: f64,
-        backlog: usize,
-        twin: &mut dyn Twin,
-        rec: &mut PlanRecord,
-    ) -> Option<[u32; 3]> {
+    /// The `twin` decision at `now` with `backlog` requests waiting: the
+    /// forecast and the candidates (module doc), as queries for the twin.
+    pub(super) fn twin_job(&self, now: f64, backlog: usize) -> TwinJob {
         let w = self.cfg.window_s;
         let n = (self.cfg.horizon_s / w).ceil().max(1.0) as usize;
         let rates = forecast(&self.rates, n);
         let cur = self.counts();
-        let gpw = self.gpus_per_worker();
         let mut cands = vec![cur];
         for k in 0..3 {
             let mut up = cur;
@@ -103,19 +123,40 @@ impl Planner {
             }
         }
         cands.retain(|c| self.feasible(*c));
-        let horizon_h = n as f64 * w / 3600.0;
         let seed = (now * 1e3) as u64;
-        let mut best: Option<([u32; 3], f64)> = None;
-        for c in cands {
-            let q = super::TwinQuery {
+        let queries = cands
+            .into_iter()
+            .map(|c| TwinQuery {
                 counts: c,
                 rates: rates.clone(),
                 window_s: w,
                 backlog,
                 offload: self.offload_for(c[1]),
                 seed,
-            };
-            let good = twin.good_requests(&q);
+            })
+            .collect();
+        TwinJob {
+            at: now,
+            counts: cur,
+            queries,
+        }
+    }
+
+    /// The best of `job`'s candidates by good requests per GPU-hour, net of
+    /// the change's cost, given `good` per candidate (module doc); each
+    /// candidate's score and the forecast go to `rec`.
+    pub(super) fn twin_pick(
+        &self,
+        job: &TwinJob,
+        good: &[f64],
+        rec: &mut PlanRecord,
+    ) -> Option<[u32; 3]> {
+        let cur = job.counts;
+        let gpw = self.gpus_per_worker();
+        let horizon_h = job.rates().len() as f64 * self.cfg.window_s / 3600.0;
+        let mut best: Option<([u32; 3], f64)> = None;
+        for (q, &good) in job.queries.iter().zip(good) {
+            let c = q.counts;
             let added: f64 = (0..3)
                 .map(|k| c[k].saturating_sub(cur[k]) as f64 * gpw[k] as f64 * self.cfg.load_s[k])
                 .sum();
@@ -126,7 +167,7 @@ impl Planner {
                 best = Some((c, score));
             }
         }
-        rec.forecast = rates;
+        rec.forecast = job.rates().to_vec();
         best.map(|(c, _)| c)
     }
 }
