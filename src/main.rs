@@ -194,6 +194,13 @@ pub(crate) struct RunArgs {
     /// simulate candidates). See docs/demand.md.
     #[arg(long, value_name = "POLICY")]
     pub(crate) planner: Option<String>,
+    /// Set a scenario field by its dotted path before the other flags apply,
+    /// e.g. `--set planner.load_s=[0.4,0.4,0.4]` or `--set cluster.gpus=8`
+    /// (a number, a boolean or a TOML inline array as written, anything else
+    /// a string); repeatable. A field the scenario does not allow exits 2
+    /// naming it.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub(crate) sets: Vec<String>,
     /// Also write one CSV row per request with every lifecycle timestamp (seconds).
     #[arg(long, value_name = "FILE")]
     pub(crate) requests_csv: Option<PathBuf>,
@@ -298,7 +305,16 @@ impl RunArgs {
             planner: self.planner.clone(),
         };
         overrides = with_deployment(overrides, self.deployment.as_deref())?;
-        let sc = Scenario::load(&self.scenario, &overrides).map_err(|e| BadInput(e.to_string()))?;
+        let sets = self
+            .sets
+            .iter()
+            .map(|s| match s.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+                _ => Err(BadInput(format!("--set {s}: expected KEY=VALUE"))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let sc = Scenario::load_with(&self.scenario, &sets, &overrides)
+            .map_err(|e| BadInput(e.to_string()))?;
         preflight(&sc)?;
         Ok(sc)
     }

@@ -199,6 +199,36 @@ fn bad_planner_input_exits_2_naming_the_field() {
         &["sim", day, "--planner", "load", "--system", "aggregated"],
         &["planner.policy", "easerve and passthrough"],
     );
+    // measured load times: three positive seconds, and not beside a bandwidth
+    rejects(
+        &["sim", day, "--set", "planner.load_s=[0.5, 0.5]"],
+        &["planner.load_s", "three positive seconds"],
+    );
+    rejects(
+        &["sim", day, "--set", "planner.load_s=[0.5, -1, 0.5]"],
+        &["planner.load_s", "three positive seconds"],
+    );
+    let both = ["planner.load_s=[1, 2, 2]", "planner.load_bandwidth_gbs=25"];
+    rejects(
+        &["sim", day, "--set", both[0], "--set", both[1]],
+        &["planner.load_s", "not both"],
+    );
+}
+
+#[test]
+fn measured_load_times_replace_the_derived_ones() {
+    // 300 requests of the image day, well under a second
+    let day = root().join("scenarios/demand/image-day-plan.toml");
+    let args = ["--requests", "300", "--planner", "load"];
+    let derived = sim_json(&day, &args);
+    let mut with = args.to_vec();
+    with.extend(["--set", "planner.load_s=[1.5, 2.5, 3.5]"]);
+    let measured = sim_json(&day, &with);
+    let (d, m) = (&derived["planner"], &measured["planner"]);
+    assert_eq!(m["load_s"], serde_json::json!([1.5, 2.5, 3.5]));
+    assert_ne!(d["load_s"], m["load_s"]);
+    assert!(m["load_source"].as_str().unwrap().contains("measured"));
+    assert!(d["load_source"].as_str().unwrap().contains("GB/s"));
 }
 
 #[test]

@@ -60,6 +60,12 @@ pub struct PlannerSection {
     /// GB/s a worker loads its model's weights at (default: the cluster's
     /// link, `cluster.link`, as the path from host memory to the GPU).
     pub load_bandwidth_gbs: Option<f64>,
+    /// Measured seconds from a worker's start to its model being loaded,
+    /// per stage: `[encode, prefill, decode]` (for instance a run's
+    /// `planner.changes[].ready_at` less each start in `easerve exec`'s
+    /// report). Replaces the derivation from `load_bandwidth_gbs`, which
+    /// counts the weights' bytes only (no process start, no warm-up).
+    pub load_s: Option<Vec<f64>>,
     /// The SLO tier whose goodput the `twin` policy counts (default
     /// `moderate`, else the last tier).
     pub tier: Option<String>,
@@ -740,6 +746,19 @@ impl ScenarioFile {
             max_media_bytes
         );
     }
+}
+
+/// A `--set` value that is not a number or a boolean: a TOML inline array
+/// when it reads as one (`[0.4, 0.5, 0.5]`), else the text as a string.
+pub(super) fn inline_array(value: &str) -> toml::Value {
+    if value.trim_start().starts_with('[') {
+        if let Ok(mut t) = toml::from_str::<toml::Table>(&format!("v = {value}")) {
+            if let Some(v) = t.remove("v") {
+                return v;
+            }
+        }
+    }
+    toml::Value::String(value.to_string())
 }
 
 /// Before `--set cluster.link.FIELD`: a preset link (named, or the GPU

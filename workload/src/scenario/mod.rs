@@ -51,7 +51,7 @@ use crate::report::SloTier;
 use easerve_calib::GpuSpec;
 use easerve_model::ModelArch;
 use easerve_sched::{Deployment, MmItem, Modality};
-use file::{expand_link_preset, set_path};
+use file::{expand_link_preset, inline_array, set_path};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -431,7 +431,7 @@ impl Scenario {
                     .map(toml::Value::Integer)
                     .or_else(|_| value.parse::<f64>().map(toml::Value::Float))
                     .or_else(|_| value.parse::<bool>().map(toml::Value::Boolean))
-                    .unwrap_or_else(|_| toml::Value::String(value.clone()));
+                    .unwrap_or_else(|_| inline_array(value));
                 set_path(&mut doc, &parts, &parsed).map_err(|m| set_err(key, m))?;
             }
             text = toml::to_string(&doc).map_err(|e| set_err("(all)", e.to_string()))?;

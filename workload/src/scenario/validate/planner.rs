@@ -55,9 +55,18 @@ pub(super) fn planner_section(
             ))
         }
     };
-    let (gbs, load_source) =
-        load_bandwidth(sc, pos("planner.load_bandwidth_gbs", p.load_bandwidth_gbs)?);
-    let load_s = load_times(sc, gbs);
+    let gbs = pos("planner.load_bandwidth_gbs", p.load_bandwidth_gbs)?;
+    let (load_s, load_source) = match &p.load_s {
+        Some(_) if gbs.is_some() => return Err(v.err(
+            "planner.load_s",
+            "give `planner.load_s` (measured) or `planner.load_bandwidth_gbs` (derived), not both",
+        )),
+        Some(m) => measured_load_times(v, m)?,
+        None => {
+            let (gbs, source) = load_bandwidth(sc, gbs);
+            (load_times(sc, gbs), source)
+        }
+    };
     let tier = tier_of(sc, v, p.tier.as_deref())?;
     let d = LoadRule::default();
     let config = PlannerConfig {
@@ -95,6 +104,23 @@ fn load_bandwidth(sc: &Scenario, given: Option<f64>) -> (f64, String) {
                 sc.gpu.link.name, sc.gpu.link.bandwidth_gbs
             ),
         ),
+    }
+}
+
+/// `planner.load_s`: three positive seconds (encode, prefill, decode), and
+/// the source the report names.
+fn measured_load_times(v: &V<'_>, m: &[f64]) -> Result<([f64; 3], String), ScenarioError> {
+    match m {
+        [e, p, d] if m.iter().all(|x| *x > 0.0 && x.is_finite()) => Ok((
+            [*e, *p, *d],
+            format!("planner.load_s = [{e}, {p}, {d}] s (measured, given in the scenario)"),
+        )),
+        _ => Err(v.err(
+            "planner.load_s",
+            format!(
+                "{m:?}: expected three positive seconds, [encode, prefill, decode] (a worker's start to its model loaded)"
+            ),
+        )),
     }
 }
 
