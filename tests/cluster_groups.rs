@@ -259,3 +259,52 @@ fn deploy_writes_each_instance_on_its_placed_node() {
         "{proxy}"
     );
 }
+
+/// `sweep` on a cluster of node groups: its default systems (without the
+/// one-node `aggregated`) run at every variant of a group field. Runtime:
+/// about 1 s in release.
+#[test]
+fn sweep_runs_a_cluster_of_groups_over_a_group_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = easerve(&[
+        "sweep",
+        root().join("scenarios/two-group.toml").to_str().unwrap(),
+        "--rates",
+        "4",
+        "--requests",
+        "40",
+        "--seeds",
+        "1",
+        "--set",
+        "cluster.groups.1.nic_bandwidth_gbs=25,400",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let mut seen: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");
+            (
+                r["variant"].as_str().unwrap().to_string(),
+                r["system"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut want = Vec::new();
+    for v in ["25", "400"] {
+        for s in ["easerve", "easerve-s1", "passthrough"] {
+            want.push((format!("cluster.groups.1.nic_bandwidth_gbs={v}"), s.to_string()));
+        }
+    }
+    assert_eq!(seen, want);
+}
