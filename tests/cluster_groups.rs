@@ -303,7 +303,10 @@ fn sweep_runs_a_cluster_of_groups_over_a_group_field() {
     let mut want = Vec::new();
     for v in ["25", "400"] {
         for s in ["easerve", "easerve-s1", "passthrough"] {
-            want.push((format!("cluster.groups.1.nic_bandwidth_gbs={v}"), s.to_string()));
+            want.push((
+                format!("cluster.groups.1.nic_bandwidth_gbs={v}"),
+                s.to_string(),
+            ));
         }
     }
     assert_eq!(seen, want);
