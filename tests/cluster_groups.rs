@@ -311,3 +311,37 @@ fn sweep_runs_a_cluster_of_groups_over_a_group_field() {
     }
     assert_eq!(seen, want);
 }
+
+/// The search-at-scale bound on a small cluster of two groups (6 L40S + 8
+/// H100, 25 allocations, 1,880 grid points): HAS's choice comes within 2 %
+/// of the exhaustive grid's best SLO goodput. Runtime: about 4 s in
+/// release (the exhaustive grid).
+#[test]
+fn has_comes_within_2_percent_of_exhaustive_search_on_two_groups() {
+    let path = root().join("scenarios/two-group.toml");
+    let goodput = |method: &str| {
+        let out = easerve(&[
+            "search",
+            path.to_str().unwrap(),
+            "--json",
+            "--rate",
+            "12",
+            "--requests",
+            "100",
+            "--method",
+            method,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let o = &s["best"]["outcome"];
+        o["slo_goodput"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no goodput in {o}"))
+    };
+    let (has, best) = (goodput("has"), goodput("exhaustive"));
+    assert!(has >= 0.98 * best, "HAS {has} vs exhaustive {best} req/s");
+}

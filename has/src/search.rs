@@ -723,6 +723,7 @@ mod tests {
             s_star: 1.0,
             s_range: (1.0, 1.0),
             b_max: 4,
+            latency_s: 0.0,
             kept: true,
             reason: String::new(),
         };
