@@ -168,9 +168,9 @@ pub fn kv_bytes(ctrl: &Controller, id: RequestId, bytes_per_token: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::Group;
     use easerve_calib::GpuSpec;
     use easerve_sched::{NodeGroup, Topology};
-    use easerve_workload::scenario::Group;
 
     fn cluster() -> Cluster {
         let group = |name: &str| Group {
