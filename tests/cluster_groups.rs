@@ -315,7 +315,7 @@ fn sweep_runs_a_cluster_of_groups_over_a_group_field() {
 /// The search-at-scale bound on a small cluster of two groups
 /// (`two-group.toml` cut to 2 L40S + 4 H100: 9 allocations, 552 grid
 /// points): HAS's choice comes within 2 % of the exhaustive grid's best SLO
-/// goodput. Runtime: about 1 s in release, 15 s in debug (the exhaustive
+/// goodput. Runtime: about 1 s in release, under 10 s in debug (the exhaustive
 /// grid).
 #[test]
 fn has_comes_within_2_percent_of_exhaustive_search_on_two_groups() {
