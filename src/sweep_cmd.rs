@@ -38,9 +38,11 @@ pub(crate) struct SweepArgs {
     /// deployment with s = 1), `as-is` (the scenario's deployment as it
     /// is), `easerve` (tuned by HAS at each point),
     /// `epd-serve` and `hydrainfer` (each configured by its own rule at each
-    /// point).
-    #[arg(long, default_value = "passthrough,aggregated,easerve-s1,easerve")]
-    systems: String,
+    /// point). Default: `passthrough,aggregated,easerve-s1,easerve`; on a
+    /// cluster of node groups (`[[cluster.groups]]`) `aggregated` is left
+    /// out, its layout being one node's.
+    #[arg(long)]
+    systems: Option<String>,
     /// Seeds per point: the scenario's `seed` and the N − 1 after it (so the
     /// first is the run `sim` and `search` make); the median is reported.
     #[arg(long, default_value_t = 3)]
@@ -77,6 +79,12 @@ enum SweepSub {
         full_precision: bool,
     },
 }
+
+/// `--systems` when not given.
+const DEFAULT_SYSTEMS: &str = "passthrough,aggregated,easerve-s1,easerve";
+/// `--systems` when not given, on a cluster of node groups: the aggregated
+/// system is laid out on one node, so the scenario refuses it beside groups.
+const DEFAULT_SYSTEMS_GROUPS: &str = "passthrough,easerve-s1,easerve";
 
 fn bad(msg: String) -> anyhow::Error {
     BadInput(msg).into()
@@ -299,7 +307,10 @@ fn plan(a: &SweepArgs, path: &Path) -> anyhow::Result<SweepPlan> {
         })?,
         None => vec![base.workload.rate],
     };
-    let systems = parse_systems(&a.systems)?;
+    let systems = parse_systems(a.systems.as_deref().unwrap_or(match base.cluster {
+        None => DEFAULT_SYSTEMS,
+        Some(_) => DEFAULT_SYSTEMS_GROUPS,
+    }))?;
     if a.seeds < 1 || a.seeds > 1000 {
         return Err(bad(format!("--seeds {}: allowed 1 ..= 1000", a.seeds)));
     }

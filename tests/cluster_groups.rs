@@ -259,3 +259,94 @@ fn deploy_writes_each_instance_on_its_placed_node() {
         "{proxy}"
     );
 }
+
+/// `sweep` on a cluster of node groups: its default systems (without the
+/// one-node `aggregated`) run at every variant of a group field. Runtime:
+/// about 1 s in release.
+#[test]
+fn sweep_runs_a_cluster_of_groups_over_a_group_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = easerve(&[
+        "sweep",
+        root().join("scenarios/two-group.toml").to_str().unwrap(),
+        "--rates",
+        "4",
+        "--requests",
+        "40",
+        "--seeds",
+        "1",
+        "--set",
+        "cluster.groups.1.nic_bandwidth_gbs=25,400",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("sweep.json")).unwrap())
+            .unwrap();
+    let rows = json["rows"].as_array().unwrap();
+    let mut seen: Vec<(String, String)> = rows
+        .iter()
+        .map(|r| {
+            assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");
+            (
+                r["variant"].as_str().unwrap().to_string(),
+                r["system"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut want = Vec::new();
+    for v in ["25", "400"] {
+        for s in ["easerve", "easerve-s1", "passthrough"] {
+            want.push((
+                format!("cluster.groups.1.nic_bandwidth_gbs={v}"),
+                s.to_string(),
+            ));
+        }
+    }
+    assert_eq!(seen, want);
+}
+
+/// The search-at-scale bound on a small cluster of two groups
+/// (`two-group.toml` cut to 2 L40S + 4 H100: 9 allocations, 552 grid
+/// points): HAS's choice comes within 2 % of the exhaustive grid's best SLO
+/// goodput. Runtime: about 1 s in release, under 10 s in debug (the exhaustive
+/// grid).
+#[test]
+fn has_comes_within_2_percent_of_exhaustive_search_on_two_groups() {
+    let f = two_group_with(|s| {
+        s.replace("gpus_per_node = 6", "gpus_per_node = 2")
+            .replace("gpus_per_node = 8", "gpus_per_node = 4")
+            .replace("6E(TP1)+1P(TP4)+1D(TP4)", "2E(TP1)+1P(TP2)+1D(TP2)")
+    });
+    let goodput = |method: &str| {
+        let out = easerve(&[
+            "search",
+            f.path().to_str().unwrap(),
+            "--json",
+            "--rate",
+            "6",
+            "--requests",
+            "60",
+            "--method",
+            method,
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let o = &s["best"]["outcome"];
+        o["slo_goodput"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no goodput in {o}"))
+    };
+    let (has, best) = (goodput("has"), goodput("exhaustive"));
+    assert!(has >= 0.98 * best, "HAS {has} vs exhaustive {best} req/s");
+}

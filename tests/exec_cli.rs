@@ -378,3 +378,59 @@ fn exec_runs_the_load_planner_and_loses_no_request() {
         );
     }
 }
+
+/// `exec` on a cluster of node groups (`scenarios/cpu-two-group.toml`, its
+/// NIC latency raised to 0.25 s so the modelled delay stands out of the
+/// loopback's): every request completes, the report names the groups and
+/// each worker's node, the NIC ports carry the cross-node transfers, and
+/// each embedding envelope and KV cache lands at least the NIC's latency
+/// after it left. Runtime: about 10 s (8 requests).
+#[test]
+fn exec_runs_node_groups_with_the_modelled_nic_delay() {
+    use std::io::Write;
+    let _timed = crate::timed();
+    let text = std::fs::read_to_string(root().join("scenarios/cpu-two-group.toml")).unwrap();
+    let mut f = tempfile::Builder::new()
+        .suffix(".toml")
+        .tempfile_in(root().join("scenarios"))
+        .unwrap();
+    f.write_all(
+        text.replace("nic_latency_s = 5e-5", "nic_latency_s = 0.25")
+            .as_bytes(),
+    )
+    .unwrap();
+    let r = crate::report_json("exec", f.path(), &["--requests", "8", "--rate", "4"]);
+    assert_eq!(num(&r, "/completed"), 8.0);
+    let cluster = r["cluster"].as_str().unwrap();
+    assert!(
+        cluster.contains("enc: 1×1 cpu") && cluster.contains("llm: 2×1 cpu"),
+        "{cluster}"
+    );
+    let notes = r["notes"].to_string();
+    for w in ["E0 on enc/node0", "P0 on llm/node0", "D0 on llm/node1"] {
+        assert!(notes.contains(w), "notes lack {w}: {notes}");
+    }
+    let links: Vec<(String, f64)> = r["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["link"].as_str().unwrap().into(), num(l, "/transfers")))
+        .collect();
+    let transfers = |name: &str| links.iter().find(|l| l.0 == name).map_or(0.0, |l| l.1);
+    assert!(transfers("enc/node0 NIC out") >= 1.0, "{links:?}");
+    // one KV cache per request, prefill's node to decode's
+    assert_eq!(transfers("llm/node0 NIC out"), 8.0, "{links:?}");
+    for stage in ["embedding transfer", "kv transfer"] {
+        let s = r["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == stage)
+            .unwrap();
+        let min = num(&s["service"], "/p50");
+        assert!(
+            min >= 0.25,
+            "{stage}: median {min} s, below the NIC's 0.25 s latency"
+        );
+    }
+}

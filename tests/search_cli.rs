@@ -52,7 +52,9 @@ fn has_prunes_then_searches_the_survivors_within_budget() {
     let rows = s["stage1"].as_array().unwrap();
     assert_eq!(rows.len(), s["space"].as_array().unwrap().len());
     let kept: Vec<&serde_json::Value> = rows.iter().filter(|r| r["kept"] == true).collect();
-    assert!(!kept.is_empty() && kept.len() <= 3);
+    // the top 3 by load score, and up to 3 more that carry the rate with
+    // the lowest request latency
+    assert!(!kept.is_empty() && kept.len() <= 6);
     let trials = s["trials"].as_array().unwrap();
     assert!(!trials.is_empty() && trials.len() <= 30);
     // every trial runs a survivor within its B and s window

@@ -227,7 +227,8 @@ async fn run(
         interrupted,
         run_s,
         plan,
-    } = drive(&mut ctrl, &mut pool, opts, plan).await;
+        nics,
+    } = drive(&mut ctrl, &mut pool, opts, (plan, Nics::of(sc, &tokens))).await;
     shut_down(&mut pool).await;
     let mut report = build_report(
         sc,
@@ -241,6 +242,9 @@ async fn run(
         sc.workload.rate,
     );
     crate::plan::account(plan, &ctrl, &mut report);
+    if let Some(n) = nics {
+        report.links = n.fabric.report(report.duration_s);
+    }
     let decisions = ctrl.decisions().to_vec();
     Ok(ExecOutput {
         report,
@@ -314,6 +318,8 @@ struct Outcome {
     faults: Vec<Fault>,
     /// The planner, if one ran, with its account.
     plan: Option<crate::plan::ExecPlan>,
+    /// The NICs of a cluster of node groups, with their account.
+    nics: Option<Nics>,
     interrupted: Option<String>,
     run_s: f64,
 }
@@ -724,7 +730,7 @@ async fn drive(
     ctrl: &mut Controller,
     pool: &mut Pool,
     opts: &ExecOptions,
-    plan: Option<crate::plan::ExecPlan>,
+    (plan, nics): (Option<crate::plan::ExecPlan>, Option<Nics>),
 ) -> Outcome {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
@@ -734,6 +740,7 @@ async fn drive(
     ctrl.keep_prefix_ops();
     let mut run = ExecLoop::new(ctrl);
     run.relay.plan = plan;
+    run.relay.links.nics = nics;
     let mut kill = KillPlan::new(opts.kill);
     let mut interrupted: Option<String> = None;
     let mut ctrl_c = Box::pin(tokio::signal::ctrl_c());
@@ -794,6 +801,7 @@ async fn drive(
     }
 
     Outcome {
+        nics: run.relay.links.nics.take(),
         plan: run.relay.plan.take(),
         faults: run.relay.faults,
         interrupted,
@@ -933,6 +941,10 @@ impl Relay {
             pool.sup.restart_failed(k);
             plan.load_failed(*worker, reason, at.now, ctrl);
         }
+        let event = match (event, self.links.nics.as_mut()) {
+            (Some(ev), Some(n)) => n.hold(ev, at.now),
+            (ev, _) => ev,
+        };
         if let (true, Some(Event::WorkerLoaded { worker }), Some(plan)) =
             (planned, &event, self.plan.as_mut())
         {
@@ -950,9 +962,15 @@ impl Relay {
         }
     }
 
-    /// When the planner's window ends next, if a planner runs.
+    /// When the planner's window ends next, if a planner runs, or a
+    /// cross-node landing held for its NIC time ([`Nics`]) is due, whichever
+    /// is first.
     pub(crate) fn plan_wake(&self) -> Option<f64> {
-        self.plan.as_ref().and_then(|p| p.wake_at())
+        let nic = self.links.nics.as_ref().and_then(Nics::wake_at);
+        [self.plan.as_ref().and_then(|p| p.wake_at()), nic]
+            .into_iter()
+            .flatten()
+            .reduce(f64::min)
     }
 
     /// Request `id`'s client left: the controller hears it at the next
@@ -968,6 +986,10 @@ impl Relay {
     /// hears every event due, then its timer, and each command is carried
     /// out at once. Returns the controller's next timer.
     pub(crate) fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64) -> Option<f64> {
+        if let Some(n) = self.links.nics.as_mut() {
+            // cross-node landings whose NIC time is over
+            self.due.extend(n.due(now));
+        }
         if let Some(plan) = self.plan.as_mut() {
             // a window ended: the planner's changes, after what was heard
             self.due.extend(plan.tick(ctrl, &pool.tx, now));
@@ -1376,6 +1398,133 @@ pub(crate) struct Links {
     /// Each placed request's encoder-cache operations
     /// ([`Controller::take_encoder_ops`]) until its pass goes out.
     ops: HashMap<RequestId, Vec<easerve_sched::ItemOp>>,
+    /// The NICs of a cluster of node groups; `None` without groups.
+    pub(crate) nics: Option<Nics>,
+}
+
+/// Cross-node transfers on a cluster of node groups: every worker runs on
+/// this host (a node group is a label), so a transfer between workers the
+/// placement put on different nodes goes over loopback, and the controller
+/// hears it landed the modelled NIC time later (queueing on the shared
+/// ports included): `end − now` of [`easerve_workload::fabric::Fabric::send`],
+/// the simulator's figure for the same transfer.
+pub(crate) struct Nics {
+    fabric: easerve_workload::fabric::Fabric,
+    /// Each request's items' tokens (an envelope's bytes).
+    tokens: easerve_workload::generate::ItemTokenTable,
+    /// Bytes per embedding token and per KV token of the scenario's model.
+    bytes_per_token: (f64, f64),
+    /// Modelled NIC seconds of each cross-node envelope and KV cache in flight.
+    envelopes: HashMap<EnvelopeId, f64>,
+    kv: HashMap<RequestId, f64>,
+    /// Landings heard from the workers, held until their NIC time is over:
+    /// (due, event), in the order heard.
+    held: Vec<(f64, Event)>,
+}
+
+impl Nics {
+    /// The NICs of `sc`'s node groups, idle; `None` without groups.
+    pub(crate) fn of(
+        sc: &Scenario,
+        tokens: &easerve_workload::generate::ItemTokenTable,
+    ) -> Option<Nics> {
+        let c = sc.cluster.as_ref()?;
+        Some(Nics {
+            fabric: easerve_workload::fabric::Fabric::new(c),
+            tokens: tokens.clone(),
+            bytes_per_token: (
+                sc.model.embedding_bytes_per_token(),
+                sc.model.kv_bytes_per_token(),
+            ),
+            envelopes: HashMap::new(),
+            kv: HashMap::new(),
+            held: Vec::new(),
+        })
+    }
+
+    /// Modelled seconds of a transfer of `bytes` from `a` to `b` asked for
+    /// at `now`; `None` within a node.
+    fn delay(
+        &mut self,
+        ctrl: &Controller,
+        (a, b): (WorkerRef, WorkerRef),
+        bytes: f64,
+        now: f64,
+    ) -> Option<f64> {
+        let t = ctrl.topology();
+        let (from, to) = (t.worker(a).place, t.worker(b).place);
+        self.fabric
+            .send(now, from, to, bytes)
+            .map(|(_, end)| end - now)
+    }
+
+    /// Envelope `envelope` from encode worker `from` to prefill worker `to`
+    /// left at `now`.
+    fn envelope_sent(
+        &mut self,
+        ctrl: &Controller,
+        (envelope, from, to): (EnvelopeId, usize, usize),
+        now: f64,
+    ) {
+        let bytes = easerve_workload::fabric::envelope_bytes(
+            ctrl,
+            &self.tokens,
+            envelope,
+            self.bytes_per_token.0,
+        );
+        let path = (WorkerRef::Encode(from), WorkerRef::Prefill(to));
+        if let Some(d) = self.delay(ctrl, path, bytes, now) {
+            self.envelopes.insert(envelope, d);
+        }
+    }
+
+    /// Request `id`'s KV cache from prefill worker `from` to decode worker
+    /// `to` left at `now`.
+    fn kv_sent(&mut self, ctrl: &Controller, (id, from, to): (RequestId, usize, usize), now: f64) {
+        let bytes = easerve_workload::fabric::kv_bytes(ctrl, id, self.bytes_per_token.1);
+        let path = (WorkerRef::Prefill(from), WorkerRef::Decode(to));
+        if let Some(d) = self.delay(ctrl, path, bytes, now) {
+            self.kv.insert(id, d);
+        }
+    }
+
+    /// `ev`, heard at `now`: held until its NIC time is over when it is the
+    /// landing of a cross-node transfer (returned `None`), else returned.
+    fn hold(&mut self, ev: Event, now: f64) -> Option<Event> {
+        let d = match &ev {
+            Event::EmbeddingsLanded { envelope, .. } => self.envelopes.remove(envelope),
+            Event::KvLanded { id, .. } => self.kv.remove(id),
+            _ => None,
+        };
+        match d {
+            Some(d) => {
+                self.held.push((now + d, ev));
+                None
+            }
+            None => Some(ev),
+        }
+    }
+
+    /// When the next held landing is due.
+    fn wake_at(&self) -> Option<f64> {
+        self.held.iter().map(|h| h.0).reduce(f64::min)
+    }
+
+    /// The held landings due by `now`, earliest first (in the order heard
+    /// at a tie).
+    fn due(&mut self, now: f64) -> Vec<Event> {
+        let mut due: Vec<(f64, Event)> = Vec::new();
+        let mut k = 0;
+        while k < self.held.len() {
+            if self.held[k].0 <= now {
+                due.push(self.held.remove(k));
+            } else {
+                k += 1;
+            }
+        }
+        due.sort_by(|a, b| a.0.total_cmp(&b.0));
+        due.into_iter().map(|h| h.1).collect()
+    }
 }
 
 impl Links {
@@ -1469,8 +1618,14 @@ fn carry_out(
                 &ToWorker::Encode { requests, sm_share },
             );
         }
-        Command::Embeddings { envelope, to, .. } => {
-            return send_embeddings(ctrl, workers, by_ref, links, (envelope, to), now);
+        Command::Embeddings {
+            envelope, from, to, ..
+        } => {
+            let landed = send_embeddings(ctrl, workers, by_ref, links, (envelope, to), now);
+            if let (None, Some(n)) = (&landed, links.nics.as_mut()) {
+                n.envelope_sent(ctrl, (envelope, from, to), now);
+            }
+            return landed;
         }
         Command::Prefill { worker, sm_share } => {
             let requests = ctrl
@@ -1488,7 +1643,7 @@ fn carry_out(
         // a worker's thread pool is sized per batch: the next batch carries
         // the new share
         Command::PrefillShare { .. } => {}
-        Command::Kv { to, id, .. } => {
+        Command::Kv { from, to, id } => {
             let sent = links.kv.remove(&id).is_some_and(|(last_token, cache)| {
                 send(
                     workers,
@@ -1504,6 +1659,9 @@ fn carry_out(
                 return Some(Event::KvLanded { id, sent_at: now });
             }
             links.kv_sent.insert(id, now);
+            if let Some(n) = links.nics.as_mut() {
+                n.kv_sent(ctrl, (id, from, to), now);
+            }
         }
         Command::DecodeRun {
             worker,
@@ -1803,6 +1961,9 @@ pub(crate) fn build_report(
             ""
         }
     )];
+    if let Some(c) = &sc.cluster {
+        notes.push(groups_note(c, topology, workers));
+    }
     if let Some(why) = interrupted {
         notes.push(format!("partial run: {why} after {run_s:.1} s"));
     }
@@ -1822,7 +1983,7 @@ pub(crate) fn build_report(
         scenario: sc.name.clone(),
         deployment: sc.deployment.to_string(),
         model: sc.model.name.clone(),
-        cluster: format!("{}× {} ({})", sc.gpus, sc.gpu.name, sc.gpu.link.name),
+        cluster: sc.cluster_label(),
         seed: sc.seed,
         offered_rate,
         requests: records.len(),
@@ -1840,4 +2001,25 @@ pub(crate) fn build_report(
     let typical = easerve_sim::typical_of(sc, ctrl.requests());
     easerve_sim::name_bottleneck(sc, &*sc.cost(), Some(&typical), offered_rate, &mut report);
     report
+}
+
+/// Where each worker of a cluster of node groups runs: its group and node,
+/// labels on this host, and how transfers between nodes are timed.
+fn groups_note(
+    c: &easerve_workload::scenario::Cluster,
+    topology: &easerve_sched::Topology,
+    workers: &[WorkerProcess],
+) -> String {
+    let placed: Vec<String> = workers
+        .iter()
+        .map(|w| {
+            let p = topology.worker(w.wref).place;
+            let group = &c.groups[usize::from(p.group)].node.name;
+            format!("{} on {group}/node{}", w.label, p.node)
+        })
+        .collect();
+    format!(
+        "node groups (labels on this host): {}; a transfer between nodes goes over loopback and lands the modelled NIC time later (workload/src/fabric.rs, as the simulator prices it)",
+        placed.join(", ")
+    )
 }

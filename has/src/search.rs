@@ -453,6 +453,8 @@ impl Tpe {
 
 /// HAS Stage 2: one TPE study over Stage 1's survivors, seeded with each
 /// survivor's analytical optimum `(B_max, s*)`, stopped by [`should_stop`].
+/// The seed trials run in parallel (rayon) unless a time budget is set; the
+/// TPE's trials after them run in turn, each asked after the last is told.
 fn has(
     rows: &[Stage1Row],
     trial: &dyn Trial,
@@ -478,6 +480,32 @@ fn has(
     };
     let budget = limits.trials;
     let started = std::time::Instant::now();
+    let seed = |i: usize| {
+        let r = survivors[i];
+        let us = if r.s_range.1 > r.s_range.0 {
+            (r.s_star - r.s_range.0) / (r.s_range.1 - r.s_range.0)
+        } else {
+            0.5
+        };
+        (i, 0.999_999, us)
+    };
+    // the seeds depend on Stage 1 alone: without a time budget they run at
+    // once on rayon's threads, and are recorded and told below in the serial
+    // order, so the study is the serial one (a time budget runs them one at
+    // a time, to stop between them)
+    let mut seeded: Vec<Option<Outcome>> = match limits.seconds {
+        Some(_) => Vec::new(),
+        None => {
+            use rayon::prelude::*;
+            (0..survivors.len().min(budget))
+                .into_par_iter()
+                .map(|i| {
+                    let (i, ub, us) = seed(i);
+                    Some(trial.run(&candidate(i, ub, us)))
+                })
+                .collect()
+        }
+    };
     let mut asked = 0;
     // a repeated point is told again but costs no trial; bound the asking
     while rec.trials.len() < budget && asked < survivors.len() + 20 * budget {
@@ -489,13 +517,7 @@ fn has(
         }
         // seeds first: each survivor's analytical optimum (B_max, s*)
         let point = if asked < survivors.len() {
-            let r = survivors[asked];
-            let us = if r.s_range.1 > r.s_range.0 {
-                (r.s_star - r.s_range.0) / (r.s_range.1 - r.s_range.0)
-            } else {
-                0.5
-            };
-            (asked, 0.999_999, us)
+            seed(asked)
         } else {
             let i = opt.alloc.ask(&mut *rng) as usize;
             (
@@ -504,6 +526,7 @@ fn has(
                 opt.s.ask(&mut *rng),
             )
         };
+        let ran = seeded.get_mut(asked).and_then(Option::take);
         asked += 1;
         let c = candidate(point.0, point.1, point.2);
         if let Some(o) = rec.seen(&c) {
@@ -512,7 +535,7 @@ fn has(
             }
             continue;
         }
-        let outcome = trial.run(&c);
+        let outcome = ran.unwrap_or_else(|| trial.run(&c));
         let v = value(&outcome);
         rec.record(c, outcome);
         if let Err(stop) = opt.tell(point, v) {
@@ -723,6 +746,7 @@ mod tests {
             s_star: 1.0,
             s_range: (1.0, 1.0),
             b_max: 4,
+            latency_s: 0.0,
             kept: true,
             reason: String::new(),
         };
@@ -753,6 +777,77 @@ mod tests {
         assert_eq!(run(Some(0.0)), (StopReason::TimeBudget(0.0), 1));
         assert_ne!(run(None).0, StopReason::TimeBudget(0.0));
         assert!(run(None).1 > 1);
+    }
+
+    /// A trial whose throughput depends on the candidate (more prefill
+    /// workers, larger B and s: more), slow enough that rayon's threads
+    /// finish the seeds out of order.
+    struct Shaped;
+
+    impl Trial for Shaped {
+        fn run(&self, c: &Candidate) -> Outcome {
+            let p = f64::from(c.allocation.prefill.workers);
+            std::thread::sleep(std::time::Duration::from_millis(5 * (4 - p as u64)));
+            let mut o = rec(0, 1.0, 1.0).outcome;
+            o.throughput = p + 0.1 * f64::from(c.batch) + c.offload;
+            o
+        }
+        fn run_at(&self, c: &Candidate, _: f64, _: usize) -> Outcome {
+            self.run(c)
+        }
+    }
+
+    /// Stage 2's seeds run in parallel (no time budget) and the study is the
+    /// serial one (a time budget too long to stop it runs them in turn):
+    /// the same trials in the same order (about 50 ms).
+    #[test]
+    fn parallel_seed_trials_give_the_serial_study() {
+        let row = |a: &str| Stage1Row {
+            allocation: a.parse().unwrap(),
+            encode_load: 0.1,
+            prefill_load: 0.1,
+            decode_load: 0.1,
+            score: 0.1,
+            c_remote: 1.0,
+            c_local: 0.0,
+            alpha: 0.0,
+            s_star: 0.9,
+            s_range: (0.8, 1.0),
+            b_max: 4,
+            latency_s: 0.0,
+            kept: true,
+            reason: String::new(),
+        };
+        let rows = [
+            row("1E(TP1)+1P(TP1)+1D(TP1)"),
+            row("1E(TP1)+2P(TP1)+1D(TP1)"),
+            row("1E(TP1)+3P(TP1)+1D(TP1)"),
+        ];
+        let run = |seconds: Option<f64>| {
+            let mut seen = Vec::new();
+            let mut on = |t: &TrialRecord| seen.push(t.index);
+            let mut r = Recorder {
+                trials: Vec::new(),
+                best: None,
+                objective: Objective::Throughput,
+                on_trial: &mut on,
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(7);
+            let limits = Limits { trials: 8, seconds };
+            let why = has(
+                &rows,
+                &Shaped,
+                limits,
+                &mut rng,
+                &mut r,
+                &Objective::Throughput,
+            );
+            let trials = r.trials;
+            (why, trials, seen)
+        };
+        let parallel = run(None);
+        assert!(parallel.2.len() >= 3);
+        assert_eq!(parallel, run(Some(1e9)));
     }
 
     /// A refused observation stops the search with the reason instead of

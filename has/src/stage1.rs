@@ -6,7 +6,7 @@ use crate::space::FeasibleAllocation;
 use easerve_calib::StageCost;
 use easerve_sched::Allocation;
 pub use easerve_sim::capacity::{
-    alpha, capacities, encode_capacity, pool_parallel, Capacities, Typical, MAX_B,
+    alpha, capacities, encode_capacity, pool_parallel, unloaded_latency, Capacities, Typical, MAX_B,
 };
 use easerve_workload::Scenario;
 use serde::{Deserialize, Serialize};
@@ -46,6 +46,11 @@ pub struct Stage1Row {
     /// Largest B Stage 2 tries: `⌈2 · λ_w · max(1 s, T_enc(⌈λ_w⌉))⌉` with
     /// `λ_w = Λ / nE` (see [`b_max`]).
     pub b_max: u32,
+    /// One typical request's seconds from its prefill to its last token
+    /// on the idle allocation ([`unloaded_latency`] at its prefill and
+    /// decode layouts); 0 when not computed.
+    #[serde(default)]
+    pub latency_s: f64,
     /// Kept for Stage 2.
     pub kept: bool,
     /// Why kept or pruned.
@@ -133,9 +138,54 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
         s_star: s,
         s_range: ((s - S_WINDOW).max(lo), (s + S_WINDOW).min(hi)),
         b_max: bm,
+        latency_s: 0.0,
         kept: false,
         reason: String::new(),
     }
+}
+
+/// Of the allocations [`prune`] did not keep whose every stage carries the
+/// rate `rate` (score < 1), keep the [`TOP_K`] with the lowest
+/// [`Stage1Row::latency_s`] (ties by allocation text). Below saturation the
+/// load score does not rank: every such allocation serves the offered rate,
+/// and what separates their goodput is how long each request takes (its
+/// TTFT and TPOT against the SLO; in a finite run, the last requests' end).
+/// Rows without a latency (0) are not considered. Such a row whose remote
+/// prefill workers alone carry the rate (`rate < C_remote`) is seeded at the
+/// top of its offload range (`offload_hi` of its allocation): sending
+/// prompts to a local prefill worker then only adds the latency of a worker
+/// that shares its GPU with the encoder.
+pub fn keep_fastest(
+    mut rows: Vec<Stage1Row>,
+    rate: f64,
+    offload_hi: &dyn Fn(&Allocation) -> f64,
+) -> Vec<Stage1Row> {
+    let mut fast: Vec<usize> = (0..rows.len())
+        .filter(|&i| !rows[i].kept && rows[i].score < 1.0 && rows[i].latency_s > 0.0)
+        .collect();
+    fast.sort_by(|&a, &b| {
+        rows[a]
+            .latency_s
+            .total_cmp(&rows[b].latency_s)
+            .then_with(|| {
+                let (x, y) = (&rows[a].allocation, &rows[b].allocation);
+                x.to_string().cmp(&y.to_string())
+            })
+    });
+    for &i in fast.iter().take(TOP_K) {
+        let r = &mut rows[i];
+        r.kept = true;
+        r.reason = format!(
+            "kept: carries the rate (score {:.2}) with one of the {TOP_K} lowest request latencies ({:.2} s unloaded)",
+            r.score, r.latency_s
+        );
+        if rate < r.c_remote {
+            let hi = offload_hi(&r.allocation);
+            r.s_star = hi;
+            r.s_range = ((hi - S_WINDOW).max(r.s_range.0.min(hi)), hi);
+        }
+    }
+    rows
 }
 
 /// Keep allocations within [`PRUNE_FACTOR`] of the best score, at most
@@ -189,7 +239,7 @@ pub fn stage1(
     let rows = space
         .iter()
         .map(|fa| {
-            assess(
+            let mut row = assess(
                 fa,
                 &caps,
                 alpha(
@@ -201,10 +251,27 @@ pub fn stage1(
                     rate,
                 ),
                 rate,
-            )
+            );
+            let a = &fa.allocation;
+            row.latency_s = match a.prefill.workers {
+                0 => 0.0, // no remote prefill: every prompt prefills locally
+                _ => unloaded_latency(
+                    cost,
+                    &typical,
+                    pool_parallel(&a.prefill),
+                    pool_parallel(&a.decode),
+                ),
+            };
+            row
         })
         .collect();
-    (caps, prune(rows))
+    let hi = |a: &Allocation| {
+        space
+            .iter()
+            .find(|fa| fa.allocation == *a)
+            .map_or(1.0, |fa| fa.offload_range.1)
+    };
+    (caps, keep_fastest(prune(rows), rate, &hi))
 }
 
 #[cfg(test)]

@@ -307,6 +307,24 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
     }
 }
 
+/// One typical request's seconds from the start of its prefill to its last
+/// token on an idle deployment: its prompt prefilled alone at layout
+/// `prefill` ([`StageCost::prefill`]) plus its output tokens, each one decode
+/// step at batch 1 over its mean context (prompt + half the output) at layout
+/// `decode` ([`StageCost::decode_step`]). What separates allocations that
+/// all carry the offered rate: their requests' latency, not their load.
+pub fn unloaded_latency(
+    cost: &dyn StageCost,
+    t: &Typical,
+    prefill: Parallel,
+    decode: Parallel,
+) -> f64 {
+    let prompt = t.prefill_tokens.max(1.0).round() as u64;
+    let context = (t.prefill_tokens + t.output_tokens / 2.0).round() as u64;
+    cost.prefill(&[prompt], prefill, 1.0)
+        + t.output_tokens.max(1.0) * cost.decode_step(1, context, decode)
+}
+
 /// `C_E(B)`: one encode worker's requests/s at micro-batch `B` (batches above
 /// [`MAX_B`] are counted as `MAX_B`: the table ends there).
 pub fn encode_capacity(caps: &Capacities, b: u32) -> f64 {

@@ -24,6 +24,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod agreement;
+pub mod fabric;
 pub mod generate;
 pub mod phase_agreement;
 pub mod plan;

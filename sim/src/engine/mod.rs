@@ -23,7 +23,7 @@
 //! The aggregated system's replicas, whose iterations run every stage, have
 //! their physics in `replica.rs`.
 
-mod fabric;
+use easerve_workload::fabric;
 mod plan;
 pub use plan::SimTwin;
 mod replica;
@@ -896,18 +896,13 @@ impl<'a> Sim<'a> {
         let (sent, land) = if self.live.lands_at_once(&cmd) {
             (now, now)
         } else {
-            let requests = self.ctrl.requests();
             let ids = self.ctrl.envelope(envelope);
-            let shards = self.ctrl.envelope_items(envelope);
-            let tokens = |(k, &id): (usize, &RequestId)| match shards.get(k) {
-                // a shard carries its item's embeddings
-                Some(&item) => self.tokens[id as usize]
-                    .get(item as usize)
-                    .map_or(0.0, |t| t.llm_tokens as f64),
-                None => requests[id as usize].mm_tokens as f64,
-            };
-            let bytes = ids.iter().enumerate().map(tokens).sum::<f64>()
-                * self.sc.model.embedding_bytes_per_token();
+            let bytes = fabric::envelope_bytes(
+                &self.ctrl,
+                &self.tokens,
+                envelope,
+                self.sc.model.embedding_bytes_per_token(),
+            );
             let path = (WorkerRef::Encode(from), WorkerRef::Prefill(to));
             let (start, end) =
                 match Self::over_nics(&mut self.fabric, &self.topology, now, path, bytes) {
@@ -1146,8 +1141,7 @@ impl<'a> Sim<'a> {
                 .push(now, Priority::Transfer, Ev::KvLands { id, sent_at: now });
             return;
         }
-        let bytes = self.ctrl.requests()[id as usize].prefill_tokens() as f64
-            * self.sc.model.kv_bytes_per_token();
+        let bytes = fabric::kv_bytes(&self.ctrl, id, self.sc.model.kv_bytes_per_token());
         let path = (WorkerRef::Prefill(from), WorkerRef::Decode(to));
         let (start, end) = match Self::over_nics(&mut self.fabric, &self.topology, now, path, bytes)
         {

@@ -15,11 +15,17 @@
 //! aiconfigurator NCCL tables (`comm/nccl/*/nccl_perf.parquet`) measure
 //! all-gather and reduce-scatter within one node only: no point-to-point
 //! row across nodes, so no measured figure replaces the NIC's spec.
+//!
+//! Both drivers take their cross-node times from here: the simulator
+//! schedules a transfer's landing at its `end`, and `easerve exec`, whose
+//! workers all run on one host, adds `end − now` to the loopback transfer
+//! before the controller hears it landed.
 
+use crate::generate::ItemTokenTable;
+use crate::report::LinkReport;
+use crate::scenario::Cluster;
 use easerve_calib::LinkSpec;
-use easerve_sched::Place;
-use easerve_workload::report::LinkReport;
-use easerve_workload::scenario::Cluster;
+use easerve_sched::{Controller, EnvelopeId, Place, RequestId};
 
 /// One direction of one node's NIC.
 #[derive(Clone, Debug, Default)]
@@ -46,7 +52,7 @@ impl Port {
 
 /// Every node's NIC ports (module doc).
 #[derive(Clone, Debug)]
-pub(crate) struct Fabric {
+pub struct Fabric {
     /// Index of each group's first node among all nodes.
     base: Vec<usize>,
     /// Each group's NIC.
@@ -59,7 +65,7 @@ pub(crate) struct Fabric {
 
 impl Fabric {
     /// The NICs of `cluster`'s nodes, all idle.
-    pub(crate) fn new(cluster: &Cluster) -> Self {
+    pub fn new(cluster: &Cluster) -> Self {
         let mut base = Vec::with_capacity(cluster.groups.len());
         let mut names = Vec::new();
         for g in &cluster.groups {
@@ -83,13 +89,7 @@ impl Fabric {
     /// A transfer of `bytes` from node `from` to node `to` asked for at `now`
     /// (seconds): `(start, end)` on the two NICs, or `None` when both are the
     /// same node (the intra-node link carries it).
-    pub(crate) fn send(
-        &mut self,
-        now: f64,
-        from: Place,
-        to: Place,
-        bytes: f64,
-    ) -> Option<(f64, f64)> {
+    pub fn send(&mut self, now: f64, from: Place, to: Place, bytes: f64) -> Option<(f64, f64)> {
         if from == to {
             return None;
         }
@@ -109,7 +109,7 @@ impl Fabric {
 
     /// Each NIC port that carried a transfer: utilisation over `duration_s`
     /// and its queueing.
-    pub(crate) fn report(&self, duration_s: f64) -> Vec<LinkReport> {
+    pub fn report(&self, duration_s: f64) -> Vec<LinkReport> {
         let mut out = Vec::new();
         for (dir, ports) in [("out", &self.out), ("in", &self.inn)] {
             for (i, p) in ports.iter().enumerate().filter(|(_, p)| p.transfers > 0) {
@@ -132,12 +132,45 @@ impl Fabric {
     }
 }
 
+/// Bytes of envelope `envelope`'s embeddings as the model's LLM takes them:
+/// each request's multimodal tokens (a shard: its item's LLM tokens, from
+/// `tokens`) × `bytes_per_token`
+/// ([`easerve_model::ModelArch::embedding_bytes_per_token`]).
+pub fn envelope_bytes(
+    ctrl: &Controller,
+    tokens: &ItemTokenTable,
+    envelope: EnvelopeId,
+    bytes_per_token: f64,
+) -> f64 {
+    let requests = ctrl.requests();
+    let shards = ctrl.envelope_items(envelope);
+    let per = |(k, &id): (usize, &RequestId)| match shards.get(k) {
+        // a shard carries its item's embeddings
+        Some(&item) => tokens[id as usize]
+            .get(item as usize)
+            .map_or(0.0, |t| t.llm_tokens as f64),
+        None => requests[id as usize].mm_tokens as f64,
+    };
+    ctrl.envelope(envelope)
+        .iter()
+        .enumerate()
+        .map(per)
+        .sum::<f64>()
+        * bytes_per_token
+}
+
+/// Bytes of request `id`'s KV cache after its prefill: its prefill tokens ×
+/// `bytes_per_token` ([`easerve_model::ModelArch::kv_bytes_per_token`]).
+pub fn kv_bytes(ctrl: &Controller, id: RequestId, bytes_per_token: f64) -> f64 {
+    ctrl.requests()[id as usize].prefill_tokens() as f64 * bytes_per_token
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scenario::Group;
     use easerve_calib::GpuSpec;
     use easerve_sched::{NodeGroup, Topology};
-    use easerve_workload::scenario::Group;
 
     fn cluster() -> Cluster {
         let group = |name: &str| Group {
