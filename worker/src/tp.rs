@@ -399,6 +399,7 @@ impl Ranks {
                 .args(["--threads", &opts.threads.to_string()])
                 .args(["--seed", &opts.seed.to_string()])
                 .args(["--device", opts.device.as_str()])
+                .args(["--gpu", &opts.gpu.to_string()])
                 .args(["--tp", &opts.tp.to_string()])
                 .args(["--tp-rank", &rank.to_string()])
                 .args(["--tp-root", &root.to_string()])
