@@ -20,7 +20,7 @@ use easerve_worker::process::{run_worker, WorkerOptions};
 use crate::BadInput;
 use crate::RunArgs;
 
-pub(crate) const EXEC_HELP: &str = "Each worker runs on one device, or at TP k on k devices: on --device cpu a prefill or decode worker at TP k is k rank processes (rank 0 speaks to the controller; the ranks all-reduce over loopback TCP), each with its share of the host's threads; encode, local prefill and aggregated workers, and --device cuda, run TP1 only (simulate the rest with `easerve sim`). On CPU every worker is a process bounded to its share of the host's threads; the scenario's `cluster.gpu` should be `cpu` so that its costs (profile) describe the host.
+pub(crate) const EXEC_HELP: &str = "Each worker runs on one device, or at TP k on k devices: an encode (LLaVA-NeXT CLIP encoder), prefill or decode worker at TP k is k rank processes (rank 0 speaks to the controller); on --device cpu the ranks all-reduce over loopback TCP, each with its share of the host's threads, and on --device cuda through NCCL, one GPU per rank (the worker's consecutive GPUs of the allocation); local prefill and aggregated workers run TP1 only (simulate the rest with `easerve sim`). On CPU every worker is a process bounded to its share of the host's threads; the scenario's `cluster.gpu` should be `cpu` so that its costs (profile) describe the host.
 
 Exit codes: 0 the run finished (failed or rejected requests are in the report); 1 the workers could not start, or an internal error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed).";
 
@@ -246,11 +246,13 @@ fn setup(a: &ExecArgs) -> anyhow::Result<(easerve_workload::Scenario, ExecOption
     Ok((sc, opts))
 }
 
-/// Refuse what the executor cannot run yet: TP > 1 on encode, local
-/// prefill and aggregated workers, on CUDA, or on a mixture-of-experts LLM; a
-/// TP that does not split the LLM's heads; a TP worker with more ranks than
-/// the host has cores (one rank per core, as one per GPU); and the systems
-/// `unsupported` names.
+/// Refuse what the executor cannot run yet: TP > 1 on local prefill and
+/// aggregated workers, on a mixture-of-experts LLM, on an encoder other than
+/// the LLaVA-NeXT CLIP tower, or on encode workers beside local prefill
+/// workers (`deployment.offload` < 1); a TP that does not split the LLM's or
+/// the encoder's heads; a TP worker with more ranks than the host has cores
+/// (`--device cpu`) or the driver shows GPUs (`--device cuda`); and the
+/// systems `unsupported` names.
 #[cfg(feature = "exec")]
 fn check_runnable(
     a: &ExecArgs,
@@ -266,12 +268,16 @@ fn check_runnable(
                 "{file}: deployment.aggregated_tp {tp}: the executor runs each aggregated replica on one device (TP1); set deployment.aggregated_tp = 1, or simulate it with `easerve sim`"
             )));
         }
-    } else if alloc.encode.tp > 1 || local_tp > 1 {
-        return Err(BadInput(format!(
-            "{file}: deployment.allocation `{alloc}` with local prefill at TP {local_tp}: the executor runs encode and local prefill workers at TP1 (tensor parallelism is for remote prefill and decode workers); use TP1 there, or simulate it with `easerve sim`"
-        )));
-    } else if alloc.prefill.tp > 1 || alloc.decode.tp > 1 {
-        check_tp(&file.to_string(), sc, device)?;
+    } else {
+        if alloc.encode.tp > 1 || alloc.prefill.tp > 1 || alloc.decode.tp > 1 {
+            check_tp(&file.to_string(), sc, device)?;
+        }
+        if local_tp > 1 || (alloc.encode.tp > 1 && sc.knobs.local_prefill_tp.is_some()) {
+            return Err(BadInput(format!(
+                "{file}: deployment.allocation `{alloc}` with deployment.offload {} < 1 (local prefill at TP {local_tp} on the encode workers' devices): the executor runs local prefill workers at TP1 beside encode workers at TP1; set deployment.offload = 1 (or --offload 1) to run encode at TP > 1, or simulate it with `easerve sim`",
+                sc.deployment.offload
+            )));
+        }
     }
     if let Some(why) = unsupported(sc.system) {
         return Err(BadInput(format!(
@@ -294,9 +300,12 @@ fn check_runnable(
     Ok(())
 }
 
-/// The prefill and decode TP degrees of `sc` on `device`: CPU only, an LLM
-/// they split ([`easerve_model::LlmArch::executor_tp`]), and no more ranks per
-/// worker than the host's cores.
+/// The encode, prefill and decode TP degrees of `sc` on `device`: a model
+/// they split ([`easerve_model::LlmArch::executor_tp`],
+/// [`easerve_model::EncoderArch::executor_tp`]), and no more ranks per worker
+/// than the host's cores (`--device cpu`, one rank per core) or the GPUs the
+/// driver shows (`--device cuda`, one rank per GPU: NCCL takes no two ranks on
+/// one GPU).
 #[cfg(feature = "exec")]
 fn check_tp(
     file: &str,
@@ -304,34 +313,64 @@ fn check_tp(
     device: DeviceKind,
 ) -> Result<(), BadInput> {
     let alloc = sc.deployment.allocation;
-    if device != DeviceKind::Cpu {
-        return Err(BadInput(format!(
-            "{file}: deployment.allocation `{alloc}` with --device {}: TP > 1 runs on --device cpu only (the ranks' all-reduce on a GPU needs NCCL, which this build does not have yet); use TP1, or simulate it with `easerve sim`",
-            device.as_str()
-        )));
-    }
-    let allowed = sc.model.llm.executor_tp();
-    let cores = easerve_exec::device::cpu_cores();
-    for (stage, tp) in [("prefill", alloc.prefill.tp), ("decode", alloc.decode.tp)] {
+    let (slots, per) = match device {
+        DeviceKind::Cpu => (easerve_exec::device::cpu_cores(), "core"),
+        DeviceKind::Cuda => (easerve_exec::device::cuda_gpus(), "GPU"),
+    };
+    let stages = [
+        ("encode", alloc.encode.tp, encoder_tp(sc)),
+        ("prefill", alloc.prefill.tp, sc.model.llm.executor_tp()),
+        ("decode", alloc.decode.tp, sc.model.llm.executor_tp()),
+    ];
+    for (stage, tp, allowed) in stages {
         let tp = tp as usize;
         if !allowed.contains(&tp) {
-            let l = &sc.model.llm;
             return Err(BadInput(format!(
-                "{file}: deployment.allocation `{alloc}`: {stage} TP {tp} does not split model `{}` ({} attention heads, {} KV heads, MLP width {}{}); allowed TP: {allowed:?}",
+                "{file}: deployment.allocation `{alloc}`: {stage} TP {tp} does not split model `{}` ({}); allowed TP: {allowed:?}",
                 sc.model.name,
-                l.heads,
-                l.kv_heads,
-                l.ffn,
-                if l.moe.is_some() { ", mixture of experts" } else { "" }
+                split_widths(sc, stage)
             )));
         }
-        if tp > cores {
+        if tp > slots {
             return Err(BadInput(format!(
-                "{file}: deployment.allocation `{alloc}`: a {stage} worker at TP {tp} runs {tp} rank processes, one per core, and this host has {cores} core(s); use TP ≤ {cores}"
+                "{file}: deployment.allocation `{alloc}`: a{} {stage} worker at TP {tp} runs {tp} rank processes, one per {per}, and this host has {slots} {per}(s); use TP ≤ {slots}",
+                if stage == "encode" { "n" } else { "" }
             )));
         }
     }
     Ok(())
+}
+
+/// The TP degrees the executor splits `sc`'s encoder into (1 without one).
+#[cfg(feature = "exec")]
+fn encoder_tp(sc: &easerve_workload::Scenario) -> Vec<usize> {
+    sc.model
+        .encoder
+        .as_ref()
+        .map_or_else(|| vec![1], |e| e.executor_tp())
+}
+
+/// The widths a `stage` TP must divide, for the refusal's message.
+#[cfg(feature = "exec")]
+fn split_widths(sc: &easerve_workload::Scenario, stage: &str) -> String {
+    match (&sc.model.encoder, stage) {
+        (Some(e), "encode") if e.executor_tp().len() > 1 => {
+            format!("encoder: {} attention heads, MLP width {}", e.heads, e.ffn)
+        }
+        (Some(_), "encode") => {
+            "its encoder family has no tensor-parallel split in the executor; only the LLaVA-NeXT CLIP tower has".into()
+        }
+        _ => {
+            let l = &sc.model.llm;
+            format!(
+                "{} attention heads, {} KV heads, MLP width {}{}",
+                l.heads,
+                l.kv_heads,
+                l.ffn,
+                if l.moe.is_some() { ", mixture of experts" } else { "" }
+            )
+        }
+    }
 }
 
 /// On `--device cpu`: warn when preprocessing is pipelined, and refuse a model

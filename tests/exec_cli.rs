@@ -159,6 +159,16 @@ fn exec_refuses_what_it_cannot_run() {
         "1E(TP1)+1P(TP3)+1D(TP1)",
         "prefill TP 3 does not split model `tiny-image` (4 attention heads, 2 KV heads, MLP width 768); allowed TP: [1, 2, 4]",
     );
+    // the encoder's TP: tiny-image's CLIP tower has 4 heads, MLP 1024; and
+    // no encode TP beside local prefill workers (cpu-image-tp2's offload 0.8)
+    refused(
+        "1E(TP3)+1P(TP1)+1D(TP1)",
+        "this model's encoder: TP [1, 2, 4]): use 3E(TP1) instead of 1E(TP3)",
+    );
+    refused(
+        "1E(TP2)+1P(TP1)+1D(TP1)",
+        "deployment.offload 0.8 < 1 (local prefill at TP 1",
+    );
     // more ranks than cores: one rank per core (CI's host has 2)
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores < 4 {

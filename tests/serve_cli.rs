@@ -580,9 +580,10 @@ fn bench_against_serve_agrees_with_the_servers_report() {
 
 /// Tensor parallelism computes what TP 1 does: the same request (an image and
 /// text, 12 greedy tokens) gets the same completion from `1E+1P+1D` at TP 1,
-/// at P TP 2 and D TP 2, and across a KV handoff from TP 2 to TP 1 and from
-/// TP 1 to TP 2 (the cache resharded by KV heads on the way). Runtime: four
-/// servers of the tiny model, about 8 s in a debug build on 2 cores.
+/// at P TP 2 and D TP 2, across a KV handoff from TP 2 to TP 1 and from
+/// TP 1 to TP 2 (the cache resharded by KV heads on the way), and with the
+/// encoder split over two ranks (E TP 2). Runtime: five servers of the tiny
+/// model, about 10 s in a debug build on 2 cores.
 #[test]
 fn tp2_prefill_and_decode_complete_as_tp1() {
     let _timed = crate::timed();
@@ -612,6 +613,7 @@ fn tp2_prefill_and_decode_complete_as_tp1() {
         "1E(TP1)+1P(TP2)+1D(TP2)",
         "1E(TP1)+1P(TP2)+1D(TP1)",
         "1E(TP1)+1P(TP1)+1D(TP2)",
+        "1E(TP2)+1P(TP1)+1D(TP1)",
     ] {
         assert_eq!(completion(alloc), want, "{alloc}");
     }

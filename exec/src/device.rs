@@ -299,6 +299,24 @@ fn cuda_ready() -> Result<(), DeviceError> {
     }
 }
 
+/// GPUs the CUDA driver shows this process (`cuDeviceGetCount`, after
+/// `CUDA_VISIBLE_DEVICES`); 0 without the driver or in a build without the
+/// `cuda` feature.
+pub fn cuda_gpus() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        // SAFETY: probes for the driver library with dlopen; no CUDA call is made.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return 0;
+        }
+        cudarc::driver::result::init()
+            .and_then(|_| cudarc::driver::result::device::get_count())
+            .map_or(0, |n| n.max(0) as usize)
+    }
+    #[cfg(not(feature = "cuda"))]
+    0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -445,9 +445,10 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
 }
 
 /// CPU threads of each worker's every rank: `opts.threads`, or all the
-/// host's cores for an encode or local prefill worker, and an even share of
-/// them for the ranks of the others (remote prefill, decode and aggregated
-/// replica workers; a TP k worker counts k ranks, as it holds k devices).
+/// host's cores for an encode or local prefill worker (split evenly among an
+/// encode worker's TP ranks), and an even share of them for the ranks of the
+/// others (remote prefill, decode and aggregated replica workers; a TP k
+/// worker counts k ranks, as it holds k devices).
 fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
     let cores = cpu_cores();
     let others: usize = workers
@@ -462,7 +463,7 @@ fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
     let threads_of = |w: &WorkerProcess| -> usize {
         match opts.threads {
             Some(t) => t,
-            None if w.role == Role::Encode || w.local => cores,
+            None if w.role == Role::Encode || w.local => (cores / w.tp.max(1)).max(1),
             None => (cores / others.max(1)).max(1),
         }
     };

@@ -539,6 +539,22 @@ impl LlmArch {
 }
 
 impl EncoderArch {
+    /// The TP degrees the executor splits this encoder into: for the
+    /// LLaVA-NeXT CLIP tower ([`EncoderKind::ClipAnyres`]), [`allowed_tp`] of
+    /// its heads and MLP width (attention by heads, the MLP by hidden
+    /// features: `nn::EncoderBlock::shard`); only 1 for the other families,
+    /// whose burn modules have no tensor-parallel split.
+    pub fn executor_tp(&self) -> Vec<usize> {
+        match self.kind {
+            EncoderKind::ClipAnyres { .. } => allowed_tp(
+                self.heads as usize,
+                self.heads as usize,
+                &[self.ffn as usize],
+            ),
+            _ => vec![1],
+        }
+    }
+
     /// Parameters of one transformer block: 4 attention projections + MLP (2 or 3 matrices).
     /// CLIP ViT-L: 4*1024^2 + 2*1024*4096 = 12.6e6.
     pub fn layer_params(&self) -> f64 {

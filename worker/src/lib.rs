@@ -9,7 +9,7 @@
 //! 2. [`items`]: host-preprocessed items (`easerve_exec::input`) into device
 //!    tensors.
 //! 3. [`tp`]: a tensor-parallel worker's ranks as processes, and their
-//!    loopback all-reduce.
+//!    loopback all-reduce; [`nccl`] (feature `cuda`): their all-reduce on GPUs.
 //! 4. [`profiler`]: timing encode, prefill, decode and transfers into a
 //!    profile; [`cuda`] (feature `cuda`): the same on a GPU, at SM levels.
 #![warn(missing_docs)]
@@ -17,6 +17,8 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod items;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod process;
 pub mod profiler;
 pub mod tp;

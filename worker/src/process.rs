@@ -23,7 +23,7 @@ use easerve_exec::wire::{
     read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, Role,
     ToWorker, WireMedia, WireMediaError,
 };
-use easerve_model::nn::{KvCache, MultimodalModel, NnError};
+use easerve_model::nn::{EncoderItem, KvCache, MultimodalModel, NnError};
 use easerve_model::ModelArch;
 use easerve_sched::RequestId;
 use std::collections::HashMap;
@@ -610,6 +610,7 @@ fn serve<B: Backend>(
                         &mut store,
                         device,
                         on_device,
+                        ranks.map(|r| (r, share)),
                     )
                 })?)
             }
@@ -906,26 +907,22 @@ impl EmbeddingStore {
     }
 }
 
-/// One encode pass over `requests`: their items (prepared ahead, or here),
-/// then the encoder over the items the encoder cache does not hold; the
-/// others' embeddings come from `store`, which keeps what the pass's
-/// [`easerve_sched::ItemOp`]s say. `preprocess_s` is the time from the
-/// pass's start until its items are ready on the device: what it waited for
-/// and spent on preprocessing.
+/// The items of an encode pass that the encoder cache does not hold, on
+/// `device`, in order; with `tp`, also their copies for the follower ranks
+/// (LLaVA-NeXT anyres images only).
 ///
 /// # Errors
-/// A model or read-back failure; an item whose prepared count is wrong; a
-/// reused item this worker does not hold ([`WorkerError::NotHeld`]).
-fn encode<B: Backend>(
-    model: &MultimodalModel<B>,
+/// An item whose prepared count is wrong; at `tp`, an item of another
+/// encoder family.
+#[allow(clippy::type_complexity)]
+fn pass_items<B: Backend>(
     preprocessor: &Preprocessor,
     requests: &[EncodeRequest],
-    store: &mut EmbeddingStore,
     device: &B::Device,
-    on_device: impl FnOnce() -> Result<(), WorkerError>,
-) -> Result<FromWorker, WorkerError> {
-    let t0 = Instant::now();
+    tp: bool,
+) -> Result<(Vec<EncoderItem<B>>, Vec<crate::tp::AnyresTiles>), WorkerError> {
     let mut items = Vec::new();
+    let mut wire = Vec::new();
     for r in requests {
         let host = preprocessor.take(r)?;
         if host.len() != r.items.len() {
@@ -943,16 +940,48 @@ fn encode<B: Backend>(
                     items: r.items.len(),
                 })?;
                 items.push(crate::items::to_device::<B>(h, device));
+                if tp {
+                    wire.push(crate::tp::AnyresTiles::of(h).ok_or(WorkerError::Ranks(
+                        "only LLaVA-NeXT anyres images encode at TP > 1".into(),
+                    ))?);
+                }
             }
         }
     }
+    Ok((items, wire))
+}
+
+/// One encode pass over `requests`: their items (prepared ahead, or here),
+/// then the encoder over the items the encoder cache does not hold; the
+/// others' embeddings come from `store`, which keeps what the pass's
+/// [`easerve_sched::ItemOp`]s say. `preprocess_s` is the time from the
+/// pass's start until its items are ready on the device: what it waited for
+/// and spent on preprocessing. With `ranks` (a TP worker's ranks and the
+/// pass's thread share), every rank runs its shard of the encoder.
+///
+/// # Errors
+/// A model or read-back failure; an item whose prepared count is wrong; a
+/// reused item this worker does not hold ([`WorkerError::NotHeld`]); an
+/// all-reduce that failed.
+fn encode<B: Backend>(
+    model: &MultimodalModel<B>,
+    preprocessor: &Preprocessor,
+    requests: &[EncodeRequest],
+    store: &mut EmbeddingStore,
+    device: &B::Device,
+    on_device: impl FnOnce() -> Result<(), WorkerError>,
+    ranks: Option<(&crate::tp::Ranks, f64)>,
+) -> Result<FromWorker, WorkerError> {
+    let t0 = Instant::now();
+    let (items, wire) = pass_items::<B>(preprocessor, requests, device, ranks.is_some())?;
     let preprocess_s = t0.elapsed().as_secs_f64();
     on_device()?;
     store.encoded += items.len() as u64;
-    let mut out = model
-        .encode(&items)
-        .map_err(WorkerError::Model)?
-        .into_iter();
+    let mut out = match ranks {
+        Some((r, share)) => r.encode(model, &items, wire, share)?,
+        None => model.encode(&items).map_err(WorkerError::Model)?,
+    }
+    .into_iter();
     let d = model.lm.d_model();
     let mut embeddings = Vec::with_capacity(requests.len());
     for r in requests {
@@ -1220,6 +1249,7 @@ fn replica_step<B: Backend>(
             &mut EmbeddingStore::default(),
             device,
             || Ok(()),
+            None,
         )? {
             embeddings.extend(e);
         }
@@ -1369,7 +1399,7 @@ mod tests {
         rs: &[EncodeRequest],
         store: &mut EmbeddingStore,
     ) -> (Vec<(RequestId, Matrix)>, f64) {
-        match encode(model, pre, rs, store, &Default::default(), || Ok(())).unwrap() {
+        match encode(model, pre, rs, store, &Default::default(), || Ok(()), None).unwrap() {
             FromWorker::EncodeDone {
                 embeddings,
                 preprocess_s,
@@ -1642,6 +1672,7 @@ mod tests {
                 on_device_at = Some(Instant::now());
                 Ok(())
             },
+            None,
         )
         .unwrap();
         let opened_at = opener.join().unwrap();

@@ -13,6 +13,15 @@
 //!   buffer (little-endian f32), rank 0 sums the buffers in rank order and
 //!   writes the sum back, so every rank holds bit-identical results.
 //!
+//! On `--device cuda` (feature `cuda`) the all-reduces go through NCCL
+//! instead ([`crate::nccl`], one GPU per rank): rank 0 sends each follower the
+//! group's NCCL unique id on the same stream right after it connects, and the
+//! stream carries the commands and KV shards only.
+//!
+//! An encode worker's ranks split the encoder ([`RankCommand::Encode`]: rank 0
+//! sends the pass's preprocessed images, every rank runs its shard, rank 0's
+//! embeddings are the worker's).
+//!
 //! A follower exits when its stream to rank 0 closes (rank 0 ended or was
 //! killed), so no rank outlives its worker.
 
@@ -24,9 +33,10 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use easerve_exec::device::CoreSide;
-use easerve_exec::wire::{read_frame, write_frame, KvData, Matrix};
-use easerve_model::nn::{AllReduce, DecoderLm, KvCache, MultimodalModel};
+use easerve_exec::device::{CoreSide, DeviceKind};
+use easerve_exec::input::HostItem;
+use easerve_exec::wire::{read_frame, write_frame, KvData, Matrix, Role};
+use easerve_model::nn::{AllReduce, AnyresImage, DecoderLm, EncoderItem, KvCache, MultimodalModel};
 use easerve_model::ModelArch;
 use easerve_sched::RequestId;
 use serde::{Deserialize, Serialize};
@@ -64,6 +74,67 @@ pub enum RankCommand {
         /// The sequences.
         ids: Vec<RequestId>,
     },
+    /// Encode these images on this rank's shard of the encoder, at this
+    /// share of its threads (no reply: rank 0's embeddings are the pass's).
+    Encode {
+        /// The pass's preprocessed images, in order.
+        items: Vec<AnyresTiles>,
+        /// Share of the rank's threads the pass runs on.
+        share: f64,
+    },
+}
+
+/// A preprocessed LLaVA-NeXT anyres image on its way to a follower rank
+/// ([`HostItem::Anyres`]; the encoder families that split by TP take only
+/// these).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AnyresTiles {
+    /// Row-major tiles.
+    pub data: Vec<f32>,
+    /// `[tiles, side^2, 3*patch^2]`.
+    pub shape: [usize; 3],
+    /// Grid tiles per column.
+    pub grid_h: usize,
+    /// Grid tiles per row.
+    pub grid_w: usize,
+    /// Feature rows kept after unpadding.
+    pub crop_rows: usize,
+    /// Feature columns kept after unpadding.
+    pub crop_cols: usize,
+}
+
+impl AnyresTiles {
+    /// `item`'s tiles; `None` for an item of another encoder family.
+    pub fn of(item: &HostItem) -> Option<AnyresTiles> {
+        match item {
+            HostItem::Anyres {
+                data,
+                shape,
+                grid_h,
+                grid_w,
+                crop_rows,
+                crop_cols,
+            } => Some(AnyresTiles {
+                data: data.clone(),
+                shape: *shape,
+                grid_h: *grid_h,
+                grid_w: *grid_w,
+                crop_rows: *crop_rows,
+                crop_cols: *crop_cols,
+            }),
+            _ => None,
+        }
+    }
+
+    fn into_item<B: Backend>(self, device: &B::Device) -> EncoderItem<B> {
+        EncoderItem::Anyres(AnyresImage {
+            tiles: Tensor::from_data(TensorData::new(self.data, self.shape), device),
+            grid_h: self.grid_h,
+            grid_w: self.grid_w,
+            crop_rows: self.crop_rows,
+            crop_cols: self.crop_cols,
+        })
+    }
 }
 
 /// One rank's end of a `world`-rank group over loopback TCP: rank 0 holds a
@@ -197,13 +268,114 @@ impl<B: Backend> AllReduce<B> for TcpGroup {
     }
 }
 
+/// One rank's end of a TP worker's group: the loopback stream(s) to the
+/// other ranks, which carry the commands, and the all-reduce, over those
+/// streams on the CPU or over NCCL on CUDA.
+#[derive(Debug)]
+pub struct RankGroup {
+    tcp: TcpGroup,
+    #[cfg(feature = "cuda")]
+    nccl: Option<crate::nccl::NcclGroup>,
+}
+
+impl RankGroup {
+    /// The group summing over `tcp` itself (CPU).
+    pub fn tcp(tcp: TcpGroup) -> RankGroup {
+        RankGroup {
+            tcp,
+            #[cfg(feature = "cuda")]
+            nccl: None,
+        }
+    }
+
+    /// Rank 0's group on `device`: on CUDA, make an NCCL unique id, send it
+    /// to every follower on its stream, and join the NCCL group on GPU
+    /// `ordinal` (blocks until all ranks have joined).
+    ///
+    /// # Errors
+    /// NCCL cannot start, or a follower's stream failed.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn root(tcp: TcpGroup, device: DeviceKind, ordinal: usize) -> Result<RankGroup, WorkerError> {
+        #[cfg(feature = "cuda")]
+        if device == DeviceKind::Cuda {
+            let nccl_err = |e: crate::nccl::NcclError| WorkerError::Ranks(e.to_string());
+            let id = crate::nccl::unique_id().map_err(nccl_err)?;
+            for r in 1..tcp.world {
+                tcp.stream(r)
+                    .write_all(&id)
+                    .map_err(|e| WorkerError::Ranks(format!("rank {r}: {e}")))?;
+            }
+            let world = tcp.world;
+            let nccl = crate::nccl::NcclGroup::join(ordinal, 0, world, id).map_err(nccl_err)?;
+            return Ok(RankGroup {
+                tcp,
+                nccl: Some(nccl),
+            });
+        }
+        Ok(RankGroup::tcp(tcp))
+    }
+
+    /// A follower's group on `device`: connect to rank 0 at `root`; on CUDA,
+    /// read the NCCL unique id from it and join the NCCL group on GPU
+    /// `ordinal`.
+    ///
+    /// # Errors
+    /// Rank 0 cannot be reached, or NCCL cannot start.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn follower(
+        root: SocketAddr,
+        rank: usize,
+        world: usize,
+        device: DeviceKind,
+        ordinal: usize,
+    ) -> Result<RankGroup, WorkerError> {
+        let io = |e: std::io::Error| WorkerError::Ranks(e.to_string());
+        let tcp = TcpGroup::connect(root, rank, world).map_err(io)?;
+        #[cfg(feature = "cuda")]
+        if device == DeviceKind::Cuda {
+            let mut id = [0u8; crate::nccl::ID_BYTES];
+            tcp.stream(0).read_exact(&mut id).map_err(io)?;
+            let nccl = crate::nccl::NcclGroup::join(ordinal, rank, world, id)
+                .map_err(|e| WorkerError::Ranks(e.to_string()))?;
+            return Ok(RankGroup {
+                tcp,
+                nccl: Some(nccl),
+            });
+        }
+        Ok(RankGroup::tcp(tcp))
+    }
+
+    /// The stream to rank 0 (a follower) or to rank `r` (rank 0, `r ≥ 1`).
+    pub fn stream(&self, r: usize) -> &TcpStream {
+        self.tcp.stream(r)
+    }
+}
+
+impl<B: Backend> AllReduce<B> for RankGroup {
+    type Error = std::io::Error;
+
+    fn world(&self) -> usize {
+        self.tcp.world
+    }
+
+    /// NCCL's all-reduce when the group has one, else the star over the
+    /// streams ([`TcpGroup`]).
+    fn sum_host(&self, data: &mut [f32]) -> std::io::Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(n) = &self.nccl {
+            return n.sum_host(data).map_err(std::io::Error::other);
+        }
+        AllReduce::<B>::sum_host(&self.tcp, data)
+    }
+}
+
 /// Seconds rank 0 waits for its followers to start and connect.
 const FOLLOWERS_CONNECT_S: u64 = 120;
 
 /// Rank 0's end of a tensor-parallel worker: the group and the follower
 /// processes it started.
 pub(crate) struct Ranks {
-    pub(crate) group: TcpGroup,
+    pub(crate) group: RankGroup,
     /// KV heads of the whole model.
     kv_heads: usize,
     children: Vec<Child>,
@@ -227,6 +399,7 @@ impl Ranks {
                 .args(["--threads", &opts.threads.to_string()])
                 .args(["--seed", &opts.seed.to_string()])
                 .args(["--device", opts.device.as_str()])
+                .args(["--gpu", &opts.gpu.to_string()])
                 .args(["--tp", &opts.tp.to_string()])
                 .args(["--tp-rank", &rank.to_string()])
                 .args(["--tp-root", &root.to_string()])
@@ -237,17 +410,17 @@ impl Ranks {
             children.push(child);
         }
         let mut ranks = Ranks {
-            group: TcpGroup {
+            group: RankGroup::tcp(TcpGroup {
                 rank: 0,
                 world: 1,
                 streams: Vec::new(),
-            },
+            }),
             kv_heads,
             children,
         };
-        ranks.group =
-            TcpGroup::accept(&listener, opts.tp, Duration::from_secs(FOLLOWERS_CONNECT_S))
-                .map_err(io)?;
+        let tcp = TcpGroup::accept(&listener, opts.tp, Duration::from_secs(FOLLOWERS_CONNECT_S))
+            .map_err(io)?;
+        ranks.group = RankGroup::root(tcp, opts.device, rank_ordinal(opts, 0))?;
         Ok(ranks)
     }
 
@@ -257,7 +430,7 @@ impl Ranks {
     }
 
     fn followers(&self) -> std::ops::Range<usize> {
-        1..self.group.world
+        1..self.group.tcp.world
     }
 
     /// Prefill `seqs` on every rank; the logits and each sequence's whole
@@ -298,7 +471,7 @@ impl Ranks {
             }
             shards.push(got);
         }
-        let tp = self.group.world;
+        let tp = self.group.tcp.world;
         let whole = (0..seqs.len())
             .map(|i| {
                 let per_rank: Vec<KvCache<B>> = shards.iter().map(|s| s[i].clone()).collect();
@@ -315,7 +488,7 @@ impl Ranks {
         id: RequestId,
         whole: KvCache<B>,
     ) -> Result<KvCache<B>, WorkerError> {
-        let mut shards = KvCache::reshard(&[whole], 1, self.group.world, self.kv_heads);
+        let mut shards = KvCache::reshard(&[whole], 1, self.group.tcp.world, self.kv_heads);
         for (r, shard) in shards.drain(1..).enumerate() {
             let kv = kv_to_wire(shard)?;
             self.send(r + 1, &RankCommand::Kv { id, kv })?;
@@ -346,6 +519,22 @@ impl Ranks {
         lm.decode_with(x, caches, &self.group).map_err(reduce_err)
     }
 
+    /// Encode `items` on every rank (`wire`: the same items for the
+    /// followers); rank 0's embeddings, one `[llm_tokens_i, d_llm]` per item.
+    pub(crate) fn encode<B: Backend>(
+        &self,
+        model: &MultimodalModel<B>,
+        items: &[EncoderItem<B>],
+        wire: Vec<AnyresTiles>,
+        share: f64,
+    ) -> Result<Vec<Tensor<B, 2>>, WorkerError> {
+        let cmd = RankCommand::Encode { items: wire, share };
+        for r in self.followers() {
+            self.send(r, &cmd)?;
+        }
+        model.encode_with(items, &self.group).map_err(encode_err)
+    }
+
     /// The followers drop these sequences' caches.
     pub(crate) fn release(&self, ids: &[RequestId]) -> Result<(), WorkerError> {
         let cmd = RankCommand::Release { ids: ids.to_vec() };
@@ -360,7 +549,7 @@ impl Drop for Ranks {
     /// Close the streams (a follower exits at their end), then reap the
     /// followers, killing any still running.
     fn drop(&mut self) {
-        self.group.streams.clear();
+        self.group.tcp.streams.clear();
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
@@ -372,54 +561,98 @@ fn reduce_err(e: std::io::Error) -> WorkerError {
     WorkerError::Ranks(format!("all-reduce: {e}"))
 }
 
+fn encode_err(e: Result<easerve_model::nn::NnError, std::io::Error>) -> WorkerError {
+    match e {
+        Ok(e) => WorkerError::Model(e),
+        Err(e) => reduce_err(e),
+    }
+}
+
+/// GPU ordinal of rank `rank` of the worker `opts` describes: its TP group is
+/// the allocation's consecutive GPUs from `opts.gpu` (`easerve_sched`'s
+/// topology), each folded onto the GPUs the driver shows
+/// ([`crate::cuda::visible_ordinal`]); 0 on the CPU.
+#[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+pub(crate) fn rank_ordinal(opts: &WorkerOptions, rank: usize) -> usize {
+    #[cfg(feature = "cuda")]
+    if opts.device == DeviceKind::Cuda {
+        return crate::cuda::visible_ordinal(opts.gpu + rank);
+    }
+    0
+}
+
 fn tensor<B: Backend>(m: Matrix, device: &B::Device) -> Tensor<B, 2> {
     let shape = [m.rows as usize, m.cols as usize];
     Tensor::from_data(TensorData::new(m.data, shape), device)
 }
 
-/// A follower rank (`opts.tp_rank ≥ 1`): connect to rank 0, build the same
-/// model from the run's seed, keep this rank's shard, and run what rank 0
-/// says until its stream closes.
+/// A follower rank (`opts.tp_rank ≥ 1`): connect to rank 0 (and, on CUDA,
+/// join its NCCL group on GPU [`rank_ordinal`]), build the same model from
+/// the run's seed, keep this rank's shard, and run what rank 0 says until its
+/// stream closes.
 pub(crate) fn run_follower(opts: &WorkerOptions, root: SocketAddr) -> Result<(), WorkerError> {
-    type B = burn::backend::NdArray;
-    let io = |e: std::io::Error| WorkerError::Ranks(e.to_string());
     let arch = ModelArch::preset(&opts.model)
         .ok_or_else(|| WorkerError::UnknownModel(opts.model.clone()))?;
-    let group = TcpGroup::connect(root, opts.tp_rank, opts.tp).map_err(io)?;
-    easerve_exec::device::limit_cpu_threads(opts.threads).map_err(WorkerError::Device)?;
-    let device = Default::default();
-    B::seed(&device, opts.seed);
-    let full = MultimodalModel::<B>::from_arch(&arch, &device).map_err(WorkerError::Model)?;
-    let lm = full
-        .lm
-        .shard(opts.tp_rank, opts.tp)
+    let ordinal = rank_ordinal(opts, opts.tp_rank);
+    let group = RankGroup::follower(root, opts.tp_rank, opts.tp, opts.device, ordinal)?;
+    match opts.device {
+        DeviceKind::Cpu => {
+            easerve_exec::device::limit_cpu_threads(opts.threads).map_err(WorkerError::Device)?;
+            follow::<burn::backend::NdArray>(&arch, opts, &group, &Default::default())
+        }
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => follow::<crate::cuda::Gpu>(
+            &arch,
+            opts,
+            &group,
+            &burn::backend::cuda::CudaDevice::new(ordinal),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => Err(WorkerError::NoCuda),
+    }
+}
+
+/// A follower's loop on backend `B`: the model's shard for the worker's
+/// stage, then rank 0's commands in order.
+fn follow<B: Backend>(
+    arch: &ModelArch,
+    opts: &WorkerOptions,
+    group: &RankGroup,
+    device: &B::Device,
+) -> Result<(), WorkerError> {
+    let io = |e: std::io::Error| WorkerError::Ranks(e.to_string());
+    B::seed(device, opts.seed);
+    let full = MultimodalModel::<B>::from_arch(arch, device).map_err(WorkerError::Model)?;
+    let model = full
+        .shard(opts.tp_rank, opts.tp, opts.role == Role::Encode)
         .map_err(|e| WorkerError::Ranks(e.to_string()))?;
     drop(full);
+    let lm = &model.lm;
     let mut pools = Pools::new(opts.threads, CoreSide::Any, Vec::new());
     let mut seqs: HashMap<RequestId, KvCache<B>> = HashMap::new();
     let mut s = group.stream(0);
     while let Some(cmd) = read_frame::<_, RankCommand>(&mut s).map_err(io)? {
         match cmd {
             RankCommand::Prefill { seqs: mats, share } => {
-                let xs: Vec<Tensor<B, 2>> = mats.into_iter().map(|m| tensor(m, &device)).collect();
+                let xs: Vec<Tensor<B, 2>> = mats.into_iter().map(|m| tensor(m, device)).collect();
                 let (_, caches) = pools
-                    .run(share, || lm.prefill_with(&xs, &group))
+                    .run(share, || lm.prefill_with(&xs, group))
                     .map_err(reduce_err)?;
                 for c in caches {
                     write_frame(&mut s, &kv_to_wire(c)?).map_err(io)?;
                 }
             }
             RankCommand::Kv { id, kv } => {
-                seqs.insert(id, kv_from_wire::<B>(kv, &device)?);
+                seqs.insert(id, kv_from_wire::<B>(kv, device)?);
             }
             RankCommand::Decode { ids, x } => {
                 let mut caches = ids
                     .iter()
                     .map(|id| seqs.remove(id).ok_or(WorkerError::NoKv(*id)))
                     .collect::<Result<Vec<_>, _>>()?;
-                let x = tensor(x, &device);
+                let x = tensor(x, device);
                 pools
-                    .run(1.0, || lm.decode_with(x, &mut caches, &group))
+                    .run(1.0, || lm.decode_with(x, &mut caches, group))
                     .map_err(reduce_err)?;
                 seqs.extend(ids.into_iter().zip(caches));
             }
@@ -427,6 +660,13 @@ pub(crate) fn run_follower(opts: &WorkerOptions, root: SocketAddr) -> Result<(),
                 for id in ids {
                     seqs.remove(&id);
                 }
+            }
+            RankCommand::Encode { items, share } => {
+                let items: Vec<EncoderItem<B>> =
+                    items.into_iter().map(|t| t.into_item(device)).collect();
+                pools
+                    .run(share, || model.encode_with(&items, group))
+                    .map_err(encode_err)?;
             }
         }
     }

@@ -17,6 +17,18 @@ impl Scenario {
     /// read, or the GPU has tables but the data is absent, the roofline is used
     /// and its notes say why.
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
+        let cost = self.stage_cost();
+        match self.deployment.allocation.encode.tp {
+            tp if tp > 1 => Box::new(WithNote(
+                cost,
+                format!("encode workers at TP {tp} are priced as at TP 1: the cost model has no tensor-parallel term for the encoder (the executor splits it by heads)"),
+            )),
+            _ => cost,
+        }
+    }
+
+    /// [`Scenario::cost`] before the note on encode workers at TP > 1.
+    fn stage_cost(&self) -> Box<dyn easerve_calib::StageCost> {
         use easerve_calib::{Efficiency, Roofline};
         if let Some(p) = &self.profile {
             return Box::new(p.clone());

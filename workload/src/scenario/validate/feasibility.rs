@@ -15,7 +15,8 @@ use easerve_sched::{Allocation, Deployment, Modality};
 
 /// The allocation's shape against the cluster (`gpus`), the model's experts,
 /// the workload's `modality` and the `system`: GPUs enough, encode workers
-/// at TP1 and only for a multimodal workload, a decode worker, and remote
+/// at TP1 (or a TP their encoder splits into) and only for a multimodal
+/// workload, a decode worker, and remote
 /// prefill workers where `s` or the pass-through system sends requests.
 pub(super) fn check_allocation(
     v: &V<'_>,
@@ -38,11 +39,12 @@ pub(super) fn check_allocation(
         ));
     }
     let multimodal = modality != Modality::Text;
-    if allocation.encode.workers > 0 && allocation.encode.tp != 1 {
+    let encoder_tp = model.encoder.as_ref().map_or(vec![1], |e| e.executor_tp());
+    if allocation.encode.workers > 0 && !encoder_tp.contains(&(allocation.encode.tp as usize)) {
         return Err(v.err(
             fa,
             format!(
-                "encode workers run at TP1 (each encoder fits on one GPU; more encode GPUs means more workers): use {}E(TP1) instead of {}E(TP{})",
+                "encode workers run at TP1 (each encoder fits on one GPU; more encode GPUs means more workers), or at a TP that splits the encoder's heads and MLP width (the LLaVA-NeXT CLIP tower; this model's encoder: TP {encoder_tp:?}): use {}E(TP1) instead of {}E(TP{})",
                 allocation.encode.gpus(),
                 allocation.encode.workers,
                 allocation.encode.tp
