@@ -19,10 +19,10 @@ impl Scenario {
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
         let cost = self.stage_cost();
         match self.deployment.allocation.encode.tp {
-            tp if tp > 1 => Box::new(WithNote(
+            tp if tp > 1 => PerStage::with_note(
                 cost,
                 format!("encode workers at TP {tp} are priced as at TP 1: the cost model has no tensor-parallel term for the encoder (the executor splits it by heads)"),
-            )),
+            ),
             _ => cost,
         }
     }
