@@ -30,6 +30,10 @@ use std::process::Command;
 /// each of them.
 const NOT_RUN: &[(&str, &str)] = &[
     (
+        "scripts/demand-agree",
+        "a study, not a check: builds the release executor and runs profile, exec and two simulations (about 2 min on an idle host); demand_cli's per-window test checks its comparison",
+    ),
+    (
         "cargo run --release --features bench -- bench",
         "needs a running OpenAI-compatible server; tests/bench_cli.rs runs it against a loopback one",
     ),
