@@ -730,11 +730,10 @@ mod tests {
         }
     }
 
-    /// Stage 2's time budget: at 0 s one trial runs, then the search stops
-    /// saying why; without it the trial budget bounds it (microseconds).
-    #[test]
-    fn a_time_budget_stops_stage_2() {
-        let row = |a: &str| Stage1Row {
+    /// A Stage 1 row kept with loads of 0.1, its offload `s_star` within
+    /// `s_range`, B ≤ 4.
+    fn kept_row(a: &str, s_star: f64, s_range: (f64, f64)) -> Stage1Row {
+        Stage1Row {
             allocation: a.parse().unwrap(),
             encode_load: 0.1,
             prefill_load: 0.1,
@@ -743,36 +742,58 @@ mod tests {
             c_remote: 1.0,
             c_local: 0.0,
             alpha: 0.0,
-            s_star: 1.0,
-            s_range: (1.0, 1.0),
+            s_star,
+            s_range,
             b_max: 4,
             latency_s: 0.0,
             kept: true,
             reason: String::new(),
+        }
+    }
+
+    /// [`has`] over `rows` with `trial`, at most `trials` trials and
+    /// `seconds`, ranked by throughput: why it stopped, the trials recorded
+    /// and the indexes `on_trial` saw, in order.
+    fn search_with(
+        rows: &[Stage1Row],
+        trial: &dyn Trial,
+        seed: u64,
+        trials: usize,
+        seconds: Option<f64>,
+    ) -> (StopReason, Vec<TrialRecord>, Vec<usize>) {
+        let mut seen = Vec::new();
+        let mut on = |t: &TrialRecord| seen.push(t.index);
+        let mut r = Recorder {
+            trials: Vec::new(),
+            best: None,
+            objective: Objective::Throughput,
+            on_trial: &mut on,
         };
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let limits = Limits { trials, seconds };
+        let why = has(
+            rows,
+            trial,
+            limits,
+            &mut rng,
+            &mut r,
+            &Objective::Throughput,
+        );
+        let recorded = r.trials;
+        (why, recorded, seen)
+    }
+
+    /// Stage 2's time budget: at 0 s one trial runs, then the search stops
+    /// saying why; without it the trial budget bounds it (microseconds).
+    #[test]
+    fn a_time_budget_stops_stage_2() {
         let rows = [
-            row("1E(TP1)+1P(TP1)+1D(TP1)"),
-            row("1E(TP1)+2P(TP1)+1D(TP1)"),
+            kept_row("1E(TP1)+1P(TP1)+1D(TP1)", 1.0, (1.0, 1.0)),
+            kept_row("1E(TP1)+2P(TP1)+1D(TP1)", 1.0, (1.0, 1.0)),
         ];
-        let run = |seconds: Option<f64>| {
-            let mut on = |_: &TrialRecord| {};
-            let mut r = Recorder {
-                trials: Vec::new(),
-                best: None,
-                objective: Objective::Throughput,
-                on_trial: &mut on,
-            };
-            let mut rng = ChaCha8Rng::seed_from_u64(1);
-            let limits = Limits { trials: 3, seconds };
-            let why = has(
-                &rows,
-                &Same,
-                limits,
-                &mut rng,
-                &mut r,
-                &Objective::Throughput,
-            );
-            (why, r.trials.len())
+        let run = |seconds| {
+            let (why, trials, _) = search_with(&rows, &Same, 1, 3, seconds);
+            (why, trials.len())
         };
         assert_eq!(run(Some(0.0)), (StopReason::TimeBudget(0.0), 1));
         assert_ne!(run(None).0, StopReason::TimeBudget(0.0));
@@ -802,52 +823,11 @@ mod tests {
     /// the same trials in the same order (about 50 ms).
     #[test]
     fn parallel_seed_trials_give_the_serial_study() {
-        let row = |a: &str| Stage1Row {
-            allocation: a.parse().unwrap(),
-            encode_load: 0.1,
-            prefill_load: 0.1,
-            decode_load: 0.1,
-            score: 0.1,
-            c_remote: 1.0,
-            c_local: 0.0,
-            alpha: 0.0,
-            s_star: 0.9,
-            s_range: (0.8, 1.0),
-            b_max: 4,
-            latency_s: 0.0,
-            kept: true,
-            reason: String::new(),
-        };
-        let rows = [
-            row("1E(TP1)+1P(TP1)+1D(TP1)"),
-            row("1E(TP1)+2P(TP1)+1D(TP1)"),
-            row("1E(TP1)+3P(TP1)+1D(TP1)"),
-        ];
-        let run = |seconds: Option<f64>| {
-            let mut seen = Vec::new();
-            let mut on = |t: &TrialRecord| seen.push(t.index);
-            let mut r = Recorder {
-                trials: Vec::new(),
-                best: None,
-                objective: Objective::Throughput,
-                on_trial: &mut on,
-            };
-            let mut rng = ChaCha8Rng::seed_from_u64(7);
-            let limits = Limits { trials: 8, seconds };
-            let why = has(
-                &rows,
-                &Shaped,
-                limits,
-                &mut rng,
-                &mut r,
-                &Objective::Throughput,
-            );
-            let trials = r.trials;
-            (why, trials, seen)
-        };
-        let parallel = run(None);
+        let rows = ["1", "2", "3"]
+            .map(|p| kept_row(&format!("1E(TP1)+{p}P(TP1)+1D(TP1)"), 0.9, (0.8, 1.0)));
+        let parallel = search_with(&rows, &Shaped, 7, 8, None);
         assert!(parallel.2.len() >= 3);
-        assert_eq!(parallel, run(Some(1e9)));
+        assert_eq!(parallel, search_with(&rows, &Shaped, 7, 8, Some(1e9)));
     }
 
     /// A refused observation stops the search with the reason instead of

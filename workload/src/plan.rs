@@ -133,13 +133,23 @@ impl PlanLedger {
 
     /// Worker `w` is ready at `now`.
     pub fn ready(&mut self, now: f64, w: WorkerRef, topology: &Topology) {
-        let l = topology.label(w);
-        if let Some(c) = self
-            .changes
-            .iter_mut()
-            .find(|c| c.ready_at.is_none() && c.failed_at.is_none() && c.to.as_deref() == Some(l))
-        {
+        if let Some(c) = self.loading_change(topology.label(w)) {
             c.ready_at = Some(now);
+        }
+    }
+
+    /// The change that started worker `label` and is still loading it.
+    fn loading_change(&mut self, label: &str) -> Option<&mut ChangeRecord> {
+        self.changes.iter_mut().find(|c| {
+            c.ready_at.is_none() && c.failed_at.is_none() && c.to.as_deref() == Some(label)
+        })
+    }
+
+    /// Worker `w`'s GPUs, held since it started loading, are free at `now`.
+    fn release(&mut self, now: f64, w: WorkerRef, topology: &Topology) {
+        if let Some(k) = self.held.iter().position(|(x, _)| *x == w) {
+            let (_, since) = self.held.swap_remove(k);
+            self.gpu_s += (now - since) * topology.worker(w).gpus.len() as f64;
         }
     }
 
@@ -148,16 +158,8 @@ impl PlanLedger {
     /// recorded as failed with `reason`, its GPUs are free from `now`, and
     /// the planner counts its slot free again.
     pub fn load_failed(&mut self, now: f64, w: WorkerRef, topology: &Topology, reason: &str) {
-        if let Some(k) = self.held.iter().position(|(x, _)| *x == w) {
-            let (_, since) = self.held.swap_remove(k);
-            self.gpu_s += (now - since) * topology.worker(w).gpus.len() as f64;
-        }
-        let l = topology.label(w);
-        if let Some(c) = self
-            .changes
-            .iter_mut()
-            .find(|c| c.ready_at.is_none() && c.failed_at.is_none() && c.to.as_deref() == Some(l))
-        {
+        self.release(now, w, topology);
+        if let Some(c) = self.loading_change(topology.label(w)) {
             c.failed_at = Some(now);
             c.failure = Some(reason.to_string());
         }
@@ -166,10 +168,7 @@ impl PlanLedger {
 
     /// Worker `w` stopped at `now`: its GPUs are free.
     pub fn stopped(&mut self, now: f64, w: WorkerRef, topology: &Topology) {
-        if let Some(k) = self.held.iter().position(|(x, _)| *x == w) {
-            let (_, since) = self.held.swap_remove(k);
-            self.gpu_s += (now - since) * topology.worker(w).gpus.len() as f64;
-        }
+        self.release(now, w, topology);
         let l = topology.label(w);
         if let Some(c) = self
             .changes
