@@ -122,6 +122,15 @@ impl Parser<'_> {
         }
     }
 
+    /// The optional table `name` of `doc` (`[encode]`, `[all_reduce]`),
+    /// checked as [`Self::table`] does, or `None` when absent.
+    fn optional_table(&self, doc: &toml::Table, name: &str, stage: Stage) -> Res<Option<Table>> {
+        match doc.get(name) {
+            None => Ok(None),
+            Some(v) => Ok(Some(self.table(name, stage, self.as_table(name, v)?)?)),
+        }
+    }
+
     fn profile(&self, text: &str) -> Res<Profile> {
         let doc: toml::Table = text
             .parse()
@@ -204,10 +213,7 @@ impl Parser<'_> {
                 ))
             }
         };
-        let encode = match doc.get("encode") {
-            None => None,
-            Some(v) => Some(self.table("encode", Stage::Encode, self.as_table("encode", v)?)?),
-        };
+        let encode = self.optional_table(&doc, "encode", Stage::Encode)?;
         let prefill = self.table("prefill", Stage::Prefill, self.sub_table(&doc, "prefill")?)?;
         let decode = self.table("decode", Stage::Decode, self.sub_table(&doc, "decode")?)?;
         let arr = match doc.get("transfer") {
@@ -220,14 +226,7 @@ impl Parser<'_> {
                 ))
             }
         };
-        let all_reduce = match doc.get("all_reduce") {
-            None => None,
-            Some(v) => Some(self.table(
-                "all_reduce",
-                Stage::AllReduce,
-                self.as_table("all_reduce", v)?,
-            )?),
-        };
+        let all_reduce = self.optional_table(&doc, "all_reduce", Stage::AllReduce)?;
         let mut transfer = Vec::new();
         for (i, v) in arr.iter().enumerate() {
             let name = format!("transfer[{}]", i + 1);
