@@ -443,6 +443,19 @@ fn run_gated(
 }
 
 /// The planner of `sc` as `exec` and `serve` run it, if `sc` has one.
+/// `sc`'s requests set up as `easerve exec` drives them against fake
+/// workers that replay `sim`: the controller, a detached pool, the fakes,
+/// and the executor's loop with `sc`'s planner.
+fn planned_exec(sc: &Scenario, sim: &SimOutput) -> (Controller, Pool, FakeWorkers, ExecLoop) {
+    let (requests, tokens) = generate_with_tokens(sc);
+    let ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
+    let (pool, frames) = Pool::detached(ctrl.topology());
+    let fakes = FakeWorkers::new(&pool, frames, &ctrl, sim);
+    let mut exec = ExecLoop::new(&ctrl);
+    exec.relay.plan = plan_of(sc, &ctrl);
+    (ctrl, pool, fakes, exec)
+}
+
 fn plan_of(sc: &Scenario, ctrl: &Controller) -> Option<crate::plan::ExecPlan> {
     crate::plan::ExecPlan::of(sc, ctrl.topology(), std::sync::Arc::from(sc.cost()))
 }
@@ -819,12 +832,7 @@ fn assert_moves_lose_nothing(sim: &SimOutput, ctrl: &Controller) {
 pub fn the_executor_moves_workers_as_the_simulator_plans() {
     let sc = planned_scenario();
     let sim = simulate(&sc, None);
-    let (requests, tokens) = generate_with_tokens(&sc);
-    let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
-    let (mut pool, frames) = Pool::detached(ctrl.topology());
-    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
-    let mut exec = ExecLoop::new(&ctrl);
-    exec.relay.plan = plan_of(&sc, &ctrl);
+    let (mut ctrl, mut pool, mut fakes, mut exec) = planned_exec(&sc, &sim);
     run_virtual(&mut exec, &mut ctrl, &mut pool, &mut fakes, &sc);
     assert_moves_lose_nothing(&sim, &ctrl);
     let plan = exec.relay.plan.take();
@@ -944,12 +952,8 @@ pub fn the_executor_keeps_serving_while_the_twin_simulates() {
     }
     // the replayed service times: the run the gated twin leaves as it is
     let sim = simulate(&stat, None);
-    let (requests, tokens) = generate_with_tokens(&sc);
-    let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
-    let (mut pool, frames) = Pool::detached(ctrl.topology());
-    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
-    let mut exec = ExecLoop::new(&ctrl);
-    let mut plan = plan_of(&sc, &ctrl).expect("a planner");
+    let (mut ctrl, mut pool, mut fakes, mut exec) = planned_exec(&sc, &sim);
+    let mut plan = exec.relay.plan.take().expect("a planner");
     let (tx, rx) = std::sync::mpsc::channel();
     plan.set_twin(Box::new(GatedTwin {
         gate: rx,
@@ -1014,13 +1018,8 @@ pub fn the_executor_keeps_serving_while_the_twin_simulates() {
 pub fn a_planned_load_that_dies_loading_is_a_failed_change() {
     let sc = planned_scenario();
     let sim = simulate(&sc, None);
-    let (requests, tokens) = generate_with_tokens(&sc);
-    let mut ctrl = sc.controller(requests, &tokens, &*sc.cost(), true);
-    let (mut pool, frames) = Pool::detached(ctrl.topology());
-    let mut fakes = FakeWorkers::new(&pool, frames, &ctrl, &sim);
+    let (mut ctrl, mut pool, mut fakes, mut exec) = planned_exec(&sc, &sim);
     fakes.failing_loads = 1;
-    let mut exec = ExecLoop::new(&ctrl);
-    exec.relay.plan = plan_of(&sc, &ctrl);
     // the service times replayed are the simulator's, where the load did
     // not fail: only what the failure changes is checked
     run_virtual(&mut exec, &mut ctrl, &mut pool, &mut fakes, &sc);
