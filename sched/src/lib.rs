@@ -69,6 +69,7 @@ pub mod driver;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod limits;
+mod mintree;
 mod placement;
 pub mod planner;
 mod policy;

@@ -1,9 +1,13 @@
 //! Placement across the replicas of one stage.
 
+use crate::mintree::MinTree;
+
 /// Least-outstanding-work placement: each new piece of work goes to the replica
 /// with the least work assigned and not yet completed (ties → lowest index).
 /// The unit of work is the caller's (requests, tokens, estimated seconds).
 /// A retired replica (one that died) gets no more work while any other is left.
+/// A choice takes `O(log replicas)` (a tournament tree over the live
+/// replicas' outstanding work), not a scan over them.
 ///
 /// Built with [`LeastOutstanding::round_robin`] it places in turn instead,
 /// ignoring the work outstanding (it still counts it).
@@ -11,6 +15,10 @@
 pub struct LeastOutstanding {
     outstanding: Vec<f64>,
     retired: Vec<bool>,
+    /// Replicas not retired.
+    live: usize,
+    /// Each live replica's outstanding work; a retired one's is infinite.
+    least: MinTree,
     /// Round robin: the replica whose turn is next.
     turn: Option<usize>,
 }
@@ -18,9 +26,16 @@ pub struct LeastOutstanding {
 impl LeastOutstanding {
     /// Placement over `replicas` replicas (≥ 1).
     pub fn new(replicas: usize) -> Self {
+        let n = replicas.max(1);
+        let mut least = MinTree::new(n);
+        for i in 0..n {
+            least.set(i, 0.0);
+        }
         LeastOutstanding {
-            outstanding: vec![0.0; replicas.max(1)],
-            retired: vec![false; replicas.max(1)],
+            outstanding: vec![0.0; n],
+            retired: vec![false; n],
+            live: n,
+            least,
             turn: None,
         }
     }
@@ -39,35 +54,39 @@ impl LeastOutstanding {
     /// work: the live replica with the least, or, when every replica is
     /// retired, the one with the least (the caller then fails the work).
     pub fn assign(&mut self, work: f64) -> usize {
-        let all_retired = self.retired.iter().all(|r| *r);
-        if let Some(turn) = self.turn {
+        let all_retired = self.live == 0;
+        let pick = if let Some(turn) = self.turn {
             let n = self.outstanding.len();
             let pick = (0..n)
                 .map(|k| (turn + k) % n)
                 .find(|&r| all_retired || !self.retired[r])
                 .unwrap_or(turn % n);
             self.turn = Some((pick + 1) % n);
-            self.outstanding[pick] += work;
-            return pick;
-        }
-        let mut best: Option<usize> = None;
-        for (i, w) in self.outstanding.iter().enumerate() {
-            if self.retired[i] && !all_retired {
-                continue;
+            pick
+        } else if all_retired {
+            // rare (the caller fails the work): the least over all
+            let mut best = 0;
+            for (i, w) in self.outstanding.iter().enumerate() {
+                if *w < self.outstanding[best] {
+                    best = i;
+                }
             }
-            if best.is_none_or(|b| *w < self.outstanding[b]) {
-                best = Some(i);
-            }
-        }
-        let best = best.unwrap_or(0);
-        self.outstanding[best] += work;
-        best
+            best
+        } else {
+            self.least.min().map_or(0, |(i, _)| i)
+        };
+        self.add(pick, work);
+        pick
     }
 
     /// Replica `replica` died: no more work goes to it while another is live.
     pub fn retire(&mut self, replica: usize) {
         if let Some(r) = self.retired.get_mut(replica) {
-            *r = true;
+            if !*r {
+                *r = true;
+                self.live -= 1;
+                self.least.set(replica, f64::INFINITY);
+            }
         }
     }
 
@@ -76,8 +95,11 @@ impl LeastOutstanding {
     /// ([`crate::controller::Change`]).
     pub fn revive(&mut self, replica: usize) {
         if let Some(r) = self.retired.get_mut(replica) {
-            *r = false;
-            self.outstanding[replica] = 0.0;
+            if *r {
+                *r = false;
+                self.live += 1;
+            }
+            self.set(replica, 0.0);
         }
     }
 
@@ -88,25 +110,34 @@ impl LeastOutstanding {
 
     /// Whether some replica is not retired.
     pub fn has_live(&self) -> bool {
-        self.retired.iter().any(|r| !*r)
+        self.live > 0
     }
 
     /// `work` assigned to `replica` has completed.
     pub fn complete(&mut self, replica: usize, work: f64) {
-        let w = &mut self.outstanding[replica];
-        *w = (*w - work).max(0.0);
+        let w = (self.outstanding[replica] - work).max(0.0);
+        self.set(replica, w);
     }
 
     /// Add `work` to replica `replica`'s outstanding work (a placement
     /// decided elsewhere, e.g. by a cache-aware router).
     pub fn add(&mut self, replica: usize, work: f64) {
-        self.outstanding[replica] += work;
+        let w = self.outstanding[replica] + work;
+        self.set(replica, w);
+    }
+
+    /// Replica `replica`'s outstanding work is `w`.
+    fn set(&mut self, replica: usize, w: f64) {
+        self.outstanding[replica] = w;
+        if !self.retired[replica] {
+            self.least.set(replica, w);
+        }
     }
 
     /// Whether work may go to `replica`: it is live, or every replica is
     /// retired (the caller then fails the work).
     pub fn is_open(&self, replica: usize) -> bool {
-        !self.retired[replica] || self.retired.iter().all(|r| *r)
+        !self.retired[replica] || self.live == 0
     }
 
     /// Outstanding work per replica.

@@ -213,7 +213,7 @@ impl Controller {
         let free = !worker.busy && worker.inflight < self.max_inflight;
         match worker.batcher.poll_dispatch(now, free) {
             Some(ids) => {
-                worker.timer = None;
+                self.encode_timers.set(w, f64::INFINITY);
                 let encoding = self.encoding(&ids);
                 let sm_share = match self.split.encode_share(encoding.max(1)) {
                     Some(f) if colocated => f,
@@ -252,7 +252,8 @@ impl Controller {
             }
             None => {
                 if free {
-                    worker.timer = worker.batcher.poll_timeout().map(|at| at.max(now));
+                    let at = worker.batcher.poll_timeout().map(|at| at.max(now));
+                    self.encode_timers.set(w, at.unwrap_or(f64::INFINITY));
                 }
             }
         }

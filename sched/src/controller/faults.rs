@@ -67,7 +67,7 @@ impl Controller {
         e.alive = false;
         e.busy = false;
         e.gpu_phase = false;
-        e.timer = None;
+        self.encode_timers.set(i, f64::INFINITY);
         let pass = std::mem::take(&mut e.pass);
         e.items.clear();
         let queued = if split {
@@ -225,9 +225,9 @@ impl Controller {
         for i in 0..self.place.len() {
             self.fail(i as RequestId, reason);
         }
-        for e in &mut self.encode {
+        for (w, e) in self.encode.iter_mut().enumerate() {
             e.alive = false;
-            e.timer = None;
+            self.encode_timers.set(w, f64::INFINITY);
         }
         for p in &mut self.prefill {
             p.alive = false;

@@ -122,6 +122,7 @@ use crate::{
     Batcher, DecodeScheduler, EncodePlacement, LeastOutstanding, Mechanisms, PrefillItem,
     PrefillQueue, Request, RequestId, RequestRecord, Router, RouterPolicy, SmSplit, Topology,
 };
+use crate::mintree::MinTree;
 use std::collections::{HashMap, VecDeque};
 
 /// How a [`Controller`] is laid out: the deployment's workers and knobs.
@@ -211,8 +212,6 @@ struct EncodeSlot {
     busy: bool,
     /// Whether the pass holds the GPU's SMs (its host phase is over).
     gpu_phase: bool,
-    /// The batcher's wake-up, when it waits on a timer.
-    timer: Option<f64>,
     inflight: usize,
     local: Option<usize>,
     alive: bool,
@@ -291,6 +290,9 @@ pub struct Controller {
     records: Vec<RequestRecord>,
     place: Vec<Place>,
     encode: Vec<EncodeSlot>,
+    /// Each encode worker's batcher wake-up, when it waits on a timer
+    /// (infinite when it does not).
+    encode_timers: MinTree,
     encode_place: LeastOutstanding,
     router: Router,
     split: SmSplit,
@@ -375,7 +377,6 @@ impl Controller {
                 queued: VecDeque::new(),
                 busy: false,
                 gpu_phase: false,
-                timer: None,
                 inflight: 0,
                 local: None,
                 alive: true,
@@ -462,6 +463,7 @@ impl Controller {
             },
             split: cfg.split,
             topology: cfg.topology,
+            encode_timers: MinTree::new(encode_len),
             encode,
             prefill,
             decode,
@@ -583,25 +585,23 @@ impl Controller {
     #[inline]
     #[must_use]
     pub fn poll_timeout(&self) -> Option<f64> {
-        let mut t: Option<f64> = self.next_deadline();
-        for e in &self.encode {
-            if let Some(at) = e.timer {
-                t = Some(t.map_or(at, |x| x.min(at)));
-            }
+        let t = self.next_deadline();
+        match self.encode_timers.min() {
+            Some((_, at)) if at < f64::INFINITY => Some(t.map_or(at, |x| x.min(at))),
+            _ => t,
         }
-        t
     }
 
     /// A timer the controller asked for may be due at `now`: requests whose
     /// deadline passed are aborted, then every batcher whose wake-up has
-    /// come is re-examined. Spurious calls are no-ops.
+    /// come is re-examined, in worker order. Spurious calls are no-ops.
     pub fn handle_timeout(&mut self, now: f64) {
         self.expire_deadlines(now);
-        for w in 0..self.encode.len() {
-            if self.encode[w].timer.is_some_and(|at| at <= now) {
-                self.encode[w].timer = None;
-                self.try_dispatch(now, w);
-            }
+        let mut from = 0;
+        while let Some(w) = self.encode_timers.first_at_most(from, now) {
+            self.encode_timers.set(w, f64::INFINITY);
+            self.try_dispatch(now, w);
+            from = w + 1;
         }
         if !self.draining.is_empty() {
             self.check_drained(now);
