@@ -9,14 +9,14 @@
 //! same.
 
 /// Keys `0..n`, each `f64` (`f64::INFINITY` for "none"), and for every
-/// subtree the index of its least key (the leftmost on ties).
+/// subtree its least key and that key's index (the leftmost on ties).
 #[derive(Clone, Debug)]
 pub(crate) struct MinTree {
-    keys: Vec<f64>,
     /// Leaves start at `width`; node `k`'s children are `2k` and `2k + 1`.
-    /// Each holds the index of its subtree's winner (a leaf past `n` holds
-    /// an index past `n`, whose key reads as infinite).
-    win: Vec<u32>,
+    /// Each holds its subtree's winner, `(key, index)`; a leaf past `n`
+    /// holds `(∞, n)`, which never wins (ties go left).
+    nodes: Vec<(f64, u32)>,
+    n: usize,
     width: usize,
 }
 
@@ -24,68 +24,62 @@ impl MinTree {
     /// `n` keys, all `f64::INFINITY`.
     pub(crate) fn new(n: usize) -> MinTree {
         let width = n.next_power_of_two().max(1);
-        let mut win = vec![0u32; 2 * width];
-        for (i, w) in win[width..].iter_mut().enumerate() {
-            *w = i as u32;
+        let mut nodes = vec![(f64::INFINITY, n as u32); 2 * width];
+        for (i, node) in nodes[width..width + n].iter_mut().enumerate() {
+            node.1 = i as u32;
         }
         for k in (1..width).rev() {
-            win[k] = win[2 * k];
+            nodes[k] = nodes[2 * k];
         }
-        MinTree {
-            keys: vec![f64::INFINITY; n],
-            win,
-            width,
-        }
+        MinTree { nodes, n, width }
     }
 
     /// The number of keys.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.keys.len()
+        self.n
     }
 
     /// Key `i`.
     #[cfg(test)]
     pub(crate) fn get(&self, i: usize) -> f64 {
-        self.keys[i]
+        self.nodes[self.width + i].0
     }
 
     /// The keys, by index.
     #[cfg(test)]
-    pub(crate) fn keys(&self) -> &[f64] {
-        &self.keys
-    }
-
-    fn key(&self, i: u32) -> f64 {
-        self.keys.get(i as usize).copied().unwrap_or(f64::INFINITY)
+    pub(crate) fn keys(&self) -> Vec<f64> {
+        (0..self.n).map(|i| self.get(i)).collect()
     }
 
     /// Set key `i` to `v`.
     pub(crate) fn set(&mut self, i: usize, v: f64) {
-        self.keys[i] = v;
-        let mut k = (self.width + i) / 2;
-        while k >= 1 {
-            let (l, r) = (self.win[2 * k], self.win[2 * k + 1]);
-            // the right child wins only when strictly less: ties go left
-            let w = if self.key(r) < self.key(l) { r } else { l };
-            self.win[k] = w;
+        let mut k = self.width + i;
+        self.nodes[k].0 = v;
+        while k > 1 {
             k /= 2;
+            let (l, r) = (self.nodes[2 * k], self.nodes[2 * k + 1]);
+            // the right child wins only when strictly less: ties go left
+            let w = if r.0 < l.0 { r } else { l };
+            let old = self.nodes[k];
+            if old.1 == w.1 && old.0.to_bits() == w.0.to_bits() {
+                // the same winner with the same key: nothing above changes
+                break;
+            }
+            self.nodes[k] = w;
         }
     }
 
     /// The least key and its index (the lowest index on ties); `None` when
     /// there are no keys.
     pub(crate) fn min(&self) -> Option<(usize, f64)> {
-        if self.keys.is_empty() {
-            return None;
-        }
-        let i = self.win[1] as usize;
-        Some((i, self.keys[i]))
+        let (key, i) = self.nodes[1];
+        (self.n > 0).then_some((i as usize, key))
     }
 
     /// The lowest index `i ≥ from` whose key is `≤ bound`.
     pub(crate) fn first_at_most(&self, from: usize, bound: f64) -> Option<usize> {
-        if from >= self.keys.len() {
+        if from >= self.n {
             return None;
         }
         self.first_in(1, 0, self.width, from, bound)
@@ -93,7 +87,7 @@ impl MinTree {
 
     /// [`MinTree::first_at_most`] within node `k`, which covers `lo..hi`.
     fn first_in(&self, k: usize, lo: usize, hi: usize, from: usize, bound: f64) -> Option<usize> {
-        if hi <= from || self.key(self.win[k]) > bound || lo >= self.keys.len() {
+        if hi <= from || lo >= self.n || self.nodes[k].0 > bound {
             return None;
         }
         if k >= self.width {
@@ -140,7 +134,7 @@ mod tests {
                     r => (r + next() % 3) as f64,
                 };
                 t.set(i, v);
-                assert_eq!(t.min(), scan_min(t.keys()), "n = {n}");
+                assert_eq!(t.min(), scan_min(&t.keys()), "n = {n}");
                 let from = (next() % (n as u64 + 1)) as usize;
                 let bound = (next() % 6) as f64;
                 let want = (from..n).find(|&j| t.get(j) <= bound);

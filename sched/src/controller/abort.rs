@@ -32,9 +32,9 @@ impl Controller {
         });
         match place {
             Place::Encode(_) => self.abort_in_encode(now, id),
-            Place::Prefill(p) => self.abort_in_prefill(p, id),
-            Place::Decode(d) => self.abort_in_decode(now, d, id),
-            Place::Replica(r) => self.abort_in_replica(now, r, id),
+            Place::Prefill(p) => self.abort_in_prefill(p as usize, id),
+            Place::Decode(d) => self.abort_in_decode(now, d as usize, id),
+            Place::Replica(r) => self.abort_in_replica(now, r as usize, id),
             // the front end's preprocessing ends to nothing (`on_preprocessed`)
             Place::NotArrived | Place::FrontEnd | Place::Done => {}
         }

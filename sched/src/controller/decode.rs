@@ -9,6 +9,7 @@ impl Controller {
         let Place::Decode(d) = self.place[i] else {
             return;
         };
+        let d = d as usize;
         if self.records[i].decode_ready.is_some() {
             // a duplicate landing: the cache is already queued
             return;

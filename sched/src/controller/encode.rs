@@ -86,7 +86,7 @@ impl Controller {
         self.counters.stage_arrivals[0] += 1;
         self.decide(|| Decision::PlaceEncode { id, worker: w });
         self.records[i].encode_worker = Some(w);
-        self.place[i] = Place::Encode(w);
+        self.place[i] = Place::Encode(w as u32);
         if !self.encode[w].alive {
             self.fail(id, &format!("encode worker E{w} is down"));
             self.encode_place.complete(w, enc);
@@ -370,7 +370,7 @@ impl Controller {
                 worker: dest,
                 local: route == Route::Local,
             });
-            self.place[i] = Place::Prefill(dest);
+            self.place[i] = Place::Prefill(dest as u32);
             match groups.iter_mut().find(|g| g.0 == dest) {
                 Some(g) => g.1.push(id),
                 None => groups.push((dest, vec![id], Vec::new())),

@@ -42,7 +42,7 @@ impl Controller {
                 self.decode[i].in_run = false;
                 self.decode[i].sched.reset();
                 self.decode_place.retire(i);
-                self.place_ids(Place::Decode(i))
+                self.place_ids(Place::Decode(i as u32))
             }
             WorkerRef::Replica(i) => self.replica_died(now, i),
         };
@@ -92,7 +92,7 @@ impl Controller {
             self.encode_place.complete(i, enc);
         }
         let mut victims = if split {
-            self.place_ids(Place::Encode(i))
+            self.place_ids(Place::Encode(i as u32))
         } else {
             pass
         };
@@ -130,7 +130,7 @@ impl Controller {
             .map(|(s, e)| (e.gen as u64) << 32 | s as u64)
             .collect();
         if self.mechanisms.split_items {
-            for id in self.place_ids(Place::Prefill(p)) {
+            for id in self.place_ids(Place::Prefill(p as u32)) {
                 self.fail(id, why);
             }
             for e in lost {
@@ -141,7 +141,7 @@ impl Controller {
         for e in lost {
             self.drop_envelope(e);
         }
-        let ids = self.place_ids(Place::Prefill(p));
+        let ids = self.place_ids(Place::Prefill(p as u32));
         self.reroute_prefill(now, p, &ids);
         Vec::new()
     }
@@ -176,7 +176,7 @@ impl Controller {
             self.place[it.id as usize] = Place::FrontEnd;
             self.on_preprocessed(now, it.id);
         }
-        self.place_ids(Place::Replica(r))
+        self.place_ids(Place::Replica(r as u32))
     }
 
     /// Worker `w`, dead, is back (restarted, its model loaded): it starts
@@ -277,7 +277,7 @@ impl Controller {
             rec.prefill_local = local;
             rec.prefill_ready = None;
             rec.prefill_start = None;
-            self.place[i] = Place::Prefill(dest);
+            self.place[i] = Place::Prefill(dest as u32);
             match from.filter(|_| self.requests[i].needs_encode()) {
                 None => {
                     self.arrive_at_prefill(now, dest, id);

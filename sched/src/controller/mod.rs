@@ -181,16 +181,17 @@ pub struct ControllerConfig {
     pub caches: crate::CacheConfig,
 }
 
-/// Where a request is.
+/// Where a request is: a worker's index (`u32`, so that the entry kept per
+/// request is 8 bytes, not 16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Place {
     NotArrived,
-    Encode(usize),
-    Prefill(usize),
-    Decode(usize),
+    Encode(u32),
+    Prefill(u32),
+    Decode(u32),
     /// Being preprocessed in the front end (the aggregated system).
     FrontEnd,
-    Replica(usize),
+    Replica(u32),
     Done,
 }
 

@@ -12,7 +12,7 @@ impl Controller {
         if self.place[i] == Place::Done {
             return;
         }
-        self.place[i] = Place::Prefill(p);
+        self.place[i] = Place::Prefill(p as u32);
         if !self.prefill[p].alive {
             let why = format!(
                 "prefill worker {} is down",
@@ -230,7 +230,7 @@ impl Controller {
                 id: it.id,
                 worker: d,
             });
-            self.place[i] = Place::Decode(d);
+            self.place[i] = Place::Decode(d as u32);
             self.commands.push_back(Command::Kv {
                 from: p,
                 to: d,

@@ -72,7 +72,7 @@ impl Controller {
         let work = self.work(id);
         let r = self.replica_place.assign(work);
         self.decide(|| Decision::PlaceReplica { id, replica: r });
-        self.place[i] = Place::Replica(r);
+        self.place[i] = Place::Replica(r as u32);
         if !self.replicas[r].alive {
             let label = self
                 .topology

@@ -55,7 +55,7 @@ impl Controller {
             });
             if item == 0 {
                 self.records[i].encode_worker = Some(w);
-                self.place[i] = Place::Encode(w);
+                self.place[i] = Place::Encode(w as u32);
             }
             if !self.encode[w].alive {
                 self.encode_place.complete(w, work);
@@ -112,7 +112,7 @@ impl Controller {
                         local: false,
                     });
                     self.shards[i].dest = p as u32;
-                    self.place[i] = Place::Prefill(p);
+                    self.place[i] = Place::Prefill(p as u32);
                     p
                 }
                 p => p as usize,
