@@ -30,6 +30,10 @@ use std::process::Command;
 /// each of them.
 const NOT_RUN: &[(&str, &str)] = &[
     (
+        "scripts/sweep-scale-out",
+        "a measurement, not a check: two 10,000-point sweeps (about a minute of CPU); sweep_cli's shards_merged_equal_the_unsharded_sweep checks shards against the whole sweep",
+    ),
+    (
         "scripts/demand-agree",
         "a study, not a check: builds the release executor and runs profile, exec and two simulations (about 2 min on an idle host); demand_cli's per-window test checks its comparison",
     ),
