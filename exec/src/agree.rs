@@ -986,7 +986,7 @@ pub fn the_executor_keeps_serving_while_the_twin_simulates() {
         let records = ctrl.records();
         let busy = records
             .iter()
-            .any(|q| q.arrival < applied && q.finish.is_none_or(|f| f > at));
+            .any(|q| q.arrival < applied && q.finish.get().is_none_or(|f| f > at));
         let served = records
             .iter()
             .filter(|q| within(q.first_token) || within(q.finish))

@@ -1911,7 +1911,7 @@ pub(crate) fn build_report(
     let records = ctrl.records();
     let duration = records
         .iter()
-        .filter_map(|r| r.finish)
+        .filter_map(|r| r.finish.get())
         .fold(0.0, f64::max)
         .max(run_s.min(1e9))
         .max(1e-12);

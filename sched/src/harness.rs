@@ -1147,13 +1147,13 @@ mod tests {
             // preprocessing in the front end comes first, then the inline
             // encode, then prefill, whose iteration emits the first token
             let arrival = i as f64 / 40.0;
-            let enc = r.encode_start.expect("encoded inline");
+            let enc = r.encode_start.get().expect("encoded inline");
             assert!(enc >= arrival + 0.002 - 1e-12, "request {i}");
-            assert!(r.encode_end.unwrap() > enc);
+            assert!(r.encode_end.get().unwrap() > enc);
             assert_eq!(r.prefill_start, r.encode_end);
-            assert!(r.first_token.unwrap() > r.prefill_start.unwrap());
+            assert!(r.first_token.get().unwrap() > r.prefill_start.get().unwrap());
             // 8 output tokens: the prefill iteration's and 7 more
-            assert!(r.finish.unwrap() >= r.first_token.unwrap() + 7.0 * 0.005 - 1e-9);
+            assert!(r.finish.get().unwrap() >= r.first_token.get().unwrap() + 7.0 * 0.005 - 1e-9);
         }
         // an iteration admits what waits and steps every running sequence
         let steps = log
@@ -1226,7 +1226,7 @@ mod tests {
             "{yields} yields, {long_runs} runs"
         );
         for r in c.ctrl.records() {
-            let (ready, start) = (r.decode_ready.unwrap(), r.decode_start.unwrap());
+            let (ready, start) = (r.decode_ready.get().unwrap(), r.decode_start.get().unwrap());
             assert!(
                 (0.0..0.005 + 1e-12).contains(&(start - ready)),
                 "request {} waited {} s for the batch",

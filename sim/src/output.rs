@@ -31,7 +31,7 @@ pub(crate) fn assemble(sc: &Scenario, parts: RunParts) -> SimOutput {
         parts
             .records
             .iter()
-            .filter_map(|r| r.finish)
+            .filter_map(|r| r.finish.get())
             .fold((0, 0.0), |(n, end), f| (n + 1, f64::max(end, f)))
     });
     let duration = end.max(1e-12);

@@ -116,9 +116,12 @@ fn saturated_throughput_follows_the_slower_side_of_the_pipeline() {
         let recs = &out.records;
         let first = recs
             .iter()
-            .filter_map(|r| r.encode_start)
+            .filter_map(|r| r.encode_start.get())
             .fold(f64::INFINITY, f64::min);
-        let last = recs.iter().filter_map(|r| r.encode_end).fold(0.0, f64::max);
+        let last = recs
+            .iter()
+            .filter_map(|r| r.encode_end.get())
+            .fold(0.0, f64::max);
         let got = recs.len() as f64 / (last - first);
         assert!(
             (got - expect).abs() <= 0.05 * expect,

@@ -239,8 +239,8 @@ fn report_from_vllm(v: &serde_json::Value, simulated: &Report) -> Result<Report,
             arrival: 0.0,
             output_tokens: out,
             prefill_tokens: prompt,
-            first_token: Some(ttft),
-            finish: Some(e2e),
+            first_token: easerve_sched::Stamp::at(ttft),
+            finish: easerve_sched::Stamp::at(e2e),
             ..Default::default()
         });
     }
@@ -613,14 +613,14 @@ mod tests {
                     prefill_tokens: 3000,
                     encode_worker: Some(0),
                     encode_batch: Some(1),
-                    encode_start: Some(t[1] * f),
-                    encode_end: Some(t[2] * f),
-                    prefill_ready: Some(t[3] * f),
-                    prefill_start: Some(t[4] * f),
-                    first_token: Some(t[5] * f),
-                    decode_ready: Some(t[6] * f),
-                    decode_start: Some(t[7] * f),
-                    finish: Some(t[8] * f),
+                    encode_start: easerve_sched::Stamp::at(t[1] * f),
+                    encode_end: easerve_sched::Stamp::at(t[2] * f),
+                    prefill_ready: easerve_sched::Stamp::at(t[3] * f),
+                    prefill_start: easerve_sched::Stamp::at(t[4] * f),
+                    first_token: easerve_sched::Stamp::at(t[5] * f),
+                    decode_ready: easerve_sched::Stamp::at(t[6] * f),
+                    decode_start: easerve_sched::Stamp::at(t[7] * f),
+                    finish: easerve_sched::Stamp::at(t[8] * f),
                     ..Default::default()
                 }
             })

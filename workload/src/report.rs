@@ -8,7 +8,7 @@
 //! runs from the first arrival to the last completion. Percentiles interpolate
 //! linearly between order statistics (numpy's default).
 
-use easerve_sched::{BatcherParams, RequestRecord};
+use easerve_sched::{BatcherParams, RequestRecord, Stamp};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
@@ -700,11 +700,11 @@ impl Report {
         encode: EncodeSummary,
         notes: Vec<String>,
     ) -> Report {
-        let span = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
-        type Pick = fn(&RequestRecord) -> (Option<f64>, Option<f64>, Option<f64>);
+        let span = |a: Stamp, b: Stamp| Some(b.get()? - a.get()?);
+        type Pick = fn(&RequestRecord) -> (Stamp, Stamp, Stamp);
         let picks: [(&str, Pick); 5] = [
             ("encode", |r| {
-                (Some(r.arrival), r.encode_start, r.encode_end)
+                (Stamp::at(r.arrival), r.encode_start, r.encode_end)
             }),
             ("embedding transfer", |r| {
                 (r.encode_end, r.encode_end, r.prefill_ready)
@@ -749,7 +749,7 @@ impl Report {
             if let Some(why) = r.aborted {
                 FailureCount::count(&mut aborts, why.name());
             }
-            let Some(finish) = r.finish else {
+            let Some(finish) = r.finish.get() else {
                 continue;
             };
             completed += 1;
@@ -1332,8 +1332,8 @@ mod tests {
             id,
             arrival: 0.0,
             output_tokens: out,
-            first_token: Some(ttft),
-            finish: Some(finish),
+            first_token: easerve_sched::Stamp::at(ttft),
+            finish: easerve_sched::Stamp::at(finish),
             ..Default::default()
         };
         // TPOT = (finish - ttft)/(out - 1)

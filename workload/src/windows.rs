@@ -90,14 +90,14 @@ pub fn windows(
                 );
             }
         }
-        let end = r.finish.or(if r.failure.is_some() {
+        let end = r.finish.get().or(if r.failure.is_some() {
             Some(r.arrival)
         } else {
             None
         });
-        count(0, Some(r.arrival), r.encode_start.or(end));
-        count(1, r.prefill_ready, r.prefill_start.or(end));
-        count(2, r.decode_ready, r.decode_start.or(end));
+        count(0, Some(r.arrival), r.encode_start.get().or(end));
+        count(1, r.prefill_ready.get(), r.prefill_start.get().or(end));
+        count(2, r.decode_ready.get(), r.decode_start.get().or(end));
         count(3, Some(r.arrival), end);
     }
     let mut run = [0i64; 4];
@@ -182,14 +182,14 @@ mod tests {
             output_tokens: 10,
             ..Default::default()
         };
-        r.encode_start = Some(enc);
-        r.encode_end = Some(enc + 0.1);
-        r.prefill_ready = Some(enc + 0.1);
-        r.prefill_start = Some(enc + 0.1);
-        r.first_token = Some(first);
-        r.decode_ready = Some(first);
-        r.decode_start = Some(first);
-        r.finish = Some(finish);
+        r.encode_start = Stamp::at(enc);
+        r.encode_end = Stamp::at(enc + 0.1);
+        r.prefill_ready = Stamp::at(enc + 0.1);
+        r.prefill_start = Stamp::at(enc + 0.1);
+        r.first_token = Stamp::at(first);
+        r.decode_ready = Stamp::at(first);
+        r.decode_start = Stamp::at(first);
+        r.finish = Stamp::at(finish);
         r
     }
 

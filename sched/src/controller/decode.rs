@@ -1,7 +1,7 @@
 //! Decode: KV caches landing at a decode worker, decode runs, and their ends.
 
 use super::{Command, Controller, Decision, Place};
-use crate::{DecodeSeq, RequestId};
+use crate::{DecodeSeq, RequestId, Stamp};
 
 impl Controller {
     pub(super) fn on_kv(&mut self, now: f64, id: RequestId, sent_at: f64) {
@@ -14,12 +14,12 @@ impl Controller {
             // a duplicate landing: the cache is already queued
             return;
         }
-        self.records[i].kv_sent = Some(sent_at);
+        self.records[i].kv_sent = Stamp::at(sent_at);
         if !self.decode[d].alive {
             self.fail(id, &format!("decode worker D{d} is down"));
             return;
         }
-        self.records[i].decode_ready = Some(now);
+        self.records[i].decode_ready = Stamp::at(now);
         let seq = DecodeSeq {
             id,
             prompt_tokens: self.requests[i].prefill_tokens(),
@@ -55,7 +55,7 @@ impl Controller {
             return;
         }
         for id in slot.sched.admit() {
-            self.records[id as usize].decode_start = Some(now);
+            self.records[id as usize].decode_start = Stamp::at(now);
         }
         let (batch, context) = slot.sched.step_shape();
         if batch == 0 {

@@ -3,7 +3,7 @@
 //! a pass (prefill routing and the embeddings envelopes it sends).
 
 use super::{Command, Controller, Decision, Place};
-use crate::{RequestId, Route};
+use crate::{RequestId, Route, Stamp};
 
 /// Under time-slicing (no SM partition) an encode pass in its GPU phase and
 /// the co-located prefill batch each get this share of the GPU's time.
@@ -342,7 +342,7 @@ impl Controller {
             if self.place[i] == Place::Done {
                 continue;
             }
-            self.records[i].encode_end = Some(now);
+            self.records[i].encode_end = Stamp::at(now);
             // the deficit counter decides while both sides are live; a dead
             // side leaves it (and the counter is not consulted)
             let route = match self.encode[w].local {

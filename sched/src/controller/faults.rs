@@ -2,7 +2,7 @@
 //! `supervision.rs`), its rejoin after a restart, and the run's interruption.
 
 use super::{Command, Controller, EnvelopeId, Place, WorkerRef};
-use crate::{PrefillItem, RequestId};
+use crate::{PrefillItem, RequestId, Stamp};
 
 /// Why an injected kill at `at` seconds fails a worker's requests: one
 /// wording for every driver that injects faults (the harness, the simulator).
@@ -275,8 +275,8 @@ impl Controller {
             });
             let rec = &mut self.records[i];
             rec.prefill_local = local;
-            rec.prefill_ready = None;
-            rec.prefill_start = None;
+            rec.prefill_ready = Stamp::NONE;
+            rec.prefill_start = Stamp::NONE;
             self.place[i] = Place::Prefill(dest as u32);
             match from.filter(|_| self.requests[i].needs_encode()) {
                 None => {

@@ -118,11 +118,12 @@ pub use faults::kill_reason;
 pub use plan::{Change, StageLoad};
 pub use supervision::{Backoff, Outage, SupervisionCounters};
 
+use crate::mintree::MinTree;
 use crate::{
     Batcher, DecodeScheduler, EncodePlacement, LeastOutstanding, Mechanisms, PrefillItem,
-    PrefillQueue, Request, RequestId, RequestRecord, Router, RouterPolicy, SmSplit, Topology,
+    PrefillQueue, Request, RequestId, RequestRecord, Router, RouterPolicy, SmSplit, Stamp,
+    Topology,
 };
-use crate::mintree::MinTree;
 use std::collections::{HashMap, VecDeque};
 
 /// How a [`Controller`] is laid out: the deployment's workers and knobs.
@@ -889,7 +890,7 @@ impl Controller {
     fn done(&mut self, id: RequestId, at: f64) {
         let i = id as usize;
         if self.place[i] != Place::Done {
-            self.records[i].finish = Some(at);
+            self.records[i].finish = Stamp::at(at);
             self.place[i] = Place::Done;
             self.in_system -= 1;
             self.finished = (self.finished.0 + 1, self.finished.1.max(at));

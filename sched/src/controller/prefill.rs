@@ -2,7 +2,7 @@
 //! budget, and the end of a batch (the KV cache sent to a decode worker).
 
 use super::{Command, Controller, Decision, EnvelopeId, Place, WorkerRef};
-use crate::{PrefillItem, RequestId};
+use crate::{PrefillItem, RequestId, Stamp};
 
 impl Controller {
     /// Request `id` is held by prefill worker `p` at `now` (queued, or failed
@@ -25,7 +25,7 @@ impl Controller {
             // its other shards' embeddings are still on their way
             return;
         }
-        self.records[i].prefill_ready = Some(now);
+        self.records[i].prefill_ready = Stamp::at(now);
         let tokens = self.requests[i].prefill_tokens();
         let cached = self.acquire_prefix(p, id);
         if cached > 0 && !self.prefill[p].local {
@@ -134,7 +134,7 @@ impl Controller {
             self.encode[from].inflight = self.encode[from].inflight.saturating_sub(1);
         }
         for &id in &ids {
-            self.records[id as usize].embedding_sent = Some(sent_at);
+            self.records[id as usize].embedding_sent = Stamp::at(sent_at);
             self.arrive_at_prefill(now, to, id);
         }
         // hand the vector back to the slot for reuse
@@ -216,7 +216,7 @@ impl Controller {
                 continue;
             }
             self.release_prefix(p, it.id);
-            self.records[i].first_token = Some(now);
+            self.records[i].first_token = Stamp::at(now);
             let out = self.requests[i].output_tokens;
             if out <= 1 {
                 self.done(it.id, now);

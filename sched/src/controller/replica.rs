@@ -13,7 +13,7 @@
 //! are the decisions here; what an iteration costs is the driver's.
 
 use super::{Command, Controller, Decision, Place};
-use crate::{DecodeScheduler, DecodeSeq, PrefillItem, PrefillQueue, RequestId};
+use crate::{DecodeScheduler, DecodeSeq, PrefillItem, PrefillQueue, RequestId, Stamp};
 
 /// One aggregated replica, as the controller keeps it.
 pub(super) struct ReplicaSlot {
@@ -84,7 +84,7 @@ impl Controller {
         }
         if !self.requests[i].needs_encode() {
             // text-only: ready for prefill once preprocessed
-            self.records[i].prefill_ready = Some(now);
+            self.records[i].prefill_ready = Stamp::at(now);
         }
         self.replicas[r]
             .waiting
@@ -124,7 +124,7 @@ impl Controller {
             if self.requests[i].needs_encode() {
                 encoded += 1;
                 let rec = &mut self.records[i];
-                rec.encode_start = Some(now);
+                rec.encode_start = Stamp::at(now);
                 rec.encode_batch = Some(admitted.len());
             }
         }
@@ -166,13 +166,13 @@ impl Controller {
             let rec = &mut self.records[i];
             if encoded {
                 // its embeddings are ready when the inline encode ends
-                rec.encode_end = Some(prefill_start);
-                rec.prefill_ready = Some(prefill_start);
+                rec.encode_end = Stamp::at(prefill_start);
+                rec.prefill_ready = Stamp::at(prefill_start);
             }
-            rec.prefill_start = Some(prefill_start);
-            rec.first_token = Some(now);
-            rec.decode_ready = Some(now);
-            rec.decode_start = Some(now);
+            rec.prefill_start = Stamp::at(prefill_start);
+            rec.first_token = Stamp::at(now);
+            rec.decode_ready = Stamp::at(now);
+            rec.decode_start = Stamp::at(now);
         }
         for id in self.replicas[r].sched.complete_step() {
             if self.records[id as usize].aborted.is_some() {

@@ -11,7 +11,7 @@
 //! shard is routed), and when the request joins that worker's queue.
 
 use super::{Command, Controller, Decision, Place};
-use crate::RequestId;
+use crate::{RequestId, Stamp};
 
 /// Sentinel for "no prefill worker chosen yet".
 const NO_DEST: u32 = u32::MAX;
@@ -97,7 +97,7 @@ impl Controller {
                 continue;
             }
             // the last shard's end is the request's
-            self.records[i].encode_end = Some(now);
+            self.records[i].encode_end = Stamp::at(now);
             let dest = match self.shards[i].dest {
                 NO_DEST => {
                     let p = self

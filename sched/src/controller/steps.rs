@@ -186,7 +186,7 @@ mod tests {
             .count();
         assert!(chunks >= 30, "{chunks} chunks");
         for r in c.ctrl.records() {
-            assert!(r.first_token.unwrap() > r.prefill_start.unwrap());
+            assert!(r.first_token.get().unwrap() > r.prefill_start.get().unwrap());
         }
     }
 
@@ -215,8 +215,11 @@ mod tests {
         let rec = &c.ctrl.records()[0];
         // E0 encodes two shards (two passes of 40 ms, the second from 40 ms):
         // the last lands at 81 ms, when its prefill can start
-        assert!((rec.encode_end.unwrap() - 0.08).abs() < 1e-9, "{rec:?}");
-        assert!(rec.prefill_start.unwrap() >= 0.081 - 1e-9, "{rec:?}");
+        assert!(
+            (rec.encode_end.get().unwrap() - 0.08).abs() < 1e-9,
+            "{rec:?}"
+        );
+        assert!(rec.prefill_start.get().unwrap() >= 0.081 - 1e-9, "{rec:?}");
         assert!(rec.finish.is_some());
     }
 }

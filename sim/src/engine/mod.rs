@@ -1853,6 +1853,6 @@ mod tests {
             .records
             .iter()
             .filter(|r| r.failure.is_none())
-            .all(|r| r.finish.is_some_and(|f| f <= kill_at + 1e-9)));
+            .all(|r| r.finish.get().is_some_and(|f| f <= kill_at + 1e-9)));
     }
 }
