@@ -148,8 +148,8 @@ fn record(o: &Outcome) -> RequestRecord {
         arrival: o.sent,
         output_tokens: o.output_tokens() as u32,
         prefill_tokens: o.prompt_tokens.unwrap_or(0),
-        first_token: o.token_times.first().copied().filter(|_| done),
-        finish: o.finish.filter(|_| done),
+        first_token: o.token_times.first().copied().filter(|_| done).into(),
+        finish: o.finish.filter(|_| done).into(),
         ..Default::default()
     }
 }

@@ -989,7 +989,7 @@ pub fn the_executor_keeps_serving_while_the_twin_simulates() {
             .any(|q| q.arrival < applied && q.finish.get().is_none_or(|f| f > at));
         let served = records
             .iter()
-            .filter(|q| within(q.first_token) || within(q.finish))
+            .filter(|q| within(q.first_token.get()) || within(q.finish.get()))
             .count();
         assert!(
             served > 0 || !busy,

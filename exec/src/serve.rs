@@ -439,7 +439,7 @@ impl Metrics {
         if let Some(tpot) = r.tpot().filter(|_| r.output_tokens > 1) {
             self.request_tpot.observe(tpot);
         }
-        if let Some(start) = r.encode_start.get().or(r.prefill_start) {
+        if let Some(start) = r.encode_start.get().or(r.prefill_start.get()) {
             self.queue.observe(start - r.arrival);
         }
         self.success.inc();

@@ -929,7 +929,7 @@ pub fn assert_same_outcomes(a: &[RequestRecord], b: &[RequestRecord]) {
         assert_eq!(a.prefill_local, b.prefill_local, "request {}", a.id);
         assert_eq!(a.failure, b.failure, "request {}", a.id);
         assert_eq!(a.finish.is_some(), b.finish.is_some(), "request {}", a.id);
-        if let (Some(fa), Some(fb)) = (a.finish, b.finish) {
+        if let (Some(fa), Some(fb)) = (a.finish.get(), b.finish.get()) {
             assert!(
                 (fa - fb).abs() < 1e-9 * fa.max(1.0),
                 "request {}: {fa} vs {fb}",
@@ -949,7 +949,7 @@ pub fn assert_same_transfer_times(a: &[RequestRecord], b: &[RequestRecord]) {
             (a.prefill_start, b.prefill_start),
         ] {
             assert_eq!(x.is_some(), y.is_some(), "request {}", a.id);
-            if let (Some(x), Some(y)) = (x, y) {
+            if let (Some(x), Some(y)) = (x.get(), y.get()) {
                 assert!(
                     (x - y).abs() < 1e-9 * x.max(1.0),
                     "request {}: {x} vs {y}",

@@ -92,10 +92,11 @@ proptest! {
         prop_assert_eq!(out.report.completed, 60);
         for r in &out.records {
             let chain = [
-                Some(r.arrival), r.encode_start, r.encode_end, r.embedding_sent, r.prefill_ready,
-                r.prefill_start, r.first_token, r.kv_sent, r.decode_ready, r.decode_start, r.finish,
+                easerve_sched::Stamp::at(r.arrival), r.encode_start, r.encode_end, r.embedding_sent,
+                r.prefill_ready, r.prefill_start, r.first_token, r.kv_sent, r.decode_ready,
+                r.decode_start, r.finish,
             ];
-            let times: Vec<f64> = chain.iter().flatten().copied().collect();
+            let times: Vec<f64> = chain.iter().filter_map(|t| t.get()).collect();
             prop_assert!(times.windows(2).all(|w| w[0] <= w[1] + 1e-9), "request {} times {:?}", r.id, times);
             if system != "aggregated" {
                 prop_assert!(r.encode_batch.is_some_and(|k| k >= 1 && k <= b as usize));

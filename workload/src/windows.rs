@@ -174,6 +174,7 @@ pub fn render_windows(ws: &[WindowReport], tier: usize, tier_name: &str) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use easerve_sched::Stamp;
 
     fn rec(id: u64, arrival: f64, enc: f64, first: f64, finish: f64) -> RequestRecord {
         let mut r = RequestRecord {
