@@ -389,16 +389,11 @@ fn exec_runs_the_load_planner_and_loses_no_request() {
     }
 }
 
-/// `exec` on a cluster of node groups (`scenarios/cpu-two-group.toml`, its
-/// NIC latency raised to 0.25 s so the modelled delay stands out of the
-/// loopback's): every request completes, the report names the groups and
-/// each worker's node, the NIC ports carry the cross-node transfers, and
-/// each embedding envelope and KV cache lands at least the NIC's latency
-/// after it left. Runtime: about 10 s (8 requests).
-#[test]
-fn exec_runs_node_groups_with_the_modelled_nic_delay() {
+/// `scenarios/cpu-two-group.toml` with its NIC latency raised to 0.25 s, so
+/// that the modelled delay stands out of the loopback's, as a file under
+/// `scenarios/` (removed when dropped).
+pub(crate) fn two_group_slow_nic() -> tempfile::NamedTempFile {
     use std::io::Write;
-    let _timed = crate::timed();
     let text = std::fs::read_to_string(root().join("scenarios/cpu-two-group.toml")).unwrap();
     let mut f = tempfile::Builder::new()
         .suffix(".toml")
@@ -409,27 +404,32 @@ fn exec_runs_node_groups_with_the_modelled_nic_delay() {
             .as_bytes(),
     )
     .unwrap();
-    let r = crate::report_json("exec", f.path(), &["--requests", "8", "--rate", "4"]);
-    assert_eq!(num(&r, "/completed"), 8.0);
-    let cluster = r["cluster"].as_str().unwrap();
-    assert!(
-        cluster.contains("enc: 1×1 cpu") && cluster.contains("llm: 2×1 cpu"),
-        "{cluster}"
-    );
-    let notes = r["notes"].to_string();
-    for w in ["E0 on enc/node0", "P0 on llm/node0", "D0 on llm/node1"] {
-        assert!(notes.contains(w), "notes lack {w}: {notes}");
-    }
-    let links: Vec<(String, f64)> = r["links"]
+    f
+}
+
+/// The cross-node transfers of report `r`, a run of [`two_group_slow_nic`]
+/// that completed `requests`: the NIC ports carry them (one KV cache per
+/// request, prefill's node to decode's) and each embedding envelope and KV
+/// cache landed at least the NIC's latency after it left. Returns the
+/// bytes out of the encoder's node.
+pub(crate) fn assert_nic_held(r: &Value, requests: f64) -> f64 {
+    let links: Vec<(String, f64, f64)> = r["links"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|l| (l["link"].as_str().unwrap().into(), num(l, "/transfers")))
+        .map(|l| {
+            let name = l["link"].as_str().unwrap().into();
+            (name, num(l, "/transfers"), num(l, "/bytes"))
+        })
         .collect();
-    let transfers = |name: &str| links.iter().find(|l| l.0 == name).map_or(0.0, |l| l.1);
-    assert!(transfers("enc/node0 NIC out") >= 1.0, "{links:?}");
-    // one KV cache per request, prefill's node to decode's
-    assert_eq!(transfers("llm/node0 NIC out"), 8.0, "{links:?}");
+    let port = |name: &str| {
+        links
+            .iter()
+            .find(|l| l.0 == name)
+            .map_or((0.0, 0.0), |l| (l.1, l.2))
+    };
+    assert!(port("enc/node0 NIC out").0 >= 1.0, "{links:?}");
+    assert_eq!(port("llm/node0 NIC out").0, requests, "{links:?}");
     for stage in ["embedding transfer", "kv transfer"] {
         let s = r["stages"]
             .as_array()
@@ -443,4 +443,27 @@ fn exec_runs_node_groups_with_the_modelled_nic_delay() {
             "{stage}: median {min} s, below the NIC's 0.25 s latency"
         );
     }
+    port("enc/node0 NIC out").1
+}
+
+/// `exec` on a cluster of node groups ([`two_group_slow_nic`]): every
+/// request completes, the report names the groups and each worker's node,
+/// and the cross-node transfers wait for the modelled NIC
+/// ([`assert_nic_held`]). Runtime: about 10 s (8 requests).
+#[test]
+fn exec_runs_node_groups_with_the_modelled_nic_delay() {
+    let _timed = crate::timed();
+    let f = two_group_slow_nic();
+    let r = crate::report_json("exec", f.path(), &["--requests", "8", "--rate", "4"]);
+    assert_eq!(num(&r, "/completed"), 8.0);
+    let cluster = r["cluster"].as_str().unwrap();
+    assert!(
+        cluster.contains("enc: 1×1 cpu") && cluster.contains("llm: 2×1 cpu"),
+        "{cluster}"
+    );
+    let notes = r["notes"].to_string();
+    for w in ["E0 on enc/node0", "P0 on llm/node0", "D0 on llm/node1"] {
+        assert!(notes.contains(w), "notes lack {w}: {notes}");
+    }
+    assert_nic_held(&r, 8.0);
 }

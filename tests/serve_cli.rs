@@ -235,6 +235,29 @@ fn streamed_image_audio_and_video_requests_return_tokens_and_usage() {
     s.stop();
 }
 
+/// `serve` on a cluster of node groups: a request's envelope bytes are
+/// known once its items are decoded, and its cross-node transfers wait for
+/// the modelled NIC as under `exec` (`exec_cli::assert_nic_held`): the
+/// encoder's node sends each image's 336 embedding tokens. Runtime: about
+/// 10 s (3 requests, one at a time).
+#[test]
+fn serve_runs_node_groups_with_the_modelled_nic_delay() {
+    let _timed = crate::timed();
+    let f = crate::exec_cli::two_group_slow_nic();
+    let s = Server::start(f.path().to_str().unwrap(), &[]);
+    let part = json!({"type": "image_url", "image_url": {"url": png(224, 224)}});
+    for _ in 0..3 {
+        let (status, body) = s.post(&chat(part.clone(), 4, 3, false));
+        assert_eq!(status, 200, "{body}");
+    }
+    let r = s.stop();
+    assert_eq!(num(&r, "/completed"), 3.0);
+    let sent = crate::exec_cli::assert_nic_held(&r, 3.0);
+    // tiny-image: a 224×224 image is 336 LLM tokens (model/src/presets.rs)
+    let per_token = tiny_arch("cpu-two-group").embedding_bytes_per_token();
+    assert_eq!(sent, 3.0 * 336.0 * per_token);
+}
+
 fn tiny_arch(scenario: &str) -> easerve_model::ModelArch {
     let sc = easerve_workload::Scenario::load(
         &root().join(format!("scenarios/{scenario}.toml")),

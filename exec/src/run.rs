@@ -243,7 +243,7 @@ async fn run(
     );
     crate::plan::account(plan, &ctrl, &mut report);
     if let Some(n) = nics {
-        report.links = n.fabric.report(report.duration_s);
+        report.links = n.report(report.duration_s);
     }
     let decisions = ctrl.decisions().to_vec();
     Ok(ExecOutput {
@@ -1413,6 +1413,9 @@ pub(crate) struct Nics {
     fabric: easerve_workload::fabric::Fabric,
     /// Each request's items' tokens (an envelope's bytes).
     tokens: easerve_workload::generate::ItemTokenTable,
+    /// The scenario's model: the tokens of a request known only when it
+    /// comes (`easerve serve`, [`Nics::add_request`]).
+    model: easerve_model::ModelArch,
     /// Bytes per embedding token and per KV token of the scenario's model.
     bytes_per_token: (f64, f64),
     /// Modelled NIC seconds of each cross-node envelope and KV cache in flight.
@@ -1433,6 +1436,7 @@ impl Nics {
         Some(Nics {
             fabric: easerve_workload::fabric::Fabric::new(c),
             tokens: tokens.clone(),
+            model: sc.model.clone(),
             bytes_per_token: (
                 sc.model.embedding_bytes_per_token(),
                 sc.model.kv_bytes_per_token(),
@@ -1441,6 +1445,26 @@ impl Nics {
             kv: HashMap::new(),
             held: Vec::new(),
         })
+    }
+
+    /// A request came that was not known ahead (`easerve serve`): its
+    /// items, decoded, give its envelope's bytes. Requests must come in id
+    /// order ([`Controller::add_request`]'s), one call each.
+    pub(crate) fn add_request(&mut self, items: &[easerve_sched::MmItem]) {
+        let tokens: Vec<_> = items
+            .iter()
+            .map(|item| {
+                // the request's own token count was taken from the same
+                // items when it was decoded, so this does not fail
+                easerve_workload::generate::item_tokens(&self.model, item).unwrap_or_default()
+            })
+            .collect();
+        self.tokens.push(&tokens);
+    }
+
+    /// The NIC ports' account over a run of `duration_s` seconds.
+    pub(crate) fn report(&self, duration_s: f64) -> Vec<easerve_workload::report::LinkReport> {
+        self.fabric.report(duration_s)
     }
 
     /// Modelled seconds of a transfer of `bytes` from `a` to `b` asked for

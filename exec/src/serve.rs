@@ -958,7 +958,10 @@ async fn run(
     };
     app.state.store(READY, Ordering::SeqCst);
     let plan = crate::plan::ExecPlan::of(sc, ctrl.topology(), std::sync::Arc::from(sc.cost()));
-    let (faults, run_s, plan) = drive(
+    // on node groups a cross-node transfer lands its modelled NIC time late,
+    // as under `exec`; a request's envelope bytes are known once it came
+    let nics = crate::run::Nics::of(sc, &Default::default());
+    let (faults, run_s, (plan, nics)) = drive(
         &mut ctrl,
         &mut pool,
         Inbox {
@@ -968,7 +971,7 @@ async fn run(
         &app,
         opts,
         &mut stop,
-        plan,
+        (plan, nics),
     )
     .await;
     // no submission is taken from here on: a late one gets 503
@@ -997,6 +1000,9 @@ async fn run(
         offered,
     );
     crate::plan::account(plan, &ctrl, &mut report);
+    if let Some(n) = nics {
+        report.links = n.report(report.duration_s);
+    }
     let decisions = ctrl.take_decisions();
     Ok(ExecOutput {
         report,
@@ -1058,12 +1064,17 @@ async fn drive(
     app: &App,
     opts: &ServeOptions,
     stop: &mut Stop,
-    plan: Option<crate::plan::ExecPlan>,
-) -> (Vec<Fault>, f64, Option<crate::plan::ExecPlan>) {
+    (plan, nics): (Option<crate::plan::ExecPlan>, Option<crate::run::Nics>),
+) -> (
+    Vec<Fault>,
+    f64,
+    (Option<crate::plan::ExecPlan>, Option<crate::run::Nics>),
+) {
     let t0 = Instant::now();
     let now = || t0.elapsed().as_secs_f64();
     let mut serve = ServeLoop::new();
     serve.set_plan(plan);
+    serve.relay.links.nics = nics;
     let mut kill = KillPlan::new(opts.exec.kill);
     let mut draining = false;
 
@@ -1144,7 +1155,8 @@ async fn drive(
         }
     }
     let plan = serve.relay.plan.take();
-    (serve.relay.faults, now(), plan)
+    let nics = serve.relay.links.nics.take();
+    (serve.relay.faults, now(), (plan, nics))
 }
 
 /// What `easerve serve`'s loop does when it wakes: requests submitted over
@@ -1217,6 +1229,9 @@ impl ServeLoop {
         let mut req = chat.request;
         req.arrival = arrival;
         openai::unique_text(&mut req, ticket);
+        if let Some(n) = self.relay.links.nics.as_mut() {
+            n.add_request(&req.items);
+        }
         let id = ctrl.add_request(req);
         if let Some(t) = chat.timeout_s {
             ctrl.set_timeout(id, t);
