@@ -6,7 +6,9 @@
 //! iterations run inline, which are counted apart.
 //! Group `image` prices stages as the scenario does (measured kernels when
 //! `../shared/data/aiconfigurator` is present), group `image-roofline` from the
-//! roofline.
+//! roofline; group `dc-1024` runs 100,000 requests of `scenarios/dc-1024.toml`
+//! (1,024 GPUs, 448 workers: where a structure that grows with the workers
+//! shows; docs/datacenter.md).
 //!
 //! Run with `cargo bench --bench sim`.
 
@@ -15,26 +17,38 @@ use easerve_workload::scenario::{Overrides, Scenario};
 use std::path::Path;
 use std::time::Duration;
 
-fn image(requests: i64, kernels: &str) -> Scenario {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/image.toml");
+fn load(file: &str, requests: i64, kernels: &str) -> Scenario {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(file);
     let o = Overrides {
         requests: Some(requests),
         ..Default::default()
     };
     let sets = [("cluster.kernels".to_string(), kernels.to_string())];
-    Scenario::load_with(&path, &sets, &o).expect("scenarios/image.toml is valid")
+    Scenario::load_with(&path, &sets, &o).expect("a shipped scenario is valid")
 }
 
 fn bench(c: &mut Criterion) {
-    for (name, kernels) in [("image", "auto"), ("image-roofline", "roofline")] {
-        bench_group(c, name, kernels);
+    let image: &[(i64, usize)] = &[(10_000, 50), (100_000, 10), (1_000_000, 10)];
+    for (name, file, kernels, sizes) in [
+        ("image", "image.toml", "auto", image),
+        ("image-roofline", "image.toml", "roofline", image),
+        ("dc-1024", "dc-1024.toml", "auto", &[(100_000, 10)]),
+    ] {
+        bench_group(c, name, (file, kernels), sizes);
     }
 }
 
-fn bench_group(c: &mut Criterion, name: &str, kernels: &str) {
+fn bench_group(
+    c: &mut Criterion,
+    name: &str,
+    (file, kernels): (&str, &str),
+    sizes: &[(i64, usize)],
+) {
     let mut group = c.benchmark_group(name);
-    for (requests, samples) in [(10_000i64, 50usize), (100_000, 10), (1_000_000, 10)] {
-        let sc = image(requests, kernels);
+    for &(requests, samples) in sizes {
+        let sc = load(file, requests, kernels);
         let out = easerve_sim::simulate(&sc);
         eprintln!(
             "{name}/{requests}: {} queue events, {} decode iterations inline",
