@@ -937,6 +937,7 @@ fn import_aiconfigurator(
             cost.sources().join("; ")
         ),
         repetitions: 0,
+            cores: None,
     };
     let note = "bandwidth_interference derived from HBM demand; time_slice_penalty assumed (calib/src/eff.rs)";
     let p = Profile::from_cost(

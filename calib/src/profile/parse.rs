@@ -327,6 +327,7 @@ impl Parser<'_> {
                 "date",
                 "method",
                 "repetitions",
+                "cores",
             ],
         )?;
         let device = self.string(n, t, "device")?;
@@ -390,6 +391,17 @@ impl Parser<'_> {
                 ))
             }
         };
+        let cores =
+            match t.get("cores") {
+                None => None,
+                Some(toml::Value::Integer(c)) if *c >= 1 && *c <= 1 << 20 => Some(*c as u32),
+                Some(_) => return Err(self.err(
+                    Some(n),
+                    None,
+                    "`cores` must be an integer from 1 to 1048576 (the measuring host's CPU cores)"
+                        .into(),
+                )),
+            };
         let model = self.string(n, t, "model")?;
         if model.is_empty() {
             return Err(self.err(Some(n), None, "`model` must not be empty".into()));
@@ -405,6 +417,7 @@ impl Parser<'_> {
             date,
             method: self.string(n, t, "method")?,
             repetitions,
+            cores,
         })
     }
 
