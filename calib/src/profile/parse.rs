@@ -844,6 +844,21 @@ rows = [
         assert_eq!(again.to_toml_string(), p.to_toml_string());
     }
 
+    /// A CPU profile's measuring host's cores: read, written back, and a
+    /// bad count refused naming the field.
+    #[test]
+    fn the_measuring_hosts_cores_round_trip() {
+        let p = Profile::from_toml_str(MEASURED, "m.toml").unwrap();
+        assert_eq!(p.provenance.cores, None);
+        let with = MEASURED.replacen("repetitions = 20", "repetitions = 20\ncores = 2", 1);
+        let p = Profile::from_toml_str(&with, "c.toml").unwrap();
+        assert_eq!(p.provenance.cores, Some(2));
+        let again = Profile::from_toml_str(&p.to_toml_string(), "x").unwrap();
+        assert_eq!(again.provenance.cores, Some(2));
+        let e = bad("repetitions = 20", "repetitions = 20\ncores = 0");
+        assert!(e.contains("[provenance]") && e.contains("`cores`"), "{e}");
+    }
+
     fn bad(from: &str, to: &str) -> String {
         assert!(MEASURED.contains(from), "{from}");
         Profile::from_toml_str(&MEASURED.replacen(from, to, 1), "bad.toml")
