@@ -9,7 +9,9 @@
 //! pass or a local prefill batch when what shares its GPU changes (bandwidth
 //! interference under an SM partition, the switching penalty under
 //! time-slicing), the serialised links, the GPU meters and the timeline. Costs
-//! come from a [`StageCost`]. The loop and the order in which the controller
+//! come from a [`StageCost`]. On the `cpu` device every worker shares one
+//! host's cores, and passes slow down while the busy ones ask more cores than
+//! it has (`cores.rs`). The loop and the order in which the controller
 //! hears inputs and gives commands are the ones every driver shares
 //! ([`driver::run`]); the engine says what is due ([`Driver::next_due`]) and
 //! what a command does ([`Driver::carry_out`]).
