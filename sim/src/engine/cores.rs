@@ -322,6 +322,15 @@ mod tests {
         assert!(close(two[0], t) && close(two[1], t), "{two:?} {t}");
         let late = run_ends(&one, &[(0, 0.0), (1, t / 2.0)]);
         assert!(close(late[0], 1.5 * t), "{late:?} {t}");
-        assert!(close(late[1], 2.0 * t), "{late:?} {t}");
+        assert!(close(late[1], 2.0 * t), "{late:?} {t}"); // the report names the host, its source and the threads
+        let mut small = one.clone();
+        small.workload.requests = 4;
+        let notes = crate::engine::simulate(&small).report.notes;
+        let note = notes.iter().find(|n| n.starts_with("CPU host: 1 cores"));
+        let note = note.expect("a CPU host note");
+        assert!(
+            note.contains("cluster.host_cores") && note.contains("D1 1"),
+            "{note}"
+        );
     }
 }
