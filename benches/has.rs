@@ -40,6 +40,7 @@ fn run(name: &str, method: Method, seed: u64) -> (Study, f64) {
         rate: RATE,
         objective,
         time_budget_s: None,
+        own: None,
     };
     let t0 = Instant::now();
     let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut |_| {});

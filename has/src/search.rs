@@ -189,6 +189,11 @@ pub struct SearchConfig {
     /// a run that hits it is no longer reproducible to the trial); `None`:
     /// the trial budget alone.
     pub time_budget_s: Option<f64>,
+    /// HAS: a deployment Stage 2 also seeds, at its own B and s, where its
+    /// allocation is feasible ([`crate::stage1::keep_own`]): `easerve
+    /// search` gives the scenario's own, so the search never chooses a
+    /// deployment its trials rank below the one it was given.
+    pub own: Option<Candidate>,
 }
 
 /// An [`Objective`] in a study's JSON: as `--objective` spells it.
@@ -323,6 +328,7 @@ pub fn tune_for(
         rate,
         objective: objective.clone(),
         time_budget_s: None,
+        own: None,
     };
     search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
         .best
@@ -367,7 +373,20 @@ pub fn search(
     cfg: &SearchConfig,
     on_trial: &mut dyn FnMut(&TrialRecord),
 ) -> Study {
-    let space = feasible_allocations(sc);
+    search_in(sc, feasible_allocations(sc), cost, trial, cfg, on_trial)
+}
+
+/// [`search`] over `space`, the scenario's [`feasible_allocations`] a
+/// caller already has (enumerating them is most of a large cluster's
+/// Stage 1).
+pub fn search_in(
+    sc: &Scenario,
+    space: Vec<FeasibleAllocation>,
+    cost: &dyn StageCost,
+    trial: &dyn Trial,
+    cfg: &SearchConfig,
+    on_trial: &mut dyn FnMut(&TrialRecord),
+) -> Study {
     let mut rng = ChaCha8Rng::seed_from_u64(easerve_workload::rng::subseed(
         cfg.seed,
         &format!("search-{}", cfg.method),
@@ -383,7 +402,12 @@ pub fn search(
     let mut rows = Vec::new();
     let stopped = match cfg.method {
         Method::Has => {
-            let (caps, table) = stage1(sc, cost, &space, cfg.rate);
+            let (caps, mut table) = stage1(sc, cost, &space, cfg.rate);
+            if let Some(own) = &cfg.own {
+                if let Some(fa) = space.iter().find(|f| f.allocation == own.allocation) {
+                    table = crate::stage1::keep_own(table, own, fa.offload_range);
+                }
+            }
             capacities = Some(caps);
             rows = table;
             let limits = Limits {
