@@ -189,10 +189,12 @@ pub struct SearchConfig {
     /// a run that hits it is no longer reproducible to the trial); `None`:
     /// the trial budget alone.
     pub time_budget_s: Option<f64>,
-    /// HAS: a deployment Stage 2 also seeds, at its own B and s, where its
-    /// allocation is feasible ([`crate::stage1::keep_own`]): `easerve
+    /// HAS: a deployment run as one more trial once Stage 2 stops (beyond
+    /// the budget; not when a trial ran it already, nor when its allocation
+    /// is not feasible or its s outside the allocation's range): `easerve
     /// search` gives the scenario's own, so the search never chooses a
-    /// deployment its trials rank below the one it was given.
+    /// deployment its trials rank below the one it was given. Stage 2 does
+    /// not see it: its stopping rules and TPE run as without it.
     pub own: Option<Candidate>,
 }
 
@@ -402,19 +404,20 @@ pub fn search_in(
     let mut rows = Vec::new();
     let stopped = match cfg.method {
         Method::Has => {
-            let (caps, mut table) = stage1(sc, cost, &space, cfg.rate);
-            if let Some(own) = &cfg.own {
-                if let Some(fa) = space.iter().find(|f| f.allocation == own.allocation) {
-                    table = crate::stage1::keep_own(table, own, fa.offload_range);
-                }
-            }
+            let (caps, table) = stage1(sc, cost, &space, cfg.rate);
             capacities = Some(caps);
             rows = table;
             let limits = Limits {
                 trials: budget,
                 seconds: cfg.time_budget_s,
             };
-            has(&rows, trial, limits, &mut rng, &mut rec, &cfg.objective)
+            let stopped = has(&rows, trial, limits, &mut rng, &mut rec, &cfg.objective);
+            if let Some(own) = cfg.own.as_ref().filter(|c| admits(&space, c)) {
+                if rec.seen(own).is_none() {
+                    rec.record(own.clone(), trial.run(own));
+                }
+            }
+            stopped
         }
         Method::Random => random(&space, trial, budget, &mut rng, &mut rec),
         Method::Coordinate => coordinate(&space, trial, budget, &mut rec),
@@ -576,6 +579,18 @@ fn has(
     } else {
         StopReason::Budget(budget)
     }
+}
+
+/// Whether `c` is a point of `space`: its allocation feasible, its s within
+/// the allocation's range, B ≥ 1.
+fn admits(space: &[FeasibleAllocation], c: &Candidate) -> bool {
+    space.iter().any(|f| {
+        let (lo, hi) = f.offload_range;
+        f.allocation == c.allocation
+            && c.batch >= 1
+            && c.offload >= lo - 1e-12
+            && c.offload <= hi + 1e-12
+    })
 }
 
 /// What bounds HAS Stage 2: trials, and seconds when given.

@@ -2,7 +2,7 @@
 //! rate, the bottleneck-balance score, pruning, and the seeds of Stage 2
 //! (EAServe §3.1, Algorithm 1 lines 1–12).
 
-use crate::space::{Candidate, FeasibleAllocation};
+use crate::space::FeasibleAllocation;
 use easerve_calib::StageCost;
 use easerve_sched::Allocation;
 pub use easerve_sim::capacity::{
@@ -145,18 +145,28 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
 }
 
 /// Of the allocations [`prune`] did not keep whose every stage carries the
-/// rate (score < 1), keep the [`TOP_K`] with the lowest
+/// rate `rate` (score < 1), keep the [`TOP_K`] with the lowest
 /// [`Stage1Row::latency_s`]; of equal latencies (allocations that differ
 /// only in their worker counts), the least loaded (lowest score: the least
-/// queueing), then by allocation text. Below saturation the
-/// load score does not rank: every such allocation serves the offered rate,
-/// and what separates their goodput is how long each request takes (its
-/// TTFT and TPOT against the SLO; in a finite run, the last requests' end).
-/// Rows without a latency (0) are not considered.
-pub fn keep_fastest(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
+/// queueing), then by allocation text. Below saturation the load score
+/// does not rank: every such allocation serves the offered rate, and what
+/// separates their goodput is how long each request takes (its TTFT and
+/// TPOT against the SLO; in a finite run, the last requests' end). Rows
+/// without a latency (0) are not considered. Such a row whose remote
+/// prefill workers alone carry the rate (`rate < C_remote`) is seeded at the
+/// top of its offload range (`offload_hi` of its allocation): sending
+/// prompts to a local prefill worker then only adds the latency of a worker
+/// that shares its GPU with the encoder.
+pub fn keep_fastest(
+    mut rows: Vec<Stage1Row>,
+    rate: f64,
+    offload_hi: &dyn Fn(&Allocation) -> f64,
+) -> Vec<Stage1Row> {
     let mut fast: Vec<usize> = (0..rows.len())
         .filter(|&i| !rows[i].kept && rows[i].score < 1.0 && rows[i].latency_s > 0.0)
         .collect();
+    // equal latencies are common at scale (every count of one layout pair
+    // shares it); the text alone used to pick the most loaded of them
     fast.sort_by(|&a, &b| {
         let (x, y) = (&rows[a], &rows[b]);
         x.latency_s
@@ -171,57 +181,11 @@ pub fn keep_fastest(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
             "kept: carries the rate (score {:.2}) with one of the {TOP_K} lowest request latencies ({:.2} s unloaded)",
             r.score, r.latency_s
         );
-    }
-    rows
-}
-
-/// Seed each kept row whose remote prefill workers alone carry the rate
-/// (`rate < C_remote`) at the top of its offload range (`offload_hi` of its
-/// allocation): sending prompts to a local prefill worker then only adds
-/// the latency of a worker that shares its GPU with the encoder (on
-/// `dc-256.toml` at 150 req/s, `64E(TP1)+152P(TP1)+10D(TP4) B=5` serves
-/// 88.1 req/s at `s* = 0.93`, its P99 TTFT 5.4 s on the L40S local
-/// workers, and 127.7 req/s at s = 1; 2,000 requests).
-pub fn seed_remote(
-    mut rows: Vec<Stage1Row>,
-    rate: f64,
-    offload_hi: &dyn Fn(&Allocation) -> f64,
-) -> Vec<Stage1Row> {
-    for r in rows.iter_mut().filter(|r| r.kept && rate < r.c_remote) {
-        let hi = offload_hi(&r.allocation);
-        r.s_star = hi;
-        r.s_range = ((hi - S_WINDOW).max(r.s_range.0.min(hi)), hi);
-    }
-    rows
-}
-
-/// Keep the deployment `own` (the scenario's) for Stage 2, seeded at its
-/// own B and s, so that a search never returns a deployment its trials
-/// rank below the one it was given: its allocation's row when Stage 1 did
-/// not keep it, else a second row of that allocation after the others.
-/// Nothing changes when `own`'s allocation is not in `rows` (not feasible
-/// on the cluster) or its s lies outside the allocation's `range`.
-pub fn keep_own(mut rows: Vec<Stage1Row>, own: &Candidate, range: (f64, f64)) -> Vec<Stage1Row> {
-    let s = own.offload;
-    if s < range.0 - 1e-12 || s > range.1 + 1e-12 {
-        return rows;
-    }
-    let Some(i) = rows.iter().position(|r| r.allocation == own.allocation) else {
-        return rows;
-    };
-    let mut r = rows[i].clone();
-    r.kept = true;
-    r.b_max = own.batch.max(1);
-    r.s_star = s;
-    r.s_range = ((s - S_WINDOW).max(range.0), (s + S_WINDOW).min(range.1));
-    r.reason = format!(
-        "kept: the scenario's own deployment (B = {}, s = {s})",
-        own.batch
-    );
-    if rows[i].kept {
-        rows.push(r);
-    } else {
-        rows[i] = r;
+        if rate < r.c_remote {
+            let hi = offload_hi(&r.allocation);
+            r.s_star = hi;
+            r.s_range = ((hi - S_WINDOW).max(r.s_range.0.min(hi)), hi);
+        }
     }
     rows
 }
@@ -309,7 +273,7 @@ pub fn stage1(
             .find(|fa| fa.allocation == *a)
             .map_or(1.0, |fa| fa.offload_range.1)
     };
-    (caps, seed_remote(keep_fastest(prune(rows)), rate, &hi))
+    (caps, keep_fastest(prune(rows), rate, &hi))
 }
 
 #[cfg(test)]
@@ -389,5 +353,34 @@ mod tests {
             1
         );
         assert!(out.windows(2).all(|w| w[0].score <= w[1].score));
+    }
+
+    /// Rows that carry the rate at one unloaded latency (every count of one
+    /// layout pair shares it, as on `dc-256.toml` scaled to 1,024 GPUs,
+    /// where the allocation text used to keep the three most loaded): the
+    /// least loaded are kept.
+    #[test]
+    fn of_equally_fast_allocations_the_least_loaded_are_kept() {
+        let c = caps();
+        let rows: Vec<Stage1Row> = [
+            ("1E(TP1)+1P(TP2)+4D(TP2)", 0.9),
+            ("1E(TP1)+2P(TP2)+3D(TP2)", 0.5),
+            ("1E(TP1)+3P(TP2)+2D(TP2)", 0.3),
+            ("1E(TP1)+4P(TP2)+1D(TP2)", 0.4),
+        ]
+        .iter()
+        .map(|&(a, score)| {
+            let mut r = assess(&fa(a, 0), &c, 0.5, 0.1);
+            (r.score, r.latency_s) = (score, 1.0);
+            r
+        })
+        .collect();
+        let kept: Vec<String> = keep_fastest(rows, 0.1, &|_| 1.0)
+            .iter()
+            .filter(|r| r.kept)
+            .map(|r| r.allocation.to_string())
+            .collect();
+        assert_eq!(kept.len(), 3);
+        assert!(!kept.contains(&"1E(TP1)+1P(TP2)+4D(TP2)".to_string()), "{kept:?}");
     }
 }
