@@ -127,7 +127,13 @@ fn scaled(gpus: u32) -> Scenario {
         (2, 1, 1, 6, "2E(TP1)+1P(TP2)+1D(TP4)".to_string())
     } else {
         let (e, p) = (gpus / 4, gpus * 3 / 32);
-        (8, gpus / 32, gpus * 3 / 32, 8, format!("{e}E(TP1)+{p}P(TP4)+{p}D(TP4)"))
+        (
+            8,
+            gpus / 32,
+            gpus * 3 / 32,
+            8,
+            format!("{e}E(TP1)+{p}P(TP4)+{p}D(TP4)"),
+        )
     };
     let sets: Vec<(String, String)> = [
         ("cluster.groups.0.nodes", enc_nodes.to_string()),

@@ -92,7 +92,10 @@ fn has_also_runs_the_scenarios_own_deployment() {
     let trials = s["trials"].as_array().unwrap();
     assert_eq!(trials.len(), 2);
     let own = &trials[1]["candidate"];
-    assert_eq!((own["batch"].as_u64(), own["offload"].as_f64()), (Some(8), Some(0.7)));
+    assert_eq!(
+        (own["batch"].as_u64(), own["offload"].as_f64()),
+        (Some(8), Some(0.7))
+    );
     let score = |t: &serde_json::Value| t["outcome"]["slo_goodput"].as_f64().unwrap();
     assert!(score(&s["best"]) >= score(&trials[1]));
 }

@@ -33,8 +33,8 @@ pub mod trial;
 
 pub use objective::Objective;
 pub use search::{
-    rule_of, search, search_in, tune, tune_by, tune_for, Method, SearchConfig, StopReason, Study, TrialRecord,
-    UnknownMethod, DEFAULT_BUDGET,
+    rule_of, search, search_in, tune, tune_by, tune_for, Method, SearchConfig, StopReason, Study,
+    TrialRecord, UnknownMethod, DEFAULT_BUDGET,
 };
 pub use space::{feasible_allocations, Candidate, CandidateError, FeasibleAllocation};
 pub use trial::{Outcome, SimTrial, Trial};

@@ -157,7 +157,8 @@ pub fn feasible_allocations_in(
 ) -> Vec<FeasibleAllocation> {
     let mut raw = raw.clone();
     raw.cluster.gpus = i64::from(gpus);
-    let shapes = allocation_shapes(&raw, gpus, text_only, moe_experts);
+    let fill = GroupFill::of(&raw);
+    let shapes = allocation_shapes(gpus, text_only, moe_experts, fill.as_ref());
     // each shape is checked as the CLI would check it, independently: on
     // rayon's threads, collected in the enumeration's order
     use rayon::prelude::*;
@@ -227,16 +228,15 @@ impl GroupFill {
 
 /// The allocation shapes of `gpus` GPUs [`feasible_allocations_in`]
 /// checks, in its order: every count and layout that uses all of them
-/// (with node groups, that fills each group, [`GroupFill`]). Counting
-/// only: no scenario is validated here.
+/// (with node groups `fill`, that fills each group, [`GroupFill`]).
+/// Counting only: no scenario is validated here.
 fn allocation_shapes(
-    raw: &ScenarioFile,
     gpus: u32,
     text_only: bool,
     moe_experts: Option<u32>,
+    fill: Option<&GroupFill>,
 ) -> Vec<Allocation> {
     let layouts = worker_layouts(moe_experts);
-    let fill = GroupFill::of(raw);
     let g = gpus.min(MAX_TERM);
     let mut out = Vec::new();
     // a text-only workload has no encode stage: plain prefill/decode allocations
@@ -261,7 +261,7 @@ fn allocation_shapes(
                     let mut allocation = Allocation::new((n_e, 1), (n_p, tp_p), (n_d, tp_d));
                     allocation.prefill.ep = if n_p > 0 { ep_p } else { 1 };
                     allocation.decode.ep = ep_d;
-                    if fill.as_ref().is_none_or(|f| f.admits(&allocation)) {
+                    if fill.is_none_or(|f| f.admits(&allocation)) {
                         out.push(allocation);
                     }
                 }
@@ -274,7 +274,11 @@ fn allocation_shapes(
 /// `allocation` as a [`FeasibleAllocation`] of `raw` (read from `file`), if
 /// the scenario validates with it: at `s = 0.5` (or 0 without P workers)
 /// for its local prefill workers, at `s = 1` for its remote ones.
-fn assess_shape(raw: &ScenarioFile, file: &str, allocation: Allocation) -> Option<FeasibleAllocation> {
+fn assess_shape(
+    raw: &ScenarioFile,
+    file: &str,
+    allocation: Allocation,
+) -> Option<FeasibleAllocation> {
     let n_p = allocation.prefill.workers;
     let at = |s: f64| {
         validate(
@@ -326,5 +330,25 @@ mod tests {
         ] {
             assert!(bad.parse::<Candidate>().is_err(), "{bad}");
         }
+    }
+
+    /// Counting against the node groups drops only shapes validation
+    /// refuses: on `two-group.toml` (6 L40S + 8 H100, stages on named
+    /// groups) the counted enumeration is every shape of its 14 GPUs that
+    /// validates, in the same order (under a second in debug).
+    #[test]
+    fn counting_against_the_groups_keeps_every_allocation_that_validates() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/two-group.toml");
+        let sc = Scenario::load(std::path::Path::new(path), &Overrides::default()).unwrap();
+        let counted = feasible_allocations(&sc);
+        let all: Vec<FeasibleAllocation> = allocation_shapes(sc.gpus, false, None, None)
+            .into_iter()
+            .filter_map(|a| assess_shape(&sc.raw, &sc.file, a))
+            .collect();
+        assert!(!counted.is_empty());
+        assert_eq!(counted, all);
+        let fill = GroupFill::of(&sc.raw).unwrap();
+        let shapes = allocation_shapes(sc.gpus, false, None, None);
+        assert!(shapes.iter().filter(|a| fill.admits(a)).count() < shapes.len());
     }
 }

@@ -381,6 +381,9 @@ mod tests {
             .map(|r| r.allocation.to_string())
             .collect();
         assert_eq!(kept.len(), 3);
-        assert!(!kept.contains(&"1E(TP1)+1P(TP2)+4D(TP2)".to_string()), "{kept:?}");
+        assert!(
+            !kept.contains(&"1E(TP1)+1P(TP2)+4D(TP2)".to_string()),
+            "{kept:?}"
+        );
     }
 }
