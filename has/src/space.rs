@@ -135,8 +135,13 @@ pub(crate) fn validate(raw: &ScenarioFile, file: &str, o: &Overrides) -> Option<
 /// `nP ≥ 0` remote prefill workers and `nD ≥ 1` decode workers at TP degrees
 /// from [`TP_DEGREES`] where the LLM's weights plus the KV cache of one longest
 /// sequence fit. An allocation without prefill workers is feasible only when
-/// local prefill fits next to the encoder (then `s = 0`). Order: by encode,
-/// prefill, decode counts and degrees (deterministic).
+/// local prefill fits next to the encoder (then `s = 0`). On node groups
+/// each stage's workers stay in the group `[deployment.groups]` names and
+/// within one of its nodes, so the allocation fills every group exactly;
+/// shapes that do not are dropped by counting, before any validation (a
+/// 1,024-GPU cluster of two groups: 3,540 allocations validated of the
+/// 1.8 million counts that sum to its GPUs). Order: by encode, prefill,
+/// decode counts and degrees (deterministic).
 pub fn feasible_allocations(sc: &Scenario) -> Vec<FeasibleAllocation> {
     let text_only = sc.workload.modality == easerve_sched::Modality::Text;
     let experts = sc.model.llm.moe.as_ref().map(|m| m.experts);
