@@ -4,12 +4,21 @@
 //! reach 90 % and 99 % of it (budget 30; "-" = not reached by the median run).
 //! Also the median wall time of one search.
 //!
-//! Run with `cargo bench --bench has`.
+//! Group `search_scale` (criterion): the time of one HAS search (Stage 1's
+//! enumeration of the allocations included) on `dc-256.toml` scaled to 8,
+//! 64, 256 and 1,024 GPUs ([`scaled`]: a quarter L40S encoders, three
+//! quarters H100 for prefill and decode, the rate and the requests per trial
+//! in proportion); each size first prints its feasible allocations, the
+//! trials run and the chosen deployment against the file's own.
+//!
+//! Run with `cargo bench --bench has` (both), `cargo bench --bench has --
+//! search_scale` (the scale group alone).
 
+use criterion::{BenchmarkId, Criterion};
 use easerve_has::{search, Method, SearchConfig, SimTrial, Study};
 use easerve_workload::scenario::{Overrides, Scenario};
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const RATE: f64 = 5.0;
 const SEEDS: [u64; 5] = [1, 2, 3, 4, 5];
@@ -40,6 +49,7 @@ fn run(name: &str, method: Method, seed: u64) -> (Study, f64) {
         rate: RATE,
         objective,
         time_budget_s: None,
+        own: None,
     };
     let t0 = Instant::now();
     let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut |_| {});
@@ -55,7 +65,7 @@ fn trials_to(study: &Study, target: f64, frac: f64) -> Option<usize> {
         .map(|t| t.index)
 }
 
-fn main() {
+fn quality() {
     println!("| scenario | method | best / exhaustive (median) | trials to 90 % | trials to 99 % | wall time per search |");
     println!("|---|---|---|---|---|---|");
     for name in ["image", "video", "audio"] {
@@ -103,4 +113,119 @@ fn main() {
             );
         }
     }
+}
+
+/// `dc-256.toml` scaled to `gpus` GPUs (8, or a multiple of 32): a quarter
+/// of them L40S encoders and three quarters H100 (8-GPU nodes from 32
+/// GPUs up; at 8, one node of 2 L40S and one of 6 H100), the file's
+/// deployment in proportion (`nE(TP1)+nP(TP4)+nD(TP4)`, at 8 GPUs
+/// `2E(TP1)+1P(TP2)+1D(TP4)`), 150 req/s per 256 GPUs and 2,000
+/// requests per 256 GPUs (13.3 s of arrivals; at least 200).
+fn scaled(gpus: u32) -> Scenario {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/dc-256.toml");
+    let (per_node, enc_nodes, llm_nodes, llm_per_node, allocation) = if gpus < 32 {
+        (2, 1, 1, 6, "2E(TP1)+1P(TP2)+1D(TP4)".to_string())
+    } else {
+        let (e, p) = (gpus / 4, gpus * 3 / 32);
+        (
+            8,
+            gpus / 32,
+            gpus * 3 / 32,
+            8,
+            format!("{e}E(TP1)+{p}P(TP4)+{p}D(TP4)"),
+        )
+    };
+    let sets: Vec<(String, String)> = [
+        ("cluster.groups.0.nodes", enc_nodes.to_string()),
+        ("cluster.groups.0.gpus_per_node", per_node.to_string()),
+        ("cluster.groups.1.nodes", llm_nodes.to_string()),
+        ("cluster.groups.1.gpus_per_node", llm_per_node.to_string()),
+        ("deployment.allocation", allocation),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let share = f64::from(gpus) / 256.0;
+    let o = Overrides {
+        rate: Some(150.0 * share),
+        requests: Some(((2000.0 * share).round() as i64).max(200)),
+        ..Default::default()
+    };
+    Scenario::load_with(&path, &sets, &o).expect("dc-256.toml scales")
+}
+
+/// One HAS search of `sc` as `easerve search` runs it (the scenario's own
+/// deployment seeded; default budget), enumeration included.
+fn has_search(sc: &Scenario) -> Study {
+    let cost = easerve_sim::scenario_cost(sc);
+    let objective = easerve_has::Objective::default_for(&sc.slo);
+    let o = Overrides {
+        rate: Some(sc.workload.rate),
+        requests: Some(sc.workload.requests as i64),
+        ..Default::default()
+    };
+    let trial = SimTrial::new(sc.raw.clone(), &sc.file, o).scoring(objective.tier());
+    let d = &sc.deployment;
+    let cfg = SearchConfig {
+        method: Method::Has,
+        budget: easerve_has::DEFAULT_BUDGET,
+        seed: sc.seed,
+        rate: sc.workload.rate,
+        objective,
+        time_budget_s: None,
+        own: Some(easerve_has::Candidate {
+            allocation: d.allocation,
+            batch: d.max_batch as u32,
+            offload: d.offload,
+        }),
+    };
+    search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
+}
+
+fn search_scale(c: &mut Criterion) {
+    let mut g = c.benchmark_group("search_scale");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    for gpus in [8u32, 64, 256, 1024] {
+        let sc = scaled(gpus);
+        let t0 = Instant::now();
+        let st = has_search(&sc);
+        let own = st.trials.iter().find(|t| {
+            t.candidate.allocation == sc.deployment.allocation
+                && t.candidate.batch as usize == sc.deployment.max_batch
+        });
+        let goodput = |t: Option<&easerve_has::TrialRecord>| {
+            t.and_then(|t| t.outcome.slo_goodput).unwrap_or(0.0)
+        };
+        println!(
+            "search_scale/{gpus}: {} feasible allocations, {} kept by Stage 1, {} trials ({}), {:.2} s; chosen {} at {:.2} req/s within `moderate` (the file's own {:.2}), Λ = {} req/s, {} requests a trial",
+            st.space.len(),
+            st.stage1.iter().filter(|r| r.kept).count(),
+            st.trials.len(),
+            st.stopped,
+            t0.elapsed().as_secs_f64(),
+            st.best.as_ref().map_or("nothing".into(), |b| b.candidate.to_string()),
+            goodput(st.best.as_ref()),
+            goodput(own),
+            sc.workload.rate,
+            sc.workload.requests
+        );
+        g.bench_with_input(BenchmarkId::from_parameter(gpus), &sc, |b, sc| {
+            b.iter(|| has_search(sc))
+        });
+    }
+    g.finish();
+}
+
+fn main() {
+    // `cargo bench --bench has -- FILTER`: the search-quality table runs
+    // unless a filter names something else
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if filter.as_deref().is_none_or(|f| "quality".contains(f)) {
+        quality();
+    }
+    let mut c = Criterion::default().configure_from_args();
+    search_scale(&mut c);
+    c.final_summary();
 }

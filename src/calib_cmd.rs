@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use easerve_calib::profile::today_utc;
 use easerve_calib::refine::{
-    refine_encode, refine_from_latencies, scale_stage, ClientLatencies, DecodeStep, EncodeSample,
-    LatencyRefineError,
+    refine_encode_against, refine_from_latencies, scale_stage, ClientLatencies, DecodeStep,
+    EncodeSample, LatencyRefineError,
 };
 use easerve_calib::Stage;
 use easerve_calib::{vidur, Efficiency, GpuSpec, GridSpec, Profile, Roofline};
@@ -162,6 +162,14 @@ pub(crate) enum CalibCommand {
         /// Typical encoder tokens per item of the measured run.
         #[arg(long)]
         encoder_tokens: Option<f64>,
+        /// The same scenario simulated with --profile, its per-request CSV
+        /// (`easerve sim --requests-csv`): encode's factor per batch size is
+        /// then the measured over the simulated passes, which carry what the
+        /// simulator adds to the table (a CPU host's core sharing), so the
+        /// refined profile does not count that twice; without it, measured
+        /// over the table.
+        #[arg(long, value_name = "SIM.csv", requires = "measured_csv")]
+        sim_csv: Option<PathBuf>,
         /// Simulated report (JSON) of the scenario, simulated with --profile.
         #[arg(long, value_name = "SIM.json", requires = "measured")]
         sim: Option<PathBuf>,
@@ -245,13 +253,14 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             profile,
             measured_csv,
             encoder_tokens,
+            sim_csv,
             sim,
             measured,
             items_per_request,
             output,
         } => refine(
             &profile,
-            measured_csv.as_deref(),
+            measured_csv.as_deref().map(|m| (m, sim_csv.as_deref())),
             encoder_tokens,
             sim.as_deref().zip(measured.as_deref()),
             items_per_request,
@@ -265,7 +274,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
 /// `--measured`), then the profile written.
 fn refine(
     profile: &std::path::Path,
-    measured_csv: Option<&std::path::Path>,
+    measured_csv: Option<(&std::path::Path, Option<&std::path::Path>)>,
     encoder_tokens: Option<f64>,
     runs: Option<(&std::path::Path, &std::path::Path)>,
     items_per_request: u64,
@@ -290,8 +299,8 @@ fn refine(
             .into());
         }
     }
-    if let (Some(csv), Some(tokens)) = (measured_csv, encoder_tokens) {
-        refine_passes(&mut p, csv, tokens, items_per_request)?;
+    if let (Some((csv, sim_csv)), Some(tokens)) = (measured_csv, encoder_tokens) {
+        refine_passes(&mut p, csv, sim_csv, tokens, items_per_request)?;
     }
     if let Some((sim, measured)) = runs {
         refine_runs(&mut p, profile, sim, measured, measured_csv.is_none())?;
@@ -301,15 +310,21 @@ fn refine(
     Ok(ExitCode::SUCCESS)
 }
 
-/// Encode from the measured passes of a per-request CSV
-/// ([`refine_encode`]), with what it did printed.
+/// Encode from the measured passes of a per-request CSV, over the table or
+/// over the simulated passes of `sim_csv` ([`refine_encode_against`]), with
+/// what it did printed.
 fn refine_passes(
     p: &mut Profile,
     csv: &std::path::Path,
+    sim_csv: Option<&std::path::Path>,
     tokens: f64,
     items_per_request: u64,
 ) -> anyhow::Result<()> {
     let samples = read_encode_passes(csv, items_per_request)?;
+    let simulated = match sim_csv {
+        Some(s) => read_encode_passes(s, items_per_request)?,
+        None => Vec::new(),
+    };
     if !samples.iter().any(|s| s.items > 0 && s.seconds > 0.0) {
         return Err(BadInput(format!(
             "--measured-csv {}: no encode pass with items and a positive duration (a header alone, or no request with both encode times)",
@@ -317,12 +332,27 @@ fn refine_passes(
         ))
         .into());
     }
-    let what = csv.display().to_string();
-    let summary = refine_encode(p, &samples, tokens, &what).map_err(|e| BadInput(e.to_string()))?;
+    let what = match sim_csv {
+        Some(s) => format!(
+            "{} over the simulated passes of {}",
+            csv.display(),
+            s.display()
+        ),
+        None => csv.display().to_string(),
+    };
+    let summary = refine_encode_against(p, &samples, &simulated, tokens, &what)
+        .map_err(|e| BadInput(e.to_string()))?;
     for (b, n, med, before, f) in &summary.per_batch {
         sayln!(
-            "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, profile {:.4} s, factor {:.3}",
-            med, before, f
+            "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, {} {:.4} s, factor {:.3}",
+            med,
+            if simulated.iter().any(|s| s.items == *b) {
+                "simulated median"
+            } else {
+                "profile"
+            },
+            before,
+            f
         );
     }
     if summary.raised > 0 {
@@ -937,6 +967,7 @@ fn import_aiconfigurator(
             cost.sources().join("; ")
         ),
         repetitions: 0,
+            cores: None,
     };
     let note = "bandwidth_interference derived from HBM demand; time_slice_penalty assumed (calib/src/eff.rs)";
     let p = Profile::from_cost(

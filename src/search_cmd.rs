@@ -2,7 +2,7 @@
 //! (allocation, B, s) on the simulator.
 
 use crate::BadInput;
-use easerve_has::{search, Method, SearchConfig, SimTrial, Study, TrialRecord};
+use easerve_has::{search_in, Method, SearchConfig, SimTrial, Study, TrialRecord};
 use easerve_workload::scenario::{Overrides, Scenario};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -180,6 +180,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         seed: sc.seed,
         rate: sc.workload.rate,
         objective,
+        own: Some(own_deployment(&sc)),
     };
     let cost = easerve_sim::scenario_cost(&sc);
     let bar = (!a.json && std::io::stderr().is_terminal() && method == Method::Has).then(|| {
@@ -205,7 +206,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let started = std::time::Instant::now();
-    let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut on_trial);
+    let study = search_in(&sc, space, cost.as_ref(), &trial, &cfg, &mut on_trial);
     if let Some(pb) = &bar {
         pb.finish_and_clear();
     }
@@ -217,6 +218,17 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     render(&a, &sc, &base, &study, started.elapsed().as_secs_f64())
+}
+
+/// The scenario's own deployment, which HAS seeds beside Stage 1's
+/// survivors (a search never chooses worse than what it was given).
+fn own_deployment(sc: &Scenario) -> easerve_has::Candidate {
+    let d = &sc.deployment;
+    easerve_has::Candidate {
+        allocation: d.allocation,
+        batch: u32::try_from(d.max_batch).unwrap_or(u32::MAX),
+        offload: d.offload,
+    }
 }
 
 /// The flags' own ranges, before the scenario is read; the method the

@@ -319,6 +319,8 @@ fn sweep_runs_a_cluster_of_groups_over_a_group_field() {
 /// grid). On the measured kernel tables the scenario names (`kernels =
 /// "auto"`); skipped without them: priced from the roofline instead, HAS
 /// finds 4.30 req/s against the grid's 4.40 (2.5 % short, docs/datacenter.md).
+/// The bound is held on Stage 2's trials: the file's own deployment, which
+/// `search` runs after them, is left out of HAS's best.
 #[test]
 fn has_comes_within_2_percent_of_exhaustive_search_on_two_groups() {
     if !crate::kernel_data() {
@@ -348,10 +350,27 @@ fn has_comes_within_2_percent_of_exhaustive_search_on_two_groups() {
             String::from_utf8_lossy(&out.stderr)
         );
         let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        let o = &s["best"]["outcome"];
-        o["slo_goodput"]
-            .as_f64()
-            .unwrap_or_else(|| panic!("no goodput in {o}"))
+        // HAS: Stage 2's own choice; the file's deployment, which `search`
+        // also runs once Stage 2 stops, is left out (it serves 4.42 here)
+        let own = |c: &serde_json::Value| {
+            c["allocation"]["prefill"]["tp"] == 2
+                && c["allocation"]["decode"]["tp"] == 2
+                && c["batch"] == 8
+                && c["offload"] == 1.0
+        };
+        s["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["outcome"]["feasible"] == true)
+            .filter(|t| method != "has" || !own(&t["candidate"]))
+            .map(|t| {
+                let o = &t["outcome"];
+                o["slo_goodput"]
+                    .as_f64()
+                    .unwrap_or_else(|| panic!("no goodput in {o}"))
+            })
+            .fold(0.0, f64::max)
     };
     let (has, best) = (goodput("has"), goodput("exhaustive"));
     assert!(has >= 0.98 * best, "HAS {has} vs exhaustive {best} req/s");

@@ -55,24 +55,49 @@ fn has_prunes_then_searches_the_survivors_within_budget() {
     // the top 3 by load score, and up to 3 more that carry the rate with
     // the lowest request latency
     assert!(!kept.is_empty() && kept.len() <= 6);
-    let trials = s["trials"].as_array().unwrap();
-    assert!(!trials.is_empty() && trials.len() <= 30);
-    // every trial runs a survivor within its B and s window
-    for t in trials {
-        let alloc = &t["candidate"]["allocation"];
-        let row = kept
-            .iter()
-            .find(|r| &r["allocation"] == alloc)
-            .expect("a survivor");
-        let b = t["candidate"]["batch"].as_u64().unwrap();
-        assert!(b >= 1 && b <= row["b_max"].as_u64().unwrap());
-        let s = t["candidate"]["offload"].as_f64().unwrap();
-        assert!(
-            s >= row["s_range"][0].as_f64().unwrap() - 1e-9
+    let mut trials = s["trials"].as_array().unwrap().clone();
+    // within the budget, and then the scenario's own deployment
+    // (`image.toml`: B = 8, s = 0.7) unless a trial ran it
+    assert!(!trials.is_empty() && trials.len() <= 31);
+    let last = &trials[trials.len() - 1]["candidate"];
+    if last["batch"] == 8 && last["offload"] == 0.7 {
+        trials.pop();
+    }
+    assert!(trials.len() <= 30);
+    // every trial of Stage 2 runs a survivor within its B and s window
+    for t in &trials {
+        let c = &t["candidate"];
+        let b = c["batch"].as_u64().unwrap();
+        let s = c["offload"].as_f64().unwrap();
+        let within = |row: &&&serde_json::Value| {
+            row["allocation"] == c["allocation"]
+                && b >= 1
+                && b <= row["b_max"].as_u64().unwrap()
+                && s >= row["s_range"][0].as_f64().unwrap() - 1e-9
                 && s <= row["s_range"][1].as_f64().unwrap() + 1e-9
-        );
+        };
+        assert!(kept.iter().any(|r| within(&r)), "{c} runs no survivor");
     }
     assert!(s["best"]["outcome"]["throughput"].as_f64().unwrap() > 0.0);
+}
+
+/// HAS runs the scenario's own deployment (`image.toml`:
+/// `2E(TP1)+1P(TP2)+1D(TP4)`, B = 8, s = 0.7) once Stage 2 stops, beyond
+/// any budget, so the search never chooses a deployment its trials rank
+/// below the one it was given (on `dc-256.toml` it used to be compared by
+/// hand, at another request count).
+#[test]
+fn has_also_runs_the_scenarios_own_deployment() {
+    let s = study(&["--method", "has", "--budget", "1"]);
+    let trials = s["trials"].as_array().unwrap();
+    assert_eq!(trials.len(), 2);
+    let own = &trials[1]["candidate"];
+    assert_eq!(
+        (own["batch"].as_u64(), own["offload"].as_f64()),
+        (Some(8), Some(0.7))
+    );
+    let score = |t: &serde_json::Value| t["outcome"]["slo_goodput"].as_f64().unwrap();
+    assert!(score(&s["best"]) >= score(&trials[1]));
 }
 
 #[test]

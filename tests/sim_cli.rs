@@ -1004,3 +1004,57 @@ fn the_notes_say_where_the_kernel_data_was_found() {
         "{env}"
     );
 }
+
+#[test]
+fn refining_a_simulated_run_against_its_own_passes_moves_no_encode_factor() {
+    // The simulated passes carry the CPU host's core sharing, which the
+    // table does not: measured over the simulated passes (`--sim-csv`), a
+    // run refined against itself must get factor 1 at every batch size.
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("sim.csv");
+    let csv = csv.to_str().unwrap();
+    let out = easerve(&[
+        "sim",
+        "scenarios/cpu-image.toml",
+        "--rate",
+        "8",
+        "--requests-csv",
+        csv,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let refined = dir.path().join("refined.toml");
+    let out = easerve(&[
+        "calib",
+        "refine",
+        "--profile",
+        "scenarios/profiles/tiny-image.cpu.toml",
+        "--measured-csv",
+        csv,
+        "--sim-csv",
+        csv,
+        "--encoder-tokens",
+        "196",
+        "--items-per-request",
+        "2",
+        "-o",
+        refined.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<&str> = text.lines().filter(|l| l.starts_with("batch")).collect();
+    assert!(!rows.is_empty(), "no batch rows: {text}");
+    for row in rows {
+        assert!(
+            row.contains("simulated median") && row.ends_with("factor 1.000"),
+            "{row}"
+        );
+    }
+}

@@ -293,30 +293,3 @@ pub(crate) fn account(plan: Option<ExecPlan>, ctrl: &Controller, report: &mut Re
     let end = ctrl.finished().1;
     report.planner = Some(plan.book.report(end, ctrl.topology(), &good));
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::run::spare_threads;
-
-    #[test]
-    fn a_started_spare_takes_the_free_cores_at_most_its_share() {
-        // 16 cores, two running ranks of 4 threads: its share 16/3 = 5,
-        // 8 free
-        assert_eq!(spare_threads(16, 8, 2, 1), 5);
-        // the running ranks hold 15 of 16: the one free core
-        assert_eq!(spare_threads(16, 15, 3, 1), 1);
-        // a TP2 spare: per rank, its share 16/(2+2) = 4, 8 free over 2
-        assert_eq!(spare_threads(16, 8, 2, 2), 4);
-        // no core free: one thread (a process needs one)
-        assert_eq!(spare_threads(2, 2, 2, 1), 1);
-        // never more than the cores left free, where a core is free
-        for cores in 1..=32 {
-            for ranks in 0..8 {
-                for held in ranks..=cores {
-                    let t = spare_threads(cores, held, ranks, 1);
-                    assert!(held + t <= cores || (held == cores && t == 1));
-                }
-            }
-        }
-    }
-}

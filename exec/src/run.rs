@@ -25,6 +25,7 @@ use crate::wire::{
     PrefillRequest, Role, ToWorker, WireMedia,
 };
 use easerve_calib::StageCost;
+use easerve_sched::cpu::CpuSlot;
 use easerve_sched::driver::{self, Driver, Liveness};
 use easerve_sched::{
     Command, Controller, Decision, DecodeRunProgress, EnvelopeId, Event, RequestId, RequestRecord,
@@ -155,6 +156,13 @@ pub(crate) struct WorkerProcess {
     /// The decode run in flight ([`Command::DecodeRun`]), iteration by
     /// iteration, and the ids of its batch.
     pub(crate) decode_run: Option<(DecodeRunProgress, Vec<RequestId>)>,
+}
+
+impl WorkerProcess {
+    /// What the CPU thread rule needs of it ([`easerve_sched::cpu`]).
+    fn cpu_slot(&self) -> CpuSlot {
+        CpuSlot::new(self.wref, self.local, self.tp, self.standby)
+    }
 }
 
 pub(crate) enum Incoming {
@@ -444,46 +452,13 @@ fn new_workers(topology: &easerve_sched::Topology) -> Vec<WorkerProcess> {
         .collect()
 }
 
-/// CPU threads of each worker's every rank: `opts.threads`, or all the
-/// host's cores for an encode or local prefill worker (split evenly among an
-/// encode worker's TP ranks), and an even share of them for the ranks of the
-/// others (remote prefill, decode and aggregated replica workers; a TP k
-/// worker counts k ranks, as it holds k devices).
+/// CPU threads of each worker's every rank: `opts.threads`, or the rule of
+/// [`easerve_sched::cpu`] on this host's cores (all of them for an encode
+/// or local prefill worker, split evenly among an encode worker's TP ranks;
+/// an even share for the ranks of the others).
 fn worker_threads(workers: &[WorkerProcess], opts: &ExecOptions) -> Vec<usize> {
-    let cores = cpu_cores();
-    let others: usize = workers
-        .iter()
-        .filter(|w| {
-            !w.standby
-                && (matches!(w.role, Role::Decode | Role::Replica)
-                    || (w.role == Role::Prefill && !w.local))
-        })
-        .map(|w| w.tp)
-        .sum();
-    let threads_of = |w: &WorkerProcess| -> usize {
-        match opts.threads {
-            Some(t) => t,
-            None if w.role == Role::Encode || w.local => (cores / w.tp.max(1)).max(1),
-            None => (cores / others.max(1)).max(1),
-        }
-    };
-    workers.iter().map(threads_of).collect()
-}
-
-/// CPU threads of each rank of a spare slot a planner starts while the run
-/// goes on (TP `tp`), on a host of `cores` cores where the remote prefill,
-/// decode and replica ranks running now hold `held` threads among
-/// `ranks` ranks. The per-worker rule of [`worker_threads`] (an even share
-/// of the cores among those ranks, `cores / (ranks + tp)`), but no more
-/// than the cores they leave free (`(cores − held) / tp`): the running
-/// processes keep the threads they started with, so the spare takes what
-/// is free rather than oversubscribing the cores. At least 1 (a process
-/// needs one): only when no core is free does a spare share one.
-pub(crate) fn spare_threads(cores: usize, held: usize, ranks: usize, tp: usize) -> usize {
-    let tp = tp.max(1);
-    let share = cores / (ranks + tp);
-    let free = cores.saturating_sub(held) / tp;
-    share.min(free).max(1)
+    let slots: Vec<CpuSlot> = workers.iter().map(WorkerProcess::cpu_slot).collect();
+    easerve_sched::cpu::worker_threads(&slots, cpu_cores(), opts.threads)
 }
 
 impl Pool {
@@ -491,29 +466,20 @@ impl Pool {
     /// (not on a stopped worker's device, whose threads it takes over):
     /// `--threads` when given; all the cores for an encode worker, as the
     /// deployment's encode workers have them (a CPU "device" at SM level
-    /// 1.0); else [`spare_threads`] over the remote prefill, decode and
-    /// replica processes running now.
+    /// 1.0); else [`easerve_sched::cpu::start_threads`] over the remote
+    /// prefill, decode and replica processes running now.
     pub(crate) fn spare_threads(&self, k: usize) -> usize {
         if let Some(t) = self.sup.fixed_threads() {
             return t;
-        }
-        let cores = cpu_cores();
-        let w = &self.workers[k];
-        if w.role == Role::Encode || w.local {
-            return cores;
         }
         let running = self.workers.iter().enumerate().filter(|(j, o)| {
             *j != k
                 && o.pid.is_some()
                 && !o.stop.is_some_and(|s| s.exited)
                 && self.live.is_alive(o.wref)
-                && (matches!(o.role, Role::Decode | Role::Replica)
-                    || (o.role == Role::Prefill && !o.local))
         });
-        let (held, ranks) = running.fold((0, 0), |(h, r), (j, o)| {
-            (h + self.threads[j] * o.tp, r + o.tp)
-        });
-        spare_threads(cores, held, ranks, w.tp)
+        let running = running.map(|(j, o)| (o.cpu_slot(), self.threads[j]));
+        easerve_sched::cpu::start_threads(self.workers[k].cpu_slot(), running, cpu_cores())
     }
 }
 

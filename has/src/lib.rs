@@ -7,7 +7,8 @@
 //!   `s* = C_remote/(C_remote + C_local)` with a ±0.2 window.
 //! * [`search`] — Stage 2, one TPE study ([`tpe`]) over (survivor, B,
 //!   s) seeded with each survivor's analytical optimum and stopped when the
-//!   best three are within 1 % or five trials bring no gain; plus the
+//!   best three are within 1 % or five trials bring no gain, then, where
+//!   given, the scenario's own deployment ([`SearchConfig::own`]); plus the
 //!   `random`, `coordinate` and `exhaustive` baselines.
 //! * [`objective`] — what a search ranks by: goodput at an SLO tier (the
 //!   default), throughput or mean TTFT, ties by throughput then mean TTFT.
@@ -33,8 +34,8 @@ pub mod trial;
 
 pub use objective::Objective;
 pub use search::{
-    rule_of, search, tune, tune_by, tune_for, Method, SearchConfig, StopReason, Study, TrialRecord,
-    UnknownMethod, DEFAULT_BUDGET,
+    rule_of, search, search_in, tune, tune_by, tune_for, Method, SearchConfig, StopReason, Study,
+    TrialRecord, UnknownMethod, DEFAULT_BUDGET,
 };
 pub use space::{feasible_allocations, Candidate, CandidateError, FeasibleAllocation};
 pub use trial::{Outcome, SimTrial, Trial};

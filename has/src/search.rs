@@ -189,6 +189,13 @@ pub struct SearchConfig {
     /// a run that hits it is no longer reproducible to the trial); `None`:
     /// the trial budget alone.
     pub time_budget_s: Option<f64>,
+    /// HAS: a deployment run as one more trial once Stage 2 stops (beyond
+    /// the budget; not when a trial ran it already, nor when its allocation
+    /// is not feasible or its s outside the allocation's range): `easerve
+    /// search` gives the scenario's own, so the search never chooses a
+    /// deployment its trials rank below the one it was given. Stage 2 does
+    /// not see it: its stopping rules and TPE run as without it.
+    pub own: Option<Candidate>,
 }
 
 /// An [`Objective`] in a study's JSON: as `--objective` spells it.
@@ -323,6 +330,7 @@ pub fn tune_for(
         rate,
         objective: objective.clone(),
         time_budget_s: None,
+        own: None,
     };
     search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
         .best
@@ -367,7 +375,20 @@ pub fn search(
     cfg: &SearchConfig,
     on_trial: &mut dyn FnMut(&TrialRecord),
 ) -> Study {
-    let space = feasible_allocations(sc);
+    search_in(sc, feasible_allocations(sc), cost, trial, cfg, on_trial)
+}
+
+/// [`search`] over `space`, the scenario's [`feasible_allocations`] a
+/// caller already has (enumerating them is most of a large cluster's
+/// Stage 1).
+pub fn search_in(
+    sc: &Scenario,
+    space: Vec<FeasibleAllocation>,
+    cost: &dyn StageCost,
+    trial: &dyn Trial,
+    cfg: &SearchConfig,
+    on_trial: &mut dyn FnMut(&TrialRecord),
+) -> Study {
     let mut rng = ChaCha8Rng::seed_from_u64(easerve_workload::rng::subseed(
         cfg.seed,
         &format!("search-{}", cfg.method),
@@ -390,7 +411,13 @@ pub fn search(
                 trials: budget,
                 seconds: cfg.time_budget_s,
             };
-            has(&rows, trial, limits, &mut rng, &mut rec, &cfg.objective)
+            let stopped = has(&rows, trial, limits, &mut rng, &mut rec, &cfg.objective);
+            if let Some(own) = cfg.own.as_ref().filter(|c| admits(&space, c)) {
+                if rec.seen(own).is_none() {
+                    rec.record(own.clone(), trial.run(own));
+                }
+            }
+            stopped
         }
         Method::Random => random(&space, trial, budget, &mut rng, &mut rec),
         Method::Coordinate => coordinate(&space, trial, budget, &mut rec),
@@ -552,6 +579,18 @@ fn has(
     } else {
         StopReason::Budget(budget)
     }
+}
+
+/// Whether `c` is a point of `space`: its allocation feasible, its s within
+/// the allocation's range, B ≥ 1.
+fn admits(space: &[FeasibleAllocation], c: &Candidate) -> bool {
+    space.iter().any(|f| {
+        let (lo, hi) = f.offload_range;
+        f.allocation == c.allocation
+            && c.batch >= 1
+            && c.offload >= lo - 1e-12
+            && c.offload <= hi + 1e-12
+    })
 }
 
 /// What bounds HAS Stage 2: trials, and seconds when given.

@@ -146,11 +146,13 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
 
 /// Of the allocations [`prune`] did not keep whose every stage carries the
 /// rate `rate` (score < 1), keep the [`TOP_K`] with the lowest
-/// [`Stage1Row::latency_s`] (ties by allocation text). Below saturation the
-/// load score does not rank: every such allocation serves the offered rate,
-/// and what separates their goodput is how long each request takes (its
-/// TTFT and TPOT against the SLO; in a finite run, the last requests' end).
-/// Rows without a latency (0) are not considered. Such a row whose remote
+/// [`Stage1Row::latency_s`]; of equal latencies (allocations that differ
+/// only in their worker counts), the least loaded (lowest score: the least
+/// queueing), then by allocation text. Below saturation the load score
+/// does not rank: every such allocation serves the offered rate, and what
+/// separates their goodput is how long each request takes (its TTFT and
+/// TPOT against the SLO; in a finite run, the last requests' end). Rows
+/// without a latency (0) are not considered. Such a row whose remote
 /// prefill workers alone carry the rate (`rate < C_remote`) is seeded at the
 /// top of its offload range (`offload_hi` of its allocation): sending
 /// prompts to a local prefill worker then only adds the latency of a worker
@@ -163,14 +165,14 @@ pub fn keep_fastest(
     let mut fast: Vec<usize> = (0..rows.len())
         .filter(|&i| !rows[i].kept && rows[i].score < 1.0 && rows[i].latency_s > 0.0)
         .collect();
+    // equal latencies are common at scale (every count of one layout pair
+    // shares it); the text alone used to pick the most loaded of them
     fast.sort_by(|&a, &b| {
-        rows[a]
-            .latency_s
-            .total_cmp(&rows[b].latency_s)
-            .then_with(|| {
-                let (x, y) = (&rows[a].allocation, &rows[b].allocation);
-                x.to_string().cmp(&y.to_string())
-            })
+        let (x, y) = (&rows[a], &rows[b]);
+        x.latency_s
+            .total_cmp(&y.latency_s)
+            .then_with(|| x.score.total_cmp(&y.score))
+            .then_with(|| x.allocation.to_string().cmp(&y.allocation.to_string()))
     });
     for &i in fast.iter().take(TOP_K) {
         let r = &mut rows[i];
@@ -351,5 +353,37 @@ mod tests {
             1
         );
         assert!(out.windows(2).all(|w| w[0].score <= w[1].score));
+    }
+
+    /// Rows that carry the rate at one unloaded latency (every count of one
+    /// layout pair shares it, as on `dc-256.toml` scaled to 1,024 GPUs,
+    /// where the allocation text used to keep the three most loaded): the
+    /// least loaded are kept.
+    #[test]
+    fn of_equally_fast_allocations_the_least_loaded_are_kept() {
+        let c = caps();
+        let rows: Vec<Stage1Row> = [
+            ("1E(TP1)+1P(TP2)+4D(TP2)", 0.9),
+            ("1E(TP1)+2P(TP2)+3D(TP2)", 0.5),
+            ("1E(TP1)+3P(TP2)+2D(TP2)", 0.3),
+            ("1E(TP1)+4P(TP2)+1D(TP2)", 0.4),
+        ]
+        .iter()
+        .map(|&(a, score)| {
+            let mut r = assess(&fa(a, 0), &c, 0.5, 0.1);
+            (r.score, r.latency_s) = (score, 1.0);
+            r
+        })
+        .collect();
+        let kept: Vec<String> = keep_fastest(rows, 0.1, &|_| 1.0)
+            .iter()
+            .filter(|r| r.kept)
+            .map(|r| r.allocation.to_string())
+            .collect();
+        assert_eq!(kept.len(), 3);
+        assert!(
+            !kept.contains(&"1E(TP1)+1P(TP2)+4D(TP2)".to_string()),
+            "{kept:?}"
+        );
     }
 }

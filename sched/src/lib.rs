@@ -64,6 +64,7 @@ mod allocation;
 pub mod cache;
 pub mod cluster;
 pub mod controller;
+pub mod cpu;
 mod deployment;
 pub mod driver;
 #[cfg(feature = "harness")]

@@ -14,7 +14,8 @@
 //!    the time-slicing penalty, serialised links, decode runs priced ahead in
 //!    chunks with only their ends queued, injected faults), GPU meters, the
 //!    timeline; `engine/replica.rs` — the aggregated system's replicas (an
-//!    iteration that encodes, prefills and decodes).
+//!    iteration that encodes, prefills and decodes); `engine/cores.rs` — on
+//!    the `cpu` device, the one host's cores shared by its busy workers.
 //! 3. `capacity.rs` and `explain.rs` — per-stage capacities and the report's
 //!    explanation (offered load against capacity).
 //! 4. `easerve-workload`'s `report.rs` — how records become the report.

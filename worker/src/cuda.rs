@@ -198,6 +198,7 @@ pub fn profile_cuda(
             green
         ),
         repetitions: opts.repetitions,
+        cores: None,
     };
     assemble(
         arch,

@@ -386,7 +386,7 @@ impl Pools {
     }
 
     pub(crate) fn run<T: Send>(&mut self, share: f64, f: impl FnOnce() -> T + Send) -> T {
-        let n = ((self.threads as f64 * share).round() as usize).clamp(1, self.threads.max(1));
+        let n = easerve_sched::cpu::pass_threads(self.threads, share);
         if self.side != CoreSide::Any {
             let cores = easerve_exec::device::core_set(&self.allowed, n, self.side);
             if self.pinned.as_ref() != Some(&cores) {

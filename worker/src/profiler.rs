@@ -744,6 +744,7 @@ pub fn profile_cpu(
             opts.warmup, opts.repetitions
         ),
         repetitions: opts.repetitions,
+        cores: u32::try_from(cores).ok(),
     };
     let profile = assemble(
         arch,

@@ -183,6 +183,11 @@ pub struct Provenance {
     pub method: String,
     /// Repetitions per table point (0 for computed profiles).
     pub repetitions: u32,
+    /// CPU cores of the host that measured it, for a profile of the `cpu`
+    /// device (its SM levels are shares of them); `None` elsewhere. The
+    /// simulator's core sharing on a CPU host takes its core count from
+    /// here when the scenario gives no `cluster.host_cores`.
+    pub cores: Option<u32>,
 }
 
 /// Why a profile could not be used: names the file, the table and the row.

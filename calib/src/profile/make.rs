@@ -190,6 +190,7 @@ impl Profile {
                 e.prefill_batch_s, e.decode_step_s, e.tokens_to_fill_gpu
             ),
             repetitions: 0,
+            cores: None,
         };
         Profile::from_cost(
             r,

@@ -327,6 +327,7 @@ impl Parser<'_> {
                 "date",
                 "method",
                 "repetitions",
+                "cores",
             ],
         )?;
         let device = self.string(n, t, "device")?;
@@ -390,6 +391,17 @@ impl Parser<'_> {
                 ))
             }
         };
+        let cores =
+            match t.get("cores") {
+                None => None,
+                Some(toml::Value::Integer(c)) if *c >= 1 && *c <= 1 << 20 => Some(*c as u32),
+                Some(_) => return Err(self.err(
+                    Some(n),
+                    None,
+                    "`cores` must be an integer from 1 to 1048576 (the measuring host's CPU cores)"
+                        .into(),
+                )),
+            };
         let model = self.string(n, t, "model")?;
         if model.is_empty() {
             return Err(self.err(Some(n), None, "`model` must not be empty".into()));
@@ -405,6 +417,7 @@ impl Parser<'_> {
             date,
             method: self.string(n, t, "method")?,
             repetitions,
+            cores,
         })
     }
 
@@ -829,6 +842,21 @@ rows = [
         assert_eq!(p.provenance.repetitions, 20);
         let again = Profile::from_toml_str(&p.to_toml_string(), "x").unwrap();
         assert_eq!(again.to_toml_string(), p.to_toml_string());
+    }
+
+    /// A CPU profile's measuring host's cores: read, written back, and a
+    /// bad count refused naming the field.
+    #[test]
+    fn the_measuring_hosts_cores_round_trip() {
+        let p = Profile::from_toml_str(MEASURED, "m.toml").unwrap();
+        assert_eq!(p.provenance.cores, None);
+        let with = MEASURED.replacen("repetitions = 20", "repetitions = 20\ncores = 2", 1);
+        let p = Profile::from_toml_str(&with, "c.toml").unwrap();
+        assert_eq!(p.provenance.cores, Some(2));
+        let again = Profile::from_toml_str(&p.to_toml_string(), "x").unwrap();
+        assert_eq!(again.provenance.cores, Some(2));
+        let e = bad("repetitions = 20", "repetitions = 20\ncores = 0");
+        assert!(e.contains("[provenance]") && e.contains("`cores`"), "{e}");
     }
 
     fn bad(from: &str, to: &str) -> String {

@@ -32,6 +32,9 @@ impl Profile {
         let _ = writeln!(o, "date = {}", q(&p.date));
         let _ = writeln!(o, "method = {}", q(&p.method));
         let _ = writeln!(o, "repetitions = {}", p.repetitions);
+        if let Some(c) = p.cores {
+            let _ = writeln!(o, "cores = {c}");
+        }
         let _ = writeln!(o, "\n[scalars]");
         let _ = writeln!(o, "time_slice_penalty = {:?}", self.time_slice_penalty);
         let _ = writeln!(

@@ -9,7 +9,9 @@
 //! pass or a local prefill batch when what shares its GPU changes (bandwidth
 //! interference under an SM partition, the switching penalty under
 //! time-slicing), the serialised links, the GPU meters and the timeline. Costs
-//! come from a [`StageCost`]. The loop and the order in which the controller
+//! come from a [`StageCost`]. On the `cpu` device every worker shares one
+//! host's cores, and passes slow down while the busy ones ask more cores than
+//! it has (`cores.rs`). The loop and the order in which the controller
 //! hears inputs and gives commands are the ones every driver shares
 //! ([`driver::run`]); the engine says what is due ([`Driver::next_due`]) and
 //! what a command does ([`Driver::carry_out`]).
@@ -24,6 +26,7 @@
 //! their physics in `replica.rs`.
 
 use easerve_workload::fabric;
+mod cores;
 mod plan;
 pub use plan::SimTwin;
 mod replica;
@@ -121,6 +124,11 @@ struct Pass {
     last_update: f64,
     /// Whether the end of the GPU phase has been scheduled yet.
     scheduled: bool,
+    /// Seconds of serial host work (per-pass overhead and preprocessing)
+    /// left at `last_update`, unslowed, while in the host phase.
+    host_left: f64,
+    /// The host-core slowdown the host phase runs at since `last_update`.
+    host_slow: f64,
 }
 
 /// An encode worker's hardware state (the controller keeps its scheduling
@@ -300,6 +308,9 @@ struct Sim<'a> {
     /// The local prefill workers' cost when their (encode) GPU type is not
     /// the remote prefill workers' ([`Scenario::local_prefill_cost`]).
     local_cost: Option<Box<dyn StageCost>>,
+    /// The one CPU host a `cpu` scenario's workers share (`cores.rs`);
+    /// `None` on GPUs.
+    host: Option<cores::HostCores>,
 }
 
 /// The report's reuse section: what the workload offers (in blocks of the
@@ -475,6 +486,7 @@ impl<'a> Sim<'a> {
             })
             .collect();
         let events = EventQueue::new();
+        let host = cores::HostCores::of(sc, &topology);
         let mut sim = Sim {
             fabric: sc.cluster.as_ref().map(fabric::Fabric::new),
             local_cost: sc.local_prefill_cost(),
@@ -503,6 +515,7 @@ impl<'a> Sim<'a> {
             after: After::Nothing,
             pre_ready: Vec::new(),
             plan: None,
+            host,
         };
         sim.set_next_arrival(0);
         sim
@@ -605,6 +618,9 @@ impl<'a> Sim<'a> {
             }
             Ev::Restarted(w) => {
                 self.live.revive(w);
+                if let Some(h) = self.host.as_mut() {
+                    h.started(w, Some(w));
+                }
                 Some(Event::WorkerLoaded { worker: w })
             }
         }
@@ -625,7 +641,10 @@ impl<'a> Sim<'a> {
             Command::Prefill { worker, sm_share } => self.start_prefill(worker, sm_share),
             Command::PrefillShare { worker, sm_share } => {
                 let share = self.effective_share(sm_share);
-                self.rerate_local(worker, share);
+                self.rerate_prefill(worker, share);
+                if self.prefill[worker].job.is_some() {
+                    self.ask_cores_at(WorkerRef::Prefill(worker), Some(share));
+                }
             }
             Command::Kv { from, to, id } => self.send_kv(from, to, id),
             Command::DecodeRun {
@@ -636,8 +655,16 @@ impl<'a> Sim<'a> {
             } => self.start_decode_run(worker, batch, context, steps),
             Command::DecodeYield { worker } => self.yield_decode_run(worker),
             Command::Release { .. } | Command::Discard { .. } => {}
-            Command::LoadWorker { worker, .. } => self.load_worker(worker),
+            Command::LoadWorker { worker, on } => {
+                if let Some(h) = self.host.as_mut() {
+                    h.started(worker, on);
+                }
+                self.load_worker(worker);
+            }
             Command::StopWorker { worker } => {
+                if let Some(h) = self.host.as_mut() {
+                    h.stopped(worker);
+                }
                 let now = self.now;
                 if let Some(p) = self.plan.as_mut() {
                     p.book.stopped(now, worker, &self.topology);
@@ -761,8 +788,12 @@ impl<'a> Sim<'a> {
                 t.t_pre += self.cost.preprocess(&hit_items);
             }
         }
-        let host_end = if self.encode[w].pre_free.is_empty() {
-            now + t.t_pass + t.t_pre
+        let serial = self.encode[w].pre_free.is_empty();
+        // serial preprocessing asks one core of a CPU host
+        self.ask_cores(WorkerRef::Encode(w), usize::from(serial));
+        let host_slow = self.host_slowdown();
+        let host_end = if serial {
+            now + t.t_pass * host_slow + t.t_pre * host_slow
         } else {
             pre_done + t.t_pass
         };
@@ -784,6 +815,8 @@ impl<'a> Sim<'a> {
             done_frac: 0.0,
             last_update: now,
             scheduled: false,
+            host_left: t.t_pass + t.t_pre,
+            host_slow,
         });
         let gen = worker.gen;
         self.events.push(
@@ -800,18 +833,30 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let gpu = self.encode[w].gpu as usize;
         self.meters[gpu].begin(now);
+        let mut share = None;
         if let Some(pass) = self.encode[w].pass.as_mut() {
             pass.gpu_phase = true;
             pass.gpu_start = now;
             pass.last_update = now;
+            share = Some(pass.share);
         }
+        self.ask_cores_at(WorkerRef::Encode(w), share);
         self.rerate_encode(w);
     }
 
     /// Slowdown of encode worker `w`'s GPU phase given whether its co-located
     /// prefill is running: bandwidth interference under an SM partition,
-    /// half the GPU's time (less the switching penalty) under time-slicing.
+    /// half the GPU's time (less the switching penalty) under time-slicing;
+    /// on a CPU host, times the host-core slowdown (`cores.rs`).
     fn encode_slowdown(&self, w: usize) -> f64 {
+        match self.host {
+            None => self.device_slowdown(w),
+            Some(_) => self.device_slowdown(w) * self.host_slowdown(),
+        }
+    }
+
+    /// [`Sim::encode_slowdown`] on the device alone.
+    fn device_slowdown(&self, w: usize) -> f64 {
         let local_busy = self.encode[w]
             .local
             .is_some_and(|p| self.prefill[p].job.is_some());
@@ -853,6 +898,7 @@ impl<'a> Sim<'a> {
         let Some(pass) = self.encode[w].pass.take() else {
             return;
         };
+        self.ask_cores(WorkerRef::Encode(w), 0);
         // within the clock's resolution at `now`: far into a run (a slow
         // arrival rate puts passes at 1e8 s and beyond) an f64 second resolves
         // only ~1e-8 s, a visible fraction of a short pass
@@ -985,7 +1031,8 @@ impl<'a> Sim<'a> {
             }
         }
         self.prefill[p].cached = cached;
-        let dur = self.prefill_time(p, share);
+        self.ask_cores_at(WorkerRef::Prefill(p), Some(share));
+        let dur = self.prefill_time(p, share) * self.host_slowdown();
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].begin(now);
         }
@@ -1010,15 +1057,16 @@ impl<'a> Sim<'a> {
         self.local_changed(p);
     }
 
-    /// Re-rate local prefill worker `p`'s batch to effective share `new_share`.
-    fn rerate_local(&mut self, p: usize, new_share: f64) {
+    /// Re-rate prefill worker `p`'s batch to effective share `new_share` (a
+    /// local worker's new SM share) at the host-core slowdown in force.
+    fn rerate_prefill(&mut self, p: usize, new_share: f64) {
         let Some(job) = self.prefill[p].job.as_ref() else {
             return;
         };
         let now = self.now;
         let old_share = job.share;
         let progressed = (now - job.last_update) / job.dur;
-        let new_dur = self.prefill_time(p, new_share);
+        let new_dur = self.prefill_time(p, new_share) * self.host_slowdown();
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].add_sm_time((now - job.last_update) * old_share);
         }
@@ -1076,6 +1124,7 @@ impl<'a> Sim<'a> {
         let Some(job) = self.prefill[p].job.take() else {
             return;
         };
+        self.ask_cores(WorkerRef::Prefill(p), 0);
         if let Some(log) = self.service.as_mut() {
             log.prefill[p].push(now - job.start);
         }
@@ -1172,6 +1221,7 @@ impl<'a> Sim<'a> {
     /// of the last one priced is queued.
     fn start_decode_run(&mut self, d: usize, batch: u64, context: u64, steps: u64) {
         let now = self.now;
+        self.ask_cores_at(WorkerRef::Decode(d), Some(1.0));
         let worker = &mut self.decode[d];
         worker.durs.clear();
         worker.ends.clear();
@@ -1190,6 +1240,7 @@ impl<'a> Sim<'a> {
     /// are priced already (at least [`FIRST_DECODE_CHUNK`]), so a run cut
     /// short has at most about as many priced in vain as it ran.
     fn price_decode_chunk(&mut self, d: usize) {
+        let slow = self.host_slowdown();
         let worker = &mut self.decode[d];
         let Some(run) = worker.run else {
             return;
@@ -1208,7 +1259,7 @@ impl<'a> Sim<'a> {
         let mut t = worker.ends.last().copied().unwrap_or(run.start);
         let new = &worker.durs[priced as usize..];
         worker.ends.extend(new.iter().map(|&dur| {
-            t += dur;
+            t += dur * slow;
             t
         }));
     }
@@ -1277,6 +1328,7 @@ impl<'a> Sim<'a> {
         let Some(run) = self.decode[d].run.take() else {
             return;
         };
+        self.ask_cores(WorkerRef::Decode(d), 0);
         self.meter_decode(d, run, steps as usize, None);
         self.inline_steps += steps.saturating_sub(1);
     }
@@ -1304,7 +1356,18 @@ impl<'a> Sim<'a> {
             // the one cut off too: a driver replaying the log took its time
             // when it began, and its later iterations (after a restart)
             // follow it
-            log.decode[d].extend_from_slice(&worker.durs[..begun]);
+            match self.host {
+                None => log.decode[d].extend_from_slice(&worker.durs[..begun]),
+                // on a shared CPU host: what each iteration took, slowed
+                Some(_) => {
+                    let mut start = run.start;
+                    for (i, &e) in worker.ends[..begun].iter().enumerate() {
+                        let e = if i == n { end } else { e };
+                        log.decode[d].push(e - start);
+                        start = e;
+                    }
+                }
+            }
         }
         if let Some(tl) = self.timeline.as_mut() {
             let mut start = run.start;
@@ -1367,6 +1430,10 @@ impl<'a> Sim<'a> {
                 }
             }
             WorkerRef::Replica(r) => self.lose_replica_step(r),
+        }
+        self.ask_cores(w, 0);
+        if let Some(h) = self.host.as_mut() {
+            h.stopped(w);
         }
     }
 
@@ -1454,6 +1521,7 @@ impl<'a> Sim<'a> {
             tokens,
             plan,
             fabric,
+            host,
             ..
         } = self;
         // GPUs are held until the last request finished
@@ -1481,6 +1549,7 @@ impl<'a> Sim<'a> {
                 sc.deployment.to_string()
             }
         };
+        notes.extend(host.as_ref().map(cores::HostCores::note));
         let roles = (0..sc.gpus)
             .map(|g| {
                 topology

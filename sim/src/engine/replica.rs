@@ -16,7 +16,7 @@
 
 use super::{Ev, Sim};
 use crate::event::Priority;
-use easerve_sched::{Event, RequestId};
+use easerve_sched::{Event, RequestId, WorkerRef};
 use serde_json::json;
 
 /// One aggregated replica on the hardware.
@@ -56,17 +56,21 @@ impl Sim<'_> {
             self.items.extend_from_slice(&self.tokens[i]);
             seq_lens.push(self.ctrl.requests()[i].prefill_tokens());
         }
+        // on a CPU host: at the core sharing in force at its start
+        self.ask_cores_at(WorkerRef::Replica(r), Some(1.0));
+        let slow = self.host_slowdown();
         let t_enc = if self.items.is_empty() {
             0.0
         } else {
-            self.cost.encode(&self.items, 1.0).t_gpu / tp as f64
+            self.cost.encode(&self.items, 1.0).t_gpu / tp as f64 * slow
         };
         let t_prefill = if seq_lens.is_empty() {
             0.0
         } else {
             self.cost.prefill(&seq_lens, tp.into(), 1.0)
         };
-        let dur = t_enc + t_prefill + self.cost.decode_step(batch, context, tp.into());
+        let dur =
+            t_enc + t_prefill * slow + self.cost.decode_step(batch, context, tp.into()) * slow;
         if let Some(log) = self.service.as_mut() {
             log.replica[r].push((t_enc, dur));
         }
@@ -94,6 +98,7 @@ impl Sim<'_> {
         for &g in &rep.gpus {
             self.meters[g as usize].end(now);
         }
+        self.ask_cores(WorkerRef::Replica(r), 0);
         if let Some(tl) = self.timeline.as_mut() {
             let args = json!({ "batch": batch, "context_tokens": context });
             tl.slice(&format!("R{r} engine"), "iteration", start, now, args);

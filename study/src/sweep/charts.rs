@@ -314,6 +314,7 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
                     rate: top,
                     objective: objective.clone(),
                     time_budget_s: None,
+                    own: None,
                 },
                 &mut |_| {},
             );

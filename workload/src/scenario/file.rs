@@ -144,7 +144,9 @@ pub struct ClusterSection {
     /// 6 per GPU, the EAServe paper's testbed of 48 cores for 8 GPUs; 1 per
     /// GPU on the `cpu` device, whose cores are the device). An encode
     /// worker preprocesses on `host_cores / gpus` threads
-    /// (`deployment.preprocess_threads` overrides).
+    /// (`deployment.preprocess_threads` overrides). On the `cpu` device,
+    /// when given, the cores of the one host every worker shares, whose
+    /// sharing the simulator prices (`Scenario::cpu_host_cores`).
     pub host_cores: Option<i64>,
     /// Node groups (`[[cluster.groups]]`): a cluster of several nodes or GPU
     /// types. Without them the cluster is one node of `gpus` GPUs of type

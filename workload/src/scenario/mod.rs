@@ -140,6 +140,24 @@ impl Scenario {
         }
     }
 
+    /// The cores of the one CPU host every worker of a scenario on the `cpu`
+    /// device runs on (each CPU "GPU" is that host: `easerve exec` starts
+    /// every worker process on it), with where the figure comes from:
+    /// `cluster.host_cores` when the scenario gives it, else the cores of
+    /// the host that measured its profile (`provenance.cores`). `None` for a
+    /// scenario on GPUs, or on the CPU with neither figure (then the
+    /// simulator prices each CPU worker as a device of its own).
+    pub fn cpu_host_cores(&self) -> Option<(u32, &'static str)> {
+        if self.gpu_types() != "cpu" {
+            return None;
+        }
+        if let Some(n) = self.raw.cluster.host_cores {
+            return Some((n.clamp(1, 1 << 20) as u32, "cluster.host_cores"));
+        }
+        let cores = self.profile.as_ref()?.provenance.cores?;
+        Some((cores, "the profile's measuring host, provenance.cores"))
+    }
+
     /// The cluster in one line: `8× h100-sxm (nvlink4)`, or per node group
     /// `NAME: NODES×GPUS_PER_NODE GPU (LINK, NIC B GB/s)` joined by ` + `.
     pub fn cluster_label(&self) -> String {

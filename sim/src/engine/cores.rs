@@ -1,0 +1,336 @@
+//! Core sharing on one CPU host: the physics of a scenario on the `cpu`
+//! device, where every CPU "GPU" is the same host of `C` cores
+//! ([`Scenario::cpu_host_cores`]) and `easerve exec` runs every worker
+//! process on it.
+//!
+//! A profile times each stage alone on an idle host. Each busy worker asks
+//! the host for as many cores as it runs threads, by the executor's own rule
+//! ([`easerve_sched::cpu`]): an encode pass at SM share `f` the
+//! `round(f · threads)` threads of each of its ranks, its serial
+//! preprocessing (the pass's host phase) one, a local prefill batch its
+//! share of the host, a remote prefill batch, a decode run and an
+//! aggregated replica's iteration every thread of each of their ranks.
+//! While the busy demand `D` exceeds `C`, the host is a processor-sharing
+//! server: every pass progresses at `C / D` of its profiled speed. The
+//! rate changes whenever a unit of work starts or ends, and the work in
+//! flight is then re-timed (encode host and device phases, prefill batches,
+//! the iterations of decode runs priced ahead), keeping what it has done;
+//! an aggregated replica's iteration is priced at the rate in force at its
+//! start only. Pipelined preprocessing threads (`deployment.preprocess =
+//! "pipelined"`, not the CPU default) are neither counted nor slowed.
+//!
+//! What this leaves out, and the executor has: the OS places threads, not a
+//! fair share (pinned encode and local prefill cores, rayon's spinning
+//! workers, a fork-join pass waiting for its slowest thread), the
+//! controller process's own CPU time, and a thread count other than the
+//! profile's (a worker on fewer threads than the profile's level runs at
+//! the profile's speed for its share).
+
+use super::Sim;
+use easerve_sched::cpu::{self, CpuSlot};
+use easerve_sched::{Topology, WorkerRef};
+use easerve_workload::Scenario;
+
+/// How much slower every pass on a host of `cores` cores runs while its busy
+/// workers ask `demand` cores: 1 up to `cores`, then `demand / cores`
+/// (processor sharing: each progresses at `cores / demand` of its speed).
+fn sharing_slowdown(demand: usize, cores: usize) -> f64 {
+    if demand <= cores {
+        1.0
+    } else {
+        demand as f64 / cores.max(1) as f64
+    }
+}
+
+/// The host's cores and what each worker asks of them.
+pub(super) struct HostCores {
+    /// `C`.
+    cores: usize,
+    /// Where `C` came from (for the notes).
+    source: &'static str,
+    /// Per worker, in the topology's order (encode, prefill, decode,
+    /// replica): what the thread rule needs of it.
+    slots: Vec<CpuSlot>,
+    /// Its threads per rank.
+    threads: Vec<usize>,
+    /// Whether its process runs (threads of a spare started later are
+    /// shared out among the running ones).
+    running: Vec<bool>,
+    /// Cores it asks now (0 when idle).
+    demand: Vec<usize>,
+    /// Where each stage's workers start in that order.
+    base: [usize; 4],
+    labels: Vec<String>,
+    /// Sum of `demand`.
+    total: usize,
+}
+
+impl HostCores {
+    /// The host of `sc`'s workers, when it runs on the `cpu` device and its
+    /// cores are known.
+    pub(super) fn of(sc: &Scenario, topology: &Topology) -> Option<HostCores> {
+        let (cores, source) = sc.cpu_host_cores()?;
+        let cores = cores as usize;
+        let slots: Vec<CpuSlot> = topology.workers().map(CpuSlot::of).collect();
+        let ne = topology.encode().len();
+        let np = ne + topology.prefill().len();
+        let nd = np + topology.decode().len();
+        Some(HostCores {
+            cores,
+            source,
+            threads: cpu::worker_threads(&slots, cores, None),
+            running: slots.iter().map(|s| !s.standby).collect(),
+            demand: vec![0; slots.len()],
+            labels: topology.workers().map(|w| w.label.clone()).collect(),
+            slots,
+            base: [0, ne, np, nd],
+            total: 0,
+        })
+    }
+
+    fn index(&self, w: WorkerRef) -> usize {
+        match w {
+            WorkerRef::Encode(i) => self.base[0] + i,
+            WorkerRef::Prefill(i) => self.base[1] + i,
+            WorkerRef::Decode(i) => self.base[2] + i,
+            WorkerRef::Replica(i) => self.base[3] + i,
+        }
+    }
+
+    /// The slowdown every pass on the host runs at now.
+    pub(super) fn slowdown(&self) -> f64 {
+        sharing_slowdown(self.total, self.cores)
+    }
+
+    /// Cores worker `w` asks while it runs a pass at SM share `share` on
+    /// every thread of its ranks (`share` 1: all of them).
+    pub(super) fn demand_at(&self, w: WorkerRef, share: f64) -> usize {
+        let k = self.index(w);
+        self.slots[k].ranks * cpu::pass_threads(self.threads[k], share)
+    }
+
+    /// Worker `w` now asks `demand` cores; the slowdown before, when that
+    /// changed it.
+    pub(super) fn set(&mut self, w: WorkerRef, demand: usize) -> Option<f64> {
+        let k = self.index(w);
+        let before = self.slowdown();
+        self.total = self.total - self.demand[k] + demand;
+        self.demand[k] = demand;
+        (self.slowdown() != before).then_some(before)
+    }
+
+    /// Worker `w`'s process starts (a planner's load): on the stopped
+    /// worker `on`'s threads for a role change, else by the rule for a
+    /// spare started beside the running workers.
+    pub(super) fn started(&mut self, w: WorkerRef, on: Option<WorkerRef>) {
+        let k = self.index(w);
+        self.threads[k] = match on {
+            Some(o) => self.threads[self.index(o)],
+            None => {
+                let running = (0..self.slots.len())
+                    .filter(|&j| j != k && self.running[j])
+                    .map(|j| (self.slots[j], self.threads[j]));
+                cpu::start_threads(self.slots[k], running, self.cores)
+            }
+        };
+        self.running[k] = true;
+    }
+
+    /// Worker `w`'s process stopped (drained, or died).
+    pub(super) fn stopped(&mut self, w: WorkerRef) {
+        let k = self.index(w);
+        self.running[k] = false;
+    }
+
+    /// What the run's report says of the term.
+    pub(super) fn note(&self) -> String {
+        let threads: Vec<String> = self
+            .labels
+            .iter()
+            .zip(&self.threads)
+            .zip(&self.slots)
+            .filter(|((_, _), s)| !s.standby)
+            .map(|((l, t), s)| match s.ranks {
+                1 => format!("{l} {t}"),
+                r => format!("{l} {r}×{t}"),
+            })
+            .collect();
+        format!(
+            "CPU host: {} cores shared by every worker ({}); threads per worker as `easerve exec` gives them: {}; while the busy workers ask more cores than that, every pass runs at cores/demand of its profiled speed (processor sharing, re-timed as work starts and ends)",
+            self.cores,
+            self.source,
+            threads.join(", ")
+        )
+    }
+}
+
+impl Sim<'_> {
+    /// The host-core slowdown in force (1 off the `cpu` device).
+    pub(super) fn host_slowdown(&self) -> f64 {
+        self.host.as_ref().map_or(1.0, HostCores::slowdown)
+    }
+
+    /// Worker `w` now asks `demand` cores of the host: when that changes
+    /// the rate of every pass on it, the work in flight is re-timed.
+    pub(super) fn ask_cores(&mut self, w: WorkerRef, demand: usize) {
+        let Some(before) = self.host.as_mut().and_then(|h| h.set(w, demand)) else {
+            return;
+        };
+        self.retime(before);
+    }
+
+    /// Worker `w` asks its cores for a pass at `share` (`None`: it is idle).
+    pub(super) fn ask_cores_at(&mut self, w: WorkerRef, share: Option<f64>) {
+        let demand = match (&self.host, share) {
+            (Some(h), Some(s)) => h.demand_at(w, s),
+            _ => 0,
+        };
+        self.ask_cores(w, demand);
+    }
+
+    /// The slowdown changed from `before`: every unit of work in flight on
+    /// the host keeps what it has done and runs the rest at the new rate.
+    fn retime(&mut self, before: f64) {
+        let now = self.now;
+        let after = self.host_slowdown();
+        for w in 0..self.encode.len() {
+            self.retime_host_phase(w, after);
+            self.rerate_encode(w);
+        }
+        for p in 0..self.prefill.len() {
+            if let Some(share) = self.prefill[p].job.as_ref().map(|j| j.share) {
+                self.rerate_prefill(p, share);
+            }
+        }
+        for d in 0..self.decode.len() {
+            let worker = &mut self.decode[d];
+            if worker.run.is_none() {
+                continue;
+            }
+            for e in worker.ends.iter_mut().filter(|e| **e > now) {
+                *e = now + (*e - now) * after / before;
+            }
+            worker.gen += 1;
+            self.queue_decode_end(d);
+        }
+    }
+
+    /// Re-time encode worker `w`'s pass while it is in its serial host
+    /// phase (preprocessing on one thread) to slowdown `slow`.
+    fn retime_host_phase(&mut self, w: usize, slow: f64) {
+        let now = self.now;
+        let worker = &mut self.encode[w];
+        let Some(pass) = worker.pass.as_mut().filter(|p| !p.gpu_phase) else {
+            return;
+        };
+        if !worker.pre_free.is_empty() {
+            return;
+        }
+        pass.host_left = (pass.host_left - (now - pass.last_update) / pass.host_slow).max(0.0);
+        pass.last_update = now;
+        pass.host_slow = slow;
+        worker.gen += 1;
+        let (at, gen) = (now + pass.host_left * slow, worker.gen);
+        self.events.push(
+            at,
+            crate::event::Priority::Completion,
+            super::Ev::EncodeGpuPhase { worker: w, gen },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use easerve_sched::Event;
+
+    #[test]
+    fn passes_share_the_cores_they_ask_for() {
+        assert_eq!(sharing_slowdown(1, 1), 1.0);
+        assert_eq!(sharing_slowdown(2, 1), 2.0);
+        assert_eq!(sharing_slowdown(2, 2), 1.0);
+        assert_eq!(sharing_slowdown(5, 2), 2.5);
+        assert_eq!(sharing_slowdown(0, 2), 1.0);
+    }
+
+    /// `1E(TP1)+1P(TP1)+2D(TP1)` on a host of `cores` cores (each decode
+    /// worker gets one thread there).
+    fn two_decoders(cores: &str) -> Scenario {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cpu-image.toml");
+        let sets: Vec<(String, String)> = [
+            ("cluster.gpus", "4"),
+            ("cluster.host_cores", cores),
+            ("deployment.allocation", "1E(TP1)+1P(TP1)+2D(TP1)"),
+            ("deployment.offload", "1.0"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Scenario::load_with(&path, &sets, &Default::default()).expect("valid")
+    }
+
+    /// When each of the decode runs `(worker, start)` of 10 iterations
+    /// (batch 1, context 64) ends, with nothing else on the host.
+    fn run_ends(sc: &Scenario, runs: &[(usize, f64)]) -> Vec<f64> {
+        let mut sim = Sim::new(sc, sc.cost(), false);
+        let mut starts: Vec<(f64, usize)> = runs.iter().map(|&(d, t)| (t, d)).collect();
+        starts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut ends = vec![f64::NAN; sim.decode.len()];
+        let mut next = starts.into_iter().peekable();
+        loop {
+            let due = next.peek().map_or(f64::INFINITY, |s| s.0);
+            match sim.events.pop_until(due) {
+                Some((t, ev)) => {
+                    sim.now = t;
+                    if let Some(Event::DecodeRunDone { worker, .. }) = sim.on_event(ev) {
+                        ends[worker] = t;
+                    }
+                }
+                None => match next.next() {
+                    Some((t, d)) => {
+                        sim.now = t;
+                        sim.start_decode_run(d, 1, 64, 10);
+                    }
+                    None => break,
+                },
+            }
+        }
+        runs.iter().map(|&(d, _)| ends[d]).collect()
+    }
+
+    /// The sharing term: a run alone takes its profiled time; two started
+    /// together on a 1-core host each take twice as long (on 2 cores, as
+    /// long as alone); one that joins halfway slows the other's second
+    /// half, and runs its own first half at half speed.
+    #[test]
+    fn two_passes_started_together_on_one_core_take_twice_as_long() {
+        let one = two_decoders("1");
+        let alone = run_ends(&one, &[(0, 0.0)])[0];
+        let mut profiled = Vec::new();
+        one.cost()
+            .decode_steps(1, 64, easerve_model::Parallel::new(1, 1), 10, &mut profiled);
+        let t: f64 = profiled.iter().sum();
+        assert!((alone - t).abs() < 1e-12, "{alone} {t}");
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
+        let both = run_ends(&one, &[(0, 0.0), (1, 0.0)]);
+        assert!(
+            close(both[0], 2.0 * t) && close(both[1], 2.0 * t),
+            "{both:?} {t}"
+        );
+        let two = run_ends(&two_decoders("2"), &[(0, 0.0), (1, 0.0)]);
+        assert!(close(two[0], t) && close(two[1], t), "{two:?} {t}");
+        let late = run_ends(&one, &[(0, 0.0), (1, t / 2.0)]);
+        assert!(close(late[0], 1.5 * t), "{late:?} {t}");
+        assert!(close(late[1], 2.0 * t), "{late:?} {t}"); // the report names the host, its source and the threads
+        let mut small = one.clone();
+        small.workload.requests = 4;
+        let notes = crate::engine::simulate(&small).report.notes;
+        let note = notes.iter().find(|n| n.starts_with("CPU host: 1 cores"));
+        let note = note.expect("a CPU host note");
+        assert!(
+            note.contains("cluster.host_cores") && note.contains("D1 1"),
+            "{note}"
+        );
+    }
+}
