@@ -1027,6 +1027,23 @@ mod tests {
     }
 
     #[test]
+    fn a_pinned_key_is_held_but_never_evicted_until_placed_again() {
+        let mut l = Lru::new(10);
+        assert!(l.insert(1, 4) && l.insert(2, 4));
+        // pinned: out of the count; a second pin takes nothing more
+        assert_eq!((l.pin(1), l.pin(1), l.pin(9)), (Some(4), Some(0), None));
+        assert_eq!(l.used(), 4);
+        // 3 and 4 need room: only 2 can go, the pinned 1 stays held
+        assert!(l.insert(3, 4) && l.insert(4, 4));
+        assert!(l.contains(1) && !l.contains(2));
+        assert_eq!(l.evict_lru(), Some(3));
+        // its last pin off, it is placed again as the most recently used
+        assert_eq!((l.unpin(1), l.unpin(1), l.unpin(1)), (None, Some(4), None));
+        assert!(l.insert(1, 4));
+        assert_eq!((l.used(), l.evict_lru(), l.evict_lru()), (8, Some(4), Some(1)));
+    }
+
+    #[test]
     fn prefix_cache_pins_hits_and_evicts_unreferenced_blocks_lru() {
         let chain = |ids: &[u64]| {
             let segs: Vec<Segment> = ids.iter().map(|&i| seg(i, 16)).collect();
