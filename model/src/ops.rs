@@ -882,9 +882,12 @@ impl PrefillShape {
     pub fn with_cache(new: &[u64], cached: &[u64]) -> Option<PrefillShape> {
         let sq: f64 = new
             .iter()
-            .zip(cached.iter().chain(std::iter::repeat(&0)))
-            .filter(|(&n, _)| n > 0)
-            .map(|(&n, &c)| ((n + c) as f64).powi(2) - (c as f64).powi(2))
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(i, &n)| {
+                let c = cached.get(i).copied().unwrap_or(0);
+                ((n + c) as f64).powi(2) - (c as f64).powi(2)
+            })
             .sum();
         PrefillShape::with_square_sum(new, sq)
     }

@@ -1040,7 +1040,10 @@ mod tests {
         // its last pin off, it is placed again as the most recently used
         assert_eq!((l.unpin(1), l.unpin(1), l.unpin(1)), (None, Some(4), None));
         assert!(l.insert(1, 4));
-        assert_eq!((l.used(), l.evict_lru(), l.evict_lru()), (8, Some(4), Some(1)));
+        assert_eq!(
+            (l.used(), l.evict_lru(), l.evict_lru()),
+            (8, Some(4), Some(1))
+        );
     }
 
     #[test]
