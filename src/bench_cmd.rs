@@ -1,5 +1,6 @@
 //! `easerve bench`: load any OpenAI-compatible chat endpoint with a
-//! scenario's workload or `vllm bench serve`'s `random-mm` dataset and report
+//! scenario's workload or `vllm bench serve`'s `random-mm`, `random` or
+//! `prefix_repetition` dataset and report
 //! what it measured (`easerve_bench`), with `vllm bench serve`'s flags, text
 //! layout and JSON keys.
 //!
@@ -15,7 +16,9 @@ use easerve_bench::media::{check_item, ImageCodec};
 #[cfg(feature = "bench")]
 use easerve_bench::result::{parse_goodput, BenchResult, GoodputBound};
 #[cfg(feature = "bench")]
-use easerve_bench::workload::{parse_bucket_config, send_times, BenchRequest, RandomMm};
+use easerve_bench::workload::{
+    parse_bucket_config, send_times, BenchRequest, PrefixRepetition, RandomMm,
+};
 #[cfg(feature = "bench")]
 use easerve_workload::report::{RunMeta, SloTier};
 #[cfg(feature = "bench")]
@@ -48,11 +51,14 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "FILE", conflicts_with_all = [
         "dataset_name", "random_input_len", "random_output_len", "random_range_ratio",
         "random_mm_base_items_per_request", "random_mm_num_mm_items_range_ratio",
-        "random_mm_bucket_config", "burstiness",
+        "random_mm_bucket_config", "burstiness", "prefix_repetition_prefix_len",
+        "prefix_repetition_suffix_len", "prefix_repetition_num_prefixes",
+        "prefix_repetition_output_len",
     ])]
     scenario: Option<PathBuf>,
     /// Random dataset when no scenario is given: `random-mm` (text and
-    /// images or videos) or `random` (text only).
+    /// images or videos), `random` (text only) or `prefix_repetition` (text
+    /// prompts that share one of a few prefixes, vLLM's).
     #[arg(long, default_value = "random-mm")]
     dataset_name: String,
     /// Text prompt length, in common English words (the server counts the tokens).
@@ -74,6 +80,19 @@ pub(crate) struct BenchArgs {
     /// (FRAMES 1: an image; more: a video of that many frames).
     #[arg(long, default_value = "{(256, 256, 1): 0.5, (720, 1280, 1): 0.5}")]
     random_mm_bucket_config: String,
+    /// prefix_repetition: words of each shared prefix.
+    #[arg(long, default_value_t = 256)]
+    prefix_repetition_prefix_len: u32,
+    /// prefix_repetition: words of each request's own suffix, after its prefix.
+    #[arg(long, default_value_t = 256)]
+    prefix_repetition_suffix_len: u32,
+    /// prefix_repetition: distinct prefixes; each opens ⌊num-prompts /
+    /// num-prefixes⌋ requests (so that many times this are sent).
+    #[arg(long, default_value_t = 10)]
+    prefix_repetition_num_prefixes: u32,
+    /// prefix_repetition: output tokens of every request.
+    #[arg(long, default_value_t = 128)]
+    prefix_repetition_output_len: u32,
     /// Requests to send (default: the scenario's `workload.requests`, else 1000).
     #[arg(long)]
     num_prompts: Option<i64>,
@@ -162,6 +181,7 @@ fn workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, R
     }
     match &a.scenario {
         Some(path) => scenario_workload(a, path),
+        None if a.dataset_name == "prefix_repetition" => prefix_workload(a),
         None => random_workload(a),
     }
 }
@@ -248,8 +268,6 @@ fn ramp_times(a: &BenchArgs, n: usize, seed: u64) -> anyhow::Result<Option<Vec<f
 #[cfg(feature = "bench")]
 fn random_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
     let n = a.num_prompts.unwrap_or(1000) as usize;
-    let rate = a.request_rate.unwrap_or(f64::INFINITY);
-    let seed = a.seed.unwrap_or(0);
     if !(0.0..1.0).contains(&a.random_range_ratio) {
         return Err(bad(format!(
             "--random-range-ratio {}: allowed [0, 1)",
@@ -271,7 +289,7 @@ fn random_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloT
         "random" => (0, Vec::new()),
         other => {
             return Err(bad(format!(
-                "--dataset-name {other}: allowed random-mm, random (or give --scenario)"
+                "--dataset-name {other}: allowed random-mm, random, prefix_repetition (or give --scenario)"
             )))
         }
     };
@@ -289,11 +307,24 @@ fn random_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloT
         items_range_ratio: a.random_mm_num_mm_items_range_ratio,
         buckets,
     };
+    dataset_run(a, n, |times, seed| d.requests(times, seed))
+}
+
+/// A dataset's `n` requests, drawn by `draw` from their send times (the
+/// ramp's, else at `--request-rate` with `--burstiness`) and the seed, and
+/// what the report says of the run.
+#[cfg(feature = "bench")]
+fn dataset_run(
+    a: &BenchArgs,
+    n: usize,
+    draw: impl FnOnce(&[f64], u64) -> Vec<BenchRequest>,
+) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
+    let rate = a.request_rate.unwrap_or(f64::INFINITY);
+    let seed = a.seed.unwrap_or(0);
     let times = match ramp_times(a, n, seed)? {
         Some(t) => t,
         None => send_times(rate, a.burstiness, n, seed),
     };
-    let reqs = d.requests(&times, seed);
     let meta = RunMeta {
         scenario: a.dataset_name.clone(),
         deployment: format!("measured at {}", a.base_url),
@@ -303,7 +334,52 @@ fn random_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloT
         offered_rate: rate,
         requests: n,
     };
-    Ok((reqs, Vec::new(), meta))
+    Ok((draw(&times, seed), Vec::new(), meta))
+}
+
+/// Largest `--prefix-repetition-prefix-len` or `-suffix-len`, words: a
+/// bound on one request's body (about 6 bytes a word), not on any model's
+/// context.
+#[cfg(feature = "bench")]
+const MAX_SEGMENT_WORDS: u32 = 1_000_000;
+
+/// vLLM's `prefix_repetition` dataset ([`PrefixRepetition`]), checked by
+/// its rules (`num_prompts ≥ num_prefixes`) and ours (a prompt of at least
+/// one word, at least one output token).
+#[cfg(feature = "bench")]
+fn prefix_workload(a: &BenchArgs) -> anyhow::Result<(Vec<BenchRequest>, Vec<SloTier>, RunMeta)> {
+    let d = PrefixRepetition {
+        prefix_len: a.prefix_repetition_prefix_len,
+        suffix_len: a.prefix_repetition_suffix_len,
+        num_prefixes: a.prefix_repetition_num_prefixes,
+        output_len: a.prefix_repetition_output_len,
+    };
+    for (flag, v) in [("prefix-len", d.prefix_len), ("suffix-len", d.suffix_len)] {
+        if v > MAX_SEGMENT_WORDS {
+            return Err(bad(format!(
+                "--prefix-repetition-{flag} {v}: allowed 0 ..= {MAX_SEGMENT_WORDS} words"
+            )));
+        }
+    }
+    if d.prefix_len + d.suffix_len == 0 {
+        return Err(bad(
+            "--prefix-repetition-prefix-len 0 --prefix-repetition-suffix-len 0: a prompt needs at least one word".into(),
+        ));
+    }
+    if d.output_len == 0 {
+        return Err(bad(
+            "--prefix-repetition-output-len 0: at least 1 output token (the server generates exactly this many)".into(),
+        ));
+    }
+    let asked = a.num_prompts.unwrap_or(1000) as usize;
+    let n = d.count(asked);
+    if d.num_prefixes == 0 || n == 0 {
+        return Err(bad(format!(
+            "--prefix-repetition-num-prefixes {}: allowed 1 ..= --num-prompts ({asked})",
+            d.num_prefixes
+        )));
+    }
+    dataset_run(a, n, |times, seed| d.requests(times, seed))
 }
 
 /// The flags' own ranges, before any request is built; the image codec.

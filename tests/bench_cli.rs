@@ -15,6 +15,8 @@ use std::time::Duration;
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Seen {
     pub(crate) words: usize,
+    /// Each text part, in order.
+    pub(crate) texts: Vec<String>,
     pub(crate) images: Vec<(u32, u32)>,
     pub(crate) audio_s: Vec<f64>,
     pub(crate) video_frames: Vec<usize>,
@@ -100,7 +102,11 @@ fn serve(
     };
     for part in req["messages"][0]["content"].as_array().unwrap() {
         match part["type"].as_str().unwrap() {
-            "text" => s.words = part["text"].as_str().unwrap().split_whitespace().count(),
+            "text" => {
+                let text = part["text"].as_str().unwrap();
+                s.words += text.split_whitespace().count();
+                s.texts.push(text.to_string());
+            }
             "image_url" => s
                 .images
                 .push(image(part["image_url"]["url"].as_str().unwrap())),
@@ -151,6 +157,12 @@ fn serve(
         out,
         "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{prompt},\"completion_tokens\":{tokens}}}}}\n\ndata: [DONE]\n\n"
     );
+}
+
+/// A result's `completed` and `failed` counts.
+fn completed_failed(r: &Value) -> (u64, u64) {
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k}: {}", r[k]));
+    (n("completed"), n("failed"))
 }
 
 fn bench_json(args: &[&str]) -> Value {
@@ -321,6 +333,48 @@ fn a_scenarios_requests_are_the_simulators_with_its_tiers_as_goodput() {
     assert!(text.contains("TTFT mean"), "{text}");
 }
 
+/// `--dataset-name prefix_repetition` sends vLLM's dataset: `num_prefixes ×
+/// ⌊num_prompts / num_prefixes⌋` prompts, each one of the shared prefixes
+/// (the same words every time) followed by a suffix of its own.
+#[test]
+fn the_prefix_repetition_dataset_sends_shared_prefixes_and_own_suffixes() {
+    let server = fake_server(Duration::from_millis(1), Duration::from_millis(1), 0);
+    let r = bench_json(&[
+        "bench",
+        "--dataset-name",
+        "prefix_repetition",
+        "--num-prompts",
+        "14",
+        "--base-url",
+        &server.url,
+        "--model",
+        "m",
+        "--prefix-repetition-prefix-len",
+        "40",
+        "--prefix-repetition-suffix-len",
+        "8",
+        "--prefix-repetition-num-prefixes",
+        "3",
+        "--prefix-repetition-output-len",
+        "5",
+        "--json",
+    ]);
+    assert_eq!(completed_failed(&r), (12, 0));
+    assert_eq!(r["total_output_tokens"].as_u64(), Some(12 * 5));
+    let seen = server.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 12);
+    let mut prefixes = std::collections::HashMap::new();
+    let mut suffixes = std::collections::HashSet::new();
+    for s in &seen {
+        assert_eq!((s.texts.len(), s.words, s.max_tokens), (2, 48, 5), "{s:?}");
+        assert_eq!(s.texts[0].split_whitespace().count(), 40);
+        *prefixes.entry(s.texts[0].clone()).or_insert(0) += 1;
+        suffixes.insert(s.texts[1].clone());
+    }
+    assert_eq!(prefixes.values().copied().collect::<Vec<_>>(), [4, 4, 4]);
+    assert_eq!(suffixes.len(), 12);
+}
+
 #[test]
 fn bad_bench_input_exits_2_naming_the_flag() {
     let cases: &[(&[&str], &str)] = &[
@@ -333,6 +387,22 @@ fn bad_bench_input_exits_2_naming_the_flag() {
         (&["--goodput", "ttfx:3"], "--goodput"),
         (&["--request-rate", "0"], "--request-rate"),
         (&["--dataset-name", "sharegpt"], "--dataset-name"),
+        // vLLM refuses fewer prompts than prefixes
+        (
+            &["--dataset-name", "prefix_repetition"],
+            "--prefix-repetition-num-prefixes 10: allowed 1 ..= --num-prompts (1)",
+        ),
+        (
+            &[
+                "--dataset-name",
+                "prefix_repetition",
+                "--prefix-repetition-num-prefixes",
+                "1",
+                "--prefix-repetition-output-len",
+                "0",
+            ],
+            "--prefix-repetition-output-len 0",
+        ),
         (&["--image-format", "gif"], "--image-format"),
         (&["--max-concurrency", "0"], "--max-concurrency"),
         // checked before anything is sent
@@ -428,10 +498,7 @@ fn bad_bench_input_exits_2_naming_the_flag() {
         "5",
         "--json",
     ]);
-    assert_eq!(
-        (r["completed"].as_u64(), r["failed"].as_u64()),
-        (Some(0), Some(3))
-    );
+    assert_eq!(completed_failed(&r), (0, 3));
     assert!(r["errors"][0].as_str().unwrap().contains("connection"));
 }
 

@@ -130,9 +130,9 @@ fn repeated_parts(
     c: &easerve_sched::Content,
     cfg: &ClientConfig,
 ) -> Result<Vec<Value>, String> {
-    let mut items = r.items.iter().zip(&c.items).peekable();
-    let mut parts = Vec::with_capacity(c.segments.len());
-    for s in &c.segments {
+    let mut items = r.items.iter().zip(c.items()).peekable();
+    let mut parts = Vec::with_capacity(c.segments().len());
+    for s in c.segments() {
         match items.peek() {
             Some((item, ci)) if ci.id == s.id => {
                 let mut rng = stream(cfg.seed, &format!("bench-item/{:016x}", s.id));

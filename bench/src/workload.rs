@@ -1,12 +1,15 @@
 //! What `easerve bench` sends: the requests of a scenario (the same
 //! generator, seed and streams as `easerve sim`, so one seed gives the same
-//! requests), or `vllm bench serve`'s `random-mm` dataset from its flags.
+//! requests), or `vllm bench serve`'s `random-mm` or `prefix_repetition`
+//! dataset from its flags.
 
-use easerve_sched::{Content, MmItem, Request};
+use easerve_sched::cache::mix;
+use easerve_sched::{Content, MmItem, Request, Segment};
 use easerve_workload::generate::{arrival_times, uniform_around};
-use easerve_workload::rng::stream;
+use easerve_workload::rng::{stream, subseed};
 use easerve_workload::scenario::Arrival;
 use rand::distributions::WeightedIndex;
+use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_distr::Distribution;
 
@@ -31,7 +34,7 @@ pub struct BenchRequest {
     /// built from it ([`crate::client::request_body`]): equal ids give equal
     /// bytes, so a server's caches see the repeats the twin sees. `None`:
     /// every item and prompt is unique.
-    pub content: Option<Box<Content>>,
+    pub content: Option<Content>,
 }
 
 impl BenchRequest {
@@ -173,6 +176,80 @@ impl RandomMm {
     }
 }
 
+/// `vllm bench serve --dataset-name prefix_repetition` and its
+/// `--prefix-repetition-*` flags, as vLLM's `PrefixRepetitionRandomDataset`
+/// (`vllm/benchmarks/datasets.py`) draws it: `num_prefixes` prefixes of
+/// `prefix_len` random tokens, each followed in `⌊n / num_prefixes⌋`
+/// requests by a suffix of `suffix_len` random tokens of its own, every
+/// request asking for `output_len` tokens, the requests shuffled. Here a
+/// token is a word of [`PROMPT_WORDS`]; a prefix is one text segment the
+/// requests that share it send as the same words ([`segment_text`]), a
+/// suffix another, unique.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixRepetition {
+    /// `--prefix-repetition-prefix-len`: words of each shared prefix.
+    pub prefix_len: u32,
+    /// `--prefix-repetition-suffix-len`: words of each request's own suffix.
+    pub suffix_len: u32,
+    /// `--prefix-repetition-num-prefixes`: distinct prefixes (≥ 1).
+    pub num_prefixes: u32,
+    /// `--prefix-repetition-output-len`: output tokens of every request.
+    pub output_len: u32,
+}
+
+impl PrefixRepetition {
+    /// Requests the dataset holds when `num_prompts` are asked for:
+    /// `num_prefixes × ⌊num_prompts / num_prefixes⌋`, as vLLM (0 when
+    /// `num_prompts < num_prefixes`, which vLLM refuses).
+    pub fn count(&self, num_prompts: usize) -> usize {
+        let k = self.num_prefixes.max(1) as usize;
+        num_prompts / k * k
+    }
+
+    /// The requests, one per send time of `arrivals` (`arrivals.len()` from
+    /// [`PrefixRepetition::count`]): prefix `p`'s requests drawn in order,
+    /// then shuffled on the `prefix-repetition` stream of `seed`; request
+    /// `i` goes at `arrivals[i]`. Prefix `p`'s content id is
+    /// `mix(subseed(seed, "prefix-repetition-prefixes"), p)`, request `j`'s
+    /// suffix's `mix(subseed(seed, "prefix-repetition-suffixes"), j)`.
+    pub fn requests(&self, arrivals: &[f64], seed: u64) -> Vec<BenchRequest> {
+        let per_prefix = arrivals.len() / self.num_prefixes.max(1) as usize;
+        let (prefix_salt, suffix_salt) = (
+            subseed(seed, "prefix-repetition-prefixes"),
+            subseed(seed, "prefix-repetition-suffixes"),
+        );
+        let mut drawn: Vec<(u64, u64)> = (0..arrivals.len() as u64)
+            .map(|j| (j / per_prefix.max(1) as u64, j))
+            .collect();
+        drawn.shuffle(&mut stream(seed, "prefix-repetition"));
+        drawn
+            .iter()
+            .zip(arrivals)
+            .enumerate()
+            .map(|(i, (&(p, j), &arrival))| {
+                let segments = [
+                    Segment {
+                        id: mix(prefix_salt, p),
+                        tokens: self.prefix_len,
+                    },
+                    Segment {
+                        id: mix(suffix_salt, j),
+                        tokens: self.suffix_len,
+                    },
+                ];
+                BenchRequest {
+                    id: i as u64,
+                    arrival,
+                    items: Vec::new(),
+                    prompt_words: self.prefix_len + self.suffix_len,
+                    output_tokens: self.output_len,
+                    content: Some(Content::new(std::iter::empty(), &segments)),
+                }
+            })
+            .collect()
+    }
+}
+
 /// Send times for `n` requests at `rate` requests/s: all at once when the
 /// rate is infinite, else Poisson for `burstiness` 1 and gamma gaps of shape
 /// `burstiness` otherwise (`vllm bench serve`'s `--burstiness`: coefficient of
@@ -261,6 +338,41 @@ pub fn parse_bucket_config(text: &str) -> Result<Vec<Bucket>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefix_repetition_has_vllms_count_and_shuffles_requests_sharing_a_prefix() {
+        let d = PrefixRepetition {
+            prefix_len: 40,
+            suffix_len: 8,
+            num_prefixes: 3,
+            output_len: 5,
+        };
+        // 3 × ⌊14 / 3⌋, as vLLM; fewer prompts than prefixes: none
+        assert_eq!((d.count(14), d.count(2)), (12, 0));
+        let times: Vec<f64> = (0..12).map(f64::from).collect();
+        let reqs = d.requests(&times, 9);
+        assert_eq!(reqs, d.requests(&times, 9));
+        let segs =
+            |r: &BenchRequest| -> Vec<Segment> { r.content.as_ref().unwrap().segments().collect() };
+        let mut by_prefix = std::collections::HashMap::new();
+        let mut suffixes = std::collections::HashSet::new();
+        for (i, r) in reqs.iter().enumerate() {
+            assert_eq!((r.id, r.arrival), (i as u64, i as f64));
+            assert_eq!((r.prompt_words, r.output_tokens), (48, 5));
+            let s = segs(r);
+            assert_eq!((s[0].tokens, s[1].tokens), (40, 8));
+            *by_prefix.entry(s[0].id).or_insert(0) += 1;
+            assert!(suffixes.insert(s[1].id), "a suffix is the request's own");
+        }
+        assert_eq!(by_prefix.values().copied().collect::<Vec<_>>(), [4, 4, 4]);
+        // shuffled: the requests of a prefix are not sent as one run
+        let runs = 1 + reqs
+            .windows(2)
+            .filter(|w| segs(&w[0])[0].id != segs(&w[1])[0].id)
+            .count();
+        assert!(runs > 3, "{runs} runs");
+        assert_ne!(reqs, d.requests(&times, 10));
+    }
 
     #[test]
     fn bucket_configs_parse_as_vllm_writes_them_and_bad_ones_say_why() {
@@ -378,7 +490,7 @@ mod tests {
         let mut repeats = 0;
         for (r, b) in reqs.iter().zip(&bodies) {
             let imgs = b.iter().filter(|p| p["type"] == "image_url");
-            for (item, part) in c(r).items.iter().zip(imgs) {
+            for (item, part) in c(r).items().zip(imgs) {
                 if let Some(prev) = seen.insert(item.id, part.clone()) {
                     assert_eq!(&prev, part);
                     repeats += 1;

@@ -29,7 +29,7 @@ use base64::Engine;
 use easerve_model::ModelArch;
 use easerve_sched::limits::decoded_bytes;
 use easerve_sched::{
-    Content, ContentItem, LimitExceeded, Limits, MmItem, Modality, Request, Segment,
+    Content, ContentItem, ContentParts, LimitExceeded, Limits, MmItem, Modality, Request, Segment,
 };
 use serde_json::{json, Value};
 
@@ -232,7 +232,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         }
     }
     let (mut encoder_tokens, mut mm_tokens) = (0u64, 0u64);
-    let mut content = model.item_keys.map(|_| Content::default());
+    let mut content = model.item_keys.map(|_| ContentParts::default());
     for (k, it) in items.iter().enumerate() {
         let t = easerve_workload::generate::item_tokens(&model.arch, it).map_err(|e| {
             ApiError::bad(format!(
@@ -274,7 +274,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
             output_tokens: max_tokens,
             encoder_tokens,
             mm_tokens,
-            content: content.map(|c| Box::new(text_segment(c, prompt_tokens))),
+            content: content.map(|c| text_segment(c, prompt_tokens)),
         },
         media: media.iter().map(WireMedia::of).collect(),
         stream,
@@ -320,12 +320,12 @@ fn timeout(v: Option<&Value>) -> Result<Option<f64>, ApiError> {
 /// tokens are its own (the workers draw them from its id), so its content id
 /// is unique ([`UNIQUE_TEXT`], replaced by one derived from the request id
 /// when it is admitted: [`unique_text`]).
-fn text_segment(mut c: Content, prompt_tokens: u32) -> Content {
+fn text_segment(mut c: ContentParts, prompt_tokens: u32) -> Content {
     c.segments.push(Segment {
         id: UNIQUE_TEXT,
         tokens: prompt_tokens,
     });
-    c
+    c.into()
 }
 
 /// Placeholder content id of a request's own text until it has an id.
@@ -337,9 +337,11 @@ const UNIQUE_TEXT: u64 = u64::MAX;
 pub fn unique_text(r: &mut Request, unique: u64) {
     let id = easerve_sched::cache::mix(UNIQUE_TEXT, unique);
     if let Some(c) = r.content.as_mut() {
-        for s in c.segments.iter_mut().filter(|s| s.id == UNIQUE_TEXT) {
+        let mut parts = c.parts();
+        for s in parts.segments.iter_mut().filter(|s| s.id == UNIQUE_TEXT) {
             s.id = id;
         }
+        *c = parts.into();
     }
 }
 

@@ -1735,11 +1735,7 @@ fn prefill_request(ctrl: &Controller, id: RequestId) -> PrefillRequest {
     let keep = ctrl.prefix_block_size().is_some();
     let (cached, links) = ctrl.prefix_hit(id);
     let cached_key = match (links, &req.content) {
-        (1.., Some(c)) => {
-            let mut keys = Vec::new();
-            easerve_sched::cache::chain_keys(&c.segments, &mut keys);
-            keys.get(links - 1).map_or(0, |k| k.key)
-        }
+        (1.., Some(c)) => c.keys().get(links - 1).map_or(0, |k| k.key),
         _ => 0,
     };
     PrefillRequest {
@@ -1827,7 +1823,7 @@ fn encode_request(
         keys: req
             .content
             .as_ref()
-            .map_or_else(Vec::new, |c| c.items.iter().map(|t| t.id).collect()),
+            .map_or_else(Vec::new, |c| c.items().map(|t| t.id).collect()),
         cache: cache.unwrap_or_default(),
         prepare_hits: ctrl.caches().encoder.is_some_and(|e| !e.hash_raw_bytes),
     }

@@ -849,12 +849,19 @@ impl PrefillShape {
     /// The shape of a batch of sequences of these lengths; `None` when it has
     /// no tokens.
     pub fn of(seq_lens: &[u64]) -> Option<PrefillShape> {
+        let sq: f64 = seq_lens.iter().map(|&l| (l as f64).powi(2)).sum();
+        PrefillShape::with_square_sum(seq_lens, sq)
+    }
+
+    /// The shape of a batch of sequences of `seq_lens` new tokens whose
+    /// attention does the work of `sq` squared lengths in all; `None`
+    /// without tokens.
+    fn with_square_sum(seq_lens: &[u64], sq: f64) -> Option<PrefillShape> {
         let tokens: u64 = seq_lens.iter().sum();
         if tokens == 0 {
             return None;
         }
         let sequences = seq_lens.iter().filter(|&&l| l > 0).count() as u64;
-        let sq: f64 = seq_lens.iter().map(|&l| (l as f64).powi(2)).sum();
         let rms_len = (sq / sequences as f64).sqrt().round().max(1.0) as u64;
         Some(PrefillShape {
             tokens,
@@ -873,15 +880,16 @@ impl PrefillShape {
     /// [`PrefillShape::of`]`(new)` when nothing is cached; `None` when no
     /// token is new.
     pub fn with_cache(new: &[u64], cached: &[u64]) -> Option<PrefillShape> {
-        let mut shape = PrefillShape::of(new)?;
         let sq: f64 = new
             .iter()
-            .zip(cached.iter().chain(std::iter::repeat(&0)))
-            .filter(|(&n, _)| n > 0)
-            .map(|(&n, &c)| ((n + c) as f64).powi(2) - (c as f64).powi(2))
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(i, &n)| {
+                let c = cached.get(i).copied().unwrap_or(0);
+                ((n + c) as f64).powi(2) - (c as f64).powi(2)
+            })
             .sum();
-        shape.rms_len = (sq / shape.sequences as f64).sqrt().round().max(1.0) as u64;
-        Some(shape)
+        PrefillShape::with_square_sum(new, sq)
     }
 }
 

@@ -35,17 +35,118 @@ pub struct ContentItem {
     pub llm_tokens: u32,
 }
 
-/// What a request's prompt is made of, for the caches: the content id of
-/// each item and the prompt's segments in order. Absent (`None` in
-/// [`crate::Request::content`]) for a workload with no reuse: every item and
-/// prompt is then unique.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+/// What a request's prompt is made of, for the caches: the content id and
+/// tokens of each item, the prompt's segments in order, and the prompt's
+/// hash chain ([`chain_keys`]), computed once when the content is built and
+/// kept, so the offered-reuse count, placement, lookup and release all read
+/// the same links. Absent (`None` in [`crate::Request::content`]) for a
+/// workload with no reuse: every item and prompt is then unique.
+///
+/// The whole content is one heap block of 16-byte words (a run keeps one per
+/// request): a header (items, segments), each item (content id, encoder
+/// tokens `<< 32 |` LLM tokens), each segment (content id, tokens), then the
+/// chain's links. It serialises as `{ items, segments }`.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "ContentParts", into = "ContentParts")]
 pub struct Content {
+    words: Box<[ChainKey]>,
+}
+
+/// [`Content`] as its parts: how it is written and read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ContentParts {
     /// Each of the request's items, in `items` order: its content id and
     /// its tokens.
     pub items: Vec<ContentItem>,
     /// The prompt in order; the tokens sum to the request's prefill tokens.
     pub segments: Vec<Segment>,
+}
+
+impl std::fmt::Debug for Content {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = self.parts();
+        f.debug_struct("Content")
+            .field("items", &p.items)
+            .field("segments", &p.segments)
+            .finish()
+    }
+}
+
+impl From<ContentParts> for Content {
+    fn from(p: ContentParts) -> Content {
+        Content::new(p.items.into_iter(), &p.segments)
+    }
+}
+
+impl From<Content> for ContentParts {
+    fn from(c: Content) -> ContentParts {
+        c.parts()
+    }
+}
+
+impl Content {
+    /// The content of a prompt of `segments` (in order; their tokens sum to
+    /// the request's prefill tokens) whose media items are `items` (in the
+    /// request's `items` order), with its hash chain.
+    pub fn new(items: impl ExactSizeIterator<Item = ContentItem>, segments: &[Segment]) -> Content {
+        let links = segments.iter().filter(|s| s.tokens > 0).count();
+        let mut words = Vec::with_capacity(1 + items.len() + segments.len() + links);
+        words.push(ChainKey {
+            key: items.len() as u64,
+            end: segments.len() as u64,
+        });
+        words.extend(items.map(|i| ChainKey {
+            key: i.id,
+            end: (i.encoder_tokens as u64) << 32 | i.llm_tokens as u64,
+        }));
+        words.extend(segments.iter().map(|s| ChainKey {
+            key: s.id,
+            end: s.tokens as u64,
+        }));
+        chain_keys(segments, &mut words);
+        Content {
+            words: words.into_boxed_slice(),
+        }
+    }
+
+    /// Items and segments in the block.
+    fn counts(&self) -> (usize, usize) {
+        (self.words[0].key as usize, self.words[0].end as usize)
+    }
+
+    /// Each item, in the request's `items` order: its content id and tokens.
+    pub fn items(&self) -> impl ExactSizeIterator<Item = ContentItem> + Clone + '_ {
+        let (n, _) = self.counts();
+        self.words[1..1 + n].iter().map(|w| ContentItem {
+            id: w.key,
+            encoder_tokens: (w.end >> 32) as u32,
+            llm_tokens: w.end as u32,
+        })
+    }
+
+    /// The prompt's segments, in order.
+    pub fn segments(&self) -> impl ExactSizeIterator<Item = Segment> + Clone + '_ {
+        let (n, s) = self.counts();
+        self.words[1 + n..1 + n + s].iter().map(|w| Segment {
+            id: w.key,
+            tokens: w.end as u32,
+        })
+    }
+
+    /// The prompt's hash chain: link `j` covers its first `j + 1` segments
+    /// of any tokens ([`chain_keys`]).
+    pub fn keys(&self) -> &[ChainKey] {
+        let (n, s) = self.counts();
+        &self.words[1 + n + s..]
+    }
+
+    /// The items and segments, as owned vectors (to change and rebuild).
+    pub fn parts(&self) -> ContentParts {
+        ContentParts {
+            items: self.items().collect(),
+            segments: self.segments().collect(),
+        }
+    }
 }
 
 /// SplitMix64's finaliser (Steele, Lea and Flood, OOPSLA 2014): a bijection
@@ -127,12 +228,21 @@ struct Node {
     size: u64,
     prev: u32,
     next: u32,
+    /// Holders that keep it from eviction ([`Lru::pin`]).
+    pins: u32,
+    /// In the recency order (so counted in `used` and evictable).
+    linked: bool,
 }
 
 /// A least-recently-used set of keys, each with a size, under a capacity in
 /// the same unit: inserting past the capacity evicts from the least recently
 /// used end. `O(1)` per operation (a hash map into a doubly linked list
 /// kept in one vector).
+///
+/// A held key may be pinned ([`Lru::pin`]): it stays held but leaves the
+/// recency order and the capacity's count until its last pin is taken off
+/// ([`Lru::unpin`]) and it is inserted again ([`Lru::insert`]), as the
+/// prefix cache keeps the blocks a request references.
 #[derive(Clone, Debug)]
 pub struct Lru {
     map: HashKeyed<u32>,
@@ -181,21 +291,54 @@ impl Lru {
         self.map.contains_key(&key)
     }
 
-    /// Look `key` up: when held, make it the most recently used and return true.
+    /// Look `key` up: when held, make it the most recently used (unless
+    /// pinned or unpinned and not inserted again) and return true.
     pub fn touch(&mut self, key: u64) -> bool {
         match self.map.get(&key) {
             Some(&i) => {
-                self.unlink(i);
-                self.push_front(i);
+                if self.nodes[i as usize].linked {
+                    self.unlink(i);
+                    self.push_front(i);
+                }
                 true
             }
             None => false,
         }
     }
 
+    /// Pin `key` when held: it leaves the recency order and the units
+    /// counted against the capacity, so it is not evicted. Returns the
+    /// units it takes out of the count (its size on its first pin, 0 when
+    /// it was pinned already); `None` when it is not held.
+    pub fn pin(&mut self, key: u64) -> Option<u64> {
+        let i = *self.map.get(&key)?;
+        if self.nodes[i as usize].linked {
+            self.unlink(i);
+            self.used -= self.nodes[i as usize].size;
+        }
+        let n = &mut self.nodes[i as usize];
+        n.pins += 1;
+        Some(if n.pins == 1 { n.size } else { 0 })
+    }
+
+    /// Take one pin off `key`. Returns its size when that was its last
+    /// pin: it is then still held but outside the recency order until
+    /// [`Lru::insert`] places it (most recently used, or drops it when it
+    /// does not fit); `None` when pins remain or it was not pinned.
+    pub fn unpin(&mut self, key: u64) -> Option<u64> {
+        let i = *self.map.get(&key)?;
+        let n = &mut self.nodes[i as usize];
+        if n.pins == 0 {
+            return None;
+        }
+        n.pins -= 1;
+        (n.pins == 0).then_some(n.size)
+    }
+
     /// Insert `key` of `size` as the most recently used (or touch it when
-    /// held), evicting least recently used keys until it fits. A key larger
-    /// than the whole capacity is not inserted (returns false).
+    /// held; a pinned key stays as it is), evicting least recently used keys
+    /// until it fits. A key larger than the whole capacity is not inserted
+    /// (returns false).
     pub fn insert(&mut self, key: u64, size: u64) -> bool {
         self.insert_evicting(key, size, None)
     }
@@ -207,10 +350,18 @@ impl Lru {
         size: u64,
         mut evicted: Option<&mut Vec<u64>>,
     ) -> bool {
-        if self.touch(key) {
-            return true;
-        }
+        // a key unpinned and not yet placed again keeps its node
+        let unpinned = match self.map.get(&key) {
+            Some(&i) if self.nodes[i as usize].linked || self.nodes[i as usize].pins > 0 => {
+                return self.touch(key);
+            }
+            held => held.copied(),
+        };
         if size > self.capacity {
+            if let Some(i) = unpinned {
+                self.map.remove(&key);
+                self.free.push(i);
+            }
             return false;
         }
         while self.used + size > self.capacity && self.tail != NIL {
@@ -223,8 +374,10 @@ impl Lru {
             size,
             prev: NIL,
             next: NIL,
+            pins: 0,
+            linked: false,
         };
-        let i = match self.free.pop() {
+        let i = match unpinned.or_else(|| self.free.pop()) {
             Some(i) => {
                 self.nodes[i as usize] = node;
                 i
@@ -234,18 +387,22 @@ impl Lru {
                 (self.nodes.len() - 1) as u32
             }
         };
-        self.map.insert(key, i);
+        if unpinned.is_none() {
+            self.map.insert(key, i);
+        }
         self.push_front(i);
         self.used += size;
         true
     }
 
-    /// Remove `key` when held; whether it was.
+    /// Remove `key` when held (pinned or not); whether it was.
     pub fn remove(&mut self, key: u64) -> bool {
         match self.map.remove(&key) {
             Some(i) => {
-                self.unlink(i);
-                self.used -= self.nodes[i as usize].size;
+                if self.nodes[i as usize].linked {
+                    self.unlink(i);
+                    self.used -= self.nodes[i as usize].size;
+                }
                 self.free.push(i);
                 true
             }
@@ -283,12 +440,12 @@ impl Lru {
         Some(key)
     }
 
-    /// Units held.
+    /// Units held, pinned keys excluded.
     pub fn used(&self) -> u64 {
         self.used
     }
 
-    /// Keys held.
+    /// Keys held, pinned keys included.
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -305,7 +462,8 @@ impl Lru {
 
     fn unlink(&mut self, i: u32) {
         let (prev, next) = {
-            let n = &self.nodes[i as usize];
+            let n = &mut self.nodes[i as usize];
+            n.linked = false;
             (n.prev, n.next)
         };
         match prev {
@@ -324,6 +482,7 @@ impl Lru {
             let n = &mut self.nodes[i as usize];
             n.prev = NIL;
             n.next = old;
+            n.linked = true;
         }
         match old {
             NIL => self.tail = i,
@@ -508,9 +667,8 @@ impl EncoderCache {
 
     /// Encoder tokens of the `items` worker `w` does not hold: the encode
     /// work a request would bring there.
-    pub fn missed_tokens(&self, w: usize, items: &[ContentItem]) -> u64 {
+    pub fn missed_tokens(&self, w: usize, items: impl Iterator<Item = ContentItem>) -> u64 {
         items
-            .iter()
             .filter(|i| !self.workers[w].contains(i.id))
             .map(|i| i.encoder_tokens as u64)
             .sum()
@@ -589,12 +747,11 @@ impl EncoderCache {
 /// One prefill worker's KV pool as the prefix cache sees it.
 #[derive(Clone, Debug)]
 struct PrefixPool {
-    /// Cached links no request references, least recently used first out;
-    /// each sized by the blocks that end within its segment (at least 1).
+    /// Cached links, each sized by the blocks that end within its segment
+    /// (at least 1): those no request references in least-recently-used
+    /// order, evicted first from its tail; those referenced by requests
+    /// queued or running here pinned, never evicted.
     free: Lru,
-    /// Cached links referenced by requests queued or running here: their
-    /// reference counts and sizes, never evicted.
-    pinned: HashKeyed<(u32, u64)>,
     /// Blocks the pinned links hold.
     pinned_blocks: u64,
     /// Blocks of the pool.
@@ -603,7 +760,7 @@ struct PrefixPool {
 
 impl PrefixPool {
     fn holds(&self, key: u64) -> bool {
-        self.pinned.contains_key(&key) || self.free.contains(key)
+        self.free.contains(key)
     }
 }
 
@@ -655,7 +812,6 @@ impl PrefixCache {
             pools: blocks
                 .map(|b| PrefixPool {
                     free: Lru::new(b),
-                    pinned: HashKeyed::default(),
                     pinned_blocks: 0,
                     blocks: b,
                 })
@@ -688,7 +844,6 @@ impl PrefixCache {
         }
         self.pools[p] = PrefixPool {
             free,
-            pinned: HashKeyed::default(),
             pinned_blocks: 0,
             blocks: old.blocks,
         };
@@ -737,30 +892,30 @@ impl PrefixCache {
     pub fn held(&self, p: usize, keys: &[ChainKey], tokens: u64) -> (usize, u64) {
         let pool = &self.pools[p];
         let links = keys.iter().take_while(|k| pool.holds(k.key)).count();
+        (links, self.covered(keys, links, tokens))
+    }
+
+    /// The prompt tokens the first `links` links of `keys` cover for a
+    /// prompt of `tokens` tokens ([`PrefixCache::held`]).
+    fn covered(&self, keys: &[ChainKey], links: usize, tokens: u64) -> u64 {
         let bs = self.block_size as u64;
         let most = tokens.saturating_sub(1) / bs;
-        (
-            links,
-            blocks_before(keys, links, self.block_size).min(most) * bs,
-        )
+        blocks_before(keys, links, self.block_size).min(most) * bs
     }
 
     /// A request of `tokens` prompt tokens whose chain is `keys` is queued
     /// at worker `p`: its held links are pinned until [`PrefixCache::release`].
     /// Returns the links pinned and the prompt tokens they save.
     pub fn acquire(&mut self, p: usize, keys: &[ChainKey], tokens: u64) -> (usize, u64) {
-        let (links, hit) = self.held(p, keys, tokens);
-        for j in 0..links {
-            let size = self.size(keys, j);
-            let pool = &mut self.pools[p];
-            let k = keys[j].key;
-            pool.free.remove(k);
-            let e = pool.pinned.entry(k).or_insert((0, size));
-            if e.0 == 0 {
-                pool.pinned_blocks += size;
-            }
-            e.0 += 1;
+        let pool = &mut self.pools[p];
+        let mut links = 0;
+        // the held links at the head of the chain, each pinned as found (a
+        // link's size is its node's: equal keys, equal segments)
+        while let Some(units) = keys.get(links).and_then(|k| pool.free.pin(k.key)) {
+            pool.pinned_blocks += units;
+            links += 1;
         }
+        let hit = self.covered(keys, links, tokens);
         let pool = &mut self.pools[p];
         pool.free
             .set_capacity(pool.blocks.saturating_sub(pool.pinned_blocks));
@@ -789,15 +944,10 @@ impl PrefixCache {
     /// [`PrefixCache::release`] of request `id`, whose KV cache the worker
     /// keeps under its links ([`PrefixOp::Keep`]) when operations are kept.
     pub fn release_request(&mut self, p: usize, id: u64, keys: &[ChainKey], links: usize) {
+        let pool = &mut self.pools[p];
         for k in &keys[..links.min(keys.len())] {
-            let pool = &mut self.pools[p];
-            if let Some(e) = pool.pinned.get_mut(&k.key) {
-                e.0 -= 1;
-                if e.0 == 0 {
-                    pool.pinned_blocks -= e.1;
-                    pool.pinned.remove(&k.key);
-                }
-            }
+            // unreferenced now; placed again in the order below
+            pool.pinned_blocks -= pool.free.unpin(k.key).unwrap_or(0);
         }
         let room = {
             let pool = &self.pools[p];
@@ -813,10 +963,8 @@ impl PrefixCache {
         }
         for j in 0..keys.len() {
             let size = self.size(keys, j);
-            let pool = &mut self.pools[p];
-            if !pool.pinned.contains_key(&keys[j].key) {
-                pool.free.insert(keys[j].key, size);
-            }
+            // a link another request still pins stays pinned
+            self.pools[p].free.insert(keys[j].key, size);
         }
         self.count_evictions();
     }
@@ -876,6 +1024,26 @@ mod tests {
         assert!(!l.insert(4, 11));
         assert_eq!(l.len(), 2);
         assert_eq!(l.evict_lru(), Some(1));
+    }
+
+    #[test]
+    fn a_pinned_key_is_held_but_never_evicted_until_placed_again() {
+        let mut l = Lru::new(10);
+        assert!(l.insert(1, 4) && l.insert(2, 4));
+        // pinned: out of the count; a second pin takes nothing more
+        assert_eq!((l.pin(1), l.pin(1), l.pin(9)), (Some(4), Some(0), None));
+        assert_eq!(l.used(), 4);
+        // 3 and 4 need room: only 2 can go, the pinned 1 stays held
+        assert!(l.insert(3, 4) && l.insert(4, 4));
+        assert!(l.contains(1) && !l.contains(2));
+        assert_eq!(l.evict_lru(), Some(3));
+        // its last pin off, it is placed again as the most recently used
+        assert_eq!((l.unpin(1), l.unpin(1), l.unpin(1)), (None, Some(4), None));
+        assert!(l.insert(1, 4));
+        assert_eq!(
+            (l.used(), l.evict_lru(), l.evict_lru()),
+            (8, Some(4), Some(1))
+        );
     }
 
     #[test]
@@ -1027,7 +1195,7 @@ mod tests {
             for k in &all {
                 assert!(c.pools[0].holds(*k));
             }
-            assert_eq!(c.pools[0].free.len() + c.pools[0].pinned.len(), all.len());
+            assert_eq!(c.pools[0].free.len(), all.len());
         }
         assert!(c.counters().evictions > 0);
     }

@@ -82,8 +82,9 @@ mod topology;
 
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use cache::{
-    CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, EncoderCache,
-    EncoderCacheConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, PrefixOp, Segment,
+    CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, ContentParts,
+    EncoderCache, EncoderCacheConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, PrefixOp,
+    Segment,
 };
 pub use cluster::{NodeGroup, Place, PlacementError};
 pub use controller::{

@@ -76,11 +76,12 @@ pub struct Request {
     pub encoder_tokens: u64,
     /// Multimodal embeddings the items contribute to the LLM prompt.
     pub mm_tokens: u64,
-    /// What the prompt is made of, for the caches (content ids of the items
-    /// and the prompt's segments); `None` when the workload repeats nothing,
-    /// so a run without reuse allocates nothing for it.
+    /// What the prompt is made of, for the caches (content ids of the items,
+    /// the prompt's segments and their hash chain, one heap block); `None`
+    /// when the workload repeats nothing, so a run without reuse allocates
+    /// nothing for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<Box<crate::Content>>,
+    pub content: Option<crate::Content>,
 }
 
 impl Request {

@@ -29,7 +29,7 @@ use crate::generate::{arrival_times, ItemTokenTable};
 use crate::rng::{stream, subseed};
 use crate::scenario::{Popularity, Reuse, Scenario, Shapes};
 use easerve_model::ItemTokens;
-use easerve_sched::cache::{blocks_before, chain_keys, mix, HashKeyed};
+use easerve_sched::cache::{blocks_before, mix, HashKeyed};
 use easerve_sched::{Content, ContentItem, MmItem, Request, Segment};
 use rand::distributions::WeightedIndex;
 use rand::Rng;
@@ -116,14 +116,17 @@ pub fn apply(
         subseed(sc.seed, "prompt-ids"),
     );
     // each request's item tokens go to one arena, as (start, len)
-    let mut out: Vec<(Request, (usize, usize))> = Vec::with_capacity(n);
+    let mut out: Vec<Request> = Vec::with_capacity(n);
+    let mut ranges: Vec<(usize, usize)> = Vec::with_capacity(n);
     let mut arena: Vec<ItemTokens> = Vec::new();
     // the plain draw is taken in index order (request `c·turns + t`), each
-    // dropped once used, so its items' memory is reused for the turns'
+    // turn built in its plain request (its items' vector reused)
     let mut plain = requests.into_iter();
+    // a conversation's prompt and items so far, reused by every conversation
+    let (mut segments, mut items): (Vec<Segment>, Vec<Item>) = (Vec::new(), Vec::new());
     for (c, &start) in starts.iter().enumerate() {
-        let mut segments: Vec<Segment> = Vec::new();
-        let mut items: Vec<Item> = Vec::new();
+        segments.clear();
+        items.clear();
         let mut text = 0u32;
         if let Some((p, count)) = reuse.system_prompt {
             let id = mix(prompt_salt, prompt_rng.gen_range(0..count) as u64);
@@ -155,30 +158,37 @@ pub fn apply(
                 tokens: own,
             });
             text = text.saturating_add(own);
-            let range = (arena.len(), items.len());
+            ranges.push((arena.len(), items.len()));
             arena.extend(items.iter().map(|i| i.1));
-            out.push((turn_request(arrival, &items, &segments, text, &base), range));
+            let answer = base.output_tokens;
+            out.push(turn_request(arrival, &items, &segments, text, base));
             segments.push(Segment {
                 id: mix(text_salt, 2 * i as u64 + 1),
-                tokens: base.output_tokens,
+                tokens: answer,
             });
-            text = text.saturating_add(base.output_tokens);
+            text = text.saturating_add(answer);
         }
     }
-    // conversations interleave: arrival order, ties by generation order
-    out.sort_by(|a, b| a.0.arrival.total_cmp(&b.0.arrival));
     drop(plain);
+    // conversations interleave: arrival order, ties by generation order (a
+    // run of one-turn requests is in that order already)
+    let in_order = |a: &Request, b: &Request| a.arrival.total_cmp(&b.arrival).is_le();
+    if !out.windows(2).all(|w| in_order(&w[0], &w[1])) {
+        let mut order: Vec<usize> = (0..out.len()).collect();
+        order.sort_by(|&a, &b| out[a].arrival.total_cmp(&out[b].arrival));
+        let mut slots: Vec<Option<Request>> = out.into_iter().map(Some).collect();
+        out = order
+            .iter()
+            .map(|&j| slots[j].take().expect("each once"))
+            .collect();
+        ranges = order.iter().map(|&j| ranges[j]).collect();
+    }
     let mut table = ItemTokenTable::with_capacity(n, arena.len());
-    let requests = out
-        .into_iter()
-        .enumerate()
-        .map(|(i, (mut r, (start, len)))| {
-            r.id = i as u64;
-            table.push(&arena[start..start + len]);
-            r
-        })
-        .collect();
-    (requests, table)
+    for (i, (r, &(start, len))) in out.iter_mut().zip(&ranges).enumerate() {
+        r.id = i as u64;
+        table.push(&arena[start..start + len]);
+    }
+    (out, table)
 }
 
 /// Give a replayed trace's requests the content its `ItemHashes` and
@@ -196,7 +206,7 @@ pub fn apply(
 pub fn apply_trace(
     sc: &Scenario,
     content: &crate::trace::TraceContent,
-    mut requests: Vec<Request>,
+    requests: Vec<Request>,
     tokens: &ItemTokenTable,
 ) -> (Vec<Request>, ItemTokenTable) {
     let buckets: &[(MmItem, f64)] = match &sc.workload.shapes {
@@ -223,7 +233,8 @@ pub fn apply_trace(
     let (text_salt, item_salt) = (subseed(sc.seed, "text-ids"), subseed(sc.seed, "item-ids"));
     let mut history: HashKeyed<(Vec<Segment>, u64)> = HashKeyed::default();
     let mut table = ItemTokenTable::with_capacity(requests.len(), 0);
-    for (i, r) in requests.iter_mut().enumerate() {
+    let mut out = Vec::with_capacity(requests.len());
+    for (i, r) in requests.into_iter().enumerate() {
         let hashes = content.items(i);
         let mut items: Vec<Item> = Vec::new();
         if hashes.is_empty() || buckets.is_empty() {
@@ -260,7 +271,6 @@ pub fn apply_trace(
             tokens: own as u32,
         });
         segments.extend_from_slice(&text);
-        let turn = turn_request(r.arrival, &items, &segments, r.prompt_tokens, r);
         if let Some(c) = conv {
             text.push(Segment {
                 id: mix(text_salt, 2 * i as u64 + 1),
@@ -270,39 +280,40 @@ pub fn apply_trace(
         }
         let toks: Vec<ItemTokens> = items.iter().map(|i| i.1).collect();
         table.push(&toks);
-        *r = Request { id: r.id, ..turn };
+        out.push(turn_request(
+            r.arrival,
+            &items,
+            &segments,
+            r.prompt_tokens,
+            r,
+        ));
     }
-    (requests, table)
+    (out, table)
 }
 
-/// One turn's request: every item so far, the prompt so far.
+/// One turn's request: `base` (the plain draw's request, its id and output
+/// tokens kept, its items' vector reused) with every item so far and the
+/// prompt so far.
 fn turn_request(
     arrival: f64,
     items: &[Item],
     segments: &[Segment],
     text: u32,
-    base: &Request,
+    mut base: Request,
 ) -> Request {
-    Request {
-        id: 0,
-        arrival,
-        items: items.iter().map(|i| i.0).collect(),
-        prompt_tokens: text,
-        output_tokens: base.output_tokens,
-        encoder_tokens: items.iter().map(|i| i.1.encoder_tokens).sum(),
-        mm_tokens: items.iter().map(|i| i.1.llm_tokens).sum(),
-        content: Some(Box::new(Content {
-            items: items
-                .iter()
-                .map(|i| ContentItem {
-                    id: i.2,
-                    encoder_tokens: i.1.encoder_tokens as u32,
-                    llm_tokens: i.1.llm_tokens as u32,
-                })
-                .collect(),
-            segments: segments.to_vec(),
-        })),
-    }
+    base.items.clear();
+    base.items.extend(items.iter().map(|i| i.0));
+    base.arrival = arrival;
+    base.prompt_tokens = text;
+    base.encoder_tokens = items.iter().map(|i| i.1.encoder_tokens).sum();
+    base.mm_tokens = items.iter().map(|i| i.1.llm_tokens).sum();
+    let content = items.iter().map(|i| ContentItem {
+        id: i.2,
+        encoder_tokens: i.1.encoder_tokens as u32,
+        llm_tokens: i.1.llm_tokens as u32,
+    });
+    base.content = Some(Content::new(content, segments));
+    base
 }
 
 /// The reuse a workload offers, whatever the caches: what an unbounded
@@ -316,7 +327,7 @@ pub struct OfferedReuse {
     /// Prompt tokens (text + multimodal) in the run.
     pub prompt_tokens: u64,
     /// Fraction of them in full KV blocks of an earlier prompt's prefix
-    /// ([`chain_keys`], blocks of `block_size` tokens).
+    /// ([`easerve_sched::cache::chain_keys`], blocks of `block_size` tokens).
     pub prompt_tokens_seen_before: f64,
     /// The block size the prompt tokens were counted in, tokens.
     pub block_size: u32,
@@ -326,27 +337,27 @@ pub struct OfferedReuse {
 /// prompt tokens in blocks of `block_size`. Requests without [`Content`]
 /// count as unique.
 pub fn offered_reuse(requests: &[Request], block_size: u32) -> OfferedReuse {
-    let (mut items, mut links) = (HashKeyed::<()>::default(), HashKeyed::<()>::default());
+    // a prompt typically brings at least one link of its own (its text)
+    let mut links = HashKeyed::<()>::with_capacity_and_hasher(requests.len(), Default::default());
+    let mut items = HashKeyed::<()>::default();
     let (mut n_items, mut seen_items, mut toks, mut seen_toks) = (0u64, 0u64, 0u64, 0u64);
-    let mut keys = Vec::new();
     for r in requests {
         n_items += r.items.len() as u64;
         toks += r.prefill_tokens();
         let Some(c) = &r.content else { continue };
         seen_items += c
-            .items
-            .iter()
+            .items()
             .filter(|i| items.insert(i.id, ()).is_some())
             .count() as u64;
-        keys.clear();
-        chain_keys(&c.segments, &mut keys);
-        // a link is seen only while every link before it was (the chain)
+        let keys = c.keys();
+        // a link is seen only while every link before it was (the chain);
+        // each is entered as it is looked up (one probe per link)
         let seen = keys
             .iter()
-            .take_while(|k| links.contains_key(&k.key))
+            .take_while(|k| links.insert(k.key, ()).is_some())
             .count();
-        seen_toks += blocks_before(&keys, seen, block_size) * block_size as u64;
-        links.extend(keys.iter().map(|k| (k.key, ())));
+        seen_toks += blocks_before(keys, seen, block_size) * block_size as u64;
+        links.extend(keys.iter().skip(seen + 1).map(|k| (k.key, ())));
     }
     let frac = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     OfferedReuse {
@@ -405,7 +416,7 @@ mod tests {
         let mut shapes = std::collections::HashMap::new();
         for r in &a {
             let c = r.content.as_ref().expect("content");
-            for (item, ci) in r.items.iter().zip(&c.items) {
+            for (item, ci) in r.items.iter().zip(c.items()) {
                 assert_eq!(*shapes.entry(ci.id).or_insert(*item), *item);
             }
         }
@@ -413,7 +424,7 @@ mod tests {
         let other = image(&[("workload.pool.size", "500"), ("seed", "7")]).expect("valid");
         let ids = |rs: &[Request]| -> std::collections::HashSet<u64> {
             rs.iter()
-                .flat_map(|r| r.content.as_ref().unwrap().items.iter().map(|i| i.id))
+                .flat_map(|r| r.content.as_ref().unwrap().items().map(|i| i.id))
                 .collect()
         };
         assert!(ids(&a).is_disjoint(&ids(&generate_requests_of(&other))));
@@ -452,8 +463,7 @@ mod tests {
             r.content
                 .as_ref()
                 .unwrap()
-                .items
-                .iter()
+                .items()
                 .map(|i| i.id)
                 .collect::<Vec<_>>()
         };
@@ -461,10 +471,11 @@ mod tests {
         assert_eq!(reqs[0].items, reqs[1].items);
         assert_eq!(tokens[1].len(), 1);
         // turn 2's prompt: the image, turn 1's 100 + 40 tokens, 160 new
-        let segs = &reqs[1].content.as_ref().unwrap().segments;
+        let segs: Vec<Segment> = reqs[1].content.as_ref().unwrap().segments().collect();
         let text: Vec<u32> = segs[1..].iter().map(|s| s.tokens).collect();
         assert_eq!(text, [100, 40, 160]);
-        assert_eq!(segs[..2], reqs[0].content.as_ref().unwrap().segments[..]);
+        let first: Vec<Segment> = reqs[0].content.as_ref().unwrap().segments().collect();
+        assert_eq!(segs[..2], first[..]);
         // the third row keeps its drawn image (no hash): 1 of 3 items repeats
         let o = offered_reuse(&reqs, 16);
         assert!((o.items_seen_before - 1.0 / 3.0).abs() < 1e-9, "{o:?}");
@@ -506,7 +517,7 @@ mod tests {
         for r in reqs.iter().filter(|r| r.items.len() == 3) {
             assert!(r.prompt_tokens > 256 + 2 * 64, "{}", r.prompt_tokens);
             let c = r.content.as_ref().unwrap();
-            let sum: u64 = c.segments.iter().map(|s| s.tokens as u64).sum();
+            let sum: u64 = c.segments().map(|s| s.tokens as u64).sum();
             assert_eq!(sum, r.prefill_tokens());
         }
         let o = offered_reuse(&reqs, 16);

@@ -126,7 +126,7 @@ impl Controller {
             (Some(r), Some(cache), Some(c)) => crate::cache::cache_aware_pick(
                 self.encode_place.outstanding(),
                 |w| self.encode_place.is_open(w),
-                |w| cache.missed_tokens(w, &c.items) as f64,
+                |w| cache.missed_tokens(w, c.items()) as f64,
                 r.overlap_weight,
             ),
             _ => None,
@@ -147,10 +147,10 @@ impl Controller {
             Some(c) => (
                 cache.lookup_ops(
                     w,
-                    c.items.iter().map(|t| (t.id, t.llm_tokens as u64)),
+                    c.items().map(|t| (t.id, t.llm_tokens as u64)),
                     ops.as_mut(),
                 ),
-                c.items.len(),
+                c.items().len(),
             ),
             // no content ids: every item is unique, a miss
             None => (cache.miss(req.items.len()), req.items.len()),
@@ -178,8 +178,7 @@ impl Controller {
         let mask = self.encoder_hits.get(i).copied().unwrap_or(0);
         match (&req.content, mask) {
             (Some(c), m) if m != 0 => c
-                .items
-                .iter()
+                .items()
                 .enumerate()
                 .filter(|&(k, _)| k >= 64 || m & (1 << k) == 0)
                 .map(|(_, t)| t.encoder_tokens as f64)

@@ -352,8 +352,6 @@ pub struct Controller {
     /// worker it was queued on and the chain links pinned there. Empty
     /// otherwise.
     prefix_hits: Vec<[u32; 2]>,
-    /// Chain-key scratch, reused by every lookup.
-    keys: Vec<crate::ChainKey>,
     caches: crate::CacheConfig,
 }
 
@@ -499,7 +497,6 @@ impl Controller {
                 None => Vec::new(),
             },
             prefix_cache,
-            keys: Vec::new(),
             caches: cfg.caches,
             sup: supervision::Supervision::default(),
             interrupted: false,

@@ -54,15 +54,14 @@ impl Controller {
             self.remote_place.add(p, tokens as f64);
             return p;
         }
-        let keys = self.prompt_keys(id);
+        let keys = prompt_keys(&self.requests[id as usize]);
         let cache = self.prefix_cache.as_ref().expect("on");
         let pick = crate::cache::cache_aware_pick(
             self.remote_place.outstanding(),
             |p| self.remote_place.is_open(p),
-            |p| (tokens - cache.held(p, &keys, tokens).1) as f64,
+            |p| (tokens - cache.held(p, keys, tokens).1) as f64,
             r.overlap_weight,
         );
-        self.keys = keys;
         match pick {
             Some(p) => {
                 self.remote_place.add(p, tokens as f64);
@@ -72,19 +71,6 @@ impl Controller {
         }
     }
 
-    /// With the prefix cache on: the full blocks of request `id`'s prompt,
-    /// into the key scratch (empty for a request without content ids: its
-    /// prompt is unique). Returns the scratch.
-    fn prompt_keys(&mut self, id: RequestId) -> Vec<crate::ChainKey> {
-        let mut keys = std::mem::take(&mut self.keys);
-        keys.clear();
-        if let (Some(_), Some(content)) = (&self.prefix_cache, &self.requests[id as usize].content)
-        {
-            crate::cache::chain_keys(&content.segments, &mut keys);
-        }
-        keys
-    }
-
     /// Look request `id`'s prompt up in prefill worker `p`'s prefix cache
     /// (pinning its hits until its prefill ends): the cached tokens, 0 with
     /// the cache off.
@@ -92,11 +78,10 @@ impl Controller {
         if self.prefix_cache.is_none() {
             return 0;
         }
-        let keys = self.prompt_keys(id);
-        let tokens = self.requests[id as usize].prefill_tokens();
+        let req = &self.requests[id as usize];
+        let tokens = req.prefill_tokens();
         let cache = self.prefix_cache.as_mut().expect("on");
-        let (links, hit_tokens) = cache.acquire(p, &keys, tokens);
-        self.keys = keys;
+        let (links, hit_tokens) = cache.acquire(p, prompt_keys(req), tokens);
         self.prefix_hits[id as usize] = [hit_tokens as u32, links as u32];
         self.decide(|| Decision::PrefixCache {
             id,
@@ -113,12 +98,11 @@ impl Controller {
         if self.prefix_cache.is_none() {
             return;
         }
-        let keys = self.prompt_keys(id);
+        let keys = prompt_keys(&self.requests[id as usize]);
         let links = self.prefix_hits[id as usize][1] as usize;
         if let Some(c) = self.prefix_cache.as_mut() {
-            c.release_request(p, id, &keys, links);
+            c.release_request(p, id, keys, links);
         }
-        self.keys = keys;
     }
 
     pub(super) fn on_embeddings(&mut self, now: f64, e: EnvelopeId, sent_at: f64) {
@@ -239,4 +223,10 @@ impl Controller {
         }
         self.try_prefill(now, p);
     }
+}
+
+/// The hash chain of `req`'s prompt (empty for a request without content
+/// ids: its prompt is unique).
+fn prompt_keys(req: &crate::Request) -> &[crate::ChainKey] {
+    req.content.as_ref().map_or(&[], |c| c.keys())
 }
