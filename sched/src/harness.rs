@@ -864,7 +864,7 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 /// prefill, share, place-decode, decode run, fail, decode yield,
 /// place-replica, replica step, place-shard, prefill chunk, the planner's
 /// reconfigurations (a change, a worker ready or stopped), encoder-cache
-/// lookup, prefix-cache lookup, restart, rejoin, abort.
+/// or store lookup or store write, prefix-cache lookup, restart, rejoin, abort.
 pub fn decision_kinds(log: &[Decision]) -> [usize; 20] {
     let mut n = [0usize; 20];
     for d in log {
@@ -887,7 +887,9 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 20] {
             | Decision::WorkerReady { .. }
             | Decision::LoadFailed { .. }
             | Decision::WorkerStopped { .. } => 14,
-            Decision::EncoderCache { .. } => 15,
+            Decision::EncoderCache { .. }
+            | Decision::EncoderStore { .. }
+            | Decision::StoreWrite { .. } => 15,
             Decision::PrefixCache { .. } => 16,
             Decision::Restart { .. } => 17,
             Decision::Rejoin { .. } => 18,

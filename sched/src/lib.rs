@@ -81,7 +81,8 @@ mod topology;
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use cache::{
     CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, EncoderCache,
-    EncoderCacheConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, PrefixOp, Segment,
+    EncoderCacheConfig, EncoderStoreConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, PrefixOp,
+    Segment, StoreCounters, StoreLink,
 };
 pub use cluster::{NodeGroup, Place, PlacementError};
 pub use controller::{
