@@ -752,6 +752,24 @@ impl EncoderCache {
         self.store.as_ref().map_or(0, Lru::used)
     }
 
+    /// Keep the keys the store evicts from now on, for
+    /// [`EncoderCache::take_store_evicted`] (a driver that holds the
+    /// store's embeddings drops them).
+    pub fn log_store_evictions(&mut self) {
+        if let Some(s) = self.store.as_mut() {
+            s.log_evictions();
+        }
+    }
+
+    /// The keys the store evicted since last taken, in order (none unless
+    /// [`EncoderCache::log_store_evictions`]).
+    pub fn take_store_evicted(&mut self) -> Vec<u64> {
+        self.store
+            .as_mut()
+            .map(Lru::take_evicted)
+            .unwrap_or_default()
+    }
+
     /// Whether the store holds `key` (does not touch it).
     pub fn store_holds(&self, key: u64) -> bool {
         self.store.as_ref().is_some_and(|s| s.contains(key))

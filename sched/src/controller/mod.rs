@@ -820,9 +820,37 @@ impl Controller {
     /// whose workers hold the embeddings ([`Controller::take_encoder_ops`]).
     /// Nothing is kept with the encoder cache off.
     pub fn keep_encoder_ops(&mut self) {
-        if self.encoder_cache.is_some() {
+        if let Some(c) = self.encoder_cache.as_mut() {
+            c.log_store_evictions();
             self.encoder_ops.get_or_insert_with(HashMap::new);
         }
+    }
+
+    /// With [`Controller::keep_encoder_ops`] and the shared store on: the
+    /// keys the store evicted since last taken, in order, for a driver that
+    /// holds the store's embeddings.
+    pub fn take_store_evictions(&mut self) -> Vec<u64> {
+        self.encoder_cache
+            .as_mut()
+            .map(|c| c.take_store_evicted())
+            .unwrap_or_default()
+    }
+
+    /// Whether the store holds `key` now (false with it off).
+    pub fn store_holds(&self, key: u64) -> bool {
+        self.encoder_cache
+            .as_ref()
+            .is_some_and(|c| c.store_holds(key))
+    }
+
+    /// Whether a placed request whose operations were not taken yet
+    /// ([`Controller::take_encoder_ops`]) fetches `key` from the store: its
+    /// embeddings must outlive the store's eviction of it until then.
+    pub fn store_fetch_pending(&self, key: u64) -> bool {
+        self.encoder_ops.as_ref().is_some_and(|m| {
+            m.values()
+                .any(|ops| ops.iter().any(|o| o.fetched && o.key == key))
+        })
     }
 
     /// Request `id`'s item operations on the encode worker it was last
