@@ -147,6 +147,7 @@ impl FakeWorkers {
                     embeddings,
                     preprocess_s: 0.0,
                     compute_s: host + gpu,
+                    item_rows: Vec::new(),
                 };
                 self.send(now + host + gpu, DONE, k, &done);
             }

@@ -893,6 +893,8 @@ pub struct EmbeddingStore {
     pub encoded: u64,
     /// Items whose stored embeddings a pass reused.
     pub reused: u64,
+    /// Items whose embeddings came from the shared store with the request.
+    pub fetched: u64,
 }
 
 impl EmbeddingStore {
@@ -984,11 +986,26 @@ fn encode<B: Backend>(
     .into_iter();
     let d = model.lm.d_model();
     let mut embeddings = Vec::with_capacity(requests.len());
+    let mut item_rows = Vec::with_capacity(requests.len());
     for r in requests {
         let mut data = Vec::new();
+        let mut rows = Vec::with_capacity(r.items.len());
         for j in 0..r.items.len() {
             let op = r.cache.get(j);
             let e = match op {
+                // the shared store's copy, sent with the request
+                Some(o) if o.fetched => {
+                    store.fetched += 1;
+                    let f = r.fetched.iter().find(|f| f.0 == o.key);
+                    Arc::new(
+                        f.ok_or(WorkerError::NotHeld {
+                            id: r.id,
+                            key: o.key,
+                        })?
+                        .1
+                        .clone(),
+                    )
+                }
                 Some(o) if o.hit => {
                     store.reused += 1;
                     store
@@ -1006,7 +1023,8 @@ fn encode<B: Backend>(
                     items: r.items.len(),
                 })?)?),
             };
-            if let Some(o) = op.filter(|o| !o.hit) {
+            // an encoded or fetched item enters this worker's cache
+            if let Some(o) = op.filter(|o| !o.hit || o.fetched) {
                 for k in &o.evicted {
                     store.items.remove(k);
                 }
@@ -1014,8 +1032,10 @@ fn encode<B: Backend>(
                     store.items.insert(o.key, e.clone());
                 }
             }
+            rows.push((e.len() / d.max(1)) as u32);
             data.extend_from_slice(&e);
         }
+        item_rows.push(rows);
         embeddings.push((
             r.id,
             Matrix {
@@ -1029,6 +1049,7 @@ fn encode<B: Backend>(
         embeddings,
         preprocess_s,
         compute_s: t0.elapsed().as_secs_f64(),
+        item_rows,
     })
 }
 
@@ -1369,6 +1390,7 @@ mod tests {
                     cache: Vec::new(),
                     keys: Vec::new(),
                     prepare_hits: false,
+                    fetched: Vec::new(),
                 }
             })
             .collect()
@@ -1460,6 +1482,7 @@ mod tests {
                             cache,
                             keys: keys.to_vec(),
                             prepare_hits: !raw,
+                            fetched: Vec::new(),
                         }
                     })
                     .collect()
