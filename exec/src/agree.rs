@@ -867,10 +867,10 @@ pub fn the_server_moves_workers_as_the_simulator_plans() {
 
 /// `easerve exec` on the image scenario with its images from a pool of 40
 /// (Zipf 1.0), an encoder cache that holds a few of them on each encode
-/// worker, the prefix cache and cache-aware placement: the executor makes
-/// the simulator's cache lookups (each request's encoder-cache and
-/// prefix-cache hits, in the log) and ends with the same hits, queries and
-/// evictions in both caches.
+/// worker, a shared store that holds a dozen, the prefix cache and
+/// cache-aware placement: the executor makes the simulator's cache lookups
+/// (each request's encoder-cache, store and prefix-cache hits, in the log)
+/// and ends with the same hits, queries and evictions in every cache.
 pub fn the_executor_hits_and_evicts_as_the_simulator() {
     // 64 MiB per encode worker: one 672×672 image is 2,928 tokens × 7,168
     // × 2 bytes = 42 MB, one 336×336 about 8.3 MB, so a few fit and the
@@ -881,6 +881,8 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
         ("deployment.encoder_cache.capacity_gib", "0.0625"),
         ("deployment.prefix_cache.block_size", "16"),
         ("deployment.cache_routing.overlap_weight", "1.0"),
+        // a shared store of a dozen large images behind them
+        ("deployment.encoder_store.capacity_gib", "0.5"),
     ];
     let sc = image_scenario(&sets);
     let sim = simulate(&sc, None);
@@ -907,8 +909,21 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
         (sim_pre.queries, sim_pre.hits, sim_pre.evictions),
         "prefix cache"
     );
+    let store = ctrl.store_counters().expect("store on");
+    let sim_store = reuse.encoder_store.expect("store in the report");
+    assert_eq!(
+        (store.queries, store.hits, store.evictions, store.writes),
+        (
+            sim_store.queries,
+            sim_store.hits,
+            sim_store.evictions,
+            sim_store.writes
+        ),
+        "encoder store"
+    );
     // the workload repeats, and the caches both hit and evict
     assert!(enc.hits > 0 && enc.evictions > 0, "{enc:?}");
+    assert!(store.hits > 0 && store.evictions > 0, "{store:?}");
     assert!(pre.hits > 0, "{pre:?}");
 }
 

@@ -1523,6 +1523,64 @@ mod tests {
         assert!(off[0].1.data.starts_with(one) && off[1].1.data.starts_with(one));
     }
 
+    /// An item the shared store held comes with the request: the pass
+    /// encodes only the others, sends the same embeddings, and keeps the
+    /// fetched item in its own cache when the controller says so. Under 1 s.
+    #[test]
+    fn embeddings_fetched_from_the_store_replace_the_encode() {
+        let model = model();
+        let pre = Preprocessor::new(arch(), SEED, 0).unwrap();
+        let mut reqs = pooled_passes(None, false).remove(0);
+        reqs.truncate(1);
+        let mut store = EmbeddingStore::default();
+        let done = encode(
+            &model,
+            &pre,
+            &reqs,
+            &mut store,
+            &Default::default(),
+            || Ok(()),
+            None,
+        );
+        let FromWorker::EncodeDone {
+            embeddings,
+            item_rows,
+            ..
+        } = done.unwrap()
+        else {
+            panic!("not an encode")
+        };
+        let m = &embeddings[0].1;
+        let first = item_rows[0][0] as usize * m.cols as usize;
+        // item 1 (the first) is in the store: its rows go with the request
+        let op = |key, fetched| easerve_sched::ItemOp {
+            key,
+            hit: fetched,
+            fetched,
+            stored: true,
+            evicted: Vec::new(),
+        };
+        let mut r = reqs[0].clone();
+        r.cache = vec![op(1, true), op(2, false)];
+        r.fetched = vec![(1, m.data[..first].to_vec())];
+        let mut store = EmbeddingStore::default();
+        let (got, _) = pass_with(&model, &pre, &[r.clone()], &mut store);
+        assert_eq!(got, embeddings);
+        assert_eq!((store.encoded, store.fetched, store.len()), (1, 1, 2));
+        // without its rows the pass refuses rather than encode in secret
+        r.fetched.clear();
+        let err = encode(
+            &model,
+            &pre,
+            &[r],
+            &mut store,
+            &Default::default(),
+            || Ok(()),
+            None,
+        );
+        assert!(matches!(err, Err(WorkerError::NotHeld { key: 1, .. })));
+    }
+
     #[test]
     fn a_pass_sent_ahead_encodes_exactly_what_the_serial_pass_does() {
         let model = model();
