@@ -59,6 +59,9 @@ struct FakeWorkers {
     replay: Replay,
     /// Each encode worker's link (embeddings) and each prefill worker's (KV caches).
     encode_link: Vec<SerialLink>,
+    /// Per encode worker: its pass's write to the shared store, (when the
+    /// pass ends, seconds on the link), until the link is next used.
+    store_write: Vec<Option<(f64, f64)>>,
     prefill_link: Vec<SerialLink>,
     /// Where each request was encoded and prefilled: the sender of its transfers.
     encoded_on: HashMap<RequestId, usize>,
@@ -88,6 +91,7 @@ impl FakeWorkers {
             remote_prefill: t.remote_prefill(),
             replay: Replay::new(sim.service.clone().expect("the simulator's service log")),
             encode_link: vec![SerialLink::default(); t.encode().len()],
+            store_write: vec![None; t.encode().len()],
             prefill_link: vec![SerialLink::default(); t.prefill().len()],
             encoded_on: HashMap::new(),
             prefilled_on: HashMap::new(),
@@ -129,12 +133,30 @@ impl FakeWorkers {
         }
     }
 
+    /// Put encode worker `w`'s pending store write on its link when its
+    /// pass has ended by `now`.
+    fn flush_write(&mut self, w: usize, now: f64) {
+        if let Some((at, dur)) = self.store_write[w].filter(|&(at, _)| at <= now) {
+            self.encode_link[w].send(at, dur);
+            self.store_write[w] = None;
+        }
+    }
+
     /// What worker `k` answers to `msg` received at `now`, and when.
     fn answer(&mut self, now: f64, k: usize, msg: ToWorker) {
         match (self.roles[k], msg) {
             (WorkerRef::Encode(w), ToWorker::Encode { requests, sm_share }) => {
                 let ids: Vec<RequestId> = requests.iter().map(|r| r.id).collect();
                 let (host, gpu) = self.replay.encode(w, &ids, sm_share);
+                // its write to the shared store holds the link when it ends,
+                // ahead of its embeddings (the simulator's order)
+                let write = self.replay.store_write(w);
+                // (held until the link is next used: the pass's embeddings
+                // may be sent after the next pass was)
+                self.flush_write(w, now);
+                if write > 0.0 {
+                    self.store_write[w] = Some((now + host + gpu, write));
+                }
                 self.encoded_on.extend(ids.iter().map(|&id| (id, w)));
                 self.send(now + host, DONE, k, &FromWorker::EncodeGpuStarted);
                 let one = Matrix {
@@ -164,6 +186,7 @@ impl FakeWorkers {
                     let ids: Vec<RequestId> = embeddings.iter().map(|e| e.0).collect();
                     let from = self.encoded_on[&ids[0]];
                     let dur = self.replay.embeddings(from, &ids);
+                    self.flush_write(from, now);
                     self.encode_link[from].send(now, dur).1
                 };
                 self.send(

@@ -684,6 +684,8 @@ pub struct Replay {
     /// Per kind (encode, prefill, decode, embeddings, KV, front end,
     /// replica), per worker: the next unit.
     next: [Vec<usize>; 7],
+    /// Per encode worker: the next pass's store write.
+    store_next: Vec<usize>,
 }
 
 impl Replay {
@@ -698,7 +700,23 @@ impl Replay {
             vec![0; 1],
             vec![0; log.replica.len()],
         ];
-        Replay { log, next }
+        let store_next = vec![0; log.store_writes.len()];
+        Replay {
+            log,
+            next,
+            store_next,
+        }
+    }
+
+    /// The time the next pass of encode worker `w` to end held its link
+    /// writing to the shared store (0 without one).
+    pub fn store_write(&mut self, w: usize) -> f64 {
+        let log = &self.log.store_writes[w];
+        let i = self.store_next.get(w).copied().unwrap_or(0);
+        if let Some(n) = self.store_next.get_mut(w) {
+            *n += 1;
+        }
+        log.get(i).copied().unwrap_or(0.0)
     }
 
     /// The next unit of `kind` on worker `w`.

@@ -1765,6 +1765,7 @@ mod tests {
             embeddings,
             preprocess_s,
             compute_s,
+            ..
         } = done
         else {
             panic!("{done:?}")

@@ -864,8 +864,19 @@ impl<'a> Sim<'a> {
         };
         // the pass's new outputs go to the shared store ahead of its embeddings
         let written = self.ctrl.store_write_bytes(self.ctrl.encode_batch(w));
-        if written > 0 {
-            self.store_transfer(w, written as f64, true);
+        let held = match written {
+            0 => 0.0,
+            b => {
+                let (start, end) = self.store_transfer(w, b as f64, true);
+                end - start
+            }
+        };
+        if let Some(log) = self
+            .service
+            .as_mut()
+            .filter(|_| self.sc.knobs.caches.store.is_some())
+        {
+            log.store_writes[w].push(held);
         }
         // within the clock's resolution at `now`: far into a run (a slow
         // arrival rate puts passes at 1e8 s and beyond) an f64 second resolves
