@@ -16,8 +16,11 @@ use std::sync::Arc;
 
 use crate::wire::Matrix;
 
-/// Embeddings by content key, `[rows, d]` row-major.
-type Held = HashMap<u64, Arc<Vec<f32>>>;
+/// One item's embeddings, `[rows, d]` row-major.
+type Rows = Arc<Vec<f32>>;
+
+/// Embeddings by content key.
+type Held = HashMap<u64, Rows>;
 
 /// The store's embeddings and what is on its way in and out (module doc).
 #[derive(Default)]
@@ -30,7 +33,7 @@ pub struct SharedStore {
     /// the controller has heard it and their encoded items are copied.
     ended: Vec<(RequestId, Vec<u32>)>,
     /// Each placed request's fetched items, until its pass goes out.
-    fetched: HashMap<RequestId, Vec<(u64, Arc<Vec<f32>>)>>,
+    fetched: HashMap<RequestId, Vec<(u64, Rows)>>,
     /// Items copied in.
     pub writes: u64,
     /// Items sent to encode workers from here.
