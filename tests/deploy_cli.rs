@@ -581,7 +581,7 @@ fn the_scenarios_caches_become_each_engines_cache_flags() {
     let plain = root().join("scenarios/video.toml");
     let on = dir.path().join("video-caches.toml");
     let mut text = read(&plain);
-    text += "\n[deployment.encoder_cache]\ncapacity_gib = 1.5\nhash_raw_bytes = true\n\n[deployment.prefix_cache]\nblock_size = 32\n\n[deployment.cache_routing]\noverlap_weight = 2.0\n";
+    text += "\n[deployment.encoder_cache]\ncapacity_gib = 1.5\nhash_raw_bytes = true\n\n[deployment.prefix_cache]\nblock_size = 32\n\n[deployment.cache_routing]\noverlap_weight = 2.0\n\n[deployment.encoder_store]\ncapacity_gib = 64\n";
     std::fs::write(&on, text).unwrap();
     let (on_dir, off_dir) = (dir.path().join("on"), dir.path().join("off"));
     deployed(&on, &on_dir);
@@ -593,6 +593,11 @@ fn the_scenarios_caches_become_each_engines_cache_flags() {
         "{p}"
     );
     assert!(f(&on_dir, "vllm/E0.sh").contains("--mm-processor-cache-gb 1.5"));
+    // the shared store: the encoders read what any encoder wrote
+    assert!(f(&on_dir, "vllm/E0.sh").contains(r#""ec_role":"ec_both""#));
+    assert!(f(&off_dir, "vllm/E0.sh").contains(r#""ec_role":"ec_producer""#));
+    assert!(f(&on_dir, "README.md")
+        .contains("| shared encoder-output store (across encode workers, LRU) | approximated:"));
     assert!(f(&on_dir, "sglang/P0.sh").contains("--page-size 32"));
     assert!(!f(&on_dir, "sglang/P0.sh").contains("--disable-radix-cache"));
     let y = f(&on_dir, "dynamo/deployment.yaml");

@@ -648,8 +648,9 @@ fn tp2_prefill_and_decode_complete_as_tp1() {
 /// the completions are those of a server without the caches (greedy tokens:
 /// the cached path's logits are within 1e-3 of the full prefill's,
 /// `model/src/nn/tests.rs`); `/metrics` and the report count the hits.
-/// Runs about 5 s (two servers of the tiny model, five sequential requests
-/// each).
+/// With the shared encoder-output store alone, the same completions, and
+/// the store's hits in the report. Runs about 7 s (three servers of the
+/// tiny model, five sequential requests each).
 #[test]
 fn the_caches_hit_repeated_images_and_change_no_token() {
     let _timed = crate::timed();
@@ -706,4 +707,21 @@ fn the_caches_hit_repeated_images_and_change_no_token() {
     let r = s.stop();
     assert_eq!(num(&r, "/reuse/encoder_cache/hits"), 3.0, "{r}");
     assert_eq!(num(&r, "/reuse/encoder_cache/queries"), 5.0);
+    // the shared store alone: the repeats' embeddings come from the
+    // controller's process with their pass, not from the encoder
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("scenarios/cpu-image-reuse.toml")).unwrap();
+    let profiles = root().join("scenarios/profiles/");
+    let text = text
+        .replace("[deployment.encoder_cache]", "[deployment.encoder_store]")
+        .replace("\"profiles/", &format!("\"{}", profiles.display()));
+    let path = dir.path().join("cpu-image-store.toml");
+    std::fs::write(&path, text).unwrap();
+    let (s, stored) = serve(path.to_str().unwrap());
+    assert_eq!(stored, plain, "the store changed the completions");
+    let r = s.stop();
+    assert!(r["reuse"].get("encoder_cache").is_none(), "{r}");
+    assert_eq!(num(&r, "/reuse/encoder_store/queries"), 5.0, "{r}");
+    assert_eq!(num(&r, "/reuse/encoder_store/hits"), 3.0, "{r}");
+    assert_eq!(num(&r, "/reuse/encoder_store/writes"), 2.0, "{r}");
 }

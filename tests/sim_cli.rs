@@ -1058,3 +1058,34 @@ fn refining_a_simulated_run_against_its_own_passes_moves_no_encode_factor() {
         );
     }
 }
+
+/// The shared encoder-output store: on, the report (text and JSON) has its
+/// line beside the caches'; a capacity below one item's embeddings exits 2
+/// naming the field and what is allowed.
+#[test]
+fn the_encoder_store_reports_its_hits_and_refuses_a_capacity_below_one_item() {
+    let reuse = scenario("image-reuse");
+    let store = "deployment.encoder_store.capacity_gib=8";
+    let args = ["--requests", "100", "--set", store];
+    let j = sim_json(&reuse, &args);
+    assert!(
+        num(&j, "/reuse/encoder_store/queries") > 0.0,
+        "{}",
+        j["reuse"]
+    );
+    assert!(num(&j, "/reuse/encoder_store/written_bytes") > 0.0);
+    let path = reuse.to_str().unwrap();
+    let out = easerve(&["sim", path, "--requests", "100", "--set", store]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Encoder store hit rate (items):"));
+    let off = easerve(&["sim", path, "--requests", "100"]);
+    assert!(!String::from_utf8_lossy(&off.stdout).contains("Encoder store"));
+    let bad = "deployment.encoder_store.capacity_gib=0.001";
+    let out = easerve(&["sim", path, "--set", bad]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("`deployment.encoder_store.capacity_gib`")
+            && err.contains("allowed from one item's embeddings"),
+        "{err}"
+    );
+}

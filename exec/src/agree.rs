@@ -59,6 +59,9 @@ struct FakeWorkers {
     replay: Replay,
     /// Each encode worker's link (embeddings) and each prefill worker's (KV caches).
     encode_link: Vec<SerialLink>,
+    /// Per encode worker: its pass's write to the shared store, (when the
+    /// pass ends, seconds on the link), until the link is next used.
+    store_write: Vec<Option<(f64, f64)>>,
     prefill_link: Vec<SerialLink>,
     /// Where each request was encoded and prefilled: the sender of its transfers.
     encoded_on: HashMap<RequestId, usize>,
@@ -88,6 +91,7 @@ impl FakeWorkers {
             remote_prefill: t.remote_prefill(),
             replay: Replay::new(sim.service.clone().expect("the simulator's service log")),
             encode_link: vec![SerialLink::default(); t.encode().len()],
+            store_write: vec![None; t.encode().len()],
             prefill_link: vec![SerialLink::default(); t.prefill().len()],
             encoded_on: HashMap::new(),
             prefilled_on: HashMap::new(),
@@ -129,12 +133,30 @@ impl FakeWorkers {
         }
     }
 
+    /// Put encode worker `w`'s pending store write on its link when its
+    /// pass has ended by `now`.
+    fn flush_write(&mut self, w: usize, now: f64) {
+        if let Some((at, dur)) = self.store_write[w].filter(|&(at, _)| at <= now) {
+            self.encode_link[w].send(at, dur);
+            self.store_write[w] = None;
+        }
+    }
+
     /// What worker `k` answers to `msg` received at `now`, and when.
     fn answer(&mut self, now: f64, k: usize, msg: ToWorker) {
         match (self.roles[k], msg) {
             (WorkerRef::Encode(w), ToWorker::Encode { requests, sm_share }) => {
                 let ids: Vec<RequestId> = requests.iter().map(|r| r.id).collect();
                 let (host, gpu) = self.replay.encode(w, &ids, sm_share);
+                // its write to the shared store holds the link when it ends,
+                // ahead of its embeddings (the simulator's order)
+                let write = self.replay.store_write(w);
+                // (held until the link is next used: the pass's embeddings
+                // may be sent after the next pass was)
+                self.flush_write(w, now);
+                if write > 0.0 {
+                    self.store_write[w] = Some((now + host + gpu, write));
+                }
                 self.encoded_on.extend(ids.iter().map(|&id| (id, w)));
                 self.send(now + host, DONE, k, &FromWorker::EncodeGpuStarted);
                 let one = Matrix {
@@ -147,6 +169,7 @@ impl FakeWorkers {
                     embeddings,
                     preprocess_s: 0.0,
                     compute_s: host + gpu,
+                    item_rows: Vec::new(),
                 };
                 self.send(now + host + gpu, DONE, k, &done);
             }
@@ -163,6 +186,7 @@ impl FakeWorkers {
                     let ids: Vec<RequestId> = embeddings.iter().map(|e| e.0).collect();
                     let from = self.encoded_on[&ids[0]];
                     let dur = self.replay.embeddings(from, &ids);
+                    self.flush_write(from, now);
                     self.encode_link[from].send(now, dur).1
                 };
                 self.send(
@@ -866,10 +890,10 @@ pub fn the_server_moves_workers_as_the_simulator_plans() {
 
 /// `easerve exec` on the image scenario with its images from a pool of 40
 /// (Zipf 1.0), an encoder cache that holds a few of them on each encode
-/// worker, the prefix cache and cache-aware placement: the executor makes
-/// the simulator's cache lookups (each request's encoder-cache and
-/// prefix-cache hits, in the log) and ends with the same hits, queries and
-/// evictions in both caches.
+/// worker, a shared store that holds a dozen, the prefix cache and
+/// cache-aware placement: the executor makes the simulator's cache lookups
+/// (each request's encoder-cache, store and prefix-cache hits, in the log)
+/// and ends with the same hits, queries and evictions in every cache.
 pub fn the_executor_hits_and_evicts_as_the_simulator() {
     // 64 MiB per encode worker: one 672×672 image is 2,928 tokens × 7,168
     // × 2 bytes = 42 MB, one 336×336 about 8.3 MB, so a few fit and the
@@ -880,6 +904,8 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
         ("deployment.encoder_cache.capacity_gib", "0.0625"),
         ("deployment.prefix_cache.block_size", "16"),
         ("deployment.cache_routing.overlap_weight", "1.0"),
+        // a shared store of a dozen large images behind them
+        ("deployment.encoder_store.capacity_gib", "0.5"),
     ];
     let sc = image_scenario(&sets);
     let sim = simulate(&sc, None);
@@ -906,8 +932,21 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
         (sim_pre.queries, sim_pre.hits, sim_pre.evictions),
         "prefix cache"
     );
+    let store = ctrl.store_counters().expect("store on");
+    let sim_store = reuse.encoder_store.expect("store in the report");
+    assert_eq!(
+        (store.queries, store.hits, store.evictions, store.writes),
+        (
+            sim_store.queries,
+            sim_store.hits,
+            sim_store.evictions,
+            sim_store.writes
+        ),
+        "encoder store"
+    );
     // the workload repeats, and the caches both hit and evict
     assert!(enc.hits > 0 && enc.evictions > 0, "{enc:?}");
+    assert!(store.hits > 0 && store.evictions > 0, "{store:?}");
     assert!(pre.hits > 0, "{pre:?}");
 }
 

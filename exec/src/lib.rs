@@ -38,5 +38,6 @@ pub mod preprocess_cost;
 pub mod run;
 pub mod serve;
 pub mod socket;
+pub mod store;
 mod supervise;
 pub mod wire;

@@ -1012,6 +1012,8 @@ impl Driver for Wake<'_> {
             _ => {}
         }
         let links = &mut self.relay.links;
+        // the store copies a pass's outputs before its embeddings leave
+        links.store.sync(self.ctrl, &links.embeddings);
         send_prefix_ops(self.ctrl, &mut pool.workers, &pool.by_ref);
         match &cmd {
             Command::Preprocess { id, .. } => links.pull_ops(self.ctrl, &[*id]),
@@ -1059,10 +1061,14 @@ fn on_incoming(
                 FromWorker::EncodeDone {
                     embeddings: e,
                     compute_s,
+                    item_rows,
                     ..
                 } => {
                     w.busy_s += compute_s;
                     w.sm_s += compute_s * w.share;
+                    if !item_rows.is_empty() {
+                        links.store.ended(e.iter().map(|x| x.0).zip(item_rows));
+                    }
                     links.embeddings.extend(e);
                     Some(Event::EncodeDone { worker: w.index })
                 }
@@ -1365,6 +1371,8 @@ pub(crate) struct Links {
     /// Each placed request's encoder-cache operations
     /// ([`Controller::take_encoder_ops`]) until its pass goes out.
     ops: HashMap<RequestId, Vec<easerve_sched::ItemOp>>,
+    /// The shared encoder-output store's embeddings (with it on).
+    pub(crate) store: crate::store::SharedStore,
     /// The NICs of a cluster of node groups; `None` without groups.
     pub(crate) nics: Option<Nics>,
 }
@@ -1527,18 +1535,22 @@ impl Links {
         self.kv.retain(|id, _| wanted(id));
         self.media.retain(|id, _| wanted(id));
         self.ops.retain(|id, _| wanted(id));
+        self.store.forget(wanted);
     }
 
     /// Take the encoder-cache operations the controller decided for `ids`
     /// since they were last taken (a request placed again replaces those of
     /// its earlier placement).
     fn pull_ops(&mut self, ctrl: &mut Controller, ids: &[RequestId]) {
+        self.store.sync(ctrl, &self.embeddings);
         for &id in ids {
             let ops = ctrl.take_encoder_ops(id);
             if !ops.is_empty() {
+                self.store.fetch(id, &ops);
                 self.ops.insert(id, ops);
             }
         }
+        self.store.release(ctrl);
     }
 }
 
@@ -1815,6 +1827,11 @@ fn encode_request(
         true => links.ops.get(&id).cloned(),
         false => links.ops.remove(&id),
     };
+    // the store's copies go with the pass, not ahead
+    let fetched = match ahead {
+        true => Vec::new(),
+        false => links.store.take_fetched(id),
+    };
     let req = &ctrl.requests()[id as usize];
     EncodeRequest {
         id,
@@ -1825,7 +1842,9 @@ fn encode_request(
             .as_ref()
             .map_or_else(Vec::new, |c| c.items().map(|t| t.id).collect()),
         cache: cache.unwrap_or_default(),
-        prepare_hits: ctrl.caches().encoder.is_some_and(|e| !e.hash_raw_bytes),
+        // without raw-byte keys (or with the store alone) a hit is prepared
+        prepare_hits: ctrl.caches().encoder.is_none_or(|e| !e.hash_raw_bytes),
+        fetched,
     }
 }
 

@@ -195,6 +195,9 @@ pub struct Metrics {
     encoder_queries: Counter,
     encoder_hits: Counter,
     encoder_bytes: Gauge,
+    store_queries: Counter,
+    store_hits: Counter,
+    store_bytes: Gauge,
 }
 
 /// vLLM's TTFT buckets, seconds.
@@ -250,6 +253,9 @@ impl Metrics {
             encoder_queries: Counter::default(),
             encoder_hits: Counter::default(),
             encoder_bytes: Gauge::default(),
+            store_queries: Counter::default(),
+            store_hits: Counter::default(),
+            store_bytes: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -401,6 +407,21 @@ impl Metrics {
             "Bytes of embeddings the encode workers' encoder caches hold",
             self.encoder_bytes.clone(),
         );
+        r.register(
+            "easerve:encoder_store_queries",
+            "Media items looked up in the shared encoder-output store (those the workers' own caches missed)",
+            self.store_queries.clone(),
+        );
+        r.register(
+            "easerve:encoder_store_hits",
+            "Media items whose embeddings the shared encoder-output store held",
+            self.store_hits.clone(),
+        );
+        r.register(
+            "easerve:encoder_store_usage_bytes",
+            "Bytes of embeddings the shared encoder-output store holds",
+            self.store_bytes.clone(),
+        );
     }
 
     /// The caches' counters and gauge, from the controller's.
@@ -415,6 +436,11 @@ impl Metrics {
         if let Some(p) = pre {
             catch_up(&self.prefix_queries, p.queries);
             catch_up(&self.prefix_hits, p.hits);
+        }
+        if let Some(s) = ctrl.store_counters() {
+            catch_up(&self.store_queries, s.queries);
+            catch_up(&self.store_hits, s.hits);
+            self.store_bytes.set(ctrl.encoder_store_bytes() as i64);
         }
     }
 
@@ -527,12 +553,12 @@ pub(crate) struct App {
 }
 
 /// How the front end keys items for `caches`: not at all with every cache
-/// off; over the raw bytes when the encoder cache says `hash_raw_bytes`;
-/// over the decoded items otherwise.
+/// (and the shared store) off; over the raw bytes when the encoder cache
+/// says `hash_raw_bytes`; over the decoded items otherwise.
 fn item_keys(caches: &easerve_sched::CacheConfig) -> Option<crate::input::ItemKeying> {
     use crate::input::ItemKeying;
     match (&caches.encoder, &caches.prefix) {
-        (None, None) => None,
+        (None, None) if caches.store.is_none() => None,
         (Some(e), _) if e.hash_raw_bytes => Some(ItemKeying::Raw),
         _ => Some(ItemKeying::Decoded),
     }

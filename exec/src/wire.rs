@@ -103,6 +103,12 @@ pub struct EncodeRequest {
     /// item; false with `hash_raw_bytes`.
     #[serde(default)]
     pub prepare_hits: bool,
+    /// With the shared encoder-output store on: the embeddings of the items
+    /// the controller found in the store (`ItemOp::fetched`), by content
+    /// key, each `[rows, d]` row-major; the worker takes them instead of
+    /// encoding. The store lives in the controller's process.
+    #[serde(default)]
+    pub fetched: Vec<(u64, Vec<f32>)>,
 }
 
 /// A decoded input as it crosses to an encode worker: RGB pixels
@@ -331,6 +337,11 @@ pub enum FromWorker {
         preprocess_s: f64,
         /// Seconds of the whole pass in the worker.
         compute_s: f64,
+        /// Rows of each item's embeddings, per request in pass order (how
+        /// the controller's process cuts a request's matrix into the items
+        /// it writes to the shared store).
+        #[serde(default)]
+        item_rows: Vec<Vec<u32>>,
     },
     /// A prefill batch ended: the first token and the KV cache per request.
     PrefillDone {

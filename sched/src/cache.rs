@@ -527,6 +527,10 @@ pub struct CacheConfig {
     /// (`[deployment.cache_routing]`); `None`: least outstanding work.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<CacheRouting>,
+    /// The encoder-output store shared by every encode worker
+    /// (`[deployment.encoder_store]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<EncoderStoreConfig>,
 }
 
 /// Cache-aware placement, as Dynamo's KV router weighs a worker: the cost
@@ -613,6 +617,69 @@ pub struct EncoderCacheConfig {
     pub hash_raw_bytes: bool,
 }
 
+/// The shared encoder-output store's knobs (scenario
+/// `[deployment.encoder_store]`): one store every encode worker reads and
+/// writes, as vLLM's EC connectors (`ECSharedStorageConnector`'s shared
+/// folder, `ECCPUConnector`'s `/dev/shm` tier) or a Mooncake Store keep
+/// encoder outputs by `mm_hash` across instances.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EncoderStoreConfig {
+    /// Bytes of embeddings the store keeps.
+    pub capacity_bytes: u64,
+    /// Bytes of one embedding token, as [`EncoderCacheConfig::bytes_per_token`].
+    pub bytes_per_token: f64,
+    /// The link a worker on the store's node reaches it over; `None`: that
+    /// node's intra-node link (what the embeddings cross). Workers on other
+    /// nodes reach it over the NICs. Only the drivers price it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<StoreLink>,
+}
+
+/// A link to the store: its bandwidth and per-transfer latency.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoreLink {
+    /// GB/s (1e9 bytes/s) per direction.
+    pub bandwidth_gbs: f64,
+    /// Seconds of setup per transfer.
+    pub latency_s: f64,
+}
+
+impl StoreLink {
+    /// Seconds to move `bytes` over the link (`latency + bytes / bandwidth`).
+    pub fn transfer_time(&self, bytes: f64) -> f64 {
+        self.latency_s + bytes / (self.bandwidth_gbs * 1e9)
+    }
+}
+
+/// The shared store's lookups, hits and traffic over a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreCounters {
+    /// Items looked up (those the worker's own cache missed; every item
+    /// with that cache off).
+    pub queries: u64,
+    /// Of which held: fetched, not encoded.
+    pub hits: u64,
+    /// Items evicted.
+    pub evictions: u64,
+    /// Bytes fetched by the hits.
+    pub fetched_bytes: u64,
+    /// Items written (encoded outputs the store did not hold).
+    pub writes: u64,
+    /// Bytes written.
+    pub written_bytes: u64,
+}
+
+impl StoreCounters {
+    /// The lookups, hits and evictions as one cache's counters.
+    pub fn cache(&self) -> CacheCounters {
+        CacheCounters {
+            queries: self.queries,
+            hits: self.hits,
+            evictions: self.evictions,
+        }
+    }
+}
+
 /// What an encode worker does with one item's embeddings, as the
 /// controller's [`EncoderCache`] decided when it placed the request there.
 /// Applied in placement order, these keep the worker's store equal to the
@@ -623,6 +690,10 @@ pub struct ItemOp {
     pub key: u64,
     /// Held: reuse the stored embeddings, skip the encode.
     pub hit: bool,
+    /// Held by the shared store, not the worker (with `hit`): fetch the
+    /// embeddings from the store first.
+    #[serde(default)]
+    pub fetched: bool,
     /// A miss the directory entered: store its embeddings once encoded
     /// (false for an item larger than the whole cache).
     pub stored: bool,
@@ -632,16 +703,24 @@ pub struct ItemOp {
 
 /// The encoder cache's directory over every encode worker: for each, the
 /// items whose embeddings it holds (an [`Lru`] in bytes), as vLLM's
-/// `EncoderCacheManager` keeps them keyed by `mm_hash`. The controller
-/// consults it when it places a request on an encode worker: a held item is
-/// a hit (its encode is skipped); a missing one is entered at once, since
-/// the worker's passes run in order and the pass that encodes it ends
-/// before any later pass that reuses it starts.
+/// `EncoderCacheManager` keeps them keyed by `mm_hash`; and, when on, the
+/// shared store's ([`EncoderStoreConfig`]). The controller consults it when
+/// it places a request on an encode worker, item by item: the worker's own
+/// cache first (a hit: its encode is skipped), then the store (a hit: its
+/// embeddings are fetched, not encoded, and enter the worker's cache), else
+/// it is encoded. A miss enters the worker's cache at once, since the
+/// worker's passes run in order and the pass that encodes it ends before
+/// any later pass that reuses it starts; it enters the store only when its
+/// pass ends ([`EncoderCache::write_back`]), since another worker's pass
+/// may start before then.
 #[derive(Clone, Debug)]
 pub struct EncoderCache {
+    /// Each worker's cache; empty with the per-worker cache off.
     workers: Vec<Lru>,
+    store: Option<Lru>,
     bytes_per_token: f64,
     counters: CacheCounters,
+    store_counters: StoreCounters,
 }
 
 impl EncoderCache {
@@ -649,9 +728,40 @@ impl EncoderCache {
     pub fn new(workers: usize, cfg: EncoderCacheConfig) -> EncoderCache {
         EncoderCache {
             workers: (0..workers).map(|_| Lru::new(cfg.capacity_bytes)).collect(),
+            store: None,
             bytes_per_token: cfg.bytes_per_token,
             counters: CacheCounters::default(),
+            store_counters: StoreCounters::default(),
         }
+    }
+
+    /// The directory of `workers` encode workers' caches (`cache`, `None`:
+    /// off) and the shared store (`store`, `None`: off); `None` when both
+    /// are off.
+    pub fn with(
+        workers: usize,
+        cache: Option<EncoderCacheConfig>,
+        store: Option<EncoderStoreConfig>,
+    ) -> Option<EncoderCache> {
+        let bytes_per_token = match (cache, store) {
+            (Some(c), _) => c.bytes_per_token,
+            (None, Some(s)) => s.bytes_per_token,
+            (None, None) => return None,
+        };
+        Some(EncoderCache {
+            workers: cache.map_or_else(Vec::new, |c| {
+                (0..workers).map(|_| Lru::new(c.capacity_bytes)).collect()
+            }),
+            store: store.map(|s| Lru::new(s.capacity_bytes)),
+            bytes_per_token,
+            counters: CacheCounters::default(),
+            store_counters: StoreCounters::default(),
+        })
+    }
+
+    /// Whether the per-worker caches are on.
+    fn local(&self) -> bool {
+        !self.workers.is_empty()
     }
 
     /// Bytes of an item of `llm_tokens` embeddings.
@@ -662,14 +772,21 @@ impl EncoderCache {
     /// How many of `ids` worker `w` holds, without touching them (for
     /// cache-aware placement).
     pub fn held(&self, w: usize, ids: &[u64]) -> usize {
-        ids.iter().filter(|&&k| self.workers[w].contains(k)).count()
+        ids.iter().filter(|&&k| self.holds(w, k)).count()
+    }
+
+    /// Whether worker `w`'s own cache holds `key` (false with it off).
+    fn holds(&self, w: usize, key: u64) -> bool {
+        self.workers.get(w).is_some_and(|l| l.contains(key))
     }
 
     /// Encoder tokens of the `items` worker `w` does not hold: the encode
     /// work a request would bring there.
     pub fn missed_tokens(&self, w: usize, items: impl Iterator<Item = ContentItem>) -> u64 {
         items
-            .filter(|i| !self.workers[w].contains(i.id))
+            .filter(|i| {
+                !self.holds(w, i.id) && !self.store.as_ref().is_some_and(|s| s.contains(i.id))
+            })
             .map(|i| i.encoder_tokens as u64)
             .sum()
     }
@@ -683,44 +800,146 @@ impl EncoderCache {
 
     /// [`EncoderCache::lookup`], appending to `ops` (when given) what the
     /// worker must do with each item's embeddings, in order, so that what it
-    /// holds stays what this directory says it holds ([`ItemOp`]).
+    /// holds stays what this directory says it holds ([`ItemOp`]). An item
+    /// the store holds sets its bit too (it is not encoded); which of the
+    /// hits came from the store is [`EncoderCache::lookup_store`]'s.
     pub fn lookup_ops(
         &mut self,
         w: usize,
         items: impl Iterator<Item = (u64, u64)>,
-        mut ops: Option<&mut Vec<ItemOp>>,
+        ops: Option<&mut Vec<ItemOp>>,
     ) -> u64 {
-        let mut mask = 0u64;
+        self.lookup_store(w, items, ops).0
+    }
+
+    /// [`EncoderCache::lookup_ops`]: the hit mask (the worker's cache or the
+    /// store) and the mask of the hits the store gave (fetched).
+    pub fn lookup_store(
+        &mut self,
+        w: usize,
+        items: impl Iterator<Item = (u64, u64)>,
+        mut ops: Option<&mut Vec<ItemOp>>,
+    ) -> (u64, u64) {
+        let (mut mask, mut fetched) = (0u64, 0u64);
+        let local = self.local();
         for (k, (id, llm_tokens)) in items.enumerate() {
-            self.counters.queries += 1;
             let bytes = self.item_bytes(llm_tokens);
-            let lru = &mut self.workers[w];
             let mut evicted = Vec::new();
-            let (hit, stored) = if k < 64 && lru.touch(id) {
+            let own = local && k < 64 && self.workers[w].touch(id);
+            if !own && self.store.is_some() {
+                self.store_counters.queries += 1;
+            }
+            let from_store = !own && k < 64 && self.store.as_mut().is_some_and(|s| s.touch(id));
+            if local {
+                self.counters.queries += 1;
+                self.counters.hits += u64::from(own);
+            }
+            if from_store {
+                fetched |= 1 << k;
+                self.store_counters.hits += 1;
+                self.store_counters.fetched_bytes += bytes;
+            }
+            if own || from_store {
                 mask |= 1 << k;
-                self.counters.hits += 1;
-                (true, true)
-            } else {
-                let log = ops.is_some().then_some(&mut evicted);
-                (false, lru.insert_evicting(id, bytes, log))
-            };
+            }
+            // a fetched or encoded item enters the worker's cache
+            let stored = own
+                || (local && {
+                    let log = ops.is_some().then_some(&mut evicted);
+                    self.workers[w].insert_evicting(id, bytes, log)
+                });
             if let Some(ops) = ops.as_deref_mut() {
                 ops.push(ItemOp {
                     key: id,
-                    hit,
+                    hit: own || from_store,
+                    fetched: from_store,
                     stored,
                     evicted,
                 });
             }
         }
         self.counters.evictions = self.workers.iter().map(Lru::evictions).sum();
-        mask
+        (mask, fetched)
+    }
+
+    /// Bytes of the items (ids with their LLM tokens) the store would be
+    /// written: those it does not hold (0 with the store off). What the
+    /// producing worker sends it when its pass ends.
+    pub fn unwritten_bytes(&self, items: impl Iterator<Item = (u64, u64)>) -> u64 {
+        let Some(s) = &self.store else {
+            return 0;
+        };
+        items
+            .filter(|&(id, _)| !s.contains(id))
+            .map(|(_, t)| self.item_bytes(t))
+            .sum()
+    }
+
+    /// A pass ended: write its encoded items (ids with their LLM tokens) to
+    /// the store, least recently used evicted first; an item the store
+    /// already holds (another worker wrote it meanwhile) is only touched.
+    /// The keys written (nothing with the store off).
+    pub fn write_back(&mut self, items: impl Iterator<Item = (u64, u64)>) -> Vec<u64> {
+        let mut written = Vec::new();
+        let bpt = self.bytes_per_token;
+        let Some(s) = self.store.as_mut() else {
+            return written;
+        };
+        for (id, tokens) in items {
+            if s.touch(id) {
+                continue;
+            }
+            let bytes = (tokens as f64 * bpt).ceil() as u64;
+            if s.insert(id, bytes) {
+                self.store_counters.writes += 1;
+                self.store_counters.written_bytes += bytes;
+                written.push(id);
+            }
+        }
+        self.store_counters.evictions = s.evictions();
+        written
+    }
+
+    /// The store's counters, when it is on.
+    pub fn store_counters(&self) -> Option<StoreCounters> {
+        self.store.as_ref().map(|_| self.store_counters)
+    }
+
+    /// Bytes the store holds (0 with it off).
+    pub fn store_bytes(&self) -> u64 {
+        self.store.as_ref().map_or(0, Lru::used)
+    }
+
+    /// Keep the keys the store evicts from now on, for
+    /// [`EncoderCache::take_store_evicted`] (a driver that holds the
+    /// store's embeddings drops them).
+    pub fn log_store_evictions(&mut self) {
+        if let Some(s) = self.store.as_mut() {
+            s.log_evictions();
+        }
+    }
+
+    /// The keys the store evicted since last taken, in order (none unless
+    /// [`EncoderCache::log_store_evictions`]).
+    pub fn take_store_evicted(&mut self) -> Vec<u64> {
+        self.store
+            .as_mut()
+            .map(Lru::take_evicted)
+            .unwrap_or_default()
+    }
+
+    /// Whether the store holds `key` (does not touch it).
+    pub fn store_holds(&self, key: u64) -> bool {
+        self.store.as_ref().is_some_and(|s| s.contains(key))
     }
 
     /// Worker `w` lost what it held (its process died): forget it, so a
     /// later lookup there misses (evictions are not counted).
+    /// The store is not the worker's: it keeps what it holds.
     pub fn clear(&mut self, w: usize) {
-        let old = &self.workers[w];
+        let Some(old) = self.workers.get(w) else {
+            return;
+        };
         let mut fresh = Lru::new(old.capacity);
         fresh.evictions = old.evictions;
         self.workers[w] = fresh;
@@ -728,19 +947,29 @@ impl EncoderCache {
 
     /// Bytes of embeddings worker `w` holds.
     pub fn used_bytes(&self, w: usize) -> u64 {
-        self.workers[w].used()
+        self.workers.get(w).map_or(0, Lru::used)
     }
 
     /// Count `items` lookups of items without content ids (unique, so
     /// misses that are never entered); the hit mask, 0.
     pub fn miss(&mut self, items: usize) -> u64 {
-        self.counters.queries += items as u64;
+        if self.local() {
+            self.counters.queries += items as u64;
+        }
+        if self.store.is_some() {
+            self.store_counters.queries += items as u64;
+        }
         0
     }
 
-    /// Hits, queries and evictions so far.
+    /// Hits, queries and evictions so far (of the per-worker caches).
     pub fn counters(&self) -> CacheCounters {
         self.counters
+    }
+
+    /// Whether the per-worker caches are on (not the store alone).
+    pub fn per_worker(&self) -> bool {
+        self.local()
     }
 }
 
@@ -1109,6 +1338,68 @@ mod tests {
         assert_eq!(c.held(0, &[7, 8, 9]), 2);
         let n = c.counters();
         assert_eq!((n.queries, n.hits, n.evictions), (5, 1, 1));
+    }
+
+    #[test]
+    fn the_store_serves_what_another_worker_encoded_and_evicts_lru() {
+        let cache = EncoderCacheConfig {
+            capacity_bytes: 1_000,
+            bytes_per_token: 1.0,
+            hash_raw_bytes: false,
+        };
+        let store = EncoderStoreConfig {
+            capacity_bytes: 2_000,
+            bytes_per_token: 1.0,
+            link: None,
+        };
+        let mut c = EncoderCache::with(2, Some(cache), Some(store)).expect("on");
+        // worker 0 encodes 7; until its pass ends the store does not hold it
+        assert_eq!(c.lookup_store(0, [(7, 1_000)].into_iter(), None), (0, 0));
+        assert_eq!(c.lookup_store(1, [(7, 1_000)].into_iter(), None), (0, 0));
+        assert_eq!(c.write_back([(7, 1_000)].into_iter()), vec![7]);
+        // worker 1's second writer only touches it
+        assert!(c.write_back([(7, 1_000)].into_iter()).is_empty());
+        // worker 0 holds 7 itself: its own cache first, the store not asked
+        let queried = c.store_counters().unwrap().queries;
+        assert_eq!(c.lookup_store(0, [(7, 1_000)].into_iter(), None), (1, 0));
+        assert_eq!(c.store_counters().unwrap().queries, queried);
+        // worker 1 misses 8 and writes it; worker 0 then fetches it, which
+        // evicts 7 from worker 0's own cache (1,000 bytes)
+        c.lookup_store(1, [(8, 1_000)].into_iter(), None);
+        c.write_back([(8, 1_000)].into_iter());
+        let mut ops = Vec::new();
+        assert_eq!(
+            c.lookup_store(0, [(8, 1_000)].into_iter(), Some(&mut ops)),
+            (1, 1)
+        );
+        assert!(ops[0].hit && ops[0].fetched && ops[0].stored, "{ops:?}");
+        assert_eq!(ops[0].evicted, vec![7]);
+        // a third item evicts the store's least recently used: 7 (8 was
+        // fetched since)
+        c.lookup_store(1, [(9, 1_000)].into_iter(), None);
+        c.write_back([(9, 1_000)].into_iter());
+        assert!(!c.store_holds(7) && c.store_holds(8) && c.store_holds(9));
+        assert_eq!(c.lookup_store(0, [(7, 1_000)].into_iter(), None), (0, 0));
+        let s = c.store_counters().unwrap();
+        assert_eq!((s.queries, s.hits, s.evictions), (6, 1, 1));
+        assert_eq!(
+            (s.writes, s.written_bytes, s.fetched_bytes),
+            (3, 3_000, 1_000)
+        );
+        assert_eq!(c.store_bytes(), 2_000);
+        // a worker's death leaves the store as it was
+        c.clear(1);
+        assert!(c.store_holds(8) && c.store_holds(9));
+        // the store alone: no per-worker counts, every item asks the store
+        let mut alone = EncoderCache::with(2, None, Some(store)).expect("on");
+        alone.write_back([(5, 500)].into_iter());
+        assert_eq!(
+            alone.lookup_store(1, [(5, 500), (6, 500)].into_iter(), None),
+            (1, 1)
+        );
+        assert_eq!(alone.counters().queries, 0);
+        assert_eq!(alone.store_counters().unwrap().queries, 2);
+        assert!(EncoderCache::with(2, None, None).is_none());
     }
 
     #[test]

@@ -236,6 +236,10 @@ pub struct ServiceLog {
     pub decode: Vec<Vec<f64>>,
     /// Per encode worker, per remote envelope: time on the link.
     pub embeddings: Vec<Vec<f64>>,
+    /// With the shared encoder-output store on, per encode worker, per
+    /// pass ended: time its write to the store held the worker's link (0
+    /// for none).
+    pub store_writes: Vec<Vec<f64>>,
     /// Per prefill worker, per KV cache: time on the link.
     pub kv: Vec<Vec<f64>>,
     /// Per front-end preprocessing, in the order they started (the
@@ -255,6 +259,7 @@ impl ServiceLog {
             prefill: vec![Vec::new(); prefill],
             decode: vec![Vec::new(); t.decode().len()],
             embeddings: vec![Vec::new(); encode],
+            store_writes: vec![Vec::new(); encode],
             kv: vec![Vec::new(); prefill],
             front_end: Vec::new(),
             replica: vec![Vec::new(); t.replica().len()],

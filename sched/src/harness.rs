@@ -684,6 +684,8 @@ pub struct Replay {
     /// Per kind (encode, prefill, decode, embeddings, KV, front end,
     /// replica), per worker: the next unit.
     next: [Vec<usize>; 7],
+    /// Per encode worker: the next pass's store write.
+    store_next: Vec<usize>,
 }
 
 impl Replay {
@@ -698,7 +700,23 @@ impl Replay {
             vec![0; 1],
             vec![0; log.replica.len()],
         ];
-        Replay { log, next }
+        let store_next = vec![0; log.store_writes.len()];
+        Replay {
+            log,
+            next,
+            store_next,
+        }
+    }
+
+    /// The time the next pass of encode worker `w` to end held its link
+    /// writing to the shared store (0 without one).
+    pub fn store_write(&mut self, w: usize) -> f64 {
+        let log = &self.log.store_writes[w];
+        let i = self.store_next.get(w).copied().unwrap_or(0);
+        if let Some(n) = self.store_next.get_mut(w) {
+            *n += 1;
+        }
+        log.get(i).copied().unwrap_or(0.0)
     }
 
     /// The next unit of `kind` on worker `w`.
@@ -864,7 +882,7 @@ pub fn same_decision(a: &Decision, b: &Decision) -> bool {
 /// prefill, share, place-decode, decode run, fail, decode yield,
 /// place-replica, replica step, place-shard, prefill chunk, the planner's
 /// reconfigurations (a change, a worker ready or stopped), encoder-cache
-/// lookup, prefix-cache lookup, restart, rejoin, abort.
+/// or store lookup or store write, prefix-cache lookup, restart, rejoin, abort.
 pub fn decision_kinds(log: &[Decision]) -> [usize; 20] {
     let mut n = [0usize; 20];
     for d in log {
@@ -887,7 +905,9 @@ pub fn decision_kinds(log: &[Decision]) -> [usize; 20] {
             | Decision::WorkerReady { .. }
             | Decision::LoadFailed { .. }
             | Decision::WorkerStopped { .. } => 14,
-            Decision::EncoderCache { .. } => 15,
+            Decision::EncoderCache { .. }
+            | Decision::EncoderStore { .. }
+            | Decision::StoreWrite { .. } => 15,
             Decision::PrefixCache { .. } => 16,
             Decision::Restart { .. } => 17,
             Decision::Rejoin { .. } => 18,

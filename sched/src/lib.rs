@@ -83,8 +83,8 @@ mod topology;
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use cache::{
     CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, ContentParts,
-    EncoderCache, EncoderCacheConfig, ItemOp, Lru, PrefixCache, PrefixCacheConfig, PrefixOp,
-    Segment,
+    EncoderCache, EncoderCacheConfig, EncoderStoreConfig, ItemOp, Lru, PrefixCache,
+    PrefixCacheConfig, PrefixOp, Segment, StoreCounters, StoreLink,
 };
 pub use cluster::{NodeGroup, Place, PlacementError};
 pub use controller::{

@@ -118,9 +118,11 @@ impl Typical {
         offered: &easerve_workload::reuse::OfferedReuse,
     ) -> Typical {
         let c = sc.knobs.caches;
-        if let Some(e) = c.encoder {
+        // the shared store reaches the offered reuse from every encode
+        // worker (its fetches are not priced here)
+        if c.encoder.is_some() || c.store.is_some() {
             self.encode_hit = offered.items_seen_before;
-            self.raw_hash = e.hash_raw_bytes;
+            self.raw_hash = c.encoder.is_some_and(|e| e.hash_raw_bytes);
         }
         if c.prefix.is_some() {
             self.prefix_hit = offered.prompt_tokens_seen_before;

@@ -758,6 +758,20 @@ fn vllm_encoder_cache_flags(sc: &Scenario) -> Vec<String> {
     }
 }
 
+/// The EC connector role of a vLLM encoder instance: `ec_producer` (it
+/// writes its outputs to the connector's folder for the prefill instances),
+/// or with `[deployment.encoder_store]` `ec_both` (vLLM 0.33.0
+/// `vllm/config/ec_transfer.py`: `ec_role` is `ec_producer`, `ec_consumer`
+/// or `ec_both`; as the example `examples/disaggregated/ec_both_encoder`):
+/// the encoder then also loads, instead of encoding, an item whose output
+/// another encoder instance wrote there, which is the shared store.
+fn encoder_ec_role(sc: &Scenario) -> &'static str {
+    match sc.knobs.caches.store {
+        Some(_) => "ec_both",
+        None => "ec_producer",
+    }
+}
+
 /// vLLM's prefix caching on a prefill instance (vLLM 0.33.0
 /// `--enable-prefix-caching`, on by default, and `--block-size`): on with
 /// the scenario's block size where `[deployment.prefix_cache]` is set, else
@@ -898,7 +912,10 @@ fn vllm_files(
                     flags.push(format!("--max-num-batched-tokens {}", encoder_budget(sc)));
                     flags.push("--no-enable-prefix-caching".into());
                     flags.extend(vllm_encoder_cache_flags(sc));
-                    flags.push(format!("--ec-transfer-config '{}'", ec("ec_producer")));
+                    flags.push(format!(
+                        "--ec-transfer-config '{}'",
+                        ec(encoder_ec_role(sc))
+                    ));
                 }
                 1 => {
                     text += "EC_PATH=\"${EC_PATH:-/tmp/easerve-ec-cache}\"\n";
@@ -1243,6 +1260,7 @@ fn aggregated_files(
     raw.deployment.encoder_cache = None;
     raw.deployment.prefix_cache = None;
     raw.deployment.cache_routing = None;
+    raw.deployment.encoder_store = None;
     if let Some(tp) = opts.aggregated_tp {
         raw.deployment.aggregated_tp = Some(i64::from(tp));
     }
@@ -1536,6 +1554,14 @@ fn cache_rows(sc: &Scenario) -> Vec<(&'static str, [String; 3])> {
             format!("approximated: encoder outputs are reused by mm_hash through the EC connector's folder, which has no capacity (vLLM has no flag for its encoder cache's size); {pre}"),
             "dropped: SGLang's encoder-only server keeps no encoder outputs across requests".into(),
             format!("approximated: as vLLM (the encode worker is a vLLM engine); {pre}"),
+        ]));
+    }
+    if let Some(st) = &c.store {
+        let gib = st.capacity_bytes as f64 / (1u64 << 30) as f64;
+        rows.push(("shared encoder-output store (across encode workers, LRU)", [
+            format!("approximated: the encoder instances run the EC connector as `ec_both`, so each loads the outputs any encoder wrote to `$EC_PATH` instead of encoding them; the folder has no capacity or eviction (the twin's {gib:.1} GiB LRU is dropped: size the file system under `$EC_PATH`), and its reads and writes are the file system's, not the twin's link"),
+            "dropped: SGLang's encoder-only server keeps no encoder outputs across requests".into(),
+            "dropped: the encode workers' EC connector is not configured by this deployment".into(),
         ]));
     }
     rows.push(("prefix cache (per prefill worker, KV blocks)", match &c.prefix {

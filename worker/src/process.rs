@@ -893,6 +893,8 @@ pub struct EmbeddingStore {
     pub encoded: u64,
     /// Items whose stored embeddings a pass reused.
     pub reused: u64,
+    /// Items whose embeddings came from the shared store with the request.
+    pub fetched: u64,
 }
 
 impl EmbeddingStore {
@@ -984,11 +986,26 @@ fn encode<B: Backend>(
     .into_iter();
     let d = model.lm.d_model();
     let mut embeddings = Vec::with_capacity(requests.len());
+    let mut item_rows = Vec::with_capacity(requests.len());
     for r in requests {
         let mut data = Vec::new();
+        let mut rows = Vec::with_capacity(r.items.len());
         for j in 0..r.items.len() {
             let op = r.cache.get(j);
             let e = match op {
+                // the shared store's copy, sent with the request
+                Some(o) if o.fetched => {
+                    store.fetched += 1;
+                    let f = r.fetched.iter().find(|f| f.0 == o.key);
+                    Arc::new(
+                        f.ok_or(WorkerError::NotHeld {
+                            id: r.id,
+                            key: o.key,
+                        })?
+                        .1
+                        .clone(),
+                    )
+                }
                 Some(o) if o.hit => {
                     store.reused += 1;
                     store
@@ -1006,7 +1023,8 @@ fn encode<B: Backend>(
                     items: r.items.len(),
                 })?)?),
             };
-            if let Some(o) = op.filter(|o| !o.hit) {
+            // an encoded or fetched item enters this worker's cache
+            if let Some(o) = op.filter(|o| !o.hit || o.fetched) {
                 for k in &o.evicted {
                     store.items.remove(k);
                 }
@@ -1014,8 +1032,10 @@ fn encode<B: Backend>(
                     store.items.insert(o.key, e.clone());
                 }
             }
+            rows.push((e.len() / d.max(1)) as u32);
             data.extend_from_slice(&e);
         }
+        item_rows.push(rows);
         embeddings.push((
             r.id,
             Matrix {
@@ -1029,6 +1049,7 @@ fn encode<B: Backend>(
         embeddings,
         preprocess_s,
         compute_s: t0.elapsed().as_secs_f64(),
+        item_rows,
     })
 }
 
@@ -1369,6 +1390,7 @@ mod tests {
                     cache: Vec::new(),
                     keys: Vec::new(),
                     prepare_hits: false,
+                    fetched: Vec::new(),
                 }
             })
             .collect()
@@ -1460,6 +1482,7 @@ mod tests {
                             cache,
                             keys: keys.to_vec(),
                             prepare_hits: !raw,
+                            fetched: Vec::new(),
                         }
                     })
                     .collect()
@@ -1498,6 +1521,64 @@ mod tests {
         // equal ids give equal media: requests 1, 2 and 6 open with item 1
         let one = &off[5].1.data;
         assert!(off[0].1.data.starts_with(one) && off[1].1.data.starts_with(one));
+    }
+
+    /// An item the shared store held comes with the request: the pass
+    /// encodes only the others, sends the same embeddings, and keeps the
+    /// fetched item in its own cache when the controller says so. Under 1 s.
+    #[test]
+    fn embeddings_fetched_from_the_store_replace_the_encode() {
+        let model = model();
+        let pre = Preprocessor::new(arch(), SEED, 0).unwrap();
+        let mut reqs = pooled_passes(None, false).remove(0);
+        reqs.truncate(1);
+        let mut store = EmbeddingStore::default();
+        let done = encode(
+            &model,
+            &pre,
+            &reqs,
+            &mut store,
+            &Default::default(),
+            || Ok(()),
+            None,
+        );
+        let FromWorker::EncodeDone {
+            embeddings,
+            item_rows,
+            ..
+        } = done.unwrap()
+        else {
+            panic!("not an encode")
+        };
+        let m = &embeddings[0].1;
+        let first = item_rows[0][0] as usize * m.cols as usize;
+        // item 1 (the first) is in the store: its rows go with the request
+        let op = |key, fetched| easerve_sched::ItemOp {
+            key,
+            hit: fetched,
+            fetched,
+            stored: true,
+            evicted: Vec::new(),
+        };
+        let mut r = reqs[0].clone();
+        r.cache = vec![op(1, true), op(2, false)];
+        r.fetched = vec![(1, m.data[..first].to_vec())];
+        let mut store = EmbeddingStore::default();
+        let (got, _) = pass_with(&model, &pre, &[r.clone()], &mut store);
+        assert_eq!(got, embeddings);
+        assert_eq!((store.encoded, store.fetched, store.len()), (1, 1, 2));
+        // without its rows the pass refuses rather than encode in secret
+        r.fetched.clear();
+        let err = encode(
+            &model,
+            &pre,
+            &[r],
+            &mut store,
+            &Default::default(),
+            || Ok(()),
+            None,
+        );
+        assert!(matches!(err, Err(WorkerError::NotHeld { key: 1, .. })));
     }
 
     #[test]
@@ -1684,6 +1765,7 @@ mod tests {
             embeddings,
             preprocess_s,
             compute_s,
+            ..
         } = done
         else {
             panic!("{done:?}")

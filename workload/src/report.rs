@@ -545,6 +545,44 @@ pub struct ReuseReport {
     /// The prefix cache (prompt tokens), when on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<CacheReport>,
+    /// The shared encoder-output store (items the encode workers' own
+    /// caches missed), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder_store: Option<StoreReport>,
+}
+
+/// The shared encoder-output store over a run: its lookups, hits and the
+/// bytes it moved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StoreReport {
+    /// Items looked up (those the worker's own cache missed).
+    pub queries: u64,
+    /// Of which held: fetched, not encoded.
+    pub hits: u64,
+    /// `hits / queries`.
+    pub hit_rate: f64,
+    /// Items evicted.
+    pub evictions: u64,
+    /// Items written (encoded outputs it did not hold).
+    pub writes: u64,
+    /// Bytes fetched by the hits.
+    pub fetched_bytes: u64,
+    /// Bytes written.
+    pub written_bytes: u64,
+}
+
+impl From<easerve_sched::StoreCounters> for StoreReport {
+    fn from(c: easerve_sched::StoreCounters) -> StoreReport {
+        StoreReport {
+            queries: c.queries,
+            hits: c.hits,
+            hit_rate: c.cache().hit_rate(),
+            evictions: c.evictions,
+            writes: c.writes,
+            fetched_bytes: c.fetched_bytes,
+            written_bytes: c.written_bytes,
+        }
+    }
 }
 
 /// One cache's lookups and hits over a run.
@@ -682,6 +720,25 @@ fn text_reuse(s: &mut String, r: &ReuseReport) {
                 format!("{:.1} % of {}", c.hit_rate * 100.0, c.queries),
             );
         }
+    }
+    if let Some(c) = &r.encoder_store {
+        line(
+            s,
+            "Encoder store hit rate (items):",
+            format!("{:.1} % of {}", c.hit_rate * 100.0, c.queries),
+        );
+        let gb = |b: u64| b as f64 / 1e9;
+        line(
+            s,
+            "Encoder store fetched / written:",
+            format!(
+                "{:.2} GB / {:.2} GB ({} items; {} evicted)",
+                gb(c.fetched_bytes),
+                gb(c.written_bytes),
+                c.writes,
+                c.evictions
+            ),
+        );
     }
 }
 

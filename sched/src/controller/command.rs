@@ -41,6 +41,30 @@ pub enum Decision {
         /// Of which held by the worker's cache.
         hits: usize,
     },
+    /// Request `id`'s items that its encode worker's own cache missed
+    /// (`items`; all of them with that cache off) were looked up in the
+    /// shared encoder-output store when it was placed on encode worker
+    /// `worker`: `hits` are fetched from it, not encoded. Only with the
+    /// store on.
+    EncoderStore {
+        /// Request.
+        id: RequestId,
+        /// Encode worker.
+        worker: usize,
+        /// Items looked up in the store.
+        items: usize,
+        /// Of which held there.
+        hits: usize,
+    },
+    /// Request `id`'s pass ended and `items` of its encoded items were
+    /// written to the shared store (those it did not hold yet). Only with
+    /// the store on.
+    StoreWrite {
+        /// Request.
+        id: RequestId,
+        /// Items written.
+        items: usize,
+    },
     /// Request `id`'s prompt was looked up in prefill worker `worker`'s
     /// prefix cache when it was queued there: its first `hit_tokens` of
     /// `tokens` are cached KV blocks (their prefill is skipped). Only with

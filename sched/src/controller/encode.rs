@@ -143,9 +143,9 @@ impl Controller {
         };
         let req = &self.requests[i];
         let mut ops = self.encoder_ops.as_ref().map(|_| Vec::new());
-        let (mask, items) = match &req.content {
+        let ((mask, fetched), items) = match &req.content {
             Some(c) => (
-                cache.lookup_ops(
+                cache.lookup_store(
                     w,
                     c.items().map(|t| (t.id, t.llm_tokens as u64)),
                     ops.as_mut(),
@@ -153,18 +153,31 @@ impl Controller {
                 c.items().len(),
             ),
             // no content ids: every item is unique, a miss
-            None => (cache.miss(req.items.len()), req.items.len()),
+            None => ((cache.miss(req.items.len()), 0), req.items.len()),
         };
+        let per_worker = cache.per_worker();
         self.encoder_hits[i] = mask;
         if let (Some(m), Some(ops)) = (self.encoder_ops.as_mut(), ops) {
             m.insert(id, ops);
         }
-        self.decide(|| Decision::EncoderCache {
-            id,
-            worker: w,
-            items,
-            hits: mask.count_ones() as usize,
-        });
+        if per_worker {
+            self.decide(|| Decision::EncoderCache {
+                id,
+                worker: w,
+                items,
+                hits: (mask & !fetched).count_ones() as usize,
+            });
+        }
+        if let Some(s) = self.store_hits.get_mut(i) {
+            *s = fetched;
+            let queried = items - (mask & !fetched).count_ones() as usize;
+            self.decide(|| Decision::EncoderStore {
+                id,
+                worker: w,
+                items: queried,
+                hits: fetched.count_ones() as usize,
+            });
+        }
         let work = self.encode_work(id);
         self.encode_place.complete(w, all - work);
         (w, work)
@@ -184,6 +197,25 @@ impl Controller {
                 .map(|(_, t)| t.encoder_tokens as f64)
                 .sum(),
             _ => req.encoder_tokens as f64,
+        }
+    }
+
+    /// With the store on, a pass of `ids` ended: its encoded items (those
+    /// that hit neither the worker's cache nor the store) are written to
+    /// the store, which may evict; logged per request that wrote.
+    fn write_back(&mut self, ids: &[RequestId]) {
+        if self.caches.store.is_none() {
+            return;
+        }
+        for &id in ids {
+            let items: Vec<(u64, u64)> = self.items_of(id, self.encoder_hits(id), false).collect();
+            let Some(cache) = self.encoder_cache.as_mut() else {
+                return;
+            };
+            let written = cache.write_back(items.into_iter()).len();
+            if written > 0 {
+                self.decide(|| Decision::StoreWrite { id, items: written });
+            }
         }
     }
 
@@ -333,6 +365,7 @@ impl Controller {
             self.try_dispatch(now, w);
             return;
         }
+        self.write_back(&ids);
         let mut groups = std::mem::take(&mut self.groups);
         for &id in &ids {
             let i = id as usize;

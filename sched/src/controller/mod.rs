@@ -339,9 +339,13 @@ pub struct Controller {
     loading: Vec<WorkerRef>,
     /// The encoder cache's directory, when on.
     encoder_cache: Option<crate::EncoderCache>,
-    /// With the encoder cache on, per request: bit `k` set when its item
-    /// `k` hit the cache of the worker it was placed on. Empty otherwise.
+    /// With the encoder cache or the store on, per request: bit `k` set
+    /// when its item `k` hit the cache of the worker it was placed on or
+    /// the store. Empty otherwise.
     encoder_hits: Vec<u64>,
+    /// With the store on, per request: bit `k` set when its item `k` was
+    /// fetched from the store. Empty otherwise.
+    store_hits: Vec<u64>,
     /// Each placed request's [`crate::ItemOp`]s, kept for a driver that
     /// holds real embeddings ([`Controller::keep_encoder_ops`]); `None`
     /// keeps nothing.
@@ -483,15 +487,20 @@ impl Controller {
             groups: Vec::new(),
             preprocess_ahead: cfg.preprocess_ahead,
             mechanisms: mech,
-            encoder_hits: match cfg.caches.encoder {
+            encoder_hits: match (cfg.caches.encoder, cfg.caches.store) {
+                (None, None) => Vec::new(),
+                _ => vec![0; requests_len],
+            },
+            store_hits: match cfg.caches.store {
                 Some(_) => vec![0; requests_len],
                 None => Vec::new(),
             },
             encoder_ops: None,
-            encoder_cache: cfg
-                .caches
-                .encoder
-                .map(|c| crate::EncoderCache::new(encode_len, c)),
+            encoder_cache: crate::EncoderCache::with(
+                encode_len,
+                cfg.caches.encoder,
+                cfg.caches.store,
+            ),
             prefix_hits: match cfg.caches.prefix {
                 Some(_) => vec![[0; 2]; requests_len],
                 None => Vec::new(),
@@ -523,6 +532,9 @@ impl Controller {
         }
         if self.encoder_cache.is_some() {
             self.encoder_hits.push(0);
+        }
+        if self.caches.store.is_some() {
+            self.store_hits.push(0);
         }
         if self.prefix_cache.is_some() {
             self.prefix_hits.push([0; 2]);
@@ -735,14 +747,108 @@ impl Controller {
         self.encoder_hits.get(id as usize).copied().unwrap_or(0)
     }
 
+    /// With the shared store on: bit `k` set when request `id`'s item `k`
+    /// missed its encode worker's own cache and was fetched from the store
+    /// (a subset of [`Controller::encoder_hits`]); 0 with the store off.
+    pub fn store_hits(&self, id: RequestId) -> u64 {
+        self.store_hits.get(id as usize).copied().unwrap_or(0)
+    }
+
+    /// Bytes of request `id`'s items fetched from the store (0 with it off).
+    pub fn store_fetch_bytes(&self, id: RequestId) -> u64 {
+        let (Some(cache), mask) = (&self.encoder_cache, self.store_hits(id)) else {
+            return 0;
+        };
+        self.items_of(id, mask, true)
+            .map(|(_, t)| cache.item_bytes(t))
+            .sum()
+    }
+
+    /// Bytes of the encoded items of requests `ids` (a pass) the store
+    /// does not hold yet, each item once: what their encode worker writes
+    /// there when the pass ends (0 with the store off). Read before the
+    /// controller hears the pass ended.
+    pub fn store_write_bytes(&self, ids: &[RequestId]) -> u64 {
+        let Some(c) = self
+            .encoder_cache
+            .as_ref()
+            .filter(|_| self.caches.store.is_some())
+        else {
+            return 0;
+        };
+        let mut items: Vec<(u64, u64)> = ids
+            .iter()
+            .flat_map(|&id| self.items_of(id, self.encoder_hits(id), false))
+            .collect();
+        items.sort_unstable();
+        items.dedup_by_key(|i| i.0);
+        c.unwritten_bytes(items.into_iter())
+    }
+
+    /// Request `id`'s items with content ids (ids and LLM tokens) whose bit
+    /// in `mask` is `set` (items past the 64th count as clear).
+    pub(super) fn items_of(
+        &self,
+        id: RequestId,
+        mask: u64,
+        set: bool,
+    ) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.requests[id as usize]
+            .content
+            .as_ref()
+            .into_iter()
+            .flat_map(|c| c.items())
+            .enumerate()
+            .filter(move |&(k, _)| (k < 64 && mask & (1 << k) != 0) == set)
+            .map(|(_, t)| (t.id, t.llm_tokens as u64))
+    }
+
+    /// The shared store's counters, when it is on.
+    pub fn store_counters(&self) -> Option<crate::StoreCounters> {
+        self.encoder_cache.as_ref().and_then(|c| c.store_counters())
+    }
+
+    /// Bytes of embeddings the shared store holds (0 with it off).
+    pub fn encoder_store_bytes(&self) -> u64 {
+        self.encoder_cache.as_ref().map_or(0, |c| c.store_bytes())
+    }
+
     /// Keep, from now on, what each encode worker must do with each placed
     /// request's items ([`crate::ItemOp`]: reuse, store, drop), for a driver
     /// whose workers hold the embeddings ([`Controller::take_encoder_ops`]).
     /// Nothing is kept with the encoder cache off.
     pub fn keep_encoder_ops(&mut self) {
-        if self.encoder_cache.is_some() {
+        if let Some(c) = self.encoder_cache.as_mut() {
+            c.log_store_evictions();
             self.encoder_ops.get_or_insert_with(HashMap::new);
         }
+    }
+
+    /// With [`Controller::keep_encoder_ops`] and the shared store on: the
+    /// keys the store evicted since last taken, in order, for a driver that
+    /// holds the store's embeddings.
+    pub fn take_store_evictions(&mut self) -> Vec<u64> {
+        self.encoder_cache
+            .as_mut()
+            .map(|c| c.take_store_evicted())
+            .unwrap_or_default()
+    }
+
+    /// Whether the store holds `key` now (false with it off).
+    pub fn store_holds(&self, key: u64) -> bool {
+        self.encoder_cache
+            .as_ref()
+            .is_some_and(|c| c.store_holds(key))
+    }
+
+    /// Whether a placed request whose operations were not taken yet
+    /// ([`Controller::take_encoder_ops`]) fetches `key` from the store: its
+    /// embeddings must outlive the store's eviction of it until then.
+    pub fn store_fetch_pending(&self, key: u64) -> bool {
+        self.encoder_ops.as_ref().is_some_and(|m| {
+            m.values()
+                .any(|ops| ops.iter().any(|o| o.fetched && o.key == key))
+        })
     }
 
     /// Request `id`'s item operations on the encode worker it was last
@@ -791,7 +897,10 @@ impl Controller {
     /// cache), `None` for a cache that is off.
     pub fn cache_counters(&self) -> (Option<crate::CacheCounters>, Option<crate::CacheCounters>) {
         (
-            self.encoder_cache.as_ref().map(|c| c.counters()),
+            self.encoder_cache
+                .as_ref()
+                .filter(|c| c.per_worker())
+                .map(|c| c.counters()),
             self.prefix_cache.as_ref().map(|c| c.counters()),
         )
     }

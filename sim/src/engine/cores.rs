@@ -230,7 +230,8 @@ impl Sim<'_> {
         pass.last_update = now;
         pass.host_slow = slow;
         worker.gen += 1;
-        let (at, gen) = (now + pass.host_left * slow, worker.gen);
+        let at = (now + pass.host_left * slow).max(pass.fetch_end);
+        let gen = worker.gen;
         self.events.push(
             at,
             crate::event::Priority::Completion,

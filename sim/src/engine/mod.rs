@@ -129,6 +129,9 @@ struct Pass {
     host_left: f64,
     /// The host-core slowdown the host phase runs at since `last_update`.
     host_slow: f64,
+    /// When the shared store's fetch of the pass's held items ends (the
+    /// host phase ends no earlier); 0 without a fetch.
+    fetch_end: f64,
 }
 
 /// An encode worker's hardware state (the controller keeps its scheduling
@@ -319,7 +322,7 @@ struct Sim<'a> {
 /// workload that repeats nothing with every cache off.
 pub fn reuse_report(sc: &Scenario, ctrl: &Controller) -> Option<ReuseReport> {
     let caches = ctrl.cache_counters();
-    if !sc.workload.repeats() && caches == (None, None) {
+    if !sc.workload.repeats() && caches == (None, None) && ctrl.store_counters().is_none() {
         return None;
     }
     Some(ReuseReport {
@@ -329,6 +332,7 @@ pub fn reuse_report(sc: &Scenario, ctrl: &Controller) -> Option<ReuseReport> {
         ),
         encoder_cache: caches.0.map(Into::into),
         prefix_cache: caches.1.map(Into::into),
+        encoder_store: ctrl.store_counters().map(Into::into),
     })
 }
 
@@ -792,11 +796,21 @@ impl<'a> Sim<'a> {
         // serial preprocessing asks one core of a CPU host
         self.ask_cores(WorkerRef::Encode(w), usize::from(serial));
         let host_slow = self.host_slowdown();
-        let host_end = if serial {
+        let mut host_end = if serial {
             now + t.t_pass * host_slow + t.t_pre * host_slow
         } else {
             pre_done + t.t_pass
         };
+        // items the shared store held are fetched beside the host phase
+        let fetch: u64 = (self.ctrl.encode_batch(w).iter())
+            .map(|&id| self.ctrl.store_fetch_bytes(id))
+            .sum();
+        let mut fetch_end = 0.0;
+        if fetch > 0 {
+            let (_, end) = self.store_transfer(w, fetch as f64, false);
+            fetch_end = end;
+            host_end = host_end.max(end);
+        }
         let t_gpu = if share == 1.0 {
             t.t_gpu
         } else {
@@ -817,6 +831,7 @@ impl<'a> Sim<'a> {
             scheduled: false,
             host_left: t.t_pass + t.t_pre,
             host_slow,
+            fetch_end,
         });
         let gen = worker.gen;
         self.events.push(
@@ -899,6 +914,22 @@ impl<'a> Sim<'a> {
             return;
         };
         self.ask_cores(WorkerRef::Encode(w), 0);
+        // the pass's new outputs go to the shared store ahead of its embeddings
+        let written = self.ctrl.store_write_bytes(self.ctrl.encode_batch(w));
+        let held = match written {
+            0 => 0.0,
+            b => {
+                let (start, end) = self.store_transfer(w, b as f64, true);
+                end - start
+            }
+        };
+        if let Some(log) = self
+            .service
+            .as_mut()
+            .filter(|_| self.sc.knobs.caches.store.is_some())
+        {
+            log.store_writes[w].push(held);
+        }
         // within the clock's resolution at `now`: far into a run (a slow
         // arrival rate puts passes at 1e8 s and beyond) an f64 second resolves
         // only ~1e-8 s, a visible fraction of a short pass
@@ -1154,6 +1185,35 @@ impl<'a> Sim<'a> {
     fn after_prefill_done(&mut self, p: usize) {
         if self.prefill[p].job.is_none() {
             self.local_changed(p);
+        }
+    }
+
+    /// `(start, end)` of a transfer of `bytes` between encode worker `w` and
+    /// the shared store, a write when `write` (else a fetch). The store is
+    /// host memory on the cluster's first node: from another node the NICs
+    /// carry it (`fabric.rs`); on that node its `link`, else the node's
+    /// intra-node link, a write queued on the worker's outgoing link ahead
+    /// of its embeddings.
+    fn store_transfer(&mut self, w: usize, bytes: f64, write: bool) -> (f64, f64) {
+        let now = self.now;
+        let at = self.topology.worker(WorkerRef::Encode(w)).place;
+        let store = easerve_sched::Place { group: 0, node: 0 };
+        let (from, to) = if write { (at, store) } else { (store, at) };
+        if let Some(se) = self
+            .fabric
+            .as_mut()
+            .and_then(|f| f.send(now, from, to, bytes))
+        {
+            return se;
+        }
+        let dur = match self.sc.knobs.caches.store.and_then(|s| s.link) {
+            Some(l) => l.transfer_time(bytes),
+            None => self.intra_node(WorkerRef::Encode(w), bytes),
+        };
+        if write {
+            self.encode[w].link.send(now, dur)
+        } else {
+            (now, now + dur)
         }
     }
 
@@ -1792,6 +1852,54 @@ mod tests {
         let offered = reuse.offered.items_seen_before;
         assert!(cache.hit_rate <= offered && cache.hit_rate > 0.5 * offered);
         assert!(off.report.reuse.as_ref().unwrap().encoder_cache.is_none());
+    }
+
+    /// The shared store serves, on four encode workers with small caches of
+    /// their own, items another worker encoded: more items skip their encode
+    /// than with the caches alone, the report's store hits are the decision
+    /// log's, each hit fetches its bytes and each write is an item the
+    /// store did not hold; off, the report has no store. (≈ 1 s in a debug
+    /// build.)
+    #[test]
+    fn the_shared_store_hits_where_the_workers_caches_miss() {
+        let base = [
+            ("deployment.allocation", "4E(TP1)+1P(TP2)+1D(TP2)"),
+            ("workload.pool.size", "200"),
+            ("workload.pool.alpha", "0.8"),
+            ("deployment.encoder_cache.capacity_gib", "0.2"),
+        ];
+        let mut sets = base.to_vec();
+        sets.push(("deployment.encoder_store.capacity_gib", "4"));
+        let opts = SimOptions {
+            decisions: true,
+            ..Default::default()
+        };
+        let off = simulate(&image_with(&base));
+        let on = simulate_with(&image_with(&sets), scenario_cost(&image_with(&sets)), &opts);
+        let reuse = |o: &SimOutput| o.report.reuse.clone().expect("reuse section");
+        let (r_off, r_on) = (reuse(&off), reuse(&on));
+        assert!(r_off.encoder_store.is_none());
+        let store = r_on.encoder_store.expect("store on");
+        let cache = r_on.encoder_cache.expect("cache on");
+        // the store is asked exactly what the workers' caches missed
+        assert_eq!(store.queries, cache.queries - cache.hits);
+        let skipped = |c: u64, s: u64| (c + s) as f64 / cache.queries as f64;
+        let with_store = skipped(cache.hits, store.hits);
+        let alone = r_off.encoder_cache.expect("cache on").hit_rate;
+        assert!(with_store > alone + 0.1, "{with_store} vs {alone}");
+        assert!(with_store <= r_on.offered.items_seen_before + 1e-9);
+        let logged: usize = (on.decisions.iter())
+            .map(|d| match d {
+                Decision::EncoderStore { hits, .. } => *hits,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(store.hits, logged as u64);
+        // every miss of both is written once: the items the store holds
+        // plus those it evicted, no more than the misses
+        assert!(store.writes <= store.queries - store.hits && store.writes > 0);
+        let enc = |o: &SimOutput| o.report.stages[0].service.mean;
+        assert!(enc(&on) < enc(&off), "{} {}", enc(&on), enc(&off));
     }
 
     /// Cache-aware routing sends a request to the encode worker that holds

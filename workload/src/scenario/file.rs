@@ -274,6 +274,9 @@ pub struct DeploymentSection {
     /// Cache-aware placement (absent: least outstanding work).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_routing: Option<CacheRoutingSection>,
+    /// The encoder-output store shared by the encode workers (absent: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder_store: Option<EncoderStoreSection>,
     /// The node group of each stage (`[deployment.groups]`; only with
     /// `[[cluster.groups]]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -374,6 +377,22 @@ pub struct EncoderCacheSection {
     /// The front end hashes raw bytes, so a hit skips preprocessing too
     /// (default false: vLLM hashes the processed item).
     pub hash_raw_bytes: Option<bool>,
+}
+
+/// `[deployment.encoder_store]`: one store of encoder outputs every encode
+/// worker reads and writes, keyed by item content, least recently used
+/// evicted first (vLLM's EC connector, Mooncake Store). It sits in the host
+/// memory of the cluster's first node.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EncoderStoreSection {
+    /// Embeddings the store keeps, GiB (at least one item's, at most
+    /// 1,048,576 GiB).
+    pub capacity_gib: f64,
+    /// The link a worker on the store's node reaches it over: a preset or
+    /// `{ name, bandwidth_gbs, latency_s }`, as `cluster.link` (absent: the
+    /// node's intra-node link). Workers on other nodes use the NICs.
+    pub link: Option<LinkChoice>,
 }
 
 /// `[deployment.prefix_cache]`: each prefill worker keeps the KV blocks of

@@ -36,10 +36,10 @@ mod validate;
 
 pub use file::{
     AudioSection, CacheRoutingSection, ClusterSection, ConversationSection, DeploymentSection,
-    EncoderCacheSection, GroupSection, ImageBucket, ItemsSection, LaunchSection, LimitsSection,
-    LinkChoice, ModelSection, Overrides, PhaseSection, PlannerSection, PoolSection,
-    PrefixCacheSection, ScenarioFile, SloSection, StageGroupsSection, System, SystemPromptSection,
-    VideoBucket, WorkloadSection,
+    EncoderCacheSection, EncoderStoreSection, GroupSection, ImageBucket, ItemsSection,
+    LaunchSection, LimitsSection, LinkChoice, ModelSection, Overrides, PhaseSection,
+    PlannerSection, PoolSection, PrefixCacheSection, ScenarioFile, SloSection, StageGroupsSection,
+    System, SystemPromptSection, VideoBucket, WorkloadSection,
 };
 pub use validate::{
     check_model, num, ModelError, HARDWARE_MIN, HOST_CORES_PER_GPU, KV_DTYPES, LLM_DTYPES,

@@ -1,11 +1,14 @@
-//! `[deployment.encoder_cache]`: the caches a deployment runs, checked
+//! `[deployment.encoder_cache]`, `[deployment.prefix_cache]`,
+//! `[deployment.encoder_store]`: the caches a deployment runs, checked
 //! against the system, the model and the workload's largest item.
 
 use super::{num, V};
 use crate::scenario::{ScenarioError, ScenarioFile, ServingKnobs, Shapes, System, Workload};
 use easerve_calib::{Efficiency, GpuSpec, Roofline};
 use easerve_model::{ModelArch, Parallel};
-use easerve_sched::{CacheConfig, Deployment, EncoderCacheConfig, PrefixCacheConfig};
+use easerve_sched::{
+    CacheConfig, Deployment, EncoderCacheConfig, EncoderStoreConfig, PrefixCacheConfig, StoreLink,
+};
 
 /// What the caches are checked against.
 pub(super) struct Against<'a> {
@@ -26,14 +29,15 @@ pub(super) fn cache_section(
     a: &Against<'_>,
 ) -> Result<CacheConfig, ScenarioError> {
     let mut caches = CacheConfig::default();
-    if raw.deployment.encoder_cache.is_some() || raw.deployment.prefix_cache.is_some() {
+    let d = &raw.deployment;
+    let named = [
+        ("deployment.encoder_cache", d.encoder_cache.is_some()),
+        ("deployment.prefix_cache", d.prefix_cache.is_some()),
+        ("deployment.encoder_store", d.encoder_store.is_some()),
+    ];
+    if let Some(&(field, _)) = named.iter().find(|n| n.1) {
         // the caches run on whole requests at EPD workers
         if !matches!(a.system, System::Easerve | System::Passthrough) {
-            let field = if raw.deployment.encoder_cache.is_some() {
-                "deployment.encoder_cache"
-            } else {
-                "deployment.prefix_cache"
-            };
             return Err(v.err(
                 field,
                 format!(
@@ -45,11 +49,12 @@ pub(super) fn cache_section(
     }
     caches.encoder = encoder_cache(raw, v, a)?;
     caches.prefix = prefix_cache(raw, v, a)?;
+    caches.store = encoder_store(raw, v, a)?;
     if let Some(r) = &raw.deployment.cache_routing {
         if caches.encoder.is_none() && caches.prefix.is_none() {
             return Err(v.err(
                 "deployment.cache_routing",
-                "routes by what the caches hold: turn on [deployment.encoder_cache] or [deployment.prefix_cache]",
+                "routes by what the per-worker caches hold: turn on [deployment.encoder_cache] or [deployment.prefix_cache]",
             ));
         }
         let w = v.real(
@@ -114,32 +119,87 @@ fn encoder_cache(
     let Some(e) = &raw.deployment.encoder_cache else {
         return Ok(None);
     };
-    let (model, workload) = (a.model, a.workload);
-    let gpu_memory_bytes = a.gpu.memory_gb * 1e9;
-    let field = "deployment.encoder_cache";
-    let bytes_per_token = model.embedding_bytes_per_token();
-    // the largest item one request can draw must fit
-    let one_item = match &workload.shapes {
-        Shapes::Text => 0.0,
-        s => s.max_mm_tokens(model) as f64 / s.max_items().max(1) as f64 * bytes_per_token,
+    let cap = capacity(
+        v,
+        a,
+        "deployment.encoder_cache.capacity_gib",
+        e.capacity_gib,
+        ("the GPU's memory", a.gpu.memory_gb * 1e9),
+    )?;
+    Ok(Some(EncoderCacheConfig {
+        capacity_bytes: cap,
+        bytes_per_token: a.model.embedding_bytes_per_token(),
+        hash_raw_bytes: e.hash_raw_bytes.unwrap_or(false),
+    }))
+}
+
+/// Largest store, GiB: a petabyte-scale pool is beyond any deployment here.
+const MAX_STORE_GIB: f64 = 1_048_576.0;
+
+/// `[deployment.encoder_store]`: its capacity, from one item's embeddings
+/// to [`MAX_STORE_GIB`], and the link to it.
+fn encoder_store(
+    raw: &ScenarioFile,
+    v: &V<'_>,
+    a: &Against<'_>,
+) -> Result<Option<EncoderStoreConfig>, ScenarioError> {
+    let Some(e) = &raw.deployment.encoder_store else {
+        return Ok(None);
     };
     let gib = (1u64 << 30) as f64;
-    let cap = e.capacity_gib;
-    if !(cap.is_finite() && cap * gib >= one_item && cap > 0.0 && cap * gib <= gpu_memory_bytes) {
+    let cap = capacity(
+        v,
+        a,
+        "deployment.encoder_store.capacity_gib",
+        e.capacity_gib,
+        ("the largest store allowed", MAX_STORE_GIB * gib),
+    )?;
+    let link = match &e.link {
+        Some(l) => {
+            let l = super::groups::link_of(v, "deployment.encoder_store.link", l)?;
+            Some(StoreLink {
+                bandwidth_gbs: l.bandwidth_gbs,
+                latency_s: l.latency_s,
+            })
+        }
+        None => None,
+    };
+    Ok(Some(EncoderStoreConfig {
+        capacity_bytes: cap,
+        bytes_per_token: a.model.embedding_bytes_per_token(),
+        link,
+    }))
+}
+
+/// A capacity of `gib` at `field`, bytes: at least the embeddings of the
+/// workload's largest item, at most `max` (its name and bytes).
+fn capacity(
+    v: &V<'_>,
+    a: &Against<'_>,
+    field: &str,
+    gib_cap: f64,
+    max: (&str, f64),
+) -> Result<u64, ScenarioError> {
+    let bytes_per_token = a.model.embedding_bytes_per_token();
+    // the largest item one request can draw must fit
+    let one_item = match &a.workload.shapes {
+        Shapes::Text => 0.0,
+        s => s.max_mm_tokens(a.model) as f64 / s.max_items().max(1) as f64 * bytes_per_token,
+    };
+    let gib = (1u64 << 30) as f64;
+    let bytes = gib_cap * gib;
+    if !(gib_cap.is_finite() && bytes >= one_item && gib_cap > 0.0 && bytes <= max.1) {
         return Err(v.err(
-            &format!("{field}.capacity_gib"),
+            field,
             format!(
-                "{}: allowed from one item's embeddings ({:.4} GiB: the workload's largest item, {} bytes a token) to the GPU's memory ({:.1} GiB)",
-                num(cap),
+                "{}: allowed from one item's embeddings ({:.4} GiB: the workload's largest item, {} bytes a token) to {} ({:.1} GiB)",
+                num(gib_cap),
                 one_item / gib,
                 num(bytes_per_token),
-                gpu_memory_bytes / gib
+                max.0,
+                max.1 / gib
             ),
         ));
     }
-    Ok(Some(EncoderCacheConfig {
-        capacity_bytes: (cap * gib) as u64,
-        bytes_per_token,
-        hash_raw_bytes: e.hash_raw_bytes.unwrap_or(false),
-    }))
+    Ok(bytes as u64)
 }

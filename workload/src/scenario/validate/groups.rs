@@ -121,7 +121,11 @@ fn group_of(v: &V<'_>, dir: &Path, i: usize, g: &GroupSection) -> Result<Group, 
 }
 
 /// A link preset or an inline link at `field`.
-fn link_of(v: &V<'_>, field: &str, link: &LinkChoice) -> Result<LinkSpec, ScenarioError> {
+pub(super) fn link_of(
+    v: &V<'_>,
+    field: &str,
+    link: &LinkChoice,
+) -> Result<LinkSpec, ScenarioError> {
     match link {
         LinkChoice::Preset(name) => LinkSpec::preset(name).ok_or_else(|| {
             v.err(

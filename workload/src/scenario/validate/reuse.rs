@@ -164,4 +164,30 @@ mod tests {
         ]);
         assert_eq!(f, "deployment.encoder_cache");
     }
+
+    #[test]
+    fn bad_store_fields_name_the_field_and_what_is_allowed() {
+        let (f, m) = field_of(&[("deployment.encoder_store.capacity_gib", "0.001")]);
+        assert_eq!(f, "deployment.encoder_store.capacity_gib");
+        assert!(m.contains("one item's embeddings (0.0391 GiB"), "{m}");
+        let (f, _) = field_of(&[("deployment.encoder_store.capacity_gib", "-1")]);
+        assert_eq!(f, "deployment.encoder_store.capacity_gib");
+        let (f, m) = field_of(&[
+            ("deployment.encoder_store.capacity_gib", "4"),
+            ("deployment.encoder_store.link", "pcie9"),
+        ]);
+        assert_eq!(f, "deployment.encoder_store.link");
+        assert!(m.contains("allowed: pcie4-x16"), "{m}");
+        let (f, _) = field_of(&[
+            ("deployment.system", "aggregated"),
+            ("deployment.encoder_store.capacity_gib", "4"),
+        ]);
+        assert_eq!(f, "deployment.encoder_store");
+        // the store alone does not make cache-aware placement meaningful
+        let (f, _) = field_of(&[
+            ("deployment.encoder_store.capacity_gib", "4"),
+            ("deployment.cache_routing.overlap_weight", "1"),
+        ]);
+        assert_eq!(f, "deployment.cache_routing");
+    }
 }
