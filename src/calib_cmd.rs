@@ -322,7 +322,8 @@ fn refine_passes(
 ) -> anyhow::Result<()> {
     let samples = read_encode_passes(csv, items_per_request)?;
     let simulated = match sim_csv {
-        Some(s) => read_encode_passes(s, items_per_request)?,
+        Some(s) => read_encode_passes(s, items_per_request)
+            .map_err(|e| BadInput(format!("--sim-csv: {e}")))?,
         None => Vec::new(),
     };
     if !samples.iter().any(|s| s.items > 0 && s.seconds > 0.0) {
@@ -346,7 +347,8 @@ fn refine_passes(
         sayln!(
             "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, {} {:.4} s, factor {:.3}",
             med,
-            if simulated.iter().any(|s| s.items == *b) {
+            if (simulated.iter()).any(|s| s.items == *b && s.seconds > 0.0 && s.seconds.is_finite())
+            {
                 "simulated median"
             } else {
                 "profile"
@@ -967,7 +969,7 @@ fn import_aiconfigurator(
             cost.sources().join("; ")
         ),
         repetitions: 0,
-            cores: None,
+        cores: None,
     };
     let note = "bandwidth_interference derived from HBM demand; time_slice_penalty assumed (calib/src/eff.rs)";
     let p = Profile::from_cost(

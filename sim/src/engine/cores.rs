@@ -156,7 +156,7 @@ impl HostCores {
             })
             .collect();
         format!(
-            "CPU host: {} cores shared by every worker ({}); threads per worker as `easerve exec` gives them: {}; while the busy workers ask more cores than that, every pass runs at cores/demand of its profiled speed (processor sharing, re-timed as work starts and ends)",
+            "CPU host: {} cores shared by every worker ({}); threads per worker as `easerve exec` gives them without `--threads`: {}; while the busy workers ask more cores than that, every pass runs at cores/demand of its profiled speed (processor sharing, re-timed as work starts and ends)",
             self.cores,
             self.source,
             threads.join(", ")

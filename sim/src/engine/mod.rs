@@ -1419,10 +1419,10 @@ impl<'a> Sim<'a> {
             match self.host {
                 None => log.decode[d].extend_from_slice(&worker.durs[..begun]),
                 // on a shared CPU host: what each iteration took, slowed
+                // (the one cut off as it was priced when it began)
                 Some(_) => {
                     let mut start = run.start;
-                    for (i, &e) in worker.ends[..begun].iter().enumerate() {
-                        let e = if i == n { end } else { e };
+                    for &e in &worker.ends[..begun] {
                         log.decode[d].push(e - start);
                         start = e;
                     }
