@@ -326,7 +326,7 @@ fn refine_passes(
             .map_err(|e| BadInput(format!("--sim-csv: {e}")))?,
         None => Vec::new(),
     };
-    if !samples.iter().any(|s| s.items > 0 && s.seconds > 0.0) {
+    if !samples.iter().any(EncodeSample::is_timed) {
         return Err(BadInput(format!(
             "--measured-csv {}: no encode pass with items and a positive duration (a header alone, or no request with both encode times)",
             csv.display()
@@ -347,8 +347,7 @@ fn refine_passes(
         sayln!(
             "batch {b:>4} items: {n:>5} passes, measured median {:.4} s, {} {:.4} s, factor {:.3}",
             med,
-            if (simulated.iter()).any(|s| s.items == *b && s.seconds > 0.0 && s.seconds.is_finite())
-            {
+            if (simulated.iter()).any(|s| s.items == *b && s.is_timed()) {
                 "simulated median"
             } else {
                 "profile"

@@ -61,6 +61,14 @@ pub struct EncodeSample {
     pub seconds: f64,
 }
 
+impl EncodeSample {
+    /// Whether the pass had items and a positive, finite duration: the
+    /// passes refinement takes (others are skipped).
+    pub fn is_timed(&self) -> bool {
+        self.items > 0 && self.seconds.is_finite() && self.seconds > 0.0
+    }
+}
+
 /// What refinement did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RefineSummary {
@@ -117,7 +125,7 @@ pub fn refine_encode_against(
     }
     let mut sizes: Vec<u64> = samples
         .iter()
-        .filter(|s| s.items > 0 && s.seconds.is_finite() && s.seconds > 0.0)
+        .filter(|s| s.is_timed())
         .map(|s| s.items)
         .collect();
     sizes.sort_unstable();
@@ -129,7 +137,7 @@ pub fn refine_encode_against(
     }
     let passes_of = |set: &[EncodeSample], b: u64| -> Vec<f64> {
         set.iter()
-            .filter(|s| s.items == b && s.seconds > 0.0 && s.seconds.is_finite())
+            .filter(|s| s.items == b && s.is_timed())
             .map(|s| s.seconds)
             .collect()
     };
