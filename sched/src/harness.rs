@@ -708,15 +708,16 @@ impl Replay {
         }
     }
 
-    /// The time the next pass of encode worker `w` to end held its link
-    /// writing to the shared store (0 without one).
-    pub fn store_write(&mut self, w: usize) -> f64 {
+    /// The next pass of encode worker `w` to end: its write to the shared
+    /// store, (seconds after the pass ended that the store's link was free
+    /// for it, seconds it held the worker's link); `(0, 0)` without one.
+    pub fn store_write(&mut self, w: usize) -> (f64, f64) {
         let log = &self.log.store_writes[w];
         let i = self.store_next.get(w).copied().unwrap_or(0);
         if let Some(n) = self.store_next.get_mut(w) {
             *n += 1;
         }
-        log.get(i).copied().unwrap_or(0.0)
+        log.get(i).copied().unwrap_or((0.0, 0.0))
     }
 
     /// The next unit of `kind` on worker `w`.
