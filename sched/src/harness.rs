@@ -1820,9 +1820,13 @@ mod tests {
         r
     }
 
-    /// A shared store of `store` bytes (an item is 576 bytes) and, when
-    /// given, per-worker caches of `cache` bytes.
-    fn with_store(cfg: &mut ControllerConfig, cache: Option<u64>, store: u64) {
+    /// The layout of [`controller_for`] for `alloc` with a shared store of
+    /// `store` bytes (an item is 576 bytes) and, when given, per-worker
+    /// caches of `cache` bytes.
+    fn with_store(alloc: &str, cache: Option<u64>, store: u64) -> ControllerConfig {
+        let alloc: crate::Allocation = alloc.parse().unwrap();
+        let kv = KvBlocks::new(1 << 20, 16);
+        let mut cfg = config_for(&alloc, None, SmSplit::Static(1.0), kv, None);
         cfg.caches.encoder = cache.map(|capacity_bytes| crate::EncoderCacheConfig {
             capacity_bytes,
             bytes_per_token: 1.0,
@@ -1833,6 +1837,7 @@ mod tests {
             bytes_per_token: 1.0,
             link: None,
         });
+        cfg
     }
 
     /// Regression: a request queued at an encode worker that died is placed
@@ -1845,18 +1850,10 @@ mod tests {
     /// store; milliseconds.)
     #[test]
     fn a_request_moved_off_a_dead_encode_worker_counts_its_lookups_once() {
-        let alloc: crate::Allocation = "2E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
         let requests = (0..40)
             .map(|i| showing(i, 0.5 + i as f64 * 0.00125, 1 + (i as u64 / 3) % 4))
             .collect();
-        let mut cfg = config_for(
-            &alloc,
-            None,
-            SmSplit::Static(1.0),
-            KvBlocks::new(1 << 20, 16),
-            None,
-        );
-        with_store(&mut cfg, Some(1_200), 1 << 20);
+        let cfg = with_store("2E(TP1)+1P(TP1)+1D(TP1)", Some(1_200), 1 << 20);
         let mut ctrl = Controller::new(requests, cfg);
         ctrl.supervise(crate::Backoff::DEFAULT);
         let mut c = Cluster::new(ctrl, fixed());
@@ -1892,20 +1889,12 @@ mod tests {
     #[test]
     fn pending_store_fetches_are_counted_per_key() {
         const K: u64 = 7;
-        let alloc: crate::Allocation = "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
         let requests = [(0.0, K), (0.2, 8), (0.21, K), (0.21, K), (0.22, K)]
             .iter()
             .enumerate()
             .map(|(i, &(at, item))| showing(i, at, item))
             .collect();
-        let mut cfg = config_for(
-            &alloc,
-            None,
-            SmSplit::Static(1.0),
-            KvBlocks::new(1 << 20, 16),
-            None,
-        );
-        with_store(&mut cfg, None, 1 << 20);
+        let cfg = with_store("1E(TP1)+1P(TP1)+1D(TP1)", None, 1 << 20);
         let mut ctrl = Controller::new(requests, cfg);
         ctrl.keep_encoder_ops();
         let mut step = |ctrl: &mut Controller, now: f64, ev: Event| {
