@@ -1897,7 +1897,7 @@ mod tests {
         let cfg = with_store("1E(TP1)+1P(TP1)+1D(TP1)", None, 1 << 20);
         let mut ctrl = Controller::new(requests, cfg);
         ctrl.keep_encoder_ops();
-        let mut step = |ctrl: &mut Controller, now: f64, ev: Event| {
+        let step = |ctrl: &mut Controller, now: f64, ev: Event| {
             ctrl.handle(now, ev);
             while ctrl.poll_command().is_some() {}
         };

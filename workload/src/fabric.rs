@@ -8,7 +8,8 @@
 //! out of (or into) one node queues, so `n` transfers asked for at once
 //! end after `n` times one transfer's time, as `n` flows sharing the NIC's
 //! bandwidth fairly would end together. Within a node a transfer takes the
-//! sender's intra-node link as without groups.
+//! sender's intra-node link as without groups. A port is a [`Port`], which
+//! the simulator's shared encoder store uses for its host link too.
 //!
 //! Sources: the NIC's bandwidth and latency are the scenario's
 //! (`cluster.groups[].nic_bandwidth_gbs`, `nic_latency_s`). The
