@@ -60,8 +60,9 @@ struct FakeWorkers {
     /// Each encode worker's link (embeddings) and each prefill worker's (KV caches).
     encode_link: Vec<SerialLink>,
     /// Per encode worker: its pass's write to the shared store, (when the
-    /// pass ends, seconds on the link), until the link is next used.
-    store_write: Vec<Option<(f64, f64)>>,
+    /// pass ends, seconds until the store's link is free for it, seconds on
+    /// the link), until the link is next used.
+    store_write: Vec<Option<(f64, f64, f64)>>,
     prefill_link: Vec<SerialLink>,
     /// Where each request was encoded and prefilled: the sender of its transfers.
     encoded_on: HashMap<RequestId, usize>,
@@ -136,8 +137,8 @@ impl FakeWorkers {
     /// Put encode worker `w`'s pending store write on its link when its
     /// pass has ended by `now`.
     fn flush_write(&mut self, w: usize, now: f64) {
-        if let Some((at, dur)) = self.store_write[w].filter(|&(at, _)| at <= now) {
-            self.encode_link[w].send(at, dur);
+        if let Some((at, wait, dur)) = self.store_write[w].filter(|&(at, ..)| at <= now) {
+            self.encode_link[w].send(at + wait, dur);
             self.store_write[w] = None;
         }
     }
@@ -150,12 +151,12 @@ impl FakeWorkers {
                 let (host, gpu) = self.replay.encode(w, &ids, sm_share);
                 // its write to the shared store holds the link when it ends,
                 // ahead of its embeddings (the simulator's order)
-                let write = self.replay.store_write(w);
+                let (wait, write) = self.replay.store_write(w);
                 // (held until the link is next used: the pass's embeddings
                 // may be sent after the next pass was)
                 self.flush_write(w, now);
                 if write > 0.0 {
-                    self.store_write[w] = Some((now + host + gpu, write));
+                    self.store_write[w] = Some((now + host + gpu, wait, write));
                 }
                 self.encoded_on.extend(ids.iter().map(|&id| (id, w)));
                 self.send(now + host, DONE, k, &FromWorker::EncodeGpuStarted);

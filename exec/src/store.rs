@@ -99,8 +99,10 @@ impl SharedStore {
     }
 
     /// Request `id` was placed with `ops`: keep the embeddings of the items
-    /// it fetches from the store for its pass.
+    /// it fetches from the store for its pass (those of an earlier
+    /// placement, on a worker that died, are replaced).
     pub fn fetch(&mut self, id: RequestId, ops: &[ItemOp]) {
+        self.fetched.remove(&id);
         let mut got = Vec::new();
         for o in ops.iter().filter(|o| o.fetched) {
             let e = self.items.get(&o.key).or_else(|| self.retired.get(&o.key));

@@ -701,6 +701,49 @@ pub struct ItemOp {
     pub evicted: Vec<u64>,
 }
 
+/// Each placed request's [`ItemOp`]s until its driver takes them (when its
+/// pass goes out), with a count per key of the placed requests among them
+/// that fetch it from the shared store: an item the store evicts while one
+/// of them still waits must outlive the eviction until then.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PendingOps {
+    by_request: HashMap<crate::RequestId, Vec<ItemOp>>,
+    /// Per key, the fetches of it among `by_request` (none is zero).
+    fetching: HashMap<u64, u32>,
+}
+
+impl PendingOps {
+    /// Request `id` was placed with `ops`; those of an earlier placement
+    /// (its worker died before its pass went out) are replaced.
+    pub(crate) fn put(&mut self, id: crate::RequestId, ops: Vec<ItemOp>) {
+        self.take(id);
+        for o in ops.iter().filter(|o| o.fetched) {
+            *self.fetching.entry(o.key).or_insert(0) += 1;
+        }
+        self.by_request.insert(id, ops);
+    }
+
+    /// Request `id`'s operations, no longer pending (empty when none are).
+    pub(crate) fn take(&mut self, id: crate::RequestId) -> Vec<ItemOp> {
+        let ops = self.by_request.remove(&id).unwrap_or_default();
+        for o in ops.iter().filter(|o| o.fetched) {
+            if let Some(n) = self.fetching.get_mut(&o.key) {
+                *n -= 1;
+                if *n == 0 {
+                    self.fetching.remove(&o.key);
+                }
+            }
+        }
+        ops
+    }
+
+    /// Fetches of `key` by pending requests (an item a request holds twice
+    /// counts twice).
+    pub(crate) fn fetching(&self, key: u64) -> u32 {
+        self.fetching.get(&key).copied().unwrap_or(0)
+    }
+}
+
 /// The encoder cache's directory over every encode worker: for each, the
 /// items whose embeddings it holds (an [`Lru`] in bytes), as vLLM's
 /// `EncoderCacheManager` keeps them keyed by `mm_hash`; and, when on, the
@@ -860,6 +903,24 @@ impl EncoderCache {
         }
         self.counters.evictions = self.workers.iter().map(Lru::evictions).sum();
         (mask, fetched)
+    }
+
+    /// Take back from the counters a lookup that did not stand: a request
+    /// placed again (its worker died before its pass ran) is looked up
+    /// again, so its earlier lookup of `items` items, `own` of which hit the
+    /// worker's cache and `fetched` (of `fetched_bytes`) the store, is
+    /// withdrawn and each item counts once, in the lookup its pass ran with.
+    pub fn withdraw(&mut self, items: usize, own: u32, fetched: u32, fetched_bytes: u64) {
+        if self.local() {
+            self.counters.queries -= items as u64;
+            self.counters.hits -= u64::from(own);
+        }
+        if self.store.is_some() {
+            let s = &mut self.store_counters;
+            s.queries -= (items - own as usize) as u64;
+            s.hits -= u64::from(fetched);
+            s.fetched_bytes -= fetched_bytes;
+        }
     }
 
     /// Bytes of the items (ids with their LLM tokens) the store would be

@@ -237,9 +237,10 @@ pub struct ServiceLog {
     /// Per encode worker, per remote envelope: time on the link.
     pub embeddings: Vec<Vec<f64>>,
     /// With the shared encoder-output store on, per encode worker, per
-    /// pass ended: time its write to the store held the worker's link (0
-    /// for none).
-    pub store_writes: Vec<Vec<f64>>,
+    /// pass ended: its write to the store, (seconds after the pass ended
+    /// that the store's link was free for it, seconds it held the worker's
+    /// link); `(0, 0)` for none or one over the NICs.
+    pub store_writes: Vec<Vec<(f64, f64)>>,
     /// Per prefill worker, per KV cache: time on the link.
     pub kv: Vec<Vec<f64>>,
     /// Per front-end preprocessing, in the order they started (the

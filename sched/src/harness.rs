@@ -708,15 +708,16 @@ impl Replay {
         }
     }
 
-    /// The time the next pass of encode worker `w` to end held its link
-    /// writing to the shared store (0 without one).
-    pub fn store_write(&mut self, w: usize) -> f64 {
+    /// The next pass of encode worker `w` to end: its write to the shared
+    /// store, (seconds after the pass ended that the store's link was free
+    /// for it, seconds it held the worker's link); `(0, 0)` without one.
+    pub fn store_write(&mut self, w: usize) -> (f64, f64) {
         let log = &self.log.store_writes[w];
         let i = self.store_next.get(w).copied().unwrap_or(0);
         if let Some(n) = self.store_next.get_mut(w) {
             *n += 1;
         }
-        log.get(i).copied().unwrap_or(0.0)
+        log.get(i).copied().unwrap_or((0.0, 0.0))
     }
 
     /// The next unit of `kind` on worker `w`.
@@ -1795,5 +1796,137 @@ mod tests {
             close(s.down_s, back - 1.05) && close(s.degraded_s, s.down_s),
             "{s:?}"
         );
+    }
+
+    /// `test_request(i, at)` showing item `item` (its content id) to the caches.
+    fn showing(i: usize, at: f64, item: u64) -> Request {
+        let mut r = test_request(i, at);
+        let items = [crate::ContentItem {
+            id: item,
+            encoder_tokens: 600,
+            llm_tokens: 576,
+        }];
+        let segments = [
+            crate::Segment {
+                id: item,
+                tokens: 576,
+            },
+            crate::Segment {
+                id: 1_000_000 + i as u64,
+                tokens: 128,
+            },
+        ];
+        r.content = Some(crate::Content::new(items.into_iter(), &segments));
+        r
+    }
+
+    /// The layout of [`controller_for`] for `alloc` with a shared store of
+    /// `store` bytes (an item is 576 bytes) and, when given, per-worker
+    /// caches of `cache` bytes.
+    fn with_store(alloc: &str, cache: Option<u64>, store: u64) -> ControllerConfig {
+        let alloc: crate::Allocation = alloc.parse().unwrap();
+        let kv = KvBlocks::new(1 << 20, 16);
+        let mut cfg = config_for(&alloc, None, SmSplit::Static(1.0), kv, None);
+        cfg.caches.encoder = cache.map(|capacity_bytes| crate::EncoderCacheConfig {
+            capacity_bytes,
+            bytes_per_token: 1.0,
+            hash_raw_bytes: false,
+        });
+        cfg.caches.store = Some(crate::EncoderStoreConfig {
+            capacity_bytes: store,
+            bytes_per_token: 1.0,
+            link: None,
+        });
+        cfg
+    }
+
+    /// Regression: a request queued at an encode worker that died is placed
+    /// again and looked up again, and both lookups were counted, so the
+    /// caches' queries and hits grew with every request moved. Each
+    /// request's items now count once, in the lookup its pass ran with.
+    /// (The death scenario of
+    /// `a_dead_encode_worker_s_queue_moves_and_only_its_pass_fails`, with
+    /// runs of 3 requests for each of 4 images, caches of 2 items and the
+    /// store; milliseconds.)
+    #[test]
+    fn a_request_moved_off_a_dead_encode_worker_counts_its_lookups_once() {
+        let requests = (0..40)
+            .map(|i| showing(i, 0.5 + i as f64 * 0.00125, 1 + (i as u64 / 3) % 4))
+            .collect();
+        let cfg = with_store("2E(TP1)+1P(TP1)+1D(TP1)", Some(1_200), 1 << 20);
+        let mut ctrl = Controller::new(requests, cfg);
+        ctrl.supervise(crate::Backoff::DEFAULT);
+        let mut c = Cluster::new(ctrl, fixed());
+        c.kill_at(WorkerRef::Encode(0), 0.52);
+        c.drive();
+        all_ended(&c);
+        let placed = |d: &Decision| matches!(d, Decision::PlaceEncode { .. });
+        let placements = c.ctrl.decisions().iter().filter(|d| placed(d)).count();
+        assert!(placements > 40, "nothing was placed twice");
+        let (cache, _) = c.ctrl.cache_counters();
+        let (cache, store) = (
+            cache.expect("cache on"),
+            c.ctrl.store_counters().expect("on"),
+        );
+        assert_eq!(cache.queries, 40, "{cache:?}");
+        assert_eq!(store.queries, cache.queries - cache.hits, "{store:?}");
+        let ids = 0..40 as RequestId;
+        let fetched: u32 = ids
+            .clone()
+            .map(|id| c.ctrl.store_hits(id).count_ones())
+            .sum();
+        let own: u32 =
+            (ids.map(|id| (c.ctrl.encoder_hits(id) & !c.ctrl.store_hits(id)).count_ones())).sum();
+        assert_eq!((cache.hits, store.hits), (own as u64, fetched as u64));
+        assert_eq!(store.fetched_bytes, 576 * store.hits);
+        assert!(store.hits > 0 && cache.hits > 0, "{cache:?} {store:?}");
+    }
+
+    /// The store's pending fetches are counted per key: two requests queued
+    /// behind a pass, both fetching the same item, keep it pending until
+    /// the second's operations are taken; one aborted before its pass went
+    /// out holds it no longer. (Microseconds.)
+    #[test]
+    fn pending_store_fetches_are_counted_per_key() {
+        const K: u64 = 7;
+        let requests = [(0.0, K), (0.2, 8), (0.21, K), (0.21, K), (0.22, K)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(at, item))| showing(i, at, item))
+            .collect();
+        let cfg = with_store("1E(TP1)+1P(TP1)+1D(TP1)", None, 1 << 20);
+        let mut ctrl = Controller::new(requests, cfg);
+        ctrl.keep_encoder_ops();
+        let step = |ctrl: &mut Controller, now: f64, ev: Event| {
+            ctrl.handle(now, ev);
+            while ctrl.poll_command().is_some() {}
+        };
+        // request 0's pass goes out, ends, and writes K to the store
+        step(&mut ctrl, 0.0, Event::Arrival { id: 0 });
+        assert_eq!(ctrl.encode_batch(0), &[0]);
+        assert!(!ctrl.take_encoder_ops(0)[0].fetched);
+        step(&mut ctrl, 0.01, Event::EncodeGpuStarted { worker: 0 });
+        step(&mut ctrl, 0.03, Event::EncodeDone { worker: 0 });
+        assert!(ctrl.store_holds(K) && !ctrl.store_fetch_pending(K));
+        // request 1's pass holds the worker; 2 and 3 wait, fetching K
+        step(&mut ctrl, 0.2, Event::Arrival { id: 1 });
+        assert_eq!(ctrl.encode_batch(0), &[1]);
+        ctrl.take_encoder_ops(1);
+        step(&mut ctrl, 0.21, Event::Arrival { id: 2 });
+        step(&mut ctrl, 0.21, Event::Arrival { id: 3 });
+        assert_eq!(ctrl.store_fetches_pending(K), 2);
+        assert!(ctrl.take_encoder_ops(2)[0].fetched);
+        assert_eq!(ctrl.store_fetches_pending(K), 1);
+        assert!(ctrl.store_fetch_pending(K));
+        // a third waits, then its client leaves
+        step(&mut ctrl, 0.22, Event::Arrival { id: 4 });
+        assert_eq!(ctrl.store_fetches_pending(K), 2);
+        let reason = crate::Abort::Disconnected;
+        step(&mut ctrl, 0.23, Event::Abort { id: 4, reason });
+        assert_eq!(ctrl.store_fetches_pending(K), 1);
+        assert!(ctrl.take_encoder_ops(4).is_empty());
+        assert!(ctrl.take_encoder_ops(3)[0].fetched);
+        assert!(!ctrl.store_fetch_pending(K));
+        assert_eq!(ctrl.store_fetches_pending(K), 0);
     }
 }

@@ -8,7 +8,8 @@
 //! out of (or into) one node queues, so `n` transfers asked for at once
 //! end after `n` times one transfer's time, as `n` flows sharing the NIC's
 //! bandwidth fairly would end together. Within a node a transfer takes the
-//! sender's intra-node link as without groups.
+//! sender's intra-node link as without groups. A port is a [`Port`], which
+//! the simulator's shared encoder store uses for its host link too.
 //!
 //! Sources: the NIC's bandwidth and latency are the scenario's
 //! (`cluster.groups[].nic_bandwidth_gbs`, `nic_latency_s`). The
@@ -27,9 +28,15 @@ use crate::scenario::Cluster;
 use easerve_calib::LinkSpec;
 use easerve_sched::{Controller, EnvelopeId, Place, RequestId};
 
-/// One direction of one node's NIC.
+/// One direction of a link that transfers share: each holds it for its
+/// whole time, one after another in the order they were asked for (FIFO),
+/// so `n` transfers asked for at once end after `n` times one transfer's
+/// time, as `n` flows sharing the bandwidth fairly would end together. A
+/// NIC's port (here) and the shared encoder store's host link (the
+/// simulator's) are ports; [`Port::hold`] takes a transfer on several at
+/// once (a sender's and a receiver's).
 #[derive(Clone, Debug, Default)]
-struct Port {
+pub struct Port {
     free_at: f64,
     busy_s: f64,
     queued_s: f64,
@@ -47,6 +54,40 @@ impl Port {
         self.transfers += 1;
         self.bytes += bytes;
         self.free_at = start + dur;
+    }
+
+    /// When the port is free for the next transfer, seconds.
+    pub fn free_at(&self) -> f64 {
+        self.free_at
+    }
+
+    /// A transfer of `bytes` taking `dur` seconds, asked for at `now` and
+    /// ready no earlier than `ready` (its sender's own link may hold it),
+    /// on every port of `ports` at once: it starts when all are free,
+    /// `(start, start + dur)`; each port counts its wait from `now`.
+    pub fn hold(ports: &mut [&mut Port], now: f64, ready: f64, dur: f64, bytes: f64) -> (f64, f64) {
+        let start = ports.iter().fold(now.max(ready), |t, p| t.max(p.free_at));
+        for p in ports.iter_mut() {
+            p.account(now, start, dur, bytes);
+        }
+        (start, start + dur)
+    }
+
+    /// The port's line in the report, named `link`, over a run of
+    /// `duration_s` seconds; `None` when it carried nothing.
+    pub fn report(&self, link: String, duration_s: f64) -> Option<LinkReport> {
+        (self.transfers > 0).then(|| LinkReport {
+            link,
+            transfers: self.transfers,
+            bytes: self.bytes,
+            utilisation: if duration_s > 0.0 {
+                self.busy_s / duration_s
+            } else {
+                0.0
+            },
+            mean_queue_s: self.queued_s / self.transfers as f64,
+            max_queue_s: self.max_queued_s,
+        })
     }
 }
 
@@ -101,10 +142,8 @@ impl Fabric {
             nb
         };
         let dur = na.latency_s.max(nb.latency_s) + bytes / (slow.bandwidth_gbs * 1e9);
-        let start = now.max(self.out[a].free_at).max(self.inn[b].free_at);
-        self.out[a].account(now, start, dur, bytes);
-        self.inn[b].account(now, start, dur, bytes);
-        Some((start, start + dur))
+        let ports = &mut [&mut self.out[a], &mut self.inn[b]];
+        Some(Port::hold(ports, now, now, dur, bytes))
     }
 
     /// Each NIC port that carried a transfer: utilisation over `duration_s`
@@ -112,20 +151,9 @@ impl Fabric {
     pub fn report(&self, duration_s: f64) -> Vec<LinkReport> {
         let mut out = Vec::new();
         for (dir, ports) in [("out", &self.out), ("in", &self.inn)] {
-            for (i, p) in ports.iter().enumerate().filter(|(_, p)| p.transfers > 0) {
+            for (i, p) in ports.iter().enumerate() {
                 let (group, node) = &self.names[i];
-                out.push(LinkReport {
-                    link: format!("{group}/node{node} NIC {dir}"),
-                    transfers: p.transfers,
-                    bytes: p.bytes,
-                    utilisation: if duration_s > 0.0 {
-                        p.busy_s / duration_s
-                    } else {
-                        0.0
-                    },
-                    mean_queue_s: p.queued_s / p.transfers as f64,
-                    max_queue_s: p.max_queued_s,
-                });
+                out.extend(p.report(format!("{group}/node{node} NIC {dir}"), duration_s));
             }
         }
         out

@@ -340,16 +340,24 @@ pub struct Report {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub supervision: Option<SupervisionReport>,
     /// Each NIC port that carried a cross-node transfer (a cluster of node
-    /// groups); absent otherwise.
+    /// groups), then each direction of the shared encoder store's host link
+    /// that carried a transfer (the store on; [`STORE_LINK`]); absent
+    /// otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkReport>,
 }
 
-/// One direction of one node's NIC over a run: what it carried, how busy it
-/// was and how long transfers waited for it.
+/// How the shared encoder store's host link is named in [`LinkReport::link`]:
+/// `encoder store out (fetches)`, `encoder store in (writes)`.
+pub const STORE_LINK: &str = "encoder store";
+
+/// One direction of a shared link over a run (one node's NIC, or the shared
+/// encoder store's host link): what it carried, how busy it was and how
+/// long transfers waited for it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LinkReport {
-    /// `group/nodeN NIC out` or `… NIC in`.
+    /// `group/nodeN NIC out` or `… NIC in`; `encoder store out (fetches)`
+    /// or `encoder store in (writes)` ([`STORE_LINK`]).
     pub link: String,
     /// Transfers it carried.
     pub transfers: u64,
@@ -366,22 +374,34 @@ pub struct LinkReport {
 impl LinkReport {
     fn render_all(links: &[LinkReport], s: &mut String) {
         use std::fmt::Write;
-        if links.is_empty() {
-            return;
+        let (store, nics): (Vec<&LinkReport>, Vec<&LinkReport>) =
+            links.iter().partition(|l| l.link.starts_with(STORE_LINK));
+        for (title, links) in [
+            ("NICs (cross-node transfers):", nics),
+            ("Encoder store's host link (transfers on its node):", store),
+        ] {
+            if links.is_empty() {
+                continue;
+            }
+            let _ = writeln!(s, "{title}");
+            for l in links {
+                l.render(s);
+            }
         }
-        let _ = writeln!(s, "NICs (cross-node transfers):");
-        for l in links {
-            let _ = writeln!(
-                s,
-                "  {:<28} {:>8} transfers  {:>9.3} GB  util {:>5.1}%  queue mean {:.3} ms, max {:.3} ms",
-                l.link,
-                l.transfers,
-                l.bytes / 1e9,
-                l.utilisation * 100.0,
-                l.mean_queue_s * 1e3,
-                l.max_queue_s * 1e3
-            );
-        }
+    }
+
+    fn render(&self, s: &mut String) {
+        use std::fmt::Write;
+        let _ = writeln!(
+            s,
+            "  {:<28} {:>8} transfers  {:>9.3} GB  util {:>5.1}%  queue mean {:.3} ms, max {:.3} ms",
+            self.link,
+            self.transfers,
+            self.bytes / 1e9,
+            self.utilisation * 100.0,
+            self.mean_queue_s * 1e3,
+            self.max_queue_s * 1e3
+        );
     }
 }
 

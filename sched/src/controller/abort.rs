@@ -22,6 +22,7 @@ impl Controller {
             self.in_system -= 1;
         }
         self.place[i] = Place::Done;
+        self.take_encoder_ops(id);
         self.records[i].aborted = Some(reason);
         self.counters.aborted += 1;
         self.prune_deadlines();

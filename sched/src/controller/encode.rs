@@ -138,6 +138,12 @@ impl Controller {
             }
             None => self.encode_place.assign(all),
         };
+        if self.encoder_cache.is_none() {
+            return (w, all);
+        }
+        if self.records[i].encode_worker.is_some() {
+            self.withdraw_lookup(id);
+        }
         let Some(cache) = self.encoder_cache.as_mut() else {
             return (w, all);
         };
@@ -158,7 +164,7 @@ impl Controller {
         let per_worker = cache.per_worker();
         self.encoder_hits[i] = mask;
         if let (Some(m), Some(ops)) = (self.encoder_ops.as_mut(), ops) {
-            m.insert(id, ops);
+            m.put(id, ops);
         }
         if per_worker {
             self.decide(|| Decision::EncoderCache {
@@ -181,6 +187,25 @@ impl Controller {
         let work = self.encode_work(id);
         self.encode_place.complete(w, all - work);
         (w, work)
+    }
+
+    /// Request `id` is placed again (its encode worker died while it
+    /// waited there): its earlier lookup is taken back from the caches'
+    /// counters, so each of its items counts once, in the lookup its pass
+    /// runs with (the decision log keeps both).
+    fn withdraw_lookup(&mut self, id: RequestId) {
+        let i = id as usize;
+        let (mask, fetched) = (self.encoder_hits(id), self.store_hits(id));
+        let bytes = self.store_fetch_bytes(id);
+        let req = &self.requests[i];
+        let items = req
+            .content
+            .as_ref()
+            .map_or(req.items.len(), |c| c.items().len());
+        let own = (mask & !fetched).count_ones();
+        if let Some(c) = self.encoder_cache.as_mut() {
+            c.withdraw(items, own, fetched.count_ones(), bytes);
+        }
     }
 
     /// Request `id`'s encode work, encoder tokens: those of its items that

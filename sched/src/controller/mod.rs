@@ -124,7 +124,7 @@ use crate::{
     PrefillQueue, Request, RequestId, RequestRecord, Router, RouterPolicy, SmSplit, Stamp,
     Topology,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 /// How a [`Controller`] is laid out: the deployment's workers and knobs.
 pub struct ControllerConfig {
@@ -349,7 +349,7 @@ pub struct Controller {
     /// Each placed request's [`crate::ItemOp`]s, kept for a driver that
     /// holds real embeddings ([`Controller::keep_encoder_ops`]); `None`
     /// keeps nothing.
-    encoder_ops: Option<HashMap<RequestId, Vec<crate::ItemOp>>>,
+    encoder_ops: Option<crate::cache::PendingOps>,
     /// The prefix cache's directory, when on.
     prefix_cache: Option<crate::PrefixCache>,
     /// With the prefix cache on, per request: its hit tokens at the prefill
@@ -820,7 +820,7 @@ impl Controller {
     pub fn keep_encoder_ops(&mut self) {
         if let Some(c) = self.encoder_cache.as_mut() {
             c.log_store_evictions();
-            self.encoder_ops.get_or_insert_with(HashMap::new);
+            self.encoder_ops.get_or_insert_with(Default::default);
         }
     }
 
@@ -845,20 +845,26 @@ impl Controller {
     /// ([`Controller::take_encoder_ops`]) fetches `key` from the store: its
     /// embeddings must outlive the store's eviction of it until then.
     pub fn store_fetch_pending(&self, key: u64) -> bool {
-        self.encoder_ops.as_ref().is_some_and(|m| {
-            m.values()
-                .any(|ops| ops.iter().any(|o| o.fetched && o.key == key))
-        })
+        self.store_fetches_pending(key) > 0
+    }
+
+    /// How many fetches of `key` from the store wait in placed requests
+    /// whose operations were not taken yet: one per such request (twice
+    /// for a request that holds the item twice), less those taken, those
+    /// replaced by a later placement and those of requests that failed or
+    /// were aborted before their pass went out.
+    pub fn store_fetches_pending(&self, key: u64) -> u32 {
+        self.encoder_ops.as_ref().map_or(0, |m| m.fetching(key))
     }
 
     /// Request `id`'s item operations on the encode worker it was last
     /// placed on, one per item in order (empty with the cache off, for a
-    /// request without content ids, or without [`Controller::keep_encoder_ops`]).
+    /// request without content ids, without [`Controller::keep_encoder_ops`],
+    /// or once the request failed or was aborted: it will not run).
     pub fn take_encoder_ops(&mut self, id: RequestId) -> Vec<crate::ItemOp> {
         self.encoder_ops
             .as_mut()
-            .and_then(|m| m.remove(&id))
-            .unwrap_or_default()
+            .map_or_else(Vec::new, |m| m.take(id))
     }
 
     /// Keep, from now on, what each prefill worker must do with the KV
@@ -984,6 +990,7 @@ impl Controller {
             self.in_system -= 1;
         }
         self.place[i] = Place::Done;
+        self.take_encoder_ops(id);
         self.records[i].failure = Some(reason.to_string());
         self.counters.failed += 1;
         self.prune_deadlines();

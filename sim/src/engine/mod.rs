@@ -30,6 +30,7 @@ mod cores;
 mod plan;
 pub use plan::SimTwin;
 mod replica;
+mod store;
 
 use crate::event::{EventQueue, Priority};
 use crate::meter::GpuMeter;
@@ -308,6 +309,8 @@ struct Sim<'a> {
     plan: Option<plan::PlanRun>,
     /// The nodes' NICs, on a cluster of node groups (`[[cluster.groups]]`).
     fabric: Option<fabric::Fabric>,
+    /// The shared encoder store's host link (`store.rs`).
+    store_link: store::StoreLink,
     /// The local prefill workers' cost when their (encode) GPU type is not
     /// the remote prefill workers' ([`Scenario::local_prefill_cost`]).
     local_cost: Option<Box<dyn StageCost>>,
@@ -493,6 +496,7 @@ impl<'a> Sim<'a> {
         let host = cores::HostCores::of(sc, &topology);
         let mut sim = Sim {
             fabric: sc.cluster.as_ref().map(fabric::Fabric::new),
+            store_link: store::StoreLink::default(),
             local_cost: sc.local_prefill_cost(),
             sc,
             time_sliced: ctrl.time_sliced(),
@@ -807,9 +811,9 @@ impl<'a> Sim<'a> {
             .sum();
         let mut fetch_end = 0.0;
         if fetch > 0 {
-            let (_, end) = self.store_transfer(w, fetch as f64, false);
-            fetch_end = end;
-            host_end = host_end.max(end);
+            // queued on the store's link behind other workers' fetches
+            fetch_end = self.store_transfer(w, fetch as f64, false).end;
+            host_end = host_end.max(fetch_end);
         }
         let t_gpu = if share == 1.0 {
             t.t_gpu
@@ -916,11 +920,14 @@ impl<'a> Sim<'a> {
         self.ask_cores(WorkerRef::Encode(w), 0);
         // the pass's new outputs go to the shared store ahead of its embeddings
         let written = self.ctrl.store_write_bytes(self.ctrl.encode_batch(w));
+        // (how long after now the store's link took it, and how long it
+        // held the worker's link: none over the NICs)
         let held = match written {
-            0 => 0.0,
+            0 => (0.0, 0.0),
             b => {
-                let (start, end) = self.store_transfer(w, b as f64, true);
-                end - start
+                let t = self.store_transfer(w, b as f64, true);
+                t.link_wait
+                    .map_or((0.0, 0.0), |wait| (wait, t.end - t.start))
             }
         };
         if let Some(log) = self
@@ -1185,35 +1192,6 @@ impl<'a> Sim<'a> {
     fn after_prefill_done(&mut self, p: usize) {
         if self.prefill[p].job.is_none() {
             self.local_changed(p);
-        }
-    }
-
-    /// `(start, end)` of a transfer of `bytes` between encode worker `w` and
-    /// the shared store, a write when `write` (else a fetch). The store is
-    /// host memory on the cluster's first node: from another node the NICs
-    /// carry it (`fabric.rs`); on that node its `link`, else the node's
-    /// intra-node link, a write queued on the worker's outgoing link ahead
-    /// of its embeddings.
-    fn store_transfer(&mut self, w: usize, bytes: f64, write: bool) -> (f64, f64) {
-        let now = self.now;
-        let at = self.topology.worker(WorkerRef::Encode(w)).place;
-        let store = easerve_sched::Place { group: 0, node: 0 };
-        let (from, to) = if write { (at, store) } else { (store, at) };
-        if let Some(se) = self
-            .fabric
-            .as_mut()
-            .and_then(|f| f.send(now, from, to, bytes))
-        {
-            return se;
-        }
-        let dur = match self.sc.knobs.caches.store.and_then(|s| s.link) {
-            Some(l) => l.transfer_time(bytes),
-            None => self.intra_node(WorkerRef::Encode(w), bytes),
-        };
-        if write {
-            self.encode[w].link.send(now, dur)
-        } else {
-            (now, now + dur)
         }
     }
 
@@ -1581,6 +1559,7 @@ impl<'a> Sim<'a> {
             tokens,
             plan,
             fabric,
+            store_link,
             host,
             ..
         } = self;
@@ -1648,6 +1627,9 @@ impl<'a> Sim<'a> {
         if let Some(f) = &fabric {
             out.report.links = f.report(out.report.duration_s);
         }
+        out.report
+            .links
+            .extend(store_link.report(out.report.duration_s));
         out.decisions = decisions;
         out.service = service;
         if let Some(p) = plan {
@@ -1801,7 +1783,7 @@ mod tests {
         Scenario::load(&path, &o).expect("cpu-image.toml is valid")
     }
 
-    fn image_with(sets: &[(&str, &str)]) -> Scenario {
+    pub(super) fn image_with(sets: &[(&str, &str)]) -> Scenario {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/image.toml");
         let sets: Vec<(String, String)> = [("workload.requests", "300")]
             .iter()
