@@ -214,9 +214,15 @@ mod objective_text {
         Ok(match text.as_str() {
             "throughput" => Objective::Throughput,
             "ttft" => Objective::Ttft,
-            t => Objective::Goodput {
-                name: t.trim_start_matches("goodput:").to_string(),
-                tier: 0,
+            t => match t.strip_prefix("goodput-per-dollar:") {
+                Some(name) => Objective::GoodputPerDollar {
+                    name: name.to_string(),
+                    tier: 0,
+                },
+                None => Objective::Goodput {
+                    name: t.trim_start_matches("goodput:").to_string(),
+                    tier: 0,
+                },
             },
         })
     }
@@ -503,6 +509,7 @@ fn has(
             allocation: r.allocation,
             batch: (1 + (ub.clamp(0.0, 0.999_999) * f64::from(r.b_max)) as u32).min(r.b_max),
             offload: s_at(r.s_range, us),
+            groups: r.groups.clone(),
         }
     };
     let budget = limits.trials;
@@ -586,10 +593,7 @@ fn has(
 fn admits(space: &[FeasibleAllocation], c: &Candidate) -> bool {
     space.iter().any(|f| {
         let (lo, hi) = f.offload_range;
-        f.allocation == c.allocation
-            && c.batch >= 1
-            && c.offload >= lo - 1e-12
-            && c.offload <= hi + 1e-12
+        f.is_of(c) && c.batch >= 1 && c.offload >= lo - 1e-12 && c.offload <= hi + 1e-12
     })
 }
 
@@ -614,6 +618,7 @@ fn random(
             allocation: fa.allocation,
             batch: rng.gen_range(1..=B_CAP),
             offload: s_at(fa.offload_range, rng.gen::<f64>()),
+            groups: fa.groups.clone(),
         };
         let outcome = trial.run(&c);
         rec.record(c, outcome);
@@ -636,11 +641,12 @@ fn coordinate(
         allocation: first.allocation,
         batch: 4,
         offload: s_at(first.offload_range, 0.5),
+        groups: first.groups.clone(),
     };
     let range_of = |c: &Candidate| {
         space
             .iter()
-            .find(|f| f.allocation == c.allocation)
+            .find(|f| f.is_of(c))
             .map_or((1.0, 1.0), |f| f.offload_range)
     };
     loop {
@@ -653,6 +659,7 @@ fn coordinate(
                         allocation: f.allocation,
                         batch: cur.batch,
                         offload: cur.offload.clamp(f.offload_range.0, f.offload_range.1),
+                        groups: f.groups.clone(),
                     })
                     .collect(),
                 1 => [1, 2, 4, 8, 16]
@@ -721,6 +728,7 @@ fn exhaustive(
                     allocation: fa.allocation,
                     batch: b,
                     offload: s,
+                    groups: fa.groups.clone(),
                 })
             })
         })
@@ -743,6 +751,7 @@ mod tests {
                 allocation: "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap(),
                 batch: 1,
                 offload: 1.0,
+                groups: None,
             },
             outcome: Outcome {
                 throughput: thr,
@@ -752,6 +761,7 @@ mod tests {
                 attainment: None,
                 goodput: None,
                 slo_goodput: None,
+                cost_per_hour: None,
             },
             best_so_far: best,
         }
@@ -785,6 +795,7 @@ mod tests {
             s_range,
             b_max: 4,
             latency_s: 0.0,
+            groups: None,
             kept: true,
             reason: String::new(),
         }
