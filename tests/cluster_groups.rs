@@ -375,3 +375,123 @@ fn has_comes_within_2_percent_of_exhaustive_search_on_two_groups() {
     let (has, best) = (goodput("has"), goodput("exhaustive"));
     assert!(has >= 0.98 * best, "HAS {has} vs exhaustive {best} req/s");
 }
+
+/// `two-group.toml` cut to 2 L40S + 4 H100 (the file's deployment
+/// `2E(TP1)+1P(TP2)+1D(TP2)`), small enough to search in debug.
+fn small_two_group() -> tempfile::NamedTempFile {
+    two_group_with(|s| {
+        s.replace("gpus_per_node = 6", "gpus_per_node = 2")
+            .replace("gpus_per_node = 8", "gpus_per_node = 4")
+            .replace("6E(TP1)+1P(TP4)+1D(TP4)", "2E(TP1)+1P(TP2)+1D(TP2)")
+    })
+}
+
+/// `easerve search FILE --json ARGS…` parsed; panics with stderr on failure.
+fn search_json(f: &tempfile::NamedTempFile, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["search", f.path().to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    let out = easerve(&all);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `search` on node groups enumerates the group of each stage: its space
+/// holds the file's assignment first and others (every stage on the H100
+/// node among them, leaving the L40S idle and unpaid), Stage 1 scores all
+/// of them, and the file's own deployment still runs. Ranked by goodput
+/// per dollar, every trial carries its cost per hour (the groups it names:
+/// 4 H100 at 3 = 12, plus 2 L40S at 1 when a stage is on them) and the
+/// choice has the highest goodput per unit of it. Runtime: about 1 s in
+/// release.
+#[test]
+fn search_on_node_groups_enumerates_stage_groups_and_ranks_by_goodput_per_dollar() {
+    let f = small_two_group();
+    let args = ["--rate", "2", "--requests", "40", "--budget", "4"];
+    let s = search_json(&f, &args);
+    let groups = |x: &serde_json::Value| -> Vec<String> {
+        serde_json::from_value(x["groups"].clone()).unwrap_or_else(|_| panic!("no groups: {x}"))
+    };
+    let space = s["space"].as_array().unwrap();
+    let own = ["l40s", "h100", "h100"].map(String::from).to_vec();
+    assert_eq!(groups(&space[0]), own);
+    let mut seen: Vec<Vec<String>> = space.iter().map(groups).collect();
+    seen.dedup();
+    assert!(seen.len() > 1, "{seen:?}");
+    let all_h100 = ["h100", "h100", "h100"].map(String::from).to_vec();
+    assert!(seen.contains(&all_h100), "{seen:?}");
+    let rows = s["stage1"].as_array().unwrap();
+    assert!(
+        rows.iter().any(|r| groups(r) != own),
+        "Stage 1 saw one assignment"
+    );
+    let file_own = |t: &&serde_json::Value| {
+        let c = &t["candidate"];
+        groups(c) == own
+            && c["batch"] == 8
+            && c["offload"] == 1.0
+            && c["allocation"]["prefill"]["tp"] == 2
+    };
+    assert!(s["trials"].as_array().unwrap().iter().any(|t| file_own(&t)));
+
+    let mut per_dollar = args.to_vec();
+    per_dollar.extend(["--objective", "goodput-per-dollar:moderate"]);
+    let s = search_json(&f, &per_dollar);
+    assert_eq!(s["objective"], "goodput-per-dollar:moderate");
+    let score = |t: &serde_json::Value| {
+        let o = &t["outcome"];
+        let cost = o["cost_per_hour"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no cost: {o}"));
+        let uses_l40s = groups(&t["candidate"]).contains(&"l40s".to_string());
+        assert_eq!(cost, if uses_l40s { 14.0 } else { 12.0 }, "{t}");
+        o["slo_goodput"].as_f64().unwrap() / cost
+    };
+    let trials = s["trials"].as_array().unwrap();
+    let best = score(&s["best"]);
+    assert!(trials.iter().all(|t| score(t) <= best), "{s}");
+}
+
+/// Goodput per dollar needs a cost on every group: without one, `search`
+/// and `capacity` exit 2 naming `cluster.groups[i].cost_per_gpu_hour`
+/// (a cost on some groups only is refused by validation, naming it too);
+/// on a one-node cluster they say it needs node groups.
+#[test]
+fn goodput_per_dollar_without_a_cost_on_every_group_exits_2_naming_the_field() {
+    let f = two_group_with(|s| {
+        s.replace("cost_per_gpu_hour = 1.0\n", "")
+            .replace("cost_per_gpu_hour = 3.0\n", "")
+    });
+    let path = f.path().to_str().unwrap();
+    let objective = ["--objective", "goodput-per-dollar:moderate"];
+    let one_node = root().join("scenarios/image.toml");
+    for args in [
+        vec!["search", path],
+        vec!["capacity", path, "--slo", "moderate"],
+        vec!["search", one_node.to_str().unwrap()],
+    ] {
+        let out = easerve(&[&args[..], &objective[..]].concat());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("cluster.groups[0].cost_per_gpu_hour")
+                || err.contains("cluster.groups[i].cost_per_gpu_hour"),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let some = two_group_with(|s| s.replace("cost_per_gpu_hour = 3.0\n", ""));
+    let out = easerve(
+        &[
+            &["search", some.path().to_str().unwrap()][..],
+            &objective[..],
+        ]
+        .concat(),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cluster.groups[1].cost_per_gpu_hour"), "{err}");
+}

@@ -301,11 +301,18 @@ impl Planner {
     }
 
     /// The same planner with its HAS searches ranking by `text`
-    /// (`goodput:TIER`, `throughput` or `ttft`; [`crate::Objective::parse`]).
+    /// (`goodput:TIER`, `goodput-per-dollar:TIER`, `throughput` or `ttft`;
+    /// [`crate::Objective::parse`]; goodput per dollar also chooses the
+    /// group of each stage, [`crate::tune_for`]).
     ///
-    /// Errors: an unknown objective or tier ([`CapacityError::Objective`]).
+    /// Errors: an unknown objective or tier, or goodput per dollar without
+    /// a cost on every node group ([`CapacityError::Objective`]).
     pub fn with_objective(mut self, text: &str) -> Result<Planner, CapacityError> {
         self.objective = crate::Objective::parse(text, &self.tiers)
+            .map_err(|e| CapacityError::Objective(format!("{text}: {e}")))?;
+        let raw = Scenario::raw_with(&self.path, &self.sets, &self.base).map_err(scenario_err)?;
+        self.objective
+            .check_costs(&raw)
             .map_err(|e| CapacityError::Objective(format!("{text}: {e}")))?;
         Ok(self)
     }

@@ -319,6 +319,9 @@ pub fn tune(
 
 /// [`tune_by`] ranking by `objective` instead of the default
 /// ([`Objective::default_for`] the scenario's tiers: goodput at `moderate`).
+/// Ranked by goodput per dollar, the search on node groups also chooses
+/// the group of each stage ([`crate::space::feasible_allocations_across_groups`]);
+/// otherwise it keeps the scenario's.
 pub fn tune_for(
     method: Method,
     sc: &Scenario,
@@ -338,7 +341,12 @@ pub fn tune_for(
         time_budget_s: None,
         own: None,
     };
-    search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
+    // ranked by cost, which groups the stages use is part of the choice
+    let space = match objective.needs_costs() {
+        true => crate::space::feasible_allocations_across_groups(sc),
+        false => feasible_allocations(sc),
+    };
+    search_in(sc, space, cost.as_ref(), &trial, &cfg, &mut |_| {})
         .best
         .filter(|b| b.outcome.feasible)
 }
@@ -891,6 +899,61 @@ mod tests {
             matches!(&stop, StopReason::TpeRejected(why) if why.starts_with("B: the parameter value 1.5")),
             "{stop}"
         );
+    }
+
+    /// Trials on two stage assignments of one allocation: on `l40s,h100,h100`
+    /// (30 per hour) goodput 4.2 req/s, on `h100,h100,h100` (24 per hour)
+    /// 4.1 req/s.
+    struct Priced;
+
+    impl Trial for Priced {
+        fn run(&self, c: &Candidate) -> Outcome {
+            let mixed = c.groups.as_ref().is_some_and(|g| g[0] == "l40s");
+            let mut o = rec(0, 4.2, 1.0).outcome;
+            (o.slo_goodput, o.cost_per_hour) = match mixed {
+                true => (Some(4.2), Some(30.0)),
+                false => (Some(4.1), Some(24.0)),
+            };
+            o.throughput = o.slo_goodput.unwrap_or(0.0);
+            o
+        }
+        fn run_at(&self, c: &Candidate, _: f64, _: usize) -> Outcome {
+            self.run(c)
+        }
+    }
+
+    /// Goodput per dollar picks the cheaper allocation over a dearer one
+    /// with slightly higher goodput (4.1 / 24 > 4.2 / 30); goodput picks
+    /// the dearer (microseconds).
+    #[test]
+    fn goodput_per_dollar_picks_the_cheaper_of_two_close_goodputs() {
+        let rows = ["l40s", "h100"].map(|e| Stage1Row {
+            groups: Some([e, "h100", "h100"].map(String::from)),
+            ..kept_row("2E(TP1)+1P(TP2)+1D(TP4)", 1.0, (1.0, 1.0))
+        });
+        let pick = |objective: Objective| {
+            let mut on = |_: &TrialRecord| {};
+            let mut r = Recorder {
+                trials: Vec::new(),
+                best: None,
+                objective: objective.clone(),
+                on_trial: &mut on,
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            let limits = Limits {
+                trials: 4,
+                seconds: None,
+            };
+            has(&rows, &Priced, limits, &mut rng, &mut r, &objective);
+            r.best.unwrap().candidate.groups.unwrap()[0].clone()
+        };
+        let (name, tier) = ("moderate".to_string(), 0);
+        let per_dollar = Objective::GoodputPerDollar {
+            name: name.clone(),
+            tier,
+        };
+        assert_eq!(pick(per_dollar), "h100");
+        assert_eq!(pick(Objective::Goodput { name, tier }), "l40s");
     }
 
     #[test]

@@ -456,7 +456,14 @@ mod tests {
         assert_eq!(c.batch, 8);
         assert_eq!(c.offload, 0.55);
         assert_eq!(c.to_string().parse::<Candidate>().unwrap(), c);
+        let g: Candidate = "2E(TP1)+1P(TP2)+1D(TP4) B=8 s=1 groups=l40s,h100,h100"
+            .parse()
+            .unwrap();
+        assert_eq!(g.groups, Some(["l40s", "h100", "h100"].map(String::from)));
+        assert_eq!(g.to_string().parse::<Candidate>().unwrap(), g);
         for bad in [
+            "2E(TP1)+1D(TP4) B=2 s=1 groups=a,b",
+            "2E(TP1)+1D(TP4) B=2 s=1 groups=a,,b",
             "",
             "2E(TP1)+1D(TP4)",
             "2E(TP1)+1D(TP4) B=0 s=1",
@@ -480,6 +487,10 @@ mod tests {
         let all: Vec<FeasibleAllocation> = allocation_shapes(sc.gpus, false, None, None)
             .into_iter()
             .filter_map(|a| assess_shape(&sc.raw, &sc.file, a))
+            .map(|fa| FeasibleAllocation {
+                groups: Some(["l40s", "h100", "h100"].map(String::from)),
+                ..fa
+            })
             .collect();
         assert!(!counted.is_empty());
         assert_eq!(counted, all);
