@@ -239,8 +239,9 @@ pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
 /// Stage 1 over every feasible allocation at rate `rate`: each scored on
 /// the capacities of its stages' GPU types (on node groups, the groups
 /// its [`FeasibleAllocation::groups`] names; `sc` and `cost` price the
-/// scenario's own groups), then pruned across all of them. The
-/// capacities returned are the scenario's own groups'.
+/// scenario's own groups), then pruned across all of them; on several
+/// assignments the rows Stage 1 keeps of the scenario's own groups alone
+/// are kept too. The capacities returned are the scenario's own groups'.
 pub fn stage1(
     sc: &Scenario,
     cost: &dyn StageCost,
@@ -286,7 +287,28 @@ pub fn stage1(
             .find(|fa| fa.allocation == r.allocation && fa.groups == r.groups)
             .map_or(1.0, |fa| fa.offload_range.1)
     };
-    (caps, keep_fastest(prune(rows), rate, &hi))
+    let mut all = keep_fastest(prune(rows.clone()), rate, &hi);
+    if all.iter().any(|r| r.groups != own) {
+        // across several assignments, also what Stage 1 keeps of the
+        // scenario's own groups alone, so enumerating the groups never
+        // drops the seeds a search on the file's groups would run
+        rows.retain(|r| r.groups == own);
+        for k in keep_fastest(prune(rows), rate, &hi)
+            .into_iter()
+            .filter(|r| r.kept)
+        {
+            if let Some(r) = all
+                .iter_mut()
+                .find(|r| !r.kept && r.allocation == k.allocation && r.groups == k.groups)
+            {
+                *r = Stage1Row {
+                    reason: format!("{} (of the scenario's own groups)", k.reason),
+                    ..k
+                };
+            }
+        }
+    }
+    (caps, all)
 }
 
 /// `sc` on the stage groups of `fa`, with its allocation (which validates).
