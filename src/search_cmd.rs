@@ -31,6 +31,11 @@ pub(crate) struct SearchArgs {
     /// `ttft` (mean TTFT); ties by throughput, then mean TTFT.
     #[arg(long, value_name = "OBJECTIVE")]
     objective: Option<String>,
+    /// On node groups, search only the stage groups `[deployment.groups]`
+    /// names (instance counts and TP on them) instead of every assignment
+    /// of the stages to the groups, which costs more enumeration at scale.
+    #[arg(long)]
+    named_groups: bool,
     /// Trials at most (the exhaustive search runs its whole grid).
     #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
@@ -171,7 +176,10 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
     crate::preflight(&sc)?;
     a.out.check(&sc)?;
-    let space = easerve_has::space::feasible_allocations_across_groups(&sc);
+    let space = match a.named_groups {
+        true => easerve_has::feasible_allocations(&sc),
+        false => easerve_has::space::feasible_allocations_across_groups(&sc),
+    };
     if space.is_empty() {
         return Err(BadInput(format!(
             "{}: no allocation of the cluster's {} × {} can serve {} (no TP degree fits its weights, or no GPU is left for an encode worker); use more or larger GPUs (cluster.gpus, cluster.gpu)",

@@ -391,7 +391,8 @@ fn search_json(f: &tempfile::NamedTempFile, args: &[&str]) -> serde_json::Value 
 /// `search` on node groups enumerates the group of each stage: its space
 /// holds the file's assignment first and others (every stage on the H100
 /// node among them, leaving the L40S idle and unpaid), Stage 1 scores all
-/// of them, and the file's own deployment still runs. Ranked by goodput
+/// of them, and the file's own deployment still runs (`--named-groups`
+/// keeps the file's groups alone). Ranked by goodput
 /// per dollar, every trial carries its cost per hour (the groups it names:
 /// 4 H100 at 3 = 12, plus 2 L40S at 1 when a stage is on them) and the
 /// choice has the highest goodput per unit of it. Runtime: about 1 s in
@@ -425,6 +426,9 @@ fn search_on_node_groups_enumerates_stage_groups_and_ranks_by_goodput_per_dollar
             && c["allocation"]["prefill"]["tp"] == 2
     };
     assert!(s["trials"].as_array().unwrap().iter().any(|t| file_own(&t)));
+    let named = search_json(&f, &[&args[..], &["--named-groups"]].concat());
+    let named = named["space"].as_array().unwrap();
+    assert!(!named.is_empty() && named.iter().all(|x| groups(x) == own));
 
     let mut per_dollar = args.to_vec();
     per_dollar.extend(["--objective", "goodput-per-dollar:moderate"]);
