@@ -313,8 +313,8 @@ fn sweep_runs_a_cluster_of_groups_over_a_group_field() {
 }
 
 /// The search-at-scale bound on a small cluster of two groups
-/// (`two-group.toml` cut to 2 L40S + 4 H100, on the file's groups,
-/// `--named-groups`: 9 allocations, 552 grid points; over the 6
+/// (`two-group.toml` cut to 2 L40S + 4 H100, on the file's groups: 9
+/// allocations, 552 grid points; with `--all-groups`, over the 6
 /// stage-to-group assignments that fit, 31 and 1,768, three times the
 /// time): HAS's choice comes within 2 % of the exhaustive grid's best SLO
 /// goodput. Runtime: about 1 s in release, under 10 s in debug (the
@@ -341,7 +341,6 @@ fn has_comes_within_2_percent_of_exhaustive_search_on_two_groups() {
             "60",
             "--method",
             method,
-            "--named-groups",
         ]);
         assert!(
             out.status.success(),
@@ -393,8 +392,8 @@ fn search_json(f: &tempfile::NamedTempFile, args: &[&str]) -> serde_json::Value 
 /// `search` on node groups enumerates the group of each stage: its space
 /// holds the file's assignment first and others (every stage on the H100
 /// node among them, leaving the L40S idle and unpaid), Stage 1 scores all
-/// of them, and the file's own deployment still runs (`--named-groups`
-/// keeps the file's groups alone). Ranked by goodput
+/// of them, and the file's own deployment still runs (without
+/// `--all-groups` the space keeps the file's groups alone). Ranked by goodput
 /// per dollar, every trial carries its cost per hour (the groups it names:
 /// 4 H100 at 3 = 12, plus 2 L40S at 1 when a stage is on them) and the
 /// choice has the highest goodput per unit of it. Runtime: about 1 s in
@@ -403,7 +402,7 @@ fn search_json(f: &tempfile::NamedTempFile, args: &[&str]) -> serde_json::Value 
 fn search_on_node_groups_enumerates_stage_groups_and_ranks_by_goodput_per_dollar() {
     let f = small_two_group();
     let args = ["--rate", "2", "--requests", "40", "--budget", "4"];
-    let s = search_json(&f, &args);
+    let s = search_json(&f, &[&args[..], &["--all-groups"]].concat());
     let groups = |x: &serde_json::Value| -> Vec<String> {
         serde_json::from_value(x["groups"].clone()).unwrap_or_else(|_| panic!("no groups: {x}"))
     };
@@ -428,7 +427,7 @@ fn search_on_node_groups_enumerates_stage_groups_and_ranks_by_goodput_per_dollar
             && c["allocation"]["prefill"]["tp"] == 2
     };
     assert!(s["trials"].as_array().unwrap().iter().any(|t| file_own(&t)));
-    let named = search_json(&f, &[&args[..], &["--named-groups"]].concat());
+    let named = search_json(&f, &args);
     let named = named["space"].as_array().unwrap();
     assert!(!named.is_empty() && named.iter().all(|x| groups(x) == own));
 
