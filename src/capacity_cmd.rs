@@ -34,8 +34,11 @@ pub(crate) struct CapacityArgs {
     #[arg(long, conflicts_with_all = ["target_rate", "gpus"])]
     as_is: bool,
     /// What the HAS search at each probe ranks by: `goodput:TIER`,
-    /// `throughput` or `ttft` (default: goodput at the `--slo` tier); ties
-    /// by throughput, then mean TTFT.
+    /// `goodput-per-dollar:TIER` (that goodput over the cost per hour of
+    /// the node groups the allocation uses, each stage's group chosen too;
+    /// every group needs `cost_per_gpu_hour`), `throughput` or `ttft`
+    /// (default: goodput at the `--slo` tier); ties by throughput, then
+    /// mean TTFT.
     #[arg(long, value_name = "OBJECTIVE", conflicts_with = "as_is")]
     objective: Option<String>,
     /// Instead: the fewest GPUs of the scenario's type (each size tuned by HAS)

@@ -303,6 +303,7 @@ impl RunArgs {
                 .map_err(|e| BadInput(format!("{}: {}", self.scenario.display(), e.0)))?,
             rate_estimator: self.rate_estimator.clone(),
             planner: self.planner.clone(),
+            groups: None,
         };
         overrides = with_deployment(overrides, self.deployment.as_deref())?;
         let sets = self
@@ -453,7 +454,8 @@ fn parse_kill(s: &str, t: &easerve_sched::Topology) -> Result<(WorkerRef, f64), 
 }
 
 /// `overrides` with the whole deployment of `--deployment` applied (as
-/// `easerve search` prints it: allocation, B and s); unchanged without one.
+/// `easerve search` prints it: allocation, B and s, and on node groups the
+/// group of each stage); unchanged without one.
 ///
 /// # Errors
 /// A deployment that does not parse, naming `--deployment`.

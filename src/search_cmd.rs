@@ -25,10 +25,20 @@ pub(crate) struct SearchArgs {
     system: Option<easerve_workload::scenario::System>,
     /// What trials are ranked by: `goodput:TIER` (requests/s meeting both
     /// bounds of that `[[slo]]` tier; default `goodput:moderate`),
-    /// `throughput` (the paper's HAS ranking) or `ttft` (mean TTFT); ties
-    /// by throughput, then mean TTFT.
+    /// `goodput-per-dollar:TIER` (that goodput over the cost per hour of
+    /// the node groups the allocation uses; every group needs
+    /// `cost_per_gpu_hour`), `throughput` (the paper's HAS ranking) or
+    /// `ttft` (mean TTFT); ties by throughput, then mean TTFT.
     #[arg(long, value_name = "OBJECTIVE")]
     objective: Option<String>,
+    /// On node groups, search every assignment of the stages to the groups
+    /// (which group each stage's instances use), not only the stage groups
+    /// `[deployment.groups]` names; `--objective goodput-per-dollar:TIER`
+    /// implies it. Where two stages share a group the counts of both vary
+    /// over its GPUs: 68,247 allocations on `dc-256.toml` against 876
+    /// (docs/datacenter.md).
+    #[arg(long)]
+    all_groups: bool,
     /// Trials at most (the exhaustive search runs its whole grid).
     #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
@@ -106,6 +116,18 @@ fn stage1_table(study: &Study) -> String {
         tps(&c.prefill),
         tps(&c.decode)
     );
+    let on_groups = study.stage1.iter().any(|r| r.groups.is_some());
+    if on_groups {
+        s += "groups = the node group of encode, prefill and decode (each stage priced on its group's GPU)\n";
+    }
+    let groups_of = |g: &Option<easerve_has::space::StageGroups>| match (on_groups, g) {
+        (true, Some(g)) => format!("{:<24}", g.join(",")),
+        (true, None) => format!("{:<24}", "-"),
+        (false, _) => String::new(),
+    };
+    if on_groups {
+        s += &format!("{:<24}", "groups");
+    }
     s += &format!(
         "{:<28}{:>9}{:>7}{:>9}{:>8}{:>8}{:>6}{:>7}{:>14}  {}\n",
         "allocation",
@@ -123,9 +145,10 @@ fn stage1_table(study: &Study) -> String {
         let local = study
             .space
             .iter()
-            .find(|f| f.allocation == r.allocation)
+            .find(|f| f.allocation == r.allocation && f.groups == r.groups)
             .and_then(|f| f.local_tp.map(|tp| format!("{}L(TP{tp})", f.local_workers)))
             .unwrap_or_else(|| "-".into());
+        s += &groups_of(&r.groups);
         s += &format!(
             "{:<28}{:>9}{:>7.2}{:>9.2}{:>8.2}{:>8.2}{:>6}{:>7.2}   [{:.2}, {:.2}]  {}\n",
             r.allocation.to_string(),
@@ -156,7 +179,19 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     let sc = Scenario::load(&a.scenario, &base).map_err(|e| BadInput(e.to_string()))?;
     crate::preflight(&sc)?;
     a.out.check(&sc)?;
-    let space = easerve_has::feasible_allocations(&sc);
+    let objective = match &a.objective {
+        Some(t) => easerve_has::Objective::parse(t, &sc.slo)
+            .map_err(|e| BadInput(format!("--objective {t}: {e}")))?,
+        None => easerve_has::Objective::default_for(&sc.slo),
+    };
+    objective
+        .check_costs(&sc.raw)
+        .map_err(|e| BadInput(format!("--objective {objective}: {e}")))?;
+    // ranked by cost, which groups the stages use is part of the choice
+    let space = match a.all_groups || objective.needs_costs() {
+        true => easerve_has::space::feasible_allocations_across_groups(&sc),
+        false => easerve_has::feasible_allocations(&sc),
+    };
     if space.is_empty() {
         return Err(BadInput(format!(
             "{}: no allocation of the cluster's {} × {} can serve {} (no TP degree fits its weights, or no GPU is left for an encode worker); use more or larger GPUs (cluster.gpus, cluster.gpu)",
@@ -167,11 +202,6 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         ))
         .into());
     }
-    let objective = match &a.objective {
-        Some(t) => easerve_has::Objective::parse(t, &sc.slo)
-            .map_err(|e| BadInput(format!("--objective {t}: {e}")))?,
-        None => easerve_has::Objective::default_for(&sc.slo),
-    };
     let trial = SimTrial::new(sc.raw.clone(), &sc.file, base.clone()).scoring(objective.tier());
     let cfg = SearchConfig {
         method,
@@ -228,6 +258,9 @@ fn own_deployment(sc: &Scenario) -> easerve_has::Candidate {
         allocation: d.allocation,
         batch: u32::try_from(d.max_batch).unwrap_or(u32::MAX),
         offload: d.offload,
+        groups: easerve_has::space::stage_assignments(&sc.raw)
+            .into_iter()
+            .next(),
     }
 }
 
@@ -291,9 +324,10 @@ fn render(
 ) -> anyhow::Result<ExitCode> {
     say!("{}", stage1_table(study));
     sayln!(
-        "{} feasible allocations of {}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
+        "{} feasible allocations of {}{}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
         study.space.len(),
         search_cluster(sc),
+        assignments_note(study),
         study.method,
         study.rate,
         study.objective,
@@ -311,6 +345,9 @@ fn render(
                 b.outcome.mean_tpot * 1e3,
                 goodput_note(&b.outcome)
             );
+            if let Some(line) = placement_line(sc, b) {
+                sayln!("{line}");
+            }
             sayln!(
                 "run it: easerve sim {}{} --rate {}{}{} --deployment '{}'",
                 a.scenario.display(),
@@ -328,6 +365,59 @@ fn render(
         None => sayln!("no trial ran"),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `, over N stage-to-group assignments` where the space spans several.
+fn assignments_note(study: &Study) -> String {
+    let mut seen: Vec<&easerve_has::space::StageGroups> = Vec::new();
+    for g in study.space.iter().filter_map(|f| f.groups.as_ref()) {
+        if !seen.contains(&g) {
+            seen.push(g);
+        }
+    }
+    match seen.len() {
+        0 | 1 => String::new(),
+        n => format!(", over {n} stage-to-group assignments"),
+    }
+}
+
+/// On node groups: the group each stage of the chosen trial is on and what
+/// the GPUs of those groups cost per hour (`None` on one node).
+fn placement_line(sc: &Scenario, b: &TrialRecord) -> Option<String> {
+    let [e, p, d] = b.candidate.groups.as_ref()?;
+    let cost = match b.outcome.cost_per_hour {
+        Some(c) => {
+            let per = b
+                .outcome
+                .slo_goodput
+                .filter(|_| c > 0.0)
+                .map_or(String::new(), |g| {
+                    format!(", {:.4} good req/s per unit of cost per hour", g / c)
+                });
+            format!("; the groups it uses cost {c} per hour{per}")
+        }
+        None => "; no cost per hour (the groups give no cost_per_gpu_hour)".into(),
+    };
+    let gpus = |name: &str| {
+        sc.raw
+            .cluster
+            .groups
+            .iter()
+            .find(|g| g.name == name)
+            .map_or(String::new(), |g| {
+                format!(
+                    " ({} × {})",
+                    g.nodes * g.gpus_per_node,
+                    g.gpu.as_deref().unwrap_or("custom GPU")
+                )
+            })
+    };
+    Some(format!(
+        "on groups: encode {e}{}, prefill {p}{}, decode {d}{}{cost}",
+        gpus(e),
+        gpus(p),
+        gpus(d)
+    ))
 }
 
 /// The best trial that has P workers, by the study's own order

@@ -1,16 +1,18 @@
 //! What a search ranks its trials by ([`Objective`]): goodput at an SLO
 //! tier (the default, `goodput:moderate`: the paper's baselines are tuned to
-//! the highest goodput at the target rate, EAServe §4.1), throughput (the
+//! the highest goodput at the target rate, EAServe §4.1), goodput per
+//! dollar (on node groups with `cost_per_gpu_hour`), throughput (the
 //! paper's HAS ranking, §3.1), or mean TTFT. Ties are broken by throughput,
 //! then mean TTFT, then mean TPOT.
 
 use crate::Outcome;
+use easerve_workload::scenario::ScenarioFile;
 use easerve_workload::SloTier;
 use std::cmp::Ordering;
 use std::fmt;
 
 /// The objectives `--objective` accepts, as the error lists them.
-pub const OBJECTIVES: &str = "goodput:TIER (a tier of the scenario's [[slo]]), throughput, ttft";
+pub const OBJECTIVES: &str = "goodput:TIER (a tier of the scenario's [[slo]]), goodput-per-dollar:TIER (on node groups with cost_per_gpu_hour), throughput, ttft";
 
 /// The tier `goodput` ranks by when none is named.
 pub const DEFAULT_TIER: &str = "moderate";
@@ -26,6 +28,16 @@ pub enum Objective {
         /// Its index into the scenario's tiers.
         tier: usize,
     },
+    /// Requests/s meeting both bounds of tier `name` per unit of the
+    /// hourly cost of the GPUs the allocation uses
+    /// ([`crate::space::hourly_cost`]: the node groups its stages name),
+    /// higher is better: (req/s) / (cost/hour).
+    GoodputPerDollar {
+        /// The tier's name.
+        name: String,
+        /// Its index into the scenario's tiers.
+        tier: usize,
+    },
     /// Completed requests/s, higher is better (the paper's HAS).
     Throughput,
     /// Mean TTFT, lower is better.
@@ -33,7 +45,8 @@ pub enum Objective {
 }
 
 impl Objective {
-    /// `text` (`goodput:TIER`, `throughput` or `ttft`) against `tiers`.
+    /// `text` (`goodput:TIER`, `goodput-per-dollar:TIER`, `throughput` or
+    /// `ttft`) against `tiers`.
     ///
     /// # Errors
     /// An unknown objective, or a tier that is not one of `tiers` (the
@@ -43,9 +56,15 @@ impl Objective {
             "throughput" => Ok(Objective::Throughput),
             "ttft" => Ok(Objective::Ttft),
             t => {
-                let name = t
-                    .strip_prefix("goodput:")
-                    .ok_or_else(|| format!("unknown objective `{t}`; allowed: {OBJECTIVES}"))?;
+                let (per_dollar, name) = match t.strip_prefix("goodput-per-dollar:") {
+                    Some(name) => (true, name),
+                    None => (
+                        false,
+                        t.strip_prefix("goodput:").ok_or_else(|| {
+                            format!("unknown objective `{t}`; allowed: {OBJECTIVES}")
+                        })?,
+                    ),
+                };
                 let tier = tiers.iter().position(|x| x.name == name).ok_or_else(|| {
                     format!(
                         "objective `{t}`: no SLO tier `{name}`; the scenario's tiers: {}",
@@ -56,11 +75,45 @@ impl Objective {
                             .join(", ")
                     )
                 })?;
-                Ok(Objective::Goodput {
-                    name: name.to_string(),
-                    tier,
+                let name = name.to_string();
+                Ok(match per_dollar {
+                    true => Objective::GoodputPerDollar { name, tier },
+                    false => Objective::Goodput { name, tier },
                 })
             }
+        }
+    }
+
+    /// Whether ranking needs each allocation's cost per hour.
+    pub fn needs_costs(&self) -> bool {
+        matches!(self, Objective::GoodputPerDollar { .. })
+    }
+
+    /// Whether `raw`'s cluster gives what this objective needs: for
+    /// goodput per dollar, node groups each with `cost_per_gpu_hour`.
+    ///
+    /// # Errors
+    /// The field missing, named (`cluster.groups[i].cost_per_gpu_hour`,
+    /// the first group without one), and why it is needed.
+    pub fn check_costs(&self, raw: &ScenarioFile) -> Result<(), String> {
+        if !self.needs_costs() {
+            return Ok(());
+        }
+        if raw.cluster.groups.is_empty() {
+            return Err(format!(
+                "objective `{self}` ranks by goodput over the hourly cost of the GPUs an allocation uses, which needs node groups (`[[cluster.groups]]`) each with `cluster.groups[i].cost_per_gpu_hour`; this cluster is one node (`cluster.gpu`): use `goodput:TIER`"
+            ));
+        }
+        match raw
+            .cluster
+            .groups
+            .iter()
+            .position(|g| g.cost_per_gpu_hour.is_none())
+        {
+            Some(i) => Err(format!(
+                "cluster.groups[{i}].cost_per_gpu_hour: missing; objective `{self}` ranks by goodput over the hourly cost of the GPUs an allocation uses, which needs a cost on every group"
+            )),
+            None => Ok(()),
         }
     }
 
@@ -84,20 +137,27 @@ impl Objective {
     /// The tier whose goodput a trial must measure, if any.
     pub fn tier(&self) -> Option<usize> {
         match self {
-            Objective::Goodput { tier, .. } => Some(*tier),
+            Objective::Goodput { tier, .. } | Objective::GoodputPerDollar { tier, .. } => {
+                Some(*tier)
+            }
             _ => None,
         }
     }
 
     /// One number per outcome, higher is better: the goodput (req/s), the
-    /// throughput (req/s), or minus the mean TTFT (s). An undeployable
-    /// candidate scores −∞.
+    /// goodput per cost per hour ((req/s) / (cost/hour); 0 without a
+    /// positive cost), the throughput (req/s), or minus the mean TTFT (s).
+    /// An undeployable candidate scores −∞.
     pub fn score(&self, o: &Outcome) -> f64 {
         if !o.feasible {
             return f64::NEG_INFINITY;
         }
         match self {
             Objective::Goodput { .. } => o.slo_goodput.unwrap_or(0.0),
+            Objective::GoodputPerDollar { .. } => match o.cost_per_hour {
+                Some(c) if c > 0.0 => o.slo_goodput.unwrap_or(0.0) / c,
+                _ => 0.0,
+            },
             Objective::Throughput => o.throughput,
             Objective::Ttft => -o.mean_ttft,
         }
@@ -118,11 +178,15 @@ impl Objective {
 
     /// The value TPE minimises: minus the score, with the tie-breakers
     /// folded in at weights far below one unit of it (1e-3 × throughput,
-    /// 1e-6 × mean TTFT, 1e-9 × mean TPOT).
+    /// per unit of cost for goodput per dollar; 1e-6 × mean TTFT, 1e-9 ×
+    /// mean TPOT).
     pub fn value(&self, o: &Outcome) -> f64 {
         let score = self.score(o).max(-1e9);
         let tie = match self {
             Objective::Throughput => 0.0,
+            Objective::GoodputPerDollar { .. } => {
+                -1e-3 * o.throughput / o.cost_per_hour.filter(|c| *c > 0.0).unwrap_or(1.0)
+            }
             _ => -1e-3 * o.throughput,
         };
         let ttft = match self {
@@ -137,6 +201,7 @@ impl fmt::Display for Objective {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Objective::Goodput { name, .. } => write!(f, "goodput:{name}"),
+            Objective::GoodputPerDollar { name, .. } => write!(f, "goodput-per-dollar:{name}"),
             Objective::Throughput => write!(f, "throughput"),
             Objective::Ttft => write!(f, "ttft"),
         }
@@ -167,6 +232,7 @@ mod tests {
             attainment: None,
             goodput: None,
             slo_goodput: Some(good),
+            cost_per_hour: None,
         }
     }
 

@@ -79,6 +79,7 @@ pub fn candidates(space: &[FeasibleAllocation], method: Method) -> Vec<Candidate
                     allocation: f.allocation,
                     batch,
                     offload: 1.0,
+                    groups: f.groups.clone(),
                 })
             })
             .collect(),
@@ -94,6 +95,7 @@ pub fn candidates(space: &[FeasibleAllocation], method: Method) -> Vec<Candidate
                     allocation: f.allocation,
                     batch: 1,
                     offload,
+                    groups: f.groups.clone(),
                 })
                 .collect()
         }

@@ -301,11 +301,18 @@ impl Planner {
     }
 
     /// The same planner with its HAS searches ranking by `text`
-    /// (`goodput:TIER`, `throughput` or `ttft`; [`crate::Objective::parse`]).
+    /// (`goodput:TIER`, `goodput-per-dollar:TIER`, `throughput` or `ttft`;
+    /// [`crate::Objective::parse`]; goodput per dollar also chooses the
+    /// group of each stage, [`crate::tune_for`]).
     ///
-    /// Errors: an unknown objective or tier ([`CapacityError::Objective`]).
+    /// Errors: an unknown objective or tier, or goodput per dollar without
+    /// a cost on every node group ([`CapacityError::Objective`]).
     pub fn with_objective(mut self, text: &str) -> Result<Planner, CapacityError> {
         self.objective = crate::Objective::parse(text, &self.tiers)
+            .map_err(|e| CapacityError::Objective(format!("{text}: {e}")))?;
+        let raw = Scenario::raw_with(&self.path, &self.sets, &self.base).map_err(scenario_err)?;
+        self.objective
+            .check_costs(&raw)
             .map_err(|e| CapacityError::Objective(format!("{text}: {e}")))?;
         Ok(self)
     }
@@ -794,7 +801,7 @@ impl Planner {
         let raw = Scenario::raw_with(&self.path, &self.sets, &self.base).map_err(scenario_err)?;
         let groups = &raw.cluster.groups;
         let (mixes, cost) = mix_space(groups)?;
-        let assignments = stage_assignments(&raw);
+        let assignments = crate::space::stage_assignments(&raw);
         let mut out = CheapestMix {
             rate,
             mixes: mixes.len(),
@@ -901,29 +908,6 @@ fn mix_space(
     });
     let costs = mixes.iter().map(|m| cost(m)).collect();
     Ok((mixes, costs))
-}
-
-/// Every assignment of the three stages (encode, prefill, decode) to the
-/// groups of `raw`, by name: the scenario's own (`[deployment.groups]`, a
-/// stage it leaves out on the first group) first, then the others in order.
-fn stage_assignments(raw: &ScenarioFile) -> Vec<[String; 3]> {
-    let names: Vec<String> = raw.cluster.groups.iter().map(|g| g.name.clone()).collect();
-    let own = raw.deployment.groups.clone().unwrap_or_default();
-    let first = names.first().cloned().unwrap_or_default();
-    let pick = |x: Option<String>| x.unwrap_or_else(|| first.clone());
-    let own = [pick(own.encode), pick(own.prefill), pick(own.decode)];
-    let mut out = vec![own.clone()];
-    for e in &names {
-        for p in &names {
-            for d in &names {
-                let a = [e.clone(), p.clone(), d.clone()];
-                if a != own {
-                    out.push(a);
-                }
-            }
-        }
-    }
-    out
 }
 
 fn gains(q: &Probe, p: &Probe) -> bool {

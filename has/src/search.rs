@@ -214,9 +214,15 @@ mod objective_text {
         Ok(match text.as_str() {
             "throughput" => Objective::Throughput,
             "ttft" => Objective::Ttft,
-            t => Objective::Goodput {
-                name: t.trim_start_matches("goodput:").to_string(),
-                tier: 0,
+            t => match t.strip_prefix("goodput-per-dollar:") {
+                Some(name) => Objective::GoodputPerDollar {
+                    name: name.to_string(),
+                    tier: 0,
+                },
+                None => Objective::Goodput {
+                    name: t.trim_start_matches("goodput:").to_string(),
+                    tier: 0,
+                },
             },
         })
     }
@@ -313,6 +319,9 @@ pub fn tune(
 
 /// [`tune_by`] ranking by `objective` instead of the default
 /// ([`Objective::default_for`] the scenario's tiers: goodput at `moderate`).
+/// Ranked by goodput per dollar, the search on node groups also chooses
+/// the group of each stage ([`crate::space::feasible_allocations_across_groups`]);
+/// otherwise it keeps the scenario's.
 pub fn tune_for(
     method: Method,
     sc: &Scenario,
@@ -332,7 +341,12 @@ pub fn tune_for(
         time_budget_s: None,
         own: None,
     };
-    search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
+    // ranked by cost, which groups the stages use is part of the choice
+    let space = match objective.needs_costs() {
+        true => crate::space::feasible_allocations_across_groups(sc),
+        false => feasible_allocations(sc),
+    };
+    search_in(sc, space, cost.as_ref(), &trial, &cfg, &mut |_| {})
         .best
         .filter(|b| b.outcome.feasible)
 }
@@ -503,6 +517,7 @@ fn has(
             allocation: r.allocation,
             batch: (1 + (ub.clamp(0.0, 0.999_999) * f64::from(r.b_max)) as u32).min(r.b_max),
             offload: s_at(r.s_range, us),
+            groups: r.groups.clone(),
         }
     };
     let budget = limits.trials;
@@ -586,10 +601,7 @@ fn has(
 fn admits(space: &[FeasibleAllocation], c: &Candidate) -> bool {
     space.iter().any(|f| {
         let (lo, hi) = f.offload_range;
-        f.allocation == c.allocation
-            && c.batch >= 1
-            && c.offload >= lo - 1e-12
-            && c.offload <= hi + 1e-12
+        f.is_of(c) && c.batch >= 1 && c.offload >= lo - 1e-12 && c.offload <= hi + 1e-12
     })
 }
 
@@ -614,6 +626,7 @@ fn random(
             allocation: fa.allocation,
             batch: rng.gen_range(1..=B_CAP),
             offload: s_at(fa.offload_range, rng.gen::<f64>()),
+            groups: fa.groups.clone(),
         };
         let outcome = trial.run(&c);
         rec.record(c, outcome);
@@ -636,11 +649,12 @@ fn coordinate(
         allocation: first.allocation,
         batch: 4,
         offload: s_at(first.offload_range, 0.5),
+        groups: first.groups.clone(),
     };
     let range_of = |c: &Candidate| {
         space
             .iter()
-            .find(|f| f.allocation == c.allocation)
+            .find(|f| f.is_of(c))
             .map_or((1.0, 1.0), |f| f.offload_range)
     };
     loop {
@@ -653,6 +667,7 @@ fn coordinate(
                         allocation: f.allocation,
                         batch: cur.batch,
                         offload: cur.offload.clamp(f.offload_range.0, f.offload_range.1),
+                        groups: f.groups.clone(),
                     })
                     .collect(),
                 1 => [1, 2, 4, 8, 16]
@@ -721,6 +736,7 @@ fn exhaustive(
                     allocation: fa.allocation,
                     batch: b,
                     offload: s,
+                    groups: fa.groups.clone(),
                 })
             })
         })
@@ -743,6 +759,7 @@ mod tests {
                 allocation: "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap(),
                 batch: 1,
                 offload: 1.0,
+                groups: None,
             },
             outcome: Outcome {
                 throughput: thr,
@@ -752,6 +769,7 @@ mod tests {
                 attainment: None,
                 goodput: None,
                 slo_goodput: None,
+                cost_per_hour: None,
             },
             best_so_far: best,
         }
@@ -785,6 +803,7 @@ mod tests {
             s_range,
             b_max: 4,
             latency_s: 0.0,
+            groups: None,
             kept: true,
             reason: String::new(),
         }
@@ -880,6 +899,61 @@ mod tests {
             matches!(&stop, StopReason::TpeRejected(why) if why.starts_with("B: the parameter value 1.5")),
             "{stop}"
         );
+    }
+
+    /// Trials on two stage assignments of one allocation: on `l40s,h100,h100`
+    /// (30 per hour) goodput 4.2 req/s, on `h100,h100,h100` (24 per hour)
+    /// 4.1 req/s.
+    struct Priced;
+
+    impl Trial for Priced {
+        fn run(&self, c: &Candidate) -> Outcome {
+            let mixed = c.groups.as_ref().is_some_and(|g| g[0] == "l40s");
+            let mut o = rec(0, 4.2, 1.0).outcome;
+            (o.slo_goodput, o.cost_per_hour) = match mixed {
+                true => (Some(4.2), Some(30.0)),
+                false => (Some(4.1), Some(24.0)),
+            };
+            o.throughput = o.slo_goodput.unwrap_or(0.0);
+            o
+        }
+        fn run_at(&self, c: &Candidate, _: f64, _: usize) -> Outcome {
+            self.run(c)
+        }
+    }
+
+    /// Goodput per dollar picks the cheaper allocation over a dearer one
+    /// with slightly higher goodput (4.1 / 24 > 4.2 / 30); goodput picks
+    /// the dearer (microseconds).
+    #[test]
+    fn goodput_per_dollar_picks_the_cheaper_of_two_close_goodputs() {
+        let rows = ["l40s", "h100"].map(|e| Stage1Row {
+            groups: Some([e, "h100", "h100"].map(String::from)),
+            ..kept_row("2E(TP1)+1P(TP2)+1D(TP4)", 1.0, (1.0, 1.0))
+        });
+        let pick = |objective: Objective| {
+            let mut on = |_: &TrialRecord| {};
+            let mut r = Recorder {
+                trials: Vec::new(),
+                best: None,
+                objective: objective.clone(),
+                on_trial: &mut on,
+            };
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            let limits = Limits {
+                trials: 4,
+                seconds: None,
+            };
+            has(&rows, &Priced, limits, &mut rng, &mut r, &objective);
+            r.best.unwrap().candidate.groups.unwrap()[0].clone()
+        };
+        let (name, tier) = ("moderate".to_string(), 0);
+        let per_dollar = Objective::GoodputPerDollar {
+            name: name.clone(),
+            tier,
+        };
+        assert_eq!(pick(per_dollar), "h100");
+        assert_eq!(pick(Objective::Goodput { name, tier }), "l40s");
     }
 
     #[test]

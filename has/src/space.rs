@@ -2,7 +2,7 @@
 //! `(allocation, B, s)` built on them.
 
 use easerve_sched::{Allocation, MAX_TERM};
-use easerve_workload::scenario::{Overrides, Scenario, ScenarioFile};
+use easerve_workload::scenario::{Overrides, Scenario, ScenarioFile, StageGroupsSection};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -18,17 +18,28 @@ pub struct Candidate {
     pub batch: u32,
     /// Offload ratio `s ∈ [0, 1]`.
     pub offload: f64,
+    /// On node groups, the group of each stage (encode, prefill, decode),
+    /// by name; `None`: the scenario's own `[deployment.groups]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<StageGroups>,
 }
+
+/// The node group of each stage, by name: encode, prefill, decode.
+pub type StageGroups = [String; 3];
 
 impl fmt::Display for Candidate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} B={} s={}", self.allocation, self.batch, self.offload)
+        write!(f, "{} B={} s={}", self.allocation, self.batch, self.offload)?;
+        match &self.groups {
+            Some(g) => write!(f, " groups={}", g.join(",")),
+            None => Ok(()),
+        }
     }
 }
 
 /// What a candidate's text must look like (every [`CandidateError`] but a bad
 /// allocation ends with it).
-const SHAPE: &str = "expected `ALLOCATION B=<integer ≥ 1> s=<number in [0, 1]>`, e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`";
+const SHAPE: &str = "expected `ALLOCATION B=<integer ≥ 1> s=<number in [0, 1]>` and, on node groups, optionally `groups=ENCODE,PREFILL,DECODE` (group names), e.g. `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`";
 
 /// Why a text is not a [`Candidate`] (`--deployment`).
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -54,8 +65,9 @@ pub enum CandidateError {
 impl std::str::FromStr for Candidate {
     type Err = CandidateError;
 
-    /// Parse what [`fmt::Display`] prints: `ALLOCATION B=<int> s=<float>`, e.g.
-    /// `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55`.
+    /// Parse what [`fmt::Display`] prints: `ALLOCATION B=<int> s=<float>`,
+    /// then on node groups `groups=ENCODE,PREFILL,DECODE`, e.g.
+    /// `2E(TP1)+1P(TP2)+1D(TP4) B=8 s=0.55 groups=l40s,h100,h100`.
     fn from_str(text: &str) -> Result<Self, CandidateError> {
         let mut parts = text.split_whitespace();
         let allocation: Allocation = parts
@@ -63,7 +75,7 @@ impl std::str::FromStr for Candidate {
             .ok_or(CandidateError::Empty)?
             .parse()
             .map_err(CandidateError::Allocation)?;
-        let (mut batch, mut offload) = (None, None);
+        let (mut batch, mut offload, mut groups) = (None, None, None);
         for p in parts {
             match p.split_once('=') {
                 Some(("B", v)) => {
@@ -82,6 +94,15 @@ impl std::str::FromStr for Candidate {
                             .ok_or_else(|| CandidateError::Value(p.to_string()))?,
                     )
                 }
+                Some(("groups", v)) => {
+                    let names: Vec<String> = v.split(',').map(str::to_string).collect();
+                    groups = Some(
+                        <StageGroups>::try_from(names)
+                            .ok()
+                            .filter(|g| g.iter().all(|n| !n.is_empty()))
+                            .ok_or_else(|| CandidateError::Value(p.to_string()))?,
+                    )
+                }
                 _ => return Err(CandidateError::Unexpected(p.to_string())),
             }
         }
@@ -90,6 +111,7 @@ impl std::str::FromStr for Candidate {
                 allocation,
                 batch,
                 offload,
+                groups,
             }),
             _ => Err(CandidateError::Incomplete(text.to_string())),
         }
@@ -103,6 +125,11 @@ impl Candidate {
             allocation: Some(self.allocation.to_string()),
             batch: Some(i64::from(self.batch)),
             offload: Some(self.offload),
+            groups: self.groups.as_ref().map(|[e, p, d]| StageGroupsSection {
+                encode: Some(e.clone()),
+                prefill: Some(p.clone()),
+                decode: Some(d.clone()),
+            }),
             ..base.clone()
         }
     }
@@ -121,6 +148,17 @@ pub struct FeasibleAllocation {
     /// Offload ratios it admits: `[lo, hi]` (`[1, 1]` without local prefill,
     /// `[0, 0]` without remote prefill workers).
     pub offload_range: (f64, f64),
+    /// On node groups, the group of each stage ([`stage_assignments`]);
+    /// `None` on a one-node cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<StageGroups>,
+}
+
+impl FeasibleAllocation {
+    /// Whether `c` runs this allocation on the same groups.
+    pub fn is_of(&self, c: &Candidate) -> bool {
+        self.allocation == c.allocation && (c.groups.is_none() || c.groups == self.groups)
+    }
 }
 
 /// Validate `raw` with `o` applied, as the CLI would.
@@ -137,15 +175,94 @@ pub(crate) fn validate(raw: &ScenarioFile, file: &str, o: &Overrides) -> Option<
 /// sequence fit. An allocation without prefill workers is feasible only when
 /// local prefill fits next to the encoder (then `s = 0`). On node groups
 /// each stage's workers stay in the group `[deployment.groups]` names and
-/// within one of its nodes, so the allocation fills every group exactly;
-/// shapes that do not are dropped by counting, before any validation (a
-/// 1,024-GPU cluster of two groups: 3,540 allocations validated of the
-/// 1.8 million counts that sum to its GPUs). Order: by encode, prefill,
-/// decode counts and degrees (deterministic).
+/// within one of its nodes, so the allocation fills every group a stage
+/// names exactly (and leaves the others idle); shapes that do not are
+/// dropped by counting, before any validation (a 1,024-GPU cluster of two
+/// groups: 3,540 allocations validated of the 1.8 million counts that sum
+/// to its GPUs). Order: by encode, prefill, decode counts and degrees
+/// (deterministic). [`feasible_allocations_across_groups`] enumerates the
+/// stages' groups as well.
 pub fn feasible_allocations(sc: &Scenario) -> Vec<FeasibleAllocation> {
     let text_only = sc.workload.modality == easerve_sched::Modality::Text;
     let experts = sc.model.llm.moe.as_ref().map(|m| m.experts);
     feasible_allocations_in(&sc.raw, &sc.file, sc.gpus, text_only, experts)
+}
+
+/// [`feasible_allocations`] on every assignment of the stages to the
+/// scenario's node groups ([`stage_assignments`]: the file's own first),
+/// each allocation tagged with its groups: which group each stage's
+/// instances use, how many instances each stage gets, and their TP. On a
+/// one-node cluster, [`feasible_allocations`].
+pub fn feasible_allocations_across_groups(sc: &Scenario) -> Vec<FeasibleAllocation> {
+    if sc.raw.cluster.groups.is_empty() {
+        return feasible_allocations(sc);
+    }
+    let text_only = sc.workload.modality == easerve_sched::Modality::Text;
+    let experts = sc.model.llm.moe.as_ref().map(|m| m.experts);
+    stage_assignments(&sc.raw)
+        .into_iter()
+        .flat_map(|groups| {
+            let mut raw = sc.raw.clone();
+            raw.deployment.groups = Some(section_of(&groups));
+            feasible_allocations_in(&raw, &sc.file, sc.gpus, text_only, experts)
+        })
+        .collect()
+}
+
+/// `[deployment.groups]` naming `groups`.
+fn section_of([e, p, d]: &StageGroups) -> StageGroupsSection {
+    StageGroupsSection {
+        encode: Some(e.clone()),
+        prefill: Some(p.clone()),
+        decode: Some(d.clone()),
+    }
+}
+
+/// Every assignment of the three stages (encode, prefill, decode) to the
+/// node groups of `raw`, by name: the scenario's own (`[deployment.groups]`,
+/// a stage it leaves out on the first group) first, then the others in the
+/// groups' order (`groups³` in all). Empty without node groups.
+pub fn stage_assignments(raw: &ScenarioFile) -> Vec<StageGroups> {
+    let names: Vec<String> = raw.cluster.groups.iter().map(|g| g.name.clone()).collect();
+    let Some(first) = names.first() else {
+        return Vec::new();
+    };
+    let own = raw.deployment.groups.clone().unwrap_or_default();
+    let pick = |x: Option<String>| x.unwrap_or_else(|| first.clone());
+    let own = [pick(own.encode), pick(own.prefill), pick(own.decode)];
+    let mut out = vec![own.clone()];
+    for e in &names {
+        for p in &names {
+            for d in &names {
+                let a = [e.clone(), p.clone(), d.clone()];
+                if a != own {
+                    out.push(a);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What an allocation on the stage groups `groups` of `raw` pays per hour:
+/// the GPUs of every group a stage names, `Σ nodes · gpus_per_node ·
+/// cost_per_gpu_hour` over those groups, each counted once; a group no
+/// stage names is not paid. An allocation fills the groups its stages name
+/// ([`feasible_allocations`]), so these are the GPUs it places instances
+/// on. `None` when a named group has no `cost_per_gpu_hour` or is not one
+/// of the cluster's groups.
+pub fn hourly_cost(raw: &ScenarioFile, groups: &StageGroups) -> Option<f64> {
+    let all = &raw.cluster.groups;
+    if all.is_empty() || groups.iter().any(|n| !all.iter().any(|g| &g.name == n)) {
+        return None;
+    }
+    all.iter()
+        .filter(|g| groups.contains(&g.name))
+        .map(|g| {
+            let gpus = g.nodes.max(0) as f64 * g.gpus_per_node.max(0) as f64;
+            Some(gpus * g.cost_per_gpu_hour?)
+        })
+        .sum()
 }
 
 /// [`feasible_allocations`] of the scenario file `raw` (read from `file`)
@@ -163,22 +280,31 @@ pub fn feasible_allocations_in(
     let mut raw = raw.clone();
     raw.cluster.gpus = i64::from(gpus);
     let fill = GroupFill::of(&raw);
-    let shapes = allocation_shapes(gpus, text_only, moe_experts, fill.as_ref());
+    // on node groups the allocation fills the groups its stages name
+    let used = fill.as_ref().map_or(gpus, |f| {
+        u32::try_from(f.gpus.iter().sum::<u64>()).unwrap_or(u32::MAX)
+    });
+    let shapes = allocation_shapes(used, text_only, moe_experts, fill.as_ref());
+    let groups = stage_assignments(&raw).into_iter().next();
     // each shape is checked as the CLI would check it, independently: on
     // rayon's threads, collected in the enumeration's order
     use rayon::prelude::*;
     shapes
         .par_iter()
         .filter_map(|a| assess_shape(&raw, file, *a))
+        .map(|fa| FeasibleAllocation {
+            groups: groups.clone(),
+            ..fa
+        })
         .collect()
 }
 
 /// How the node groups of a scenario bound its allocations: the GPUs of
-/// each group, the GPUs of a node of each, and the group each stage's
-/// workers run on (`[deployment.groups]`; a stage that names none, the
-/// first group, as validation resolves it). Placement keeps a stage's
-/// workers within its group, so an allocation using all of the cluster's
-/// GPUs fills every group exactly.
+/// each group a stage names (0 for the others), the GPUs of a node of
+/// each, and the group each stage's workers run on (`[deployment.groups]`;
+/// a stage that names none, the first group, as validation resolves it).
+/// Placement keeps a stage's workers within its group, so an allocation
+/// using all the GPUs of the named groups fills each of them exactly.
 struct GroupFill {
     gpus: Vec<u64>,
     per_node: Vec<u64>,
@@ -207,16 +333,20 @@ impl GroupFill {
         Some(GroupFill {
             gpus: groups
                 .iter()
-                .map(|g| count(g.nodes) * count(g.gpus_per_node))
+                .enumerate()
+                .map(|(i, g)| match stage.contains(&i) {
+                    true => count(g.nodes) * count(g.gpus_per_node),
+                    false => 0,
+                })
                 .collect(),
             per_node: groups.iter().map(|g| count(g.gpus_per_node)).collect(),
             stage,
         })
     }
 
-    /// Whether `a` fills every group exactly, with each worker within one
-    /// node of its stage's group (what placement needs of a whole cluster;
-    /// placement itself is still checked by validation).
+    /// Whether `a` fills every group a stage names exactly, with each
+    /// worker within one node of its stage's group (what placement needs
+    /// of those groups; placement itself is still checked by validation).
     fn admits(&self, a: &Allocation) -> bool {
         let mut used = vec![0u64; self.gpus.len()];
         for (s, pool) in [a.encode, a.prefill, a.decode].iter().enumerate() {
@@ -312,6 +442,7 @@ fn assess_shape(
         local_workers,
         local_tp,
         offload_range,
+        groups: None,
     })
 }
 
@@ -325,7 +456,14 @@ mod tests {
         assert_eq!(c.batch, 8);
         assert_eq!(c.offload, 0.55);
         assert_eq!(c.to_string().parse::<Candidate>().unwrap(), c);
+        let g: Candidate = "2E(TP1)+1P(TP2)+1D(TP4) B=8 s=1 groups=l40s,h100,h100"
+            .parse()
+            .unwrap();
+        assert_eq!(g.groups, Some(["l40s", "h100", "h100"].map(String::from)));
+        assert_eq!(g.to_string().parse::<Candidate>().unwrap(), g);
         for bad in [
+            "2E(TP1)+1D(TP4) B=2 s=1 groups=a,b",
+            "2E(TP1)+1D(TP4) B=2 s=1 groups=a,,b",
             "",
             "2E(TP1)+1D(TP4)",
             "2E(TP1)+1D(TP4) B=0 s=1",
@@ -349,6 +487,10 @@ mod tests {
         let all: Vec<FeasibleAllocation> = allocation_shapes(sc.gpus, false, None, None)
             .into_iter()
             .filter_map(|a| assess_shape(&sc.raw, &sc.file, a))
+            .map(|fa| FeasibleAllocation {
+                groups: Some(["l40s", "h100", "h100"].map(String::from)),
+                ..fa
+            })
             .collect();
         assert!(!counted.is_empty());
         assert_eq!(counted, all);

@@ -2,7 +2,7 @@
 //! rate, the bottleneck-balance score, pruning, and the seeds of Stage 2
 //! (EAServe §3.1, Algorithm 1 lines 1–12).
 
-use crate::space::FeasibleAllocation;
+use crate::space::{FeasibleAllocation, StageGroups};
 use easerve_calib::StageCost;
 use easerve_sched::Allocation;
 pub use easerve_sim::capacity::{
@@ -51,6 +51,10 @@ pub struct Stage1Row {
     /// decode layouts); 0 when not computed.
     #[serde(default)]
     pub latency_s: f64,
+    /// On node groups, the group of each stage (encode, prefill, decode),
+    /// whose GPU types priced the capacities above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub groups: Option<StageGroups>,
     /// Kept for Stage 2.
     pub kept: bool,
     /// Why kept or pruned.
@@ -139,6 +143,7 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
         s_range: ((s - S_WINDOW).max(lo), (s + S_WINDOW).min(hi)),
         b_max: bm,
         latency_s: 0.0,
+        groups: fa.groups.clone(),
         kept: false,
         reason: String::new(),
     }
@@ -154,13 +159,13 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
 /// TPOT against the SLO; in a finite run, the last requests' end). Rows
 /// without a latency (0) are not considered. Such a row whose remote
 /// prefill workers alone carry the rate (`rate < C_remote`) is seeded at the
-/// top of its offload range (`offload_hi` of its allocation): sending
+/// top of its offload range (`offload_hi` of its row): sending
 /// prompts to a local prefill worker then only adds the latency of a worker
 /// that shares its GPU with the encoder.
 pub fn keep_fastest(
     mut rows: Vec<Stage1Row>,
     rate: f64,
-    offload_hi: &dyn Fn(&Allocation) -> f64,
+    offload_hi: &dyn Fn(&Stage1Row) -> f64,
 ) -> Vec<Stage1Row> {
     let mut fast: Vec<usize> = (0..rows.len())
         .filter(|&i| !rows[i].kept && rows[i].score < 1.0 && rows[i].latency_s > 0.0)
@@ -173,6 +178,7 @@ pub fn keep_fastest(
             .total_cmp(&y.latency_s)
             .then_with(|| x.score.total_cmp(&y.score))
             .then_with(|| x.allocation.to_string().cmp(&y.allocation.to_string()))
+            .then_with(|| x.groups.cmp(&y.groups))
     });
     for &i in fast.iter().take(TOP_K) {
         let r = &mut rows[i];
@@ -182,7 +188,7 @@ pub fn keep_fastest(
             r.score, r.latency_s
         );
         if rate < r.c_remote {
-            let hi = offload_hi(&r.allocation);
+            let hi = offload_hi(r);
             r.s_star = hi;
             r.s_range = ((hi - S_WINDOW).max(r.s_range.0.min(hi)), hi);
         }
@@ -201,6 +207,7 @@ pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
         a.score
             .total_cmp(&b.score)
             .then_with(|| a.allocation.to_string().cmp(&b.allocation.to_string()))
+            .then_with(|| a.groups.cmp(&b.groups))
     });
     let best = rows.first().map_or(f64::INFINITY, |r| r.score);
     let mut kept = 0;
@@ -229,7 +236,12 @@ pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
     rows
 }
 
-/// Stage 1 over every feasible allocation at rate `rate`.
+/// Stage 1 over every feasible allocation at rate `rate`: each scored on
+/// the capacities of its stages' GPU types (on node groups, the groups
+/// its [`FeasibleAllocation::groups`] names; `sc` and `cost` price the
+/// scenario's own groups), then pruned across all of them; on several
+/// assignments the rows Stage 1 keeps of the scenario's own groups alone
+/// are kept too. The capacities returned are the scenario's own groups'.
 pub fn stage1(
     sc: &Scenario,
     cost: &dyn StageCost,
@@ -238,42 +250,103 @@ pub fn stage1(
 ) -> (Capacities, Vec<Stage1Row>) {
     let typical = Typical::of_scenario(sc);
     let caps = capacities(sc, cost, &typical);
-    let rows = space
-        .iter()
-        .map(|fa| {
-            let mut row = assess(
-                fa,
-                &caps,
-                alpha(
-                    sc,
-                    cost,
-                    &typical,
-                    fa.local_tp,
-                    fa.allocation.encode.workers,
-                    rate,
-                ),
-                rate,
-            );
-            let a = &fa.allocation;
-            row.latency_s = match a.prefill.workers {
-                0 => 0.0, // no remote prefill: every prompt prefills locally
-                _ => unloaded_latency(
-                    cost,
-                    &typical,
-                    pool_parallel(&a.prefill),
-                    pool_parallel(&a.decode),
-                ),
-            };
-            row
-        })
-        .collect();
-    let hi = |a: &Allocation| {
+    let own = crate::space::stage_assignments(&sc.raw).into_iter().next();
+    let mut rows = Vec::with_capacity(space.len());
+    let mut start = 0;
+    // the space comes in runs of one assignment each
+    while start < space.len() {
+        let groups = &space[start].groups;
+        let end = space[start..]
+            .iter()
+            .position(|fa| fa.groups != *groups)
+            .map_or(space.len(), |n| start + n);
+        let run = &space[start..end];
+        start = end;
+        if groups.is_none() || *groups == own {
+            rows.extend(assess_all(sc, cost, &caps, &typical, run, rate));
+            continue;
+        }
+        // another assignment: its stages priced on their groups' GPUs
+        let Some(other) = on_groups(sc, &run[0]) else {
+            continue;
+        };
+        let other_cost = other.cost();
+        let other_caps = capacities(&other, other_cost.as_ref(), &typical);
+        rows.extend(assess_all(
+            &other,
+            other_cost.as_ref(),
+            &other_caps,
+            &typical,
+            run,
+            rate,
+        ));
+    }
+    let hi = |r: &Stage1Row| {
         space
             .iter()
-            .find(|fa| fa.allocation == *a)
+            .find(|fa| fa.allocation == r.allocation && fa.groups == r.groups)
             .map_or(1.0, |fa| fa.offload_range.1)
     };
-    (caps, keep_fastest(prune(rows), rate, &hi))
+    let mut all = keep_fastest(prune(rows.clone()), rate, &hi);
+    if all.iter().any(|r| r.groups != own) {
+        // across several assignments, also what Stage 1 keeps of the
+        // scenario's own groups alone, so enumerating the groups never
+        // drops the seeds a search on the file's groups would run
+        rows.retain(|r| r.groups == own);
+        for k in keep_fastest(prune(rows), rate, &hi)
+            .into_iter()
+            .filter(|r| r.kept)
+        {
+            if let Some(r) = all
+                .iter_mut()
+                .find(|r| !r.kept && r.allocation == k.allocation && r.groups == k.groups)
+            {
+                *r = Stage1Row {
+                    reason: format!("{} (of the scenario's own groups)", k.reason),
+                    ..k
+                };
+            }
+        }
+    }
+    (caps, all)
+}
+
+/// `sc` on the stage groups of `fa`, with its allocation (which validates).
+fn on_groups(sc: &Scenario, fa: &FeasibleAllocation) -> Option<Scenario> {
+    let c = crate::space::Candidate {
+        allocation: fa.allocation,
+        batch: 1,
+        offload: fa.offload_range.1,
+        groups: fa.groups.clone(),
+    };
+    crate::space::validate(&sc.raw, &sc.file, &c.overrides(&Default::default()))
+}
+
+/// [`assess`] of each of `space` on `sc`'s cost model, with its unloaded
+/// request latency.
+fn assess_all<'a>(
+    sc: &'a Scenario,
+    cost: &'a dyn StageCost,
+    caps: &'a Capacities,
+    typical: &'a Typical,
+    space: &'a [FeasibleAllocation],
+    rate: f64,
+) -> impl Iterator<Item = Stage1Row> + 'a {
+    space.iter().map(move |fa| {
+        let a = &fa.allocation;
+        let alpha = alpha(sc, cost, typical, fa.local_tp, a.encode.workers, rate);
+        let mut row = assess(fa, caps, alpha, rate);
+        row.latency_s = match a.prefill.workers {
+            0 => 0.0, // no remote prefill: every prompt prefills locally
+            _ => unloaded_latency(
+                cost,
+                typical,
+                pool_parallel(&a.prefill),
+                pool_parallel(&a.decode),
+            ),
+        };
+        row
+    })
 }
 
 #[cfg(test)]
@@ -286,6 +359,7 @@ mod tests {
             local_workers: local,
             local_tp: (local > 0).then_some(2),
             offload_range: if local > 0 { (0.0, 1.0) } else { (1.0, 1.0) },
+            groups: None,
         }
     }
 

@@ -30,6 +30,11 @@ pub struct Outcome {
     /// ([`crate::Objective::Goodput`]); absent for other objectives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slo_goodput: Option<f64>,
+    /// On node groups whose every group has `cost_per_gpu_hour`: what the
+    /// candidate's GPUs cost per hour ([`crate::space::hourly_cost`] of its
+    /// stage groups), in the groups' currency; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_per_hour: Option<f64>,
 }
 
 impl Outcome {
@@ -43,6 +48,7 @@ impl Outcome {
             attainment: None,
             goodput: None,
             slo_goodput: None,
+            cost_per_hour: None,
         }
     }
 
@@ -118,6 +124,9 @@ impl SimTrial {
             slo_goodput: self
                 .tier
                 .map(|t| r.goodput.get(t).map_or(0.0, |g| g.goodput)),
+            cost_per_hour: crate::space::stage_assignments(&sc.raw)
+                .first()
+                .and_then(|g| crate::space::hourly_cost(&sc.raw, g)),
         }
     }
 }

@@ -277,12 +277,21 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
     layouts.extend(sc.knobs.local_prefill_tp.map(Parallel::from));
     layouts.sort_unstable_by_key(|p| (p.ep, p.tp));
     layouts.dedup();
+    // on node groups prefill may be on another GPU type than decode
+    // (`sc.gpu`): a prefill layout fits its own group's GPU
+    let prefill_memory = sc.cluster.as_ref().map(|c| {
+        let gpu = c.groups[c.stage_groups[1]].gpu.clone();
+        Roofline::new(sc.model.clone(), gpu, Efficiency::default())
+    });
+    let util = sc.knobs.gpu_memory_utilization;
     for &par in &layouts {
-        let Some(free) = memory.kv_bytes_free_per_gpu(par, 0.0, sc.knobs.gpu_memory_utilization)
-        else {
+        let fits = |m: &Roofline| m.kv_bytes_free_per_gpu(par, 0.0, util).is_some();
+        if prefill_memory.as_ref().map_or(fits(&memory), fits) {
+            prefill.push((par, prefill_capacity(cost, sc, t, par, 1.0)));
+        }
+        let Some(free) = memory.kv_bytes_free_per_gpu(par, 0.0, util) else {
             continue;
         };
-        prefill.push((par, prefill_capacity(cost, sc, t, par, 1.0)));
         let per_seq = t.prefill_tokens + t.output_tokens;
         let kv_tokens = free * f64::from(par.gpus()) / sc.model.kv_bytes_per_token();
         let b = (kv_tokens / per_seq)

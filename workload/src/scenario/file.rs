@@ -606,6 +606,9 @@ pub struct Overrides {
     pub rate_estimator: Option<String>,
     /// `--planner`: `static`, `load` or `twin` (`planner.policy`).
     pub planner: Option<String>,
+    /// Replace `[deployment.groups]`, the node group of each stage (a
+    /// searched deployment on node groups, `groups=ENCODE,PREFILL,DECODE`).
+    pub groups: Option<StageGroupsSection>,
 }
 
 pub use easerve_sched::System;
@@ -738,6 +741,9 @@ impl ScenarioFile {
         }
         if let Some(s) = o.offload {
             self.deployment.offload = s;
+        }
+        if let Some(g) = &o.groups {
+            self.deployment.groups = Some(g.clone());
         }
         if let Some(e) = &o.rate_estimator {
             self.deployment.rate_estimator = Some(e.clone());
