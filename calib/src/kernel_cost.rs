@@ -153,7 +153,7 @@ pub struct KernelCost {
     prefill_tail: Memo<TailKey, (f64, f64, bool)>,
     /// Priced encode GPU phases (seconds, whether a lookup left its table) by
     /// SM share (its bits), then by the pass's items.
-    encode_memo: Memo<u64, FxMap<Box<[ItemTokens]>, Timed>>,
+    encode_memo: Memo<(u32, u64), FxMap<Box<[ItemTokens]>, Timed>>,
     /// Entries in the encode memo and `prefill_tail`; at most [`OPS_MEMO_MAX`].
     ops_entries: AtomicU64,
     /// The fused-MoE table of the GPU, for an MoE model.
@@ -584,19 +584,21 @@ impl KernelCost {
         self.ops_entries.fetch_add(1, Ordering::Relaxed) < OPS_MEMO_MAX as u64
     }
 
-    /// The GPU phase of an encode pass over `items` at `share`, memoised by
-    /// both (the same sum as [`KernelCost::price_all`] of its ops).
-    fn encode_seconds(&self, items: &[ItemTokens], share: f64) -> (f64, bool) {
-        let bits = share.to_bits();
+    /// The GPU phase of an encode pass over `items` at `share` on each of the
+    /// `tp` ranks of a TP `tp` encoder, memoised by all three (the same sum
+    /// as [`KernelCost::price_all`] of its ops,
+    /// [`easerve_model::ModelArch::encode_ops_tp`]).
+    fn encode_seconds(&self, items: &[ItemTokens], share: f64, tp: u32) -> (f64, bool) {
+        let key = (tp.max(1), share.to_bits());
         let hit = self
             .encode_memo
             .read()
             .ok()
-            .and_then(|m| m.get(&bits).and_then(|by| by.get(items)).copied());
+            .and_then(|m| m.get(&key).and_then(|by| by.get(items)).copied());
         if let Some(v) = hit {
             return v;
         }
-        let ops = self.model.encode_ops(items);
+        let ops = self.model.encode_ops_tp(items, tp);
         let (t, ext) = self.price_all(&ops, share, Phase::Encode);
         let tokens = items.iter().map(|i| i.encoder_tokens).sum();
         let v = (
@@ -605,7 +607,7 @@ impl KernelCost {
         );
         if self.ops_memo_has_room() {
             if let Ok(mut m) = self.encode_memo.write() {
-                m.entry(bits).or_default().insert(items.into(), v);
+                m.entry(key).or_default().insert(items.into(), v);
             }
         }
         v
@@ -808,11 +810,15 @@ impl KernelCost {
 }
 
 impl StageCost for KernelCost {
-    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+    /// The GPU phase from the split kernels of
+    /// [`easerve_model::ModelArch::encode_ops_tp`], its two all-reduces per
+    /// block from the tables' eager NCCL all-reduce (as prefill's); the
+    /// host terms as at TP 1 (rank 0 preprocesses and schedules the pass).
+    fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime {
         if items.is_empty() || self.model.encoder.is_none() {
             return EncodeTime::default();
         }
-        let (t_gpu, ext) = self.encode_seconds(items, sm_share);
+        let (t_gpu, ext) = self.encode_seconds(items, sm_share, tp);
         self.count_extrapolated(Phase::Encode, ext);
         EncodeTime {
             t_pass: self.terms.pass_s(items.len()),

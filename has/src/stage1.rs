@@ -237,7 +237,8 @@ pub fn stage1(
     rate: f64,
 ) -> (Capacities, Vec<Stage1Row>) {
     let typical = Typical::of_scenario(sc);
-    let caps = capacities(sc, cost, &typical);
+    // the search space's encode workers run at TP 1
+    let caps = capacities(sc, cost, &typical, 1);
     let rows = space
         .iter()
         .map(|fa| {

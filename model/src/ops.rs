@@ -601,7 +601,8 @@ fn omni_audio_stem_ops(
 
 impl ModelArch {
     /// The kernels of one encoder pass over a micro-batch of `items` on one GPU
-    /// (encoders run at TP 1): stem, `layers` transformer blocks, projector.
+    /// (TP 1): stem, `layers` transformer blocks, projector
+    /// ([`ModelArch::encode_ops_tp`] at TP 1).
     ///
     /// Per family:
     /// * CLIP anyres: each tile is a sequence of `attn_span` tokens (576 patches +
@@ -623,6 +624,17 @@ impl ModelArch {
     ///
     /// Empty when there is no encoder or no item.
     pub fn encode_ops(&self, items: &[ItemTokens]) -> Vec<Op> {
+        self.encode_ops_tp(items, 1)
+    }
+
+    /// The kernels of one rank of an encoder pass over `items` at TP `tp`
+    /// (Megatron-style, as the executor splits the LLaVA-NeXT CLIP tower,
+    /// [`crate::EncoderArch::executor_tp`]): each block's QKV and MLP-up
+    /// GEMMs split by columns (`n / tp`), its output and MLP-down GEMMs by
+    /// rows (`k / tp`), attention over `heads / tp` heads, the FFN-width
+    /// activations split; stem and projector whole on every rank; plus
+    /// [`ModelArch::encode_allreduce`]. `tp` ≤ 1 is the pass on one GPU.
+    pub fn encode_ops_tp(&self, items: &[ItemTokens], tp: u32) -> Vec<Op> {
         let Some(e) = self.encoder.as_ref() else {
             return Vec::new();
         };
@@ -633,20 +645,32 @@ impl ModelArch {
         let h = u64::from(e.hidden);
         let layers = e.layers;
         let rows: u64 = items.iter().map(|i| self.projector_rows(i)).sum();
-        let mut ops = Vec::with_capacity(12);
+        let tp = tp.max(1);
+        let k = u64::from(tp);
+        let mut ops = Vec::with_capacity(13);
         encoder_stem_ops(e, items, tokens, &mut ops);
-        let up = if e.gated_mlp {
-            2 * u64::from(e.ffn)
-        } else {
-            u64::from(e.ffn)
-        };
-        ops.push(gemm("qkv", tokens, 3 * h, h, layers));
-        ops.push(gemm("o", tokens, h, h, layers));
+        if tp > 1 {
+            // the stem's attention ops are the blocks': heads split
+            for op in &mut ops {
+                if let Op::Attention {
+                    heads, kv_heads, ..
+                } = op
+                {
+                    *heads = heads.div_ceil(tp);
+                    *kv_heads = kv_heads.div_ceil(tp);
+                }
+            }
+        }
+        let ffn = u64::from(e.ffn).div_ceil(k);
+        let up = if e.gated_mlp { 2 * ffn } else { ffn };
+        ops.push(gemm("qkv", tokens, (3 * h).div_ceil(k), h, layers));
+        ops.push(gemm("o", tokens, h, h.div_ceil(k), layers));
         ops.push(gemm("mlp_up", tokens, up, h, layers));
-        ops.push(gemm("mlp_down", tokens, h, u64::from(e.ffn), layers));
+        ops.push(gemm("mlp_down", tokens, h, ffn, layers));
+        ops.extend(self.encode_allreduce(items, tp));
         ops.push(Op::Memory {
             name: "norm_act_residual",
-            bytes: tokens as f64 * e.act_bytes_per_token_layer(),
+            bytes: tokens as f64 * e.act_bytes_per_token_layer_tp(tp),
             kernels: 4,
             count: layers,
         });
@@ -659,6 +683,21 @@ impl ModelArch {
             }
         }
         ops
+    }
+
+    /// The all-reduces of one encoder pass over `items` at TP `tp`: two per
+    /// block (after the attention output and the MLP down projection, the
+    /// row-parallel GEMMs) of `tokens × hidden` elements, as the LLM's
+    /// layers at TP > 1 ([`Op::AllReduce`]); `None` at TP ≤ 1 or without an
+    /// encoder or tokens.
+    pub fn encode_allreduce(&self, items: &[ItemTokens], tp: u32) -> Option<Op> {
+        let e = self.encoder.as_ref()?;
+        let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        (tp > 1 && tokens > 0).then(|| Op::AllReduce {
+            elements: tokens * u64::from(e.hidden),
+            tp,
+            count: 2 * e.layers,
+        })
     }
 
     /// Query and KV heads per rank at TP `tp` (KV heads replicated once `tp` exceeds them).

@@ -30,6 +30,7 @@ impl Profile {
     fn tables(&self) -> impl Iterator<Item = &Table> {
         self.encode
             .iter()
+            .chain(self.encode_tp.iter())
             .chain([&self.prefill, &self.decode])
             .chain(self.transfer.iter())
             .chain(self.all_reduce.iter())
@@ -74,8 +75,11 @@ fn stage_tp_axis(t: &Table) -> usize {
 impl StageCost for Profile {
     /// Encode: `batch = items.len()`, `encoder_tokens` = their mean; `t_gpu` is
     /// the table's `median − t_pass − t_pre` (all of `median` when the split is
-    /// unknown). Empty batches cost nothing.
-    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+    /// unknown). At TP > 1, from the `encode_tp` table's rows at that TP
+    /// (measured at the whole device: `t_gpu` scaled by the TP 1 table's
+    /// ratio at `sm_share` to the whole); a TP without rows is looked up in
+    /// the TP 1 table and counted in the notes. Empty batches cost nothing.
+    fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime {
         let Some(t) = self.encode.as_ref() else {
             return EncodeTime::default();
         };
@@ -83,13 +87,35 @@ impl StageCost for Profile {
             return EncodeTime::default();
         }
         let total: u64 = items.iter().map(|i| i.encoder_tokens).sum();
-        let per_item = (total as f64 / items.len() as f64).max(1.0);
-        let v = t.lookup(&[items.len() as f64, per_item, clamp_share(sm_share)]);
-        EncodeTime {
-            t_gpu: v[0],
-            t_pass: v[1],
-            t_pre: v[2],
+        let (batch, per_item) = (
+            items.len() as f64,
+            (total as f64 / items.len() as f64).max(1.0),
+        );
+        let at = |t: &super::Table, point: &[f64]| {
+            let v = t.lookup(point);
+            EncodeTime {
+                t_gpu: v[0],
+                t_pass: v[1],
+                t_pre: v[2],
+            }
+        };
+        let one = at(t, &[batch, per_item, clamp_share(sm_share)]);
+        if tp <= 1 {
+            return one;
         }
+        let rows = (self.encode_tp.as_ref()).filter(|e| e.axes()[0].contains(&f64::from(tp)));
+        let Some(e) = rows else {
+            self.encode_tp_fallbacks.add();
+            return one;
+        };
+        let mut v = at(e, &[f64::from(tp), batch, per_item]);
+        if clamp_share(sm_share) < 1.0 {
+            let whole = at(t, &[batch, per_item, 1.0]).t_gpu;
+            if whole > 0.0 {
+                v.t_gpu *= one.t_gpu / whole;
+            }
+        }
+        v
     }
 
     /// Prefill: looked up at the batch's total tokens and the worker's TP (a
@@ -159,6 +185,16 @@ impl StageCost for Profile {
             p.method,
             self.scalars_note
         )];
+        let encode_fell_back = self.encode_tp_fallbacks.take();
+        if encode_fell_back > 0 {
+            notes.push(format!(
+                "profile {}: {encode_fell_back} encode lookups at a TP > 1 the profile has no encode_tp rows for ({}) were priced as at TP 1 (measure them with `easerve profile --tp`)",
+                self.origin,
+                self.encode_tp
+                    .as_ref()
+                    .map_or("it has none".to_string(), |t| format!("TP rows: {:?}", t.axes()[0]))
+            ));
+        }
         let (fell_back, priced) = (self.tp_fallbacks.take(), self.tp_priced.take());
         if fell_back > 0 {
             notes.push(format!(

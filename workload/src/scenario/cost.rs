@@ -17,18 +17,6 @@ impl Scenario {
     /// read, or the GPU has tables but the data is absent, the roofline is used
     /// and its notes say why.
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
-        let cost = self.stage_cost();
-        match self.deployment.allocation.encode.tp {
-            tp if tp > 1 => PerStage::with_note(
-                cost,
-                format!("encode workers at TP {tp} are priced as at TP 1: the cost model has no tensor-parallel term for the encoder (the executor splits it by heads)"),
-            ),
-            _ => cost,
-        }
-    }
-
-    /// [`Scenario::cost`] before the note on encode workers at TP > 1.
-    fn stage_cost(&self) -> Box<dyn easerve_calib::StageCost> {
         use easerve_calib::{Efficiency, Roofline};
         if let Some(p) = &self.profile {
             return Box::new(p.clone());
@@ -248,12 +236,13 @@ impl PerStage {
 }
 
 impl easerve_calib::StageCost for PerStage {
-    fn encode(
+    fn encode_tp(
         &self,
         items: &[easerve_model::ItemTokens],
         sm_share: f64,
+        tp: u32,
     ) -> easerve_calib::EncodeTime {
-        self.stages[0].encode(items, sm_share)
+        self.stages[0].encode_tp(items, sm_share, tp)
     }
     fn preprocess(&self, items: &[easerve_model::ItemTokens]) -> f64 {
         self.stages[0].preprocess(items)
