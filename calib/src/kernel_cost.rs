@@ -1157,6 +1157,45 @@ mod tests {
         assert!(t.t_pre > 0.0 && t.t_pass == crate::preprocess::EASERVE_PASS_S);
     }
 
+    /// An encode worker at TP 2 (LLaVA-NeXT's CLIP tower on an H100, 4
+    /// images of 672 × 672): its pass is the sum of the split ops'
+    /// measured kernels, its all-reduces the tables' eager NCCL all-reduce
+    /// of `tokens × hidden` at TP 2, two per block, and it is faster than at
+    /// TP 1 (the blocks' GEMMs halve per rank; the all-reduces cost less).
+    #[test]
+    fn an_encoder_at_tp2_is_its_split_kernels_plus_two_all_reduces_per_block() {
+        let Some(c) = cost("llava-v1.6-34b", "h100-sxm", "easerve") else {
+            println!("SKIPPED: no aiconfigurator data (../shared/data/aiconfigurator)");
+            return;
+        };
+        let m = ModelArch::preset("llava-v1.6-34b").unwrap();
+        let e = m.encoder.as_ref().unwrap();
+        let items = vec![m.image_tokens(672, 672).unwrap(); 4];
+        let (one, two) = (c.encode(&items, 1.0), c.encode_tp(&items, 1.0, 2));
+        let ops = m.encode_ops_tp(&items, 2);
+        let (sum, _) = c.price_all(&ops, 1.0, Phase::Encode);
+        assert_eq!(two.t_gpu, sum);
+        let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        let (ar, _) = look(
+            &c.tables.allreduce_eager,
+            &[2.0, (tokens * u64::from(e.hidden)) as f64],
+        );
+        let priced: f64 = (ops.iter())
+            .filter(|o| matches!(o, Op::AllReduce { .. }))
+            .map(|o| c.price(o, 1.0, Phase::Encode).0)
+            .sum();
+        assert!(ar > 0.0);
+        assert!((priced - 2.0 * f64::from(e.layers) * ar).abs() < 1e-12 * priced);
+        println!(
+            "4 images 672x672 on h100-sxm: E(TP1) {:.2} ms, E(TP2) {:.2} ms ({:.2} ms all-reduce)",
+            one.t_gpu * 1e3,
+            two.t_gpu * 1e3,
+            priced * 1e3
+        );
+        assert!(two.t_gpu < one.t_gpu && two.t_gpu > one.t_gpu / 2.0);
+        assert_eq!((two.t_pass, two.t_pre), (one.t_pass, one.t_pre));
+    }
+
     /// The launch floor (`crate::launch`): a small eager encode pass costs its
     /// launches × the per-launch cost, not its kernels; graphed it is its
     /// kernels; a large pass is its kernels either way. vLLM's graphed decode

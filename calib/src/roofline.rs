@@ -523,6 +523,31 @@ mod tests {
         }
     }
 
+    /// An encode worker at TP 2 on an H100 (LLaVA-NeXT's CLIP tower, 4
+    /// images of 672 × 672): the roofline of one rank's share of the pass
+    /// plus two ring all-reduces per block over the H100's NVLink, faster
+    /// than TP 1.
+    #[test]
+    fn an_encoder_at_tp2_is_one_ranks_roofline_plus_its_all_reduces() {
+        let r = roof("llava-v1.6-34b", "h100-sxm");
+        let m = &r.model;
+        let e = m.encoder.as_ref().unwrap();
+        let items = vec![m.image_tokens(672, 672).unwrap(); 4];
+        let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        let (one, two) = (r.encode(&items, 1.0), r.encode_tp(&items, 1.0, 2));
+        let usable = (tokens as f64 / r.eff.tokens_to_fill_gpu).min(1.0);
+        let body = r.roofline_time(
+            m.encode_work_tp(&items, 2),
+            usable,
+            r.gemm_eff(tokens as f64, 2),
+        ) + f64::from(e.layers) * r.eff.layer_overhead_s;
+        let bytes = (tokens * u64::from(e.hidden)) as f64 * f64::from(e.dtype_bytes);
+        let ar = 2.0 * f64::from(e.layers) * r.allreduce(bytes, 2);
+        assert!(ar > 0.0);
+        assert!((two.t_gpu - body - ar).abs() < 1e-12 * two.t_gpu);
+        assert!(two.t_gpu < one.t_gpu, "{} vs {}", two.t_gpu, one.t_gpu);
+    }
+
     #[test]
     fn allreduce_is_zero_at_tp1_and_ring_shaped() {
         let r = roof("llava-v1.6-34b", "rtx-6000-ada");

@@ -1051,6 +1051,73 @@ mod tests {
         }
     }
 
+    /// At TP 2 the LLaVA-NeXT CLIP tower's blocks run half their GEMM work
+    /// per rank, by the split shapes (QKV and MLP-up by columns, out and
+    /// down by rows), attention over half the heads, the stem and projector
+    /// whole, plus two all-reduces of `tokens × hidden` per block.
+    #[test]
+    fn an_encoder_at_tp2_splits_its_blocks_and_all_reduces_twice_per_block() {
+        let a = m("llava-v1.6-34b");
+        let e = a.encoder.as_ref().unwrap();
+        let item = a.image_tokens(672, 672).unwrap();
+        let items = [item; 4];
+        let (one, two) = (a.encode_ops(&items), a.encode_ops_tp(&items, 2));
+        let tokens = 4 * item.encoder_tokens;
+        let h = u64::from(e.hidden);
+        let shape = |ops: &[Op], want: &str| {
+            ops.iter()
+                .find_map(|o| match *o {
+                    Op::Gemm { name, m, n, k, .. } if name == want => Some((m, n, k)),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let f = u64::from(e.ffn);
+        assert_eq!(shape(&two, "qkv"), (tokens, 3 * h / 2, h));
+        assert_eq!(shape(&two, "o"), (tokens, h, h / 2));
+        assert_eq!(shape(&two, "mlp_up"), (tokens, f / 2, h));
+        assert_eq!(shape(&two, "mlp_down"), (tokens, h, f / 2));
+        for name in ["patch_embed", "projector_fc1"] {
+            assert_eq!(shape(&two, name), shape(&one, name), "{name}");
+        }
+        // the blocks' MACs halve; the stem's and projector's stay
+        let blocks = f64::from(e.layers) * e.layer_params() * tokens as f64;
+        let (m1, m2) = (gemm_macs(&one), gemm_macs(&two));
+        assert!(
+            (m1 - m2 - blocks / 2.0).abs() < 1e-9 * m1,
+            "{m1} {m2} {blocks}"
+        );
+        let heads = |ops: &[Op]| {
+            ops.iter()
+                .find_map(|o| match *o {
+                    Op::Attention { heads, .. } => Some(heads),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        assert_eq!(heads(&two) * 2, heads(&one));
+        let ar: Vec<_> = two
+            .iter()
+            .filter(|o| matches!(o, Op::AllReduce { .. }))
+            .collect();
+        assert_eq!(
+            ar,
+            [&Op::AllReduce {
+                elements: tokens * h,
+                tp: 2,
+                count: 2 * e.layers
+            }]
+        );
+        assert!(!one.iter().any(|o| matches!(o, Op::AllReduce { .. })));
+        // the work of one rank agrees: blocks' FLOPs and weights halved
+        let (w1, w2) = (a.encode_work(&items), a.encode_work_tp(&items, 2));
+        let weights = f64::from(e.layers) * e.layer_params() * f64::from(e.dtype_bytes);
+        assert!((w1.bytes - w2.bytes - weights / 2.0) > 0.0);
+        let attn = 4.0 * (h * tokens * item.attn_span) as f64 * f64::from(e.layers);
+        let halved = (2.0 * blocks + attn) / 2.0;
+        assert!((w1.flops - w2.flops - halved).abs() < 1e-9 * w1.flops);
+    }
+
     #[test]
     fn clip_tiles_are_sequences_of_577() {
         let a = m("llava-v1.6-34b");

@@ -367,6 +367,67 @@ mod tests {
         }
     }
 
+    /// An encode worker at TP 2 is looked up in the `encode_tp` rows at TP 2
+    /// (its GPU phase at a share below 1 scaled as the TP 1 table scales);
+    /// a TP without rows, or a profile without the table, is priced as at
+    /// TP 1 and the notes say so; rows at TP 1 are refused; the table
+    /// survives a write and a read.
+    #[test]
+    fn encode_is_looked_up_at_the_workers_tp_or_falls_back_with_a_note() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/profiles/tiny-image.cpu.toml"
+        );
+        let p = Profile::load(path).unwrap();
+        let row = |b: f64, n: f64, m: f64| vec![2.0, b, n, m, m * 1.1, 0.0, 1e-3 * b];
+        let rows = vec![
+            row(1.0, 195.0, 0.010),
+            row(1.0, 325.0, 0.012),
+            row(2.0, 195.0, 0.018),
+            row(2.0, 325.0, 0.024),
+        ];
+        let q = p.clone().with_encode_tp(rows.clone()).unwrap();
+        let text = q.to_toml_string();
+        assert!(text.contains("\n[encode_tp]\n"), "{text}");
+        let back =
+            Profile::from_toml_str_with_devices(&text, "x", &["cpu".into()], &["loopback".into()])
+                .unwrap();
+        assert_eq!(back.to_toml_string(), text);
+        let item = ItemTokens {
+            encoder_tokens: 195,
+            llm_tokens: 144,
+            attn_span: 65,
+        };
+        let two = q.encode_tp(&[item; 2], 1.0, 2);
+        assert!(rel(two.t_gpu, 0.018 - 2e-3) < 1e-12, "{two:?}");
+        assert!(rel(two.t_pre, 2e-3) < 1e-12 && two.t_pass == 0.0);
+        let ratio = p.encode(&[item; 2], 0.5).t_gpu / p.encode(&[item; 2], 1.0).t_gpu;
+        let half = q.encode_tp(&[item; 2], 0.5, 2).t_gpu;
+        assert!(rel(half, two.t_gpu * ratio) < 1e-12, "{half}");
+        assert!(q.notes().iter().all(|n| !n.contains("priced as at TP 1")));
+        // TP 4 has no rows: the TP 1 table, and a note
+        assert_eq!(q.encode_tp(&[item], 1.0, 4), q.encode(&[item], 1.0));
+        let notes = q.notes();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("1 encode lookups at a TP > 1")
+                    && n.contains("TP rows: [2.0]")
+                    && n.contains("priced as at TP 1")),
+            "{notes:?}"
+        );
+        // a profile without the table: TP 1's figures, and a note
+        assert_eq!(p.encode_tp(&[item], 1.0, 2), p.encode(&[item], 1.0));
+        assert!(p.notes().iter().any(|n| n.contains("it has none")));
+        // rows at TP 1 belong in [encode]
+        let mut at1 = rows;
+        for r in &mut at1 {
+            r[0] = 1.0;
+        }
+        let e = p.with_encode_tp(at1).unwrap_err().to_string();
+        assert!(e.contains("encode_tp") && e.contains("tp = 1"), "{e}");
+    }
+
     /// A measured profile with TP 1 stage rows and an all-reduce table at
     /// TP 2: a TP 2 lookup is the TP 1 row plus two all-reduces per layer of
     /// `rows × hidden × 4` bytes from the table, and the notes say so; the
