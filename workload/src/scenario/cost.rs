@@ -15,8 +15,28 @@ impl Scenario {
     /// system's own framework and measured preprocessing terms
     /// ([`easerve_calib::preprocess::EncodeTerms`]). When the tables cannot be
     /// read, or the GPU has tables but the data is absent, the roofline is used
-    /// and its notes say why.
+    /// and its notes say why. Encode workers at TP > 1 are priced at their
+    /// TP ([`easerve_calib::StageCost::encode_tp`]); without a profile a
+    /// note names the term and where its all-reduces come from.
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
+        let cost = self.source_cost();
+        let tp = self.deployment.allocation.encode.tp;
+        if tp <= 1 || self.profile.is_some() {
+            return cost;
+        }
+        let source = match self.kernel_cost() {
+            _ if self.cluster.is_some() => "the encode group's cost source (aiconfigurator's custom all-reduce table where it has data, else its link spec)".to_string(),
+            Some(Ok(_)) => "aiconfigurator's vLLM custom all-reduce table (custom_allreduce_perf, vllm_eager: the prefill all-reduce's source)".to_string(),
+            _ => format!("a ring all-reduce over the {} link spec (as the roofline's LLM TP)", self.gpu.link.name),
+        };
+        PerStage::with_note(
+            cost,
+            format!("encode workers at TP {tp}: each block's GEMMs split over the {tp} GPUs (QKV and MLP up by columns, out and down by rows), attention over 1/{tp} of the heads, stem and projector whole, plus two all-reduces per block of tokens × hidden × dtype bytes from {source}"),
+        )
+    }
+
+    /// [`Scenario::cost`] before the note on encode workers at TP > 1.
+    fn source_cost(&self) -> Box<dyn easerve_calib::StageCost> {
         use easerve_calib::{Efficiency, Roofline};
         if let Some(p) = &self.profile {
             return Box::new(p.clone());
