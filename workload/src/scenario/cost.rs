@@ -24,10 +24,15 @@ impl Scenario {
         if tp <= 1 || self.profile.is_some() {
             return cost;
         }
-        let source = match self.kernel_cost() {
-            _ if self.cluster.is_some() => "the encode group's cost source (aiconfigurator's custom all-reduce table where it has data, else its link spec)".to_string(),
-            Some(Ok(_)) => "aiconfigurator's vLLM custom all-reduce table (custom_allreduce_perf, vllm_eager: the prefill all-reduce's source)".to_string(),
-            _ => format!("a ring all-reduce over the {} link spec (as the roofline's LLM TP)", self.gpu.link.name),
+        let source = if self.cluster.is_some() {
+            "the encode group's cost source (aiconfigurator's custom all-reduce table where it has data, else its link spec)".to_string()
+        } else if matches!(self.kernel_cost(), Some(Ok(_))) {
+            "aiconfigurator's vLLM custom all-reduce table (custom_allreduce_perf, vllm_eager: the prefill all-reduce's source)".to_string()
+        } else {
+            format!(
+                "a ring all-reduce over the {} link spec (as the roofline's LLM TP)",
+                self.gpu.link.name
+            )
         };
         PerStage::with_note(
             cost,
