@@ -21,12 +21,11 @@ impl Scenario {
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
         let cost = self.source_cost();
         let tp = self.deployment.allocation.encode.tp;
-        if tp <= 1 || self.profile.is_some() {
+        // a cluster's encode group prices its own (the note is its)
+        if tp <= 1 || self.profile.is_some() || self.cluster.is_some() {
             return cost;
         }
-        let source = if self.cluster.is_some() {
-            "the encode group's cost source (aiconfigurator's custom all-reduce table where it has data, else its link spec)".to_string()
-        } else if matches!(self.kernel_cost(), Some(Ok(_))) {
+        let source = if matches!(self.kernel_cost(), Some(Ok(_))) {
             "aiconfigurator's vLLM custom all-reduce table (custom_allreduce_perf, vllm_eager: the prefill all-reduce's source)".to_string()
         } else {
             format!(
