@@ -83,6 +83,8 @@ type Timed = (f64, bool);
 
 /// `(Parallel::key, SM share bits, sequences, RMS length)` of a prefill batch.
 type TailKey = (u32, u64, u64, u64);
+/// Encode passes by their items.
+type ByItems = FxMap<Box<[ItemTokens]>, Timed>;
 
 /// Dense memo rows: seconds and whether a lookup extrapolated, by a key and
 /// then an index (`NaN` seconds where not priced yet); at most
@@ -152,8 +154,8 @@ pub struct KernelCost {
     /// extrapolated) by `(tp, SM share bits, sequences, RMS length)`.
     prefill_tail: Memo<TailKey, (f64, f64, bool)>,
     /// Priced encode GPU phases (seconds, whether a lookup left its table) by
-    /// SM share (its bits), then by the pass's items.
-    encode_memo: Memo<(u32, u64), FxMap<Box<[ItemTokens]>, Timed>>,
+    /// `(tp, SM share bits)`, then by the pass's items.
+    encode_memo: Memo<(u32, u64), ByItems>,
     /// Entries in the encode memo and `prefill_tail`; at most [`OPS_MEMO_MAX`].
     ops_entries: AtomicU64,
     /// The fused-MoE table of the GPU, for an MoE model.
