@@ -1166,8 +1166,8 @@ mod tests {
     /// TP 1 (the blocks' GEMMs halve per rank; the all-reduces cost less).
     #[test]
     fn an_encoder_at_tp2_is_its_split_kernels_plus_two_all_reduces_per_block() {
+        // without the data, `data()` prints SKIPPED
         let Some(c) = cost("llava-v1.6-34b", "h100-sxm", "easerve") else {
-            println!("SKIPPED: no aiconfigurator data (../shared/data/aiconfigurator)");
             return;
         };
         let m = ModelArch::preset("llava-v1.6-34b").unwrap();
