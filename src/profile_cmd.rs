@@ -54,8 +54,10 @@ pub(crate) struct ProfileArgs {
     quick: bool,
     /// Tensor-parallel degrees of the prefill and decode tables (cpu; comma
     /// separated, e.g. `1,2,4`; 1 is always measured): each TP k > 1 times a
-    /// TP k worker's rank processes and the all-reduce among k ranks. Each
-    /// degree must split the model's heads.
+    /// TP k worker's rank processes and the all-reduce among k ranks, and,
+    /// where the encoder splits at k (LLaVA-NeXT's CLIP tower), an encode
+    /// worker's (the `encode_tp` table). Each degree must split the model's
+    /// heads.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     tp: Vec<usize>,
     /// Internal: measure one CPU thread level in this process.

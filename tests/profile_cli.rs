@@ -72,9 +72,11 @@ fn quick_cpu_profile_is_read_back_and_simulated() {
         "{err}"
     );
 }
-/// `--tp 2` (quick grid, one timed run; about 10 s in a debug build on 2
+/// `--tp 2` (quick grid, one timed run; about 12 s in a debug build on 2
 /// cores): prefill and decode rows at TP 1 and 2 from a TP 2 worker's rank
-/// processes, and the all-reduce table at TP 2.
+/// processes, the all-reduce table at TP 2, and the encode rows at TP 2
+/// (tiny-image's CLIP tower splits), which the simulator looks an E(TP2)
+/// worker up in; a profile without them prices it as at TP 1 and says so.
 #[test]
 fn quick_cpu_profile_at_tp2_has_tp_rows_and_the_all_reduce() {
     let _timed = crate::timed();
@@ -105,6 +107,38 @@ fn quick_cpu_profile_at_tp2_has_tp_rows_and_the_all_reduce() {
     for r in p.prefill_table().rows().iter().chain(ar.rows()) {
         assert!(r.iter().all(|x| x.is_finite() && *x > 0.0), "{r:?}");
     }
+    let enc = p.encode_tp_table().expect("an encode_tp table");
+    assert_eq!(enc.axes()[0], vec![2.0]);
+    assert_eq!(enc.rows().len(), 2 * 2, "2 batches x 2 sizes");
+    for r in enc.rows() {
+        assert!(r[3] > 0.0 && r[4] >= r[3] && r[6] <= r[3], "{r:?}");
+    }
+    let sc = root().join("scenarios/cpu-image-tp2.toml");
+    let notes = |profile: &str| {
+        let r = crate::sim_json(
+            &sc,
+            &[
+                "--profile",
+                profile,
+                "--allocation",
+                "1E(TP2)+1P(TP1)+1D(TP2)",
+                "--offload",
+                "1",
+                "--requests",
+                "6",
+            ],
+        );
+        assert_eq!(r["completed"].as_u64(), Some(6), "{r}");
+        r["notes"].to_string()
+    };
+    let measured = notes(out.to_str().unwrap());
+    assert!(!measured.contains("priced as at TP 1"), "{measured}");
+    let shipped = root().join("scenarios/profiles/tiny-image-tp.cpu.toml");
+    let without = notes(shipped.to_str().unwrap());
+    assert!(
+        without.contains("encode lookups at a TP > 1") && without.contains("priced as at TP 1"),
+        "{without}"
+    );
 }
 
 #[test]

@@ -13,8 +13,17 @@ use easerve_model::{ItemTokens, Parallel};
 /// a pass runs on; `par` the worker's layout over its GPUs (TP, and EP for an
 /// MoE model; a `u32` TP degree converts with `.into()`).
 pub trait StageCost: Send + Sync {
-    /// One encode pass over a micro-batch of items, split into its terms.
-    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime;
+    /// One encode pass over a micro-batch of items on one GPU (TP 1), split
+    /// into its terms: [`StageCost::encode_tp`] at TP 1.
+    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+        self.encode_tp(items, sm_share, 1)
+    }
+    /// One encode pass over a micro-batch of items on an encode worker at TP
+    /// `tp` (the pass split Megatron-style over `tp` GPUs, as the executor
+    /// splits the encoders of `EncoderArch::executor_tp`), split into its
+    /// terms. A source without a tensor-parallel term for the encoder
+    /// prices it as at TP 1 and its notes say so.
+    fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime;
     /// Host seconds, on one thread, to preprocess `items`: the `t_pre` of
     /// [`StageCost::encode`], which a pipelined preprocessing stage charges
     /// item by item on the encode worker's threads instead of in the pass.

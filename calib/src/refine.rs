@@ -234,8 +234,10 @@ pub fn scale_stage(
             .ok_or_else(|| err("the profile has no encode table".into()))?,
         Stage::Prefill => profile.prefill_table(),
         Stage::Decode => profile.decode_table(),
-        Stage::Transfer | Stage::AllReduce => {
-            return Err(err("transfer and all-reduce tables are not refined".into()))
+        Stage::Transfer | Stage::AllReduce | Stage::EncodeTp => {
+            return Err(err(
+                "transfer, all-reduce and encode_tp tables are not refined".into(),
+            ))
         }
     };
     let na = stage.axes().len();

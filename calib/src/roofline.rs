@@ -144,8 +144,21 @@ impl Roofline {
     /// 1/share. `t_pass` and `t_pre` come from [`Roofline::terms`] when set, else
     /// `t_pass = encode_pass_s` and
     /// `t_pre = Σ (preprocess_item_s + encoder_tokens * preprocess_per_token_s)`.
-    /// An empty batch or a model without encoder costs nothing.
+    /// An empty batch or a model without encoder costs nothing. This is
+    /// [`Roofline::encode_tp`] at TP 1.
     pub fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+        self.encode_tp(items, sm_share, 1)
+    }
+
+    /// [`Roofline::encode`] on an encode worker at TP `tp`: the roofline of
+    /// one rank's share of the pass
+    /// ([`easerve_model::ModelArch::encode_work_tp`]: the blocks split, stem
+    /// and projector whole) at the GEMM efficiency of TP `tp`, plus the pass's
+    /// all-reduces ([`easerve_model::ModelArch::encode_allreduce`]: two per
+    /// block of `tokens × hidden × dtype_bytes`), each a ring all-reduce over
+    /// the GPU's link ([`Roofline::allreduce`], as the LLM's). The host terms
+    /// are as at TP 1.
+    pub fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime {
         let Some(enc) = self.model.encoder.as_ref() else {
             return EncodeTime::default();
         };
@@ -155,8 +168,18 @@ impl Roofline {
         let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
         let fill = (tokens as f64 / self.eff.tokens_to_fill_gpu).min(1.0);
         let usable = clamp_share(sm_share).min(fill.max(MIN_SM_SHARE));
-        let work = self.model.encode_work(items);
-        let t_gpu = self.roofline_time(work, usable, self.gemm_eff(tokens as f64, 1))
+        let tp = tp.max(1);
+        let work = self.model.encode_work_tp(items, tp);
+        let allreduce = match self.model.encode_allreduce(items, tp) {
+            Some(easerve_model::Op::AllReduce {
+                elements, count, ..
+            }) => {
+                f64::from(count) * self.allreduce(elements as f64 * f64::from(enc.dtype_bytes), tp)
+            }
+            _ => 0.0,
+        };
+        let t_gpu = self.roofline_time(work, usable, self.gemm_eff(tokens as f64, tp))
+            + allreduce
             + f64::from(enc.layers) * self.eff.layer_overhead_s;
         let (t_pass, t_pre) = match &self.terms {
             Some(t) => (t.pass_s(items.len()), t.pre_s(&self.model, items)),
@@ -313,8 +336,8 @@ struct LlmPassTerms {
 }
 
 impl crate::StageCost for Roofline {
-    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
-        Roofline::encode(self, items, sm_share)
+    fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime {
+        Roofline::encode_tp(self, items, sm_share, tp)
     }
     fn prefill(&self, seq_lens: &[u64], par: Parallel, sm_share: f64) -> f64 {
         Roofline::prefill(self, seq_lens, par, sm_share)
@@ -498,6 +521,37 @@ mod tests {
                 .collect();
             assert_eq!(run, one_by_one, "batch {batch}, TP{tp}");
         }
+    }
+
+    /// An encode worker at TP 2 on an H100 (LLaVA-NeXT's CLIP tower, 4
+    /// images of 672 × 672): the roofline of one rank's share of the pass
+    /// plus two ring all-reduces per block over the H100's NVLink, faster
+    /// than TP 1.
+    #[test]
+    fn an_encoder_at_tp2_is_one_ranks_roofline_plus_its_all_reduces() {
+        let r = roof("llava-v1.6-34b", "h100-sxm");
+        let m = &r.model;
+        let e = m.encoder.as_ref().unwrap();
+        let items = vec![m.image_tokens(672, 672).unwrap(); 4];
+        let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        let (one, two) = (r.encode(&items, 1.0), r.encode_tp(&items, 1.0, 2));
+        let usable = (tokens as f64 / r.eff.tokens_to_fill_gpu).min(1.0);
+        let body = r.roofline_time(
+            m.encode_work_tp(&items, 2),
+            usable,
+            r.gemm_eff(tokens as f64, 2),
+        ) + f64::from(e.layers) * r.eff.layer_overhead_s;
+        let bytes = (tokens * u64::from(e.hidden)) as f64 * f64::from(e.dtype_bytes);
+        let ar = 2.0 * f64::from(e.layers) * r.allreduce(bytes, 2);
+        assert!(ar > 0.0);
+        assert!((two.t_gpu - body - ar).abs() < 1e-12 * two.t_gpu);
+        println!(
+            "roofline, 4 images 672x672 on h100-sxm: E(TP1) {:.2} ms, E(TP2) {:.2} ms ({:.2} ms all-reduce)",
+            one.t_gpu * 1e3,
+            two.t_gpu * 1e3,
+            ar * 1e3
+        );
+        assert!(two.t_gpu < one.t_gpu, "{} vs {}", two.t_gpu, one.t_gpu);
     }
 
     #[test]

@@ -249,7 +249,8 @@ pub fn stage1(
     rate: f64,
 ) -> (Capacities, Vec<Stage1Row>) {
     let typical = Typical::of_scenario(sc);
-    let caps = capacities(sc, cost, &typical);
+    // the search space's encode workers run at TP 1
+    let caps = capacities(sc, cost, &typical, 1);
     let own = crate::space::stage_assignments(&sc.raw).into_iter().next();
     let mut rows = Vec::with_capacity(space.len());
     let mut start = 0;
@@ -271,7 +272,7 @@ pub fn stage1(
             continue;
         };
         let other_cost = other.cost();
-        let other_caps = capacities(&other, other_cost.as_ref(), &typical);
+        let other_caps = capacities(&other, other_cost.as_ref(), &typical, 1);
         rows.extend(assess_all(
             &other,
             other_cost.as_ref(),

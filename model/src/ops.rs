@@ -601,7 +601,8 @@ fn omni_audio_stem_ops(
 
 impl ModelArch {
     /// The kernels of one encoder pass over a micro-batch of `items` on one GPU
-    /// (encoders run at TP 1): stem, `layers` transformer blocks, projector.
+    /// (TP 1): stem, `layers` transformer blocks, projector
+    /// ([`ModelArch::encode_ops_tp`] at TP 1).
     ///
     /// Per family:
     /// * CLIP anyres: each tile is a sequence of `attn_span` tokens (576 patches +
@@ -623,6 +624,17 @@ impl ModelArch {
     ///
     /// Empty when there is no encoder or no item.
     pub fn encode_ops(&self, items: &[ItemTokens]) -> Vec<Op> {
+        self.encode_ops_tp(items, 1)
+    }
+
+    /// The kernels of one rank of an encoder pass over `items` at TP `tp`
+    /// (Megatron-style, as the executor splits the LLaVA-NeXT CLIP tower,
+    /// [`crate::EncoderArch::executor_tp`]): each block's QKV and MLP-up
+    /// GEMMs split by columns (`n / tp`), its output and MLP-down GEMMs by
+    /// rows (`k / tp`), attention over `heads / tp` heads, the FFN-width
+    /// activations split; stem and projector whole on every rank; plus
+    /// [`ModelArch::encode_allreduce`]. `tp` ≤ 1 is the pass on one GPU.
+    pub fn encode_ops_tp(&self, items: &[ItemTokens], tp: u32) -> Vec<Op> {
         let Some(e) = self.encoder.as_ref() else {
             return Vec::new();
         };
@@ -633,20 +645,32 @@ impl ModelArch {
         let h = u64::from(e.hidden);
         let layers = e.layers;
         let rows: u64 = items.iter().map(|i| self.projector_rows(i)).sum();
-        let mut ops = Vec::with_capacity(12);
+        let tp = tp.max(1);
+        let k = u64::from(tp);
+        let mut ops = Vec::with_capacity(13);
         encoder_stem_ops(e, items, tokens, &mut ops);
-        let up = if e.gated_mlp {
-            2 * u64::from(e.ffn)
-        } else {
-            u64::from(e.ffn)
-        };
-        ops.push(gemm("qkv", tokens, 3 * h, h, layers));
-        ops.push(gemm("o", tokens, h, h, layers));
+        if tp > 1 {
+            // the stem's attention ops are the blocks': heads split
+            for op in &mut ops {
+                if let Op::Attention {
+                    heads, kv_heads, ..
+                } = op
+                {
+                    *heads = heads.div_ceil(tp);
+                    *kv_heads = kv_heads.div_ceil(tp);
+                }
+            }
+        }
+        let ffn = u64::from(e.ffn).div_ceil(k);
+        let up = if e.gated_mlp { 2 * ffn } else { ffn };
+        ops.push(gemm("qkv", tokens, (3 * h).div_ceil(k), h, layers));
+        ops.push(gemm("o", tokens, h, h.div_ceil(k), layers));
         ops.push(gemm("mlp_up", tokens, up, h, layers));
-        ops.push(gemm("mlp_down", tokens, h, u64::from(e.ffn), layers));
+        ops.push(gemm("mlp_down", tokens, h, ffn, layers));
+        ops.extend(self.encode_allreduce(items, tp));
         ops.push(Op::Memory {
             name: "norm_act_residual",
-            bytes: tokens as f64 * e.act_bytes_per_token_layer(),
+            bytes: tokens as f64 * e.act_bytes_per_token_layer_tp(tp),
             kernels: 4,
             count: layers,
         });
@@ -659,6 +683,21 @@ impl ModelArch {
             }
         }
         ops
+    }
+
+    /// The all-reduces of one encoder pass over `items` at TP `tp`: two per
+    /// block (after the attention output and the MLP down projection, the
+    /// row-parallel GEMMs) of `tokens × hidden` elements, as the LLM's
+    /// layers at TP > 1 ([`Op::AllReduce`]); `None` at TP ≤ 1 or without an
+    /// encoder or tokens.
+    pub fn encode_allreduce(&self, items: &[ItemTokens], tp: u32) -> Option<Op> {
+        let e = self.encoder.as_ref()?;
+        let tokens: u64 = items.iter().map(|i| i.encoder_tokens).sum();
+        (tp > 1 && tokens > 0).then(|| Op::AllReduce {
+            elements: tokens * u64::from(e.hidden),
+            tp,
+            count: 2 * e.layers,
+        })
     }
 
     /// Query and KV heads per rank at TP `tp` (KV heads replicated once `tp` exceeds them).
@@ -1010,6 +1049,73 @@ mod tests {
             // CLIP's stem skips the CLS token of each tile (1 in 577)
             assert!((got - want).abs() < 3e-3 * want, "{name}: {got} vs {want}");
         }
+    }
+
+    /// At TP 2 the LLaVA-NeXT CLIP tower's blocks run half their GEMM work
+    /// per rank, by the split shapes (QKV and MLP-up by columns, out and
+    /// down by rows), attention over half the heads, the stem and projector
+    /// whole, plus two all-reduces of `tokens × hidden` per block.
+    #[test]
+    fn an_encoder_at_tp2_splits_its_blocks_and_all_reduces_twice_per_block() {
+        let a = m("llava-v1.6-34b");
+        let e = a.encoder.as_ref().unwrap();
+        let item = a.image_tokens(672, 672).unwrap();
+        let items = [item; 4];
+        let (one, two) = (a.encode_ops(&items), a.encode_ops_tp(&items, 2));
+        let tokens = 4 * item.encoder_tokens;
+        let h = u64::from(e.hidden);
+        let shape = |ops: &[Op], want: &str| {
+            ops.iter()
+                .find_map(|o| match *o {
+                    Op::Gemm { name, m, n, k, .. } if name == want => Some((m, n, k)),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let f = u64::from(e.ffn);
+        assert_eq!(shape(&two, "qkv"), (tokens, 3 * h / 2, h));
+        assert_eq!(shape(&two, "o"), (tokens, h, h / 2));
+        assert_eq!(shape(&two, "mlp_up"), (tokens, f / 2, h));
+        assert_eq!(shape(&two, "mlp_down"), (tokens, h, f / 2));
+        for name in ["patch_embed", "projector_fc1"] {
+            assert_eq!(shape(&two, name), shape(&one, name), "{name}");
+        }
+        // the blocks' MACs halve; the stem's and projector's stay
+        let blocks = f64::from(e.layers) * e.layer_params() * tokens as f64;
+        let (m1, m2) = (gemm_macs(&one), gemm_macs(&two));
+        assert!(
+            (m1 - m2 - blocks / 2.0).abs() < 1e-9 * m1,
+            "{m1} {m2} {blocks}"
+        );
+        let heads = |ops: &[Op]| {
+            ops.iter()
+                .find_map(|o| match *o {
+                    Op::Attention { heads, .. } => Some(heads),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        assert_eq!(heads(&two) * 2, heads(&one));
+        let ar: Vec<_> = two
+            .iter()
+            .filter(|o| matches!(o, Op::AllReduce { .. }))
+            .collect();
+        assert_eq!(
+            ar,
+            [&Op::AllReduce {
+                elements: tokens * h,
+                tp: 2,
+                count: 2 * e.layers
+            }]
+        );
+        assert!(!one.iter().any(|o| matches!(o, Op::AllReduce { .. })));
+        // the work of one rank agrees: blocks' FLOPs and weights halved
+        let (w1, w2) = (a.encode_work(&items), a.encode_work_tp(&items, 2));
+        let weights = f64::from(e.layers) * e.layer_params() * f64::from(e.dtype_bytes);
+        assert!((w1.bytes - w2.bytes - weights / 2.0) > 0.0);
+        let attn = 4.0 * (h * tokens * item.attn_span) as f64 * f64::from(e.layers);
+        let halved = (2.0 * blocks + attn) / 2.0;
+        assert!((w1.flops - w2.flops - halved).abs() < 1e-9 * w1.flops);
     }
 
     #[test]

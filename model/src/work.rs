@@ -69,14 +69,19 @@ pub const ACT_FFN_RW_GATED: f64 = 6.0;
 pub const ACT_FFN_RW_PLAIN: f64 = 2.0;
 
 impl EncoderArch {
-    /// Activation bytes one token moves through one block (see [`ACT_HIDDEN_RW`]).
-    pub(crate) fn act_bytes_per_token_layer(&self) -> f64 {
+    /// Activation bytes one token moves through one block (see
+    /// [`ACT_HIDDEN_RW`]) on one rank of a TP `tp` encoder (1: the whole
+    /// block): the hidden-width activations (norms, residuals, the
+    /// all-reduced projections' outputs) whole on every rank, the MLP's
+    /// FFN-width ones split over the ranks.
+    pub(crate) fn act_bytes_per_token_layer_tp(&self, tp: u32) -> f64 {
         let ffn_rw = if self.gated_mlp {
             ACT_FFN_RW_GATED
         } else {
             ACT_FFN_RW_PLAIN
         };
-        (ACT_HIDDEN_RW * f64::from(self.hidden) + ffn_rw * f64::from(self.ffn))
+        (ACT_HIDDEN_RW * f64::from(self.hidden)
+            + ffn_rw * f64::from(self.ffn) / f64::from(tp.max(1)))
             * f64::from(self.dtype_bytes)
     }
 }
@@ -113,6 +118,17 @@ impl ModelArch {
     /// One 672x672 LLaVA image: 2885 tokens -> 2.25 TFLOP (1.75 linear, 0.16 attention,
     /// 0.34 projector over 5*576 rows); 8 of them 18 TFLOP.
     pub fn encode_work(&self, items: &[ItemTokens]) -> Work {
+        self.encode_work_tp(items, 1)
+    }
+
+    /// [`ModelArch::encode_work`] on one rank of an encoder at TP `tp`
+    /// (Megatron-style, as [`crate::EncoderArch::executor_tp`] splits it):
+    /// the blocks' linear and attention FLOPs, their weights and their
+    /// FFN-width activations over `tp`; the stem, the projector, the
+    /// hidden-width activations and the embeddings out whole on every rank.
+    /// The all-reduces are not work: [`ModelArch::encode_allreduce`] names
+    /// them. `tp` ≤ 1 is [`ModelArch::encode_work`].
+    pub fn encode_work_tp(&self, items: &[ItemTokens], tp: u32) -> Work {
         let Some(enc) = self.encoder.as_ref() else {
             return Work::default();
         };
@@ -136,19 +152,21 @@ impl ModelArch {
             }
             _ => (layers, 0.0, 0),
         };
+        let k = f64::from(tp.max(1));
+        let block_weights = layers * enc.layer_params() * dtype;
         let mut w = Work {
             flops: 0.0,
-            bytes: self.encoder_weight_bytes(),
+            bytes: self.encoder_weight_bytes() - block_weights * (1.0 - 1.0 / k),
         };
         for it in items {
             let n = it.encoder_tokens as f64;
             let span = it.attn_span as f64;
             let win_span = it.attn_span.min(win_tokens) as f64;
-            let linear = 2.0 * (layers * enc.layer_params() + enc.stem_macs_per_token()) * n;
-            let attn = 4.0 * h * n * (full_layers * span + win_layers * win_span);
+            let linear = 2.0 * (layers * enc.layer_params() / k + enc.stem_macs_per_token()) * n;
+            let attn = 4.0 * h * n * (full_layers * span + win_layers * win_span) / k;
             let proj = 2.0 * enc.projector_params as f64 * self.projector_rows(it) as f64;
             w.flops += linear + attn + proj;
-            w.bytes += layers * n * enc.act_bytes_per_token_layer()
+            w.bytes += layers * n * enc.act_bytes_per_token_layer_tp(tp)
                 + it.llm_tokens as f64 * self.embedding_bytes_per_token()
                 + n * h * dtype;
         }

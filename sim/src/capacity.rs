@@ -18,7 +18,8 @@ pub const MAX_B: u32 = 64;
 /// Per-worker capacities of the stages, requests/s.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Capacities {
-    /// One encode worker at its best batch (`C_E`), found by doubling B until
+    /// One encode worker (at the TP [`capacities`] was asked for) at its
+    /// best batch (`C_E`), found by doubling B until
     /// encode throughput saturates (gains < 5 %).
     pub encode: f64,
     /// The batch at which `encode` was reached.
@@ -131,16 +132,16 @@ impl Typical {
     }
 
     /// Seconds between back-to-back passes of `b` typical requests on one
-    /// encode worker: with the encoder cache, the GPU work (and, hashing raw
+    /// encode worker at TP `tp`: with the encoder cache, the GPU work (and, hashing raw
     /// bytes, the preprocessing) of the `⌈b·(1 − hit)⌉` requests' items that
     /// miss; the framework's terms of all `b`.
-    fn encode_cycle(&self, cost: &dyn StageCost, b: u32, threads: Option<u32>) -> f64 {
-        let full = cost.encode(&batch_of(&self.items, b), 1.0);
+    fn encode_cycle(&self, cost: &dyn StageCost, b: u32, tp: u32, threads: Option<u32>) -> f64 {
+        let full = cost.encode_tp(&batch_of(&self.items, b), 1.0, tp);
         if self.encode_hit <= 0.0 {
             return full.cycle(threads);
         }
         let misses = (f64::from(b) * (1.0 - self.encode_hit)).ceil() as u32;
-        let miss = cost.encode(&batch_of(&self.items, misses), 1.0);
+        let miss = cost.encode_tp(&batch_of(&self.items, misses), 1.0, tp);
         easerve_calib::EncodeTime {
             t_pass: full.t_pass,
             t_pre: if self.raw_hash {
@@ -237,15 +238,16 @@ pub fn block_size(sc: &Scenario) -> u32 {
         .map_or(easerve_sched::cache::DEFAULT_BLOCK_SIZE, |p| p.block_size)
 }
 
-/// Per-stage capacities of the scenario's model, GPU and workload.
-pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacities {
+/// Per-stage capacities of the scenario's model, GPU and workload, with
+/// encode workers at TP `encode_tp` ([`StageCost::encode_tp`]).
+pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical, encode_tp: u32) -> Capacities {
     let threads = sc.knobs.preprocess_threads;
     // C_E: double B until throughput gains < 5 %
     let (mut encode, mut encode_batch) = (0.0, 1);
     if !t.items.is_empty() {
         let mut b = 1u32;
         loop {
-            let thr = f64::from(b) / t.encode_cycle(cost, b, threads);
+            let thr = f64::from(b) / t.encode_cycle(cost, b, encode_tp, threads);
             if thr < encode * 1.05 || b > 1024 {
                 if thr > encode {
                     (encode, encode_batch) = (thr, b);
@@ -260,7 +262,7 @@ pub fn capacities(sc: &Scenario, cost: &dyn StageCost, t: &Typical) -> Capacitie
         Vec::new()
     } else {
         (1..=MAX_B)
-            .map(|b| t.encode_cycle(cost, b, threads))
+            .map(|b| t.encode_cycle(cost, b, encode_tp, threads))
             .collect()
     };
     let memory = Roofline::new(sc.model.clone(), sc.gpu.clone(), Efficiency::default());

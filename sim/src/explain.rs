@@ -30,7 +30,7 @@ pub(crate) fn explain(
     rate: f64,
     r: &Report,
 ) -> Explanation {
-    let caps = capacities(sc, cost, t);
+    let caps = capacities(sc, cost, t, sc.deployment.allocation.encode.tp);
     let d = &sc.deployment;
     let a = d.allocation;
     let mut loads = Vec::new();

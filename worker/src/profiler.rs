@@ -19,6 +19,11 @@
 //!   as the executor gives a TP k worker k slots. A prefill row includes
 //!   sending the input to the ranks, their all-reduces and gathering the KV
 //!   shards; a decode row one step with the KV shards already on the ranks.
+//!   Where the encoder splits at TP k ([`easerve_model::EncoderArch::executor_tp`]),
+//!   the full level also times the encode grid through an encode worker's
+//!   rank processes (rank 0 preprocesses and sends the images, every rank
+//!   runs its shard of every block, two all-reduces per block): the profile's
+//!   `encode_tp` rows.
 //! * **all-reduce** — for each TP k > 1, one sum of a `bytes` message among k
 //!   ranks over the same loopback star ([`crate::tp::TcpGroup`]; the ranks
 //!   are threads of the profiling process), at the message sizes the tiny
@@ -243,6 +248,10 @@ pub struct LevelRows {
     pub prefill: Vec<Vec<f64>>,
     /// Decode rows (full level only).
     pub decode: Vec<Vec<f64>>,
+    /// Encode rows of a TP > 1 level (full level only, where the encoder
+    /// splits): `[tp, batch, encoder_tokens, median, p90, t_pass, t_pre]`.
+    #[serde(default)]
+    pub encode_tp: Vec<Vec<f64>>,
 }
 
 /// Median and 90th percentile (nearest rank) of `xs`.
@@ -397,7 +406,8 @@ pub fn measure_level<B: Backend>(
 /// `sm_level`: this process is rank 0 and starts ranks `1..tp` as `easerve
 /// worker` processes of `exe`, each on `threads` threads, as the executor
 /// does ([`crate::tp`]). Rows as [`measure_level`]'s with `tp` in their TP
-/// column; no encode rows (encode workers run TP 1).
+/// column; at the full level (`with_decode`), where the encoder splits at
+/// `tp`, the encode rows at `tp` ([`measure_encode_tp`]).
 ///
 /// Errors: a rank that cannot start or split the model, a failed exchange.
 #[allow(clippy::too_many_arguments)]
@@ -414,21 +424,7 @@ pub fn measure_level_tp(
     type B = burn::backend::NdArray;
     let device = Default::default();
     let ranks_err = |e: crate::process::WorkerError| ProfilerError::Level(e.to_string());
-    let wopts = crate::process::WorkerOptions {
-        role: easerve_exec::wire::Role::Prefill,
-        index: 0,
-        connect: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
-        model: arch.name.clone(),
-        threads,
-        seed: opts.seed,
-        device: easerve_exec::device::DeviceKind::Cpu,
-        gpu: 0,
-        cores: easerve_exec::device::CoreSide::Any,
-        preprocess_threads: 0,
-        tp,
-        tp_rank: 0,
-        tp_root: None,
-    };
+    let wopts = rank0_options(arch, opts, easerve_exec::wire::Role::Prefill, tp, threads);
     B::seed(&device, opts.seed);
     let full = MultimodalModel::<B>::from_arch(arch, &device)?;
     let lm = full
@@ -460,6 +456,114 @@ pub fn measure_level_tp(
                     .push(vec![b as f64, (per * b) as f64, tp as f64, m, p]);
                 progress(&format!("decode tp={tp} b={b} context={}", per * b));
             }
+        }
+    }
+    drop(ranks);
+    let splits = (arch.encoder.as_ref()).is_some_and(|e| e.executor_tp().contains(&tp));
+    if with_decode && splits {
+        rows.encode_tp = measure_encode_tp(arch, plan, opts, tp, threads, progress)?;
+    }
+    Ok(rows)
+}
+
+/// Rank 0's options of a TP `tp` worker of `role` the profiler starts (its
+/// ranks `1..tp` on `threads` threads each, on the CPU).
+fn rank0_options(
+    arch: &ModelArch,
+    opts: &ProfileOptions,
+    role: easerve_exec::wire::Role,
+    tp: usize,
+    threads: usize,
+) -> crate::process::WorkerOptions {
+    crate::process::WorkerOptions {
+        role,
+        index: 0,
+        connect: std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+        model: arch.name.clone(),
+        threads,
+        seed: opts.seed,
+        device: easerve_exec::device::DeviceKind::Cpu,
+        gpu: 0,
+        cores: easerve_exec::device::CoreSide::Any,
+        preprocess_threads: 0,
+        tp,
+        tp_rank: 0,
+        tp_root: None,
+    }
+}
+
+/// The encode grid of `plan` on an encode worker at TP `tp`: this process
+/// is rank 0 (its shard of the encoder) and starts ranks `1..tp` as
+/// `easerve worker --role encode` processes on `threads` threads each, as
+/// the executor does ([`crate::tp::Ranks::encode`]). A point times
+/// preprocessing `batch` items on rank 0, sending them to the ranks and
+/// every rank's pass (with its all-reduces) until rank 0 has the
+/// embeddings. Rows `[tp, batch, encoder_tokens, median, p90, t_pass = 0,
+/// t_pre]` in seconds.
+///
+/// Errors: a rank that cannot start or split the encoder, an input that
+/// cannot be prepared, a failed exchange.
+pub fn measure_encode_tp(
+    arch: &ModelArch,
+    plan: &Plan,
+    opts: &ProfileOptions,
+    tp: usize,
+    threads: usize,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Vec<f64>>, ProfilerError> {
+    type B = burn::backend::NdArray;
+    let device = Default::default();
+    let ranks_err = |e: crate::process::WorkerError| ProfilerError::Level(e.to_string());
+    let wopts = rank0_options(arch, opts, easerve_exec::wire::Role::Encode, tp, threads);
+    B::seed(&device, opts.seed);
+    let full = MultimodalModel::<B>::from_arch(arch, &device)?;
+    let model = full
+        .shard(0, tp, true)
+        .map_err(|e| ProfilerError::Level(e.to_string()))?;
+    drop(full);
+    let ranks = crate::tp::Ranks::start(&wopts, arch.llm.kv_heads as usize).map_err(ranks_err)?;
+    let mut rows = Vec::new();
+    for ei in &plan.encode_items {
+        let media = Media::synthetic(&ei.item, opts.seed);
+        for &b in &plan.encode_batch {
+            let (mut pre_sum, mut calls) = (0.0, 0u32);
+            let mut ts = timed_runs(opts, || -> Result<f64, ProfilerError> {
+                let t0 = Instant::now();
+                let prepared = (0..b)
+                    .map(|_| prepare(arch, &media))
+                    .collect::<Result<Vec<_>, _>>()?;
+                pre_sum += t0.elapsed().as_secs_f64();
+                calls += 1;
+                let items: Vec<_> = (prepared.iter())
+                    .map(|p| crate::items::to_device::<B>(&p.item, &device))
+                    .collect();
+                let wire = (prepared.iter())
+                    .map(|p| crate::tp::AnyresTiles::of(&p.item))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        ProfilerError::Level(format!(
+                            "{}: only LLaVA-NeXT anyres images encode at TP > 1",
+                            arch.name
+                        ))
+                    })?;
+                drop(ranks.encode(&model, &items, wire, 1.0).map_err(ranks_err)?);
+                Ok(t0.elapsed().as_secs_f64())
+            })?;
+            let (m, p) = median_p90(&mut ts);
+            let pre = pre_sum / f64::from(calls.max(1));
+            rows.push(vec![
+                tp as f64,
+                b as f64,
+                ei.encoder_tokens as f64,
+                m,
+                p,
+                0.0,
+                pre.min(m),
+            ]);
+            progress(&format!(
+                "encode tp={tp} b={b} tokens={}",
+                ei.encoder_tokens
+            ));
         }
     }
     Ok(rows)
@@ -746,23 +850,43 @@ pub fn profile_cpu(
         repetitions: opts.repetitions,
         cores: u32::try_from(cores).ok(),
     };
-    let profile = assemble(
+    let mut encode_tp: Vec<Vec<f64>> = levels
+        .iter_mut()
+        .flat_map(|l| l.encode_tp.drain(..))
+        .collect();
+    let mut profile = assemble(
         arch,
         provenance,
         (eff.time_slice_penalty, eff.bandwidth_interference),
         levels,
         transfer,
     )?;
-    if all_reduce.is_empty() {
-        return Ok(profile);
+    for (stage, rows) in [
+        (Stage::AllReduce, &mut all_reduce),
+        (Stage::EncodeTp, &mut encode_tp),
+    ] {
+        if rows.is_empty() {
+            continue;
+        }
+        fix_measured(stage, rows);
+        let rows = std::mem::take(rows);
+        profile = match stage {
+            Stage::AllReduce => profile.with_all_reduce(rows),
+            _ => profile.with_encode_tp(rows),
+        }
+        .map_err(ProfilerError::Invalid)?;
     }
-    monotone_envelope(Stage::AllReduce, &mut all_reduce);
-    for r in all_reduce.iter_mut() {
-        r[3] = r[3].max(r[2]);
+    Ok(profile)
+}
+
+/// Make measured rows of `stage` non-decreasing along its work axes
+/// ([`monotone_envelope`]) and each p90 at least its median.
+fn fix_measured(stage: Stage, rows: &mut [Vec<f64>]) {
+    let na = stage.axes().len();
+    monotone_envelope(stage, rows);
+    for r in rows.iter_mut() {
+        r[na + 1] = r[na + 1].max(r[na]);
     }
-    profile
-        .with_all_reduce(all_reduce)
-        .map_err(ProfilerError::Invalid)
 }
 
 /// Merge level rows into a validated profile (decode from the level that has it).
@@ -781,16 +905,10 @@ pub fn assemble(
         prefill.extend(l.prefill);
         decode.extend(l.decode);
     }
-    let fix = |stage: Stage, rows: &mut Vec<Vec<f64>>, na: usize| {
-        monotone_envelope(stage, rows);
-        for r in rows.iter_mut() {
-            r[na + 1] = r[na + 1].max(r[na]);
-        }
-    };
-    fix(Stage::Encode, &mut encode, 3);
-    fix(Stage::Prefill, &mut prefill, 3);
-    fix(Stage::Decode, &mut decode, 3);
-    fix(Stage::Transfer, &mut transfer, 1);
+    fix_measured(Stage::Encode, &mut encode);
+    fix_measured(Stage::Prefill, &mut prefill);
+    fix_measured(Stage::Decode, &mut decode);
+    fix_measured(Stage::Transfer, &mut transfer);
     let note =
         "not measured: easerve-calib Efficiency defaults (assumptions, see calib/src/eff.rs)"
             .to_string();

@@ -30,6 +30,7 @@ impl Profile {
     fn tables(&self) -> impl Iterator<Item = &Table> {
         self.encode
             .iter()
+            .chain(self.encode_tp.iter())
             .chain([&self.prefill, &self.decode])
             .chain(self.transfer.iter())
             .chain(self.all_reduce.iter())
@@ -74,8 +75,11 @@ fn stage_tp_axis(t: &Table) -> usize {
 impl StageCost for Profile {
     /// Encode: `batch = items.len()`, `encoder_tokens` = their mean; `t_gpu` is
     /// the table's `median − t_pass − t_pre` (all of `median` when the split is
-    /// unknown). Empty batches cost nothing.
-    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
+    /// unknown). At TP > 1, from the `encode_tp` table's rows at that TP
+    /// (measured at the whole device: `t_gpu` scaled by the TP 1 table's
+    /// ratio at `sm_share` to the whole); a TP without rows is looked up in
+    /// the TP 1 table and counted in the notes. Empty batches cost nothing.
+    fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime {
         let Some(t) = self.encode.as_ref() else {
             return EncodeTime::default();
         };
@@ -83,13 +87,35 @@ impl StageCost for Profile {
             return EncodeTime::default();
         }
         let total: u64 = items.iter().map(|i| i.encoder_tokens).sum();
-        let per_item = (total as f64 / items.len() as f64).max(1.0);
-        let v = t.lookup(&[items.len() as f64, per_item, clamp_share(sm_share)]);
-        EncodeTime {
-            t_gpu: v[0],
-            t_pass: v[1],
-            t_pre: v[2],
+        let (batch, per_item) = (
+            items.len() as f64,
+            (total as f64 / items.len() as f64).max(1.0),
+        );
+        let at = |t: &super::Table, point: &[f64]| {
+            let v = t.lookup(point);
+            EncodeTime {
+                t_gpu: v[0],
+                t_pass: v[1],
+                t_pre: v[2],
+            }
+        };
+        let one = at(t, &[batch, per_item, clamp_share(sm_share)]);
+        if tp <= 1 {
+            return one;
         }
+        let rows = (self.encode_tp.as_ref()).filter(|e| e.axes()[0].contains(&f64::from(tp)));
+        let Some(e) = rows else {
+            self.encode_tp_fallbacks.add();
+            return one;
+        };
+        let mut v = at(e, &[f64::from(tp), batch, per_item]);
+        if clamp_share(sm_share) < 1.0 {
+            let whole = at(t, &[batch, per_item, 1.0]).t_gpu;
+            if whole > 0.0 {
+                v.t_gpu *= one.t_gpu / whole;
+            }
+        }
+        v
     }
 
     /// Prefill: looked up at the batch's total tokens and the worker's TP (a
@@ -159,6 +185,16 @@ impl StageCost for Profile {
             p.method,
             self.scalars_note
         )];
+        let encode_fell_back = self.encode_tp_fallbacks.take();
+        if encode_fell_back > 0 {
+            notes.push(format!(
+                "profile {}: {encode_fell_back} encode lookups at a TP > 1 the profile has no encode_tp rows for ({}) were priced as at TP 1 (measure them with `easerve profile --tp`)",
+                self.origin,
+                self.encode_tp
+                    .as_ref()
+                    .map_or("it has none".to_string(), |t| format!("TP rows: {:?}", t.axes()[0]))
+            ));
+        }
         let (fell_back, priced) = (self.tp_fallbacks.take(), self.tp_priced.take());
         if fell_back > 0 {
             notes.push(format!(
@@ -329,6 +365,67 @@ mod tests {
             // nothing above extrapolated: only the provenance note
             assert_eq!(p.notes().len(), 1, "{:?}", p.notes());
         }
+    }
+
+    /// An encode worker at TP 2 is looked up in the `encode_tp` rows at TP 2
+    /// (its GPU phase at a share below 1 scaled as the TP 1 table scales);
+    /// a TP without rows, or a profile without the table, is priced as at
+    /// TP 1 and the notes say so; rows at TP 1 are refused; the table
+    /// survives a write and a read.
+    #[test]
+    fn encode_is_looked_up_at_the_workers_tp_or_falls_back_with_a_note() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/profiles/tiny-image.cpu.toml"
+        );
+        let p = Profile::load(path).unwrap();
+        let row = |b: f64, n: f64, m: f64| vec![2.0, b, n, m, m * 1.1, 0.0, 1e-3 * b];
+        let rows = vec![
+            row(1.0, 195.0, 0.010),
+            row(1.0, 325.0, 0.012),
+            row(2.0, 195.0, 0.018),
+            row(2.0, 325.0, 0.024),
+        ];
+        let q = p.clone().with_encode_tp(rows.clone()).unwrap();
+        let text = q.to_toml_string();
+        assert!(text.contains("\n[encode_tp]\n"), "{text}");
+        let back =
+            Profile::from_toml_str_with_devices(&text, "x", &["cpu".into()], &["loopback".into()])
+                .unwrap();
+        assert_eq!(back.to_toml_string(), text);
+        let item = ItemTokens {
+            encoder_tokens: 195,
+            llm_tokens: 144,
+            attn_span: 65,
+        };
+        let two = q.encode_tp(&[item; 2], 1.0, 2);
+        assert!(rel(two.t_gpu, 0.018 - 2e-3) < 1e-12, "{two:?}");
+        assert!(rel(two.t_pre, 2e-3) < 1e-12 && two.t_pass == 0.0);
+        let ratio = p.encode(&[item; 2], 0.5).t_gpu / p.encode(&[item; 2], 1.0).t_gpu;
+        let half = q.encode_tp(&[item; 2], 0.5, 2).t_gpu;
+        assert!(rel(half, two.t_gpu * ratio) < 1e-12, "{half}");
+        assert!(q.notes().iter().all(|n| !n.contains("priced as at TP 1")));
+        // TP 4 has no rows: the TP 1 table, and a note
+        assert_eq!(q.encode_tp(&[item], 1.0, 4), q.encode(&[item], 1.0));
+        let notes = q.notes();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("1 encode lookups at a TP > 1")
+                    && n.contains("TP rows: [2.0]")
+                    && n.contains("priced as at TP 1")),
+            "{notes:?}"
+        );
+        // a profile without the table: TP 1's figures, and a note
+        assert_eq!(p.encode_tp(&[item], 1.0, 2), p.encode(&[item], 1.0));
+        assert!(p.notes().iter().any(|n| n.contains("it has none")));
+        // rows at TP 1 belong in [encode]
+        let mut at1 = rows;
+        for r in &mut at1 {
+            r[0] = 1.0;
+        }
+        let e = p.with_encode_tp(at1).unwrap_err().to_string();
+        assert!(e.contains("encode_tp") && e.contains("tp = 1"), "{e}");
     }
 
     /// A measured profile with TP 1 stage rows and an all-reduce table at

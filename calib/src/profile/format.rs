@@ -103,6 +103,9 @@ pub enum Stage {
     /// One all-reduce (sum) of a message among a tensor-parallel worker's
     /// ranks.
     AllReduce,
+    /// One encode pass over a micro-batch of items on an encode worker at
+    /// TP > 1 (its rank processes, all of their SMs or cores).
+    EncodeTp,
 }
 
 impl Stage {
@@ -114,6 +117,7 @@ impl Stage {
             Stage::Decode => "decode",
             Stage::Transfer => "transfer",
             Stage::AllReduce => "all_reduce",
+            Stage::EncodeTp => "encode_tp",
         }
     }
 
@@ -125,13 +129,14 @@ impl Stage {
             Stage::Decode => &["batch", "context_tokens", "tp"],
             Stage::Transfer => &["bytes"],
             Stage::AllReduce => &["tp", "bytes"],
+            Stage::EncodeTp => &["tp", "batch", "encoder_tokens"],
         }
     }
 
     /// Value columns besides the required `median`.
     pub fn optional_columns(self) -> &'static [&'static str] {
         match self {
-            Stage::Encode => &["p90", "t_pass", "t_pre"],
+            Stage::Encode | Stage::EncodeTp => &["p90", "t_pass", "t_pre"],
             _ => &["p90"],
         }
     }
@@ -284,7 +289,7 @@ impl Table {
         let get = |r: &Vec<f64>, c: Option<usize>| c.map_or(0.0, |i| r[i] * s);
         let median = col("median");
         let lookup_cols: Vec<Vec<f64>> = match stage {
-            Stage::Encode => {
+            Stage::Encode | Stage::EncodeTp => {
                 let (tp, tr) = (col("t_pass"), col("t_pre"));
                 let mut gpu = Vec::with_capacity(rows.len());
                 let mut pass = Vec::with_capacity(rows.len());
@@ -377,6 +382,12 @@ pub struct Profile {
     pub(super) transfer: Vec<Table>,
     /// The all-reduce table (`tp`, `bytes` → seconds), where one was measured.
     pub(super) all_reduce: Option<Table>,
+    /// The encode table at TP > 1 (`tp`, `batch`, `encoder_tokens`), where
+    /// one was measured.
+    pub(super) encode_tp: Option<Table>,
+    /// Encode lookups at a TP > 1 without rows (priced as at TP 1) since the
+    /// last notes.
+    pub(super) encode_tp_fallbacks: Counter,
     /// Prefill and decode lookups at a TP without rows since the last notes.
     pub(super) tp_fallbacks: Counter,
     /// Of them, those that added all-reduces from the all-reduce table.

@@ -328,6 +328,8 @@ impl Profile {
             decode,
             transfer,
             all_reduce: None,
+            encode_tp: None,
+            encode_tp_fallbacks: Default::default(),
             tp_fallbacks: Default::default(),
             tp_priced: Default::default(),
         }
@@ -351,27 +353,7 @@ impl Profile {
         decode: Vec<Vec<f64>>,
         transfer: Vec<Vec<f64>>,
     ) -> Result<Profile, ProfileError> {
-        let cols = |stage: Stage| -> Vec<String> {
-            let mut c: Vec<String> = stage.axes().iter().map(|a| a.to_string()).collect();
-            c.push("median".into());
-            c.extend(stage.optional_columns().iter().map(|a| a.to_string()));
-            c
-        };
-        let sorted = |mut rows: Vec<Vec<f64>>, axes: usize| {
-            rows.sort_by(|a, b| {
-                a[..axes]
-                    .iter()
-                    .zip(&b[..axes])
-                    .map(|(x, y)| x.total_cmp(y))
-                    .find(|o| o.is_ne())
-                    .unwrap_or(std::cmp::Ordering::Equal)
-            });
-            rows
-        };
-        let table = |stage: Stage, link: Option<String>, rows: Vec<Vec<f64>>| {
-            let n = stage.axes().len();
-            Table::build(stage, link, TimeUnit::S, cols(stage), sorted(rows, n))
-        };
+        let table = measured_table;
         let link = provenance.link.clone();
         let p = Profile {
             origin: format!("<measured {} on {}>", provenance.model, provenance.device),
@@ -384,6 +366,8 @@ impl Profile {
             decode: table(Stage::Decode, None, decode),
             transfer: vec![table(Stage::Transfer, Some(link.clone()), transfer)],
             all_reduce: None,
+            encode_tp: None,
+            encode_tp_fallbacks: Default::default(),
             tp_fallbacks: Default::default(),
             tp_priced: Default::default(),
             provenance,
@@ -404,17 +388,31 @@ impl Profile {
     ///
     /// Errors: rows the profile's validation rejects (not a full grid, a
     /// value that is not finite and positive, latency falling with `bytes`).
-    pub fn with_all_reduce(mut self, rows: Vec<Vec<f64>>) -> Result<Profile, ProfileError> {
-        let mut sorted = rows;
-        sorted.sort_by(|a, b| a[0].total_cmp(&b[0]).then(a[1].total_cmp(&b[1])));
-        let cols = ["tp", "bytes", "median", "p90"].map(String::from).to_vec();
-        self.all_reduce = Some(Table::build(
-            Stage::AllReduce,
-            None,
-            TimeUnit::S,
-            cols,
-            sorted,
-        ));
+    pub fn with_all_reduce(self, rows: Vec<Vec<f64>>) -> Result<Profile, ProfileError> {
+        self.with_table(Stage::AllReduce, rows)
+    }
+
+    /// This measured profile with an encode table at TP > 1: rows `[tp,
+    /// batch, encoder_tokens, median, p90, t_pass, t_pre]` in seconds (one
+    /// pass of `batch` items of `encoder_tokens` tokens on an encode worker
+    /// at TP `tp`; a full grid of `tp` × `batch` × `encoder_tokens`, made
+    /// non-decreasing along the work axes by the caller), validated as a
+    /// file would be.
+    ///
+    /// Errors: as [`Profile::with_all_reduce`], and rows at `tp` = 1.
+    pub fn with_encode_tp(self, rows: Vec<Vec<f64>>) -> Result<Profile, ProfileError> {
+        self.with_table(Stage::EncodeTp, rows)
+    }
+
+    /// This profile with the optional table of `stage` (all-reduce, encode
+    /// at TP > 1) from rows of its axes, `median` and optional columns,
+    /// validated as a file would be.
+    fn with_table(mut self, stage: Stage, rows: Vec<Vec<f64>>) -> Result<Profile, ProfileError> {
+        let table = Some(measured_table(stage, None, rows));
+        match stage {
+            Stage::EncodeTp => self.encode_tp = table,
+            _ => self.all_reduce = table,
+        }
         let extra_dev = [self.provenance.device.clone()];
         let links: Vec<String> = self
             .transfer
@@ -424,6 +422,26 @@ impl Profile {
         let origin = self.origin.clone();
         Profile::from_toml_str_with_devices(&self.to_toml_string(), &origin, &extra_dev, &links)
     }
+}
+
+/// A table of `stage` from measured rows in seconds in any order: its axes,
+/// `median` and optional columns (the caller validates it).
+fn measured_table(stage: Stage, link: Option<String>, mut rows: Vec<Vec<f64>>) -> Table {
+    let n = stage.axes().len();
+    rows.sort_by(|a, b| {
+        a[..n]
+            .iter()
+            .zip(&b[..n])
+            .map(|(x, y)| x.total_cmp(y))
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    let cols: Vec<String> = (stage.axes().iter())
+        .chain(&["median"])
+        .chain(stage.optional_columns())
+        .map(|c| c.to_string())
+        .collect();
+    Table::build(stage, link, TimeUnit::S, cols, rows)
 }
 
 /// Make the `median` and `p90` of measured rows of `stage` non-decreasing along its

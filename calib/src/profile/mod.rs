@@ -15,10 +15,13 @@
 //! | `decode`     | `batch`, `context_tokens`, `tp`           | `median`, optional `p90`                |
 //! | `[[transfer]]` (one per `link`) | `bytes`                | `median`, optional `p90`                |
 //! | `all_reduce` (optional)  | `tp`, `bytes`                 | `median`, optional `p90`                |
+//! | `encode_tp` (optional)   | `tp` (≥ 2), `batch`, `encoder_tokens` | as `encode`                     |
 //!
 //! `batch` of encode counts items (images, videos, audio clips) in one pass;
 //! `encoder_tokens` is tokens per item; `tokens` of prefill is the batch's
 //! total prompt tokens; `context_tokens` of decode is the total over the batch.
+//! `encode_tp` times an encode worker at TP > 1 on its whole devices; an
+//! encode lookup at a TP without its rows uses `encode` (TP 1) and says so.
 //! Lookups interpolate multi-linearly in `ln(axis)` ([`crate::interp`]) and count
 //! lookups outside the table, reported once per run by [`StageCost::notes`](crate::StageCost::notes).
 //!
@@ -65,6 +68,11 @@ impl Profile {
     /// The transfer tables, one per link.
     pub fn transfer_tables(&self) -> &[Table] {
         &self.transfer
+    }
+    /// The encode table at TP > 1 (`tp`, `batch`, `encoder_tokens`), where
+    /// the profile measured one.
+    pub fn encode_tp_table(&self) -> Option<&Table> {
+        self.encode_tp.as_ref()
     }
     /// The all-reduce table (`tp`, `bytes`), where the profile measured one.
     pub fn all_reduce_table(&self) -> Option<&Table> {

@@ -66,7 +66,7 @@ impl Profile {
             Stage::Encode => self.encode.as_ref(),
             Stage::Prefill => Some(&self.prefill),
             Stage::Decode => Some(&self.decode),
-            Stage::Transfer | Stage::AllReduce => None,
+            Stage::Transfer | Stage::AllReduce | Stage::EncodeTp => None,
         };
         let Some(t) = t else {
             return Err(ProfileError {
@@ -144,6 +144,7 @@ impl Parser<'_> {
             "decode",
             "transfer",
             "all_reduce",
+            "encode_tp",
         ];
         for k in doc.keys() {
             if !allowed.contains(&k.as_str()) {
@@ -227,6 +228,17 @@ impl Parser<'_> {
             }
         };
         let all_reduce = self.optional_table(&doc, "all_reduce", Stage::AllReduce)?;
+        let encode_tp = self.optional_table(&doc, "encode_tp", Stage::EncodeTp)?;
+        if encode_tp
+            .as_ref()
+            .is_some_and(|t| t.axes()[0].contains(&1.0))
+        {
+            return Err(self.err(
+                Some("encode_tp"),
+                None,
+                "rows at tp = 1: TP 1 passes belong in [encode] (allowed tp: 2 and more)".into(),
+            ));
+        }
         let mut transfer = Vec::new();
         for (i, v) in arr.iter().enumerate() {
             let name = format!("transfer[{}]", i + 1);
@@ -268,6 +280,8 @@ impl Parser<'_> {
             decode,
             transfer,
             all_reduce,
+            encode_tp,
+            encode_tp_fallbacks: Default::default(),
             tp_fallbacks: Default::default(),
             tp_priced: Default::default(),
         })

@@ -52,6 +52,7 @@ impl Profile {
         }
         let mut tables: Vec<&Table> = Vec::new();
         tables.extend(self.encode.as_ref());
+        tables.extend(self.encode_tp.as_ref());
         tables.push(&self.prefill);
         tables.push(&self.decode);
         tables.extend(self.transfer.iter());

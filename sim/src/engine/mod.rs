@@ -139,6 +139,8 @@ struct Pass {
 /// state; [`Topology`] says where it runs).
 struct EncodePhysics {
     gpu: u32,
+    /// Its TP degree (its pass priced by [`StageCost::encode_tp`]).
+    tp: u32,
     /// Local prefill worker co-located on this GPU.
     local: Option<usize>,
     pass: Option<Pass>,
@@ -448,6 +450,7 @@ impl<'a> Sim<'a> {
             .iter()
             .map(|t| EncodePhysics {
                 gpu: t.gpu(),
+                tp: t.tp,
                 local: t.local_prefill,
                 pass: None,
                 link: SerialLink::default(),
@@ -784,13 +787,14 @@ impl<'a> Sim<'a> {
                 pre_done = pre_done.max(r);
             }
         }
-        let mut t = self.cost.encode(&self.items, 1.0);
+        let tp = self.encode[w].tp;
+        let mut t = self.cost.encode_tp(&self.items, 1.0, tp);
         if !hit_items.is_empty() {
             // the framework's per-pass and per-request terms (scheduling,
             // messages) are the same whether an item hit: taken over all
             let n = self.items.len();
             self.items.extend_from_slice(&hit_items);
-            t.t_pass = self.cost.encode(&self.items, 1.0).t_pass;
+            t.t_pass = self.cost.encode_tp(&self.items, 1.0, tp).t_pass;
             self.items.truncate(n);
             if !self.ctrl.caches().encoder.is_some_and(|c| c.hash_raw_bytes) {
                 t.t_pre += self.cost.preprocess(&hit_items);
@@ -818,7 +822,7 @@ impl<'a> Sim<'a> {
         let t_gpu = if share == 1.0 {
             t.t_gpu
         } else {
-            self.cost.encode(&self.items, share).t_gpu
+            self.cost.encode_tp(&self.items, share, tp).t_gpu
         };
         let worker = &mut self.encode[w];
         worker.gen += 1;

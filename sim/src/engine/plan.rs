@@ -21,8 +21,8 @@ use std::sync::Arc;
 pub(super) struct Shared(pub(super) Arc<dyn StageCost>);
 
 impl StageCost for Shared {
-    fn encode(&self, items: &[ItemTokens], sm_share: f64) -> EncodeTime {
-        self.0.encode(items, sm_share)
+    fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime {
+        self.0.encode_tp(items, sm_share, tp)
     }
     fn preprocess(&self, items: &[ItemTokens]) -> f64 {
         self.0.preprocess(items)

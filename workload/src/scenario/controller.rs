@@ -108,7 +108,8 @@ impl Scenario {
     /// batcher's `W(k) = T_enc(k)` and in the SM table, both from `cost`
     /// (seconds): the time a pass holds its worker
     /// ([`easerve_calib::EncodeTime::pass`]), which leaves preprocessing out
-    /// when it is pipelined.
+    /// when it is pipelined, at the allocation's encode TP
+    /// ([`easerve_calib::StageCost::encode_tp`]).
     pub fn controller_config(
         &self,
         requests: &[easerve_sched::Request],
@@ -119,8 +120,9 @@ impl Scenario {
         use crate::generate::{typical_batch, typical_items};
         let typical = typical_items(requests, tokens);
         let threads = self.knobs.preprocess_threads;
+        let tp = self.deployment.allocation.encode.tp;
         self.resolution(log_decisions).config(|k, share| {
-            cost.encode(&typical_batch(&typical, k), share)
+            cost.encode_tp(&typical_batch(&typical, k), share, tp)
                 .pass(threads)
         })
     }

@@ -15,20 +15,32 @@ impl Scenario {
     /// system's own framework and measured preprocessing terms
     /// ([`easerve_calib::preprocess::EncodeTerms`]). When the tables cannot be
     /// read, or the GPU has tables but the data is absent, the roofline is used
-    /// and its notes say why.
+    /// and its notes say why. Encode workers at TP > 1 are priced at their
+    /// TP ([`easerve_calib::StageCost::encode_tp`]); without a profile a
+    /// note names the term and where its all-reduces come from.
     pub fn cost(&self) -> Box<dyn easerve_calib::StageCost> {
-        let cost = self.stage_cost();
-        match self.deployment.allocation.encode.tp {
-            tp if tp > 1 => PerStage::with_note(
-                cost,
-                format!("encode workers at TP {tp} are priced as at TP 1: the cost model has no tensor-parallel term for the encoder (the executor splits it by heads)"),
-            ),
-            _ => cost,
+        let cost = self.source_cost();
+        let tp = self.deployment.allocation.encode.tp;
+        // a cluster's encode group prices its own (the note is its)
+        if tp <= 1 || self.profile.is_some() || self.cluster.is_some() {
+            return cost;
         }
+        let source = if matches!(self.kernel_cost(), Some(Ok(_))) {
+            "aiconfigurator's vLLM custom all-reduce table (custom_allreduce_perf, vllm_eager: the prefill all-reduce's source)".to_string()
+        } else {
+            format!(
+                "a ring all-reduce over the {} link spec (as the roofline's LLM TP)",
+                self.gpu.link.name
+            )
+        };
+        PerStage::with_note(
+            cost,
+            format!("encode workers at TP {tp}: each block's GEMMs split over the {tp} GPUs (QKV and MLP up by columns, out and down by rows), attention over 1/{tp} of the heads, stem and projector whole, plus two all-reduces per block of tokens × hidden × dtype bytes from {source}"),
+        )
     }
 
     /// [`Scenario::cost`] before the note on encode workers at TP > 1.
-    fn stage_cost(&self) -> Box<dyn easerve_calib::StageCost> {
+    fn source_cost(&self) -> Box<dyn easerve_calib::StageCost> {
         use easerve_calib::{Efficiency, Roofline};
         if let Some(p) = &self.profile {
             return Box::new(p.clone());
@@ -248,12 +260,13 @@ impl PerStage {
 }
 
 impl easerve_calib::StageCost for PerStage {
-    fn encode(
+    fn encode_tp(
         &self,
         items: &[easerve_model::ItemTokens],
         sm_share: f64,
+        tp: u32,
     ) -> easerve_calib::EncodeTime {
-        self.stages[0].encode(items, sm_share)
+        self.stages[0].encode_tp(items, sm_share, tp)
     }
     fn preprocess(&self, items: &[easerve_model::ItemTokens]) -> f64 {
         self.stages[0].preprocess(items)
