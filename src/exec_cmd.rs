@@ -285,18 +285,6 @@ fn check_runnable(
             sc.system
         )));
     }
-    let shared_text = sc.workload.reuse.as_ref().is_some_and(|r| {
-        r.system_prompt.is_some() || r.conversation.is_some_and(|(turns, _)| turns > 1)
-    }) || matches!(
-        sc.workload.arrival,
-        easerve_workload::scenario::Arrival::Trace { .. }
-    );
-    if sc.knobs.caches.prefix.is_some() && shared_text {
-        return Err(BadInput(format!(
-            "{}: [deployment.prefix_cache] with [workload.system_prompt], [workload.conversation] or a trace: the executor's workers draw each request's text from its id, so prompts that share text cannot share KV blocks there yet; keep the prefix cache with [workload.pool] alone, or simulate it with `easerve sim`",
-            a.run.scenario.display()
-        )));
-    }
     Ok(())
 }
 

@@ -61,6 +61,11 @@ fn the_executor_hits_and_evicts_as_the_simulator() {
 }
 
 #[test]
+fn the_executor_hits_and_evicts_as_the_simulator_over_shared_text() {
+    agree::the_executor_hits_and_evicts_as_the_simulator_over_shared_text();
+}
+
+#[test]
 fn the_executor_keeps_serving_while_the_twin_simulates() {
     agree::the_executor_keeps_serving_while_the_twin_simulates();
 }

@@ -130,18 +130,20 @@ fn repeated_parts(
     c: &easerve_sched::Content,
     cfg: &ClientConfig,
 ) -> Result<Vec<Value>, String> {
-    let mut items = r.items.iter().zip(c.items()).peekable();
+    let ids: Vec<u64> = c.items().map(|i| i.id).collect();
     let mut parts = Vec::with_capacity(c.segments().len());
-    for s in c.segments() {
-        match items.peek() {
-            Some((item, ci)) if ci.id == s.id => {
-                let mut rng = stream(cfg.seed, &format!("bench-item/{:016x}", s.id));
+    for piece in c.pieces() {
+        match piece {
+            easerve_sched::Piece::Item(k, _) => {
+                let mut rng = stream(cfg.seed, &format!("bench-item/{:016x}", ids[k]));
+                let item = r
+                    .items
+                    .get(k)
+                    .ok_or("a content item beyond the request's items")?;
                 parts.push(content_part(&mut rng, item, cfg.codec)?);
-                items.next();
             }
-            _ if s.tokens > 0 => parts
+            easerve_sched::Piece::Text(s) => parts
                 .push(json!({ "type": "text", "text": segment_text(cfg.seed, s.id, s.tokens) })),
-            _ => {}
         }
     }
     Ok(parts)

@@ -436,7 +436,7 @@ mod tests {
         let text = std::fs::read_to_string(root.join("scenarios/cpu-image-reuse.toml"))
             .unwrap()
             .replace("requests = 60", "requests = 12")
-            + "\n[workload.system_prompt]\ntokens = 20\ncount = 2\n\n[workload.conversation]\nturns = 2\nthink_time_s = 1.0\n";
+            + "\n[workload.system_prompt]\ntokens = 20\ncount = 2\n";
         let dir = std::env::temp_dir().join(format!("easerve-bench-reuse-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("s.toml");

@@ -198,6 +198,23 @@ impl FakeWorkers {
                 );
             }
             (WorkerRef::Prefill(p), ToWorker::Prefill { requests, sm_share }) => {
+                // a hit comes with the prompt it is the head of
+                for r in requests.iter().filter(|r| r.cached > 0) {
+                    let whole: u32 = r
+                        .prompt
+                        .iter()
+                        .map(|x| match *x {
+                            crate::wire::PromptPart::Item { tokens } => tokens,
+                            crate::wire::PromptPart::Text { tokens, .. } => tokens,
+                        })
+                        .sum();
+                    assert!(
+                        r.cached < whole,
+                        "request {}: {} cached of {whole}",
+                        r.id,
+                        r.cached
+                    );
+                }
                 let dur = self.replay.prefill(p, &[], sm_share);
                 self.prefilled_on.extend(requests.iter().map(|r| (r.id, p)));
                 let kv = KvData {
@@ -908,7 +925,39 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
         // a shared store of a dozen large images behind them
         ("deployment.encoder_store.capacity_gib", "0.5"),
     ];
-    let sc = image_scenario(&sets);
+    let (sim, ctrl, enc, pre) = caches_agree(&sets);
+    let store = ctrl.store_counters().expect("store on");
+    let reuse = sim.report.reuse.as_ref().expect("the reuse section");
+    let sim_store = reuse.encoder_store.expect("store in the report");
+    assert_eq!(
+        (store.queries, store.hits, store.evictions, store.writes),
+        (
+            sim_store.queries,
+            sim_store.hits,
+            sim_store.evictions,
+            sim_store.writes
+        ),
+        "encoder store"
+    );
+    // the workload repeats, and the caches both hit and evict
+    assert!(enc.hits > 0 && enc.evictions > 0, "{enc:?}");
+    assert!(store.hits > 0 && store.evictions > 0, "{store:?}");
+    assert!(pre.hits > 0, "{pre:?}");
+}
+
+/// The image scenario with `sets` (both caches on) simulated and executed:
+/// the executor makes the simulator's decisions, cache lookups included,
+/// and ends with the same queries, hits and evictions in both caches,
+/// whose counters it returns beside both runs.
+fn caches_agree(
+    sets: &[(&str, &str)],
+) -> (
+    SimOutput,
+    Controller,
+    easerve_sched::CacheCounters,
+    easerve_sched::CacheCounters,
+) {
+    let sc = image_scenario(sets);
     let sim = simulate(&sc, None);
     let ctrl = execute(&sc, &sim, None);
     let n = assert_agree(&sim, &ctrl);
@@ -933,22 +982,32 @@ pub fn the_executor_hits_and_evicts_as_the_simulator() {
         (sim_pre.queries, sim_pre.hits, sim_pre.evictions),
         "prefix cache"
     );
-    let store = ctrl.store_counters().expect("store on");
-    let sim_store = reuse.encoder_store.expect("store in the report");
-    assert_eq!(
-        (store.queries, store.hits, store.evictions, store.writes),
-        (
-            sim_store.queries,
-            sim_store.hits,
-            sim_store.evictions,
-            sim_store.writes
-        ),
-        "encoder store"
-    );
-    // the workload repeats, and the caches both hit and evict
-    assert!(enc.hits > 0 && enc.evictions > 0, "{enc:?}");
-    assert!(store.hits > 0 && store.evictions > 0, "{store:?}");
-    assert!(pre.hits > 0, "{pre:?}");
+    (sim, ctrl, enc, pre)
+}
+
+/// [`the_executor_hits_and_evicts_as_the_simulator`] over prompts that
+/// share text: three-turn conversations (each turn resends the earlier
+/// turns' image, text and answer) opening with one of four system prompts,
+/// images from a pool of 40, the encoder cache, the prefix cache and
+/// cache-aware placement: the executor makes the simulator's lookups and
+/// ends with the same queries, hits and evictions in both caches, and its
+/// prefill workers are sent each hit with the prompt it is the head of.
+pub fn the_executor_hits_and_evicts_as_the_simulator_over_shared_text() {
+    let sets = [
+        ("workload.pool.size", "40"),
+        ("workload.pool.alpha", "1.0"),
+        ("workload.conversation.turns", "3"),
+        ("workload.conversation.think_time_s", "2.0"),
+        ("workload.system_prompt.tokens", "500"),
+        ("workload.system_prompt.count", "4"),
+        ("deployment.encoder_cache.capacity_gib", "0.0625"),
+        ("deployment.prefix_cache.block_size", "16"),
+        ("deployment.cache_routing.overlap_weight", "1.0"),
+    ];
+    let (_, _, enc, pre) = caches_agree(&sets);
+    // system prompts and earlier turns hit: more than the images alone could
+    assert!(pre.hits > 0 && pre.evictions > 0, "{pre:?}");
+    assert!(enc.hits > 0, "{enc:?}");
 }
 
 /// A twin for the tests: each decision's simulations wait at a gate (once

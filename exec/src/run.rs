@@ -22,7 +22,7 @@
 use crate::device::{cpu_cores, CoreSide, DeviceKind};
 use crate::wire::{
     encode_frame, read_frame_async, write_bytes_async, EncodeRequest, FromWorker, KvData, Matrix,
-    PrefillRequest, Role, ToWorker, WireMedia,
+    PrefillRequest, PromptPart, Role, ToWorker, WireMedia,
 };
 use easerve_calib::StageCost;
 use easerve_sched::cpu::CpuSlot;
@@ -1375,6 +1375,11 @@ pub(crate) struct Links {
     pub(crate) store: crate::store::SharedStore,
     /// The NICs of a cluster of node groups; `None` without groups.
     pub(crate) nics: Option<Nics>,
+    /// Prompts are the request's items, then text of its own drawn from its
+    /// id, whatever its content says (`easerve serve`: a client's words
+    /// are counted, not tokenised, and its content keys the text as the
+    /// request's own); else its content's pieces in order.
+    pub(crate) own_text: bool,
 }
 
 /// Cross-node transfers on a cluster of node groups: every worker runs on
@@ -1634,7 +1639,7 @@ fn carry_out(
             let requests = ctrl
                 .prefill_batch(worker)
                 .iter()
-                .map(|it| prefill_request(ctrl, it.id))
+                .map(|it| prefill_request(ctrl, it.id, links.own_text))
                 .collect();
             workers[by_ref[&WorkerRef::Prefill(worker)]].share = sm_share;
             send(
@@ -1740,9 +1745,11 @@ fn send_prefix_ops(
     }
 }
 
-/// Request `id` as its prefill worker takes it: its text tokens and, with
-/// the prefix cache on, its cached head and the chain link it is kept under.
-fn prefill_request(ctrl: &Controller, id: RequestId) -> PrefillRequest {
+/// Request `id` as its prefill worker takes it: its prompt (its content's
+/// pieces in order when it has content, else its text tokens after its
+/// embeddings) and, with the prefix cache on, its cached head and the chain
+/// link it is kept under.
+fn prefill_request(ctrl: &Controller, id: RequestId, own_text: bool) -> PrefillRequest {
     let req = &ctrl.requests()[id as usize];
     let keep = ctrl.prefix_block_size().is_some();
     let (cached, links) = ctrl.prefix_hit(id);
@@ -1751,11 +1758,27 @@ fn prefill_request(ctrl: &Controller, id: RequestId) -> PrefillRequest {
         _ => 0,
     };
     PrefillRequest {
-        id,
-        prompt_tokens: req.prompt_tokens,
         cached: cached as u32,
         cached_key,
         keep,
+        ..whole_prefill(id, req, own_text)
+    }
+}
+
+/// Request `id` (`req`) prefilled whole, nothing cached or kept; its prompt
+/// its items and text of its own when `own_text` ([`Links::own_text`]).
+fn whole_prefill(id: RequestId, req: &easerve_sched::Request, own_text: bool) -> PrefillRequest {
+    let prompt = match &req.content {
+        Some(c) if !own_text => PromptPart::of(c),
+        _ => Vec::new(),
+    };
+    PrefillRequest {
+        id,
+        prompt_tokens: req.prompt_tokens,
+        prompt,
+        cached: 0,
+        cached_key: 0,
+        keep: false,
     }
 }
 
@@ -1862,13 +1885,7 @@ fn replica_step(ctrl: &Controller, links: &mut Links, r: usize) -> ToWorker {
         .collect();
     let prefill = admitted
         .iter()
-        .map(|&id| PrefillRequest {
-            id,
-            prompt_tokens: requests[id as usize].prompt_tokens,
-            cached: 0,
-            cached_key: 0,
-            keep: false,
-        })
+        .map(|&id| whole_prefill(id, &requests[id as usize], links.own_text))
         .collect();
     let decode = ctrl
         .replica_batch(r)

@@ -1205,6 +1205,7 @@ impl ServeLoop {
     pub(crate) fn new() -> ServeLoop {
         let mut links = Links::default();
         links.passes = Some(Vec::new());
+        links.own_text = true;
         ServeLoop {
             relay: Relay::new(links),
             flight: HashMap::new(),

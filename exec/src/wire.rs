@@ -189,14 +189,54 @@ impl WireMedia {
     }
 }
 
+/// One piece of a prefill's prompt, in order ([`PrefillRequest::prompt`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PromptPart {
+    /// The next `tokens` rows of the request's embeddings (one item's).
+    Item {
+        /// LLM tokens of the item.
+        tokens: u32,
+    },
+    /// `tokens` text tokens drawn from content id `id` (a system prompt, a
+    /// turn's text, an earlier turn's answer).
+    Text {
+        /// Content id of the segment.
+        id: u64,
+        /// Tokens of the segment.
+        tokens: u32,
+    },
+}
+
+impl PromptPart {
+    /// The parts of a prompt whose content is `c`.
+    pub fn of(c: &easerve_sched::Content) -> Vec<PromptPart> {
+        c.pieces()
+            .map(|p| match p {
+                easerve_sched::Piece::Item(_, tokens) => PromptPart::Item { tokens },
+                easerve_sched::Piece::Text(s) => PromptPart::Text {
+                    id: s.id,
+                    tokens: s.tokens,
+                },
+            })
+            .collect()
+    }
+}
+
 /// One request of a prefill batch; its multimodal embeddings (if any) came
 /// earlier in an [`ToWorker::Embeddings`] envelope.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefillRequest {
     /// Request.
     pub id: RequestId,
-    /// Text prompt tokens after the embeddings.
+    /// Text prompt tokens after the embeddings (when `prompt` is empty).
     pub prompt_tokens: u32,
+    /// The prompt in order when the workload says what it is made of
+    /// (`easerve_sched::Content::pieces`): each item's embeddings and each
+    /// text segment, whose tokens the worker draws from its content id, so
+    /// equal segments are equal tokens in every request. Empty: the
+    /// embeddings, then `prompt_tokens` drawn from the request id.
+    #[serde(default)]
+    pub prompt: Vec<PromptPart>,
     /// With the prefix cache on: the leading prompt tokens whose KV cache
     /// this worker keeps (the controller's hit; 0: prefill it all).
     #[serde(default)]

@@ -24,6 +24,16 @@ pub struct Segment {
     pub tokens: u32,
 }
 
+/// One segment of a prompt as a driver builds it ([`Content::pieces`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// The request's item of this index (in its `items` order) and the LLM
+    /// tokens of its embeddings.
+    Item(usize, u32),
+    /// A text segment: equal content ids are equal tokens.
+    Text(Segment),
+}
+
 /// One media item of a request as the caches see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContentItem {
@@ -138,6 +148,25 @@ impl Content {
     pub fn keys(&self) -> &[ChainKey] {
         let (n, s) = self.counts();
         &self.words[1 + n + s..]
+    }
+
+    /// The prompt's segments in order, each told apart as one of the
+    /// request's items (its index in `items`) or text (a system prompt, a
+    /// turn's text, an earlier answer): a segment is item `k` when its id is
+    /// that of the next item not yet met, as the workload lays a turn's
+    /// media before its text. Segments of no tokens are left out. What a
+    /// driver builds a prompt from: `bench`'s request bodies and the
+    /// executor's prompt tokens.
+    pub fn pieces(&self) -> impl Iterator<Item = Piece> + '_ {
+        let mut items = self.items().enumerate().peekable();
+        self.segments().filter_map(move |s| match items.peek() {
+            Some(&(k, i)) if i.id == s.id => {
+                items.next();
+                Some(Piece::Item(k, s.tokens))
+            }
+            _ if s.tokens > 0 => Some(Piece::Text(s)),
+            _ => None,
+        })
     }
 
     /// The items and segments, as owned vectors (to change and rebuild).

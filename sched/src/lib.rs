@@ -83,7 +83,7 @@ mod topology;
 pub use allocation::{Allocation, AllocationError, StagePool, MAX_TERM};
 pub use cache::{
     CacheConfig, CacheCounters, CacheRouting, ChainKey, Content, ContentItem, ContentParts,
-    EncoderCache, EncoderCacheConfig, EncoderStoreConfig, ItemOp, Lru, PrefixCache,
+    EncoderCache, EncoderCacheConfig, EncoderStoreConfig, ItemOp, Lru, Piece, PrefixCache,
     PrefixCacheConfig, PrefixOp, Segment, StoreCounters, StoreLink,
 };
 pub use cluster::{NodeGroup, Place, PlacementError};

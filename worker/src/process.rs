@@ -20,8 +20,8 @@ use burn::tensor::{DataError, TensorData};
 use easerve_exec::device::{DeviceError, DeviceKind};
 use easerve_exec::input::{prepare, HostItem, InputError, Media};
 use easerve_exec::wire::{
-    read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, Role,
-    ToWorker, WireMedia, WireMediaError,
+    read_frame, write_frame, EncodeRequest, FromWorker, KvData, Matrix, PrefillRequest, PromptPart,
+    Role, ToWorker, WireMedia, WireMediaError,
 };
 use easerve_model::nn::{EncoderItem, KvCache, MultimodalModel, NnError};
 use easerve_model::ModelArch;
@@ -136,6 +136,18 @@ pub enum WorkerError {
         id: RequestId,
         /// The chain link's key.
         key: u64,
+    },
+    /// A prefill's embeddings do not have the rows its prompt's items name
+    /// (or its prompt is empty): the encoder's token count and the
+    /// workload's disagree.
+    #[error("request {id}: its embeddings have {rows} rows but its prompt's items take {items} (an empty prompt takes at least one token)")]
+    PromptRows {
+        /// The request.
+        id: RequestId,
+        /// Rows of its embeddings.
+        rows: usize,
+        /// Tokens its prompt's items name.
+        items: usize,
     },
     /// A decode step names a request whose KV cache has not landed here.
     #[error("decode step for request {0}, whose KV cache is not here")]
@@ -273,16 +285,40 @@ fn item_seed(seed: u64, r: &EncodeRequest, j: usize) -> u64 {
     }
 }
 
-/// Text prompt token ids of request `id` (deterministic, below `vocab`).
-fn prompt_ids(id: RequestId, n: u32, vocab: u32) -> Vec<u32> {
-    (0..n)
-        .map(|t| {
-            ((id as u32)
-                .wrapping_mul(2_654_435_761)
-                .wrapping_add(t * 7919))
-                % vocab.max(1)
-        })
-        .collect()
+/// How a worker draws the text tokens of a prompt (the models have no
+/// tokenizer): below the LM's vocabulary, from the run's seed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TextIds {
+    /// LM vocabulary size.
+    pub(crate) vocab: u32,
+    /// Run seed.
+    pub(crate) seed: u64,
+}
+
+impl TextIds {
+    /// The `n` text tokens of request `id` without content (deterministic,
+    /// its own: no other request shares them).
+    fn of_request(self, id: RequestId, n: u32) -> Vec<u32> {
+        (0..n)
+            .map(|t| {
+                ((id as u32)
+                    .wrapping_mul(2_654_435_761)
+                    .wrapping_add(t * 7919))
+                    % self.vocab.max(1)
+            })
+            .collect()
+    }
+
+    /// The `n` tokens of the text segment of content id `id`, drawn on the
+    /// named stream `exec-segment/{id:016x}` of the run's seed: equal ids,
+    /// equal tokens, in every request and on every worker.
+    fn of_segment(self, id: u64, n: u32) -> Vec<u32> {
+        use rand::Rng;
+        let mut rng = easerve_workload::rng::stream(self.seed, &format!("exec-segment/{id:016x}"));
+        (0..n)
+            .map(|_| rng.gen_range(0..self.vocab.max(1)))
+            .collect()
+    }
 }
 
 pub(crate) fn to_vec_f32<B: Backend, const D: usize>(
@@ -561,7 +597,10 @@ fn serve<B: Backend>(
     let t0 = Instant::now();
     let (model, ranks) = load_model::<B>(arch, opts, device)?;
     let ranks = ranks.as_ref();
-    let vocab = arch.llm.vocab;
+    let text = TextIds {
+        vocab: arch.llm.vocab,
+        seed: opts.seed,
+    };
     // built before any pass pins the process, so its threads start with the
     // worker's whole mask and keep it (see `Preprocessor::new`)
     let preprocessor = Arc::new(Preprocessor::new(
@@ -626,7 +665,7 @@ fn serve<B: Backend>(
                 Some(pools.run(share, || {
                     prefill(
                         &model,
-                        vocab,
+                        text,
                         &batch,
                         &mut prefixes,
                         device,
@@ -677,7 +716,7 @@ fn serve<B: Backend>(
                     decode: &decode,
                 };
                 Some(pools.run(1.0, || {
-                    replica_step(&model, &preprocessor, vocab, &mut seqs, step, device)
+                    replica_step(&model, &preprocessor, text, &mut seqs, step, device)
                 })?)
             }
         };
@@ -1059,9 +1098,22 @@ fn encode<B: Backend>(
 /// tokens up to its end. Exactly what the controller's `PrefixCache`
 /// directory says this worker holds, since it applies the directory's
 /// [`easerve_sched::PrefixOp`]s in order; it decides nothing.
+///
+/// A pending cache whose request the controller never keeps (it was
+/// aborted, or its part of the pass was a chunk, between the pass's end and
+/// the controller hearing of it) is dropped by this rule: the controller
+/// hears a worker's passes in the order they end and sends the keeps of one
+/// pass's requests before anything it decides later, so once a request of
+/// pass `k` is kept, a cache still pending from a pass before `k` never
+/// will be. [`ToWorker::Release`] drops one at once. So the worker holds
+/// pending caches of at most its last passes the controller has not
+/// answered yet, never a growing pile.
 pub struct PrefixStore<B: Backend> {
-    pending: HashMap<RequestId, KvCache<B>>,
+    /// Each pending cache with the number of the pass that computed it.
+    pending: HashMap<RequestId, (u64, KvCache<B>)>,
     links: HashMap<u64, (KvCache<B>, u64)>,
+    /// Prefill passes run so far (numbers the pending caches).
+    passes: u64,
     /// Prompt tokens whose prefill a cached head saved.
     pub reused_tokens: u64,
 }
@@ -1071,19 +1123,36 @@ impl<B: Backend> Default for PrefixStore<B> {
         PrefixStore {
             pending: HashMap::new(),
             links: HashMap::new(),
+            passes: 0,
             reused_tokens: 0,
         }
     }
 }
 
 impl<B: Backend> PrefixStore<B> {
+    /// Hold the KV caches of the pass that just ended until the controller
+    /// keeps them (or the rule above drops them).
+    fn hold(&mut self, caches: impl IntoIterator<Item = (RequestId, KvCache<B>)>) {
+        self.passes += 1;
+        let pass = self.passes;
+        self.pending
+            .extend(caches.into_iter().map(|(id, c)| (id, (pass, c))));
+    }
+
+    /// Requests whose KV caches wait for the controller's word.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Apply the directory's operations in order.
     pub fn apply(&mut self, ops: Vec<easerve_sched::PrefixOp>) {
         use easerve_sched::PrefixOp;
         for op in ops {
             match op {
                 PrefixOp::Keep { id, links } => {
-                    if let Some(cache) = self.pending.remove(&id) {
+                    if let Some((pass, cache)) = self.pending.remove(&id) {
+                        // the controller has answered every earlier pass
+                        self.pending.retain(|_, (p, _)| *p >= pass);
                         for (key, end) in links {
                             self.links.insert(key, (cache.clone(), end));
                         }
@@ -1133,7 +1202,7 @@ impl<B: Backend> PrefixStore<B> {
 /// (`DecoderLm::prefill_cached`); the first token and KV cache of each.
 fn prefill<B: Backend>(
     model: &MultimodalModel<B>,
-    vocab: u32,
+    text: TextIds,
     batch: &[(PrefillRequest, Option<Matrix>)],
     prefixes: &mut PrefixStore<B>,
     device: &B::Device,
@@ -1149,10 +1218,10 @@ fn prefill<B: Backend>(
         .partition(|(r, _)| r.cached > 0 && ranks.is_none());
     let mut done = Vec::with_capacity(batch.len());
     if !fresh.is_empty() {
-        done.extend(prefill_caches(model, vocab, &fresh, device, ranks)?);
+        done.extend(prefill_caches(model, text, &fresh, device, ranks)?);
     }
     for (r, emb) in &hits {
-        let seq = prompt_sequence(model, vocab, r, emb.as_ref(), device)?;
+        let seq = prompt_sequence(model, text, r, emb.as_ref(), device)?;
         let n = seq.dims()[0];
         let m = (r.cached as usize).min(n - 1);
         let past = prefixes.head(r.id, r.cached_key, m)?;
@@ -1161,13 +1230,17 @@ fn prefill<B: Backend>(
         done.push((r.id, argmax_rows(logits)?[0], cache));
     }
     let mut outputs = Vec::with_capacity(batch.len());
+    let mut kept = Vec::new();
     for (r, _) in batch {
         let k = done.iter().position(|d| d.0 == r.id).expect("prefilled");
         let (id, tok, cache) = done.swap_remove(k);
         if r.keep {
-            prefixes.pending.insert(id, cache.clone());
+            kept.push((id, cache.clone()));
         }
         outputs.push((id, tok, kv_to_wire(cache)?));
+    }
+    if !kept.is_empty() {
+        prefixes.hold(kept);
     }
     Ok(FromWorker::PrefillDone {
         outputs,
@@ -1181,14 +1254,14 @@ fn prefill<B: Backend>(
 /// pass and the caches are whole (every rank's KV heads).
 fn prefill_caches<B: Backend>(
     model: &MultimodalModel<B>,
-    vocab: u32,
+    text: TextIds,
     batch: &[(PrefillRequest, Option<Matrix>)],
     device: &B::Device,
     ranks: Option<(&crate::tp::Ranks, f64)>,
 ) -> Result<Vec<(RequestId, u32, KvCache<B>)>, WorkerError> {
     let seqs = batch
         .iter()
-        .map(|(r, emb)| prompt_sequence(model, vocab, r, emb.as_ref(), device))
+        .map(|(r, emb)| prompt_sequence(model, text, r, emb.as_ref(), device))
         .collect::<Result<Vec<_>, _>>()?;
     let (logits, caches) = match ranks {
         Some((r, share)) => r.prefill(&model.lm, &seqs, share)?,
@@ -1203,42 +1276,94 @@ fn prefill_caches<B: Backend>(
         .collect())
 }
 
-/// Request `r`'s prompt as the LLM takes it, `[tokens, d]`: its embeddings
-/// (if any), then its text tokens (at least one without embeddings).
+/// Request `r`'s prompt as the LLM takes it, `[tokens, d]`: its pieces in
+/// order ([`PrefillRequest::prompt`]: each item's rows of `emb`, each text
+/// segment's tokens), or without them its embeddings (if any), then its
+/// text tokens (at least one without embeddings).
+///
+/// Errors: embeddings not `d` wide, or whose rows are not the items' tokens
+/// the prompt names.
 fn prompt_sequence<B: Backend>(
     model: &MultimodalModel<B>,
-    vocab: u32,
+    text: TextIds,
     r: &PrefillRequest,
     emb: Option<&Matrix>,
     device: &B::Device,
 ) -> Result<Tensor<B, 2>, WorkerError> {
     let d = model.lm.d_model();
-    let mut parts = Vec::new();
-    if let Some(m) = emb {
-        if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize {
+    let rows = match emb {
+        Some(m) if m.cols as usize != d || m.data.len() != (m.rows * m.cols) as usize => {
             return Err(WorkerError::EmbeddingsWidth {
                 id: r.id,
                 rows: m.rows,
                 cols: m.cols,
                 width: d,
-            });
+            })
         }
-        if m.rows > 0 {
-            parts.push(Tensor::<B, 2>::from_data(
-                TensorData::new(m.data.clone(), [m.rows as usize, d]),
-                device,
-            ));
+        Some(m) => m.rows as usize,
+        None => 0,
+    };
+    let embedded = |from: usize, n: usize| {
+        let m = emb.expect("rows only with embeddings");
+        Tensor::<B, 2>::from_data(
+            TensorData::new(m.data[from * d..(from + n) * d].to_vec(), [n, d]),
+            device,
+        )
+    };
+    let mut parts = Vec::new();
+    if r.prompt.is_empty() {
+        if rows > 0 {
+            parts.push(embedded(0, rows));
+        }
+        let n = r.prompt_tokens.max(u32::from(parts.is_empty()));
+        let ids = text.of_request(r.id, n);
+        if !ids.is_empty() {
+            parts.push(model.lm.embed_tokens(&ids, device));
+        }
+        return Ok(Tensor::cat(parts, 0));
+    }
+    let mut row = 0;
+    for part in &r.prompt {
+        match *part {
+            PromptPart::Item { tokens } => {
+                let n = tokens as usize;
+                if row + n > rows {
+                    return Err(WorkerError::PromptRows {
+                        id: r.id,
+                        rows,
+                        items: item_tokens(&r.prompt),
+                    });
+                }
+                if n > 0 {
+                    parts.push(embedded(row, n));
+                }
+                row += n;
+            }
+            PromptPart::Text { id, tokens } if tokens > 0 => {
+                parts.push(model.lm.embed_tokens(&text.of_segment(id, tokens), device));
+            }
+            PromptPart::Text { .. } => {}
         }
     }
-    let text = prompt_ids(
-        r.id,
-        r.prompt_tokens.max(u32::from(parts.is_empty())),
-        vocab,
-    );
-    if !text.is_empty() {
-        parts.push(model.lm.embed_tokens(&text, device));
+    if row != rows || parts.is_empty() {
+        return Err(WorkerError::PromptRows {
+            id: r.id,
+            rows,
+            items: item_tokens(&r.prompt),
+        });
     }
     Ok(Tensor::cat(parts, 0))
+}
+
+/// The item tokens `prompt` names.
+fn item_tokens(prompt: &[PromptPart]) -> usize {
+    prompt
+        .iter()
+        .map(|p| match p {
+            PromptPart::Item { tokens } => *tokens as usize,
+            PromptPart::Text { .. } => 0,
+        })
+        .sum()
 }
 
 /// One aggregated replica's iteration (see [`ToWorker::ReplicaStep`]).
@@ -1255,7 +1380,7 @@ struct ReplicaWork<'a> {
 fn replica_step<B: Backend>(
     model: &MultimodalModel<B>,
     preprocessor: &Preprocessor,
-    vocab: u32,
+    text: TextIds,
     seqs: &mut HashMap<RequestId, Sequence<B>>,
     w: ReplicaWork<'_>,
     device: &B::Device,
@@ -1293,7 +1418,7 @@ fn replica_step<B: Backend>(
                 (r, e)
             })
             .collect();
-        for (id, last, cache) in prefill_caches(model, vocab, &batch, device, None)? {
+        for (id, last, cache) in prefill_caches(model, text, &batch, device, None)? {
             tokens.push((id, last));
             seqs.insert(id, Sequence { cache, last });
         }
@@ -1428,6 +1553,13 @@ mod tests {
                 ..
             } => (embeddings, preprocess_s),
             other => panic!("{other:?}"),
+        }
+    }
+
+    fn text_ids() -> TextIds {
+        TextIds {
+            vocab: arch().llm.vocab,
+            seed: SEED,
         }
     }
 
@@ -1630,6 +1762,7 @@ mod tests {
             .map(|r| PrefillRequest {
                 id: r.id,
                 prompt_tokens: 4,
+                prompt: Vec::new(),
                 cached: 0,
                 cached_key: 0,
                 keep: false,
@@ -1644,8 +1777,7 @@ mod tests {
             .collect();
         let mut want: HashMap<RequestId, Sequence<NdArray>> = HashMap::new();
         let mut first = Vec::new();
-        for (id, last, cache) in
-            prefill_caches(&model, arch().llm.vocab, &batch, &device, None).unwrap()
+        for (id, last, cache) in prefill_caches(&model, text_ids(), &batch, &device, None).unwrap()
         {
             first.push((id, last));
             want.insert(id, Sequence { cache, last });
@@ -1660,7 +1792,7 @@ mod tests {
         // the replica: iteration 1 admits 5 and 6, iteration 2 steps them
         let mut seqs = HashMap::new();
         let run = |seqs: &mut HashMap<RequestId, Sequence<NdArray>>, w: ReplicaWork<'_>| {
-            match replica_step(&model, &pre, arch().llm.vocab, seqs, w, &device).unwrap() {
+            match replica_step(&model, &pre, text_ids(), seqs, w, &device).unwrap() {
                 FromWorker::ReplicaStepDone {
                     tokens,
                     encode_s,
@@ -1775,5 +1907,157 @@ mod tests {
         assert!(preprocess_s >= hold.as_secs_f64() * 0.9, "{preprocess_s}");
         assert!(compute_s > preprocess_s);
         assert!(lock(&pre.slots).is_empty());
+    }
+
+    /// `rows` rows of embeddings `d` wide, deterministic in `salt`.
+    fn embedding_rows(rows: u32, d: usize, salt: u64) -> Matrix {
+        let data = (0..rows as u64 * d as u64)
+            .map(|i| (easerve_sched::cache::mix(salt, i) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        Matrix {
+            rows,
+            cols: d as u32,
+            data,
+        }
+    }
+
+    /// One prefill of `r` over `store`: its first token and KV cache.
+    fn prefill_one(
+        model: &MultimodalModel<NdArray>,
+        r: PrefillRequest,
+        emb: Matrix,
+        store: &mut PrefixStore<NdArray>,
+    ) -> (u32, KvData) {
+        let batch = [(r, Some(emb))];
+        match prefill(model, text_ids(), &batch, store, &Default::default(), None).unwrap() {
+            FromWorker::PrefillDone { mut outputs, .. } => {
+                let (_, tok, kv) = outputs.remove(0);
+                (tok, kv)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A conversation's second turn (a system prompt, the first turn's
+    /// image, text and answer, a second image and text), prefilled over the
+    /// KV cache its first turn left under the hash chain's links, gives the
+    /// first token and KV cache of the same prompt prefilled from scratch by
+    /// another request: equal segments are equal tokens, and the cached head
+    /// is the prompt's head (under 1 s).
+    #[test]
+    fn a_later_turn_over_its_first_turns_cache_matches_one_from_scratch() {
+        use easerve_sched::{cache::blocks_before, Content, ContentItem, PrefixOp, Segment};
+        let model = model();
+        let d = model.lm.d_model();
+        let item = |id, llm_tokens| ContentItem {
+            id,
+            encoder_tokens: llm_tokens,
+            llm_tokens,
+        };
+        let seg = |id, tokens| Segment { id, tokens };
+        let (image1, image2) = (item(7, 20), item(8, 12));
+        let (system, text1, answer1, text2) = (seg(101, 24), seg(201, 9), seg(202, 5), seg(203, 7));
+        let turn1 = Content::new([image1].into_iter(), &[system, seg(7, 20), text1]);
+        let turn2 = Content::new(
+            [image1, image2].into_iter(),
+            &[system, seg(7, 20), text1, answer1, seg(8, 12), text2],
+        );
+        let request = |id, c: &Content, cached, cached_key| PrefillRequest {
+            id,
+            prompt_tokens: 0,
+            prompt: PromptPart::of(c),
+            cached,
+            cached_key,
+            keep: true,
+        };
+        let emb1 = embedding_rows(20, d, 1);
+        let mut emb2 = emb1.clone();
+        let more = embedding_rows(12, d, 2);
+        emb2.rows += more.rows;
+        emb2.data.extend(more.data);
+
+        let mut store = PrefixStore::default();
+        prefill_one(&model, request(1, &turn1, 0, 0), emb1, &mut store);
+        let links = turn1.keys().iter().map(|k| (k.key, k.end)).collect();
+        store.apply(vec![PrefixOp::Keep { id: 1, links }]);
+        // the turns share their first three links (53 tokens): three full
+        // blocks of 16 are cached
+        assert_eq!(turn2.keys()[..3], turn1.keys()[..3]);
+        let cached = blocks_before(turn2.keys(), 3, 16) as u32 * 16;
+        assert_eq!(cached, 48);
+        let hit = request(2, &turn2, cached, turn2.keys()[2].key);
+        let (tok, kv) = prefill_one(&model, hit, emb2.clone(), &mut store);
+        assert_eq!(store.reused_tokens, 48);
+
+        let mut scratch = PrefixStore::default();
+        let (want_tok, want_kv) = prefill_one(&model, request(3, &turn2, 0, 0), emb2, &mut scratch);
+        assert_eq!(scratch.reused_tokens, 0);
+        assert_eq!(tok, want_tok, "first token");
+        assert_eq!((kv.len, kv.k.len()), (want_kv.len, want_kv.k.len()));
+        assert_eq!(kv.len, 24 + 20 + 9 + 5 + 12 + 7);
+        let far = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max)
+        };
+        assert!(
+            far(&kv.k, &want_kv.k) < 1e-3,
+            "keys differ by {}",
+            far(&kv.k, &want_kv.k)
+        );
+        assert!(
+            far(&kv.v, &want_kv.v) < 1e-3,
+            "values differ by {}",
+            far(&kv.v, &want_kv.v)
+        );
+        // a prompt whose items' tokens are not its embeddings' rows is refused
+        let short = request(4, &turn2, 0, 0);
+        let batch = [(short, Some(embedding_rows(20, d, 1)))];
+        let mut s = PrefixStore::default();
+        let e = prefill(
+            &model,
+            text_ids(),
+            &batch,
+            &mut s,
+            &Default::default(),
+            None,
+        );
+        assert!(matches!(
+            e,
+            Err(WorkerError::PromptRows {
+                rows: 20,
+                items: 32,
+                ..
+            })
+        ));
+    }
+
+    /// The worker drops a pending KV cache the controller never keeps (its
+    /// request aborted between the pass's end and the controller hearing of
+    /// it) once it keeps a request of a later pass; those of the same pass
+    /// stay until their keep comes.
+    #[test]
+    fn a_pending_cache_never_kept_is_dropped_when_a_later_pass_is_kept() {
+        use easerve_sched::PrefixOp;
+        let device = Default::default();
+        let cache = || {
+            let t = || Tensor::<NdArray, 3>::zeros([1, 4, 2], &device);
+            KvCache::from_positions(vec![t()], vec![t()], 1)
+        };
+        let keep = |id, key| PrefixOp::Keep {
+            id,
+            links: vec![(key, 4)],
+        };
+        let mut store = PrefixStore::<NdArray>::default();
+        // pass 1: requests 1 and 2 (2 is aborted, never kept); pass 2: 3 and 4
+        store.hold([(1, cache()), (2, cache())]);
+        store.hold([(3, cache()), (4, cache())]);
+        store.apply(vec![keep(1, 11)]);
+        assert_eq!(store.pending(), 3, "request 2 may still be kept");
+        store.apply(vec![keep(3, 13)]);
+        assert_eq!(store.pending(), 1, "request 2 dropped, request 4 waits");
+        store.apply(vec![keep(4, 14)]);
+        assert_eq!((store.pending(), store.len()), (0, 3));
     }
 }
