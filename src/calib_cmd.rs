@@ -420,6 +420,44 @@ fn refine_runs(
             ms / ss
         );
     }
+    refine_link_tables(p, &s, &m, &what)
+}
+
+/// The `[[transfer]]` tables from the two reports' embedding and KV
+/// transfer stages ([`easerve_calib::refine::fit_transfers`]); what it did
+/// printed.
+fn refine_link_tables(
+    p: &mut Profile,
+    s: &easerve_workload::Report,
+    m: &easerve_workload::Report,
+    what: &str,
+) -> anyhow::Result<()> {
+    if p.transfer_tables().is_empty() {
+        return Ok(());
+    }
+    let mean = |r: &easerve_workload::Report, name: &str| {
+        (r.stages.iter())
+            .find(|st| st.stage == name)
+            .map_or(0.0, |st| st.service.mean)
+    };
+    let kinds = ["embedding transfer", "kv transfer"];
+    let pairs: Vec<(f64, f64)> = kinds.iter().map(|k| (mean(s, k), mean(m, k))).collect();
+    let fit = easerve_calib::refine::fit_transfers(&pairs).map_err(BadInput)?;
+    let Some(fit) = fit else {
+        eprintln!("transfer: no transfer time in both reports; left as is");
+        return Ok(());
+    };
+    easerve_calib::refine::refine_transfers(p, fit, what).map_err(|e| BadInput(e.to_string()))?;
+    let each: Vec<String> = (kinds.iter().zip(&pairs))
+        .filter(|(_, (s, m))| *s > 0.0 && *m > 0.0)
+        .map(|(k, (s, m))| format!("{k} {:.3} ms against {:.3} ms", m * 1e3, s * 1e3))
+        .collect();
+    sayln!(
+        "transfer measured = {:.3} ms + {:.3} x simulated ({}, measured against simulated means)",
+        fit.fixed_s * 1e3,
+        fit.factor,
+        each.join(", ")
+    );
     Ok(())
 }
 

@@ -27,6 +27,14 @@
 //! [`scale_stage`] by measured over simulated mean service time (two reports
 //! of one scenario), and [`refine_from_latencies`] from what a client
 //! measures, mean TTFT and TPOT, when no per-stage times are known.
+//!
+//! The link tables get two terms, not one factor ([`fit_transfers`]): the
+//! executor relays every embedding envelope and KV cache through its
+//! controller process (two loopback hops, a wake-up of the controller,
+//! serialising the tensors), where the profile timed one bare loopback
+//! message. A fixed relay latency per message plus a factor on the bytes'
+//! time is fitted from the two kinds of transfer a run has (small
+//! embeddings, large KV caches).
 
 use crate::profile::{monotone_envelope_columns, Profile, ProfileError, Stage};
 
@@ -50,6 +58,77 @@ fn check_factor(factor: f64, what: &str) -> Result<(), String> {
             "{what}: the measured/profiled factor {factor:.4e} is outside [{lo}, {hi}]; a measurement that far off is not of this profile's model and device (or its times are in another unit), so it is not folded in"
         ))
     }
+}
+
+/// The executor's transfers against the simulated ones:
+/// `measured = fixed_s + factor × simulated` seconds per message.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TransferFit {
+    /// Seconds every message adds (the relay's latency).
+    pub fixed_s: f64,
+    /// Factor on the link table's time of its bytes.
+    pub factor: f64,
+}
+
+/// Fit [`TransferFit`] to `(simulated, measured)` mean transfer times
+/// (seconds) of the kinds of transfer one run has (embedding envelopes, KV
+/// caches). Two kinds whose simulated means differ by at least 10 % give
+/// both terms (the line through them), when its factor is positive and its
+/// fixed term not negative; otherwise one factor, `Σ measured / Σ
+/// simulated`, and no fixed term. Pairs without both means positive are
+/// left out; `None` when none is left.
+///
+/// # Errors
+/// A factor outside [`FACTOR_RANGE`], or a fixed term of a second or more.
+pub fn fit_transfers(pairs: &[(f64, f64)]) -> Result<Option<TransferFit>, String> {
+    let ok: Vec<(f64, f64)> = (pairs.iter())
+        .copied()
+        .filter(|&(s, m)| s > 0.0 && m > 0.0 && s.is_finite() && m.is_finite())
+        .collect();
+    if ok.is_empty() {
+        return Ok(None);
+    }
+    let line = match ok.as_slice() {
+        [(s1, m1), (s2, m2)] if s1.max(*s2) >= 1.1 * s1.min(*s2) => {
+            let factor = (m2 - m1) / (s2 - s1);
+            let fixed_s = m1 - factor * s1;
+            (factor > 0.0 && fixed_s >= 0.0).then_some(TransferFit { fixed_s, factor })
+        }
+        _ => None,
+    };
+    let fit = line.unwrap_or_else(|| TransferFit {
+        fixed_s: 0.0,
+        factor: ok.iter().map(|p| p.1).sum::<f64>() / ok.iter().map(|p| p.0).sum::<f64>(),
+    });
+    check_factor(fit.factor, "transfer")?;
+    if fit.fixed_s >= 1.0 {
+        return Err(format!(
+            "transfer: a fixed {:.3} s per message is not a relay's latency; not folded in",
+            fit.fixed_s
+        ));
+    }
+    Ok(Some(fit))
+}
+
+/// Every `[[transfer]]` table of `profile` mapped through `fit` (both value
+/// columns), with the provenance saying so; `what` names the source.
+///
+/// # Errors
+/// A mapped table that is not valid ([`Profile::map_transfer_seconds`]).
+pub fn refine_transfers(
+    profile: &mut Profile,
+    fit: TransferFit,
+    what: &str,
+) -> Result<(), ProfileError> {
+    profile.map_transfer_seconds(|v| fit.fixed_s + fit.factor * v)?;
+    let _ = write!(
+        profile.provenance.method,
+        "; transfer = {:.3e} s + {:.3} x table on {} ({what})",
+        fit.fixed_s,
+        fit.factor,
+        crate::profile::today_utc()
+    );
+    Ok(())
 }
 
 /// One measured encode pass.
@@ -442,6 +521,53 @@ mod tests {
             ),
             "{e:?}"
         );
+    }
+
+    /// Two kinds of transfer give the line through them (a relay's fixed
+    /// latency and a factor on the bytes' time); one kind, or a line with a
+    /// negative fixed term, one factor; the tables move by the fit, bytes
+    /// kept.
+    #[test]
+    fn transfers_are_fitted_a_fixed_latency_plus_a_factor_and_mapped_into_the_link_tables() {
+        // the cpu-image-reuse run: embeddings 0.902 ms against 0.051,
+        // KV caches 4.244 ms against 0.773
+        let f = fit_transfers(&[(0.051e-3, 0.902e-3), (0.773e-3, 4.244e-3)])
+            .unwrap()
+            .unwrap();
+        assert!((f.factor - 4.6288).abs() < 1e-3, "{f:?}");
+        assert!((f.fixed_s - 0.6659e-3).abs() < 1e-6, "{f:?}");
+        let one = fit_transfers(&[(0.0, 1.0), (2e-3, 5e-3)]).unwrap().unwrap();
+        assert_eq!((one.fixed_s, one.factor), (0.0, 2.5));
+        // the line through these has a negative fixed term (-1.5 ms), so
+        // one factor over both: 5 / 4
+        let flat = fit_transfers(&[(1e-3, 0.5e-3), (3e-3, 4.5e-3)])
+            .unwrap()
+            .unwrap();
+        assert_eq!(flat.fixed_s, 0.0);
+        assert!((flat.factor - 1.25).abs() < 1e-12);
+        assert_eq!(fit_transfers(&[(0.0, 0.0)]).unwrap(), None);
+        assert!(
+            fit_transfers(&[(1e-9, 1.0)]).is_err(),
+            "a millionfold factor"
+        );
+
+        let (_, mut p, _) = roofline_profile();
+        let before: Vec<Vec<Vec<f64>>> = (p.transfer_tables().iter())
+            .map(|t| t.rows().to_vec())
+            .collect();
+        assert!(!before.is_empty());
+        refine_transfers(&mut p, f, "test").unwrap();
+        for (t, rows) in p.transfer_tables().iter().zip(&before) {
+            let unit = t.unit().seconds();
+            for (new, old) in t.rows().iter().zip(rows) {
+                assert_eq!(new[0], old[0], "bytes kept");
+                for i in 1..old.len() {
+                    let want = f.fixed_s + f.factor * old[i] * unit;
+                    assert!((new[i] * unit - want).abs() <= 1e-12 * want.max(1.0));
+                }
+            }
+        }
+        assert!(p.provenance.method.contains("transfer = "));
     }
 
     #[test]

@@ -90,6 +90,44 @@ impl Profile {
         }
         Ok(())
     }
+
+    /// Map every value (median and P90, seconds) of every `[[transfer]]`
+    /// table through `f`, keeping the byte axis: how `calib refine` folds a
+    /// measured run's transfers into the link tables.
+    ///
+    /// # Errors
+    /// A mapped row that is not valid (a value not finite or negative, or a
+    /// table no longer non-decreasing in bytes), naming the table.
+    pub fn map_transfer_seconds(&mut self, f: impl Fn(f64) -> f64) -> Result<(), ProfileError> {
+        let p = Parser {
+            file: &self.origin,
+            extra_devices: &[],
+            extra_links: &[],
+        };
+        let mut out = Vec::with_capacity(self.transfer.len());
+        for t in &self.transfer {
+            let na = Stage::Transfer.axes().len();
+            let unit = t.unit.seconds();
+            let rows: Vec<Vec<f64>> = (t.rows.iter())
+                .map(|r| {
+                    (r.iter().enumerate())
+                        .map(|(i, v)| if i < na { *v } else { f(v * unit) / unit })
+                        .collect()
+                })
+                .collect();
+            let name = format!("transfer ({})", t.link.as_deref().unwrap_or("?"));
+            p.check_rows(&name, Stage::Transfer, &t.columns, &rows)?;
+            out.push(Table::build(
+                Stage::Transfer,
+                t.link.clone(),
+                t.unit,
+                t.columns.clone(),
+                rows,
+            ));
+        }
+        self.transfer = out;
+        Ok(())
+    }
 }
 
 /// Validation of profile text, with the file name for errors.
