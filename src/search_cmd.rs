@@ -187,21 +187,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
     objective
         .check_costs(&sc.raw)
         .map_err(|e| BadInput(format!("--objective {objective}: {e}")))?;
-    // ranked by cost, which groups the stages use is part of the choice
-    let space = match a.all_groups || objective.needs_costs() {
-        true => easerve_has::space::feasible_allocations_across_groups(&sc),
-        false => easerve_has::feasible_allocations(&sc),
-    };
-    if space.is_empty() {
-        return Err(BadInput(format!(
-            "{}: no allocation of the cluster's {} × {} can serve {} (no TP degree fits its weights, or no GPU is left for an encode worker); use more or larger GPUs (cluster.gpus, cluster.gpu)",
-            a.scenario.display(),
-            sc.gpus,
-            sc.gpu.name,
-            sc.model.name
-        ))
-        .into());
-    }
+    let space = search_space(&a, &sc, &objective)?;
     let trial = SimTrial::new(sc.raw.clone(), &sc.file, base.clone()).scoring(objective.tier());
     let cfg = SearchConfig {
         method,
@@ -506,4 +492,33 @@ fn emit_chosen(
     } else {
         crate::deploy_cmd::write(&sc, dir, &a.out)
     }
+}
+
+/// The allocations `search` chooses among: on node groups every assignment
+/// of the stages to them with `--all-groups` or a cost objective, else the
+/// groups the scenario names.
+///
+/// # Errors
+/// No allocation fits (exit 2).
+fn search_space(
+    a: &SearchArgs,
+    sc: &Scenario,
+    objective: &easerve_has::Objective,
+) -> anyhow::Result<Vec<easerve_has::FeasibleAllocation>> {
+    // ranked by cost, which groups the stages use is part of the choice
+    let space = match a.all_groups || objective.needs_costs() {
+        true => easerve_has::space::feasible_allocations_across_groups(sc),
+        false => easerve_has::feasible_allocations(sc),
+    };
+    if space.is_empty() {
+        return Err(BadInput(format!(
+            "{}: no allocation of the cluster's {} × {} can serve {} (no TP degree fits its weights, or no GPU is left for an encode worker); use more or larger GPUs (cluster.gpus, cluster.gpu)",
+            a.scenario.display(),
+            sc.gpus,
+            sc.gpu.name,
+            sc.model.name
+        ))
+        .into());
+    }
+    Ok(space)
 }

@@ -255,16 +255,6 @@ impl Parser<'_> {
         let encode = self.optional_table(&doc, "encode", Stage::Encode)?;
         let prefill = self.table("prefill", Stage::Prefill, self.sub_table(&doc, "prefill")?)?;
         let decode = self.table("decode", Stage::Decode, self.sub_table(&doc, "decode")?)?;
-        let arr = match doc.get("transfer") {
-            Some(toml::Value::Array(a)) if !a.is_empty() => a,
-            _ => {
-                return Err(self.err(
-                    Some("transfer"),
-                    None,
-                    "missing: at least one [[transfer]] table (link, unit, columns, rows)".into(),
-                ))
-            }
-        };
         let all_reduce = self.optional_table(&doc, "all_reduce", Stage::AllReduce)?;
         let encode_tp = self.optional_table(&doc, "encode_tp", Stage::EncodeTp)?;
         if encode_tp
@@ -277,35 +267,7 @@ impl Parser<'_> {
                 "rows at tp = 1: TP 1 passes belong in [encode] (allowed tp: 2 and more)".into(),
             ));
         }
-        let mut transfer = Vec::new();
-        for (i, v) in arr.iter().enumerate() {
-            let name = format!("transfer[{}]", i + 1);
-            let t = self.table(&name, Stage::Transfer, self.as_table(&name, v)?)?;
-            if transfer.iter().any(|o: &Table| o.link == t.link) {
-                return Err(self.err(
-                    Some(&name),
-                    None,
-                    format!(
-                        "second table for link `{}`",
-                        t.link.as_deref().unwrap_or("")
-                    ),
-                ));
-            }
-            transfer.push(t);
-        }
-        if !transfer
-            .iter()
-            .any(|t| t.link.as_deref() == Some(provenance.link.as_str()))
-        {
-            return Err(self.err(
-                Some("transfer"),
-                None,
-                format!(
-                    "no [[transfer]] table for the provenance's link `{}`",
-                    provenance.link
-                ),
-            ));
-        }
+        let transfer = self.transfers(&doc, &provenance.link)?;
         Ok(Profile {
             origin: self.file.to_string(),
             provenance,
@@ -323,6 +285,45 @@ impl Parser<'_> {
             tp_fallbacks: Default::default(),
             tp_priced: Default::default(),
         })
+    }
+
+    /// The `[[transfer]]` tables, one per link, one of them for the
+    /// provenance's `link`.
+    fn transfers(&self, doc: &toml::Table, link: &str) -> Res<Vec<Table>> {
+        let arr = match doc.get("transfer") {
+            Some(toml::Value::Array(a)) if !a.is_empty() => a,
+            _ => {
+                return Err(self.err(
+                    Some("transfer"),
+                    None,
+                    "missing: at least one [[transfer]] table (link, unit, columns, rows)".into(),
+                ))
+            }
+        };
+        let mut transfer = Vec::new();
+        for (i, v) in arr.iter().enumerate() {
+            let name = format!("transfer[{}]", i + 1);
+            let t = self.table(&name, Stage::Transfer, self.as_table(&name, v)?)?;
+            if transfer.iter().any(|o: &Table| o.link == t.link) {
+                return Err(self.err(
+                    Some(&name),
+                    None,
+                    format!(
+                        "second table for link `{}`",
+                        t.link.as_deref().unwrap_or("")
+                    ),
+                ));
+            }
+            transfer.push(t);
+        }
+        if !transfer.iter().any(|t| t.link.as_deref() == Some(link)) {
+            return Err(self.err(
+                Some("transfer"),
+                None,
+                format!("no [[transfer]] table for the provenance's link `{}`", link),
+            ));
+        }
+        Ok(transfer)
     }
 
     fn as_table<'v>(&self, name: &str, v: &'v toml::Value) -> Res<&'v toml::Table> {
