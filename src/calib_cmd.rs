@@ -399,8 +399,17 @@ fn refine_runs(
         return refine_latencies(p, &s, &m, with_encode, &what);
     }
     let mut stages = vec![(Stage::Prefill, "prefill"), (Stage::Decode, "decode")];
-    if with_encode && p.encode_table().is_some() {
+    // an encode worker at TP k > 1 was priced from the `encode_tp` rows,
+    // which are not refined: scaling the TP 1 table by its factor would
+    // move what the run did not measure
+    let encode_tp = (s.meta.deployment.split(['+', ' ']))
+        .find_map(|t| t.strip_suffix(')')?.split_once("E(TP"))
+        .and_then(|(_, tp)| tp.parse::<u32>().ok())
+        .unwrap_or(1);
+    if with_encode && p.encode_table().is_some() && encode_tp == 1 {
         stages.insert(0, (Stage::Encode, "encode"));
+    } else if with_encode && encode_tp > 1 {
+        eprintln!("encode: the run's encode workers are at TP {encode_tp}, priced from the profile's encode_tp rows, which are not refined; left as is");
     }
     for (stage, name) in stages {
         let mean = |r: &easerve_workload::Report| {

@@ -505,11 +505,7 @@ fn search_space(
     sc: &Scenario,
     objective: &easerve_has::Objective,
 ) -> anyhow::Result<Vec<easerve_has::FeasibleAllocation>> {
-    // ranked by cost, which groups the stages use is part of the choice
-    let space = match a.all_groups || objective.needs_costs() {
-        true => easerve_has::space::feasible_allocations_across_groups(sc),
-        false => easerve_has::feasible_allocations(sc),
-    };
+    let space = easerve_has::space::search_space(sc, objective, a.all_groups);
     if space.is_empty() {
         return Err(BadInput(format!(
             "{}: no allocation of the cluster's {} × {} can serve {} (no TP degree fits its weights, or no GPU is left for an encode worker); use more or larger GPUs (cluster.gpus, cluster.gpu)",

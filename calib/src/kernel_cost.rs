@@ -814,7 +814,8 @@ impl KernelCost {
 impl StageCost for KernelCost {
     /// The GPU phase from the split kernels of
     /// [`easerve_model::ModelArch::encode_ops_tp`], its two all-reduces per
-    /// block from the tables' eager NCCL all-reduce (as prefill's); the
+    /// block from the tables' all-reduce (aiconfigurator's vLLM custom
+    /// all-reduce, `vllm_eager`, as prefill's); the
     /// host terms as at TP 1 (rank 0 preprocesses and schedules the pass).
     fn encode_tp(&self, items: &[ItemTokens], sm_share: f64, tp: u32) -> EncodeTime {
         if items.is_empty() || self.model.encoder.is_none() {
@@ -1161,7 +1162,7 @@ mod tests {
 
     /// An encode worker at TP 2 (LLaVA-NeXT's CLIP tower on an H100, 4
     /// images of 672 × 672): its pass is the sum of the split ops'
-    /// measured kernels, its all-reduces the tables' eager NCCL all-reduce
+    /// measured kernels, its all-reduces the tables' vLLM custom all-reduce
     /// of `tokens × hidden` at TP 2, two per block, and it is faster than at
     /// TP 1 (the blocks' GEMMs halve per rank; the all-reduces cost less).
     #[test]

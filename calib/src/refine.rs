@@ -72,7 +72,10 @@ pub struct TransferFit {
 
 /// Fit [`TransferFit`] to `(simulated, measured)` mean transfer times
 /// (seconds) of the kinds of transfer one run has (embedding envelopes, KV
-/// caches). Two kinds whose simulated means differ by at least 10 % give
+/// caches). The means are a report's, over every request of a stage: a
+/// request whose embeddings go to the local prefill worker beside its
+/// encoder counts a simulated 0 (the executor still relays them), so the
+/// fitted fixed term is that much lower than a remote message's. Two kinds whose simulated means differ by at least 10 % give
 /// both terms (the line through them), when its factor is positive and its
 /// fixed term not negative; otherwise one factor, `Σ measured / Σ
 /// simulated`, and no fixed term. Pairs without both means positive are
@@ -110,8 +113,9 @@ pub fn fit_transfers(pairs: &[(f64, f64)]) -> Result<Option<TransferFit>, String
     Ok(Some(fit))
 }
 
-/// Every `[[transfer]]` table of `profile` mapped through `fit` (both value
-/// columns), with the provenance saying so; `what` names the source.
+/// The `[[transfer]]` table of `profile`'s own link (the provenance's
+/// `link`, the one its transfers are priced on) mapped through `fit` (both
+/// value columns), with the provenance saying so; `what` names the source.
 ///
 /// # Errors
 /// A mapped table that is not valid ([`Profile::map_transfer_seconds`]).
@@ -120,7 +124,8 @@ pub fn refine_transfers(
     fit: TransferFit,
     what: &str,
 ) -> Result<(), ProfileError> {
-    profile.map_transfer_seconds(|v| fit.fixed_s + fit.factor * v)?;
+    let link = profile.provenance.link.clone();
+    profile.map_transfer_seconds(&link, |v| fit.fixed_s + fit.factor * v)?;
     let _ = write!(
         profile.provenance.method,
         "; transfer = {:.3e} s + {:.3} x table on {} ({what})",
@@ -557,7 +562,14 @@ mod tests {
             .collect();
         assert!(!before.is_empty());
         refine_transfers(&mut p, f, "test").unwrap();
+        let own = p.provenance.link.clone();
+        let mut mapped = 0;
         for (t, rows) in p.transfer_tables().iter().zip(&before) {
+            if t.link() != Some(own.as_str()) {
+                assert_eq!(t.rows(), &rows[..], "another link's table kept");
+                continue;
+            }
+            mapped += 1;
             let unit = t.unit().seconds();
             for (new, old) in t.rows().iter().zip(rows) {
                 assert_eq!(new[0], old[0], "bytes kept");
@@ -567,6 +579,7 @@ mod tests {
                 }
             }
         }
+        assert_eq!(mapped, 1, "the provenance's link table");
         assert!(p.provenance.method.contains("transfer = "));
     }
 

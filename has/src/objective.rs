@@ -89,6 +89,20 @@ impl Objective {
         matches!(self, Objective::GoodputPerDollar { .. })
     }
 
+    /// The objective that ranks as this one among allocations on fixed
+    /// stage groups: there every allocation pays for the same groups, so
+    /// goodput per dollar ranks as goodput (ties alike); the others as
+    /// they are.
+    pub fn on_fixed_groups(&self) -> Objective {
+        match self {
+            Objective::GoodputPerDollar { name, tier } => Objective::Goodput {
+                name: name.clone(),
+                tier: *tier,
+            },
+            o => o.clone(),
+        }
+    }
+
     /// Whether `raw`'s cluster gives what this objective needs: for
     /// goodput per dollar, node groups each with `cost_per_gpu_hour`.
     ///

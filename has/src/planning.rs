@@ -105,6 +105,11 @@ pub enum Tuning {
     Fixed,
     /// The deployment a HAS search ([`crate::DEFAULT_BUDGET`] trials) picks at each rate.
     Has,
+    /// As [`Tuning::Has`], on the stage groups the scenario (with the
+    /// probe's settings) names, whatever the objective: how
+    /// [`Planner::cheapest_mix`] tunes each of its assignments,
+    /// which it enumerates itself.
+    HasOnGroups,
 }
 
 /// One simulated run at one rate.
@@ -351,7 +356,11 @@ impl Planner {
         o.rate = Some(rate);
         let sc = match tuning {
             Tuning::Fixed => self.load(&sets, &o)?,
-            Tuning::Has => {
+            Tuning::Has | Tuning::HasOnGroups => {
+                let objective = match tuning {
+                    Tuning::HasOnGroups => self.objective.on_fixed_groups(),
+                    _ => self.objective.clone(),
+                };
                 let file = self.path.display().to_string();
                 let name = Scenario::default_name(&self.path);
                 let (raw, space) = self.feasible(&sets, &o)?;
@@ -369,7 +378,7 @@ impl Planner {
                 });
                 let sc = Scenario::validate(first, &file, &name).map_err(scenario_err)?;
                 let Some(best) =
-                    crate::tune_for(crate::Method::Has, &sc, &o, rate, sc.seed, &self.objective)
+                    crate::tune_for(crate::Method::Has, &sc, &o, rate, sc.seed, &objective)
                 else {
                     return Ok(None);
                 };
@@ -819,7 +828,8 @@ impl Planner {
                 for (stage, g) in ["encode", "prefill", "decode"].iter().zip(stages) {
                     sets.push((format!("deployment.groups.{stage}"), g.clone()));
                 }
-                let probe = self.probe(&sets, rate, Tuning::Has)?;
+                // tuned on this assignment's groups (the loop chooses them)
+                let probe = self.probe(&sets, rate, Tuning::HasOnGroups)?;
                 if let Some(p) = &probe {
                     on_probe(p);
                 }

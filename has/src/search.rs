@@ -341,11 +341,7 @@ pub fn tune_for(
         time_budget_s: None,
         own: None,
     };
-    // ranked by cost, which groups the stages use is part of the choice
-    let space = match objective.needs_costs() {
-        true => crate::space::feasible_allocations_across_groups(sc),
-        false => feasible_allocations(sc),
-    };
+    let space = crate::space::search_space(sc, objective, false);
     search_in(sc, space, cost.as_ref(), &trial, &cfg, &mut |_| {})
         .best
         .filter(|b| b.outcome.feasible)

@@ -209,6 +209,22 @@ pub fn feasible_allocations_across_groups(sc: &Scenario) -> Vec<FeasibleAllocati
         .collect()
 }
 
+/// The allocations a search on `sc` ranked by `objective` chooses among:
+/// on node groups, every assignment of the stages to them
+/// ([`feasible_allocations_across_groups`]) with `all_groups` or when the
+/// objective ranks by cost (which groups the stages use is then part of the
+/// choice); else the groups the scenario names ([`feasible_allocations`]).
+pub fn search_space(
+    sc: &Scenario,
+    objective: &crate::Objective,
+    all_groups: bool,
+) -> Vec<FeasibleAllocation> {
+    match all_groups || objective.needs_costs() {
+        true => feasible_allocations_across_groups(sc),
+        false => feasible_allocations(sc),
+    }
+}
+
 /// `[deployment.groups]` naming `groups`.
 fn section_of([e, p, d]: &StageGroups) -> StageGroupsSection {
     StageGroupsSection {

@@ -91,14 +91,19 @@ impl Profile {
         Ok(())
     }
 
-    /// Map every value (median and P90, seconds) of every `[[transfer]]`
-    /// table through `f`, keeping the byte axis: how `calib refine` folds a
-    /// measured run's transfers into the link tables.
+    /// Map every value (median and P90, seconds) of the `[[transfer]]`
+    /// table of `link` through `f`, keeping the byte axis (the other links'
+    /// tables as they are): how `calib refine` folds a measured run's
+    /// transfers into the link table the run used.
     ///
     /// # Errors
     /// A mapped row that is not valid (a value not finite or negative, or a
     /// table no longer non-decreasing in bytes), naming the table.
-    pub fn map_transfer_seconds(&mut self, f: impl Fn(f64) -> f64) -> Result<(), ProfileError> {
+    pub fn map_transfer_seconds(
+        &mut self,
+        link: &str,
+        f: impl Fn(f64) -> f64,
+    ) -> Result<(), ProfileError> {
         let p = Parser {
             file: &self.origin,
             extra_devices: &[],
@@ -106,6 +111,10 @@ impl Profile {
         };
         let mut out = Vec::with_capacity(self.transfer.len());
         for t in &self.transfer {
+            if t.link.as_deref() != Some(link) {
+                out.push(t.clone());
+                continue;
+            }
             let na = Stage::Transfer.axes().len();
             let unit = t.unit.seconds();
             let rows: Vec<Vec<f64>> = (t.rows.iter())
