@@ -402,23 +402,16 @@ fn refine_runs(
     // an encode worker at TP k > 1 was priced from the `encode_tp` rows,
     // which are not refined: scaling the TP 1 table by its factor would
     // move what the run did not measure
-    let encode_tp = (s.meta.deployment.split(['+', ' ']))
-        .find_map(|t| t.strip_suffix(')')?.split_once("E(TP"))
-        .and_then(|(_, tp)| tp.parse::<u32>().ok())
-        .unwrap_or(1);
+    let encode_tp = (s.meta.deployment.split_whitespace().next())
+        .and_then(|a| a.parse::<easerve_sched::Allocation>().ok())
+        .map_or(1, |a| a.encode.tp);
     if with_encode && p.encode_table().is_some() && encode_tp == 1 {
         stages.insert(0, (Stage::Encode, "encode"));
     } else if with_encode && encode_tp > 1 {
         eprintln!("encode: the run's encode workers are at TP {encode_tp}, priced from the profile's encode_tp rows, which are not refined; left as is");
     }
     for (stage, name) in stages {
-        let mean = |r: &easerve_workload::Report| {
-            r.stages
-                .iter()
-                .find(|st| st.stage == name)
-                .map_or(0.0, |st| st.service.mean)
-        };
-        let (ms, ss) = (mean(&m), mean(&s));
+        let (ms, ss) = (service_mean(&m, name), service_mean(&s, name));
         if !(ms > 0.0 && ss > 0.0) {
             eprintln!("{name}: no service time in both reports; left as is");
             continue;
@@ -430,6 +423,14 @@ fn refine_runs(
         );
     }
     refine_link_tables(p, &s, &m, &what)
+}
+
+/// Mean service time (seconds) of stage `name` in report `r`; 0 when the
+/// report has no such stage.
+fn service_mean(r: &easerve_workload::Report, name: &str) -> f64 {
+    (r.stages.iter())
+        .find(|st| st.stage == name)
+        .map_or(0.0, |st| st.service.mean)
 }
 
 /// The `[[transfer]]` tables from the two reports' embedding and KV
@@ -444,13 +445,10 @@ fn refine_link_tables(
     if p.transfer_tables().is_empty() {
         return Ok(());
     }
-    let mean = |r: &easerve_workload::Report, name: &str| {
-        (r.stages.iter())
-            .find(|st| st.stage == name)
-            .map_or(0.0, |st| st.service.mean)
-    };
     let kinds = ["embedding transfer", "kv transfer"];
-    let pairs: Vec<(f64, f64)> = kinds.iter().map(|k| (mean(s, k), mean(m, k))).collect();
+    let pairs: Vec<(f64, f64)> = (kinds.iter())
+        .map(|k| (service_mean(s, k), service_mean(m, k)))
+        .collect();
     let fit = easerve_calib::refine::fit_transfers(&pairs).map_err(BadInput)?;
     let Some(fit) = fit else {
         eprintln!("transfer: no transfer time in both reports; left as is");

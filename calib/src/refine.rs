@@ -324,17 +324,7 @@ pub fn scale_stage(
             ))
         }
     };
-    let na = stage.axes().len();
-    let rows: Vec<Vec<f64>> = table
-        .rows()
-        .iter()
-        .map(|r| {
-            r.iter()
-                .enumerate()
-                .map(|(i, v)| if i < na { *v } else { v * factor })
-                .collect()
-        })
-        .collect();
+    let rows = table.mapped_rows(|v| v * factor);
     profile.set_rows(stage, rows)?;
     let _ = write!(
         profile.provenance.method,

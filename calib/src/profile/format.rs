@@ -335,6 +335,19 @@ impl Table {
     pub fn rows(&self) -> &[Vec<f64>] {
         &self.rows
     }
+    /// The rows with every value column (the columns after the stage's
+    /// axes: latencies in [`Table::unit`]) mapped through `f`, the axes
+    /// kept: what a refinement writes back.
+    pub fn mapped_rows(&self, f: impl Fn(f64) -> f64) -> Vec<Vec<f64>> {
+        let na = self.stage.axes().len();
+        (self.rows.iter())
+            .map(|r| {
+                (r.iter().enumerate())
+                    .map(|(i, v)| if i < na { *v } else { f(*v) })
+                    .collect()
+            })
+            .collect()
+    }
     /// Distinct values of each axis, ascending.
     pub fn axes(&self) -> &[Vec<f64>] {
         self.grid.axes()

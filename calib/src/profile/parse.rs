@@ -115,15 +115,8 @@ impl Profile {
                 out.push(t.clone());
                 continue;
             }
-            let na = Stage::Transfer.axes().len();
             let unit = t.unit.seconds();
-            let rows: Vec<Vec<f64>> = (t.rows.iter())
-                .map(|r| {
-                    (r.iter().enumerate())
-                        .map(|(i, v)| if i < na { *v } else { f(v * unit) / unit })
-                        .collect()
-                })
-                .collect();
+            let rows = t.mapped_rows(|v| f(v * unit) / unit);
             let name = format!("transfer ({})", t.link.as_deref().unwrap_or("?"));
             p.check_rows(&name, Stage::Transfer, &t.columns, &rows)?;
             out.push(Table::build(
