@@ -299,11 +299,24 @@ fn refine(
             .into());
         }
     }
+    let runs = match runs {
+        Some((sim, measured)) => Some((load_runs(sim, measured)?, sim, measured)),
+        None => None,
+    };
+    // an encode worker at TP k > 1 was priced from the `encode_tp` rows,
+    // which are not refined: scaling the TP 1 table by its factor would
+    // move what the run did not measure (a CSV alone does not say the TP)
+    let encode_tp = runs.as_ref().map_or(1, |((s, _), _, _)| run_encode_tp(s));
     if let (Some((csv, sim_csv)), Some(tokens)) = (measured_csv, encoder_tokens) {
-        refine_passes(&mut p, csv, sim_csv, tokens, items_per_request)?;
+        if encode_tp == 1 {
+            refine_passes(&mut p, csv, sim_csv, tokens, items_per_request)?;
+        } else {
+            eprintln!("encode: the run's encode workers are at TP {encode_tp}, priced from the profile's encode_tp rows, which are not refined; --measured-csv's passes left unused");
+        }
     }
-    if let Some((sim, measured)) = runs {
-        refine_runs(&mut p, profile, sim, measured, measured_csv.is_none())?;
+    if let Some((reports, sim, measured)) = runs {
+        let with_encode = measured_csv.is_none();
+        refine_runs(&mut p, profile, reports, (sim, measured), with_encode)?;
     }
     save_profile(&p, output)?;
     eprintln!("wrote {}", output.display());
@@ -373,11 +386,10 @@ fn refine_passes(
 fn refine_runs(
     p: &mut Profile,
     profile: &std::path::Path,
-    sim: &std::path::Path,
-    measured: &std::path::Path,
+    (s, m): (easerve_workload::Report, easerve_workload::Report),
+    (sim, measured): (&std::path::Path, &std::path::Path),
     with_encode: bool,
 ) -> anyhow::Result<()> {
-    let (s, m) = load_runs(sim, measured)?;
     if s.meta.model != p.provenance.model {
         return Err(BadInput(format!(
             "--sim {} is a run of `{}`, but {} profiles `{}`; refine a profile from runs of its own model",
@@ -399,12 +411,7 @@ fn refine_runs(
         return refine_latencies(p, &s, &m, with_encode, &what);
     }
     let mut stages = vec![(Stage::Prefill, "prefill"), (Stage::Decode, "decode")];
-    // an encode worker at TP k > 1 was priced from the `encode_tp` rows,
-    // which are not refined: scaling the TP 1 table by its factor would
-    // move what the run did not measure
-    let encode_tp = (s.meta.deployment.split_whitespace().next())
-        .and_then(|a| a.parse::<easerve_sched::Allocation>().ok())
-        .map_or(1, |a| a.encode.tp);
+    let encode_tp = run_encode_tp(&s);
     if with_encode && p.encode_table().is_some() && encode_tp == 1 {
         stages.insert(0, (Stage::Encode, "encode"));
     } else if with_encode && encode_tp > 1 {
@@ -423,6 +430,14 @@ fn refine_runs(
         );
     }
     refine_link_tables(p, &s, &m, &what)
+}
+
+/// The TP of report `r`'s encode workers, from its deployment's
+/// allocation (`2E(TP2)+…`); 1 when it names none.
+fn run_encode_tp(r: &easerve_workload::Report) -> u32 {
+    (r.meta.deployment.split_whitespace().next())
+        .and_then(|a| a.parse::<easerve_sched::Allocation>().ok())
+        .map_or(1, |a| a.encode.tp)
 }
 
 /// Mean service time (seconds) of stage `name` in report `r`; 0 when the

@@ -1059,6 +1059,64 @@ fn refining_a_simulated_run_against_its_own_passes_moves_no_encode_factor() {
     }
 }
 
+/// A run whose encode workers are at TP 2 was priced from the profile's
+/// TP rows, not its encode table: `calib refine` given that run's reports
+/// leaves the encode table as it was, from the reports and from the
+/// CSV's passes alike, and says why.
+#[test]
+fn refine_leaves_encode_alone_for_a_run_of_tp_2_encoders() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
+    let (csv, json, refined) = (path("sim.csv"), path("sim.json"), path("refined.toml"));
+    let out = easerve(&[
+        "sim",
+        "scenarios/cpu-image-tp2.toml",
+        "--allocation",
+        "1E(TP2)+1P(TP2)+1D(TP2)",
+        "--set",
+        "cluster.gpus=6",
+        "--requests",
+        "20",
+        "--json",
+        "--requests-csv",
+        &csv,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(&json, &out.stdout).unwrap();
+    let profile = "scenarios/profiles/tiny-image-tp.cpu.toml";
+    let out = easerve(&[
+        "calib",
+        "refine",
+        "--profile",
+        profile,
+        "--measured-csv",
+        &csv,
+        "--encoder-tokens",
+        "196",
+        "--sim",
+        &json,
+        "--measured",
+        &json,
+        "-o",
+        &refined,
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("encode workers are at TP 2") && err.contains("left unused"),
+        "{err}"
+    );
+    let encode = |f: std::path::PathBuf| {
+        let text = std::fs::read_to_string(f).unwrap();
+        toml::from_str::<toml::Value>(&text).unwrap()["encode"].clone()
+    };
+    assert_eq!(encode(root().join(profile)), encode(refined.into()));
+}
+
 /// The shared encoder-output store: on, the report (text and JSON) has its
 /// line beside the caches'; a capacity below one item's embeddings exits 2
 /// naming the field and what is allowed.
