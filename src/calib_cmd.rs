@@ -303,15 +303,13 @@ fn refine(
         Some((sim, measured)) => Some((load_runs(sim, measured)?, sim, measured)),
         None => None,
     };
-    // an encode worker at TP k > 1 was priced from the `encode_tp` rows,
-    // which are not refined: scaling the TP 1 table by its factor would
-    // move what the run did not measure (a CSV alone does not say the TP)
-    let encode_tp = runs.as_ref().map_or(1, |((s, _), _, _)| run_encode_tp(s));
+    // (a CSV alone does not say the encoders' TP: without the reports, its
+    // passes are taken as the TP 1 table's)
+    let tp_rows = (runs.as_ref()).and_then(|((s, _), _, _)| encode_from_tp_rows(&p, s));
     if let (Some((csv, sim_csv)), Some(tokens)) = (measured_csv, encoder_tokens) {
-        if encode_tp == 1 {
-            refine_passes(&mut p, csv, sim_csv, tokens, items_per_request)?;
-        } else {
-            eprintln!("encode: the run's encode workers are at TP {encode_tp}, priced from the profile's encode_tp rows, which are not refined; --measured-csv's passes left unused");
+        match tp_rows {
+            None => refine_passes(&mut p, csv, sim_csv, tokens, items_per_request)?,
+            Some(tp) => eprintln!("encode: the run's encode workers are at TP {tp}, priced from the profile's encode_tp rows, which are not refined; --measured-csv's passes left unused"),
         }
     }
     if let Some((reports, sim, measured)) = runs {
@@ -411,11 +409,12 @@ fn refine_runs(
         return refine_latencies(p, &s, &m, with_encode, &what);
     }
     let mut stages = vec![(Stage::Prefill, "prefill"), (Stage::Decode, "decode")];
-    let encode_tp = run_encode_tp(&s);
-    if with_encode && p.encode_table().is_some() && encode_tp == 1 {
-        stages.insert(0, (Stage::Encode, "encode"));
-    } else if with_encode && encode_tp > 1 {
-        eprintln!("encode: the run's encode workers are at TP {encode_tp}, priced from the profile's encode_tp rows, which are not refined; left as is");
+    match encode_from_tp_rows(p, &s) {
+        None if with_encode && p.encode_table().is_some() => {
+            stages.insert(0, (Stage::Encode, "encode"))
+        }
+        Some(tp) if with_encode => eprintln!("encode: the run's encode workers are at TP {tp}, priced from the profile's encode_tp rows, which are not refined; left as is"),
+        _ => {}
     }
     for (stage, name) in stages {
         let (ms, ss) = (service_mean(&m, name), service_mean(&s, name));
@@ -432,12 +431,17 @@ fn refine_runs(
     refine_link_tables(p, &s, &m, &what)
 }
 
-/// The TP of report `r`'s encode workers, from its deployment's
-/// allocation (`2E(TP2)+…`); 1 when it names none.
-fn run_encode_tp(r: &easerve_workload::Report) -> u32 {
-    (r.meta.deployment.split_whitespace().next())
+/// The TP of report `r`'s encode workers (from its deployment's
+/// allocation, `2E(TP2)+…`) where it is above 1 and `p` has `encode_tp`
+/// rows, which priced them: those rows are not refined, and scaling the
+/// TP 1 table by the run's factor would move what the run did not measure.
+/// `None` when the run's encoders were priced from the TP 1 table (TP 1,
+/// or a profile without `encode_tp` rows).
+fn encode_from_tp_rows(p: &Profile, r: &easerve_workload::Report) -> Option<u32> {
+    let tp = (r.meta.deployment.split_whitespace().next())
         .and_then(|a| a.parse::<easerve_sched::Allocation>().ok())
-        .map_or(1, |a| a.encode.tp)
+        .map_or(1, |a| a.encode.tp);
+    (tp > 1 && p.encode_tp_table().is_some()).then_some(tp)
 }
 
 /// Mean service time (seconds) of stage `name` in report `r`; 0 when the

@@ -1060,17 +1060,46 @@ fn refining_a_simulated_run_against_its_own_passes_moves_no_encode_factor() {
 }
 
 /// A run whose encode workers are at TP 2 was priced from the profile's
-/// TP rows, not its encode table: `calib refine` given that run's reports
-/// leaves the encode table as it was, from the reports and from the
-/// CSV's passes alike, and says why.
+/// `encode_tp` rows, where it has them: `calib refine` given that run's
+/// reports then leaves the encode table (TP 1) as it was, from the
+/// reports and from the CSV's passes alike, and says why. Without those
+/// rows the run was priced from the TP 1 table, which is refined.
 #[test]
-fn refine_leaves_encode_alone_for_a_run_of_tp_2_encoders() {
+fn refine_leaves_encode_alone_for_a_run_priced_from_encode_tp_rows() {
     let dir = tempfile::tempdir().unwrap();
     let path = |f: &str| dir.path().join(f).to_str().unwrap().to_string();
-    let (csv, json, refined) = (path("sim.csv"), path("sim.json"), path("refined.toml"));
+    let (csv, json) = (path("sim.csv"), path("sim.json"));
+    let shipped = root().join("scenarios/profiles/tiny-image-tp.cpu.toml");
+    let text = std::fs::read_to_string(&shipped).unwrap();
+    // the TP 1 full-level rows, as if timed at TP 2
+    let rows: Vec<String> = (text.lines())
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("[")
+                .and_then(|r| r.strip_suffix("],"))
+        })
+        .map(|r| r.split(", ").collect::<Vec<_>>())
+        .filter(|c| c.len() == 7 && c[2] == "1.0")
+        .map(|c| {
+            format!(
+                "  [2, {}, {}, {}, {}, {}, {}],",
+                c[0], c[1], c[3], c[4], c[5], c[6]
+            )
+        })
+        .collect();
+    assert_eq!(rows.len(), 8, "the encode table's full-level rows");
+    let with_tp = path("with-tp.toml");
+    let columns = r#"["tp", "batch", "encoder_tokens", "median", "p90", "t_pass", "t_pre"]"#;
+    let table = format!(
+        "\n[encode_tp]\nunit = \"s\"\ncolumns = {columns}\nrows = [\n{}\n]\n",
+        rows.join("\n")
+    );
+    std::fs::write(&with_tp, text + &table).unwrap();
     let out = easerve(&[
         "sim",
         "scenarios/cpu-image-tp2.toml",
+        "--profile",
+        &with_tp,
         "--allocation",
         "1E(TP2)+1P(TP2)+1D(TP2)",
         "--set",
@@ -1081,40 +1110,37 @@ fn refine_leaves_encode_alone_for_a_run_of_tp_2_encoders() {
         "--requests-csv",
         &csv,
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::write(&json, &out.stdout).unwrap();
-    let profile = "scenarios/profiles/tiny-image-tp.cpu.toml";
-    let out = easerve(&[
-        "calib",
-        "refine",
-        "--profile",
-        profile,
-        "--measured-csv",
-        &csv,
-        "--encoder-tokens",
-        "196",
-        "--sim",
-        &json,
-        "--measured",
-        &json,
-        "-o",
-        &refined,
-    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains("encode workers are at TP 2") && err.contains("left unused"),
-        "{err}"
-    );
-    let encode = |f: std::path::PathBuf| {
+    std::fs::write(&json, &out.stdout).unwrap();
+    let encode = |f: &str| {
         let text = std::fs::read_to_string(f).unwrap();
         toml::from_str::<toml::Value>(&text).unwrap()["encode"].clone()
     };
-    assert_eq!(encode(root().join(profile)), encode(refined.into()));
+    for (profile, left_alone) in [(with_tp.as_str(), true), (shipped.to_str().unwrap(), false)] {
+        let refined = path("refined.toml");
+        let out = easerve(&[
+            "calib",
+            "refine",
+            "--profile",
+            profile,
+            "--measured-csv",
+            &csv,
+            "--encoder-tokens",
+            "196",
+            "--sim",
+            &json,
+            "--measured",
+            &json,
+            "-o",
+            &refined,
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let said = err.contains("encode workers are at TP 2") && err.contains("left unused");
+        assert_eq!(said, left_alone, "{profile}: {err}");
+        assert_eq!(encode(profile) == encode(&refined), left_alone, "{profile}");
+    }
 }
 
 /// The shared encoder-output store: on, the report (text and JSON) has its
