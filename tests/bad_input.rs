@@ -662,3 +662,40 @@ fn the_simulator_refuses_what_the_limits_refuse() {
     assert_eq!(r["refusals"][0]["reason"], "max_prefill_tokens");
     assert!(r.get("failed").is_none());
 }
+
+/// The study scripts refuse a bad argument before building or running
+/// anything: exit 2 and a message naming the flag and what is allowed.
+#[test]
+fn the_study_scripts_refuse_bad_arguments_naming_the_flag() {
+    let cases: &[(&str, &[&str], &str)] = &[
+        ("scripts/calib-loop", &["--bogus"], "allowed: --out DIR"),
+        ("scripts/calib-loop", &["--requests", "0"], "--requests '0'"),
+        (
+            "scripts/calib-loop",
+            &["--p99-error", "ten"],
+            "--p99-error 'ten'",
+        ),
+        (
+            "scripts/calib-loop",
+            &["--scenario", "no/such.toml"],
+            "no/such.toml: no such file",
+        ),
+        ("scripts/demand-agree", &["--bogus"], "allowed: --out DIR"),
+        (
+            "scripts/demand-agree",
+            &["--max-error", "x"],
+            "--max-error 'x'",
+        ),
+    ];
+    let out_dir = tempfile::tempdir().unwrap();
+    for (script, args, needle) in cases {
+        let out = std::process::Command::new(root().join(script))
+            .args(*args)
+            .args(["--out", out_dir.path().join("out").to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{script} {args:?}: {err}");
+        assert!(err.contains(needle), "{script} {args:?}: {err}");
+    }
+}
