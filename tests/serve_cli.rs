@@ -768,7 +768,10 @@ fn answer(s: &Server, body: &Value) -> (String, f64) {
 fn equal_system_prompts_and_resent_turns_hit_the_prefix_cache() {
     let _timed = crate::timed();
     let words = |tag: &str, n: usize| -> String {
-        (0..n).map(|k| format!("{tag}{k}")).collect::<Vec<_>>().join(" ")
+        (0..n)
+            .map(|k| format!("{tag}{k}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     };
     let (s1, s2) = (words("a", 40), words("b", 40));
     let ask = |system: &str, question: &str| {
@@ -781,9 +784,17 @@ fn equal_system_prompts_and_resent_turns_hit_the_prefix_cache() {
     let (_, a) = answer(&s, &ask(&s1, "what is one"));
     assert_eq!(prefix_hits_after(&s, a), 0.0);
     let (_, b) = answer(&s, &ask(&s1, "tell me about two please"));
-    assert_eq!(prefix_hits_after(&s, a + b), 32.0, "the shared system prompt");
+    assert_eq!(
+        prefix_hits_after(&s, a + b),
+        32.0,
+        "the shared system prompt"
+    );
     let (_, c) = answer(&s, &ask(&s2, "tell me about two please"));
-    assert_eq!(prefix_hits_after(&s, a + b + c), 32.0, "another system prompt");
+    assert_eq!(
+        prefix_hits_after(&s, a + b + c),
+        32.0,
+        "another system prompt"
+    );
 
     let first = json!({"role": "user", "content": [
         {"type": "text", "text": "describe this picture"},

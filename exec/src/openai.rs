@@ -707,6 +707,49 @@ mod tests {
         assert!(r.stream && !r.include_usage);
     }
 
+    /// Text parts are segments keyed by role and text, in message order
+    /// with the media; unkeyed items get ids of their own per request.
+    #[test]
+    fn text_is_keyed_by_role_and_content_in_message_order() {
+        let image = format!("data:image/png;base64,{}", png(224, 224));
+        let parse = |system: &str, role: &str| {
+            let body = json!({"messages": [
+                {"role": "system", "content": system},
+                {"role": role, "content": [
+                    {"type": "text", "text": "look at"},
+                    {"type": "image_url", "image_url": {"url": image}},
+                    {"type": "text", "text": "this one"},
+                ]},
+            ]});
+            parse_chat(body.to_string().as_bytes(), &tiny())
+                .unwrap()
+                .request
+        };
+        let (mut a, mut b) = (parse("be brief", "user"), parse("be brief", "user"));
+        let segments = |r: &Request| r.content.as_ref().unwrap().segments().collect::<Vec<_>>();
+        let tokens: Vec<u32> = segments(&a).iter().map(|s| s.tokens).collect();
+        assert_eq!(tokens, [2, 2, 336, 2]);
+        assert_eq!(segments(&a)[0].id, text_key("system", "be brief"));
+        assert_eq!(segments(&a)[3].id, text_key("user", "this one"));
+        assert_ne!(text_key("user", "be brief"), text_key("system", "be brief"));
+        unique_items(&mut a, 1);
+        unique_items(&mut b, 2);
+        let (sa, sb) = (segments(&a), segments(&b));
+        // the text is shared, the unkeyed image is each request's own
+        assert_eq!((sa[0], sa[1], sa[3]), (sb[0], sb[1], sb[3]));
+        assert_ne!(sa[2].id, sb[2].id);
+        let item = a.content.as_ref().unwrap().items().next().unwrap();
+        assert_eq!(item.id, sa[2].id);
+        let pieces: Vec<_> = a.content.as_ref().unwrap().pieces().collect();
+        assert_eq!(pieces[2], easerve_sched::Piece::Item(0, 336));
+        // the chain: equal keys up to the image, then another system prompt
+        // or role parts ways from the first link
+        let keys = |r: &Request| r.content.as_ref().unwrap().keys().to_vec();
+        assert_eq!(keys(&a)[..2], keys(&b)[..2]);
+        assert_ne!(keys(&a)[0], keys(&parse("be short", "user"))[0]);
+        assert_ne!(keys(&a)[1], keys(&parse("be brief", "assistant"))[1]);
+    }
+
     #[test]
     fn each_bad_request_names_what_is_wrong() {
         let m = tiny();
