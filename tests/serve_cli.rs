@@ -725,3 +725,97 @@ fn the_caches_hit_repeated_images_and_change_no_token() {
     assert_eq!(num(&r, "/reuse/encoder_store/hits"), 3.0, "{r}");
     assert_eq!(num(&r, "/reuse/encoder_store/writes"), 2.0, "{r}");
 }
+
+/// `/metrics` once the prefix cache has been asked about `queries` prompt
+/// tokens (every request so far placed on the prefill worker): its hits.
+fn prefix_hits_after(s: &Server, queries: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, text) = s.get("/metrics");
+        assert_eq!(status, 200);
+        let m = parse_prometheus(&text);
+        if m.get("vllm:prefix_cache_queries_total") == Some(&queries) {
+            return m["vllm:prefix_cache_hits_total"];
+        }
+        assert!(
+            Instant::now() < deadline,
+            "prefix cache queries never reached {queries}: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The completion's text and its prompt tokens (`usage`).
+fn answer(s: &Server, body: &Value) -> (String, f64) {
+    let (status, text) = s.post(body);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    (content.to_string(), num(&v, "/usage/prompt_tokens"))
+}
+
+/// Text is keyed by its content, so the prefix cache finds text that other
+/// requests sent (issue 29: the server keyed each request's text as its
+/// own). Two requests that open with the same 40-word system prompt share
+/// its two whole blocks (32 tokens); one with another system prompt of as
+/// many words shares none; a conversation's second turn that resends the
+/// first (its text and image, and the answer the client got) prefills over
+/// the first turn's whole blocks, and answers as a server without caches
+/// answers the same second turn from scratch. Every prefill is remote
+/// (`--offload 1`), on the one prefill worker. Two servers of the tiny
+/// model, about 5 s.
+#[test]
+fn equal_system_prompts_and_resent_turns_hit_the_prefix_cache() {
+    let _timed = crate::timed();
+    let words = |tag: &str, n: usize| -> String {
+        (0..n)
+            .map(|k| format!("{tag}{k}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (s1, s2) = (words("a", 40), words("b", 40));
+    let ask = |system: &str, question: &str| {
+        json!({"max_tokens": 3, "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question},
+        ]})
+    };
+    let s = Server::start("scenarios/cpu-image-reuse.toml", &["--offload", "1"]);
+    let (_, a) = answer(&s, &ask(&s1, "what is one"));
+    assert_eq!(prefix_hits_after(&s, a), 0.0);
+    let (_, b) = answer(&s, &ask(&s1, "tell me about two please"));
+    assert_eq!(
+        prefix_hits_after(&s, a + b),
+        32.0,
+        "the shared system prompt"
+    );
+    let (_, c) = answer(&s, &ask(&s2, "tell me about two please"));
+    assert_eq!(
+        prefix_hits_after(&s, a + b + c),
+        32.0,
+        "another system prompt"
+    );
+
+    let first = json!({"role": "user", "content": [
+        {"type": "text", "text": "describe this picture"},
+        {"type": "image_url", "image_url": {"url": png(224, 224)}},
+    ]});
+    let (said, t1) = answer(&s, &json!({"max_tokens": 3, "messages": [first.clone()]}));
+    let queried = a + b + c + t1;
+    assert_eq!(prefix_hits_after(&s, queried), 32.0);
+    let second = json!({"max_tokens": 3, "messages": [
+        first,
+        {"role": "assistant", "content": said},
+        {"role": "user", "content": "and what else is there"},
+    ]});
+    let (cached, t2) = answer(&s, &second);
+    // the first turn's whole blocks: its text and image, not its answer
+    let blocks = (t1 / 16.0).floor() * 16.0;
+    assert!(blocks > 0.0 && t2 > t1 + 3.0, "{t1} {t2}");
+    assert_eq!(prefix_hits_after(&s, queried + t2), 32.0 + blocks);
+    s.stop();
+    let off = Server::start("scenarios/cpu-image.toml", &["--offload", "1"]);
+    let (scratch, _) = answer(&off, &second);
+    off.stop();
+    assert_eq!(cached, scratch, "the cached turn changed the completion");
+}

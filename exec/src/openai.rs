@@ -20,7 +20,16 @@
 //! tokenizer, so a text prompt counts one token per whitespace-separated word
 //! (what `easerve bench` sends: one word per token of the scenario), and the
 //! multimodal tokens are the model's own count for each item's shape
-//! ([`easerve_workload::generate::item_tokens`]). A completion's text is its
+//! ([`easerve_workload::generate::item_tokens`]).
+//!
+//! The prompt ([`Request::content`]) is the messages in order, each
+//! message's parts in the order sent: each medium its embeddings, each text
+//! part a segment keyed by the SHA-256 of its role and text ([`text_key`])
+//! whose tokens the prefill worker draws from that key. Equal text is so
+//! equal tokens, and the prefix cache's hash chain finds a system prompt
+//! or a conversation's earlier turns that another request sent before.
+//!
+//! A completion's text is its
 //! token ids, one ` {id}` per token; it always runs to its `max_tokens` (the
 //! models have no end-of-sequence token), so `ignore_eos` and `min_tokens` are
 //! accepted and change nothing.
@@ -103,8 +112,10 @@ pub struct ModelInfo {
     /// `workload.output_len`).
     pub default_max_tokens: u32,
     /// How media items are keyed for the encoder and prefix caches when
-    /// either is on (each request then carries its content,
-    /// [`Request::content`]); `None` hashes nothing.
+    /// either (or the shared store) is on; `None` hashes no medium (each
+    /// item then has an id of its own, [`unique_items`]). Text parts are
+    /// always keyed by their content ([`text_key`]): their tokens are drawn
+    /// from it.
     pub item_keys: Option<ItemKeying>,
 }
 
@@ -170,55 +181,12 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         .and_then(Value::as_array)
         .filter(|m| !m.is_empty())
         .ok_or_else(|| ApiError::bad("`messages` must be a non-empty list"))?;
-    let mut words: u64 = 0;
-    let mut media: Vec<Media> = Vec::new();
-    let mut raw_keys: Vec<u64> = Vec::new();
-    let mut modalities: Vec<Modality> = Vec::new();
-    for (i, m) in messages.iter().enumerate() {
-        let at = format!("messages[{i}]");
-        let m = m
-            .as_object()
-            .ok_or_else(|| ApiError::bad(format!("{at} must be an object")))?;
-        match m.get("role").and_then(Value::as_str) {
-            Some("system" | "user" | "assistant" | "developer" | "tool") => {}
-            Some(r) => {
-                return Err(ApiError::bad(format!(
-                    "{at}.role `{r}` is not one of system, user, assistant, developer, tool"
-                )))
-            }
-            None => return Err(ApiError::bad(format!("{at}.role is missing"))),
-        }
-        match m.get("content") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(t)) => words += t.split_whitespace().count() as u64,
-            Some(Value::Array(parts)) => {
-                for (j, part) in parts.iter().enumerate() {
-                    let at = format!("{at}.content[{j}]");
-                    // counted before it is decoded: the 1,000th image costs nothing
-                    if let Some(m) = part_modality(part) {
-                        modalities.push(m);
-                        model.limits.check_counts(&modalities).map_err(refused)?;
-                    }
-                    match content_part(part, &at)? {
-                        Part::Text(n) => words += n,
-                        Part::Media(x) => {
-                            if model.item_keys == Some(ItemKeying::Raw) {
-                                // the part as the client sent it: its base64 payload
-                                raw_keys
-                                    .push(crate::input::content_key([part.to_string().as_bytes()]));
-                            }
-                            media.push(x)
-                        }
-                    }
-                }
-            }
-            Some(_) => {
-                return Err(ApiError::bad(format!(
-                    "{at}.content must be a string or a list of parts"
-                )))
-            }
-        }
-    }
+    let Messages {
+        words,
+        media,
+        raw_keys,
+        order,
+    } = read_messages(messages, model)?;
     let prompt_tokens = u32::try_from(words)
         .map_err(|_| ApiError::bad(format!("the prompt's {words} words are too many")))?;
     let items: Vec<MmItem> = media.iter().map(Media::item).collect();
@@ -231,8 +199,8 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
             return Err(refused(LimitExceeded::MediaBytes { bytes, limit }));
         }
     }
+    let mut content_items = Vec::with_capacity(items.len());
     let (mut encoder_tokens, mut mm_tokens) = (0u64, 0u64);
-    let mut content = model.item_keys.map(|_| ContentParts::default());
     for (k, it) in items.iter().enumerate() {
         let t = easerve_workload::generate::item_tokens(&model.arch, it).map_err(|e| {
             ApiError::bad(format!(
@@ -242,21 +210,15 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         })?;
         encoder_tokens += t.encoder_tokens;
         mm_tokens += t.llm_tokens;
-        if let Some(c) = content.as_mut() {
-            let id = match model.item_keys {
+        content_items.push(ContentItem {
+            id: match model.item_keys {
                 Some(ItemKeying::Raw) => raw_keys[k],
-                _ => media[k].content_key(),
-            };
-            c.items.push(ContentItem {
-                id,
-                encoder_tokens: t.encoder_tokens as u32,
-                llm_tokens: t.llm_tokens as u32,
-            });
-            c.segments.push(Segment {
-                id,
-                tokens: t.llm_tokens as u32,
-            });
-        }
+                Some(ItemKeying::Decoded) => media[k].content_key(),
+                None => UNKEYED_ITEM,
+            },
+            encoder_tokens: t.encoder_tokens as u32,
+            llm_tokens: t.llm_tokens as u32,
+        });
     }
     let limits = Limits {
         max_model_len: Some(model.max_model_len),
@@ -274,7 +236,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
             output_tokens: max_tokens,
             encoder_tokens,
             mm_tokens,
-            content: content.map(|c| text_segment(c, prompt_tokens)),
+            content: Some(prompt_content(content_items, &order)),
         },
         media: media.iter().map(WireMedia::of).collect(),
         stream,
@@ -316,33 +278,159 @@ fn timeout(v: Option<&Value>) -> Result<Option<f64>, ApiError> {
     }
 }
 
-/// The prompt's text after its items, as one segment: a request's text
-/// tokens are its own (the workers draw them from its id), so its content id
-/// is unique ([`UNIQUE_TEXT`], replaced by one derived from the request id
-/// when it is admitted: [`unique_text`]).
-fn text_segment(mut c: ContentParts, prompt_tokens: u32) -> Content {
-    c.segments.push(Segment {
-        id: UNIQUE_TEXT,
-        tokens: prompt_tokens,
-    });
-    c.into()
+/// What a request's messages hold, read in the order the client sent them.
+struct Messages {
+    /// Words of all text parts (one token each).
+    words: u64,
+    /// Each medium, decoded, in order.
+    media: Vec<Media>,
+    /// Each medium's key over its part as sent ([`ItemKeying::Raw`] only).
+    raw_keys: Vec<u64>,
+    /// The prompt in order: each text part as a segment ([`text_key`], its
+    /// words), `None` for the next medium.
+    order: Vec<Option<Segment>>,
 }
 
-/// Placeholder content id of a request's own text until it has an id.
-const UNIQUE_TEXT: u64 = u64::MAX;
-
-/// Give request `r`'s own text (the segment [`parse_chat`] left with a
-/// placeholder id) a content id derived from `unique` (a number no other
-/// request of the server has), so no other prompt shares it.
-pub fn unique_text(r: &mut Request, unique: u64) {
-    let id = easerve_sched::cache::mix(UNIQUE_TEXT, unique);
-    if let Some(c) = r.content.as_mut() {
-        let mut parts = c.parts();
-        for s in parts.segments.iter_mut().filter(|s| s.id == UNIQUE_TEXT) {
-            s.id = id;
+/// Read `messages` in order (each message's role checked, each content
+/// part read and its medium decoded), counting media against the limits
+/// before decoding them.
+fn read_messages(messages: &[Value], model: &ModelInfo) -> Result<Messages, ApiError> {
+    let mut out = Messages {
+        words: 0,
+        media: Vec::new(),
+        raw_keys: Vec::new(),
+        order: Vec::new(),
+    };
+    let mut modalities: Vec<Modality> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let m = m
+            .as_object()
+            .ok_or_else(|| ApiError::bad(format!("{at} must be an object")))?;
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r @ ("system" | "user" | "assistant" | "developer" | "tool")) => r,
+            Some(r) => {
+                return Err(ApiError::bad(format!(
+                    "{at}.role `{r}` is not one of system, user, assistant, developer, tool"
+                )))
+            }
+            None => return Err(ApiError::bad(format!("{at}.role is missing"))),
+        };
+        match m.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(t)) => out.text(role, t),
+            Some(Value::Array(parts)) => {
+                for (j, part) in parts.iter().enumerate() {
+                    let at = format!("{at}.content[{j}]");
+                    // counted before it is decoded: the 1,000th image costs nothing
+                    if let Some(m) = part_modality(part) {
+                        modalities.push(m);
+                        model.limits.check_counts(&modalities).map_err(refused)?;
+                    }
+                    match content_part(part, &at)? {
+                        Part::Text(t) => out.text(role, t),
+                        Part::Media(x) => {
+                            if model.item_keys == Some(ItemKeying::Raw) {
+                                // the part as the client sent it: its base64 payload
+                                out.raw_keys
+                                    .push(crate::input::content_key([part.to_string().as_bytes()]));
+                            }
+                            out.media.push(x);
+                            out.order.push(None);
+                        }
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::bad(format!(
+                    "{at}.content must be a string or a list of parts"
+                )))
+            }
         }
-        *c = parts.into();
     }
+    Ok(out)
+}
+
+impl Messages {
+    /// A text part `text` of a message of `role`: its words, and a segment
+    /// of them unless it has none.
+    fn text(&mut self, role: &str, text: &str) {
+        let words = text.split_whitespace().count() as u64;
+        self.words += words;
+        if words > 0 {
+            self.order.push(Some(Segment {
+                id: text_key(role, text),
+                // at most the prompt's words, which must fit in u32
+                tokens: words.min(u64::from(u32::MAX)) as u32,
+            }));
+        }
+    }
+}
+
+/// The content id of a text part: the first 8 bytes of the SHA-256 of
+/// `text` and the `role` of its message ([`crate::input::content_key`]
+/// over `"text"`, the role and the text). Equal text from the same role is
+/// then one segment in every request of every client, its tokens drawn from
+/// this id by the prefill worker (the models have no tokenizer; stream
+/// `exec-segment/{id}` of the run's seed, as `easerve exec` draws a
+/// scenario's segments), so a shared system prompt or a conversation's
+/// resent turns are the same tokens and the same hash-chain keys.
+pub fn text_key(role: &str, text: &str) -> u64 {
+    crate::input::content_key([&b"text"[..], role.as_bytes(), text.as_bytes()])
+}
+
+/// The prompt's content: its `items` (content ids and tokens, in order)
+/// and its segments in `order` (text parts, and for each `None` the next
+/// item's embeddings).
+fn prompt_content(items: Vec<ContentItem>, order: &[Option<Segment>]) -> Content {
+    let mut next = items.iter();
+    let segments: Vec<Segment> = order
+        .iter()
+        .filter_map(|s| match s {
+            Some(s) => Some(*s),
+            None => next.next().map(|i| Segment {
+                id: i.id,
+                tokens: i.llm_tokens,
+            }),
+        })
+        .collect();
+    ContentParts { items, segments }.into()
+}
+
+/// Placeholder content id of an item the server does not key (every cache
+/// off: nothing is hashed) until its request has a ticket.
+const UNKEYED_ITEM: u64 = u64::MAX;
+
+/// Give request `r`'s unkeyed items (every cache off, [`ModelInfo::item_keys`]
+/// `None`) content ids derived from `unique` (a number no other request of
+/// the server has) and their index, so no other request shares them.
+pub fn unique_items(r: &mut Request, unique: u64) {
+    let Some(c) = r.content.as_mut() else {
+        return;
+    };
+    if c.items().all(|i| i.id != UNKEYED_ITEM) {
+        return;
+    }
+    let base = easerve_sched::cache::mix(UNKEYED_ITEM, unique);
+    let mut parts = c.parts();
+    let ids = (0u64..).map(|k| easerve_sched::cache::mix(base, k));
+    for (s, id) in parts
+        .segments
+        .iter_mut()
+        .filter(|s| s.id == UNKEYED_ITEM)
+        .zip(ids.clone())
+    {
+        s.id = id;
+    }
+    for (i, id) in parts
+        .items
+        .iter_mut()
+        .filter(|i| i.id == UNKEYED_ITEM)
+        .zip(ids)
+    {
+        i.id = id;
+    }
+    *c = parts.into();
 }
 
 fn flag(v: Option<&Value>, name: &str) -> Result<bool, ApiError> {
@@ -360,8 +448,8 @@ fn count(v: &Value, name: &str) -> Result<u32, ApiError> {
         .ok_or_else(|| ApiError::bad(format!("`{name}` must be a whole number ≥ 1, not {v}")))
 }
 
-enum Part {
-    Text(u64),
+enum Part<'a> {
+    Text(&'a str),
     Media(Media),
 }
 
@@ -380,7 +468,7 @@ fn part_modality(part: &Value) -> Option<Modality> {
     }
 }
 
-fn content_part(part: &Value, at: &str) -> Result<Part, ApiError> {
+fn content_part<'a>(part: &'a Value, at: &str) -> Result<Part<'a>, ApiError> {
     let ty = part
         .get("type")
         .and_then(Value::as_str)
@@ -390,13 +478,9 @@ fn content_part(part: &Value, at: &str) -> Result<Part, ApiError> {
             .ok_or_else(|| ApiError::bad(format!("{at}: a `{ty}` part needs `{name}`")))
     };
     match ty {
-        "text" => Ok(Part::Text(
-            field("text")?
-                .as_str()
-                .ok_or_else(|| ApiError::bad(format!("{at}.text must be a string")))?
-                .split_whitespace()
-                .count() as u64,
-        )),
+        "text" => Ok(Part::Text(field("text")?.as_str().ok_or_else(|| {
+            ApiError::bad(format!("{at}.text must be a string"))
+        })?)),
         "image_url" => {
             let url = url_of(field("image_url")?, &format!("{at}.image_url"))?;
             Ok(Part::Media(Media::Image(image_url(
@@ -621,6 +705,49 @@ mod tests {
             }]
         );
         assert!(r.stream && !r.include_usage);
+    }
+
+    /// Text parts are segments keyed by role and text, in message order
+    /// with the media; unkeyed items get ids of their own per request.
+    #[test]
+    fn text_is_keyed_by_role_and_content_in_message_order() {
+        let image = format!("data:image/png;base64,{}", png(224, 224));
+        let parse = |system: &str, role: &str| {
+            let body = json!({"messages": [
+                {"role": "system", "content": system},
+                {"role": role, "content": [
+                    {"type": "text", "text": "look at"},
+                    {"type": "image_url", "image_url": {"url": image}},
+                    {"type": "text", "text": "this one"},
+                ]},
+            ]});
+            parse_chat(body.to_string().as_bytes(), &tiny())
+                .unwrap()
+                .request
+        };
+        let (mut a, mut b) = (parse("be brief", "user"), parse("be brief", "user"));
+        let segments = |r: &Request| r.content.as_ref().unwrap().segments().collect::<Vec<_>>();
+        let tokens: Vec<u32> = segments(&a).iter().map(|s| s.tokens).collect();
+        assert_eq!(tokens, [2, 2, 336, 2]);
+        assert_eq!(segments(&a)[0].id, text_key("system", "be brief"));
+        assert_eq!(segments(&a)[3].id, text_key("user", "this one"));
+        assert_ne!(text_key("user", "be brief"), text_key("system", "be brief"));
+        unique_items(&mut a, 1);
+        unique_items(&mut b, 2);
+        let (sa, sb) = (segments(&a), segments(&b));
+        // the text is shared, the unkeyed image is each request's own
+        assert_eq!((sa[0], sa[1], sa[3]), (sb[0], sb[1], sb[3]));
+        assert_ne!(sa[2].id, sb[2].id);
+        let item = a.content.as_ref().unwrap().items().next().unwrap();
+        assert_eq!(item.id, sa[2].id);
+        let pieces: Vec<_> = a.content.as_ref().unwrap().pieces().collect();
+        assert_eq!(pieces[2], easerve_sched::Piece::Item(0, 336));
+        // the chain: equal keys up to the image, then another system prompt
+        // or role parts ways from the first link
+        let keys = |r: &Request| r.content.as_ref().unwrap().keys().to_vec();
+        assert_eq!(keys(&a)[..2], keys(&b)[..2]);
+        assert_ne!(keys(&a)[0], keys(&parse("be short", "user"))[0]);
+        assert_ne!(keys(&a)[1], keys(&parse("be brief", "assistant"))[1]);
     }
 
     #[test]

@@ -1375,11 +1375,6 @@ pub(crate) struct Links {
     pub(crate) store: crate::store::SharedStore,
     /// The NICs of a cluster of node groups; `None` without groups.
     pub(crate) nics: Option<Nics>,
-    /// Prompts are the request's items, then text of its own drawn from its
-    /// id, whatever its content says (`easerve serve`: a client's words
-    /// are counted, not tokenised, and its content keys the text as the
-    /// request's own); else its content's pieces in order.
-    pub(crate) own_text: bool,
 }
 
 /// Cross-node transfers on a cluster of node groups: every worker runs on
@@ -1639,7 +1634,7 @@ fn carry_out(
             let requests = ctrl
                 .prefill_batch(worker)
                 .iter()
-                .map(|it| prefill_request(ctrl, it.id, links.own_text))
+                .map(|it| prefill_request(ctrl, it.id))
                 .collect();
             workers[by_ref[&WorkerRef::Prefill(worker)]].share = sm_share;
             send(
@@ -1749,7 +1744,7 @@ fn send_prefix_ops(
 /// pieces in order when it has content, else its text tokens after its
 /// embeddings) and, with the prefix cache on, its cached head and the chain
 /// link it is kept under.
-fn prefill_request(ctrl: &Controller, id: RequestId, own_text: bool) -> PrefillRequest {
+fn prefill_request(ctrl: &Controller, id: RequestId) -> PrefillRequest {
     let req = &ctrl.requests()[id as usize];
     let keep = ctrl.prefix_block_size().is_some();
     let (cached, links) = ctrl.prefix_hit(id);
@@ -1761,17 +1756,15 @@ fn prefill_request(ctrl: &Controller, id: RequestId, own_text: bool) -> PrefillR
         cached: cached as u32,
         cached_key,
         keep,
-        ..whole_prefill(id, req, own_text)
+        ..whole_prefill(id, req)
     }
 }
 
 /// Request `id` (`req`) prefilled whole, nothing cached or kept; its prompt
-/// its items and text of its own when `own_text` ([`Links::own_text`]).
-fn whole_prefill(id: RequestId, req: &easerve_sched::Request, own_text: bool) -> PrefillRequest {
-    let prompt = match &req.content {
-        Some(c) if !own_text => PromptPart::of(c),
-        _ => Vec::new(),
-    };
+/// its content's pieces in order, or (without content) its items and text
+/// of its own.
+fn whole_prefill(id: RequestId, req: &easerve_sched::Request) -> PrefillRequest {
+    let prompt = req.content.as_ref().map_or_else(Vec::new, PromptPart::of);
     PrefillRequest {
         id,
         prompt_tokens: req.prompt_tokens,
@@ -1885,7 +1878,7 @@ fn replica_step(ctrl: &Controller, links: &mut Links, r: usize) -> ToWorker {
         .collect();
     let prefill = admitted
         .iter()
-        .map(|&id| whole_prefill(id, &requests[id as usize], links.own_text))
+        .map(|&id| whole_prefill(id, &requests[id as usize]))
         .collect();
     let decode = ctrl
         .replica_batch(r)

@@ -1205,7 +1205,6 @@ impl ServeLoop {
     pub(crate) fn new() -> ServeLoop {
         let mut links = Links::default();
         links.passes = Some(Vec::new());
-        links.own_text = true;
         ServeLoop {
             relay: Relay::new(links),
             flight: HashMap::new(),
@@ -1255,7 +1254,7 @@ impl ServeLoop {
         } = sub;
         let mut req = chat.request;
         req.arrival = arrival;
-        openai::unique_text(&mut req, ticket);
+        openai::unique_items(&mut req, ticket);
         if let Some(n) = self.relay.links.nics.as_mut() {
             n.add_request(&req.items);
         }
