@@ -141,43 +141,75 @@ impl Topology {
         stage_groups: [Option<usize>; 3],
     ) -> Result<Topology, PlacementError> {
         let mut t = Topology::new(alloc, local_tp);
-        let mut free = Free::new(groups);
-        let all: Vec<usize> = (0..groups.len()).collect();
-        let pools = [alloc.encode, alloc.prefill, alloc.decode];
-        for (s, (pool, stage)) in pools
-            .iter()
-            .zip(["encode", "prefill", "decode"])
-            .enumerate()
-        {
-            let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
-            check_width(pool, stage, groups, &allowed)?;
-            for i in 0..pool.workers as usize {
-                let need = pool.gpus_per_worker();
-                let (place, gpus) = free.take(&allowed, need).ok_or_else(|| {
-                    let names: Vec<String> = allowed
-                        .iter()
-                        .map(|&g| format!("group `{}`", groups[g].name))
-                        .collect();
-                    PlacementError::NoRoom {
-                        stage,
-                        index: i,
-                        need,
-                        groups: names.join(", "),
-                    }
-                })?;
-                let w = match s {
-                    0 => WorkerRef::Encode(i),
-                    1 => WorkerRef::Prefill(i),
-                    _ => WorkerRef::Decode(i),
-                };
-                t.set_place(w, place, gpus);
-            }
-        }
+        first_fit(alloc, groups, stage_groups, &mut |w, place, gpus| {
+            t.set_place(w, place, gpus)
+        })?;
         t.place_locals()
             .map_err(|label| PlacementError::LocalAcrossNodes { label })?;
         t.gpus = groups.iter().map(NodeGroup::gpus).sum();
         Ok(t)
     }
+
+    /// Whether every encode, remote prefill and decode worker of `alloc`
+    /// finds its GPUs on a node of `groups` by the first fit of
+    /// [`Topology::placed`] (the same code), without building the layout:
+    /// for checking many worker counts of one layout (a search's
+    /// enumeration). Local prefill workers are not checked: where they fit
+    /// depends on the encode workers alone, which are placed first.
+    ///
+    /// # Errors
+    /// As [`Topology::placed`]: [`PlacementError::TpOverNode`] or
+    /// [`PlacementError::NoRoom`].
+    pub fn fits_nodes(
+        alloc: &Allocation,
+        groups: &[NodeGroup],
+        stage_groups: [Option<usize>; 3],
+    ) -> Result<(), PlacementError> {
+        first_fit(alloc, groups, stage_groups, &mut |_, _, _| {})
+    }
+}
+
+/// The first fit of the module doc: every worker of `alloc`, stage by
+/// stage, handed to `put` with its node and GPUs.
+fn first_fit(
+    alloc: &Allocation,
+    groups: &[NodeGroup],
+    stage_groups: [Option<usize>; 3],
+    put: &mut dyn FnMut(WorkerRef, Place, Vec<u32>),
+) -> Result<(), PlacementError> {
+    let mut free = Free::new(groups);
+    let all: Vec<usize> = (0..groups.len()).collect();
+    let pools = [alloc.encode, alloc.prefill, alloc.decode];
+    for (s, (pool, stage)) in pools
+        .iter()
+        .zip(["encode", "prefill", "decode"])
+        .enumerate()
+    {
+        let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
+        check_width(pool, stage, groups, &allowed)?;
+        for i in 0..pool.workers as usize {
+            let need = pool.gpus_per_worker();
+            let (place, gpus) = free.take(&allowed, need).ok_or_else(|| {
+                let names: Vec<String> = allowed
+                    .iter()
+                    .map(|&g| format!("group `{}`", groups[g].name))
+                    .collect();
+                PlacementError::NoRoom {
+                    stage,
+                    index: i,
+                    need,
+                    groups: names.join(", "),
+                }
+            })?;
+            let w = match s {
+                0 => WorkerRef::Encode(i),
+                1 => WorkerRef::Prefill(i),
+                _ => WorkerRef::Decode(i),
+            };
+            put(w, place, gpus);
+        }
+    }
+    Ok(())
 }
 
 /// A stage's worker must fit one node of a group it may use.
