@@ -85,6 +85,9 @@ struct Free<'a> {
     base: Vec<u32>,
     /// `used[g][n]`: GPUs taken on node `n` of group `g`.
     used: Vec<Vec<u32>>,
+    /// `full[g]`: the nodes of group `g` before it have no GPU free (a
+    /// node once full stays full, so first fit starts its scan there).
+    full: Vec<usize>,
 }
 
 impl<'a> Free<'a> {
@@ -98,17 +101,25 @@ impl<'a> Free<'a> {
             })
             .collect();
         let used = groups.iter().map(|g| vec![0; g.nodes as usize]).collect();
-        Free { groups, base, used }
+        let full = vec![0; groups.len()];
+        Free {
+            groups,
+            base,
+            used,
+            full,
+        }
     }
 
-    /// The GPUs of the first node in `allowed` groups with `need` free.
-    fn take(&mut self, allowed: &[usize], need: u32) -> Option<(Place, Vec<u32>)> {
+    /// The GPUs (numbers `first..first + need`) of the first node in
+    /// `allowed` groups with `need` free.
+    fn take(&mut self, allowed: &[usize], need: u32) -> Option<(Place, std::ops::Range<u32>)> {
         for &g in allowed {
             let per = self.groups[g].gpus_per_node;
             if need > per {
                 continue;
             }
-            for (n, used) in self.used[g].iter_mut().enumerate() {
+            let from = self.full[g];
+            for (n, used) in self.used[g].iter_mut().enumerate().skip(from) {
                 if per - *used >= need {
                     let first = self.base[g] + n as u32 * per + *used;
                     *used += need;
@@ -116,7 +127,12 @@ impl<'a> Free<'a> {
                         group: g as u16,
                         node: n as u32,
                     };
-                    return Some((place, (first..first + need).collect()));
+                    let nodes = &self.used[g];
+                    let full = &mut self.full[g];
+                    while *full < nodes.len() && nodes[*full] >= per {
+                        *full += 1;
+                    }
+                    return Some((place, first..first + need));
                 }
             }
         }
@@ -142,7 +158,7 @@ impl Topology {
     ) -> Result<Topology, PlacementError> {
         let mut t = Topology::new(alloc, local_tp);
         first_fit(alloc, groups, stage_groups, &mut |w, place, gpus| {
-            t.set_place(w, place, gpus)
+            t.set_place(w, place, gpus.collect())
         })?;
         t.place_locals()
             .map_err(|label| PlacementError::LocalAcrossNodes { label })?;
@@ -175,7 +191,7 @@ fn first_fit(
     alloc: &Allocation,
     groups: &[NodeGroup],
     stage_groups: [Option<usize>; 3],
-    put: &mut dyn FnMut(WorkerRef, Place, Vec<u32>),
+    put: &mut dyn FnMut(WorkerRef, Place, std::ops::Range<u32>),
 ) -> Result<(), PlacementError> {
     let mut free = Free::new(groups);
     let all: Vec<usize> = (0..groups.len()).collect();
