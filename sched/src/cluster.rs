@@ -265,6 +265,40 @@ mod tests {
         }
     }
 
+    /// First fit fills a hole an earlier node kept (its scan starts at the
+    /// first node with a GPU free, not at the last one used), and
+    /// `fits_nodes` answers as `placed` on every shape of a small cluster.
+    #[test]
+    fn first_fit_fills_earlier_holes_and_fits_nodes_agrees_with_placed() {
+        let eight = [group("eight", 2, 8)];
+        let a: Allocation = "1E(TP1)+2P(TP4)+1D(TP2)".parse().unwrap();
+        let t = Topology::placed(&a, None, &eight, [Some(0); 3]).unwrap();
+        // E0 and P0 on node 0 (5 GPUs), P1 on node 1; D0 in node 0's 3 free
+        assert_eq!(t.prefill()[1].place, Place { group: 0, node: 1 });
+        assert_eq!(t.decode()[0].place, Place { group: 0, node: 0 });
+        assert_eq!(t.decode()[0].gpus, vec![5, 6]);
+        assert!(Topology::fits_nodes(&a, &eight, [Some(0); 3]).is_ok());
+        let over: Allocation = "1E(TP1)+2P(TP4)+4D(TP2)".parse().unwrap();
+        assert!(Topology::fits_nodes(&over, &eight, [Some(0); 3]).is_err());
+        let groups = [group("six", 2, 6)];
+        let mut agree = (0, 0);
+        for e in 1..=4 {
+            for p in 0..=3 {
+                for d in 1..=3 {
+                    for tp in [1, 2, 4] {
+                        let a = Allocation::new((e, 1), (p, tp), (d, 2));
+                        let placed = Topology::placed(&a, None, &groups, [Some(0); 3]).is_ok();
+                        let fits = Topology::fits_nodes(&a, &groups, [Some(0); 3]).is_ok();
+                        assert_eq!(placed, fits, "{a}");
+                        agree.0 += usize::from(placed);
+                        agree.1 += usize::from(!placed);
+                    }
+                }
+            }
+        }
+        assert!(agree.0 > 10 && agree.1 > 10, "{agree:?}");
+    }
+
     #[test]
     fn one_node_lays_out_as_new() {
         let a: Allocation = "2E(TP1)+1P(TP2)+1D(TP4)".parse().unwrap();
