@@ -641,7 +641,7 @@ mod tests {
                 .count();
         }
         // the classes do share shapes (else the check above tests nothing)
-        assert!(classes_shared > 100, "{classes_shared}");
+        assert!(classes_shared >= 10, "{classes_shared}");
     }
 
     /// `--all-groups` on a cluster of one node group, or of one node, is the
