@@ -13,8 +13,16 @@
 //! in proportion); each size first prints its feasible allocations, the
 //! trials run and the chosen deployment against the file's own.
 //!
-//! Run with `cargo bench --bench has` (both), `cargo bench --bench has --
-//! search_scale` (the scale group alone).
+//! Group `search_scale_all_groups` (criterion): the same search over every
+//! assignment of the stages to the two groups (`easerve search
+//! --all-groups`), ranked by goodput and by goodput per dollar, at 8, 64
+//! and 256 GPUs (1,024 is left out: its enumeration does not end in a
+//! bench's time, docs/datacenter.md); each size first prints its feasible
+//! allocations and trials.
+//!
+//! Run with `cargo bench --bench has` (all), `cargo bench --bench has --
+//! search_scale` (the two scale groups), `cargo bench --bench has --
+//! search_scale_all_groups` (the second alone).
 
 use criterion::{BenchmarkId, Criterion};
 use easerve_has::{search, Method, SearchConfig, SimTrial, Study};
@@ -161,8 +169,14 @@ fn scaled(gpus: u32) -> Scenario {
 /// budget), enumeration included; the command also enumerates the group of
 /// each stage, which this leaves out.
 fn has_search(sc: &Scenario) -> Study {
+    has_search_by(sc, easerve_has::Objective::default_for(&sc.slo), false)
+}
+
+/// [`has_search`] ranked by `objective`, over every assignment of the
+/// stages to the groups with `all_groups` (as `easerve search --all-groups`;
+/// a cost objective implies it, [`easerve_has::space::search_space`]).
+fn has_search_by(sc: &Scenario, objective: easerve_has::Objective, all_groups: bool) -> Study {
     let cost = easerve_sim::scenario_cost(sc);
-    let objective = easerve_has::Objective::default_for(&sc.slo);
     let o = Overrides {
         rate: Some(sc.workload.rate),
         requests: Some(sc.workload.requests as i64),
@@ -186,9 +200,37 @@ fn has_search(sc: &Scenario) -> Study {
                 .next(),
         }),
     };
-    // on the file's stage groups (`easerve search` enumerates the groups
-    // as well, docs/datacenter.md)
-    search(sc, cost.as_ref(), &trial, &cfg, &mut |_| {})
+    let space = easerve_has::space::search_space(sc, &cfg.objective, all_groups);
+    easerve_has::search_in(sc, space, cost.as_ref(), &trial, &cfg, &mut |_| {})
+}
+
+fn search_scale_all_groups(c: &mut Criterion) {
+    let mut g = c.benchmark_group("search_scale_all_groups");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+    for gpus in [8u32, 64, 256] {
+        let sc = scaled(gpus);
+        let tier = easerve_has::Objective::default_for(&sc.slo);
+        let per_dollar = easerve_has::Objective::parse("goodput-per-dollar:moderate", &sc.slo)
+            .expect("dc-256.toml has the tier");
+        for (name, objective) in [("goodput", tier), ("per-dollar", per_dollar)] {
+            let t0 = Instant::now();
+            let st = has_search_by(&sc, objective.clone(), true);
+            println!(
+                "search_scale_all_groups/{name}/{gpus}: {} feasible allocations, {} kept by Stage 1, {} trials, {:.2} s; chosen {}",
+                st.space.len(),
+                st.stage1.iter().filter(|r| r.kept).count(),
+                st.trials.len(),
+                t0.elapsed().as_secs_f64(),
+                st.best.as_ref().map_or("nothing".into(), |b| b.candidate.to_string()),
+            );
+            g.bench_with_input(BenchmarkId::new(name, gpus), &sc, |b, sc| {
+                b.iter(|| has_search_by(sc, objective.clone(), true))
+            });
+        }
+    }
+    g.finish();
 }
 
 fn search_scale(c: &mut Criterion) {
@@ -236,5 +278,6 @@ fn main() {
     }
     let mut c = Criterion::default().configure_from_args();
     search_scale(&mut c);
+    search_scale_all_groups(&mut c);
     c.final_summary();
 }

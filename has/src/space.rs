@@ -302,17 +302,91 @@ pub fn feasible_allocations_in(
     });
     let shapes = allocation_shapes(used, text_only, moe_experts, fill.as_ref());
     let groups = stage_assignments(&raw).into_iter().next();
-    // each shape is checked as the CLI would check it, independently: on
-    // rayon's threads, collected in the enumeration's order
     use rayon::prelude::*;
-    shapes
+    let Some(fill) = fill else {
+        // one node: each shape is checked as the CLI would check it,
+        // independently: on rayon's threads, collected in the enumeration's order
+        return shapes
+            .par_iter()
+            .filter_map(|a| assess_shape(&raw, file, *a))
+            .collect();
+    };
+    // on node groups, one validation per class of shapes ([`ShapeClass`])
+    // and a placement check per shape: the classes on rayon's threads,
+    // the verdicts collected in the enumeration's order
+    let nodes = fill.node_groups(&raw);
+    let stages = fill.stage.map(Some);
+    let mut index: std::collections::HashMap<ShapeClass, usize> = Default::default();
+    let mut classes: Vec<Vec<usize>> = Vec::new();
+    for (i, a) in shapes.iter().enumerate() {
+        let k = *index.entry(ShapeClass::of(a)).or_insert_with(|| {
+            classes.push(Vec::new());
+            classes.len() - 1
+        });
+        classes[k].push(i);
+    }
+    let verdicts: Vec<Vec<(usize, FeasibleAllocation)>> = classes
         .par_iter()
-        .filter_map(|a| assess_shape(&raw, file, *a))
-        .map(|fa| FeasibleAllocation {
+        .map(|members| {
+            let mut class: Option<Option<FeasibleAllocation>> = None;
+            let mut out = Vec::new();
+            for &i in members {
+                let a = shapes[i];
+                if easerve_sched::Topology::fits_nodes(&a, &nodes, stages).is_err() {
+                    continue; // validation refuses it at placement
+                }
+                let v = match &class {
+                    Some(v) => v.clone().map(|fa| FeasibleAllocation {
+                        allocation: a,
+                        ..fa
+                    }),
+                    None => {
+                        let v = assess_shape(&raw, file, a);
+                        class = Some(v.clone());
+                        v
+                    }
+                };
+                out.extend(v.map(|fa| (i, fa)));
+            }
+            out
+        })
+        .collect();
+    let mut all: Vec<(usize, FeasibleAllocation)> = verdicts.into_iter().flatten().collect();
+    all.sort_by_key(|(i, _)| *i);
+    all.into_iter()
+        .map(|(_, fa)| FeasibleAllocation {
             groups: groups.clone(),
             ..fa
         })
         .collect()
+}
+
+/// Shapes of one stage assignment that validate alike but for where their
+/// workers go: the same encode count and the same prefill and decode
+/// layouts (TP, EP), with and without prefill workers apart. What
+/// validation checks of a shape depends on its counts only through
+/// placement, the local prefill TP (which must divide the encode workers)
+/// and whether it has prefill workers (`workload/src/scenario/validate/`:
+/// each worker's fit on its group's GPU, the local prefill TP, the stage
+/// groups); placement is checked per shape ([`easerve_sched::Topology::fits_nodes`],
+/// the first fit validation runs), so a class is validated once, at its
+/// first shape that places (tested against a validation per shape in
+/// `one_validation_per_class_gives_every_shapes_verdict`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct ShapeClass {
+    encode: u32,
+    prefill: Option<(u32, u32)>,
+    decode: (u32, u32),
+}
+
+impl ShapeClass {
+    fn of(a: &Allocation) -> ShapeClass {
+        ShapeClass {
+            encode: a.encode.workers,
+            prefill: (a.prefill.workers > 0).then_some((a.prefill.tp, a.prefill.ep)),
+            decode: (a.decode.tp, a.decode.ep),
+        }
+    }
 }
 
 /// How the node groups of a scenario bound its allocations: the GPUs of
@@ -358,6 +432,20 @@ impl GroupFill {
             per_node: groups.iter().map(|g| count(g.gpus_per_node)).collect(),
             stage,
         })
+    }
+
+    /// The cluster's node groups as placement sees them.
+    fn node_groups(&self, raw: &ScenarioFile) -> Vec<easerve_sched::NodeGroup> {
+        let count = |x: i64| u32::try_from(x).unwrap_or(0);
+        raw.cluster
+            .groups
+            .iter()
+            .map(|g| easerve_sched::NodeGroup {
+                name: g.name.clone(),
+                nodes: count(g.nodes),
+                gpus_per_node: count(g.gpus_per_node),
+            })
+            .collect()
     }
 
     /// Whether `a` fills every group a stage names exactly, with each
@@ -513,5 +601,71 @@ mod tests {
         let fill = GroupFill::of(&sc.raw).unwrap();
         let shapes = allocation_shapes(sc.gpus, false, None, None);
         assert!(shapes.iter().filter(|a| fill.admits(a)).count() < shapes.len());
+    }
+
+    fn load(name: &str) -> Scenario {
+        let path = format!("{}/../scenarios/{name}", env!("CARGO_MANIFEST_DIR"));
+        Scenario::load(std::path::Path::new(&path), &Overrides::default()).unwrap()
+    }
+
+    /// One validation per [`ShapeClass`] and a placement check per shape
+    /// give each shape the verdict a validation of its own gives: on
+    /// `two-group.toml` (6 L40S + 8 H100), on all 8 stage assignments
+    /// (where two stages share a group their counts vary over it), the
+    /// same allocations with the same local workers and offload ranges, in
+    /// the same order (a few seconds in release).
+    #[test]
+    fn one_validation_per_class_gives_every_shapes_verdict() {
+        let sc = load("two-group.toml");
+        let mut classes_shared = 0;
+        for groups in stage_assignments(&sc.raw) {
+            let mut raw = sc.raw.clone();
+            raw.deployment.groups = Some(section_of(&groups));
+            let fast = feasible_allocations_in(&raw, &sc.file, sc.gpus, false, None);
+            let fill = GroupFill::of(&raw).unwrap();
+            let used = u32::try_from(fill.gpus.iter().sum::<u64>()).unwrap();
+            let shapes = allocation_shapes(used, false, None, Some(&fill));
+            let slow: Vec<FeasibleAllocation> = shapes
+                .iter()
+                .filter_map(|a| assess_shape(&raw, &sc.file, *a))
+                .map(|fa| FeasibleAllocation {
+                    groups: Some(groups.clone()),
+                    ..fa
+                })
+                .collect();
+            assert_eq!(fast, slow, "{groups:?}");
+            let mut seen = std::collections::HashSet::new();
+            classes_shared += shapes
+                .iter()
+                .filter(|a| !seen.insert(ShapeClass::of(a)))
+                .count();
+        }
+        // the classes do share shapes (else the check above tests nothing)
+        assert!(classes_shared >= 10, "{classes_shared}");
+    }
+
+    /// `--all-groups` on a cluster of one node group, or of one node, is the
+    /// search on the fixed groups by construction: the same space.
+    #[test]
+    fn all_groups_on_one_group_is_the_fixed_groups_search() {
+        let objective = crate::Objective::Throughput;
+        let one_node = load("image.toml");
+        assert_eq!(
+            search_space(&one_node, &objective, true),
+            search_space(&one_node, &objective, false)
+        );
+        let two = load("two-group.toml");
+        let mut raw = two.raw.clone();
+        raw.cluster.groups.retain(|g| g.name == "h100");
+        raw.apply(&Overrides {
+            allocation: Some("2E(TP1)+1P(TP2)+1D(TP4)".into()),
+            ..Default::default()
+        });
+        raw.deployment.groups = Some(section_of(&["h100", "h100", "h100"].map(String::from)));
+        let one_group = Scenario::validate(raw, &two.file, "test").unwrap();
+        assert_eq!(stage_assignments(&one_group.raw).len(), 1);
+        let all = search_space(&one_group, &objective, true);
+        assert!(!all.is_empty());
+        assert_eq!(all, search_space(&one_group, &objective, false));
     }
 }

@@ -167,19 +167,24 @@ pub fn keep_fastest(
     rate: f64,
     offload_hi: &dyn Fn(&Stage1Row) -> f64,
 ) -> Vec<Stage1Row> {
-    let mut fast: Vec<usize> = (0..rows.len())
+    let fast: Vec<usize> = (0..rows.len())
         .filter(|&i| !rows[i].kept && rows[i].score < 1.0 && rows[i].latency_s > 0.0)
         .collect();
     // equal latencies are common at scale (every count of one layout pair
     // shares it); the text alone used to pick the most loaded of them
-    fast.sort_by(|&a, &b| {
-        let (x, y) = (&rows[a], &rows[b]);
+    let mut fast: Vec<(String, usize)> = fast
+        .into_iter()
+        .map(|i| (rows[i].allocation.to_string(), i))
+        .collect();
+    fast.sort_by(|(ta, a), (tb, b)| {
+        let (x, y) = (&rows[*a], &rows[*b]);
         x.latency_s
             .total_cmp(&y.latency_s)
             .then_with(|| x.score.total_cmp(&y.score))
-            .then_with(|| x.allocation.to_string().cmp(&y.allocation.to_string()))
+            .then_with(|| ta.cmp(tb))
             .then_with(|| x.groups.cmp(&y.groups))
     });
+    let fast: Vec<usize> = fast.into_iter().map(|(_, i)| i).collect();
     for &i in fast.iter().take(TOP_K) {
         let r = &mut rows[i];
         r.kept = true;
@@ -203,12 +208,18 @@ pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
     // ties (common: several allocations share a bottleneck stage and its load)
     // are broken by the allocation's text, which is arbitrary but deterministic;
     // Stage 2 seeds every survivor, so the order only decides which is tried first
-    rows.sort_by(|a, b| {
+    // each row's text once, not once per comparison
+    let mut keyed: Vec<(String, Stage1Row)> = rows
+        .into_iter()
+        .map(|r| (r.allocation.to_string(), r))
+        .collect();
+    keyed.sort_by(|(ta, a), (tb, b)| {
         a.score
             .total_cmp(&b.score)
-            .then_with(|| a.allocation.to_string().cmp(&b.allocation.to_string()))
+            .then_with(|| ta.cmp(tb))
             .then_with(|| a.groups.cmp(&b.groups))
     });
+    rows = keyed.into_iter().map(|(_, r)| r).collect();
     let best = rows.first().map_or(f64::INFINITY, |r| r.score);
     let mut kept = 0;
     for r in &mut rows {
@@ -324,7 +335,11 @@ fn on_groups(sc: &Scenario, fa: &FeasibleAllocation) -> Option<Scenario> {
 }
 
 /// [`assess`] of each of `space` on `sc`'s cost model, with its unloaded
-/// request latency.
+/// request latency. α depends on the allocation only through its local
+/// prefill TP and encode count, and the latency only through its prefill and
+/// decode layouts: each is computed once per distinct value (the same
+/// figures as computing them per row; on `dc-256.toml` with `--all-groups`,
+/// 68,247 rows share a few hundred of each).
 fn assess_all<'a>(
     sc: &'a Scenario,
     cost: &'a dyn StageCost,
@@ -333,18 +348,24 @@ fn assess_all<'a>(
     space: &'a [FeasibleAllocation],
     rate: f64,
 ) -> impl Iterator<Item = Stage1Row> + 'a {
+    use std::collections::HashMap;
+    let mut alphas: HashMap<(Option<u32>, u32), f64> = HashMap::new();
+    let mut latencies: HashMap<(easerve_model::Parallel, easerve_model::Parallel), f64> =
+        HashMap::new();
     space.iter().map(move |fa| {
         let a = &fa.allocation;
-        let alpha = alpha(sc, cost, typical, fa.local_tp, a.encode.workers, rate);
+        let alpha = *alphas
+            .entry((fa.local_tp, a.encode.workers))
+            .or_insert_with(|| alpha(sc, cost, typical, fa.local_tp, a.encode.workers, rate));
         let mut row = assess(fa, caps, alpha, rate);
         row.latency_s = match a.prefill.workers {
             0 => 0.0, // no remote prefill: every prompt prefills locally
-            _ => unloaded_latency(
-                cost,
-                typical,
-                pool_parallel(&a.prefill),
-                pool_parallel(&a.decode),
-            ),
+            _ => {
+                let layouts = (pool_parallel(&a.prefill), pool_parallel(&a.decode));
+                *latencies
+                    .entry(layouts)
+                    .or_insert_with(|| unloaded_latency(cost, typical, layouts.0, layouts.1))
+            }
         };
         row
     })

@@ -85,6 +85,9 @@ struct Free<'a> {
     base: Vec<u32>,
     /// `used[g][n]`: GPUs taken on node `n` of group `g`.
     used: Vec<Vec<u32>>,
+    /// `full[g]`: the nodes of group `g` before it have no GPU free (a
+    /// node once full stays full, so first fit starts its scan there).
+    full: Vec<usize>,
 }
 
 impl<'a> Free<'a> {
@@ -98,17 +101,25 @@ impl<'a> Free<'a> {
             })
             .collect();
         let used = groups.iter().map(|g| vec![0; g.nodes as usize]).collect();
-        Free { groups, base, used }
+        let full = vec![0; groups.len()];
+        Free {
+            groups,
+            base,
+            used,
+            full,
+        }
     }
 
-    /// The GPUs of the first node in `allowed` groups with `need` free.
-    fn take(&mut self, allowed: &[usize], need: u32) -> Option<(Place, Vec<u32>)> {
+    /// The GPUs (numbers `first..first + need`) of the first node in
+    /// `allowed` groups with `need` free.
+    fn take(&mut self, allowed: &[usize], need: u32) -> Option<(Place, std::ops::Range<u32>)> {
         for &g in allowed {
             let per = self.groups[g].gpus_per_node;
             if need > per {
                 continue;
             }
-            for (n, used) in self.used[g].iter_mut().enumerate() {
+            let from = self.full[g];
+            for (n, used) in self.used[g].iter_mut().enumerate().skip(from) {
                 if per - *used >= need {
                     let first = self.base[g] + n as u32 * per + *used;
                     *used += need;
@@ -116,7 +127,12 @@ impl<'a> Free<'a> {
                         group: g as u16,
                         node: n as u32,
                     };
-                    return Some((place, (first..first + need).collect()));
+                    let nodes = &self.used[g];
+                    let full = &mut self.full[g];
+                    while *full < nodes.len() && nodes[*full] >= per {
+                        *full += 1;
+                    }
+                    return Some((place, first..first + need));
                 }
             }
         }
@@ -141,43 +157,75 @@ impl Topology {
         stage_groups: [Option<usize>; 3],
     ) -> Result<Topology, PlacementError> {
         let mut t = Topology::new(alloc, local_tp);
-        let mut free = Free::new(groups);
-        let all: Vec<usize> = (0..groups.len()).collect();
-        let pools = [alloc.encode, alloc.prefill, alloc.decode];
-        for (s, (pool, stage)) in pools
-            .iter()
-            .zip(["encode", "prefill", "decode"])
-            .enumerate()
-        {
-            let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
-            check_width(pool, stage, groups, &allowed)?;
-            for i in 0..pool.workers as usize {
-                let need = pool.gpus_per_worker();
-                let (place, gpus) = free.take(&allowed, need).ok_or_else(|| {
-                    let names: Vec<String> = allowed
-                        .iter()
-                        .map(|&g| format!("group `{}`", groups[g].name))
-                        .collect();
-                    PlacementError::NoRoom {
-                        stage,
-                        index: i,
-                        need,
-                        groups: names.join(", "),
-                    }
-                })?;
-                let w = match s {
-                    0 => WorkerRef::Encode(i),
-                    1 => WorkerRef::Prefill(i),
-                    _ => WorkerRef::Decode(i),
-                };
-                t.set_place(w, place, gpus);
-            }
-        }
+        first_fit(alloc, groups, stage_groups, &mut |w, place, gpus| {
+            t.set_place(w, place, gpus.collect())
+        })?;
         t.place_locals()
             .map_err(|label| PlacementError::LocalAcrossNodes { label })?;
         t.gpus = groups.iter().map(NodeGroup::gpus).sum();
         Ok(t)
     }
+
+    /// Whether every encode, remote prefill and decode worker of `alloc`
+    /// finds its GPUs on a node of `groups` by the first fit of
+    /// [`Topology::placed`] (the same code), without building the layout:
+    /// for checking many worker counts of one layout (a search's
+    /// enumeration). Local prefill workers are not checked: where they fit
+    /// depends on the encode workers alone, which are placed first.
+    ///
+    /// # Errors
+    /// As [`Topology::placed`]: [`PlacementError::TpOverNode`] or
+    /// [`PlacementError::NoRoom`].
+    pub fn fits_nodes(
+        alloc: &Allocation,
+        groups: &[NodeGroup],
+        stage_groups: [Option<usize>; 3],
+    ) -> Result<(), PlacementError> {
+        first_fit(alloc, groups, stage_groups, &mut |_, _, _| {})
+    }
+}
+
+/// The first fit of the module doc: every worker of `alloc`, stage by
+/// stage, handed to `put` with its node and GPUs.
+fn first_fit(
+    alloc: &Allocation,
+    groups: &[NodeGroup],
+    stage_groups: [Option<usize>; 3],
+    put: &mut dyn FnMut(WorkerRef, Place, std::ops::Range<u32>),
+) -> Result<(), PlacementError> {
+    let mut free = Free::new(groups);
+    let all: Vec<usize> = (0..groups.len()).collect();
+    let pools = [alloc.encode, alloc.prefill, alloc.decode];
+    for (s, (pool, stage)) in pools
+        .iter()
+        .zip(["encode", "prefill", "decode"])
+        .enumerate()
+    {
+        let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
+        check_width(pool, stage, groups, &allowed)?;
+        for i in 0..pool.workers as usize {
+            let need = pool.gpus_per_worker();
+            let (place, gpus) = free.take(&allowed, need).ok_or_else(|| {
+                let names: Vec<String> = allowed
+                    .iter()
+                    .map(|&g| format!("group `{}`", groups[g].name))
+                    .collect();
+                PlacementError::NoRoom {
+                    stage,
+                    index: i,
+                    need,
+                    groups: names.join(", "),
+                }
+            })?;
+            let w = match s {
+                0 => WorkerRef::Encode(i),
+                1 => WorkerRef::Prefill(i),
+                _ => WorkerRef::Decode(i),
+            };
+            put(w, place, gpus);
+        }
+    }
+    Ok(())
 }
 
 /// A stage's worker must fit one node of a group it may use.
@@ -215,6 +263,40 @@ mod tests {
             nodes,
             gpus_per_node: per,
         }
+    }
+
+    /// First fit fills a hole an earlier node kept (its scan starts at the
+    /// first node with a GPU free, not at the last one used), and
+    /// `fits_nodes` answers as `placed` on every shape of a small cluster.
+    #[test]
+    fn first_fit_fills_earlier_holes_and_fits_nodes_agrees_with_placed() {
+        let eight = [group("eight", 2, 8)];
+        let a: Allocation = "1E(TP1)+2P(TP4)+1D(TP2)".parse().unwrap();
+        let t = Topology::placed(&a, None, &eight, [Some(0); 3]).unwrap();
+        // E0 and P0 on node 0 (5 GPUs), P1 on node 1; D0 in node 0's 3 free
+        assert_eq!(t.prefill()[1].place, Place { group: 0, node: 1 });
+        assert_eq!(t.decode()[0].place, Place { group: 0, node: 0 });
+        assert_eq!(t.decode()[0].gpus, vec![5, 6]);
+        assert!(Topology::fits_nodes(&a, &eight, [Some(0); 3]).is_ok());
+        let over: Allocation = "1E(TP1)+2P(TP4)+4D(TP2)".parse().unwrap();
+        assert!(Topology::fits_nodes(&over, &eight, [Some(0); 3]).is_err());
+        let groups = [group("six", 2, 6)];
+        let mut agree = (0, 0);
+        for e in 1..=4 {
+            for p in 0..=3 {
+                for d in 1..=3 {
+                    for tp in [1, 2, 4] {
+                        let a = Allocation::new((e, 1), (p, tp), (d, 2));
+                        let placed = Topology::placed(&a, None, &groups, [Some(0); 3]).is_ok();
+                        let fits = Topology::fits_nodes(&a, &groups, [Some(0); 3]).is_ok();
+                        assert_eq!(placed, fits, "{a}");
+                        agree.0 += usize::from(placed);
+                        agree.1 += usize::from(!placed);
+                    }
+                }
+            }
+        }
+        assert!(agree.0 > 10 && agree.1 > 10, "{agree:?}");
     }
 
     #[test]
