@@ -456,8 +456,14 @@ fn check_sharing_term(
         return Ok(());
     }
     let (then, now) = match sim_curve {
-        true => ("the measured [host_sharing] curve", "prices it at cores/demand (no curve for this host)"),
-        false => ("cores/demand", "has a measured [host_sharing] curve the twin applies"),
+        true => (
+            "the measured [host_sharing] curve",
+            "prices it at cores/demand (no curve for this host)",
+        ),
+        false => (
+            "cores/demand",
+            "has a measured [host_sharing] curve the twin applies",
+        ),
     };
     Err(BadInput(format!(
         "--sim {} priced the CPU host's core sharing with {then}, but {} {now}: the stage factors would count the difference twice or leave it out; simulate the run again with this profile (--profile {}) and refine against that report",

@@ -146,12 +146,8 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     let bar = progress_bar(total as u64);
     let exe = std::env::current_exe()?;
     let spawn = |threads: usize, tp: usize| level_command(&a, &exe, threads, cores, tp);
-    let spawn_sharing = |threads: usize| {
-        let mut c = level_command(&a, &exe, threads, cores, 1);
-        c.arg("--level-sharing")
-            .args(["--host-sharing-secs", &opts.host_sharing_s.to_string()]);
-        c
-    };
+    let secs = opts.host_sharing_s;
+    let spawn_sharing = |threads: usize| sharing_command(&a, &exe, threads, cores, secs);
     let profile = profile_cpu(
         &arch,
         &opts,
@@ -211,7 +207,8 @@ fn host_sharing_secs(a: &ProfileArgs, kind: DeviceKind) -> Result<f64, BadInput>
     if a.no_host_sharing || kind != DeviceKind::Cpu {
         return Ok(0.0);
     }
-    Ok(a.host_sharing_secs.unwrap_or(if a.quick { 0.0 } else { 3.0 }))
+    Ok(a.host_sharing_secs
+        .unwrap_or(if a.quick { 0.0 } else { 3.0 }))
 }
 
 /// Refuse a model whose f32 weights exceed 80 % of the available memory.
@@ -270,6 +267,22 @@ fn level_command(
     let per_rank = (threads / tp.max(1)).max(1);
     c.env("MATMUL_NUM_THREADS", per_rank.to_string())
         .env("RAYON_NUM_THREADS", per_rank.to_string());
+    c
+}
+
+/// The command of one host-sharing process on `threads` threads timing
+/// its passes for `secs` seconds (a child `easerve profile`).
+#[cfg(feature = "exec")]
+fn sharing_command(
+    a: &ProfileArgs,
+    exe: &std::path::Path,
+    threads: usize,
+    cores: usize,
+    secs: f64,
+) -> Command {
+    let mut c = level_command(a, exe, threads, cores, 1);
+    c.arg("--level-sharing")
+        .args(["--host-sharing-secs", &secs.to_string()]);
     c
 }
 

@@ -175,8 +175,14 @@ fn unknown_model_device_and_zero_repetitions_exit_2() {
             "--tp 3: model tiny-image splits into TP [1, 2, 4] only",
         ),
         (
-            vec!["profile", "--model", "tiny-image", "--host-sharing-secs", "-1"],
-            "--host-sharing-secs -1: must be a number of seconds in 0 ..= 600",
+            vec![
+                "profile",
+                "--model",
+                "tiny-image",
+                "--host-sharing-secs",
+                "1000",
+            ],
+            "--host-sharing-secs 1000: must be a number of seconds in 0 ..= 600",
         ),
     ] {
         let o = easerve(&args);
@@ -216,7 +222,10 @@ fn quick_cpu_profile_measures_the_host_sharing_curve_that_the_twin_uses() {
     assert_eq!(h.cores as usize, cores);
     let demands: Vec<f64> = h.rows().iter().map(|r| r.0).collect();
     assert_eq!(demands[0], cores as f64, "{demands:?}");
-    assert!(*demands.last().unwrap() >= 3.0 * cores as f64, "{demands:?}");
+    assert!(
+        *demands.last().unwrap() >= 3.0 * cores as f64,
+        "{demands:?}"
+    );
     assert!(h.rows().iter().all(|r| r.1 >= 1.0 && r.1.is_finite()));
     assert!(h.method.contains("host load average"), "{}", h.method);
     let sc = root().join("scenarios/cpu-image.toml");

@@ -141,7 +141,10 @@ fn run_window(
         let mut child = cmd
             .spawn()
             .map_err(|e| fail(format!("cannot start a {t}-thread process: {e}")))?;
-        let out = child.stdout.take().ok_or_else(|| fail("no stdout".into()))?;
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| fail("no stdout".into()))?;
         children.push((child, BufReader::new(out).lines()));
     }
     let read = |lines: &mut std::io::Lines<BufReader<std::process::ChildStdout>>| loop {

@@ -256,8 +256,12 @@ mod tests {
     fn the_table_reads_back_and_bad_rows_name_the_field() {
         use crate::profile::tests::{roof, small_grid};
         use crate::profile::Profile;
-        let p = Profile::from_roofline(&roof("tiny-image", "a100-sxm4-80gb"), &small_grid(), "2026-12-05")
-            .with_host_sharing(Some(curve(&[(2.0, 1.0), (3.0, 2.25), (7.0, 6.5)])));
+        let p = Profile::from_roofline(
+            &roof("tiny-image", "a100-sxm4-80gb"),
+            &small_grid(),
+            "2026-12-05",
+        )
+        .with_host_sharing(Some(curve(&[(2.0, 1.0), (3.0, 2.25), (7.0, 6.5)])));
         let text = p.to_toml_string();
         assert!(text.contains("[host_sharing]\ncores = 2\n"), "{text}");
         let q = Profile::from_toml_str(&text, "mem").unwrap();
@@ -266,10 +270,15 @@ mod tests {
         let bad = |from: &str, to: &str| {
             let t = text.replace(from, to);
             assert_ne!(t, text, "{from}");
-            Profile::from_toml_str(&t, "bad.toml").unwrap_err().to_string()
+            Profile::from_toml_str(&t, "bad.toml")
+                .unwrap_err()
+                .to_string()
         };
         let e = bad("  [3, 2.25],", "  [0, 2.25],");
-        assert!(e.contains("bad.toml") && e.contains("host_sharing") && e.contains("`demand_threads`"), "{e}");
+        assert!(
+            e.contains("bad.toml") && e.contains("host_sharing") && e.contains("`demand_threads`"),
+            "{e}"
+        );
         let e = bad("  [3, 2.25],", "  [3, 0.5],");
         assert!(e.contains("`slowdown`") && e.contains("≥ 1"), "{e}");
         let e = bad("  [3, 2.25],", "  [9, 2.25],");

@@ -39,8 +39,8 @@
 //! belongs to that host); the notes say so.
 
 use super::Sim;
-use easerve_sched::cpu::{self, CpuSlot};
 use easerve_calib::HostSharing;
+use easerve_sched::cpu::{self, CpuSlot};
 use easerve_sched::{Topology, WorkerRef};
 use easerve_workload::Scenario;
 
@@ -224,7 +224,11 @@ impl HostCores {
             .map(|(d, s)| format!("{d}:{s:.2}"))
             .collect();
         let m = &self.meter;
-        let mean = if m.busy > 0.0 { m.integral / m.busy } else { 1.0 };
+        let mean = if m.busy > 0.0 {
+            m.integral / m.busy
+        } else {
+            1.0
+        };
         format!(
             "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends), measured by: {}; slowdown in force while a worker was busy: mean {mean:.2}, highest {:.2} at demand {}",
             rows.join(" "),
@@ -440,11 +444,22 @@ mod tests {
             let mut small = sc.clone();
             small.workload.requests = 4;
             let notes = crate::engine::simulate(&small).report.notes;
-            notes.into_iter().find(|n| n.starts_with("CPU host:")).expect("a CPU host note")
+            notes
+                .into_iter()
+                .find(|n| n.starts_with("CPU host:"))
+                .expect("a CPU host note")
         };
         let n = note(&sc);
-        assert!(n.contains("[host_sharing] curve (demand:slowdown 2:3.00") && n.contains("a test curve") && n.contains("slowdown in force"), "{n}");
+        assert!(
+            n.contains("[host_sharing] curve (demand:slowdown 2:3.00")
+                && n.contains("a test curve")
+                && n.contains("slowdown in force"),
+            "{n}"
+        );
         let n = note(&other);
-        assert!(n.contains("cores/demand") && n.contains("of a 2-core host, not used on 1 cores"), "{n}");
+        assert!(
+            n.contains("cores/demand") && n.contains("of a 2-core host, not used on 1 cores"),
+            "{n}"
+        );
     }
 }
