@@ -398,6 +398,7 @@ fn refine_runs(
         ))
         .into());
     }
+    check_sharing_term(p, &s, profile, sim)?;
     let what = format!(
         "measured {} over simulated {}",
         measured.display(),
@@ -442,6 +443,53 @@ fn encode_from_tp_rows(p: &Profile, r: &easerve_workload::Report) -> Option<u32>
         .and_then(|a| a.parse::<easerve_sched::Allocation>().ok())
         .map_or(1, |a| a.encode.tp);
     (tp > 1 && p.encode_tp_table().is_some()).then_some(tp)
+}
+
+/// Refuse stage factors that would count a CPU host's measured sharing
+/// curve twice or not at all: the simulated run `s` must have priced core
+/// sharing as the refined profile `p` will (its `[host_sharing]` curve, or
+/// cores/demand without one), since each factor is measured over simulated
+/// times that carry the term. A curve of another core count than the run's
+/// host is not applied by the twin, so it does not matter here.
+///
+/// Errors (exit 2): the run's CPU host note names the other term.
+fn check_sharing_term(
+    p: &Profile,
+    s: &easerve_workload::Report,
+    profile: &std::path::Path,
+    sim: &std::path::Path,
+) -> Result<(), BadInput> {
+    let Some(note) = s.notes.iter().find(|n| n.starts_with("CPU host: ")) else {
+        return Ok(());
+    };
+    let run_cores = note["CPU host: ".len()..]
+        .split(' ')
+        .next()
+        .and_then(|c| c.parse::<u32>().ok());
+    let sim_curve = note.contains("[host_sharing] curve (");
+    let applies = p.host_sharing().is_some_and(|h| Some(h.cores) == run_cores);
+    if sim_curve == applies {
+        if applies {
+            eprintln!("host_sharing: kept as measured; the stage factors are over a simulation that applied it (not counted twice)");
+        }
+        return Ok(());
+    }
+    let (then, now) = match sim_curve {
+        true => (
+            "the measured [host_sharing] curve",
+            "prices it at cores/demand (no curve for this host)",
+        ),
+        false => (
+            "cores/demand",
+            "has a measured [host_sharing] curve the twin applies",
+        ),
+    };
+    Err(BadInput(format!(
+        "--sim {} priced the CPU host's core sharing with {then}, but {} {now}: the stage factors would count the difference twice or leave it out; simulate the run again with this profile (--profile {}) and refine against that report",
+        sim.display(),
+        profile.display(),
+        profile.display()
+    )))
 }
 
 /// Mean service time (seconds) of stage `name` in report `r`; 0 when the
@@ -608,6 +656,9 @@ fn validate(
         sayln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         say!("{}", v.render_text());
+        if let Some(n) = s.notes.iter().find(|n| n.starts_with("CPU host: ")) {
+            sayln!("sim core sharing: {n}");
+        }
     }
     if let Some(e) = max_error {
         let over = v.exceeding(e);
@@ -647,6 +698,9 @@ fn validate_windows(
         sayln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         say!("{}", v.render_text());
+        if let Some(n) = s.notes.iter().find(|n| n.starts_with("CPU host: ")) {
+            sayln!("sim core sharing: {n}");
+        }
     }
     let Some(e) = max_error else {
         return Ok(ExitCode::SUCCESS);

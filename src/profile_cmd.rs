@@ -18,6 +18,8 @@ use easerve_model::ModelArch;
 #[cfg(feature = "exec")]
 use easerve_worker::profiler::{profile_cpu, run_level_cpu, Plan, ProfileOptions};
 #[cfg(feature = "exec")]
+use easerve_worker::sharing::{run_sharing_process, sharing_demands};
+#[cfg(feature = "exec")]
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[cfg(feature = "exec")]
@@ -60,6 +62,19 @@ pub(crate) struct ProfileArgs {
     /// heads.
     #[arg(long, value_delimiter = ',', default_value = "1")]
     tp: Vec<usize>,
+    /// Seconds of each window of the host-sharing measurement (cpu): the
+    /// profile's `[host_sharing]` table, the executor's passes timed alone
+    /// and with 1 to 2.5× the cores' threads of other busy worker processes
+    /// (8 windows; worker/src/sharing.rs). Default 3 for the full grid, 0
+    /// (left out) with --quick.
+    #[arg(long, value_name = "SECONDS")]
+    host_sharing_secs: Option<f64>,
+    /// Leave the `[host_sharing]` table out (as --host-sharing-secs 0).
+    #[arg(long)]
+    no_host_sharing: bool,
+    /// Internal: run one process of the host-sharing measurement.
+    #[arg(long, hide = true)]
+    level_sharing: bool,
     /// Internal: measure one CPU thread level in this process.
     #[arg(long, hide = true)]
     level_threads: Option<usize>,
@@ -95,10 +110,14 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
         seed: a.seed,
         quick: a.quick,
         tp,
+        host_sharing_s: host_sharing_secs(&a, kind)?,
     };
     let cores = a.cores.unwrap_or_else(cpu_cores);
     if let Some(threads) = a.level_threads {
-        run_level_cpu(&arch, &opts, threads, cores, a.level_tp)?;
+        match a.level_sharing {
+            true => run_sharing_process(&arch, &opts, threads, opts.host_sharing_s)?,
+            false => run_level_cpu(&arch, &opts, threads, cores, a.level_tp)?,
+        }
         return Ok(ExitCode::SUCCESS);
     }
     // Fail on an unwritable output before minutes of measuring (without truncating
@@ -122,15 +141,19 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
             .map(|t| plan.points_per_level(t == cores))
             .sum::<usize>()
         + plan.transfer_bytes.len()
-        + (opts.tp.len() - 1) * plan.all_reduce_bytes.len();
+        + (opts.tp.len() - 1) * plan.all_reduce_bytes.len()
+        + usize::from(opts.host_sharing_s > 0.0) * (2 + sharing_demands(cores).len());
     let bar = progress_bar(total as u64);
     let exe = std::env::current_exe()?;
     let spawn = |threads: usize, tp: usize| level_command(&a, &exe, threads, cores, tp);
+    let secs = opts.host_sharing_s;
+    let spawn_sharing = |threads: usize| sharing_command(&a, &exe, threads, cores, secs);
     let profile = profile_cpu(
         &arch,
         &opts,
         cores,
         &spawn,
+        &spawn_sharing,
         &mut |msg| {
             bar.inc(1);
             bar.set_message(msg.to_string());
@@ -166,6 +189,26 @@ fn check_tp(tp: &[usize], arch: &ModelArch, kind: DeviceKind) -> Result<Vec<usiz
         ));
     }
     Ok(out)
+}
+
+/// Seconds of each host-sharing window: `--host-sharing-secs`, 0 with
+/// `--no-host-sharing` or on cuda, else 3 (0 with `--quick`).
+///
+/// Errors (exit 2): a value that is not finite or not in 0 ..= 600.
+#[cfg(feature = "exec")]
+fn host_sharing_secs(a: &ProfileArgs, kind: DeviceKind) -> Result<f64, BadInput> {
+    if let Some(s) = a.host_sharing_secs {
+        if !(s.is_finite() && (0.0..=600.0).contains(&s)) {
+            return Err(BadInput(format!(
+                "--host-sharing-secs {s}: must be a number of seconds in 0 ..= 600 (0 leaves the table out)"
+            )));
+        }
+    }
+    if a.no_host_sharing || kind != DeviceKind::Cpu {
+        return Ok(0.0);
+    }
+    Ok(a.host_sharing_secs
+        .unwrap_or(if a.quick { 0.0 } else { 3.0 }))
 }
 
 /// Refuse a model whose f32 weights exceed 80 % of the available memory.
@@ -224,6 +267,22 @@ fn level_command(
     let per_rank = (threads / tp.max(1)).max(1);
     c.env("MATMUL_NUM_THREADS", per_rank.to_string())
         .env("RAYON_NUM_THREADS", per_rank.to_string());
+    c
+}
+
+/// The command of one host-sharing process on `threads` threads timing
+/// its passes for `secs` seconds (a child `easerve profile`).
+#[cfg(feature = "exec")]
+fn sharing_command(
+    a: &ProfileArgs,
+    exe: &std::path::Path,
+    threads: usize,
+    cores: usize,
+    secs: f64,
+) -> Command {
+    let mut c = level_command(a, exe, threads, cores, 1);
+    c.arg("--level-sharing")
+        .args(["--host-sharing-secs", &secs.to_string()]);
     c
 }
 

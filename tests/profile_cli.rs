@@ -174,10 +174,66 @@ fn unknown_model_device_and_zero_repetitions_exit_2() {
             vec!["profile", "--model", "tiny-image", "--tp", "1,3"],
             "--tp 3: model tiny-image splits into TP [1, 2, 4] only",
         ),
+        (
+            vec![
+                "profile",
+                "--model",
+                "tiny-image",
+                "--host-sharing-secs",
+                "1000",
+            ],
+            "--host-sharing-secs 1000: must be a number of seconds in 0 ..= 600",
+        ),
     ] {
         let o = easerve(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(err.contains(want), "{args:?}: {err}");
     }
+}
+
+/// `--host-sharing-secs` (quick grid, windows of 0.3 s; about 10 s on 2
+/// cores): the `[host_sharing]` table has one row per demand from the
+/// cores to 3.5× them, every slowdown at least 1, and the simulator prices
+/// the CPU host's sharing with it and says so.
+#[test]
+fn quick_cpu_profile_measures_the_host_sharing_curve_that_the_twin_uses() {
+    let _timed = crate::timed();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("hs.toml");
+    let o = easerve(&[
+        "profile",
+        "--model",
+        "tiny-image",
+        "--quick",
+        "--repetitions",
+        "1",
+        "--warmup",
+        "0",
+        "--host-sharing-secs",
+        "0.3",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let p = easerve_calib::Profile::load(&out).unwrap();
+    let h = p.host_sharing().expect("a [host_sharing] table");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(h.cores as usize, cores);
+    let demands: Vec<f64> = h.rows().iter().map(|r| r.0).collect();
+    assert_eq!(demands[0], cores as f64, "{demands:?}");
+    assert!(
+        *demands.last().unwrap() >= 3.0 * cores as f64,
+        "{demands:?}"
+    );
+    assert!(h.rows().iter().all(|r| r.1 >= 1.0 && r.1.is_finite()));
+    assert!(h.method.contains("host load average"), "{}", h.method);
+    let sc = root().join("scenarios/cpu-image.toml");
+    let r = crate::sim_json(
+        &sc,
+        &["--profile", out.to_str().unwrap(), "--requests", "10"],
+    );
+    assert_eq!(r["completed"].as_u64(), Some(10), "{r}");
+    let notes = r["notes"].to_string();
+    assert!(notes.contains("measured [host_sharing] curve"), "{notes}");
 }

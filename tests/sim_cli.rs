@@ -1173,3 +1173,81 @@ fn the_encoder_store_reports_its_hits_and_refuses_a_capacity_below_one_item() {
         "{err}"
     );
 }
+
+/// A profile with a measured `[host_sharing]` curve, refined from a run
+/// against its own simulation: the stage factors are 1 (the simulated
+/// service times carry the curve's slowdown, so it is not folded in again)
+/// and the curve is kept as measured; a simulation priced at cores/demand
+/// (the profile without the curve) is refused, exit 2, since its factors
+/// would count the curve's excess twice.
+#[test]
+fn refine_with_a_host_sharing_curve_does_not_count_it_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped =
+        std::fs::read_to_string(root().join("scenarios/profiles/tiny-image.cpu.toml")).unwrap();
+    let curve = "\n[host_sharing]\ncores = 2\nmethod = \"a test curve\"\ncolumns = [\"demand_threads\", \"slowdown\"]\nrows = [\n  [2, 1.0],\n  [4, 3.5],\n  [7, 7.0],\n]\n";
+    let with = dir.path().join("with.toml");
+    std::fs::write(&with, format!("{shipped}{curve}")).unwrap();
+    let with = with.to_str().unwrap();
+    let run = |profile: &str, name: &str| {
+        let path = dir.path().join(name);
+        let out = easerve(&[
+            "sim",
+            "scenarios/cpu-image.toml",
+            "--profile",
+            profile,
+            "--requests",
+            "30",
+            "--rate",
+            "4",
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(&path, &out.stdout).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (curved, fair) = (
+        run(with, "curved.json"),
+        run("scenarios/profiles/tiny-image.cpu.toml", "fair.json"),
+    );
+    let refined = dir.path().join("refined.toml");
+    let refine = |sim: &str| {
+        easerve(&[
+            "calib",
+            "refine",
+            "--profile",
+            with,
+            "--sim",
+            sim,
+            "--measured",
+            &curved,
+            "-o",
+            refined.to_str().unwrap(),
+        ])
+    };
+    let out = refine(&curved);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for stage in ["prefill", "decode"] {
+        let line = text.lines().find(|l| l.starts_with(stage));
+        assert!(line.is_some_and(|l| l.ends_with("factor 1.000")), "{text}");
+    }
+    let p = easerve_calib::Profile::load(&refined).unwrap();
+    let q = easerve_calib::Profile::load(with).unwrap();
+    assert_eq!(p.host_sharing(), q.host_sharing());
+    let out = refine(&fair);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cores/demand") && err.contains("[host_sharing] curve"),
+        "{err}"
+    );
+}

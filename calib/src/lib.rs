@@ -48,7 +48,7 @@ pub use gpu::{GpuSpec, LinkSpec};
 pub use kernel_cost::KernelCost;
 pub use launch::{Engine, Launch, LaunchError, LaunchMode, LaunchStage, StageLaunch};
 pub use profile::{
-    monotone_envelope, monotone_envelope_columns, GridSpec, PrefillBatching, Profile, ProfileError,
-    Provenance, Source, Stage,
+    monotone_envelope, monotone_envelope_columns, GridSpec, HostSharing, PrefillBatching, Profile,
+    ProfileError, Provenance, Source, Stage,
 };
 pub use roofline::{EncodeTime, Roofline};

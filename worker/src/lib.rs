@@ -21,4 +21,5 @@ pub mod items;
 pub mod nccl;
 pub mod process;
 pub mod profiler;
+pub mod sharing;
 pub mod tp;

@@ -103,6 +103,10 @@ pub struct ProfileOptions {
     /// Tensor-parallel degrees of the prefill and decode rows (CPU), ascending,
     /// starting at 1; each degree > 1 also gets the all-reduce rows.
     pub tp: Vec<usize>,
+    /// Seconds of each window of the `[host_sharing]` measurement (CPU,
+    /// [`crate::sharing`]); 0 leaves the table out.
+    #[serde(default)]
+    pub host_sharing_s: f64,
 }
 
 impl Default for ProfileOptions {
@@ -113,6 +117,7 @@ impl Default for ProfileOptions {
             seed: 0,
             quick: false,
             tp: vec![1],
+            host_sharing_s: 0.0,
         }
     }
 }
@@ -757,13 +762,17 @@ pub enum LevelMessage {
     Rows(LevelRows),
     /// The level failed.
     Failed(String),
+    /// A host-sharing process's pass times, seconds ([`crate::sharing`]).
+    Passes(Vec<f64>),
 }
 
 /// Run a CPU profile: one child process per thread level `1..=cores` and TP
 /// degree of `opts.tp` (started by `spawn(threads, tp)`, which must run this
 /// crate's level entry point with [`LevelMessage`] lines on stdout), loopback
 /// transfers and all-reduces in this process, then assemble and validate the
-/// profile.
+/// profile; with `opts.host_sharing_s` > 0, the `[host_sharing]` table from
+/// processes started by `spawn_sharing(threads)`, which must run
+/// [`crate::sharing::run_sharing_process`].
 ///
 /// Errors: a level process that fails or prints no rows; a profile the validator
 /// rejects.
@@ -772,6 +781,7 @@ pub fn profile_cpu(
     opts: &ProfileOptions,
     cores: usize,
     spawn: &dyn Fn(usize, usize) -> Command,
+    spawn_sharing: &dyn Fn(usize) -> Command,
     progress: &mut dyn FnMut(&str),
     date: &str,
 ) -> Result<Profile, ProfilerError> {
@@ -803,11 +813,11 @@ pub fn profile_cpu(
             match serde_json::from_str::<LevelMessage>(&line) {
                 Ok(LevelMessage::Point(p)) => progress(&format!("{threads}/{cores} threads: {p}")),
                 Ok(LevelMessage::Rows(r)) => rows = Some(r),
+                Ok(LevelMessage::Passes(_)) | Err(_) => {}
                 Ok(LevelMessage::Failed(e)) => {
                     let _ = child.wait();
                     return Err(ProfilerError::Level(e));
                 }
-                Err(_) => {}
             }
         }
         let status = child
@@ -875,6 +885,17 @@ pub fn profile_cpu(
             _ => profile.with_encode_tp(rows),
         }
         .map_err(ProfilerError::Invalid)?;
+    }
+    if opts.host_sharing_s > 0.0 {
+        let curve = crate::sharing::measure_host_sharing(
+            arch,
+            opts,
+            cores,
+            opts.host_sharing_s,
+            spawn_sharing,
+            progress,
+        )?;
+        profile = profile.with_host_sharing(Some(curve));
     }
     Ok(profile)
 }

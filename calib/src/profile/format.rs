@@ -398,6 +398,9 @@ pub struct Profile {
     /// The encode table at TP > 1 (`tp`, `batch`, `encoder_tokens`), where
     /// one was measured.
     pub(super) encode_tp: Option<Table>,
+    /// The host's measured oversubscription curve (a CPU profile), where
+    /// one was measured.
+    pub(super) host_sharing: Option<super::HostSharing>,
     /// Encode lookups at a TP > 1 without rows (priced as at TP 1) since the
     /// last notes.
     pub(super) encode_tp_fallbacks: Counter,

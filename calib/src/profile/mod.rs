@@ -16,6 +16,7 @@
 //! | `[[transfer]]` (one per `link`) | `bytes`                | `median`, optional `p90`                |
 //! | `all_reduce` (optional)  | `tp`, `bytes`                 | `median`, optional `p90`                |
 //! | `encode_tp` (optional)   | `tp` (≥ 2), `batch`, `encoder_tokens` | as `encode`                     |
+//! | `host_sharing` (optional, CPU) | `demand_threads`               | `slowdown` (no unit; [`HostSharing`]) |
 //!
 //! `batch` of encode counts items (images, videos, audio clips) in one pass;
 //! `encoder_tokens` is tokens per item; `tokens` of prefill is the batch's
@@ -42,6 +43,7 @@
 
 mod cost;
 mod format;
+mod host_sharing;
 mod make;
 mod parse;
 mod write;
@@ -50,6 +52,7 @@ pub use format::{
     PrefillBatching, Profile, ProfileError, Provenance, Source, Stage, Table, TimeUnit,
     FORMAT_VERSION, MONOTONE_TOLERANCE,
 };
+pub use host_sharing::{HostSharing, HOST_SHARING_COLUMNS};
 pub use make::{monotone_envelope, monotone_envelope_columns, synthetic_item, GridSpec};
 
 impl Profile {
@@ -77,6 +80,17 @@ impl Profile {
     /// The all-reduce table (`tp`, `bytes`), where the profile measured one.
     pub fn all_reduce_table(&self) -> Option<&Table> {
         self.all_reduce.as_ref()
+    }
+    /// The host's measured oversubscription curve, where the profile has
+    /// one (`[host_sharing]`, a CPU profile).
+    pub fn host_sharing(&self) -> Option<&HostSharing> {
+        self.host_sharing.as_ref()
+    }
+    /// This profile with the host's measured oversubscription curve
+    /// (`None`: without one).
+    pub fn with_host_sharing(mut self, curve: Option<HostSharing>) -> Profile {
+        self.host_sharing = curve;
+        self
     }
 }
 

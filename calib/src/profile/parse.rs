@@ -185,6 +185,7 @@ impl Parser<'_> {
             "transfer",
             "all_reduce",
             "encode_tp",
+            "host_sharing",
         ];
         for k in doc.keys() {
             if !allowed.contains(&k.as_str()) {
@@ -270,6 +271,13 @@ impl Parser<'_> {
             ));
         }
         let transfer = self.transfers(&doc, &provenance.link)?;
+        let host_sharing = match doc.get("host_sharing") {
+            None => None,
+            Some(v) => Some(super::HostSharing::from_toml(
+                self.file,
+                self.as_table("host_sharing", v)?,
+            )?),
+        };
         Ok(Profile {
             origin: self.file.to_string(),
             provenance,
@@ -283,6 +291,7 @@ impl Parser<'_> {
             transfer,
             all_reduce,
             encode_tp,
+            host_sharing,
             encode_tp_fallbacks: Default::default(),
             tp_fallbacks: Default::default(),
             tp_priced: Default::default(),

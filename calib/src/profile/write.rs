@@ -85,6 +85,9 @@ impl Profile {
             }
             let _ = writeln!(o, "]");
         }
+        if let Some(h) = &self.host_sharing {
+            o.push_str(&h.to_toml());
+        }
         o
     }
 }

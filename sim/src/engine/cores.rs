@@ -19,27 +19,54 @@
 //! start only. Pipelined preprocessing threads (`deployment.preprocess =
 //! "pipelined"`, not the CPU default) are neither counted nor slowed.
 //!
-//! What this leaves out, and the executor has: the OS places threads, not a
-//! fair share (pinned encode and local prefill cores, rayon's spinning
-//! workers, a fork-join pass waiting for its slowest thread), the
-//! controller process's own CPU time, and a thread count other than the
-//! profile's (a worker on fewer threads than the profile's level runs at
-//! the profile's speed for its share).
+//! What `C / D` leaves out, and the executor has: the OS places threads,
+//! not a fair share (pinned encode and local prefill cores, rayon's
+//! spinning workers, a fork-join pass waiting for its slowest thread at
+//! every join), the controller process's own CPU time, and a thread count
+//! other than the profile's (a worker on fewer threads than the profile's
+//! level runs at the profile's speed for its share).
+//!
+//! **The measured curve.** When the profile has a `[host_sharing]` table
+//! (`easerve profile` measures it: the executor's passes timed alone and
+//! with other busy worker processes, see `easerve_calib::HostSharing`)
+//! measured on a host of the same `C` cores, the slowdown at demand `D` is
+//! that curve instead of `D / C`: 1 up to `C`, piecewise linear in `D`
+//! between its rows, beyond the last row the fair-share line scaled by the
+//! last row's excess over it. It carries what the list above leaves out,
+//! as measured; the run's notes say which term priced the sharing, its
+//! source, and the mean and highest slowdown in force while a worker was
+//! busy. A curve measured on another core count is not used (its excess
+//! belongs to that host); the notes say so.
 
 use super::Sim;
+use easerve_calib::HostSharing;
 use easerve_sched::cpu::{self, CpuSlot};
 use easerve_sched::{Topology, WorkerRef};
 use easerve_workload::Scenario;
 
 /// How much slower every pass on a host of `cores` cores runs while its busy
-/// workers ask `demand` cores: 1 up to `cores`, then `demand / cores`
-/// (processor sharing: each progresses at `cores / demand` of its speed).
-fn sharing_slowdown(demand: usize, cores: usize) -> f64 {
+/// workers ask `demand` cores: the measured `curve` where given, else 1 up
+/// to `cores`, then `demand / cores` (processor sharing: each progresses at
+/// `cores / demand` of its speed).
+fn sharing_slowdown(demand: usize, cores: usize, curve: Option<&HostSharing>) -> f64 {
+    if let Some(c) = curve {
+        return c.slowdown(demand as f64);
+    }
     if demand <= cores {
         1.0
     } else {
         demand as f64 / cores.max(1) as f64
     }
+}
+
+/// The slowdown in force over the run: its integral over the time a
+/// worker was busy, that time, the highest value and its demand.
+#[derive(Default)]
+struct SlowdownMeter {
+    integral: f64,
+    busy: f64,
+    max: (f64, usize),
+    since: f64,
 }
 
 /// The host's cores and what each worker asks of them.
@@ -63,6 +90,11 @@ pub(super) struct HostCores {
     labels: Vec<String>,
     /// Sum of `demand`.
     total: usize,
+    /// The profile's measured curve, when it prices the sharing.
+    curve: Option<HostSharing>,
+    /// Why a profile's curve is not used (another core count).
+    curve_unused: Option<String>,
+    meter: SlowdownMeter,
 }
 
 impl HostCores {
@@ -75,6 +107,15 @@ impl HostCores {
         let ne = topology.encode().len();
         let np = ne + topology.prefill().len();
         let nd = np + topology.decode().len();
+        let measured = sc.profile.as_ref().and_then(|p| p.host_sharing());
+        let (curve, curve_unused) = match measured {
+            Some(h) if h.cores as usize == cores => (Some(h.clone()), None),
+            Some(h) => (None, Some(format!(
+                "the profile's measured [host_sharing] curve is of a {}-core host, not used on {cores} cores",
+                h.cores
+            ))),
+            None => (None, None),
+        };
         Some(HostCores {
             cores,
             source,
@@ -85,6 +126,9 @@ impl HostCores {
             slots,
             base: [0, ne, np, nd],
             total: 0,
+            curve,
+            curve_unused,
+            meter: SlowdownMeter::default(),
         })
     }
 
@@ -99,7 +143,7 @@ impl HostCores {
 
     /// The slowdown every pass on the host runs at now.
     pub(super) fn slowdown(&self) -> f64 {
-        sharing_slowdown(self.total, self.cores)
+        sharing_slowdown(self.total, self.cores, self.curve.as_ref())
     }
 
     /// Cores worker `w` asks while it runs a pass at SM share `share` on
@@ -109,11 +153,20 @@ impl HostCores {
         self.slots[k].ranks * cpu::pass_threads(self.threads[k], share)
     }
 
-    /// Worker `w` now asks `demand` cores; the slowdown before, when that
-    /// changed it.
-    pub(super) fn set(&mut self, w: WorkerRef, demand: usize) -> Option<f64> {
+    /// Worker `w` now asks `demand` cores (at `now`, seconds); the slowdown
+    /// before, when that changed it.
+    pub(super) fn set(&mut self, w: WorkerRef, demand: usize, now: f64) -> Option<f64> {
         let k = self.index(w);
         let before = self.slowdown();
+        let m = &mut self.meter;
+        if self.total > 0 {
+            m.integral += before * (now - m.since);
+            m.busy += now - m.since;
+            if before > m.max.0 {
+                m.max = (before, self.total);
+            }
+        }
+        m.since = now;
         self.total = self.total - self.demand[k] + demand;
         self.demand[k] = demand;
         (self.slowdown() != before).then_some(before)
@@ -155,11 +208,33 @@ impl HostCores {
                 r => format!("{l} {r}×{t}"),
             })
             .collect();
-        format!(
-            "CPU host: {} cores shared by every worker ({}); threads per worker as `easerve exec` gives them without `--threads`: {}; while the busy workers ask more cores than that, every pass runs at cores/demand of its profiled speed (processor sharing, re-timed as work starts and ends)",
+        let head = format!(
+            "CPU host: {} cores shared by every worker ({}); threads per worker as `easerve exec` gives them without `--threads`: {}",
             self.cores,
             self.source,
             threads.join(", ")
+        );
+        let Some(c) = &self.curve else {
+            let unused = (self.curve_unused.as_ref()).map_or(String::new(), |u| format!(" ({u})"));
+            return format!(
+                "{head}; while the busy workers ask more cores than that, every pass runs at cores/demand of its profiled speed (processor sharing, re-timed as work starts and ends){unused}"
+            );
+        };
+        let rows: Vec<String> = (c.rows().iter())
+            .map(|(d, s)| format!("{d}:{s:.2}"))
+            .collect();
+        let m = &self.meter;
+        let mean = if m.busy > 0.0 {
+            m.integral / m.busy
+        } else {
+            1.0
+        };
+        format!(
+            "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends), measured by: {}; slowdown in force while a worker was busy: mean {mean:.2}, highest {:.2} at demand {}",
+            rows.join(" "),
+            c.method,
+            m.max.0.max(1.0),
+            m.max.1
         )
     }
 }
@@ -173,7 +248,8 @@ impl Sim<'_> {
     /// Worker `w` now asks `demand` cores of the host: when that changes
     /// the rate of every pass on it, the work in flight is re-timed.
     pub(super) fn ask_cores(&mut self, w: WorkerRef, demand: usize) {
-        let Some(before) = self.host.as_mut().and_then(|h| h.set(w, demand)) else {
+        let now = self.now;
+        let Some(before) = self.host.as_mut().and_then(|h| h.set(w, demand, now)) else {
             return;
         };
         self.retime(before);
@@ -247,11 +323,15 @@ mod tests {
 
     #[test]
     fn passes_share_the_cores_they_ask_for() {
-        assert_eq!(sharing_slowdown(1, 1), 1.0);
-        assert_eq!(sharing_slowdown(2, 1), 2.0);
-        assert_eq!(sharing_slowdown(2, 2), 1.0);
-        assert_eq!(sharing_slowdown(5, 2), 2.5);
-        assert_eq!(sharing_slowdown(0, 2), 1.0);
+        assert_eq!(sharing_slowdown(1, 1, None), 1.0);
+        assert_eq!(sharing_slowdown(2, 1, None), 2.0);
+        assert_eq!(sharing_slowdown(2, 2, None), 1.0);
+        assert_eq!(sharing_slowdown(5, 2, None), 2.5);
+        assert_eq!(sharing_slowdown(0, 2, None), 1.0);
+        let curve = HostSharing::new(2, "m".into(), vec![(2.0, 1.0), (4.0, 3.0)]).unwrap();
+        assert_eq!(sharing_slowdown(2, 2, Some(&curve)), 1.0);
+        assert_eq!(sharing_slowdown(3, 2, Some(&curve)), 2.0);
+        assert_eq!(sharing_slowdown(4, 2, Some(&curve)), 3.0);
     }
 
     /// `1E(TP1)+1P(TP1)+2D(TP1)` on a host of `cores` cores (each decode
@@ -332,6 +412,54 @@ mod tests {
         assert!(
             note.contains("cluster.host_cores") && note.contains("D1 1"),
             "{note}"
+        );
+    }
+
+    /// The measured curve: where the profile has a `[host_sharing]` table
+    /// of a host of the scenario's cores, two runs started together on one
+    /// core take the curve's slowdown at demand 2 (3×), not cores/demand
+    /// (2×); a curve of another core count is left out, and the notes say
+    /// which term priced the sharing.
+    #[test]
+    fn a_measured_curve_replaces_fair_share_on_a_host_of_its_cores() {
+        let with_curve = |cores: u32| {
+            let mut sc = two_decoders("1");
+            let curve = HostSharing::new(cores, "a test curve".into(), vec![(2.0, 3.0)]).unwrap();
+            let p = sc.profile.take().expect("a profile");
+            sc.profile = Some(p.with_host_sharing(Some(curve)));
+            sc
+        };
+        let sc = with_curve(1);
+        let alone = run_ends(&sc, &[(0, 0.0)])[0];
+        let both = run_ends(&sc, &[(0, 0.0), (1, 0.0)]);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
+        assert!(
+            close(both[0], 3.0 * alone) && close(both[1], 3.0 * alone),
+            "{both:?} {alone}"
+        );
+        let other = with_curve(2);
+        let both = run_ends(&other, &[(0, 0.0), (1, 0.0)]);
+        assert!(close(both[0], 2.0 * alone), "{both:?} {alone}");
+        let note = |sc: &Scenario| {
+            let mut small = sc.clone();
+            small.workload.requests = 4;
+            let notes = crate::engine::simulate(&small).report.notes;
+            notes
+                .into_iter()
+                .find(|n| n.starts_with("CPU host:"))
+                .expect("a CPU host note")
+        };
+        let n = note(&sc);
+        assert!(
+            n.contains("[host_sharing] curve (demand:slowdown 2:3.00")
+                && n.contains("a test curve")
+                && n.contains("slowdown in force"),
+            "{n}"
+        );
+        let n = note(&other);
+        assert!(
+            n.contains("cores/demand") && n.contains("of a 2-core host, not used on 1 cores"),
+            "{n}"
         );
     }
 }

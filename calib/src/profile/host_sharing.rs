@@ -1,0 +1,293 @@
+//! The optional `[host_sharing]` table of a CPU profile: how much slower a
+//! pass of the executor runs while the busy worker processes on one host of
+//! `cores` cores ask `demand_threads` threads, measured by `easerve profile`
+//! (`worker/src/profiler.rs`, `measure_host_sharing`).
+//!
+//! ```toml
+//! [host_sharing]
+//! cores = 2
+//! method = "…"
+//! columns = ["demand_threads", "slowdown"]
+//! rows = [
+//!   [2, 1.0],
+//!   [4, 3.1],
+//! ]
+//! ```
+//!
+//! `slowdown` is the median pass time with `demand_threads` threads busy
+//! over the same pass alone (≥ 1). Rows are sorted by `demand_threads`
+//! (≥ 1, strictly ascending). [`HostSharing::slowdown`] reads the curve:
+//! 1 up to `cores` threads, piecewise linear in the demand between the
+//! point `(cores, 1)` and the rows above `cores`, and beyond the last row
+//! `(d_n, s_n)` the fair-share line `D / cores` times the last row's
+//! excess over it, `s_n · cores / d_n` (so the curve is continuous there).
+
+use super::ProfileError;
+
+/// The columns of a `[host_sharing]` table, in order.
+pub const HOST_SHARING_COLUMNS: [&str; 2] = ["demand_threads", "slowdown"];
+
+/// A host's measured oversubscription curve (module doc).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostSharing {
+    /// Cores of the host that measured it.
+    pub cores: u32,
+    /// How it was measured (passes, processes, window, host load).
+    pub method: String,
+    /// `(demand_threads, slowdown)`, ascending in demand.
+    rows: Vec<(f64, f64)>,
+}
+
+impl HostSharing {
+    /// A curve from its rows, validated: at least one row, `cores` ≥ 1,
+    /// every `demand_threads` finite and ≥ 1 and strictly ascending, every
+    /// `slowdown` finite and ≥ 1.
+    ///
+    /// Errors: `(row index, message)` naming the field and the allowed
+    /// values (`None` for the table as a whole).
+    pub fn new(
+        cores: u32,
+        method: String,
+        rows: Vec<(f64, f64)>,
+    ) -> Result<HostSharing, (Option<usize>, String)> {
+        if cores == 0 {
+            return Err((None, "`cores` = 0 must be at least 1".into()));
+        }
+        if rows.is_empty() {
+            return Err((None, "`rows` is empty (at least one row)".into()));
+        }
+        for (i, &(d, s)) in rows.iter().enumerate() {
+            if !(d.is_finite() && d >= 1.0) {
+                return Err((
+                    Some(i),
+                    format!("`demand_threads` = {d} must be finite and ≥ 1"),
+                ));
+            }
+            if !(s.is_finite() && s >= 1.0) {
+                return Err((
+                    Some(i),
+                    format!("`slowdown` = {s} must be finite and ≥ 1 (pass time busy over alone)"),
+                ));
+            }
+            if i > 0 && d <= rows[i - 1].0 {
+                return Err((
+                    Some(i),
+                    format!(
+                        "`demand_threads` = {d} after {}: rows must be sorted by `demand_threads`, strictly ascending",
+                        rows[i - 1].0
+                    ),
+                ));
+            }
+        }
+        Ok(HostSharing {
+            cores,
+            method,
+            rows,
+        })
+    }
+
+    /// The rows, `(demand_threads, slowdown)`.
+    pub fn rows(&self) -> &[(f64, f64)] {
+        &self.rows
+    }
+
+    /// How much slower every pass runs while busy workers ask `demand`
+    /// threads of this host's [`HostSharing::cores`] (module doc): 1 up to
+    /// `cores`, the curve above it, the last row's excess over fair share
+    /// beyond the last row.
+    pub fn slowdown(&self, demand: f64) -> f64 {
+        let c = f64::from(self.cores);
+        if demand <= c {
+            return 1.0;
+        }
+        let mut lo = (c, 1.0);
+        for &(d, s) in self.rows.iter().filter(|r| r.0 > c) {
+            if demand <= d {
+                let w = (demand - lo.0) / (d - lo.0);
+                return (lo.1 + w * (s - lo.1)).max(1.0);
+            }
+            lo = (d, s);
+        }
+        if lo.0 <= c {
+            // no row above the cores: fair share
+            return demand / c;
+        }
+        let excess = lo.1 * c / lo.0;
+        (demand / c * excess).max(1.0)
+    }
+
+    /// The table in the profile's canonical layout (after a blank line).
+    pub(super) fn to_toml(&self) -> String {
+        let q = |s: &str| toml::Value::String(s.to_string()).to_string();
+        let mut o = format!(
+            "\n[host_sharing]\ncores = {}\nmethod = {}\ncolumns = [{}]\nrows = [\n",
+            self.cores,
+            q(&self.method),
+            HOST_SHARING_COLUMNS.map(q).join(", ")
+        );
+        for (d, s) in &self.rows {
+            if d.fract() == 0.0 {
+                o.push_str(&format!("  [{}, {s:?}],\n", *d as u64));
+            } else {
+                o.push_str(&format!("  [{d:?}, {s:?}],\n"));
+            }
+        }
+        o.push_str("]\n");
+        o
+    }
+
+    /// The `[host_sharing]` table `t` of profile file `file`.
+    ///
+    /// Errors: unknown keys, a missing or mistyped `cores`, `method`,
+    /// `columns` or `rows`, and what [`HostSharing::new`] refuses, each
+    /// naming the table, the row and the field.
+    pub(super) fn from_toml(file: &str, t: &toml::Table) -> Result<HostSharing, ProfileError> {
+        let err = |row: Option<usize>, message: String| ProfileError {
+            file: file.to_string(),
+            table: Some("host_sharing".into()),
+            row,
+            message,
+        };
+        let allowed = ["cores", "method", "columns", "rows"];
+        if let Some(k) = t.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(err(
+                None,
+                format!("unknown key `{k}` (allowed: {})", allowed.join(", ")),
+            ));
+        }
+        let cores = match t.get("cores") {
+            Some(toml::Value::Integer(c)) if (1..=1 << 20).contains(c) => *c as u32,
+            other => {
+                return Err(err(
+                    None,
+                    format!("`cores` must be an integer in 1 ..= 1048576, found {other:?}"),
+                ))
+            }
+        };
+        let method = match t.get("method") {
+            Some(toml::Value::String(s)) => s.clone(),
+            _ => return Err(err(None, "`method` must be a string".into())),
+        };
+        let columns: Option<Vec<&str>> = t
+            .get("columns")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect());
+        if columns.as_deref() != Some(&HOST_SHARING_COLUMNS[..]) {
+            return Err(err(
+                None,
+                format!("`columns` must be {HOST_SHARING_COLUMNS:?}"),
+            ));
+        }
+        let Some(rows) = t.get("rows").and_then(|v| v.as_array()) else {
+            return Err(err(None, "`rows` must be an array of rows".into()));
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for (i, r) in rows.iter().enumerate() {
+            let cells: Option<Vec<f64>> = r.as_array().and_then(|a| {
+                a.iter()
+                    .map(|v| v.as_float().or_else(|| v.as_integer().map(|x| x as f64)))
+                    .collect()
+            });
+            match cells.as_deref() {
+                Some(&[d, s]) => out.push((d, s)),
+                _ => {
+                    return Err(err(
+                        Some(i),
+                        "a row must be two numbers, [demand_threads, slowdown]".into(),
+                    ))
+                }
+            }
+        }
+        HostSharing::new(cores, method, out).map_err(|(row, m)| err(row, m))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn curve(rows: &[(f64, f64)]) -> HostSharing {
+        HostSharing::new(2, "test".into(), rows.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn the_curve_is_one_up_to_the_cores_linear_between_rows_and_scaled_fair_share_beyond() {
+        let h = curve(&[(2.0, 1.0), (4.0, 3.0), (6.0, 4.2)]);
+        assert_eq!(h.slowdown(1.0), 1.0);
+        assert_eq!(h.slowdown(2.0), 1.0);
+        // between (2, 1) and (4, 3)
+        assert!((h.slowdown(3.0) - 2.0).abs() < 1e-12);
+        assert!((h.slowdown(4.0) - 3.0).abs() < 1e-12);
+        // between (4, 3) and (6, 4.2)
+        assert!((h.slowdown(5.0) - 3.6).abs() < 1e-12);
+        // beyond: D/2 × 4.2·2/6 = D × 0.7
+        assert!((h.slowdown(6.0) - 4.2).abs() < 1e-12);
+        assert!((h.slowdown(8.0) - 5.6).abs() < 1e-12);
+        // the first row above the cores is reached from (cores, 1)
+        let h = curve(&[(3.0, 2.5)]);
+        assert!((h.slowdown(2.5) - 1.75).abs() < 1e-12);
+        // rows at or below the cores only: fair share beyond them
+        let h = curve(&[(1.0, 1.0), (2.0, 1.1)]);
+        assert!((h.slowdown(5.0) - 2.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn bad_rows_are_refused_naming_the_field() {
+        let bad = |rows: &[(f64, f64)]| HostSharing::new(2, String::new(), rows.to_vec());
+        let e = bad(&[(0.0, 1.0)]).unwrap_err();
+        assert!(e.0 == Some(0) && e.1.contains("`demand_threads`"), "{e:?}");
+        let e = bad(&[(2.0, 1.0), (3.0, 0.5)]).unwrap_err();
+        assert!(e.0 == Some(1) && e.1.contains("`slowdown`"), "{e:?}");
+        let e = bad(&[(2.0, f64::NAN)]).unwrap_err();
+        assert!(e.1.contains("`slowdown`"), "{e:?}");
+        let e = bad(&[(2.0, f64::INFINITY)]).unwrap_err();
+        assert!(e.1.contains("finite"), "{e:?}");
+        let e = bad(&[(4.0, 2.0), (3.0, 2.0)]).unwrap_err();
+        assert!(e.0 == Some(1) && e.1.contains("sorted"), "{e:?}");
+        let e = bad(&[]).unwrap_err();
+        assert!(e.1.contains("empty"), "{e:?}");
+        assert!(HostSharing::new(0, String::new(), vec![(2.0, 1.0)]).is_err());
+    }
+
+    /// A profile file with a `[host_sharing]` table reads back to the same
+    /// curve and writes back byte-identical; a bad row is refused naming
+    /// the table, the row and the field.
+    #[test]
+    fn the_table_reads_back_and_bad_rows_name_the_field() {
+        use crate::profile::tests::{roof, small_grid};
+        use crate::profile::Profile;
+        let p = Profile::from_roofline(
+            &roof("tiny-image", "a100-sxm4-80gb"),
+            &small_grid(),
+            "2026-12-05",
+        )
+        .with_host_sharing(Some(curve(&[(2.0, 1.0), (3.0, 2.25), (7.0, 6.5)])));
+        let text = p.to_toml_string();
+        assert!(text.contains("[host_sharing]\ncores = 2\n"), "{text}");
+        let q = Profile::from_toml_str(&text, "mem").unwrap();
+        assert_eq!(q.host_sharing(), p.host_sharing());
+        assert_eq!(q.to_toml_string(), text);
+        let bad = |from: &str, to: &str| {
+            let t = text.replace(from, to);
+            assert_ne!(t, text, "{from}");
+            Profile::from_toml_str(&t, "bad.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        let e = bad("  [3, 2.25],", "  [0, 2.25],");
+        assert!(
+            e.contains("bad.toml") && e.contains("host_sharing") && e.contains("`demand_threads`"),
+            "{e}"
+        );
+        let e = bad("  [3, 2.25],", "  [3, 0.5],");
+        assert!(e.contains("`slowdown`") && e.contains("≥ 1"), "{e}");
+        let e = bad("  [3, 2.25],", "  [9, 2.25],");
+        assert!(e.contains("sorted"), "{e}");
+        let e = bad("  [3, 2.25],", "  [3, nan],");
+        assert!(e.contains("`slowdown`") && e.contains("finite"), "{e}");
+        let e = bad("cores = 2\nmethod", "cores = 0\nmethod");
+        assert!(e.contains("`cores`"), "{e}");
+        let e = bad("\"slowdown\"]", "\"speed\"]");
+        assert!(e.contains("`columns`"), "{e}");
+    }
+}
