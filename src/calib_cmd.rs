@@ -407,6 +407,7 @@ fn refine_runs(
     if m.stages.iter().all(|st| st.service.mean <= 0.0) {
         // a client's measurement (easerve bench, vllm bench serve):
         // TTFT and TPOT only
+        let with_encode = with_encode && encode_from_tp_rows(p, &s).is_none();
         return refine_latencies(p, &s, &m, with_encode, &what);
     }
     let mut stages = vec![(Stage::Prefill, "prefill"), (Stage::Decode, "decode")];

@@ -686,6 +686,8 @@ fn the_study_scripts_refuse_bad_arguments_naming_the_flag() {
             &["--max-error", "x"],
             "--max-error 'x'",
         ),
+        ("scripts/demand-agree", &["--max-error", "."], "'.' is not"),
+        ("scripts/calib-loop", &["--rate", "0"], "not a number > 0"),
     ];
     let out_dir = tempfile::tempdir().unwrap();
     for (script, args, needle) in cases {
@@ -697,5 +699,12 @@ fn the_study_scripts_refuse_bad_arguments_naming_the_flag() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{script} {args:?}: {err}");
         assert!(err.contains(needle), "{script} {args:?}: {err}");
+        let bare = std::process::Command::new(root().join(script))
+            .arg("--out")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&bare.stderr);
+        assert_eq!(bare.status.code(), Some(2), "{script} --out: {err}");
+        assert!(err.contains("--out needs a value"), "{script} --out: {err}");
     }
 }

@@ -1,6 +1,14 @@
-# Sourced by scripts/demand-agree and scripts/calib-loop: timed steps with
-# their output in one log. Before sourcing, set `script` (the caller's name
-# for its messages), `log` (the log file) and `steps` (the steps table).
+# Sourced by scripts/demand-agree and scripts/calib-loop: their argument
+# checks, and timed steps with their output in one log. Before sourcing, set
+# `script` (the caller's name for its messages); before the first step, `log`
+# (the log file) and `steps` (the steps table).
+
+# need FLAG ARGS...: exit 2 unless a value follows FLAG
+need() { [ $# -ge 2 ] || { echo "$script: $1 needs a value" >&2; exit 2; }; }
+
+# here PATH: PATH as the caller means it (relative to the folder the script
+# was started in, before it moves to the repository's root)
+here() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 
 loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime; }
 

@@ -201,7 +201,7 @@ pub fn measure_host_sharing(
     let mut rows = Vec::new();
     for d in sharing_demands(cores) {
         let threads: Vec<usize> = std::iter::once(cores)
-            .chain(std::iter::repeat(1).take(d - cores))
+            .chain(std::iter::repeat_n(1, d - cores))
             .collect();
         let passes = run_window(&threads, spawn)?;
         let weighted: f64 = (threads.iter().zip(&passes))

@@ -21,6 +21,7 @@
 //! point `(cores, 1)` and the rows above `cores`, and beyond the last row
 //! `(d_n, s_n)` the fair-share line `D / cores` times the last row's
 //! excess over it, `s_n · cores / d_n` (so the curve is continuous there).
+//! A table with no row above `cores` reads as the fair share, `D / cores`.
 
 use super::ProfileError;
 
