@@ -72,6 +72,17 @@ fn quick_cpu_profile_is_read_back_and_simulated() {
         "{err}"
     );
 }
+/// `easerve profile --model tiny-image --quick` with one timed run and no
+/// warm-up, plus `extra`, written to `out`; panics with stderr on failure.
+fn quick_tiny_image_profile(out: &std::path::Path, extra: &[&str]) {
+    let mut args = vec!["profile", "--model", "tiny-image", "--quick"];
+    args.extend(["--repetitions", "1", "--warmup", "0"]);
+    args.extend_from_slice(extra);
+    args.extend(["-o", out.to_str().unwrap()]);
+    let o = easerve(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// `--tp 2` (quick grid, one timed run; about 12 s in a debug build on 2
 /// cores): prefill and decode rows at TP 1 and 2 from a TP 2 worker's rank
 /// processes, the all-reduce table at TP 2, and the encode rows at TP 2
@@ -82,21 +93,7 @@ fn quick_cpu_profile_at_tp2_has_tp_rows_and_the_all_reduce() {
     let _timed = crate::timed();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("tp.toml");
-    let o = easerve(&[
-        "profile",
-        "--model",
-        "tiny-image",
-        "--quick",
-        "--repetitions",
-        "1",
-        "--warmup",
-        "0",
-        "--tp",
-        "2",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    quick_tiny_image_profile(&out, &["--tp", "2"]);
     let p = easerve_calib::Profile::load(&out).unwrap();
     assert_eq!(p.prefill_table().axes()[1], vec![1.0, 2.0]);
     assert_eq!(p.decode_table().axes()[2], vec![1.0, 2.0]);
@@ -201,21 +198,7 @@ fn quick_cpu_profile_measures_the_host_sharing_curve_that_the_twin_uses() {
     let _timed = crate::timed();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("hs.toml");
-    let o = easerve(&[
-        "profile",
-        "--model",
-        "tiny-image",
-        "--quick",
-        "--repetitions",
-        "1",
-        "--warmup",
-        "0",
-        "--host-sharing-secs",
-        "0.3",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    quick_tiny_image_profile(&out, &["--host-sharing-secs", "0.3"]);
     let p = easerve_calib::Profile::load(&out).unwrap();
     let h = p.host_sharing().expect("a [host_sharing] table");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
