@@ -170,6 +170,14 @@ pub(crate) enum CalibCommand {
         /// over the table.
         #[arg(long, value_name = "SIM.csv", requires = "measured_csv")]
         sim_csv: Option<PathBuf>,
+        /// Fit each stage (encode, prefill, decode) on the passes that ran
+        /// alone in both --measured-csv and --sim-csv, with no other encode
+        /// pass, prefill batch or decode run under way: one pass's cost
+        /// without contention, which a CPU host's sharing term prices in
+        /// the twin. A stage with fewer than 3 such passes is refined as
+        /// without this flag.
+        #[arg(long, requires = "sim_csv")]
+        alone_passes: bool,
         /// Simulated report (JSON) of the scenario, simulated with --profile.
         #[arg(long, value_name = "SIM.json", requires = "measured")]
         sim: Option<PathBuf>,
@@ -254,6 +262,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             measured_csv,
             encoder_tokens,
             sim_csv,
+            alone_passes,
             sim,
             measured,
             items_per_request,
@@ -261,7 +270,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
         } => refine(
             &profile,
             measured_csv.as_deref().map(|m| (m, sim_csv.as_deref())),
-            encoder_tokens,
+            (encoder_tokens, alone_passes),
             sim.as_deref().zip(measured.as_deref()),
             items_per_request,
             &output,
@@ -275,7 +284,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
 fn refine(
     profile: &std::path::Path,
     measured_csv: Option<(&std::path::Path, Option<&std::path::Path>)>,
-    encoder_tokens: Option<f64>,
+    (encoder_tokens, alone_passes): (Option<f64>, bool),
     runs: Option<(&std::path::Path, &std::path::Path)>,
     items_per_request: u64,
     output: &std::path::Path,
@@ -306,15 +315,29 @@ fn refine(
     // (a CSV alone does not say the encoders' TP: without the reports, its
     // passes are taken as the TP 1 table's)
     let tp_rows = (runs.as_ref()).and_then(|((s, _), _, _)| encode_from_tp_rows(&p, s));
+    // the stages fitted on the passes alone in both runs
+    let done = match measured_csv {
+        Some((csv, Some(sim_csv))) if alone_passes => {
+            refine_alone(&mut p, csv, sim_csv, tp_rows.is_none())?
+        }
+        _ => Vec::new(),
+    };
     if let (Some((csv, sim_csv)), Some(tokens)) = (measured_csv, encoder_tokens) {
         match tp_rows {
+            _ if done.contains(&Stage::Encode) => {}
             None => refine_passes(&mut p, csv, sim_csv, tokens, items_per_request)?,
             Some(tp) => eprintln!("encode: the run's encode workers are at TP {tp}, priced from the profile's encode_tp rows, which are not refined; --measured-csv's passes left unused"),
         }
     }
     if let Some((reports, sim, measured)) = runs {
         let with_encode = measured_csv.is_none();
-        refine_runs(&mut p, profile, reports, (sim, measured), with_encode)?;
+        refine_runs(
+            &mut p,
+            profile,
+            reports,
+            (sim, measured),
+            (with_encode, &done),
+        )?;
     }
     save_profile(&p, output)?;
     eprintln!("wrote {}", output.display());
@@ -376,6 +399,137 @@ fn refine_passes(
     Ok(())
 }
 
+/// Passes alone in both runs needed to fit a stage on them
+/// (`--alone-passes`); with fewer it is refined as without the flag.
+const MIN_ALONE_PASSES: usize = 3;
+
+/// `--alone-passes`: each stage's factor over the passes that ran alone in
+/// both the measured and the simulated run ([`easerve_calib::alone`]), for
+/// the stages with at least [`MIN_ALONE_PASSES`] of them (encode only where
+/// `with_encode`: the run's encoders were priced from the TP 1 table);
+/// what it did printed. Returns the stages it refined.
+fn refine_alone(
+    p: &mut Profile,
+    csv: &std::path::Path,
+    sim_csv: &std::path::Path,
+    with_encode: bool,
+) -> anyhow::Result<Vec<Stage>> {
+    use easerve_calib::alone::{alone_factors, ALONE_STAGES};
+    let measured = read_spans(csv)?;
+    let simulated = read_spans(sim_csv).map_err(|e| BadInput(format!("--sim-csv: {e}")))?;
+    let what = format!(
+        "passes alone in both {} and {}",
+        csv.display(),
+        sim_csv.display()
+    );
+    let mut done = Vec::new();
+    let stages = [Stage::Encode, Stage::Prefill, Stage::Decode];
+    for ((fit, name), stage) in alone_factors(&measured, &simulated)
+        .into_iter()
+        .zip(ALONE_STAGES)
+        .zip(stages)
+    {
+        let factor = fit.factor().filter(|_| fit.passes >= MIN_ALONE_PASSES);
+        match factor {
+            _ if stage == Stage::Encode && (!with_encode || p.encode_table().is_none()) => {
+                sayln!("{name:<8} not fitted on passes alone (the run's encoders are not priced from the TP 1 encode table)");
+            }
+            Some(f) => {
+                scale_stage(p, stage, f, &what).map_err(|e| BadInput(e.to_string()))?;
+                sayln!(
+                    "{name:<8} {} passes alone in both runs: measured {:.4} s, simulated {:.4} s, factor {f:.3}",
+                    fit.passes,
+                    fit.measured,
+                    fit.simulated
+                );
+                done.push(stage);
+            }
+            None => sayln!(
+                "{name:<8} {} passes alone in both runs (fewer than {MIN_ALONE_PASSES}): refined as without --alone-passes",
+                fit.passes
+            ),
+        }
+    }
+    if refine_alone_transfers(p, &measured, &simulated, &what)? {
+        done.push(Stage::Transfer);
+    }
+    Ok(done)
+}
+
+/// The link table from the transfers in flight while no pass ran in both
+/// runs ([`easerve_calib::alone::alone_transfers`]; each kind with at least
+/// [`MIN_ALONE_PASSES`]), through the same two-term fit as the reports'
+/// means ([`easerve_calib::refine::fit_transfers`]). Whether it did.
+fn refine_alone_transfers(
+    p: &mut Profile,
+    measured: &[easerve_calib::alone::Spans],
+    simulated: &[easerve_calib::alone::Spans],
+    what: &str,
+) -> anyhow::Result<bool> {
+    if p.transfer_tables().is_empty() {
+        return Ok(false);
+    }
+    let fits = easerve_calib::alone::alone_transfers(measured, simulated);
+    let kinds = ["embedding transfer", "kv transfer"];
+    let each: Vec<(&str, f64, f64, usize)> = (kinds.iter().zip(fits))
+        .filter(|(_, f)| f.passes >= MIN_ALONE_PASSES)
+        .map(|(k, f)| {
+            (
+                *k,
+                f.simulated / f.passes as f64,
+                f.measured / f.passes as f64,
+                f.passes,
+            )
+        })
+        .collect();
+    let pairs: Vec<(f64, f64)> = each.iter().map(|e| (e.1, e.2)).collect();
+    let Some(fit) = easerve_calib::refine::fit_transfers(&pairs).map_err(BadInput)? else {
+        sayln!("transfer: fewer than {MIN_ALONE_PASSES} transfers with a time in both runs while no pass ran; refined as without --alone-passes");
+        return Ok(false);
+    };
+    easerve_calib::refine::refine_transfers(p, fit, what).map_err(|e| BadInput(e.to_string()))?;
+    let said: Vec<String> = (each.iter())
+        .map(|(k, s, m, n)| format!("{k} {:.3} ms against {:.3} ms over {n}", m * 1e3, s * 1e3))
+        .collect();
+    sayln!(
+        "transfer measured = {:.3} ms + {:.3} x simulated ({}, means of the transfers in flight while no pass ran in both runs)",
+        fit.fixed_s * 1e3,
+        fit.factor,
+        said.join(", ")
+    );
+    Ok(true)
+}
+
+/// Each request's stage spans from a per-request CSV (`--requests-csv` of
+/// `easerve sim` or `easerve exec`).
+fn read_spans(path: &std::path::Path) -> anyhow::Result<Vec<easerve_calib::alone::Spans>> {
+    let file = path.display().to_string();
+    easerve_calib::input::check_regular(path).map_err(|e| BadInput(format!("{file}: {e}")))?;
+    let mut r = csv::Reader::from_path(path).map_err(|e| BadInput(format!("{file}: {e}")))?;
+    let mut out = Vec::new();
+    for (i, rec) in r.deserialize::<easerve_sched::RequestRecord>().enumerate() {
+        let rec = rec.map_err(|e| {
+            BadInput(format!(
+                "{file}, row {}: {e} (expected the CSV of `easerve sim --requests-csv` or `easerve exec --requests-csv`)",
+                i + 1
+            ))
+        })?;
+        let both = |a: easerve_sched::Stamp, b: easerve_sched::Stamp| a.get().zip(b.get());
+        out.push(easerve_calib::alone::Spans {
+            id: rec.id,
+            encode: (rec.encode_worker)
+                .zip(both(rec.encode_start, rec.encode_end))
+                .map(|(w, (s, e))| (w, s, e)),
+            prefill: both(rec.prefill_start, rec.first_token),
+            decode: both(rec.decode_start, rec.finish),
+            embedding: both(rec.embedding_sent, rec.prefill_ready),
+            kv: both(rec.kv_sent, rec.decode_ready),
+            output_tokens: rec.output_tokens,
+        });
+    }
+    Ok(out)
+}
+
 /// The stages from a simulated and a measured report of one scenario: each
 /// stage's table ([`scale_stage`]) by measured over simulated mean service
 /// time (encode too when `with_encode` and the profile has its table), or,
@@ -386,7 +540,7 @@ fn refine_runs(
     profile: &std::path::Path,
     (s, m): (easerve_workload::Report, easerve_workload::Report),
     (sim, measured): (&std::path::Path, &std::path::Path),
-    with_encode: bool,
+    (with_encode, done): (bool, &[Stage]),
 ) -> anyhow::Result<()> {
     if s.meta.model != p.provenance.model {
         return Err(BadInput(format!(
@@ -418,7 +572,7 @@ fn refine_runs(
         Some(tp) if with_encode => eprintln!("encode: the run's encode workers are at TP {tp}, priced from the profile's encode_tp rows, which are not refined; left as is"),
         _ => {}
     }
-    for (stage, name) in stages {
+    for (stage, name) in stages.into_iter().filter(|(st, _)| !done.contains(st)) {
         let (ms, ss) = (service_mean(&m, name), service_mean(&s, name));
         if !(ms > 0.0 && ss > 0.0) {
             eprintln!("{name}: no service time in both reports; left as is");
@@ -429,6 +583,9 @@ fn refine_runs(
             "{name:<8} measured mean service {ms:.4} s, simulated {ss:.4} s, factor {:.3}",
             ms / ss
         );
+    }
+    if done.contains(&Stage::Transfer) {
+        return Ok(());
     }
     refine_link_tables(p, &s, &m, &what)
 }

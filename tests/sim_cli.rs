@@ -1251,3 +1251,103 @@ fn refine_with_a_host_sharing_curve_does_not_count_it_twice() {
         "{err}"
     );
 }
+
+/// `calib refine --alone-passes` on a "measured" run that is the simulated
+/// one at half speed (every time in the CSV doubled): every pass that ran
+/// alone in one ran alone in the other, so each stage's factor is 2, the
+/// transfers' fit is 2 × simulated with no fixed term, and the refined
+/// prefill table is the profile's doubled.
+#[test]
+fn refine_on_passes_alone_fits_each_stage_on_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim_csv = dir.path().join("sim.csv");
+    let out = easerve(&[
+        "sim",
+        "scenarios/cpu-image.toml",
+        "--requests",
+        "40",
+        "--rate",
+        "1",
+        "--requests-csv",
+        sim_csv.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&sim_csv).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let times = [
+        "arrival",
+        "encode_start",
+        "encode_end",
+        "embedding_sent",
+        "prefill_ready",
+        "prefill_start",
+        "first_token",
+        "kv_sent",
+        "decode_ready",
+        "decode_start",
+        "finish",
+    ];
+    let mut doubled = header.join(",") + "\n";
+    for line in lines {
+        let cells: Vec<String> = (line.split(',').zip(&header))
+            .map(|(c, h)| match c.parse::<f64>() {
+                Ok(x) if times.contains(h) => format!("{}", 2.0 * x),
+                _ => c.to_string(),
+            })
+            .collect();
+        doubled += &(cells.join(",") + "\n");
+    }
+    let measured_csv = dir.path().join("measured.csv");
+    std::fs::write(&measured_csv, doubled).unwrap();
+    let refined = dir.path().join("refined.toml");
+    let profile = "scenarios/profiles/tiny-image.cpu.toml";
+    let out = easerve(&[
+        "calib",
+        "refine",
+        "--profile",
+        profile,
+        "--measured-csv",
+        measured_csv.to_str().unwrap(),
+        "--sim-csv",
+        sim_csv.to_str().unwrap(),
+        "--encoder-tokens",
+        "325",
+        "--alone-passes",
+        "-o",
+        refined.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for stage in ["encode", "prefill", "decode"] {
+        let line = said.lines().find(|l| l.starts_with(stage));
+        assert!(
+            line.is_some_and(
+                |l| l.contains("passes alone in both runs") && l.ends_with("factor 2.000")
+            ),
+            "{said}"
+        );
+    }
+    assert!(
+        said.contains("transfer measured = 0.000 ms + 2.000 x simulated"),
+        "{said}"
+    );
+    let (p, q) = (
+        easerve_calib::Profile::load(&refined).unwrap(),
+        easerve_calib::Profile::load(root().join(profile)).unwrap(),
+    );
+    let (a, b) = (p.prefill_table(), q.prefill_table());
+    let ratio = a.mapped_rows(|v| v)[0].last().unwrap() / b.mapped_rows(|v| v)[0].last().unwrap();
+    assert!(
+        (ratio - 2.0).abs() < 1e-9,
+        "prefill table scaled by {ratio}"
+    );
+}

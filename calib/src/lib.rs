@@ -24,6 +24,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod aic;
+pub mod alone;
 pub mod cost;
 pub mod eff;
 pub mod fidelity;
