@@ -119,7 +119,7 @@ pub fn request_body(r: &BenchRequest, cfg: &ClientConfig) -> Result<Vec<u8>, Str
 }
 
 /// The content parts of a request whose content repeats: its segments in
-/// prompt order, each item (matched by content id, in `items` order) as its
+/// prompt order, each item segment (as the segment names it) as its
 /// media part with the bytes drawn from its id (`bench-item/{id:016x}`),
 /// each text segment as a text part ([`segment_text`]): a repeated image is
 /// the same bytes, a shared system prompt or an earlier turn the same text.
@@ -413,6 +413,50 @@ fn on_line(line: &str, now: f64, o: &mut Outcome) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use easerve_sched::{Content, ContentItem, MmItem, Segment};
+
+    /// Issue 29: a text segment with the id of the request's next item was
+    /// sent as that item's image; the body follows the segments' kinds.
+    #[test]
+    fn text_with_an_items_id_is_sent_as_text() {
+        let item = ContentItem {
+            id: 42,
+            encoder_tokens: 10,
+            llm_tokens: 8,
+        };
+        let segments = [
+            Segment::text(42, 3),
+            Segment::item(0, 42, 8),
+            Segment::text(9, 2),
+        ];
+        let r = BenchRequest {
+            id: 0,
+            arrival: 0.0,
+            items: vec![MmItem::Image {
+                height: 28,
+                width: 28,
+            }],
+            prompt_words: 5,
+            output_tokens: 1,
+            content: Some(Content::new([item].into_iter(), &segments)),
+        };
+        let cfg = ClientConfig {
+            base_url: "http://127.0.0.1:1".into(),
+            endpoint: "/v1/chat/completions".into(),
+            model: "m".into(),
+            max_concurrency: None,
+            timeout_s: 1.0,
+            codec: ImageCodec::Png,
+            seed: 1,
+            progress: false,
+        };
+        let v: Value = serde_json::from_slice(&request_body(&r, &cfg).unwrap()).unwrap();
+        let parts = v["messages"][0]["content"].as_array().unwrap();
+        let kinds: Vec<&str> = parts.iter().map(|p| p["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds, ["text", "image_url", "text"]);
+        assert_eq!(parts[0]["text"], segment_text(1, 42, 3));
+        assert_eq!(parts[2]["text"], segment_text(1, 9, 2));
+    }
 
     #[test]
     fn event_lines_record_output_usage_done_and_errors() {

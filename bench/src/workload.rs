@@ -228,14 +228,8 @@ impl PrefixRepetition {
             .enumerate()
             .map(|(i, (&(p, j), &arrival))| {
                 let segments = [
-                    Segment {
-                        id: mix(prefix_salt, p),
-                        tokens: self.prefix_len,
-                    },
-                    Segment {
-                        id: mix(suffix_salt, j),
-                        tokens: self.suffix_len,
-                    },
+                    Segment::text(mix(prefix_salt, p), self.prefix_len),
+                    Segment::text(mix(suffix_salt, j), self.suffix_len),
                 ];
                 BenchRequest {
                     id: i as u64,

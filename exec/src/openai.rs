@@ -38,7 +38,7 @@ use base64::Engine;
 use easerve_model::ModelArch;
 use easerve_sched::limits::decoded_bytes;
 use easerve_sched::{
-    Content, ContentItem, ContentParts, LimitExceeded, Limits, MmItem, Modality, Request, Segment,
+    Content, ContentItem, LimitExceeded, Limits, MmItem, Modality, Request, Segment,
 };
 use serde_json::{json, Value};
 
@@ -358,11 +358,10 @@ impl Messages {
         let words = text.split_whitespace().count() as u64;
         self.words += words;
         if words > 0 {
-            self.order.push(Some(Segment {
-                id: text_key(role, text),
-                // at most the prompt's words, which must fit in u32
-                tokens: words.min(u64::from(u32::MAX)) as u32,
-            }));
+            // at most the prompt's words, which must fit in u32
+            let tokens = words.min(u64::from(u32::MAX)) as u32;
+            self.order
+                .push(Some(Segment::text(text_key(role, text), tokens)));
         }
     }
 }
@@ -381,20 +380,19 @@ pub fn text_key(role: &str, text: &str) -> u64 {
 
 /// The prompt's content: its `items` (content ids and tokens, in order)
 /// and its segments in `order` (text parts, and for each `None` the next
-/// item's embeddings).
+/// item's embeddings, marked as that item whatever the text ids).
 fn prompt_content(items: Vec<ContentItem>, order: &[Option<Segment>]) -> Content {
-    let mut next = items.iter();
+    let mut next = items.iter().enumerate();
     let segments: Vec<Segment> = order
         .iter()
         .filter_map(|s| match s {
             Some(s) => Some(*s),
-            None => next.next().map(|i| Segment {
-                id: i.id,
-                tokens: i.llm_tokens,
-            }),
+            None => next
+                .next()
+                .map(|(k, i)| Segment::item(k as u32, i.id, i.llm_tokens)),
         })
         .collect();
-    ContentParts { items, segments }.into()
+    Content::new(items.into_iter(), &segments)
 }
 
 /// Placeholder content id of an item the server does not key (every cache
@@ -414,14 +412,6 @@ pub fn unique_items(r: &mut Request, unique: u64) {
     let base = easerve_sched::cache::mix(UNKEYED_ITEM, unique);
     let mut parts = c.parts();
     let ids = (0u64..).map(|k| easerve_sched::cache::mix(base, k));
-    for (s, id) in parts
-        .segments
-        .iter_mut()
-        .filter(|s| s.id == UNKEYED_ITEM)
-        .zip(ids.clone())
-    {
-        s.id = id;
-    }
     for (i, id) in parts
         .items
         .iter_mut()
@@ -430,7 +420,13 @@ pub fn unique_items(r: &mut Request, unique: u64) {
     {
         i.id = id;
     }
-    *c = parts.into();
+    // each item's segment takes its item's id; text keeps its own
+    for s in &mut parts.segments {
+        if let Some(k) = s.item {
+            s.id = parts.items[k as usize].id;
+        }
+    }
+    *c = Content::new(parts.items.into_iter(), &parts.segments);
 }
 
 fn flag(v: Option<&Value>, name: &str) -> Result<bool, ApiError> {
@@ -748,6 +744,61 @@ mod tests {
         assert_eq!(keys(&a)[..2], keys(&b)[..2]);
         assert_ne!(keys(&a)[0], keys(&parse("be short", "user"))[0]);
         assert_ne!(keys(&a)[1], keys(&parse("be brief", "assistant"))[1]);
+    }
+
+    /// Issue 29: a text part whose key equals an item's content id (a
+    /// client can search for such text) was taken for the item when the
+    /// prompt was built; the prompt's parts now follow the message order.
+    #[test]
+    fn text_keyed_like_an_item_stays_text_in_the_prompt() {
+        let item = ContentItem {
+            id: 42,
+            encoder_tokens: 360,
+            llm_tokens: 336,
+        };
+        let order = [Some(Segment::text(42, 3)), None, Some(Segment::text(9, 2))];
+        let c = prompt_content(vec![item], &order);
+        let pieces: Vec<_> = c.pieces().collect();
+        assert_eq!(
+            pieces,
+            [
+                easerve_sched::Piece::Text(Segment::text(42, 3)),
+                easerve_sched::Piece::Item(0, 336),
+                easerve_sched::Piece::Text(Segment::text(9, 2)),
+            ]
+        );
+        assert_eq!(
+            crate::wire::PromptPart::of(&c),
+            [
+                crate::wire::PromptPart::Text { id: 42, tokens: 3 },
+                crate::wire::PromptPart::Item { tokens: 336 },
+                crate::wire::PromptPart::Text { id: 9, tokens: 2 },
+            ]
+        );
+        // an unkeyed item gets a fresh id; text keyed like the placeholder keeps its own
+        let unkeyed = ContentItem {
+            id: UNKEYED_ITEM,
+            ..item
+        };
+        let order = [Some(Segment::text(UNKEYED_ITEM, 3)), None];
+        let mut r = parse_chat(
+            json!({"messages": [{"role": "user", "content": "hi"}]})
+                .to_string()
+                .as_bytes(),
+            &tiny(),
+        )
+        .unwrap()
+        .request;
+        r.content = Some(prompt_content(vec![unkeyed], &order));
+        unique_items(&mut r, 5);
+        let c = r.content.as_ref().unwrap();
+        let segs: Vec<Segment> = c.segments().collect();
+        let id = c.items().next().unwrap().id;
+        assert_ne!(id, UNKEYED_ITEM);
+        assert_eq!(
+            segs,
+            [Segment::text(UNKEYED_ITEM, 3), Segment::item(0, id, 336)]
+        );
     }
 
     #[test]

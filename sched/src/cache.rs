@@ -13,15 +13,44 @@ use std::collections::HashMap;
 /// (16) on CUDA.
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 
-/// One piece of a prompt in order: a content id and its LLM tokens (a
-/// shared system prompt, one turn's text, one item's embeddings, one turn's
-/// answer).
+/// One piece of a prompt in order: a content id, its LLM tokens, and what
+/// it is — one of the request's items (its embeddings) or text (a shared
+/// system prompt, one turn's text, one turn's answer). The kind is stated,
+/// never inferred from the id: a text segment whose id equals an item's is
+/// still text ([`Content::pieces`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Segment {
     /// Content id: equal ids mean equal tokens.
     pub id: u64,
     /// LLM tokens of the segment.
     pub tokens: u32,
+    /// The request's item this segment is, by its index in the request's
+    /// `items` order; `None` for text. Absent in JSON written before the
+    /// field existed (read as `None`; see [`ContentParts`] for how such
+    /// content finds its items).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<u32>,
+}
+
+impl Segment {
+    /// A text segment of content id `id` and `tokens` LLM tokens.
+    pub const fn text(id: u64, tokens: u32) -> Segment {
+        Segment {
+            id,
+            tokens,
+            item: None,
+        }
+    }
+
+    /// The embeddings of the request's item `k` (index in its `items`
+    /// order), of content id `id` and `tokens` LLM tokens.
+    pub const fn item(k: u32, id: u64, tokens: u32) -> Segment {
+        Segment {
+            id,
+            tokens,
+            item: Some(k),
+        }
+    }
 }
 
 /// One segment of a prompt as a driver builds it ([`Content::pieces`]).
@@ -54,15 +83,22 @@ pub struct ContentItem {
 ///
 /// The whole content is one heap block of 16-byte words (a run keeps one per
 /// request): a header (items, segments), each item (content id, encoder
-/// tokens `<< 32 |` LLM tokens), each segment (content id, tokens), then the
-/// chain's links. It serialises as `{ items, segments }`.
+/// tokens `<< 32 |` LLM tokens), each segment (content id, item index + 1
+/// `<< 32 |` tokens, 0 above for text), then the chain's links. It
+/// serialises as `{ items, segments }` ([`ContentParts`]).
 #[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(from = "ContentParts", into = "ContentParts")]
+#[serde(try_from = "ContentParts", into = "ContentParts")]
 pub struct Content {
     words: Box<[ChainKey]>,
 }
 
 /// [`Content`] as its parts: how it is written and read.
+///
+/// Reading: a segment's `item` must be below the number of `items`. Parts
+/// written before segments named their kind (items present, no segment
+/// with an `item`) are read by the rule of that time: a segment is the
+/// next item not yet met when their ids are equal
+/// ([`ContentParts::with_items_by_id`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ContentParts {
     /// Each of the request's items, in `items` order: its content id and
@@ -82,9 +118,46 @@ impl std::fmt::Debug for Content {
     }
 }
 
-impl From<ContentParts> for Content {
-    fn from(p: ContentParts) -> Content {
-        Content::new(p.items.into_iter(), &p.segments)
+impl TryFrom<ContentParts> for Content {
+    type Error = String;
+
+    /// Errors: a segment naming an item the parts do not have.
+    fn try_from(p: ContentParts) -> Result<Content, String> {
+        let legacy = !p.items.is_empty() && p.segments.iter().all(|s| s.item.is_none());
+        let p = if legacy { p.with_items_by_id() } else { p };
+        let n = p.items.len();
+        if let Some((j, k)) = p
+            .segments
+            .iter()
+            .enumerate()
+            .find_map(|(j, s)| s.item.filter(|&k| k as usize >= n).map(|k| (j, k)))
+        {
+            return Err(format!(
+                "segments[{j}].item: {k}, but the content has {n} items (0..{n})"
+            ));
+        }
+        Ok(Content::new(p.items.into_iter(), &p.segments))
+    }
+}
+
+impl ContentParts {
+    /// The parts with each segment whose id is that of the next item not
+    /// yet met (in `items` order) marked as that item, every other segment
+    /// as text: how segments were told apart before they named their kind
+    /// (a text segment with the next item's id is taken for it; kept only
+    /// to read such parts).
+    pub fn with_items_by_id(mut self) -> ContentParts {
+        let mut next = self.items.iter().enumerate().peekable();
+        for s in &mut self.segments {
+            s.item = match next.peek() {
+                Some(&(k, i)) if i.id == s.id => {
+                    next.next();
+                    Some(k as u32)
+                }
+                _ => None,
+            };
+        }
+        self
     }
 }
 
@@ -97,7 +170,12 @@ impl From<Content> for ContentParts {
 impl Content {
     /// The content of a prompt of `segments` (in order; their tokens sum to
     /// the request's prefill tokens) whose media items are `items` (in the
-    /// request's `items` order), with its hash chain.
+    /// request's `items` order), with its hash chain. A segment's `item`
+    /// indexes `items`.
+    ///
+    /// # Panics
+    /// In debug builds, when a segment's `item` is not below `items.len()`
+    /// (read parts with `Content::try_from`, which says so as an error).
     pub fn new(items: impl ExactSizeIterator<Item = ContentItem>, segments: &[Segment]) -> Content {
         let links = segments.iter().filter(|s| s.tokens > 0).count();
         let mut words = Vec::with_capacity(1 + items.len() + segments.len() + links);
@@ -109,9 +187,15 @@ impl Content {
             key: i.id,
             end: (i.encoder_tokens as u64) << 32 | i.llm_tokens as u64,
         }));
+        debug_assert!(
+            segments
+                .iter()
+                .all(|s| s.item.is_none_or(|k| (k as u64) < words[0].key)),
+            "a segment names an item the content does not have"
+        );
         words.extend(segments.iter().map(|s| ChainKey {
             key: s.id,
-            end: s.tokens as u64,
+            end: s.item.map_or(0, |k| k as u64 + 1) << 32 | s.tokens as u64,
         }));
         chain_keys(segments, &mut words);
         Content {
@@ -140,6 +224,7 @@ impl Content {
         self.words[1 + n..1 + n + s].iter().map(|w| Segment {
             id: w.key,
             tokens: w.end as u32,
+            item: ((w.end >> 32) as u32).checked_sub(1),
         })
     }
 
@@ -150,22 +235,17 @@ impl Content {
         &self.words[1 + n + s..]
     }
 
-    /// The prompt's segments in order, each told apart as one of the
-    /// request's items (its index in `items`) or text (a system prompt, a
-    /// turn's text, an earlier answer): a segment is item `k` when its id is
-    /// that of the next item not yet met, as the workload lays a turn's
-    /// media before its text. Segments of no tokens are left out. What a
-    /// driver builds a prompt from: `bench`'s request bodies and the
-    /// executor's prompt tokens.
+    /// The prompt's segments in order, each as one of the request's items
+    /// (its index in `items`) or text (a system prompt, a turn's text, an
+    /// earlier answer), as its [`Segment::item`] says — never by its id, so
+    /// text whose id equals an item's stays text. Text segments of no
+    /// tokens are left out. What a driver builds a prompt from: `bench`'s
+    /// request bodies and the executor's prompt tokens.
     pub fn pieces(&self) -> impl Iterator<Item = Piece> + '_ {
-        let mut items = self.items().enumerate().peekable();
-        self.segments().filter_map(move |s| match items.peek() {
-            Some(&(k, i)) if i.id == s.id => {
-                items.next();
-                Some(Piece::Item(k, s.tokens))
-            }
-            _ if s.tokens > 0 => Some(Piece::Text(s)),
-            _ => None,
+        self.segments().filter_map(|s| match s.item {
+            Some(k) => Some(Piece::Item(k as usize, s.tokens)),
+            None if s.tokens > 0 => Some(Piece::Text(s)),
+            None => None,
         })
     }
 
@@ -1304,7 +1384,78 @@ mod tests {
     use super::*;
 
     fn seg(id: u64, tokens: u32) -> Segment {
-        Segment { id, tokens }
+        Segment::text(id, tokens)
+    }
+
+    /// Issue 29: `pieces()` took a segment for the next item when their
+    /// ids were equal, so text whose id a client chose to equal an item's
+    /// (its SHA-256 prefix, given enough work) became that item.
+    #[test]
+    fn text_with_the_next_items_id_stays_text() {
+        let item = ContentItem {
+            id: 7,
+            encoder_tokens: 600,
+            llm_tokens: 576,
+        };
+        // the system prompt's id is the image's; then the image, then text
+        let segments = [seg(7, 24), Segment::item(0, 7, 576), seg(9, 12)];
+        let c = Content::new([item].into_iter(), &segments);
+        assert_eq!(
+            c.pieces().collect::<Vec<_>>(),
+            [
+                Piece::Text(seg(7, 24)),
+                Piece::Item(0, 576),
+                Piece::Text(seg(9, 12))
+            ]
+        );
+        assert_eq!(c.segments().collect::<Vec<_>>(), segments);
+        // the chain keys read ids and tokens only: as for all-text segments
+        let mut plain = Vec::new();
+        chain_keys(&[seg(7, 24), seg(7, 576), seg(9, 12)], &mut plain);
+        assert_eq!(c.keys(), &plain[..]);
+        // an item of no tokens is still the item; empty text is left out
+        let segments = [seg(7, 0), Segment::item(0, 7, 0), seg(9, 12)];
+        let c = Content::new([item].into_iter(), &segments);
+        assert_eq!(
+            c.pieces().collect::<Vec<_>>(),
+            [Piece::Item(0, 0), Piece::Text(seg(9, 12))]
+        );
+    }
+
+    #[test]
+    fn content_reads_its_parts_back_and_old_parts_by_id() {
+        let item = |id| ContentItem {
+            id,
+            encoder_tokens: 10,
+            llm_tokens: 8,
+        };
+        let c = Content::new(
+            [item(7), item(8)].into_iter(),
+            &[seg(7, 4), Segment::item(0, 7, 8), Segment::item(1, 8, 8)],
+        );
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(json.contains(r#"{"id":7,"tokens":4}"#), "{json}");
+        assert!(json.contains(r#"{"id":7,"tokens":8,"item":0}"#), "{json}");
+        assert_eq!(serde_json::from_str::<Content>(&json).unwrap(), c);
+        // written before segments said their kind: ids tell the items
+        let old = r#"{"items":[{"id":7,"encoder_tokens":10,"llm_tokens":8}],
+            "segments":[{"id":3,"tokens":4},{"id":7,"tokens":8},{"id":7,"tokens":2}]}"#;
+        let c: Content = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            c.pieces().collect::<Vec<_>>(),
+            [
+                Piece::Text(seg(3, 4)),
+                Piece::Item(0, 8),
+                Piece::Text(seg(7, 2))
+            ]
+        );
+        // an item the content does not have is an error naming the field
+        let bad = r#"{"items":[{"id":7,"encoder_tokens":10,"llm_tokens":8}],
+            "segments":[{"id":7,"tokens":8,"item":1}]}"#;
+        let e = serde_json::from_str::<Content>(bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("segments[0].item: 1"), "{e}");
     }
 
     #[test]

@@ -1807,14 +1807,8 @@ mod tests {
             llm_tokens: 576,
         }];
         let segments = [
-            crate::Segment {
-                id: item,
-                tokens: 576,
-            },
-            crate::Segment {
-                id: 1_000_000 + i as u64,
-                tokens: 128,
-            },
+            crate::Segment::item(0, item, 576),
+            crate::Segment::text(1_000_000 + i as u64, 128),
         ];
         r.content = Some(crate::Content::new(items.into_iter(), &segments));
         r

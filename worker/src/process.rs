@@ -1954,13 +1954,14 @@ mod tests {
             encoder_tokens: llm_tokens,
             llm_tokens,
         };
-        let seg = |id, tokens| Segment { id, tokens };
+        let seg = Segment::text;
         let (image1, image2) = (item(7, 20), item(8, 12));
         let (system, text1, answer1, text2) = (seg(101, 24), seg(201, 9), seg(202, 5), seg(203, 7));
-        let turn1 = Content::new([image1].into_iter(), &[system, seg(7, 20), text1]);
+        let (seg1, seg2) = (Segment::item(0, 7, 20), Segment::item(1, 8, 12));
+        let turn1 = Content::new([image1].into_iter(), &[system, seg1, text1]);
         let turn2 = Content::new(
             [image1, image2].into_iter(),
-            &[system, seg(7, 20), text1, answer1, seg(8, 12), text2],
+            &[system, seg1, text1, answer1, seg2, text2],
         );
         let request = |id, c: &Content, cached, cached_key| PrefillRequest {
             id,

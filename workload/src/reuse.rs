@@ -130,7 +130,7 @@ pub fn apply(
         let mut text = 0u32;
         if let Some((p, count)) = reuse.system_prompt {
             let id = mix(prompt_salt, prompt_rng.gen_range(0..count) as u64);
-            segments.push(Segment { id, tokens: p });
+            segments.push(Segment::text(id, p));
             text = p;
         }
         let mut arrival = start;
@@ -147,25 +147,20 @@ pub fn apply(
                     Some(pool) => pool.draw(&mut pool_rng),
                     None => (shape, tok, mix(mix(item_salt, i as u64), k as u64)),
                 };
-                segments.push(Segment {
-                    id: item.2,
-                    tokens: item.1.llm_tokens as u32,
-                });
+                segments.push(Segment::item(
+                    items.len() as u32,
+                    item.2,
+                    item.1.llm_tokens as u32,
+                ));
                 items.push(item);
             }
-            segments.push(Segment {
-                id: mix(text_salt, 2 * i as u64),
-                tokens: own,
-            });
+            segments.push(Segment::text(mix(text_salt, 2 * i as u64), own));
             text = text.saturating_add(own);
             ranges.push((arena.len(), items.len()));
             arena.extend(items.iter().map(|i| i.1));
             let answer = base.output_tokens;
             out.push(turn_request(arrival, &items, &segments, text, base));
-            segments.push(Segment {
-                id: mix(text_salt, 2 * i as u64 + 1),
-                tokens: answer,
-            });
+            segments.push(Segment::text(mix(text_salt, 2 * i as u64 + 1), answer));
             text = text.saturating_add(answer);
         }
     }
@@ -249,10 +244,8 @@ pub fn apply_trace(
         }
         let mut segments: Vec<Segment> = items
             .iter()
-            .map(|i| Segment {
-                id: i.2,
-                tokens: i.1.llm_tokens as u32,
-            })
+            .enumerate()
+            .map(|(k, i)| Segment::item(k as u32, i.2, i.1.llm_tokens as u32))
             .collect();
         let prompt = r.prompt_tokens as u64;
         let conv = content.conversations.get(i).copied().flatten();
@@ -266,16 +259,13 @@ pub fn apply_trace(
             (prompt, Vec::new())
         };
         let mut text = past;
-        text.push(Segment {
-            id: mix(text_salt, 2 * i as u64),
-            tokens: own as u32,
-        });
+        text.push(Segment::text(mix(text_salt, 2 * i as u64), own as u32));
         segments.extend_from_slice(&text);
         if let Some(c) = conv {
-            text.push(Segment {
-                id: mix(text_salt, 2 * i as u64 + 1),
-                tokens: r.output_tokens,
-            });
+            text.push(Segment::text(
+                mix(text_salt, 2 * i as u64 + 1),
+                r.output_tokens,
+            ));
             history.insert(c, (text, prompt + r.output_tokens as u64));
         }
         let toks: Vec<ItemTokens> = items.iter().map(|i| i.1).collect();
