@@ -158,7 +158,7 @@ impl Topology {
     ) -> Result<Topology, PlacementError> {
         let mut t = Topology::new(alloc, local_tp);
         first_fit(alloc, groups, stage_groups, &mut |w, place, gpus| {
-            t.set_place(w, place, gpus.collect())
+            t.set_place(w, place, gpus)
         })?;
         t.place_locals()
             .map_err(|label| PlacementError::LocalAcrossNodes { label })?;
