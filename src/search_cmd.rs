@@ -121,12 +121,9 @@ fn stage1_rows(a: &SearchArgs) -> Result<Option<usize>, BadInput> {
     }
 }
 
-/// Stage 1's table: the capacities, then its rows, the first `shown` (all
-/// with `None`) and every kept row after them, then how many were left out.
-fn stage1_table(study: &Study, shown: Option<usize>) -> String {
-    let Some(c) = &study.capacities else {
-        return String::new();
-    };
+/// The lines of Stage 1's table above its rows: the capacities `c`, what
+/// the columns mean (`on_groups`: with the groups column) and their heads.
+fn stage1_header(c: &easerve_has::stage1::Capacities, on_groups: bool) -> String {
     let tps = |v: &[(easerve_model::Parallel, f64)]| {
         v.iter()
             .map(|(p, x)| format!("{p} {x:.2}"))
@@ -143,16 +140,8 @@ fn stage1_table(study: &Study, shown: Option<usize>) -> String {
         tps(&c.prefill),
         tps(&c.decode)
     );
-    let on_groups = study.stage1.iter().any(|r| r.groups.is_some());
     if on_groups {
         s += "groups = the node group of encode, prefill and decode (each stage priced on its group's GPU)\n";
-    }
-    let groups_of = |g: &Option<easerve_has::space::StageGroups>| match (on_groups, g) {
-        (true, Some(g)) => format!("{:<24}", g.join(",")),
-        (true, None) => format!("{:<24}", "-"),
-        (false, _) => String::new(),
-    };
-    if on_groups {
         s += &format!("{:<24}", "groups");
     }
     s += &format!(
@@ -168,6 +157,22 @@ fn stage1_table(study: &Study, shown: Option<usize>) -> String {
         "s window",
         "verdict"
     );
+    s
+}
+
+/// Stage 1's table: the capacities, then its rows, the first `shown` (all
+/// with `None`) and every kept row after them, then how many were left out.
+fn stage1_table(study: &Study, shown: Option<usize>) -> String {
+    let Some(c) = &study.capacities else {
+        return String::new();
+    };
+    let on_groups = study.stage1.iter().any(|r| r.groups.is_some());
+    let mut s = stage1_header(c, on_groups);
+    let groups_of = |g: &Option<easerve_has::space::StageGroups>| match (on_groups, g) {
+        (true, Some(g)) => format!("{:<24}", g.join(",")),
+        (true, None) => format!("{:<24}", "-"),
+        (false, _) => String::new(),
+    };
     // each row's feasible allocation by lookup (a scan per row was
     // quadratic: 68,247 rows with `--all-groups` at 256 GPUs); the first of
     // equal keys, as the scan found
