@@ -291,7 +291,7 @@ pub fn stage1(
 /// keep ([`TOP_K`] by score, then [`TOP_K`] more by latency) is among its
 /// first `2 · TOP_K` (tested in
 /// `rows_for_the_lowest_of_each_layout_keep_what_every_row_keeps`). On
-/// `dc-1024.toml` with `--all-groups`: about 1,400 rows of 1,069,527
+/// `dc-1024.toml` with `--all-groups`: at most 1,060 rows of 1,069,527
 /// feasible allocations (docs/datacenter.md).
 pub fn stage1_rows(
     sc: &Scenario,
