@@ -60,6 +60,7 @@ fn run(name: &str, method: Method, seed: u64) -> (Study, f64) {
         objective,
         time_budget_s: None,
         own: None,
+        stage1_rows: None,
     };
     let t0 = Instant::now();
     let study = search(&sc, cost.as_ref(), &trial, &cfg, &mut |_| {});
@@ -199,6 +200,8 @@ fn has_search_by(sc: &Scenario, objective: easerve_has::Objective, all_groups: b
                 .into_iter()
                 .next(),
         }),
+        // as `easerve search` prints its Stage 1 table by default
+        stage1_rows: Some(easerve_has::stage1::TABLE_ROWS),
     };
     let space = easerve_has::space::search_space(sc, &cfg.objective, all_groups);
     easerve_has::search_in(sc, space, cost.as_ref(), &trial, &cfg, &mut |_| {})

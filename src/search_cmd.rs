@@ -39,6 +39,14 @@ pub(crate) struct SearchArgs {
     /// (docs/datacenter.md).
     #[arg(long)]
     all_groups: bool,
+    /// HAS: Stage 1 rows to print, `N` or `all` (default 100): the `N`
+    /// lowest scores and every row kept for Stage 2, then a line saying
+    /// how many were left out. Every feasible allocation is scored either
+    /// way, and the survivors are the same; below `all`, rows (and their
+    /// reasons, in `--json` too) are built only for what is printed and
+    /// the lowest few of each prefill and decode layout (docs/datacenter.md).
+    #[arg(long, value_name = "N|all")]
+    stage1_rows: Option<String>,
     /// Trials at most (the exhaustive search runs its whole grid).
     #[arg(long, default_value_t = easerve_has::DEFAULT_BUDGET as i64)]
     budget: i64,
@@ -96,10 +104,26 @@ fn goodput_note(o: &easerve_has::Outcome) -> String {
     }
 }
 
-fn stage1_table(study: &Study) -> String {
-    let Some(c) = &study.capacities else {
-        return String::new();
-    };
+/// `--stage1-rows`: `Some(N)` (default [`easerve_has::stage1::TABLE_ROWS`])
+/// or `None` for `all`.
+///
+/// # Errors
+/// Neither a whole number nor `all` (exit 2).
+fn stage1_rows(a: &SearchArgs) -> Result<Option<usize>, BadInput> {
+    match a.stage1_rows.as_deref() {
+        None => Ok(Some(easerve_has::stage1::TABLE_ROWS)),
+        Some("all") => Ok(None),
+        Some(t) => t.parse::<usize>().map(Some).map_err(|_| {
+            BadInput(format!(
+                "--stage1-rows {t}: expected a whole number of rows ≥ 0 or `all`"
+            ))
+        }),
+    }
+}
+
+/// The lines of Stage 1's table above its rows: the capacities `c`, what
+/// the columns mean (`on_groups`: with the groups column) and their heads.
+fn stage1_header(c: &easerve_has::stage1::Capacities, on_groups: bool) -> String {
     let tps = |v: &[(easerve_model::Parallel, f64)]| {
         v.iter()
             .map(|(p, x)| format!("{p} {x:.2}"))
@@ -116,16 +140,8 @@ fn stage1_table(study: &Study) -> String {
         tps(&c.prefill),
         tps(&c.decode)
     );
-    let on_groups = study.stage1.iter().any(|r| r.groups.is_some());
     if on_groups {
         s += "groups = the node group of encode, prefill and decode (each stage priced on its group's GPU)\n";
-    }
-    let groups_of = |g: &Option<easerve_has::space::StageGroups>| match (on_groups, g) {
-        (true, Some(g)) => format!("{:<24}", g.join(",")),
-        (true, None) => format!("{:<24}", "-"),
-        (false, _) => String::new(),
-    };
-    if on_groups {
         s += &format!("{:<24}", "groups");
     }
     s += &format!(
@@ -141,6 +157,22 @@ fn stage1_table(study: &Study) -> String {
         "s window",
         "verdict"
     );
+    s
+}
+
+/// Stage 1's table: the capacities, then its rows, the first `shown` (all
+/// with `None`) and every kept row after them, then how many were left out.
+fn stage1_table(study: &Study, shown: Option<usize>) -> String {
+    let Some(c) = &study.capacities else {
+        return String::new();
+    };
+    let on_groups = study.stage1.iter().any(|r| r.groups.is_some());
+    let mut s = stage1_header(c, on_groups);
+    let groups_of = |g: &Option<easerve_has::space::StageGroups>| match (on_groups, g) {
+        (true, Some(g)) => format!("{:<24}", g.join(",")),
+        (true, None) => format!("{:<24}", "-"),
+        (false, _) => String::new(),
+    };
     // each row's feasible allocation by lookup (a scan per row was
     // quadratic: 68,247 rows with `--all-groups` at 256 GPUs); the first of
     // equal keys, as the scan found
@@ -149,7 +181,12 @@ fn stage1_table(study: &Study) -> String {
     for f in &study.space {
         of.entry((f.allocation, f.groups.as_ref())).or_insert(f);
     }
-    for r in &study.stage1 {
+    let mut printed = 0;
+    for (i, r) in study.stage1.iter().enumerate() {
+        if shown.is_some_and(|n| i >= n) && !r.kept {
+            continue;
+        }
+        printed += 1;
         let local = of
             .get(&(r.allocation, r.groups.as_ref()))
             .and_then(|f| f.local_tp.map(|tp| format!("{}L(TP{tp})", f.local_workers)))
@@ -168,6 +205,14 @@ fn stage1_table(study: &Study) -> String {
             r.s_range.0,
             r.s_range.1,
             r.reason
+        );
+    }
+    let left = study.space.len().saturating_sub(printed);
+    if left > 0 {
+        s += &format!(
+            "… {left} more feasible allocations scored and left out (the table shows the {} lowest scores and every row kept; --stage1-rows all prints all {})\n",
+            shown.unwrap_or(printed),
+            study.space.len()
         );
     }
     s
@@ -203,6 +248,7 @@ pub(crate) fn run(a: SearchArgs) -> anyhow::Result<ExitCode> {
         rate: sc.workload.rate,
         objective,
         own: Some(own_deployment(&sc)),
+        stage1_rows: stage1_rows(&a)?,
     };
     let cost = easerve_sim::scenario_cost(&sc);
     let bar = (!a.json && std::io::stderr().is_terminal() && method == Method::Has).then(|| {
@@ -275,6 +321,7 @@ fn check_flags(a: &SearchArgs) -> Result<Method, BadInput> {
         }
         (None, _) => rule,
     };
+    stage1_rows(a)?;
     if a.budget < 1 {
         return Err(BadInput(format!(
             "--budget {}: a search needs at least 1 trial",
@@ -314,7 +361,7 @@ fn render(
     study: &easerve_has::Study,
     elapsed_s: f64,
 ) -> anyhow::Result<ExitCode> {
-    say!("{}", stage1_table(study));
+    say!("{}", stage1_table(study, stage1_rows(a)?));
     sayln!(
         "{} feasible allocations of {}{}; method {}, Λ = {} req/s, ranked by {}; {} trials in {:.2} s ({})",
         study.space.len(),

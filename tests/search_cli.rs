@@ -296,3 +296,64 @@ fn search_runs_a_baselines_own_rule() {
         assert_eq!(out.status.code(), Some(2), "{args:?}");
     }
 }
+
+/// `--stage1-rows N` prints the N lowest scores and every kept row, then
+/// a line saying how many were left out; `all` prints a row per feasible
+/// allocation; anything else exits 2 naming the flag and what it takes.
+/// On `two-group.toml` with `--all-groups` (146 allocations), 40 trial
+/// requests: about a second in release.
+#[test]
+fn stage1_rows_limits_the_table_and_says_what_it_left_out() {
+    let run = |rows: &str| {
+        let out = easerve(&[
+            "search",
+            "scenarios/two-group.toml",
+            "--all-groups",
+            "--requests",
+            "40",
+            "--budget",
+            "1",
+            "--stage1-rows",
+            rows,
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (
+            out.status.code(),
+            text,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let verdicts = |t: &str| {
+        t.lines()
+            .filter(|l| l.contains("  kept: ") || l.contains("  pruned: "))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let (code, all, err) = run("all");
+    assert_eq!(code, Some(0), "{err}");
+    let every = verdicts(&all);
+    assert_eq!(every.len(), 146);
+    assert!(!all.contains("left out"));
+    let (code, few, err) = run("5");
+    assert_eq!(code, Some(0), "{err}");
+    let some = verdicts(&few);
+    let kept = every.iter().filter(|l| l.contains("  kept: ")).count();
+    // the first 5 rows, then the kept rows below them
+    assert_eq!(some[..5], every[..5]);
+    assert!(some.len() < 5 + kept + 1 && some.len() >= kept, "{some:?}");
+    assert!(some.iter().all(|l| every.contains(l)));
+    let left = 146 - some.len();
+    assert!(
+        few.contains(&format!(
+            "… {left} more feasible allocations scored and left out"
+        )),
+        "{few}"
+    );
+    assert!(few.contains("146 feasible allocations of"));
+    let (code, _, err) = run("many");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--stage1-rows many") && err.contains("`all`"),
+        "{err}"
+    );
+}

@@ -2,7 +2,7 @@
 //! and `exhaustive` baselines over the same space.
 
 use crate::space::{feasible_allocations, Candidate, FeasibleAllocation};
-use crate::stage1::{stage1, Capacities, Stage1Row};
+use crate::stage1::{stage1_rows, Capacities, Stage1Row};
 use crate::trial::{Outcome, Trial};
 use crate::Objective;
 use easerve_calib::StageCost;
@@ -196,6 +196,10 @@ pub struct SearchConfig {
     /// deployment its trials rank below the one it was given. Stage 2 does
     /// not see it: its stopping rules and TPE run as without it.
     pub own: Option<Candidate>,
+    /// HAS Stage 1: rows for the survivors and this many lowest scores
+    /// only ([`crate::stage1::stage1_rows`]: the same survivors, and the
+    /// same first rows); `None`: a row for every feasible allocation.
+    pub stage1_rows: Option<usize>,
 }
 
 /// An [`Objective`] in a study's JSON: as `--objective` spells it.
@@ -340,6 +344,7 @@ pub fn tune_for(
         objective: objective.clone(),
         time_budget_s: None,
         own: None,
+        stage1_rows: None,
     };
     let space = crate::space::search_space(sc, objective, false);
     search_in(sc, space, cost.as_ref(), &trial, &cfg, &mut |_| {})
@@ -414,7 +419,7 @@ pub fn search_in(
     let mut rows = Vec::new();
     let stopped = match cfg.method {
         Method::Has => {
-            let (caps, table) = stage1(sc, cost, &space, cfg.rate);
+            let (caps, table) = stage1_rows(sc, cost, &space, cfg.rate, cfg.stage1_rows);
             capacities = Some(caps);
             rows = table;
             let limits = Limits {

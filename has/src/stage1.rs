@@ -16,6 +16,9 @@ use serde::{Deserialize, Serialize};
 pub const PRUNE_FACTOR: f64 = 1.2;
 /// Survivors kept (EAServe §3.1: top-K = 3).
 pub const TOP_K: usize = 3;
+/// Rows of Stage 1's table `easerve search` prints by default (beside the
+/// survivors): the lowest scores first ([`stage1_rows`]).
+pub const TABLE_ROWS: usize = 100;
 /// Half-width of the offload window around `s*` (EAServe §3.1: ±0.2).
 pub const S_WINDOW: f64 = 0.2;
 /// Stage 1's verdict on one allocation.
@@ -93,6 +96,20 @@ pub fn b_max(caps: &Capacities, n_e: u32, rate: f64) -> u32 {
 
 /// Load ratios, score and seeds of one allocation at rate `rate`.
 pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64) -> Stage1Row {
+    Stage1Row {
+        groups: fa.groups.clone(),
+        ..assess_ungrouped(fa, caps, alpha, rate)
+    }
+}
+
+/// [`assess`] without the row's groups (`None`): the same figures, for
+/// scoring many allocations without copying their group names.
+fn assess_ungrouped(
+    fa: &FeasibleAllocation,
+    caps: &Capacities,
+    alpha: f64,
+    rate: f64,
+) -> Stage1Row {
     let a = fa.allocation;
     let c_p = caps.prefill_at(pool_parallel(&a.prefill));
     let c_remote = f64::from(a.prefill.workers) * c_p;
@@ -143,7 +160,7 @@ pub fn assess(fa: &FeasibleAllocation, caps: &Capacities, alpha: f64, rate: f64)
         s_range: ((s - S_WINDOW).max(lo), (s + S_WINDOW).min(hi)),
         b_max: bm,
         latency_s: 0.0,
-        groups: fa.groups.clone(),
+        groups: None,
         kept: false,
         reason: String::new(),
     }
@@ -253,45 +270,93 @@ pub fn prune(mut rows: Vec<Stage1Row>) -> Vec<Stage1Row> {
 /// scenario's own groups), then pruned across all of them; on several
 /// assignments the rows Stage 1 keeps of the scenario's own groups alone
 /// are kept too. The capacities returned are the scenario's own groups'.
+/// One row per allocation of `space` ([`stage1_rows`] with `None`).
 pub fn stage1(
     sc: &Scenario,
     cost: &dyn StageCost,
     space: &[FeasibleAllocation],
     rate: f64,
 ) -> (Capacities, Vec<Stage1Row>) {
+    stage1_rows(sc, cost, space, rate, None)
+}
+
+/// [`stage1`], with rows for only some of `space` when `top` is
+/// `Some(n)`: every allocation is scored, and rows are built (and
+/// pruned) for the [`LOWEST_PER_LAYOUT`] lowest of each assignment's
+/// prefill and decode layouts and the `n` lowest of all (by score, then
+/// allocation text, then groups). The rows kept, their reasons and seeds, and the
+/// first `n` rows are those of [`stage1`]: within one layout pair of one
+/// assignment every row shares its unloaded latency and groups, so both
+/// of Stage 1's rankings order its rows by score then text, and what they
+/// keep ([`TOP_K`] by score, then [`TOP_K`] more by latency) is among its
+/// first `2 · TOP_K` (tested in
+/// `rows_for_the_lowest_of_each_layout_keep_what_every_row_keeps`). On
+/// `dc-1024.toml` with `--all-groups`: at most 1,060 rows of 1,069,527
+/// feasible allocations (docs/datacenter.md).
+pub fn stage1_rows(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    space: &[FeasibleAllocation],
+    rate: f64,
+    top: Option<usize>,
+) -> (Capacities, Vec<Stage1Row>) {
     let typical = Typical::of_scenario(sc);
     // the search space's encode workers run at TP 1
     let caps = capacities(sc, cost, &typical, 1);
     let own = crate::space::stage_assignments(&sc.raw).into_iter().next();
-    let mut rows = Vec::with_capacity(space.len());
-    let mut start = 0;
-    // the space comes in runs of one assignment each
-    while start < space.len() {
-        let groups = &space[start].groups;
-        let end = space[start..]
-            .iter()
-            .position(|fa| fa.groups != *groups)
-            .map_or(space.len(), |n| start + n);
-        let run = &space[start..end];
-        start = end;
-        if groups.is_none() || *groups == own {
-            rows.extend(assess_all(sc, cost, &caps, &typical, run, rate));
-            continue;
+    let runs = assignment_runs(space);
+    let price = Pricing {
+        sc,
+        cost,
+        caps: &caps,
+        typical: &typical,
+        own: &own,
+    };
+    let chosen: Option<Vec<bool>> = top.map(|n| {
+        let mut chosen = vec![false; space.len()];
+        let mut scored: Vec<(f64, usize)> = Vec::with_capacity(space.len());
+        for run in &runs {
+            let Some(scores) = price.on(space, run, &mut |s, c, k, fas| {
+                scores(s, c, k, &typical, fas, rate)
+            }) else {
+                continue;
+            };
+            let mut by_layout: std::collections::HashMap<_, Vec<(f64, usize)>> = Default::default();
+            for (i, score) in run.clone().zip(scores) {
+                let a = &space[i].allocation;
+                let key = (
+                    (a.prefill.workers > 0).then(|| pool_parallel(&a.prefill)),
+                    pool_parallel(&a.decode),
+                );
+                by_layout.entry(key).or_default().push((score, i));
+                scored.push((score, i));
+            }
+            for members in by_layout.into_values() {
+                for i in lowest(members, LOWEST_PER_LAYOUT, space) {
+                    chosen[i] = true;
+                }
+            }
         }
-        // another assignment: its stages priced on their groups' GPUs
-        let Some(other) = on_groups(sc, &run[0]) else {
-            continue;
+        for i in lowest(scored, n, space) {
+            chosen[i] = true;
+        }
+        chosen
+    });
+    let mut rows = Vec::with_capacity(chosen.as_ref().map_or(space.len(), |_| 0));
+    for run in &runs {
+        let picked: Vec<FeasibleAllocation> = match &chosen {
+            Some(c) => run
+                .clone()
+                .filter(|&i| c[i])
+                .map(|i| space[i].clone())
+                .collect(),
+            None => Vec::new(),
         };
-        let other_cost = other.cost();
-        let other_caps = capacities(&other, other_cost.as_ref(), &typical, 1);
-        rows.extend(assess_all(
-            &other,
-            other_cost.as_ref(),
-            &other_caps,
-            &typical,
-            run,
-            rate,
-        ));
+        let built = price.on(space, run, &mut |s, c, k, all| {
+            let fas = if chosen.is_some() { &picked[..] } else { all };
+            assess_all(s, c, k, &typical, fas, rate).collect::<Vec<_>>()
+        });
+        rows.extend(built.into_iter().flatten());
     }
     let hi = |r: &Stage1Row| {
         space
@@ -299,13 +364,84 @@ pub fn stage1(
             .find(|fa| fa.allocation == r.allocation && fa.groups == r.groups)
             .map_or(1.0, |fa| fa.offload_range.1)
     };
-    let mut all = keep_fastest(prune(rows.clone()), rate, &hi);
-    if all.iter().any(|r| r.groups != own) {
-        // across several assignments, also what Stage 1 keeps of the
-        // scenario's own groups alone, so enumerating the groups never
-        // drops the seeds a search on the file's groups would run
-        rows.retain(|r| r.groups == own);
-        for k in keep_fastest(prune(rows), rate, &hi)
+    (caps, select(rows, rate, &own, &hi))
+}
+
+/// Rows of one assignment, of each prefill and decode layout pair, that
+/// [`stage1_rows`] builds at least (`2 ·` [`TOP_K`]: what Stage 1's two
+/// rankings can keep of one such pair).
+pub const LOWEST_PER_LAYOUT: usize = 2 * TOP_K;
+
+/// The ranges of `space` that hold one stage assignment each (the space
+/// comes in runs of one assignment).
+fn assignment_runs(space: &[FeasibleAllocation]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < space.len() {
+        let groups = &space[start].groups;
+        let end = space[start..]
+            .iter()
+            .position(|fa| fa.groups != *groups)
+            .map_or(space.len(), |n| start + n);
+        runs.push(start..end);
+        start = end;
+    }
+    runs
+}
+
+/// What prices the rows of one assignment: the scenario's own groups
+/// (`sc`, `cost`, `caps`), or another assignment's, validated on its
+/// first allocation.
+struct Pricing<'a> {
+    sc: &'a Scenario,
+    cost: &'a dyn StageCost,
+    caps: &'a Capacities,
+    typical: &'a Typical,
+    own: &'a Option<StageGroups>,
+}
+
+/// A computation on one assignment's allocations, given its scenario,
+/// cost model and capacities.
+type OnRun<'f, R> =
+    dyn FnMut(&Scenario, &dyn StageCost, &Capacities, &[FeasibleAllocation]) -> R + 'f;
+
+impl Pricing<'_> {
+    /// `f` on the run `run` of `space`, priced on its groups' GPUs; `None`
+    /// when the assignment does not validate.
+    fn on<R>(
+        &self,
+        space: &[FeasibleAllocation],
+        run: &std::ops::Range<usize>,
+        f: &mut OnRun<'_, R>,
+    ) -> Option<R> {
+        let fas = &space[run.clone()];
+        let groups = &fas.first()?.groups;
+        if groups.is_none() || groups == self.own {
+            return Some(f(self.sc, self.cost, self.caps, fas));
+        }
+        // another assignment: its stages priced on their groups' GPUs
+        let other = on_groups(self.sc, &fas[0])?;
+        let other_cost = other.cost();
+        let other_caps = capacities(&other, other_cost.as_ref(), self.typical, 1);
+        Some(f(&other, other_cost.as_ref(), &other_caps, fas))
+    }
+}
+
+/// Stage 1's verdicts on `rows`: [`prune`] then [`keep_fastest`] across all
+/// of them; on several assignments also what they keep of the scenario's
+/// own groups (`own`) alone, so enumerating the groups never drops the
+/// seeds a search on the file's groups would run. `hi`: a row's highest
+/// offload ratio.
+fn select(
+    mut rows: Vec<Stage1Row>,
+    rate: f64,
+    own: &Option<StageGroups>,
+    hi: &dyn Fn(&Stage1Row) -> f64,
+) -> Vec<Stage1Row> {
+    let mut all = keep_fastest(prune(rows.clone()), rate, hi);
+    if all.iter().any(|r| r.groups != *own) {
+        rows.retain(|r| r.groups == *own);
+        for k in keep_fastest(prune(rows), rate, hi)
             .into_iter()
             .filter(|r| r.kept)
         {
@@ -320,7 +456,61 @@ pub fn stage1(
             }
         }
     }
-    (caps, all)
+    all
+}
+
+/// The indices of the `k` lowest of `items` (score, index into `space`) by
+/// score, then allocation text, then groups (the order of [`prune`]); the
+/// text is formatted only for the scores tied at the `k`-th.
+fn lowest(mut items: Vec<(f64, usize)>, k: usize, space: &[FeasibleAllocation]) -> Vec<usize> {
+    if items.len() <= k {
+        return items.into_iter().map(|(_, i)| i).collect();
+    }
+    if k == 0 {
+        return Vec::new();
+    }
+    items.select_nth_unstable_by(k - 1, |a, b| a.0.total_cmp(&b.0));
+    let bound = items[k - 1].0;
+    let below: Vec<(f64, usize)> = items
+        .into_iter()
+        .filter(|(s, _)| s.total_cmp(&bound).is_le())
+        .collect();
+    if below.len() == k {
+        return below.into_iter().map(|(_, i)| i).collect();
+    }
+    let mut keyed: Vec<(f64, String, usize)> = below
+        .into_iter()
+        .map(|(s, i)| (s, space[i].allocation.to_string(), i))
+        .collect();
+    keyed.sort_by(|(sa, ta, a), (sb, tb, b)| {
+        sa.total_cmp(sb)
+            .then_with(|| ta.cmp(tb))
+            .then_with(|| space[*a].groups.cmp(&space[*b].groups))
+    });
+    keyed.into_iter().take(k).map(|(_, _, i)| i).collect()
+}
+
+/// The score [`assess`] gives each of `space` on `sc`'s cost model (α once
+/// per distinct local prefill TP and encode count, as [`assess_all`]).
+fn scores(
+    sc: &Scenario,
+    cost: &dyn StageCost,
+    caps: &Capacities,
+    typical: &Typical,
+    space: &[FeasibleAllocation],
+    rate: f64,
+) -> Vec<f64> {
+    let mut alphas: std::collections::HashMap<(Option<u32>, u32), f64> = Default::default();
+    space
+        .iter()
+        .map(|fa| {
+            let n_e = fa.allocation.encode.workers;
+            let alpha = *alphas
+                .entry((fa.local_tp, n_e))
+                .or_insert_with(|| alpha(sc, cost, typical, fa.local_tp, n_e, rate));
+            assess_ungrouped(fa, caps, alpha, rate).score
+        })
+        .collect()
 }
 
 /// `sc` on the stage groups of `fa`, with its allocation (which validates).
@@ -449,6 +639,43 @@ mod tests {
             1
         );
         assert!(out.windows(2).all(|w| w[0].score <= w[1].score));
+    }
+
+    /// Rows built for the lowest scores of each layout pair only keep the
+    /// rows, reasons and seeds that a row per allocation keeps, and the
+    /// first rows are the same: on every stage assignment of
+    /// `two-group.toml` (146 allocations) and `dc-64.toml` (4,587), at
+    /// the file's rate and at a quarter of it (where rows are also kept for
+    /// their latency), showing no row or 5 (a few seconds in release).
+    #[test]
+    fn rows_for_the_lowest_of_each_layout_keep_what_every_row_keeps() {
+        let mut by_latency = 0;
+        for name in ["two-group.toml", "dc-64.toml"] {
+            let path = format!("{}/../scenarios/{name}", env!("CARGO_MANIFEST_DIR"));
+            let sc = Scenario::load(std::path::Path::new(&path), &Default::default()).unwrap();
+            let cost = easerve_sim::scenario_cost(&sc);
+            let space = crate::space::feasible_allocations_across_groups(&sc);
+            for rate in [sc.workload.rate, sc.workload.rate / 4.0] {
+                let (caps, every) = stage1(&sc, cost.as_ref(), &space, rate);
+                let kept = |rows: &[Stage1Row]| -> Vec<Stage1Row> {
+                    rows.iter().filter(|r| r.kept).cloned().collect()
+                };
+                assert_eq!(every.len(), space.len());
+                for top in [0, 5] {
+                    let (caps_few, few) = stage1_rows(&sc, cost.as_ref(), &space, rate, Some(top));
+                    assert_eq!(caps_few, caps);
+                    assert!(few.len() < every.len(), "{name}: {} rows", few.len());
+                    assert_eq!(kept(&few), kept(&every), "{name} at {rate}");
+                    assert_eq!(few[..top], every[..top], "{name} at {rate}");
+                }
+                by_latency += kept(&every)
+                    .iter()
+                    .filter(|r| r.reason.contains("request latencies"))
+                    .count();
+            }
+        }
+        // the second ranking kept rows too (else half the claim is untested)
+        assert!(by_latency > 0);
     }
 
     /// Rows that carry the rate at one unloaded latency (every count of one

@@ -158,7 +158,7 @@ impl Topology {
     ) -> Result<Topology, PlacementError> {
         let mut t = Topology::new(alloc, local_tp);
         first_fit(alloc, groups, stage_groups, &mut |w, place, gpus| {
-            t.set_place(w, place, gpus.collect())
+            t.set_place(w, place, gpus)
         })?;
         t.place_locals()
             .map_err(|label| PlacementError::LocalAcrossNodes { label })?;
@@ -168,20 +168,67 @@ impl Topology {
 
     /// Whether every encode, remote prefill and decode worker of `alloc`
     /// finds its GPUs on a node of `groups` by the first fit of
-    /// [`Topology::placed`] (the same code), without building the layout:
-    /// for checking many worker counts of one layout (a search's
-    /// enumeration). Local prefill workers are not checked: where they fit
-    /// depends on the encode workers alone, which are placed first.
+    /// [`Topology::placed`], without building the layout: for checking many
+    /// worker counts of one layout (a search's enumeration). The workers of
+    /// one stage all need the same GPUs, so first fit gives each node in
+    /// turn (of the stage's groups, in order) as many as its free GPUs hold
+    /// until none is left: one step per node, not per worker (the same
+    /// answer as the per-worker scan; tested in
+    /// `first_fit_fills_earlier_holes_and_fits_nodes_agrees_with_placed`).
+    /// Local prefill workers are not checked: where they fit depends on the
+    /// encode workers alone, which are placed first.
     ///
     /// # Errors
     /// As [`Topology::placed`]: [`PlacementError::TpOverNode`] or
-    /// [`PlacementError::NoRoom`].
+    /// [`PlacementError::NoRoom`] (the same stage, worker index and groups).
     pub fn fits_nodes(
         alloc: &Allocation,
         groups: &[NodeGroup],
         stage_groups: [Option<usize>; 3],
     ) -> Result<(), PlacementError> {
-        first_fit(alloc, groups, stage_groups, &mut |_, _, _| {})
+        let mut used: Vec<Vec<u32>> = groups.iter().map(|g| vec![0; g.nodes as usize]).collect();
+        let all: Vec<usize> = (0..groups.len()).collect();
+        let pools = [alloc.encode, alloc.prefill, alloc.decode];
+        for (s, (pool, stage)) in pools
+            .iter()
+            .zip(["encode", "prefill", "decode"])
+            .enumerate()
+        {
+            let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
+            check_width(pool, stage, groups, &allowed)?;
+            let need = pool.gpus_per_worker();
+            let mut left = pool.workers;
+            if need == 0 && allowed.iter().any(|&g| groups[g].nodes > 0) {
+                left = 0; // a worker of no GPUs fits the first node
+            }
+            for &g in &allowed {
+                let per = groups[g].gpus_per_node;
+                if left == 0 || need == 0 || need > per {
+                    continue;
+                }
+                for u in used[g].iter_mut() {
+                    let here = ((per - *u) / need).min(left);
+                    *u += here * need;
+                    left -= here;
+                    if left == 0 {
+                        break;
+                    }
+                }
+            }
+            if left > 0 && need > 0 {
+                let names: Vec<String> = allowed
+                    .iter()
+                    .map(|&g| format!("group `{}`", groups[g].name))
+                    .collect();
+                return Err(PlacementError::NoRoom {
+                    stage,
+                    index: (pool.workers - left) as usize,
+                    need,
+                    groups: names.join(", "),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -297,6 +344,26 @@ mod tests {
             }
         }
         assert!(agree.0 > 10 && agree.1 > 10, "{agree:?}");
+        // one step per node gives the per-worker scan's answer, its error
+        // included, on two groups with stages on either or on both
+        let two = [group("four", 3, 4), group("eight", 2, 8)];
+        let mut outcomes = (0, 0);
+        for stages in [[Some(0), Some(1), Some(1)], [Some(1); 3], [None; 3]] {
+            for e in 1..=9 {
+                for p in 0..=5 {
+                    for d in 0..=4 {
+                        for (tp_p, tp_d) in [(1, 2), (2, 4), (4, 8), (8, 1)] {
+                            let a = Allocation::new((e, 1), (p, tp_p), (d, tp_d));
+                            let per_worker = first_fit(&a, &two, stages, &mut |_, _, _| {});
+                            assert_eq!(Topology::fits_nodes(&a, &two, stages), per_worker, "{a}");
+                            outcomes.0 += usize::from(per_worker.is_ok());
+                            outcomes.1 += usize::from(per_worker.is_err());
+                        }
+                    }
+                }
+            }
+        }
+        assert!(outcomes.0 > 100 && outcomes.1 > 100, "{outcomes:?}");
     }
 
     #[test]

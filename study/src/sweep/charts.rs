@@ -315,6 +315,7 @@ pub fn progress_chart(whole: &SweepPart, top: f64) -> Result<NamedChart, SweepEr
                     objective: objective.clone(),
                     time_budget_s: None,
                     own: None,
+                    stage1_rows: None,
                 },
                 &mut |_| {},
             );
