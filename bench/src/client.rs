@@ -410,13 +410,29 @@ fn on_line(line: &str, now: f64, o: &mut Outcome) -> Result<bool, String> {
     Ok(false)
 }
 
+/// A client of seed `seed` for tests that build request bodies without a
+/// server (its URL refuses connections).
+#[cfg(test)]
+pub(crate) fn offline_config(seed: u64) -> ClientConfig {
+    ClientConfig {
+        base_url: "http://127.0.0.1:1".into(),
+        endpoint: "/v1/chat/completions".into(),
+        model: "m".into(),
+        max_concurrency: None,
+        timeout_s: 1.0,
+        codec: ImageCodec::Png,
+        seed,
+        progress: false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use easerve_sched::{Content, ContentItem, MmItem, Segment};
 
-    /// Issue 29: a text segment with the id of the request's next item was
-    /// sent as that item's image; the body follows the segments' kinds.
+    /// A text segment with the id of the request's next item is sent as
+    /// text, not as that item's image: the body follows the segments' kinds.
     #[test]
     fn text_with_an_items_id_is_sent_as_text() {
         let item = ContentItem {
@@ -440,16 +456,7 @@ mod tests {
             output_tokens: 1,
             content: Some(Content::new([item].into_iter(), &segments)),
         };
-        let cfg = ClientConfig {
-            base_url: "http://127.0.0.1:1".into(),
-            endpoint: "/v1/chat/completions".into(),
-            model: "m".into(),
-            max_concurrency: None,
-            timeout_s: 1.0,
-            codec: ImageCodec::Png,
-            seed: 1,
-            progress: false,
-        };
+        let cfg = offline_config(1);
         let v: Value = serde_json::from_slice(&request_body(&r, &cfg).unwrap()).unwrap();
         let parts = v["messages"][0]["content"].as_array().unwrap();
         let kinds: Vec<&str> = parts.iter().map(|p| p["type"].as_str().unwrap()).collect();

@@ -423,8 +423,7 @@ mod tests {
     /// the earlier turn's parts (under 1 s).
     #[test]
     fn a_scenario_that_repeats_sends_equal_bytes_for_equal_content() {
-        use crate::client::{request_body, ClientConfig};
-        use crate::media::ImageCodec;
+        use crate::client::request_body;
         use easerve_workload::scenario::{Overrides, Scenario};
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let text = std::fs::read_to_string(root.join("scenarios/cpu-image-reuse.toml"))
@@ -447,16 +446,7 @@ mod tests {
             .iter()
             .map(BenchRequest::from_request)
             .collect();
-        let cfg = ClientConfig {
-            base_url: "http://127.0.0.1:1".into(),
-            endpoint: "/v1/chat/completions".into(),
-            model: "m".into(),
-            max_concurrency: None,
-            timeout_s: 1.0,
-            codec: ImageCodec::Png,
-            seed: sc.seed,
-            progress: false,
-        };
+        let cfg = crate::client::offline_config(sc.seed);
         let parts = |r: &BenchRequest| -> Vec<serde_json::Value> {
             let v: serde_json::Value =
                 serde_json::from_slice(&request_body(r, &cfg).unwrap()).unwrap();

@@ -216,16 +216,8 @@ impl Topology {
                 }
             }
             if left > 0 && need > 0 {
-                let names: Vec<String> = allowed
-                    .iter()
-                    .map(|&g| format!("group `{}`", groups[g].name))
-                    .collect();
-                return Err(PlacementError::NoRoom {
-                    stage,
-                    index: (pool.workers - left) as usize,
-                    need,
-                    groups: names.join(", "),
-                });
+                let index = (pool.workers - left) as usize;
+                return Err(no_room(stage, index, need, groups, &allowed));
             }
         }
         Ok(())
@@ -252,18 +244,8 @@ fn first_fit(
         check_width(pool, stage, groups, &allowed)?;
         for i in 0..pool.workers as usize {
             let need = pool.gpus_per_worker();
-            let (place, gpus) = free.take(&allowed, need).ok_or_else(|| {
-                let names: Vec<String> = allowed
-                    .iter()
-                    .map(|&g| format!("group `{}`", groups[g].name))
-                    .collect();
-                PlacementError::NoRoom {
-                    stage,
-                    index: i,
-                    need,
-                    groups: names.join(", "),
-                }
-            })?;
+            let (place, gpus) = (free.take(&allowed, need))
+                .ok_or_else(|| no_room(stage, i, need, groups, &allowed))?;
             let w = match s {
                 0 => WorkerRef::Encode(i),
                 1 => WorkerRef::Prefill(i),
@@ -273,6 +255,26 @@ fn first_fit(
         }
     }
     Ok(())
+}
+
+/// [`PlacementError::NoRoom`] for worker `index` of `stage`, which needs
+/// `need` GPUs of one node in the `allowed` groups.
+fn no_room(
+    stage: &'static str,
+    index: usize,
+    need: u32,
+    groups: &[NodeGroup],
+    allowed: &[usize],
+) -> PlacementError {
+    let names: Vec<String> = (allowed.iter())
+        .map(|&g| format!("group `{}`", groups[g].name))
+        .collect();
+    PlacementError::NoRoom {
+        stage,
+        index,
+        need,
+        groups: names.join(", "),
+    }
 }
 
 /// A stage's worker must fit one node of a group it may use.
