@@ -3,13 +3,17 @@
 #
 # Every cargo command after the README's `cargo test` that builds the
 # executor selects exactly these packages and features, and picks what it
-# runs by target (`--lib`, `--test NAME`, `--doc`) and test-name filters
-# only. Cargo unifies the features of shared dependencies over the selected
-# packages and their dev-dependencies, so two commands selecting different
-# packages resolve different features (the root package's dev-dependencies
-# turn on `regex/std` and `futures-util/io`, for example) and rebuild burn
-# and everything above it: about 8 min of a 2-core CI run for each
-# different selection (2026-12-06).
+# runs by test target and test-name filters only. Cargo unifies the
+# features of shared dependencies over the selected packages and the
+# dev-dependencies of those whose test targets it builds, so two commands
+# that select different packages, or build no test target of the root
+# package (`--lib` alone, `--doc`: the root package has no library), resolve
+# different features (the root package's dev-dependencies turn on
+# `regex/std` and `futures-util/io`, for example) and rebuild burn and
+# everything above it: about 8 min of a 2-core CI run each time
+# (2026-12-06). So a command that runs the libraries' tests adds `--bins`
+# (the root package's binary, whose unit tests are none), and the
+# executor's doc tests are not run (the model's two under `nn`).
 exec_tests=(
     -p easerve -p easerve-exec -p easerve-worker -p easerve-model -p easerve-bench
     --features easerve/exec,easerve-model/nn
