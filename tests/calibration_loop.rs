@@ -129,15 +129,17 @@ fn the_loop_closes_on_cpu_audio() {
 
 /// The same loop on the mixture-of-experts LLM (`tiny-moe`: router, top-2 of
 /// 8 experts and a shared expert in every layer), from its shipped profile,
-/// at 2 req/s: the test build's executor (`easerve` itself unoptimised)
+/// at 1.5 req/s: the test build's executor (`easerve` itself unoptimised)
 /// measured a 3x slower encode service than the release build's (132 vs
-/// 45 ms) and saturates near the scenario's own 4 req/s.
+/// 45 ms) and saturates near the scenario's own 4 req/s on the machine that
+/// measured it; on a 2-core VM 30–40 % slower, a run at 2 req/s once took
+/// 1.58x the simulated time (2026-12-06), so the rate leaves it headroom.
 #[test]
 fn the_loop_closes_on_cpu_moe_image() {
     sim_exec_validate_refine_loop_closes(
         "scenarios/cpu-moe-image.toml",
         "scenarios/profiles/tiny-moe.cpu.toml",
-        ("40", "2"),
+        ("30", "1.5"),
         &["decode TP1 service mean (s)"],
     );
 }
