@@ -432,7 +432,7 @@ fn refine_alone(
         let factor = fit.factor().filter(|_| fit.passes >= MIN_ALONE_PASSES);
         match factor {
             _ if stage == Stage::Encode && (!with_encode || p.encode_table().is_none()) => {
-                sayln!("{name:<8} not fitted on passes alone (the run's encoders are not priced from the TP 1 encode table)");
+                sayln!("{name:<8} not fitted on passes alone (the profile has no encode table, or the run's encoders were priced from its encode_tp rows)");
             }
             Some(f) => {
                 scale_stage(p, stage, f, &what).map_err(|e| BadInput(e.to_string()))?;

@@ -188,20 +188,14 @@ impl Topology {
     ) -> Result<(), PlacementError> {
         let mut used: Vec<Vec<u32>> = groups.iter().map(|g| vec![0; g.nodes as usize]).collect();
         let all: Vec<usize> = (0..groups.len()).collect();
-        let pools = [alloc.encode, alloc.prefill, alloc.decode];
-        for (s, (pool, stage)) in pools
-            .iter()
-            .zip(["encode", "prefill", "decode"])
-            .enumerate()
-        {
-            let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
-            check_width(pool, stage, groups, &allowed)?;
+        for (_, pool, stage, allowed) in stage_pools(alloc, &stage_groups, &all) {
+            check_width(&pool, stage, groups, allowed)?;
             let need = pool.gpus_per_worker();
             let mut left = pool.workers;
             if need == 0 && allowed.iter().any(|&g| groups[g].nodes > 0) {
                 left = 0; // a worker of no GPUs fits the first node
             }
-            for &g in &allowed {
+            for &g in allowed {
                 let per = groups[g].gpus_per_node;
                 if left == 0 || need == 0 || need > per {
                     continue;
@@ -217,7 +211,7 @@ impl Topology {
             }
             if left > 0 && need > 0 {
                 let index = (pool.workers - left) as usize;
-                return Err(no_room(stage, index, need, groups, &allowed));
+                return Err(no_room(stage, index, need, groups, allowed));
             }
         }
         Ok(())
@@ -234,18 +228,12 @@ fn first_fit(
 ) -> Result<(), PlacementError> {
     let mut free = Free::new(groups);
     let all: Vec<usize> = (0..groups.len()).collect();
-    let pools = [alloc.encode, alloc.prefill, alloc.decode];
-    for (s, (pool, stage)) in pools
-        .iter()
-        .zip(["encode", "prefill", "decode"])
-        .enumerate()
-    {
-        let allowed = stage_groups[s].map_or_else(|| all.clone(), |g| vec![g]);
-        check_width(pool, stage, groups, &allowed)?;
+    for (s, pool, stage, allowed) in stage_pools(alloc, &stage_groups, &all) {
+        check_width(&pool, stage, groups, allowed)?;
         for i in 0..pool.workers as usize {
             let need = pool.gpus_per_worker();
-            let (place, gpus) = (free.take(&allowed, need))
-                .ok_or_else(|| no_room(stage, i, need, groups, &allowed))?;
+            let (place, gpus) = (free.take(allowed, need))
+                .ok_or_else(|| no_room(stage, i, need, groups, allowed))?;
             let w = match s {
                 0 => WorkerRef::Encode(i),
                 1 => WorkerRef::Prefill(i),
@@ -255,6 +243,25 @@ fn first_fit(
         }
     }
     Ok(())
+}
+
+/// Each stage of `alloc` in placement order (encode, prefill, decode): its
+/// index, pool, name and the groups it may use (the one `stage_groups`
+/// names, else `all`), borrowed rather than built per stage, as the search
+/// places a million shapes.
+fn stage_pools<'a>(
+    alloc: &Allocation,
+    stage_groups: &'a [Option<usize>; 3],
+    all: &'a [usize],
+) -> impl Iterator<Item = (usize, StagePool, &'static str, &'a [usize])> + 'a {
+    let pools = [alloc.encode, alloc.prefill, alloc.decode];
+    (pools.into_iter().zip(["encode", "prefill", "decode"]))
+        .zip(stage_groups)
+        .enumerate()
+        .map(move |(s, ((pool, stage), g))| {
+            let allowed = g.as_ref().map_or(all, std::slice::from_ref);
+            (s, pool, stage, allowed)
+        })
 }
 
 /// [`PlacementError::NoRoom`] for worker `index` of `stage`, which needs
