@@ -15,10 +15,9 @@
 //!
 //! Group `search_scale_all_groups` (criterion): the same search over every
 //! assignment of the stages to the two groups (`easerve search
-//! --all-groups`), ranked by goodput and by goodput per dollar, at 8, 64
-//! and 256 GPUs (1,024 is left out: its enumeration does not end in a
-//! bench's time, docs/datacenter.md); each size first prints its feasible
-//! allocations and trials.
+//! --all-groups`), ranked by goodput and by goodput per dollar, at 8, 64,
+//! 256 and 1,024 GPUs; each size first prints its feasible allocations,
+//! the rows Stage 1 kept, the trials and one search's time.
 //!
 //! Run with `cargo bench --bench has` (all), `cargo bench --bench has --
 //! search_scale` (the two scale groups), `cargo bench --bench has --
@@ -212,7 +211,7 @@ fn search_scale_all_groups(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5));
-    for gpus in [8u32, 64, 256] {
+    for gpus in [8u32, 64, 256, 1024] {
         let sc = scaled(gpus);
         let tier = easerve_has::Objective::default_for(&sc.slo);
         let per_dollar = easerve_has::Objective::parse("goodput-per-dollar:moderate", &sc.slo)

@@ -318,3 +318,36 @@ fn per_window_validation_compares_ttft_and_changes_by_phase() {
     assert_eq!(differ.status.code(), Some(1), "{err}");
     assert!(err.contains("worker changes differ"), "{err}");
 }
+
+/// `cpu-image-surge.toml`: a surge the deployment absorbs once a prefill
+/// worker is added, with a 15 s dwell, makes one worker change per phase —
+/// drain the spare decode worker, start a prefill worker in the surge (or
+/// at its end, the first window whose queue is over the threshold), drain
+/// it in the quiet phase after — and every request completes.
+#[test]
+fn a_surge_below_capacity_makes_one_worker_change_per_phase() {
+    let sc = root().join("scenarios/demand/cpu-image-surge.toml");
+    let r = sim_json(&sc, &[]);
+    let workers: Vec<(String, String, f64)> = r["planner"]["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["from"].is_string() || c["to"].is_string())
+        .map(|c| {
+            let name = |k: &str| c[k].as_str().unwrap_or("-").to_string();
+            (name("from"), name("to"), c["at"].as_f64().unwrap())
+        })
+        .collect();
+    let kinds: Vec<(&str, &str)> = workers
+        .iter()
+        .map(|(f, t, _)| (f.as_str(), t.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [("D1", "-"), ("-", "P1"), ("P1", "-")],
+        "{workers:?}"
+    );
+    // the dwell keeps them 15 s apart at least
+    assert!(workers.windows(2).all(|w| w[1].2 - w[0].2 >= 15.0 - 1e-9));
+    assert_eq!(r["completed"], 105);
+}
