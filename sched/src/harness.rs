@@ -1067,6 +1067,7 @@ pub fn config_for(
         preprocess_ahead: false,
         mechanisms: crate::Mechanisms::default(),
         caches: crate::CacheConfig::default(),
+        queue_area: false,
     }
 }
 
@@ -1136,6 +1137,7 @@ mod tests {
             preprocess_ahead: false,
             mechanisms: crate::Mechanisms::default(),
             caches: crate::CacheConfig::default(),
+            queue_area: false,
         };
         let requests = (0..n).map(|i| test_request(i, i as f64 / rate)).collect();
         Controller::new(requests, cfg)

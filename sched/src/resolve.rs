@@ -150,6 +150,7 @@ impl Resolution<'_> {
             preprocess_ahead: self.preprocess_ahead,
             mechanisms: self.system.mechanisms(),
             caches: self.caches,
+            queue_area: false,
         }
     }
 

@@ -180,6 +180,11 @@ pub struct ControllerConfig {
     /// The caches (all off by default): the encoder cache of each encode
     /// worker. Not with [`Mechanisms::split_items`] or aggregated replicas.
     pub caches: crate::CacheConfig,
+    /// Keep each stage's queue integrated over time
+    /// ([`StageLoad::queued_s`]), for a planner that reads the mean queue
+    /// over its window (`planner.queue_signal = "mean"`). Each event then
+    /// sums the queues of every worker: off by default.
+    pub queue_area: bool,
 }
 
 /// Where a request is: a worker's index (`u32`, so that the entry kept per
@@ -357,6 +362,9 @@ pub struct Controller {
     /// otherwise.
     prefix_hits: Vec<[u32; 2]>,
     caches: crate::CacheConfig,
+    /// With [`ControllerConfig::queue_area`]: each stage's queue integrated
+    /// up to the last event (request-seconds), and that event's time.
+    queue_area: Option<([f64; 3], f64)>,
 }
 
 /// One envelope a pass sends: its prefill worker, the requests and (with
@@ -507,6 +515,7 @@ impl Controller {
             },
             prefix_cache,
             caches: cfg.caches,
+            queue_area: cfg.queue_area.then_some(([0.0; 3], 0.0)),
             sup: supervision::Supervision::default(),
             interrupted: false,
             draining: Vec::new(),
@@ -551,6 +560,7 @@ impl Controller {
     /// If the event names a worker or request the controller does not have
     /// (an index beyond the topology or the request list): a driver bug.
     pub fn handle(&mut self, now: f64, event: Event) {
+        self.integrate_queues(now);
         match event {
             Event::Arrival { id } => self.on_arrival(now, id),
             Event::EncodeGpuStarted { worker } => self.on_encode_gpu(now, worker),
@@ -607,6 +617,7 @@ impl Controller {
     /// deadline passed are aborted, then every batcher whose wake-up has
     /// come is re-examined, in worker order. Spurious calls are no-ops.
     pub fn handle_timeout(&mut self, now: f64) {
+        self.integrate_queues(now);
         self.expire_deadlines(now);
         let mut from = 0;
         while let Some(w) = self.encode_timers.first_at_most(from, now) {

@@ -67,6 +67,10 @@ pub struct StageLoad {
     pub queued: usize,
     /// Decode only: the fraction of its active workers' KV blocks in use now.
     pub kv_used: f64,
+    /// Request-seconds spent queued at its workers so far (the time
+    /// integral of `queued`), when the controller keeps it
+    /// ([`crate::ControllerConfig::queue_area`]); `None` otherwise.
+    pub queued_s: Option<f64>,
 }
 
 impl Controller {
@@ -230,7 +234,6 @@ impl Controller {
             let w = WorkerRef::Encode(i);
             out[0].active += usize::from(self.is_active(w));
             out[0].changing += usize::from(changing(w));
-            out[0].queued += e.batcher.len();
             out[0].busy_s += e.busy_s + if e.busy { now - e.since } else { 0.0 };
         }
         for (i, p) in self.prefill.iter().enumerate() {
@@ -240,7 +243,6 @@ impl Controller {
                 out[1].changing += usize::from(changing(w));
                 out[1].busy_s += p.busy_s + if p.busy { now - p.since } else { 0.0 };
             }
-            out[1].queued += p.queue.len();
         }
         let (mut used, mut total) = (0u64, 0u64);
         for (i, d) in self.decode.iter().enumerate() {
@@ -248,7 +250,6 @@ impl Controller {
             let active = self.is_active(w);
             out[2].active += usize::from(active);
             out[2].changing += usize::from(changing(w));
-            out[2].queued += d.sched.waiting();
             out[2].busy_s += d.busy_s + if d.in_run { now - d.since } else { 0.0 };
             if active {
                 used += d.sched.kv().used();
@@ -260,10 +261,39 @@ impl Controller {
         } else {
             0.0
         };
-        for (s, n) in out.iter_mut().zip(self.counters.stage_arrivals) {
+        let queued = self.queued_now();
+        for (k, (s, n)) in out.iter_mut().zip(self.counters.stage_arrivals).enumerate() {
             s.arrived = n;
+            s.queued = queued[k];
+            s.queued_s = self
+                .queue_area
+                .map(|(area, at)| area[k] + queued[k] as f64 * (now - at).max(0.0));
         }
         out
+    }
+}
+
+impl Controller {
+    /// Requests waiting at each stage's workers now (encode, prefill,
+    /// decode): queued, not running.
+    fn queued_now(&self) -> [usize; 3] {
+        [
+            self.encode.iter().map(|e| e.batcher.len()).sum(),
+            self.prefill.iter().map(|p| p.queue.len()).sum(),
+            self.decode.iter().map(|d| d.sched.waiting()).sum(),
+        ]
+    }
+
+    /// With [`crate::ControllerConfig::queue_area`]: add each stage's queue
+    /// since the last event, constant in between, to its integral.
+    pub(super) fn integrate_queues(&mut self, now: f64) {
+        let Some((area, at)) = self.queue_area else {
+            return;
+        };
+        let queued = self.queued_now();
+        let dt = (now - at).max(0.0);
+        let area: [f64; 3] = std::array::from_fn(|k| area[k] + queued[k] as f64 * dt);
+        self.queue_area = Some((area, now.max(at)));
     }
 }
 

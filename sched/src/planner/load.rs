@@ -21,6 +21,34 @@
 use super::{Planner, StageView};
 use serde::{Deserialize, Serialize};
 
+/// Which queue the `load` rule compares with its thresholds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueSignal {
+    /// The queue at the window's end (the default, the rule as the module
+    /// doc gives it): at low load one request caught waiting at that
+    /// instant makes a stage hot.
+    #[default]
+    End,
+    /// The queue averaged over the window (its time integral over the
+    /// window's length, [`crate::StageLoad::queued_s`]): a stage is hot
+    /// when requests waited there through the window, not at one instant.
+    Mean,
+}
+
+impl std::str::FromStr for QueueSignal {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "end" => Ok(QueueSignal::End),
+            "mean" => Ok(QueueSignal::Mean),
+            _ => Err(format!(
+                "unknown queue signal `{s}`; allowed: end (the queue at the window's end), mean (averaged over the window)"
+            )),
+        }
+    }
+}
+
 /// The `load` policy's thresholds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LoadRule {
@@ -33,6 +61,9 @@ pub struct LoadRule {
     pub kv_up: f64,
     /// Decode KV cache use below which it may lose one.
     pub kv_down: f64,
+    /// The queue compared with `queue_up` and `queue_down`.
+    #[serde(default)]
+    pub signal: QueueSignal,
 }
 
 impl Default for LoadRule {
@@ -47,6 +78,7 @@ impl Default for LoadRule {
             queue_down: 0.2,
             kv_up: 0.9,
             kv_down: 0.5,
+            signal: QueueSignal::End,
         }
     }
 }
@@ -55,17 +87,17 @@ impl LoadRule {
     /// How hot stage `k` is (its signal over its up threshold: > 1 hot), and
     /// whether it is cold.
     fn heat(&self, k: usize, v: &StageView) -> (f64, bool) {
+        let queue = match (self.signal, v.queue_mean_per_worker) {
+            (QueueSignal::Mean, Some(q)) => q,
+            _ => v.queue_per_worker,
+        };
         if k == 2 {
-            let q = v.queue_per_worker / self.queue_up;
             (
-                (v.kv_used / self.kv_up).max(q),
-                v.kv_used < self.kv_down && v.queue_per_worker < self.queue_down,
+                (v.kv_used / self.kv_up).max(queue / self.queue_up),
+                v.kv_used < self.kv_down && queue < self.queue_down,
             )
         } else {
-            (
-                v.queue_per_worker / self.queue_up,
-                v.queue_per_worker < self.queue_down,
-            )
+            (queue / self.queue_up, queue < self.queue_down)
         }
     }
 

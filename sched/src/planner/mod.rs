@@ -30,7 +30,7 @@
 mod load;
 mod twin;
 
-pub use load::LoadRule;
+pub use load::{LoadRule, QueueSignal};
 pub use twin::{forecast, Twin, TwinJob, TwinQuery};
 
 use crate::controller::{Change, StageLoad};
@@ -204,6 +204,11 @@ pub struct StageView {
     pub busy: f64,
     /// Requests queued per active worker at the window's end.
     pub queue_per_worker: f64,
+    /// Requests queued per active worker on average over the window (the
+    /// controller's queue integral, [`crate::StageLoad::queued_s`]), when
+    /// the controller keeps it (`planner.queue_signal = "mean"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_mean_per_worker: Option<f64>,
     /// KV blocks in use (decode; 0 elsewhere).
     pub kv_used: f64,
 }
@@ -398,6 +403,9 @@ impl Planner {
                 active: loads[k].active,
                 busy: ((loads[k].busy_s - prev[k].busy_s) / (n * w)).clamp(0.0, 1.0),
                 queue_per_worker: loads[k].queued as f64 / n,
+                queue_mean_per_worker: loads[k]
+                    .queued_s
+                    .map(|q| (q - prev[k].queued_s.unwrap_or(0.0)).max(0.0) / (n * w)),
                 kv_used: loads[k].kv_used,
             };
         }

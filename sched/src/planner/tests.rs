@@ -412,3 +412,85 @@ fn a_planned_load_that_dies_loading_fails_the_change_and_frees_the_slot() {
     p.load_failed(worker);
     assert_eq!(p.counts(), before);
 }
+
+#[test]
+fn the_controller_integrates_each_stage_queue_over_time_when_asked() {
+    // the harness's cluster with the queue integral kept: after every
+    // instant the queues hold until the next one, so the integral is the
+    // sum of each instant's queues times the time to the next
+    let a: Allocation = "1E(TP1)+1P(TP1)+1D(TP1)".parse().unwrap();
+    let mut cfg = config_for(
+        &a,
+        None,
+        SmSplit::Static(1.0),
+        crate::KvBlocks::new(1 << 20, 16),
+        None,
+    );
+    cfg.queue_area = true;
+    let reqs = (0..60).map(|i| test_request(i, i as f64 / 40.0)).collect();
+    let mut c = Cluster::new(Controller::new(reqs, cfg), Fixed);
+    let (mut expected, mut last, mut queued) = ([0.0f64; 3], 0.0, [0usize; 3]);
+    let mut most = 0;
+    while c.step() {
+        let now = c.now;
+        for k in 0..3 {
+            expected[k] += queued[k] as f64 * (now - last);
+        }
+        let loads = c.ctrl.stage_loads(now);
+        queued = std::array::from_fn(|k| loads[k].queued);
+        most = most.max(queued.iter().sum::<usize>());
+        last = now;
+        for k in 0..3 {
+            let got = loads[k].queued_s.expect("kept");
+            assert!(
+                (got - expected[k]).abs() < 1e-9,
+                "stage {k} at {now}: {got} vs {}",
+                expected[k]
+            );
+        }
+    }
+    assert!(
+        most > 1 && expected.iter().sum::<f64>() > 0.0,
+        "the run queued"
+    );
+    // off by default: no integral
+    let plain = cluster(4);
+    assert!(plain
+        .ctrl
+        .stage_loads(0.0)
+        .iter()
+        .all(|l| l.queued_s.is_none()));
+}
+
+#[test]
+fn the_load_rule_reads_the_window_mean_queue_when_asked() {
+    // the queue at the window's end is 1 (hot: over 0.5 per worker), its
+    // mean over the 10 s window 0.05 (cold: under 0.2)
+    let at = |queued, queued_s| StageLoad {
+        active: 1,
+        queued,
+        queued_s: Some(queued_s),
+        ..StageLoad::default()
+    };
+    let loads = [at(0, 0.0), at(1, 0.5), at(0, 0.0)];
+    let start = Change::Start {
+        worker: WorkerRef::Prefill(1),
+    };
+    let mut end = Planner::new(cfg(PlannerPolicy::Load), &topology()).unwrap();
+    assert_eq!(end.on_window(10.0, loads, 10, None).first(), Some(&start));
+    let mut c = cfg(PlannerPolicy::Load);
+    c.rule.signal = QueueSignal::Mean;
+    let mut mean = Planner::new(c, &topology()).unwrap();
+    assert!(mean.on_window(10.0, loads, 10, None).is_empty());
+    let seen = mean.log()[0].stages[1];
+    assert_eq!(seen.queue_per_worker, 1.0);
+    assert!((seen.queue_mean_per_worker.unwrap() - 0.05).abs() < 1e-12);
+    // the next window's mean is its own: 40 request-seconds over 10 s
+    let later = [at(0, 0.0), at(4, 40.5), at(0, 0.0)];
+    assert_eq!(mean.on_window(20.0, later, 20, None).first(), Some(&start));
+    assert!((mean.log()[1].stages[1].queue_mean_per_worker.unwrap() - 4.0).abs() < 1e-12);
+    assert!("sometimes"
+        .parse::<QueueSignal>()
+        .unwrap_err()
+        .contains("end"));
+}

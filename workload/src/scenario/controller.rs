@@ -121,10 +121,16 @@ impl Scenario {
         let typical = typical_items(requests, tokens);
         let threads = self.knobs.preprocess_threads;
         let tp = self.deployment.allocation.encode.tp;
-        self.resolution(log_decisions).config(|k, share| {
+        let mut cfg = self.resolution(log_decisions).config(|k, share| {
             cost.encode_tp(&typical_batch(&typical, k), share, tp)
                 .pass(threads)
-        })
+        });
+        // a planner reading the mean queue needs the queues integrated
+        cfg.queue_area = self
+            .planner
+            .as_ref()
+            .is_some_and(|p| p.config.rule.signal == easerve_sched::planner::QueueSignal::Mean);
+        cfg
     }
 
     /// The scenario's limits with `max_model_len` at most the model's own

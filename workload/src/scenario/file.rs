@@ -80,6 +80,10 @@ pub struct PlannerSection {
     pub kv_up: Option<f64>,
     /// See `kv_up`.
     pub kv_down: Option<f64>,
+    /// `load` policy: the queue compared with `queue_up` and `queue_down`,
+    /// `end` (at the window's end, the default) or `mean` (averaged over
+    /// the window).
+    pub queue_signal: Option<String>,
 }
 
 /// `[model]`

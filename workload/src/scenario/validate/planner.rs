@@ -5,7 +5,7 @@
 use super::{Scenario, ScenarioError, V};
 use crate::scenario::PlannerSetup;
 use easerve_model::Parallel;
-use easerve_sched::planner::{LoadRule, PlannerConfig, PlannerPolicy};
+use easerve_sched::planner::{LoadRule, PlannerConfig, PlannerPolicy, QueueSignal};
 use easerve_sched::System;
 
 /// Seconds the `twin` policy simulates ahead by default: ten minutes, the
@@ -81,6 +81,12 @@ pub(super) fn planner_section(
             queue_down: p.queue_down.unwrap_or(d.queue_down),
             kv_up: pos("planner.kv_up", p.kv_up)?.unwrap_or(d.kv_up),
             kv_down: p.kv_down.unwrap_or(d.kv_down),
+            signal: match p.queue_signal.as_deref() {
+                None => QueueSignal::default(),
+                Some(s) => s
+                    .parse()
+                    .map_err(|e: String| v.err("planner.queue_signal", e))?,
+            },
         },
         offload: sc.deployment.offload,
     };
