@@ -271,9 +271,7 @@ impl Controller {
         }
         out
     }
-}
 
-impl Controller {
     /// Requests waiting at each stage's workers now (encode, prefill,
     /// decode): queued, not running.
     fn queued_now(&self) -> [usize; 3] {

@@ -17,6 +17,11 @@
 //!   worker when the cluster has more than one per stage;
 //! * one worker moves per window at most; the gap between the up and down
 //!   thresholds is the hysteresis, the dwell time the rest.
+//!
+//! The queue is the one at the window's end ([`QueueSignal::End`], the
+//! default) or its mean over the window ([`QueueSignal::Mean`]: the
+//! controller's integral of the queue over the window's length, so one
+//! request caught waiting at the window's end does not make a stage hot).
 
 use super::{Planner, StageView};
 use serde::{Deserialize, Serialize};
