@@ -173,7 +173,7 @@ pub(crate) struct RunArgs {
     /// prefill, as a single-engine server does), `epd-serve` (the allocation
     /// with intra-request parallelism over the encode workers, s = 1) or
     /// `hydrainfer` (E+P+D or EP+D as the allocation says, with step budgets
-    /// from its TPOT SLO and chunked prefill); see the README.
+    /// from its TPOT SLO and chunked prefill); docs/sim.md describes each.
     #[arg(long)]
     pub(crate) system: Option<System>,
     /// Take stage costs from this profile (e.g. one measured by `easerve profile`)
@@ -536,7 +536,7 @@ pub(crate) fn without_executor(cmd: &str) -> anyhow::Error {
     BadInput(format!(
         "`easerve {cmd}` runs real models, and this easerve was built without the executor (burn); \
          build it with `cargo build --release --features exec` (`--features cuda` for NVIDIA GPUs; \
-         see README.md, \"Build\") and run `target/release/easerve {cmd} …`, or \
+         see docs/build.md) and run `target/release/easerve {cmd} …`, or \
          `cargo run --release --features exec -- {cmd} …`"
     ))
     .into()

@@ -83,6 +83,65 @@ fn tp_degree_at_which_the_weights_do_not_fit() {
 }
 
 #[test]
+fn tp_degree_that_does_not_split_the_attention_heads() {
+    // Qwen2.5-VL-32B: 40 attention heads, 8 KV heads; `deploy` must not
+    // write `--tensor-parallel-size 3` files vLLM refuses
+    let f = video_with(|s| s.replace("2E(TP1)+1P(TP2)+1D(TP4)", "2E(TP1)+1P(TP3)+1D(TP3)"));
+    rejects(
+        f.path(),
+        &[],
+        &[
+            "deployment.allocation",
+            "prefill at TP3 does not split qwen2.5-vl-32b's 40 attention heads and 8 KV heads",
+            "allowed TP: [1, 2, 4, 8, 40]",
+        ],
+    );
+    let emit = tempfile::tempdir().unwrap();
+    let files = emit.path().join("files");
+    let out = easerve(&[
+        "deploy",
+        "scenarios/video.toml",
+        "--deployment",
+        "2E(TP1)+1P(TP2)+1D(TP3) B=8 s=1",
+        "--emit",
+        files.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("decode at TP3 does not split"), "{err}");
+    assert!(!files.exists(), "no files written");
+}
+
+#[test]
+fn a_bad_set_is_blamed_on_the_set_not_on_a_line_of_the_file() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "deployment.ofload=0.5",
+            "`deployment.ofload`: unknown field `ofload`",
+            "(with --set deployment.ofload=0.5 from the command line)",
+        ),
+        (
+            "workload.pool.alpha=abc",
+            "`workload.pool.alpha`: invalid type",
+            "(with --set workload.pool.alpha=abc from the command line)",
+        ),
+        (
+            "cluster.gpus=0",
+            "`cluster.gpus`: 0 is out of range",
+            "(with --set cluster.gpus=0 from the command line)",
+        ),
+    ];
+    for (set, field, blame) in cases {
+        let out = easerve(&["sim", "scenarios/image.toml", "--set", set]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{set}: {err}");
+        assert!(err.contains(field) && err.contains(blame), "{set}: {err}");
+        // the text parsed is the file rewritten with the set: no line of it
+        assert!(!err.contains("(line "), "{set}: {err}");
+    }
+}
+
+#[test]
 fn malformed_allocation() {
     let f = video_with(|s| s.replace("2E(TP1)+1P(TP2)+1D(TP4)", "2E(TP1)+1P(2)+1D(TP4)"));
     rejects(

@@ -444,6 +444,18 @@ impl LlmArch {
         )
     }
 
+    /// The TP degrees ≤ 64 a serving engine splits this LLM's attention into:
+    /// `tp` divides the query heads, and divides the KV heads or is a
+    /// multiple of them (each KV head then replicated on `tp / kv_heads`
+    /// ranks). vLLM's rule: `ModelConfig.verify_with_parallel_config`
+    /// refuses a TP that does not divide `num_attention_heads`, and
+    /// `get_num_kv_heads` replicates KV heads when TP exceeds them. Unlike
+    /// [`LlmArch::executor_tp`], MLP widths and experts are not checked (an
+    /// MoE layer may take EP instead).
+    pub fn serving_tp(&self) -> Vec<usize> {
+        allowed_tp(self.heads as usize, self.kv_heads as usize, &[])
+    }
+
     /// Bytes per KV-cache element: `kv_dtype_bytes`, else `dtype_bytes`.
     pub fn kv_bytes(&self) -> u32 {
         self.kv_dtype_bytes.unwrap_or(self.dtype_bytes)

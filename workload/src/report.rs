@@ -958,12 +958,18 @@ impl Report {
                 (Some(f), Some(t)) => format!("{f} -> {t}"),
                 (Some(f), None) => format!("remove {f}"),
                 (None, Some(t)) => format!("add {t}"),
-                (None, None) => format!("{:?}", c.change),
+                (None, None) => match c.change {
+                    easerve_sched::Change::SetBatch { max_batch } => format!("set B = {max_batch}"),
+                    easerve_sched::Change::SetOffload { s } => format!("set s = {s}"),
+                    other => format!("{other:?}"),
+                },
             };
             let end = c.ready_at.or(c.stopped_at);
-            let took = match c.failed_at {
-                Some(f) => format!("failed loading at {f:.1} s"),
-                None => end.map_or("-".into(), |e| format!("{:.1} s", e - c.at)),
+            let took = match (c.failed_at, end) {
+                (Some(f), _) => format!("failed loading at {f:.1} s"),
+                (None, Some(e)) => format!("{:.1} s", e - c.at),
+                (None, None) if c.from.is_none() && c.to.is_none() => "at once".into(),
+                (None, None) => "-".into(),
             };
             line(
                 s,

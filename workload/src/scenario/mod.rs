@@ -398,6 +398,28 @@ pub struct ServingKnobs {
     pub caches: easerve_sched::CacheConfig,
 }
 
+/// Blame error `e` on the `--set KEY=VALUE` that set its field (the key
+/// itself, or a table or array the key is inside), naming it in the error's
+/// file as [`Overrides::attribute`] names a flag; `e` unchanged when no set
+/// did (the last set of the field wins, as when they were applied).
+fn attribute_sets(mut e: ScenarioError, sets: &[(String, String)]) -> ScenarioError {
+    let from_set = sets.iter().rev().find(|(key, _)| {
+        let under = |f: &str| {
+            f == key.as_str()
+                || f.strip_prefix(key.as_str())
+                    .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
+        };
+        under(&e.field)
+    });
+    if let Some((key, value)) = from_set {
+        e.file = format!(
+            "{} (with --set {key}={value} from the command line)",
+            e.file
+        );
+    }
+    e
+}
+
 fn is_window(r: &easerve_sched::RateEstimate) -> bool {
     *r == easerve_sched::RateEstimate::Window
 }
@@ -454,7 +476,20 @@ impl Scenario {
             }
             text = toml::to_string(&doc).map_err(|e| set_err("(all)", e.to_string()))?;
         }
-        let mut raw = ScenarioFile::parse(&text, &file)?;
+        let mut raw = ScenarioFile::parse(&text, &file).map_err(|e| {
+            if sets.is_empty() {
+                return e;
+            }
+            // the text parsed is the file with the sets applied, written
+            // anew: its line numbers are not the file's
+            let mut e = attribute_sets(e, sets);
+            if let Some(at) = e.message.rfind(" (line ") {
+                if e.message.ends_with(')') {
+                    e.message.truncate(at);
+                }
+            }
+            e
+        })?;
         raw.apply(overrides);
         Ok(raw)
     }
@@ -475,7 +510,7 @@ impl Scenario {
             &path.display().to_string(),
             &Scenario::default_name(path),
         )
-        .map_err(|e| overrides.attribute(e))
+        .map_err(|e| attribute_sets(overrides.attribute(e), sets))
     }
 
     /// The name a scenario file without a `name` field gets: its file stem.

@@ -1,6 +1,7 @@
 //! The allocation against the cluster, the model and the workload: enough
 //! GPUs, encode workers where there are items to encode, expert parallelism
-//! the model allows, and memory: each prefill and decode worker holds the
+//! the model allows, prefill and decode TP that splits the LLM's heads, and
+//! memory: each prefill and decode worker holds the
 //! LLM's weights and the KV cache of one longest sequence, an encode GPU its
 //! encoder; the aggregated system's TP and the local prefill workers' TP are
 //! the smallest degrees that fit.
@@ -84,6 +85,30 @@ pub(super) fn check_allocation(
             "deployment.offload",
             "must be 1 for a text workload (no encode GPUs to co-locate prefill on)",
         ));
+    }
+    Ok(())
+}
+
+/// The prefill and decode workers' TP splits the LLM's attention heads
+/// ([`easerve_model::LlmArch::serving_tp`], vLLM's rule): `Err` names the
+/// stage, the model's heads and the degrees allowed. Checked after the
+/// placement on node groups, so a TP larger than a node is refused as that.
+pub(super) fn check_llm_tp(
+    v: &V<'_>,
+    allocation: &Allocation,
+    model: &ModelArch,
+) -> Result<(), ScenarioError> {
+    let allowed = model.llm.serving_tp();
+    for (stage, pool) in [
+        ("prefill", allocation.prefill),
+        ("decode", allocation.decode),
+    ] {
+        if pool.workers > 0 && !allowed.contains(&(pool.tp as usize)) {
+            return Err(v.err("deployment.allocation", format!(
+                "{stage} at TP{} does not split {}'s {} attention heads and {} KV heads (a serving engine refuses a TP that does not divide the heads; KV heads are replicated when TP is a multiple of them); allowed TP: {allowed:?}",
+                pool.tp, model.name, model.llm.heads, model.llm.kv_heads
+            )));
+        }
     }
     Ok(())
 }

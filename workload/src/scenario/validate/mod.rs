@@ -35,7 +35,7 @@ use super::file::{field_at, plain_types};
 use super::{Scenario, ScenarioError, ScenarioFile, ServingKnobs, System};
 use cluster::cluster_section;
 use deployment::{deployment_section, launch_section, preprocess_section, system_of};
-use feasibility::{check_allocation, Fit};
+use feasibility::{check_allocation, check_llm_tp, Fit};
 use limits::limits_section;
 use profile::profile_section;
 use slo::slo_section;
@@ -118,6 +118,7 @@ impl Scenario {
                 )?)
             }
         };
+        check_llm_tp(&v, &deployment.allocation, &model)?;
 
         let preprocess_threads = preprocess_section(&raw, &v, system, &gpu, gpus)?;
         check_baseline(&v, system, workload.modality, preprocess_threads.is_some())?;
