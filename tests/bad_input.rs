@@ -93,8 +93,26 @@ fn tp_degree_that_does_not_split_the_attention_heads() {
         &[
             "deployment.allocation",
             "prefill at TP3 does not split qwen2.5-vl-32b's 40 attention heads and 8 KV heads",
-            "allowed TP: [1, 2, 4, 8, 40]",
+            "allowed TP up to the cluster's 8 GPUs: [1, 2, 4, 8]",
         ],
+    );
+    // an aggregated replica's TP too (Qwen2.5-VL-7B: 28 heads, 4 KV heads)
+    let out = easerve(&[
+        "sim",
+        "scenarios/custom-video.toml",
+        "--system",
+        "aggregated",
+        "--set",
+        "cluster.gpus=16",
+        "--set",
+        "deployment.aggregated_tp=8",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("deployment.aggregated_tp")
+            && err.contains("a replica at TP8 does not split qwen2.5-vl-7b's 28 attention heads"),
+        "{err}"
     );
     let emit = tempfile::tempdir().unwrap();
     let files = emit.path().join("files");
@@ -139,6 +157,36 @@ fn a_bad_set_is_blamed_on_the_set_not_on_a_line_of_the_file() {
         // the text parsed is the file rewritten with the set: no line of it
         assert!(!err.contains("(line "), "{set}: {err}");
     }
+    // an array element as the set names it
+    let out = easerve(&[
+        "sim",
+        "scenarios/two-group.toml",
+        "--set",
+        "cluster.groups.1.nodes=abc",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("(with --set cluster.groups.1.nodes=abc from the command line)")
+            && err.contains("`cluster.groups[1].nodes`: invalid type"),
+        "{err}"
+    );
+    // an error of the file's own, with a set beside it: the file's line
+    let f = video_with(|s| s.replace("offload = 1.0", "offload = \"most\""));
+    let line = std::fs::read_to_string(f.path())
+        .unwrap()
+        .lines()
+        .position(|l| l.starts_with("offload = "))
+        .unwrap()
+        + 1;
+    let out = easerve(&["sim", f.path().to_str().unwrap(), "--set", "seed=7"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("--set"), "{err}");
+    assert!(
+        err.contains(&format!("(line {line})")),
+        "line {line}: {err}"
+    );
 }
 
 #[test]

@@ -273,6 +273,39 @@ fn a_planner_run_reports_gpu_hours_changes_and_decisions() {
     );
     assert!(plain.get("planner").is_none());
     assert_eq!(load, sim_json(&day, &args("load")), "same seed, same run");
+    // the text report names each change in the field's terms
+    let out = easerve(&[
+        "sim",
+        day.to_str().unwrap(),
+        "--requests",
+        "1200",
+        "--planner",
+        "load",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sets: Vec<&str> = text.lines().filter(|l| l.contains("set s = ")).collect();
+    assert!(!sets.is_empty(), "{text}");
+    for l in sets {
+        let value = l
+            .split("set s = ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap();
+        assert!(value.len() <= 5 && value.parse::<f64>().is_ok(), "{l}");
+        assert!(l.ends_with("(at once)"), "{l}");
+    }
+    assert!(text.contains("remove D2 ("), "{text}");
+    assert!(
+        !text.contains("SetOffload") && !text.contains("SetBatch"),
+        "{text}"
+    );
 }
 
 /// `calib validate --per-window` compares two runs of a schedule window by

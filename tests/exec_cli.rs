@@ -138,8 +138,10 @@ fn exec_refuses_what_it_cannot_run() {
     // a real-size model on the CPU: refused (its ranks' cores or its memory)
     let out = easerve(&["exec", "scenarios/image.toml"]);
     assert_eq!(out.status.code(), Some(2));
-    // TP that does not split tiny-image's 4 heads, 2 KV heads, MLP 768 (on
-    // cpu-image-tp2 with room for 8 "GPUs", so the allocations fit the cluster)
+    // TP that does not split tiny-image's 4 heads, 2 KV heads (on
+    // cpu-image-tp2 with room for 8 "GPUs", so the allocations fit the
+    // cluster): the scenario's validation refuses it before the executor's
+    // own check (which adds the MLP width and an MoE's TP1)
     let dir = tempfile::tempdir().unwrap();
     let wide = dir.path().join("wide.toml");
     let profile = root().join("scenarios/profiles/tiny-image-tp.cpu.toml");
@@ -157,7 +159,7 @@ fn exec_refuses_what_it_cannot_run() {
     };
     refused(
         "1E(TP1)+1P(TP3)+1D(TP1)",
-        "prefill TP 3 does not split model `tiny-image` (4 attention heads, 2 KV heads, MLP width 768); allowed TP: [1, 2, 4]",
+        "prefill at TP3 does not split tiny-image's 4 attention heads and 2 KV heads (a serving engine refuses a TP that does not divide the heads; KV heads are replicated when TP is a multiple of them); allowed TP up to the cluster's 8 GPUs: [1, 2, 4]",
     );
     // the encoder's TP: tiny-image's CLIP tower has 4 heads, MLP 1024; and
     // no encode TP beside local prefill workers (cpu-image-tp2's offload 0.8)

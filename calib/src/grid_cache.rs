@@ -20,14 +20,18 @@
 //!   loader, a dependency or the format gives a new key, and writing the new
 //!   entry removes the old one.
 //! * **Entry**: `<kind>-<system>-<dtypes>-<folder>-<key>.bin`, where
-//!   `<folder>` is 8 hex digits of the XXH3-64 of the data folder's
-//!   canonical path: 8 magic bytes, the payload's length and XXH3-64, then
-//!   the payload, the bincode of the prepared tables. A new entry replaces
-//!   only the entries of its own kind, system, dtypes and folder, so two
-//!   checkouts (or two data folders) that read the same GPU keep one entry
-//!   each instead of rebuilding the other's on every run (about 1.5 G
-//!   instructions, 0.7 s, per GPU); an entry named without a folder (the
-//!   format before it) is removed as superseded. It is written to a temporary file and renamed, so a
+//!   `<folder>` is 8 hex digits of the XXH3-64 of the data folder's path as
+//!   the key hashes it: 8 magic bytes, the payload's length and XXH3-64,
+//!   then the payload, the bincode of the prepared tables. A new entry
+//!   replaces only the entries of its own kind, system, dtypes and folder,
+//!   so two checkouts (or two data folders, or two relative paths to one)
+//!   that read the same GPU keep an entry each instead of rebuilding the
+//!   other's on every run; of one kind, system and dtypes at most
+//!   [`ENTRIES_PER_TABLE`] are kept, the least recently used (read or
+//!   written: the file's modification time) removed first, so folders that
+//!   are gone do not fill the cache. An entry named without a folder (the
+//!   format before it) is removed as superseded, so a build of that format
+//!   sharing the cache rebuilds its tables until it is updated. It is written to a temporary file and renamed, so a
 //!   reader in another process never sees half a file. An entry that is
 //!   truncated, altered, not wholly decoded or holds a grid that fails
 //!   [`Grid::is_consistent`](crate::interp::Grid::is_consistent) is rebuilt
@@ -90,13 +94,17 @@ fn hash_tree(h: &mut Xxh3, root: &Path, dir: &Path) {
 }
 
 /// The tag of data folder `dir` in its entries' names: 8 hex digits of the
-/// XXH3-64 of its canonical path (of the path as given when it cannot be
-/// resolved).
+/// XXH3-64 of the path as given, the string [`key`] hashes (the tables'
+/// provenance names it, so two paths to one folder are two entries).
 fn folder_tag(dir: &Path) -> String {
-    let path = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
-    let h = xxhash_rust::xxh3::xxh3_64(path.to_string_lossy().as_bytes());
+    let h = xxhash_rust::xxh3::xxh3_64(dir.display().to_string().as_bytes());
     format!("{:08x}", h >> 32)
 }
+
+/// Most entries kept of one kind, system and dtypes across data folders;
+/// beyond it the least recently used go (a read or a write marks an entry
+/// used, its modification time).
+const ENTRIES_PER_TABLE: usize = 4;
 
 /// The key of `kind` tables of `system` (`asked`: the dtypes) read from `dir`.
 fn key(dir: &Path, kind: &str, system: &str, asked: &str) -> String {
@@ -185,10 +193,8 @@ fn read<T: serde::de::DeserializeOwned + Consistent>(path: &Path) -> Option<T> {
     (used == payload.len() && v.consistent()).then_some(v)
 }
 
-/// Writes `v` to `path` through a temporary file and a rename, then removes the
-/// entries of the same kind, system, dtypes and data folder under other keys
-/// (superseded by a source change), and those of the same kind, system and
-/// dtypes named without a folder (the earlier format). Errors are ignored (the next run rebuilds) and leave no
+/// Writes `v` to `path` through a temporary file and a rename, then prunes
+/// the entries beside it ([`prune`]). Errors are ignored (the next run rebuilds) and leave no
 /// temporary file behind.
 fn write<T: serde::Serialize>(path: &Path, v: &T) {
     let Ok(payload) = bincode::serde::encode_to_vec(v, bincode::config::standard()) else {
@@ -217,8 +223,18 @@ fn write<T: serde::Serialize>(path: &Path, v: &T) {
         let _ = std::fs::remove_file(&tmp);
         return;
     }
-    // `<kind>-<system>-<dtypes>-<folder>-<key>.bin`: the same folder under
-    // another key, or the same kind, system and dtypes named without a folder
+    prune(parent, name);
+}
+
+/// Removes, beside entry `name` in `dir`: the entries of its kind, system,
+/// dtypes and folder under another key (superseded by a source change),
+/// those of its kind, system and dtypes named without a folder (the earlier
+/// format), and of the rest of its kind, system and dtypes all but the
+/// [`ENTRIES_PER_TABLE`] most recently used (`name` counted). Errors are
+/// ignored.
+fn prune(dir: &Path, name: &str) {
+    // `<kind>-<system>-<dtypes>-<folder>-<key>.bin`, parsed from the right
+    // (dtypes hold '-')
     let Some((folder_prefix, _)) = name.rsplit_once('-') else {
         return;
     };
@@ -227,19 +243,37 @@ fn write<T: serde::Serialize>(path: &Path, v: &T) {
     };
     let (prefix, folder_prefix) = (format!("{prefix}-"), format!("{folder_prefix}-"));
     let is_key = |k: &str| k.len() == 36 && k[..32].bytes().all(|b| b.is_ascii_hexdigit());
-    let Ok(rd) = std::fs::read_dir(parent) else {
+    let is_tagged = |k: &str| {
+        k.len() == 45
+            && k.as_bytes()[8] == b'-'
+            && k[..8].bytes().all(|b| b.is_ascii_hexdigit())
+            && is_key(&k[9..])
+    };
+    let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
+    let mut others = Vec::new();
     for e in rd.flatten() {
         let other = e.file_name();
         let Some(other) = other.to_str() else {
             continue;
         };
+        if other == name || !other.ends_with(".bin") {
+            continue;
+        }
         let superseded = other.strip_prefix(&folder_prefix).is_some_and(is_key)
             || other.strip_prefix(&prefix).is_some_and(is_key);
-        if other != name && other.ends_with(".bin") && superseded {
+        if superseded {
             let _ = std::fs::remove_file(e.path());
+        } else if other.strip_prefix(&prefix).is_some_and(is_tagged) {
+            let used = e.metadata().and_then(|m| m.modified()).ok();
+            others.push((used, e.path()));
         }
+    }
+    // newest first; `name` is the newest of all
+    others.sort_by(|a, b| b.0.cmp(&a.0));
+    for (_, path) in others.iter().skip(ENTRIES_PER_TABLE.saturating_sub(1)) {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -270,6 +304,11 @@ fn cached<T: serde::Serialize + serde::de::DeserializeOwned + Consistent>(
         key(dir, kind, system, asked)
     ));
     if let Some(v) = read(&path) {
+        // marks it used ([`ENTRIES_PER_TABLE`]); a failure costs nothing
+        let _ = std::fs::File::options()
+            .append(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()));
         return Ok((v, Hit::Cached));
     }
     let v = build()?;
@@ -407,7 +446,8 @@ mod tests {
     }
 
     #[test]
-    fn two_data_folders_keep_an_entry_each_and_an_unfoldered_entry_is_superseded() {
+    fn data_folders_keep_an_entry_each_the_least_used_beyond_four_go_and_an_unfoldered_one_is_superseded(
+    ) {
         let Some(src) = data() else { return };
         // the same GPU's data in two folders (two checkouts), read in turns
         let cache = tempfile::tempdir().unwrap();
@@ -447,14 +487,39 @@ mod tests {
             "0".repeat(32)
         ));
         std::fs::write(&unfoldered, b"an earlier build's entry").unwrap();
+        // entries of four folders that are gone, last used 1 to 4 days ago
+        let day = std::time::Duration::from_secs(86_400);
+        let gone: Vec<PathBuf> = (1..=4u64)
+            .map(|d| {
+                let p = cache.path().join(format!(
+                    "kernels-a100_sxm-bfloat16-bfloat16-{:08x}-{}.bin",
+                    d,
+                    "0".repeat(32)
+                ));
+                std::fs::write(&p, b"a gone folder's entry").unwrap();
+                let f = std::fs::File::options().append(true).open(&p).unwrap();
+                let used = std::time::SystemTime::now() - day * u32::try_from(d).unwrap();
+                f.set_modified(used).unwrap();
+                p
+            })
+            .collect();
         // a source change in one folder rebuilds that folder's entry and
-        // removes its superseded one and the unfoldered one, not the other's
+        // removes its superseded one and the unfoldered one, not the
+        // other's; of the six left, the four used last stay
         let yaml = a.path().join("a100_sxm.yaml");
         let mut y = std::fs::read_to_string(&yaml).unwrap();
         y.push_str("\n# edited\n");
         std::fs::write(&yaml, y).unwrap();
         assert_eq!(load(a.path()), Hit::Built);
         assert!(!unfoldered.exists(), "the unfoldered entry is superseded");
+        assert!(
+            gone[0].exists() && gone[1].exists(),
+            "used 1 and 2 days ago"
+        );
+        assert!(
+            !gone[2].exists() && !gone[3].exists(),
+            "used 3 and 4 days ago"
+        );
         assert_eq!(load(b.path()), Hit::Cached);
         let kernels = std::fs::read_dir(cache.path())
             .unwrap()
@@ -464,6 +529,7 @@ mod tests {
                     .starts_with("kernels-a100_sxm-bfloat16-bfloat16-")
             })
             .count();
-        assert_eq!(kernels, 2);
+        assert_eq!(kernels, ENTRIES_PER_TABLE);
+        assert!(other_kind.exists(), "another kind's entry is not pruned");
     }
 }

@@ -448,10 +448,12 @@ impl LlmArch {
     /// `tp` divides the query heads, and divides the KV heads or is a
     /// multiple of them (each KV head then replicated on `tp / kv_heads`
     /// ranks). vLLM's rule: `ModelConfig.verify_with_parallel_config`
-    /// refuses a TP that does not divide `num_attention_heads`, and
-    /// `get_num_kv_heads` replicates KV heads when TP exceeds them. Unlike
-    /// [`LlmArch::executor_tp`], MLP widths and experts are not checked (an
-    /// MoE layer may take EP instead).
+    /// refuses a TP that does not divide `num_attention_heads`, and its
+    /// `QKVParallelLinear` divides the KV heads by TP, or replicates them
+    /// when TP is a multiple of them. vLLM also splits the dense MLP width
+    /// by TP; that is not checked here (every preset's width divides 8), nor
+    /// are experts (an MoE layer may take EP), unlike
+    /// [`LlmArch::executor_tp`].
     pub fn serving_tp(&self) -> Vec<usize> {
         allowed_tp(self.heads as usize, self.kv_heads as usize, &[])
     }

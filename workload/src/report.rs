@@ -960,7 +960,7 @@ impl Report {
                 (None, Some(t)) => format!("add {t}"),
                 (None, None) => match c.change {
                     easerve_sched::Change::SetBatch { max_batch } => format!("set B = {max_batch}"),
-                    easerve_sched::Change::SetOffload { s } => format!("set s = {s}"),
+                    easerve_sched::Change::SetOffload { s } => format!("set s = {s:.3}"),
                     other => format!("{other:?}"),
                 },
             };

@@ -399,18 +399,41 @@ pub struct ServingKnobs {
 }
 
 /// Blame error `e` on the `--set KEY=VALUE` that set its field (the key
-/// itself, or a table or array the key is inside), naming it in the error's
-/// file as [`Overrides::attribute`] names a flag; `e` unchanged when no set
-/// did (the last set of the field wins, as when they were applied).
+/// itself, or a table or array the key is inside; an array element as
+/// `groups.1` or, for a set of every element, `buckets.frames`), naming it in
+/// the error's file as [`Overrides::attribute`] names a flag; `e` unchanged
+/// when no set did (the last set of the field wins, as when they were
+/// applied).
 fn attribute_sets(mut e: ScenarioError, sets: &[(String, String)]) -> ScenarioError {
-    let from_set = sets.iter().rev().find(|(key, _)| {
-        let under = |f: &str| {
-            f == key.as_str()
-                || f.strip_prefix(key.as_str())
-                    .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('['))
-        };
-        under(&e.field)
-    });
+    // `cluster.groups[1].nodes` as a set names it: `cluster.groups.1.nodes`,
+    // and every element's `cluster.groups.nodes`
+    let mut indexed = String::with_capacity(e.field.len());
+    let mut every = String::with_capacity(e.field.len());
+    let mut in_index = false;
+    for c in e.field.chars() {
+        match c {
+            '[' => {
+                indexed.push('.');
+                in_index = true;
+            }
+            ']' => in_index = false,
+            c => {
+                indexed.push(c);
+                if !in_index {
+                    every.push(c);
+                }
+            }
+        }
+    }
+    let under = |key: &str, f: &str| {
+        f == key
+            || f.strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with('.'))
+    };
+    let from_set = sets
+        .iter()
+        .rev()
+        .find(|(key, _)| under(key, &indexed) || under(key, &every));
     if let Some((key, value)) = from_set {
         e.file = format!(
             "{} (with --set {key}={value} from the command line)",
@@ -445,11 +468,12 @@ impl Scenario {
         overrides: &Overrides,
     ) -> Result<ScenarioFile, ScenarioError> {
         let file = path.display().to_string();
-        let mut text = easerve_calib::input::read_text(path).map_err(|e| ScenarioError {
+        let original = easerve_calib::input::read_text(path).map_err(|e| ScenarioError {
             file: file.clone(),
             field: "(file)".into(),
             message: format!("cannot read the scenario file: {e}"),
         })?;
+        let mut text = original.clone();
         if !sets.is_empty() {
             let set_err = |key: &str, message: String| ScenarioError {
                 file: format!("{file} (with --set {key})"),
@@ -480,15 +504,20 @@ impl Scenario {
             if sets.is_empty() {
                 return e;
             }
-            // the text parsed is the file with the sets applied, written
-            // anew: its line numbers are not the file's
-            let mut e = attribute_sets(e, sets);
-            if let Some(at) = e.message.rfind(" (line ") {
-                if e.message.ends_with(')') {
-                    e.message.truncate(at);
+            let e = attribute_sets(e, sets);
+            if e.file != file {
+                // the text parsed is the file with the sets applied, written
+                // anew: its line numbers are not the file's
+                let mut e = e;
+                if let Some(at) = e.message.rfind(" (line ") {
+                    if e.message.ends_with(')') {
+                        e.message.truncate(at);
+                    }
                 }
+                return e;
             }
-            e
+            // not a set's: the file's own error, with the file's line
+            ScenarioFile::parse(&original, &file).err().unwrap_or(e)
         })?;
         raw.apply(overrides);
         Ok(raw)

@@ -91,26 +91,43 @@ pub(super) fn check_allocation(
 
 /// The prefill and decode workers' TP splits the LLM's attention heads
 /// ([`easerve_model::LlmArch::serving_tp`], vLLM's rule): `Err` names the
-/// stage, the model's heads and the degrees allowed. Checked after the
-/// placement on node groups, so a TP larger than a node is refused as that.
+/// stage, the model's heads and the degrees allowed up to `gpus` (the
+/// cluster's). Checked after the placement on node groups, so a TP larger
+/// than a node is refused as that.
 pub(super) fn check_llm_tp(
     v: &V<'_>,
     allocation: &Allocation,
     model: &ModelArch,
+    gpus: u32,
 ) -> Result<(), ScenarioError> {
-    let allowed = model.llm.serving_tp();
+    let serving = model.llm.serving_tp();
     for (stage, pool) in [
         ("prefill", allocation.prefill),
         ("decode", allocation.decode),
     ] {
-        if pool.workers > 0 && !allowed.contains(&(pool.tp as usize)) {
-            return Err(v.err("deployment.allocation", format!(
-                "{stage} at TP{} does not split {}'s {} attention heads and {} KV heads (a serving engine refuses a TP that does not divide the heads; KV heads are replicated when TP is a multiple of them); allowed TP: {allowed:?}",
-                pool.tp, model.name, model.llm.heads, model.llm.kv_heads
-            )));
+        if pool.workers > 0 && !serving.contains(&(pool.tp as usize)) {
+            return Err(v.err(
+                "deployment.allocation",
+                tp_does_not_split(&format!("{stage} at TP{}", pool.tp), model, &serving, gpus),
+            ));
         }
     }
     Ok(())
+}
+
+/// Why `what` (a worker at a TP outside `serving`, the LLM's
+/// [`easerve_model::LlmArch::serving_tp`]) cannot be served, and the degrees
+/// allowed up to `gpus`.
+fn tp_does_not_split(what: &str, model: &ModelArch, serving: &[usize], gpus: u32) -> String {
+    let allowed: Vec<usize> = serving
+        .iter()
+        .copied()
+        .filter(|&t| t <= gpus as usize)
+        .collect();
+    format!(
+        "{what} does not split {}'s {} attention heads and {} KV heads (a serving engine refuses a TP that does not divide the heads; KV heads are replicated when TP is a multiple of them); allowed TP up to the cluster's {gpus} GPUs: {allowed:?}",
+        model.name, model.llm.heads, model.llm.kv_heads
+    )
 }
 
 /// What a worker's GPUs must hold: the LLM's weights (and the encoder's,
@@ -246,6 +263,13 @@ impl<'a> Fit<'a> {
                     format!("{tp} is not a TP degree: use a power of two ≤ cluster.gpus ({gpus})"),
                 ));
             }
+            let serving = model.llm.serving_tp();
+            if !serving.contains(&(tp as usize)) {
+                return Err(v.err(
+                    "deployment.aggregated_tp",
+                    tp_does_not_split(&format!("a replica at TP{tp}"), model, &serving, gpus),
+                ));
+            }
             if self.fits(tp.into(), model.encoder_weight_bytes()).is_none() {
                 return Err(v.err(
                     "deployment.aggregated_tp",
@@ -257,9 +281,10 @@ impl<'a> Fit<'a> {
             }
             Some(tp)
         } else if system == System::Aggregated {
+            let serving = model.llm.serving_tp();
             let tp = [1u32, 2, 4, 8, 16, 32]
                 .into_iter()
-                .filter(|tp| *tp <= gpus)
+                .filter(|tp| *tp <= gpus && serving.contains(&(*tp as usize)))
                 .find(|&tp| self.fits(tp.into(), model.encoder_weight_bytes()).is_some())
                 .ok_or_else(|| {
                     v.err(
@@ -290,9 +315,10 @@ impl<'a> Fit<'a> {
         let offload = dep.offload;
         let local_prefill_tp = if offload < 1.0 {
             let e_gpus = allocation.encode.gpus();
+            let serving = model.llm.serving_tp();
             let tp = [1u32, 2, 4, 8, 16]
                 .into_iter()
-                .filter(|tp| *tp <= e_gpus)
+                .filter(|tp| *tp <= e_gpus && serving.contains(&(*tp as usize)))
                 .find(|&tp| self.fits(tp.into(), model.encoder_weight_bytes()).is_some())
                 .ok_or_else(|| {
                     v.err(

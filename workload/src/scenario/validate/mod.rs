@@ -118,7 +118,7 @@ impl Scenario {
                 )?)
             }
         };
-        check_llm_tp(&v, &deployment.allocation, &model)?;
+        check_llm_tp(&v, &deployment.allocation, &model, gpus)?;
 
         let preprocess_threads = preprocess_section(&raw, &v, system, &gpu, gpus)?;
         check_baseline(&v, system, workload.modality, preprocess_threads.is_some())?;
