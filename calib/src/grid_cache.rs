@@ -271,7 +271,7 @@ fn prune(dir: &Path, name: &str) {
         }
     }
     // newest first; `name` is the newest of all
-    others.sort_by(|a, b| b.0.cmp(&a.0));
+    others.sort_by_key(|o| std::cmp::Reverse(o.0));
     for (_, path) in others.iter().skip(ENTRIES_PER_TABLE.saturating_sub(1)) {
         let _ = std::fs::remove_file(path);
     }
