@@ -554,6 +554,33 @@ pub struct ChangeRecord {
     pub failure: Option<String>,
 }
 
+impl ChangeRecord {
+    /// The change as the text report's "Planner" section lists it: when
+    /// (`  at 900 s`) and what, with how long it took (`add P1 (1.4 s)`,
+    /// `remove D2 (1.5 s)`, `P1 -> D1 (…)`, `set s = 0.400 (at once)`,
+    /// `set B = 4 (at once)`).
+    pub fn text_line(&self) -> (String, String) {
+        let what = match (&self.from, &self.to) {
+            (Some(f), Some(t)) => format!("{f} -> {t}"),
+            (Some(f), None) => format!("remove {f}"),
+            (None, Some(t)) => format!("add {t}"),
+            (None, None) => match self.change {
+                easerve_sched::Change::SetBatch { max_batch } => format!("set B = {max_batch}"),
+                easerve_sched::Change::SetOffload { s } => format!("set s = {s:.3}"),
+                other => format!("{other:?}"),
+            },
+        };
+        let end = self.ready_at.or(self.stopped_at);
+        let took = match (self.failed_at, end) {
+            (Some(f), _) => format!("failed loading at {f:.1} s"),
+            (None, Some(e)) => format!("{:.1} s", e - self.at),
+            (None, None) if self.from.is_none() && self.to.is_none() => "at once".into(),
+            (None, None) => "-".into(),
+        };
+        (format!("  at {:.0} s", self.at), format!("{what} ({took})"))
+    }
+}
+
 /// What a run reused: the reuse its workload offers and each cache's hits.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReuseReport {
@@ -954,28 +981,8 @@ impl Report {
         }
         line(s, "Changes:", p.changes.len().to_string());
         for c in &p.changes {
-            let what = match (&c.from, &c.to) {
-                (Some(f), Some(t)) => format!("{f} -> {t}"),
-                (Some(f), None) => format!("remove {f}"),
-                (None, Some(t)) => format!("add {t}"),
-                (None, None) => match c.change {
-                    easerve_sched::Change::SetBatch { max_batch } => format!("set B = {max_batch}"),
-                    easerve_sched::Change::SetOffload { s } => format!("set s = {s:.3}"),
-                    other => format!("{other:?}"),
-                },
-            };
-            let end = c.ready_at.or(c.stopped_at);
-            let took = match (c.failed_at, end) {
-                (Some(f), _) => format!("failed loading at {f:.1} s"),
-                (None, Some(e)) => format!("{:.1} s", e - c.at),
-                (None, None) if c.from.is_none() && c.to.is_none() => "at once".into(),
-                (None, None) => "-".into(),
-            };
-            line(
-                s,
-                &format!("  at {:.0} s", c.at),
-                format!("{what} ({took})"),
-            );
+            let (when, what) = c.text_line();
+            line(s, &when, what);
         }
     }
 
@@ -1307,6 +1314,32 @@ mod tests {
         assert_eq!(wrap("short", 100, "  "), vec!["short"]);
         let long = "x".repeat(150);
         assert_eq!(wrap(&long, 100, "  "), vec![long.clone()]);
+    }
+
+    #[test]
+    fn planner_changes_read_in_the_field_s_terms() {
+        let change = |change, from: Option<&str>, to: Option<&str>, ready: Option<f64>| {
+            ChangeRecord {
+                at: 900.0,
+                change,
+                from: from.map(str::to_string),
+                to: to.map(str::to_string),
+                stopped_at: None,
+                ready_at: ready,
+                failed_at: None,
+                failure: None,
+            }
+            .text_line()
+        };
+        use easerve_sched::Change;
+        // s' = 0.2 · 3 / 1 is not 0.6 in binary
+        let s = change(Change::SetOffload { s: 0.2 * 3.0 }, None, None, None);
+        assert_eq!(s, ("  at 900 s".into(), "set s = 0.600 (at once)".into()));
+        let b = change(Change::SetBatch { max_batch: 4 }, None, None, None);
+        assert_eq!(b.1, "set B = 4 (at once)");
+        let w = easerve_sched::WorkerRef::Prefill(1);
+        let add = change(Change::Start { worker: w }, None, Some("P1"), Some(901.4));
+        assert_eq!(add.1, "add P1 (1.4 s)");
     }
 
     #[test]
