@@ -242,12 +242,13 @@ fn prune(dir: &Path, name: &str) {
         return;
     };
     let (prefix, folder_prefix) = (format!("{prefix}-"), format!("{folder_prefix}-"));
-    let is_key = |k: &str| k.len() == 36 && k[..32].bytes().all(|b| b.is_ascii_hexdigit());
+    // what follows a prefix: `<32 hex>.bin` (a key), or `<8 hex>-<32 hex>.bin`
+    // (a folder and a key); read as bytes, so no name can split a character
+    let hex = |b: &[u8]| b.iter().all(u8::is_ascii_hexdigit);
+    let is_key = |k: &str| k.len() == 32 + 4 && hex(&k.as_bytes()[..32]);
     let is_tagged = |k: &str| {
-        k.len() == 45
-            && k.as_bytes()[8] == b'-'
-            && k[..8].bytes().all(|b| b.is_ascii_hexdigit())
-            && is_key(&k[9..])
+        let b = k.as_bytes();
+        b.len() == 8 + 1 + 32 + 4 && hex(&b[..8]) && b[8] == b'-' && hex(&b[9..41])
     };
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
