@@ -25,6 +25,7 @@ mod calib_cmd;
 mod capacity_cmd;
 mod deploy_cmd;
 mod exec_cmd;
+mod huge_pages;
 mod model_cmd;
 mod profile_cmd;
 mod reproduce_cmd;
@@ -36,6 +37,9 @@ use easerve_sched::WorkerRef;
 use easerve_workload::scenario::{Overrides, Scenario, System};
 use std::path::PathBuf;
 use std::process::ExitCode;
+
+#[global_allocator]
+static ALLOCATOR: huge_pages::HugePageHint = huge_pages::HugePageHint;
 
 /// Exit codes of a subcommand (`calib validate` states its own).
 const EXIT_CODES: &str = "Exit codes: 0 success; 1 internal error; 2 bad input (scenario, profile or arguments: the message names the file, the field and what is allowed) or an output file that cannot be written.";
