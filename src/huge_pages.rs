@@ -19,6 +19,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 
 /// Blocks at least this large are advised (bytes): one huge page on x86-64
 /// and on aarch64 with 4 KiB base pages.
+#[cfg(target_os = "linux")]
 const HUGE_PAGE: usize = 2 << 20;
 
 /// [`System`], advising large blocks to use transparent huge pages.
@@ -46,21 +47,28 @@ unsafe impl GlobalAlloc for HugePageHint {
 
 /// Marks the pages of `[ptr, ptr + size)` for huge pages when the block is
 /// large; returns `ptr`.
+#[cfg(target_os = "linux")]
 fn advise(ptr: *mut u8, size: usize) -> *mut u8 {
-    #[cfg(target_os = "linux")]
-    if !ptr.is_null() && size >= HUGE_PAGE {
-        // SAFETY: `sysconf` has no preconditions.
-        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-            p if p > 0 => p as usize,
-            _ => return ptr,
-        };
-        let start = ptr as usize & !(page - 1);
-        let end = (ptr as usize + size).div_ceil(page) * page;
-        // SAFETY: the range lies within the pages of a block the allocator
-        // just returned; MADV_HUGEPAGE changes no contents.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
-        }
+    if ptr.is_null() || size < HUGE_PAGE {
+        return ptr;
     }
+    // SAFETY: `sysconf` has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as usize,
+        _ => return ptr,
+    };
+    let start = ptr as usize & !(page - 1);
+    let end = (ptr as usize + size).div_ceil(page) * page;
+    // SAFETY: the range lies within the pages of a block the allocator just
+    // returned; MADV_HUGEPAGE changes no contents.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+    }
+    ptr
+}
+
+/// Elsewhere there is no `madvise(MADV_HUGEPAGE)`: the block is returned as is.
+#[cfg(not(target_os = "linux"))]
+fn advise(ptr: *mut u8, _size: usize) -> *mut u8 {
     ptr
 }
