@@ -5,15 +5,22 @@
 //! run: 3.3 GB of request records, workload and results). Where the kernel
 //! gives huge pages only on request (`/sys/kernel/mm/transparent_hugepage/
 //! enabled` = `madvise`, the common distribution default), each 4 KiB page
-//! of them is a separate page fault and TLB entry: 1,058,906 minor faults and
-//! 2.2 s of system time for that run on the 2-core build VM, 18,988 and 0.9 s
-//! with the blocks marked (docs/speed.md). Where the kernel's setting is
-//! `always` or `never`, the hint changes nothing.
+//! of them is a separate page fault and TLB entry. On the 2-core build VM
+//! (docs/speed.md, "Huge pages for large blocks") that run took 1,063,174–
+//! 1,065,594 minor faults and 2.26–2.28 s of system time without the hint,
+//! 106,487–106,770 faults and 1.15 s with it. Where the setting is `never`
+//! the hint changes nothing; where it is `always`, the hint changes only the
+//! defragmentation policy (with `defrag = madvise`, the default, a fault in
+//! an advised range may compact memory directly, a stall of its own).
 //!
-//! The advice covers the whole pages the block spans. A block of this size
-//! comes from its own `mmap` in glibc (or from the top of the heap), so the
-//! advice does not split the mapping, and `realloc` can still grow it in
-//! place with `mremap`. A failed `madvise` is ignored: it is a hint.
+//! The advice covers the whole pages the block spans. glibc serves a large
+//! block from a mapping of its own or, once its dynamic threshold has risen
+//! (up to 32 MiB), from the heap or an arena; advising part of the heap
+//! splits that mapping, which costs nothing. For a block of its own mapping,
+//! the advice starts at the mapping's start; for a size within 24 bytes
+//! below a page multiple the mapping's last page is left out, which splits
+//! it, and a later `realloc` of that block copies instead of remapping in
+//! place. A failed `madvise` is ignored (it is a hint; errno is left set).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
@@ -45,8 +52,9 @@ unsafe impl GlobalAlloc for HugePageHint {
     }
 }
 
-/// Marks the pages of `[ptr, ptr + size)` for huge pages when the block is
-/// large; returns `ptr`.
+/// Advises the pages of `[ptr, ptr + size)` (`size` in bytes) to use huge
+/// pages when `size` is at least [`HUGE_PAGE`]; returns `ptr`. A null `ptr`
+/// is returned as is, and a failed `madvise` is ignored.
 #[cfg(target_os = "linux")]
 fn advise(ptr: *mut u8, size: usize) -> *mut u8 {
     if ptr.is_null() || size < HUGE_PAGE {
