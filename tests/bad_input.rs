@@ -770,6 +770,35 @@ fn the_simulator_refuses_what_the_limits_refuse() {
     assert!(r.get("failed").is_none());
 }
 
+/// `scripts/has-vs-exhaustive` refuses a bad argument before building or
+/// searching: exit 2 and a message naming the flag and what is allowed.
+#[test]
+fn has_vs_exhaustive_refuses_bad_arguments_naming_the_flag() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--bogus"],
+            "allowed: --scenario FILE, --requests N, --rate R",
+        ),
+        (&["--rate", "0"], "--rate '0' is not a rate > 0"),
+        (&["--rate", "fast"], "--rate 'fast' is not a rate > 0"),
+        (&["--requests", "0"], "--requests '0' is not a count"),
+        (&["--bound", "two"], "--bound 'two' is not a fraction"),
+        (
+            &["--scenario", "no/such.toml"],
+            "no/such.toml: no such file",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = std::process::Command::new(root().join("scripts/has-vs-exhaustive"))
+            .args(*args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
 /// The study scripts refuse a bad argument before building or running
 /// anything: exit 2 and a message naming the flag and what is allowed.
 #[test]
