@@ -787,6 +787,7 @@ fn has_vs_exhaustive_refuses_bad_arguments_naming_the_flag() {
             &["--scenario", "no/such.toml"],
             "no/such.toml: no such file",
         ),
+        (&["--rate"], "has-vs-exhaustive: --rate needs a value"),
     ];
     for (args, needle) in cases {
         let out = std::process::Command::new(root().join("scripts/has-vs-exhaustive"))

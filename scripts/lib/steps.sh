@@ -1,5 +1,6 @@
-# Sourced by scripts/demand-agree and scripts/calib-loop: their argument
-# checks, and timed steps with their output in one log. Before sourcing, set
+# Sourced by scripts/demand-agree, scripts/calib-loop and
+# scripts/has-vs-exhaustive: their argument checks, and timed steps with
+# their output in one log. Before sourcing, set
 # `script` (the caller's name for its messages); before the first step, `log`
 # (the log file) and `steps` (the steps table).
 
