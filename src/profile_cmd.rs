@@ -18,7 +18,7 @@ use easerve_model::ModelArch;
 #[cfg(feature = "exec")]
 use easerve_worker::profiler::{profile_cpu, run_level_cpu, Plan, ProfileOptions};
 #[cfg(feature = "exec")]
-use easerve_worker::sharing::{run_sharing_process, sharing_demands};
+use easerve_worker::sharing::{group_windows, run_sharing_process, sharing_demands, sharing_groups};
 #[cfg(feature = "exec")]
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -65,7 +65,8 @@ pub(crate) struct ProfileArgs {
     /// Seconds of each window of the host-sharing measurement (cpu): the
     /// profile's `[host_sharing]` table, the executor's passes timed alone
     /// and with 1 to 2.5× the cores' threads of other busy worker processes
-    /// (8 windows; worker/src/sharing.rs). Default 3 for the full grid, 0
+    /// (8 windows), and with `--tp` degrees above 1 a TP k rank group's
+    /// (its `tp_rows`: 5 more windows at TP 2 on 2 cores; worker/src/sharing.rs). Default 3 for the full grid, 0
     /// (left out) with --quick.
     #[arg(long, value_name = "SECONDS")]
     host_sharing_secs: Option<f64>,
@@ -115,7 +116,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     let cores = a.cores.unwrap_or_else(cpu_cores);
     if let Some(threads) = a.level_threads {
         match a.level_sharing {
-            true => run_sharing_process(&arch, &opts, threads, opts.host_sharing_s)?,
+            true => run_sharing_process(&arch, &opts, threads, a.level_tp, opts.host_sharing_s)?,
             false => run_level_cpu(&arch, &opts, threads, cores, a.level_tp)?,
         }
         return Ok(ExitCode::SUCCESS);
@@ -142,12 +143,17 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
             .sum::<usize>()
         + plan.transfer_bytes.len()
         + (opts.tp.len() - 1) * plan.all_reduce_bytes.len()
-        + usize::from(opts.host_sharing_s > 0.0) * (2 + sharing_demands(cores).len());
+        + usize::from(opts.host_sharing_s > 0.0)
+            * (2 + sharing_demands(cores).len()
+                + (sharing_groups(cores, &opts.tp).into_iter())
+                    .map(|t| 1 + group_windows(cores, t).len())
+                    .sum::<usize>());
     let bar = progress_bar(total as u64);
     let exe = std::env::current_exe()?;
     let spawn = |threads: usize, tp: usize| level_command(&a, &exe, threads, cores, tp);
     let secs = opts.host_sharing_s;
-    let spawn_sharing = |threads: usize| sharing_command(&a, &exe, threads, cores, secs);
+    let spawn_sharing =
+        |threads: usize, tp: usize| sharing_command(&a, &exe, threads, tp, cores, secs);
     let profile = profile_cpu(
         &arch,
         &opts,
@@ -270,17 +276,19 @@ fn level_command(
     c
 }
 
-/// The command of one host-sharing process on `threads` threads timing
-/// its passes for `secs` seconds (a child `easerve profile`).
+/// The command of one host-sharing process on `threads` threads (a TP
+/// `tp` rank group's rank 0 when `tp` > 1) timing its passes for `secs`
+/// seconds (a child `easerve profile`).
 #[cfg(feature = "exec")]
 fn sharing_command(
     a: &ProfileArgs,
     exe: &std::path::Path,
     threads: usize,
+    tp: usize,
     cores: usize,
     secs: f64,
 ) -> Command {
-    let mut c = level_command(a, exe, threads, cores, 1);
+    let mut c = level_command(a, exe, threads, cores, tp);
     c.arg("--level-sharing")
         .args(["--host-sharing-secs", &secs.to_string()]);
     c

@@ -189,34 +189,45 @@ fn unknown_model_device_and_zero_repetitions_exit_2() {
     }
 }
 
-/// `--host-sharing-secs` (quick grid, windows of 0.3 s; about 10 s on 2
-/// cores): the `[host_sharing]` table has one row per demand from the
-/// cores to 3.5× them, every slowdown at least 1, and the simulator prices
-/// the CPU host's sharing with it and says so.
+/// `--host-sharing-secs` with `--tp 2` (quick grid, windows of 0.3 s;
+/// about 25 s in a debug build on 2 cores): the `[host_sharing]` table has
+/// one row per demand from the cores to 3.5× them, and rank-group rows of a
+/// TP 2 worker from the cores plus two up, every slowdown at least 1; the
+/// simulator prices the CPU host's sharing with the main rows, a TP 2
+/// worker's with its rows, and says so.
 #[test]
 fn quick_cpu_profile_measures_the_host_sharing_curve_that_the_twin_uses() {
     let _timed = crate::timed();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("hs.toml");
-    quick_tiny_image_profile(&out, &["--host-sharing-secs", "0.3"]);
+    quick_tiny_image_profile(&out, &["--host-sharing-secs", "0.3", "--tp", "2"]);
     let p = easerve_calib::Profile::load(&out).unwrap();
     let h = p.host_sharing().expect("a [host_sharing] table");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     assert_eq!(h.cores as usize, cores);
     let demands: Vec<f64> = h.rows().iter().map(|r| r.0).collect();
     assert_eq!(demands[0], cores as f64, "{demands:?}");
-    assert!(
-        *demands.last().unwrap() >= 3.0 * cores as f64,
-        "{demands:?}"
-    );
+    let top = *demands.last().unwrap();
+    assert!(top >= 3.0 * cores as f64, "{demands:?}");
     assert!(h.rows().iter().all(|r| r.1 >= 1.0 && r.1.is_finite()));
     assert!(h.method.contains("host load average"), "{}", h.method);
-    let sc = root().join("scenarios/cpu-image.toml");
-    let r = crate::sim_json(
-        &sc,
-        &["--profile", out.to_str().unwrap(), "--requests", "10"],
-    );
-    assert_eq!(r["completed"].as_u64(), Some(10), "{r}");
-    let notes = r["notes"].to_string();
-    assert!(notes.contains("measured [host_sharing] curve"), "{notes}");
+    let groups = h.tp_rows();
+    assert!(groups.iter().all(|r| r.0 == 2 && r.2 >= 1.0 && r.2.is_finite()), "{groups:?}");
+    let want: Vec<f64> = demands.iter().copied().filter(|&d| d >= cores as f64 + 2.0).collect();
+    assert_eq!(groups.iter().map(|r| r.1).collect::<Vec<_>>(), want);
+    assert!(h.method.contains("rank-group rows"), "{}", h.method);
+    let notes = |scenario: &str| {
+        let sc = root().join(scenario);
+        let r = crate::sim_json(
+            &sc,
+            &["--profile", out.to_str().unwrap(), "--requests", "10"],
+        );
+        assert_eq!(r["completed"].as_u64(), Some(10), "{r}");
+        r["notes"].to_string()
+    };
+    let n = notes("scenarios/cpu-image.toml");
+    assert!(n.contains("measured [host_sharing] curve"), "{n}");
+    assert!(!n.contains("rank-group rows"), "{n}");
+    let n = notes("scenarios/cpu-image-tp2.toml");
+    assert!(n.contains("rank-group rows (tp:demand:slowdown 2:"), "{n}");
 }

@@ -473,7 +473,7 @@ pub fn measure_level_tp(
 
 /// Rank 0's options of a TP `tp` worker of `role` the profiler starts (its
 /// ranks `1..tp` on `threads` threads each, on the CPU).
-fn rank0_options(
+pub(crate) fn rank0_options(
     arch: &ModelArch,
     opts: &ProfileOptions,
     role: easerve_exec::wire::Role,
@@ -771,7 +771,7 @@ pub enum LevelMessage {
 /// crate's level entry point with [`LevelMessage`] lines on stdout), loopback
 /// transfers and all-reduces in this process, then assemble and validate the
 /// profile; with `opts.host_sharing_s` > 0, the `[host_sharing]` table from
-/// processes started by `spawn_sharing(threads)`, which must run
+/// processes started by `spawn_sharing(threads, tp)`, which must run
 /// [`crate::sharing::run_sharing_process`].
 ///
 /// Errors: a level process that fails or prints no rows; a profile the validator
@@ -781,7 +781,7 @@ pub fn profile_cpu(
     opts: &ProfileOptions,
     cores: usize,
     spawn: &dyn Fn(usize, usize) -> Command,
-    spawn_sharing: &dyn Fn(usize) -> Command,
+    spawn_sharing: &dyn Fn(usize, usize) -> Command,
     progress: &mut dyn FnMut(&str),
     date: &str,
 ) -> Result<Profile, ProfilerError> {

@@ -22,11 +22,86 @@
 //! `(d_n, s_n)` the fair-share line `D / cores` times the last row's
 //! excess over it, `s_n · cores / d_n` (so the curve is continuous there).
 //! A table with no row above `cores` reads as the fair share, `D / cores`.
+//!
+//! **Rank groups.** A tensor-parallel worker's `k` rank processes meet at an
+//! all-reduce after every row-parallel projection, so a step goes at the
+//! pace of whichever rank the OS left waiting; under oversubscription that
+//! slows it more than an independent process of as many threads. The
+//! optional `tp_rows` hold that curve per degree, measured the same way
+//! with one TP `k` rank group (one thread per rank) among the busy
+//! processes, its slowdown the group's median pass time over the group
+//! alone:
+//!
+//! ```toml
+//! tp_columns = ["tp", "demand_threads", "slowdown"]
+//! tp_rows = [
+//!   [2, 4, 2.4],
+//!   [2, 5, 3.0],
+//! ]
+//! ```
+//!
+//! Rows are sorted by `tp` (≥ 2), then `demand_threads` strictly ascending
+//! within a degree. [`HostSharing::slowdown_tp`] reads a degree's rows as
+//! the main curve is read, anchored at `(max(cores, tp), 1)` (the group
+//! alone); a degree without rows reads the main curve.
 
 use super::ProfileError;
 
 /// The columns of a `[host_sharing]` table, in order.
 pub const HOST_SHARING_COLUMNS: [&str; 2] = ["demand_threads", "slowdown"];
+
+/// The columns of a `[host_sharing]` table's rank-group rows, in order.
+pub const HOST_SHARING_TP_COLUMNS: [&str; 3] = ["tp", "demand_threads", "slowdown"];
+
+/// The slowdown at `demand` of a curve of `rows` on `cores` cores that is 1
+/// up to `anchor` (module doc).
+fn read_curve(rows: &[(f64, f64)], anchor: f64, cores: f64, demand: f64) -> f64 {
+    if demand <= anchor {
+        return 1.0;
+    }
+    let mut lo = (anchor, 1.0);
+    for &(d, s) in rows.iter().filter(|r| r.0 > anchor) {
+        if demand <= d {
+            let w = (demand - lo.0) / (d - lo.0);
+            return (lo.1 + w * (s - lo.1)).max(1.0);
+        }
+        lo = (d, s);
+    }
+    if lo.0 <= anchor {
+        // no row above the anchor: fair share
+        return (demand / cores).max(1.0);
+    }
+    let excess = lo.1 * cores / lo.0;
+    (demand / cores * excess).max(1.0)
+}
+
+/// Validate one curve's rows: `(row index, message)` naming the field.
+fn check_rows(rows: &[(f64, f64)]) -> Result<(), (Option<usize>, String)> {
+    for (i, &(d, s)) in rows.iter().enumerate() {
+        if !(d.is_finite() && d >= 1.0) {
+            return Err((
+                Some(i),
+                format!("`demand_threads` = {d} must be finite and ≥ 1"),
+            ));
+        }
+        if !(s.is_finite() && s >= 1.0) {
+            return Err((
+                Some(i),
+                format!("`slowdown` = {s} must be finite and ≥ 1 (pass time busy over alone)"),
+            ));
+        }
+        if i > 0 && d <= rows[i - 1].0 {
+            return Err((
+                Some(i),
+                format!(
+                    "`demand_threads` = {d} after {}: rows must be sorted by `demand_threads`, strictly ascending",
+                    rows[i - 1].0
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// A host's measured oversubscription curve (module doc).
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +112,8 @@ pub struct HostSharing {
     pub method: String,
     /// `(demand_threads, slowdown)`, ascending in demand.
     rows: Vec<(f64, f64)>,
+    /// Per TP degree (ascending, ≥ 2), a rank group's rows.
+    tp_rows: Vec<(u32, Vec<(f64, f64)>)>,
 }
 
 impl HostSharing {
@@ -57,34 +134,55 @@ impl HostSharing {
         if rows.is_empty() {
             return Err((None, "`rows` is empty (at least one row)".into()));
         }
-        for (i, &(d, s)) in rows.iter().enumerate() {
-            if !(d.is_finite() && d >= 1.0) {
-                return Err((
-                    Some(i),
-                    format!("`demand_threads` = {d} must be finite and ≥ 1"),
-                ));
-            }
-            if !(s.is_finite() && s >= 1.0) {
-                return Err((
-                    Some(i),
-                    format!("`slowdown` = {s} must be finite and ≥ 1 (pass time busy over alone)"),
-                ));
-            }
-            if i > 0 && d <= rows[i - 1].0 {
-                return Err((
-                    Some(i),
-                    format!(
-                        "`demand_threads` = {d} after {}: rows must be sorted by `demand_threads`, strictly ascending",
-                        rows[i - 1].0
-                    ),
-                ));
-            }
-        }
+        check_rows(&rows)?;
         Ok(HostSharing {
             cores,
             method,
             rows,
+            tp_rows: Vec::new(),
         })
+    }
+
+    /// The curve with rank-group rows `tp_rows`: `(tp, demand_threads,
+    /// slowdown)`, sorted by `tp` (≥ 2), then by demand strictly ascending.
+    ///
+    /// Errors: `(row index in tp_rows, message)` naming the field.
+    pub fn with_tp_rows(
+        mut self,
+        tp_rows: &[(u32, f64, f64)],
+    ) -> Result<HostSharing, (Option<usize>, String)> {
+        let mut out: Vec<(u32, Vec<(f64, f64)>)> = Vec::new();
+        let mut first = 0;
+        for (i, &(tp, d, s)) in tp_rows.iter().enumerate() {
+            if tp < 2 {
+                return Err((Some(i), format!("`tp` = {tp} must be at least 2 (a rank group)")));
+            }
+            match out.last_mut() {
+                Some((t, rows)) if *t == tp => rows.push((d, s)),
+                Some((t, _)) if *t > tp => {
+                    return Err((
+                        Some(i),
+                        format!("`tp` = {tp} after {t}: rank-group rows must be sorted by `tp`"),
+                    ))
+                }
+                _ => {
+                    first = i;
+                    out.push((tp, vec![(d, s)]));
+                }
+            }
+            if let Some((_, rows)) = out.last() {
+                check_rows(rows).map_err(|(r, m)| (r.map(|r| first + r), m))?;
+            }
+        }
+        self.tp_rows = out;
+        Ok(self)
+    }
+
+    /// The rank-group rows, `(tp, demand_threads, slowdown)`.
+    pub fn tp_rows(&self) -> Vec<(u32, f64, f64)> {
+        (self.tp_rows.iter())
+            .flat_map(|(t, rows)| rows.iter().map(move |&(d, s)| (*t, d, s)))
+            .collect()
     }
 
     /// The rows, `(demand_threads, slowdown)`.
@@ -98,23 +196,25 @@ impl HostSharing {
     /// beyond the last row.
     pub fn slowdown(&self, demand: f64) -> f64 {
         let c = f64::from(self.cores);
-        if demand <= c {
-            return 1.0;
-        }
-        let mut lo = (c, 1.0);
-        for &(d, s) in self.rows.iter().filter(|r| r.0 > c) {
-            if demand <= d {
-                let w = (demand - lo.0) / (d - lo.0);
-                return (lo.1 + w * (s - lo.1)).max(1.0);
+        read_curve(&self.rows, c, c, demand)
+    }
+
+    /// How much slower a TP `tp` rank group's pass runs while busy workers
+    /// ask `demand` threads (module doc, "Rank groups"): its rows where the
+    /// profile measured the degree, else [`HostSharing::slowdown`].
+    pub fn slowdown_tp(&self, tp: u32, demand: f64) -> f64 {
+        match self.tp_rows.iter().find(|(t, _)| *t == tp) {
+            Some((t, rows)) => {
+                let c = f64::from(self.cores);
+                read_curve(rows, c.max(f64::from(*t)), c, demand)
             }
-            lo = (d, s);
+            None => self.slowdown(demand),
         }
-        if lo.0 <= c {
-            // no row above the cores: fair share
-            return demand / c;
-        }
-        let excess = lo.1 * c / lo.0;
-        (demand / c * excess).max(1.0)
+    }
+
+    /// Whether the curve has rank-group rows for `tp`.
+    pub fn has_tp(&self, tp: u32) -> bool {
+        self.tp_rows.iter().any(|(t, _)| *t == tp)
     }
 
     /// The table in the profile's canonical layout (after a blank line).
@@ -126,14 +226,24 @@ impl HostSharing {
             q(&self.method),
             HOST_SHARING_COLUMNS.map(q).join(", ")
         );
+        let demand = |d: f64| match d.fract() == 0.0 {
+            true => format!("{}", d as u64),
+            false => format!("{d:?}"),
+        };
         for (d, s) in &self.rows {
-            if d.fract() == 0.0 {
-                o.push_str(&format!("  [{}, {s:?}],\n", *d as u64));
-            } else {
-                o.push_str(&format!("  [{d:?}, {s:?}],\n"));
-            }
+            o.push_str(&format!("  [{}, {s:?}],\n", demand(*d)));
         }
         o.push_str("]\n");
+        if !self.tp_rows.is_empty() {
+            o.push_str(&format!(
+                "tp_columns = [{}]\ntp_rows = [\n",
+                HOST_SHARING_TP_COLUMNS.map(q).join(", ")
+            ));
+            for (t, d, s) in self.tp_rows() {
+                o.push_str(&format!("  [{t}, {}, {s:?}],\n", demand(d)));
+            }
+            o.push_str("]\n");
+        }
         o
     }
 
@@ -149,7 +259,7 @@ impl HostSharing {
             row,
             message,
         };
-        let allowed = ["cores", "method", "columns", "rows"];
+        let allowed = ["cores", "method", "columns", "rows", "tp_columns", "tp_rows"];
         if let Some(k) = t.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(err(
                 None,
@@ -182,14 +292,16 @@ impl HostSharing {
         let Some(rows) = t.get("rows").and_then(|v| v.as_array()) else {
             return Err(err(None, "`rows` must be an array of rows".into()));
         };
-        let mut out = Vec::with_capacity(rows.len());
-        for (i, r) in rows.iter().enumerate() {
-            let cells: Option<Vec<f64>> = r.as_array().and_then(|a| {
+        let cells = |r: &toml::Value| -> Option<Vec<f64>> {
+            r.as_array().and_then(|a| {
                 a.iter()
                     .map(|v| v.as_float().or_else(|| v.as_integer().map(|x| x as f64)))
                     .collect()
-            });
-            match cells.as_deref() {
+            })
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for (i, r) in rows.iter().enumerate() {
+            match cells(r).as_deref() {
                 Some(&[d, s]) => out.push((d, s)),
                 _ => {
                     return Err(err(
@@ -199,7 +311,43 @@ impl HostSharing {
                 }
             }
         }
-        HostSharing::new(cores, method, out).map_err(|(row, m)| err(row, m))
+        let curve = HostSharing::new(cores, method, out).map_err(|(row, m)| err(row, m))?;
+        let Some(tp_rows) = t.get("tp_rows") else {
+            if t.contains_key("tp_columns") {
+                return Err(err(None, "`tp_columns` without `tp_rows`".into()));
+            }
+            return Ok(curve);
+        };
+        let tp_columns: Option<Vec<&str>> = t
+            .get("tp_columns")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect());
+        if tp_columns.as_deref() != Some(&HOST_SHARING_TP_COLUMNS[..]) {
+            return Err(err(
+                None,
+                format!("`tp_columns` must be {HOST_SHARING_TP_COLUMNS:?}"),
+            ));
+        }
+        let Some(tp_rows) = tp_rows.as_array() else {
+            return Err(err(None, "`tp_rows` must be an array of rows".into()));
+        };
+        let mut tps = Vec::with_capacity(tp_rows.len());
+        for (i, r) in tp_rows.iter().enumerate() {
+            match cells(r).as_deref() {
+                Some(&[t, d, s]) if t.fract() == 0.0 && (2.0..=65536.0).contains(&t) => {
+                    tps.push((t as u32, d, s))
+                }
+                _ => {
+                    return Err(err(
+                        Some(i),
+                        "a `tp_rows` row must be [tp, demand_threads, slowdown], tp an integer in 2 ..= 65536".into(),
+                    ))
+                }
+            }
+        }
+        curve
+            .with_tp_rows(&tps)
+            .map_err(|(row, m)| err(row, format!("tp_rows: {m}")))
     }
 }
 
@@ -250,6 +398,35 @@ mod tests {
         assert!(HostSharing::new(0, String::new(), vec![(2.0, 1.0)]).is_err());
     }
 
+    #[test]
+    fn rank_group_rows_read_from_the_group_alone_and_fall_back_to_the_main_curve() {
+        let h = curve(&[(2.0, 1.0), (4.0, 1.5)])
+            .with_tp_rows(&[(2, 4.0, 2.5), (2, 6.0, 4.5), (4, 6.0, 2.0)])
+            .unwrap();
+        // TP 2 on 2 cores: 1 up to 2, then (2, 1) to (4, 2.5)
+        assert_eq!(h.slowdown_tp(2, 2.0), 1.0);
+        assert!((h.slowdown_tp(2, 3.0) - 1.75).abs() < 1e-12);
+        assert!((h.slowdown_tp(2, 5.0) - 3.5).abs() < 1e-12);
+        // beyond: D/2 × 4.5·2/6
+        assert!((h.slowdown_tp(2, 8.0) - 6.0).abs() < 1e-12);
+        // TP 4: alone at demand 4, 1 there
+        assert_eq!(h.slowdown_tp(4, 4.0), 1.0);
+        assert!((h.slowdown_tp(4, 5.0) - 1.5).abs() < 1e-12);
+        // no TP 8 rows: the main curve
+        assert_eq!(h.slowdown_tp(8, 4.0), h.slowdown(4.0));
+        assert!(h.has_tp(2) && !h.has_tp(8));
+        assert_eq!(h.tp_rows().len(), 3);
+        let bad = |rows: &[(u32, f64, f64)]| curve(&[(2.0, 1.0)]).with_tp_rows(rows).unwrap_err();
+        let e = bad(&[(1, 4.0, 2.0)]);
+        assert!(e.0 == Some(0) && e.1.contains("`tp`"), "{e:?}");
+        let e = bad(&[(4, 6.0, 2.0), (2, 4.0, 2.0)]);
+        assert!(e.0 == Some(1) && e.1.contains("sorted by `tp`"), "{e:?}");
+        let e = bad(&[(2, 4.0, 2.0), (4, 6.0, 2.0), (4, 5.0, 2.0)]);
+        assert!(e.0 == Some(2) && e.1.contains("strictly ascending"), "{e:?}");
+        let e = bad(&[(2, 4.0, 0.5)]);
+        assert!(e.1.contains("`slowdown`"), "{e:?}");
+    }
+
     /// A profile file with a `[host_sharing]` table reads back to the same
     /// curve and writes back byte-identical; a bad row is refused naming
     /// the table, the row and the field.
@@ -290,5 +467,31 @@ mod tests {
         assert!(e.contains("`cores`"), "{e}");
         let e = bad("\"slowdown\"]", "\"speed\"]");
         assert!(e.contains("`columns`"), "{e}");
+        // with rank-group rows
+        let p = p.with_host_sharing(Some(
+            curve(&[(2.0, 1.0), (3.0, 2.25)])
+                .with_tp_rows(&[(2, 4.0, 2.5), (2, 5.0, 3.25)])
+                .unwrap(),
+        ));
+        let text = p.to_toml_string();
+        assert!(text.contains("tp_rows = [\n  [2, 4, 2.5],\n  [2, 5, 3.25],\n]\n"), "{text}");
+        let q = Profile::from_toml_str(&text, "mem").unwrap();
+        assert_eq!(q.host_sharing(), p.host_sharing());
+        assert_eq!(q.to_toml_string(), text);
+        let bad = |from: &str, to: &str| {
+            let t = text.replace(from, to);
+            assert_ne!(t, text, "{from}");
+            Profile::from_toml_str(&t, "bad.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        let e = bad("  [2, 5, 3.25],", "  [1, 5, 3.25],");
+        assert!(e.contains("bad.toml") && e.contains("tp_rows") && e.contains("tp"), "{e}");
+        let e = bad("  [2, 5, 3.25],", "  [2, 3, 3.25],");
+        assert!(e.contains("strictly ascending"), "{e}");
+        let e = bad("  [2, 5, 3.25],", "  [2, 5],");
+        assert!(e.contains("[tp, demand_threads, slowdown]"), "{e}");
+        let e = bad("tp_columns = [\"tp\", ", "tp_columns = [");
+        assert!(e.contains("`tp_columns`"), "{e}");
     }
 }

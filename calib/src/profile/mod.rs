@@ -17,6 +17,7 @@
 //! | `all_reduce` (optional)  | `tp`, `bytes`                 | `median`, optional `p90`                |
 //! | `encode_tp` (optional)   | `tp` (≥ 2), `batch`, `encoder_tokens` | as `encode`                     |
 //! | `host_sharing` (optional, CPU) | `demand_threads`               | `slowdown` (no unit; [`HostSharing`]) |
+//! | `host_sharing`'s `tp_rows` (optional) | `tp` (≥ 2), `demand_threads` | a rank group's `slowdown` |
 //!
 //! `batch` of encode counts items (images, videos, audio clips) in one pass;
 //! `encoder_tokens` is tokens per item; `tokens` of prefill is the batch's
@@ -52,7 +53,7 @@ pub use format::{
     PrefillBatching, Profile, ProfileError, Provenance, Source, Stage, Table, TimeUnit,
     FORMAT_VERSION, MONOTONE_TOLERANCE,
 };
-pub use host_sharing::{HostSharing, HOST_SHARING_COLUMNS};
+pub use host_sharing::{HostSharing, HOST_SHARING_COLUMNS, HOST_SHARING_TP_COLUMNS};
 pub use make::{monotone_envelope, monotone_envelope_columns, synthetic_item, GridSpec};
 
 impl Profile {

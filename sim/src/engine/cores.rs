@@ -44,13 +44,18 @@ use easerve_sched::cpu::{self, CpuSlot};
 use easerve_sched::{Topology, WorkerRef};
 use easerve_workload::Scenario;
 
-/// How much slower every pass on a host of `cores` cores runs while its busy
-/// workers ask `demand` cores: the measured `curve` where given, else 1 up
-/// to `cores`, then `demand / cores` (processor sharing: each progresses at
+/// How much slower a pass of a worker of `ranks` rank processes on a host
+/// of `cores` cores runs while its busy workers ask `demand` cores: the
+/// measured `curve` where given (a rank group's rows for `ranks` > 1 where
+/// it has them, see [`HostSharing::slowdown_tp`]), else 1 up to `cores`,
+/// then `demand / cores` (processor sharing: each progresses at
 /// `cores / demand` of its speed).
-fn sharing_slowdown(demand: usize, cores: usize, curve: Option<&HostSharing>) -> f64 {
+fn sharing_slowdown(demand: usize, cores: usize, curve: Option<&HostSharing>, ranks: usize) -> f64 {
     if let Some(c) = curve {
-        return c.slowdown(demand as f64);
+        return match ranks {
+            0 | 1 => c.slowdown(demand as f64),
+            r => c.slowdown_tp(r as u32, demand as f64),
+        };
     }
     if demand <= cores {
         1.0
@@ -92,6 +97,9 @@ pub(super) struct HostCores {
     total: usize,
     /// The profile's measured curve, when it prices the sharing.
     curve: Option<HostSharing>,
+    /// The rank counts of the running topology's TP workers that the curve
+    /// has rank-group rows for.
+    groups: Vec<usize>,
     /// Why a profile's curve is not used (another core count).
     curve_unused: Option<String>,
     meter: SlowdownMeter,
@@ -116,9 +124,15 @@ impl HostCores {
             ))),
             None => (None, None),
         };
+        let mut groups: Vec<usize> = (slots.iter().map(|s| s.ranks))
+            .filter(|&r| r > 1 && curve.as_ref().is_some_and(|c| c.has_tp(r as u32)))
+            .collect();
+        groups.sort_unstable();
+        groups.dedup();
         Some(HostCores {
             cores,
             source,
+            groups,
             threads: cpu::worker_threads(&slots, cores, None),
             running: slots.iter().map(|s| !s.standby).collect(),
             demand: vec![0; slots.len()],
@@ -141,9 +155,21 @@ impl HostCores {
         }
     }
 
-    /// The slowdown every pass on the host runs at now.
+    /// The slowdown a pass of a one-rank worker on the host runs at now.
     pub(super) fn slowdown(&self) -> f64 {
-        sharing_slowdown(self.total, self.cores, self.curve.as_ref())
+        sharing_slowdown(self.total, self.cores, self.curve.as_ref(), 1)
+    }
+
+    /// The slowdown worker `w`'s passes run at while the busy workers ask
+    /// `total` cores.
+    fn slowdown_at(&self, w: WorkerRef, total: usize) -> f64 {
+        let ranks = self.slots[self.index(w)].ranks;
+        sharing_slowdown(total, self.cores, self.curve.as_ref(), ranks)
+    }
+
+    /// The slowdown worker `w`'s passes run at now.
+    pub(super) fn slowdown_of(&self, w: WorkerRef) -> f64 {
+        self.slowdown_at(w, self.total)
     }
 
     /// Cores worker `w` asks while it runs a pass at SM share `share` on
@@ -153,9 +179,9 @@ impl HostCores {
         self.slots[k].ranks * cpu::pass_threads(self.threads[k], share)
     }
 
-    /// Worker `w` now asks `demand` cores (at `now`, seconds); the slowdown
-    /// before, when that changed it.
-    pub(super) fn set(&mut self, w: WorkerRef, demand: usize, now: f64) -> Option<f64> {
+    /// Worker `w` now asks `demand` cores (at `now`, seconds); the demand
+    /// before, when that changed the slowdown of any worker.
+    pub(super) fn set(&mut self, w: WorkerRef, demand: usize, now: f64) -> Option<usize> {
         let k = self.index(w);
         let before = self.slowdown();
         let m = &mut self.meter;
@@ -167,9 +193,15 @@ impl HostCores {
             }
         }
         m.since = now;
+        let total_before = self.total;
         self.total = self.total - self.demand[k] + demand;
         self.demand[k] = demand;
-        (self.slowdown() != before).then_some(before)
+        let curve = self.curve.as_ref();
+        let group_changed = self.groups.iter().any(|&r| {
+            sharing_slowdown(total_before, self.cores, curve, r)
+                != sharing_slowdown(self.total, self.cores, curve, r)
+        });
+        (self.slowdown() != before || group_changed).then_some(total_before)
     }
 
     /// Worker `w`'s process starts (a planner's load): on the stopped
@@ -229,8 +261,21 @@ impl HostCores {
         } else {
             1.0
         };
+        let groups = match self.groups.is_empty() {
+            true => String::new(),
+            false => {
+                let rows: Vec<String> = (c.tp_rows().into_iter())
+                    .filter(|(t, _, _)| self.groups.contains(&(*t as usize)))
+                    .map(|(t, d, s)| format!("{t}:{d}:{s:.2}"))
+                    .collect();
+                format!(
+                    "; a tensor-parallel worker's passes by the curve's rank-group rows instead (tp:demand:slowdown {}; 1 up to the group alone, then as the curve)",
+                    rows.join(" ")
+                )
+            }
+        };
         format!(
-            "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends), measured by: {}; slowdown in force while a worker was busy: mean {mean:.2}, highest {:.2} at demand {}",
+            "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends){groups}, measured by: {}; slowdown in force while a one-rank worker was busy: mean {mean:.2}, highest {:.2} at demand {}",
             rows.join(" "),
             c.method,
             m.max.0.max(1.0),
@@ -240,9 +285,16 @@ impl HostCores {
 }
 
 impl Sim<'_> {
-    /// The host-core slowdown in force (1 off the `cpu` device).
+    /// The host-core slowdown in force for a one-thread, one-rank phase
+    /// (an encode pass's serial preprocessing; 1 off the `cpu` device).
     pub(super) fn host_slowdown(&self) -> f64 {
         self.host.as_ref().map_or(1.0, HostCores::slowdown)
+    }
+
+    /// The host-core slowdown in force for worker `w`'s passes (1 off the
+    /// `cpu` device).
+    pub(super) fn host_slowdown_of(&self, w: WorkerRef) -> f64 {
+        self.host.as_ref().map_or(1.0, |h| h.slowdown_of(w))
     }
 
     /// Worker `w` now asks `demand` cores of the host: when that changes
@@ -264,13 +316,14 @@ impl Sim<'_> {
         self.ask_cores(w, demand);
     }
 
-    /// The slowdown changed from `before`: every unit of work in flight on
-    /// the host keeps what it has done and runs the rest at the new rate.
-    fn retime(&mut self, before: f64) {
+    /// The slowdown changed from the busy workers' demand `before`: every
+    /// unit of work in flight on the host keeps what it has done and runs
+    /// the rest at the new rate.
+    fn retime(&mut self, before: usize) {
         let now = self.now;
-        let after = self.host_slowdown();
+        let serial = self.host_slowdown();
         for w in 0..self.encode.len() {
-            self.retime_host_phase(w, after);
+            self.retime_host_phase(w, serial);
             self.rerate_encode(w);
         }
         for p in 0..self.prefill.len() {
@@ -279,8 +332,13 @@ impl Sim<'_> {
             }
         }
         for d in 0..self.decode.len() {
+            let w = WorkerRef::Decode(d);
+            let Some(h) = self.host.as_ref() else {
+                return;
+            };
+            let (before, after) = (h.slowdown_at(w, before), h.slowdown_of(w));
             let worker = &mut self.decode[d];
-            if worker.run.is_none() {
+            if worker.run.is_none() || before == after {
                 continue;
             }
             for e in worker.ends.iter_mut().filter(|e| **e > now) {
@@ -323,15 +381,15 @@ mod tests {
 
     #[test]
     fn passes_share_the_cores_they_ask_for() {
-        assert_eq!(sharing_slowdown(1, 1, None), 1.0);
-        assert_eq!(sharing_slowdown(2, 1, None), 2.0);
-        assert_eq!(sharing_slowdown(2, 2, None), 1.0);
-        assert_eq!(sharing_slowdown(5, 2, None), 2.5);
-        assert_eq!(sharing_slowdown(0, 2, None), 1.0);
+        assert_eq!(sharing_slowdown(1, 1, None, 1), 1.0);
+        assert_eq!(sharing_slowdown(2, 1, None, 1), 2.0);
+        assert_eq!(sharing_slowdown(2, 2, None, 1), 1.0);
+        assert_eq!(sharing_slowdown(5, 2, None, 1), 2.5);
+        assert_eq!(sharing_slowdown(0, 2, None, 1), 1.0);
         let curve = HostSharing::new(2, "m".into(), vec![(2.0, 1.0), (4.0, 3.0)]).unwrap();
-        assert_eq!(sharing_slowdown(2, 2, Some(&curve)), 1.0);
-        assert_eq!(sharing_slowdown(3, 2, Some(&curve)), 2.0);
-        assert_eq!(sharing_slowdown(4, 2, Some(&curve)), 3.0);
+        assert_eq!(sharing_slowdown(2, 2, Some(&curve), 1), 1.0);
+        assert_eq!(sharing_slowdown(3, 2, Some(&curve), 1), 2.0);
+        assert_eq!(sharing_slowdown(4, 2, Some(&curve), 1), 3.0);
     }
 
     /// `1E(TP1)+1P(TP1)+2D(TP1)` on a host of `cores` cores (each decode
@@ -461,5 +519,58 @@ mod tests {
             n.contains("cores/demand") && n.contains("of a 2-core host, not used on 1 cores"),
             "{n}"
         );
+    }
+
+    /// Rank groups: a profile whose curve has TP 2 rows prices a TP 2
+    /// worker's passes by them where the main curve (one-rank workers)
+    /// has none; the notes give the rows.
+    #[test]
+    fn a_tensor_parallel_worker_runs_at_its_rank_group_rows() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cpu-image-tp2.toml");
+        let sets: Vec<(String, String)> = [
+            ("cluster.gpus", "6"),
+            ("cluster.host_cores", "2"),
+            ("deployment.allocation", "1E(TP1)+1P(TP1)+2D(TP2)"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let base = Scenario::load_with(&path, &sets, &Default::default()).expect("valid");
+        let with_rows = |tp_rows: &[(u32, f64, f64)]| {
+            let mut sc = base.clone();
+            // one-rank workers: no slowdown up to demand 4
+            let curve = HostSharing::new(2, "a test curve".into(), vec![(4.0, 1.0)])
+                .unwrap()
+                .with_tp_rows(tp_rows)
+                .unwrap();
+            let p = sc.profile.take().expect("a profile");
+            sc.profile = Some(p.with_host_sharing(Some(curve)));
+            sc
+        };
+        let grouped = with_rows(&[(2, 4.0, 2.0), (2, 6.0, 3.0)]);
+        let plain = with_rows(&[]);
+        let sim = Sim::new(&grouped, grouped.cost(), false);
+        let mut h = HostCores::of(&grouped, &sim.topology).expect("a CPU host");
+        let (d0, d1) = (WorkerRef::Decode(0), WorkerRef::Decode(1));
+        assert_eq!(h.demand_at(d0, 1.0), 2, "two ranks of one thread");
+        assert_eq!(h.set(d1, 2, 0.0), None, "the group alone: 1");
+        assert_eq!(h.slowdown_of(d1), 1.0);
+        assert_eq!(h.set(d0, 2, 0.0), Some(2));
+        assert_eq!((h.slowdown_of(d0), h.slowdown_of(d1)), (2.0, 2.0));
+        assert_eq!(h.slowdown(), 1.0, "a one-rank worker at demand 4");
+        // in a run: two groups started together each take twice as long
+        let alone = run_ends(&grouped, &[(0, 0.0)])[0];
+        assert_eq!(alone, run_ends(&plain, &[(0, 0.0)])[0]);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
+        let both = run_ends(&grouped, &[(0, 0.0), (1, 0.0)]);
+        assert!(close(both[0], 2.0 * alone) && close(both[1], 2.0 * alone), "{both:?} {alone}");
+        let both = run_ends(&plain, &[(0, 0.0), (1, 0.0)]);
+        assert!(close(both[0], alone) && close(both[1], alone), "{both:?} {alone}");
+        let mut small = grouped.clone();
+        small.workload.requests = 4;
+        let notes = crate::engine::simulate(&small).report.notes;
+        let n = notes.iter().find(|n| n.starts_with("CPU host:")).expect("a note");
+        assert!(n.contains("rank-group rows") && n.contains("2:4:2.00 2:6:3.00"), "{n}");
     }
 }

@@ -874,7 +874,7 @@ impl<'a> Sim<'a> {
     fn encode_slowdown(&self, w: usize) -> f64 {
         match self.host {
             None => self.device_slowdown(w),
-            Some(_) => self.device_slowdown(w) * self.host_slowdown(),
+            Some(_) => self.device_slowdown(w) * self.host_slowdown_of(WorkerRef::Encode(w)),
         }
     }
 
@@ -1074,7 +1074,7 @@ impl<'a> Sim<'a> {
         }
         self.prefill[p].cached = cached;
         self.ask_cores_at(WorkerRef::Prefill(p), Some(share));
-        let dur = self.prefill_time(p, share) * self.host_slowdown();
+        let dur = self.prefill_time(p, share) * self.host_slowdown_of(WorkerRef::Prefill(p));
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].begin(now);
         }
@@ -1108,7 +1108,7 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let old_share = job.share;
         let progressed = (now - job.last_update) / job.dur;
-        let new_dur = self.prefill_time(p, new_share) * self.host_slowdown();
+        let new_dur = self.prefill_time(p, new_share) * self.host_slowdown_of(WorkerRef::Prefill(p));
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].add_sm_time((now - job.last_update) * old_share);
         }
@@ -1282,7 +1282,7 @@ impl<'a> Sim<'a> {
     /// are priced already (at least [`FIRST_DECODE_CHUNK`]), so a run cut
     /// short has at most about as many priced in vain as it ran.
     fn price_decode_chunk(&mut self, d: usize) {
-        let slow = self.host_slowdown();
+        let slow = self.host_slowdown_of(WorkerRef::Decode(d));
         let worker = &mut self.decode[d];
         let Some(run) = worker.run else {
             return;

@@ -58,7 +58,7 @@ impl Sim<'_> {
         }
         // on a CPU host: at the core sharing in force at its start
         self.ask_cores_at(WorkerRef::Replica(r), Some(1.0));
-        let slow = self.host_slowdown();
+        let slow = self.host_slowdown_of(WorkerRef::Replica(r));
         let t_enc = if self.items.is_empty() {
             0.0
         } else {
