@@ -64,6 +64,14 @@ pub trait StageCost: Send + Sync {
     }
     /// Moving `bytes` once over the GPU's link (embeddings, KV cache).
     fn transfer(&self, bytes: f64) -> f64;
+    /// Seconds a decode worker at TP `tp` spends landing one sequence's KV
+    /// cache of `tokens` positions at its first step (the executor reads it
+    /// from the wire and, at TP > 1, reshards it by heads and sends the
+    /// followers theirs): a measured CPU profile's `kv_land` table; 0 for
+    /// every other source (on GPUs the KV lands by the transfer itself).
+    fn kv_land(&self, _tp: u32, _tokens: u64) -> f64 {
+        0.0
+    }
     /// While two processes time-slice one GPU with no SM partition, each
     /// progresses at `0.5 / (1 + penalty)` of its exclusive rate.
     fn time_slice_penalty(&self) -> f64;

@@ -318,9 +318,9 @@ pub fn scale_stage(
             .ok_or_else(|| err("the profile has no encode table".into()))?,
         Stage::Prefill => profile.prefill_table(),
         Stage::Decode => profile.decode_table(),
-        Stage::Transfer | Stage::AllReduce | Stage::EncodeTp => {
+        Stage::Transfer | Stage::AllReduce | Stage::EncodeTp | Stage::KvLand => {
             return Err(err(
-                "transfer, all-reduce and encode_tp tables are not refined".into(),
+                "transfer, all-reduce, encode_tp and kv_land tables are not refined".into(),
             ))
         }
     };

@@ -150,6 +150,9 @@ pub struct Plan {
     /// 16, 64, 256 and 2048 rows (a decode step's batch up to the longest
     /// prefill of the grid).
     pub all_reduce_bytes: Vec<usize>,
+    /// Positions of one sequence's KV cache whose landing on a decode worker
+    /// is timed (the `kv_land` table; CPU).
+    pub kv_land_tokens: Vec<usize>,
 }
 
 impl Plan {
@@ -225,6 +228,7 @@ impl Plan {
                 (0..=8).map(|e| 1024 << (2 * e)).collect(),
                 vec![1024, 1 << 20],
             ),
+            kv_land_tokens: pick(vec![64, 256, 1024, 4096], vec![64, 1024]),
             all_reduce_bytes: pick(vec![1, 4, 16, 64, 256, 2048], vec![1, 512])
                 .into_iter()
                 .map(|rows| rows * arch.llm.hidden as usize * 4)
@@ -237,7 +241,7 @@ impl Plan {
         self.encode_batch.len() * self.encode_items.len()
             + self.prefill_tokens.len()
             + if with_decode {
-                self.decode_batch.len() * self.decode_context.len()
+                self.decode_batch.len() * self.decode_context.len() + self.kv_land_tokens.len()
             } else {
                 0
             }
@@ -257,6 +261,10 @@ pub struct LevelRows {
     /// splits): `[tp, batch, encoder_tokens, median, p90, t_pass, t_pre]`.
     #[serde(default)]
     pub encode_tp: Vec<Vec<f64>>,
+    /// KV landing rows (full level only, CPU): `[tp, tokens, median, p90]`
+    /// ([`time_kv_land`]).
+    #[serde(default)]
+    pub kv_land: Vec<Vec<f64>>,
 }
 
 /// Median and 90th percentile (nearest rank) of `xs`.
@@ -462,6 +470,24 @@ pub fn measure_level_tp(
                 progress(&format!("decode tp={tp} b={b} context={}", per * b));
             }
         }
+        let x: Tensor<B, 2> = Tensor::random([1, d], Distribution::Normal(0.0, 1.0), &device);
+        for &n in &plan.kv_land_tokens {
+            let id: easerve_sched::RequestId = 0;
+            let (m, p) = time_kv_land::<B>(
+                arch,
+                opts,
+                n,
+                &device,
+                &mut |w| {
+                    let whole = crate::process::kv_from_wire::<B>(w, &device)?;
+                    ranks.land_kv(id, whole)
+                },
+                &mut |caches| ranks.decode(&lm, &[id], x.clone(), caches).map(drop),
+            )
+            .map_err(ranks_err)?;
+            rows.kv_land.push(vec![tp as f64, n as f64, m, p]);
+            progress(&format!("kv land tp={tp} tokens={n}"));
+        }
     }
     drop(ranks);
     let splits = (arch.encoder.as_ref()).is_some_and(|e| e.executor_tp().contains(&tp));
@@ -584,6 +610,90 @@ fn timed_runs<E>(
         f()?;
     }
     (0..opts.repetitions.max(1)).map(|_| f()).collect()
+}
+
+/// The least a KV landing row holds, seconds (a difference of two timings
+/// that noise can make 0 or less; a table's values must be positive).
+const KV_LAND_FLOOR_S: f64 = 1e-7;
+
+/// Median and p90 of landing one sequence's KV cache of `tokens` positions
+/// on a decode worker, as the executor's does at the first step that holds
+/// it (`worker/src/process.rs`, `Job::DecodeStep`): `land` turns the wire
+/// form into the worker's cache (read from the wire; at TP > 1 resharded by
+/// heads and the followers' heads sent to them, rank 0's kept), `step` runs
+/// one decode step of the sequence. Each timed run: the landing and the
+/// first step, less a second step (the followers read their heads before
+/// their first step, so it holds their side), at least
+/// [`KV_LAND_FLOOR_S`]. The cache's wire form is made untimed.
+fn time_kv_land<B: Backend>(
+    arch: &ModelArch,
+    opts: &ProfileOptions,
+    tokens: usize,
+    device: &B::Device,
+    land: &mut dyn FnMut(easerve_exec::wire::KvData) -> Result<KvCache<B>, crate::process::WorkerError>,
+    step: &mut dyn FnMut(&mut Vec<KvCache<B>>) -> Result<(), crate::process::WorkerError>,
+) -> Result<(f64, f64), crate::process::WorkerError> {
+    let l = &arch.llm;
+    let kv = || -> Tensor<B, 3> {
+        Tensor::random(
+            [l.kv_heads as usize, tokens, l.head_dim as usize],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        )
+    };
+    let whole = KvCache::from_positions(
+        (0..l.layers).map(|_| kv()).collect(),
+        (0..l.layers).map(|_| kv()).collect(),
+        1,
+    );
+    let wire = crate::process::kv_to_wire(whole)?;
+    let mut ts = timed_runs(opts, || {
+        let w = wire.clone();
+        let t0 = Instant::now();
+        let mut caches = vec![land(w)?];
+        step(&mut caches)?;
+        let first = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        step(&mut caches)?;
+        Ok((first - t1.elapsed().as_secs_f64()).max(KV_LAND_FLOOR_S))
+    })?;
+    Ok(median_p90(&mut ts))
+}
+
+/// KV landing rows at TP 1 on the CPU (`[1, tokens, median, p90]` for each
+/// of `plan.kv_land_tokens`): read from the wire, then one decode step
+/// ([`time_kv_land`]).
+pub fn measure_kv_land_tp1(
+    arch: &ModelArch,
+    plan: &Plan,
+    opts: &ProfileOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<Vec<f64>>, ProfilerError> {
+    type B = burn::backend::NdArray;
+    let device = Default::default();
+    B::seed(&device, opts.seed);
+    let model = MultimodalModel::<B>::from_arch(arch, &device)?;
+    let x: Tensor<B, 2> =
+        Tensor::random([1, model.lm.d_model()], Distribution::Normal(0.0, 1.0), &device);
+    let err = |e: crate::process::WorkerError| ProfilerError::Level(e.to_string());
+    let mut rows = Vec::new();
+    for &n in &plan.kv_land_tokens {
+        let (m, p) = time_kv_land::<B>(
+            arch,
+            opts,
+            n,
+            &device,
+            &mut |w| crate::process::kv_from_wire::<B>(w, &device),
+            &mut |caches| {
+                drop(model.lm.decode(x.clone(), caches));
+                Ok(())
+            },
+        )
+        .map_err(err)?;
+        rows.push(vec![1.0, n as f64, m, p]);
+        progress(&format!("kv land tp=1 tokens={n}"));
+    }
+    Ok(rows)
 }
 
 /// Median and p90 of one decode step of `b` sequences with `per` cached
@@ -854,7 +964,7 @@ pub fn profile_cpu(
         ],
         date: date.into(),
         method: format!(
-            "easerve profile: {} warm-up + {} timed runs per point, median and p90; SM level = threads/cores ({cores} cores), one process per level (rayon pool + MATMUL_NUM_THREADS + CPU affinity); {tp_note}encode t_pre = host preprocessing of decoded synthetic items (no file decoding), t_pass = 0 (inside the forward); decode with random caches of the given context; transfer = loopback TCP message + 1-byte ack; latencies made non-decreasing along work axes (running max)",
+            "easerve profile: {} warm-up + {} timed runs per point, median and p90; SM level = threads/cores ({cores} cores), one process per level (rayon pool + MATMUL_NUM_THREADS + CPU affinity); {tp_note}encode t_pre = host preprocessing of decoded synthetic items (no file decoding), t_pass = 0 (inside the forward); decode with random caches of the given context; kv_land = one sequence's cache read from the wire (and at TP > 1 resharded and sent to the ranks) plus one decode step, less a second step; transfer = loopback TCP message + 1-byte ack; latencies made non-decreasing along work axes (running max)",
             opts.warmup, opts.repetitions
         ),
         repetitions: opts.repetitions,
@@ -863,6 +973,10 @@ pub fn profile_cpu(
     let mut encode_tp: Vec<Vec<f64>> = levels
         .iter_mut()
         .flat_map(|l| l.encode_tp.drain(..))
+        .collect();
+    let mut kv_land: Vec<Vec<f64>> = levels
+        .iter_mut()
+        .flat_map(|l| l.kv_land.drain(..))
         .collect();
     let mut profile = assemble(
         arch,
@@ -874,6 +988,7 @@ pub fn profile_cpu(
     for (stage, rows) in [
         (Stage::AllReduce, &mut all_reduce),
         (Stage::EncodeTp, &mut encode_tp),
+        (Stage::KvLand, &mut kv_land),
     ] {
         if rows.is_empty() {
             continue;
@@ -882,6 +997,7 @@ pub fn profile_cpu(
         let rows = std::mem::take(rows);
         profile = match stage {
             Stage::AllReduce => profile.with_all_reduce(rows),
+            Stage::KvLand => profile.with_kv_land(rows),
             _ => profile.with_encode_tp(rows),
         }
         .map_err(ProfilerError::Invalid)?;
@@ -989,6 +1105,12 @@ pub fn run_level_cpu(
             &device,
             &mut point,
         )
+        .and_then(|mut rows| {
+            if threads == cores {
+                rows.kv_land = measure_kv_land_tp1(arch, &plan, opts, &mut point)?;
+            }
+            Ok(rows)
+        })
     };
     match res {
         Ok(rows) => {

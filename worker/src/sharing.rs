@@ -26,8 +26,8 @@
 //! highest demand ([`sharing_groups`]), a TP `k` worker's group — this
 //! process rank 0, ranks `1..k` as `easerve worker` processes, one thread
 //! each, the executor's loopback all-reduce — loops the pass through its
-//! ranks (the prefill with its all-reduces and KV gather, then one decode
-//! step). Alone, then at each demand `D` ≥ `C + k`: the group, one
+//! ranks: one decode step of the plan's smallest batch at its middle
+//! context, the shortest step, whose all-reduces weigh the most. Alone, then at each demand `D` ≥ `C + k`: the group, one
 //! `C`-thread process and `D − C − k` one-thread processes
 //! ([`group_windows`]). The row's slowdown is the group's median pass time
 //! over its time alone (at least 1). The ranks meet at every all-reduce, so
@@ -146,10 +146,18 @@ fn independent_pass<'a>(
     }
 }
 
-/// The window of a TP `tp` rank group: the pass through the ranks (the
-/// prefill with its all-reduces and KV gather, then one decode step of the
-/// batch on caches landed on the ranks before it, untimed, with one
-/// untimed step that waits for the ranks to have read them).
+/// The shape of a rank group's step, from the plan: `(decode batch,
+/// context tokens)`, the smallest batch at the middle context, where a step
+/// is the shortest and its all-reduces weigh the most.
+fn group_shape(plan: &Plan) -> (usize, usize) {
+    let b = *plan.decode_batch.first().unwrap_or(&1);
+    (b, plan.decode_context[plan.decode_context.len() / 2])
+}
+
+/// The window of a TP `tp` rank group: the pass is one decode step of the
+/// group's shape through the ranks, on caches landed on the ranks before
+/// it (untimed, with one untimed step that waits for the ranks to have
+/// read them).
 fn group_window(
     arch: &ModelArch,
     plan: &Plan,
@@ -171,13 +179,11 @@ fn group_window(
     let lm = (model.lm.shard(0, tp)).map_err(|e| ProfilerError::Level(e.to_string()))?;
     drop(model);
     let ranks = crate::tp::Ranks::start(&wopts, arch.llm.kv_heads as usize).map_err(rank_err)?;
-    let (tokens, b, context) = pass_shape(plan);
+    let (b, context) = group_shape(plan);
     let device = Default::default();
     let per = (context / b).max(1);
     let whole = random_caches(arch, b, per.saturating_sub(1).max(1));
     let ids: Vec<easerve_sched::RequestId> = (0..b as u64).collect();
-    let prompt: Tensor<B, 2> =
-        Tensor::random([tokens, lm.d_model()], Distribution::Normal(0.0, 1.0), &device);
     let step: Tensor<B, 2> =
         Tensor::random([b, lm.d_model()], Distribution::Normal(0.0, 1.0), &device);
     let mut pass = || -> Result<f64, ProfilerError> {
@@ -187,7 +193,6 @@ fn group_window(
             .map_err(rank_err)?;
         (ranks.decode(&lm, &ids, step.clone(), &mut caches)).map_err(rank_err)?;
         let t0 = Instant::now();
-        (ranks.prefill(&lm, std::slice::from_ref(&prompt), 1.0)).map_err(rank_err)?;
         (ranks.decode(&lm, &ids, step.clone(), &mut caches)).map_err(rank_err)?;
         Ok(t0.elapsed().as_secs_f64())
     };
@@ -357,10 +362,11 @@ pub fn measure_host_sharing(
     }
     let plan = Plan::for_model(arch, opts.quick);
     let (tokens, b, context) = pass_shape(&plan);
+    let (gb, gc) = group_shape(&plan);
     let groups = match alone_groups.is_empty() {
         true => String::new(),
         false => format!(
-            "; rank-group rows (tp_rows): a TP k worker's k rank processes of one thread each (the executor's rank processes and loopback all-reduce) among one {cores}-thread process and D − {cores} − k 1-thread processes, slowdown = the group's median pass time (its prefill, then one decode step) over the group alone ({})",
+            "; rank-group rows (tp_rows): a TP k decode worker's k rank processes of one thread each (the executor's rank processes and loopback all-reduce) among one {cores}-thread process and D − {cores} − k 1-thread processes, its pass one decode step of {gb} sequence(s) at {gc} context tokens, slowdown = the group's median step time over the group alone ({})",
             alone_groups.join(", ")
         ),
     };

@@ -34,6 +34,7 @@ impl Profile {
             .chain([&self.prefill, &self.decode])
             .chain(self.transfer.iter())
             .chain(self.all_reduce.iter())
+            .chain(self.kv_land.iter())
     }
 
     /// Seconds a TP `tp` pass of `rows` token rows spends in all-reduces, added
@@ -151,6 +152,13 @@ impl StageCost for Profile {
             f64::from(tp.max(1)),
         ])[0]
             + self.missing_tp_all_reduce(&self.decode, tp, batch)
+    }
+
+    fn kv_land(&self, tp: u32, tokens: u64) -> f64 {
+        match &self.kv_land {
+            Some(t) if tokens > 0 => t.lookup(&[f64::from(tp.max(1)), tokens as f64])[0],
+            _ => 0.0,
+        }
     }
 
     fn transfer(&self, bytes: f64) -> f64 {

@@ -106,6 +106,10 @@ pub enum Stage {
     /// One encode pass over a micro-batch of items on an encode worker at
     /// TP > 1 (its rank processes, all of their SMs or cores).
     EncodeTp,
+    /// Landing one sequence's KV cache on a decode worker at its first
+    /// step: read from the wire and, at TP > 1, resharded by heads and sent
+    /// to the follower ranks.
+    KvLand,
 }
 
 impl Stage {
@@ -118,6 +122,7 @@ impl Stage {
             Stage::Transfer => "transfer",
             Stage::AllReduce => "all_reduce",
             Stage::EncodeTp => "encode_tp",
+            Stage::KvLand => "kv_land",
         }
     }
 
@@ -130,6 +135,7 @@ impl Stage {
             Stage::Transfer => &["bytes"],
             Stage::AllReduce => &["tp", "bytes"],
             Stage::EncodeTp => &["tp", "batch", "encoder_tokens"],
+            Stage::KvLand => &["tp", "tokens"],
         }
     }
 
@@ -398,6 +404,9 @@ pub struct Profile {
     /// The encode table at TP > 1 (`tp`, `batch`, `encoder_tokens`), where
     /// one was measured.
     pub(super) encode_tp: Option<Table>,
+    /// The KV landing table (`tp`, `tokens` → seconds), where one was
+    /// measured.
+    pub(super) kv_land: Option<Table>,
     /// The host's measured oversubscription curve (a CPU profile), where
     /// one was measured.
     pub(super) host_sharing: Option<super::HostSharing>,

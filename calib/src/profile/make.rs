@@ -328,6 +328,7 @@ impl Profile {
             decode,
             transfer,
             all_reduce: None,
+            kv_land: None,
             encode_tp: None,
             host_sharing: None,
             encode_tp_fallbacks: Default::default(),
@@ -367,6 +368,7 @@ impl Profile {
             decode: table(Stage::Decode, None, decode),
             transfer: vec![table(Stage::Transfer, Some(link.clone()), transfer)],
             all_reduce: None,
+            kv_land: None,
             encode_tp: None,
             host_sharing: None,
             encode_tp_fallbacks: Default::default(),
@@ -406,6 +408,18 @@ impl Profile {
         self.with_table(Stage::EncodeTp, rows)
     }
 
+    /// This measured profile with a KV landing table: rows `[tp, tokens,
+    /// median, p90]` in seconds (landing one sequence's cache of `tokens`
+    /// positions on a decode worker at TP `tp`, see
+    /// [`StageCost::kv_land`](crate::StageCost::kv_land); a full grid of
+    /// `tp` × `tokens`, made non-decreasing along `tokens` by the caller),
+    /// validated as a file would be.
+    ///
+    /// Errors: as [`Profile::with_all_reduce`].
+    pub fn with_kv_land(self, rows: Vec<Vec<f64>>) -> Result<Profile, ProfileError> {
+        self.with_table(Stage::KvLand, rows)
+    }
+
     /// This profile with the optional table of `stage` (all-reduce, encode
     /// at TP > 1) from rows of its axes, `median` and optional columns,
     /// validated as a file would be.
@@ -413,6 +427,7 @@ impl Profile {
         let table = Some(measured_table(stage, None, rows));
         match stage {
             Stage::EncodeTp => self.encode_tp = table,
+            Stage::KvLand => self.kv_land = table,
             _ => self.all_reduce = table,
         }
         let extra_dev = [self.provenance.device.clone()];

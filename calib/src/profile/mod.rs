@@ -16,6 +16,7 @@
 //! | `[[transfer]]` (one per `link`) | `bytes`                | `median`, optional `p90`                |
 //! | `all_reduce` (optional)  | `tp`, `bytes`                 | `median`, optional `p90`                |
 //! | `encode_tp` (optional)   | `tp` (≥ 2), `batch`, `encoder_tokens` | as `encode`                     |
+//! | `kv_land` (optional, CPU) | `tp`, `tokens`               | `median`, optional `p90`                |
 //! | `host_sharing` (optional, CPU) | `demand_threads`               | `slowdown` (no unit; [`HostSharing`]) |
 //! | `host_sharing`'s `tp_rows` (optional) | `tp` (≥ 2), `demand_threads` | a rank group's `slowdown` |
 //!
@@ -24,6 +25,8 @@
 //! total prompt tokens; `context_tokens` of decode is the total over the batch.
 //! `encode_tp` times an encode worker at TP > 1 on its whole devices; an
 //! encode lookup at a TP without its rows uses `encode` (TP 1) and says so.
+//! `kv_land` times landing one sequence's KV cache of `tokens` positions on a
+//! decode worker at TP `tp` at its first step ([`StageCost::kv_land`](crate::StageCost::kv_land)).
 //! Lookups interpolate multi-linearly in `ln(axis)` ([`crate::interp`]) and count
 //! lookups outside the table, reported once per run by [`StageCost::notes`](crate::StageCost::notes).
 //!
@@ -81,6 +84,10 @@ impl Profile {
     /// The all-reduce table (`tp`, `bytes`), where the profile measured one.
     pub fn all_reduce_table(&self) -> Option<&Table> {
         self.all_reduce.as_ref()
+    }
+    /// The KV landing table (`tp`, `tokens`), where the profile measured one.
+    pub fn kv_land_table(&self) -> Option<&Table> {
+        self.kv_land.as_ref()
     }
     /// The host's measured oversubscription curve, where the profile has
     /// one (`[host_sharing]`, a CPU profile).

@@ -66,7 +66,7 @@ impl Profile {
             Stage::Encode => self.encode.as_ref(),
             Stage::Prefill => Some(&self.prefill),
             Stage::Decode => Some(&self.decode),
-            Stage::Transfer | Stage::AllReduce | Stage::EncodeTp => None,
+            Stage::Transfer | Stage::AllReduce | Stage::EncodeTp | Stage::KvLand => None,
         };
         let Some(t) = t else {
             return Err(ProfileError {
@@ -185,6 +185,7 @@ impl Parser<'_> {
             "transfer",
             "all_reduce",
             "encode_tp",
+            "kv_land",
             "host_sharing",
         ];
         for k in doc.keys() {
@@ -260,6 +261,7 @@ impl Parser<'_> {
         let decode = self.table("decode", Stage::Decode, self.sub_table(&doc, "decode")?)?;
         let all_reduce = self.optional_table(&doc, "all_reduce", Stage::AllReduce)?;
         let encode_tp = self.optional_table(&doc, "encode_tp", Stage::EncodeTp)?;
+        let kv_land = self.optional_table(&doc, "kv_land", Stage::KvLand)?;
         if encode_tp
             .as_ref()
             .is_some_and(|t| t.axes()[0].contains(&1.0))
@@ -291,6 +293,7 @@ impl Parser<'_> {
             transfer,
             all_reduce,
             encode_tp,
+            kv_land,
             host_sharing,
             encode_tp_fallbacks: Default::default(),
             tp_fallbacks: Default::default(),

@@ -57,6 +57,7 @@ impl Profile {
         tables.push(&self.decode);
         tables.extend(self.transfer.iter());
         tables.extend(self.all_reduce.as_ref());
+        tables.extend(self.kv_land.as_ref());
         for t in tables {
             if t.stage == Stage::Transfer {
                 let _ = writeln!(o, "\n[[transfer]]");

@@ -699,6 +699,15 @@ impl Controller {
         self.decode[d].sched.waiting()
     }
 
+    /// The decode worker request `id` is placed on, once its prefill placed
+    /// it there (until it finishes or fails).
+    pub fn decode_worker_of(&self, id: RequestId) -> Option<usize> {
+        match self.place.get(id as usize) {
+            Some(Place::Decode(d)) => Some(*d as usize),
+            _ => None,
+        }
+    }
+
     /// Whether an encode GPU and its local prefill worker share the SMs by
     /// time-slicing (no partition): both then run on every SM and slow each
     /// other, and a share below 1 is a share of time.

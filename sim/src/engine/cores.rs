@@ -97,7 +97,7 @@ pub(super) struct HostCores {
     total: usize,
     /// The profile's measured curve, when it prices the sharing.
     curve: Option<HostSharing>,
-    /// The rank counts of the running topology's TP workers that the curve
+    /// The rank counts of the topology's TP decode workers that the curve
     /// has rank-group rows for.
     groups: Vec<usize>,
     /// Why a profile's curve is not used (another core count).
@@ -124,7 +124,7 @@ impl HostCores {
             ))),
             None => (None, None),
         };
-        let mut groups: Vec<usize> = (slots.iter().map(|s| s.ranks))
+        let mut groups: Vec<usize> = (slots[np..nd].iter().map(|s| s.ranks))
             .filter(|&r| r > 1 && curve.as_ref().is_some_and(|c| c.has_tp(r as u32)))
             .collect();
         groups.sort_unstable();
@@ -161,9 +161,14 @@ impl HostCores {
     }
 
     /// The slowdown worker `w`'s passes run at while the busy workers ask
-    /// `total` cores.
+    /// `total` cores: a TP > 1 decode worker's by the curve's rank-group
+    /// rows, where it has them (they time a decode step), any other's by
+    /// the main rows.
     fn slowdown_at(&self, w: WorkerRef, total: usize) -> f64 {
-        let ranks = self.slots[self.index(w)].ranks;
+        let ranks = match w {
+            WorkerRef::Decode(_) => self.slots[self.index(w)].ranks,
+            _ => 1,
+        };
         sharing_slowdown(total, self.cores, self.curve.as_ref(), ranks)
     }
 
@@ -269,7 +274,7 @@ impl HostCores {
                     .map(|(t, d, s)| format!("{t}:{d}:{s:.2}"))
                     .collect();
                 format!(
-                    "; a tensor-parallel worker's passes by the curve's rank-group rows instead (tp:demand:slowdown {}; 1 up to the group alone, then as the curve)",
+                    "; a tensor-parallel decode worker's steps by the curve's rank-group rows instead (tp:demand:slowdown {}; 1 up to the group alone, then as the curve)",
                     rows.join(" ")
                 )
             }

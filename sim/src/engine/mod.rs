@@ -201,6 +201,11 @@ struct DecodePhysics {
     durs: Vec<f64>,
     ends: Vec<f64>,
     gen: u64,
+    /// Seconds of KV landing the next run's first iteration carries: on a
+    /// CPU host, each sequence whose cache landed since the last run start,
+    /// read from the wire and (at TP > 1) sent to the follower ranks
+    /// ([`StageCost::kv_land`]).
+    land: f64,
 }
 
 /// A decode run on the hardware: when it started and its shape.
@@ -483,6 +488,7 @@ impl<'a> Sim<'a> {
                 durs: Vec::new(),
                 ends: Vec::new(),
                 gen: 0,
+                land: 0.0,
             })
             .collect();
         let replicas = topology
@@ -593,7 +599,12 @@ impl<'a> Sim<'a> {
                 self.after = After::PrefillDone(prefill);
                 Some(Event::PrefillDone { worker: prefill })
             }
-            Ev::KvLands { id, sent_at } => Some(Event::KvLanded { id, sent_at }),
+            Ev::KvLands { id, sent_at } => {
+                if self.host.is_some() {
+                    self.land_kv(id);
+                }
+                Some(Event::KvLanded { id, sent_at })
+            }
             Ev::DecodeEnd { decode, gen } => {
                 if self.decode[decode].gen != gen {
                     return None;
@@ -1298,12 +1309,29 @@ impl<'a> Sim<'a> {
             chunk,
             &mut worker.durs,
         );
+        if priced == 0 && worker.land > 0.0 {
+            if let Some(first) = worker.durs.first_mut() {
+                *first += std::mem::take(&mut worker.land);
+            }
+        }
         let mut t = worker.ends.last().copied().unwrap_or(run.start);
         let new = &worker.durs[priced as usize..];
         worker.ends.extend(new.iter().map(|&dur| {
             t += dur * slow;
             t
         }));
+    }
+
+    /// Request `id`'s KV cache landed on its decode worker (a CPU host): the
+    /// worker's next run starts with landing it, as the executor's decode
+    /// worker does at the first step that holds the sequence.
+    fn land_kv(&mut self, id: RequestId) {
+        let Some(d) = self.ctrl.decode_worker_of(id) else {
+            return;
+        };
+        let tokens = self.ctrl.requests()[id as usize].prefill_tokens();
+        let worker = &mut self.decode[d];
+        worker.land += self.cost.kv_land(worker.par.tp, tokens);
     }
 
     /// Queue the end of decode worker `d`'s run if it is priced, else of the

@@ -42,6 +42,9 @@ impl StageCost for Shared {
     fn transfer(&self, bytes: f64) -> f64 {
         self.0.transfer(bytes)
     }
+    fn kv_land(&self, tp: u32, tokens: u64) -> f64 {
+        self.0.kv_land(tp, tokens)
+    }
     fn time_slice_penalty(&self) -> f64 {
         self.0.time_slice_penalty()
     }

@@ -304,6 +304,9 @@ impl easerve_calib::StageCost for PerStage {
     fn transfer(&self, bytes: f64) -> f64 {
         self.stages[0].transfer(bytes)
     }
+    fn kv_land(&self, tp: u32, tokens: u64) -> f64 {
+        self.stages[2].kv_land(tp, tokens)
+    }
     fn time_slice_penalty(&self) -> f64 {
         self.stages[0].time_slice_penalty()
     }
