@@ -18,7 +18,9 @@ use easerve_model::ModelArch;
 #[cfg(feature = "exec")]
 use easerve_worker::profiler::{profile_cpu, run_level_cpu, Plan, ProfileOptions};
 #[cfg(feature = "exec")]
-use easerve_worker::sharing::{group_windows, run_sharing_process, sharing_demands, sharing_groups};
+use easerve_worker::sharing::{
+    group_windows, run_sharing_process, sharing_demands, sharing_groups,
+};
 #[cfg(feature = "exec")]
 use indicatif::{ProgressBar, ProgressStyle};
 

@@ -212,8 +212,17 @@ fn quick_cpu_profile_measures_the_host_sharing_curve_that_the_twin_uses() {
     assert!(h.rows().iter().all(|r| r.1 >= 1.0 && r.1.is_finite()));
     assert!(h.method.contains("host load average"), "{}", h.method);
     let groups = h.tp_rows();
-    assert!(groups.iter().all(|r| r.0 == 2 && r.2 >= 1.0 && r.2.is_finite()), "{groups:?}");
-    let want: Vec<f64> = demands.iter().copied().filter(|&d| d >= cores as f64 + 2.0).collect();
+    assert!(
+        groups
+            .iter()
+            .all(|r| r.0 == 2 && r.2 >= 1.0 && r.2.is_finite()),
+        "{groups:?}"
+    );
+    let want: Vec<f64> = demands
+        .iter()
+        .copied()
+        .filter(|&d| d >= cores as f64 + 2.0)
+        .collect();
     assert_eq!(groups.iter().map(|r| r.1).collect::<Vec<_>>(), want);
     assert!(h.method.contains("rank-group rows"), "{}", h.method);
     let notes = |scenario: &str| {

@@ -616,6 +616,14 @@ fn timed_runs<E>(
 /// that noise can make 0 or less; a table's values must be positive).
 const KV_LAND_FLOOR_S: f64 = 1e-7;
 
+/// Turns a cache's wire form into a decode worker's cache ([`time_kv_land`]).
+type LandFn<'a, B> =
+    dyn FnMut(easerve_exec::wire::KvData) -> Result<KvCache<B>, crate::process::WorkerError> + 'a;
+
+/// One decode step of the caches' sequences ([`time_kv_land`]).
+type StepFn<'a, B> =
+    dyn FnMut(&mut Vec<KvCache<B>>) -> Result<(), crate::process::WorkerError> + 'a;
+
 /// Median and p90 of landing one sequence's KV cache of `tokens` positions
 /// on a decode worker, as the executor's does at the first step that holds
 /// it (`worker/src/process.rs`, `Job::DecodeStep`): `land` turns the wire
@@ -630,8 +638,8 @@ fn time_kv_land<B: Backend>(
     opts: &ProfileOptions,
     tokens: usize,
     device: &B::Device,
-    land: &mut dyn FnMut(easerve_exec::wire::KvData) -> Result<KvCache<B>, crate::process::WorkerError>,
-    step: &mut dyn FnMut(&mut Vec<KvCache<B>>) -> Result<(), crate::process::WorkerError>,
+    land: &mut LandFn<'_, B>,
+    step: &mut StepFn<'_, B>,
 ) -> Result<(f64, f64), crate::process::WorkerError> {
     let l = &arch.llm;
     let kv = || -> Tensor<B, 3> {
@@ -673,8 +681,11 @@ pub fn measure_kv_land_tp1(
     let device = Default::default();
     B::seed(&device, opts.seed);
     let model = MultimodalModel::<B>::from_arch(arch, &device)?;
-    let x: Tensor<B, 2> =
-        Tensor::random([1, model.lm.d_model()], Distribution::Normal(0.0, 1.0), &device);
+    let x: Tensor<B, 2> = Tensor::random(
+        [1, model.lm.d_model()],
+        Distribution::Normal(0.0, 1.0),
+        &device,
+    );
     let err = |e: crate::process::WorkerError| ProfilerError::Level(e.to_string());
     let mut rows = Vec::new();
     for &n in &plan.kv_land_tokens {

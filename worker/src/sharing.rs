@@ -357,7 +357,9 @@ pub fn measure_host_sharing(
         for (d, procs) in group_windows(cores, tp) {
             let passes = run_window(&procs, spawn)?;
             tp_rows.push((tp as u32, d as f64, (med(&passes[0]) / alone).max(1.0)));
-            progress(&format!("host sharing: a TP {tp} rank group, {d} threads busy"));
+            progress(&format!(
+                "host sharing: a TP {tp} rank group, {d} threads busy"
+            ));
         }
     }
     let plan = Plan::for_model(arch, opts.quick);

@@ -155,7 +155,10 @@ impl HostSharing {
         let mut first = 0;
         for (i, &(tp, d, s)) in tp_rows.iter().enumerate() {
             if tp < 2 {
-                return Err((Some(i), format!("`tp` = {tp} must be at least 2 (a rank group)")));
+                return Err((
+                    Some(i),
+                    format!("`tp` = {tp} must be at least 2 (a rank group)"),
+                ));
             }
             match out.last_mut() {
                 Some((t, rows)) if *t == tp => rows.push((d, s)),
@@ -259,7 +262,14 @@ impl HostSharing {
             row,
             message,
         };
-        let allowed = ["cores", "method", "columns", "rows", "tp_columns", "tp_rows"];
+        let allowed = [
+            "cores",
+            "method",
+            "columns",
+            "rows",
+            "tp_columns",
+            "tp_rows",
+        ];
         if let Some(k) = t.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(err(
                 None,
@@ -422,7 +432,10 @@ mod tests {
         let e = bad(&[(4, 6.0, 2.0), (2, 4.0, 2.0)]);
         assert!(e.0 == Some(1) && e.1.contains("sorted by `tp`"), "{e:?}");
         let e = bad(&[(2, 4.0, 2.0), (4, 6.0, 2.0), (4, 5.0, 2.0)]);
-        assert!(e.0 == Some(2) && e.1.contains("strictly ascending"), "{e:?}");
+        assert!(
+            e.0 == Some(2) && e.1.contains("strictly ascending"),
+            "{e:?}"
+        );
         let e = bad(&[(2, 4.0, 0.5)]);
         assert!(e.1.contains("`slowdown`"), "{e:?}");
     }
@@ -474,7 +487,10 @@ mod tests {
                 .unwrap(),
         ));
         let text = p.to_toml_string();
-        assert!(text.contains("tp_rows = [\n  [2, 4, 2.5],\n  [2, 5, 3.25],\n]\n"), "{text}");
+        assert!(
+            text.contains("tp_rows = [\n  [2, 4, 2.5],\n  [2, 5, 3.25],\n]\n"),
+            "{text}"
+        );
         let q = Profile::from_toml_str(&text, "mem").unwrap();
         assert_eq!(q.host_sharing(), p.host_sharing());
         assert_eq!(q.to_toml_string(), text);
@@ -486,7 +502,10 @@ mod tests {
                 .to_string()
         };
         let e = bad("  [2, 5, 3.25],", "  [1, 5, 3.25],");
-        assert!(e.contains("bad.toml") && e.contains("tp_rows") && e.contains("tp"), "{e}");
+        assert!(
+            e.contains("bad.toml") && e.contains("tp_rows") && e.contains("tp"),
+            "{e}"
+        );
         let e = bad("  [2, 5, 3.25],", "  [2, 3, 3.25],");
         assert!(e.contains("strictly ascending"), "{e}");
         let e = bad("  [2, 5, 3.25],", "  [2, 5],");

@@ -531,8 +531,8 @@ mod tests {
     /// has none; the notes give the rows.
     #[test]
     fn a_tensor_parallel_worker_runs_at_its_rank_group_rows() {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cpu-image-tp2.toml");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/cpu-image-tp2.toml");
         let sets: Vec<(String, String)> = [
             ("cluster.gpus", "6"),
             ("cluster.host_cores", "2"),
@@ -569,13 +569,25 @@ mod tests {
         assert_eq!(alone, run_ends(&plain, &[(0, 0.0)])[0]);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-9 * b;
         let both = run_ends(&grouped, &[(0, 0.0), (1, 0.0)]);
-        assert!(close(both[0], 2.0 * alone) && close(both[1], 2.0 * alone), "{both:?} {alone}");
+        assert!(
+            close(both[0], 2.0 * alone) && close(both[1], 2.0 * alone),
+            "{both:?} {alone}"
+        );
         let both = run_ends(&plain, &[(0, 0.0), (1, 0.0)]);
-        assert!(close(both[0], alone) && close(both[1], alone), "{both:?} {alone}");
+        assert!(
+            close(both[0], alone) && close(both[1], alone),
+            "{both:?} {alone}"
+        );
         let mut small = grouped.clone();
         small.workload.requests = 4;
         let notes = crate::engine::simulate(&small).report.notes;
-        let n = notes.iter().find(|n| n.starts_with("CPU host:")).expect("a note");
-        assert!(n.contains("rank-group rows") && n.contains("2:4:2.00 2:6:3.00"), "{n}");
+        let n = notes
+            .iter()
+            .find(|n| n.starts_with("CPU host:"))
+            .expect("a note");
+        assert!(
+            n.contains("rank-group rows") && n.contains("2:4:2.00 2:6:3.00"),
+            "{n}"
+        );
     }
 }

@@ -1119,7 +1119,8 @@ impl<'a> Sim<'a> {
         let now = self.now;
         let old_share = job.share;
         let progressed = (now - job.last_update) / job.dur;
-        let new_dur = self.prefill_time(p, new_share) * self.host_slowdown_of(WorkerRef::Prefill(p));
+        let new_dur =
+            self.prefill_time(p, new_share) * self.host_slowdown_of(WorkerRef::Prefill(p));
         for &g in &self.prefill[p].gpus {
             self.meters[g as usize].add_sm_time((now - job.last_update) * old_share);
         }
