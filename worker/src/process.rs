@@ -564,21 +564,46 @@ fn load_model<B: Backend>(
     Ok((shard, Some(ranks)))
 }
 
-/// Warm-up: one small forward of the stage's model (a prefill over all
-/// ranks, or a prefill and a decode step on one), so the first request does
-/// not pay first-use costs.
+/// The request id of the warm-up's sequence on a TP worker's ranks (no
+/// request has it: ids count up from 0).
+const WARM_UP_ID: RequestId = RequestId::MAX;
+
+/// Warm-up: one small forward of the stage's model, so the first request
+/// does not pay first-use costs (thread pools started, buffers allocated):
+/// on an encode worker at TP 1 one pass over one item of the smallest shape
+/// `easerve profile` measures (synthetic media of `seed`), on all of its
+/// threads; on an LM worker a prefill and a decode step (at TP > 1 through
+/// the ranks, the prefill's cache landed on them as a request's is, then
+/// released). An encode worker at TP > 1 is not warmed up.
 fn warm_up<B: Backend>(
     model: &MultimodalModel<B>,
+    arch: &ModelArch,
+    opts: &WorkerOptions,
     ranks: Option<&crate::tp::Ranks>,
-    role: Role,
+    pools: &mut Pools,
     device: &B::Device,
 ) -> Result<(), WorkerError> {
-    if role == Role::Encode {
+    if opts.role == Role::Encode {
+        let plan = crate::profiler::Plan::for_model(arch, true);
+        let (Some(first), None) = (plan.encode_items.first(), ranks) else {
+            return Ok(());
+        };
+        let media = Media::synthetic(&first.item, opts.seed);
+        let prepared = prepare(arch, &media).map_err(|error| WorkerError::Input {
+            id: WARM_UP_ID,
+            error,
+        })?;
+        let item = crate::items::to_device::<B>(&prepared.item, device);
+        pools.run(1.0, || model.encode(&[item]).map_err(WorkerError::Model))?;
         return Ok(());
     }
     let x = model.lm.embed_tokens(&[1, 2, 3], device);
     if let Some(r) = ranks {
-        r.prefill(&model.lm, std::slice::from_ref(&x), 1.0)?;
+        let (_logits, mut whole) = r.prefill(&model.lm, std::slice::from_ref(&x), 1.0)?;
+        let mut caches = vec![r.land_kv(WARM_UP_ID, whole.remove(0))?];
+        let x = model.lm.embed_tokens(&[4], device);
+        r.decode(&model.lm, &[WARM_UP_ID], x, &mut caches)?;
+        r.release(&[WARM_UP_ID])?;
     } else {
         let (_l, mut caches) = model.lm.prefill(std::slice::from_ref(&x));
         let x = model.lm.embed_tokens(&[4], device);
@@ -609,7 +634,7 @@ fn serve<B: Backend>(
         opts.preprocess_threads,
     )?);
     let mut pools = Pools::new(opts.threads, opts.cores, preprocessor.thread_ids.clone());
-    warm_up(&model, ranks, opts.role, device)?;
+    warm_up(&model, arch, opts, ranks, &mut pools, device)?;
     let sync = || B::sync(device).map_err(WorkerError::Sync);
     sync()?;
     send(
