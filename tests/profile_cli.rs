@@ -236,7 +236,11 @@ fn quick_cpu_profile_measures_the_host_sharing_curve_that_the_twin_uses() {
     };
     let n = notes("scenarios/cpu-image.toml");
     assert!(n.contains("measured [host_sharing] curve"), "{n}");
-    assert!(!n.contains("rank-group rows"), "{n}");
+    // no TP decode worker there: the method names the rows, the pricing not
+    assert!(
+        !n.contains("decode worker's steps by the curve's rank-group rows"),
+        "{n}"
+    );
     let n = notes("scenarios/cpu-image-tp2.toml");
-    assert!(n.contains("rank-group rows (tp:demand:slowdown 2:"), "{n}");
+    assert!(n.contains("rank-group rows instead (tp:demand:slowdown 2:"), "{n}");
 }
