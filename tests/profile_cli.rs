@@ -242,5 +242,8 @@ fn quick_cpu_profile_measures_the_host_sharing_curve_that_the_twin_uses() {
         "{n}"
     );
     let n = notes("scenarios/cpu-image-tp2.toml");
-    assert!(n.contains("rank-group rows instead (tp:demand:slowdown 2:"), "{n}");
+    assert!(
+        n.contains("rank-group rows instead (tp:demand:slowdown 2:"),
+        "{n}"
+    );
 }

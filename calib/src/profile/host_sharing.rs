@@ -440,6 +440,26 @@ mod tests {
         assert!(e.1.contains("`slowdown`"), "{e:?}");
     }
 
+    /// `p`'s text after it reads back to the same curve and writes back
+    /// byte-identical, and a reader of that text with `from` replaced by
+    /// `to`, which must be refused: the error.
+    fn round_trip(p: &crate::profile::Profile) -> (String, impl Fn(&str, &str) -> String) {
+        use crate::profile::Profile;
+        let text = p.to_toml_string();
+        let q = Profile::from_toml_str(&text, "mem").unwrap();
+        assert_eq!(q.host_sharing(), p.host_sharing());
+        assert_eq!(q.to_toml_string(), text);
+        let original = text.clone();
+        let bad = move |from: &str, to: &str| {
+            let t = original.replace(from, to);
+            assert_ne!(t, original, "{from}");
+            Profile::from_toml_str(&t, "bad.toml")
+                .unwrap_err()
+                .to_string()
+        };
+        (text, bad)
+    }
+
     /// A profile file with a `[host_sharing]` table reads back to the same
     /// curve and writes back byte-identical; a bad row is refused naming
     /// the table, the row and the field.
@@ -453,18 +473,8 @@ mod tests {
             "2026-12-05",
         )
         .with_host_sharing(Some(curve(&[(2.0, 1.0), (3.0, 2.25), (7.0, 6.5)])));
-        let text = p.to_toml_string();
+        let (text, bad) = round_trip(&p);
         assert!(text.contains("[host_sharing]\ncores = 2\n"), "{text}");
-        let q = Profile::from_toml_str(&text, "mem").unwrap();
-        assert_eq!(q.host_sharing(), p.host_sharing());
-        assert_eq!(q.to_toml_string(), text);
-        let bad = |from: &str, to: &str| {
-            let t = text.replace(from, to);
-            assert_ne!(t, text, "{from}");
-            Profile::from_toml_str(&t, "bad.toml")
-                .unwrap_err()
-                .to_string()
-        };
         let e = bad("  [3, 2.25],", "  [0, 2.25],");
         assert!(
             e.contains("bad.toml") && e.contains("host_sharing") && e.contains("`demand_threads`"),
@@ -486,21 +496,11 @@ mod tests {
                 .with_tp_rows(&[(2, 4.0, 2.5), (2, 5.0, 3.25)])
                 .unwrap(),
         ));
-        let text = p.to_toml_string();
+        let (text, bad) = round_trip(&p);
         assert!(
             text.contains("tp_rows = [\n  [2, 4, 2.5],\n  [2, 5, 3.25],\n]\n"),
             "{text}"
         );
-        let q = Profile::from_toml_str(&text, "mem").unwrap();
-        assert_eq!(q.host_sharing(), p.host_sharing());
-        assert_eq!(q.to_toml_string(), text);
-        let bad = |from: &str, to: &str| {
-            let t = text.replace(from, to);
-            assert_ne!(t, text, "{from}");
-            Profile::from_toml_str(&t, "bad.toml")
-                .unwrap_err()
-                .to_string()
-        };
         let e = bad("  [2, 5, 3.25],", "  [1, 5, 3.25],");
         assert!(
             e.contains("bad.toml") && e.contains("tp_rows") && e.contains("tp"),
