@@ -971,10 +971,12 @@ fn render_profile(p: &Profile, max_rows: usize) -> String {
     }
     let mut tables: Vec<&easerve_calib::profile::Table> = Vec::new();
     tables.extend(p.encode_table());
+    tables.extend(p.encode_tp_table());
     tables.push(p.prefill_table());
     tables.push(p.decode_table());
     tables.extend(p.transfer_tables());
     tables.extend(p.all_reduce_table());
+    tables.extend(p.kv_land_table());
     for t in tables {
         let link = t.link().map(|l| format!(" link {l}")).unwrap_or_default();
         let axes: Vec<String> = t

@@ -104,6 +104,9 @@ fn quick_cpu_profile_at_tp2_has_tp_rows_and_the_all_reduce() {
     for r in p.prefill_table().rows().iter().chain(ar.rows()) {
         assert!(r.iter().all(|x| x.is_finite() && *x > 0.0), "{r:?}");
     }
+    let land = p.kv_land_table().expect("a kv_land table");
+    assert_eq!(land.axes()[0], vec![1.0, 2.0]);
+    assert_eq!(land.axes()[1], vec![64.0, 1024.0]);
     let enc = p.encode_tp_table().expect("an encode_tp table");
     assert_eq!(enc.axes()[0], vec![2.0]);
     assert_eq!(enc.rows().len(), 2 * 2, "2 batches x 2 sizes");

@@ -436,6 +436,43 @@ mod tests {
         assert!(e.contains("encode_tp") && e.contains("tp = 1"), "{e}");
     }
 
+    /// A `kv_land` table prices landing a cache at the worker's TP and
+    /// size (0 without the table, or for no tokens), survives a write and a
+    /// read, and is refused where the latency falls with `tokens`.
+    #[test]
+    fn the_kv_land_table_prices_landing_and_reads_back() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/profiles/tiny-image.cpu.toml"
+        );
+        let p = Profile::load(path).unwrap();
+        assert_eq!(p.kv_land(2, 1024), 0.0);
+        let rows = vec![
+            vec![1.0, 64.0, 1e-4, 2e-4],
+            vec![1.0, 1024.0, 2e-3, 3e-3],
+            vec![2.0, 64.0, 2e-3, 3e-3],
+            vec![2.0, 1024.0, 3e-2, 4e-2],
+        ];
+        let q = p.clone().with_kv_land(rows.clone()).unwrap();
+        assert!(q.to_toml_string().contains("\n[kv_land]\n"));
+        let back = Profile::from_toml_str_with_devices(
+            &q.to_toml_string(),
+            "x",
+            &["cpu".into()],
+            &["loopback".into()],
+        )
+        .unwrap();
+        assert_eq!(back.to_toml_string(), q.to_toml_string());
+        assert!(rel(q.kv_land(2, 1024), 3e-2) < 1e-12);
+        assert!(rel(q.kv_land(1, 64), 1e-4) < 1e-12);
+        assert!(q.kv_land(2, 256) > 2e-3 && q.kv_land(2, 256) < 3e-2);
+        assert_eq!(q.kv_land(2, 0), 0.0);
+        let mut falling = rows;
+        falling[3][2] = 1e-3;
+        let e = p.with_kv_land(falling).unwrap_err().to_string();
+        assert!(e.contains("kv_land"), "{e}");
+    }
+
     /// A measured profile with TP 1 stage rows and an all-reduce table at
     /// TP 2: a TP 2 lookup is the TP 1 row plus two all-reduces per layer of
     /// `rows × hidden × 4` bytes from the table, and the notes say so; the

@@ -256,12 +256,16 @@ impl HostSharing {
     /// `columns` or `rows`, and what [`HostSharing::new`] refuses, each
     /// naming the table, the row and the field.
     pub(super) fn from_toml(file: &str, t: &toml::Table) -> Result<HostSharing, ProfileError> {
-        let err = |row: Option<usize>, message: String| ProfileError {
+        // `row`: 0-based in `rows` (or in `tp_rows` for `table` =
+        // "host_sharing.tp_rows"); errors number rows from 1
+        let at = |table: &str, row: Option<usize>, message: String| ProfileError {
             file: file.to_string(),
-            table: Some("host_sharing".into()),
-            row,
+            table: Some(table.into()),
+            row: row.map(|r| r + 1),
             message,
         };
+        let err = |row: Option<usize>, message: String| at("host_sharing", row, message);
+        let tp_err = |row: Option<usize>, message: String| at("host_sharing.tp_rows", row, message);
         let allowed = [
             "cores",
             "method",
@@ -338,8 +342,11 @@ impl HostSharing {
                 format!("`tp_columns` must be {HOST_SHARING_TP_COLUMNS:?}"),
             ));
         }
-        let Some(tp_rows) = tp_rows.as_array() else {
-            return Err(err(None, "`tp_rows` must be an array of rows".into()));
+        let Some(tp_rows) = tp_rows.as_array().filter(|a| !a.is_empty()) else {
+            return Err(err(
+                None,
+                "`tp_rows` must be a non-empty array of rows (leave it out for none)".into(),
+            ));
         };
         let mut tps = Vec::with_capacity(tp_rows.len());
         for (i, r) in tp_rows.iter().enumerate() {
@@ -347,17 +354,14 @@ impl HostSharing {
                 Some(&[t, d, s]) if t.fract() == 0.0 && (2.0..=65536.0).contains(&t) => {
                     tps.push((t as u32, d, s))
                 }
-                _ => {
-                    return Err(err(
-                        Some(i),
-                        "a `tp_rows` row must be [tp, demand_threads, slowdown], tp an integer in 2 ..= 65536".into(),
-                    ))
-                }
+                _ => return Err(tp_err(
+                    Some(i),
+                    "a row must be [tp, demand_threads, slowdown], tp an integer in 2 ..= 65536"
+                        .into(),
+                )),
             }
         }
-        curve
-            .with_tp_rows(&tps)
-            .map_err(|(row, m)| err(row, format!("tp_rows: {m}")))
+        curve.with_tp_rows(&tps).map_err(|(row, m)| tp_err(row, m))
     }
 }
 
@@ -477,7 +481,10 @@ mod tests {
         assert!(text.contains("[host_sharing]\ncores = 2\n"), "{text}");
         let e = bad("  [3, 2.25],", "  [0, 2.25],");
         assert!(
-            e.contains("bad.toml") && e.contains("host_sharing") && e.contains("`demand_threads`"),
+            e.contains("bad.toml")
+                && e.contains("host_sharing")
+                && e.contains("row 2")
+                && e.contains("`demand_threads`"),
             "{e}"
         );
         let e = bad("  [3, 2.25],", "  [3, 0.5],");
@@ -503,13 +510,18 @@ mod tests {
         );
         let e = bad("  [2, 5, 3.25],", "  [1, 5, 3.25],");
         assert!(
-            e.contains("bad.toml") && e.contains("tp_rows") && e.contains("tp"),
+            e.contains("bad.toml") && e.contains("host_sharing.tp_rows") && e.contains("row 2"),
             "{e}"
         );
         let e = bad("  [2, 5, 3.25],", "  [2, 3, 3.25],");
         assert!(e.contains("strictly ascending"), "{e}");
         let e = bad("  [2, 5, 3.25],", "  [2, 5],");
         assert!(e.contains("[tp, demand_threads, slowdown]"), "{e}");
+        let e = bad(
+            "tp_rows = [\n  [2, 4, 2.5],\n  [2, 5, 3.25],\n]",
+            "tp_rows = []",
+        );
+        assert!(e.contains("non-empty"), "{e}");
         let e = bad("tp_columns = [\"tp\", ", "tp_columns = [");
         assert!(e.contains("`tp_columns`"), "{e}");
     }

@@ -32,10 +32,15 @@
 //! measured on a host of the same `C` cores, the slowdown at demand `D` is
 //! that curve instead of `D / C`: 1 up to `C`, piecewise linear in `D`
 //! between its rows, beyond the last row the fair-share line scaled by the
-//! last row's excess over it. It carries what the list above leaves out,
+//! last row's excess over it. A tensor-parallel decode worker's steps read
+//! the curve's rank-group rows for its degree instead, where the profile
+//! has them (its ranks timed as a group among the busy processes,
+//! `HostSharing::slowdown_tp`). It carries what the list above leaves out,
 //! as measured; the run's notes say which term priced the sharing, its
-//! source, and the mean and highest slowdown in force while a worker was
-//! busy. A curve measured on another core count is not used (its excess
+//! source, the mean and highest one-rank slowdown while any worker was
+//! busy, and whether the KV landing on decode workers is priced (the
+//! profile's `kv_land` table, added by the engine to the first iteration of
+//! the run that first holds each sequence). A curve measured on another core count is not used (its excess
 //! belongs to that host); the notes say so.
 
 use super::Sim;
@@ -100,8 +105,14 @@ pub(super) struct HostCores {
     /// The rank counts of the topology's TP decode workers that the curve
     /// has rank-group rows for.
     groups: Vec<usize>,
+    /// Per worker, the ranks its passes read the curve at: a decode
+    /// worker's ranks (its steps are what the rank-group rows time), 1 for
+    /// every other worker.
+    curve_ranks: Vec<usize>,
     /// Why a profile's curve is not used (another core count).
     curve_unused: Option<String>,
+    /// What the notes say of the KV landing on decode workers.
+    landing: String,
     meter: SlowdownMeter,
 }
 
@@ -124,15 +135,31 @@ impl HostCores {
             ))),
             None => (None, None),
         };
-        let mut groups: Vec<usize> = (slots[np..nd].iter().map(|s| s.ranks))
+        let curve_ranks: Vec<usize> = (0..slots.len())
+            .map(|k| {
+                if (np..nd).contains(&k) {
+                    slots[k].ranks
+                } else {
+                    1
+                }
+            })
+            .collect();
+        let mut groups: Vec<usize> = (curve_ranks.iter().copied())
             .filter(|&r| r > 1 && curve.as_ref().is_some_and(|c| c.has_tp(r as u32)))
             .collect();
+        let decode_tps: Vec<f64> = slots[np..nd].iter().map(|s| s.ranks as f64).collect();
+        let landing = landing_note(
+            sc.profile.as_ref().and_then(|p| p.kv_land_table()),
+            &decode_tps,
+        );
         groups.sort_unstable();
         groups.dedup();
         Some(HostCores {
             cores,
             source,
             groups,
+            curve_ranks,
+            landing,
             threads: cpu::worker_threads(&slots, cores, None),
             running: slots.iter().map(|s| !s.standby).collect(),
             demand: vec![0; slots.len()],
@@ -165,10 +192,7 @@ impl HostCores {
     /// rows, where it has them (they time a decode step), any other's by
     /// the main rows.
     fn slowdown_at(&self, w: WorkerRef, total: usize) -> f64 {
-        let ranks = match w {
-            WorkerRef::Decode(_) => self.slots[self.index(w)].ranks,
-            _ => 1,
-        };
+        let ranks = self.curve_ranks[self.index(w)];
         sharing_slowdown(total, self.cores, self.curve.as_ref(), ranks)
     }
 
@@ -254,7 +278,8 @@ impl HostCores {
         let Some(c) = &self.curve else {
             let unused = (self.curve_unused.as_ref()).map_or(String::new(), |u| format!(" ({u})"));
             return format!(
-                "{head}; while the busy workers ask more cores than that, every pass runs at cores/demand of its profiled speed (processor sharing, re-timed as work starts and ends){unused}"
+                "{head}; while the busy workers ask more cores than that, every pass runs at cores/demand of its profiled speed (processor sharing, re-timed as work starts and ends){unused}; {}",
+                self.landing
             );
         };
         let rows: Vec<String> = (c.rows().iter())
@@ -280,13 +305,35 @@ impl HostCores {
             }
         };
         format!(
-            "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends){groups}, measured by: {}; slowdown in force while a one-rank worker was busy: mean {mean:.2}, highest {:.2} at demand {}",
+            "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends){groups}, measured by: {}; the one-rank slowdown while any worker was busy: mean {mean:.2}, highest {:.2} at demand {}; {}",
             rows.join(" "),
             c.method,
             m.max.0.max(1.0),
-            m.max.1
+            m.max.1,
+            self.landing
         )
     }
+}
+
+/// What the notes say of the KV landing on decode workers at TP `tps`
+/// (their ranks) from the profile's `kv_land` table, where it has one.
+fn landing_note(table: Option<&easerve_calib::profile::Table>, tps: &[f64]) -> String {
+    let Some(t) = table else {
+        return "KV landing on decode workers not priced (the profile has no kv_land table; `easerve profile --device cpu` measures one)".into();
+    };
+    let measured = &t.axes()[0];
+    let missing: Vec<String> = (tps.iter())
+        .filter(|tp| !measured.contains(tp))
+        .map(|tp| format!("TP {tp}"))
+        .collect();
+    let held = match missing.is_empty() {
+        true => String::new(),
+        false => format!(
+            " ({} held at the nearest measured TP {measured:?}: no rows there)",
+            missing.join(", ")
+        ),
+    };
+    format!("KV landing on decode workers priced from the profile's kv_land table in the first iteration of the run that first holds each sequence{held}")
 }
 
 impl Sim<'_> {
@@ -516,7 +563,7 @@ mod tests {
         assert!(
             n.contains("[host_sharing] curve (demand:slowdown 2:3.00")
                 && n.contains("a test curve")
-                && n.contains("slowdown in force"),
+                && n.contains("slowdown while any worker was busy"),
             "{n}"
         );
         let n = note(&other);
@@ -589,5 +636,47 @@ mod tests {
             n.contains("rank-group rows") && n.contains("2:4:2.00 2:6:3.00"),
             "{n}"
         );
+    }
+
+    /// The KV landing: with a `kv_land` table every sequence's decode pays
+    /// its landing (10 ms here) once, in the first iteration of the run that
+    /// first holds it, and the notes say whether it is priced.
+    #[test]
+    fn a_decode_run_pays_the_landing_of_the_caches_it_first_holds() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/cpu-image-tp2.toml");
+        let mut sc = Scenario::load(&path, &Default::default()).expect("valid");
+        sc.workload.requests = 12;
+        let p = sc.profile.take().expect("a profile");
+        let rows: Vec<Vec<f64>> = [1.0, 2.0]
+            .iter()
+            .flat_map(|&tp| [64.0, 4096.0].map(|n| vec![tp, n, 0.01, 0.01]))
+            .collect();
+        let mut with = sc.clone();
+        with.profile = Some(p.clone().with_kv_land(rows).expect("valid rows"));
+        sc.profile = Some(p);
+        let decode_s = |sc: &Scenario| {
+            let out = crate::engine::simulate(sc);
+            let total: f64 = (out.records.iter())
+                .map(|r| r.finish.get().unwrap() - r.decode_start.get().unwrap())
+                .sum();
+            let note = (out.report.notes.iter())
+                .find(|n| n.starts_with("CPU host:"))
+                .expect("a note")
+                .clone();
+            (total, note)
+        };
+        let (without, n0) = decode_s(&sc);
+        let (landed, n1) = decode_s(&with);
+        assert!(
+            n0.contains("KV landing on decode workers not priced"),
+            "{n0}"
+        );
+        assert!(
+            n1.contains("priced from the profile's kv_land table"),
+            "{n1}"
+        );
+        // each of the 12 sequences waits for its own landing at least
+        assert!(landed - without >= 12.0 * 0.01 * 0.99, "{landed} {without}");
     }
 }

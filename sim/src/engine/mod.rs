@@ -201,11 +201,12 @@ struct DecodePhysics {
     durs: Vec<f64>,
     ends: Vec<f64>,
     gen: u64,
-    /// Seconds of KV landing the next run's first iteration carries: on a
-    /// CPU host, each sequence whose cache landed since the last run start,
-    /// read from the wire and (at TP > 1) sent to the follower ranks
-    /// ([`StageCost::kv_land`]).
-    land: f64,
+    /// On a CPU host, the sequences whose caches landed here and that no
+    /// run has held yet, with the seconds landing each takes (read from the
+    /// wire and, at TP > 1, sent to the follower ranks;
+    /// [`StageCost::kv_land`]): the first run that holds one pays it in its
+    /// first iteration.
+    landing: Vec<(RequestId, f64)>,
 }
 
 /// A decode run on the hardware: when it started and its shape.
@@ -488,7 +489,7 @@ impl<'a> Sim<'a> {
                 durs: Vec::new(),
                 ends: Vec::new(),
                 gen: 0,
-                land: 0.0,
+                landing: Vec::new(),
             })
             .collect();
         let replicas = topology
@@ -1310,9 +1311,10 @@ impl<'a> Sim<'a> {
             chunk,
             &mut worker.durs,
         );
-        if priced == 0 && worker.land > 0.0 {
+        if priced == 0 && !worker.landing.is_empty() {
+            let land = Self::take_landings(&self.ctrl, d, &mut worker.landing);
             if let Some(first) = worker.durs.first_mut() {
-                *first += std::mem::take(&mut worker.land);
+                *first += land;
             }
         }
         let mut t = worker.ends.last().copied().unwrap_or(run.start);
@@ -1323,16 +1325,45 @@ impl<'a> Sim<'a> {
         }));
     }
 
-    /// Request `id`'s KV cache landed on its decode worker (a CPU host): the
-    /// worker's next run starts with landing it, as the executor's decode
-    /// worker does at the first step that holds the sequence.
+    /// Request `id`'s KV cache lands on its decode worker (a CPU host), the
+    /// controller not yet told: the first run that holds the sequence starts
+    /// with landing it, as the executor's decode worker does at the first
+    /// step that holds it. A second landing of the same cache, or one on a
+    /// worker that is down, lands nothing (the controller drops or fails it).
     fn land_kv(&mut self, id: RequestId) {
         let Some(d) = self.ctrl.decode_worker_of(id) else {
             return;
         };
+        if self.ctrl.records()[id as usize].decode_ready.is_some()
+            || !self.live.is_alive(WorkerRef::Decode(d))
+        {
+            return;
+        }
         let tokens = self.ctrl.requests()[id as usize].prefill_tokens();
         let worker = &mut self.decode[d];
-        worker.land += self.cost.kv_land(worker.par.tp, tokens);
+        let secs = self.cost.kv_land(worker.par.tp, tokens);
+        if secs > 0.0 {
+            worker.landing.push((id, secs));
+        }
+    }
+
+    /// The seconds of landing a run of decode worker `d` starts with: those
+    /// of the sequences in `landing` the controller has admitted (their
+    /// decode start stamped), which leave the list; a sequence no longer on
+    /// `d` (failed, or moved) leaves it unpaid; the rest wait.
+    fn take_landings(ctrl: &Controller, d: usize, landing: &mut Vec<(RequestId, f64)>) -> f64 {
+        let mut land = 0.0;
+        landing.retain(|&(id, secs)| {
+            if ctrl.decode_worker_of(id) != Some(d) {
+                return false;
+            }
+            if ctrl.records()[id as usize].decode_start.is_some() {
+                land += secs;
+                return false;
+            }
+            true
+        });
+        land
     }
 
     /// Queue the end of decode worker `d`'s run if it is priced, else of the
@@ -1489,6 +1520,8 @@ impl<'a> Sim<'a> {
             }
             WorkerRef::Decode(d) => {
                 self.decode[d].gen += 1;
+                // the caches it held are lost with it
+                self.decode[d].landing.clear();
                 if let Some(run) = self.decode[d].run.take() {
                     // the iterations done are metered, the one in progress up
                     // to now; one ending now has not been reported ended (the
