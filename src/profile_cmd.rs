@@ -137,19 +137,7 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     }
     check_cpu_memory(&arch)?;
     crate::warn_if_host_busy("profile");
-    let plan = Plan::for_model(&arch, opts.quick);
-    let total = opts.tp.len()
-        * cpu_levels(cores)
-            .into_iter()
-            .map(|t| plan.points_per_level(t == cores))
-            .sum::<usize>()
-        + plan.transfer_bytes.len()
-        + (opts.tp.len() - 1) * plan.all_reduce_bytes.len()
-        + usize::from(opts.host_sharing_s > 0.0)
-            * (2 + sharing_demands(cores).len()
-                + (sharing_groups(cores, &opts.tp).into_iter())
-                    .map(|t| 1 + group_windows(cores, t).len())
-                    .sum::<usize>());
+    let total = progress_points(&arch, &opts, cores);
     let bar = progress_bar(total as u64);
     let exe = std::env::current_exe()?;
     let spawn = |threads: usize, tp: usize| level_command(&a, &exe, threads, cores, tp);
@@ -172,6 +160,27 @@ pub(crate) fn run(a: ProfileArgs) -> anyhow::Result<ExitCode> {
     let text = profile.to_toml_string();
     write_profile(&a, &arch, cores, text)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The points a CPU profile of `arch` with `opts` on `cores` cores measures,
+/// for its progress bar: every level's grid at each TP degree, the
+/// transfers, the all-reduces, and the host-sharing windows (with the rank
+/// groups').
+#[cfg(feature = "exec")]
+fn progress_points(arch: &ModelArch, opts: &ProfileOptions, cores: usize) -> usize {
+    let plan = Plan::for_model(arch, opts.quick);
+    let levels: usize = (cpu_levels(cores).into_iter())
+        .map(|t| plan.points_per_level(t == cores))
+        .sum();
+    let sharing = 2
+        + sharing_demands(cores).len()
+        + (sharing_groups(cores, &opts.tp).into_iter())
+            .map(|t| 1 + group_windows(cores, t).len())
+            .sum::<usize>();
+    opts.tp.len() * levels
+        + plan.transfer_bytes.len()
+        + (opts.tp.len() - 1) * plan.all_reduce_bytes.len()
+        + usize::from(opts.host_sharing_s > 0.0) * sharing
 }
 
 /// The TP degrees of `--tp`, ascending and with 1 (TP 1 rows are the

@@ -366,29 +366,13 @@ pub fn measure_level<B: Backend>(
         progress(&format!("prefill tokens={n}"));
     }
     if with_decode {
-        let l = &arch.llm;
         for &b in &plan.decode_batch {
             for &c in &plan.decode_context {
                 let per = (c / b).max(1);
-                let kv = || -> Tensor<B, 3> {
-                    Tensor::random(
-                        [l.kv_heads as usize, per, l.head_dim as usize],
-                        Distribution::Normal(0.0, 1.0),
-                        device,
-                    )
-                };
                 // preallocated with room, as a server's caches are: each step
                 // writes one position in place, and every run starts again
                 // from `per` filled positions, so each run sees the same context
-                let mut caches: Vec<KvCache<B>> = (0..b)
-                    .map(|_| {
-                        KvCache::from_positions(
-                            (0..l.layers).map(|_| kv()).collect(),
-                            (0..l.layers).map(|_| kv()).collect(),
-                            1,
-                        )
-                    })
-                    .collect();
+                let mut caches = random_caches::<B>(arch, b, per, 1, device);
                 let x: Tensor<B, 2> =
                     Tensor::random([b, d], Distribution::Normal(0.0, 1.0), device);
                 let mut err = None;
@@ -612,6 +596,35 @@ fn timed_runs<E>(
     (0..opts.repetitions.max(1)).map(|_| f()).collect()
 }
 
+/// `b` caches of `per` random positions each (every layer and KV head of
+/// `arch`'s LLM, per layer `[kv_heads, per, head_dim]`), with room for
+/// `reserve` more positions before they grow.
+pub(crate) fn random_caches<B: Backend>(
+    arch: &ModelArch,
+    b: usize,
+    per: usize,
+    reserve: usize,
+    device: &B::Device,
+) -> Vec<KvCache<B>> {
+    let l = &arch.llm;
+    let kv = || -> Tensor<B, 3> {
+        Tensor::random(
+            [l.kv_heads as usize, per, l.head_dim as usize],
+            Distribution::Normal(0.0, 1.0),
+            device,
+        )
+    };
+    (0..b)
+        .map(|_| {
+            KvCache::from_positions(
+                (0..l.layers).map(|_| kv()).collect(),
+                (0..l.layers).map(|_| kv()).collect(),
+                reserve,
+            )
+        })
+        .collect()
+}
+
 /// The least a KV landing row holds, seconds (a difference of two timings
 /// that noise can make 0 or less; a table's values must be positive).
 const KV_LAND_FLOOR_S: f64 = 1e-7;
@@ -641,19 +654,7 @@ fn time_kv_land<B: Backend>(
     land: &mut LandFn<'_, B>,
     step: &mut StepFn<'_, B>,
 ) -> Result<(f64, f64), crate::process::WorkerError> {
-    let l = &arch.llm;
-    let kv = || -> Tensor<B, 3> {
-        Tensor::random(
-            [l.kv_heads as usize, tokens, l.head_dim as usize],
-            Distribution::Normal(0.0, 1.0),
-            device,
-        )
-    };
-    let whole = KvCache::from_positions(
-        (0..l.layers).map(|_| kv()).collect(),
-        (0..l.layers).map(|_| kv()).collect(),
-        1,
-    );
+    let whole = random_caches::<B>(arch, 1, tokens, 1, device).remove(0);
     let wire = crate::process::kv_to_wire(whole)?;
     let mut ts = timed_runs(opts, || {
         let w = wire.clone();
@@ -723,24 +724,8 @@ fn time_tp_decode(
 ) -> Result<(f64, f64), crate::process::WorkerError> {
     type B = burn::backend::NdArray;
     let device = Default::default();
-    let l = &arch.llm;
     let start = per.saturating_sub(1).max(1);
-    let kv = || -> Tensor<B, 3> {
-        Tensor::random(
-            [l.kv_heads as usize, start, l.head_dim as usize],
-            Distribution::Normal(0.0, 1.0),
-            &device,
-        )
-    };
-    let whole: Vec<KvCache<B>> = (0..b)
-        .map(|_| {
-            KvCache::from_positions(
-                (0..l.layers).map(|_| kv()).collect(),
-                (0..l.layers).map(|_| kv()).collect(),
-                2,
-            )
-        })
-        .collect();
+    let whole = random_caches::<B>(arch, b, start, 2, &device);
     let ids: Vec<easerve_sched::RequestId> = (0..b as u64).collect();
     let x: Tensor<B, 2> =
         Tensor::random([b, lm.d_model()], Distribution::Normal(0.0, 1.0), &device);

@@ -40,10 +40,10 @@ use std::time::Instant;
 
 use burn::tensor::{Distribution, Tensor};
 use easerve_calib::HostSharing;
-use easerve_model::nn::{KvCache, MultimodalModel};
+use easerve_model::nn::MultimodalModel;
 use easerve_model::ModelArch;
 
-use crate::profiler::{LevelMessage, Plan, ProfileOptions, ProfilerError};
+use crate::profiler::{random_caches, LevelMessage, Plan, ProfileOptions, ProfilerError};
 
 type B = burn::backend::NdArray;
 
@@ -102,26 +102,6 @@ pub fn run_sharing_process(
     res.map(|_| ())
 }
 
-/// Random caches of `b` sequences of `per` positions each, every KV head.
-fn random_caches(arch: &ModelArch, b: usize, per: usize) -> Vec<KvCache<B>> {
-    let l = &arch.llm;
-    let device = Default::default();
-    let kv = || -> Tensor<B, 3> {
-        Tensor::random(
-            [l.kv_heads as usize, per, l.head_dim as usize],
-            Distribution::Normal(0.0, 1.0),
-            &device,
-        )
-    };
-    (0..b)
-        .map(|_| {
-            let k = (0..l.layers).map(|_| kv()).collect();
-            let v = (0..l.layers).map(|_| kv()).collect();
-            KvCache::from_positions(k, v, 1)
-        })
-        .collect()
-}
-
 /// The representative pass of a one-rank process: its time in seconds.
 fn independent_pass<'a>(
     arch: &ModelArch,
@@ -132,7 +112,7 @@ fn independent_pass<'a>(
     let device = Default::default();
     let d = model.lm.d_model();
     let per = (context / b).max(1);
-    let mut caches = random_caches(arch, b, per);
+    let mut caches = random_caches::<B>(arch, b, per, 1, &device);
     let prompt: Tensor<B, 2> = Tensor::random([tokens, d], Distribution::Normal(0.0, 1.0), &device);
     let step: Tensor<B, 2> = Tensor::random([b, d], Distribution::Normal(0.0, 1.0), &device);
     move || {
@@ -182,7 +162,7 @@ fn group_window(
     let (b, context) = group_shape(plan);
     let device = Default::default();
     let per = (context / b).max(1);
-    let whole = random_caches(arch, b, per.saturating_sub(1).max(1));
+    let whole = random_caches::<B>(arch, b, per.saturating_sub(1).max(1), 1, &device);
     let ids: Vec<easerve_sched::RequestId> = (0..b as u64).collect();
     let step: Tensor<B, 2> =
         Tensor::random([b, lm.d_model()], Distribution::Normal(0.0, 1.0), &device);

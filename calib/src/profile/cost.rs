@@ -375,6 +375,25 @@ mod tests {
         }
     }
 
+    /// The measured CPU profile shipped for tiny-image.
+    fn tiny_image_cpu() -> Profile {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../scenarios/profiles/tiny-image.cpu.toml"
+        );
+        Profile::load(path).unwrap()
+    }
+
+    /// `q` has a `[table]` and writes back byte-identical after a read.
+    fn assert_reads_back(q: &Profile, table: &str) {
+        let text = q.to_toml_string();
+        assert!(text.contains(&format!("\n[{table}]\n")), "{text}");
+        let back =
+            Profile::from_toml_str_with_devices(&text, "x", &["cpu".into()], &["loopback".into()])
+                .unwrap();
+        assert_eq!(back.to_toml_string(), text);
+    }
+
     /// An encode worker at TP 2 is looked up in the `encode_tp` rows at TP 2
     /// (its GPU phase at a share below 1 scaled as the TP 1 table scales);
     /// a TP without rows, or a profile without the table, is priced as at
@@ -382,11 +401,7 @@ mod tests {
     /// survives a write and a read.
     #[test]
     fn encode_is_looked_up_at_the_workers_tp_or_falls_back_with_a_note() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../scenarios/profiles/tiny-image.cpu.toml"
-        );
-        let p = Profile::load(path).unwrap();
+        let p = tiny_image_cpu();
         let row = |b: f64, n: f64, m: f64| vec![2.0, b, n, m, m * 1.1, 0.0, 1e-3 * b];
         let rows = vec![
             row(1.0, 195.0, 0.010),
@@ -395,12 +410,7 @@ mod tests {
             row(2.0, 325.0, 0.024),
         ];
         let q = p.clone().with_encode_tp(rows.clone()).unwrap();
-        let text = q.to_toml_string();
-        assert!(text.contains("\n[encode_tp]\n"), "{text}");
-        let back =
-            Profile::from_toml_str_with_devices(&text, "x", &["cpu".into()], &["loopback".into()])
-                .unwrap();
-        assert_eq!(back.to_toml_string(), text);
+        assert_reads_back(&q, "encode_tp");
         let item = ItemTokens {
             encoder_tokens: 195,
             llm_tokens: 144,
@@ -441,11 +451,7 @@ mod tests {
     /// read, and is refused where the latency falls with `tokens`.
     #[test]
     fn the_kv_land_table_prices_landing_and_reads_back() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../scenarios/profiles/tiny-image.cpu.toml"
-        );
-        let p = Profile::load(path).unwrap();
+        let p = tiny_image_cpu();
         assert_eq!(p.kv_land(2, 1024), 0.0);
         let rows = vec![
             vec![1.0, 64.0, 1e-4, 2e-4],
@@ -454,15 +460,7 @@ mod tests {
             vec![2.0, 1024.0, 3e-2, 4e-2],
         ];
         let q = p.clone().with_kv_land(rows.clone()).unwrap();
-        assert!(q.to_toml_string().contains("\n[kv_land]\n"));
-        let back = Profile::from_toml_str_with_devices(
-            &q.to_toml_string(),
-            "x",
-            &["cpu".into()],
-            &["loopback".into()],
-        )
-        .unwrap();
-        assert_eq!(back.to_toml_string(), q.to_toml_string());
+        assert_reads_back(&q, "kv_land");
         assert!(rel(q.kv_land(2, 1024), 3e-2) < 1e-12);
         assert!(rel(q.kv_land(1, 64), 1e-4) < 1e-12);
         assert!(q.kv_land(2, 256) > 2e-3 && q.kv_land(2, 256) < 3e-2);
@@ -479,25 +477,13 @@ mod tests {
     /// table survives a write and a read.
     #[test]
     fn a_missing_tp_row_adds_the_measured_all_reduces() {
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../scenarios/profiles/tiny-image.cpu.toml"
-        );
-        let p = Profile::load(path).unwrap();
+        let p = tiny_image_cpu();
         let ar = vec![
             vec![2.0, 1024.0, 1e-4, 2e-4],
             vec![2.0, 1048576.0, 3e-3, 4e-3],
         ];
         let q = p.clone().with_all_reduce(ar).unwrap();
-        let back = Profile::from_toml_str_with_devices(
-            &q.to_toml_string(),
-            "x",
-            &["cpu".into()],
-            &["loopback".into()],
-        )
-        .unwrap();
-        assert_eq!(back.to_toml_string(), q.to_toml_string());
-        assert!(q.to_toml_string().contains("\n[all_reduce]\n"));
+        assert_reads_back(&q, "all_reduce");
         let arch = easerve_model::ModelArch::preset("tiny-image").unwrap();
         let bytes = 64.0 * f64::from(arch.llm.hidden) * 4.0;
         let t = |x: f64| (x.ln() - 1024f64.ln()) / (1048576f64.ln() - 1024f64.ln());

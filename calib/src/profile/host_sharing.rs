@@ -293,16 +293,16 @@ impl HostSharing {
             Some(toml::Value::String(s)) => s.clone(),
             _ => return Err(err(None, "`method` must be a string".into())),
         };
-        let columns: Option<Vec<&str>> = t
-            .get("columns")
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|v| v.as_str()).collect());
-        if columns.as_deref() != Some(&HOST_SHARING_COLUMNS[..]) {
-            return Err(err(
-                None,
-                format!("`columns` must be {HOST_SHARING_COLUMNS:?}"),
-            ));
-        }
+        // the column list under `key` must be `want`
+        let columns_are = |key: &str, want: &[&str]| {
+            let got: Option<Vec<&str>> = (t.get(key).and_then(|v| v.as_array()))
+                .map(|a| a.iter().filter_map(|v| v.as_str()).collect());
+            match got.as_deref() == Some(want) {
+                true => Ok(()),
+                false => Err(err(None, format!("`{key}` must be {want:?}"))),
+            }
+        };
+        columns_are("columns", &HOST_SHARING_COLUMNS)?;
         let Some(rows) = t.get("rows").and_then(|v| v.as_array()) else {
             return Err(err(None, "`rows` must be an array of rows".into()));
         };
@@ -332,16 +332,7 @@ impl HostSharing {
             }
             return Ok(curve);
         };
-        let tp_columns: Option<Vec<&str>> = t
-            .get("tp_columns")
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|v| v.as_str()).collect());
-        if tp_columns.as_deref() != Some(&HOST_SHARING_TP_COLUMNS[..]) {
-            return Err(err(
-                None,
-                format!("`tp_columns` must be {HOST_SHARING_TP_COLUMNS:?}"),
-            ));
-        }
+        columns_are("tp_columns", &HOST_SHARING_TP_COLUMNS)?;
         let Some(tp_rows) = tp_rows.as_array().filter(|a| !a.is_empty()) else {
             return Err(err(
                 None,

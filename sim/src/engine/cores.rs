@@ -447,17 +447,25 @@ mod tests {
     /// `1E(TP1)+1P(TP1)+2D(TP1)` on a host of `cores` cores (each decode
     /// worker gets one thread there).
     fn two_decoders(cores: &str) -> Scenario {
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/cpu-image.toml");
-        let sets: Vec<(String, String)> = [
-            ("cluster.gpus", "4"),
-            ("cluster.host_cores", cores),
-            ("deployment.allocation", "1E(TP1)+1P(TP1)+2D(TP1)"),
-            ("deployment.offload", "1.0"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+        scenario_with(
+            "cpu-image.toml",
+            &[
+                ("cluster.gpus", "4"),
+                ("cluster.host_cores", cores),
+                ("deployment.allocation", "1E(TP1)+1P(TP1)+2D(TP1)"),
+                ("deployment.offload", "1.0"),
+            ],
+        )
+    }
+
+    /// `scenarios/{file}` with `sets` as `--set` overrides.
+    fn scenario_with(file: &str, sets: &[(&str, &str)]) -> Scenario {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios")
+            .join(file);
+        let sets: Vec<(String, String)> = (sets.iter())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         Scenario::load_with(&path, &sets, &Default::default()).expect("valid")
     }
 
@@ -578,17 +586,14 @@ mod tests {
     /// has none; the notes give the rows.
     #[test]
     fn a_tensor_parallel_worker_runs_at_its_rank_group_rows() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../scenarios/cpu-image-tp2.toml");
-        let sets: Vec<(String, String)> = [
-            ("cluster.gpus", "6"),
-            ("cluster.host_cores", "2"),
-            ("deployment.allocation", "1E(TP1)+1P(TP1)+2D(TP2)"),
-        ]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let base = Scenario::load_with(&path, &sets, &Default::default()).expect("valid");
+        let base = scenario_with(
+            "cpu-image-tp2.toml",
+            &[
+                ("cluster.gpus", "6"),
+                ("cluster.host_cores", "2"),
+                ("deployment.allocation", "1E(TP1)+1P(TP1)+2D(TP2)"),
+            ],
+        );
         let with_rows = |tp_rows: &[(u32, f64, f64)]| {
             let mut sc = base.clone();
             // one-rank workers: no slowdown up to demand 4
@@ -643,9 +648,7 @@ mod tests {
     /// first holds it, and the notes say whether it is priced.
     #[test]
     fn a_decode_run_pays_the_landing_of_the_caches_it_first_holds() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../scenarios/cpu-image-tp2.toml");
-        let mut sc = Scenario::load(&path, &Default::default()).expect("valid");
+        let mut sc = scenario_with("cpu-image-tp2.toml", &[]);
         sc.workload.requests = 12;
         let p = sc.profile.take().expect("a profile");
         let rows: Vec<Vec<f64>> = [1.0, 2.0]
