@@ -568,13 +568,29 @@ fn load_model<B: Backend>(
 /// request has it: ids count up from 0).
 const WARM_UP_ID: RequestId = RequestId::MAX;
 
-/// Warm-up: one small forward of the stage's model, so the first request
-/// does not pay first-use costs (thread pools started, buffers allocated):
-/// on an encode worker at TP 1 one pass over one item of the smallest shape
-/// `easerve profile` measures (synthetic media of `seed`), on all of its
-/// threads; on an LM worker a prefill and a decode step (at TP > 1 through
-/// the ranks, the prefill's cache landed on them as a request's is, then
+/// Prompt tokens of an LM worker's warm-up prefill: the grid's 1024
+/// (`easerve profile`'s prefill lengths, [`crate::profiler::Plan`]), longer
+/// than the cpu-* scenarios' prompts (two images of 195–325 encoder tokens
+/// and 8–24 text tokens: 400–700), so that no request of theirs needs
+/// larger buffers than the warm-up took. On the tiny presets on the 2-core
+/// VM a 1024-token prefill takes 0.27–0.38 s (TP 2 and TP 1).
+pub const WARM_UP_PROMPT_TOKENS: usize = 1024;
+
+/// Warm-up: forwards of the stage's model before the first request, so
+/// that it does not pay first-use costs (thread pools started, buffers
+/// allocated and faulted in): on an encode worker at TP 1 one pass over one
+/// item of the smallest shape `easerve profile` measures (synthetic media
+/// of `seed`), on all of its threads; on an LM worker a prefill of
+/// [`WARM_UP_PROMPT_TOKENS`] and a decode step (at TP > 1 through the
+/// ranks, the prefill's cache landed on them as a request's is, then
 /// released). An encode worker at TP > 1 is not warmed up.
+///
+/// Measured on `cpu-image-tp2` (`scripts/calib-loop`, five runs each,
+/// 2026-12-06): with a 3-token warm-up prefill the run's 683-token local
+/// prefill took 214–243 ms (560 tokens, the first: 175–250 ms); with 1024
+/// tokens 151–214 ms (135–198 ms). A warm-up encode over one item of each
+/// measured shape left the first encode pass where it was (65–75 ms
+/// against 64–83 ms, the others' median 43–52 ms), so it stays one item.
 fn warm_up<B: Backend>(
     model: &MultimodalModel<B>,
     arch: &ModelArch,
@@ -597,7 +613,10 @@ fn warm_up<B: Backend>(
         pools.run(1.0, || model.encode(&[item]).map_err(WorkerError::Model))?;
         return Ok(());
     }
-    let x = model.lm.embed_tokens(&[1, 2, 3], device);
+    let prompt: Vec<u32> = (0..WARM_UP_PROMPT_TOKENS)
+        .map(|i| 1 + i as u32 % arch.llm.vocab.saturating_sub(1).max(1))
+        .collect();
+    let x = model.lm.embed_tokens(&prompt, device);
     if let Some(r) = ranks {
         let (_logits, mut whole) = r.prefill(&model.lm, std::slice::from_ref(&x), 1.0)?;
         let mut caches = vec![r.land_kv(WARM_UP_ID, whole.remove(0))?];
@@ -605,9 +624,9 @@ fn warm_up<B: Backend>(
         r.decode(&model.lm, &[WARM_UP_ID], x, &mut caches)?;
         r.release(&[WARM_UP_ID])?;
     } else {
-        let (_l, mut caches) = model.lm.prefill(std::slice::from_ref(&x));
+        let (_l, mut caches) = pools.run(1.0, || model.lm.prefill(std::slice::from_ref(&x)));
         let x = model.lm.embed_tokens(&[4], device);
-        let _ = model.lm.decode(x, &mut caches);
+        let _ = pools.run(1.0, || model.lm.decode(x, &mut caches));
     }
     Ok(())
 }
