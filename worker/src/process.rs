@@ -570,10 +570,11 @@ const WARM_UP_ID: RequestId = RequestId::MAX;
 
 /// Prompt tokens of an LM worker's warm-up prefill: the grid's 1024
 /// (`easerve profile`'s prefill lengths, [`crate::profiler::Plan`]), longer
-/// than the cpu-* scenarios' prompts (two images of 195–325 encoder tokens
-/// and 8–24 text tokens: 400–700), so that no request of theirs needs
-/// larger buffers than the warm-up took. On the tiny presets on the 2-core
-/// VM a 1024-token prefill takes 0.27–0.38 s (TP 2 and TP 1).
+/// than the cpu-image scenarios' prompts (490–683 tokens in the
+/// `cpu-image-tp2` loop's runs: two images and 8–24 text tokens), so that
+/// none of their requests needs larger buffers than the warm-up took.
+/// tiny-image's profile on the 2-core VM (2026-12-06) times a 1024-token
+/// prefill at 0.38 s at TP 1 and 0.27 s at TP 2.
 pub const WARM_UP_PROMPT_TOKENS: usize = 1024;
 
 /// Warm-up: forwards of the stage's model before the first request, so

@@ -40,8 +40,9 @@
 //! source, the mean and highest one-rank slowdown while any worker was
 //! busy, and whether the KV landing on decode workers is priced (the
 //! profile's `kv_land` table, added by the engine to the first iteration of
-//! the run that first holds each sequence). A curve measured on another core count is not used (its excess
-//! belongs to that host); the notes say so.
+//! the run that first holds each sequence). A curve measured on another
+//! core count is not used (its excess belongs to that host); the notes say
+//! so.
 
 use super::Sim;
 use easerve_calib::HostSharing;
@@ -329,7 +330,7 @@ fn landing_note(table: Option<&easerve_calib::profile::Table>, tps: &[f64]) -> S
     let held = match missing.is_empty() {
         true => String::new(),
         false => format!(
-            " ({} held at the nearest measured TP {measured:?}: no rows there)",
+            " ({} not measured: read between, or held at the nearest of, the measured TP {measured:?})",
             missing.join(", ")
         ),
     };
