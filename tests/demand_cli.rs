@@ -356,7 +356,8 @@ fn per_window_validation_compares_ttft_and_changes_by_phase() {
 /// profile (a faster host than the one the file is tuned on) the rule on
 /// the queue at each window's end makes one worker change per phase —
 /// drain the spare decode worker, start a prefill worker, drain it — 15 s
-/// apart at least; the rule on the window's mean queue (the file's own,
+/// apart at least, and none once the run is over (as `exec`, which stops
+/// with its last request); the rule on the window's mean queue (the file's own,
 /// `planner.queue_signal = "mean"`) drains the decode worker only, the
 /// surge's prefill queue averaging under 0.5 per worker there, and its
 /// decisions carry that mean. Every request completes in both.
@@ -379,7 +380,14 @@ fn a_surge_below_capacity_moves_workers_by_the_queue_signal() {
         w.iter().map(|(f, t, _)| (f.clone(), t.clone())).collect()
     };
     let pair = |f: &str, t: &str| (f.to_string(), t.to_string());
-    let end = sim_json(&sc, &["--set", "planner.queue_signal=end"]);
+    // the file's 112 requests are the schedule's expected count; this draw
+    // brings 124 within its 45 s, so they end (39.9 s) before the third
+    // phase's first window (40 s), which is then not decided; with the
+    // draw's 124 the third phase is whole
+    let end = sim_json(
+        &sc,
+        &["--set", "planner.queue_signal=end", "--requests", "124"],
+    );
     let w = workers(&end);
     assert_eq!(
         kinds(&w),
@@ -388,6 +396,21 @@ fn a_surge_below_capacity_moves_workers_by_the_queue_signal() {
     );
     // the dwell keeps them 15 s apart at least
     assert!(w.windows(2).all(|w| w[1].2 - w[0].2 >= 15.0 - 1e-9));
+    let cut = sim_json(&sc, &["--set", "planner.queue_signal=end"]);
+    let w = workers(&cut);
+    assert_eq!(kinds(&w), [pair("D1", "-"), pair("-", "P1")], "{w:?}");
+    let last = cut["planner"]["decisions"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()["at"]
+        .as_f64()
+        .unwrap();
+    let run_end = cut["duration_s"].as_f64().unwrap();
+    assert!(
+        last < run_end,
+        "a decision at {last} s, after the run's end at {run_end} s"
+    );
     let mean = sim_json(&sc, &[]);
     assert_eq!(kinds(&workers(&mean)), [pair("D1", "-")]);
     let has_mean = |r: &serde_json::Value| {
@@ -398,6 +421,7 @@ fn a_surge_below_capacity_moves_workers_by_the_queue_signal() {
             .all(|d| d["stages"][1]["queue_mean_per_worker"].is_f64())
     };
     assert!(has_mean(&mean) && !has_mean(&end));
-    assert_eq!(end["completed"], 112);
+    assert_eq!(end["completed"], 124);
+    assert_eq!(cut["completed"], 112);
     assert_eq!(mean["completed"], 112);
 }

@@ -321,6 +321,9 @@ trait Face {
     fn wake(&mut self, ctrl: &mut Controller, pool: &mut Pool, now: f64, heard: Vec<Incoming>);
     /// Whether a `twin` decision's simulations are out on their thread.
     fn simulating(&self) -> bool;
+    /// Whether the run is over: every request of the workload came and is
+    /// done.
+    fn ended(&self, ctrl: &Controller) -> bool;
 }
 
 impl Face for ExecLoop {
@@ -341,6 +344,10 @@ impl Face for ExecLoop {
 
     fn simulating(&self) -> bool {
         self.relay.plan.as_ref().is_some_and(|p| p.simulating)
+    }
+
+    fn ended(&self, ctrl: &Controller) -> bool {
+        ctrl.is_finished()
     }
 }
 
@@ -401,9 +408,16 @@ impl Face for ServeFace {
     fn simulating(&self) -> bool {
         self.serve.simulating()
     }
+
+    /// A server runs on after its last request; the run compared ends
+    /// there, when every request was submitted and answered.
+    fn ended(&self, ctrl: &Controller) -> bool {
+        self.to_submit.is_empty() && ctrl.is_finished()
+    }
 }
 
-/// Run `face` against `fakes` on a virtual clock until nothing is left.
+/// Run `face` against `fakes` on a virtual clock until every request is
+/// done or nothing is left.
 /// A `twin` decision's simulations (on their own thread, in real time) are
 /// heard as soon as they went out, on the virtual clock.
 fn run_virtual(
@@ -435,6 +449,11 @@ fn run_gated(
     let mut now = 0.0f64;
     let mut out_since: Option<f64> = None;
     for _ in 0..10_000_000 {
+        // the run ends with its last request, as `exec`'s loop does (a
+        // window timed after it is not decided: the simulator skips it too)
+        if face.ended(ctrl) {
+            return;
+        }
         fakes.read(now);
         let next = [fakes.next_at(), face.wake_at(ctrl), pool.sup.next_restart()]
             .into_iter()

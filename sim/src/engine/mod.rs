@@ -1574,6 +1574,12 @@ impl<'a> Sim<'a> {
     /// loads, its changes reach the controller now, and the next window is
     /// timed while requests are still to arrive.
     fn plan_tick(&mut self) {
+        // the run is over (every request arrived and none is left in the
+        // system): no window to decide on, as the executor, which stops
+        // when its last request ends, takes none
+        if !self.next_arrival_at.is_finite() && self.ctrl.in_system() == 0 {
+            return;
+        }
         let now = self.now;
         let loads = self.ctrl.stage_loads(now);
         let arrived = self.next_arrival as u64;
