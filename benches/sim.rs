@@ -8,7 +8,10 @@
 //! `../shared/data/aiconfigurator` is present), group `image-roofline` from the
 //! roofline; group `dc-1024` runs 100,000 requests of `scenarios/dc-1024.toml`
 //! (1,024 GPUs, 448 workers: where a structure that grows with the workers
-//! shows; docs/datacenter.md).
+//! shows; docs/datacenter.md). Group `offered-reuse` times the pass that
+//! counts the reuse a workload offers
+//! (`easerve_workload::reuse::offered_reuse`) over the 1,000,000 requests of
+//! `scenarios/image-reuse.toml`, generated once (docs/reuse.md, "Speed").
 //!
 //! Run with `cargo bench --bench sim`.
 
@@ -38,6 +41,18 @@ fn bench(c: &mut Criterion) {
     ] {
         bench_group(c, name, (file, kernels), sizes);
     }
+    let (requests, _) = easerve_workload::generate::generate_with_tokens(&load(
+        "image-reuse.toml",
+        1_000_000,
+        "auto",
+    ));
+    let mut group = c.benchmark_group("offered-reuse");
+    group.throughput(Throughput::Elements(requests.len() as u64));
+    group.sample_size(20);
+    group.bench_function(BenchmarkId::new("requests", requests.len()), |b| {
+        b.iter(|| easerve_workload::reuse::offered_reuse(&requests, 16))
+    });
+    group.finish();
 }
 
 fn bench_group(

@@ -326,28 +326,36 @@ pub struct OfferedReuse {
 /// The reuse `requests` offer in arrival order (module doc), counting
 /// prompt tokens in blocks of `block_size`. Requests without [`Content`]
 /// count as unique.
+///
+/// The prompt links seen so far are a [`SeenSet`]; a run of a million
+/// requests holds about a million distinct links, so each probe is a cache
+/// miss, and the requests are taken in chunks of [`AHEAD`] whose links are
+/// first touched together (the misses overlap) and then entered in order.
 pub fn offered_reuse(requests: &[Request], block_size: u32) -> OfferedReuse {
     // a prompt typically brings at least one link of its own (its text)
-    let mut links = HashKeyed::<()>::with_capacity_and_hasher(requests.len(), Default::default());
-    let mut items = HashKeyed::<()>::default();
+    let mut links = SeenSet::with_capacity(requests.len());
+    let mut items = SeenSet::with_capacity(0);
     let (mut n_items, mut seen_items, mut toks, mut seen_toks) = (0u64, 0u64, 0u64, 0u64);
-    for r in requests {
-        n_items += r.items.len() as u64;
-        toks += r.prefill_tokens();
-        let Some(c) = &r.content else { continue };
-        seen_items += c
-            .items()
-            .filter(|i| items.insert(i.id, ()).is_some())
-            .count() as u64;
-        let keys = c.keys();
-        // a link is seen only while every link before it was (the chain);
-        // each is entered as it is looked up (one probe per link)
-        let seen = keys
-            .iter()
-            .take_while(|k| links.insert(k.key, ()).is_some())
-            .count();
-        seen_toks += blocks_before(keys, seen, block_size) * block_size as u64;
-        links.extend(keys.iter().skip(seen + 1).map(|k| (k.key, ())));
+    for chunk in requests.chunks(AHEAD) {
+        for r in chunk {
+            if let Some(c) = &r.content {
+                c.keys().iter().for_each(|k| links.touch(k.key));
+            }
+        }
+        for r in chunk {
+            n_items += r.items.len() as u64;
+            toks += r.prefill_tokens();
+            let Some(c) = &r.content else { continue };
+            seen_items += c.items().filter(|i| items.insert(i.id)).count() as u64;
+            let keys = c.keys();
+            // a link is seen only while every link before it was (the
+            // chain); each is entered as it is looked up (one probe a link)
+            let seen = keys.iter().take_while(|k| links.insert(k.key)).count();
+            seen_toks += blocks_before(keys, seen, block_size) * block_size as u64;
+            for k in keys.iter().skip(seen + 1) {
+                links.insert(k.key);
+            }
+        }
     }
     let frac = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     OfferedReuse {
@@ -359,9 +367,103 @@ pub fn offered_reuse(requests: &[Request], block_size: u32) -> OfferedReuse {
     }
 }
 
+/// Requests whose links [`offered_reuse`] touches before entering them.
+const AHEAD: usize = 64;
+
+/// A set of 64-bit content keys (hashes already, from SplitMix64: uniform
+/// bits), open addressing with linear probing in a power-of-two table kept
+/// at most half full; the key 0, which marks an empty slot, is held apart.
+struct SeenSet {
+    slots: Vec<u64>,
+    len: usize,
+    zero: bool,
+}
+
+impl SeenSet {
+    /// A set sized for about `n` keys before it grows.
+    fn with_capacity(n: usize) -> SeenSet {
+        SeenSet {
+            slots: vec![0; (2 * n).next_power_of_two().max(16)],
+            len: 0,
+            zero: false,
+        }
+    }
+
+    /// The first slot of `key`: its top bits (the table's size is a power of two).
+    fn home(&self, key: u64) -> usize {
+        (key >> (64 - self.slots.len().trailing_zeros())) as usize
+    }
+
+    /// Read `key`'s first slot, so that a later probe finds it in the cache.
+    fn touch(&self, key: u64) {
+        std::hint::black_box(self.slots[self.home(key)]);
+    }
+
+    /// Enter `key`; whether it was in the set already.
+    fn insert(&mut self, key: u64) -> bool {
+        if key == 0 {
+            return std::mem::replace(&mut self.zero, true);
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.slots[i] {
+                0 => break,
+                k if k == key => return true,
+                _ => i = (i + 1) & mask,
+            }
+        }
+        self.slots[i] = key;
+        self.len += 1;
+        if 2 * self.len > self.slots.len() {
+            self.grow();
+        }
+        false
+    }
+
+    /// Double the table and enter every key again.
+    fn grow(&mut self) {
+        let bigger = vec![0; 2 * self.slots.len()];
+        let old = std::mem::replace(&mut self.slots, bigger);
+        let mask = self.slots.len() - 1;
+        for key in old.into_iter().filter(|&k| k != 0) {
+            let mut i = self.home(key);
+            let slots = &mut self.slots;
+            while slots[i] != 0 {
+                i = (i + 1) & mask;
+            }
+            slots[i] = key;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_seen_set_agrees_with_a_hash_set_through_growth() {
+        let mut set = SeenSet::with_capacity(0);
+        let mut reference = std::collections::HashSet::new();
+        let mut state = 0x853c_49e6_748f_ea9bu64;
+        for i in 0..20_000u64 {
+            // few distinct keys early (repeats), the key 0, and keys that
+            // share their top bits (they collide in a small table)
+            let key = match i % 7 {
+                0 => 0,
+                1 => (i % 50) << 40,
+                _ => {
+                    state = state
+                        .wrapping_mul(6_364_136_223_846_793_005)
+                        .wrapping_add(1);
+                    state % 3_000
+                }
+            };
+            assert_eq!(set.insert(key), !reference.insert(key), "key {key}");
+        }
+        assert_eq!(set.len + usize::from(set.zero), reference.len());
+        assert!(set.slots.len() >= 2 * set.len);
+    }
     use crate::generate::generate_with_tokens;
     use crate::scenario::Overrides;
 
