@@ -2,7 +2,7 @@
 //! FIFO and deterministic.
 
 use easerve_workload::report::{from_total_order_key, total_order_key};
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 /// Tie-break order of events at the same instant (lower first).
@@ -18,41 +18,31 @@ pub(crate) enum Priority {
 // them); the controller's timeout, also kept outside, goes after every
 // same-instant event, so same-instant arrivals come first.
 
-/// An event with its order packed into one integer: the time's bits mapped to
-/// an unsigned integer in `f64::total_cmp`'s order (high 64 bits), then the
-/// priority (2 bits) and the sequence number (62 bits).
-struct Entry<E> {
-    key: u128,
-    event: E,
+/// Bits of an event's key below the priority: the sequence number above,
+/// the event's slot in the queue's store below.
+const SEQ_BITS: u32 = 38;
+const SLOT_BITS: u32 = 24;
+
+/// An event's order and place packed into one integer: the time's bits mapped
+/// to an unsigned integer in `f64::total_cmp`'s order (high 64 bits), then
+/// the priority (2 bits), the sequence number (38 bits) and the slot of the
+/// store that holds the event (24 bits). Keys are unique (the sequence
+/// number), so the slot never decides an order; the heap moves these 16
+/// bytes, not the events.
+fn key(time: f64, priority: Priority, seq: u64, slot: u32) -> u128 {
+    let ordered = total_order_key(time);
+    (u128::from(ordered) << 64)
+        | (u128::from(priority as u8) << (SEQ_BITS + SLOT_BITS))
+        | (u128::from(seq) << SLOT_BITS)
+        | u128::from(slot)
 }
 
-impl<E> Entry<E> {
-    fn key(time: f64, priority: Priority, seq: u64) -> u128 {
-        let ordered = total_order_key(time);
-        (u128::from(ordered) << 64) | (u128::from(priority as u8) << 62) | u128::from(seq)
-    }
-
-    fn time(&self) -> f64 {
-        from_total_order_key((self.key >> 64) as u64)
-    }
+fn time_of(key: u128) -> f64 {
+    from_total_order_key((key >> 64) as u64)
 }
 
-impl<E> PartialEq for Entry<E> {
-    fn eq(&self, other: &Self) -> bool {
-        self.key == other.key
-    }
-}
-impl<E> Eq for Entry<E> {}
-impl<E> PartialOrd for Entry<E> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<E> Ord for Entry<E> {
-    /// Reversed: `BinaryHeap` is a max-heap and we pop the earliest.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.key.cmp(&self.key)
-    }
+fn slot_of(key: u128) -> usize {
+    (key as u32 & ((1 << SLOT_BITS) - 1)) as usize
 }
 
 /// Events in flight up to which the queue stays a sorted vector.
@@ -64,65 +54,82 @@ impl<E> Ord for Entry<E> {
 /// the choice never changes a result.
 const SORTED_MAX: usize = 64;
 
-/// A min-queue of events: a vector sorted latest first while small, a binary
-/// heap beyond [`SORTED_MAX`] events.
+/// A min-queue of events: their keys in a vector sorted latest first while
+/// small, a binary heap beyond [`SORTED_MAX`] events; the events themselves
+/// in a store of slots, reused as events leave.
 pub(crate) struct EventQueue<E> {
-    store: Store<E>,
+    keys: Keys,
+    events: Vec<Option<E>>,
+    free: Vec<u32>,
     seq: u64,
 }
 
-enum Store<E> {
-    /// Sorted by key, latest first: the earliest is last.
-    Sorted(Vec<Entry<E>>),
-    Heap(BinaryHeap<Entry<E>>),
+enum Keys {
+    /// Sorted, latest first: the earliest is last.
+    Sorted(Vec<u128>),
+    Heap(BinaryHeap<Reverse<u128>>),
 }
 
 impl<E> EventQueue<E> {
     pub(crate) fn new() -> Self {
         EventQueue {
-            store: Store::Sorted(Vec::with_capacity(SORTED_MAX)),
+            keys: Keys::Sorted(Vec::with_capacity(SORTED_MAX)),
+            events: Vec::new(),
+            free: Vec::new(),
             seq: 0,
         }
     }
 
+    /// # Panics
+    /// With 2^24 events in flight at once, or 2^38 pushed in all.
     pub(crate) fn push(&mut self, time: f64, priority: Priority, event: E) {
         self.seq += 1;
-        debug_assert!(self.seq < 1 << 62, "sequence numbers fit in 62 bits");
-        let entry = Entry {
-            key: Entry::<E>::key(time, priority, self.seq),
-            event,
+        assert!(self.seq < 1 << SEQ_BITS, "sequence numbers fit in 38 bits");
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.events[s as usize] = Some(event);
+                s
+            }
+            None => {
+                let s = self.events.len() as u32;
+                assert!(s < 1 << SLOT_BITS, "at most 2^24 events in flight");
+                self.events.push(Some(event));
+                s
+            }
         };
-        match &mut self.store {
-            Store::Sorted(v) if v.len() < SORTED_MAX => {
-                // keys are unique (the sequence number): the first entry not
-                // later than the new one is where it goes
-                let at = v.partition_point(|e| e.key > entry.key);
-                v.insert(at, entry);
+        let k = key(time, priority, self.seq, slot);
+        match &mut self.keys {
+            Keys::Sorted(v) if v.len() < SORTED_MAX => {
+                // keys are unique: the first key not later than the new one
+                // is where it goes
+                let at = v.partition_point(|&e| e > k);
+                v.insert(at, k);
             }
-            Store::Sorted(v) => {
-                let mut heap = BinaryHeap::from(std::mem::take(v));
-                heap.push(entry);
-                self.store = Store::Heap(heap);
+            Keys::Sorted(v) => {
+                let mut heap: BinaryHeap<Reverse<u128>> =
+                    std::mem::take(v).into_iter().map(Reverse).collect();
+                heap.push(Reverse(k));
+                self.keys = Keys::Heap(heap);
             }
-            Store::Heap(h) => h.push(entry),
+            Keys::Heap(h) => h.push(Reverse(k)),
+        }
+    }
+
+    fn first(&self) -> Option<u128> {
+        match &self.keys {
+            Keys::Sorted(v) => v.last().copied(),
+            Keys::Heap(h) => h.peek().map(|r| r.0),
         }
     }
 
     /// Time of the earliest event, if any.
     pub(crate) fn peek_time(&self) -> Option<f64> {
-        match &self.store {
-            Store::Sorted(v) => v.last().map(Entry::time),
-            Store::Heap(h) => h.peek().map(Entry::time),
-        }
+        self.first().map(time_of)
     }
 
     /// The earliest event, if it is due at or before `limit` (seconds).
     pub(crate) fn pop_until(&mut self, limit: f64) -> Option<(f64, E)> {
-        let first = match &self.store {
-            Store::Sorted(v) => v.last(),
-            Store::Heap(h) => h.peek(),
-        };
-        if first.map(Entry::time)? <= limit {
+        if time_of(self.first()?) <= limit {
             self.pop()
         } else {
             None
@@ -130,11 +137,16 @@ impl<E> EventQueue<E> {
     }
 
     pub(crate) fn pop(&mut self) -> Option<(f64, E)> {
-        let e = match &mut self.store {
-            Store::Sorted(v) => v.pop(),
-            Store::Heap(h) => h.pop(),
-        };
-        e.map(|e| (e.time(), e.event))
+        let k = match &mut self.keys {
+            Keys::Sorted(v) => v.pop(),
+            Keys::Heap(h) => h.pop().map(|r| r.0),
+        }?;
+        let slot = slot_of(k);
+        self.free.push(slot as u32);
+        let event = self.events[slot]
+            .take()
+            .expect("a key's slot holds its event");
+        Some((time_of(k), event))
     }
 }
 
@@ -182,23 +194,22 @@ mod tests {
                 let p = [Priority::Completion, Priority::Transfer][(next() % 2) as usize];
                 seq += 1;
                 q.push(t, p, seq);
-                reference.push(Entry {
-                    key: Entry::<u64>::key(t, p, seq),
-                    event: seq,
-                });
+                reference.push(Reverse((total_order_key(t), p as u8, seq)));
             } else {
-                let want = reference.pop().map(|e| (e.time(), e.event));
+                let want = reference
+                    .pop()
+                    .map(|Reverse((k, _, seq))| (from_total_order_key(k), seq));
                 let got = q.pop();
                 assert_eq!(got, want, "round {round}");
                 popped.extend(got);
             }
             assert_eq!(
                 q.peek_time(),
-                reference.peek().map(Entry::time),
+                reference.peek().map(|r| from_total_order_key(r.0 .0)),
                 "round {round}"
             );
         }
-        assert!(matches!(q.store, Store::Heap(_)), "the queue became a heap");
+        assert!(matches!(q.keys, Keys::Heap(_)), "the queue became a heap");
         assert!(popped.len() > 500);
     }
 
