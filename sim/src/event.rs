@@ -81,10 +81,15 @@ impl<E> EventQueue<E> {
     }
 
     /// # Panics
-    /// With 2^24 events in flight at once, or 2^38 pushed in all.
+    /// On the 2^38-th push of a run (the sequence number would reach the
+    /// priority's bits), and on a push with 2^24 events in flight already
+    /// (the slot would reach the sequence number's bits).
     pub(crate) fn push(&mut self, time: f64, priority: Priority, event: E) {
         self.seq += 1;
-        assert!(self.seq < 1 << SEQ_BITS, "sequence numbers fit in 38 bits");
+        assert!(
+            self.seq < 1 << SEQ_BITS,
+            "more than 2^38 - 1 events in one run (the key's SEQ_BITS)"
+        );
         let slot = match self.free.pop() {
             Some(s) => {
                 self.events[s as usize] = Some(event);
@@ -92,7 +97,10 @@ impl<E> EventQueue<E> {
             }
             None => {
                 let s = self.events.len() as u32;
-                assert!(s < 1 << SLOT_BITS, "at most 2^24 events in flight");
+                assert!(
+                    s < 1 << SLOT_BITS,
+                    "more than 2^24 events in flight at once (the key's SLOT_BITS)"
+                );
                 self.events.push(Some(event));
                 s
             }

@@ -370,9 +370,12 @@ pub fn offered_reuse(requests: &[Request], block_size: u32) -> OfferedReuse {
 /// Requests whose links [`offered_reuse`] touches before entering them.
 const AHEAD: usize = 64;
 
-/// A set of 64-bit content keys (hashes already, from SplitMix64: uniform
-/// bits), open addressing with linear probing in a power-of-two table kept
-/// at most half full; the key 0, which marks an empty slot, is held apart.
+/// A set of 64-bit content keys, open addressing with linear probing in a
+/// power-of-two table kept at most half full; the key 0, which marks an
+/// empty slot, is held apart. A key's first slot is the top bits of the key
+/// times 2^64/φ (Fibonacci hashing), so keys that are not hashes already
+/// (a trace's `ItemHashes` may be `1`, `2`, `3`, …) spread as well as
+/// SplitMix64 links do.
 struct SeenSet {
     slots: Vec<u64>,
     len: usize,
@@ -389,9 +392,10 @@ impl SeenSet {
         }
     }
 
-    /// The first slot of `key`: its top bits (the table's size is a power of two).
+    /// The first slot of `key` (the table's size is a power of two).
     fn home(&self, key: u64) -> usize {
-        (key >> (64 - self.slots.len().trailing_zeros())) as usize
+        let bits = self.slots.len().trailing_zeros();
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - bits)) as usize
     }
 
     /// Read `key`'s first slot, so that a later probe finds it in the cache.
@@ -441,29 +445,6 @@ impl SeenSet {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_seen_set_agrees_with_a_hash_set_through_growth() {
-        let mut set = SeenSet::with_capacity(0);
-        let mut reference = std::collections::HashSet::new();
-        let mut state = 0x853c_49e6_748f_ea9bu64;
-        for i in 0..20_000u64 {
-            // few distinct keys early (repeats), the key 0, and keys that
-            // share their top bits (they collide in a small table)
-            let key = match i % 7 {
-                0 => 0,
-                1 => (i % 50) << 40,
-                _ => {
-                    state = state
-                        .wrapping_mul(6_364_136_223_846_793_005)
-                        .wrapping_add(1);
-                    state % 3_000
-                }
-            };
-            assert_eq!(set.insert(key), !reference.insert(key), "key {key}");
-        }
-        assert_eq!(set.len + usize::from(set.zero), reference.len());
-        assert!(set.slots.len() >= 2 * set.len);
-    }
     use crate::generate::generate_with_tokens;
     use crate::scenario::Overrides;
 
@@ -617,5 +598,49 @@ mod tests {
         // conversation; two system prompts and every resent turn repeat
         assert!((o.items_seen_before - 0.5).abs() < 1e-9, "{o:?}");
         assert!(o.prompt_tokens_seen_before > 0.4, "{o:?}");
+    }
+
+    #[test]
+    fn the_seen_set_agrees_with_a_hash_set_through_growth() {
+        let mut set = SeenSet::with_capacity(0);
+        let mut reference = std::collections::HashSet::new();
+        let mut state = 0x853c_49e6_748f_ea9bu64;
+        for i in 0..20_000u64 {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            // the key 0, small consecutive ids (a trace's hashes may be 1,
+            // 2, 3, …), keys alike in their low or their high bits,
+            // repeats, and uniform 64-bit keys
+            let key = match i % 7 {
+                0 => 0,
+                1 => i % 4_000,
+                2 => (i % 50) << 40,
+                3 => (i % 60) << 58,
+                4 => state % 3_000,
+                _ => state,
+            };
+            assert_eq!(set.insert(key), !reference.insert(key), "key {key}");
+        }
+        assert_eq!(set.len + usize::from(set.zero), reference.len());
+        assert!(set.slots.len() >= 2 * set.len);
+        // consecutive ids do not cluster: each is found within a few probes
+        let mut ids = SeenSet::with_capacity(0);
+        for k in 1..=100_000u64 {
+            ids.insert(k);
+        }
+        let mask = ids.slots.len() - 1;
+        let longest = (1..=100_000u64)
+            .map(|k| {
+                let mut i = ids.home(k);
+                let mut probes = 1;
+                while ids.slots[i] != k {
+                    i = (i + 1) & mask;
+                    probes += 1;
+                }
+                probes
+            })
+            .max();
+        assert!(longest.is_some_and(|p| p < 64), "{longest:?}");
     }
 }
