@@ -80,6 +80,10 @@ impl<E> EventQueue<E> {
         }
     }
 
+    /// Add `event`, due at `time` (seconds): it leaves after every event due
+    /// earlier, and after those due at the same time with a lower
+    /// [`Priority`] or pushed before it with the same one.
+    ///
     /// # Panics
     /// On the 2^38-th push of a run (the sequence number would reach the
     /// priority's bits), and on a push with 2^24 events in flight already
@@ -88,7 +92,7 @@ impl<E> EventQueue<E> {
         self.seq += 1;
         assert!(
             self.seq < 1 << SEQ_BITS,
-            "more than 2^38 - 1 events in one run (the key's SEQ_BITS)"
+            "2^38 events pushed in one run: more than the key's SEQ_BITS hold"
         );
         let slot = match self.free.pop() {
             Some(s) => {

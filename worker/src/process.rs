@@ -586,12 +586,14 @@ pub const WARM_UP_PROMPT_TOKENS: usize = 1024;
 /// ranks, the prefill's cache landed on them as a request's is, then
 /// released). An encode worker at TP > 1 is not warmed up.
 ///
-/// Measured on `cpu-image-tp2` (`scripts/calib-loop`, five runs each,
-/// 2026-12-06): with a 3-token warm-up prefill the run's 683-token local
-/// prefill took 214–243 ms (560 tokens, the first: 175–250 ms); with 1024
-/// tokens 151–214 ms (135–198 ms). A warm-up encode over one item of each
-/// measured shape left the first encode pass where it was (65–75 ms
-/// against 64–83 ms, the others' median 43–52 ms), so it stays one item.
+/// Measured on `cpu-image-tp2` (`scripts/calib-loop`, 2026-12-06;
+/// docs/calibration.md, "The LM workers' warm-up at a workload's size"):
+/// with a 3-token warm-up prefill the run's 683-token local prefill took
+/// 214–243 ms in five runs (the first, of 560 tokens: 175–250 ms); with
+/// 1024 tokens 151–214 ms in nine runs, median 171 ms (the first:
+/// 135–230 ms). A warm-up encode over one item of each measured shape left
+/// the first encode pass where it was (65–75 ms against 64–83 ms, the
+/// others' median 43–55 ms), so it stays one item.
 fn warm_up<B: Backend>(
     model: &MultimodalModel<B>,
     arch: &ModelArch,

@@ -403,19 +403,25 @@ impl SeenSet {
         std::hint::black_box(self.slots[self.home(key)]);
     }
 
+    /// The slot holding `key` (≠ 0), else the empty slot where it goes:
+    /// linear probing from its first slot.
+    fn slot(&self, key: u64) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(key);
+        while self.slots[i] != 0 && self.slots[i] != key {
+            i = (i + 1) & mask;
+        }
+        i
+    }
+
     /// Enter `key`; whether it was in the set already.
     fn insert(&mut self, key: u64) -> bool {
         if key == 0 {
             return std::mem::replace(&mut self.zero, true);
         }
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(key);
-        loop {
-            match self.slots[i] {
-                0 => break,
-                k if k == key => return true,
-                _ => i = (i + 1) & mask,
-            }
+        let i = self.slot(key);
+        if self.slots[i] == key {
+            return true;
         }
         self.slots[i] = key;
         self.len += 1;
@@ -429,14 +435,9 @@ impl SeenSet {
     fn grow(&mut self) {
         let bigger = vec![0; 2 * self.slots.len()];
         let old = std::mem::replace(&mut self.slots, bigger);
-        let mask = self.slots.len() - 1;
         for key in old.into_iter().filter(|&k| k != 0) {
-            let mut i = self.home(key);
-            let slots = &mut self.slots;
-            while slots[i] != 0 {
-                i = (i + 1) & mask;
-            }
-            slots[i] = key;
+            let i = self.slot(key);
+            self.slots[i] = key;
         }
     }
 }
