@@ -8,7 +8,10 @@
 //! `../shared/data/aiconfigurator` is present), group `image-roofline` from the
 //! roofline; group `dc-1024` runs 100,000 requests of `scenarios/dc-1024.toml`
 //! (1,024 GPUs, 448 workers: where a structure that grows with the workers
-//! shows; docs/datacenter.md). Group `offered-reuse` times the pass that
+//! shows; docs/datacenter.md); group `image-reuse` runs 100,000 requests of
+//! `scenarios/image-reuse.toml` (a media pool, system prompts, both caches;
+//! its workload's reuse rewrite and offered-reuse pass inside the timing, as
+//! in `easerve sim`). Group `offered-reuse` times the pass that
 //! counts the reuse a workload offers
 //! (`easerve_workload::reuse::offered_reuse`) over the 1,000,000 requests of
 //! `scenarios/image-reuse.toml`, generated once (docs/reuse.md, "Speed").
@@ -38,6 +41,7 @@ fn bench(c: &mut Criterion) {
         ("image", "image.toml", "auto", image),
         ("image-roofline", "image.toml", "roofline", image),
         ("dc-1024", "dc-1024.toml", "auto", &[(100_000, 10)]),
+        ("image-reuse", "image-reuse.toml", "auto", &[(100_000, 10)]),
     ] {
         bench_group(c, name, (file, kernels), sizes);
     }

@@ -64,6 +64,10 @@ impl MinTree {
     /// (docs/datacenter.md).
     pub(crate) fn set(&mut self, i: usize, v: f64) {
         let mut k = self.width + i;
+        if self.nodes[k].0.to_bits() == v.to_bits() {
+            // the same key: every winner stays
+            return;
+        }
         self.nodes[k].0 = v;
         while k > 1 {
             k /= 2;

@@ -2,8 +2,6 @@
 //! FIFO and deterministic.
 
 use easerve_workload::report::{from_total_order_key, total_order_key};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 
 /// Tie-break order of events at the same instant (lower first).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -50,12 +48,12 @@ fn slot_of(key: u128) -> usize {
 /// The EPD engine keeps few events in flight (the image scenario: 5 on
 /// average, 23 at most), where a sorted vector pops in O(1) and inserts by a
 /// short shift, cheaper than a heap's sift; a queue that grows past this
-/// becomes a binary heap for good. Either way events leave in key order, so
+/// becomes a four-ary heap for good. Either way events leave in key order, so
 /// the choice never changes a result.
 const SORTED_MAX: usize = 64;
 
 /// A min-queue of events: their keys in a vector sorted latest first while
-/// small, a binary heap beyond [`SORTED_MAX`] events; the events themselves
+/// small, a four-ary heap beyond [`SORTED_MAX`] events; the events themselves
 /// in a store of slots, reused as events leave.
 pub(crate) struct EventQueue<E> {
     keys: Keys,
@@ -67,7 +65,95 @@ pub(crate) struct EventQueue<E> {
 enum Keys {
     /// Sorted, latest first: the earliest is last.
     Sorted(Vec<u128>),
-    Heap(BinaryHeap<Reverse<u128>>),
+    Heap(QuadHeap),
+}
+
+/// A min-heap of unique `u128` keys with four children per node: node `i`'s
+/// children are `4i + 1 ..= 4i + 4`.
+///
+/// Against a binary heap, a pop goes down half as many levels, each level's
+/// four children are 64 contiguous bytes, and the least of them is chosen by
+/// data-dependent moves rather than branches (which child wins is a coin
+/// toss the branch predictor cannot learn). Past the `len` keys the vector
+/// holds at least four `u128::MAX`, which no key reaches (a key's two
+/// priority bits are never both set), so every node's four children can be
+/// read and compared without asking how many there are. Keys are unique,
+/// so the order of pops is the keys' order whatever the heap's shape.
+struct QuadHeap {
+    keys: Vec<u128>,
+    len: usize,
+}
+
+/// The filler past a [`QuadHeap`]'s keys: later than any key.
+const PAST: u128 = u128::MAX;
+
+impl QuadHeap {
+    fn from_vec(keys: Vec<u128>) -> QuadHeap {
+        let mut heap = QuadHeap {
+            keys: vec![PAST; 4 * SORTED_MAX],
+            len: 0,
+        };
+        for k in keys {
+            heap.push(k);
+        }
+        heap
+    }
+
+    fn peek(&self) -> Option<u128> {
+        (self.len > 0).then(|| self.keys[0])
+    }
+
+    fn push(&mut self, key: u128) {
+        debug_assert!(key < PAST);
+        let mut i = self.len;
+        self.len += 1;
+        if self.keys.len() < self.len + 4 {
+            self.keys.resize(2 * self.keys.len(), PAST);
+        }
+        while i > 0 {
+            let parent = (i - 1) / 4;
+            let p = self.keys[parent];
+            if p < key {
+                break;
+            }
+            self.keys[i] = p;
+            i = parent;
+        }
+        self.keys[i] = key;
+    }
+
+    fn pop(&mut self) -> Option<u128> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        let (n, v) = (self.len, &mut self.keys[..]);
+        let top = v[0];
+        let last = std::mem::replace(&mut v[n], PAST);
+        if n == 0 {
+            return Some(last);
+        }
+        // the hole at the root goes down to where `last` belongs; children
+        // at or past `n` are `PAST` and never win over `last`
+        let mut i = 0;
+        loop {
+            let c = 4 * i + 1;
+            if c >= n {
+                break;
+            }
+            // the least of the four by arithmetic on the comparisons' bits
+            let a = c + usize::from(v[c + 1] < v[c]);
+            let b = c + 2 + usize::from(v[c + 3] < v[c + 2]);
+            let m = a ^ ((a ^ b) & usize::from(v[b] < v[a]).wrapping_neg());
+            if last < v[m] {
+                break;
+            }
+            v[i] = v[m];
+            i = m;
+        }
+        v[i] = last;
+        Some(top)
+    }
 }
 
 impl<E> EventQueue<E> {
@@ -118,19 +204,18 @@ impl<E> EventQueue<E> {
                 v.insert(at, k);
             }
             Keys::Sorted(v) => {
-                let mut heap: BinaryHeap<Reverse<u128>> =
-                    std::mem::take(v).into_iter().map(Reverse).collect();
-                heap.push(Reverse(k));
+                let mut heap = QuadHeap::from_vec(std::mem::take(v));
+                heap.push(k);
                 self.keys = Keys::Heap(heap);
             }
-            Keys::Heap(h) => h.push(Reverse(k)),
+            Keys::Heap(h) => h.push(k),
         }
     }
 
     fn first(&self) -> Option<u128> {
         match &self.keys {
             Keys::Sorted(v) => v.last().copied(),
-            Keys::Heap(h) => h.peek().map(|r| r.0),
+            Keys::Heap(h) => h.peek(),
         }
     }
 
@@ -151,7 +236,7 @@ impl<E> EventQueue<E> {
     pub(crate) fn pop(&mut self) -> Option<(f64, E)> {
         let k = match &mut self.keys {
             Keys::Sorted(v) => v.pop(),
-            Keys::Heap(h) => h.pop().map(|r| r.0),
+            Keys::Heap(h) => h.pop(),
         }?;
         let slot = slot_of(k);
         self.free.push(slot as u32);
@@ -165,6 +250,8 @@ impl<E> EventQueue<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
 
     #[test]
     fn time_then_priority_then_fifo() {

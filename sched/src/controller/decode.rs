@@ -54,9 +54,14 @@ impl Controller {
         if slot.in_run || !slot.alive {
             return;
         }
-        for id in slot.sched.admit() {
+        let mut admitted = std::mem::take(&mut self.scratch_ids);
+        slot.sched.admit_into(&mut admitted);
+        for &id in &admitted {
             self.records[id as usize].decode_start = Stamp::at(now);
         }
+        admitted.clear();
+        self.scratch_ids = admitted;
+        let slot = &mut self.decode[d];
         let (batch, context) = slot.sched.step_shape();
         if batch == 0 {
             return;
@@ -97,10 +102,10 @@ impl Controller {
         slot.in_run = false;
         slot.busy_s += now - slot.since;
         slot.yielded = false;
-        for id in slot
-            .sched
-            .complete_steps(steps.clamp(1, slot.run_steps.max(1)))
-        {
+        let mut done = std::mem::take(&mut self.scratch_ids);
+        slot.sched
+            .complete_steps_into(steps.clamp(1, slot.run_steps.max(1)), &mut done);
+        for &id in &done {
             if self.records[id as usize].aborted.is_some() {
                 // released with the others leaving below
                 continue;
@@ -110,6 +115,8 @@ impl Controller {
             self.done(id, now);
             self.commands.push_back(Command::Release { worker: d, id });
         }
+        done.clear();
+        self.scratch_ids = done;
         self.release_leaving(d);
     }
 }

@@ -267,7 +267,16 @@ impl Controller {
         }
         // backpressure: no new pass while the worker's envelopes in flight are at the cap
         let free = !worker.busy && worker.inflight < self.max_inflight;
-        match worker.batcher.poll_dispatch(now, free) {
+        // an idle worker's pass vector is empty: the next pass fills it
+        let mut ids = std::mem::take(&mut worker.pass);
+        let go = worker.batcher.poll_dispatch_into(now, free, &mut ids);
+        let batch = if go {
+            Some(ids)
+        } else {
+            worker.pass = ids;
+            None
+        };
+        match batch {
             Some(ids) => {
                 self.encode_timers.set(w, f64::INFINITY);
                 let encoding = self.encoding(&ids);
@@ -430,7 +439,11 @@ impl Controller {
             self.place[i] = Place::Prefill(dest as u32);
             match groups.iter_mut().find(|g| g.0 == dest) {
                 Some(g) => g.1.push(id),
-                None => groups.push((dest, vec![id], Vec::new())),
+                None => {
+                    let mut first = self.spare_ids.pop().unwrap_or_default();
+                    first.push(id);
+                    groups.push((dest, first, Vec::new()));
+                }
             }
         }
         // keep the pass's vector for the next pass
@@ -442,7 +455,11 @@ impl Controller {
             let local = self.prefill[dest].local;
             sent_local |= local;
             let (envelope, slot) = self.new_envelope(w, dest, local);
-            self.envelopes[slot].ids = ids;
+            // the slot's emptied vector serves a later group
+            let spare = std::mem::replace(&mut self.envelopes[slot].ids, ids);
+            if spare.capacity() > 0 {
+                self.spare_ids.push(spare);
+            }
             if !local {
                 self.encode[w].inflight += 1;
             }

@@ -328,6 +328,11 @@ pub struct Controller {
     commands: VecDeque<Command>,
     /// Routing scratch (destination, ids, items), reused by every pass.
     groups: Vec<EnvelopeGroup>,
+    /// Emptied envelope id vectors, for the next passes' groups.
+    spare_ids: Vec<Vec<RequestId>>,
+    /// Scratch for the ids a decode worker admits or finishes, kept empty
+    /// between uses.
+    scratch_ids: Vec<RequestId>,
     preprocess_ahead: bool,
     mechanisms: Mechanisms,
     sup: supervision::Supervision,
@@ -493,6 +498,8 @@ impl Controller {
             log: cfg.log_decisions.then(Vec::new),
             commands: VecDeque::new(),
             groups: Vec::new(),
+            spare_ids: Vec::new(),
+            scratch_ids: Vec::new(),
             preprocess_ahead: cfg.preprocess_ahead,
             mechanisms: mech,
             encoder_hits: match (cfg.caches.encoder, cfg.caches.store) {

@@ -437,16 +437,30 @@ impl Batcher {
     /// nothing is queued, the encoder is busy, or the rule waits (then see
     /// [`Batcher::poll_timeout`]).
     pub fn poll_dispatch(&mut self, now: f64, encoder_free: bool) -> Option<Vec<RequestId>> {
+        let mut ids = Vec::new();
+        self.poll_dispatch_into(now, encoder_free, &mut ids)
+            .then_some(ids)
+    }
+
+    /// [`Batcher::poll_dispatch`] into `ids` (cleared first when the rule
+    /// says go, so a caller can keep one vector for every pass): true when a
+    /// micro-batch was removed into it; `ids` is untouched otherwise.
+    pub fn poll_dispatch_into(
+        &mut self,
+        now: f64,
+        encoder_free: bool,
+        ids: &mut Vec<RequestId>,
+    ) -> bool {
         if !encoder_free || !self.ready(now) {
-            return None;
+            return false;
         }
         let n = self.queue.len().min(self.max_batch);
-        let mut ids = Vec::with_capacity(n);
+        ids.clear();
         for (id, _, encodes) in self.queue.drain(..n) {
             self.encoding -= usize::from(encodes);
             ids.push(id);
         }
-        Some(ids)
+        true
     }
 
     /// When the held batch should be re-examined (absolute seconds), if the rule

@@ -223,6 +223,13 @@ impl DecodeScheduler {
     /// returns the ids admitted.
     pub fn admit(&mut self) -> Vec<RequestId> {
         let mut admitted = Vec::new();
+        self.admit_into(&mut admitted);
+        admitted
+    }
+
+    /// [`DecodeScheduler::admit`], the admitted ids appended to `admitted`
+    /// (a caller's vector, kept from call to call).
+    pub fn admit_into(&mut self, admitted: &mut Vec<RequestId>) {
         while let Some(seq) = self.waiting.front().copied() {
             if self.running.len() >= self.max_batch {
                 break;
@@ -245,7 +252,6 @@ impl DecodeScheduler {
             }));
             admitted.push(seq.id);
         }
-        admitted
     }
 
     /// Take request `id` out, waiting or running, and free its KV blocks
@@ -331,10 +337,17 @@ impl DecodeScheduler {
     /// tokens. Returns the ids that generated their last token, as
     /// [`DecodeScheduler::complete_step`] does.
     pub fn complete_steps(&mut self, n: u64) -> Vec<RequestId> {
+        let mut done = Vec::new();
+        self.complete_steps_into(n, &mut done);
+        done
+    }
+
+    /// [`DecodeScheduler::complete_steps`], the finished ids appended to
+    /// `done` (a caller's vector, kept from call to call).
+    pub fn complete_steps_into(&mut self, n: u64, done: &mut Vec<RequestId>) {
         let n = self.steps_to_finish().map_or(n, |k| n.min(k));
         self.steps += n;
         self.context_tokens += n * self.running.len() as u64;
-        let mut done = Vec::new();
         while let Some(Reverse(top)) = self.running.peek().copied() {
             if top.finish_step > self.steps {
                 break;
@@ -344,7 +357,6 @@ impl DecodeScheduler {
             self.context_tokens -= top.final_context;
             done.push(top.id);
         }
-        done
     }
 }
 
