@@ -96,6 +96,14 @@ impl PrefillQueue {
     /// Remove and return the next batch (empty when nothing waits).
     pub fn next_batch(&mut self) -> Vec<PrefillItem> {
         let mut batch = Vec::new();
+        self.next_batch_into(&mut batch);
+        batch
+    }
+
+    /// [`PrefillQueue::next_batch`] into `batch`, cleared first (a caller's
+    /// vector, kept from batch to batch).
+    pub fn next_batch_into(&mut self, batch: &mut Vec<PrefillItem>) {
+        batch.clear();
         let mut tokens = 0u64;
         while let Some(item) = self.queue.front_mut() {
             let fits = tokens + item.tokens <= self.token_budget;
@@ -118,7 +126,6 @@ impl PrefillQueue {
             self.queue.pop_front();
         }
         self.queued_tokens -= tokens;
-        batch
     }
 }
 

@@ -147,7 +147,9 @@ impl Controller {
         if !slot.alive || slot.busy || slot.queue.is_empty() {
             return;
         }
-        let items = self.prefill[p].queue.next_batch();
+        // an idle worker's batch vector is empty: the next batch fills it
+        let mut items = std::mem::take(&mut self.prefill[p].batch);
+        self.prefill[p].queue.next_batch_into(&mut items);
         for it in &items {
             // a chunked prompt starts with its first chunk
             self.records[it.id as usize]
@@ -220,6 +222,13 @@ impl Controller {
                 to: d,
                 id: it.id,
             });
+        }
+        // keep the batch's vector for the worker's next batch
+        let mut items = items;
+        items.clear();
+        let slot = &mut self.prefill[p];
+        if !slot.busy && slot.batch.capacity() == 0 {
+            slot.batch = items;
         }
         self.try_prefill(now, p);
     }

@@ -303,6 +303,8 @@ struct Sim<'a> {
     timeline: Option<Timeline>,
     /// Scratch: the items of a pass being priced.
     items: Vec<ItemTokens>,
+    /// Scratch: the items of a pass that hit the encoder cache.
+    hit_items: Vec<ItemTokens>,
     service: Option<ServiceLog>,
     /// Workers that died (fault injection): transfers to them land at once,
     /// as the executor's do.
@@ -528,6 +530,7 @@ impl<'a> Sim<'a> {
             inline_steps: 0,
             timeline: None,
             items: Vec::new(),
+            hit_items: Vec::new(),
             service: None,
             live: Liveness::new(),
             after: After::Nothing,
@@ -777,7 +780,8 @@ impl<'a> Sim<'a> {
         let shards = self.ctrl.encode_items(w);
         // with the encoder cache: the items that hit, which are not encoded
         // but (unless the front end hashes raw bytes) still preprocessed
-        let mut hit_items = Vec::new();
+        let mut hit_items = std::mem::take(&mut self.hit_items);
+        hit_items.clear();
         for (k, &id) in self.ctrl.encode_batch(w).iter().enumerate() {
             let items = &self.tokens[id as usize];
             let hits = self.ctrl.encoder_hits(id);
@@ -812,6 +816,7 @@ impl<'a> Sim<'a> {
                 t.t_pre += self.cost.preprocess(&hit_items);
             }
         }
+        self.hit_items = hit_items;
         let serial = self.encode[w].pre_free.is_empty();
         // serial preprocessing asks one core of a CPU host
         self.ask_cores(WorkerRef::Encode(w), usize::from(serial));
