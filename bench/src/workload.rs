@@ -43,7 +43,7 @@ impl BenchRequest {
         BenchRequest {
             id: r.id,
             arrival: r.arrival,
-            items: r.items.clone(),
+            items: r.items.to_vec(),
             prompt_words: r.prompt_tokens,
             output_tokens: r.output_tokens,
             content: r.content.clone(),

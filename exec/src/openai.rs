@@ -231,7 +231,7 @@ pub fn parse_chat(body: &[u8], model: &ModelInfo) -> Result<ChatRequest, ApiErro
         request: Request {
             id: 0,
             arrival: 0.0,
-            items,
+            items: items.into(),
             prompt_tokens,
             output_tokens: max_tokens,
             encoder_tokens,
@@ -694,8 +694,8 @@ mod tests {
         // tiny-image: a 224×224 image is 336 LLM tokens (presets.rs)
         assert_eq!(r.request.mm_tokens, 336);
         assert_eq!(
-            r.request.items,
-            vec![MmItem::Image {
+            r.request.items.as_slice(),
+            [MmItem::Image {
                 height: 224,
                 width: 224
             }]

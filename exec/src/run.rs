@@ -1851,7 +1851,7 @@ fn encode_request(
     let req = &ctrl.requests()[id as usize];
     EncodeRequest {
         id,
-        items: req.items.clone(),
+        items: req.items.to_vec(),
         media,
         keys: req
             .content

@@ -1009,7 +1009,8 @@ pub fn test_request(i: usize, arrival: f64) -> Request {
         items: vec![crate::MmItem::Image {
             height: 336,
             width: 336,
-        }],
+        }]
+        .into(),
         encoder_tokens: 600,
         mm_tokens: 576,
         content: None,

@@ -102,7 +102,7 @@ pub use policy::{
     DEFAULT_SM_EPSILON, DEFAULT_SM_LEVELS, MIN_SM_SHARE, RATE_WINDOW,
 };
 pub use prefill::{PrefillItem, PrefillQueue};
-pub use request::{Abort, MmItem, Modality, Request, RequestId, RequestRecord, Stamp};
+pub use request::{Abort, Items, MmItem, Modality, Request, RequestId, RequestRecord, Stamp};
 pub use resolve::Resolution;
 pub use system::{EncodePlacement, Mechanisms, System, UnknownSystem};
 pub use topology::{Topology, Worker};

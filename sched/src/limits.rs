@@ -347,7 +347,7 @@ mod tests {
         Request {
             id: 0,
             arrival: 0.0,
-            items,
+            items: items.into(),
             prompt_tokens: prompt,
             output_tokens: out,
             encoder_tokens: 0,

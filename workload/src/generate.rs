@@ -11,7 +11,7 @@
 use crate::rng::stream;
 use crate::scenario::{Arrival, Scenario, Shapes};
 use easerve_model::{ItemTokens, ModelArch};
-use easerve_sched::{MmItem, Request};
+use easerve_sched::{Items, MmItem, Request};
 use rand::distributions::WeightedIndex;
 use rand::Rng;
 use rand_distr::{Distribution, Exp, Gamma, LogNormal};
@@ -282,7 +282,7 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
                 uniform_around(&mut lengths, w.output_len, w.range_ratio, 1),
             ),
         };
-        let items: Vec<MmItem> = match &w.shapes {
+        let items: Items = match &w.shapes {
             Shapes::Items {
                 items,
                 items_range_ratio,
@@ -306,16 +306,16 @@ pub fn generate_with_tokens(sc: &Scenario) -> (Vec<Request>, ItemTokenTable) {
                 let mu = mean_s.ln() - sigma * sigma / 2.0;
                 let d = LogNormal::new(mu, *sigma).expect("validated σ ≥ 0");
                 let secs: f64 = d.sample(&mut shapes);
-                vec![MmItem::Audio {
+                Items::from_buf([MmItem::Audio {
                     seconds: secs.clamp(0.1, *max_s),
-                }]
+                }])
             }
-            Shapes::Text => Vec::new(),
+            Shapes::Text => Items::new(),
         };
         let text_only = mix.is_some_and(|s| mix_rng.gen::<f64>() >= s.media_share_at(arrival));
         let items = if text_only {
             tokens.drop_open();
-            Vec::new()
+            Items::new()
         } else {
             items
         };

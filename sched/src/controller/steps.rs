@@ -204,7 +204,7 @@ mod tests {
         );
         cfg.mechanisms = crate::System::EpdServe.mechanisms();
         let mut r = test_request(0, 0.0);
-        r.items = vec![r.items[0]; 3];
+        r.items = vec![r.items[0]; 3].into();
         let mut c = Cluster::new(crate::Controller::new(vec![r], cfg), Fixed::default());
         c.drive();
         let placed = c.ctrl.decisions().iter().filter_map(|d| match d {
