@@ -228,18 +228,26 @@ impl Grid {
             ];
             wt[d] = [1.0 - w, if single { 0.0 } else { w }];
         }
+        // every corner's flat offset and weight, built axis by axis: corner
+        // `mask`'s weight is `1 · wt[0][b0] · wt[1][b1] · …`, multiplied in
+        // axis order as a per-corner loop over the axes would
+        let mut flats = [0usize; 1 << MAX_AXES];
+        let mut weights = [0.0f64; 1 << MAX_AXES];
+        weights[0] = 1.0;
+        for d in 0..n {
+            let half = 1usize << d;
+            for m in 0..half {
+                flats[m | half] = flats[m] + off[d][1];
+                weights[m | half] = weights[m] * wt[d][1];
+                flats[m] += off[d][0];
+                weights[m] *= wt[d][0];
+            }
+        }
         let mut weighted = 0usize;
         let mut only = (0.0, 0.0);
         let mut all_positive = true;
         let (mut sum_ln, mut sum) = (0.0, 0.0);
-        for mask in 0..1usize << n {
-            let mut flat = 0usize;
-            let mut weight = 1.0;
-            for d in 0..n {
-                let b = mask >> d & 1;
-                flat += off[d][b];
-                weight *= wt[d][b];
-            }
+        for (&flat, &weight) in flats.iter().zip(&weights).take(1 << n) {
             if weight != 0.0 {
                 let v = values[flat];
                 weighted += 1;
