@@ -228,11 +228,28 @@ impl Grid {
             ];
             wt[d] = [1.0 - w, if single { 0.0 } else { w }];
         }
-        // every corner's flat offset and weight, built axis by axis: corner
-        // `mask`'s weight is `1 · wt[0][b0] · wt[1][b1] · …`, multiplied in
-        // axis order as a per-corner loop over the axes would
-        let mut flats = [0usize; 1 << MAX_AXES];
-        let mut weights = [0.0f64; 1 << MAX_AXES];
+        // tables of up to five axes (the common case) blend in small arrays
+        if n <= 5 {
+            Self::blend_corners::<32>(values, lns, &off[..n], &wt[..n])
+        } else {
+            Self::blend_corners::<{ 1 << MAX_AXES }>(values, lns, &off[..n], &wt[..n])
+        }
+    }
+
+    /// [`Grid::blend`] over the `2^n` corners of `n = off.len()` axes
+    /// (`2^n ≤ C`): each corner's flat offset and weight built axis by axis
+    /// (corner `mask`'s weight is `1 · wt[0][b0] · wt[1][b1] · …`, multiplied
+    /// in axis order as a per-corner loop over the axes would), then summed
+    /// in corner order.
+    fn blend_corners<const C: usize>(
+        values: &[f64],
+        lns: &[f64],
+        off: &[[usize; 2]],
+        wt: &[[f64; 2]],
+    ) -> f64 {
+        let n = off.len();
+        let mut flats = [0usize; C];
+        let mut weights = [0.0f64; C];
         weights[0] = 1.0;
         for d in 0..n {
             let half = 1usize << d;
