@@ -54,7 +54,12 @@ impl MinTree {
 
     /// Set key `i` to `v`.
     ///
-    /// Every level up to the root is replayed, with no stop where a node's
+    /// A key set to the value it holds (the same bits) returns at once: every
+    /// inner node is the winner of its leaves (`new` and `set` are the only
+    /// writers), so no winner can change; 279,146 of 479,402 updates of the
+    /// encode workers' tree in 100,000 requests of `scenarios/dc-1024.toml`
+    /// were such (a wake-up cleared twice). Otherwise every level up to the
+    /// root is replayed, with no stop where a node's
     /// winner came out unchanged: under `valgrind --tool=cachegrind
     /// --branch-sim=yes` that test was mispredicted 957,000 times in
     /// 100,000 requests of `scenarios/dc-1024.toml` (9.5 % of the run's

@@ -72,7 +72,8 @@ enum Keys {
 /// children are `4i + 1 ..= 4i + 4`.
 ///
 /// Against a binary heap, a pop goes down half as many levels, each level's
-/// four children are 64 contiguous bytes, and the least of them is chosen by
+/// four children lie side by side (64 bytes, over one or two cache lines),
+/// and the least of them is chosen by
 /// data-dependent moves rather than branches (which child wins is a coin
 /// toss the branch predictor cannot learn). Past the `len` keys the vector
 /// holds at least four `u128::MAX`, which no key reaches (a key's two
@@ -86,6 +87,8 @@ struct QuadHeap {
 
 /// The filler past a [`QuadHeap`]'s keys: later than any key.
 const PAST: u128 = u128::MAX;
+// a key's priority bits are never both set, so no key reaches `PAST`
+const _: () = assert!((Priority::Transfer as u8) < 3 && (Priority::Completion as u8) < 3);
 
 impl QuadHeap {
     fn from_vec(keys: Vec<u128>) -> QuadHeap {
@@ -310,6 +313,16 @@ mod tests {
         }
         assert!(matches!(q.keys, Keys::Heap(_)), "the queue became a heap");
         assert!(popped.len() > 500);
+        // drained to empty in order, then nothing; then used again
+        while let Some(Reverse((k, _, seq))) = reference.pop() {
+            assert_eq!(q.pop(), Some((from_total_order_key(k), seq)));
+        }
+        assert_eq!((q.pop(), q.peek_time()), (None, None));
+        q.push(1.0, Priority::Completion, 7);
+        q.push(0.5, Priority::Transfer, 8);
+        assert_eq!(q.pop(), Some((0.5, 8)));
+        assert_eq!(q.pop(), Some((1.0, 7)));
+        assert_eq!(q.pop(), None);
     }
 
     #[test]

@@ -267,13 +267,17 @@ impl Controller {
         }
         // backpressure: no new pass while the worker's envelopes in flight are at the cap
         let free = !worker.busy && worker.inflight < self.max_inflight;
-        // an idle worker's pass vector is empty: the next pass fills it
-        let mut ids = std::mem::take(&mut worker.pass);
-        let go = worker.batcher.poll_dispatch_into(now, free, &mut ids);
-        let batch = if go {
-            Some(ids)
+        // a free worker runs no pass, and its pass vector (emptied when the
+        // last pass ended) takes the next one
+        let batch = if free {
+            let mut ids = std::mem::take(&mut worker.pass);
+            if worker.batcher.poll_dispatch_into(now, true, &mut ids) {
+                Some(ids)
+            } else {
+                worker.pass = ids;
+                None
+            }
         } else {
-            worker.pass = ids;
             None
         };
         match batch {

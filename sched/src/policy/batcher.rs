@@ -445,6 +445,7 @@ impl Batcher {
     /// [`Batcher::poll_dispatch`] into `ids` (cleared first when the rule
     /// says go, so a caller can keep one vector for every pass): true when a
     /// micro-batch was removed into it; `ids` is untouched otherwise.
+    #[must_use]
     pub fn poll_dispatch_into(
         &mut self,
         now: f64,

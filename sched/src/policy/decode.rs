@@ -227,9 +227,10 @@ impl DecodeScheduler {
         admitted
     }
 
-    /// [`DecodeScheduler::admit`], the admitted ids appended to `admitted`
-    /// (a caller's vector, kept from call to call).
+    /// [`DecodeScheduler::admit`] into `admitted`, cleared first (a caller's
+    /// vector, kept from call to call).
     pub fn admit_into(&mut self, admitted: &mut Vec<RequestId>) {
+        admitted.clear();
         while let Some(seq) = self.waiting.front().copied() {
             if self.running.len() >= self.max_batch {
                 break;
@@ -342,9 +343,10 @@ impl DecodeScheduler {
         done
     }
 
-    /// [`DecodeScheduler::complete_steps`], the finished ids appended to
-    /// `done` (a caller's vector, kept from call to call).
+    /// [`DecodeScheduler::complete_steps`] into `done`, cleared first (a
+    /// caller's vector, kept from call to call).
     pub fn complete_steps_into(&mut self, n: u64, done: &mut Vec<RequestId>) {
+        done.clear();
         let n = self.steps_to_finish().map_or(n, |k| n.min(k));
         self.steps += n;
         self.context_tokens += n * self.running.len() as u64;

@@ -356,10 +356,11 @@ fn load_custom<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Peak memory of a simulated run per request, bytes: 320,204 KiB (328 MB)
-/// at 1,000,000 requests of the image scenario, 3,069,912–3,083,188 KiB at
-/// 10,000,000 of `dc-1024.toml` (docs/datacenter.md, `/usr/bin/time -f %M`,
-/// 2026-12-07, since a request's one item is held inline).
+/// Peak memory of a simulated run per request, bytes: 320,204 KiB
+/// (327.9 MB) at 1,000,000 requests of the image scenario (docs/reuse.md,
+/// "Speed"), 3,069,032–3,069,372 KiB (3.14 GB) at 10,000,000 of
+/// `dc-1024.toml` (docs/datacenter.md, "1,024 GPUs"); `/usr/bin/time -f
+/// %M`, 2026-12-07, since a request's one item is held inline.
 pub const SIM_BYTES_PER_REQUEST: f64 = 328.0;
 
 /// Decode iterations a simulated run gets through per second, about: the
