@@ -58,15 +58,15 @@ impl MinTree {
     /// inner node is the winner of its leaves (`new` and `set` are the only
     /// writers), so no winner can change; 279,146 of 479,402 updates of the
     /// encode workers' tree in 100,000 requests of `scenarios/dc-1024.toml`
-    /// were such (a wake-up cleared twice). Otherwise every level up to the
-    /// root is replayed, with no stop where a node's
-    /// winner came out unchanged: under `valgrind --tool=cachegrind
-    /// --branch-sim=yes` that test was mispredicted 957,000 times in
-    /// 100,000 requests of `scenarios/dc-1024.toml` (9.5 % of the run's
-    /// mispredicted branches; its trees are over 256 encode and 96 prefill
-    /// and decode workers), and `cargo bench --bench sim -- dc-1024` took
-    /// 203–211 ms without it against 214–221 ms with it
-    /// (docs/datacenter.md).
+    /// were such (a wake-up cleared twice).
+    ///
+    /// Otherwise every level up to the root is replayed, with no stop where
+    /// a node's winner came out unchanged: under `valgrind --tool=cachegrind
+    /// --branch-sim=yes` that test was mispredicted 957,000 times in 100,000
+    /// requests of `scenarios/dc-1024.toml` (9.5 % of the run's mispredicted
+    /// branches; its trees are over 256 encode and 96 prefill and decode
+    /// workers), and `cargo bench --bench sim -- dc-1024` took 203–211 ms
+    /// without it against 214–221 ms with it (docs/datacenter.md).
     pub(crate) fn set(&mut self, i: usize, v: f64) {
         let mut k = self.width + i;
         if self.nodes[k].0.to_bits() == v.to_bits() {

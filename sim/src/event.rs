@@ -73,21 +73,20 @@ enum Keys {
 ///
 /// Against a binary heap, a pop goes down half as many levels, each level's
 /// four children lie side by side (64 bytes, over one or two cache lines),
-/// and the least of them is chosen by
-/// data-dependent moves rather than branches (which child wins is a coin
-/// toss the branch predictor cannot learn). Past the `len` keys the vector
-/// holds at least four `u128::MAX`, which no key reaches (a key's two
-/// priority bits are never both set), so every node's four children can be
-/// read and compared without asking how many there are. Keys are unique,
-/// so the order of pops is the keys' order whatever the heap's shape.
+/// and the least of them is chosen by data-dependent moves rather than
+/// branches (which child wins is a coin toss the branch predictor cannot
+/// learn). Past the `len` keys the vector holds at least four [`PAST`], so
+/// every node's four children can be read and compared without asking how
+/// many there are. Keys are unique, so the order of pops is the keys' order
+/// whatever the heap's shape.
 struct QuadHeap {
     keys: Vec<u128>,
     len: usize,
 }
 
-/// The filler past a [`QuadHeap`]'s keys: later than any key.
+/// The filler past a [`QuadHeap`]'s keys: later than any key, as a key's
+/// two priority bits are never both set (checked below).
 const PAST: u128 = u128::MAX;
-// a key's priority bits are never both set, so no key reaches `PAST`
 const _: () = assert!((Priority::Transfer as u8) < 3 && (Priority::Completion as u8) < 3);
 
 impl QuadHeap {

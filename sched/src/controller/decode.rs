@@ -59,7 +59,6 @@ impl Controller {
         for &id in &admitted {
             self.records[id as usize].decode_start = Stamp::at(now);
         }
-        admitted.clear();
         self.scratch_ids = admitted;
         let slot = &mut self.decode[d];
         let (batch, context) = slot.sched.step_shape();
@@ -115,7 +114,6 @@ impl Controller {
             self.done(id, now);
             self.commands.push_back(Command::Release { worker: d, id });
         }
-        done.clear();
         self.scratch_ids = done;
         self.release_leaving(d);
     }

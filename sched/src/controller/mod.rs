@@ -330,8 +330,8 @@ pub struct Controller {
     groups: Vec<EnvelopeGroup>,
     /// Emptied envelope id vectors, for the next passes' groups.
     spare_ids: Vec<Vec<RequestId>>,
-    /// Scratch for the ids a decode worker admits or finishes, kept empty
-    /// between uses.
+    /// Scratch for the ids a decode worker admits or finishes (each use
+    /// clears it first).
     scratch_ids: Vec<RequestId>,
     preprocess_ahead: bool,
     mechanisms: Mechanisms,
