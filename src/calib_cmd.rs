@@ -519,7 +519,7 @@ fn read_spans(path: &std::path::Path) -> anyhow::Result<Vec<easerve_calib::alone
             id: rec.id,
             encode: (rec.encode_worker)
                 .zip(both(rec.encode_start, rec.encode_end))
-                .map(|(w, (s, e))| (w, s, e)),
+                .map(|(w, (s, e))| (w as usize, s, e)),
             prefill: both(rec.prefill_start, rec.first_token),
             decode: both(rec.decode_start, rec.finish),
             embedding: both(rec.embedding_sent, rec.prefill_ready),

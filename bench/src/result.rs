@@ -207,7 +207,7 @@ impl BenchResult {
                         Some(e) => e.1 += 1,
                         None => errors.push((why.clone(), 1)),
                     }
-                    rec.failure = Some(why);
+                    rec.failure = Some(why.into());
                 }
             }
             records.push(rec);

@@ -1359,7 +1359,10 @@ mod tests {
                                 !encoded.contains(&id),
                                 "request {id} preprocessed after its pass"
                             );
-                            assert_eq!(ctrl.records()[id as usize].encode_worker, Some(worker));
+                            assert_eq!(
+                                ctrl.records()[id as usize].encode_worker,
+                                Some(worker as u32)
+                            );
                             handed.push(id);
                         }
                         Command::Encode { worker, .. } => {

@@ -190,8 +190,10 @@ impl<'de> Deserialize<'de> for Stamp {
 /// When each lifecycle event of one request happened (seconds since the start of
 /// the run). Filled in by the simulator or the executor; turned into the report
 /// by `easerve-workload`. [`Stamp::NONE`] means the event did not happen (e.g. a
-/// text-only request has no encode times). 168 bytes: a simulated run keeps one
-/// per request.
+/// text-only request has no encode times). 144 bytes: a simulated run keeps one
+/// per request (10,000,000 at the scale of `docs/datacenter.md`), so the
+/// worker index and batch size are `u32` and the failure a boxed `str`
+/// (they were `usize`s and a `String`: 168 bytes).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RequestRecord {
     /// Request id.
@@ -203,9 +205,9 @@ pub struct RequestRecord {
     /// Tokens prefill processed (text + multimodal).
     pub prefill_tokens: u64,
     /// Encode worker index that served it.
-    pub encode_worker: Option<usize>,
+    pub encode_worker: Option<u32>,
     /// Micro-batch size of its encode pass.
-    pub encode_batch: Option<usize>,
+    pub encode_batch: Option<u32>,
     /// Start of its encode pass (end of encode queueing).
     pub encode_start: Stamp,
     /// End of its encode pass.
@@ -231,7 +233,7 @@ pub struct RequestRecord {
     /// Why the request failed (a worker died, the run was interrupted);
     /// `None` for a request that finished or is still running.
     #[serde(default)]
-    pub failure: Option<String>,
+    pub failure: Option<Box<str>>,
     /// Turned away at arrival because the admission queue was full.
     #[serde(default)]
     pub rejected: bool,
@@ -298,5 +300,40 @@ impl RequestRecord {
         } else {
             Some((e2e - ttft) / (self.output_tokens - 1) as f64)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_is_144_bytes() {
+        // a simulated run keeps one per request: its size is the run's memory
+        assert_eq!(std::mem::size_of::<RequestRecord>(), 144);
+    }
+
+    #[test]
+    fn a_record_round_trips_through_json_with_its_failure() {
+        let mut r = RequestRecord::new(&Request {
+            id: 7,
+            arrival: 1.5,
+            items: Items::new(),
+            prompt_tokens: 10,
+            output_tokens: 4,
+            encoder_tokens: 0,
+            mm_tokens: 0,
+            content: None,
+        });
+        r.encode_worker = Some(3);
+        r.encode_batch = Some(2);
+        r.failure = Some("encode worker E3 is down".into());
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(json.contains(r#""encode_worker":3"#), "{json}");
+        assert!(
+            json.contains(r#""failure":"encode worker E3 is down""#),
+            "{json}"
+        );
+        assert_eq!(serde_json::from_str::<RequestRecord>(&json).unwrap(), r);
     }
 }

@@ -43,15 +43,26 @@ impl Stats {
     /// linearly between order statistics, which are selected (`O(n)`, no
     /// sort); the mean is the compensated sum ([`compensated_sum`]) over the
     /// count.
-    pub fn of(xs: Vec<f64>) -> Stats {
+    pub fn of(mut xs: Vec<f64>) -> Stats {
+        Stats::of_scratch(&mut xs)
+    }
+
+    /// [`Stats::of`] on a buffer the caller reuses: `xs` is left in an
+    /// unspecified order, each slot holding the bits of a
+    /// [`total_order_key`], so the caller clears it before gathering again.
+    pub fn of_scratch(xs: &mut [f64]) -> Stats {
         let n = xs.len();
         if n == 0 {
             return Stats::default();
         }
-        let mean = compensated_sum(&xs) / n as f64;
-        // selection runs on integer keys in `f64::total_cmp`'s order (the
-        // allocation is reused), which compare faster than floats through it
-        let mut keys: Vec<u64> = xs.into_iter().map(total_order_key).collect();
+        let mean = compensated_sum(xs) / n as f64;
+        // selection runs on integer keys in `f64::total_cmp`'s order, which
+        // compare faster than floats through it; each key's bits are kept in
+        // the sample's own slot (only `to_bits`/`from_bits` touch them)
+        for x in xs.iter_mut() {
+            *x = f64::from_bits(total_order_key(*x));
+        }
+        let key = |x: &f64| x.to_bits();
         let pos = |p: f64| p / 100.0 * (n - 1) as f64;
         // the order statistics the percentiles need, ascending: each is
         // selected from what lies above the one before
@@ -64,10 +75,10 @@ impl Stats {
         ranks.dedup();
         let mut from = 0;
         for &r in &ranks {
-            keys[from..].select_nth_unstable(r - from);
+            xs[from..].select_nth_unstable_by_key(r - from, key);
             from = r + 1;
         }
-        let at = |i: usize| from_total_order_key(keys[i]);
+        let at = |i: usize| from_total_order_key(key(&xs[i]));
         let pct = |p: f64| {
             let pos = pos(p);
             let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
@@ -806,41 +817,103 @@ impl Report {
     ) -> Report {
         let span = |a: Stamp, b: Stamp| Some(b.get()? - a.get()?);
         type Pick = fn(&RequestRecord) -> (Stamp, Stamp, Stamp);
-        let picks: [(&str, Pick); 5] = [
-            ("encode", |r| {
-                (Stamp::at(r.arrival), r.encode_start, r.encode_end)
-            }),
-            ("embedding transfer", |r| {
-                (r.encode_end, r.encode_end, r.prefill_ready)
-            }),
-            ("prefill", |r| {
-                (r.prefill_ready, r.prefill_start, r.first_token)
-            }),
-            ("kv transfer", |r| {
-                (r.first_token, r.first_token, r.decode_ready)
-            }),
-            ("decode", |r| (r.decode_ready, r.decode_start, r.finish)),
+        // Each stage's (ready, start, end), and where its samples go: the
+        // pass over the records that gathers them, the buffer of its service
+        // times and that of its waits. The transfers have no queue of their
+        // own in the records (ready is their start, so every wait is 0; a
+        // link's queueing is part of its transfer): their waits are not
+        // gathered.
+        struct StagePick {
+            name: &'static str,
+            pick: Pick,
+            pass: usize,
+            serve: usize,
+            wait: Option<usize>,
+        }
+        let picks: [StagePick; 5] = [
+            StagePick {
+                name: "encode",
+                pick: |r| (Stamp::at(r.arrival), r.encode_start, r.encode_end),
+                pass: 0,
+                serve: 3,
+                wait: Some(4),
+            },
+            StagePick {
+                name: "embedding transfer",
+                pick: |r| (r.encode_end, r.encode_end, r.prefill_ready),
+                pass: 1,
+                serve: 0,
+                wait: None,
+            },
+            StagePick {
+                name: "prefill",
+                pick: |r| (r.prefill_ready, r.prefill_start, r.first_token),
+                pass: 1,
+                serve: 1,
+                wait: Some(2),
+            },
+            StagePick {
+                name: "kv transfer",
+                pick: |r| (r.first_token, r.first_token, r.decode_ready),
+                pass: 1,
+                serve: 3,
+                wait: None,
+            },
+            StagePick {
+                name: "decode",
+                pick: |r| (r.decode_ready, r.decode_start, r.finish),
+                pass: 1,
+                serve: 4,
+                wait: Some(5),
+            },
         ];
-        // one pass over the records (they are large; every figure below is
-        // independent of the order its samples are collected in)
+        // The samples are gathered in two passes over the records into one
+        // set of buffers, reused: TTFT, TPOT, E2E and the encode stage in the
+        // first (buffers 0–4), the other stages in the second (0–5). Every
+        // figure is independent of the order its samples come in. One pass
+        // for all of them held thirteen vectors of `n` samples at once
+        // beside the records (1.04 GB at 10,000,000 requests,
+        // docs/datacenter.md); these hold six, and the second pass costs a
+        // read of the records.
+        let n = records.len();
+        // sized once: growing by doubling would copy every sample log₂ n times
+        let mut bufs: [Vec<f64>; 6] = std::array::from_fn(|_| Vec::new());
+        let gather = |bufs: &mut [Vec<f64>; 6], r: &RequestRecord, pass: usize| {
+            for p in picks.iter().filter(|p| p.pass == pass) {
+                let (ready, start, end) = (p.pick)(r);
+                if let (Some(wait), Some(serve)) = (span(ready, start), span(start, end)) {
+                    bufs[p.serve].push(serve);
+                    if let Some(w) = p.wait {
+                        bufs[w].push(wait);
+                    }
+                }
+            }
+        };
+        let mut stage_stats = [(0usize, Stats::default(), Stats::default()); 5];
+        let stats_of =
+            |bufs: &mut [Vec<f64>; 6], pass: usize, out: &mut [(usize, Stats, Stats); 5]| {
+                for (p, out) in picks.iter().zip(out.iter_mut()) {
+                    if p.pass == pass {
+                        let requests = bufs[p.serve].len();
+                        let wait = p
+                            .wait
+                            .map_or(Stats::default(), |w| Stats::of_scratch(&mut bufs[w]));
+                        *out = (requests, wait, Stats::of_scratch(&mut bufs[p.serve]));
+                    }
+                }
+            };
         let mut start = f64::INFINITY;
         let mut end = f64::NEG_INFINITY;
         let mut completed = 0usize;
-        // sized once: growing by doubling would copy every sample log₂ n times
-        let n = records.len();
-        let (mut ttfts, mut tpots, mut e2es) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
         let (mut out_tokens, mut in_tokens) = (0u64, 0u64);
         let mut good = vec![0usize; slo.len()];
-        let mut waits: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(n));
-        let mut serves: [Vec<f64>; 5] = std::array::from_fn(|_| Vec::with_capacity(n));
         let mut failures: Vec<FailureCount> = Vec::new();
         let mut refusals: Vec<FailureCount> = Vec::new();
         let mut aborts: Vec<FailureCount> = Vec::new();
         let mut rejected = 0usize;
+        for b in &mut bufs[..5] {
+            b.reserve_exact(n);
+        }
         for r in records {
             start = start.min(r.arrival);
             rejected += usize::from(r.rejected);
@@ -859,9 +932,9 @@ impl Report {
             completed += 1;
             end = end.max(finish);
             let (ttft, tpot) = (r.ttft(), r.tpot());
-            ttfts.extend(ttft);
-            tpots.extend(tpot);
-            e2es.extend(r.e2e());
+            bufs[0].extend(ttft);
+            bufs[1].extend(tpot);
+            bufs[2].extend(r.e2e());
             out_tokens += r.output_tokens as u64;
             in_tokens += r.prefill_tokens;
             for (n, t) in good.iter_mut().zip(slo) {
@@ -869,14 +942,19 @@ impl Report {
                     ttft.is_some_and(|x| x <= t.ttft_s) && tpot.is_some_and(|x| x <= t.tpot_s),
                 );
             }
-            for (i, (_, pick)) in picks.iter().enumerate() {
-                let (ready, start, end) = pick(r);
-                if let (Some(wait), Some(serve)) = (span(ready, start), span(start, end)) {
-                    waits[i].push(wait);
-                    serves[i].push(serve);
-                }
-            }
+            gather(&mut bufs, r, 0);
         }
+        let [ttft, tpot, e2e] = [0, 1, 2].map(|i| Stats::of_scratch(&mut bufs[i]));
+        stats_of(&mut bufs, 0, &mut stage_stats);
+        for b in &mut bufs {
+            b.clear();
+            b.reserve_exact(n);
+        }
+        for r in records.iter().filter(|r| r.finish.is_some()) {
+            gather(&mut bufs, r, 1);
+        }
+        stats_of(&mut bufs, 1, &mut stage_stats);
+        drop(bufs);
         let duration = if completed == 0 {
             0.0
         } else {
@@ -894,16 +972,15 @@ impl Report {
         };
         let stages: Vec<StageReport> = picks
             .iter()
-            .zip(waits.into_iter().zip(serves))
-            .map(|((name, _), (q, s))| StageReport {
-                stage: name.to_string(),
-                requests: q.len(),
-                queue: Stats::of(q),
-                service: Stats::of(s),
-                busy_fraction: stage_busy(name),
+            .zip(stage_stats)
+            .map(|(p, (requests, queue, service))| StageReport {
+                stage: p.name.to_string(),
+                requests,
+                queue,
+                service,
+                busy_fraction: stage_busy(p.name),
             })
             .collect();
-        let e2e = Stats::of(e2es);
         for counts in [&mut failures, &mut refusals, &mut aborts] {
             FailureCount::sort(counts);
         }
@@ -915,8 +992,8 @@ impl Report {
             request_throughput: per_s(completed as f64),
             output_throughput: per_s(out_tokens as f64),
             total_token_throughput: per_s((out_tokens + in_tokens) as f64),
-            ttft: Stats::of(ttfts),
-            tpot: Stats::of(tpots),
+            ttft,
+            tpot,
             e2e,
             goodput,
             stages,

@@ -85,7 +85,7 @@ impl Controller {
         let (w, enc) = self.choose_encode(id);
         self.counters.stage_arrivals[0] += 1;
         self.decide(|| Decision::PlaceEncode { id, worker: w });
-        self.records[i].encode_worker = Some(w);
+        self.records[i].encode_worker = Some(w as u32);
         self.place[i] = Place::Encode(w as u32);
         if !self.encode[w].alive {
             self.fail(id, &format!("encode worker E{w} is down"));
@@ -292,7 +292,7 @@ impl Controller {
                     // a request split into shards starts with its first
                     let r = &mut self.records[id as usize];
                     r.encode_start.get_or_insert(now);
-                    r.encode_batch.get_or_insert(ids.len());
+                    r.encode_batch.get_or_insert(ids.len() as u32);
                 }
                 let items = if self.mechanisms.split_items {
                     self.take_shards(w, &ids)

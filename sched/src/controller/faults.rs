@@ -258,7 +258,7 @@ impl Controller {
         let mut groups: Vec<(usize, usize, Vec<RequestId>)> = Vec::new();
         for &id in ids {
             let i = id as usize;
-            let from = self.records[i].encode_worker;
+            let from = self.records[i].encode_worker.map(|w| w as usize);
             let Some((dest, local)) = self.live_prefill(self.requests[i].prefill_tokens(), from)
             else {
                 let why = format!(

@@ -1018,7 +1018,7 @@ impl Controller {
         }
         self.place[i] = Place::Done;
         self.take_encoder_ops(id);
-        self.records[i].failure = Some(reason.to_string());
+        self.records[i].failure = Some(reason.into());
         self.counters.failed += 1;
         self.prune_deadlines();
         self.decide(|| Decision::Fail {

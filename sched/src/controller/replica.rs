@@ -125,7 +125,7 @@ impl Controller {
                 encoded += 1;
                 let rec = &mut self.records[i];
                 rec.encode_start = Stamp::at(now);
-                rec.encode_batch = Some(admitted.len());
+                rec.encode_batch = Some(admitted.len() as u32);
             }
         }
         if encoded > 0 {

@@ -54,7 +54,7 @@ impl Controller {
                 worker: w,
             });
             if item == 0 {
-                self.records[i].encode_worker = Some(w);
+                self.records[i].encode_worker = Some(w as u32);
                 self.place[i] = Place::Encode(w as u32);
             }
             if !self.encode[w].alive {
