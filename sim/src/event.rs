@@ -176,6 +176,7 @@ impl<E> EventQueue<E> {
     /// On the 2^38-th push of a run (the sequence number would reach the
     /// priority's bits), and on a push with 2^24 events in flight already
     /// (the slot would reach the sequence number's bits).
+    #[inline]
     pub(crate) fn push(&mut self, time: f64, priority: Priority, event: E) {
         self.seq += 1;
         assert!(
@@ -197,7 +198,16 @@ impl<E> EventQueue<E> {
                 s
             }
         };
-        let k = key(time, priority, self.seq, slot);
+        self.push_key(key(time, priority, self.seq, slot));
+    }
+
+    /// Enter an event's key (the event is in its slot already). Kept out of
+    /// line: [`EventQueue::push`] is inlined where it is called, so each
+    /// event is written into its slot where it is built, not copied there
+    /// through the stack (a 32-byte copy whose load waited on the caller's
+    /// narrower stores: 4.9 % of the `image-reuse.toml` run's samples).
+    #[inline(never)]
+    fn push_key(&mut self, k: u128) {
         match &mut self.keys {
             Keys::Sorted(v) if v.len() < SORTED_MAX => {
                 // keys are unique: the first key not later than the new one
@@ -227,6 +237,7 @@ impl<E> EventQueue<E> {
     }
 
     /// The earliest event, if it is due at or before `limit` (seconds).
+    #[inline]
     pub(crate) fn pop_until(&mut self, limit: f64) -> Option<(f64, E)> {
         if time_of(self.first()?) <= limit {
             self.pop()
