@@ -308,6 +308,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(target_pointer_width = "64")]
     fn a_record_is_144_bytes() {
         // a simulated run keeps one per request: its size is the run's memory
         assert_eq!(std::mem::size_of::<RequestRecord>(), 144);

@@ -50,7 +50,7 @@ impl Stats {
     /// [`Stats::of`] on a buffer the caller reuses: `xs` is left in an
     /// unspecified order, each slot holding the bits of a
     /// [`total_order_key`], so the caller clears it before gathering again.
-    pub fn of_scratch(xs: &mut [f64]) -> Stats {
+    fn of_scratch(xs: &mut [f64]) -> Stats {
         let n = xs.len();
         if n == 0 {
             return Stats::default();
@@ -805,6 +805,150 @@ fn head(s: &mut String, title: &str) {
     let _ = writeln!(s, "{:-^56}", title);
 }
 
+/// A stage's lifecycle moments in a record: `(ready, start, end)`; its wait
+/// is `start − ready`, its service `end − start`.
+type Pick = fn(&RequestRecord) -> (Stamp, Stamp, Stamp);
+
+/// Where one stage's samples come from and go: the pass over the records
+/// that gathers them ([`Latencies::gather`]), the buffer of its service
+/// times and the buffer of its waits.
+struct StagePick {
+    name: &'static str,
+    pick: Pick,
+    pass: usize,
+    serve: usize,
+    /// `None` for the transfers: they have no queue of their own in the
+    /// records (ready is their start, so every wait is 0; a link's queueing
+    /// is part of its transfer), and their waits are not gathered.
+    wait: Option<usize>,
+}
+
+/// The buffers of the first pass that TTFT, TPOT and E2E take.
+const TTFT_BUF: usize = 0;
+const TPOT_BUF: usize = 1;
+const E2E_BUF: usize = 2;
+
+/// The stages of [`STAGES`], in order: the encode stage's samples share the
+/// first pass with TTFT, TPOT and E2E (buffers 3 and 4), the other stages'
+/// fill the second (buffers 0–5).
+const STAGE_PICKS: [StagePick; 5] = [
+    StagePick {
+        name: STAGES[0],
+        pick: |r| (Stamp::at(r.arrival), r.encode_start, r.encode_end),
+        pass: 0,
+        serve: 3,
+        wait: Some(4),
+    },
+    StagePick {
+        name: STAGES[1],
+        pick: |r| (r.encode_end, r.encode_end, r.prefill_ready),
+        pass: 1,
+        serve: 0,
+        wait: None,
+    },
+    StagePick {
+        name: STAGES[2],
+        pick: |r| (r.prefill_ready, r.prefill_start, r.first_token),
+        pass: 1,
+        serve: 1,
+        wait: Some(2),
+    },
+    StagePick {
+        name: STAGES[3],
+        pick: |r| (r.first_token, r.first_token, r.decode_ready),
+        pass: 1,
+        serve: 3,
+        wait: None,
+    },
+    StagePick {
+        name: STAGES[4],
+        pick: |r| (r.decode_ready, r.decode_start, r.finish),
+        pass: 1,
+        serve: 4,
+        wait: Some(5),
+    },
+];
+
+/// The latencies of a run's finished requests: TTFT, TPOT, E2E and each
+/// stage's `(requests, wait, service)`, in [`STAGE_PICKS`] order.
+struct Latencies {
+    ttft: Stats,
+    tpot: Stats,
+    e2e: Stats,
+    stages: [(usize, Stats, Stats); 5],
+}
+
+impl Latencies {
+    /// Gathered in two passes over `records` into one set of six buffers,
+    /// reused: TTFT, TPOT, E2E and the encode stage in the first, the other
+    /// stages in the second. `each` sees every record, in order, during the
+    /// first. Every figure is independent of the order its samples come in,
+    /// and each buffer gets them in record order. One pass for all of them
+    /// held thirteen vectors of one `f64` per request beside the records
+    /// (1.04 GB at 10,000,000 requests, docs/datacenter.md); these hold six,
+    /// and the second pass costs a read of the records.
+    fn gather(records: &[RequestRecord], mut each: impl FnMut(&RequestRecord)) -> Latencies {
+        let span = |a: Stamp, b: Stamp| Some(b.get()? - a.get()?);
+        let gather = |bufs: &mut [Vec<f64>; 6], r: &RequestRecord, pass: usize| {
+            for p in STAGE_PICKS.iter().filter(|p| p.pass == pass) {
+                let (ready, start, end) = (p.pick)(r);
+                if let (Some(wait), Some(serve)) = (span(ready, start), span(start, end)) {
+                    bufs[p.serve].push(serve);
+                    if let Some(w) = p.wait {
+                        bufs[w].push(wait);
+                    }
+                }
+            }
+        };
+        let mut stages = [(0usize, Stats::default(), Stats::default()); 5];
+        let stats_of =
+            |bufs: &mut [Vec<f64>; 6], pass: usize, stages: &mut [(usize, Stats, Stats); 5]| {
+                for (p, out) in STAGE_PICKS.iter().zip(stages.iter_mut()) {
+                    if p.pass == pass {
+                        let requests = bufs[p.serve].len();
+                        let wait = p
+                            .wait
+                            .map_or(Stats::default(), |w| Stats::of_scratch(&mut bufs[w]));
+                        *out = (requests, wait, Stats::of_scratch(&mut bufs[p.serve]));
+                    }
+                }
+            };
+        // sized once: growing by doubling would copy every sample log₂ n times
+        let n = records.len();
+        let mut bufs: [Vec<f64>; 6] = std::array::from_fn(|_| Vec::new());
+        for b in &mut bufs[..5] {
+            b.reserve_exact(n);
+        }
+        for r in records {
+            each(r);
+            if r.finish.is_none() {
+                continue;
+            }
+            bufs[TTFT_BUF].extend(r.ttft());
+            bufs[TPOT_BUF].extend(r.tpot());
+            bufs[E2E_BUF].extend(r.e2e());
+            gather(&mut bufs, r, 0);
+        }
+        let [ttft, tpot, e2e] =
+            [TTFT_BUF, TPOT_BUF, E2E_BUF].map(|i| Stats::of_scratch(&mut bufs[i]));
+        stats_of(&mut bufs, 0, &mut stages);
+        for b in &mut bufs {
+            b.clear();
+            b.reserve_exact(n);
+        }
+        for r in records.iter().filter(|r| r.finish.is_some()) {
+            gather(&mut bufs, r, 1);
+        }
+        stats_of(&mut bufs, 1, &mut stages);
+        Latencies {
+            ttft,
+            tpot,
+            e2e,
+            stages,
+        }
+    }
+}
+
 impl Report {
     /// Build the report from per-request records.
     pub fn build(
@@ -815,93 +959,6 @@ impl Report {
         encode: EncodeSummary,
         notes: Vec<String>,
     ) -> Report {
-        let span = |a: Stamp, b: Stamp| Some(b.get()? - a.get()?);
-        type Pick = fn(&RequestRecord) -> (Stamp, Stamp, Stamp);
-        // Each stage's (ready, start, end), and where its samples go: the
-        // pass over the records that gathers them, the buffer of its service
-        // times and that of its waits. The transfers have no queue of their
-        // own in the records (ready is their start, so every wait is 0; a
-        // link's queueing is part of its transfer): their waits are not
-        // gathered.
-        struct StagePick {
-            name: &'static str,
-            pick: Pick,
-            pass: usize,
-            serve: usize,
-            wait: Option<usize>,
-        }
-        let picks: [StagePick; 5] = [
-            StagePick {
-                name: "encode",
-                pick: |r| (Stamp::at(r.arrival), r.encode_start, r.encode_end),
-                pass: 0,
-                serve: 3,
-                wait: Some(4),
-            },
-            StagePick {
-                name: "embedding transfer",
-                pick: |r| (r.encode_end, r.encode_end, r.prefill_ready),
-                pass: 1,
-                serve: 0,
-                wait: None,
-            },
-            StagePick {
-                name: "prefill",
-                pick: |r| (r.prefill_ready, r.prefill_start, r.first_token),
-                pass: 1,
-                serve: 1,
-                wait: Some(2),
-            },
-            StagePick {
-                name: "kv transfer",
-                pick: |r| (r.first_token, r.first_token, r.decode_ready),
-                pass: 1,
-                serve: 3,
-                wait: None,
-            },
-            StagePick {
-                name: "decode",
-                pick: |r| (r.decode_ready, r.decode_start, r.finish),
-                pass: 1,
-                serve: 4,
-                wait: Some(5),
-            },
-        ];
-        // The samples are gathered in two passes over the records into one
-        // set of buffers, reused: TTFT, TPOT, E2E and the encode stage in the
-        // first (buffers 0–4), the other stages in the second (0–5). Every
-        // figure is independent of the order its samples come in. One pass
-        // for all of them held thirteen vectors of `n` samples at once
-        // beside the records (1.04 GB at 10,000,000 requests,
-        // docs/datacenter.md); these hold six, and the second pass costs a
-        // read of the records.
-        let n = records.len();
-        // sized once: growing by doubling would copy every sample log₂ n times
-        let mut bufs: [Vec<f64>; 6] = std::array::from_fn(|_| Vec::new());
-        let gather = |bufs: &mut [Vec<f64>; 6], r: &RequestRecord, pass: usize| {
-            for p in picks.iter().filter(|p| p.pass == pass) {
-                let (ready, start, end) = (p.pick)(r);
-                if let (Some(wait), Some(serve)) = (span(ready, start), span(start, end)) {
-                    bufs[p.serve].push(serve);
-                    if let Some(w) = p.wait {
-                        bufs[w].push(wait);
-                    }
-                }
-            }
-        };
-        let mut stage_stats = [(0usize, Stats::default(), Stats::default()); 5];
-        let stats_of =
-            |bufs: &mut [Vec<f64>; 6], pass: usize, out: &mut [(usize, Stats, Stats); 5]| {
-                for (p, out) in picks.iter().zip(out.iter_mut()) {
-                    if p.pass == pass {
-                        let requests = bufs[p.serve].len();
-                        let wait = p
-                            .wait
-                            .map_or(Stats::default(), |w| Stats::of_scratch(&mut bufs[w]));
-                        *out = (requests, wait, Stats::of_scratch(&mut bufs[p.serve]));
-                    }
-                }
-            };
         let mut start = f64::INFINITY;
         let mut end = f64::NEG_INFINITY;
         let mut completed = 0usize;
@@ -911,10 +968,7 @@ impl Report {
         let mut refusals: Vec<FailureCount> = Vec::new();
         let mut aborts: Vec<FailureCount> = Vec::new();
         let mut rejected = 0usize;
-        for b in &mut bufs[..5] {
-            b.reserve_exact(n);
-        }
-        for r in records {
+        let latencies = Latencies::gather(records, |r| {
             start = start.min(r.arrival);
             rejected += usize::from(r.rejected);
             if let Some(reason) = &r.failure {
@@ -927,14 +981,11 @@ impl Report {
                 FailureCount::count(&mut aborts, why.name());
             }
             let Some(finish) = r.finish.get() else {
-                continue;
+                return;
             };
             completed += 1;
             end = end.max(finish);
             let (ttft, tpot) = (r.ttft(), r.tpot());
-            bufs[0].extend(ttft);
-            bufs[1].extend(tpot);
-            bufs[2].extend(r.e2e());
             out_tokens += r.output_tokens as u64;
             in_tokens += r.prefill_tokens;
             for (n, t) in good.iter_mut().zip(slo) {
@@ -942,19 +993,7 @@ impl Report {
                     ttft.is_some_and(|x| x <= t.ttft_s) && tpot.is_some_and(|x| x <= t.tpot_s),
                 );
             }
-            gather(&mut bufs, r, 0);
-        }
-        let [ttft, tpot, e2e] = [0, 1, 2].map(|i| Stats::of_scratch(&mut bufs[i]));
-        stats_of(&mut bufs, 0, &mut stage_stats);
-        for b in &mut bufs {
-            b.clear();
-            b.reserve_exact(n);
-        }
-        for r in records.iter().filter(|r| r.finish.is_some()) {
-            gather(&mut bufs, r, 1);
-        }
-        stats_of(&mut bufs, 1, &mut stage_stats);
-        drop(bufs);
+        });
         let duration = if completed == 0 {
             0.0
         } else {
@@ -970,9 +1009,9 @@ impl Report {
                 .collect();
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
         };
-        let stages: Vec<StageReport> = picks
+        let stages: Vec<StageReport> = STAGE_PICKS
             .iter()
-            .zip(stage_stats)
+            .zip(latencies.stages)
             .map(|(p, (requests, queue, service))| StageReport {
                 stage: p.name.to_string(),
                 requests,
@@ -992,9 +1031,9 @@ impl Report {
             request_throughput: per_s(completed as f64),
             output_throughput: per_s(out_tokens as f64),
             total_token_throughput: per_s((out_tokens + in_tokens) as f64),
-            ttft,
-            tpot,
-            e2e,
+            ttft: latencies.ttft,
+            tpot: latencies.tpot,
+            e2e: latencies.e2e,
             goodput,
             stages,
             gpus,
@@ -1378,6 +1417,87 @@ fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_pass_gives_every_sample_set_a_buffer_of_its_own() {
+        for pass in 0..2 {
+            let mut used: Vec<usize> = if pass == 0 {
+                vec![TTFT_BUF, TPOT_BUF, E2E_BUF]
+            } else {
+                Vec::new()
+            };
+            for p in STAGE_PICKS.iter().filter(|p| p.pass == pass) {
+                used.extend(std::iter::once(p.serve).chain(p.wait));
+            }
+            let n = used.len();
+            used.sort_unstable();
+            used.dedup();
+            assert_eq!(used.len(), n, "pass {pass} shares a buffer: {used:?}");
+            assert!(used.iter().all(|&b| b < 6));
+        }
+        let names: Vec<&str> = STAGE_PICKS.iter().map(|p| p.name).collect();
+        assert_eq!(names, STAGES);
+    }
+
+    #[test]
+    fn the_two_passes_give_what_one_vector_per_sample_set_gives() {
+        // records with every stage, with no encode (text), unfinished, and
+        // transfers whose wait is 0 by construction
+        let records: Vec<RequestRecord> = (0..500u64)
+            .map(|i| {
+                let t = i as f64 * 0.37;
+                let at = |x: f64| Stamp::at(t + x * (1.0 + (i % 7) as f64 * 0.13));
+                let mut r = RequestRecord {
+                    id: i,
+                    arrival: t,
+                    output_tokens: 1 + (i % 5) as u32,
+                    prefill_tokens: 100 + i,
+                    ..Default::default()
+                };
+                if i % 3 != 0 {
+                    (r.encode_start, r.encode_end) = (at(0.01), at(0.05));
+                }
+                (r.prefill_ready, r.prefill_start, r.first_token) = (at(0.06), at(0.09), at(0.2));
+                if i % 11 != 0 {
+                    (r.decode_ready, r.decode_start, r.finish) = (at(0.21), at(0.3), at(0.9));
+                }
+                r
+            })
+            .collect();
+        let mut seen = 0;
+        let got = Latencies::gather(&records, |_| seen += 1);
+        assert_eq!(seen, records.len());
+        let done: Vec<&RequestRecord> = records.iter().filter(|r| r.finish.is_some()).collect();
+        let of = |f: &dyn Fn(&RequestRecord) -> Option<f64>| {
+            Stats::of(done.iter().filter_map(|r| f(r)).collect())
+        };
+        assert_eq!(got.ttft, of(&|r| r.ttft()));
+        assert_eq!(got.tpot, of(&|r| r.tpot()));
+        assert_eq!(got.e2e, of(&|r| r.e2e()));
+        for (p, &(requests, wait, service)) in STAGE_PICKS.iter().zip(&got.stages) {
+            let spans: Vec<(f64, f64)> = done
+                .iter()
+                .filter_map(|r| {
+                    let (a, b, c) = (p.pick)(r);
+                    Some((b.get()? - a.get()?, c.get()? - b.get()?))
+                })
+                .collect();
+            assert_eq!(requests, spans.len(), "{}", p.name);
+            assert!(requests > 0, "{}", p.name);
+            assert_eq!(
+                wait,
+                Stats::of(spans.iter().map(|s| s.0).collect()),
+                "{}",
+                p.name
+            );
+            assert_eq!(
+                service,
+                Stats::of(spans.iter().map(|s| s.1).collect()),
+                "{}",
+                p.name
+            );
+        }
+    }
 
     #[test]
     fn notes_wrap_at_spaces_within_the_width() {

@@ -105,12 +105,7 @@ impl Controller {
         slot.sched
             .complete_steps_into(steps.clamp(1, slot.run_steps.max(1)), &mut done);
         for &id in &done {
-            // an aborted request's place is `Done`: that dense vector is read
-            // first, so a finishing request's record is only written (its
-            // `finish`), not read (a load that missed the caches on most
-            // requests at 10,000,000 of them)
-            let i = id as usize;
-            if self.place[i] == super::Place::Done && self.records[i].aborted.is_some() {
+            if self.aborted(id) {
                 // released with the others leaving below
                 continue;
             }

@@ -85,8 +85,9 @@ impl Controller {
         let (w, enc) = self.choose_encode(id);
         self.counters.stage_arrivals[0] += 1;
         self.decide(|| Decision::PlaceEncode { id, worker: w });
-        self.records[i].encode_worker = Some(w as u32);
-        self.place[i] = Place::Encode(w as u32);
+        let w32 = u32::try_from(w).expect("a worker index fits 32 bits");
+        self.records[i].encode_worker = Some(w32);
+        self.place[i] = Place::Encode(w32);
         if !self.encode[w].alive {
             self.fail(id, &format!("encode worker E{w} is down"));
             self.encode_place.complete(w, enc);
@@ -292,7 +293,9 @@ impl Controller {
                     // a request split into shards starts with its first
                     let r = &mut self.records[id as usize];
                     r.encode_start.get_or_insert(now);
-                    r.encode_batch.get_or_insert(ids.len() as u32);
+                    r.encode_batch.get_or_insert(
+                        u32::try_from(ids.len()).expect("a pass holds under 2^32 requests"),
+                    );
                 }
                 let items = if self.mechanisms.split_items {
                     self.take_shards(w, &ids)

@@ -125,7 +125,8 @@ impl Controller {
                 encoded += 1;
                 let rec = &mut self.records[i];
                 rec.encode_start = Stamp::at(now);
-                rec.encode_batch = Some(admitted.len() as u32);
+                rec.encode_batch =
+                    Some(u32::try_from(admitted.len()).expect("a batch holds under 2^32 requests"));
             }
         }
         if encoded > 0 {
@@ -175,7 +176,7 @@ impl Controller {
             rec.decode_start = Stamp::at(now);
         }
         for id in self.replicas[r].sched.complete_step() {
-            if self.records[id as usize].aborted.is_some() {
+            if self.aborted(id) {
                 // its placement was completed when it was aborted
                 continue;
             }

@@ -54,8 +54,9 @@ impl Controller {
                 worker: w,
             });
             if item == 0 {
-                self.records[i].encode_worker = Some(w as u32);
-                self.place[i] = Place::Encode(w as u32);
+                let w32 = u32::try_from(w).expect("a worker index fits 32 bits");
+                self.records[i].encode_worker = Some(w32);
+                self.place[i] = Place::Encode(w32);
             }
             if !self.encode[w].alive {
                 self.encode_place.complete(w, work);

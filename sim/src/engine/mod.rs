@@ -1656,7 +1656,8 @@ impl<'a> Sim<'a> {
         if let Some(r) = reuse.as_ref().filter(|_| !sc.knobs.caches.is_off()) {
             typical = typical.with_offered(sc, &r.offered);
         }
-        // the items' tokens (32 bytes a request) are not needed past here
+        // the items' tokens (32 bytes a request of one item) are not needed
+        // past here
         drop(tokens);
         let encode = EncodeSummary::of(&ctrl);
         let mut notes = cost.notes();

@@ -356,12 +356,13 @@ fn load_custom<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Peak memory of a simulated run per request, bytes: 320,204 KiB
-/// (327.9 MB) at 1,000,000 requests of the image scenario (docs/reuse.md,
-/// "Speed"), 3,069,032–3,069,372 KiB (3.14 GB) at 10,000,000 of
-/// `dc-1024.toml` (docs/datacenter.md, "1,024 GPUs"); `/usr/bin/time -f
-/// %M`, 2026-12-07, since a request's one item is held inline.
-pub const SIM_BYTES_PER_REQUEST: f64 = 328.0;
+/// Peak memory of a simulated run per request, bytes: 289,268 KiB
+/// (296.2 MB) at most at 1,000,000 requests of the image scenario
+/// (docs/reuse.md, "Speed"), 2,677,192–2,680,720 KiB (2.75 GB) at
+/// 10,000,000 of `dc-1024.toml` (docs/datacenter.md, "Less memory per
+/// request"); `/usr/bin/time -f %M`, 2026-12-07, since a request's record
+/// is 144 bytes and the report gathers its samples in two passes.
+pub const SIM_BYTES_PER_REQUEST: f64 = 296.0;
 
 /// Decode iterations a simulated run gets through per second, about: the
 /// image scenario's 1,000,000-request run takes 1.71 s for 10.8 M iterations
