@@ -356,8 +356,8 @@ fn load_custom<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Peak memory of a simulated run per request, bytes: 289,268 KiB
-/// (296.2 MB) at most at 1,000,000 requests of the image scenario
+/// Peak memory of a simulated run per request, bytes: 289,268–290,272 KiB
+/// (296.2–297.2 MB) at most at 1,000,000 requests of the image scenario
 /// (docs/reuse.md, "Speed"), 2,677,192–2,680,720 KiB (2.75 GB) at
 /// 10,000,000 of `dc-1024.toml` (docs/datacenter.md, "Less memory per
 /// request"); `/usr/bin/time -f %M`, 2026-12-07, since a request's record
@@ -365,9 +365,10 @@ fn load_custom<T: serde::de::DeserializeOwned>(
 pub const SIM_BYTES_PER_REQUEST: f64 = 296.0;
 
 /// Decode iterations a simulated run gets through per second, about: the
-/// image scenario's 1,000,000-request run takes 1.71 s for 10.8 M iterations
-/// inside decode runs, plus 9.1 M other events (README "Speed"), so about 6.3
-/// M iterations per second of the whole run.
+/// image scenario's 1,000,000-request run took 1.71 s for 10.8 M iterations
+/// inside decode runs, plus 9.1 M other events (docs/speed.md, "Speed",
+/// 2026-12-03), so about 6.3 M iterations per second of the whole run (it
+/// took 1.23–1.44 s on 2026-12-07: a conservative rate).
 pub const SIM_STEPS_PER_SECOND: f64 = 6.3e6;
 
 impl Scenario {
@@ -391,7 +392,7 @@ impl Scenario {
         let secs = steps / SIM_STEPS_PER_SECOND;
         if secs > 60.0 {
             out.push(format!(
-                "{} requests of up to {} output tokens may take up to {} decode iterations, about {} s to simulate (the exec driver is slower still); lower workload.output_len or workload.requests for a quicker run",
+                "{} requests of up to {} output tokens may take up to {} decode iterations, up to about {} s to simulate (decode batches share iterations, so usually far less; the exec driver is slower still); lower workload.output_len or workload.requests for a quicker run",
                 w.requests,
                 (f64::from(w.output_len) * (1.0 + w.range_ratio)).ceil(),
                 num(steps),
