@@ -2,7 +2,7 @@
 //! dispatch, the SM share a co-located prefill worker is left, and the end of
 //! a pass (prefill routing and the embeddings envelopes it sends).
 
-use super::{Command, Controller, Decision, Place};
+use super::{index_u32, Command, Controller, Decision, Place};
 use crate::{RequestId, Route, Stamp};
 
 /// Under time-slicing (no SM partition) an encode pass in its GPU phase and
@@ -85,7 +85,7 @@ impl Controller {
         let (w, enc) = self.choose_encode(id);
         self.counters.stage_arrivals[0] += 1;
         self.decide(|| Decision::PlaceEncode { id, worker: w });
-        let w32 = u32::try_from(w).expect("a worker index fits 32 bits");
+        let w32 = index_u32(w);
         self.records[i].encode_worker = Some(w32);
         self.place[i] = Place::Encode(w32);
         if !self.encode[w].alive {

@@ -376,6 +376,12 @@ pub struct Controller {
 /// intra-request parallelism) their items.
 type EnvelopeGroup = (usize, Vec<RequestId>, Vec<u32>);
 
+/// A worker index as the `u32` a request's record and place keep it in:
+/// workers number at most the cluster's GPUs (a few thousand).
+fn index_u32(w: usize) -> u32 {
+    u32::try_from(w).expect("a worker index fits 32 bits")
+}
+
 impl Controller {
     /// A controller for `requests` (ids = indices, ascending arrival) laid out
     /// as `cfg` says.

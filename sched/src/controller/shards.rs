@@ -54,7 +54,7 @@ impl Controller {
                 worker: w,
             });
             if item == 0 {
-                let w32 = u32::try_from(w).expect("a worker index fits 32 bits");
+                let w32 = super::index_u32(w);
                 self.records[i].encode_worker = Some(w32);
                 self.place[i] = Place::Encode(w32);
             }
