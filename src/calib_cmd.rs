@@ -178,6 +178,16 @@ pub(crate) enum CalibCommand {
         /// without this flag.
         #[arg(long, requires = "sim_csv")]
         alone_passes: bool,
+        /// With --alone-passes, for a deployment whose every pass runs on
+        /// one thread (e.g. `sm_policy = "static:0.5"` on 2 cores): the
+        /// `[host_sharing]` one-thread rows from the run itself, each
+        /// demand level's encode passes and prefill batches measured over
+        /// their simulated time at the fitted stage factors, without the
+        /// simulation's own sharing (a level with at least 5 such passes
+        /// replaces the profile's row; `easerve_calib::alone::shared_levels`).
+        /// The profile must have one-thread rows.
+        #[arg(long, requires = "alone_passes")]
+        sharing_from_run: bool,
         /// Simulated report (JSON) of the scenario, simulated with --profile.
         #[arg(long, value_name = "SIM.json", requires = "measured")]
         sim: Option<PathBuf>,
@@ -263,6 +273,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
             encoder_tokens,
             sim_csv,
             alone_passes,
+            sharing_from_run,
             sim,
             measured,
             items_per_request,
@@ -270,7 +281,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
         } => refine(
             &profile,
             measured_csv.as_deref().map(|m| (m, sim_csv.as_deref())),
-            (encoder_tokens, alone_passes),
+            (encoder_tokens, alone_passes, sharing_from_run),
             sim.as_deref().zip(measured.as_deref()),
             items_per_request,
             &output,
@@ -284,7 +295,7 @@ pub(crate) fn run(cmd: CalibCommand) -> anyhow::Result<ExitCode> {
 fn refine(
     profile: &std::path::Path,
     measured_csv: Option<(&std::path::Path, Option<&std::path::Path>)>,
-    (encoder_tokens, alone_passes): (Option<f64>, bool),
+    (encoder_tokens, alone_passes, sharing_from_run): (Option<f64>, bool, bool),
     runs: Option<(&std::path::Path, &std::path::Path)>,
     items_per_request: u64,
     output: &std::path::Path,
@@ -318,7 +329,7 @@ fn refine(
     // the stages fitted on the passes alone in both runs
     let done = match measured_csv {
         Some((csv, Some(sim_csv))) if alone_passes => {
-            refine_alone(&mut p, csv, sim_csv, tp_rows.is_none())?
+            refine_alone(&mut p, csv, sim_csv, tp_rows.is_none(), sharing_from_run)?
         }
         _ => Vec::new(),
     };
@@ -413,6 +424,7 @@ fn refine_alone(
     csv: &std::path::Path,
     sim_csv: &std::path::Path,
     with_encode: bool,
+    sharing_from_run: bool,
 ) -> anyhow::Result<Vec<Stage>> {
     use easerve_calib::alone::{alone_factors, ALONE_STAGES};
     let measured = read_spans(csv)?;
@@ -422,7 +434,17 @@ fn refine_alone(
         csv.display(),
         sim_csv.display()
     );
+    let has_rows = p
+        .host_sharing()
+        .is_some_and(|h| !h.one_thread_rows().is_empty());
+    if sharing_from_run && !has_rows {
+        return Err(BadInput(
+            "--sharing-from-run: the profile's [host_sharing] table has no one-thread rows to refine (`easerve profile --device cpu` measures them)".into(),
+        )
+        .into());
+    }
     let mut done = Vec::new();
+    let mut factors = [None; 2];
     let stages = [Stage::Encode, Stage::Prefill, Stage::Decode];
     for ((fit, name), stage) in alone_factors(&measured, &simulated)
         .into_iter()
@@ -442,6 +464,9 @@ fn refine_alone(
                     fit.measured,
                     fit.simulated
                 );
+                if let Some(k) = [Stage::Encode, Stage::Prefill].iter().position(|s| *s == stage) {
+                    factors[k] = Some(f);
+                }
                 done.push(stage);
             }
             None => sayln!(
@@ -453,7 +478,62 @@ fn refine_alone(
     if refine_alone_transfers(p, &measured, &simulated, &what)? {
         done.push(Stage::Transfer);
     }
+    if sharing_from_run {
+        match factors {
+            [Some(e), Some(f)] => refine_one_thread_sharing(p, &measured, &simulated, [e, f])?,
+            _ => sayln!("host_sharing: one-thread rows kept as measured (encode and prefill must both be fitted on passes alone to price a pass uncontended)"),
+        }
+    }
     Ok(done)
+}
+
+/// Passes at a demand level needed to refine its one-thread row
+/// (`--sharing-from-run`).
+const MIN_LEVEL_PASSES: usize = 5;
+
+/// `--sharing-from-run`: the profile's one-thread rows from the run's
+/// passes at each demand level ([`easerve_calib::alone::shared_levels`],
+/// the uncontended time from the stage `factors` (encode, prefill) and the
+/// profile's own curve as the simulation applied it); a level with at
+/// least [`MIN_LEVEL_PASSES`] passes replaces or adds its row, the others
+/// are kept; what it did printed.
+fn refine_one_thread_sharing(
+    p: &mut Profile,
+    measured: &[easerve_calib::alone::Spans],
+    simulated: &[easerve_calib::alone::Spans],
+    factors: [f64; 2],
+) -> anyhow::Result<()> {
+    let Some(h) = p.host_sharing().cloned() else {
+        return Ok(());
+    };
+    let levels = easerve_calib::alone::shared_levels(measured, simulated, factors, &|d| {
+        h.slowdown_one_thread(d)
+    });
+    let mut rows: Vec<(f64, f64)> = h.one_thread_rows().to_vec();
+    for l in &levels {
+        let d = l.level as f64;
+        let before = h.slowdown_one_thread(d);
+        match l.slowdown().filter(|_| l.passes >= MIN_LEVEL_PASSES) {
+            Some(s) => {
+                rows.retain(|r| r.0 != d);
+                rows.push((d, s));
+                sayln!(
+                    "host_sharing: demand {} one-thread row from {} passes of the run: measured {:.4} s over {:.4} s uncontended, slowdown {s:.3} (profile {before:.3})",
+                    l.level, l.passes, l.measured, l.expected
+                );
+            }
+            None => sayln!(
+                "host_sharing: demand {} kept at {before:.3} ({} passes of the run, fewer than {MIN_LEVEL_PASSES})",
+                l.level, l.passes
+            ),
+        }
+    }
+    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+    match h.with_one_thread_rows(rows) {
+        Ok(curve) => *p = p.clone().with_host_sharing(Some(curve)),
+        Err((_, m)) => sayln!("host_sharing: one-thread rows kept as measured ({m})"),
+    }
+    Ok(())
 }
 
 /// The link table from the transfers in flight while no pass ran in both

@@ -19,7 +19,7 @@ use easerve_model::ModelArch;
 use easerve_worker::profiler::{profile_cpu, run_level_cpu, Plan, ProfileOptions};
 #[cfg(feature = "exec")]
 use easerve_worker::sharing::{
-    group_windows, run_sharing_process, sharing_demands, sharing_groups,
+    group_windows, one_thread_demands, run_sharing_process, sharing_demands, sharing_groups,
 };
 #[cfg(feature = "exec")]
 use indicatif::{ProgressBar, ProgressStyle};
@@ -67,7 +67,8 @@ pub(crate) struct ProfileArgs {
     /// Seconds of each window of the host-sharing measurement (cpu): the
     /// profile's `[host_sharing]` table, the executor's passes timed alone
     /// and with 1 to 2.5× the cores' threads of other busy worker processes
-    /// (8 windows), and with `--tp` degrees above 1 a TP k rank group's
+    /// (8 windows), 2 to 3.5× the cores' one-thread processes busy together
+    /// (its `one_thread_rows`: 6 more windows on 2 cores), and with `--tp` degrees above 1 a TP k rank group's
     /// (its `tp_rows`: 5 more windows at TP 2 on 2 cores; worker/src/sharing.rs). Default 3 for the full grid, 0
     /// (left out) with --quick.
     #[arg(long, value_name = "SECONDS")]
@@ -174,6 +175,7 @@ fn progress_points(arch: &ModelArch, opts: &ProfileOptions, cores: usize) -> usi
         .sum();
     let sharing = 2
         + sharing_demands(cores).len()
+        + one_thread_demands(cores).len()
         + (sharing_groups(cores, &opts.tp).into_iter())
             .map(|t| 1 + group_windows(cores, t).len())
             .sum::<usize>();

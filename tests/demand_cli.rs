@@ -217,6 +217,25 @@ fn bad_planner_input_exits_2_naming_the_field() {
         &["sim", day, "--set", "planner.queue_signal=often"],
         &["planner.queue_signal", "end", "mean"],
     );
+    // busy thresholds: both or neither, 0 ≤ down < up ≤ 1
+    rejects(
+        &["sim", day, "--set", "planner.busy_up=0.5"],
+        &["planner.busy_down", "required with `planner.busy_up`"],
+    );
+    rejects(
+        &["sim", day, "--set", "planner.busy_down=0.2"],
+        &["planner.busy_up", "required with `planner.busy_down`"],
+    );
+    let over = ["planner.busy_up=1.5", "planner.busy_down=0.2"];
+    rejects(
+        &["sim", day, "--set", over[0], "--set", over[1]],
+        &["planner.busy_up", "(0, 1]"],
+    );
+    let crossed = ["planner.busy_up=0.3", "planner.busy_down=0.4"];
+    rejects(
+        &["sim", day, "--set", crossed[0], "--set", crossed[1]],
+        &["planner.busy_down", "[0, busy_up = 0.3)"],
+    );
 }
 
 #[test]
@@ -421,4 +440,68 @@ fn a_surge_below_capacity_moves_workers_by_the_queue_signal() {
     assert_eq!(end["completed"], 124);
     assert_eq!(cut["completed"], 112);
     assert_eq!(mean["completed"], 112);
+}
+
+/// `cpu-image-busy.toml`: the surge's prefill load itself moves workers.
+/// On the shipped profile (a faster host than the 2-core VM the file's
+/// thresholds were set on) prefill is busy 0.49 of the surge's first
+/// window, under the file's `busy_up` of 0.5, and only the spare decode
+/// worker goes; with `busy_up` 0.35 and `busy_down` 0.2 the rule makes one
+/// change per phase — drain the decode worker, start a prefill worker at
+/// 20 s, drain it at 35 s — and the queue thresholds alone make only the
+/// first. Decisions record the busy fraction the rule read.
+#[test]
+fn busy_thresholds_move_a_prefill_worker_through_the_surge() {
+    let sc = root().join("scenarios/demand/cpu-image-busy.toml");
+    let moves = |r: &serde_json::Value| -> Vec<(String, String, f64)> {
+        (r["planner"]["changes"].as_array().unwrap().iter())
+            .filter(|c| c["from"].is_string() || c["to"].is_string())
+            .map(|c| {
+                let name = |k: &str| c[k].as_str().unwrap_or("-").to_string();
+                (name("from"), name("to"), c["at"].as_f64().unwrap())
+            })
+            .collect()
+    };
+    let as_is = sim_json(&sc, &[]);
+    let busy_at_20 = as_is["planner"]["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["at"] == 20.0)
+        .unwrap()["stages"][1]["busy"]
+        .as_f64()
+        .unwrap();
+    assert!((0.35..0.5).contains(&busy_at_20), "{busy_at_20}");
+    let d1 = ("D1".to_string(), "-".to_string(), 5.0);
+    assert_eq!(moves(&as_is), std::slice::from_ref(&d1));
+    let low = ["planner.busy_up=0.35", "planner.busy_down=0.2"];
+    let lowered = sim_json(&sc, &["--set", low[0], "--set", low[1]]);
+    assert_eq!(
+        moves(&lowered),
+        [
+            d1.clone(),
+            ("-".into(), "P1".into(), 20.0),
+            ("P1".into(), "-".into(), 35.0)
+        ]
+    );
+    assert_eq!(lowered["completed"], 112);
+    // the queue thresholds alone (a file without the busy pair)
+    let text = std::fs::read_to_string(&sc).unwrap();
+    let profile = root().join("scenarios/profiles/tiny-image.cpu.toml");
+    let queue_only = text
+        .replace("busy_up = 0.5\nbusy_down = 0.3\n", "")
+        .replace(
+            "\"../profiles/tiny-image.cpu.toml\"",
+            &format!("{:?}", profile.to_str().unwrap()),
+        );
+    assert!(!queue_only.contains("\nbusy_up =") && !queue_only.contains("\"../profiles"));
+    let mut f = tempfile::Builder::new().suffix(".toml").tempfile().unwrap();
+    f.write_all(queue_only.as_bytes()).unwrap();
+    let q = sim_json(
+        f.path(),
+        &["--set", low[0], "--set", "planner.busy_down=0.2"],
+    );
+    assert_eq!(moves(&q), moves(&lowered), "given again by --set");
+    let q = sim_json(f.path(), &[]);
+    assert_eq!(moves(&q), [d1]);
 }

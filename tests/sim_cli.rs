@@ -1350,4 +1350,58 @@ fn refine_on_passes_alone_fits_each_stage_on_them() {
         (ratio - 2.0).abs() < 1e-9,
         "prefill table scaled by {ratio}"
     );
+    // --sharing-from-run needs one-thread rows in the profile: refused,
+    // naming the flag, on the shipped profile (it has no [host_sharing])
+    let refine_args = |profile: &str, out: &std::path::Path| -> Vec<String> {
+        [
+            "calib",
+            "refine",
+            "--profile",
+            profile,
+            "--measured-csv",
+            measured_csv.to_str().unwrap(),
+            "--sim-csv",
+            sim_csv.to_str().unwrap(),
+            "--encoder-tokens",
+            "325",
+            "--alone-passes",
+            "--sharing-from-run",
+            "-o",
+            out.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let args = refine_args(profile, &refined);
+    let out = easerve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--sharing-from-run") && err.contains("no one-thread rows"),
+        "{err}"
+    );
+    // with them: every stage still fitted at 2, and each demand level the
+    // run reached reported, its rows kept valid
+    let with_rows = dir.path().join("with-rows.toml");
+    let text = std::fs::read_to_string(root().join(profile)).unwrap()
+        + "\n[host_sharing]\ncores = 2\nmethod = \"a test curve\"\ncolumns = [\"demand_threads\", \"slowdown\"]\nrows = [\n  [4, 2.0],\n]\none_thread_columns = [\"demand_threads\", \"slowdown\"]\none_thread_rows = [\n  [2, 1.0],\n  [4, 2.0],\n]\n";
+    std::fs::write(&with_rows, text).unwrap();
+    let refined2 = dir.path().join("refined2.toml");
+    let args = refine_args(with_rows.to_str().unwrap(), &refined2);
+    let out = easerve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("host_sharing: demand 2"), "{said}");
+    let h = easerve_calib::Profile::load(&refined2).unwrap();
+    let rows = h.host_sharing().unwrap().one_thread_rows().to_vec();
+    assert!(rows.iter().any(|r| r.0 == 4.0), "{rows:?}");
+    // the doubled run is the simulation at half speed: a pass beside one
+    // other took what the simulation gave it, so demand 2 stays 1
+    if let Some(r) = rows.iter().find(|r| r.0 == 2.0) {
+        assert!((r.1 - 1.0).abs() < 1e-9, "{rows:?}");
+    }
 }

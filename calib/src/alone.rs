@@ -224,6 +224,119 @@ pub fn alone_factors(measured: &[Spans], simulated: &[Spans]) -> [AloneFit; 3] {
     fits
 }
 
+/// One demand level of the host's one-thread sharing as a run shows it
+/// ([`shared_levels`]): the encode passes and prefill batches of the
+/// measured run that had `level − 1` other passes under way beside them on
+/// average, their measured spans and what they would take at the host's
+/// uncontended speed.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LevelFit {
+    /// Busy one-thread passes, the pass itself included (≥ 2).
+    pub level: usize,
+    /// Requests whose pass counted.
+    pub passes: usize,
+    /// Their measured spans, summed (seconds).
+    pub measured: f64,
+    /// Their simulated spans times the stage's factor over the
+    /// simulation's own sharing slowdown, summed (seconds).
+    pub expected: f64,
+}
+
+impl LevelFit {
+    /// Measured over expected: the slowdown at this level, at least 1.
+    pub fn slowdown(&self) -> Option<f64> {
+        (self.measured > 0.0 && self.expected > 0.0)
+            .then(|| (self.measured / self.expected).max(1.0))
+    }
+}
+
+/// Per request of `run`, the mean number of other passes (encode passes,
+/// prefill batches, decode runs; a micro-batch's requests are one pass)
+/// under way through its encode pass and its prefill batch.
+fn company(run: &[Spans]) -> Vec<[Option<f64>; 2]> {
+    let groups = |r: &Spans| -> [Option<(f64, f64, Group)>; 3] {
+        [
+            r.encode
+                .map(|(w, s, e)| (s, e, Group::Encode(w, s.to_bits()))),
+            r.prefill
+                .map(|(s, e)| (s, e, Group::Prefill(s.to_bits(), e.to_bits()))),
+            r.decode.map(|(s, e)| (s, e, Group::Decode(r.id))),
+        ]
+    };
+    let mut spans: Vec<(f64, f64, Group)> = run.iter().flat_map(groups).flatten().collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.2.cmp(&b.2)));
+    spans.dedup_by(|a, b| a.2 == b.2);
+    let longest = spans.iter().map(|x| x.1 - x.0).fold(0.0, f64::max);
+    let mut mean = std::collections::HashMap::with_capacity(spans.len());
+    for &(s, e, g) in &spans {
+        if e <= s {
+            continue;
+        }
+        // the spans that can overlap (s, e) start in [s − longest, e)
+        let lo = spans.partition_point(|x| x.0 < s - longest);
+        let hi = spans.partition_point(|x| x.0 < e);
+        let shared: f64 = (spans[lo..hi].iter())
+            .filter(|x| x.2 != g)
+            .map(|x| (x.1.min(e) - x.0.max(s)).max(0.0))
+            .sum();
+        mean.insert(g, shared / (e - s));
+    }
+    run.iter()
+        .map(|r| {
+            let [e, p, _] = groups(r);
+            [e, p].map(|x| x.and_then(|(_, _, g)| mean.get(&g).copied()))
+        })
+        .collect()
+}
+
+/// The host's one-thread sharing at each demand level as `measured` shows
+/// it (`easerve calib refine --sharing-from-run`), for a deployment whose
+/// every pass runs on one thread, so that a pass beside `n` others on
+/// average ran at demand `n + 1`. A request's encode pass or prefill batch
+/// counts at level `round(n) + 1` ≥ 2 when its mean company `n` in the
+/// measured run is within a quarter of that integer; what it would take
+/// uncontended is its span in `simulated` (the same request) times
+/// `factors` (encode, prefill: the stage factors from the passes alone)
+/// over `sim_slowdown(1 + n')`, the sharing slowdown the simulation priced
+/// at its own mean company `n'`. Levels ascending; only levels with a pass.
+pub fn shared_levels(
+    measured: &[Spans],
+    simulated: &[Spans],
+    factors: [f64; 2],
+    sim_slowdown: &dyn Fn(f64) -> f64,
+) -> Vec<LevelFit> {
+    let (cm, cs) = (company(measured), company(simulated));
+    let by_id: std::collections::HashMap<u64, usize> = simulated
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (r.id, i))
+        .collect();
+    let mut levels: std::collections::BTreeMap<usize, LevelFit> = Default::default();
+    for (i, m) in measured.iter().enumerate() {
+        let Some(&j) = by_id.get(&m.id) else { continue };
+        for k in 0..2 {
+            let (Some(n), Some(ns)) = (cm[i][k], cs[j][k]) else {
+                continue;
+            };
+            let (Some(a), Some(b)) = (span(m, k), span(&simulated[j], k)) else {
+                continue;
+            };
+            let level = n.round() as usize + 1;
+            if level < 2 || (n - n.round()).abs() > 0.25 {
+                continue;
+            }
+            let fit = levels.entry(level).or_insert(LevelFit {
+                level,
+                ..LevelFit::default()
+            });
+            fit.passes += 1;
+            fit.measured += a;
+            fit.expected += b * factors[k] / sim_slowdown(1.0 + ns);
+        }
+    }
+    levels.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +355,66 @@ mod tests {
 
     /// A transfer counts where no pass of any request was under way while
     /// it was in flight, in both runs.
+    fn passes(id: u64, e: Option<(f64, f64)>, p: Option<(f64, f64)>) -> Spans {
+        Spans {
+            id,
+            encode: e.map(|(s, t)| (0, s, t)),
+            prefill: p,
+            output_tokens: 1,
+            ..Spans::default()
+        }
+    }
+
+    #[test]
+    fn shared_levels_take_the_passes_beside_others_against_their_uncontended_time() {
+        // request 1's encode pass and request 2's prefill batch ran together
+        // (each beside one other pass: level 2), 1.2 s measured, 1.0 s
+        // simulated; request 3's encode overlapped half of request 2's
+        // prefill in the measured run (company 0.5: no level); the rest ran
+        // alone (level 1: not a row)
+        let measured = vec![
+            passes(0, Some((0.0, 1.0)), Some((1.0, 2.0))),
+            passes(1, Some((10.0, 11.2)), None),
+            passes(2, Some((8.0, 9.0)), Some((10.0, 11.2))),
+            passes(3, Some((20.0, 21.0)), Some((21.0, 22.0))),
+            passes(4, None, Some((30.0, 31.0))),
+            passes(5, Some((30.5, 31.5)), None),
+        ];
+        let simulated = vec![
+            passes(0, Some((0.0, 1.0)), Some((1.0, 2.0))),
+            passes(1, Some((10.0, 11.0)), None),
+            passes(2, Some((8.0, 9.0)), Some((10.0, 11.0))),
+            passes(3, Some((20.0, 21.0)), Some((21.0, 22.0))),
+            passes(4, None, Some((30.0, 31.0))),
+            passes(5, Some((32.0, 33.0)), None),
+        ];
+        let levels = shared_levels(&measured, &simulated, [1.0, 1.0], &|_| 1.0);
+        assert_eq!(levels.len(), 1, "{levels:?}");
+        let l = levels[0];
+        assert_eq!((l.level, l.passes), (2, 2));
+        assert!(
+            (l.measured - 2.4).abs() < 1e-9 && (l.expected - 2.0).abs() < 1e-9,
+            "{l:?}"
+        );
+        assert!((l.slowdown().unwrap() - 1.2).abs() < 1e-9);
+        // the stage factors scale the uncontended time; the simulation's own
+        // slowdown at its company (1 other: demand 2) is taken out of it
+        let l = shared_levels(&measured, &simulated, [1.2, 1.0], &|d| {
+            if d > 1.5 {
+                1.25
+            } else {
+                1.0
+            }
+        })[0];
+        assert!(
+            (l.expected - (1.2 / 1.25 + 1.0 / 1.25)).abs() < 1e-9,
+            "{l:?}"
+        );
+        // faster than uncontended reads as no slowdown
+        let l = shared_levels(&measured, &simulated, [2.0, 2.0], &|_| 1.0)[0];
+        assert_eq!(l.slowdown(), Some(1.0));
+    }
+
     #[test]
     fn transfers_count_where_no_pass_ran_in_both_runs() {
         let mut a = req(0, (0.0, 1.0), (1.5, 2.0), (2.5, 3.0));

@@ -21,6 +21,13 @@
 //! Demands: `C · {1, 1.5, 2, 2.5, 3, 3.5}`, rounded and deduplicated
 //! (2..7 threads on 2 cores).
 //!
+//! **One-thread rows** (the table's `one_thread_rows`): at each demand `D`
+//! of [`one_thread_demands`], `D` processes on one thread started together;
+//! the row's slowdown is the mean over them of their median pass time over
+//! the pass alone on one thread (at least 1). They hold what a deployment
+//! whose passes all run on one thread meets, interference below the core
+//! count included.
+//!
 //! **Rank groups** (the table's `tp_rows`): for each TP degree `k` > 1 of
 //! the profile's `--tp` that fits beside a whole-host process within the
 //! highest demand ([`sharing_groups`]), a TP `k` worker's group — this
@@ -54,6 +61,19 @@ pub fn sharing_demands(cores: usize) -> Vec<usize> {
         .map(|m| ((cores.max(1) as f64) * m).round() as usize)
         .collect();
     v.dedup();
+    v
+}
+
+/// The demands of the one-thread rows on a host of `cores` cores: every
+/// count from 2 up to the cores, then those of [`sharing_demands`] above
+/// (2..7 on 2 cores).
+pub fn one_thread_demands(cores: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (2..=cores.max(1)).collect();
+    v.extend(
+        sharing_demands(cores)
+            .into_iter()
+            .filter(|&d| d > cores.max(1)),
+    );
     v
 }
 
@@ -328,6 +348,13 @@ pub fn measure_host_sharing(
         rows.push((d as f64, (weighted / d as f64).max(1.0)));
         progress(&format!("host sharing: {d} threads busy"));
     }
+    let mut one_thread_rows = Vec::new();
+    for d in one_thread_demands(cores) {
+        let passes = run_window(&vec![(1, 1); d], spawn)?;
+        let mean = passes.iter().map(|ts| med(ts) / alone_one).sum::<f64>() / d as f64;
+        one_thread_rows.push((d as f64, mean.max(1.0)));
+        progress(&format!("host sharing: {d} one-thread processes busy"));
+    }
     let mut tp_rows = Vec::new();
     let mut alone_groups = Vec::new();
     for tp in sharing_groups(cores, &opts.tp) {
@@ -353,18 +380,26 @@ pub fn measure_host_sharing(
         ),
     };
     let method = format!(
-        "easerve profile: pass = one prefill of {tokens} tokens + one decode step of {b} sequences at {context} context tokens (the LM's executor path, threads bounded, not pinned); a row at demand D = one {cores}-thread process and D − {cores} 1-thread processes started together, each timing its passes for {window_s} s (first and last dropped); slowdown = thread-weighted mean over the processes of median pass time / the pass alone on as many threads ({alone_full:.4} s on {cores}, {alone_one:.4} s on 1), at least 1{groups}; host load average (1 min) at the start {load1}"
+        "easerve profile: pass = one prefill of {tokens} tokens + one decode step of {b} sequences at {context} context tokens (the LM's executor path, threads bounded, not pinned); a row at demand D = one {cores}-thread process and D − {cores} 1-thread processes started together, each timing its passes for {window_s} s (first and last dropped); slowdown = thread-weighted mean over the processes of median pass time / the pass alone on as many threads ({alone_full:.4} s on {cores}, {alone_one:.4} s on 1), at least 1; one-thread rows (one_thread_rows): D 1-thread processes, slowdown = their mean median pass time / the pass alone on 1 thread, at least 1{groups}; host load average (1 min) at the start {load1}"
     );
     let curve = HostSharing::new(u32::try_from(cores).unwrap_or(u32::MAX), method, rows)
         .map_err(|(_, m)| ProfilerError::Level(format!("host sharing: {m}")))?;
     curve
         .with_tp_rows(&tp_rows)
+        .and_then(|c| c.with_one_thread_rows(one_thread_rows))
         .map_err(|(_, m)| ProfilerError::Level(format!("host sharing: {m}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_thread_demands_start_at_two_processes() {
+        assert_eq!(one_thread_demands(2), vec![2, 3, 4, 5, 6, 7]);
+        assert_eq!(one_thread_demands(1), vec![2, 3, 4]);
+        assert_eq!(one_thread_demands(4), vec![2, 3, 4, 6, 8, 10, 12, 14]);
+    }
 
     #[test]
     fn demands_go_from_the_cores_to_three_and_a_half_times_them() {

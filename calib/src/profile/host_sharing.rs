@@ -44,6 +44,28 @@
 //! within a degree. [`HostSharing::slowdown_tp`] reads a degree's rows as
 //! the main curve is read, anchored at `(max(cores, tp), 1)` (the group
 //! alone); a degree without rows reads the main curve.
+//!
+//! **One-thread processes.** The main rows always hold one whole-host
+//! process, whose fork-join pass either keeps its speed beside the others
+//! or waits at every join for a descheduled thread. Where every busy pass
+//! runs on one thread, that process is not there, and what remains is the
+//! interference of independent processes below the core count as well
+//! (shared caches and memory bandwidth, the hypervisor's scheduling of the
+//! virtual cores). The optional `one_thread_rows` hold that curve: `D`
+//! one-thread processes busy together, each one's median pass time over
+//! the pass alone on one thread, averaged:
+//!
+//! ```toml
+//! one_thread_columns = ["demand_threads", "slowdown"]
+//! one_thread_rows = [
+//!   [2, 1.12],
+//!   [3, 1.6],
+//! ]
+//! ```
+//!
+//! Rows as the main ones; [`HostSharing::slowdown_one_thread`] reads them
+//! anchored at `(1, 1)` (one process alone), beyond the last row as the
+//! main curve, and reads the main curve where the profile has none.
 
 use super::ProfileError;
 
@@ -114,6 +136,9 @@ pub struct HostSharing {
     rows: Vec<(f64, f64)>,
     /// Per TP degree (ascending, ≥ 2), a rank group's rows.
     tp_rows: Vec<(u32, Vec<(f64, f64)>)>,
+    /// `(demand_threads, slowdown)` of one-thread processes only (empty:
+    /// not measured).
+    one_thread_rows: Vec<(f64, f64)>,
 }
 
 impl HostSharing {
@@ -140,7 +165,37 @@ impl HostSharing {
             method,
             rows,
             tp_rows: Vec::new(),
+            one_thread_rows: Vec::new(),
         })
+    }
+
+    /// The curve with one-thread rows `rows` (`(demand_threads, slowdown)`,
+    /// validated as the main rows; empty: none).
+    ///
+    /// Errors: `(row index, message)` naming the field.
+    pub fn with_one_thread_rows(
+        mut self,
+        rows: Vec<(f64, f64)>,
+    ) -> Result<HostSharing, (Option<usize>, String)> {
+        check_rows(&rows)?;
+        self.one_thread_rows = rows;
+        Ok(self)
+    }
+
+    /// The one-thread rows, `(demand_threads, slowdown)` (empty: none).
+    pub fn one_thread_rows(&self) -> &[(f64, f64)] {
+        &self.one_thread_rows
+    }
+
+    /// How much slower a one-thread pass runs while busy one-thread passes
+    /// (itself among them) ask `demand` threads (module doc, "One-thread
+    /// processes"): the one-thread rows from `(1, 1)`, else
+    /// [`HostSharing::slowdown`].
+    pub fn slowdown_one_thread(&self, demand: f64) -> f64 {
+        if self.one_thread_rows.is_empty() {
+            return self.slowdown(demand);
+        }
+        read_curve(&self.one_thread_rows, 1.0, f64::from(self.cores), demand)
     }
 
     /// The curve with rank-group rows `tp_rows`: `(tp, demand_threads,
@@ -247,6 +302,16 @@ impl HostSharing {
             }
             o.push_str("]\n");
         }
+        if !self.one_thread_rows.is_empty() {
+            o.push_str(&format!(
+                "one_thread_columns = [{}]\none_thread_rows = [\n",
+                HOST_SHARING_COLUMNS.map(q).join(", ")
+            ));
+            for (d, s) in &self.one_thread_rows {
+                o.push_str(&format!("  [{}, {s:?}],\n", demand(*d)));
+            }
+            o.push_str("]\n");
+        }
         o
     }
 
@@ -273,6 +338,8 @@ impl HostSharing {
             "rows",
             "tp_columns",
             "tp_rows",
+            "one_thread_columns",
+            "one_thread_rows",
         ];
         if let Some(k) = t.keys().find(|k| !allowed.contains(&k.as_str())) {
             return Err(err(
@@ -313,19 +380,49 @@ impl HostSharing {
                     .collect()
             })
         };
-        let mut out = Vec::with_capacity(rows.len());
-        for (i, r) in rows.iter().enumerate() {
-            match cells(r).as_deref() {
-                Some(&[d, s]) => out.push((d, s)),
-                _ => {
-                    return Err(err(
-                        Some(i),
-                        "a row must be two numbers, [demand_threads, slowdown]".into(),
-                    ))
+        // rows of [demand_threads, slowdown], errors by `fail`
+        let pairs = |rows: &[toml::Value], fail: &dyn Fn(Option<usize>, String) -> ProfileError| {
+            let mut out = Vec::with_capacity(rows.len());
+            for (i, r) in rows.iter().enumerate() {
+                match cells(r).as_deref() {
+                    Some(&[d, s]) => out.push((d, s)),
+                    _ => {
+                        return Err(fail(
+                            Some(i),
+                            "a row must be two numbers, [demand_threads, slowdown]".into(),
+                        ))
+                    }
                 }
             }
+            Ok(out)
+        };
+        let out = pairs(rows, &err)?;
+        let mut curve = HostSharing::new(cores, method, out).map_err(|(row, m)| err(row, m))?;
+        match t.get("one_thread_rows") {
+            None if t.contains_key("one_thread_columns") => {
+                return Err(err(
+                    None,
+                    "`one_thread_columns` without `one_thread_rows`".into(),
+                ))
+            }
+            None => {}
+            Some(v) => {
+                let one_err = |row: Option<usize>, message: String| {
+                    at("host_sharing.one_thread_rows", row, message)
+                };
+                columns_are("one_thread_columns", &HOST_SHARING_COLUMNS)?;
+                let Some(rows) = v.as_array().filter(|a| !a.is_empty()) else {
+                    return Err(one_err(
+                        None,
+                        "`one_thread_rows` must be a non-empty array of rows (leave it out for none)".into(),
+                    ));
+                };
+                let rows = pairs(rows, &one_err)?;
+                curve = curve
+                    .with_one_thread_rows(rows)
+                    .map_err(|(row, m)| one_err(row, m))?;
+            }
         }
-        let curve = HostSharing::new(cores, method, out).map_err(|(row, m)| err(row, m))?;
         let Some(tp_rows) = t.get("tp_rows") else {
             if t.contains_key("tp_columns") {
                 return Err(err(None, "`tp_columns` without `tp_rows`".into()));
@@ -435,6 +532,34 @@ mod tests {
         assert!(e.1.contains("`slowdown`"), "{e:?}");
     }
 
+    #[test]
+    fn one_thread_rows_read_from_one_process_alone_and_fall_back_to_the_main_curve() {
+        let main = curve(&[(2.0, 1.0), (4.0, 3.0)]);
+        // none: the main curve (1 up to the cores)
+        assert_eq!(main.slowdown_one_thread(2.0), 1.0);
+        assert_eq!(main.slowdown_one_thread(4.0), 3.0);
+        let h = main
+            .with_one_thread_rows(vec![(2.0, 1.2), (4.0, 2.4)])
+            .unwrap();
+        assert_eq!(h.slowdown_one_thread(1.0), 1.0);
+        // from (1, 1) to (2, 1.2): interference below the core count
+        assert!((h.slowdown_one_thread(1.5) - 1.1).abs() < 1e-12);
+        assert!((h.slowdown_one_thread(2.0) - 1.2).abs() < 1e-12);
+        assert!((h.slowdown_one_thread(3.0) - 1.8).abs() < 1e-12);
+        // beyond: D/2 × 2.4·2/4
+        assert!((h.slowdown_one_thread(6.0) - 3.6).abs() < 1e-12);
+        // the main curve is untouched
+        assert_eq!(h.slowdown(2.0), 1.0);
+        assert_eq!(h.one_thread_rows().len(), 2);
+        let e = curve(&[(2.0, 1.0)])
+            .with_one_thread_rows(vec![(2.0, 1.2), (2.0, 1.3)])
+            .unwrap_err();
+        assert!(
+            e.0 == Some(1) && e.1.contains("strictly ascending"),
+            "{e:?}"
+        );
+    }
+
     /// `p`'s text after it reads back to the same curve and writes back
     /// byte-identical, and a reader of that text with `from` replaced by
     /// `to`, which must be refused: the error.
@@ -515,5 +640,30 @@ mod tests {
         assert!(e.contains("non-empty"), "{e}");
         let e = bad("tp_columns = [\"tp\", ", "tp_columns = [");
         assert!(e.contains("`tp_columns`"), "{e}");
+        // with one-thread rows
+        let p = p.with_host_sharing(Some(
+            curve(&[(2.0, 1.0), (3.0, 2.25)])
+                .with_one_thread_rows(vec![(2.0, 1.125), (3.0, 1.5)])
+                .unwrap(),
+        ));
+        let (text, bad) = round_trip(&p);
+        assert!(
+            text.contains("one_thread_rows = [\n  [2, 1.125],\n  [3, 1.5],\n]\n"),
+            "{text}"
+        );
+        let e = bad("  [3, 1.5],\n]", "  [3, 0.5],\n]");
+        assert!(
+            e.contains("host_sharing.one_thread_rows")
+                && e.contains("row 2")
+                && e.contains("`slowdown`"),
+            "{e}"
+        );
+        let e = bad("  [3, 1.5],\n]", "  [3],\n]");
+        assert!(e.contains("[demand_threads, slowdown]"), "{e}");
+        let e = bad(
+            "one_thread_columns = [\"demand_threads\", ",
+            "one_thread_columns = [",
+        );
+        assert!(e.contains("`one_thread_columns`"), "{e}");
     }
 }

@@ -18,6 +18,14 @@
 //! * one worker moves per window at most; the gap between the up and down
 //!   thresholds is the hysteresis, the dwell time the rest.
 //!
+//! With `busy` thresholds given ([`BusyRule`], `planner.busy_up` and
+//! `planner.busy_down`), an encode or prefill stage is also hot when its
+//! workers were busy more than `up` of the window, and cold only when they
+//! were busy less than `down` as well: a stage is scaled on its load before
+//! a queue forms, the way a Kubernetes HorizontalPodAutoscaler scales on a
+//! target utilization. Decode keeps its KV signal (a decode run of one
+//! request keeps its worker busy).
+//!
 //! The queue is the one at the window's end ([`QueueSignal::End`], the
 //! default) or its mean over the window ([`QueueSignal::Mean`]: the
 //! controller's integral of the queue over the window's length, so one
@@ -69,6 +77,22 @@ pub struct LoadRule {
     /// The queue compared with `queue_up` and `queue_down`.
     #[serde(default)]
     pub signal: QueueSignal,
+    /// Busy-fraction thresholds of the encode and prefill stages (absent:
+    /// not watched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy: Option<BusyRule>,
+}
+
+/// The `load` policy's busy-fraction thresholds: an encode or prefill
+/// stage whose workers were busy more than `up` of the window (busy
+/// worker-seconds over active worker-seconds, [`super::StageView::busy`])
+/// is hot; one busy less than `down` may shrink. `0 ≤ down < up ≤ 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BusyRule {
+    /// Busy fraction above which the stage gains a worker.
+    pub up: f64,
+    /// Busy fraction below which it may lose one.
+    pub down: f64,
 }
 
 impl Default for LoadRule {
@@ -84,6 +108,7 @@ impl Default for LoadRule {
             kv_up: 0.9,
             kv_down: 0.5,
             signal: QueueSignal::End,
+            busy: None,
         }
     }
 }
@@ -102,7 +127,11 @@ impl LoadRule {
                 v.kv_used < self.kv_down && queue < self.queue_down,
             )
         } else {
-            (queue / self.queue_up, queue < self.queue_down)
+            let (heat, cold) = (queue / self.queue_up, queue < self.queue_down);
+            match self.busy {
+                Some(b) => (heat.max(v.busy / b.up), cold && v.busy < b.down),
+                None => (heat, cold),
+            }
         }
     }
 

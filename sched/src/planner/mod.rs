@@ -30,7 +30,7 @@
 mod load;
 mod twin;
 
-pub use load::{LoadRule, QueueSignal};
+pub use load::{BusyRule, LoadRule, QueueSignal};
 pub use twin::{forecast, Twin, TwinJob, TwinQuery};
 
 use crate::controller::{Change, StageLoad};

@@ -103,6 +103,61 @@ fn load_policy_adds_on_a_hot_queue_then_holds_for_the_dwell_and_inside_the_band(
 }
 
 #[test]
+fn busy_thresholds_grow_a_loaded_stage_before_a_queue_forms_and_keep_it_inside_the_band() {
+    let mut c = cfg(PlannerPolicy::Load);
+    c.rule.busy = Some(BusyRule {
+        up: 0.5,
+        down: 0.25,
+    });
+    c.dwell_s = 10.0;
+    let mut p = Planner::new(c, &topology()).unwrap();
+    // cumulative busy worker-seconds per stage at each window's end (10 s)
+    let at = |busy: [f64; 3], active: [usize; 3]| {
+        let mut l = [
+            load(active[0], 0, 0.0),
+            load(active[1], 0, 0.0),
+            load(active[2], 0, 0.6),
+        ];
+        for k in 0..3 {
+            l[k].busy_s = busy[k];
+        }
+        l
+    };
+    // prefill busy 7 of 10 s with nothing queued: hot on load alone
+    let c = p.on_window(10.0, at([1.0, 7.0, 9.0], [1, 1, 1]), 10, None);
+    assert_eq!(
+        c[0],
+        Change::Start {
+            worker: WorkerRef::Prefill(1)
+        }
+    );
+    assert!((p.log()[0].stages[1].busy - 0.7).abs() < 1e-12);
+    // two prefill workers busy 0.3 of the window each: inside the band,
+    // though the queue (0 < queue_down) alone would call it cold
+    assert!(p
+        .on_window(20.0, at([2.0, 13.0, 18.0], [1, 2, 1]), 20, None)
+        .is_empty());
+    assert_eq!(p.counts(), [1, 2, 1]);
+    // busy 0.1 each: cold, one prefill worker goes
+    let c = p.on_window(30.0, at([3.0, 15.0, 27.0], [1, 2, 1]), 30, None);
+    assert_eq!(
+        c[0],
+        Change::Drain {
+            worker: WorkerRef::Prefill(1),
+            then: None
+        }
+    );
+    assert_eq!(p.counts(), [1, 1, 1]);
+    // without busy thresholds the same first window changes nothing
+    let mut p = Planner::new(cfg(PlannerPolicy::Load), &topology()).unwrap();
+    let c = p.on_window(10.0, at([1.0, 7.0, 9.0], [1, 1, 1]), 10, None);
+    assert!(
+        c.iter().all(|x| !matches!(x, Change::Start { .. })),
+        "{c:?}"
+    );
+}
+
+#[test]
 fn load_policy_moves_a_worker_when_the_cluster_is_full() {
     let mut c = cfg(PlannerPolicy::Load);
     c.cluster_gpus = 3;

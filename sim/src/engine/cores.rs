@@ -35,7 +35,12 @@
 //! last row's excess over it. A tensor-parallel decode worker's steps read
 //! the curve's rank-group rows for its degree instead, where the profile
 //! has them (its ranks timed as a group among the busy processes,
-//! `HostSharing::slowdown_tp`). It carries what the list above leaves out,
+//! `HostSharing::slowdown_tp`). While no busy worker runs a pass on more
+//! than one thread per rank, a one-rank pass reads the curve's one-thread
+//! rows instead, where the profile has them (`D` one-thread processes busy
+//! together, `HostSharing::slowdown_one_thread`: 1 for one process alone,
+//! the interference below the core count measured rather than taken as
+//! none). It carries what the list above leaves out,
 //! as measured; the run's notes say which term priced the sharing, its
 //! source, the mean and highest one-rank slowdown while any worker was
 //! busy, and whether the KV landing on decode workers is priced (the
@@ -50,15 +55,27 @@ use easerve_sched::cpu::{self, CpuSlot};
 use easerve_sched::{Topology, WorkerRef};
 use easerve_workload::Scenario;
 
+/// What the busy workers ask of the host: threads in all, and how many of
+/// those workers run their pass on more than one thread per rank.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Busy {
+    total: usize,
+    wide: usize,
+}
+
 /// How much slower a pass of a worker of `ranks` rank processes on a host
-/// of `cores` cores runs while its busy workers ask `demand` cores: the
-/// measured `curve` where given (a rank group's rows for `ranks` > 1 where
-/// it has them, see [`HostSharing::slowdown_tp`]), else 1 up to `cores`,
-/// then `demand / cores` (processor sharing: each progresses at
+/// of `cores` cores runs while its busy workers ask `busy`: the measured
+/// `curve` where given (a rank group's rows for `ranks` > 1 where it has
+/// them, see [`HostSharing::slowdown_tp`]; its one-thread rows while no
+/// busy worker runs a pass on more than one thread per rank, see
+/// [`HostSharing::slowdown_one_thread`]), else 1 up to `cores`, then
+/// `demand / cores` (processor sharing: each progresses at
 /// `cores / demand` of its speed).
-fn sharing_slowdown(demand: usize, cores: usize, curve: Option<&HostSharing>, ranks: usize) -> f64 {
+fn sharing_slowdown(busy: Busy, cores: usize, curve: Option<&HostSharing>, ranks: usize) -> f64 {
+    let demand = busy.total;
     if let Some(c) = curve {
         return match ranks {
+            0 | 1 if busy.wide == 0 => c.slowdown_one_thread(demand as f64),
             0 | 1 => c.slowdown(demand as f64),
             r => c.slowdown_tp(r as u32, demand as f64),
         };
@@ -99,8 +116,9 @@ pub(super) struct HostCores {
     /// Where each stage's workers start in that order.
     base: [usize; 4],
     labels: Vec<String>,
-    /// Sum of `demand`.
-    total: usize,
+    /// Sum of `demand`, and the busy workers whose passes run on more than
+    /// one thread per rank.
+    busy: Busy,
     /// The profile's measured curve, when it prices the sharing.
     curve: Option<HostSharing>,
     /// The rank counts of the topology's TP decode workers that the curve
@@ -167,7 +185,7 @@ impl HostCores {
             labels: topology.workers().map(|w| w.label.clone()).collect(),
             slots,
             base: [0, ne, np, nd],
-            total: 0,
+            busy: Busy::default(),
             curve,
             curve_unused,
             meter: SlowdownMeter::default(),
@@ -185,21 +203,21 @@ impl HostCores {
 
     /// The slowdown a pass of a one-rank worker on the host runs at now.
     pub(super) fn slowdown(&self) -> f64 {
-        sharing_slowdown(self.total, self.cores, self.curve.as_ref(), 1)
+        sharing_slowdown(self.busy, self.cores, self.curve.as_ref(), 1)
     }
 
     /// The slowdown worker `w`'s passes run at while the busy workers ask
-    /// `total` cores: a TP > 1 decode worker's by the curve's rank-group
-    /// rows, where it has them (they time a decode step), any other's by
-    /// the main rows.
-    fn slowdown_at(&self, w: WorkerRef, total: usize) -> f64 {
+    /// `busy`: a TP > 1 decode worker's by the curve's rank-group rows,
+    /// where it has them (they time a decode step), any other's by the
+    /// main rows or the one-thread rows ([`sharing_slowdown`]).
+    fn slowdown_at(&self, w: WorkerRef, busy: Busy) -> f64 {
         let ranks = self.curve_ranks[self.index(w)];
-        sharing_slowdown(total, self.cores, self.curve.as_ref(), ranks)
+        sharing_slowdown(busy, self.cores, self.curve.as_ref(), ranks)
     }
 
     /// The slowdown worker `w`'s passes run at now.
     pub(super) fn slowdown_of(&self, w: WorkerRef) -> f64 {
-        self.slowdown_at(w, self.total)
+        self.slowdown_at(w, self.busy)
     }
 
     /// Cores worker `w` asks while it runs a pass at SM share `share` on
@@ -209,29 +227,33 @@ impl HostCores {
         self.slots[k].ranks * cpu::pass_threads(self.threads[k], share)
     }
 
-    /// Worker `w` now asks `demand` cores (at `now`, seconds); the demand
-    /// before, when that changed the slowdown of any worker.
-    pub(super) fn set(&mut self, w: WorkerRef, demand: usize, now: f64) -> Option<usize> {
+    /// Worker `w` now asks `demand` cores (at `now`, seconds); what the
+    /// busy workers asked before, when that changed the slowdown of any
+    /// worker.
+    pub(super) fn set(&mut self, w: WorkerRef, demand: usize, now: f64) -> Option<Busy> {
         let k = self.index(w);
         let before = self.slowdown();
         let m = &mut self.meter;
-        if self.total > 0 {
+        if self.busy.total > 0 {
             m.integral += before * (now - m.since);
             m.busy += now - m.since;
             if before > m.max.0 {
-                m.max = (before, self.total);
+                m.max = (before, self.busy.total);
             }
         }
         m.since = now;
-        let total_before = self.total;
-        self.total = self.total - self.demand[k] + demand;
+        let busy_before = self.busy;
+        let ranks = self.slots[k].ranks;
+        self.busy.total = self.busy.total - self.demand[k] + demand;
+        self.busy.wide =
+            self.busy.wide - usize::from(self.demand[k] > ranks) + usize::from(demand > ranks);
         self.demand[k] = demand;
         let curve = self.curve.as_ref();
         let group_changed = self.groups.iter().any(|&r| {
-            sharing_slowdown(total_before, self.cores, curve, r)
-                != sharing_slowdown(self.total, self.cores, curve, r)
+            sharing_slowdown(busy_before, self.cores, curve, r)
+                != sharing_slowdown(self.busy, self.cores, curve, r)
         });
-        (self.slowdown() != before || group_changed).then_some(total_before)
+        (self.slowdown() != before || group_changed).then_some(busy_before)
     }
 
     /// Worker `w`'s process starts (a planner's load): on the stopped
@@ -305,8 +327,18 @@ impl HostCores {
                 )
             }
         };
+        let one = match c.one_thread_rows() {
+            [] => String::new(),
+            rows => {
+                let rows: Vec<String> = rows.iter().map(|(d, s)| format!("{d}:{s:.2}")).collect();
+                format!(
+                    "; while no busy worker runs a pass on more than one thread per rank, by its one-thread rows instead (demand:slowdown {}; 1 for one process alone, linear between rows)",
+                    rows.join(" ")
+                )
+            }
+        };
         format!(
-            "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends){groups}, measured by: {}; the one-rank slowdown while any worker was busy: mean {mean:.2}, highest {:.2} at demand {}; {}",
+            "{head}; while the busy workers ask more threads than the cores, every pass runs slower by the profile's measured [host_sharing] curve (demand:slowdown {}; linear between rows, beyond the last the fair-share line times its excess; re-timed as work starts and ends){one}{groups}, measured by: {}; the one-rank slowdown while any worker was busy: mean {mean:.2}, highest {:.2} at demand {}; {}",
             rows.join(" "),
             c.method,
             m.max.0.max(1.0),
@@ -372,7 +404,7 @@ impl Sim<'_> {
     /// The slowdown changed from the busy workers' demand `before`: every
     /// unit of work in flight on the host keeps what it has done and runs
     /// the rest at the new rate.
-    fn retime(&mut self, before: usize) {
+    fn retime(&mut self, before: Busy) {
         let now = self.now;
         let serial = self.host_slowdown();
         for w in 0..self.encode.len() {
@@ -434,15 +466,28 @@ mod tests {
 
     #[test]
     fn passes_share_the_cores_they_ask_for() {
-        assert_eq!(sharing_slowdown(1, 1, None, 1), 1.0);
-        assert_eq!(sharing_slowdown(2, 1, None, 1), 2.0);
-        assert_eq!(sharing_slowdown(2, 2, None, 1), 1.0);
-        assert_eq!(sharing_slowdown(5, 2, None, 1), 2.5);
-        assert_eq!(sharing_slowdown(0, 2, None, 1), 1.0);
+        let at = |total: usize| Busy { total, wide: 1 };
+        assert_eq!(sharing_slowdown(at(1), 1, None, 1), 1.0);
+        assert_eq!(sharing_slowdown(at(2), 1, None, 1), 2.0);
+        assert_eq!(sharing_slowdown(at(2), 2, None, 1), 1.0);
+        assert_eq!(sharing_slowdown(at(5), 2, None, 1), 2.5);
+        assert_eq!(sharing_slowdown(at(0), 2, None, 1), 1.0);
         let curve = HostSharing::new(2, "m".into(), vec![(2.0, 1.0), (4.0, 3.0)]).unwrap();
-        assert_eq!(sharing_slowdown(2, 2, Some(&curve), 1), 1.0);
-        assert_eq!(sharing_slowdown(3, 2, Some(&curve), 1), 2.0);
-        assert_eq!(sharing_slowdown(4, 2, Some(&curve), 1), 3.0);
+        assert_eq!(sharing_slowdown(at(2), 2, Some(&curve), 1), 1.0);
+        assert_eq!(sharing_slowdown(at(3), 2, Some(&curve), 1), 2.0);
+        assert_eq!(sharing_slowdown(at(4), 2, Some(&curve), 1), 3.0);
+        // one-thread rows: read while no busy pass is wider than a thread
+        // per rank, the main rows otherwise
+        let curve = curve
+            .with_one_thread_rows(vec![(2.0, 1.25), (4.0, 2.5)])
+            .unwrap();
+        let narrow = |total: usize| Busy { total, wide: 0 };
+        assert_eq!(sharing_slowdown(narrow(2), 2, Some(&curve), 1), 1.25);
+        assert_eq!(sharing_slowdown(at(2), 2, Some(&curve), 1), 1.0);
+        assert_eq!(sharing_slowdown(narrow(4), 2, Some(&curve), 1), 2.5);
+        assert_eq!(sharing_slowdown(at(4), 2, Some(&curve), 1), 3.0);
+        // without the curve, processor sharing either way
+        assert_eq!(sharing_slowdown(narrow(2), 2, None, 1), 1.0);
     }
 
     /// `1E(TP1)+1P(TP1)+2D(TP1)` on a host of `cores` cores (each decode
@@ -614,7 +659,7 @@ mod tests {
         assert_eq!(h.demand_at(d0, 1.0), 2, "two ranks of one thread");
         assert_eq!(h.set(d1, 2, 0.0), None, "the group alone: 1");
         assert_eq!(h.slowdown_of(d1), 1.0);
-        assert_eq!(h.set(d0, 2, 0.0), Some(2));
+        assert_eq!(h.set(d0, 2, 0.0), Some(Busy { total: 2, wide: 0 }));
         assert_eq!((h.slowdown_of(d0), h.slowdown_of(d1)), (2.0, 2.0));
         assert_eq!(h.slowdown(), 1.0, "a one-rank worker at demand 4");
         // in a run: two groups started together each take twice as long

@@ -80,6 +80,15 @@ pub struct PlannerSection {
     pub kv_up: Option<f64>,
     /// See `kv_up`.
     pub kv_down: Option<f64>,
+    /// `load` policy: the fraction of a window the encode or prefill
+    /// workers were busy above which the stage grows (`busy_up`, in (0, 1])
+    /// and below which it may shrink (`busy_down`, in [0, `busy_up`)); give
+    /// both or neither (default: not watched).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_up: Option<f64>,
+    /// See `busy_up`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy_down: Option<f64>,
     /// `load` policy: the queue compared with `queue_up` and `queue_down`,
     /// `end` (at the window's end, the default) or `mean` (averaged over
     /// the window).

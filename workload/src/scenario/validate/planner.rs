@@ -5,7 +5,7 @@
 use super::{Scenario, ScenarioError, V};
 use crate::scenario::PlannerSetup;
 use easerve_model::Parallel;
-use easerve_sched::planner::{LoadRule, PlannerConfig, PlannerPolicy, QueueSignal};
+use easerve_sched::planner::{BusyRule, LoadRule, PlannerConfig, PlannerPolicy, QueueSignal};
 use easerve_sched::System;
 
 /// Seconds the `twin` policy simulates ahead by default: ten minutes, the
@@ -87,6 +87,7 @@ pub(super) fn planner_section(
                     .parse()
                     .map_err(|e: String| v.err("planner.queue_signal", e))?,
             },
+            busy: busy_rule(v, p.busy_up, p.busy_down)?,
         },
         offload: sc.deployment.offload,
     };
@@ -96,6 +97,35 @@ pub(super) fn planner_section(
         tier,
         load_source,
     }))
+}
+
+/// `planner.busy_up` and `planner.busy_down`: both or neither, with
+/// `0 ≤ down < up ≤ 1` (fractions of a window).
+fn busy_rule(
+    v: &V<'_>,
+    up: Option<f64>,
+    down: Option<f64>,
+) -> Result<Option<BusyRule>, ScenarioError> {
+    match (up, down) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(v.err(
+            "planner.busy_down",
+            "required with `planner.busy_up` (the busy fraction below which a stage may shrink, in [0, busy_up))",
+        )),
+        (None, Some(_)) => Err(v.err(
+            "planner.busy_up",
+            "required with `planner.busy_down` (the busy fraction above which a stage grows, in (0, 1])",
+        )),
+        (Some(up), _) if !(up > 0.0 && up <= 1.0) => Err(v.err(
+            "planner.busy_up",
+            format!("{up} is not a fraction in (0, 1] (busy worker-seconds over active worker-seconds in a window)"),
+        )),
+        (Some(up), Some(down)) if !(down >= 0.0 && down < up) => Err(v.err(
+            "planner.busy_down",
+            format!("{down} is not in [0, busy_up = {up}): the gap between the two is the rule's hysteresis"),
+        )),
+        (Some(up), Some(down)) => Ok(Some(BusyRule { up, down })),
+    }
 }
 
 /// The load bandwidth, GB/s, and where it comes from: `given`, else the
