@@ -487,8 +487,9 @@ fn refine_alone(
     Ok(done)
 }
 
-/// Passes at a demand level needed to refine its one-thread row
-/// (`--sharing-from-run`).
+/// Requests' passes at a demand level needed to refine its one-thread row
+/// (`--sharing-from-run`; a micro-batch counts once per request, as the
+/// stage factors' passes alone do).
 const MIN_LEVEL_PASSES: usize = 5;
 
 /// `--sharing-from-run`: the profile's one-thread rows from the run's
@@ -509,27 +510,25 @@ fn refine_one_thread_sharing(
     let levels = easerve_calib::alone::shared_levels(measured, simulated, factors, &|d| {
         h.slowdown_one_thread(d)
     });
-    let mut rows: Vec<(f64, f64)> = h.one_thread_rows().to_vec();
+    let mut refit = Vec::new();
     for l in &levels {
         let d = l.level as f64;
         let before = h.slowdown_one_thread(d);
         match l.slowdown().filter(|_| l.passes >= MIN_LEVEL_PASSES) {
             Some(s) => {
-                rows.retain(|r| r.0 != d);
-                rows.push((d, s));
+                refit.push((d, s));
                 sayln!(
-                    "host_sharing: demand {} one-thread row from {} passes of the run: measured {:.4} s over {:.4} s uncontended, slowdown {s:.3} (profile {before:.3})",
+                    "host_sharing: demand {} one-thread row from {} requests' passes in the run: measured {:.4} s over {:.4} s uncontended, slowdown {s:.3} (profile {before:.3})",
                     l.level, l.passes, l.measured, l.expected
                 );
             }
             None => sayln!(
-                "host_sharing: demand {} kept at {before:.3} ({} passes of the run, fewer than {MIN_LEVEL_PASSES})",
+                "host_sharing: demand {} kept at {before:.3} ({} requests' passes in the run, fewer than {MIN_LEVEL_PASSES})",
                 l.level, l.passes
             ),
         }
     }
-    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
-    match h.with_one_thread_rows(rows) {
+    match h.with_refit_one_thread(&refit) {
         Ok(curve) => *p = p.clone().with_host_sharing(Some(curve)),
         Err((_, m)) => sayln!("host_sharing: one-thread rows kept as measured ({m})"),
     }

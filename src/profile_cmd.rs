@@ -67,8 +67,9 @@ pub(crate) struct ProfileArgs {
     /// Seconds of each window of the host-sharing measurement (cpu): the
     /// profile's `[host_sharing]` table, the executor's passes timed alone
     /// and with 1 to 2.5× the cores' threads of other busy worker processes
-    /// (8 windows), 2 to 3.5× the cores' one-thread processes busy together
-    /// (its `one_thread_rows`: 6 more windows on 2 cores), and with `--tp` degrees above 1 a TP k rank group's
+    /// (8 windows), from 2 one-thread processes busy together up to 3.5×
+    /// the cores' (its `one_thread_rows`: 6 more windows on 2 cores), and
+    /// with `--tp` degrees above 1 a TP k rank group's
     /// (its `tp_rows`: 5 more windows at TP 2 on 2 cores; worker/src/sharing.rs). Default 3 for the full grid, 0
     /// (left out) with --quick.
     #[arg(long, value_name = "SECONDS")]

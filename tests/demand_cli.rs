@@ -229,7 +229,12 @@ fn bad_planner_input_exits_2_naming_the_field() {
     let over = ["planner.busy_up=1.5", "planner.busy_down=0.2"];
     rejects(
         &["sim", day, "--set", over[0], "--set", over[1]],
-        &["planner.busy_up", "(0, 1]"],
+        &["planner.busy_up", "(0, 1)"],
+    );
+    let never = ["planner.busy_up=1", "planner.busy_down=0.2"];
+    rejects(
+        &["sim", day, "--set", never[0], "--set", never[1]],
+        &["planner.busy_up", "(0, 1)"],
     );
     let crossed = ["planner.busy_up=0.3", "planner.busy_down=0.4"];
     rejects(

@@ -35,6 +35,16 @@
 //! (`kv_sent` to `decode_ready`) in flight while no pass of any request
 //! ran, in both runs; on the run above the quiet phase's took 2.3 ms and
 //! 7.4 ms against the run's means of 11.5 ms and 63.8 ms.
+//!
+//! **Beside others** ([`shared_levels`], `calib refine --sharing-from-run`):
+//! for a deployment whose every pass runs on one thread, the passes that
+//! ran beside `n` others on average give the host's one-thread sharing at
+//! demand `n + 1`, measured over what they would take uncontended (their
+//! simulated spans at the stage factors fitted here, without the
+//! simulation's own sharing). The company is counted as the twin counts
+//! demand, with one limit: the CSV names no decode worker, so each
+//! request's decode run counts as one pass, where the twin charges a
+//! decode worker once for all the sequences it runs together.
 
 /// One request's spans in one run, seconds from the run's start: what
 /// [`alone_factors`] reads (a row of `--requests-csv`).
@@ -87,23 +97,33 @@ enum Group {
     Decode(u64),
 }
 
+/// A request's encode pass, prefill batch and decode run, each with the key
+/// of the pass it belongs to.
+fn pass_spans(r: &Spans) -> [Option<(f64, f64, Group)>; 3] {
+    [
+        r.encode
+            .map(|(w, s, e)| (s, e, Group::Encode(w, s.to_bits()))),
+        r.prefill
+            .map(|(s, e)| (s, e, Group::Prefill(s.to_bits(), e.to_bits()))),
+        r.decode.map(|(s, e)| (s, e, Group::Decode(r.id))),
+    ]
+}
+
+/// The distinct passes of `run` (a micro-batch's requests are one), sorted
+/// by start.
+fn distinct_passes(run: &[Spans]) -> Vec<(f64, f64, Group)> {
+    let mut spans: Vec<(f64, f64, Group)> = run.iter().flat_map(pass_spans).flatten().collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.2.cmp(&b.2)));
+    spans.dedup_by(|a, b| a.2 == b.2);
+    spans
+}
+
 /// Per request (by index in `runs`) and stage (encode, prefill, decode):
 /// whether that pass was alone in its run (module doc). O(n log n): the
 /// distinct spans sorted by start; a span has company when one that starts
 /// before it ends after its start, or the next one starts before it ends.
 fn alone_in(run: &[Spans]) -> Vec<[bool; 3]> {
-    let groups = |r: &Spans| -> [Option<(f64, f64, Group)>; 3] {
-        [
-            r.encode
-                .map(|(w, s, e)| (s, e, Group::Encode(w, s.to_bits()))),
-            r.prefill
-                .map(|(s, e)| (s, e, Group::Prefill(s.to_bits(), e.to_bits()))),
-            r.decode.map(|(s, e)| (s, e, Group::Decode(r.id))),
-        ]
-    };
-    let mut spans: Vec<(f64, f64, Group)> = run.iter().flat_map(groups).flatten().collect();
-    spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.2.cmp(&b.2)));
-    spans.dedup_by(|a, b| a.2 == b.2);
+    let spans = distinct_passes(run);
     let mut company = std::collections::HashMap::with_capacity(spans.len());
     let mut reach = f64::NEG_INFINITY;
     for (i, &(s, e, g)) in spans.iter().enumerate() {
@@ -113,7 +133,7 @@ fn alone_in(run: &[Spans]) -> Vec<[bool; 3]> {
         reach = reach.max(e);
     }
     run.iter()
-        .map(|r| groups(r).map(|x| x.is_some_and(|(_, _, g)| company.get(&g) == Some(&false))))
+        .map(|r| pass_spans(r).map(|x| x.is_some_and(|(_, _, g)| company.get(&g) == Some(&false))))
         .collect()
 }
 
@@ -254,18 +274,7 @@ impl LevelFit {
 /// prefill batches, decode runs; a micro-batch's requests are one pass)
 /// under way through its encode pass and its prefill batch.
 fn company(run: &[Spans]) -> Vec<[Option<f64>; 2]> {
-    let groups = |r: &Spans| -> [Option<(f64, f64, Group)>; 3] {
-        [
-            r.encode
-                .map(|(w, s, e)| (s, e, Group::Encode(w, s.to_bits()))),
-            r.prefill
-                .map(|(s, e)| (s, e, Group::Prefill(s.to_bits(), e.to_bits()))),
-            r.decode.map(|(s, e)| (s, e, Group::Decode(r.id))),
-        ]
-    };
-    let mut spans: Vec<(f64, f64, Group)> = run.iter().flat_map(groups).flatten().collect();
-    spans.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.2.cmp(&b.2)));
-    spans.dedup_by(|a, b| a.2 == b.2);
+    let spans = distinct_passes(run);
     let longest = spans.iter().map(|x| x.1 - x.0).fold(0.0, f64::max);
     let mut mean = std::collections::HashMap::with_capacity(spans.len());
     for &(s, e, g) in &spans {
@@ -283,7 +292,7 @@ fn company(run: &[Spans]) -> Vec<[Option<f64>; 2]> {
     }
     run.iter()
         .map(|r| {
-            let [e, p, _] = groups(r);
+            let [e, p, _] = pass_spans(r);
             [e, p].map(|x| x.and_then(|(_, _, g)| mean.get(&g).copied()))
         })
         .collect()
@@ -353,8 +362,7 @@ mod tests {
         }
     }
 
-    /// A transfer counts where no pass of any request was under way while
-    /// it was in flight, in both runs.
+    /// A request with an encode pass and a prefill batch only.
     fn passes(id: u64, e: Option<(f64, f64)>, p: Option<(f64, f64)>) -> Spans {
         Spans {
             id,
@@ -369,9 +377,9 @@ mod tests {
     fn shared_levels_take_the_passes_beside_others_against_their_uncontended_time() {
         // request 1's encode pass and request 2's prefill batch ran together
         // (each beside one other pass: level 2), 1.2 s measured, 1.0 s
-        // simulated; request 3's encode overlapped half of request 2's
-        // prefill in the measured run (company 0.5: no level); the rest ran
-        // alone (level 1: not a row)
+        // simulated; request 5's encode pass overlapped half of request 4's
+        // prefill batch in the measured run (company 0.5: no level); the
+        // rest ran alone (level 1: not a row)
         let measured = vec![
             passes(0, Some((0.0, 1.0)), Some((1.0, 2.0))),
             passes(1, Some((10.0, 11.2)), None),
@@ -415,6 +423,8 @@ mod tests {
         assert_eq!(l.slowdown(), Some(1.0));
     }
 
+    /// A transfer counts where no pass of any request was under way while
+    /// it was in flight, in both runs.
     #[test]
     fn transfers_count_where_no_pass_ran_in_both_runs() {
         let mut a = req(0, (0.0, 1.0), (1.5, 2.0), (2.5, 3.0));

@@ -64,8 +64,9 @@
 //! ```
 //!
 //! Rows as the main ones; [`HostSharing::slowdown_one_thread`] reads them
-//! anchored at `(1, 1)` (one process alone), beyond the last row as the
-//! main curve, and reads the main curve where the profile has none.
+//! anchored at `(1, 1)` (one process alone), beyond their last row the
+//! fair-share line times that row's excess (as the main curve beyond its
+//! own), and reads the main curve where the profile has none.
 
 use super::ProfileError;
 
@@ -180,6 +181,25 @@ impl HostSharing {
         check_rows(&rows)?;
         self.one_thread_rows = rows;
         Ok(self)
+    }
+
+    /// The curve with the one-thread rows at the demands of `refit`
+    /// (`(demand_threads, slowdown)`, e.g. from a run's passes,
+    /// [`crate::alone::shared_levels`]) replaced or added, the others kept.
+    ///
+    /// Errors: `(row index, message)` for a refit row
+    /// [`HostSharing::with_one_thread_rows`] refuses.
+    pub fn with_refit_one_thread(
+        self,
+        refit: &[(f64, f64)],
+    ) -> Result<HostSharing, (Option<usize>, String)> {
+        let mut rows: Vec<(f64, f64)> = (self.one_thread_rows.iter())
+            .filter(|r| refit.iter().all(|f| f.0 != r.0))
+            .chain(refit)
+            .copied()
+            .collect();
+        rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+        self.with_one_thread_rows(rows)
     }
 
     /// The one-thread rows, `(demand_threads, slowdown)` (empty: none).
@@ -551,6 +571,13 @@ mod tests {
         // the main curve is untouched
         assert_eq!(h.slowdown(2.0), 1.0);
         assert_eq!(h.one_thread_rows().len(), 2);
+        // a refit replaces the rows at its demands and keeps the others
+        let r = h
+            .clone()
+            .with_refit_one_thread(&[(2.0, 1.1), (3.0, 1.3)])
+            .unwrap();
+        assert_eq!(r.one_thread_rows(), &[(2.0, 1.1), (3.0, 1.3), (4.0, 2.4)]);
+        assert!(h.with_refit_one_thread(&[(3.0, 0.5)]).is_err());
         let e = curve(&[(2.0, 1.0)])
             .with_one_thread_rows(vec![(2.0, 1.2), (2.0, 1.3)])
             .unwrap_err();

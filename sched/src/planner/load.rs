@@ -84,9 +84,11 @@ pub struct LoadRule {
 }
 
 /// The `load` policy's busy-fraction thresholds: an encode or prefill
-/// stage whose workers were busy more than `up` of the window (busy
-/// worker-seconds over active worker-seconds, [`super::StageView::busy`])
-/// is hot; one busy less than `down` may shrink. `0 ≤ down < up ≤ 1`.
+/// stage whose workers were busy more than `up` of the window (its busy
+/// worker-seconds in the window over the window times the workers active
+/// at its end, [`super::StageView::busy`], at most 1) is hot; one busy
+/// less than `down` may shrink. `0 ≤ down < up < 1`
+/// ([`super::PlannerConfig::check`]).
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BusyRule {
     /// Busy fraction above which the stage gains a worker.

@@ -139,6 +139,20 @@ impl PlannerConfig {
                 format!("{} is not a positive number of seconds", self.horizon_s),
             );
         }
+        if let Some(b) = self.rule.busy {
+            if !(b.up > 0.0 && b.up < 1.0) {
+                return err(
+                    "planner.busy_up",
+                    format!("{} is not a fraction in (0, 1)", b.up),
+                );
+            }
+            if !(b.down >= 0.0 && b.down < b.up) {
+                return err(
+                    "planner.busy_down",
+                    format!("{} is not in [0, busy_up = {})", b.down, b.up),
+                );
+            }
+        }
         let load = self.load_s.iter().copied().fold(0.0, f64::max);
         if self.dwell_s.is_nan() || self.dwell_s < load || !self.dwell_s.is_finite() {
             return err(

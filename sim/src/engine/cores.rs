@@ -59,7 +59,10 @@ use easerve_workload::Scenario;
 /// those workers run their pass on more than one thread per rank.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct Busy {
+    /// Threads the busy workers ask in all (each worker its ranks × its
+    /// pass's threads).
     total: usize,
+    /// Busy workers whose pass runs on more than one thread per rank.
     wide: usize,
 }
 
@@ -70,7 +73,12 @@ pub(super) struct Busy {
 /// busy worker runs a pass on more than one thread per rank, see
 /// [`HostSharing::slowdown_one_thread`]), else 1 up to `cores`, then
 /// `demand / cores` (processor sharing: each progresses at
-/// `cores / demand` of its speed).
+/// `cores / demand` of its speed). Each row set prices the mix it was
+/// measured with: when a wide pass starts, the one-rank passes go from the
+/// one-thread rows to the main rows, which may read lower at the same
+/// demand (on the 2-core VM the main rows read 1 at demand 2, the
+/// executor's one-thread passes 1.09–1.20 by `calib refine
+/// --sharing-from-run`).
 fn sharing_slowdown(busy: Busy, cores: usize, curve: Option<&HostSharing>, ranks: usize) -> f64 {
     let demand = busy.total;
     if let Some(c) = curve {
@@ -124,6 +132,10 @@ pub(super) struct HostCores {
     /// The rank counts of the topology's TP decode workers that the curve
     /// has rank-group rows for.
     groups: Vec<usize>,
+    /// The rank counts of all its TP decode workers: their slowdown can
+    /// change while a one-rank pass's does not (their rank-group rows, or
+    /// the main rows while one-rank passes read the one-thread rows).
+    tp_ranks: Vec<usize>,
     /// Per worker, the ranks its passes read the curve at: a decode
     /// worker's ranks (its steps are what the rank-group rows time), 1 for
     /// every other worker.
@@ -173,10 +185,14 @@ impl HostCores {
         );
         groups.sort_unstable();
         groups.dedup();
+        let mut tp_ranks: Vec<usize> = curve_ranks.iter().copied().filter(|&r| r > 1).collect();
+        tp_ranks.sort_unstable();
+        tp_ranks.dedup();
         Some(HostCores {
             cores,
             source,
             groups,
+            tp_ranks,
             curve_ranks,
             landing,
             threads: cpu::worker_threads(&slots, cores, None),
@@ -249,7 +265,13 @@ impl HostCores {
             self.busy.wide - usize::from(self.demand[k] > ranks) + usize::from(demand > ranks);
         self.demand[k] = demand;
         let curve = self.curve.as_ref();
-        let group_changed = self.groups.iter().any(|&r| {
+        debug_assert_eq!(
+            self.busy.wide,
+            (0..self.demand.len())
+                .filter(|&j| self.demand[j] > self.slots[j].ranks)
+                .count()
+        );
+        let group_changed = self.tp_ranks.iter().any(|&r| {
             sharing_slowdown(busy_before, self.cores, curve, r)
                 != sharing_slowdown(self.busy, self.cores, curve, r)
         });
@@ -502,6 +524,43 @@ mod tests {
                 ("deployment.offload", "1.0"),
             ],
         )
+    }
+
+    /// A wide pass starting or ending moves the one-rank passes between the
+    /// curve's one-thread rows and its main rows, and `set` reports the
+    /// demand before each change that moved a slowdown.
+    #[test]
+    fn a_wide_pass_switches_the_one_rank_passes_to_the_main_rows() {
+        let mut sc = two_decoders("2");
+        let curve = HostSharing::new(2, "a test curve".into(), vec![(4.0, 3.0)])
+            .unwrap()
+            .with_one_thread_rows(vec![(2.0, 1.25), (4.0, 2.5)])
+            .unwrap();
+        let p = sc.profile.take().expect("a profile");
+        sc.profile = Some(p.with_host_sharing(Some(curve)));
+        let sim = Sim::new(&sc, sc.cost(), false);
+        let mut h = HostCores::of(&sc, &sim.topology).expect("a CPU host");
+        let (e0, d0, d1) = (
+            WorkerRef::Encode(0),
+            WorkerRef::Decode(0),
+            WorkerRef::Decode(1),
+        );
+        assert_eq!(h.demand_at(e0, 1.0), 2, "the encode worker owns the host");
+        assert_eq!(h.demand_at(e0, 0.5), 1);
+        // one one-thread pass: 1
+        assert_eq!(h.set(d0, 1, 0.0), None);
+        // two: the one-thread rows' 1.25
+        assert_eq!(h.set(d1, 1, 0.0), Some(Busy { total: 1, wide: 0 }));
+        assert_eq!(h.slowdown_of(d0), 1.25);
+        // an encode pass on both threads: demand 4 with a wide pass, the
+        // main rows' 3 (the one-thread rows would read 2.5)
+        assert_eq!(h.set(e0, 2, 1.0), Some(Busy { total: 2, wide: 0 }));
+        assert_eq!(h.slowdown_of(d0), 3.0);
+        // on one thread instead: demand 3, one-thread rows, 1.875
+        assert_eq!(h.set(e0, 1, 2.0), Some(Busy { total: 4, wide: 1 }));
+        assert!((h.slowdown_of(d1) - 1.875).abs() < 1e-12);
+        assert_eq!(h.set(e0, 0, 3.0), Some(Busy { total: 3, wide: 0 }));
+        assert_eq!(h.slowdown(), 1.25);
     }
 
     /// `scenarios/{file}` with `sets` as `--set` overrides.

@@ -81,9 +81,10 @@ pub struct PlannerSection {
     /// See `kv_up`.
     pub kv_down: Option<f64>,
     /// `load` policy: the fraction of a window the encode or prefill
-    /// workers were busy above which the stage grows (`busy_up`, in (0, 1])
-    /// and below which it may shrink (`busy_down`, in [0, `busy_up`)); give
-    /// both or neither (default: not watched).
+    /// workers were busy (busy worker-seconds over the window times the
+    /// workers active at its end) above which the stage grows (`busy_up`,
+    /// in (0, 1)) and below which it may shrink (`busy_down`, in
+    /// [0, `busy_up`)); give both or neither (default: not watched).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busy_up: Option<f64>,
     /// See `busy_up`.

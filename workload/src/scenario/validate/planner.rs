@@ -100,7 +100,7 @@ pub(super) fn planner_section(
 }
 
 /// `planner.busy_up` and `planner.busy_down`: both or neither, with
-/// `0 ≤ down < up ≤ 1` (fractions of a window).
+/// `0 ≤ down < up < 1` (fractions of a window).
 fn busy_rule(
     v: &V<'_>,
     up: Option<f64>,
@@ -114,11 +114,11 @@ fn busy_rule(
         )),
         (None, Some(_)) => Err(v.err(
             "planner.busy_up",
-            "required with `planner.busy_down` (the busy fraction above which a stage grows, in (0, 1])",
+            "required with `planner.busy_down` (the busy fraction above which a stage grows, in (0, 1))",
         )),
-        (Some(up), _) if !(up > 0.0 && up <= 1.0) => Err(v.err(
+        (Some(up), _) if !(up > 0.0 && up < 1.0) => Err(v.err(
             "planner.busy_up",
-            format!("{up} is not a fraction in (0, 1] (busy worker-seconds over active worker-seconds in a window)"),
+            format!("{up} is not a fraction in (0, 1) (a stage is hot when busy more than this share of the window, which it cannot exceed)"),
         )),
         (Some(up), Some(down)) if !(down >= 0.0 && down < up) => Err(v.err(
             "planner.busy_down",
