@@ -1306,21 +1306,32 @@ fn refine_on_passes_alone_fits_each_stage_on_them() {
     std::fs::write(&measured_csv, doubled).unwrap();
     let refined = dir.path().join("refined.toml");
     let profile = "scenarios/profiles/tiny-image.cpu.toml";
-    let out = easerve(&[
-        "calib",
-        "refine",
-        "--profile",
-        profile,
-        "--measured-csv",
-        measured_csv.to_str().unwrap(),
-        "--sim-csv",
-        sim_csv.to_str().unwrap(),
-        "--encoder-tokens",
-        "325",
-        "--alone-passes",
-        "-o",
-        refined.to_str().unwrap(),
-    ]);
+    // `calib refine` of the doubled run on passes alone, `extra` added
+    let refine = |profile: &str, out: &std::path::Path, extra: &[&str]| {
+        let (m, s, o) = (
+            measured_csv.to_str().unwrap(),
+            sim_csv.to_str().unwrap(),
+            out.to_str().unwrap(),
+        );
+        let mut args = vec![
+            "calib",
+            "refine",
+            "--profile",
+            profile,
+            "--measured-csv",
+            m,
+            "--sim-csv",
+            s,
+            "--encoder-tokens",
+            "325",
+            "--alone-passes",
+            "-o",
+            o,
+        ];
+        args.extend_from_slice(extra);
+        easerve(&args)
+    };
+    let out = refine(profile, &refined, &[]);
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -1352,28 +1363,7 @@ fn refine_on_passes_alone_fits_each_stage_on_them() {
     );
     // --sharing-from-run needs one-thread rows in the profile: refused,
     // naming the flag, on the shipped profile (it has no [host_sharing])
-    let refine_args = |profile: &str, out: &std::path::Path| -> Vec<String> {
-        [
-            "calib",
-            "refine",
-            "--profile",
-            profile,
-            "--measured-csv",
-            measured_csv.to_str().unwrap(),
-            "--sim-csv",
-            sim_csv.to_str().unwrap(),
-            "--encoder-tokens",
-            "325",
-            "--alone-passes",
-            "--sharing-from-run",
-            "-o",
-            out.to_str().unwrap(),
-        ]
-        .map(String::from)
-        .to_vec()
-    };
-    let args = refine_args(profile, &refined);
-    let out = easerve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = refine(profile, &refined, &["--sharing-from-run"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
@@ -1386,8 +1376,11 @@ fn refine_on_passes_alone_fits_each_stage_on_them() {
         + "\n[host_sharing]\ncores = 2\nmethod = \"a test curve\"\ncolumns = [\"demand_threads\", \"slowdown\"]\nrows = [\n  [4, 2.0],\n]\none_thread_columns = [\"demand_threads\", \"slowdown\"]\none_thread_rows = [\n  [2, 1.0],\n  [4, 2.0],\n]\n";
     std::fs::write(&with_rows, text).unwrap();
     let refined2 = dir.path().join("refined2.toml");
-    let args = refine_args(with_rows.to_str().unwrap(), &refined2);
-    let out = easerve(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = refine(
+        with_rows.to_str().unwrap(),
+        &refined2,
+        &["--sharing-from-run"],
+    );
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
