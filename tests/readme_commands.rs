@@ -38,6 +38,10 @@ const NOT_RUN: &[(&str, &str)] = &[
         "a study, not a check: builds the release executor and runs profile, exec and two simulations (about 2 min on an idle host); demand_cli's per-window test checks its comparison",
     ),
     (
+        "target/release/easerve calib validate --per-window --sim DIR_A",
+        "compares two folders of scripts/demand-agree runs (DIR_A, DIR_B), which that study writes; demand_cli's per-window test checks calib validate --per-window",
+    ),
+    (
         "scripts/calib-loop",
         "a study, not a check: builds the release executor and runs profile (minutes at --tp 1,2,4), exec and two simulations; calibration_loop's tests run the same loop",
     ),
