@@ -143,13 +143,13 @@ impl PlannerConfig {
             if !(b.up > 0.0 && b.up < 1.0) {
                 return err(
                     "planner.busy_up",
-                    format!("{} is not a fraction in (0, 1)", b.up),
+                    format!("{} is not a fraction in (0, 1) (a stage is hot when busy more than this share of the window, which it cannot exceed)", b.up),
                 );
             }
             if !(b.down >= 0.0 && b.down < b.up) {
                 return err(
                     "planner.busy_down",
-                    format!("{} is not in [0, busy_up = {})", b.down, b.up),
+                    format!("{} is not in [0, busy_up = {}): the gap between the two is the rule's hysteresis", b.down, b.up),
                 );
             }
         }

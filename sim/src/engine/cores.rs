@@ -185,7 +185,10 @@ impl HostCores {
         );
         groups.sort_unstable();
         groups.dedup();
-        let mut tp_ranks: Vec<usize> = curve_ranks.iter().copied().filter(|&r| r > 1).collect();
+        // without a curve every rank count reads processor sharing alike
+        let mut tp_ranks: Vec<usize> = (curve_ranks.iter().copied())
+            .filter(|&r| r > 1 && curve.is_some())
+            .collect();
         tp_ranks.sort_unstable();
         tp_ranks.dedup();
         Some(HostCores {

@@ -99,8 +99,8 @@ pub(super) fn planner_section(
     }))
 }
 
-/// `planner.busy_up` and `planner.busy_down`: both or neither, with
-/// `0 ≤ down < up < 1` (fractions of a window).
+/// `planner.busy_up` and `planner.busy_down`: both or neither (their
+/// ranges, `0 ≤ down < up < 1`, are `PlannerConfig::check`'s).
 fn busy_rule(
     v: &V<'_>,
     up: Option<f64>,
@@ -115,14 +115,6 @@ fn busy_rule(
         (None, Some(_)) => Err(v.err(
             "planner.busy_up",
             "required with `planner.busy_down` (the busy fraction above which a stage grows, in (0, 1))",
-        )),
-        (Some(up), _) if !(up > 0.0 && up < 1.0) => Err(v.err(
-            "planner.busy_up",
-            format!("{up} is not a fraction in (0, 1) (a stage is hot when busy more than this share of the window, which it cannot exceed)"),
-        )),
-        (Some(up), Some(down)) if !(down >= 0.0 && down < up) => Err(v.err(
-            "planner.busy_down",
-            format!("{down} is not in [0, busy_up = {up}): the gap between the two is the rule's hysteresis"),
         )),
         (Some(up), Some(down)) => Ok(Some(BusyRule { up, down })),
     }
